@@ -1,0 +1,8 @@
+module github.com/gorgo-llm/gorgo
+
+go 1.26.0
+
+require (
+	golang.org/x/sync v0.25.0
+	gopkg.in/yaml.v3 v3.0.1
+)

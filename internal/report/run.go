@@ -1,0 +1,125 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// Record is one request's measurements. Times are in milliseconds; TTFT and
+// E2E run from the request's arrival at the router to its first and last
+// token back at the router.
+type Record struct {
+	Index   int     `json:"index"`
+	Session string  `json:"session,omitempty"`
+	Replica string  `json:"replica,omitempty"`
+	Arrival float64 `json:"arrival_ms"` // when the client meant to send it
+	Slip    float64 `json:"slip_ms"`    // how much later it was sent
+	RTT     float64 `json:"rtt_ms,omitempty"`
+	TTFT    float64 `json:"ttft_ms"`
+	E2E     float64 `json:"e2e_ms"`
+	// ITL is the mean inter-token latency; 0 with fewer than two tokens.
+	ITL          float64 `json:"itl_ms"`
+	PromptTokens int     `json:"prompt_tokens"`
+	CachedTokens int     `json:"cached_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+	Failed       bool    `json:"failed,omitempty"`
+	Error        string  `json:"error,omitempty"`
+}
+
+// Run summarises one policy's run over a workload.
+type Run struct {
+	Policy    string `json:"policy"`
+	Requests  int    `json:"requests"`
+	Completed int    `json:"completed"`
+	Failed    int    `json:"failed"`
+	TTFT      Dist   `json:"ttft_ms"`
+	E2E       Dist   `json:"e2e_ms"`
+	ITL       Dist   `json:"itl_ms"`
+	Slip      Dist   `json:"slip_ms"`
+	// CacheHitRatio is cached / prompt tokens over completed requests.
+	CacheHitRatio float64 `json:"cache_hit_ratio"`
+	// ReplicaShare is the fraction of requests sent to each replica.
+	ReplicaShare map[string]float64 `json:"replica_share"`
+}
+
+// NewRun summarises records. replicas names every replica of the fleet, so
+// that one that got nothing shows a share of 0.
+func NewRun(policy string, recs []Record, replicas []string) Run {
+	r := Run{Policy: policy, Requests: len(recs), ReplicaShare: make(map[string]float64, len(replicas))}
+	for _, id := range replicas {
+		r.ReplicaShare[id] = 0
+	}
+	var ttft, e2e, itl, slip []float64
+	var prompt, cached int
+	for i := range recs {
+		rec := &recs[i]
+		slip = append(slip, rec.Slip)
+		if rec.Replica != "" {
+			r.ReplicaShare[rec.Replica]++
+		}
+		if rec.Failed {
+			r.Failed++
+			continue
+		}
+		r.Completed++
+		ttft = append(ttft, rec.TTFT)
+		e2e = append(e2e, rec.E2E)
+		if rec.OutputTokens > 1 {
+			itl = append(itl, rec.ITL)
+		}
+		prompt += rec.PromptTokens
+		cached += rec.CachedTokens
+	}
+	for id := range r.ReplicaShare {
+		if len(recs) > 0 {
+			r.ReplicaShare[id] /= float64(len(recs))
+		}
+	}
+	r.TTFT, r.E2E, r.ITL, r.Slip = Summarize(ttft), Summarize(e2e), Summarize(itl), Summarize(slip)
+	if prompt > 0 {
+		r.CacheHitRatio = float64(cached) / float64(prompt)
+	}
+	return r
+}
+
+// WriteTable prints runs side by side, one row per policy.
+func WriteTable(w io.Writer, runs []Run) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tdone\tfail\tTTFT p50\tp90\tp95\tp99\tmean\tE2E p50\tp95\tp99\tITL mean\tslip p99\thit\tshare\t")
+	for _, r := range runs {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t\n",
+			r.Policy, r.Completed, r.Failed,
+			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P95), ms(r.TTFT.P99), ms(r.TTFT.Mean),
+			ms(r.E2E.P50), ms(r.E2E.P95), ms(r.E2E.P99), ms(r.ITL.Mean), ms(r.Slip.P99),
+			100*r.CacheHitRatio, shares(r.ReplicaShare))
+	}
+	return tw.Flush()
+}
+
+// ms formats milliseconds compactly: "37.2" below 100, "1,234" above.
+func ms(v float64) string {
+	if v < 100 {
+		return fmt.Sprintf("%.1f", v)
+	}
+	s := fmt.Sprintf("%.0f", v)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+func shares(m map[string]float64) string {
+	ids := make([]string, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = fmt.Sprintf("%s %.0f%%", id, 100*m[id])
+	}
+	return strings.Join(parts, " ")
+}

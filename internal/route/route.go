@@ -1,0 +1,162 @@
+// Package route decides which replica serves a request.
+//
+// A Policy is a pure function of a request view, immutable per-replica views
+// and a random source: it holds no *http.Request, reads no clock and keeps no
+// state beyond what its own rule needs (a round-robin counter). The simulator
+// and the live proxy call the same policies through this interface.
+package route
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Request is what a policy knows about a request.
+type Request struct {
+	// SessionKey identifies the conversation; empty when unknown.
+	SessionKey string
+	// PromptTokens is the (estimated) prompt length in tokens.
+	PromptTokens int
+	// Blocks are the chained hashes of the prompt's blocks.
+	Blocks []uint64
+	// MaxOutputTokens is the request's output limit (or trace hint).
+	MaxOutputTokens int
+}
+
+// EngineGauges are the engine-reported figures the router last scraped.
+type EngineGauges struct {
+	Running, Waiting int
+	KVUsedTokens     int
+	CacheHitRate     float64
+}
+
+// Replica is an immutable view of one replica at decision time.
+type Replica struct {
+	ID     string
+	Region string
+	// Healthy replicas are eligible; policies never pick an unhealthy one.
+	Healthy bool
+	// RTT is the router's estimate of the round trip to the replica.
+	RTT time.Duration
+	// InFlight is the number of requests this router sent to the replica
+	// that have not finished.
+	InFlight int
+	// UnfinishedTokens is the prompt plus output tokens of those requests.
+	UnfinishedTokens int
+	// CachedTokens is the router's estimate of how many of this request's
+	// prompt tokens the replica holds in its prefix cache.
+	CachedTokens int
+	// Engine holds the last scraped engine gauges, EngineAge their age;
+	// EngineKnown is false until the first scrape.
+	Engine      EngineGauges
+	EngineAge   time.Duration
+	EngineKnown bool
+	// KVCapacityTokens is the replica's KV cache size (0 if unknown).
+	KVCapacityTokens int
+}
+
+// Terms are the parts of one replica's cost, for policies that score.
+type Terms struct {
+	RTT, Prefill, Queue, Total float64
+}
+
+// Decision is a policy's choice and, for scoring policies, the cost of every
+// replica (in the order of the replica views) so that a choice can be
+// explained in logs, metrics and tests.
+type Decision struct {
+	Replica int
+	Scores  []Terms
+}
+
+// ErrNoReplica means no replica is eligible.
+var ErrNoReplica = errors.New("no healthy replica")
+
+// Policy picks a replica for a request.
+type Policy interface {
+	// Name is the policy's registered name.
+	Name() string
+	// Decide fills d (reusing d.Scores' storage) with the chosen replica's
+	// index in reps. It returns ErrNoReplica if none is healthy.
+	Decide(d *Decision, req *Request, reps []Replica, rng *rand.Rand) error
+}
+
+// Options configure the policies that take parameters.
+type Options struct{}
+
+type factory func(Options) (Policy, error)
+
+var registry = map[string]factory{
+	"round-robin": func(Options) (Policy, error) { return &roundRobin{}, nil },
+	"random":      func(Options) (Policy, error) { return random{}, nil },
+}
+
+// New returns a new instance of the named policy. The error lists the valid
+// names.
+func New(name string, opts Options) (Policy, error) {
+	f, ok := registry[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown policy %q (valid: %s)", name, strings.Join(Names(), ", "))
+	}
+	return f(opts)
+}
+
+// Names lists the registered policies, sorted.
+func Names() []string {
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// roundRobin cycles through the healthy replicas. Not safe for concurrent use.
+type roundRobin struct{ next int }
+
+func (*roundRobin) Name() string { return "round-robin" }
+
+func (p *roundRobin) Decide(d *Decision, _ *Request, reps []Replica, _ *rand.Rand) error {
+	d.Scores = d.Scores[:0]
+	for range reps {
+		i := p.next % len(reps)
+		p.next++
+		if reps[i].Healthy {
+			d.Replica = i
+			return nil
+		}
+	}
+	return ErrNoReplica
+}
+
+// random picks a healthy replica uniformly.
+type random struct{}
+
+func (random) Name() string { return "random" }
+
+func (random) Decide(d *Decision, _ *Request, reps []Replica, rng *rand.Rand) error {
+	d.Scores = d.Scores[:0]
+	n := 0
+	for i := range reps {
+		if reps[i].Healthy {
+			n++
+		}
+	}
+	if n == 0 {
+		return ErrNoReplica
+	}
+	k := rng.IntN(n)
+	for i := range reps {
+		if reps[i].Healthy {
+			if k == 0 {
+				d.Replica = i
+				return nil
+			}
+			k--
+		}
+	}
+	panic("unreachable")
+}

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func gorgo(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestSimWritesComparisonAndJSON(t *testing.T) {
+	dir := t.TempDir()
+	js := filepath.Join(dir, "runs.json")
+	recs := filepath.Join(dir, "recs.jsonl")
+	code, out, errs := gorgo(t, "sim", "--duration", "3m", "--time-scale", "2", "--policy", "round-robin,random", "--json", js, "--records", recs)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"workload: synthetic artchat", "topology: paper", "round-robin", "random", "TTFT p50"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	data, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Runs []map[string]json.RawMessage `json:"runs"`
+	}
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Runs) != 2 {
+		t.Fatalf("%d runs", len(doc.Runs))
+	}
+	for _, key := range []string{"policy", "requests", "completed", "failed", "ttft_ms", "e2e_ms", "itl_ms", "slip_ms", "cache_hit_ratio", "replica_share"} {
+		if _, ok := doc.Runs[0][key]; !ok {
+			t.Errorf("run JSON lacks %q", key)
+		}
+	}
+	var ttft map[string]float64
+	if err := json.Unmarshal(doc.Runs[0]["ttft_ms"], &ttft); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"p50", "p90", "p95", "p99", "mean"} {
+		if ttft[key] <= 0 {
+			t.Errorf("ttft_ms.%s = %v", key, ttft[key])
+		}
+	}
+	for _, p := range []string{"recs.round-robin.jsonl", "recs.random.jsonl"} {
+		if st, err := os.Stat(filepath.Join(dir, p)); err != nil || st.Size() == 0 {
+			t.Errorf("records file %s: %v", p, err)
+		}
+	}
+}
+
+func TestTraceGenThenStats(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "w.jsonl")
+	if code, _, errs := gorgo(t, "trace", "gen", "--preset", "chat", "--duration", "2m", "-o", path); code != 0 {
+		t.Fatalf("gen: exit %d: %s", code, errs)
+	}
+	code, out, errs := gorgo(t, "trace", "stats", path)
+	if code != 0 {
+		t.Fatalf("stats: exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"requests", "sessions", "prefix reuse"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stats output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestBadInputGivesOneLineErrors(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.jsonl")
+	if err := os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`+"\nnot json\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"sim", "--policy", "fastest"}, 1, `unknown policy "fastest" (valid: random, round-robin)`},
+		{[]string{"sim", "--topology", "moon"}, 1, `unknown topology "moon" (valid: paper`},
+		{[]string{"sim", "--trace", bad}, 1, bad + ":2: invalid JSON"},
+		{[]string{"sim", "--time-scale", "0"}, 1, "--time-scale"},
+		{[]string{"sim", "--window", "5m"}, 1, "--window"},
+		{[]string{"sim", "--format", "csv", "--trace", bad}, 1, `unknown trace format "csv"`},
+		{[]string{"sim", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"warp"}, 2, `unknown command "warp"`},
+		{[]string{"trace", "stats"}, 2, "Usage"},
+	}
+	for _, c := range cases {
+		code, _, errs := gorgo(t, c.args...)
+		if code != c.code || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d containing %q", c.args, code, errs, c.code, c.want)
+		}
+		if c.code == 1 && strings.Count(strings.TrimSpace(errs), "\n") != 0 {
+			t.Errorf("%v: error is not one line: %q", c.args, errs)
+		}
+	}
+}
+
+func TestHelp(t *testing.T) {
+	code, out, _ := gorgo(t, "help")
+	if code != 0 || !strings.Contains(out, "sim") || !strings.Contains(out, "trace") {
+		t.Errorf("help: exit %d:\n%s", code, out)
+	}
+	code, _, errs := gorgo(t, "sim", "-h")
+	if code != 0 || !strings.Contains(errs, "--max-inflight") && !strings.Contains(errs, "-max-inflight") {
+		t.Errorf("sim -h: exit %d:\n%s", code, errs)
+	}
+}

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/sim"
+)
+
+const simAbout = `
+Simulates a router in front of engine replicas over a workload, once per
+listed policy on the same workload and network, and prints a comparison.
+TTFT and E2E run from a request's arrival at the router to its first and last
+token back there. Without --trace it uses the embedded synthetic workload.`
+
+func runSim(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("sim", "sim [flags]", simAbout, stderr)
+	var wl workloadFlags
+	wl.register(fs)
+	topo := fs.String("topology", "paper", "fleet: "+joinNames(sim.TopologyNames())+", or a YAML `FILE`")
+	policies := fs.String("policy", "round-robin,random", "comma-separated `POLICIES` to compare: "+joinNames(route.Names()))
+	maxInflight := fs.Int("max-inflight", sim.DefaultMaxInflight, "client cap on requests in flight (0 = none); beyond it requests wait and the wait is recorded as slip")
+	jsonOut := fs.String("json", "", "write the run summaries as JSON to `FILE`")
+	records := fs.String("records", "", "write per-request records as JSONL to `FILE` (the policy name is inserted before the extension when several run)")
+	quiet := fs.Bool("quiet", false, "no progress or header lines")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	names := splitList(*policies)
+	if len(names) == 0 {
+		return fmt.Errorf("--policy: no policy given (valid: %s)", joinNames(route.Names()))
+	}
+	pols := make([]route.Policy, len(names))
+	for i, n := range names {
+		p, err := route.New(n, route.Options{})
+		if err != nil {
+			return fmt.Errorf("--policy: %w", err)
+		}
+		pols[i] = p
+	}
+	t, err := sim.LoadTopology(*topo)
+	if err != nil {
+		return fmt.Errorf("--topology: %w", err)
+	}
+	reps, err := t.Resolve()
+	if err != nil {
+		return fmt.Errorf("--topology: %w", err)
+	}
+	reqs, desc, err := wl.load()
+	if err != nil {
+		return err
+	}
+	if !*quiet {
+		fmt.Fprintf(stdout, "workload: %s\n", desc)
+		fmt.Fprintf(stdout, "topology: %s, router in %s:", t.Name, t.RouterRegion)
+		for _, r := range reps {
+			fmt.Fprintf(stdout, " %s (%s, rtt %v±%v)", r.ID, r.Profile.Name, r.RTT, r.Jitter)
+		}
+		fmt.Fprintln(stdout)
+	}
+
+	prog := newProgress(stderr, len(pols)*len(reqs), *quiet)
+	results := make([]*sim.Result, len(pols))
+	start := time.Now()
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for i, p := range pols {
+		g.Go(func() error {
+			res, err := sim.Run(sim.Config{
+				Replicas:    reps,
+				Requests:    reqs,
+				Policy:      p,
+				MaxInflight: *maxInflight,
+				Seed:        wl.seed,
+				Progress:    prog.add,
+			})
+			if err != nil {
+				return fmt.Errorf("policy %s: %w", p.Name(), err)
+			}
+			results[i] = res
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	prog.finish()
+	runs := make([]report.Run, len(results))
+	for i, r := range results {
+		runs[i] = r.Run
+	}
+	if err := report.WriteTable(stdout, runs); err != nil {
+		return err
+	}
+	if !*quiet {
+		fmt.Fprintf(stdout, "simulated %d policies in %v\n", len(pols), time.Since(start).Round(time.Millisecond))
+	}
+	if *jsonOut != "" {
+		if err := writeJSON(*jsonOut, map[string]any{"runs": runs}); err != nil {
+			return err
+		}
+	}
+	if *records != "" {
+		for _, r := range results {
+			path := *records
+			if len(results) > 1 {
+				path = insertBeforeExt(path, r.Policy)
+			}
+			if err := writeRecords(path, r.Records); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func joinNames(names []string) string { return strings.Join(names, ", ") }
+
+func insertBeforeExt(path, tag string) string {
+	dot := strings.LastIndexByte(path, '.')
+	if dot <= strings.LastIndexByte(path, '/') {
+		return path + "." + tag
+	}
+	return path[:dot] + "." + tag + path[dot:]
+}
+
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+func writeRecords(path string, recs []report.Record) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("writing records: %w", err)
+	}
+	w := bufio.NewWriter(f)
+	enc := json.NewEncoder(w)
+	for i := range recs {
+		if err := enc.Encode(&recs[i]); err != nil {
+			f.Close()
+			return fmt.Errorf("writing %s: %w", path, err)
+		}
+	}
+	if err := w.Flush(); err != nil {
+		f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// progress draws a progress line on a terminal; elsewhere it stays silent.
+type progress struct {
+	mu    sync.Mutex
+	w     io.Writer
+	total int
+	sum   int
+	on    bool
+	last  time.Time
+}
+
+func newProgress(w io.Writer, total int, quiet bool) *progress {
+	on := false
+	if f, ok := w.(*os.File); ok && !quiet {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			on = true
+		}
+	}
+	return &progress{w: w, total: total, on: on}
+}
+
+// add is a sim.Config.Progress callback; several runs may call it at once.
+func (p *progress) add(finished int) {
+	if !p.on {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sum += finished
+	if time.Since(p.last) < 200*time.Millisecond {
+		return
+	}
+	p.last = time.Now()
+	fmt.Fprintf(p.w, "\rsimulating: %3.0f%%", 100*float64(min(p.sum, p.total))/float64(p.total))
+}
+
+func (p *progress) finish() {
+	if p.on {
+		fmt.Fprint(p.w, "\r                 \r")
+	}
+}

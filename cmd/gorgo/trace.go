@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+const traceAbout = `
+  gorgo trace gen [--preset artchat|chat|agent] [--duration D] [--seed N] [-o FILE]
+      writes a synthetic workload in gorgo's JSONL format (to stdout without -o).
+  gorgo trace stats [--format F] [--window START,DURATION] [--time-scale S] [--json] FILE
+      describes a workload: requests, rate, input and output lengths, sessions,
+      turns and prefix reuse.`
+
+func runTrace(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != "gen" && args[0] != "stats") {
+		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+			fmt.Fprintf(stdout, "Usage:\n%s\n", strings.TrimPrefix(traceAbout, "\n"))
+			return nil
+		}
+		fmt.Fprintf(stderr, "Usage:\n%s\n", strings.TrimPrefix(traceAbout, "\n"))
+		return errUsage
+	}
+	if args[0] == "gen" {
+		return runTraceGen(args[1:], stdout, stderr)
+	}
+	return runTraceStats(args[1:], stdout, stderr)
+}
+
+func runTraceGen(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("trace gen", "trace gen [flags]", "Writes a synthetic workload in gorgo's JSONL format.", stderr)
+	preset := fs.String("preset", "artchat", "workload shape: "+joinNames(trace.Presets()))
+	duration := fs.Duration("duration", 30*time.Minute, "length of the workload")
+	seed := fs.Uint64("seed", 1, "random seed")
+	rate := fs.Float64("rate", 0, "mean request rate in requests/s (0 = the preset's)")
+	out := fs.String("o", "", "output `FILE` (default stdout)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	reqs, err := trace.Generate(trace.GenConfig{Preset: *preset, Seed: *seed, Duration: *duration, Rate: *rate})
+	if err != nil {
+		return err
+	}
+	w := stdout
+	var f *os.File
+	if *out != "" {
+		if f, err = os.Create(*out); err != nil {
+			return err
+		}
+		w = f
+	}
+	bw := bufio.NewWriterSize(w, 1<<16)
+	if err := trace.Write(bw, reqs); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	if f != nil {
+		if err := f.Close(); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "wrote %d requests to %s\n", len(reqs), *out)
+	}
+	return nil
+}
+
+func runTraceStats(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("trace stats", "trace stats [flags] FILE", "Describes a workload trace.", stderr)
+	format := fs.String("format", "auto", "trace format: auto, mooncake or gorgo")
+	window := fs.String("window", "", "part of the trace, as `START,DURATION` Go durations; default all")
+	scale := fs.Float64("time-scale", 1, "multiply inter-arrival gaps by `F`")
+	asJSON := fs.Bool("json", false, "print the statistics as JSON")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return errUsage
+	}
+	wl := workloadFlags{file: fs.Arg(0), format: *format, window: *window, timeScale: *scale}
+	reqs, _, err := wl.load()
+	if err != nil {
+		return err
+	}
+	st := trace.ComputeStats(reqs)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	return st.WriteText(stdout)
+}

@@ -1,0 +1,174 @@
+package sim
+
+import (
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+func profile(t testing.TB, name string) engine.Profile {
+	t.Helper()
+	p, err := engine.LookupProfile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func policy(t testing.TB, name string) route.Policy {
+	t.Helper()
+	p, err := route.New(name, route.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// request builds a trace request whose blocks are unique to base.
+func request(at time.Duration, base uint64, input, output int) trace.Request {
+	ids := make([]uint64, (input+trace.BlockTokens-1)/trace.BlockTokens)
+	for i := range ids {
+		ids[i] = base<<24 | uint64(i)
+	}
+	return trace.Request{Time: at, InputTokens: input, OutputTokens: output, HashIDs: ids}
+}
+
+// poisson is a simple synthetic workload: Poisson arrivals at rate req/s,
+// sessions of growing context, for load tests that need no trace file.
+func poisson(n int, rate float64, seed uint64) []trace.Request {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	var reqs []trace.Request
+	var t time.Duration
+	for i := range n {
+		t += time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
+		in := 500 + rng.IntN(8000)
+		reqs = append(reqs, request(t, uint64(i+1), in, 20+rng.IntN(200)))
+	}
+	return reqs
+}
+
+func TestLoneRequestTTFTIsRTTPlusPrefill(t *testing.T) {
+	p := profile(t, "paper")
+	reps := []Replica{{ID: "a", RTT: 40 * time.Millisecond, Profile: p}}
+	res, err := Run(Config{Replicas: reps, Requests: []trace.Request{request(time.Second, 1, 6000, 10)}, Policy: policy(t, "round-robin")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := res.Records[0]
+	want := 40*time.Millisecond + p.PrefillTime(6000)
+	if got := time.Duration(rec.TTFT * float64(time.Millisecond)); got != want {
+		t.Errorf("TTFT = %v, want RTT + prefill = %v", got, want)
+	}
+	if rec.Failed || rec.OutputTokens != 10 || rec.Replica != "a" || rec.Slip != 0 {
+		t.Errorf("record %+v", rec)
+	}
+}
+
+func TestLowLoadTTFTIsRTTPlusPrefill(t *testing.T) {
+	p := profile(t, "paper")
+	reps := []Replica{
+		{ID: "near", RTT: 30 * time.Millisecond, Profile: p},
+		{ID: "far", RTT: 300 * time.Millisecond, Profile: p},
+	}
+	// One request every 10 s: nothing ever queues.
+	var reqs []trace.Request
+	for i := range 40 {
+		reqs = append(reqs, request(time.Duration(i)*10*time.Second, uint64(i+1), 1000+100*i, 50))
+	}
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "random"), Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range res.Records {
+		rtt := 30 * time.Millisecond
+		if rec.Replica == "far" {
+			rtt = 300 * time.Millisecond
+		}
+		want := rtt + p.PrefillTime(rec.PromptTokens)
+		if got := time.Duration(rec.TTFT * float64(time.Millisecond)); got != want {
+			t.Errorf("request %d on %s: TTFT %v, want %v", rec.Index, rec.Replica, got, want)
+		}
+	}
+}
+
+func TestSameSeedSameRun(t *testing.T) {
+	top, err := LoadTopology("paper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := top.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := poisson(400, 4, 1)
+	run := func(seed uint64) *Result {
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "random"), Seed: seed, MaxInflight: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	a, b, c := run(5), run(5), run(6)
+	if !reflect.DeepEqual(a.Records, b.Records) || !reflect.DeepEqual(a.Run, b.Run) {
+		t.Error("two runs with the same seed differ")
+	}
+	if reflect.DeepEqual(a.Records, c.Records) {
+		t.Error("runs with different seeds are identical")
+	}
+}
+
+func TestMaxInflightRecordsSlip(t *testing.T) {
+	p := profile(t, "paper")
+	reps := []Replica{{ID: "a", RTT: 10 * time.Millisecond, Profile: p}}
+	reqs := []trace.Request{request(0, 1, 1000, 5), request(0, 2, 1000, 5)}
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "round-robin"), MaxInflight: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, second := res.Records[0], res.Records[1]
+	if first.Slip != 0 || second.Slip != first.E2E {
+		t.Errorf("slips %v, %v; want 0 and the first request's E2E %v", first.Slip, second.Slip, first.E2E)
+	}
+}
+
+func TestTailsGrowAsTimeScaleShrinks(t *testing.T) {
+	top, _ := LoadTopology("paper")
+	reps, err := top.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := poisson(1500, 6, 2)
+	var p95 []float64
+	for _, scale := range []float64{3, 1.5, 1} {
+		reqs := trace.Apply(base, trace.Window{}, scale)
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "round-robin"), Seed: 1, MaxInflight: 64})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p95 = append(p95, res.Run.TTFT.P95)
+	}
+	for i := 1; i < len(p95); i++ {
+		if p95[i] <= p95[i-1] {
+			t.Errorf("p95 TTFT at time scales 3, 1.5, 1: %v; want increasing", p95)
+		}
+	}
+}
+
+func TestFailedRequestsAreCounted(t *testing.T) {
+	p := profile(t, "paper")
+	p.MaxContextTokens = 8000
+	reps := []Replica{{ID: "a", RTT: 20 * time.Millisecond, Profile: p}}
+	reqs := []trace.Request{request(0, 1, 1000, 5), request(time.Second, 2, 9000, 5)}
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "round-robin")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Run.Completed != 1 || res.Run.Failed != 1 || !res.Records[1].Failed || res.Records[1].Error == "" {
+		t.Errorf("run %+v, record %+v", res.Run, res.Records[1])
+	}
+}

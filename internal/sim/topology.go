@@ -1,0 +1,263 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/csv"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/gorgo-llm/gorgo/internal/engine"
+)
+
+// Topology describes a fleet: regions, the router's region, the round trip
+// from the router to each region, and the replicas placed in them. It is
+// what a topology YAML file holds.
+type Topology struct {
+	Name string `yaml:"name"`
+	// RouterRegion is where the router and its clients run.
+	RouterRegion string   `yaml:"router_region"`
+	Regions      []Region `yaml:"regions"`
+	// RTTMatrixMS gives round trips (ms) between regions, for regions
+	// without rtt_ms: matrix[router_region][region] (or the reverse).
+	RTTMatrixMS map[string]map[string]float64 `yaml:"rtt_matrix_ms"`
+	// RTTMatrixCSV is a CSV file of the same (first column: source region,
+	// header row: destination regions), relative to the YAML file.
+	RTTMatrixCSV string        `yaml:"rtt_matrix_csv"`
+	Replicas     []ReplicaSpec `yaml:"replicas"`
+}
+
+// Region is a place replicas run in.
+type Region struct {
+	Name string `yaml:"name"`
+	// RTTMS is the mean round trip from the router, in ms. Nil means look
+	// it up in the matrix.
+	RTTMS *float64 `yaml:"rtt_ms"`
+	// JitterMS is the standard deviation of the round trip, in ms.
+	JitterMS float64 `yaml:"jitter_ms"`
+}
+
+// ReplicaSpec places Count replicas (default 1) of a profile in a region.
+type ReplicaSpec struct {
+	// Name is the replica's id; with Count > 1 replicas are Name-1, Name-2...
+	// Default: the region's name.
+	Name    string `yaml:"name"`
+	Region  string `yaml:"region"`
+	Profile string `yaml:"profile"`
+	Count   int    `yaml:"count"`
+	// KVCapacityTokens, MaxRunning and ChunkTokens override the profile.
+	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
+	MaxRunning       int `yaml:"max_running"`
+	ChunkTokens      int `yaml:"chunk_tokens"`
+}
+
+// Replica is one replica of a resolved fleet.
+type Replica struct {
+	ID      string
+	Region  string
+	RTT     time.Duration // mean round trip from the router
+	Jitter  time.Duration // its standard deviation
+	Profile engine.Profile
+}
+
+func ptr(v float64) *float64 { return &v }
+
+// presets are the built-in topologies.
+var presets = map[string]Topology{
+	// The paper's deployment: router in us-ashburn, one SGLang replica of
+	// the paper's engine per region, round trips as the router measured them.
+	"paper": {
+		Name:         "paper",
+		RouterRegion: "us-ashburn",
+		Regions: []Region{
+			{Name: "us-ashburn", RTTMS: ptr(37), JitterMS: 8},
+			{Name: "eu-frankfurt", RTTMS: ptr(279), JitterMS: 80},
+			{Name: "ap-seoul", RTTMS: ptr(456), JitterMS: 138},
+		},
+		Replicas: []ReplicaSpec{
+			{Region: "us-ashburn", Profile: "paper"},
+			{Region: "eu-frankfurt", Profile: "paper"},
+			{Region: "ap-seoul", Profile: "paper"},
+		},
+	},
+}
+
+// TopologyNames lists the built-in topologies.
+func TopologyNames() []string {
+	var names []string
+	for n := range presets {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// LoadTopology returns a built-in topology by name, or reads a YAML file.
+// Unknown fields in the file are errors.
+func LoadTopology(nameOrFile string) (Topology, error) {
+	if t, ok := presets[nameOrFile]; ok {
+		return t, nil
+	}
+	data, err := os.ReadFile(nameOrFile)
+	if err != nil {
+		if os.IsNotExist(err) && !strings.ContainsAny(nameOrFile, "./") {
+			return Topology{}, fmt.Errorf("unknown topology %q (valid: %s, or a YAML file)", nameOrFile, strings.Join(TopologyNames(), ", "))
+		}
+		return Topology{}, fmt.Errorf("reading topology: %w", err)
+	}
+	var t Topology
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&t); err != nil {
+		return Topology{}, fmt.Errorf("topology %s: %w", nameOrFile, err)
+	}
+	if t.Name == "" {
+		t.Name = strings.TrimSuffix(filepath.Base(nameOrFile), filepath.Ext(nameOrFile))
+	}
+	if t.RTTMatrixCSV != "" && !filepath.IsAbs(t.RTTMatrixCSV) {
+		t.RTTMatrixCSV = filepath.Join(filepath.Dir(nameOrFile), t.RTTMatrixCSV)
+	}
+	return t, nil
+}
+
+// Resolve validates the topology and returns its replicas.
+func (t Topology) Resolve() ([]Replica, error) {
+	matrix := t.RTTMatrixMS
+	if t.RTTMatrixCSV != "" {
+		m, err := readRTTCSV(t.RTTMatrixCSV)
+		if err != nil {
+			return nil, fmt.Errorf("topology %s: %w", t.Name, err)
+		}
+		for src, row := range matrix { // inline entries win
+			for dst, v := range row {
+				if m[src] == nil {
+					m[src] = map[string]float64{}
+				}
+				m[src][dst] = v
+			}
+		}
+		matrix = m
+	}
+	if t.RouterRegion == "" {
+		return nil, fmt.Errorf("topology %s: router_region is not set", t.Name)
+	}
+	regions := map[string]Region{}
+	rtt := map[string]float64{}
+	for _, r := range t.Regions {
+		if r.Name == "" {
+			return nil, fmt.Errorf("topology %s: a region has no name", t.Name)
+		}
+		if _, dup := regions[r.Name]; dup {
+			return nil, fmt.Errorf("topology %s: region %q listed twice", t.Name, r.Name)
+		}
+		regions[r.Name] = r
+		switch {
+		case r.RTTMS != nil:
+			rtt[r.Name] = *r.RTTMS
+		case matrix[t.RouterRegion] != nil && hasKey(matrix[t.RouterRegion], r.Name):
+			rtt[r.Name] = matrix[t.RouterRegion][r.Name]
+		case matrix[r.Name] != nil && hasKey(matrix[r.Name], t.RouterRegion):
+			rtt[r.Name] = matrix[r.Name][t.RouterRegion]
+		default:
+			return nil, fmt.Errorf("topology %s: region %q has no round trip from router region %q (set rtt_ms or give a matrix)", t.Name, r.Name, t.RouterRegion)
+		}
+		if rtt[r.Name] < 0 || r.JitterMS < 0 {
+			return nil, fmt.Errorf("topology %s: region %q: round trip and jitter must not be negative", t.Name, r.Name)
+		}
+	}
+	var out []Replica
+	seen := map[string]bool{}
+	for _, s := range t.Replicas {
+		reg, ok := regions[s.Region]
+		if !ok {
+			return nil, fmt.Errorf("topology %s: replica in unknown region %q", t.Name, s.Region)
+		}
+		prof, err := engine.LookupProfile(s.Profile)
+		if err != nil {
+			return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
+		}
+		if s.KVCapacityTokens > 0 {
+			prof.KVCapacityTokens = s.KVCapacityTokens
+		}
+		if s.MaxRunning > 0 {
+			prof.MaxRunning = s.MaxRunning
+		}
+		if s.ChunkTokens > 0 {
+			prof.ChunkTokens = s.ChunkTokens
+		}
+		if s.Count < 0 {
+			return nil, fmt.Errorf("topology %s: replica in %s: negative count", t.Name, s.Region)
+		}
+		count := max(s.Count, 1)
+		name := s.Name
+		if name == "" {
+			name = s.Region
+		}
+		for i := range count {
+			id := name
+			if count > 1 {
+				id = fmt.Sprintf("%s-%d", name, i+1)
+			}
+			if seen[id] {
+				return nil, fmt.Errorf("topology %s: replica id %q used twice (give replicas names)", t.Name, id)
+			}
+			seen[id] = true
+			out = append(out, Replica{
+				ID:      id,
+				Region:  s.Region,
+				RTT:     msDuration(rtt[s.Region]),
+				Jitter:  msDuration(reg.JitterMS),
+				Profile: prof,
+			})
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("topology %s: no replicas", t.Name)
+	}
+	return out, nil
+}
+
+func hasKey(m map[string]float64, k string) bool { _, ok := m[k]; return ok }
+
+func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
+
+// readRTTCSV reads a round-trip matrix: a header row of destination regions
+// after a first cell, then one row per source region; empty cells are
+// unknown pairs.
+func readRTTCSV(path string) (map[string]map[string]float64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading RTT matrix: %w", err)
+	}
+	defer f.Close()
+	rows, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("reading RTT matrix %s: %w", path, err)
+	}
+	if len(rows) < 2 {
+		return nil, fmt.Errorf("RTT matrix %s: no rows", path)
+	}
+	m := map[string]map[string]float64{}
+	for i, row := range rows[1:] {
+		src := strings.TrimSpace(row[0])
+		m[src] = map[string]float64{}
+		for j := 1; j < len(row) && j < len(rows[0]); j++ {
+			cell := strings.TrimSpace(row[j])
+			if cell == "" {
+				continue
+			}
+			v, err := strconv.ParseFloat(cell, 64)
+			if err != nil {
+				return nil, fmt.Errorf("RTT matrix %s:%d: column %q: %w", path, i+2, rows[0][j], err)
+			}
+			m[src][strings.TrimSpace(rows[0][j])] = v
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,235 @@
+package trace
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Format names a trace file format.
+type Format string
+
+const (
+	// FormatAuto detects the format from the first non-empty line: a line
+	// with a "session_id" key is gorgo, anything else is Mooncake.
+	// The zero Format means FormatAuto.
+	FormatAuto Format = "auto"
+	// FormatMooncake is Mooncake's JSON Lines trace: one object per line with
+	// "timestamp" (ms, may be fractional), "input_length" (tokens),
+	// "output_length" (tokens) and "hash_ids" (prefix-chained ids of the
+	// prompt's 512-token blocks). Other keys are ignored. Sessions are derived
+	// with DeriveSessions.
+	FormatMooncake Format = "mooncake"
+	// FormatGorgo is gorgo's JSON Lines trace: Mooncake's four keys plus
+	// "session_id" (required, non-empty) and the optional "turn" (>= 1),
+	// "user_id" and "messages" ([{"role":..,"content":..}]).
+	FormatGorgo Format = "gorgo"
+)
+
+// Formats returns the valid format names.
+func Formats() []Format { return []Format{FormatAuto, FormatMooncake, FormatGorgo} }
+
+// ParseFormat returns the Format named s (case-insensitive, surrounding
+// spaces ignored); the empty string is FormatAuto.
+func ParseFormat(s string) (Format, error) {
+	s = strings.ToLower(strings.TrimSpace(s))
+	if s == "" {
+		return FormatAuto, nil
+	}
+	for _, f := range Formats() {
+		if s == string(f) {
+			return f, nil
+		}
+	}
+	return "", fmt.Errorf("unknown trace format %q (valid: %s)", s, formatNames())
+}
+
+func formatNames() string {
+	var names []string
+	for _, f := range Formats() {
+		names = append(names, string(f))
+	}
+	return strings.Join(names, ", ")
+}
+
+// maxTimestampMs bounds timestamps (ms) so that they fit a time.Duration
+// with room to spare: about 292 years / 2.
+const maxTimestampMs = float64(math.MaxInt64/int64(time.Millisecond)) / 2
+
+// record is one line of a trace file. Pointers tell absent keys from zeros.
+type record struct {
+	Timestamp    json.Number `json:"timestamp"`
+	SessionID    *string     `json:"session_id,omitempty"`
+	Turn         *int        `json:"turn,omitempty"`
+	UserID       string      `json:"user_id,omitempty"`
+	InputLength  *int        `json:"input_length"`
+	OutputLength *int        `json:"output_length"`
+	HashIDs      []uint64    `json:"hash_ids"`
+	Messages     []Message   `json:"messages,omitempty"`
+}
+
+// request converts a decoded record to a Request, checking every rule of
+// format f (FormatMooncake or FormatGorgo).
+func (rec *record) request(f Format) (Request, error) {
+	if rec.Timestamp == "" {
+		return Request{}, errors.New("missing timestamp")
+	}
+	t, err := parseMillis(string(rec.Timestamp))
+	if err != nil {
+		return Request{}, err
+	}
+	if rec.InputLength == nil {
+		return Request{}, errors.New("missing input_length")
+	}
+	if rec.OutputLength == nil {
+		return Request{}, errors.New("missing output_length")
+	}
+	if rec.HashIDs == nil {
+		return Request{}, errors.New("missing hash_ids")
+	}
+	r := Request{
+		Time:         t,
+		InputTokens:  *rec.InputLength,
+		OutputTokens: *rec.OutputLength,
+		HashIDs:      rec.HashIDs,
+	}
+	if f == FormatGorgo {
+		if rec.SessionID == nil || *rec.SessionID == "" {
+			return Request{}, errors.New("missing session_id (required in gorgo format)")
+		}
+		r.Session = *rec.SessionID
+		if rec.Turn != nil {
+			if *rec.Turn < 1 {
+				return Request{}, fmt.Errorf("turn must be at least 1, got %d", *rec.Turn)
+			}
+			r.Turn = *rec.Turn
+		}
+		r.User = rec.UserID
+		if len(rec.Messages) > 0 {
+			r.Messages = rec.Messages
+		}
+	}
+	if err := validate(&r); err != nil {
+		return Request{}, err
+	}
+	return r, nil
+}
+
+// validate checks the rules every Request of a trace obeys, whatever its
+// format (times are checked for order by the caller).
+func validate(r *Request) error {
+	if r.Time < 0 {
+		return fmt.Errorf("timestamp must be non-negative, got %v", r.Time)
+	}
+	if r.InputTokens <= 0 {
+		return fmt.Errorf("input_length must be positive, got %d", r.InputTokens)
+	}
+	if r.OutputTokens < 0 {
+		return fmt.Errorf("output_length must be non-negative, got %d", r.OutputTokens)
+	}
+	if want := BlockCount(r.InputTokens); len(r.HashIDs) != want {
+		return fmt.Errorf("len(hash_ids)=%d does not match input_length %d (want ceil(%d/%d)=%d)",
+			len(r.HashIDs), r.InputTokens, r.InputTokens, BlockTokens, want)
+	}
+	if r.Turn < 0 {
+		return fmt.Errorf("turn must be at least 1, got %d", r.Turn)
+	}
+	return nil
+}
+
+// parseMillis converts a JSON number of milliseconds to a Duration, exactly
+// when it has at most six decimals (nanosecond resolution).
+func parseMillis(s string) (time.Duration, error) {
+	if i := strings.IndexByte(s, '.'); i >= 0 && !strings.ContainsAny(s, "eE-+") && len(s)-i-1 <= 6 && i <= 12 {
+		whole, err1 := strconv.ParseInt(s[:i], 10, 64)
+		frac := s[i+1:]
+		n, err2 := strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64)
+		if err1 == nil && err2 == nil {
+			return time.Duration(whole)*time.Millisecond + time.Duration(n), nil
+		}
+	}
+	if !strings.ContainsAny(s, ".eE") {
+		if ms, err := strconv.ParseInt(s, 10, 64); err == nil {
+			if ms < 0 {
+				return 0, fmt.Errorf("timestamp must be non-negative, got %s", s)
+			}
+			if float64(ms) > maxTimestampMs {
+				return 0, fmt.Errorf("timestamp %s ms out of range", s)
+			}
+			return time.Duration(ms) * time.Millisecond, nil
+		}
+	}
+	ms, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, fmt.Errorf("invalid timestamp %q: %w", s, err)
+	}
+	if ms < 0 {
+		return 0, fmt.Errorf("timestamp must be non-negative, got %s", s)
+	}
+	if ms > maxTimestampMs {
+		return 0, fmt.Errorf("timestamp %s ms out of range", s)
+	}
+	return time.Duration(math.Round(ms * float64(time.Millisecond))), nil
+}
+
+// formatMillis writes a Duration as exact decimal milliseconds.
+func formatMillis(d time.Duration) string {
+	ms, ns := int64(d/time.Millisecond), int64(d%time.Millisecond)
+	if ns == 0 {
+		return strconv.FormatInt(ms, 10)
+	}
+	frac := strings.TrimRight(fmt.Sprintf("%06d", ns), "0")
+	return strconv.FormatInt(ms, 10) + "." + frac
+}
+
+// Write writes reqs as gorgo JSON Lines, one request per line, in the given
+// order: timestamp in ms (fractional when Time has sub-millisecond parts),
+// session_id, turn (omitted when 0), user_id and messages (omitted when
+// empty). Every request must have a Session (use DeriveSessions first for
+// traces without one) and obey the rules Read enforces, including
+// non-decreasing times, so that Read gives the requests back.
+func Write(w io.Writer, reqs []Request) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	enc := json.NewEncoder(bw)
+	enc.SetEscapeHTML(false)
+	var prev time.Duration
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Session == "" {
+			return fmt.Errorf("writing request %d: empty session (gorgo format requires session_id; derive sessions first)", i+1)
+		}
+		if err := validate(r); err != nil {
+			return fmt.Errorf("writing request %d: %w", i+1, err)
+		}
+		if r.Time < prev {
+			return fmt.Errorf("writing request %d: time %v before the previous request's %v", i+1, r.Time, prev)
+		}
+		prev = r.Time
+		rec := record{
+			Timestamp: json.Number(formatMillis(r.Time)),
+			SessionID: &r.Session,
+			UserID:    r.User,
+			HashIDs:   r.HashIDs,
+			Messages:  r.Messages,
+		}
+		in, out := r.InputTokens, r.OutputTokens
+		rec.InputLength, rec.OutputLength = &in, &out
+		if r.Turn > 0 {
+			turn := r.Turn
+			rec.Turn = &turn
+		}
+		if err := enc.Encode(&rec); err != nil {
+			return fmt.Errorf("writing request %d: %w", i+1, err)
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("writing trace: %w", err)
+	}
+	return nil
+}

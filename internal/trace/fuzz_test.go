@@ -1,0 +1,44 @@
+package trace
+
+import (
+	"bytes"
+	"reflect"
+	"testing"
+)
+
+// FuzzRead checks that Read never panics and that whatever it accepts
+// survives a Write/Read round trip unchanged.
+func FuzzRead(f *testing.F) {
+	seeds := []string{
+		`{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]}`,
+		`{"timestamp": 1.25, "input_length": 1, "output_length": 0, "hash_ids": [0]}` + "\n\n" +
+			`{"timestamp": 3, "input_length": 513, "output_length": 2, "hash_ids": [0, 5]}`,
+		`{"timestamp": 0.5, "session_id": "a", "turn": 2, "user_id": "u", "input_length": 2, "output_length": 1, "hash_ids": [9], "messages": [{"role": "user", "content": "x\ny"}]}`,
+		`{"timestamp": 1e3, "input_length": 1, "output_length": 1, "hash_ids": [18446744073709551615]}`,
+		"{}\n[]\n",
+		`{"timestamp": "12", "input_length": 1, "output_length": 1, "hash_ids": [1]}`,
+	}
+	for _, s := range seeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		reqs, err := Read(bytes.NewReader(data), "fuzz", FormatAuto)
+		if err != nil {
+			return
+		}
+		var b bytes.Buffer
+		if err := Write(&b, reqs); err != nil {
+			t.Fatalf("Write of a trace Read accepted: %v", err)
+		}
+		again, err := Read(&b, "fuzz-rt", FormatGorgo)
+		if err != nil {
+			t.Fatalf("Read of Write's output: %v\n%s", err, b.String())
+		}
+		if len(reqs) == 0 {
+			return
+		}
+		if !reflect.DeepEqual(again, reqs) {
+			t.Fatalf("round trip changed the requests:\n%+v\n%+v", reqs, again)
+		}
+	})
+}

@@ -1,0 +1,110 @@
+package trace
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+)
+
+// LineError reports a problem with one line of a trace file. Its message is
+// "NAME:LINE: problem", the form compilers use, so editors can jump to it.
+type LineError struct {
+	// Name is the file name (or the name given to Read).
+	Name string
+	// Line is the 1-based line number.
+	Line int
+	// Err is the problem.
+	Err error
+}
+
+func (e *LineError) Error() string { return fmt.Sprintf("%s:%d: %v", e.Name, e.Line, e.Err) }
+
+// Unwrap returns the underlying problem.
+func (e *LineError) Unwrap() error { return e.Err }
+
+// ReadFile reads the trace at path in format f (see Read); errors name the
+// path and the line.
+func ReadFile(path string, f Format) ([]Request, error) {
+	file, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading trace: %w", err)
+	}
+	defer file.Close()
+	return Read(file, path, f)
+}
+
+// Read reads a JSON Lines trace in format f (FormatAuto or "" detects it from
+// the first non-empty line). name labels errors, which have the form
+// "name:line: problem" (see LineError). Blank lines are skipped and lines may
+// be of any length. Timestamps must be non-decreasing: traces are
+// time-ordered and a line that goes back in time is an error. Requests of a
+// Mooncake trace get sessions and turns from DeriveSessions. The requests'
+// HashIDs are cut from shared arrays with capacity equal to length, so
+// appending to one copies it.
+func Read(r io.Reader, name string, f Format) ([]Request, error) {
+	f, err := ParseFormat(string(f))
+	if err != nil {
+		return nil, err
+	}
+	br := bufio.NewReaderSize(r, 64<<10)
+	var (
+		reqs   []Request
+		ids    idArena
+		long   []byte
+		lineNo int
+		prev   Request
+	)
+	for {
+		line, rerr := br.ReadSlice('\n')
+		if rerr == bufio.ErrBufferFull {
+			long = append(long, line...)
+			continue
+		}
+		if rerr != nil && rerr != io.EOF {
+			return nil, fmt.Errorf("reading %s: %w", name, rerr)
+		}
+		if len(long) > 0 {
+			long = append(long, line...)
+			line = long
+		}
+		if len(line) > 0 {
+			lineNo++
+			line = bytes.TrimSpace(line)
+		}
+		if len(line) > 0 {
+			var rec record
+			if err := json.Unmarshal(line, &rec); err != nil {
+				return nil, &LineError{name, lineNo, fmt.Errorf("invalid JSON: %w", err)}
+			}
+			if f == FormatAuto {
+				f = FormatMooncake
+				if rec.SessionID != nil {
+					f = FormatGorgo
+				}
+			}
+			req, err := rec.request(f)
+			if err != nil {
+				return nil, &LineError{name, lineNo, err}
+			}
+			if len(reqs) > 0 && req.Time < prev.Time {
+				return nil, &LineError{name, lineNo, fmt.Errorf(
+					"timestamp %s ms is before the previous line's %s ms (traces must be time-ordered)",
+					formatMillis(req.Time), formatMillis(prev.Time))}
+			}
+			req.HashIDs = ids.copy(req.HashIDs)
+			reqs = append(reqs, req)
+			prev = req
+		}
+		long = long[:0]
+		if rerr == io.EOF {
+			break
+		}
+	}
+	if f == FormatMooncake {
+		DeriveSessions(reqs)
+	}
+	return reqs, nil
+}

@@ -14,7 +14,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gorgo-llm/gorgo/internal/report"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 )
 
@@ -29,7 +28,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	var wl workloadFlags
 	wl.register(fs)
 	topo := fs.String("topology", "paper", "fleet: "+joinNames(sim.TopologyNames())+", or a YAML `FILE`")
-	policies := fs.String("policy", "round-robin,random", "comma-separated `POLICIES` to compare: "+joinNames(route.Names()))
+	policies := fs.String("policy", strings.Join(defaultPolicies, ","), "comma-separated `POLICIES` to compare: "+joinNames(sim.PolicyNames()))
+	var pf policyFlags
+	pf.register(fs)
 	maxInflight := fs.Int("max-inflight", sim.DefaultMaxInflight, "client cap on requests in flight (0 = none); beyond it requests wait and the wait is recorded as slip")
 	jsonOut := fs.String("json", "", "write the run summaries as JSON to `FILE`")
 	records := fs.String("records", "", "write per-request records as JSONL to `FILE` (the policy name is inserted before the extension when several run)")
@@ -40,17 +41,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	names := splitList(*policies)
-	if len(names) == 0 {
-		return fmt.Errorf("--policy: no policy given (valid: %s)", joinNames(route.Names()))
-	}
-	pols := make([]route.Policy, len(names))
-	for i, n := range names {
-		p, err := route.New(n, route.Options{})
-		if err != nil {
-			return fmt.Errorf("--policy: %w", err)
-		}
-		pols[i] = p
+	pols, err := pf.policies(*policies)
+	if err != nil {
+		return err
 	}
 	t, err := sim.LoadTopology(*topo)
 	if err != nil {
@@ -86,6 +79,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 				Policy:      p,
 				MaxInflight: *maxInflight,
 				Seed:        wl.seed,
+				Signals:     pf.signals(),
 				Progress:    prog.add,
 			})
 			if err != nil {

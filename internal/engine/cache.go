@@ -167,14 +167,23 @@ func (c *cache) unlink(s int32) {
 	c.lruLen--
 }
 
-// clone returns an independent copy.
-func (c *cache) clone() *cache {
-	d := *c
-	d.index = make(map[uint64]int32, len(c.index))
-	for k, v := range c.index {
-		d.index[k] = v
+// cloneInto returns an independent copy, reusing dst's storage when dst
+// is not nil.
+func (c *cache) cloneInto(dst *cache) *cache {
+	if dst == nil {
+		dst = &cache{}
 	}
-	d.slots = append([]slot(nil), c.slots...)
-	d.free = append([]int32(nil), c.free...)
-	return &d
+	index, slots, free := dst.index, dst.slots[:0], dst.free[:0]
+	*dst = *c
+	if index == nil {
+		index = make(map[uint64]int32, len(c.index))
+	}
+	clear(index)
+	for k, v := range c.index {
+		index[k] = v
+	}
+	dst.index = index
+	dst.slots = append(slots, c.slots...)
+	dst.free = append(free, c.free...)
+	return dst
 }

@@ -126,6 +126,8 @@ type Engine struct {
 	hasWake  bool
 
 	g Gauges
+
+	pool []*seq // seqs owned by a clone, reused by the next Clone into it
 }
 
 // New returns an idle engine with an empty cache.
@@ -409,4 +411,41 @@ func (e *Engine) free(s *seq) {
 	e.kv.release(s.slots)
 	e.kv.unreserve(s.private)
 	s.slots, s.private = nil, 0
+}
+
+// Clone returns an independent copy of the engine, reusing dst's storage
+// when dst is not nil. The copy shares the requests' Blocks slices, which
+// neither modifies. A simulator uses it to ask "what if".
+func (e *Engine) Clone(dst *Engine) *Engine {
+	if dst == nil {
+		dst = &Engine{}
+	}
+	kv, waiting, running, pool := dst.kv, dst.waiting[:0], dst.running[:0], dst.pool[:0]
+	*dst = *e
+	dst.kv = e.kv.cloneInto(kv)
+	dst.pool = pool
+	copySeq := func(s *seq) *seq {
+		var c *seq
+		if k := len(dst.pool); k < cap(dst.pool) {
+			dst.pool = dst.pool[:k+1]
+			c = dst.pool[k]
+		}
+		if c == nil {
+			c = new(seq)
+			dst.pool = append(dst.pool, c)
+		}
+		slots := c.slots[:0]
+		*c = *s
+		c.slots = append(slots, s.slots...)
+		return c
+	}
+	for _, s := range e.waiting[e.wHead:] {
+		waiting = append(waiting, copySeq(s))
+	}
+	dst.waiting, dst.wHead = waiting, 0
+	for _, s := range e.running {
+		running = append(running, copySeq(s))
+	}
+	dst.running = running
+	return dst
 }

@@ -348,3 +348,42 @@ func TestPaperProfileCalibration(t *testing.T) {
 		t.Errorf("KV capacity %d", p.KVCapacityTokens)
 	}
 }
+
+func TestCloneIsIndependentAndExact(t *testing.T) {
+	e := newEngine(t, Config{})
+	for i := range uint64(6) {
+		if err := e.Submit(0, req(i, i%2, 3000+500*int(i), 40)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.Advance(200*time.Millisecond, nil)
+	var scratch *Engine
+	for round := range 2 { // the second round reuses the clone's storage
+		c := e.Clone(scratch)
+		scratch = c
+		if err := c.Submit(200*time.Millisecond, req(99, 5, 2000, 3)); err != nil {
+			t.Fatal(err)
+		}
+		got := run(t, c)
+		if find(got, 99, EventFinish).Kind == 0 {
+			t.Fatalf("round %d: clone did not finish the extra request", round)
+		}
+	}
+	// The original never saw request 99 and runs as if never cloned.
+	ref := newEngine(t, Config{})
+	for i := range uint64(6) {
+		if err := ref.Submit(0, req(i, i%2, 3000+500*int(i), 40)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ref.Advance(200*time.Millisecond, nil)
+	a, b := run(t, e), run(t, ref)
+	if len(a) != len(b) {
+		t.Fatalf("original emitted %d events after cloning, reference %d", len(a), len(b))
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			t.Fatalf("event %d: %+v vs %+v", i, a[i], b[i])
+		}
+	}
+}

@@ -64,6 +64,16 @@ func (p *Profile) PrefillTime(tokens int) time.Duration {
 	return d
 }
 
+// PrefillMSPerToken is the profile's prefill cost per uncached prompt
+// token in ms, the step overhead of a full chunk included.
+func (p *Profile) PrefillMSPerToken() float64 {
+	return (p.PrefillUSPerToken + p.StepBaseUS/float64(p.ChunkTokens)) / 1000
+}
+
+// QueueMSPerToken is the TTFT each token of prefill backlog ahead of a
+// request adds, in ms: the backlog is prefill work, so the prefill rate.
+func (p *Profile) QueueMSPerToken() float64 { return p.PrefillMSPerToken() }
+
 // Validate reports the first field that makes the profile unusable.
 func (p *Profile) Validate() error {
 	switch {

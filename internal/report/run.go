@@ -24,9 +24,11 @@ type Record struct {
 	ITL          float64 `json:"itl_ms"`
 	PromptTokens int     `json:"prompt_tokens"`
 	CachedTokens int     `json:"cached_tokens"`
-	OutputTokens int     `json:"output_tokens"`
-	Failed       bool    `json:"failed,omitempty"`
-	Error        string  `json:"error,omitempty"`
+	// EstCachedTokens is the router's estimate of CachedTokens.
+	EstCachedTokens int    `json:"est_cached_tokens"`
+	OutputTokens    int    `json:"output_tokens"`
+	Failed          bool   `json:"failed,omitempty"`
+	Error           string `json:"error,omitempty"`
 }
 
 // Run summarises one policy's run over a workload.
@@ -39,8 +41,10 @@ type Run struct {
 	E2E       Dist   `json:"e2e_ms"`
 	ITL       Dist   `json:"itl_ms"`
 	Slip      Dist   `json:"slip_ms"`
-	// CacheHitRatio is cached / prompt tokens over completed requests.
-	CacheHitRatio float64 `json:"cache_hit_ratio"`
+	// CacheHitRatio is cached / prompt tokens over completed requests, as
+	// the engines report; EstCacheHitRatio is the router's estimate.
+	CacheHitRatio    float64 `json:"cache_hit_ratio"`
+	EstCacheHitRatio float64 `json:"est_cache_hit_ratio"`
 	// ReplicaShare is the fraction of requests sent to each replica.
 	ReplicaShare map[string]float64 `json:"replica_share"`
 }
@@ -53,7 +57,7 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 		r.ReplicaShare[id] = 0
 	}
 	var ttft, e2e, itl, slip []float64
-	var prompt, cached int
+	var prompt, cached, est int
 	for i := range recs {
 		rec := &recs[i]
 		slip = append(slip, rec.Slip)
@@ -72,6 +76,7 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 		}
 		prompt += rec.PromptTokens
 		cached += rec.CachedTokens
+		est += rec.EstCachedTokens
 	}
 	for id := range r.ReplicaShare {
 		if len(recs) > 0 {
@@ -81,6 +86,7 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 	r.TTFT, r.E2E, r.ITL, r.Slip = Summarize(ttft), Summarize(e2e), Summarize(itl), Summarize(slip)
 	if prompt > 0 {
 		r.CacheHitRatio = float64(cached) / float64(prompt)
+		r.EstCacheHitRatio = float64(est) / float64(prompt)
 	}
 	return r
 }
@@ -88,13 +94,13 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 // WriteTable prints runs side by side, one row per policy.
 func WriteTable(w io.Writer, runs []Run) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tdone\tfail\tTTFT p50\tp90\tp95\tp99\tmean\tE2E p50\tp95\tp99\tITL mean\tslip p99\thit\tshare\t")
+	fmt.Fprintln(tw, "policy\tdone\tfail\tTTFT p50\tp90\tp95\tp99\tmean\tE2E p50\tp95\tp99\tITL mean\tslip p99\thit\test\tshare\t")
 	for _, r := range runs {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%s\t\n",
 			r.Policy, r.Completed, r.Failed,
 			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P95), ms(r.TTFT.P99), ms(r.TTFT.Mean),
 			ms(r.E2E.P50), ms(r.E2E.P95), ms(r.E2E.P99), ms(r.ITL.Mean), ms(r.Slip.P99),
-			100*r.CacheHitRatio, shares(r.ReplicaShare))
+			100*r.CacheHitRatio, 100*r.EstCacheHitRatio, shares(r.ReplicaShare))
 	}
 	return tw.Flush()
 }

@@ -19,6 +19,9 @@ import (
 type Request struct {
 	// SessionKey identifies the conversation; empty when unknown.
 	SessionKey string
+	// PrefixKey is a hash of the prompt's first 256 tokens (in the
+	// simulator, of its first block): what simple session affinity hashes.
+	PrefixKey uint64
 	// PromptTokens is the (estimated) prompt length in tokens.
 	PromptTokens int
 	// Blocks are the chained hashes of the prompt's blocks.
@@ -45,8 +48,13 @@ type Replica struct {
 	// InFlight is the number of requests this router sent to the replica
 	// that have not finished.
 	InFlight int
-	// UnfinishedTokens is the prompt plus output tokens of those requests.
+	// UnfinishedTokens is the prompt tokens of those requests (the paper's
+	// queued tokens: raw prompt lengths, released when a request finishes).
 	UnfinishedTokens int
+	// BacklogTokens is the prefill work this router has sent the replica
+	// that has not produced its first token yet: those requests' prompt
+	// tokens less the router's estimate of their cached prefixes.
+	BacklogTokens int
 	// CachedTokens is the router's estimate of how many of this request's
 	// prompt tokens the replica holds in its prefix cache.
 	CachedTokens int
@@ -57,6 +65,10 @@ type Replica struct {
 	EngineKnown bool
 	// KVCapacityTokens is the replica's KV cache size (0 if unknown).
 	KVCapacityTokens int
+	// PrefillMSPerToken is the replica's prefill time per uncached prompt
+	// token and QueueMSPerToken the TTFT each backlog token ahead adds, both
+	// in ms (configured, from the profile, or estimated online).
+	PrefillMSPerToken, QueueMSPerToken float64
 }
 
 // Terms are the parts of one replica's cost, for policies that score.
@@ -84,14 +96,45 @@ type Policy interface {
 	Decide(d *Decision, req *Request, reps []Replica, rng *rand.Rand) error
 }
 
-// Options configure the policies that take parameters.
-type Options struct{}
+// Options configure the policies that take parameters. The zero value
+// gives every policy its defaults.
+type Options struct {
+	// Weights are gorgo's; zero means the paper's learned weights.
+	Weights Weights
+	// MSWeights are gorgo-ms's; zero means {RTT: 1, Queue: 1}.
+	MSWeights Weights
+	// TieMargin is the relative cost margin within which scoring policies
+	// treat replicas as tied and pick among them at random; zero means
+	// DefaultTieMargin, negative means exact ties only.
+	TieMargin float64
+}
+
+// DefaultTieMargin is the default relative tie margin of scoring policies.
+const DefaultTieMargin = 0.01
+
+func (o Options) tieMargin() float64 {
+	switch {
+	case o.TieMargin == 0:
+		return DefaultTieMargin
+	case o.TieMargin < 0:
+		return 0
+	}
+	return o.TieMargin
+}
 
 type factory func(Options) (Policy, error)
 
 var registry = map[string]factory{
-	"round-robin": func(Options) (Policy, error) { return &roundRobin{}, nil },
-	"random":      func(Options) (Policy, error) { return random{}, nil },
+	"round-robin":             func(Options) (Policy, error) { return &roundRobin{}, nil },
+	"random":                  func(Options) (Policy, error) { return random{}, nil },
+	"least-request":           func(Options) (Policy, error) { return leastRequest{}, nil },
+	"power-of-two":            func(Options) (Policy, error) { return powerOfTwo{}, nil },
+	"simple-session-affinity": func(Options) (Policy, error) { return simpleAffinity{}, nil },
+	"session-affinity":        func(Options) (Policy, error) { return rendezvous{}, nil },
+	"least-load":              func(Options) (Policy, error) { return leastLoad{}, nil },
+	"prefix-cache":            func(Options) (Policy, error) { return prefixCache{}, nil },
+	"gorgo":                   newGorgo,
+	"gorgo-ms":                newGorgoMS,
 }
 
 // New returns a new instance of the named policy. The error lists the valid
@@ -112,51 +155,4 @@ func Names() []string {
 	}
 	slices.Sort(names)
 	return names
-}
-
-// roundRobin cycles through the healthy replicas. Not safe for concurrent use.
-type roundRobin struct{ next int }
-
-func (*roundRobin) Name() string { return "round-robin" }
-
-func (p *roundRobin) Decide(d *Decision, _ *Request, reps []Replica, _ *rand.Rand) error {
-	d.Scores = d.Scores[:0]
-	for range reps {
-		i := p.next % len(reps)
-		p.next++
-		if reps[i].Healthy {
-			d.Replica = i
-			return nil
-		}
-	}
-	return ErrNoReplica
-}
-
-// random picks a healthy replica uniformly.
-type random struct{}
-
-func (random) Name() string { return "random" }
-
-func (random) Decide(d *Decision, _ *Request, reps []Replica, rng *rand.Rand) error {
-	d.Scores = d.Scores[:0]
-	n := 0
-	for i := range reps {
-		if reps[i].Healthy {
-			n++
-		}
-	}
-	if n == 0 {
-		return ErrNoReplica
-	}
-	k := rng.IntN(n)
-	for i := range reps {
-		if reps[i].Healthy {
-			if k == 0 {
-				d.Replica = i
-				return nil
-			}
-			k--
-		}
-	}
-	panic("unreachable")
 }

@@ -1,7 +1,6 @@
 package route
 
 import (
-	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -52,19 +51,6 @@ func TestRandomSpreadsOverHealthy(t *testing.T) {
 	na, nc := strings.Count(got, "a"), strings.Count(got, "c")
 	if strings.Contains(got, "b") || na < 1400 || nc < 1400 {
 		t.Errorf("a %d, c %d, b %d", na, nc, strings.Count(got, "b"))
-	}
-}
-
-func TestNoHealthyReplica(t *testing.T) {
-	for _, name := range Names() {
-		p, _ := New(name, Options{})
-		var d Decision
-		rng := rand.New(rand.NewPCG(1, 2))
-		for _, reps := range [][]Replica{nil, views(false, false)} {
-			if err := p.Decide(&d, &Request{}, reps, rng); !errors.Is(err, ErrNoReplica) {
-				t.Errorf("%s with %d replicas: err %v, want ErrNoReplica", name, len(reps), err)
-			}
-		}
 	}
 }
 

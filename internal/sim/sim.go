@@ -19,6 +19,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -36,11 +37,32 @@ type Config struct {
 	MaxInflight int
 	// Seed fixes network jitter and the policy's random draws.
 	Seed uint64
+	// Signals says how the router observes the fleet.
+	Signals Signals
 	// Progress, if set, is called about every 1024 requests with the number
 	// of requests finished since its previous call. It may be called from
 	// several runs at once.
 	Progress func(finished int)
 }
+
+// Signals configures what the simulated router measures, and how often,
+// as the live proxy would.
+type Signals struct {
+	// ProbeInterval is the period of round-trip probes (default 30 s, the
+	// paper's); each probe suffers the link's jitter.
+	ProbeInterval time.Duration
+	// ScrapeInterval is the period of engine /metrics scrapes (default
+	// 30 s); gauges are stale in between.
+	ScrapeInterval time.Duration
+	// RTTAlpha smooths the probes (default 0.3).
+	RTTAlpha float64
+	// OnlineRates makes the router learn per-replica prefill and queue
+	// rates from observed TTFT instead of taking them from the profiles.
+	OnlineRates bool
+}
+
+// DefaultInterval is the paper's probe and scrape period.
+const DefaultInterval = 30 * time.Second
 
 // Result is what a run measured.
 type Result struct {
@@ -50,6 +72,11 @@ type Result struct {
 	// Events is the number of simulation events processed, Steps the
 	// number of engine steps taken, both for speed measurements.
 	Events, Steps int64
+	// OracleSteps counts the engine steps clairvoyant's what-if runs took.
+	OracleSteps int64
+	// IndexResets counts the router's prefix-index resets (see
+	// router.CachedReport); a healthy fleet has none.
+	IndexResets int
 	// Engines are the replicas' final gauges, in Config.Replicas order.
 	Engines []engine.Gauges
 }
@@ -57,10 +84,15 @@ type Result struct {
 type eventKind uint8
 
 const (
-	evArrive   eventKind = iota // the client wants to send request req
-	evAtEngine                  // request req reaches its replica
-	evEngine                    // replica rep's engine has something to do
-	evBack                      // request req's last token (or error) is back at the router
+	evArrive     eventKind = iota // the client wants to send request req
+	evAtEngine                    // request req reaches its replica
+	evEngine                      // replica rep's engine has something to do
+	evBack                        // request req's last token (or error) is back at the router
+	evProbe                       // the router probes replica rep's round trip
+	evProbeBack                   // that probe returns
+	evScrape                      // the router scrapes replica rep's metrics
+	evScrapeAt                    // the scrape reaches the replica
+	evScrapeBack                  // the gauges reach the router
 )
 
 type event struct {
@@ -70,11 +102,13 @@ type event struct {
 	rep  int32
 	req  int32
 	gen  uint32
+	rtt  time.Duration // evProbeBack: the probe's round trip
 }
 
 // reqState is what the simulator tracks per request.
 type reqState struct {
 	replica     int32
+	ticket      router.Ticket
 	rtt         time.Duration
 	sent        time.Duration
 	first, done time.Duration
@@ -89,8 +123,8 @@ type replicaState struct {
 	scheduled bool
 	at        time.Duration
 	gen       uint32
-	inflight  int
-	unfinTok  int
+	transit   []int32 // requests on their way to the replica, in dispatch order
+	scraped   route.EngineGauges
 }
 
 type simulator struct {
@@ -109,10 +143,14 @@ type simulator struct {
 	done    int
 	nEvents int64
 
-	views    []route.Replica
-	decision route.Decision
+	router   *router.Router
+	probeRNG *rand.Rand
+	sig      Signals
 	rreq     route.Request
 	evBuf    []engine.Event
+	oracle   *clairvoyant
+
+	lastProbe []time.Duration
 }
 
 // Run simulates the workload under cfg.Policy.
@@ -126,12 +164,27 @@ func Run(cfg Config) (*Result, error) {
 	if cfg.MaxInflight < 0 {
 		return nil, errors.New("sim: max in flight must not be negative")
 	}
+	sig := cfg.Signals
+	if sig.ProbeInterval == 0 {
+		sig.ProbeInterval = DefaultInterval
+	}
+	if sig.ScrapeInterval == 0 {
+		sig.ScrapeInterval = DefaultInterval
+	}
+	if sig.ProbeInterval < 0 || sig.ScrapeInterval < 0 {
+		return nil, errors.New("sim: probe and scrape intervals must be positive")
+	}
 	s := &simulator{
-		cfg:   cfg,
-		rng:   rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)),
-		reqs:  make([]reqState, len(cfg.Requests)),
-		reps:  make([]replicaState, len(cfg.Replicas)),
-		views: make([]route.Replica, len(cfg.Replicas)),
+		cfg:      cfg,
+		sig:      sig,
+		rng:      rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)),
+		probeRNG: rand.New(rand.NewPCG(cfg.Seed, 0x5851f42d4c957f2d)),
+		reqs:     make([]reqState, len(cfg.Requests)),
+		reps:     make([]replicaState, len(cfg.Replicas)),
+	}
+	if c, ok := cfg.Policy.(*clairvoyant); ok {
+		c.s = s
+		s.oracle = c
 	}
 	// Network jitter draws come from their own stream, indexed by request,
 	// so every policy sees the same network.
@@ -140,14 +193,28 @@ func Run(cfg Config) (*Result, error) {
 	for i := range s.jit {
 		s.jit[i] = net.NormFloat64()
 	}
+	rcfgs := make([]router.ReplicaConfig, len(cfg.Replicas))
 	for i, r := range cfg.Replicas {
 		eng, err := engine.New(engine.Config{Profile: r.Profile, PageTokens: trace.BlockTokens})
 		if err != nil {
 			return nil, fmt.Errorf("sim: replica %s: %w", r.ID, err)
 		}
 		s.reps[i].eng = eng
-		s.views[i] = route.Replica{ID: r.ID, Region: r.Region, Healthy: true, RTT: r.RTT,
-			KVCapacityTokens: eng.Gauges().KVCapacityTokens}
+		rcfgs[i] = router.ReplicaConfig{ID: r.ID, Region: r.Region, KVCapacityTokens: eng.Gauges().KVCapacityTokens,
+			PrefillMSPerToken: r.Profile.PrefillMSPerToken(), QueueMSPerToken: r.Profile.QueueMSPerToken()}
+	}
+	rt, err := router.New(router.Config{Replicas: rcfgs, Policy: cfg.Policy, BlockTokens: trace.BlockTokens,
+		RTTAlpha: sig.RTTAlpha, OnlineRates: sig.OnlineRates})
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	s.router = rt
+	// The router probes every replica once before serving, then
+	// periodically; it scrapes metrics from the start.
+	for i := range cfg.Replicas {
+		rt.ObserveRTT(i, s.probeRTT(i))
+		s.push(event{t: sig.ProbeInterval, kind: evProbe, rep: int32(i)})
+		s.push(event{t: 0, kind: evScrape, rep: int32(i)})
 	}
 	for i := 1; i < len(cfg.Requests); i++ {
 		if cfg.Requests[i].Time < cfg.Requests[i-1].Time {
@@ -178,9 +245,47 @@ func Run(cfg Config) (*Result, error) {
 			s.reschedule(int(ev.rep))
 		case evBack:
 			s.back(ev.t, int(ev.req))
+		case evProbe:
+			if s.done < len(s.reqs) {
+				s.push(event{t: ev.t + s.probeRTTAt(int(ev.rep)), kind: evProbeBack, rep: ev.rep})
+				s.push(event{t: ev.t + sig.ProbeInterval, kind: evProbe, rep: ev.rep})
+			}
+		case evProbeBack:
+			s.router.ObserveRTT(int(ev.rep), s.lastProbe[ev.rep])
+		case evScrape:
+			if s.done < len(s.reqs) {
+				s.push(event{t: ev.t + cfg.Replicas[ev.rep].RTT/2, kind: evScrapeAt, rep: ev.rep})
+				s.push(event{t: ev.t + sig.ScrapeInterval, kind: evScrape, rep: ev.rep})
+			}
+		case evScrapeAt:
+			r := int(ev.rep)
+			s.advance(ev.t, r)
+			s.reschedule(r)
+			g := s.reps[r].eng.Gauges()
+			s.reps[r].scraped = route.EngineGauges{Running: g.Running, Waiting: g.Waiting, KVUsedTokens: g.KVUsedTokens, CacheHitRate: g.CacheHitRate}
+			s.push(event{t: ev.t + cfg.Replicas[r].RTT/2, kind: evScrapeBack, rep: ev.rep, gen: 0})
+		case evScrapeBack:
+			r := int(ev.rep)
+			s.router.ObserveEngine(r, s.reps[r].scraped, ev.t)
 		}
 	}
 	return s.result(), nil
+}
+
+// probeRTT draws a probe's round trip to replica i.
+func (s *simulator) probeRTT(i int) time.Duration {
+	r := &s.cfg.Replicas[i]
+	return sampleRTT(r.RTT, r.Jitter, s.probeRNG.NormFloat64())
+}
+
+// probeRTTAt draws a probe's round trip to replica i and remembers it for
+// the probe's return.
+func (s *simulator) probeRTTAt(i int) time.Duration {
+	if s.lastProbe == nil {
+		s.lastProbe = make([]time.Duration, len(s.cfg.Replicas))
+	}
+	s.lastProbe[i] = s.probeRTT(i)
+	return s.lastProbe[i]
 }
 
 func (s *simulator) push(ev event) {
@@ -202,24 +307,32 @@ func (s *simulator) dispatch(now time.Duration, i int) {
 	st := &s.reqs[i]
 	st.sent = now
 	s.inflght++
-	for k := range s.views {
-		s.views[k].InFlight = s.reps[k].inflight
-		s.views[k].UnfinishedTokens = s.reps[k].unfinTok
-	}
 	s.rreq = route.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: tr.HashIDs, MaxOutputTokens: tr.OutputTokens}
-	if err := s.cfg.Policy.Decide(&s.decision, &s.rreq, s.views, s.rng); err != nil {
+	if len(tr.HashIDs) > 0 {
+		s.rreq.PrefixKey = tr.HashIDs[0]
+	}
+	if s.oracle != nil {
+		s.oracle.now, s.oracle.req = now, i
+	}
+	t, err := s.router.Route(now, &s.rreq, s.rng)
+	if err != nil {
 		st.replica = -1
 		st.failed, st.err = true, err.Error()
 		s.push(event{t: now, kind: evBack, req: int32(i)})
 		return
 	}
-	r := s.decision.Replica
-	rep := &s.cfg.Replicas[r]
-	st.replica = int32(r)
-	st.rtt = sampleRTT(rep.RTT, rep.Jitter, s.jit[i])
-	s.reps[r].inflight++
-	s.reps[r].unfinTok += tr.InputTokens + tr.OutputTokens
+	st.ticket = t
+	st.replica = int32(t.Replica)
+	st.rtt = s.requestRTT(i, t.Replica)
+	rs := &s.reps[t.Replica]
+	rs.transit = append(rs.transit, int32(i))
 	s.push(event{t: now + st.rtt/2, kind: evAtEngine, req: int32(i)})
+}
+
+// requestRTT is request i's round trip if sent to replica r.
+func (s *simulator) requestRTT(i, r int) time.Duration {
+	rep := &s.cfg.Replicas[r]
+	return sampleRTT(rep.RTT, rep.Jitter, s.jit[i])
 }
 
 // sampleRTT draws a round trip of mean and standard deviation sd from a
@@ -232,6 +345,13 @@ func sampleRTT(mean, sd time.Duration, z float64) time.Duration {
 func (s *simulator) atEngine(now time.Duration, i int) {
 	st := &s.reqs[i]
 	r := int(st.replica)
+	rs := &s.reps[r]
+	for k, j := range rs.transit {
+		if int(j) == i {
+			rs.transit = append(rs.transit[:k], rs.transit[k+1:]...)
+			break
+		}
+	}
 	s.advance(now, r)
 	tr := &s.cfg.Requests[i]
 	err := s.reps[r].eng.Submit(now, engine.Request{ID: uint64(i), PromptTokens: tr.InputTokens, OutputTokens: tr.OutputTokens, Blocks: tr.HashIDs})
@@ -252,6 +372,8 @@ func (s *simulator) advance(now time.Duration, r int) {
 		case engine.EventFirstToken:
 			st.first = back
 			st.cached = ev.CachedTokens
+			s.router.FirstToken(&st.ticket, back-st.sent)
+			s.router.CachedReport(&st.ticket, ev.CachedTokens)
 		case engine.EventFinish:
 			st.done = back
 			st.output = ev.Generated
@@ -274,10 +396,8 @@ func (s *simulator) reschedule(r int) {
 // back handles request i's completion (or failure) at the router.
 func (s *simulator) back(now time.Duration, i int) {
 	st := &s.reqs[i]
-	if r := st.replica; r >= 0 {
-		tr := &s.cfg.Requests[i]
-		s.reps[r].inflight--
-		s.reps[r].unfinTok -= tr.InputTokens + tr.OutputTokens
+	if st.replica >= 0 {
+		s.router.Finish(&st.ticket)
 	}
 	s.inflght--
 	s.done++
@@ -293,6 +413,10 @@ func (s *simulator) back(now time.Duration, i int) {
 
 func (s *simulator) result() *Result {
 	res := &Result{Policy: s.cfg.Policy.Name(), Events: s.nEvents, Records: make([]report.Record, len(s.reqs))}
+	if s.oracle != nil {
+		res.OracleSteps = s.oracle.steps
+	}
+	res.IndexResets = s.router.IndexResets()
 	ids := make([]string, len(s.cfg.Replicas))
 	for k, r := range s.cfg.Replicas {
 		ids[k] = r.ID
@@ -314,6 +438,7 @@ func (s *simulator) result() *Result {
 		if st.replica >= 0 {
 			rec.Replica = ids[st.replica]
 			rec.RTT = toMS(st.rtt)
+			rec.EstCachedTokens = st.ticket.EstCachedTokens
 		}
 		if !st.failed {
 			rec.TTFT = toMS(st.first - st.sent)

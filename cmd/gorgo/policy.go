@@ -1,0 +1,80 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/sim"
+)
+
+// defaultPolicies are what sim compares when --policy is not given.
+var defaultPolicies = []string{"gorgo", "gorgo-ms", "simple-session-affinity", "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
+
+// policyFlags configure the policies and the router's signals.
+type policyFlags struct {
+	weights, msWeights string
+	tieMargin          float64
+	probe, scrape      time.Duration
+	alpha              float64
+	rates              string
+}
+
+func (p *policyFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&p.weights, "weights", route.PaperWeights.String(), "gorgo's weights, `rtt=X,queue=Y` or a JSON file {\"rtt\":X,\"queue\":Y}")
+	fs.StringVar(&p.msWeights, "ms-weights", "rtt=1,queue=1", "gorgo-ms's weights, `rtt=X,queue=Y` or a JSON file")
+	fs.Float64Var(&p.tieMargin, "tie-margin", route.DefaultTieMargin, "relative cost margin within which gorgo and gorgo-ms draw among tied replicas (negative: exact ties only)")
+	fs.DurationVar(&p.probe, "probe-interval", sim.DefaultInterval, "period of the router's round-trip probes")
+	fs.DurationVar(&p.scrape, "scrape-interval", sim.DefaultInterval, "period of the router's engine metrics scrapes")
+	fs.Float64Var(&p.alpha, "rtt-alpha", 0.3, "EWMA weight of a new round-trip probe")
+	fs.StringVar(&p.rates, "ms-rates", "profile", "gorgo-ms's per-replica rates: profile (from each replica's engine profile) or online (learned from observed TTFT)")
+}
+
+func (p *policyFlags) options() (route.Options, error) {
+	w, err := route.ParseWeights(p.weights, route.Weights{})
+	if err != nil {
+		return route.Options{}, fmt.Errorf("--weights: %w", err)
+	}
+	mw, err := route.ParseWeights(p.msWeights, route.Weights{})
+	if err != nil {
+		return route.Options{}, fmt.Errorf("--ms-weights: %w", err)
+	}
+	margin := p.tieMargin
+	if margin == 0 {
+		margin = -1 // the flag's 0 means exact ties
+	}
+	return route.Options{Weights: w, MSWeights: mw, TieMargin: margin}, nil
+}
+
+// policies builds one fresh instance of each listed policy.
+func (p *policyFlags) policies(list string) ([]route.Policy, error) {
+	names := splitList(list)
+	if len(names) == 0 {
+		return nil, fmt.Errorf("--policy: no policy given (valid: %s)", joinNames(sim.PolicyNames()))
+	}
+	if p.rates != "profile" && p.rates != "online" {
+		return nil, fmt.Errorf("--ms-rates: want profile or online, got %q", p.rates)
+	}
+	if p.probe <= 0 || p.scrape <= 0 {
+		return nil, fmt.Errorf("--probe-interval and --scrape-interval must be positive")
+	}
+	if p.alpha <= 0 || p.alpha > 1 {
+		return nil, fmt.Errorf("--rtt-alpha must be in (0, 1], got %v", p.alpha)
+	}
+	opts, err := p.options()
+	if err != nil {
+		return nil, err
+	}
+	pols := make([]route.Policy, len(names))
+	for i, n := range names {
+		if pols[i], err = sim.NewPolicy(n, opts); err != nil {
+			return nil, fmt.Errorf("--policy: %w", err)
+		}
+	}
+	return pols, nil
+}
+
+func (p *policyFlags) signals() sim.Signals {
+	return sim.Signals{ProbeInterval: p.probe, ScrapeInterval: p.scrape, RTTAlpha: p.alpha, OnlineRates: p.rates == "online"}
+}

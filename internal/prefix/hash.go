@@ -1,0 +1,40 @@
+package prefix
+
+import "github.com/cespare/xxhash/v2"
+
+// Chain turns a prompt's bytes into chained block hashes, one per
+// blockBytes bytes (the last block may be shorter), appended to dst. Block
+// i's hash depends on its bytes and on block i-1's hash, so equal hashes at
+// position i mean equal prompts up to the end of block i.
+func Chain(prompt []byte, blockBytes int, dst []uint64) []uint64 {
+	var h uint64
+	for off := 0; off < len(prompt); off += blockBytes {
+		end := min(off+blockBytes, len(prompt))
+		h = mix(h, xxhash.Sum64(prompt[off:end]))
+		dst = append(dst, h)
+	}
+	return dst
+}
+
+// ChainIDs turns a prompt's block ids (for instance a trace's hash ids,
+// which may be reused across unrelated traces) into chained hashes.
+func ChainIDs(ids []uint64, dst []uint64) []uint64 {
+	var h uint64
+	for _, id := range ids {
+		h = mix(h, id)
+		dst = append(dst, h)
+	}
+	return dst
+}
+
+// mix combines a parent hash and a block's own hash (a 64-bit finaliser
+// applied to an asymmetric combination, so that order matters).
+func mix(parent, block uint64) uint64 {
+	x := parent*0x9e3779b97f4a7c15 ^ block
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	x *= 0xc4ceb9fe1a85ec53
+	x ^= x >> 33
+	return x
+}

@@ -1,0 +1,68 @@
+package route
+
+import (
+	"math"
+	"math/rand/v2"
+)
+
+// leastLoad is the paper's least-load baseline: the replica with the least
+// scraped running + waiting requests + KV tokens in use, plus the prompt
+// tokens this router sent there that have not finished, summed raw (the
+// token terms dominate, as in the reference); ties at random.
+type leastLoad struct{}
+
+func (leastLoad) Name() string { return "least-load" }
+
+func (leastLoad) Decide(d *Decision, _ *Request, reps []Replica, rng *rand.Rand) error {
+	d.Scores = d.Scores[:0]
+	return argminInt(d, reps, rng, load)
+}
+
+func load(r *Replica) int {
+	return r.Engine.Running + r.Engine.Waiting + r.Engine.KVUsedTokens + r.UnfinishedTokens
+}
+
+// prefixCache is the AIBrix-style prefix-cache router, as the paper ran it:
+//  1. if the scraped running requests differ by more than 8 between
+//     replicas, least-request;
+//  2. if no replica holds any of the prompt's prefix, least-request;
+//  3. otherwise, among the replicas with the longest cached prefix, those
+//     whose running requests are at most mean + 2·stddev of those replicas',
+//     the one with the fewest running requests; ties at random.
+//
+// The filter in 3 never removes the candidate with the fewest running
+// requests (a minimum is at most the mean), so the rule reduces to the
+// least-running replica among those with the longest prefix.
+type prefixCache struct{}
+
+// PrefixCacheSpread is the imbalance in running requests beyond which
+// prefix-cache falls back to least-request.
+const PrefixCacheSpread = 8
+
+func (prefixCache) Name() string { return "prefix-cache" }
+
+func (prefixCache) Decide(d *Decision, req *Request, reps []Replica, rng *rand.Rand) error {
+	d.Scores = d.Scores[:0]
+	lo, hi, longest, any := math.MaxInt, math.MinInt, 0, false
+	for i := range reps {
+		r := &reps[i]
+		if !r.Healthy {
+			continue
+		}
+		any = true
+		lo, hi = min(lo, r.Engine.Running), max(hi, r.Engine.Running)
+		longest = max(longest, r.CachedTokens)
+	}
+	if !any {
+		return ErrNoReplica
+	}
+	if hi-lo > PrefixCacheSpread || longest == 0 {
+		return leastRequest{}.Decide(d, req, reps, rng)
+	}
+	return argminInt(d, reps, rng, func(r *Replica) int {
+		if r.CachedTokens < longest {
+			return math.MaxInt
+		}
+		return r.Engine.Running
+	})
+}

@@ -1,0 +1,107 @@
+package router
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/prefix"
+	"github.com/gorgo-llm/gorgo/internal/route"
+)
+
+// Text prompts are hashed in blocks of benchBlockTokens estimated tokens
+// of bytesPerToken bytes each, as the proxy does.
+const (
+	benchBlockTokens = 256
+	bytesPerToken    = 4
+	indexedBlocks    = 1 << 20
+)
+
+// benchRouter returns a gorgo router over n replicas whose prefix index
+// already holds about 1M blocks, and a prompt of the given length that a
+// few replicas hold parts of.
+func benchRouter(b *testing.B, n, promptTokens int) (*Router, []byte) {
+	b.Helper()
+	p, _ := route.New("gorgo", route.Options{})
+	reps := make([]ReplicaConfig, n)
+	perReplica := indexedBlocks/n + indexedBlocks/8
+	for i := range reps {
+		reps[i] = ReplicaConfig{ID: fmt.Sprintf("r%d", i), KVCapacityTokens: perReplica * benchBlockTokens, PrefillMSPerToken: 0.06, QueueMSPerToken: 0.06}
+	}
+	r, err := New(Config{Replicas: reps, Policy: p, BlockTokens: benchBlockTokens})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range n {
+		r.ObserveRTT(i, time.Duration(10+rng.IntN(400))*time.Millisecond)
+	}
+	chain := make([]uint64, 128)
+	for k := 0; r.index.Len() < indexedBlocks; k++ {
+		for j := range chain {
+			chain[j] = rng.Uint64()
+		}
+		r.index.Insert(k%n, chain)
+	}
+	prompt := make([]byte, promptTokens*bytesPerToken)
+	for i := range prompt {
+		prompt[i] = byte('a' + rng.IntN(26))
+	}
+	blocks := prefix.Chain(prompt, benchBlockTokens*bytesPerToken, nil)
+	// Three replicas hold the first 100%, 50% and 10% of the prompt.
+	for j, frac := range []float64{1, 0.5, 0.1} {
+		r.index.Insert(j%n, blocks[:int(frac*float64(len(blocks)))])
+	}
+	return r, prompt
+}
+
+// BenchmarkDecide is one routing decision as the proxy makes it: hash the
+// prompt into chained blocks, find every replica's cached prefix, build the
+// replica views and score them.
+func BenchmarkDecide(b *testing.B) {
+	for _, n := range []int{3, 16, 64, 256} {
+		for _, tokens := range []int{2 << 10, 32 << 10} {
+			b.Run(fmt.Sprintf("replicas=%d/prompt=%dk", n, tokens>>10), func(b *testing.B) {
+				r, prompt := benchRouter(b, n, tokens)
+				rng := rand.New(rand.NewPCG(3, 4))
+				buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
+				req := &route.Request{PromptTokens: tokens}
+				b.ReportAllocs()
+				b.SetBytes(int64(len(prompt)))
+				for b.Loop() {
+					buf = prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0])
+					req.Blocks = buf
+					if _, err := r.Decide(0, req, rng); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkRoute is a decision plus its bookkeeping: the ledger and the
+// insertion of the prompt's blocks into the chosen replica's index.
+func BenchmarkRoute(b *testing.B) {
+	for _, n := range []int{16} {
+		for _, tokens := range []int{2 << 10, 32 << 10} {
+			b.Run(fmt.Sprintf("replicas=%d/prompt=%dk", n, tokens>>10), func(b *testing.B) {
+				r, prompt := benchRouter(b, n, tokens)
+				rng := rand.New(rand.NewPCG(3, 4))
+				buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
+				req := &route.Request{PromptTokens: tokens}
+				b.ReportAllocs()
+				for b.Loop() {
+					buf = prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0])
+					req.Blocks = buf
+					t, err := r.Route(0, req, rng)
+					if err != nil {
+						b.Fatal(err)
+					}
+					r.Finish(&t)
+				}
+			})
+		}
+	}
+}

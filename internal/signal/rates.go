@@ -1,0 +1,76 @@
+package signal
+
+import "math"
+
+// Rates is an online linear model of one replica's time to first token
+// without the network,
+//
+//	ttft − rtt ≈ base + prefill·uncached_tokens + queue·queued_tokens   (ms)
+//
+// fitted by recursive least squares with exponential forgetting, so that it
+// follows a replica whose speed changes. It starts from a prior (the
+// replica's profile or configuration) and never reports a prefill rate
+// below a tenth or above ten times the prior's, or a negative queue rate.
+type Rates struct {
+	theta [3]float64    // base, prefill, queue
+	p     [3][3]float64 // inverse information matrix
+	prior [3]float64
+	// Forget is the forgetting factor in (0, 1]; 1 never forgets.
+	Forget float64
+	n      int
+}
+
+// NewRates returns a model with the given prior rates (ms per token) and a
+// zero base, forgetting with factor 0.998 (a memory of about 500 samples).
+func NewRates(prefillMS, queueMS float64) *Rates {
+	r := &Rates{theta: [3]float64{0, prefillMS, queueMS}, prior: [3]float64{0, prefillMS, queueMS}, Forget: 0.998}
+	// Prior confidence: loose on the base (±1 s), on the rates ±100% of the
+	// prior per ~1k tokens of evidence.
+	r.p[0][0] = 1e6
+	r.p[1][1] = math.Max(prefillMS*prefillMS, 1e-8) * 1e-2
+	r.p[2][2] = math.Max(queueMS*queueMS, 1e-8) * 1e-2
+	return r
+}
+
+// Observe adds one request: its uncached and queued tokens at dispatch and
+// its TTFT minus the round trip, in ms.
+func (r *Rates) Observe(uncached, queued, ms float64) {
+	x := [3]float64{1, uncached, queued}
+	var px [3]float64
+	for i := range 3 {
+		for j := range 3 {
+			px[i] += r.p[i][j] * x[j]
+		}
+	}
+	den := r.Forget
+	for i := range 3 {
+		den += x[i] * px[i]
+	}
+	var k [3]float64
+	for i := range 3 {
+		k[i] = px[i] / den
+	}
+	pred := r.theta[0] + r.theta[1]*uncached + r.theta[2]*queued
+	for i := range 3 {
+		r.theta[i] += k[i] * (ms - pred)
+	}
+	for i := range 3 {
+		for j := range 3 {
+			r.p[i][j] = (r.p[i][j] - k[i]*px[j]) / r.Forget
+		}
+	}
+	r.n++
+}
+
+// Prefill returns the prefill rate, ms per uncached token.
+func (r *Rates) Prefill() float64 {
+	return math.Min(math.Max(r.theta[1], r.prior[1]/10), r.prior[1]*10)
+}
+
+// Queue returns the queue rate, ms per queued token.
+func (r *Rates) Queue() float64 {
+	return math.Min(math.Max(r.theta[2], 0), math.Max(r.prior[2]*10, 1e-3))
+}
+
+// Samples returns how many requests were observed.
+func (r *Rates) Samples() int { return r.n }

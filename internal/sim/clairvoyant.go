@@ -1,0 +1,125 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/route"
+)
+
+// ClairvoyantName is the name of the simulator-only yardstick policy.
+const ClairvoyantName = "clairvoyant"
+
+// NewClairvoyant returns the simulator-only policy that asks each replica's
+// true engine state what the request's TTFT would be if sent now (with the
+// request's true round trip to it, and the requests already on their way
+// to it), and picks the least. It is the yardstick of how close a greedy
+// router can get. Each instance serves one Run.
+func NewClairvoyant() route.Policy { return &clairvoyant{} }
+
+type clairvoyant struct {
+	s       *simulator
+	now     time.Duration
+	req     int
+	scratch *engine.Engine
+	evs     []engine.Event
+	order   []int32
+	steps   int64
+}
+
+func (*clairvoyant) Name() string { return ClairvoyantName }
+
+func (c *clairvoyant) Decide(d *route.Decision, _ *route.Request, reps []route.Replica, _ *rand.Rand) error {
+	d.Scores = d.Scores[:0]
+	best, bestT := -1, math.Inf(1)
+	for i := range reps {
+		t := math.Inf(1)
+		if reps[i].Healthy {
+			t = float64(c.ttft(i)) / 1e6
+		}
+		d.Scores = append(d.Scores, route.Terms{Total: t})
+		if t < bestT {
+			best, bestT = i, t
+		}
+	}
+	if best < 0 {
+		return route.ErrNoReplica
+	}
+	d.Replica = best
+	return nil
+}
+
+// ttft simulates, on a copy of replica r's engine, the current request sent
+// now, and returns its TTFT at the router.
+func (c *clairvoyant) ttft(r int) time.Duration {
+	s := c.s
+	rs := &s.reps[r]
+	rtt := s.requestRTT(c.req, r)
+	arrive := c.now + rtt/2
+	e := rs.eng.Clone(c.scratch)
+	c.scratch = e
+	// Requests already on their way arrive first if they get there first.
+	c.order = append(c.order[:0], rs.transit...)
+	at := func(j int32) time.Duration { return s.reqs[j].sent + s.reqs[j].rtt/2 }
+	slices.SortStableFunc(c.order, func(a, b int32) int {
+		switch ta, tb := at(a), at(b); {
+		case ta < tb:
+			return -1
+		case ta > tb:
+			return 1
+		}
+		return 0
+	})
+	for _, j := range c.order {
+		if at(j) > arrive {
+			break
+		}
+		c.submit(e, at(j), int(j))
+	}
+	e.Advance(arrive, nil)
+	c.submit(e, arrive, c.req)
+	for {
+		next, ok := e.Next()
+		if !ok {
+			return time.Duration(math.MaxInt64) // rejected: never a first token
+		}
+		c.evs = e.Advance(next, c.evs[:0])
+		c.steps++
+		for _, ev := range c.evs {
+			if ev.ID == uint64(c.req) && ev.Kind == engine.EventFirstToken {
+				return ev.Time + rtt/2 - c.now
+			}
+		}
+	}
+}
+
+func (c *clairvoyant) submit(e *engine.Engine, at time.Duration, i int) {
+	tr := &c.s.cfg.Requests[i]
+	e.Advance(at, nil)
+	_ = e.Submit(at, engine.Request{ID: uint64(i), PromptTokens: tr.InputTokens, OutputTokens: tr.OutputTokens, Blocks: tr.HashIDs})
+}
+
+// PolicyNames lists every policy the simulator runs: the route package's
+// and clairvoyant.
+func PolicyNames() []string {
+	names := append(route.Names(), ClairvoyantName)
+	slices.Sort(names)
+	return names
+}
+
+// NewPolicy returns a fresh instance of the named policy.
+func NewPolicy(name string, opts route.Options) (route.Policy, error) {
+	if name == ClairvoyantName {
+		return NewClairvoyant(), nil
+	}
+	p, err := route.New(name, opts)
+	if err != nil {
+		return nil, fmt.Errorf("unknown policy %q (valid: %s)", name, strings.Join(PolicyNames(), ", "))
+	}
+	return p, nil
+}

@@ -28,7 +28,7 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&p.probe, "probe-interval", sim.DefaultInterval, "period of the router's round-trip probes")
 	fs.DurationVar(&p.scrape, "scrape-interval", sim.DefaultInterval, "period of the router's engine metrics scrapes")
 	fs.Float64Var(&p.alpha, "rtt-alpha", 0.3, "EWMA weight of a new round-trip probe")
-	fs.StringVar(&p.rates, "ms-rates", "profile", "gorgo-ms's per-replica rates: profile (from each replica's engine profile) or online (learned from observed TTFT)")
+	fs.StringVar(&p.rates, "ms-rates", "profile", "gorgo-ms's per-replica rates: profile (from each replica's engine profile), online (learned from observed TTFT, starting from the profile) or blind (learned, starting from the paper engine's for every replica)")
 }
 
 func (p *policyFlags) options() (route.Options, error) {
@@ -53,8 +53,8 @@ func (p *policyFlags) policies(list string) ([]route.Policy, error) {
 	if len(names) == 0 {
 		return nil, fmt.Errorf("--policy: no policy given (valid: %s)", joinNames(sim.PolicyNames()))
 	}
-	if p.rates != "profile" && p.rates != "online" {
-		return nil, fmt.Errorf("--ms-rates: want profile or online, got %q", p.rates)
+	if p.rates != "profile" && p.rates != "online" && p.rates != "blind" {
+		return nil, fmt.Errorf("--ms-rates: want profile, online or blind, got %q", p.rates)
 	}
 	if p.probe <= 0 || p.scrape <= 0 {
 		return nil, fmt.Errorf("--probe-interval and --scrape-interval must be positive")
@@ -76,5 +76,5 @@ func (p *policyFlags) policies(list string) ([]route.Policy, error) {
 }
 
 func (p *policyFlags) signals() sim.Signals {
-	return sim.Signals{ProbeInterval: p.probe, ScrapeInterval: p.scrape, RTTAlpha: p.alpha, OnlineRates: p.rates == "online"}
+	return sim.Signals{ProbeInterval: p.probe, ScrapeInterval: p.scrape, RTTAlpha: p.alpha, OnlineRates: p.rates != "profile", BlindPrior: p.rates == "blind"}
 }

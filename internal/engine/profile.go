@@ -74,6 +74,17 @@ func (p *Profile) PrefillMSPerToken() float64 {
 // request adds, in ms: the backlog is prefill work, so the prefill rate.
 func (p *Profile) QueueMSPerToken() float64 { return p.PrefillMSPerToken() }
 
+// Scaled returns the profile of a replica speed times faster: every step
+// coefficient divided by speed, named NAME@SPEEDx.
+func (p Profile) Scaled(speed float64) Profile {
+	p.Name = fmt.Sprintf("%s@%gx", p.Name, speed)
+	p.StepBaseUS /= speed
+	p.PrefillUSPerToken /= speed
+	p.DecodeUSPerSeq /= speed
+	p.ContextUSPer1K /= speed
+	return p
+}
+
 // Validate reports the first field that makes the profile unusable.
 func (p *Profile) Validate() error {
 	switch {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -53,7 +54,7 @@ func TestMooncakeHitRatioOnOneLargeReplica(t *testing.T) {
 }
 
 // BenchmarkSimMooncake simulates the whole Mooncake conversation trace over
-// the paper topology under one policy.
+// the paper topology, once per policy.
 func BenchmarkSimMooncake(b *testing.B) {
 	reqs := loadMooncake(b)
 	top, _ := LoadTopology("paper")
@@ -61,22 +62,30 @@ func BenchmarkSimMooncake(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.ReportAllocs()
-	var events, steps int64
-	var peak uint64
-	for b.Loop() {
-		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(b, "round-robin"), MaxInflight: 64, Seed: 1})
-		if err != nil {
-			b.Fatal(err)
-		}
-		events, steps = res.Events, res.Steps
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		peak = max(peak, ms.HeapSys)
+	for _, name := range []string{"round-robin", "gorgo", "clairvoyant"} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			var events, steps int64
+			var peak uint64
+			for b.Loop() {
+				p, err := NewPolicy(name, route.Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: p, MaxInflight: 64, Seed: 1})
+				if err != nil {
+					b.Fatal(err)
+				}
+				events, steps = res.Events, res.Steps+res.OracleSteps
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				peak = max(peak, ms.HeapSys)
+			}
+			sec := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(float64(events)/sec, "events/s")
+			b.ReportMetric(float64(len(reqs))/sec, "requests/s")
+			b.ReportMetric(float64(steps), "steps/op")
+			b.ReportMetric(float64(peak)/(1<<20), "heap-MiB")
+		})
 	}
-	sec := b.Elapsed().Seconds() / float64(b.N)
-	b.ReportMetric(float64(events)/sec, "events/s")
-	b.ReportMetric(float64(len(reqs))/sec, "requests/s")
-	b.ReportMetric(float64(steps), "steps/op")
-	b.ReportMetric(float64(peak)/(1<<20), "heap-MiB")
 }

@@ -59,6 +59,9 @@ type Signals struct {
 	// OnlineRates makes the router learn per-replica prefill and queue
 	// rates from observed TTFT instead of taking them from the profiles.
 	OnlineRates bool
+	// BlindPrior starts every replica's online rates from the paper
+	// engine's, as a router that knows nothing of its fleet's hardware.
+	BlindPrior bool
 }
 
 // DefaultInterval is the paper's probe and scrape period.
@@ -77,6 +80,9 @@ type Result struct {
 	// IndexResets counts the router's prefix-index resets (see
 	// router.CachedReport); a healthy fleet has none.
 	IndexResets int
+	// Rates are the router's final prefill and queue rates (ms per token)
+	// per replica: the profiles', or what it learned online.
+	Rates [][2]float64
 	// Engines are the replicas' final gauges, in Config.Replicas order.
 	Engines []engine.Gauges
 }
@@ -200,8 +206,14 @@ func Run(cfg Config) (*Result, error) {
 			return nil, fmt.Errorf("sim: replica %s: %w", r.ID, err)
 		}
 		s.reps[i].eng = eng
+		prior := r.Profile
+		if sig.BlindPrior {
+			if prior, err = engine.LookupProfile("paper"); err != nil {
+				return nil, err
+			}
+		}
 		rcfgs[i] = router.ReplicaConfig{ID: r.ID, Region: r.Region, KVCapacityTokens: eng.Gauges().KVCapacityTokens,
-			PrefillMSPerToken: r.Profile.PrefillMSPerToken(), QueueMSPerToken: r.Profile.QueueMSPerToken()}
+			PrefillMSPerToken: prior.PrefillMSPerToken(), QueueMSPerToken: prior.QueueMSPerToken()}
 	}
 	rt, err := router.New(router.Config{Replicas: rcfgs, Policy: cfg.Policy, BlockTokens: trace.BlockTokens,
 		RTTAlpha: sig.RTTAlpha, OnlineRates: sig.OnlineRates})
@@ -417,6 +429,10 @@ func (s *simulator) result() *Result {
 		res.OracleSteps = s.oracle.steps
 	}
 	res.IndexResets = s.router.IndexResets()
+	for k := range s.cfg.Replicas {
+		p, q := s.router.Rates(k)
+		res.Rates = append(res.Rates, [2]float64{p, q})
+	}
 	ids := make([]string, len(s.cfg.Replicas))
 	for k, r := range s.cfg.Replicas {
 		ids[k] = r.ID

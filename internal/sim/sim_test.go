@@ -172,3 +172,34 @@ func TestFailedRequestsAreCounted(t *testing.T) {
 		t.Errorf("run %+v, record %+v", res.Run, res.Records[1])
 	}
 }
+
+// A router that knows nothing of its fleet's hardware learns which replica
+// is fast and which slow from the TTFTs it observes.
+func TestBlindRouterLearnsHeterogeneousRates(t *testing.T) {
+	top, err := LoadTopology("../../examples/topologies/hetero.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := top.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := trace.Generate(trace.GenConfig{Preset: "artchat", Seed: 1, Duration: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "gorgo-ms"), MaxInflight: 64, Seed: 1,
+		Signals: Signals{OnlineRates: true, BlindPrior: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pp := profile(t, "paper")
+	paper := pp.PrefillMSPerToken()
+	ash, fra := res.Rates[0][0], res.Rates[1][0]
+	t.Logf("learned prefill ms/token: %v (prior %.4f)", res.Rates, paper)
+	// Frankfurt is 2.5x as fast: its learned rate must be well below the
+	// prior and below Ashburn's (which is the prior's hardware).
+	if !(fra < 0.7*paper && fra < 0.7*ash) {
+		t.Errorf("Frankfurt prefill %.4f ms/token, Ashburn %.4f, prior %.4f: the fast replica was not recognised", fra, ash, paper)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/csv"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -51,6 +52,9 @@ type ReplicaSpec struct {
 	Region  string `yaml:"region"`
 	Profile string `yaml:"profile"`
 	Count   int    `yaml:"count"`
+	// Speed divides every step-time coefficient of the profile: 2 is a
+	// replica twice as fast (newer hardware, more GPUs). Default 1.
+	Speed float64 `yaml:"speed"`
 	// KVCapacityTokens, MaxRunning and ChunkTokens override the profile.
 	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
 	MaxRunning       int `yaml:"max_running"`
@@ -181,6 +185,12 @@ func (t Topology) Resolve() ([]Replica, error) {
 		prof, err := engine.LookupProfile(s.Profile)
 		if err != nil {
 			return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
+		}
+		switch {
+		case s.Speed < 0 || math.IsNaN(s.Speed) || math.IsInf(s.Speed, 0):
+			return nil, fmt.Errorf("topology %s: replica in %s: speed must be a positive number, got %v", t.Name, s.Region, s.Speed)
+		case s.Speed > 0 && s.Speed != 1:
+			prof = prof.Scaled(s.Speed)
 		}
 		if s.KVCapacityTokens > 0 {
 			prof.KVCapacityTokens = s.KVCapacityTokens

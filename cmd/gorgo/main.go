@@ -22,6 +22,8 @@ var commands []command
 func init() {
 	commands = []command{
 		{"sim", "simulate routing policies over a workload and compare them", runSim},
+		{"tune", "tune gorgo's weights on a window of a workload", runTune},
+		{"eval", "evaluate tuned gorgo against every baseline on held-out windows", runEval},
 		{"trace", "generate a synthetic workload (gen) or describe one (stats)", runTrace},
 	}
 }

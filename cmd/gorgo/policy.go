@@ -7,6 +7,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 // defaultPolicies are what sim compares when --policy is not given.
@@ -47,11 +48,15 @@ func (p *policyFlags) options() (route.Options, error) {
 	return route.Options{Weights: w, MSWeights: mw, TieMargin: margin}, nil
 }
 
-// policies builds one fresh instance of each listed policy.
-func (p *policyFlags) policies(list string) ([]route.Policy, error) {
+// policyNames are the policies sim, tune and eval know.
+func policyNames() []string { return append(sim.PolicyNames(), tune.OnlineName) }
+
+// policies builds one fresh instance of each listed policy; gorgo-online
+// is configured by tf.
+func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]route.Policy, error) {
 	names := splitList(list)
 	if len(names) == 0 {
-		return nil, fmt.Errorf("--policy: no policy given (valid: %s)", joinNames(sim.PolicyNames()))
+		return nil, fmt.Errorf("--policy: no policy given (valid: %s)", joinNames(policyNames()))
 	}
 	if p.rates != "profile" && p.rates != "online" && p.rates != "blind" {
 		return nil, fmt.Errorf("--ms-rates: want profile, online or blind, got %q", p.rates)
@@ -68,8 +73,14 @@ func (p *policyFlags) policies(list string) ([]route.Policy, error) {
 	}
 	pols := make([]route.Policy, len(names))
 	for i, n := range names {
+		if n == tune.OnlineName {
+			if pols[i], err = tf.online(seed, opts.TieMargin); err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if pols[i], err = sim.NewPolicy(n, opts); err != nil {
-			return nil, fmt.Errorf("--policy: %w", err)
+			return nil, fmt.Errorf("--policy: unknown policy %q (valid: %s)", n, joinNames(policyNames()))
 		}
 	}
 	return pols, nil

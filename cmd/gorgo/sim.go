@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"runtime"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/sim"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 const simAbout = `
@@ -26,12 +28,14 @@ token back there. Without --trace it uses the embedded synthetic workload.`
 func runSim(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("sim", "sim [flags]", simAbout, stderr)
 	var wl workloadFlags
-	wl.register(fs)
-	topo := fs.String("topology", "paper", "fleet: "+joinNames(sim.TopologyNames())+", or a YAML `FILE`")
-	policies := fs.String("policy", strings.Join(defaultPolicies, ","), "comma-separated `POLICIES` to compare: "+joinNames(sim.PolicyNames()))
+	wl.register(fs, true)
+	var ff fleetFlags
+	ff.register(fs)
+	policies := fs.String("policy", strings.Join(defaultPolicies, ","), "comma-separated `POLICIES` to compare: "+joinNames(policyNames()))
 	var pf policyFlags
 	pf.register(fs)
-	maxInflight := fs.Int("max-inflight", sim.DefaultMaxInflight, "client cap on requests in flight (0 = none); beyond it requests wait and the wait is recorded as slip")
+	var tf tuneFlags
+	tf.register(fs)
 	jsonOut := fs.String("json", "", "write the run summaries as JSON to `FILE`")
 	records := fs.String("records", "", "write per-request records as JSONL to `FILE` (the policy name is inserted before the extension when several run)")
 	quiet := fs.Bool("quiet", false, "no progress or header lines")
@@ -41,17 +45,13 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	pols, err := pf.policies(*policies)
+	pols, err := pf.policies(*policies, &tf, wl.seed)
 	if err != nil {
 		return err
 	}
-	t, err := sim.LoadTopology(*topo)
+	t, reps, err := ff.load()
 	if err != nil {
-		return fmt.Errorf("--topology: %w", err)
-	}
-	reps, err := t.Resolve()
-	if err != nil {
-		return fmt.Errorf("--topology: %w", err)
+		return err
 	}
 	reqs, desc, err := wl.load()
 	if err != nil {
@@ -59,11 +59,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	}
 	if !*quiet {
 		fmt.Fprintf(stdout, "workload: %s\n", desc)
-		fmt.Fprintf(stdout, "topology: %s, router in %s:", t.Name, t.RouterRegion)
-		for _, r := range reps {
-			fmt.Fprintf(stdout, " %s (%s, rtt %v±%v)", r.ID, r.Profile.Name, r.RTT, r.Jitter)
-		}
-		fmt.Fprintln(stdout)
+		fmt.Fprintf(stdout, "topology: %s\n", describeFleet(t, reps))
 	}
 
 	prog := newProgress(stderr, len(pols)*len(reqs), *quiet)
@@ -77,7 +73,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 				Replicas:    reps,
 				Requests:    reqs,
 				Policy:      p,
-				MaxInflight: *maxInflight,
+				MaxInflight: ff.maxInflight,
 				Seed:        wl.seed,
 				Signals:     pf.signals(),
 				Progress:    prog.add,
@@ -102,6 +98,18 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	}
 	if !*quiet {
 		fmt.Fprintf(stdout, "simulated %d policies in %v\n", len(pols), time.Since(start).Round(time.Millisecond))
+	}
+	for _, p := range pols {
+		if o, ok := p.(*tune.Online); ok {
+			steps := o.Steps()
+			won := 0
+			for _, s := range steps {
+				if s.Accepted {
+					won++
+				}
+			}
+			fmt.Fprintf(stdout, "%s: %d candidates judged, %d accepted; final weights %v\n", o.Name(), len(steps), won, o.Incumbent())
+		}
 	}
 	if *jsonOut != "" {
 		if err := writeJSON(*jsonOut, map[string]any{"runs": runs}); err != nil {
@@ -212,4 +220,13 @@ func (p *progress) finish() {
 	if p.on {
 		fmt.Fprint(p.w, "\r                 \r")
 	}
+}
+
+func sortedKeys(m map[string]float64) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
 }

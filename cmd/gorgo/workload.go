@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -19,58 +20,109 @@ type workloadFlags struct {
 	seed      uint64
 }
 
-func (w *workloadFlags) register(fs *flag.FlagSet) {
+// register defines the flags; eval defines its own repeatable --window, so
+// it passes withWindow false.
+func (w *workloadFlags) register(fs *flag.FlagSet, withWindow bool) {
 	fs.StringVar(&w.file, "trace", "", "workload trace `FILE` (JSONL); without it, the embedded synthetic workload")
 	fs.StringVar(&w.format, "format", "auto", "trace format: auto, mooncake or gorgo")
 	fs.StringVar(&w.preset, "preset", "artchat", "synthetic workload when no --trace: "+joinNames(trace.Presets()))
 	fs.DurationVar(&w.duration, "duration", 30*time.Minute, "length of the synthetic workload")
-	fs.StringVar(&w.window, "window", "", "part of the trace to use, as `START,DURATION` Go durations (e.g. 0s,30m); default all")
+	if withWindow {
+		fs.StringVar(&w.window, "window", "", "part of the trace to use, as `START,DURATION` Go durations (e.g. 0s,30m); default all")
+	}
 	fs.Float64Var(&w.timeScale, "time-scale", 1, "multiply inter-arrival gaps by `F` (2 = half the request rate)")
-	fs.Uint64Var(&w.seed, "seed", 1, "random seed (synthetic workload, network jitter, policies)")
+	fs.Uint64Var(&w.seed, "seed", 1, "random seed (synthetic workload, network jitter, policies, tuner)")
 }
 
-// load reads or generates the workload and applies the window and time scale.
-// It returns the requests and a one-line description.
-func (w *workloadFlags) load() ([]trace.Request, string, error) {
-	if err := trace.ValidateScale(w.timeScale); err != nil {
-		return nil, "", fmt.Errorf("--time-scale: %w", err)
-	}
-	var win trace.Window
-	if w.window != "" {
-		var err error
-		if win, err = trace.ParseWindow(w.window); err != nil {
-			return nil, "", fmt.Errorf("--window: %w", err)
-		}
-	}
-	var reqs []trace.Request
-	var src string
+// raw reads or generates the whole workload and describes its source.
+func (w *workloadFlags) raw() ([]trace.Request, string, error) {
 	if w.file != "" {
 		f, err := trace.ParseFormat(w.format)
 		if err != nil {
 			return nil, "", fmt.Errorf("--format: %w", err)
 		}
-		if reqs, err = trace.ReadFile(w.file, f); err != nil {
-			return nil, "", err
-		}
-		src = w.file
-	} else {
-		var err error
-		reqs, err = trace.Generate(trace.GenConfig{Preset: w.preset, Seed: w.seed, Duration: w.duration})
-		if err != nil {
-			return nil, "", err
-		}
-		src = fmt.Sprintf("synthetic %s (%v, seed %d)", w.preset, w.duration, w.seed)
+		reqs, err := trace.ReadFile(w.file, f)
+		return reqs, w.file, err
 	}
-	reqs = trace.Apply(reqs, win, w.timeScale)
+	reqs, err := trace.Generate(trace.GenConfig{Preset: w.preset, Seed: w.seed, Duration: w.duration})
+	return reqs, fmt.Sprintf("synthetic %s (%v, seed %d)", w.preset, w.duration, w.seed), err
+}
+
+// load reads or generates the workload and applies the window and time scale.
+// It returns the requests and a one-line description.
+func (w *workloadFlags) load() ([]trace.Request, string, error) {
+	win, err := parseWindow(w.window)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := trace.ValidateScale(w.timeScale); err != nil {
+		return nil, "", fmt.Errorf("--time-scale: %w", err)
+	}
+	reqs, src, err := w.raw()
+	if err != nil {
+		return nil, "", err
+	}
+	return cut(reqs, src, w.window, win, w.timeScale)
+}
+
+func parseWindow(s string) (trace.Window, error) {
+	if s == "" {
+		return trace.Window{}, nil
+	}
+	win, err := trace.ParseWindow(s)
+	if err != nil {
+		return win, fmt.Errorf("--window: %w", err)
+	}
+	return win, nil
+}
+
+// cut applies a window and a time scale and describes the result.
+func cut(reqs []trace.Request, src, winText string, win trace.Window, scale float64) ([]trace.Request, string, error) {
+	reqs = trace.Apply(reqs, win, scale)
 	if len(reqs) == 0 {
-		return nil, "", fmt.Errorf("the workload has no requests in window %q", w.window)
+		return nil, "", fmt.Errorf("the workload has no requests in window %q", winText)
 	}
 	desc := fmt.Sprintf("%s: %d requests over %v", src, len(reqs), reqs[len(reqs)-1].Time.Round(time.Second))
-	if w.window != "" {
-		desc += ", window " + w.window
+	if winText != "" {
+		desc += ", window " + winText
 	}
-	if w.timeScale != 1 {
-		desc += fmt.Sprintf(", time scale %g", w.timeScale)
+	if scale != 1 {
+		desc += fmt.Sprintf(", time scale %g", scale)
 	}
 	return reqs, desc, nil
+}
+
+// fleetFlags select the fleet and the client of sim, tune and eval.
+type fleetFlags struct {
+	topology    string
+	maxInflight int
+}
+
+func (f *fleetFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.topology, "topology", "paper", "fleet: "+joinNames(sim.TopologyNames())+", or a YAML `FILE`")
+	fs.IntVar(&f.maxInflight, "max-inflight", sim.DefaultMaxInflight, "client cap on requests in flight (0 = none); beyond it requests wait and the wait is recorded as slip")
+}
+
+// load resolves the fleet.
+func (f *fleetFlags) load() (sim.Topology, []sim.Replica, error) {
+	t, err := sim.LoadTopology(f.topology)
+	if err != nil {
+		return t, nil, fmt.Errorf("--topology: %w", err)
+	}
+	reps, err := t.Resolve()
+	if err != nil {
+		return t, nil, fmt.Errorf("--topology: %w", err)
+	}
+	if f.maxInflight < 0 {
+		return t, nil, fmt.Errorf("--max-inflight must not be negative")
+	}
+	return t, reps, nil
+}
+
+func describeFleet(t sim.Topology, reps []sim.Replica) string {
+	s := fmt.Sprintf("%s, router in %s:", t.Name, t.RouterRegion)
+	for _, r := range reps {
+		s += fmt.Sprintf(" %s (%s, rtt %v±%v)", r.ID, r.Profile.Name, r.RTT, r.Jitter)
+	}
+	return s
 }

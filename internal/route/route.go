@@ -82,6 +82,25 @@ type Terms struct {
 type Decision struct {
 	Replica int
 	Scores  []Terms
+	// Tag is the policy's label for this decision (zero if it has none),
+	// handed back to a Learner with the request's outcome.
+	Tag int
+}
+
+// Outcome is how a routed request went, as the router saw it.
+type Outcome struct {
+	TTFT, E2E time.Duration
+	// ITL is the mean inter-token latency; zero with fewer than two tokens.
+	ITL    time.Duration
+	Failed bool
+}
+
+// A Learner is a policy that learns from outcomes: the caller hands back
+// each request's outcome with the Tag its decision carried. Learn may be
+// called concurrently with Decide.
+type Learner interface {
+	Policy
+	Learn(tag int, o Outcome)
 }
 
 // ErrNoReplica means no replica is eligible.

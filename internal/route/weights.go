@@ -26,9 +26,9 @@ func (w Weights) Validate() error {
 	return nil
 }
 
-// String formats weights as ParseWeights reads them.
+// String formats weights (to 4 significant digits) as ParseWeights reads them.
 func (w Weights) String() string {
-	return "rtt=" + strconv.FormatFloat(w.RTT, 'g', -1, 64) + ",queue=" + strconv.FormatFloat(w.Queue, 'g', -1, 64)
+	return "rtt=" + strconv.FormatFloat(w.RTT, 'g', 4, 64) + ",queue=" + strconv.FormatFloat(w.Queue, 'g', 4, 64)
 }
 
 // ParseWeights reads "rtt=X,queue=Y" (either may be omitted and then keeps

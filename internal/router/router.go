@@ -60,6 +60,8 @@ type Ticket struct {
 	Terms route.Terms
 	// RTT is the round-trip estimate the decision used.
 	RTT time.Duration
+	// Tag is the policy's label for the decision (see route.Learner).
+	Tag int
 
 	first, done bool
 }
@@ -196,12 +198,13 @@ func (r *Router) decide(now time.Duration, req *route.Request, rng *rand.Rand) (
 		}
 		r.views[i] = v
 	}
+	r.dec.Tag = 0
 	if err := r.cfg.Policy.Decide(&r.dec, req, r.views, rng); err != nil {
 		return Ticket{}, err
 	}
 	i := r.dec.Replica
 	v := &r.views[i]
-	t := Ticket{Replica: i, PromptTokens: req.PromptTokens, EstCachedTokens: v.CachedTokens, Backlog: v.BacklogTokens, RTT: v.RTT}
+	t := Ticket{Replica: i, PromptTokens: req.PromptTokens, EstCachedTokens: v.CachedTokens, Backlog: v.BacklogTokens, RTT: v.RTT, Tag: r.dec.Tag}
 	if len(r.dec.Scores) == len(r.views) {
 		t.Terms = r.dec.Scores[i]
 	}

@@ -155,6 +155,7 @@ type simulator struct {
 	rreq     route.Request
 	evBuf    []engine.Event
 	oracle   *clairvoyant
+	learner  route.Learner
 
 	lastProbe []time.Duration
 }
@@ -192,6 +193,7 @@ func Run(cfg Config) (*Result, error) {
 		c.s = s
 		s.oracle = c
 	}
+	s.learner, _ = cfg.Policy.(route.Learner)
 	// Network jitter draws come from their own stream, indexed by request,
 	// so every policy sees the same network.
 	net := rand.New(rand.NewPCG(cfg.Seed, 0x2545f4914f6cdd1d))
@@ -410,6 +412,16 @@ func (s *simulator) back(now time.Duration, i int) {
 	st := &s.reqs[i]
 	if st.replica >= 0 {
 		s.router.Finish(&st.ticket)
+		if s.learner != nil {
+			o := route.Outcome{Failed: st.failed}
+			if !st.failed {
+				o.TTFT, o.E2E = st.first-st.sent, st.done-st.sent
+				if st.output > 1 {
+					o.ITL = (st.done - st.first) / time.Duration(st.output-1)
+				}
+			}
+			s.learner.Learn(st.ticket.Tag, o)
+		}
 	}
 	s.inflght--
 	s.done++

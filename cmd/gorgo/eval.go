@@ -1,0 +1,224 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/sim"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+const evalAbout = `
+Evaluates gorgo with frozen weights (--weights) against every baseline on
+held-out windows of a workload, side by side on the same traffic and network:
+a table per window and time scale like the paper's, with each policy's change
+against simple-session-affinity, and a TTFT CDF plot per window (PNG).`
+
+// baseline is the policy eval compares every other against, as the paper does.
+const baseline = "simple-session-affinity"
+
+var evalPolicies = []string{"gorgo", "gorgo-ms", baseline, "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
+
+// evalWindow is one window at one time scale.
+type evalWindow struct {
+	Window    string       `json:"window"`
+	TimeScale float64      `json:"time_scale"`
+	Runs      []report.Run `json:"runs"`
+	desc      string
+	ttfts     []report.Series
+}
+
+func runEval(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("eval", "eval --weights FILE --window A --window B ... [flags]", evalAbout, stderr)
+	var wl workloadFlags
+	wl.register(fs, false)
+	var ff fleetFlags
+	ff.register(fs)
+	var pf policyFlags
+	pf.register(fs)
+	var windows listFlag
+	fs.Var(&windows, "window", "held-out window `START,DURATION` (repeatable; default the whole workload)")
+	sweep := fs.String("sweep", "", "evaluate at several time scales: `time-scale=1,1.5,2,3` (overrides --time-scale)")
+	policies := fs.String("policy", strings.Join(evalPolicies, ","), "comma-separated `POLICIES`")
+	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
+	plots := fs.String("plots", "eval", "TTFT CDF plots go to `PREFIX`-N-tsS.png, one per window N and time scale S (\"\" for none)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	scales := []float64{wl.timeScale}
+	if *sweep != "" {
+		var err error
+		if scales, err = parseSweep(*sweep); err != nil {
+			return err
+		}
+	}
+	for _, s := range scales {
+		if err := trace.ValidateScale(s); err != nil {
+			return fmt.Errorf("time scale: %w", err)
+		}
+	}
+	if len(windows) == 0 {
+		windows = listFlag{""}
+	}
+	var wins []trace.Window
+	for _, w := range windows {
+		win, err := parseWindow(w)
+		if err != nil {
+			return err
+		}
+		wins = append(wins, win)
+	}
+	names := splitList(*policies)
+	if _, err := pf.policies(*policies, &tuneFlags{}, wl.seed); err != nil { // validate once
+		return err
+	}
+	t, reps, err := ff.load()
+	if err != nil {
+		return err
+	}
+	raw, src, err := wl.raw()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "topology: %s\ngorgo weights: %s\n", describeFleet(t, reps), pf.weights)
+
+	var evals []*evalWindow
+	type job struct{ w, p int }
+	var jobs []job
+	var cfgs []sim.Config
+	for i, win := range wins {
+		for _, scale := range scales {
+			reqs, desc, err := cut(raw, src, windows[i], win, scale)
+			if err != nil {
+				return err
+			}
+			ew := &evalWindow{Window: windows[i], TimeScale: scale, desc: desc, Runs: make([]report.Run, len(names)), ttfts: make([]report.Series, len(names))}
+			if ew.Window == "" {
+				ew.Window = "all"
+			}
+			evals = append(evals, ew)
+			cfgs = append(cfgs, sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Signals: pf.signals()})
+			for p := range names {
+				jobs = append(jobs, job{len(evals) - 1, p})
+			}
+		}
+	}
+	start := time.Now()
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for _, j := range jobs {
+		g.Go(func() error {
+			pols, err := pf.policies(names[j.p], &tuneFlags{}, wl.seed) // a fresh instance per run
+			if err != nil {
+				return err
+			}
+			c := cfgs[j.w]
+			c.Policy = pols[0]
+			res, err := sim.Run(c)
+			if err != nil {
+				return fmt.Errorf("%s on window %s: %w", names[j.p], evals[j.w].Window, err)
+			}
+			ew := evals[j.w]
+			ew.Runs[j.p] = res.Run
+			s := report.Series{Name: names[j.p]}
+			for _, r := range res.Records {
+				if !r.Failed {
+					s.Values = append(s.Values, r.TTFT)
+				}
+			}
+			ew.ttfts[j.p] = s
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	for i, ew := range evals {
+		fmt.Fprintf(stdout, "\n%s\n", ew.desc)
+		if err := writeEvalTable(stdout, ew.Runs); err != nil {
+			return err
+		}
+		if *plots != "" {
+			path := fmt.Sprintf("%s-%d-ts%g.png", *plots, i/len(scales)+1, ew.TimeScale)
+			title := fmt.Sprintf("TTFT, window %s, time scale %g", ew.Window, ew.TimeScale)
+			if err := report.PlotCDF(path, title, "TTFT (ms, log scale)", ew.ttfts); err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "wrote %s\n", path)
+		}
+	}
+	fmt.Fprintf(stdout, "\nevaluated %d runs in %v\n", len(jobs), time.Since(start).Round(time.Millisecond))
+	if *jsonOut != "" {
+		return writeJSON(*jsonOut, map[string]any{"windows": evals})
+	}
+	return nil
+}
+
+func parseSweep(s string) ([]float64, error) {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k != "time-scale" {
+		return nil, fmt.Errorf("--sweep: want time-scale=S1,S2,..., got %q", s)
+	}
+	var out []float64
+	for _, f := range splitList(v) {
+		x, err := strconv.ParseFloat(f, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--sweep: %w", err)
+		}
+		out = append(out, x)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--sweep: no time scale given")
+	}
+	return out, nil
+}
+
+// writeEvalTable prints the paper's table: TTFT and E2E percentiles, ITL,
+// the change of p95 TTFT and p95 E2E against simple-session-affinity, and
+// the share of requests per replica.
+func writeEvalTable(w io.Writer, runs []report.Run) error {
+	var base *report.Run
+	for i := range runs {
+		if runs[i].Policy == baseline {
+			base = &runs[i]
+		}
+	}
+	delta := func(v, b float64) string {
+		if base == nil || b == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%+.1f%%", 100*(v-b)/b)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "policy\tfail\tTTFT p50\tp95\tp99\tE2E p50\tp95\tp99\tITL mean\tΔTTFT p95\tΔE2E p95\thit\tshare\t")
+	for _, r := range runs {
+		var bt, be float64
+		if base != nil {
+			bt, be = base.TTFT.P95, base.E2E.P95
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%s\t%s\t%.1f%%\t%s\t\n",
+			r.Policy, r.Failed, r.TTFT.P50, r.TTFT.P95, r.TTFT.P99, r.E2E.P50, r.E2E.P95, r.E2E.P99, r.ITL.Mean,
+			delta(r.TTFT.P95, bt), delta(r.E2E.P95, be), 100*r.CacheHitRatio, shortShares(r.ReplicaShare))
+	}
+	return tw.Flush()
+}
+
+func shortShares(m map[string]float64) string {
+	var b strings.Builder
+	for _, id := range sortedKeys(m) {
+		fmt.Fprintf(&b, "%s %.0f%% ", id, 100*m[id])
+	}
+	return strings.TrimSpace(b.String())
+}
+

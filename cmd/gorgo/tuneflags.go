@@ -1,0 +1,109 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/tune"
+)
+
+// tuneFlags configure the evolution strategy of tune and of sim's
+// gorgo-online policy.
+type tuneFlags struct {
+	objective string
+	guards    listFlag
+	params    listFlag
+	base      string
+	sigma     float64
+	window    int
+	hop       int
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, " ") }
+func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
+
+func (t *tuneFlags) register(fs *flag.FlagSet) {
+	var objs []string
+	for _, o := range tune.Objectives() {
+		objs = append(objs, string(o))
+	}
+	fs.StringVar(&t.objective, "objective", string(tune.P95TTFT), "metric the tuner minimises: "+joinNames(objs))
+	fs.Var(&t.guards, "guard", "reject a candidate whose `METRIC=RATIO` exceeds RATIO times the incumbent's: e2e-p95=1.05 or itl-mean=1.1 (repeatable; default e2e-p95=1.05; \"none\" for no guard)")
+	fs.Var(&t.params, "param", "tuned weight as `NAME=MIN:MAX:INIT` (repeatable; default the paper's rtt=0.05:2:0.5 and queue=0.05:0.5:0.1)")
+	fs.StringVar(&t.base, "base", "gorgo", "policy whose weights are tuned: gorgo or gorgo-ms")
+	fs.Float64Var(&t.sigma, "sigma", 0.5, "initial step size in log space")
+	fs.IntVar(&t.window, "window-requests", 128, "online: requests each arm is scored on")
+	fs.IntVar(&t.hop, "hop", 32, "online: consecutive requests one arm routes before the other")
+}
+
+// config builds the strategy's configuration.
+func (t *tuneFlags) config(seed uint64) (tune.Config, error) {
+	cfg := tune.Config{Objective: tune.Objective(t.objective), Seed: seed, Sigma: t.sigma}
+	switch {
+	case len(t.guards) == 0:
+		cfg.Guards = []tune.Guard{{Metric: "e2e-p95", MaxRatio: 1.05}}
+	case len(t.guards) == 1 && t.guards[0] == "none":
+	default:
+		for _, s := range t.guards {
+			g, err := tune.ParseGuard(s)
+			if err != nil {
+				return cfg, fmt.Errorf("--guard: %w", err)
+			}
+			cfg.Guards = append(cfg.Guards, g)
+		}
+	}
+	for _, s := range t.params {
+		p, err := parseParam(s)
+		if err != nil {
+			return cfg, fmt.Errorf("--param: %w", err)
+		}
+		cfg.Params = append(cfg.Params, p)
+	}
+	if t.sigma <= 0 || math.IsNaN(t.sigma) {
+		return cfg, fmt.Errorf("--sigma must be positive")
+	}
+	cfg.SigmaMax = max(1, t.sigma)
+	cfg.SigmaMin = min(0.02, t.sigma)
+	return cfg, nil
+}
+
+// online builds a gorgo-online policy.
+func (t *tuneFlags) online(seed uint64, margin float64) (*tune.Online, error) {
+	cfg, err := t.config(seed)
+	if err != nil {
+		return nil, err
+	}
+	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, TieMargin: margin})
+}
+
+func parseParam(s string) (tune.Param, error) {
+	name, rest, ok := strings.Cut(s, "=")
+	parts := strings.Split(rest, ":")
+	if !ok || len(parts) != 3 {
+		return tune.Param{}, fmt.Errorf("bad parameter %q: want NAME=MIN:MAX:INIT", s)
+	}
+	var v [3]float64
+	for i, p := range parts {
+		f, err := strconv.ParseFloat(p, 64)
+		if err != nil {
+			return tune.Param{}, fmt.Errorf("bad parameter %q: %w", s, err)
+		}
+		v[i] = f
+	}
+	return tune.Param{Name: name, Min: v[0], Max: v[1], Init: v[2]}, nil
+}
+
+// weightsOf turns a tuned point into the base policy's options.
+func (t *tuneFlags) options(w route.Weights, margin float64) route.Options {
+	if t.base == "gorgo-ms" {
+		return route.Options{MSWeights: w, TieMargin: margin}
+	}
+	return route.Options{Weights: w, TieMargin: margin}
+}

@@ -1,0 +1,137 @@
+package tune
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/route"
+)
+
+// Sample is one request's outcome, as the router saw it.
+type Sample = route.Outcome
+
+// Metrics summarise the samples of one measurement, in ms.
+type Metrics struct {
+	N, Failed                 int
+	TTFTP50, TTFTP95, TTFTP99 float64
+	E2EP95                    float64
+	ITLMean                   float64
+}
+
+// Measure summarises samples. Failed requests count in N and Failed only.
+func Measure(samples []Sample) Metrics {
+	var ttft, e2e []float64
+	var itl, nitl float64
+	m := Metrics{N: len(samples)}
+	for _, s := range samples {
+		if s.Failed {
+			m.Failed++
+			continue
+		}
+		ttft = append(ttft, ms(s.TTFT))
+		e2e = append(e2e, ms(s.E2E))
+		if s.ITL > 0 {
+			itl += ms(s.ITL)
+			nitl++
+		}
+	}
+	slices.Sort(ttft)
+	slices.Sort(e2e)
+	m.TTFTP50 = report.Percentile(ttft, 0.50)
+	m.TTFTP95 = report.Percentile(ttft, 0.95)
+	m.TTFTP99 = report.Percentile(ttft, 0.99)
+	m.E2EP95 = report.Percentile(e2e, 0.95)
+	if nitl > 0 {
+		m.ITLMean = itl / nitl
+	}
+	return m
+}
+
+// FromRun reads the metrics of a simulator or replay run summary.
+func FromRun(r report.Run) Metrics {
+	return Metrics{N: r.Requests, Failed: r.Failed, TTFTP50: r.TTFT.P50, TTFTP95: r.TTFT.P95, TTFTP99: r.TTFT.P99,
+		E2EP95: r.E2E.P95, ITLMean: r.ITL.Mean}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Objective names the metric the tuner minimises.
+type Objective string
+
+// Objectives.
+const (
+	P50TTFT Objective = "p50-ttft"
+	P95TTFT Objective = "p95-ttft"
+	P99TTFT Objective = "p99-ttft"
+	P95E2E  Objective = "p95-e2e"
+)
+
+// Objectives lists the valid objectives.
+func Objectives() []Objective { return []Objective{P50TTFT, P95TTFT, P99TTFT, P95E2E} }
+
+// Of returns the objective's value over the completed requests (Judge
+// rejects a candidate that fails more requests than the incumbent).
+func (o Objective) Of(m Metrics) (float64, error) {
+	var v float64
+	switch o {
+	case P50TTFT:
+		v = m.TTFTP50
+	case P95TTFT:
+		v = m.TTFTP95
+	case P99TTFT:
+		v = m.TTFTP99
+	case P95E2E:
+		v = m.E2EP95
+	default:
+		return 0, fmt.Errorf("unknown objective %q (valid: p50-ttft, p95-ttft, p99-ttft, p95-e2e)", string(o))
+	}
+	if m.N == m.Failed {
+		return math.NaN(), nil
+	}
+	return v, nil
+}
+
+// Guard rejects a candidate whose Metric is worse than the incumbent's by
+// more than a factor (candidate ≤ MaxRatio × incumbent), counting the drift
+// of the incumbent since the start (see ES.Judge).
+type Guard struct {
+	Metric   string // "e2e-p95" or "itl-mean"
+	MaxRatio float64
+}
+
+// Guard metrics.
+var guardMetrics = map[string]func(Metrics) float64{
+	"e2e-p95":  func(m Metrics) float64 { return m.E2EP95 },
+	"itl-mean": func(m Metrics) float64 { return m.ITLMean },
+}
+
+// ratio is the guarded metric of the candidate over the incumbent's.
+func (g Guard) ratio(cand, inc Metrics) float64 {
+	f := guardMetrics[g.Metric]
+	if f(inc) <= 0 {
+		if f(cand) <= 0 {
+			return 1
+		}
+		return math.Inf(1)
+	}
+	return f(cand) / f(inc)
+}
+
+// String formats the guard as ParseGuard reads it.
+func (g Guard) String() string { return g.Metric + "=" + strconv.FormatFloat(g.MaxRatio, 'g', -1, 64) }
+
+// ParseGuard reads "METRIC=RATIO", e.g. "e2e-p95=1.05": reject a candidate
+// whose p95 E2E exceeds 1.05 times the incumbent's.
+func ParseGuard(s string) (Guard, error) {
+	k, v, ok := strings.Cut(s, "=")
+	r, err := strconv.ParseFloat(v, 64)
+	if _, known := guardMetrics[k]; !ok || !known || err != nil || !(r >= 1) || math.IsInf(r, 0) {
+		return Guard{}, fmt.Errorf("bad guard %q: want e2e-p95=RATIO or itl-mean=RATIO with a finite RATIO >= 1", s)
+	}
+	return Guard{Metric: k, MaxRatio: r}, nil
+}

@@ -1,0 +1,178 @@
+package tune
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+)
+
+// OnlineConfig configures online tuning on live traffic.
+type OnlineConfig struct {
+	ES Config
+	// Base is the tuned policy: "gorgo" (default) or "gorgo-ms". Its
+	// weights are the parameters named "rtt" and "queue".
+	Base string
+	// Window is how many of its own requests each arm is scored on
+	// (default 128, the paper's); Hop is how many consecutive requests one
+	// arm routes before the other takes over (default 32).
+	Window, Hop int
+	// TieMargin is passed to the tuned policy (see route.Options).
+	TieMargin float64
+}
+
+// Online is a policy that tunes its own weights on the traffic it routes
+// (the paper's online mode, done soundly). It routes with two arms, the
+// incumbent weights and a candidate, alternating every Hop requests so both
+// meet the same load; every decision is tagged with its arm, and once each
+// arm has Window outcomes of its own the ES judges the candidate against
+// the incumbent measured alongside it. Then a new candidate is drawn and
+// both arms start afresh, so the incumbent is measured again every round.
+// Online is safe for concurrent use.
+type Online struct {
+	mu      sync.Mutex
+	cfg     OnlineConfig
+	es      *ES
+	arms    [2]route.Policy // incumbent, candidate
+	cand    Point
+	round   int
+	routed  int
+	samples [2][]Sample
+	steps   []Outcome
+}
+
+// OnlineName is the registered name of the online-tuned gorgo policy.
+const OnlineName = "gorgo-online"
+
+// NewOnline returns an online tuner whose candidate is already drawn.
+func NewOnline(cfg OnlineConfig) (*Online, error) {
+	if cfg.Base == "" {
+		cfg.Base = "gorgo"
+	}
+	if cfg.Base != "gorgo" && cfg.Base != "gorgo-ms" {
+		return nil, fmt.Errorf("online tuning: base policy must be gorgo or gorgo-ms, got %q", cfg.Base)
+	}
+	if cfg.Window == 0 {
+		cfg.Window = 128
+	}
+	if cfg.Hop == 0 {
+		cfg.Hop = 32
+	}
+	if cfg.Window < 1 || cfg.Hop < 1 {
+		return nil, fmt.Errorf("online tuning: window and hop must be positive")
+	}
+	es, err := NewES(cfg.ES)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range es.Config().Params {
+		if p.Name != "rtt" && p.Name != "queue" {
+			return nil, fmt.Errorf("online tuning of %s: unknown parameter %q (valid: rtt, queue)", cfg.Base, p.Name)
+		}
+	}
+	o := &Online{cfg: cfg, es: es}
+	if o.arms[0], err = o.policy(es.Incumbent()); err != nil {
+		return nil, err
+	}
+	if err := o.next(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// Weights returns the weights a point stands for.
+func Weights(es *ES, p Point) route.Weights {
+	w := route.Weights{}
+	for name, v := range es.Named(p) {
+		switch name {
+		case "rtt":
+			w.RTT = v
+		case "queue":
+			w.Queue = v
+		}
+	}
+	return w
+}
+
+func (o *Online) policy(p Point) (route.Policy, error) {
+	opts := route.Options{TieMargin: o.cfg.TieMargin}
+	if o.cfg.Base == "gorgo" {
+		opts.Weights = Weights(o.es, p)
+	} else {
+		opts.MSWeights = Weights(o.es, p)
+	}
+	return route.New(o.cfg.Base, opts)
+}
+
+// next starts a new round with a fresh candidate.
+func (o *Online) next() error {
+	o.cand = o.es.Propose()
+	p, err := o.policy(o.cand)
+	if err != nil {
+		return err
+	}
+	o.arms[1] = p
+	o.round++
+	o.routed = 0
+	o.samples[0], o.samples[1] = o.samples[0][:0], o.samples[1][:0]
+	return nil
+}
+
+// Name implements route.Policy.
+func (o *Online) Name() string { return OnlineName }
+
+// Decide routes with the arm whose turn it is and tags the decision.
+func (o *Online) Decide(d *route.Decision, req *route.Request, reps []route.Replica, rng *rand.Rand) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	arm := (o.routed / o.cfg.Hop) % 2
+	o.routed++
+	if err := o.arms[arm].Decide(d, req, reps, rng); err != nil {
+		return err
+	}
+	d.Tag = 2*o.round + arm
+	return nil
+}
+
+// Learn records an outcome for its arm; outcomes of earlier rounds are
+// dropped. When both arms have a window of outcomes, the candidate is judged.
+func (o *Online) Learn(tag int, s route.Outcome) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if tag/2 != o.round {
+		return
+	}
+	arm := tag % 2
+	o.samples[arm] = append(o.samples[arm], s)
+	w := o.cfg.Window
+	if len(o.samples[0]) < w || len(o.samples[1]) < w {
+		return
+	}
+	inc := Measure(o.samples[0][len(o.samples[0])-w:])
+	cand := Measure(o.samples[1][len(o.samples[1])-w:])
+	out := o.es.Judge(o.cand, cand, inc)
+	o.steps = append(o.steps, out)
+	if out.Accepted {
+		o.arms[0] = o.arms[1]
+	}
+	_ = o.next() // the weights were valid when the arm was built
+}
+
+// Incumbent returns the current best weights.
+func (o *Online) Incumbent() route.Weights {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return Weights(o.es, o.es.Incumbent())
+}
+
+// Steps returns the verdicts so far.
+func (o *Online) Steps() []Outcome {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.steps)
+}
+
+// ES returns the underlying strategy (for formatting points).
+func (o *Online) ES() *ES { return o.es }

@@ -1,0 +1,197 @@
+package tune
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+)
+
+func newES(t *testing.T, cfg Config) *ES {
+	t.Helper()
+	es, err := NewES(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return es
+}
+
+func TestOneFifthRuleMovesTheStep(t *testing.T) {
+	es := newES(t, Config{Seed: 1})
+	s0 := es.Sigma()
+	better, worse := Metrics{N: 1, TTFTP95: 100}, Metrics{N: 1, TTFTP95: 200}
+	es.Judge(es.Propose(), better, worse)
+	if s1 := es.Sigma(); !(s1 > s0) {
+		t.Errorf("after a success sigma %v -> %v, want larger", s0, s1)
+	}
+	s1 := es.Sigma()
+	es.Judge(es.Propose(), worse, better)
+	if s2 := es.Sigma(); !(s2 < s1) {
+		t.Errorf("after a failure sigma %v -> %v, want smaller", s1, s2)
+	}
+	// One success in five leaves the step where it was.
+	s := es.Sigma()
+	es.Judge(es.Propose(), better, worse)
+	for range 4 {
+		es.Judge(es.Propose(), worse, better)
+	}
+	if math.Abs(es.Sigma()-s) > 1e-12 {
+		t.Errorf("1 success in 5: sigma %v -> %v, want unchanged", s, es.Sigma())
+	}
+	// The floor and the ceiling hold.
+	for range 200 {
+		es.Judge(es.Propose(), worse, better)
+	}
+	if es.Sigma() != es.Config().SigmaMin {
+		t.Errorf("sigma %v after many failures, want the floor %v", es.Sigma(), es.Config().SigmaMin)
+	}
+	for range 200 {
+		es.Judge(es.Propose(), better, worse)
+	}
+	if es.Sigma() != es.Config().SigmaMax {
+		t.Errorf("sigma %v after many successes, want the ceiling %v", es.Sigma(), es.Config().SigmaMax)
+	}
+}
+
+func TestWorseCandidateNeverAccepted(t *testing.T) {
+	es := newES(t, Config{Seed: 2})
+	inc := es.Incumbent()
+	for i := range 100 {
+		c := es.Propose()
+		// Worse by any margin, or equal: rejected, incumbent unchanged.
+		out := es.Judge(c, Metrics{N: 10, TTFTP95: 1000 + float64(i)}, Metrics{N: 10, TTFTP95: 1000})
+		if out.Accepted || !reflect.DeepEqual(es.Incumbent(), inc) {
+			t.Fatalf("candidate %v with a worse score was accepted", c)
+		}
+	}
+	out := es.Judge(es.Propose(), Metrics{N: 10, TTFTP95: 1, Failed: 1}, Metrics{N: 10, TTFTP95: 1000})
+	if out.Accepted {
+		t.Error("a candidate that failed more requests was accepted")
+	}
+}
+
+func TestBoundsHold(t *testing.T) {
+	es := newES(t, Config{Seed: 3, Sigma: 1, SigmaMax: 1})
+	for range 2000 {
+		c := es.Propose()
+		for i, p := range es.Config().Params {
+			if c[i] < p.Min || c[i] > p.Max {
+				t.Fatalf("%s = %v outside [%v, %v]", p.Name, c[i], p.Min, p.Max)
+			}
+		}
+		es.Judge(c, Metrics{N: 1, TTFTP95: float64(len(c))}, Metrics{N: 1, TTFTP95: 100})
+	}
+}
+
+func TestGuardRejectsTTFTWinThatWrecksE2E(t *testing.T) {
+	g, err := ParseGuard("e2e-p95=1.05")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hack := Metrics{N: 100, TTFTP95: 800, E2EP95: 12500} // all traffic to the nearest replica
+	inc := Metrics{N: 100, TTFTP95: 1000, E2EP95: 4000}
+	es := newES(t, Config{Seed: 4, Guards: []Guard{g}})
+	if out := es.Judge(es.Propose(), hack, inc); out.Accepted || out.Reason != "guard e2e-p95=1.05" {
+		t.Errorf("guarded: %+v", out)
+	}
+	// Within the guard's allowance the TTFT win counts.
+	if out := es.Judge(es.Propose(), Metrics{N: 100, TTFTP95: 800, E2EP95: 4150}, inc); !out.Accepted {
+		t.Errorf("E2E within 5%%: %+v", out)
+	}
+	// Steps within the allowance do not compound: after +4%, another +4%
+	// (8.2% in all) is refused.
+	drift := newES(t, Config{Seed: 4, Guards: []Guard{g}})
+	a := Metrics{N: 100, TTFTP95: 900, E2EP95: 4160}
+	if out := drift.Judge(drift.Propose(), a, inc); !out.Accepted {
+		t.Fatalf("first +4%%: %+v", out)
+	}
+	if out := drift.Judge(drift.Propose(), Metrics{N: 100, TTFTP95: 800, E2EP95: 4326}, a); out.Accepted {
+		t.Errorf("second +4%% accepted: E2E drift compounds past the guard")
+	}
+	// A step that gives E2E back makes room again.
+	if out := drift.Judge(drift.Propose(), Metrics{N: 100, TTFTP95: 850, E2EP95: 3900}, a); !out.Accepted {
+		t.Errorf("an E2E improvement was refused: %+v", out)
+	}
+	noGuard := newES(t, Config{Seed: 4})
+	if out := noGuard.Judge(noGuard.Propose(), hack, inc); !out.Accepted {
+		t.Errorf("unguarded tuner refused the TTFT win: %+v", out)
+	}
+	for _, bad := range []string{"e2e-p95", "e2e-p95=0.9", "ttft=1.1", "itl-mean=x"} {
+		if _, err := ParseGuard(bad); err == nil {
+			t.Errorf("guard %q accepted", bad)
+		}
+	}
+}
+
+// bowl is a noise-free objective with its minimum at rtt=0.3, queue=0.2.
+func bowl(_ context.Context, p Point) (Metrics, error) {
+	d := math.Pow(math.Log(p[0]/0.3), 2) + math.Pow(math.Log(p[1]/0.2), 2)
+	return Metrics{N: 1, TTFTP95: 1000 * (1 + d), E2EP95: 1000}, nil
+}
+
+func TestOfflineFindsTheMinimumAndIsReproducible(t *testing.T) {
+	run := func(seed uint64) *OfflineResult {
+		res, err := Offline(context.Background(), OfflineConfig{ES: Config{Seed: seed}, Generations: 60, Workers: 2}, bowl, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	a, b := run(7), run(7)
+	if !reflect.DeepEqual(a, b) {
+		t.Error("same seed, different runs")
+	}
+	if math.Abs(a.Best[0]-0.3) > 0.03 || math.Abs(a.Best[1]-0.2) > 0.02 {
+		t.Errorf("best %v, want near [0.3 0.2]", a.Best)
+	}
+	for i := 1; i < len(a.Steps); i++ {
+		if a.Steps[i].Accepted && a.Steps[i].Score >= a.Steps[i].Incumbent {
+			t.Fatalf("step %d accepted a candidate no better than the incumbent: %+v", i, a.Steps[i])
+		}
+	}
+	if c := run(8); reflect.DeepEqual(a.Steps, c.Steps) {
+		t.Error("different seeds, identical runs")
+	}
+}
+
+// The online tuner judges each candidate only on the outcomes of requests
+// its own weights routed.
+func TestOnlineJudgesEachArmOnItsOwnOutcomes(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1}, Window: 4, Hop: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []route.Replica{{ID: "a", Healthy: true}, {ID: "b", Healthy: true}}
+	var tags []int
+	var d route.Decision
+	for range 8 {
+		if err := o.Decide(&d, &route.Request{PromptTokens: 10}, reps, rand.New(rand.NewPCG(1, 1))); err != nil {
+			t.Fatal(err)
+		}
+		tags = append(tags, d.Tag)
+	}
+	// Arms alternate every Hop decisions.
+	if tags[0] != tags[1] || tags[1] == tags[2] || tags[0] != tags[4] {
+		t.Fatalf("tags %v: want pairs alternating between two arms", tags)
+	}
+	// The candidate's requests are fast, the incumbent's slow: accepted.
+	for _, tag := range tags {
+		ttft := 2 * time.Second
+		if tag%2 == 1 {
+			ttft = time.Second
+		}
+		o.Learn(tag, route.Outcome{TTFT: ttft, E2E: 3 * time.Second})
+	}
+	o.Learn(999, route.Outcome{TTFT: time.Hour}) // stale: ignored
+	steps := o.Steps()
+	if len(steps) != 1 || !steps[0].Accepted || steps[0].Score != 1000 || steps[0].Incumbent != 2000 {
+		t.Fatalf("steps %+v", steps)
+	}
+	if w := o.Incumbent(); w != Weights(o.ES(), steps[0].Candidate) {
+		t.Errorf("incumbent %v, want the accepted candidate %v", w, steps[0].Candidate)
+	}
+}

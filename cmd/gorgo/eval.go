@@ -221,4 +221,3 @@ func shortShares(m map[string]float64) string {
 	}
 	return strings.TrimSpace(b.String())
 }
-

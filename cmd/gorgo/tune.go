@@ -132,8 +132,8 @@ type tuneResult struct {
 	es         *tune.ES
 	start      tune.Point
 	startScore float64
-	steps   []tune.Outcome
-	weights route.Weights
+	steps      []tune.Outcome
+	weights    route.Weights
 }
 
 func accepted(steps []tune.Outcome) int {
@@ -206,4 +206,3 @@ func tuneOnline(w io.Writer, base sim.Config, tf *tuneFlags, margin float64) (tu
 	fmt.Fprintf(w, "while tuning: p95 TTFT %.1f ms, p95 E2E %.1f ms over %d requests\n", run.Run.TTFT.P95, run.Run.E2E.P95, run.Run.Requests)
 	return tuneResult{es: o.ES(), start: start, startScore: math.NaN(), steps: steps, weights: o.Incumbent()}, nil
 }
-

@@ -120,3 +120,82 @@ func TestHelp(t *testing.T) {
 		t.Errorf("sim -h: exit %d:\n%s", code, errs)
 	}
 }
+
+func TestTuneWritesWeightsAndPlot(t *testing.T) {
+	for _, mode := range []string{"offline", "online"} {
+		dir := t.TempDir()
+		out := filepath.Join(dir, "w.json")
+		code, stdout, errs := gorgo(t, "tune", "--duration", "10m", "--mode", mode, "--generations", "2", "--window-requests", "32", "--hop", "8", "--out", out)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", mode, code, errs)
+		}
+		if !strings.Contains(stdout, "step   1") || !strings.Contains(stdout, "tuned gorgo weights") {
+			t.Errorf("%s: output lacks steps:\n%s", mode, stdout)
+		}
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var w map[string]float64
+		if err := json.Unmarshal(data, &w); err != nil || w["rtt"] <= 0 || w["queue"] <= 0 || len(w) != 2 {
+			t.Errorf("%s: weights %s (%v)", mode, data, err)
+		}
+		if st, err := os.Stat(filepath.Join(dir, "w.png")); err != nil || st.Size() < 1000 {
+			t.Errorf("%s: convergence plot: %v", mode, err)
+		}
+	}
+}
+
+func TestEvalWindowsAndJSON(t *testing.T) {
+	dir := t.TempDir()
+	js := filepath.Join(dir, "eval.json")
+	code, out, errs := gorgo(t, "eval", "--duration", "20m", "--weights", "rtt=0.3,queue=0.1",
+		"--window", "0s,10m", "--window", "10m,10m", "--sweep", "time-scale=2,3",
+		"--policy", "gorgo,simple-session-affinity,round-robin", "--json", js, "--plots", filepath.Join(dir, "cdf"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "ΔTTFT p95") || strings.Count(out, "simple-session-affinity") != 4 {
+		t.Errorf("output:\n%s", out)
+	}
+	var doc struct {
+		Windows []struct {
+			Window    string            `json:"window"`
+			TimeScale float64           `json:"time_scale"`
+			Runs      []json.RawMessage `json:"runs"`
+		} `json:"windows"`
+	}
+	data, _ := os.ReadFile(js)
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if len(doc.Windows) != 4 || doc.Windows[0].Window != "0s,10m" || doc.Windows[1].TimeScale != 3 || len(doc.Windows[3].Runs) != 3 {
+		t.Errorf("eval JSON: %s", data)
+	}
+	for _, p := range []string{"cdf-1-ts2.png", "cdf-2-ts3.png"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestTuneAndEvalBadInput(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tune", "--out", "x.json", "--guard", "e2e=2"}, "--guard"},
+		{[]string{"tune", "--out", "x.json", "--objective", "fastest"}, `unknown objective "fastest"`},
+		{[]string{"tune", "--out", "x.json", "--mode", "dream"}, "--mode"},
+		{[]string{"tune"}, "--out is required"},
+		{[]string{"tune", "--out", "x.json", "--param", "rtt=1:2"}, "--param"},
+		{[]string{"eval", "--sweep", "load=2"}, "--sweep"},
+		{[]string{"eval", "--weights", "speed=1"}, "--weights"},
+	}
+	for _, c := range cases {
+		code, _, errs := gorgo(t, c.args...)
+		if code != 1 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 1 containing %q", c.args, code, errs, c.want)
+		}
+	}
+}

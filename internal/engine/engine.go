@@ -324,22 +324,56 @@ func (e *Engine) admit() (*seq, bool) {
 	return s, true
 }
 
-// startStep forms the batch of the step starting at t: one decode token for
-// every decoding sequence, then prefill chunks for partly prefilled
-// sequences, then newly admitted ones, within the token budget.
+// startStep forms the batch of the step starting at t.
+//
+// Mixed (vLLM's scheduler): one decode token for every decoding sequence,
+// then prefill chunks for partly prefilled sequences, then newly admitted
+// ones, all within the token budget.
+//
+// Prefill-first (SGLang's default, without mixed chunks): if there is
+// prefill work (a partly prefilled sequence, or a waiting request that can
+// be admitted), the step prefills only, up to the budget, and the decoding
+// sequences wait; otherwise every decoding sequence decodes one token.
 func (e *Engine) startStep(t time.Duration) {
-	budget := e.chunk
-	decodes, context := 0, 0
 	for _, s := range e.running {
 		s.chunk, s.decoding = 0, false
-		if s.prefilled == s.PromptTokens && budget > 0 {
+	}
+	budget := e.chunk
+	var prefill, decodes, context int
+	if e.prof.Schedule == SchedulePrefillFirst {
+		if prefill, _ = e.schedulePrefill(budget); prefill == 0 {
+			decodes, context, _ = e.scheduleDecodes(-1)
+		}
+	} else {
+		decodes, context, budget = e.scheduleDecodes(budget)
+		prefill, _ = e.schedulePrefill(budget)
+	}
+	e.stepping = true
+	e.stepEnd = t + e.prof.StepTime(prefill, decodes, context)
+	e.g.Steps++
+}
+
+// scheduleDecodes gives each decoding sequence one token of the budget
+// (budget < 0: no limit) and returns the decodes, their context tokens and
+// the budget left.
+func (e *Engine) scheduleDecodes(budget int) (decodes, context, left int) {
+	for _, s := range e.running {
+		if s.prefilled == s.PromptTokens && budget != 0 {
 			s.decoding = true
 			decodes++
 			context += s.PromptTokens + s.generated
-			budget--
+			if budget > 0 {
+				budget--
+			}
 		}
 	}
-	prefill := 0
+	return decodes, context, budget
+}
+
+// schedulePrefill gives the budget to prefill chunks: partly prefilled
+// sequences first, then waiting requests admitted in FCFS order. It
+// returns the prefill tokens scheduled and the budget left.
+func (e *Engine) schedulePrefill(budget int) (prefill, left int) {
 	for _, s := range e.running {
 		if s.prefilled < s.PromptTokens && budget > 0 {
 			s.chunk = min(s.PromptTokens-s.prefilled, budget)
@@ -357,9 +391,7 @@ func (e *Engine) startStep(t time.Duration) {
 		prefill += s.chunk
 		e.running = append(e.running, s)
 	}
-	e.stepping = true
-	e.stepEnd = t + e.prof.StepTime(prefill, decodes, context)
-	e.g.Steps++
+	return prefill, budget
 }
 
 // finishStep applies the step that ended at t.

@@ -195,7 +195,9 @@ func TestEvictionDropsSuffixBeforePrefix(t *testing.T) {
 }
 
 func TestChunkedPrefillInterleavesWithDecodes(t *testing.T) {
-	e := newEngine(t, Config{TokenEvents: true, ChunkTokens: 1000})
+	p := paperProfile(t)
+	p.Schedule = ScheduleMixed
+	e := newEngine(t, Config{Profile: p, TokenEvents: true, ChunkTokens: 1000})
 	if err := e.Submit(0, req(1, 1, 100, 50)); err != nil {
 		t.Fatal(err)
 	}
@@ -385,5 +387,45 @@ func TestCloneIsIndependentAndExact(t *testing.T) {
 		if a[i] != b[i] {
 			t.Fatalf("event %d: %+v vs %+v", i, a[i], b[i])
 		}
+	}
+}
+
+// SGLang's scheduler: while prefill work is pending, steps prefill only and
+// the decoding requests wait; decodes resume when it is done.
+func TestPrefillFirstStallsDecodes(t *testing.T) {
+	e := newEngine(t, Config{TokenEvents: true, ChunkTokens: 1000})
+	if e.prof.Schedule != SchedulePrefillFirst {
+		t.Fatalf("the paper's profile schedules %q", e.prof.Schedule)
+	}
+	if err := e.Submit(0, req(1, 1, 100, 50)); err != nil {
+		t.Fatal(err)
+	}
+	t0 := e.prof.StepTime(100, 0, 0)
+	if first := e.Advance(t0, nil); len(first) != 1 || first[0].Kind != EventFirstToken {
+		t.Fatalf("after one step: %+v", first)
+	}
+	if err := e.Submit(t0, req(2, 2, 3500, 1)); err != nil {
+		t.Fatal(err)
+	}
+	// The decode step that started at t0 ends first; then B's four
+	// prefill-only chunks (1000, 1000, 1000, 500) run with A waiting.
+	now := t0 + e.prof.StepTime(0, 1, 101)
+	if a := find(e.Advance(now, nil), 1, EventToken); a.Generated != 2 {
+		t.Fatalf("A's second token %+v", a)
+	}
+	for i, c := range []int{1000, 1000, 1000, 500} {
+		now += e.prof.StepTime(c, 0, 0)
+		evs := e.Advance(now, nil)
+		if a := find(evs, 1, EventToken); a.Kind != 0 {
+			t.Fatalf("chunk %d: A decoded during a prefill step", i)
+		}
+		if b := find(evs, 2, EventFirstToken); (b.Kind != 0) != (i == 3) {
+			t.Fatalf("chunk %d: B's first token %+v", i, b)
+		}
+	}
+	// B finished (one token); A decodes again.
+	now += e.prof.StepTime(0, 1, 102)
+	if a := find(e.Advance(now, nil), 1, EventToken); a.Generated != 3 || a.Time != now {
+		t.Errorf("A after the prefill: %+v, want its third token at %v", a, now)
 	}
 }

@@ -35,10 +35,23 @@ type Profile struct {
 	MaxContextTokens int `json:"max_context_tokens" yaml:"max_context_tokens"`
 	// MaxRunning caps the requests in the running batch.
 	MaxRunning int `json:"max_running" yaml:"max_running"`
-	// ChunkTokens is the per-step token budget shared by prefill chunks and
-	// decodes (SGLang's chunked_prefill_size, vLLM's max_num_batched_tokens).
+	// ChunkTokens is the per-step token budget (SGLang's
+	// chunked_prefill_size, vLLM's max_num_batched_tokens).
 	ChunkTokens int `json:"chunk_tokens" yaml:"chunk_tokens"`
+	// Schedule is how a step mixes prefill and decode: ScheduleMixed
+	// (vLLM, the default when empty) or SchedulePrefillFirst (SGLang).
+	Schedule string `json:"schedule" yaml:"schedule"`
 }
+
+// Schedules.
+const (
+	// ScheduleMixed: decodes and prefill chunks share each step's budget,
+	// decodes first (vLLM's scheduler).
+	ScheduleMixed = "mixed"
+	// SchedulePrefillFirst: a step with prefill work prefills only; decodes
+	// run when there is none (SGLang's default scheduler).
+	SchedulePrefillFirst = "prefill-first"
+)
 
 // StepTime is the duration of a step that prefills prefillTokens tokens and
 // decodes one token for each of decodeSeqs sequences holding contextTokens
@@ -102,6 +115,8 @@ func (p *Profile) Validate() error {
 		return fmt.Errorf("profile %s: max_running must be positive", p.Name)
 	case p.ChunkTokens <= 0:
 		return fmt.Errorf("profile %s: chunk_tokens must be positive", p.Name)
+	case p.Schedule != "" && p.Schedule != ScheduleMixed && p.Schedule != SchedulePrefillFirst:
+		return fmt.Errorf("profile %s: schedule must be %s or %s, got %q", p.Name, ScheduleMixed, SchedulePrefillFirst, p.Schedule)
 	}
 	return nil
 }
@@ -111,18 +126,20 @@ func (p *Profile) Validate() error {
 var profiles = []Profile{
 	{
 		Name: "qwen3.5-35b-l40sx2",
-		Description: "the paper's engine: SGLang, Qwen3.5-35B-A3B-FP8, 2x L40S (TP2). " +
+		Description: "the paper's engine: SGLang (prefill-first scheduling), Qwen3.5-35B-A3B-FP8, 2x L40S (TP2). " +
 			"Prefill 60 us/token (measured 57-63), ITL 9-10 ms unsaturated rising to 15+ ms near a full KV cache, " +
 			"KV capacity 983,549 tokens (measured); context 262,144 (the model's native length; the paper capped it at 32,768)",
 		StepBaseUS: 9000, PrefillUSPerToken: 60, DecodeUSPerSeq: 20, ContextUSPer1K: 10,
 		KVCapacityTokens: 983549, MaxContextTokens: 262144, MaxRunning: 256, ChunkTokens: 4096,
+		Schedule: SchedulePrefillFirst,
 	},
 	{
 		Name: "qwen3.5-35b-h100",
-		Description: "Qwen3.5-35B-A3B-FP8 on one H100 80GB. Prefill 76 us/token (measured 69-83); " +
+		Description: "SGLang (prefill-first), Qwen3.5-35B-A3B-FP8 on one H100 80GB. Prefill 76 us/token (measured 69-83); " +
 			"decode terms and KV capacity (600,000 tokens, free memory scaled from the L40S pair) are estimates",
 		StepBaseUS: 7000, PrefillUSPerToken: 76, DecodeUSPerSeq: 15, ContextUSPer1K: 6,
 		KVCapacityTokens: 600000, MaxContextTokens: 262144, MaxRunning: 256, ChunkTokens: 8192,
+		Schedule: SchedulePrefillFirst,
 	},
 	{
 		Name: "qwen3-14b-h100",

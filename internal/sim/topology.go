@@ -59,6 +59,8 @@ type ReplicaSpec struct {
 	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
 	MaxRunning       int `yaml:"max_running"`
 	ChunkTokens      int `yaml:"chunk_tokens"`
+	// Schedule overrides the profile's scheduler: mixed or prefill-first.
+	Schedule string `yaml:"schedule"`
 }
 
 // Replica is one replica of a resolved fleet.
@@ -200,6 +202,12 @@ func (t Topology) Resolve() ([]Replica, error) {
 		}
 		if s.ChunkTokens > 0 {
 			prof.ChunkTokens = s.ChunkTokens
+		}
+		if s.Schedule != "" {
+			prof.Schedule = s.Schedule
+		}
+		if err := prof.Validate(); err != nil {
+			return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
 		}
 		if s.Count < 0 {
 			return nil, fmt.Errorf("topology %s: replica in %s: negative count", t.Name, s.Region)

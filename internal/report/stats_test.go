@@ -28,3 +28,9 @@ func TestSummarize(t *testing.T) {
 		}
 	}
 }
+
+func TestPercentileOfOne(t *testing.T) {
+	if got := Percentile([]float64{7}, 0.99); got != 7 {
+		t.Errorf("percentile of one value = %v", got)
+	}
+}

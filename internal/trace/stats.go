@@ -1,6 +1,8 @@
 package trace
 
 import (
+	"github.com/gorgo-llm/gorgo/internal/report"
+
 	"fmt"
 	"io"
 	"math"
@@ -125,9 +127,9 @@ func ComputeStats(reqs []Request) Stats {
 	st.Sessions, st.Users = len(sessionReqs), users
 	st.MultiTurnShare = float64(multi) / float64(len(reqs))
 	st.RequestsPerSession = float64(len(reqs)) / float64(st.Sessions)
-	st.RequestsPerSessionP50 = percentile(sortedFloats(sessionReqs), 50)
+	st.RequestsPerSessionP50 = report.Percentile(sortedFloats(sessionReqs), 0.50)
 	st.RequestsPerUser = float64(len(reqs)) / float64(st.Users)
-	st.RequestsPerUserP50 = percentile(sortedFloats(userReqs), 50)
+	st.RequestsPerUserP50 = report.Percentile(sortedFloats(userReqs), 0.50)
 	turnSum := 0
 	for _, t := range sessionTurns {
 		if t >= 2 {
@@ -244,25 +246,13 @@ func distOf(xs []float64) Dist {
 		sum += x
 	}
 	return Dist{
-		P50:  percentile(xs, 50),
-		P90:  percentile(xs, 90),
-		P95:  percentile(xs, 95),
-		P99:  percentile(xs, 99),
+		P50:  report.Percentile(xs, 0.50),
+		P90:  report.Percentile(xs, 0.90),
+		P95:  report.Percentile(xs, 0.95),
+		P99:  report.Percentile(xs, 0.99),
 		Mean: sum / float64(len(xs)),
 		Max:  int(xs[len(xs)-1]),
 	}
-}
-
-// percentile returns the p-th percentile (0..100) of sorted xs, interpolating
-// linearly between the closest ranks; 0 for no data.
-func percentile(sorted []float64, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	rank := p / 100 * float64(len(sorted)-1)
-	lo := int(math.Floor(rank))
-	hi := int(math.Ceil(rank))
-	return sorted[lo] + (rank-float64(lo))*(sorted[hi]-sorted[lo])
 }
 
 // WriteText writes a human-readable report of the statistics.

@@ -124,19 +124,6 @@ func TestComputeStatsTurns(t *testing.T) {
 	}
 }
 
-func TestPercentile(t *testing.T) {
-	xs := []float64{10, 20, 30, 40, 50}
-	tests := []struct{ p, want float64 }{{0, 10}, {50, 30}, {90, 46}, {100, 50}, {12.5, 15}}
-	for _, tt := range tests {
-		if got := percentile(xs, tt.p); math.Abs(got-tt.want) > 1e-9 {
-			t.Errorf("percentile(%v) = %v, want %v", tt.p, got, tt.want)
-		}
-	}
-	if got := percentile([]float64{7}, 99); got != 7 {
-		t.Errorf("percentile of one value = %v", got)
-	}
-}
-
 func TestWriteText(t *testing.T) {
 	var b bytes.Buffer
 	if err := ComputeStats(statsTrace()).WriteText(&b); err != nil {

@@ -29,6 +29,9 @@ type Record struct {
 	OutputTokens    int    `json:"output_tokens"`
 	Failed          bool   `json:"failed,omitempty"`
 	Error           string `json:"error,omitempty"`
+	// Status is the HTTP status of a live request; 0 when there was none
+	// (simulated, or the connection failed).
+	Status int `json:"status,omitempty"`
 }
 
 // Run summarises one policy's run over a workload.

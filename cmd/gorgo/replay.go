@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/replay"
+	"github.com/gorgo-llm/gorgo/internal/report"
+)
+
+const replayAbout = `
+Replays a workload against an OpenAI-compatible server (gorgo's proxy, its
+engine emulator, SGLang, vLLM, ...) as the paper's client does: open loop at
+the trace's times with a cap on requests in flight, each request a streamed
+chat completion whose prompt is the trace's messages or text synthesised from
+its block ids. Prints the same summary as sim. Times are in milliseconds: TTFT
+and E2E run from sending a request to its first token and to the end of its
+stream; slip is how long a request waited for the cap. Without --trace it
+replays the embedded synthetic workload. Ctrl-C stops the replay and still
+reports and writes what was measured.`
+
+// probeTimeout bounds the first request to the target (GET /v1/models),
+// which checks that it is reachable.
+const probeTimeout = 10 * time.Second
+
+func runReplay(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("replay", "replay --target URL [flags]", replayAbout, stderr)
+	var wl workloadFlags
+	wl.register(fs, true)
+	target := fs.String("target", "", "base `URL` of the OpenAI-compatible server, e.g. http://127.0.0.1:8080 (required; /v1/... is appended)")
+	maxInflight := fs.Int("max-inflight", replay.DefaultMaxInflight, "cap on requests in flight (0 = none); beyond it requests wait and the wait is recorded as slip")
+	model := fs.String("model", "", "model `NAME` sent in the requests; default the first model the target lists at /v1/models, else \"default\"")
+	label := fs.String("label", "replay", "`NAME` of the run in the table and the JSON summary")
+	jsonOut := fs.String("json", "", "write the run summary as JSON to `FILE`")
+	records := fs.String("records", "", "write per-request records as JSONL to `FILE`")
+	quiet := fs.Bool("quiet", false, "no progress or header lines")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if *target == "" {
+		return fmt.Errorf("--target is required: the server's base URL, e.g. --target http://127.0.0.1:8080")
+	}
+	u, err := replay.ParseTarget(*target)
+	if err != nil {
+		return err
+	}
+	if *maxInflight < 0 {
+		return fmt.Errorf("--max-inflight must not be negative")
+	}
+	if strings.TrimSpace(*label) == "" {
+		return fmt.Errorf("--label must not be empty")
+	}
+	reqs, desc, err := wl.load()
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // a second Ctrl-C kills the process
+	}()
+
+	hc := replay.NewHTTPClient(*maxInflight)
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	models, err := replay.Models(pctx, hc, u)
+	cancel()
+	if err != nil {
+		return err
+	}
+	m := *model
+	if m == "" {
+		m = replay.DefaultModel
+		if len(models) > 0 {
+			m = models[0]
+		}
+	}
+	if !*quiet {
+		limit := "no cap"
+		if *maxInflight > 0 {
+			limit = fmt.Sprintf("at most %d in flight", *maxInflight)
+		}
+		fmt.Fprintf(stdout, "target: %s, model %s, %s\n", u.Redacted(), m, limit)
+		fmt.Fprintf(stdout, "workload: %s\n", desc)
+	}
+
+	prog := newProgress(stderr, len(reqs), *quiet)
+	res, runErr := replay.Run(ctx, replay.Config{
+		Target:      u.String(),
+		Model:       m,
+		Requests:    reqs,
+		MaxInflight: *maxInflight,
+		Client:      hc,
+		Progress:    prog.add,
+	})
+	prog.finish()
+	if res == nil {
+		return runErr
+	}
+	run := report.NewRun(*label, res.Records, replayReplicas(res.Records))
+	if err := report.WriteTable(stdout, []report.Run{run}); err != nil {
+		return err
+	}
+	if !*quiet {
+		fmt.Fprintf(stdout, "replayed %d of %d requests in %v\n", len(res.Records), len(reqs), res.Elapsed.Round(time.Millisecond))
+	}
+	if *jsonOut != "" {
+		if err := writeJSON(*jsonOut, map[string]any{"runs": []report.Run{run}}); err != nil {
+			return err
+		}
+	}
+	if *records != "" {
+		if err := writeRecords(*records, res.Records); err != nil {
+			return err
+		}
+	}
+	return runErr
+}
+
+// replayReplicas lists the replicas named in the records (from the proxy's
+// replica header), sorted.
+func replayReplicas(recs []report.Record) []string {
+	var ids []string
+	for i := range recs {
+		if id := recs[i].Replica; id != "" && !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}

@@ -1,0 +1,382 @@
+package emulator
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/prompt"
+)
+
+// OutputTokensHeader lets a client (the replayer) fix the output length,
+// overriding max_tokens.
+const OutputTokensHeader = "X-Gorgo-Output-Tokens"
+
+// maxBody bounds a request body (a 262k-token prompt is about 1 MiB).
+const maxBody = 16 << 20
+
+// chatRequest is the part of an OpenAI chat completion request the
+// emulator reads; other fields are accepted and ignored.
+type chatRequest struct {
+	Model               string        `json:"model"`
+	Messages            []chatMessage `json:"messages"`
+	MaxTokens           *int          `json:"max_tokens"`
+	MaxCompletionTokens *int          `json:"max_completion_tokens"`
+	Stream              bool          `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// text returns a message's content: a string, or the text parts of an
+// array of content parts.
+func (m chatMessage) text() (string, error) {
+	if len(m.Content) == 0 || string(m.Content) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(m.Content, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(m.Content, &parts); err != nil {
+		return "", fmt.Errorf("content must be a string or an array of content parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type == "text" {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String(), nil
+}
+
+// completionRequest is the legacy completions request.
+type completionRequest struct {
+	Model         string          `json:"model"`
+	Prompt        json.RawMessage `json:"prompt"`
+	MaxTokens     *int            `json:"max_tokens"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// apiError is an OpenAI-style error body.
+type apiError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    int     `json:"code"`
+}
+
+func writeError(w http.ResponseWriter, status int, typ, format string, args ...any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]apiError{"error": {Message: fmt.Sprintf(format, args...), Type: typ, Code: status}})
+}
+
+// job is a parsed request ready for the engine.
+type job struct {
+	chat         bool
+	stream       bool
+	includeUsage bool
+	promptTokens int
+	outputTokens int
+	blocks       []uint64
+}
+
+func (s *Server) parseChat(w http.ResponseWriter, r *http.Request) (*job, bool) {
+	var req chatRequest
+	if !decode(w, r, &req) {
+		return nil, false
+	}
+	if !s.checkModel(w, req.Model) {
+		return nil, false
+	}
+	if len(req.Messages) == 0 {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "messages: at least one message is required")
+		return nil, false
+	}
+	msgs := make([]prompt.Message, len(req.Messages))
+	for i, m := range req.Messages {
+		if m.Role == "" {
+			writeError(w, http.StatusBadRequest, "BadRequestError", "messages[%d].role is required", i)
+			return nil, false
+		}
+		text, err := m.text()
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "BadRequestError", "messages[%d]: %v", i, err)
+			return nil, false
+		}
+		msgs[i] = prompt.Message{Role: m.Role, Content: text}
+	}
+	max := req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		max = req.MaxCompletionTokens
+	}
+	j := &job{chat: true, stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
+	return j, s.fill(w, r, j, prompt.Chat(nil, msgs), max)
+}
+
+func (s *Server) parseCompletion(w http.ResponseWriter, r *http.Request) (*job, bool) {
+	var req completionRequest
+	if !decode(w, r, &req) {
+		return nil, false
+	}
+	if !s.checkModel(w, req.Model) {
+		return nil, false
+	}
+	var text string
+	if err := json.Unmarshal(req.Prompt, &text); err != nil {
+		var list []string
+		if err := json.Unmarshal(req.Prompt, &list); err != nil || len(list) != 1 {
+			writeError(w, http.StatusBadRequest, "BadRequestError", "prompt: a string (or a list of one string) is required")
+			return nil, false
+		}
+		text = list[0]
+	}
+	j := &job{stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
+	return j, s.fill(w, r, j, []byte(text), req.MaxTokens)
+}
+
+// fill estimates the prompt, decides the output length and checks the
+// context length.
+func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byte, max *int) bool {
+	if len(text) == 0 {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "the prompt is empty")
+		return false
+	}
+	j.promptTokens = s.est.Tokens(text)
+	j.blocks = s.est.Blocks(text, s.page, nil)
+	j.outputTokens = s.cfg.DefaultMaxTokens
+	if max != nil {
+		if *max < 1 {
+			writeError(w, http.StatusBadRequest, "BadRequestError", "max_tokens must be at least 1, got %d", *max)
+			return false
+		}
+		j.outputTokens = *max
+	}
+	if h := r.Header.Get(OutputTokensHeader); h != "" {
+		n, err := strconv.Atoi(h)
+		if err != nil || n < 1 {
+			writeError(w, http.StatusBadRequest, "BadRequestError", "%s must be a positive integer, got %q", OutputTokensHeader, h)
+			return false
+		}
+		j.outputTokens = n
+	}
+	if limit := s.prof.MaxContextTokens; j.promptTokens+j.outputTokens > limit {
+		writeError(w, http.StatusBadRequest, "BadRequestError",
+			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			limit, j.promptTokens+j.outputTokens, j.promptTokens, j.outputTokens)
+		return false
+	}
+	return true
+}
+
+func (s *Server) checkModel(w http.ResponseWriter, model string) bool {
+	if model != "" && model != s.cfg.Model {
+		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", model)
+		return false
+	}
+	return true
+}
+
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	if r.Method != http.MethodPost {
+		writeError(w, http.StatusMethodNotAllowed, "BadRequestError", "use POST")
+		return false
+	}
+	body, err := readBody(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "reading the request: %v", err)
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "malformed JSON: %v", err)
+		return false
+	}
+	return true
+}
+
+func readBody(r *http.Request) ([]byte, error) {
+	var buf bytes.Buffer
+	_, err := buf.ReadFrom(http.MaxBytesReader(nil, r.Body, maxBody))
+	return buf.Bytes(), err
+}
+
+// serve runs a parsed job through the engine and writes the response.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
+	st, id, err := s.drv.submit(engine.Request{PromptTokens: j.promptTokens, OutputTokens: j.outputTokens, Blocks: j.blocks})
+	switch {
+	case errors.Is(err, engine.ErrQueueFull):
+		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "the server is overloaded: its waiting queue is full")
+		return
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
+		return
+	}
+	finished := false
+	defer func() {
+		if !finished {
+			s.drv.cancel(id) // the client went away
+		}
+	}()
+	out := newWriter(w, s.cfg.Model, j)
+	var evs []engine.Event
+	for !finished {
+		evs, err = st.take(r.Context(), evs)
+		if err != nil {
+			return
+		}
+		for _, ev := range evs {
+			switch ev.Kind {
+			case engine.EventFirstToken, engine.EventToken:
+				out.token(ev)
+			case engine.EventFinish:
+				out.token(ev)
+				out.finish(ev)
+				finished = true
+			}
+		}
+	}
+}
+
+// writer produces a response as the tokens come: SSE chunks when
+// streaming, one JSON body at the end otherwise.
+type writer struct {
+	w       http.ResponseWriter
+	fl      http.Flusher
+	j       *job
+	id      string
+	model   string
+	created int64
+	sent    int // tokens written
+	content strings.Builder
+	buf     bytes.Buffer
+}
+
+func newWriter(w http.ResponseWriter, model string, j *job) *writer {
+	out := &writer{w: w, j: j, model: model, created: time.Now().Unix()}
+	out.fl, _ = w.(http.Flusher)
+	prefix := "cmpl-"
+	if j.chat {
+		prefix = "chatcmpl-"
+	}
+	out.id = prefix + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if j.stream {
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		w.WriteHeader(http.StatusOK)
+		if out.fl != nil {
+			out.fl.Flush()
+		}
+	}
+	return out
+}
+
+// words make the filler text, one per token.
+var words = strings.Fields("the quick brown fox jumps over a lazy dog while seven wise owls watch from an old oak tree near the quiet river bank")
+
+func (o *writer) token(ev engine.Event) {
+	for o.sent < ev.Generated {
+		word := " " + words[o.sent%len(words)]
+		o.sent++
+		if !o.j.stream {
+			o.content.WriteString(word)
+			continue
+		}
+		o.buf.Reset()
+		if o.sent == 1 && o.j.chat {
+			o.chunk(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)
+		}
+		var finish any
+		if o.sent == o.j.outputTokens {
+			finish = "length"
+		}
+		if o.j.chat {
+			o.chunk(map[string]any{"index": 0, "delta": map[string]any{"content": word}, "logprobs": nil, "finish_reason": finish}, nil)
+		} else {
+			o.chunk(map[string]any{"index": 0, "text": word, "logprobs": nil, "finish_reason": finish}, nil)
+		}
+		o.flush()
+	}
+}
+
+func (o *writer) usage(ev engine.Event) map[string]any {
+	return map[string]any{
+		"prompt_tokens":         o.j.promptTokens,
+		"completion_tokens":     ev.Generated,
+		"total_tokens":          o.j.promptTokens + ev.Generated,
+		"prompt_tokens_details": map[string]any{"cached_tokens": ev.CachedTokens},
+	}
+}
+
+func (o *writer) finish(ev engine.Event) {
+	if !o.j.stream {
+		o.w.Header().Set("Content-Type", "application/json")
+		var choice map[string]any
+		if o.j.chat {
+			choice = map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": o.content.String()}, "logprobs": nil, "finish_reason": "length"}
+		} else {
+			choice = map[string]any{"index": 0, "text": o.content.String(), "logprobs": nil, "finish_reason": "length"}
+		}
+		object := "text_completion"
+		if o.j.chat {
+			object = "chat.completion"
+		}
+		_ = json.NewEncoder(o.w).Encode(map[string]any{"id": o.id, "object": object, "created": o.created, "model": o.model,
+			"choices": []any{choice}, "usage": o.usage(ev)})
+		return
+	}
+	o.buf.Reset()
+	if o.j.includeUsage {
+		o.chunk(nil, o.usage(ev))
+	}
+	o.buf.WriteString("data: [DONE]\n\n")
+	o.flush()
+}
+
+// chunk appends one SSE event: a chunk with one choice, or (choice nil)
+// the usage chunk with no choices.
+func (o *writer) chunk(choice map[string]any, usage map[string]any) {
+	object := "text_completion"
+	if o.j.chat {
+		object = "chat.completion.chunk"
+	}
+	c := map[string]any{"id": o.id, "object": object, "created": o.created, "model": o.model, "choices": []any{}}
+	if choice != nil {
+		c["choices"] = []any{choice}
+	}
+	if usage != nil {
+		c["usage"] = usage
+	}
+	data, _ := json.Marshal(c)
+	o.buf.WriteString("data: ")
+	o.buf.Write(data)
+	o.buf.WriteString("\n\n")
+}
+
+func (o *writer) flush() {
+	_, _ = o.w.Write(o.buf.Bytes())
+	o.buf.Reset()
+	if o.fl != nil {
+		o.fl.Flush()
+	}
+}

@@ -1,0 +1,212 @@
+package emulator
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/engine"
+)
+
+// clock maps wall time to model time. The model runs speed times faster
+// than the wall clock; changing the speed keeps model time continuous.
+type clock struct {
+	mu          sync.Mutex
+	anchorWall  time.Time
+	anchorModel time.Duration
+	speed       float64
+}
+
+func newClock(now time.Time, speed float64) *clock {
+	return &clock{anchorWall: now, speed: speed}
+}
+
+// model returns the model time at wall time t.
+func (c *clock) model(t time.Time) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.anchorModel + time.Duration(float64(t.Sub(c.anchorWall))*c.speed)
+}
+
+// wall returns the wall time at which the model reaches m.
+func (c *clock) wall(m time.Duration) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.anchorWall.Add(time.Duration(float64(m-c.anchorModel) / c.speed))
+}
+
+// setSpeed changes the speed from wall time now on.
+func (c *clock) setSpeed(now time.Time, speed float64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.anchorModel += time.Duration(float64(now.Sub(c.anchorWall)) * c.speed)
+	c.anchorWall = now
+	c.speed = speed
+}
+
+// stream receives one request's events. The driver never blocks on it.
+type stream struct {
+	mu     sync.Mutex
+	evs    []engine.Event
+	notify chan struct{}
+	// at is the model time the request entered the engine.
+	at time.Duration
+}
+
+func (s *stream) push(ev engine.Event) {
+	s.mu.Lock()
+	s.evs = append(s.evs, ev)
+	s.mu.Unlock()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the events so far, waiting for at least one or ctx's end.
+func (s *stream) take(ctx context.Context, buf []engine.Event) ([]engine.Event, error) {
+	for {
+		s.mu.Lock()
+		if len(s.evs) > 0 {
+			buf = append(buf[:0], s.evs...)
+			s.evs = s.evs[:0]
+			s.mu.Unlock()
+			return buf, nil
+		}
+		s.mu.Unlock()
+		select {
+		case <-s.notify:
+		case <-ctx.Done():
+			return buf[:0], ctx.Err()
+		}
+	}
+}
+
+// driver runs an engine model against the wall clock: steps end, and
+// tokens come out, when the model says they do.
+type driver struct {
+	mu      sync.Mutex
+	eng     *engine.Engine
+	clk     *clock
+	streams map[uint64]*stream
+	nextID  uint64
+	kick    chan struct{}
+	evs     []engine.Event
+	// observe is called, under the driver's lock, for each event with the
+	// request's entry time (for latency histograms).
+	observe func(ev engine.Event, entered time.Duration)
+	// samples keeps recent (model time, generated tokens, busy) points for
+	// throughput gauges.
+	samples []sample
+}
+
+type sample struct {
+	at        time.Duration
+	generated int64
+}
+
+func newDriver(eng *engine.Engine, clk *clock) *driver {
+	return &driver{eng: eng, clk: clk, streams: make(map[uint64]*stream), kick: make(chan struct{}, 1)}
+}
+
+// submit enters a request (its ID is assigned here) and returns its stream.
+func (d *driver) submit(r engine.Request) (*stream, uint64, error) {
+	d.mu.Lock()
+	now := d.clk.model(time.Now())
+	d.advanceLocked(now)
+	d.nextID++
+	r.ID = d.nextID
+	if err := d.eng.Submit(now, r); err != nil {
+		d.mu.Unlock()
+		return nil, 0, err
+	}
+	s := &stream{notify: make(chan struct{}, 1), at: now}
+	d.streams[r.ID] = s
+	d.mu.Unlock()
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+	return s, r.ID, nil
+}
+
+// cancel removes a request whose client went away.
+func (d *driver) cancel(id uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.streams[id]; ok {
+		d.eng.Cancel(id)
+		delete(d.streams, id)
+	}
+}
+
+// gauges returns the engine's gauges now and its recent generation
+// throughput (tokens per model second).
+func (d *driver) gauges() (engine.Gauges, float64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.advanceLocked(d.clk.model(time.Now()))
+	g := d.eng.Gauges()
+	var tput float64
+	if n := len(d.samples); n > 1 {
+		a, b := d.samples[0], d.samples[n-1]
+		if dt := (b.at - a.at).Seconds(); dt > 0 {
+			tput = float64(b.generated-a.generated) / dt
+		}
+	}
+	return g, tput
+}
+
+// advanceLocked runs the model to now and hands out what it emitted.
+func (d *driver) advanceLocked(now time.Duration) {
+	d.evs = d.eng.Advance(now, d.evs[:0])
+	for _, ev := range d.evs {
+		s := d.streams[ev.ID]
+		if s == nil {
+			continue
+		}
+		if d.observe != nil {
+			d.observe(ev, s.at)
+		}
+		s.push(ev)
+		if ev.Kind == engine.EventFinish {
+			delete(d.streams, ev.ID)
+		}
+	}
+	// Keep about 10 s of model time of throughput samples, one per 100 ms.
+	gen := d.eng.Gauges().GeneratedTokens
+	if n := len(d.samples); n == 0 || now-d.samples[n-1].at >= 100*time.Millisecond {
+		d.samples = append(d.samples, sample{at: now, generated: gen})
+		for len(d.samples) > 1 && now-d.samples[0].at > 10*time.Second {
+			d.samples = d.samples[1:]
+		}
+	}
+}
+
+// run drives the model until ctx ends.
+func (d *driver) run(ctx context.Context) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		d.mu.Lock()
+		d.advanceLocked(d.clk.model(time.Now()))
+		next, ok := d.eng.Next()
+		d.mu.Unlock()
+		wait := time.Hour
+		if ok {
+			wait = time.Until(d.clk.wall(next))
+		}
+		if wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-d.kick:
+				timer.Stop() // Go 1.23+ timers: no stale value to drain
+			case <-timer.C:
+			}
+		} else if ctx.Err() != nil {
+			return nil
+		}
+	}
+}

@@ -1,0 +1,371 @@
+package emulator
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/gorgo-llm/gorgo/internal/engine"
+)
+
+// start runs an emulated replica of the paper's engine on loopback.
+func start(t *testing.T, cfg Config) (*Server, string) {
+	t.Helper()
+	if cfg.Profile.Name == "" {
+		p, err := engine.LookupProfile("paper")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Profile = p
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(func() {
+		ts.Close()
+		cancel()
+		<-done
+	})
+	return s, ts.URL
+}
+
+func post(t *testing.T, url, body string, header ...string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+type chunk struct {
+	Object  string `json:"object"`
+	Choices []struct {
+		Delta struct {
+			Role    string `json:"role"`
+			Content string `json:"content"`
+		} `json:"delta"`
+		Text         string  `json:"text"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// readSSE parses a stream into chunks, checking it ends with [DONE].
+func readSSE(t *testing.T, r io.Reader) []chunk {
+	t.Helper()
+	var out []chunk
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	done := false
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" {
+			continue
+		}
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok {
+			t.Fatalf("not an SSE data line: %q", line)
+		}
+		if done {
+			t.Fatalf("data after [DONE]: %q", line)
+		}
+		if data == "[DONE]" {
+			done = true
+			continue
+		}
+		var c chunk
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Fatalf("chunk %q: %v", data, err)
+		}
+		out = append(out, c)
+	}
+	if !done {
+		t.Fatal("stream did not end with data: [DONE]")
+	}
+	return out
+}
+
+const chatBody = `{"model":"gorgo-emulated","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"%s"}],"max_tokens":%d,"stream":true,"stream_options":{"include_usage":true}}`
+
+func chat(prompt string, maxTokens int) string {
+	return strings.Replace(strings.Replace(chatBody, "%s", prompt, 1), "%d", itoa(maxTokens), 1)
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+func TestStreamingChatAndCachedTokens(t *testing.T) {
+	_, url := start(t, Config{Speedup: 20})
+	text := strings.Repeat("tell me about the sea and the ships on it. ", 100) // ~1,100 tokens
+	var cached []int
+	for range 2 {
+		resp := post(t, url+"/v1/chat/completions", chat(text, 5))
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+			t.Fatalf("status %d, content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+		chunks := readSSE(t, resp.Body)
+		resp.Body.Close()
+		var content []string
+		var usage *chunk
+		for i := range chunks {
+			c := chunks[i]
+			if c.Object != "chat.completion.chunk" {
+				t.Fatalf("object %q", c.Object)
+			}
+			if c.Usage != nil {
+				usage = &chunks[i]
+				if len(c.Choices) != 0 {
+					t.Errorf("usage chunk carries choices")
+				}
+				continue
+			}
+			if d := c.Choices[0].Delta.Content; d != "" {
+				content = append(content, d)
+			}
+		}
+		if len(content) != 5 || chunks[0].Choices[0].Delta.Role != "assistant" {
+			t.Fatalf("%d content chunks (want 5), first chunk %+v", len(content), chunks[0])
+		}
+		if f := chunks[len(chunks)-2].Choices[0].FinishReason; f == nil || *f != "length" {
+			t.Errorf("last content chunk has no finish_reason length")
+		}
+		if usage == nil || usage.Usage.CompletionTokens != 5 || usage.Usage.PromptTokens < 1000 {
+			t.Fatalf("usage %+v", usage)
+		}
+		cached = append(cached, usage.Usage.PromptTokensDetails.CachedTokens)
+	}
+	if cached[0] != 0 || cached[1] < 1000 {
+		t.Errorf("cached tokens %v: want 0, then most of the prompt", cached)
+	}
+}
+
+func TestNonStreamingAndCompletions(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50})
+	resp := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":"hi there"}]}],"max_tokens":3}`)
+	var body struct {
+		Object  string `json:"object"`
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("status %d, %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	if body.Object != "chat.completion" || len(strings.Fields(body.Choices[0].Message.Content)) != 3 || body.Usage.CompletionTokens != 3 {
+		t.Errorf("body %+v", body)
+	}
+	resp = post(t, url+"/v1/completions", `{"prompt":"once upon a time","max_tokens":4,"stream":true}`)
+	chunks := readSSE(t, resp.Body)
+	resp.Body.Close()
+	if len(chunks) != 4 || chunks[0].Object != "text_completion" || chunks[0].Choices[0].Text == "" {
+		t.Errorf("completion chunks %+v", chunks)
+	}
+}
+
+func TestErrorsAreOpenAIShaped(t *testing.T) {
+	p, _ := engine.LookupProfile("paper")
+	p.MaxContextTokens = 1000
+	_, url := start(t, Config{Profile: p, Speedup: 50})
+	cases := []struct {
+		path, body string
+		status     int
+		want       string
+	}{
+		{"/v1/chat/completions", `{"messages": [`, 400, "malformed JSON"},
+		{"/v1/chat/completions", `{"messages": []}`, 400, "at least one message"},
+		{"/v1/chat/completions", `{"messages": [{"content": "x"}]}`, 400, "role is required"},
+		{"/v1/chat/completions", `{"model": "gpt-9", "messages": [{"role":"user","content":"x"}]}`, 404, "does not exist"},
+		{"/v1/chat/completions", `{"messages": [{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`, 400, "maximum context length is 1000"},
+		{"/v1/chat/completions", `{"messages": [{"role":"user","content":"x"}], "max_tokens": 0}`, 400, "max_tokens"},
+		{"/v1/completions", `{"prompt": 3}`, 400, "prompt"},
+		{"/v2/everything", `{}`, 404, "no route"},
+	}
+	for _, c := range cases {
+		resp := post(t, url+c.path, c.body)
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+				Code    int    `json:"code"`
+			} `json:"error"`
+		}
+		err := json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != c.status || e.Error.Code != c.status || !strings.Contains(e.Error.Message, c.want) {
+			t.Errorf("%s %s: status %d, error %+v (%v); want %d containing %q", c.path, c.body[:min(len(c.body), 40)], resp.StatusCode, e.Error, err, c.status, c.want)
+		}
+	}
+}
+
+func TestQueueFullGives503(t *testing.T) {
+	p, _ := engine.LookupProfile("paper")
+	p.MaxRunning = 1
+	s, url := start(t, Config{Profile: p, MaxWaiting: 1})
+	// One long request runs (in real time), one waits; the next is refused.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for want := 1; want <= 2; want++ {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chat("hello", 5000)))
+		go func() {
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			g, _ := s.drv.gauges()
+			if g.Running+g.Waiting == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("request %d never entered the engine: %+v", want, g)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	resp := post(t, url+"/v1/chat/completions", chat("hello", 2))
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("status %d with a full waiting queue, want 503", resp.StatusCode)
+	}
+}
+
+func metricFamilies(t *testing.T, url string) map[string]bool {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v", err)
+	}
+	names := map[string]bool{}
+	for n := range fams {
+		names[n] = true
+	}
+	return names
+}
+
+func TestMetricsParseWithEngineNames(t *testing.T) {
+	for format, want := range map[string][]string{
+		"sglang": {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_used_tokens", "sglang:token_usage",
+			"sglang:cache_hit_rate", "sglang:max_total_num_tokens", "sglang:gen_throughput", "sglang:time_to_first_token_seconds",
+			"sglang:e2e_request_latency_seconds", "sglang:cache_config_info"},
+		"vllm": {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+			"vllm:prefix_cache_hits_total", "vllm:cache_config_info", "vllm:time_to_first_token_seconds"},
+	} {
+		_, url := start(t, Config{MetricsFormat: format, Speedup: 50})
+		resp := post(t, url+"/v1/chat/completions", chat("warm up", 2))
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got := metricFamilies(t, url)
+		for _, n := range want {
+			if !got[n] {
+				t.Errorf("%s: /metrics lacks %s", format, n)
+			}
+		}
+	}
+}
+
+func TestFaults(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50, Faults: Faults{FailFraction: 1}})
+	resp := post(t, url+"/v1/chat/completions", chat("x", 1))
+	resp.Body.Close()
+	if resp.StatusCode != 500 {
+		t.Errorf("fail fraction 1: status %d", resp.StatusCode)
+	}
+
+	_, url = start(t, Config{Speedup: 50, Faults: Faults{HangAfter: 1}})
+	resp = post(t, url+"/v1/chat/completions", chat("x", 1))
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	client := http.Client{Timeout: 300 * time.Millisecond}
+	if _, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chat("x", 1))); err == nil {
+		t.Error("request after the hang point was answered")
+	}
+	if _, err := client.Get(url + "/health"); err == nil {
+		t.Error("health answered after the hang point")
+	}
+
+	s, url := start(t, Config{Speedup: 50, Faults: Faults{ExitAfter: 1}})
+	resp = post(t, url+"/v1/chat/completions", chat("x", 1))
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	go func() {
+		if resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chat("x", 1))); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-s.exit:
+	case <-time.After(5 * time.Second):
+		t.Error("exit fault did not fire")
+	}
+	if err := s.Run(context.Background()); !errors.Is(err, ErrExitFault) {
+		t.Errorf("Run after the exit fault: %v", err)
+	}
+}
+
+func TestClientDisconnectFreesTheEngine(t *testing.T) {
+	s, url := start(t, Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chat("a long story please", 5000)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil { // the first chunk
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		g, _ := s.drv.gauges()
+		if g.Running == 0 && g.Waiting == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engine still holds the request: %+v", g)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

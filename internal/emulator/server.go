@@ -1,0 +1,275 @@
+// Package emulator serves an engine model over HTTP the way an SGLang or
+// vLLM replica does: OpenAI chat and completions (streaming SSE or not),
+// /v1/models, /health and a Prometheus /metrics in either engine's names,
+// with tokens coming out when the model says, optionally faster than real
+// time, and with injected faults. With netem it also sits behind a region's
+// round trip. It lets the proxy be built, tested and demonstrated without GPUs.
+package emulator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/prompt"
+)
+
+// Config configures an emulated replica. Zero fields take defaults.
+type Config struct {
+	Profile engine.Profile
+	// PageTokens is the prefix cache's block size in tokens (default 16, vLLM's).
+	PageTokens int
+	// Model is the served model name (default "gorgo-emulated").
+	Model string
+	// MetricsFormat is "sglang" (default) or "vllm".
+	MetricsFormat string
+	// Speedup runs the model this many times faster than real time (default 1).
+	Speedup float64
+	// MaxWaiting caps the waiting queue; beyond it requests get 503
+	// (default 4096).
+	MaxWaiting int
+	// DefaultMaxTokens is the output length of a request without max_tokens
+	// (default 128).
+	DefaultMaxTokens int
+	// Estimator turns prompt bytes into tokens.
+	Estimator prompt.Estimator
+	Faults    Faults
+	// Seed fixes the fault draws.
+	Seed uint64
+	// SetRTT, if set, is what POST /admin/network calls to change the
+	// network delay (the caller owns the netem link).
+	SetRTT func(rtt, jitter time.Duration)
+}
+
+// Faults are injected failures.
+type Faults struct {
+	// FailFraction of completion requests get an HTTP 500.
+	FailFraction float64
+	// HangAfter: after this many completion requests, every request
+	// (health and metrics included) hangs until the client gives up. Zero: never.
+	HangAfter int
+	// ExitAfter: after this many completion requests, Run returns
+	// ErrExitFault (the command exits as if it crashed). Zero: never.
+	ExitAfter int
+	// Slowdown makes the model this many times slower (default 1).
+	Slowdown float64
+}
+
+// ErrExitFault is returned by Run when the exit-after fault fires.
+var ErrExitFault = errors.New("exiting on injected fault (exit after N requests)")
+
+// Server is one emulated replica.
+type Server struct {
+	cfg   Config
+	prof  engine.Profile
+	page  int
+	est   prompt.Estimator
+	drv   *driver
+	clk   *clock
+	reg   *prometheus.Registry
+	mux   *http.ServeMux
+	count atomic.Int64
+	exit  chan struct{}
+	once  sync.Once
+
+	mu       sync.Mutex
+	rng      *rand.Rand
+	speedup  float64
+	slowdown float64
+}
+
+// New builds a replica; Run starts its model.
+func New(cfg Config) (*Server, error) {
+	if cfg.PageTokens == 0 {
+		cfg.PageTokens = 16
+	}
+	if cfg.Model == "" {
+		cfg.Model = "gorgo-emulated"
+	}
+	if cfg.MetricsFormat == "" {
+		cfg.MetricsFormat = "sglang"
+	}
+	if cfg.Speedup == 0 {
+		cfg.Speedup = 1
+	}
+	if cfg.MaxWaiting == 0 {
+		cfg.MaxWaiting = 4096
+	}
+	if cfg.DefaultMaxTokens == 0 {
+		cfg.DefaultMaxTokens = 128
+	}
+	if cfg.Faults.Slowdown == 0 {
+		cfg.Faults.Slowdown = 1
+	}
+	switch {
+	case cfg.MetricsFormat != "sglang" && cfg.MetricsFormat != "vllm":
+		return nil, fmt.Errorf("metrics format must be sglang or vllm, got %q", cfg.MetricsFormat)
+	case !(cfg.Speedup > 0) || !(cfg.Faults.Slowdown > 0):
+		return nil, fmt.Errorf("speedup and slowdown must be positive")
+	case cfg.Faults.FailFraction < 0 || cfg.Faults.FailFraction > 1:
+		return nil, fmt.Errorf("fail fraction must be in [0, 1], got %v", cfg.Faults.FailFraction)
+	case cfg.Faults.HangAfter < 0 || cfg.Faults.ExitAfter < 0 || cfg.PageTokens < 0 || cfg.MaxWaiting < 0 || cfg.DefaultMaxTokens < 0:
+		return nil, fmt.Errorf("counts and sizes must not be negative")
+	}
+	eng, err := engine.New(engine.Config{Profile: cfg.Profile, PageTokens: cfg.PageTokens, MaxWaiting: cfg.MaxWaiting, TokenEvents: true})
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg: cfg, prof: eng.Profile(), page: cfg.PageTokens, est: cfg.Estimator,
+		clk:     newClock(time.Now(), cfg.Speedup/cfg.Faults.Slowdown),
+		reg:     prometheus.NewRegistry(),
+		exit:    make(chan struct{}),
+		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x853c49e6748fea9b)),
+		speedup: cfg.Speedup, slowdown: cfg.Faults.Slowdown,
+	}
+	s.drv = newDriver(eng, s.clk)
+	m := newMetrics(s)
+	s.drv.observe = m.observe
+	s.reg.MustRegister(m)
+	s.routes()
+	return s, nil
+}
+
+// Handler is the replica's HTTP API.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// Run drives the model until ctx ends (nil) or the exit fault fires.
+func (s *Server) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.drv.run(ctx) }()
+	select {
+	case <-s.exit:
+		cancel()
+		<-done
+		return ErrExitFault
+	case err := <-done:
+		return err
+	}
+}
+
+func (s *Server) routes() {
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("/v1/chat/completions", s.guard(true, func(w http.ResponseWriter, r *http.Request) {
+		if j, ok := s.parseChat(w, r); ok {
+			s.serve(w, r, j)
+		}
+	}))
+	s.mux.HandleFunc("/v1/completions", s.guard(true, func(w http.ResponseWriter, r *http.Request) {
+		if j, ok := s.parseCompletion(w, r); ok {
+			s.serve(w, r, j)
+		}
+	}))
+	s.mux.HandleFunc("GET /v1/models", s.guard(false, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": []any{map[string]any{
+			"id": s.cfg.Model, "object": "model", "created": 0, "owned_by": "gorgo", "max_model_len": s.prof.MaxContextTokens}}})
+	}))
+	s.mux.HandleFunc("GET /health", s.guard(false, func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	}))
+	s.mux.Handle("GET /metrics", s.guard(false, promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}).ServeHTTP))
+	s.mux.HandleFunc("POST /admin/network", s.adminNetwork)
+	s.mux.HandleFunc("POST /admin/speed", s.adminSpeed)
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "NotFoundError", "no route for %s %s", r.Method, r.URL.Path)
+	})
+}
+
+// guard applies the faults: hang after N requests, then (for completion
+// requests) exit after N and fail a fraction.
+func (s *Server) guard(completion bool, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		f := s.cfg.Faults
+		n := s.count.Load()
+		if completion {
+			n = s.count.Add(1)
+		}
+		if f.HangAfter > 0 && n > int64(f.HangAfter) {
+			hang(r)
+			return
+		}
+		if completion && f.ExitAfter > 0 && n > int64(f.ExitAfter) {
+			s.once.Do(func() { close(s.exit) })
+			hang(r)
+			return
+		}
+		if completion && f.FailFraction > 0 {
+			s.mu.Lock()
+			fail := s.rng.Float64() < f.FailFraction
+			s.mu.Unlock()
+			if fail {
+				writeError(w, http.StatusInternalServerError, "InternalServerError", "injected fault")
+				return
+			}
+		}
+		h(w, r)
+	}
+}
+
+// hang never answers, until the client goes away. The body is read first:
+// net/http notices a client hanging up only once the body is consumed.
+func hang(r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	<-r.Context().Done()
+}
+
+// adminNetwork changes the injected round trip: POST /admin/network?rtt=80ms&jitter=10ms.
+func (s *Server) adminNetwork(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.SetRTT == nil {
+		writeError(w, http.StatusNotFound, "NotFoundError", "this replica has no injected network delay")
+		return
+	}
+	rtt, err1 := time.ParseDuration(r.URL.Query().Get("rtt"))
+	jitter := time.Duration(0)
+	var err2 error
+	if j := r.URL.Query().Get("jitter"); j != "" {
+		jitter, err2 = time.ParseDuration(j)
+	}
+	if err1 != nil || err2 != nil || rtt < 0 || jitter < 0 {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "want ?rtt=DURATION[&jitter=DURATION], non-negative")
+		return
+	}
+	s.cfg.SetRTT(rtt, jitter)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// adminSpeed changes the model's speed: POST /admin/speed?speedup=10&slowdown=2.
+func (s *Server) adminSpeed(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	up, down := s.speedup, s.slowdown
+	for key, p := range map[string]*float64{"speedup": &up, "slowdown": &down} {
+		if v := r.URL.Query().Get(key); v != "" {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f > 0) {
+				writeError(w, http.StatusBadRequest, "BadRequestError", "%s must be a positive number, got %q", key, v)
+				return
+			}
+			*p = f
+		}
+	}
+	s.speedup, s.slowdown = up, down
+	s.drv.mu.Lock()
+	s.clk.setSpeed(time.Now(), up/down)
+	s.drv.mu.Unlock()
+	select {
+	case s.drv.kick <- struct{}{}:
+	default:
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

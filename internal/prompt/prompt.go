@@ -1,0 +1,65 @@
+// Package prompt turns the prompt of an OpenAI-style request into what the
+// engine model and the router reason about: an estimated token count and
+// chained block hashes. The emulator, the replayer and the proxy share it,
+// so that the same text always gives the same tokens and the same blocks.
+//
+// Tokens are estimated from bytes (BytesPerToken bytes per token, 4 by
+// default, a common rule of thumb for English text and BPE vocabularies);
+// a block is BlockTokens estimated tokens of the canonical prompt bytes.
+package prompt
+
+import (
+	"github.com/gorgo-llm/gorgo/internal/prefix"
+)
+
+// DefaultBytesPerToken is the estimator's default.
+const DefaultBytesPerToken = 4
+
+// Message is one chat message.
+type Message struct {
+	Role    string
+	Content string
+}
+
+// Estimator estimates tokens from bytes. The zero value uses
+// DefaultBytesPerToken.
+type Estimator struct {
+	BytesPerToken int
+}
+
+func (e Estimator) bpt() int {
+	if e.BytesPerToken <= 0 {
+		return DefaultBytesPerToken
+	}
+	return e.BytesPerToken
+}
+
+// Tokens estimates the tokens of text: ceil(len / BytesPerToken), at least 1
+// for non-empty text.
+func (e Estimator) Tokens(text []byte) int {
+	b := e.bpt()
+	return (len(text) + b - 1) / b
+}
+
+// Bytes returns how many bytes stand for n tokens.
+func (e Estimator) Bytes(n int) int { return n * e.bpt() }
+
+// Blocks appends to dst the chained hashes of text in blocks of blockTokens
+// estimated tokens: len = ceil(Tokens(text) / blockTokens).
+func (e Estimator) Blocks(text []byte, blockTokens int, dst []uint64) []uint64 {
+	return prefix.Chain(text, blockTokens*e.bpt(), dst)
+}
+
+// Chat appends the canonical bytes of a chat prompt to dst: each message as
+// its role, a newline, its content and a newline. A conversation that grows
+// by appending messages grows by appending bytes, so its earlier turns'
+// blocks stay a prefix of its later turns'.
+func Chat(dst []byte, msgs []Message) []byte {
+	for _, m := range msgs {
+		dst = append(dst, m.Role...)
+		dst = append(dst, '\n')
+		dst = append(dst, m.Content...)
+		dst = append(dst, '\n')
+	}
+	return dst
+}

@@ -1,0 +1,290 @@
+package replay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/prompt"
+)
+
+const (
+	// DefaultModel is the model named in requests when none is given and
+	// the target does not list any.
+	DefaultModel = "default"
+	// SessionHeader carries the request's session id to the router.
+	SessionHeader = "X-Session-ID"
+	// ReplicaHeader is the response header in which gorgo's proxy names the
+	// replica that served a request.
+	ReplicaHeader = "X-Gorgo-Replica"
+	// OutputTokensHeader asks gorgo's engine emulator for exactly this many
+	// output tokens; other servers ignore it.
+	OutputTokensHeader = "X-Gorgo-Output-Tokens"
+)
+
+// maxErrorBody bounds how much of an error response is read (bytes).
+const maxErrorBody = 64 << 10
+
+// ParseTarget checks a server's base URL (http or https, with a host, no
+// query or fragment) and returns it without a trailing "/" or "/v1": the
+// replayer appends "/v1/...".
+func ParseTarget(s string) (*url.URL, error) {
+	u, err := url.Parse(strings.TrimSpace(s))
+	if err != nil {
+		return nil, fmt.Errorf("target %q: %w", s, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("target %q: want an http:// or https:// base URL such as http://127.0.0.1:8080", s)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("target %q: no host", s)
+	}
+	if u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("target %q: a base URL has no query or fragment", s)
+	}
+	u.Path = strings.TrimSuffix(strings.TrimSuffix(u.Path, "/"), "/v1")
+	u.RawPath = ""
+	return u, nil
+}
+
+// NewHTTPClient returns a client for long streams: no overall timeout
+// (cancel through the request's context), no transparent compression
+// (which could hold back events), and as many idle connections per host as
+// maxInflight (at least 64), so that a replay at its cap reuses connections.
+func NewHTTPClient(maxInflight int) *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = max(maxInflight, DefaultMaxInflight)
+	t.MaxIdleConns = max(t.MaxIdleConns, t.MaxIdleConnsPerHost)
+	t.DisableCompression = true
+	return &http.Client{Transport: t}
+}
+
+// Models asks GET {target}/v1/models for the ids of the models the server
+// serves. An error means the target could not be reached (or the request
+// was cancelled); a server that answers without a usable list gives no ids
+// and no error.
+func Models(ctx context.Context, hc *http.Client, target *url.URL) ([]string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target.JoinPath("v1", "models").String(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("asking for models: %w", err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("target %s unreachable: %w", target.Redacted(), unwrapURL(err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, nil
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&list) != nil {
+		return nil, nil
+	}
+	var ids []string
+	for _, m := range list.Data {
+		if m.ID != "" {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids, nil
+}
+
+// unwrapURL drops the "Post \"url\": " prefix of a *url.Error, which every
+// record would otherwise repeat.
+func unwrapURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// wireMessage is a chat message as sent.
+type wireMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// chatBody is the JSON body of a streamed chat completion request.
+type chatBody struct {
+	Model         string        `json:"model"`
+	Messages      []wireMessage `json:"messages"`
+	MaxTokens     int           `json:"max_tokens"`
+	Stream        bool          `json:"stream"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	IgnoreEOS bool   `json:"ignore_eos"`
+	User      string `json:"user,omitempty"`
+}
+
+// encodeChat returns the request body for msgs: streamed, with usage,
+// ignore_eos and max_tokens = max(outputTokens, 1).
+func encodeChat(model string, msgs []prompt.Message, outputTokens int, session string) ([]byte, error) {
+	b := chatBody{Model: model, MaxTokens: max(outputTokens, 1), Stream: true, IgnoreEOS: true, User: session}
+	b.StreamOptions.IncludeUsage = true
+	b.Messages = make([]wireMessage, len(msgs))
+	for i, m := range msgs {
+		b.Messages[i] = wireMessage(m)
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(&b); err != nil {
+		return nil, fmt.Errorf("encoding request: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// outcome is what one streamed request measured. Times are offsets from
+// the moment it was sent; zero when the event never came.
+type outcome struct {
+	status      int
+	replica     string
+	ttft, e2e   time.Duration
+	itl         time.Duration
+	tokenChunks int
+	usage       *Usage // the last usage seen, merged
+	finished    bool   // [DONE] or a finish_reason was seen
+	err         error
+}
+
+// sender posts chat completions to one target and measures the streams.
+type sender struct {
+	hc    *http.Client
+	url   string
+	clock Clock
+}
+
+// send posts body and reads the stream to its end. sent is when the
+// request was handed to the client (on s.clock).
+func (s *sender) send(ctx context.Context, body []byte, session string, outputTokens int, sent time.Time) outcome {
+	var o outcome
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
+	if err != nil {
+		o.err = fmt.Errorf("building request: %w", err)
+		return o
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	if session != "" {
+		req.Header.Set(SessionHeader, session)
+	}
+	req.Header.Set(OutputTokensHeader, strconv.Itoa(max(outputTokens, 1)))
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		o.e2e = s.clock.Now().Sub(sent)
+		o.err = sendError(ctx, err)
+		return o
+	}
+	defer resp.Body.Close()
+	o.status = resp.StatusCode
+	o.replica = resp.Header.Get(ReplicaHeader)
+	if resp.StatusCode/100 != 2 {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		o.e2e = s.clock.Now().Sub(sent)
+		msg := ErrorMessage(data)
+		if msg == "" {
+			msg = http.StatusText(resp.StatusCode)
+		}
+		o.err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, msg)
+		return o
+	}
+	s.read(ctx, resp, sent, &o)
+	return o
+}
+
+// read consumes the event stream of a 2xx response into o.
+func (s *sender) read(ctx context.Context, resp *http.Response, sent time.Time, o *outcome) {
+	st := NewStream(resp.Body)
+	var first, last time.Time
+	events := 0
+	for {
+		ev, err := st.Next()
+		now := s.clock.Now()
+		if err == io.EOF {
+			o.e2e = now.Sub(sent)
+			if !o.finished {
+				if events == 0 {
+					o.err = fmt.Errorf("no server-sent events in the response (Content-Type %q)", resp.Header.Get("Content-Type"))
+				} else {
+					o.err = errors.New("stream ended before [DONE] or a finish_reason")
+				}
+			}
+			break
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			o.err = fmt.Errorf("reading stream: %w", err)
+			o.e2e = now.Sub(sent)
+			break
+		}
+		events++
+		if ev.Done {
+			o.finished = true
+			o.e2e = now.Sub(sent)
+			break
+		}
+		if ev.Err != "" {
+			o.err = fmt.Errorf("error in stream: %s", ev.Err)
+			o.e2e = now.Sub(sent)
+			break
+		}
+		if ev.HasToken() {
+			o.tokenChunks++
+			if o.tokenChunks == 1 {
+				first = now
+				o.ttft = now.Sub(sent)
+			}
+			last = now
+		}
+		if ev.FinishReason != "" {
+			o.finished = true
+		}
+		if u := ev.Usage; u != nil {
+			if o.usage == nil {
+				o.usage = &Usage{CachedTokens: -1}
+			}
+			o.usage.PromptTokens, o.usage.CompletionTokens = u.PromptTokens, u.CompletionTokens
+			if u.CachedTokens >= 0 {
+				o.usage.CachedTokens = u.CachedTokens
+			}
+		}
+		o.e2e = now.Sub(sent)
+	}
+	if o.tokenChunks >= 2 {
+		o.itl = last.Sub(first) / time.Duration(o.tokenChunks-1)
+	}
+}
+
+// sendError describes a failed round trip: the context's error when the
+// replay was stopped, else the transport's error without the URL prefix.
+func sendError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("sending: %w", ctx.Err())
+	}
+	err = unwrapURL(err)
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return fmt.Errorf("connecting: %w", err)
+	}
+	if errors.Is(err, io.EOF) {
+		return fmt.Errorf("sending: connection closed before a response: %w", err)
+	}
+	return fmt.Errorf("sending: %w", err)
+}

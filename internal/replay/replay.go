@@ -1,0 +1,237 @@
+// Package replay replays a workload against any OpenAI-compatible endpoint
+// (a router, an engine, gorgo's emulator), as the GORGO paper's client does,
+// and measures every request.
+//
+// Requests are sent open loop at their trace times (offsets from the start
+// of the replay; windows and time scale are the caller's) with a cap on the
+// requests in flight: a request due while the cap is reached waits, first
+// in first out, and the wait is its slip. Each is a streamed chat
+// completion (POST {target}/v1/chat/completions) whose prompt is the trace's
+// messages or text synthesised from its block ids (see AppendContent); its
+// stream is read to [DONE] and measured: time to first token, end to end
+// time, mean inter-token latency, output, prompt and cached tokens, the
+// HTTP status and any error.
+//
+// Unlike the rest of gorgo this is a real client and runs on the wall
+// clock, through a Clock that tests may replace.
+package replay
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+// DefaultMaxInflight is the paper client's cap on requests in flight.
+const DefaultMaxInflight = 64
+
+// Clock tells the time and waits. Implementations must be safe for
+// concurrent use.
+type Clock interface {
+	// Now returns the current time.
+	Now() time.Time
+	// SleepUntil returns nil once the clock reaches t (at once if it has),
+	// or ctx.Err() if ctx is done first.
+	SleepUntil(ctx context.Context, t time.Time) error
+}
+
+// WallClock returns the real clock (time.Now and timers).
+func WallClock() Clock { return wallClock{} }
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+func (wallClock) SleepUntil(ctx context.Context, t time.Time) error {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Config describes a replay.
+type Config struct {
+	// Target is the server's base URL, e.g. http://127.0.0.1:8080 (see
+	// ParseTarget).
+	Target string
+	// Model is the model named in every request. Empty: the first model
+	// the target lists at GET /v1/models, or DefaultModel when it lists none.
+	Model string
+	// Requests are the requests to send, at their Time (offset from the
+	// start of the replay); they need not be sorted. Each is sent with
+	// max_tokens = max(OutputTokens, 1).
+	Requests []trace.Request
+	// MaxInflight caps the requests in flight; 0 or less means no cap.
+	MaxInflight int
+	// Client sends the requests. Nil: NewHTTPClient(MaxInflight).
+	Client *http.Client
+	// Clock times the replay. Nil: WallClock().
+	Clock Clock
+	// Progress, when set, is called with 1 each time a request finishes,
+	// from the request's goroutine: several calls may run at once.
+	Progress func(finished int)
+}
+
+// Result is what a replay measured.
+type Result struct {
+	// Records has one record per request sent, in the order of
+	// Config.Requests; Record.Index is the request's index there. Times are
+	// in milliseconds: Arrival is the request's due time from the start,
+	// Slip how much later it was sent, TTFT and E2E run from its sending to
+	// the first token and to the end of its stream.
+	Records []report.Record
+	// Model is the model the requests named.
+	Model string
+	// Elapsed is the wall time from the start to the last response.
+	Elapsed time.Duration
+	// Unsent counts the requests never sent because the replay was
+	// interrupted.
+	Unsent int
+}
+
+// Run replays cfg.Requests and returns the records. It fails at once on a
+// bad target, or when the model must be discovered and the target cannot be
+// reached; requests that fail later (HTTP errors, refused connections, cut
+// streams) are failed records and the replay goes on. When ctx is done Run
+// stops sending, cancels the requests in flight (recorded as failed) and
+// returns what was measured with an error wrapping ctx.Err().
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	target, err := ParseTarget(cfg.Target)
+	if err != nil {
+		return nil, err
+	}
+	hc := cfg.Client
+	if hc == nil {
+		hc = NewHTTPClient(cfg.MaxInflight)
+	}
+	clock := cfg.Clock
+	if clock == nil {
+		clock = WallClock()
+	}
+	res := &Result{Model: cfg.Model}
+	if res.Model == "" {
+		ids, err := Models(ctx, hc, target)
+		if err != nil {
+			return nil, err
+		}
+		res.Model = DefaultModel
+		if len(ids) > 0 {
+			res.Model = ids[0]
+		}
+	}
+	reqs := cfg.Requests
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Time, reqs[b].Time) })
+
+	var sem chan struct{}
+	if cfg.MaxInflight > 0 {
+		sem = make(chan struct{}, cfg.MaxInflight)
+	}
+	s := &sender{hc: hc, url: target.JoinPath("v1", "chat", "completions").String(), clock: clock}
+	recs := make([]report.Record, len(reqs))
+	sent := make([]bool, len(reqs))
+	var wg sync.WaitGroup
+	start := clock.Now()
+dispatch:
+	for _, i := range order {
+		r := &reqs[i]
+		body, err := encodeChat(res.Model, Messages(r), r.OutputTokens, r.Session)
+		if err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+		due := start.Add(r.Time)
+		if clock.SleepUntil(ctx, due) != nil {
+			break
+		}
+		if sem != nil {
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				break dispatch
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		at := clock.Now()
+		sent[i] = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o := s.send(ctx, body, r.Session, r.OutputTokens, at)
+			if sem != nil {
+				<-sem
+			}
+			recs[i] = newRecord(i, r, at.Sub(due), &o)
+			if cfg.Progress != nil {
+				cfg.Progress(1)
+			}
+		}()
+	}
+	wg.Wait()
+	res.Elapsed = clock.Now().Sub(start)
+	res.Records = make([]report.Record, 0, len(reqs))
+	for i := range recs {
+		if sent[i] {
+			res.Records = append(res.Records, recs[i])
+		} else {
+			res.Unsent++
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return res, fmt.Errorf("replay interrupted with %d of %d requests sent: %w", len(res.Records), len(reqs), err)
+	}
+	return res, nil
+}
+
+// newRecord turns a request's outcome into its record: usage when the
+// server reported it, else the trace's prompt tokens and the counted
+// chunks.
+func newRecord(i int, r *trace.Request, slip time.Duration, o *outcome) report.Record {
+	rec := report.Record{
+		Index:        i,
+		Session:      r.Session,
+		Replica:      o.replica,
+		Arrival:      ms(r.Time),
+		Slip:         ms(max(slip, 0)),
+		TTFT:         ms(o.ttft),
+		E2E:          ms(o.e2e),
+		ITL:          ms(o.itl),
+		PromptTokens: r.InputTokens,
+		OutputTokens: o.tokenChunks,
+		Status:       o.status,
+	}
+	if u := o.usage; u != nil {
+		if u.PromptTokens > 0 {
+			rec.PromptTokens = u.PromptTokens
+		}
+		rec.OutputTokens = u.CompletionTokens
+		rec.CachedTokens = max(u.CachedTokens, 0)
+	}
+	if o.err != nil {
+		rec.Failed = true
+		rec.Error = o.err.Error()
+	}
+	return rec
+}
+
+// ms converts a duration to milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

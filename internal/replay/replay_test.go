@@ -1,0 +1,299 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/prompt"
+	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+// request returns a trace request at the given offset with a synthetic
+// prompt of in tokens.
+func request(at time.Duration, session string, in, out int) trace.Request {
+	return trace.Request{Time: at, Session: session, InputTokens: in, OutputTokens: out,
+		HashIDs: chain(trace.BlockCount(in), 1, uint64(len(session)))}
+}
+
+func TestMeasuresAStream(t *testing.T) {
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) {
+		w.Header().Set(ReplicaHeader, "us-east-0")
+		s := startSSE(w)
+		s.data(`{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`)
+		time.Sleep(50 * time.Millisecond)
+		for i := range 5 {
+			if i > 0 {
+				time.Sleep(10 * time.Millisecond)
+			}
+			s.content("tok ")
+		}
+		// Usage on the finish chunk without details (SGLang), then in a
+		// chunk of its own with them (vLLM, OpenAI).
+		s.data(`{"choices":[{"index":0,"delta":{"content":null},"finish_reason":"length"}],"usage":{"prompt_tokens":700,"completion_tokens":5,"prompt_tokens_details":null}}`)
+		s.usage(700, 5, 512)
+		s.done()
+	})
+	reqs := []trace.Request{request(0, "s1", 700, 5), request(400*time.Millisecond, "", 1000, 0)}
+	res, err := Run(context.Background(), Config{Target: srv.URL + "/", Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Model != "fake-model" {
+		t.Errorf("model %q, want the first listed, fake-model", res.Model)
+	}
+	if len(res.Records) != 2 {
+		t.Fatalf("%d records", len(res.Records))
+	}
+	rec := res.Records[0]
+	t.Logf("measured: TTFT %.1f ms, ITL %.1f ms, E2E %.1f ms, slip %.2f ms", rec.TTFT, rec.ITL, rec.E2E, rec.Slip)
+	if rec.Failed || rec.Status != 200 {
+		t.Fatalf("record %+v", rec)
+	}
+	if rec.TTFT < 50 || rec.TTFT > 75 {
+		t.Errorf("TTFT %.1f ms, want 50 ms (+25)", rec.TTFT)
+	}
+	if rec.ITL < 5 || rec.ITL > 25 {
+		t.Errorf("ITL %.1f ms, want about 10", rec.ITL)
+	}
+	if rec.E2E < rec.TTFT+40 {
+		t.Errorf("E2E %.1f ms, want at least TTFT + 4 gaps of 10 ms", rec.E2E)
+	}
+	want := report.Record{Index: 0, Session: "s1", Replica: "us-east-0", PromptTokens: 700, CachedTokens: 512, OutputTokens: 5, Status: 200}
+	got := report.Record{Index: rec.Index, Session: rec.Session, Replica: rec.Replica, PromptTokens: rec.PromptTokens, CachedTokens: rec.CachedTokens, OutputTokens: rec.OutputTokens, Status: rec.Status}
+	if got != want {
+		t.Errorf("record %+v, want %+v", got, want)
+	}
+	if a := res.Records[1].Arrival; a != 400 {
+		t.Errorf("second arrival %v ms, want 400", a)
+	}
+
+	sent := srv.received()
+	if len(sent) != 2 {
+		t.Fatalf("server got %d requests", len(sent))
+	}
+	for i, s := range sent {
+		b := s.Body
+		if s.Path != "/v1/chat/completions" || b.Model != "fake-model" || !b.Stream || !b.StreamOptions.IncludeUsage || !b.IgnoreEOS {
+			t.Errorf("request %d: %+v", i, s)
+		}
+		msgs := make([]prompt.Message, len(b.Messages))
+		for j, m := range b.Messages {
+			msgs[j] = prompt.Message(m)
+		}
+		if got := (prompt.Estimator{}).Tokens(prompt.Chat(nil, msgs)); got != reqs[i].InputTokens {
+			t.Errorf("request %d: the server estimates %d prompt tokens, want %d", i, got, reqs[i].InputTokens)
+		}
+	}
+	if s := sent[0]; s.Session != "s1" || s.Body.User != "s1" || s.Body.MaxTokens != 5 {
+		t.Errorf("first request: session header %q, user %q, max_tokens %d", s.Session, s.Body.User, s.Body.MaxTokens)
+	}
+	if s := sent[1]; s.Session != "" || s.Body.User != "" || s.Body.MaxTokens != 1 {
+		t.Errorf("second request: session header %q, user %q, max_tokens %d (want none, none, 1)", s.Session, s.Body.User, s.Body.MaxTokens)
+	}
+}
+
+func TestFailuresAreRecordedAndTheReplayGoesOn(t *testing.T) {
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) {
+		switch rec.Session {
+		case "nested":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			w.Write([]byte(`{"error":{"message":"prompt too long for the context window","type":"BadRequestError","param":null,"code":400}}`))
+		case "flat":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			w.Write([]byte(`{"object":"error","message":"max_tokens must be at least 1","type":"BadRequestError","param":null,"code":400}`))
+		case "busy":
+			http.Error(w, "upstream overloaded", http.StatusServiceUnavailable)
+		case "cut":
+			s := startSSE(w)
+			s.content("a")
+			s.content("b")
+			panic(http.ErrAbortHandler) // drops the connection mid-stream
+		case "midstream":
+			s := startSSE(w)
+			s.content("a")
+			s.data(`{"error":{"message":"engine crashed","type":"InternalServerError","code":500}}`)
+		case "hangup":
+			panic(http.ErrAbortHandler) // no response at all
+		default:
+			quick(w, 3)
+		}
+	})
+	sessions := []string{"nested", "flat", "busy", "cut", "midstream", "hangup", "ok"}
+	var reqs []trace.Request
+	for i, s := range sessions {
+		reqs = append(reqs, request(time.Duration(i)*5*time.Millisecond, s, 100, 3))
+	}
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", Requests: reqs, MaxInflight: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]struct {
+		status int
+		err    string
+	}{
+		"nested":    {400, "HTTP 400: prompt too long for the context window"},
+		"flat":      {400, "HTTP 400: max_tokens must be at least 1"},
+		"busy":      {503, "HTTP 503: upstream overloaded"},
+		"cut":       {200, "reading stream: unexpected EOF"},
+		"midstream": {200, "error in stream: engine crashed"},
+		"hangup":    {0, "sending: connection closed before a response"},
+		"ok":        {200, ""},
+	}
+	if len(res.Records) != len(sessions) {
+		t.Fatalf("%d records", len(res.Records))
+	}
+	for _, rec := range res.Records {
+		t.Logf("%-9s status %d, error %q", rec.Session, rec.Status, rec.Error)
+		w := want[rec.Session]
+		if rec.Status != w.status || rec.Failed != (w.err != "") || !strings.HasPrefix(rec.Error, w.err) || (w.err == "") != (rec.Error == "") {
+			t.Errorf("%s: status %d, failed %v, error %q; want status %d, error %q", rec.Session, rec.Status, rec.Failed, rec.Error, w.status, w.err)
+		}
+	}
+	if rec := res.Records[3]; rec.TTFT <= 0 || rec.OutputTokens != 2 {
+		t.Errorf("cut stream: TTFT %v, %d tokens; want its first token timed and 2 tokens", rec.TTFT, rec.OutputTokens)
+	}
+	if run := report.NewRun("replay", res.Records, nil); run.Failed != 6 || run.Completed != 1 {
+		t.Errorf("summary: %d failed, %d completed", run.Failed, run.Completed)
+	}
+}
+
+func TestConnectionRefused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := "http://" + ln.Addr().String()
+	ln.Close()
+	reqs := []trace.Request{request(0, "a", 10, 1), request(time.Millisecond, "b", 10, 1)}
+	res, err := Run(context.Background(), Config{Target: target, Model: "m", Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range res.Records {
+		if !rec.Failed || rec.Status != 0 || !strings.Contains(rec.Error, "connecting: ") || !strings.Contains(rec.Error, "refused") {
+			t.Errorf("record %+v, want a refused connection", rec)
+		}
+	}
+	// Without a model the replay asks the target first, and fails at once.
+	if _, err := Run(context.Background(), Config{Target: target, Requests: reqs}); err == nil || !strings.Contains(err.Error(), "unreachable") {
+		t.Errorf("Run against a closed port: %v, want unreachable", err)
+	}
+	for _, bad := range []string{"ftp://x", "127.0.0.1:8080", "http://", "http://h/?q=1", "%zz"} {
+		if _, err := Run(context.Background(), Config{Target: bad, Model: "m", Requests: reqs}); err == nil {
+			t.Errorf("Run with target %q: no error", bad)
+		}
+	}
+}
+
+func TestParseTarget(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://127.0.0.1:8080":       "http://127.0.0.1:8080",
+		"http://127.0.0.1:8080/":      "http://127.0.0.1:8080",
+		"https://h.example/v1":        "https://h.example",
+		" https://h.example/gw/v1/ ":  "https://h.example/gw",
+		"http://user:pw@h:1/base/":    "http://user:pw@h:1/base",
+		"http://[::1]:8080/v1/models": "http://[::1]:8080/v1/models",
+	} {
+		u, err := ParseTarget(in)
+		if err != nil || u.String() != want {
+			t.Errorf("ParseTarget(%q) = %v, %v; want %s", in, u, err, want)
+		}
+	}
+}
+
+func TestSlipWaitsForTheCap(t *testing.T) {
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) {
+		time.Sleep(100 * time.Millisecond)
+		quick(w, 1)
+	})
+	reqs := []trace.Request{request(0, "a", 10, 1), request(0, "b", 10, 1)}
+	for _, tt := range []struct {
+		cap      int
+		min, max float64 // the second request's slip, ms
+	}{
+		{1, 90, 400},
+		{64, 0, 50},
+		{0, 0, 50},
+	} {
+		res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", Requests: reqs, MaxInflight: tt.cap})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, second := res.Records[0], res.Records[1]
+		t.Logf("cap %d: slips %.1f and %.1f ms", tt.cap, first.Slip, second.Slip)
+		if first.Failed || second.Failed {
+			t.Fatalf("cap %d: failed: %q %q", tt.cap, first.Error, second.Error)
+		}
+		if first.Slip > 50 {
+			t.Errorf("cap %d: first slip %.1f ms, want about 0", tt.cap, first.Slip)
+		}
+		if second.Slip < tt.min || second.Slip > tt.max {
+			t.Errorf("cap %d: second slip %.1f ms, want in [%v, %v]", tt.cap, second.Slip, tt.min, tt.max)
+		}
+	}
+}
+
+func TestOpenLoopFollowsTheClock(t *testing.T) {
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) { quick(w, 2) })
+	clock := &manualClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	// Out of order on purpose: Run sends by time.
+	reqs := []trace.Request{request(time.Hour, "c", 10, 2), request(0, "a", 10, 2), request(10*time.Minute+500*time.Microsecond, "b", 10, 2)}
+	begin := time.Now()
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", Requests: reqs, MaxInflight: 1, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wall := time.Since(begin); wall > 10*time.Second {
+		t.Errorf("an hour of trace took %v on a manual clock", wall)
+	}
+	wantArrival := []float64{3_600_000, 0, 600_000.5}
+	for i, rec := range res.Records {
+		if rec.Index != i || rec.Arrival != wantArrival[i] || rec.Slip != 0 || rec.Failed {
+			t.Errorf("record %d: index %d, arrival %v ms, slip %v ms, error %q; want arrival %v, no slip", i, rec.Index, rec.Arrival, rec.Slip, rec.Error, wantArrival[i])
+		}
+	}
+	if res.Elapsed < time.Hour {
+		t.Errorf("elapsed %v, want at least the hour of the trace", res.Elapsed)
+	}
+}
+
+func TestInterruptCancelsInFlightAndKeepsRecords(t *testing.T) {
+	started := make(chan struct{}, 1)
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) {
+		s := startSSE(w)
+		s.content("first")
+		started <- struct{}{}
+		<-r.Context().Done()
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		<-started
+		time.Sleep(20 * time.Millisecond)
+		cancel()
+	}()
+	reqs := []trace.Request{request(0, "a", 10, 100), request(time.Hour, "b", 10, 100)}
+	begin := time.Now()
+	res, err := Run(ctx, Config{Target: srv.URL, Model: "m", Requests: reqs})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("error %v, want context.Canceled", err)
+	}
+	if wall := time.Since(begin); wall > 10*time.Second {
+		t.Errorf("interrupt took %v", wall)
+	}
+	if res == nil || len(res.Records) != 1 || res.Unsent != 1 {
+		t.Fatalf("result %+v", res)
+	}
+	rec := res.Records[0]
+	if !rec.Failed || !strings.Contains(rec.Error, "canceled") || rec.TTFT <= 0 || rec.OutputTokens != 1 || rec.Status != 200 {
+		t.Errorf("in-flight record %+v", rec)
+	}
+}

@@ -1,0 +1,210 @@
+package replay
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+)
+
+// Event is one server-sent event of a streamed chat completion.
+type Event struct {
+	// Done is set for the "data: [DONE]" sentinel that ends the stream.
+	Done bool
+	// Content is choices[0].delta.content; empty when absent or null.
+	Content string
+	// Reasoning is choices[0].delta.reasoning_content (SGLang, vLLM) or
+	// .reasoning (newer vLLM): tokens a reasoning model emits before its
+	// answer. Empty when absent or null.
+	Reasoning string
+	// FinishReason is choices[0].finish_reason; empty while generating.
+	FinishReason string
+	// Usage is the chunk's usage, nil when the chunk has none (or null).
+	Usage *Usage
+	// Err is the message of an error the server sent inside the stream
+	// (for example {"error":{"message":...}}); empty otherwise.
+	Err string
+}
+
+// HasToken reports whether the event carries generated text: content or
+// reasoning. The replayer times tokens from these events.
+func (e *Event) HasToken() bool { return e.Content != "" || e.Reasoning != "" }
+
+// Usage is the token accounting of a completion.
+type Usage struct {
+	// PromptTokens is usage.prompt_tokens.
+	PromptTokens int
+	// CompletionTokens is usage.completion_tokens.
+	CompletionTokens int
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens, the prompt
+	// tokens served from the engine's prefix cache; -1 when the server did
+	// not report it (vLLM reports it only with
+	// --enable-prompt-tokens-details, SGLang sends null details by default).
+	CachedTokens int
+}
+
+// Stream reads the events of a text/event-stream body. It follows the SSE
+// rules that matter for OpenAI streams: lines end with "\n" or "\r\n", an
+// event is its "data:" lines joined by "\n" and ends at a blank line,
+// comment lines (":...") and other fields are ignored. Lines may be of any
+// length. A Stream is not safe for concurrent use.
+type Stream struct {
+	r    *bufio.Reader
+	data []byte
+	line []byte
+	done bool
+}
+
+// NewStream returns a Stream reading r.
+func NewStream(r io.Reader) *Stream {
+	return &Stream{r: bufio.NewReaderSize(r, 16<<10)}
+}
+
+// Next returns the next event. After the [DONE] event, or at the end of r,
+// it returns io.EOF; a stream cut in the middle of a line gives
+// io.ErrUnexpectedEOF, and a read error is returned as is. An event whose
+// data is not valid JSON is an error; the stream may still be read on.
+// A final event without the blank line after it is still returned.
+func (s *Stream) Next() (Event, error) {
+	if s.done {
+		return Event{}, io.EOF
+	}
+	for {
+		line, err := s.readLine()
+		if err != nil && !(err == io.EOF && len(line) > 0) {
+			if err == io.EOF && len(s.data) > 0 {
+				return s.dispatch()
+			}
+			return Event{}, err
+		}
+		if len(line) == 0 {
+			if len(s.data) > 0 {
+				return s.dispatch()
+			}
+			continue
+		}
+		if line[0] == ':' {
+			continue
+		}
+		field, value, _ := bytes.Cut(line, []byte{':'})
+		if string(field) != "data" {
+			continue
+		}
+		value = bytes.TrimPrefix(value, []byte{' '})
+		if len(s.data) > 0 {
+			s.data = append(s.data, '\n')
+		}
+		s.data = append(s.data, value...)
+	}
+}
+
+// readLine returns the next line without its end of line. At the end of
+// the input it returns a last unterminated line with io.EOF, or, when the
+// input ends in the middle of a line inside an event, io.ErrUnexpectedEOF.
+func (s *Stream) readLine() ([]byte, error) {
+	s.line = s.line[:0]
+	for {
+		chunk, err := s.r.ReadSlice('\n')
+		s.line = append(s.line, chunk...)
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err == io.EOF && len(s.line) > 0 {
+			// An unterminated last line: complete if it is a whole
+			// [DONE] or JSON value, cut otherwise.
+			if !complete(s.line) {
+				return nil, io.ErrUnexpectedEOF
+			}
+			return bytes.TrimRight(s.line, "\r"), io.EOF
+		}
+		if err != nil {
+			return nil, err
+		}
+		return bytes.TrimRight(s.line[:len(s.line)-1], "\r"), nil
+	}
+}
+
+// complete reports whether an unterminated last line is whole: a comment,
+// a field other than data, or data holding [DONE] or a whole JSON value.
+func complete(line []byte) bool {
+	if line[0] == ':' {
+		return true
+	}
+	field, v, ok := bytes.Cut(line, []byte{':'})
+	if !ok {
+		return false
+	}
+	if string(field) != "data" {
+		return true
+	}
+	v = bytes.TrimSpace(v)
+	return string(v) == "[DONE]" || json.Valid(v)
+}
+
+// dispatch turns the accumulated data into an Event.
+func (s *Stream) dispatch() (Event, error) {
+	data := s.data
+	s.data = s.data[:0]
+	if string(bytes.TrimSpace(data)) == "[DONE]" {
+		s.done = true
+		return Event{Done: true}, nil
+	}
+	ev, err := ParseChunk(data)
+	if err != nil {
+		return Event{}, err
+	}
+	return ev, nil
+}
+
+// chunk is the part of a chat.completion.chunk (or of an error sent in its
+// place) that the replayer reads.
+type chunk struct {
+	Object  string          `json:"object"`
+	Message string          `json:"message"`
+	Error   json.RawMessage `json:"error"`
+	Choices []struct {
+		Delta struct {
+			Content          string `json:"content"`
+			ReasoningContent string `json:"reasoning_content"`
+			Reasoning        string `json:"reasoning"`
+		} `json:"delta"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens *int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// ParseChunk decodes the data of one streamed event (a JSON chunk, not
+// [DONE]).
+func ParseChunk(data []byte) (Event, error) {
+	var c chunk
+	if err := json.Unmarshal(data, &c); err != nil {
+		return Event{}, fmt.Errorf("invalid stream chunk %.80q: %w", data, err)
+	}
+	var ev Event
+	if len(c.Choices) > 0 {
+		ch := &c.Choices[0]
+		ev.Content = ch.Delta.Content
+		ev.Reasoning = ch.Delta.ReasoningContent + ch.Delta.Reasoning
+		ev.FinishReason = ch.FinishReason
+	}
+	if u := c.Usage; u != nil {
+		ev.Usage = &Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, CachedTokens: -1}
+		if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
+			ev.Usage.CachedTokens = *d.CachedTokens
+		}
+	}
+	switch {
+	case len(c.Error) > 0 && string(c.Error) != "null":
+		ev.Err = ErrorMessage(data)
+	case c.Object == "error":
+		ev.Err = ErrorMessage(data)
+	}
+	return ev, nil
+}

@@ -44,6 +44,8 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	ff.register(fs)
 	var pf policyFlags
 	pf.register(fs)
+	var tf tuneFlags
+	tf.register(fs)
 	var windows listFlag
 	fs.Var(&windows, "window", "held-out window `START,DURATION` (repeatable; default the whole workload)")
 	sweep := fs.String("sweep", "", "evaluate at several time scales: `time-scale=1,1.5,2,3` (overrides --time-scale)")
@@ -80,7 +82,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		wins = append(wins, win)
 	}
 	names := splitList(*policies)
-	if _, err := pf.policies(*policies, &tuneFlags{}, wl.seed); err != nil { // validate once
+	if _, err := pf.policies(*policies, &tf, wl.seed); err != nil { // validate once
 		return err
 	}
 	t, reps, err := ff.load()
@@ -119,7 +121,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for _, j := range jobs {
 		g.Go(func() error {
-			pols, err := pf.policies(names[j.p], &tuneFlags{}, wl.seed) // a fresh instance per run
+			pols, err := pf.policies(names[j.p], &tf, wl.seed) // a fresh instance per run
 			if err != nil {
 				return err
 			}

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/route"
@@ -42,6 +43,9 @@ func (p *policyFlags) options() (route.Options, error) {
 		return route.Options{}, fmt.Errorf("--ms-weights: %w", err)
 	}
 	margin := p.tieMargin
+	if math.IsNaN(margin) || math.IsInf(margin, 0) {
+		return route.Options{}, fmt.Errorf("--tie-margin must be a finite number, got %v", margin)
+	}
 	if margin == 0 {
 		margin = -1 // the flag's 0 means exact ties
 	}
@@ -64,7 +68,7 @@ func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]route
 	if p.probe <= 0 || p.scrape <= 0 {
 		return nil, fmt.Errorf("--probe-interval and --scrape-interval must be positive")
 	}
-	if p.alpha <= 0 || p.alpha > 1 {
+	if !(p.alpha > 0 && p.alpha <= 1) {
 		return nil, fmt.Errorf("--rtt-alpha must be in (0, 1], got %v", p.alpha)
 	}
 	opts, err := p.options()
@@ -74,7 +78,7 @@ func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]route
 	pols := make([]route.Policy, len(names))
 	for i, n := range names {
 		if n == tune.OnlineName {
-			if pols[i], err = tf.online(seed, opts.TieMargin); err != nil {
+			if pols[i], err = tf.online(seed, opts); err != nil {
 				return nil, err
 			}
 			continue

@@ -38,7 +38,8 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	var tf tuneFlags
 	tf.register(fs)
 	mode := fs.String("mode", "offline", "offline or online")
-	generations := fs.Int("generations", 30, "offline: generations of two candidates each")
+	generations := fs.Int("generations", 30, "offline: generations of --workers candidates each")
+	workers := fs.Int("workers", 2, "offline: candidates measured at once (the result depends on it, not on the machine)")
 	out := fs.String("out", "", "write the tuned weights as JSON to `FILE` (required)")
 	plotPath := fs.String("plot", "", "convergence plot `FILE` (PNG; default: --out with .png)")
 	if err := parseFlags(fs, args); err != nil {
@@ -53,6 +54,9 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	if *plotPath == "" {
 		*plotPath = strings.TrimSuffix(*out, ".json") + ".png"
 	}
+	if *generations < 1 || *workers < 1 {
+		return fmt.Errorf("--generations and --workers must be at least 1")
+	}
 	if *mode != "offline" && *mode != "online" {
 		return fmt.Errorf("--mode: want offline or online, got %q", *mode)
 	}
@@ -65,6 +69,9 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	cfg, err := tf.config(wl.seed)
 	if err != nil {
 		return err
+	}
+	if err := tune.CheckWeightParams(cfg.Params); err != nil {
+		return fmt.Errorf("--param: %w", err)
 	}
 	opts, err := pf.options()
 	if err != nil {
@@ -84,9 +91,9 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	var res tuneResult
 	if *mode == "offline" {
-		res, err = tuneOffline(stdout, base, cfg, &tf, opts.TieMargin, *generations)
+		res, err = tuneOffline(stdout, base, cfg, &tf, opts, *generations, *workers)
 	} else {
-		res, err = tuneOnline(stdout, base, &tf, opts.TieMargin)
+		res, err = tuneOnline(stdout, base, &tf, opts)
 	}
 	if err != nil {
 		return err
@@ -155,13 +162,14 @@ func printStep(w io.Writer, es *tune.ES, n int, s tune.Outcome) {
 		n, es.Format(s.Candidate), s.Score, s.Incumbent, s.Sigma, verdict)
 }
 
-func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, margin float64, generations int) (tuneResult, error) {
+func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, opts route.Options, generations, workers int) (tuneResult, error) {
+	baseW := tf.baseWeights(opts)
 	es, err := tune.NewES(cfg) // for formatting only; Offline runs its own
 	if err != nil {
 		return tuneResult{}, err
 	}
 	eval := func(ctx context.Context, p tune.Point) (tune.Metrics, error) {
-		pol, err := route.New(tf.base, tf.options(tune.Weights(es, p), margin))
+		pol, err := route.New(tf.base, tf.options(tune.Weights(es, p, baseW), opts.TieMargin))
 		if err != nil {
 			return tune.Metrics{}, err
 		}
@@ -174,7 +182,7 @@ func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, m
 		return tune.FromRun(res.Run), nil
 	}
 	n := 0
-	res, err := tune.Offline(context.Background(), tune.OfflineConfig{ES: cfg, Generations: generations}, eval, func(s tune.Outcome) {
+	res, err := tune.Offline(context.Background(), tune.OfflineConfig{ES: cfg, Generations: generations, Workers: workers}, eval, func(s tune.Outcome) {
 		n++
 		printStep(w, es, n, s)
 	})
@@ -184,11 +192,11 @@ func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, m
 	fmt.Fprintf(w, "initial %s: p95 TTFT %.1f ms, p95 E2E %.1f ms; best %s: p95 TTFT %.1f ms, p95 E2E %.1f ms\n",
 		es.Format(es.Incumbent()), res.Initial.TTFTP95, res.Initial.E2EP95, es.Format(res.Best), res.BestMetrics.TTFTP95, res.BestMetrics.E2EP95)
 	start, _ := cfg.Objective.Of(res.Initial)
-	return tuneResult{es: es, start: es.Incumbent(), startScore: start, steps: res.Steps, weights: tune.Weights(es, res.Best)}, nil
+	return tuneResult{es: es, start: es.Incumbent(), startScore: start, steps: res.Steps, weights: tune.Weights(es, res.Best, baseW)}, nil
 }
 
-func tuneOnline(w io.Writer, base sim.Config, tf *tuneFlags, margin float64) (tuneResult, error) {
-	o, err := tf.online(base.Seed, margin)
+func tuneOnline(w io.Writer, base sim.Config, tf *tuneFlags, opts route.Options) (tuneResult, error) {
+	o, err := tf.online(base.Seed, opts)
 	if err != nil {
 		return tuneResult{}, err
 	}

@@ -74,13 +74,29 @@ func (t *tuneFlags) config(seed uint64) (tune.Config, error) {
 	return cfg, nil
 }
 
-// online builds a gorgo-online policy.
-func (t *tuneFlags) online(seed uint64, margin float64) (*tune.Online, error) {
+// online builds a gorgo-online policy; untuned weights come from opts.
+func (t *tuneFlags) online(seed uint64, opts route.Options) (*tune.Online, error) {
 	cfg, err := t.config(seed)
 	if err != nil {
 		return nil, err
 	}
-	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, TieMargin: margin})
+	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop,
+		TieMargin: opts.TieMargin, BaseWeights: t.baseWeights(opts)})
+}
+
+// baseWeights are the tuned policy's weights before tuning (--weights or
+// --ms-weights): the values of the parameters not tuned.
+func (t *tuneFlags) baseWeights(opts route.Options) route.Weights {
+	if t.base == "gorgo-ms" {
+		if opts.MSWeights == (route.Weights{}) {
+			return route.Weights{RTT: 1, Queue: 1}
+		}
+		return opts.MSWeights
+	}
+	if opts.Weights == (route.Weights{}) {
+		return route.PaperWeights
+	}
+	return opts.Weights
 }
 
 func parseParam(s string) (tune.Param, error) {

@@ -243,6 +243,11 @@ func (e *Engine) Advance(now time.Duration, out []Event) []Event {
 // Cancel removes a request wherever it is, freeing what it holds. It
 // reports whether the request was found.
 func (e *Engine) Cancel(id uint64) bool {
+	defer func() {
+		if !e.stepping && !e.hasWork() {
+			e.hasWake = false // nothing left to wake up for
+		}
+	}()
 	for i := e.wHead; i < len(e.waiting); i++ {
 		if s := e.waiting[i]; s.ID == id {
 			e.g.WaitingTokens -= s.PromptTokens
@@ -464,7 +469,11 @@ func (e *Engine) Clone(dst *Engine) *Engine {
 		}
 		if c == nil {
 			c = new(seq)
-			dst.pool = append(dst.pool, c)
+			if k := len(dst.pool); k > 0 && dst.pool[k-1] == nil {
+				dst.pool[k-1] = c
+			} else {
+				dst.pool = append(dst.pool, c)
+			}
 		}
 		slots := c.slots[:0]
 		*c = *s

@@ -318,6 +318,14 @@ func TestCancelFreesEverything(t *testing.T) {
 	if e.Cancel(9) {
 		t.Error("cancel of an unknown id succeeded")
 	}
+	w := newEngine(t, Config{})
+	if err := w.Submit(time.Second, req(1, 1, 100, 1)); err != nil {
+		t.Fatal(err)
+	}
+	w.Cancel(1)
+	if _, ok := w.Next(); ok {
+		t.Error("an idle engine whose only request was cancelled still wants to wake")
+	}
 	run(t, e)
 	g := e.Gauges()
 	if g.Running != 0 || g.Waiting != 0 || g.KVUsedTokens != 0 || g.PrefillTokens != 0 || g.WaitingTokens != 0 {

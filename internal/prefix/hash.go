@@ -7,7 +7,7 @@ import "github.com/cespare/xxhash/v2"
 // i's hash depends on its bytes and on block i-1's hash, so equal hashes at
 // position i mean equal prompts up to the end of block i.
 func Chain(prompt []byte, blockBytes int, dst []uint64) []uint64 {
-	var h uint64
+	h := chainSeed
 	for off := 0; off < len(prompt); off += blockBytes {
 		end := min(off+blockBytes, len(prompt))
 		h = mix(h, xxhash.Sum64(prompt[off:end]))
@@ -19,13 +19,17 @@ func Chain(prompt []byte, blockBytes int, dst []uint64) []uint64 {
 // ChainIDs turns a prompt's block ids (for instance a trace's hash ids,
 // which may be reused across unrelated traces) into chained hashes.
 func ChainIDs(ids []uint64, dst []uint64) []uint64 {
-	var h uint64
+	h := chainSeed
 	for _, id := range ids {
 		h = mix(h, id)
 		dst = append(dst, h)
 	}
 	return dst
 }
+
+// chainSeed starts every chain, so that no block hash is zero-sensitive:
+// with a zero start, a leading block whose own hash is 0 would vanish.
+const chainSeed uint64 = 0x243f6a8885a308d3
 
 // mix combines a parent hash and a block's own hash (a 64-bit finaliser
 // applied to an asymmetric combination, so that order matters).

@@ -153,3 +153,12 @@ func TestChain(t *testing.T) {
 		t.Error("ChainIDs ignores the prefix")
 	}
 }
+
+func TestChainIDsIsPositionAware(t *testing.T) {
+	a := ChainIDs([]uint64{0, 7}, nil)
+	b := ChainIDs([]uint64{7}, nil)
+	c := ChainIDs([]uint64{0, 0, 7}, nil)
+	if a[1] == b[0] || c[2] == a[1] || a[0] == c[1] {
+		t.Errorf("leading zero ids are lost: %x %x %x", a, b, c)
+	}
+}

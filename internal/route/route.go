@@ -9,6 +9,7 @@ package route
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -131,6 +132,14 @@ type Options struct {
 // DefaultTieMargin is the default relative tie margin of scoring policies.
 const DefaultTieMargin = 0.01
 
+// validate reports options no policy can use.
+func (o Options) validate() error {
+	if math.IsNaN(o.TieMargin) || math.IsInf(o.TieMargin, 0) {
+		return fmt.Errorf("tie margin must be a finite number, got %v", o.TieMargin)
+	}
+	return nil
+}
+
 func (o Options) tieMargin() float64 {
 	switch {
 	case o.TieMargin == 0:
@@ -162,6 +171,9 @@ func New(name string, opts Options) (Policy, error) {
 	f, ok := registry[name]
 	if !ok {
 		return nil, fmt.Errorf("unknown policy %q (valid: %s)", name, strings.Join(Names(), ", "))
+	}
+	if err := opts.validate(); err != nil {
+		return nil, err
 	}
 	return f(opts)
 }

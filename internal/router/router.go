@@ -117,7 +117,7 @@ func New(cfg Config) (*Router, error) {
 	if cfg.RTTAlpha == 0 {
 		cfg.RTTAlpha = signal.DefaultAlpha
 	}
-	if cfg.RTTAlpha < 0 || cfg.RTTAlpha > 1 {
+	if !(cfg.RTTAlpha > 0 && cfg.RTTAlpha <= 1) {
 		return nil, fmt.Errorf("router: RTT alpha must be in (0, 1], got %v", cfg.RTTAlpha)
 	}
 	caps := make([]int, len(cfg.Replicas))
@@ -203,6 +203,9 @@ func (r *Router) decide(now time.Duration, req *route.Request, rng *rand.Rand) (
 		return Ticket{}, err
 	}
 	i := r.dec.Replica
+	if i < 0 || i >= len(r.views) || !r.views[i].Healthy {
+		return Ticket{}, fmt.Errorf("router: policy %s chose replica %d, which is not a healthy replica", r.cfg.Policy.Name(), i)
+	}
 	v := &r.views[i]
 	t := Ticket{Replica: i, PromptTokens: req.PromptTokens, EstCachedTokens: v.CachedTokens, Backlog: v.BacklogTokens, RTT: v.RTT, Tag: r.dec.Tag}
 	if len(r.dec.Scores) == len(r.views) {

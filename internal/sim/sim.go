@@ -93,6 +93,7 @@ const (
 	evArrive     eventKind = iota // the client wants to send request req
 	evAtEngine                    // request req reaches its replica
 	evEngine                      // replica rep's engine has something to do
+	evFirstBack                   // request req's first token is back at the router
 	evBack                        // request req's last token (or error) is back at the router
 	evProbe                       // the router probes replica rep's round trip
 	evProbeBack                   // that probe returns
@@ -109,6 +110,11 @@ type event struct {
 	req  int32
 	gen  uint32
 	rtt  time.Duration // evProbeBack: the probe's round trip
+}
+
+// scrape is gauges on their way from a replica to the router.
+type scrape struct {
+	gauges route.EngineGauges
 }
 
 // reqState is what the simulator tracks per request.
@@ -130,7 +136,6 @@ type replicaState struct {
 	at        time.Duration
 	gen       uint32
 	transit   []int32 // requests on their way to the replica, in dispatch order
-	scraped   route.EngineGauges
 }
 
 type simulator struct {
@@ -157,7 +162,7 @@ type simulator struct {
 	oracle   *clairvoyant
 	learner  route.Learner
 
-	lastProbe []time.Duration
+	scrapes []scrape // gauges in flight to the router, by event
 }
 
 // Run simulates the workload under cfg.Policy.
@@ -257,15 +262,20 @@ func Run(cfg Config) (*Result, error) {
 			rs.scheduled = false
 			s.advance(ev.t, int(ev.rep))
 			s.reschedule(int(ev.rep))
+		case evFirstBack:
+			st := &s.reqs[ev.req]
+			s.router.FirstToken(&st.ticket, ev.t-st.sent)
+			s.router.CachedReport(&st.ticket, st.cached)
 		case evBack:
 			s.back(ev.t, int(ev.req))
 		case evProbe:
 			if s.done < len(s.reqs) {
-				s.push(event{t: ev.t + s.probeRTTAt(int(ev.rep)), kind: evProbeBack, rep: ev.rep})
+				rtt := s.probeRTT(int(ev.rep))
+				s.push(event{t: ev.t + rtt, kind: evProbeBack, rep: ev.rep, rtt: rtt})
 				s.push(event{t: ev.t + sig.ProbeInterval, kind: evProbe, rep: ev.rep})
 			}
 		case evProbeBack:
-			s.router.ObserveRTT(int(ev.rep), s.lastProbe[ev.rep])
+			s.router.ObserveRTT(int(ev.rep), ev.rtt)
 		case evScrape:
 			if s.done < len(s.reqs) {
 				s.push(event{t: ev.t + cfg.Replicas[ev.rep].RTT/2, kind: evScrapeAt, rep: ev.rep})
@@ -276,11 +286,10 @@ func Run(cfg Config) (*Result, error) {
 			s.advance(ev.t, r)
 			s.reschedule(r)
 			g := s.reps[r].eng.Gauges()
-			s.reps[r].scraped = route.EngineGauges{Running: g.Running, Waiting: g.Waiting, KVUsedTokens: g.KVUsedTokens, CacheHitRate: g.CacheHitRate}
-			s.push(event{t: ev.t + cfg.Replicas[r].RTT/2, kind: evScrapeBack, rep: ev.rep, gen: 0})
+			s.scrapes = append(s.scrapes, scrape{gauges: route.EngineGauges{Running: g.Running, Waiting: g.Waiting, KVUsedTokens: g.KVUsedTokens, CacheHitRate: g.CacheHitRate}})
+			s.push(event{t: ev.t + cfg.Replicas[r].RTT/2, kind: evScrapeBack, rep: ev.rep, req: int32(len(s.scrapes) - 1)})
 		case evScrapeBack:
-			r := int(ev.rep)
-			s.router.ObserveEngine(r, s.reps[r].scraped, ev.t)
+			s.router.ObserveEngine(int(ev.rep), s.scrapes[ev.req].gauges, ev.t)
 		}
 	}
 	return s.result(), nil
@@ -290,16 +299,6 @@ func Run(cfg Config) (*Result, error) {
 func (s *simulator) probeRTT(i int) time.Duration {
 	r := &s.cfg.Replicas[i]
 	return sampleRTT(r.RTT, r.Jitter, s.probeRNG.NormFloat64())
-}
-
-// probeRTTAt draws a probe's round trip to replica i and remembers it for
-// the probe's return.
-func (s *simulator) probeRTTAt(i int) time.Duration {
-	if s.lastProbe == nil {
-		s.lastProbe = make([]time.Duration, len(s.cfg.Replicas))
-	}
-	s.lastProbe[i] = s.probeRTT(i)
-	return s.lastProbe[i]
 }
 
 func (s *simulator) push(ev event) {
@@ -386,8 +385,7 @@ func (s *simulator) advance(now time.Duration, r int) {
 		case engine.EventFirstToken:
 			st.first = back
 			st.cached = ev.CachedTokens
-			s.router.FirstToken(&st.ticket, back-st.sent)
-			s.router.CachedReport(&st.ticket, ev.CachedTokens)
+			s.push(event{t: back, kind: evFirstBack, req: int32(ev.ID)})
 		case engine.EventFinish:
 			st.done = back
 			st.output = ev.Generated

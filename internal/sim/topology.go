@@ -173,8 +173,8 @@ func (t Topology) Resolve() ([]Replica, error) {
 		default:
 			return nil, fmt.Errorf("topology %s: region %q has no round trip from router region %q (set rtt_ms or give a matrix)", t.Name, r.Name, t.RouterRegion)
 		}
-		if rtt[r.Name] < 0 || r.JitterMS < 0 {
-			return nil, fmt.Errorf("topology %s: region %q: round trip and jitter must not be negative", t.Name, r.Name)
+		if !finiteNonNegative(rtt[r.Name]) || !finiteNonNegative(r.JitterMS) {
+			return nil, fmt.Errorf("topology %s: region %q: round trip and jitter must be finite and non-negative", t.Name, r.Name)
 		}
 	}
 	var out []Replica
@@ -243,6 +243,8 @@ func (t Topology) Resolve() ([]Replica, error) {
 
 func hasKey(m map[string]float64, k string) bool { _, ok := m[k]; return ok }
 
+func finiteNonNegative(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }
+
 func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
 
 // readRTTCSV reads a round-trip matrix: a header row of destination regions
@@ -271,6 +273,9 @@ func readRTTCSV(path string) (map[string]map[string]float64, error) {
 				continue
 			}
 			v, err := strconv.ParseFloat(cell, 64)
+			if err == nil && !finiteNonNegative(v) {
+				err = fmt.Errorf("%v is not a finite non-negative round trip", v)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("RTT matrix %s:%d: column %q: %w", path, i+2, rows[0][j], err)
 			}

@@ -70,10 +70,18 @@ func (c *Config) defaults() error {
 	if !(c.SigmaMin > 0 && c.SigmaMin <= c.Sigma && c.Sigma <= c.SigmaMax) {
 		return fmt.Errorf("tune: want 0 < sigma-min <= sigma <= sigma-max, got %v, %v, %v", c.SigmaMin, c.Sigma, c.SigmaMax)
 	}
+	seen := map[string]bool{}
 	for _, p := range c.Params {
-		if !(p.Min > 0 && p.Min <= p.Init && p.Init <= p.Max) {
-			return fmt.Errorf("tune: parameter %s: want 0 < min <= init <= max, got %v <= %v <= %v", p.Name, p.Min, p.Init, p.Max)
+		if !(p.Min > 0 && p.Min <= p.Init && p.Init <= p.Max) || math.IsInf(p.Max, 0) {
+			return fmt.Errorf("tune: parameter %s: want 0 < min <= init <= max, all finite, got %v <= %v <= %v", p.Name, p.Min, p.Init, p.Max)
 		}
+		if seen[p.Name] {
+			return fmt.Errorf("tune: parameter %s listed twice", p.Name)
+		}
+		seen[p.Name] = true
+	}
+	if math.IsInf(c.SigmaMax, 0) {
+		return fmt.Errorf("tune: sigma-max must be finite")
 	}
 	if _, err := c.Objective.Of(Metrics{}); err != nil {
 		return err

@@ -3,7 +3,6 @@ package tune
 import (
 	"context"
 	"fmt"
-	"runtime"
 
 	"golang.org/x/sync/errgroup"
 )
@@ -14,8 +13,9 @@ import (
 type OfflineConfig struct {
 	ES Config
 	// Generations bounds the run (default 40). Each generation measures
-	// Workers candidates at once (default GOMAXPROCS) and judges them in
-	// turn; with one worker the strategy is exactly (1+1).
+	// Workers candidates at once (default 2) and judges them in turn; with
+	// one worker the strategy is exactly (1+1). The result depends on
+	// Workers (it changes the candidates drawn), never on the machine.
 	Generations, Workers int
 	// Patience stops the run early once the step size sits at its floor
 	// and this many candidates in a row failed (default 12).
@@ -42,7 +42,7 @@ func Offline(ctx context.Context, cfg OfflineConfig, eval EvalFunc, step func(Ou
 		cfg.Generations = 40
 	}
 	if cfg.Workers == 0 {
-		cfg.Workers = runtime.GOMAXPROCS(0)
+		cfg.Workers = 2
 	}
 	if cfg.Patience == 0 {
 		cfg.Patience = 12

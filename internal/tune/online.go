@@ -21,6 +21,9 @@ type OnlineConfig struct {
 	Window, Hop int
 	// TieMargin is passed to the tuned policy (see route.Options).
 	TieMargin float64
+	// BaseWeights holds the weights that are not tuned (a parameter not
+	// listed keeps its value here).
+	BaseWeights route.Weights
 }
 
 // Online is a policy that tunes its own weights on the traffic it routes
@@ -67,10 +70,8 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range es.Config().Params {
-		if p.Name != "rtt" && p.Name != "queue" {
-			return nil, fmt.Errorf("online tuning of %s: unknown parameter %q (valid: rtt, queue)", cfg.Base, p.Name)
-		}
+	if err := CheckWeightParams(es.Config().Params); err != nil {
+		return nil, fmt.Errorf("online tuning of %s: %w", cfg.Base, err)
 	}
 	o := &Online{cfg: cfg, es: es}
 	if o.arms[0], err = o.policy(es.Incumbent()); err != nil {
@@ -82,9 +83,20 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	return o, nil
 }
 
-// Weights returns the weights a point stands for.
-func Weights(es *ES, p Point) route.Weights {
-	w := route.Weights{}
+// CheckWeightParams reports a parameter that is not a routing weight.
+func CheckWeightParams(params []Param) error {
+	for _, p := range params {
+		if p.Name != "rtt" && p.Name != "queue" {
+			return fmt.Errorf("unknown parameter %q (valid: rtt, queue)", p.Name)
+		}
+	}
+	return nil
+}
+
+// Weights returns the weights a point stands for: base, with the tuned
+// parameters replaced.
+func Weights(es *ES, p Point, base route.Weights) route.Weights {
+	w := base
 	for name, v := range es.Named(p) {
 		switch name {
 		case "rtt":
@@ -99,9 +111,9 @@ func Weights(es *ES, p Point) route.Weights {
 func (o *Online) policy(p Point) (route.Policy, error) {
 	opts := route.Options{TieMargin: o.cfg.TieMargin}
 	if o.cfg.Base == "gorgo" {
-		opts.Weights = Weights(o.es, p)
+		opts.Weights = Weights(o.es, p, o.cfg.BaseWeights)
 	} else {
-		opts.MSWeights = Weights(o.es, p)
+		opts.MSWeights = Weights(o.es, p, o.cfg.BaseWeights)
 	}
 	return route.New(o.cfg.Base, opts)
 }
@@ -157,14 +169,18 @@ func (o *Online) Learn(tag int, s route.Outcome) {
 	if out.Accepted {
 		o.arms[0] = o.arms[1]
 	}
-	_ = o.next() // the weights were valid when the arm was built
+	if err := o.next(); err != nil {
+		// Cannot happen with finite bounds (NewES checks them); keep
+		// routing with the incumbent rather than judge a phantom arm.
+		o.arms[1] = o.arms[0]
+	}
 }
 
 // Incumbent returns the current best weights.
 func (o *Online) Incumbent() route.Weights {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return Weights(o.es, o.es.Incumbent())
+	return Weights(o.es, o.es.Incumbent(), o.cfg.BaseWeights)
 }
 
 // Steps returns the verdicts so far.

@@ -59,4 +59,3 @@ func TestOfficialOpenAIClient(t *testing.T) {
 		t.Errorf("unknown model: %v", err)
 	}
 }
-

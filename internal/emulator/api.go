@@ -237,7 +237,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 			s.drv.cancel(id) // the client went away
 		}
 	}()
-	out := newWriter(w, s.cfg.Model, j)
+	out := newWriter(w, s.cfg.Model, j, id)
 	var evs []engine.Event
 	for !finished {
 		evs, err = st.take(r.Context(), evs)
@@ -269,16 +269,20 @@ type writer struct {
 	sent    int // tokens written
 	content strings.Builder
 	buf     bytes.Buffer
+	head    []byte // the start of every token chunk
 }
 
-func newWriter(w http.ResponseWriter, model string, j *job) *writer {
+// newWriter starts a response; its id carries the engine's request id
+// ("chatcmpl-<engine id>-<start time>"), which ties a client's stream to
+// the model's events when measuring the emulator.
+func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *writer {
 	out := &writer{w: w, j: j, model: model, created: time.Now().Unix()}
 	out.fl, _ = w.(http.Flusher)
 	prefix := "cmpl-"
 	if j.chat {
 		prefix = "chatcmpl-"
 	}
-	out.id = prefix + strconv.FormatInt(time.Now().UnixNano(), 36)
+	out.id = prefix + strconv.FormatUint(engineID, 10) + "-" + strconv.FormatInt(startedAt, 36)
 	if j.stream {
 		h := w.Header()
 		h.Set("Content-Type", "text/event-stream")
@@ -290,6 +294,9 @@ func newWriter(w http.ResponseWriter, model string, j *job) *writer {
 	}
 	return out
 }
+
+// startedAt makes response ids unique across runs of the emulator.
+var startedAt = time.Now().UnixNano()
 
 // words make the filler text, one per token.
 var words = strings.Fields("the quick brown fox jumps over a lazy dog while seven wise owls watch from an old oak tree near the quiet river bank")
@@ -306,16 +313,36 @@ func (o *writer) token(ev engine.Event) {
 		if o.sent == 1 && o.j.chat {
 			o.chunk(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)
 		}
-		var finish any
-		if o.sent == o.j.outputTokens {
-			finish = "length"
-		}
-		if o.j.chat {
-			o.chunk(map[string]any{"index": 0, "delta": map[string]any{"content": word}, "logprobs": nil, "finish_reason": finish}, nil)
-		} else {
-			o.chunk(map[string]any{"index": 0, "text": word, "logprobs": nil, "finish_reason": finish}, nil)
-		}
+		o.tokenChunk(word, o.sent == o.j.outputTokens)
 		o.flush()
+	}
+}
+
+// tokenChunk appends the SSE event of one token without going through
+// encoding/json: it is the hot path (one per token per stream), and the
+// filler words need no escaping.
+func (o *writer) tokenChunk(word string, last bool) {
+	if o.head == nil {
+		object, model := "text_completion", strconv.Quote(o.model)
+		if o.j.chat {
+			object = "chat.completion.chunk"
+		}
+		o.head = fmt.Appendf(nil, `data: {"id":%q,"object":%q,"created":%d,"model":%s,"choices":[{"index":0,`, o.id, object, o.created, model)
+	}
+	o.buf.Write(o.head)
+	if o.j.chat {
+		o.buf.WriteString(`"delta":{"content":"`)
+		o.buf.WriteString(word)
+		o.buf.WriteString(`"},`)
+	} else {
+		o.buf.WriteString(`"text":"`)
+		o.buf.WriteString(word)
+		o.buf.WriteString(`",`)
+	}
+	if last {
+		o.buf.WriteString(`"logprobs":null,"finish_reason":"length"}]}` + "\n\n")
+	} else {
+		o.buf.WriteString(`"logprobs":null,"finish_reason":null}]}` + "\n\n")
 	}
 }
 

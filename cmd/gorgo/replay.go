@@ -95,7 +95,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "workload: %s\n", desc)
 	}
 
-	prog := newProgress(stderr, len(reqs), *quiet)
+	prog := newProgress(stderr, "replaying", len(reqs), *quiet)
 	res, runErr := replay.Run(ctx, replay.Config{
 		Target:      u.String(),
 		Model:       m,

@@ -62,7 +62,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "topology: %s\n", describeFleet(t, reps))
 	}
 
-	prog := newProgress(stderr, len(pols)*len(reqs), *quiet)
+	prog := newProgress(stderr, "simulating", len(pols)*len(reqs), *quiet)
 	results := make([]*sim.Result, len(pols))
 	start := time.Now()
 	var g errgroup.Group
@@ -185,20 +185,21 @@ func writeRecords(path string, recs []report.Record) error {
 type progress struct {
 	mu    sync.Mutex
 	w     io.Writer
+	label string
 	total int
 	sum   int
 	on    bool
 	last  time.Time
 }
 
-func newProgress(w io.Writer, total int, quiet bool) *progress {
+func newProgress(w io.Writer, label string, total int, quiet bool) *progress {
 	on := false
 	if f, ok := w.(*os.File); ok && !quiet {
 		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
 			on = true
 		}
 	}
-	return &progress{w: w, total: total, on: on}
+	return &progress{w: w, label: label, total: total, on: on}
 }
 
 // add is a sim.Config.Progress callback; several runs may call it at once.
@@ -213,7 +214,7 @@ func (p *progress) add(finished int) {
 		return
 	}
 	p.last = time.Now()
-	fmt.Fprintf(p.w, "\rsimulating: %3.0f%%", 100*float64(min(p.sum, p.total))/float64(p.total))
+	fmt.Fprintf(p.w, "\r%s: %3.0f%%", p.label, 100*float64(min(p.sum, p.total))/float64(p.total))
 }
 
 func (p *progress) finish() {

@@ -24,8 +24,10 @@ type Record struct {
 	ITL          float64 `json:"itl_ms"`
 	PromptTokens int     `json:"prompt_tokens"`
 	CachedTokens int     `json:"cached_tokens"`
-	// EstCachedTokens is the router's estimate of CachedTokens.
-	EstCachedTokens int    `json:"est_cached_tokens"`
+	// EstCachedTokens is the router's estimate of CachedTokens, when
+	// Estimated (the record comes from a router that keeps a prefix index).
+	EstCachedTokens int    `json:"est_cached_tokens,omitempty"`
+	Estimated       bool   `json:"-"`
 	OutputTokens    int    `json:"output_tokens"`
 	Failed          bool   `json:"failed,omitempty"`
 	Error           string `json:"error,omitempty"`
@@ -45,9 +47,10 @@ type Run struct {
 	ITL       Dist   `json:"itl_ms"`
 	Slip      Dist   `json:"slip_ms"`
 	// CacheHitRatio is cached / prompt tokens over completed requests, as
-	// the engines report; EstCacheHitRatio is the router's estimate.
-	CacheHitRatio    float64 `json:"cache_hit_ratio"`
-	EstCacheHitRatio float64 `json:"est_cache_hit_ratio"`
+	// the engines report; EstCacheHitRatio is the router's estimate, when
+	// the records carry one (nil for a replay from outside the router).
+	CacheHitRatio    float64  `json:"cache_hit_ratio"`
+	EstCacheHitRatio *float64 `json:"est_cache_hit_ratio,omitempty"`
 	// ReplicaShare is the fraction of requests sent to each replica.
 	ReplicaShare map[string]float64 `json:"replica_share"`
 }
@@ -61,6 +64,7 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 	}
 	var ttft, e2e, itl, slip []float64
 	var prompt, cached, est int
+	hasEst := false
 	for i := range recs {
 		rec := &recs[i]
 		slip = append(slip, rec.Slip)
@@ -80,6 +84,7 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 		prompt += rec.PromptTokens
 		cached += rec.CachedTokens
 		est += rec.EstCachedTokens
+		hasEst = hasEst || rec.Estimated
 	}
 	for id := range r.ReplicaShare {
 		if len(recs) > 0 {
@@ -89,7 +94,10 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 	r.TTFT, r.E2E, r.ITL, r.Slip = Summarize(ttft), Summarize(e2e), Summarize(itl), Summarize(slip)
 	if prompt > 0 {
 		r.CacheHitRatio = float64(cached) / float64(prompt)
-		r.EstCacheHitRatio = float64(est) / float64(prompt)
+		if hasEst {
+			e := float64(est) / float64(prompt)
+			r.EstCacheHitRatio = &e
+		}
 	}
 	return r
 }
@@ -99,11 +107,15 @@ func WriteTable(w io.Writer, runs []Run) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "policy\tdone\tfail\tTTFT p50\tp90\tp95\tp99\tmean\tE2E p50\tp95\tp99\tITL mean\tslip p99\thit\test\tshare\t")
 	for _, r := range runs {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%s\t\n",
+		est := "-"
+		if r.EstCacheHitRatio != nil {
+			est = fmt.Sprintf("%.1f%%", 100**r.EstCacheHitRatio)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t%s\t\n",
 			r.Policy, r.Completed, r.Failed,
 			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P95), ms(r.TTFT.P99), ms(r.TTFT.Mean),
 			ms(r.E2E.P50), ms(r.E2E.P95), ms(r.E2E.P99), ms(r.ITL.Mean), ms(r.Slip.P99),
-			100*r.CacheHitRatio, 100*r.EstCacheHitRatio, shares(r.ReplicaShare))
+			100*r.CacheHitRatio, est, shares(r.ReplicaShare))
 	}
 	return tw.Flush()
 }

@@ -465,6 +465,7 @@ func (s *simulator) result() *Result {
 			rec.Replica = ids[st.replica]
 			rec.RTT = toMS(st.rtt)
 			rec.EstCachedTokens = st.ticket.EstCachedTokens
+			rec.Estimated = true
 		}
 		if !st.failed {
 			rec.TTFT = toMS(st.first - st.sent)

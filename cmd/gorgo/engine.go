@@ -18,6 +18,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/netem"
+	"github.com/gorgo-llm/gorgo/internal/prompt"
 )
 
 const engineAbout = `
@@ -38,6 +39,7 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 	jitter := fs.Duration("jitter", 0, "standard deviation of the injected round trip")
 	speedup := fs.Float64("speedup", 1, "run the model `F` times faster than real time")
 	page := fs.Int("page-tokens", 16, "prefix cache block size in tokens")
+	bpt := fs.Int("bytes-per-token", prompt.DefaultBytesPerToken, "token estimator: prompt bytes per token (the router and the replayer use the same)")
 	kv := fs.Int("kv-capacity", 0, "KV cache capacity in tokens (0: the profile's)")
 	maxWaiting := fs.Int("max-waiting", 4096, "waiting queue cap; beyond it requests get 503")
 	maxTokens := fs.Int("default-max-tokens", 128, "output tokens of a request without max_tokens")
@@ -56,6 +58,9 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--profile: %w", err)
 	}
+	if *bpt < 1 {
+		return fmt.Errorf("--bytes-per-token must be at least 1")
+	}
 	if *kv < 0 {
 		return fmt.Errorf("--kv-capacity must not be negative")
 	}
@@ -69,6 +74,7 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 	srv, err := emulator.New(emulator.Config{
 		Profile: prof, PageTokens: *page, Model: *model, MetricsFormat: *metricsFormat, Speedup: *speedup,
 		MaxWaiting: *maxWaiting, DefaultMaxTokens: *maxTokens, Seed: *seed, SetRTT: link.Set,
+		Estimator: prompt.Estimator{BytesPerToken: *bpt},
 		Faults: emulator.Faults{FailFraction: *failFraction, HangAfter: *hangAfter, ExitAfter: *exitAfter, Slowdown: *slowdown},
 	})
 	if err != nil {

@@ -138,7 +138,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	if g.KVCapacityTokens > 0 {
 		kvFrac = float64(g.KVUsedTokens) / float64(g.KVCapacityTokens)
 	}
-	vals := map[string]float64{}
+	var vals map[string]float64
 	if m.format == "vllm" {
 		vals = map[string]float64{
 			"num_requests_running":       float64(g.Running),

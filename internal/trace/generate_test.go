@@ -70,9 +70,8 @@ func TestGenerateConsistent(t *testing.T) {
 			t.Fatal(err)
 		}
 		type state struct {
-			prev     *Request
-			user     string
-			lastTurn int
+			prev *Request
+			user string
 		}
 		sessions := map[string]*state{}
 		owner := map[uint64]string{} // block id -> first session to hold it

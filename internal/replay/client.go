@@ -1,6 +1,8 @@
 package replay
 
 import (
+	"github.com/gorgo-llm/gorgo/internal/wire"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -157,8 +159,8 @@ type outcome struct {
 	ttft, e2e   time.Duration
 	itl         time.Duration
 	tokenChunks int
-	usage       *Usage // the last usage seen, merged
-	finished    bool   // [DONE] or a finish_reason was seen
+	usage       *wire.Usage // the last usage seen, merged
+	finished    bool        // [DONE] or a finish_reason was seen
 	err         error
 }
 
@@ -196,7 +198,7 @@ func (s *sender) send(ctx context.Context, body []byte, session string, outputTo
 	if resp.StatusCode/100 != 2 {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		o.e2e = s.clock.Now().Sub(sent)
-		msg := ErrorMessage(data)
+		msg := wire.ErrorMessage(data)
 		if msg == "" {
 			msg = http.StatusText(resp.StatusCode)
 		}
@@ -209,7 +211,7 @@ func (s *sender) send(ctx context.Context, body []byte, session string, outputTo
 
 // read consumes the event stream of a 2xx response into o.
 func (s *sender) read(ctx context.Context, resp *http.Response, sent time.Time, o *outcome) {
-	st := NewStream(resp.Body)
+	st := wire.NewStream(resp.Body)
 	var first, last time.Time
 	events := 0
 	for {
@@ -258,7 +260,7 @@ func (s *sender) read(ctx context.Context, resp *http.Response, sent time.Time, 
 		}
 		if u := ev.Usage; u != nil {
 			if o.usage == nil {
-				o.usage = &Usage{CachedTokens: -1}
+				o.usage = &wire.Usage{CachedTokens: -1}
 			}
 			o.usage.PromptTokens, o.usage.CompletionTokens = u.PromptTokens, u.CompletionTokens
 			if u.CachedTokens >= 0 {

@@ -1,4 +1,9 @@
-package replay
+// Package wire reads the OpenAI wire format as OpenAI-compatible servers
+// (SGLang, vLLM, OpenAI) speak it: the events of a streamed completion
+// (Server-Sent Events carrying chat.completion.chunk objects, usage and
+// in-stream errors) and the message of an error body. The replayer and the
+// proxy share it.
+package wire
 
 import (
 	"bufio"
@@ -28,7 +33,7 @@ type Event struct {
 }
 
 // HasToken reports whether the event carries generated text: content or
-// reasoning. The replayer times tokens from these events.
+// reasoning. Tokens are timed from these events.
 func (e *Event) HasToken() bool { return e.Content != "" || e.Reasoning != "" }
 
 // Usage is the token accounting of a completion.
@@ -158,7 +163,7 @@ func (s *Stream) dispatch() (Event, error) {
 }
 
 // chunk is the part of a chat.completion.chunk (or of an error sent in its
-// place) that the replayer reads.
+// place) that the replayer and the proxy read.
 type chunk struct {
 	Object  string          `json:"object"`
 	Message string          `json:"message"`

@@ -39,32 +39,6 @@ type chatMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
-// text returns a message's content: a string, or the text parts of an
-// array of content parts.
-func (m chatMessage) text() (string, error) {
-	if len(m.Content) == 0 || string(m.Content) == "null" {
-		return "", nil
-	}
-	var s string
-	if err := json.Unmarshal(m.Content, &s); err == nil {
-		return s, nil
-	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	if err := json.Unmarshal(m.Content, &parts); err != nil {
-		return "", fmt.Errorf("content must be a string or an array of content parts")
-	}
-	var b strings.Builder
-	for _, p := range parts {
-		if p.Type == "text" {
-			b.WriteString(p.Text)
-		}
-	}
-	return b.String(), nil
-}
-
 // completionRequest is the legacy completions request.
 type completionRequest struct {
 	Model         string          `json:"model"`
@@ -118,7 +92,7 @@ func (s *Server) parseChat(w http.ResponseWriter, r *http.Request) (*job, bool) 
 			writeError(w, http.StatusBadRequest, "BadRequestError", "messages[%d].role is required", i)
 			return nil, false
 		}
-		text, err := m.text()
+		text, err := prompt.ContentText(m.Content)
 		if err != nil {
 			writeError(w, http.StatusBadRequest, "BadRequestError", "messages[%d]: %v", i, err)
 			return nil, false

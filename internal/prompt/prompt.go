@@ -9,6 +9,10 @@
 package prompt
 
 import (
+	"encoding/json"
+	"errors"
+	"strings"
+
 	"github.com/gorgo-llm/gorgo/internal/prefix"
 )
 
@@ -62,4 +66,31 @@ func Chat(dst []byte, msgs []Message) []byte {
 		dst = append(dst, '\n')
 	}
 	return dst
+}
+
+// ContentText returns the text of a chat message's content as an OpenAI
+// request carries it: a string, null, or an array of content parts whose
+// "text" parts are concatenated (other parts, such as images, are ignored).
+func ContentText(raw json.RawMessage) (string, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New("content must be a string or an array of content parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type == "text" {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String(), nil
 }

@@ -147,9 +147,15 @@ func New(cfg Config) (*Router, error) {
 // request joins the replica's ledger and its prompt blocks the replica's
 // share of the prefix index.
 func (r *Router) Route(now time.Duration, req *route.Request, rng *rand.Rand) (Ticket, error) {
+	return r.RouteExcept(now, req, rng, nil)
+}
+
+// RouteExcept is Route with the replicas marked in skip treated as
+// unhealthy: a proxy retrying a request elsewhere skips those it tried.
+func (r *Router) RouteExcept(now time.Duration, req *route.Request, rng *rand.Rand, skip []bool) (Ticket, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	t, err := r.decide(now, req, rng)
+	t, err := r.decide(now, req, rng, skip)
 	if err != nil {
 		return t, err
 	}
@@ -166,10 +172,10 @@ func (r *Router) Route(now time.Duration, req *route.Request, rng *rand.Rand) (T
 func (r *Router) Decide(now time.Duration, req *route.Request, rng *rand.Rand) (Ticket, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.decide(now, req, rng)
+	return r.decide(now, req, rng, nil)
 }
 
-func (r *Router) decide(now time.Duration, req *route.Request, rng *rand.Rand) (Ticket, error) {
+func (r *Router) decide(now time.Duration, req *route.Request, rng *rand.Rand, skip []bool) (Ticket, error) {
 	r.index.Match(req.Blocks, r.depth)
 	bt := r.index.BlockTokens()
 	for i := range r.reps {
@@ -178,7 +184,7 @@ func (r *Router) decide(now time.Duration, req *route.Request, rng *rand.Rand) (
 		v := route.Replica{
 			ID:                s.cfg.ID,
 			Region:            s.cfg.Region,
-			Healthy:           s.healthy,
+			Healthy:           s.healthy && (i >= len(skip) || !skip[i]),
 			RTT:               time.Duration(rtt),
 			InFlight:          s.inflight,
 			UnfinishedTokens:  s.unfin,
@@ -262,6 +268,43 @@ func (r *Router) CachedReport(t *Ticket, cached int) bool {
 		s.reports, s.estSum, s.missSum = s.reports/2, s.estSum/2, s.missSum/2
 	}
 	return false
+}
+
+// ReplicaState is a replica's state as the router sees it, for an admin
+// API or a log.
+type ReplicaState struct {
+	ID, Region        string
+	Healthy           bool
+	RTT               time.Duration
+	RTTSamples        int
+	InFlight          int
+	UnfinishedTokens  int
+	BacklogTokens     int
+	IndexBlocks       int
+	Engine            route.EngineGauges
+	EngineKnown       bool
+	EngineAt          time.Duration
+	PrefillMSPerToken float64
+	QueueMSPerToken   float64
+}
+
+// Snapshot returns every replica's state.
+func (r *Router) Snapshot() []ReplicaState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]ReplicaState, len(r.reps))
+	for i := range r.reps {
+		s := &r.reps[i]
+		rtt, _ := s.rtt.Value()
+		out[i] = ReplicaState{ID: s.cfg.ID, Region: s.cfg.Region, Healthy: s.healthy, RTT: time.Duration(rtt), RTTSamples: s.rtt.Samples(),
+			InFlight: s.inflight, UnfinishedTokens: s.unfin, BacklogTokens: s.backlog, IndexBlocks: r.index.Blocks(i),
+			Engine: s.gauges, EngineKnown: s.known, EngineAt: s.gaugesAt,
+			PrefillMSPerToken: s.cfg.PrefillMSPerToken, QueueMSPerToken: s.cfg.QueueMSPerToken}
+		if s.rates != nil {
+			out[i].PrefillMSPerToken, out[i].QueueMSPerToken = s.rates.Prefill(), s.rates.Queue()
+		}
+	}
+	return out
 }
 
 // IndexResets returns how many times CachedReport reset a replica's share

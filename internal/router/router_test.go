@@ -175,3 +175,23 @@ func TestDecideDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+func TestRouteExceptSkipsTriedReplicas(t *testing.T) {
+	r := newRouter(t, "gorgo", 3, false)
+	for i, ms := range []int{10, 20, 30} {
+		r.ObserveRTT(i, time.Duration(ms)*time.Millisecond)
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	req := route.Request{PromptTokens: 16, Blocks: blocks(1, 1)}
+	tk, err := r.RouteExcept(0, &req, rng, []bool{true, false, false})
+	if err != nil || tk.Replica != 1 {
+		t.Fatalf("skipping the nearest: replica %d, %v", tk.Replica, err)
+	}
+	r.Finish(&tk)
+	if _, err := r.RouteExcept(0, &req, rng, []bool{true, true, true}); err == nil {
+		t.Error("routed with every replica skipped")
+	}
+	if st := r.Snapshot(); len(st) != 3 || st[1].InFlight != 0 || st[0].RTT != 10*time.Millisecond || st[1].IndexBlocks != 1 {
+		t.Errorf("snapshot %+v", st)
+	}
+}

@@ -1,6 +1,7 @@
 // Package signal turns raw observations into the estimates a router routes
-// on: an exponentially weighted moving average for round trips, and an
-// online least-squares model of TTFT for per-replica rates. Nothing here
+// on: an exponentially weighted moving average for round trips, an online
+// least-squares model of TTFT for per-replica rates, and the engine gauges
+// read off an SGLang or vLLM replica's Prometheus /metrics. Nothing here
 // reads a clock; observations come with their values.
 package signal
 

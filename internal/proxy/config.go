@@ -1,0 +1,215 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"math"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/route"
+)
+
+// Config is what `gorgo serve` reads from its YAML file. Zero fields take
+// the defaults Defaults fills in.
+type Config struct {
+	// Listen is the proxy's address (default 127.0.0.1:8080).
+	Listen   string          `yaml:"listen"`
+	Replicas []ReplicaConfig `yaml:"replicas"`
+	// Policy names the routing policy (default gorgo).
+	Policy string `yaml:"policy"`
+	// Weights are gorgo's (default the paper's), MSWeights gorgo-ms's.
+	Weights   *route.Weights `yaml:"weights"`
+	MSWeights *route.Weights `yaml:"ms_weights"`
+	// TieMargin is the scoring policies' relative tie margin (default 0.01).
+	TieMargin float64 `yaml:"tie_margin"`
+	// BlockTokens is the prefix index's block size in estimated tokens
+	// (default 64); BytesPerToken the token estimator's (default 4, as the
+	// emulator's).
+	BlockTokens   int `yaml:"block_tokens"`
+	BytesPerToken int `yaml:"bytes_per_token"`
+	// ProbeInterval is the period of round-trip probes (GET /health,
+	// default 5 s); ScrapeInterval of /metrics scrapes (default 5 s); both
+	// the paper used 30 s.
+	ProbeInterval  time.Duration `yaml:"probe_interval"`
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// RTTAlpha smooths the probes (default 0.3).
+	RTTAlpha float64 `yaml:"rtt_alpha"`
+	// OnlineRates learns gorgo-ms's per-replica rates from observed TTFT.
+	OnlineRates bool `yaml:"online_rates"`
+	// MaxAttempts bounds the replicas one request is tried on (default 3):
+	// a replica that refuses the connection or answers 5xx/429 before any
+	// byte reached the client is skipped and another chosen.
+	MaxAttempts int `yaml:"max_attempts"`
+	// FailureThreshold is how many failures in a row (requests or probes)
+	// mark a replica unhealthy (default 3); a successful probe marks it
+	// healthy again.
+	FailureThreshold int `yaml:"failure_threshold"`
+	// ConnectTimeout bounds connecting to a replica (default 5 s);
+	// HeaderTimeout waiting for its response headers (default 0: none, as
+	// an engine may queue a request for long).
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	HeaderTimeout  time.Duration `yaml:"header_timeout"`
+	// Seed fixes the policies' random draws.
+	Seed uint64 `yaml:"seed"`
+}
+
+// ReplicaConfig is one upstream engine.
+type ReplicaConfig struct {
+	// ID names the replica (default the URL's host).
+	ID string `yaml:"id"`
+	// URL is the engine's base URL; /v1/..., /health and /metrics are
+	// appended.
+	URL    string `yaml:"url"`
+	Region string `yaml:"region"`
+	// Profile, if set, names the engine profile the replica runs: it gives
+	// the KV capacity and the prefill and queue rates unless set here.
+	Profile          string  `yaml:"profile"`
+	KVCapacityTokens int     `yaml:"kv_capacity_tokens"`
+	PrefillMSPerTok  float64 `yaml:"prefill_ms_per_token"`
+	QueueMSPerTok    float64 `yaml:"queue_ms_per_token"`
+	// MetricsPath is where the engine serves Prometheus metrics (default
+	// /metrics).
+	MetricsPath string `yaml:"metrics_path"`
+}
+
+// LoadConfig reads a YAML config file; unknown fields are errors.
+func LoadConfig(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("reading config: %w", err)
+	}
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// paperProfile is the profile replicas without one are priced at.
+const paperProfile = "paper"
+
+// Defaults returns c with every zero field set to its default.
+func (c Config) Defaults() Config {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:8080"
+	}
+	if c.Policy == "" {
+		c.Policy = "gorgo"
+	}
+	if c.TieMargin == 0 {
+		c.TieMargin = route.DefaultTieMargin
+	}
+	if c.BlockTokens == 0 {
+		c.BlockTokens = 64
+	}
+	if c.BytesPerToken == 0 {
+		c.BytesPerToken = 4
+	}
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = 5 * time.Second
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = 5 * time.Second
+	}
+	if c.RTTAlpha == 0 {
+		c.RTTAlpha = 0.3
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 3
+	}
+	if c.FailureThreshold == 0 {
+		c.FailureThreshold = 3
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 5 * time.Second
+	}
+	c.Replicas = append([]ReplicaConfig(nil), c.Replicas...)
+	for i := range c.Replicas {
+		r := &c.Replicas[i]
+		r.URL = strings.TrimRight(r.URL, "/")
+		if r.ID == "" {
+			if u, err := url.Parse(r.URL); err == nil {
+				r.ID = u.Host
+			}
+		}
+		if r.MetricsPath == "" {
+			r.MetricsPath = "/metrics"
+		}
+		prof := r.Profile
+		if prof == "" {
+			prof = paperProfile
+		}
+		if p, err := engine.LookupProfile(prof); err == nil {
+			if r.KVCapacityTokens == 0 {
+				r.KVCapacityTokens = p.KVCapacityTokens
+			}
+			if r.PrefillMSPerTok == 0 {
+				r.PrefillMSPerTok = p.PrefillMSPerToken()
+			}
+			if r.QueueMSPerTok == 0 {
+				r.QueueMSPerTok = p.QueueMSPerToken()
+			}
+		}
+	}
+	return c
+}
+
+// Validate reports the first problem of a defaulted config; it changes
+// nothing.
+func (c Config) Validate() error {
+	if len(c.Replicas) == 0 {
+		return fmt.Errorf("config: no replicas")
+	}
+	ids := map[string]bool{}
+	for i, r := range c.Replicas {
+		u, err := url.Parse(r.URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("config: replica %d: url %q is not an http(s) URL", i, r.URL)
+		}
+		if ids[r.ID] {
+			return fmt.Errorf("config: replica id %q used twice", r.ID)
+		}
+		ids[r.ID] = true
+		if r.Profile != "" {
+			if _, err := engine.LookupProfile(r.Profile); err != nil {
+				return fmt.Errorf("config: replica %s: %w", r.ID, err)
+			}
+		}
+		for _, v := range []float64{r.PrefillMSPerTok, r.QueueMSPerTok} {
+			if !(v > 0) || math.IsInf(v, 0) {
+				return fmt.Errorf("config: replica %s: prefill and queue rates must be positive and finite", r.ID)
+			}
+		}
+		if r.KVCapacityTokens <= 0 {
+			return fmt.Errorf("config: replica %s: kv_capacity_tokens must be positive", r.ID)
+		}
+	}
+	switch {
+	case c.BlockTokens < 1 || c.BytesPerToken < 1:
+		return fmt.Errorf("config: block_tokens and bytes_per_token must be at least 1")
+	case c.ProbeInterval <= 0 || c.ScrapeInterval <= 0 || c.ConnectTimeout <= 0 || c.HeaderTimeout < 0:
+		return fmt.Errorf("config: intervals and timeouts must be positive")
+	case !(c.RTTAlpha > 0 && c.RTTAlpha <= 1):
+		return fmt.Errorf("config: rtt_alpha must be in (0, 1], got %v", c.RTTAlpha)
+	case c.MaxAttempts < 1 || c.FailureThreshold < 1:
+		return fmt.Errorf("config: max_attempts and failure_threshold must be at least 1")
+	case math.IsNaN(c.TieMargin) || math.IsInf(c.TieMargin, 0):
+		return fmt.Errorf("config: tie_margin must be finite")
+	}
+	for _, w := range []*route.Weights{c.Weights, c.MSWeights} {
+		if w != nil {
+			if err := w.Validate(); err != nil {
+				return fmt.Errorf("config: %w", err)
+			}
+		}
+	}
+	return nil
+}

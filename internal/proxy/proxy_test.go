@@ -1,0 +1,322 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/netem"
+)
+
+// replica is an emulated engine behind a network delay.
+type replica struct {
+	srv *emulator.Server
+	url string
+}
+
+func startReplica(t testing.TB, rtt time.Duration, faults emulator.Faults) *replica {
+	t.Helper()
+	p, err := engine.LookupProfile("paper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := emulator.New(emulator.Config{Profile: p, Speedup: 20, Faults: faults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: srv.Handler()}
+	ctx, cancel := context.WithCancel(context.Background())
+	go srv.Run(ctx)
+	go hs.Serve(netem.NewLink(rtt, 0, 1).Listener(ln))
+	t.Cleanup(func() {
+		cancel()
+		hs.Close()
+	})
+	return &replica{srv: srv, url: "http://" + ln.Addr().String()}
+}
+
+// startProxy runs a proxy in front of the replicas and returns its URL.
+func startProxy(t testing.TB, cfg Config, reps ...*replica) (*Server, string) {
+	t.Helper()
+	for i, r := range reps {
+		cfg.Replicas = append(cfg.Replicas, ReplicaConfig{ID: string(rune('a' + i)), URL: r.url, Region: "r" + string(rune('a'+i)), Profile: "paper"})
+	}
+	if cfg.ProbeInterval == 0 {
+		cfg.ProbeInterval = 100 * time.Millisecond
+	}
+	if cfg.ScrapeInterval == 0 {
+		cfg.ScrapeInterval = 100 * time.Millisecond
+	}
+	s, err := New(cfg, nil, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.ProbeOnce(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(func() {
+		ts.Close()
+		cancel()
+		<-done
+	})
+	return s, ts.URL
+}
+
+func chatBody(content string, maxTokens int, stream bool) string {
+	b, _ := json.Marshal(map[string]any{"model": "gorgo-emulated", "stream": stream, "max_tokens": maxTokens,
+		"stream_options": map[string]any{"include_usage": true},
+		"messages":       []map[string]string{{"role": "user", "content": content}}})
+	return string(b)
+}
+
+type result struct {
+	status  int
+	replica string
+	content []string
+	cached  int
+	done    bool
+	err     string
+}
+
+// chat sends a streaming chat completion through the proxy.
+func chat(t *testing.T, url, content string, maxTokens int, header ...string) result {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody(content, maxTokens, true)))
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	res := result{status: resp.StatusCode, replica: resp.Header.Get(ReplicaHeader), cached: -1}
+	if resp.StatusCode != 200 {
+		var e struct{ Error struct{ Message string } }
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		res.err = e.Error.Message
+		return res
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			res.done = true
+			continue
+		}
+		var c struct {
+			Choices []struct{ Delta struct{ Content string } }
+			Usage   *struct {
+				Details struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			}
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Fatal(err)
+		}
+		if len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
+			res.content = append(res.content, c.Choices[0].Delta.Content)
+		}
+		if c.Usage != nil {
+			res.cached = c.Usage.Details.Cached
+		}
+	}
+	return res
+}
+
+func TestStreamsThroughTheNearestReplica(t *testing.T) {
+	near, far := startReplica(t, 10*time.Millisecond, emulator.Faults{}), startReplica(t, 150*time.Millisecond, emulator.Faults{})
+	_, url := startProxy(t, Config{}, far, near) // a = far, b = near
+	res := chat(t, url, "hello there, how are you?", 5)
+	if res.status != 200 || !res.done || len(res.content) != 5 {
+		t.Fatalf("result %+v", res)
+	}
+	if res.replica != "b" {
+		t.Errorf("served by %s, want b (the near replica)", res.replica)
+	}
+}
+
+func TestRepeatedPromptFindsItsCache(t *testing.T) {
+	a, b := startReplica(t, 20*time.Millisecond, emulator.Faults{}), startReplica(t, 25*time.Millisecond, emulator.Faults{})
+	_, url := startProxy(t, Config{}, a, b)
+	text := strings.Repeat("a long conversation about the weather and ships. ", 200)
+	first := chat(t, url, text, 2, SessionHeader, "s1")
+	second := chat(t, url, text+" And then?", 2, SessionHeader, "s1")
+	if first.status != 200 || second.status != 200 {
+		t.Fatalf("statuses %d %d", first.status, second.status)
+	}
+	if second.replica != first.replica || second.cached < 2000 {
+		t.Errorf("second turn on %s with %d cached tokens; first turn was on %s", second.replica, second.cached, first.replica)
+	}
+}
+
+func TestFailingReplicaIsSkippedAndMarkedDown(t *testing.T) {
+	broken := startReplica(t, 5*time.Millisecond, emulator.Faults{FailFraction: 1})
+	good := startReplica(t, 80*time.Millisecond, emulator.Faults{})
+	s, url := startProxy(t, Config{FailureThreshold: 2, ProbeInterval: time.Hour}, broken, good)
+	for i := range 4 {
+		res := chat(t, url, "question number "+string(rune('0'+i)), 3)
+		if res.status != 200 || res.replica != "b" || !res.done {
+			t.Fatalf("request %d: %+v", i, res)
+		}
+	}
+	if st := s.Router().Snapshot(); st[0].Healthy {
+		t.Error("the failing replica is still healthy after repeated failures")
+	}
+}
+
+func TestDeadReplicaIsRoutedAround(t *testing.T) {
+	good := startReplica(t, 50*time.Millisecond, emulator.Faults{})
+	dead := &replica{url: "http://127.0.0.1:1"} // nothing listens there
+	s, url := startProxy(t, Config{FailureThreshold: 1}, dead, good)
+	res := chat(t, url, "are you there?", 2)
+	if res.status != 200 || res.replica != "b" {
+		t.Fatalf("result %+v", res)
+	}
+	if st := s.Router().Snapshot(); st[0].Healthy || !st[1].Healthy {
+		t.Errorf("health %v %v, want the dead replica down", st[0].Healthy, st[1].Healthy)
+	}
+}
+
+func TestNoReplicaLeftGivesAnOpenAIError(t *testing.T) {
+	broken := startReplica(t, 5*time.Millisecond, emulator.Faults{FailFraction: 1})
+	_, url := startProxy(t, Config{ProbeInterval: time.Hour}, broken)
+	res := chat(t, url, "anyone?", 2)
+	if res.status != 500 || !strings.Contains(res.err, "injected fault") {
+		t.Errorf("result %+v", res)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	_, url := startProxy(t, Config{}, startReplica(t, 5*time.Millisecond, emulator.Faults{}))
+	for _, body := range []string{`{"messages": [`, `{"messages": []}`, `{"messages": [{"role": "user", "content": 7}]}`} {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct{ Error struct{ Code int } }
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || e.Error.Code != 400 {
+			t.Errorf("%s: status %d, error %+v", body, resp.StatusCode, e)
+		}
+	}
+}
+
+func TestClientGoneCancelsUpstream(t *testing.T) {
+	r := startReplica(t, 5*time.Millisecond, emulator.Faults{})
+	s, url := startProxy(t, Config{}, r)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chatBody("tell me a very long story", 100000, true)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st := s.Router().Snapshot()
+		if st[0].InFlight == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the proxy still counts the request in flight: %+v", st[0])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestAdminAndMetrics(t *testing.T) {
+	_, url := startProxy(t, Config{}, startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 40*time.Millisecond, emulator.Faults{}))
+	chat(t, url, "warm up", 1)
+	get := func(path string) string {
+		resp, err := http.Get(url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("GET %s: %d %s", path, resp.StatusCode, b)
+		}
+		return string(b)
+	}
+	if body := get("/admin/replicas"); !strings.Contains(body, `"Healthy": true`) || !strings.Contains(body, `"policy": "gorgo"`) {
+		t.Errorf("/admin/replicas: %s", body)
+	}
+	if body := get("/metrics"); !strings.Contains(body, `gorgo_requests_total{code="200",replica="a"} 1`) {
+		t.Errorf("/metrics lacks the request: %s", body)
+	}
+	if body := get("/v1/models"); !strings.Contains(body, "gorgo-emulated") {
+		t.Errorf("/v1/models: %s", body)
+	}
+	resp, err := http.Post(url+"/admin/decide", "application/json", strings.NewReader(chatBody("where would this go?", 1, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Replica string
+		Scores  map[string]struct{ Total float64 }
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&d)
+	resp.Body.Close()
+	if d.Replica != "a" || len(d.Scores) != 2 {
+		t.Errorf("decide: %+v", d)
+	}
+}
+
+func TestExampleConfigLoads(t *testing.T) {
+	cfg, err := LoadConfig("../../examples/serve.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Replicas) != 3 || cfg.Weights == nil || cfg.Weights.Queue != 0.5 || cfg.ProbeInterval != 5*time.Second {
+		t.Errorf("config %+v", cfg)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	cases := []Config{
+		{},
+		{Replicas: []ReplicaConfig{{URL: "ftp://x"}}},
+		{Replicas: []ReplicaConfig{{ID: "a", URL: "http://x"}, {ID: "a", URL: "http://y"}}},
+		{Replicas: []ReplicaConfig{{URL: "http://x", Profile: "tpu"}}},
+		{Replicas: []ReplicaConfig{{URL: "http://x"}}, RTTAlpha: 3},
+		{Replicas: []ReplicaConfig{{URL: "http://x"}}, MaxAttempts: -1},
+	}
+	for i, c := range cases {
+		if err := c.Defaults().Validate(); err == nil {
+			t.Errorf("case %d accepted", i)
+		}
+	}
+}

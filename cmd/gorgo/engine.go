@@ -75,7 +75,7 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 		Profile: prof, PageTokens: *page, Model: *model, MetricsFormat: *metricsFormat, Speedup: *speedup,
 		MaxWaiting: *maxWaiting, DefaultMaxTokens: *maxTokens, Seed: *seed, SetRTT: link.Set,
 		Estimator: prompt.Estimator{BytesPerToken: *bpt},
-		Faults: emulator.Faults{FailFraction: *failFraction, HangAfter: *hangAfter, ExitAfter: *exitAfter, Slowdown: *slowdown},
+		Faults:    emulator.Faults{FailFraction: *failFraction, HangAfter: *hangAfter, ExitAfter: *exitAfter, Slowdown: *slowdown},
 	})
 	if err != nil {
 		return err

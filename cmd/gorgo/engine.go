@@ -48,6 +48,7 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 	exitAfter := fs.Int("exit-after", 0, "fault: after N requests, exit as if crashed (0: never)")
 	slowdown := fs.Float64("slowdown", 1, "fault: run the model `F` times slower")
 	seed := fs.Uint64("seed", 1, "random seed (jitter, faults)")
+	spin := fs.Bool("spin", true, "spin the last stretch before each step ends for sub-millisecond token timing (costs up to a quarter of a core while busy)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -74,8 +75,8 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 	srv, err := emulator.New(emulator.Config{
 		Profile: prof, PageTokens: *page, Model: *model, MetricsFormat: *metricsFormat, Speedup: *speedup,
 		MaxWaiting: *maxWaiting, DefaultMaxTokens: *maxTokens, Seed: *seed, SetRTT: link.Set,
-		Estimator: prompt.Estimator{BytesPerToken: *bpt},
-		Faults:    emulator.Faults{FailFraction: *failFraction, HangAfter: *hangAfter, ExitAfter: *exitAfter, Slowdown: *slowdown},
+		Estimator: prompt.Estimator{BytesPerToken: *bpt}, Spin: *spin,
+		Faults: emulator.Faults{FailFraction: *failFraction, HangAfter: *hangAfter, ExitAfter: *exitAfter, Slowdown: *slowdown},
 	})
 	if err != nil {
 		return err

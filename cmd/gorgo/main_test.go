@@ -199,3 +199,18 @@ func TestTuneAndEvalBadInput(t *testing.T) {
 		}
 	}
 }
+
+func TestDemoRunsLive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a live fleet for a few seconds")
+	}
+	code, out, errs := gorgo(t, "demo", "--duration", "20s", "--speedup", "20", "--policy", "gorgo,round-robin")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"live (emulated replicas", "simulated (the same workload", "gorgo", "round-robin"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -37,7 +37,7 @@ func TestEmulatorAgreesWithSimulator(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, url := start(t, Config{Profile: p, Speedup: speedup})
+	_, url := start(t, Config{Profile: p, Speedup: speedup, Spin: true})
 	out, err := replay.Run(context.Background(), replay.Config{Target: url, Requests: wall, MaxInflight: 64})
 	if err != nil {
 		t.Fatal(err)

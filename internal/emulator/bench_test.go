@@ -35,7 +35,7 @@ type modelTimes struct {
 func BenchmarkStreams64(b *testing.B) {
 	p, _ := engine.LookupProfile("paper")
 	for b.Loop() {
-		s, err := New(Config{Profile: p})
+		s, err := New(Config{Profile: p, Spin: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -158,7 +158,7 @@ func BenchmarkReplaySlip(b *testing.B) {
 	// of the load that keeps the paper's engine busy, so it keeps up.
 	reqs = trace.Apply(reqs, trace.Window{}, 0.2)
 	for b.Loop() {
-		s, err := New(Config{Profile: p, Speedup: 30})
+		s, err := New(Config{Profile: p, Speedup: 30, Spin: true})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -99,6 +99,8 @@ type driver struct {
 	// samples keeps recent (model time, generated tokens, busy) points for
 	// throughput gauges.
 	samples []sample
+	// spin makes the driver spin the last stretch before a step ends.
+	spin bool
 }
 
 type sample struct {
@@ -214,7 +216,11 @@ func (d *driver) run(ctx context.Context) error {
 		}
 		due := d.clk.wall(next)
 		until := time.Until(due)
-		if wait := until - min(spinWindow, until/4); wait > 0 {
+		spin := time.Duration(0)
+		if d.spin {
+			spin = min(spinWindow, until/4)
+		}
+		if wait := until - spin; wait > 0 {
 			timer.Reset(wait)
 			select {
 			case <-ctx.Done():

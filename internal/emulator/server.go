@@ -51,6 +51,12 @@ type Config struct {
 	// SetRTT, if set, is what POST /admin/network calls to change the
 	// network delay (the caller owns the netem link).
 	SetRTT func(rtt, jitter time.Duration)
+	// Spin trades CPU for timing: the driver spins (yielding) the last
+	// stretch before each step ends instead of trusting a timer, which an
+	// idle Go process fires up to a millisecond late. It costs up to a
+	// quarter of a core while the model is busy; leave it off when many
+	// emulators share a machine.
+	Spin bool
 }
 
 // Faults are injected failures.
@@ -136,6 +142,7 @@ func New(cfg Config) (*Server, error) {
 		speedup: cfg.Speedup, slowdown: cfg.Faults.Slowdown,
 	}
 	s.drv = newDriver(eng, s.clk)
+	s.drv.spin = cfg.Spin
 	m := newMetrics(s)
 	s.drv.observe = m.observe
 	s.reg.MustRegister(m)

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/netem"
+	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/replay"
+	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/sim"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+const demoAbout = `
+Runs the whole system live on this machine, no GPU needed: for each policy, a
+fleet of emulated replicas in the paper's three regions (each behind its
+region's round trip, injected on every byte), gorgo's proxy in front of them,
+and the replayer sending the embedded workload through it. The model and the
+network run --speedup times faster than real time, so a few minutes of traffic
+take seconds; times are reported back in real time (multiplied by the
+speedup). Each policy gets a fresh fleet, one after another, on the same
+workload; the simulator's prediction for the same runs is printed beside.`
+
+func runDemo(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("demo", "demo [flags]", demoAbout, stderr)
+	duration := fs.Duration("duration", 2*time.Minute, "length of the workload (real time)")
+	speedup := fs.Float64("speedup", 10, "run model and network this many times faster than real time")
+	policies := fs.String("policy", "gorgo,simple-session-affinity,round-robin", "comma-separated `POLICIES` to run: "+joinNames(route.Names()))
+	timeScale := fs.Float64("time-scale", 1, "multiply the workload's inter-arrival gaps by `F`")
+	seed := fs.Uint64("seed", 1, "random seed")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if !(*speedup >= 1 && *speedup <= 50) {
+		return fmt.Errorf("--speedup must be between 1 and 50, got %v", *speedup)
+	}
+	names := splitList(*policies)
+	for _, n := range names {
+		if _, err := route.New(n, route.Options{}); err != nil {
+			return fmt.Errorf("--policy: %w", err)
+		}
+	}
+	if len(names) == 0 {
+		return fmt.Errorf("--policy: no policy given")
+	}
+	top, _ := sim.LoadTopology("paper")
+	fleet, err := top.Resolve()
+	if err != nil {
+		return err
+	}
+	wl := workloadFlags{preset: "artchat", duration: *duration, timeScale: *timeScale, seed: *seed}
+	reqs, desc, err := wl.load()
+	if err != nil {
+		return err
+	}
+	// The replayer sends at wall-clock times: the trace compressed by the speedup.
+	wall := make([]trace.Request, len(reqs))
+	copy(wall, reqs)
+	for i := range wall {
+		wall[i].Time = time.Duration(float64(wall[i].Time) / *speedup)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	fmt.Fprintf(stdout, "workload: %s\nfleet: %s\nspeedup: %gx (model and network)\n\n", desc, describeFleet(top, fleet), *speedup)
+	var live, predicted []report.Run
+	for _, name := range names {
+		fmt.Fprintf(stdout, "%-24s ", name)
+		start := time.Now()
+		run, err := demoPolicy(ctx, name, fleet, wall, *speedup, *seed)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		live = append(live, run)
+		pol, _ := route.New(name, route.Options{})
+		res, err := sim.Run(sim.Config{Replicas: fleet, Requests: reqs, Policy: pol, MaxInflight: sim.DefaultMaxInflight, Seed: *seed})
+		if err != nil {
+			return err
+		}
+		predicted = append(predicted, res.Run)
+		fmt.Fprintf(stdout, "%d requests in %v\n", run.Requests, time.Since(start).Round(100*time.Millisecond))
+	}
+	fmt.Fprintln(stdout, "\nlive (emulated replicas behind gorgo's proxy, times in real-time ms):")
+	if err := report.WriteTable(stdout, live); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "\nsimulated (the same workload and fleet in `gorgo sim`):")
+	return report.WriteTable(stdout, predicted)
+}
+
+// demoPolicy brings up a fleet and a proxy with the named policy, replays
+// the workload through it, tears everything down and returns the run with
+// its times scaled back to real time.
+func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var cfg proxy.Config
+	var servers []*http.Server
+	defer func() {
+		for _, s := range servers {
+			s.Close()
+		}
+	}()
+	for _, r := range fleet {
+		em, err := emulator.New(emulator.Config{Profile: r.Profile, Speedup: speedup, Seed: seed})
+		if err != nil {
+			return report.Run{}, err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return report.Run{}, err
+		}
+		link := netem.NewLink(time.Duration(float64(r.RTT)/speedup), time.Duration(float64(r.Jitter)/speedup), seed)
+		hs := &http.Server{Handler: em.Handler()}
+		servers = append(servers, hs)
+		go em.Run(ctx)
+		go hs.Serve(link.Listener(ln))
+		cfg.Replicas = append(cfg.Replicas, proxy.ReplicaConfig{ID: r.ID, URL: "http://" + ln.Addr().String(), Region: r.Region,
+			KVCapacityTokens: r.Profile.KVCapacityTokens, PrefillMSPerTok: r.Profile.PrefillMSPerToken() / speedup, QueueMSPerTok: r.Profile.QueueMSPerToken() / speedup})
+	}
+	// Probes and scrapes at the paper's 30 s, in model time.
+	cfg.ProbeInterval = time.Duration(float64(30*time.Second) / speedup)
+	cfg.ScrapeInterval = cfg.ProbeInterval
+	cfg.Policy, cfg.Seed = policy, seed
+	px, err := proxy.New(cfg, nil, prometheus.NewRegistry())
+	if err != nil {
+		return report.Run{}, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return report.Run{}, err
+	}
+	px.ProbeOnce(ctx)
+	go serveProxy(ctx, px, ln)
+	out, err := replay.Run(ctx, replay.Config{Target: "http://" + ln.Addr().String(), Requests: reqs, MaxInflight: sim.DefaultMaxInflight})
+	if err != nil {
+		return report.Run{}, err
+	}
+	ids := make([]string, len(fleet))
+	for i, r := range fleet {
+		ids[i] = r.ID
+	}
+	for i := range out.Records {
+		rec := &out.Records[i]
+		rec.TTFT *= speedup
+		rec.E2E *= speedup
+		rec.ITL *= speedup
+		rec.Slip *= speedup
+		rec.Arrival *= speedup
+	}
+	return report.NewRun(policy, out.Records, ids), nil
+}

@@ -214,3 +214,25 @@ func TestDemoRunsLive(t *testing.T) {
 		}
 	}
 }
+
+func TestServeBadInput(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve"}, "no replicas"},
+		{[]string{"serve", "--replica", "nourl"}, "want ID=URL"},
+		{[]string{"serve", "--replica", "a=http://x,zone=1"}, `unknown replica option "zone"`},
+		{[]string{"serve", "--replica", "a=ftp://x"}, "not an http(s) URL"},
+		{[]string{"serve", "--replica", "a=http://x", "--policy", "fastest"}, `unknown policy "fastest"`},
+		{[]string{"serve", "--config", "/nonexistent.yaml"}, "reading config"},
+		{[]string{"demo", "--speedup", "0"}, "--speedup"},
+		{[]string{"demo", "--policy", "fastest"}, `unknown policy "fastest"`},
+	}
+	for _, c := range cases {
+		code, _, errs := gorgo(t, c.args...)
+		if code != 1 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 1 containing %q", c.args, code, errs, c.want)
+		}
+	}
+}

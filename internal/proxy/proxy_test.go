@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/netem"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 // replica is an emulated engine behind a network delay.
@@ -319,4 +321,38 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("case %d accepted", i)
 		}
 	}
+}
+
+// The proxy hands each request's outcome back to a policy that learns: an
+// online tuner judges candidates on live traffic.
+func TestOnlineTunerLearnsThroughTheProxy(t *testing.T) {
+	o, err := tune.NewOnline(tune.OnlineConfig{ES: tune.Config{Seed: 1}, Window: 4, Hop: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []*replica{startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 30*time.Millisecond, emulator.Faults{})}
+	var cfg Config
+	for i, r := range reps {
+		cfg.Replicas = append(cfg.Replicas, ReplicaConfig{ID: string(rune('a' + i)), URL: r.url, Profile: "paper"})
+	}
+	s, err := New(cfg, o, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ProbeOnce(context.Background())
+	ts := httptest.NewServer(s.Handler())
+	defer ts.Close()
+	for i := range 24 {
+		if res := chat(t, ts.URL, fmt.Sprintf("question %d", i), 2); res.status != 200 {
+			t.Fatalf("request %d: %+v", i, res)
+		}
+	}
+	if steps := o.Steps(); len(steps) < 2 {
+		t.Errorf("%d candidates judged after 24 requests with windows of 4", len(steps))
+	}
+	resp, err := http.Get(ts.URL + "/admin/tuner")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/admin/tuner: %v %v", resp, err)
+	}
+	resp.Body.Close()
 }

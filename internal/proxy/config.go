@@ -51,8 +51,10 @@ type Config struct {
 	// healthy again.
 	FailureThreshold int `yaml:"failure_threshold"`
 	// ConnectTimeout bounds connecting to a replica (default 5 s);
-	// HeaderTimeout waiting for its response headers (default 0: none, as
-	// an engine may queue a request for long).
+	// HeaderTimeout waiting for its response headers (default 30 s): SGLang
+	// and vLLM answer with headers at once, even for a request they queue,
+	// so a replica that sends none is hung, and the request is tried on
+	// another. Negative means no limit.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	HeaderTimeout  time.Duration `yaml:"header_timeout"`
 	// Seed fixes the policies' random draws.
@@ -131,6 +133,9 @@ func (c Config) Defaults() Config {
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 5 * time.Second
 	}
+	if c.HeaderTimeout == 0 {
+		c.HeaderTimeout = 30 * time.Second
+	}
 	c.Replicas = append([]ReplicaConfig(nil), c.Replicas...)
 	for i := range c.Replicas {
 		r := &c.Replicas[i]
@@ -195,7 +200,7 @@ func (c Config) Validate() error {
 	switch {
 	case c.BlockTokens < 1 || c.BytesPerToken < 1:
 		return fmt.Errorf("config: block_tokens and bytes_per_token must be at least 1")
-	case c.ProbeInterval <= 0 || c.ScrapeInterval <= 0 || c.ConnectTimeout <= 0 || c.HeaderTimeout < 0:
+	case c.ProbeInterval <= 0 || c.ScrapeInterval <= 0 || c.ConnectTimeout <= 0:
 		return fmt.Errorf("config: intervals and timeouts must be positive")
 	case !(c.RTTAlpha > 0 && c.RTTAlpha <= 1):
 		return fmt.Errorf("config: rtt_alpha must be in (0, 1], got %v", c.RTTAlpha)

@@ -83,11 +83,12 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry) (*Server, er
 	}
 	s.rt = rt
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	headerTimeout := max(cfg.HeaderTimeout, 0)
 	s.client = &http.Client{Transport: &http.Transport{
 		DialContext:           dialer.DialContext,
 		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: cfg.HeaderTimeout,
+		ResponseHeaderTimeout: headerTimeout,
 		DisableCompression:    true,
 		ForceAttemptHTTP2:     false,
 	}}

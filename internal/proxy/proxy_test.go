@@ -356,3 +356,54 @@ func TestOnlineTunerLearnsThroughTheProxy(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// A replica that hangs (sends no response headers) is given up on after
+// the header timeout, and the request is served elsewhere.
+func TestHungReplicaIsGivenUpOn(t *testing.T) {
+	hung := startReplica(t, 2*time.Millisecond, emulator.Faults{HangAfter: 1})
+	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
+	_, url := startProxy(t, Config{HeaderTimeout: 300 * time.Millisecond, ProbeInterval: time.Hour}, hung, good)
+	if res := chat(t, url, "first, while it still answers", 1); res.status != 200 || res.replica != "a" {
+		t.Fatalf("first request: %+v", res)
+	}
+	start := time.Now()
+	res := chat(t, url, "second, after it hung", 1)
+	if res.status != 200 || res.replica != "b" {
+		t.Fatalf("second request: %+v", res)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("took %v to fail over", took)
+	}
+}
+
+// Once bytes reached the client, a replica dying mid-stream cuts the
+// client's stream: it must not look like a complete answer.
+func TestMidStreamFailureCutsTheStream(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" half"}}]}`+"\n\n")
+		w.(http.Flusher).Flush()
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close() // the replica dies
+	}))
+	defer upstream.Close()
+	s, url := startProxy(t, Config{ProbeInterval: time.Hour}, &replica{url: upstream.URL})
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hi", 5, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil || strings.Contains(string(body), "[DONE]") {
+		t.Errorf("client read %q with error %v; want a cut stream", body, err)
+	}
+	if !strings.Contains(string(body), " half") {
+		t.Errorf("the bytes before the failure did not reach the client: %q", body)
+	}
+	if st := s.Router().Snapshot(); st[0].InFlight != 0 {
+		t.Errorf("the request is still in flight: %+v", st[0])
+	}
+}

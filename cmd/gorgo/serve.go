@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -42,6 +43,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	listen := fs.String("listen", "", "address to serve on (default the config's, else 127.0.0.1:8080)")
 	policy := fs.String("policy", "", "routing policy (default the config's, else gorgo): "+joinNames(append(route.Names(), tune.OnlineName)))
 	weights := fs.String("weights", "", "gorgo's weights, `rtt=X,queue=Y` or a JSON file (default the config's, else the paper's)")
+	accessLog := fs.Bool("access-log", true, "log one line per request to stderr")
 	var tf tuneFlags
 	tf.register(fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -95,6 +97,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	srv, err := proxy.New(cfg, pol, reg)
 	if err != nil {
 		return err
+	}
+	if *accessLog {
+		srv.SetAccessLog(slog.New(slog.NewTextHandler(stderr, nil)))
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

@@ -297,6 +297,17 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, resp *http.Respon
 		s.failed(t.Replica)
 	}
 	s.m.requests.WithLabelValues(u.cfg.ID, code).Inc()
+	if s.log != nil {
+		attrs := []any{"replica", u.cfg.ID, "status", code, "prompt_tokens", t.PromptTokens, "est_cached_tokens", t.EstCachedTokens,
+			"cached_tokens", cached, "output_tokens", tokens, "e2e_ms", ms(end.Sub(received))}
+		if !first.IsZero() {
+			attrs = append(attrs, "ttft_ms", ms(first.Sub(received)))
+		}
+		if readErr != nil {
+			attrs = append(attrs, "error", readErr.Error())
+		}
+		s.log.Info("request", attrs...)
+	}
 	if !first.IsZero() {
 		s.m.ttft.WithLabelValues(u.cfg.ID).Observe(first.Sub(received).Seconds())
 		s.m.e2e.WithLabelValues(u.cfg.ID).Observe(end.Sub(received).Seconds())
@@ -315,6 +326,8 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, resp *http.Respon
 		panic(http.ErrAbortHandler) // headers are out: cut the stream, don't fake its end
 	}
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // scanEvent reads one SSE event: how many tokens it carries and the cached
 // tokens its usage reports (-1 if none).

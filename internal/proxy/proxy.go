@@ -10,6 +10,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -39,6 +40,8 @@ type Server struct {
 
 	// rng is only used inside router calls, which the router serialises.
 	rng *rand.Rand
+	// log, if set, gets one line per request answered by a replica.
+	log *slog.Logger
 }
 
 // upstream is one replica and its failure count.
@@ -96,6 +99,10 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry) (*Server, er
 	s.routes(reg)
 	return s, nil
 }
+
+// SetAccessLog makes the proxy log one line per request (replica, status,
+// tokens, TTFT, E2E). Call it before serving.
+func (s *Server) SetAccessLog(l *slog.Logger) { s.log = l }
 
 // Router exposes the routing core (for tests and the admin API).
 func (s *Server) Router() *router.Router { return s.rt }

@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -406,4 +408,35 @@ func TestMidStreamFailureCutsTheStream(t *testing.T) {
 	if st := s.Router().Snapshot(); st[0].InFlight != 0 {
 		t.Errorf("the request is still in flight: %+v", st[0])
 	}
+}
+
+func TestAccessLog(t *testing.T) {
+	s, url := startProxy(t, Config{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	var buf syncBuffer
+	s.SetAccessLog(slog.New(slog.NewTextHandler(&buf, nil)))
+	chat(t, url, "log me", 3)
+	line := buf.String()
+	for _, want := range []string{"msg=request", "replica=a", "status=200", "output_tokens=3", "ttft_ms="} {
+		if !strings.Contains(line, want) {
+			t.Errorf("access log %q lacks %q", line, want)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

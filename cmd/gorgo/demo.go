@@ -117,7 +117,7 @@ func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []
 			s.Close()
 		}
 	}()
-	for _, r := range fleet {
+	for k, r := range fleet {
 		em, err := emulator.New(emulator.Config{Profile: r.Profile, Speedup: speedup, Seed: seed})
 		if err != nil {
 			return report.Run{}, err
@@ -126,7 +126,7 @@ func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []
 		if err != nil {
 			return report.Run{}, err
 		}
-		link := netem.NewLink(time.Duration(float64(r.RTT)/speedup), time.Duration(float64(r.Jitter)/speedup), seed)
+		link := netem.NewLink(time.Duration(float64(r.RTT)/speedup), time.Duration(float64(r.Jitter)/speedup), seed+uint64(k))
 		hs := &http.Server{Handler: em.Handler()}
 		servers = append(servers, hs)
 		go em.Run(ctx)

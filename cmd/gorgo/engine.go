@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -58,6 +59,9 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 	prof, err := engine.LookupProfile(*profile)
 	if err != nil {
 		return fmt.Errorf("--profile: %w", err)
+	}
+	if !(*speedup > 0) || math.IsInf(*speedup, 0) {
+		return fmt.Errorf("--speedup must be a positive finite number, got %v", *speedup)
 	}
 	if *bpt < 1 {
 		return fmt.Errorf("--bytes-per-token must be at least 1")

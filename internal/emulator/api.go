@@ -115,17 +115,23 @@ func (s *Server) parseCompletion(w http.ResponseWriter, r *http.Request) (*job, 
 	if !s.checkModel(w, req.Model) {
 		return nil, false
 	}
-	var text string
-	if err := json.Unmarshal(req.Prompt, &text); err != nil {
-		var list []string
-		if err := json.Unmarshal(req.Prompt, &list); err != nil || len(list) != 1 {
-			writeError(w, http.StatusBadRequest, "BadRequestError", "prompt: a string (or a list of one string) is required")
-			return nil, false
-		}
-		text = list[0]
+	var text []byte
+	var one string
+	var list []string
+	var ids []int64
+	switch {
+	case json.Unmarshal(req.Prompt, &one) == nil:
+		text = []byte(one)
+	case json.Unmarshal(req.Prompt, &list) == nil && len(list) == 1:
+		text = []byte(list[0])
+	case json.Unmarshal(req.Prompt, &ids) == nil && len(ids) > 0:
+		text = req.Prompt // token ids: their JSON stands in for the text
+	default:
+		writeError(w, http.StatusBadRequest, "BadRequestError", "prompt: one prompt is required: a string, a list of one string, or a list of token ids")
+		return nil, false
 	}
 	j := &job{stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
-	return j, s.fill(w, r, j, []byte(text), req.MaxTokens)
+	return j, s.fill(w, r, j, text, req.MaxTokens)
 }
 
 // fill estimates the prompt, decides the output length and checks the
@@ -297,11 +303,13 @@ func (o *writer) token(ev engine.Event) {
 // filler words need no escaping.
 func (o *writer) tokenChunk(word string, last bool) {
 	if o.head == nil {
-		object, model := "text_completion", strconv.Quote(o.model)
+		object := "text_completion"
 		if o.j.chat {
 			object = "chat.completion.chunk"
 		}
-		o.head = fmt.Appendf(nil, `data: {"id":%q,"object":%q,"created":%d,"model":%s,"choices":[{"index":0,`, o.id, object, o.created, model)
+		id, _ := json.Marshal(o.id)
+		model, _ := json.Marshal(o.model)
+		o.head = fmt.Appendf(nil, `data: {"id":%s,"object":%q,"created":%d,"model":%s,"choices":[{"index":0,`, id, object, o.created, model)
 	}
 	o.buf.Write(o.head)
 	if o.j.chat {

@@ -96,6 +96,8 @@ type driver struct {
 	// observe is called, under the driver's lock, for each event with the
 	// request's entry time (for latency histograms).
 	observe func(ev engine.Event, entered time.Duration)
+	// forget is called, under the driver's lock, for a cancelled request.
+	forget func(id uint64)
 	// samples keeps recent (model time, generated tokens, busy) points for
 	// throughput gauges.
 	samples []sample
@@ -140,6 +142,9 @@ func (d *driver) cancel(id uint64) {
 	if _, ok := d.streams[id]; ok {
 		d.eng.Cancel(id)
 		delete(d.streams, id)
+		if d.forget != nil {
+			d.forget(id)
+		}
 	}
 }
 

@@ -369,3 +369,16 @@ func TestClientDisconnectFreesTheEngine(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Token chunks are written by hand: they must stay valid JSON whatever the
+// model's name holds.
+func TestTokenChunksAreValidJSONForAnyModelName(t *testing.T) {
+	name := "m\x7f\"q\\é\U000e0001"
+	_, url := start(t, Config{Speedup: 50, Model: name})
+	resp := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`)
+	defer resp.Body.Close()
+	chunks := readSSE(t, resp.Body) // fails on invalid JSON
+	if len(chunks) != 4 {
+		t.Errorf("%d chunks, want a role chunk and 3 tokens", len(chunks))
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -122,9 +123,9 @@ func New(cfg Config) (*Server, error) {
 	switch {
 	case cfg.MetricsFormat != "sglang" && cfg.MetricsFormat != "vllm":
 		return nil, fmt.Errorf("metrics format must be sglang or vllm, got %q", cfg.MetricsFormat)
-	case !(cfg.Speedup > 0) || !(cfg.Faults.Slowdown > 0):
-		return nil, fmt.Errorf("speedup and slowdown must be positive")
-	case cfg.Faults.FailFraction < 0 || cfg.Faults.FailFraction > 1:
+	case !(cfg.Speedup > 0) || !(cfg.Faults.Slowdown > 0) || math.IsInf(cfg.Speedup, 0) || math.IsInf(cfg.Faults.Slowdown, 0):
+		return nil, fmt.Errorf("speedup and slowdown must be positive and finite")
+	case !(cfg.Faults.FailFraction >= 0 && cfg.Faults.FailFraction <= 1):
 		return nil, fmt.Errorf("fail fraction must be in [0, 1], got %v", cfg.Faults.FailFraction)
 	case cfg.Faults.HangAfter < 0 || cfg.Faults.ExitAfter < 0 || cfg.PageTokens < 0 || cfg.MaxWaiting < 0 || cfg.DefaultMaxTokens < 0:
 		return nil, fmt.Errorf("counts and sizes must not be negative")
@@ -145,6 +146,7 @@ func New(cfg Config) (*Server, error) {
 	s.drv.spin = cfg.Spin
 	m := newMetrics(s)
 	s.drv.observe = m.observe
+	s.drv.forget = func(id uint64) { delete(m.lastToken, id) }
 	s.reg.MustRegister(m)
 	s.routes()
 	return s, nil

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"io"
+	"math/rand/v2"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,10 +47,7 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		defer resp.Body.Close()
-		for k, v := range resp.Header {
-			w.Header()[k] = v
-		}
-		w.Header().Del("Content-Length")
+		copyHeaders(w.Header(), resp.Header)
 		w.Header().Set(ReplicaHeader, s.reps[i].cfg.ID)
 		w.WriteHeader(resp.StatusCode)
 		_, _ = io.Copy(w, resp.Body)
@@ -107,19 +105,41 @@ func (s *Server) adminDecide(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return
 	}
-	t, err := s.rt.Decide(s.now(), &req, s.rng)
+	// A fresh instance of the policy (for the online tuner, gorgo with its
+	// incumbent weights) and a random source of its own: explaining a
+	// decision must not move a round-robin counter or a tuner's arms.
+	pol, err := s.explainPolicy()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "InternalServerError", "%v", err)
+		return
+	}
+	t, d, err := s.rt.Explain(s.now(), &req, pol, rand.New(rand.NewPCG(s.cfg.Seed, 1)))
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "%v", err)
 		return
 	}
-	var d route.Decision
-	s.rt.LastDecision(&d)
 	scores := map[string]route.Terms{}
 	for i, sc := range d.Scores {
 		scores[s.reps[i].cfg.ID] = sc
 	}
 	writeJSON(w, map[string]any{"replica": s.reps[t.Replica].cfg.ID, "prompt_tokens": req.PromptTokens,
-		"est_cached_tokens": t.EstCachedTokens, "policy": s.policy.Name(), "scores": scores})
+		"est_cached_tokens": t.EstCachedTokens, "policy": pol.Name(), "scores": scores})
+}
+
+// explainPolicy returns a fresh instance of the proxy's policy.
+func (s *Server) explainPolicy() (route.Policy, error) {
+	opts := route.Options{TieMargin: s.cfg.TieMargin}
+	if s.cfg.Weights != nil {
+		opts.Weights = *s.cfg.Weights
+	}
+	if s.cfg.MSWeights != nil {
+		opts.MSWeights = *s.cfg.MSWeights
+	}
+	if o, ok := s.policy.(*tune.Online); ok {
+		opts.Weights = o.Incumbent()
+		return route.New("gorgo", opts)
+	}
+	return route.New(s.policy.Name(), opts)
 }
 
 // adminTuner shows the online tuner's state, when the policy tunes itself.
@@ -130,5 +150,5 @@ func (s *Server) adminTuner(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	steps := o.Steps()
-	writeJSON(w, map[string]any{"incumbent": o.Incumbent(), "steps": len(steps), "sigma": o.ES().Sigma(), "history": steps})
+	writeJSON(w, map[string]any{"incumbent": o.Incumbent(), "steps": len(steps), "sigma": o.Sigma(), "history": steps})
 }

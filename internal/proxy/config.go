@@ -51,12 +51,17 @@ type Config struct {
 	// healthy again.
 	FailureThreshold int `yaml:"failure_threshold"`
 	// ConnectTimeout bounds connecting to a replica (default 5 s);
-	// HeaderTimeout waiting for its response headers (default 30 s): SGLang
-	// and vLLM answer with headers at once, even for a request they queue,
-	// so a replica that sends none is hung, and the request is tried on
-	// another. Negative means no limit.
+	// HeaderTimeout waiting for a stream's response headers (default 30
+	// s): SGLang and vLLM start a stream at once, even for a request they
+	// queue, so a replica that sends none is hung, and the request is tried
+	// on another. Non-streaming answers have no such limit (their headers
+	// come with their last token). Negative means no limit.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	HeaderTimeout  time.Duration `yaml:"header_timeout"`
+	// StreamIdleTimeout cuts an answer whose replica sends nothing for this
+	// long (default 60 s; negative: never), which frees the client and
+	// counts against the replica.
+	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// Seed fixes the policies' random draws.
 	Seed uint64 `yaml:"seed"`
 }
@@ -135,6 +140,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.HeaderTimeout == 0 {
 		c.HeaderTimeout = 30 * time.Second
+	}
+	if c.StreamIdleTimeout == 0 {
+		c.StreamIdleTimeout = 60 * time.Second
 	}
 	c.Replicas = append([]ReplicaConfig(nil), c.Replicas...)
 	for i := range c.Replicas {

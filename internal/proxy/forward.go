@@ -3,12 +3,15 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -83,14 +86,20 @@ func (s *Server) parse(r *http.Request, chat bool) (body []byte, req route.Reque
 		text = prompt.Chat(nil, msgs)
 	} else {
 		var p string
-		if err := json.Unmarshal(in.Prompt, &p); err != nil {
-			var list []string
-			if err := json.Unmarshal(in.Prompt, &list); err != nil || len(list) != 1 {
-				return nil, req, false, errors.New("prompt: a string (or a list of one string) is required")
-			}
-			p = list[0]
+		var ids []int64
+		var list []string
+		switch {
+		case json.Unmarshal(in.Prompt, &p) == nil:
+			text = []byte(p)
+		case json.Unmarshal(in.Prompt, &list) == nil && len(list) == 1:
+			text = []byte(list[0])
+		case json.Unmarshal(in.Prompt, &ids) == nil && len(ids) > 0:
+			// Token ids: the prompt is exactly that many tokens; its JSON
+			// stands in for its text in the prefix hashes.
+			text = in.Prompt
+		default:
+			return nil, req, false, errors.New("prompt: one prompt is required: a string, a list of one string, or a list of token ids")
 		}
-		text = []byte(p)
 	}
 	req.PromptTokens = s.est.Tokens(text)
 	req.Blocks = s.est.Blocks(text, s.cfg.BlockTokens, nil)
@@ -115,65 +124,197 @@ func (s *Server) handleCompletion(chat bool) http.HandlerFunc {
 		received := time.Now()
 		body, req, stream, err := s.parse(r, chat)
 		if err != nil {
-			s.m.requests.WithLabelValues("", "400").Inc()
-			writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
+			status := http.StatusBadRequest
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				status = http.StatusRequestEntityTooLarge
+			}
+			s.m.requests.WithLabelValues("", strconv.Itoa(status)).Inc()
+			writeError(w, status, "BadRequestError", "%v", err)
 			return
 		}
 		skip := make([]bool, len(s.reps))
-		var lastStatus int
-		var lastBody []byte
-		var lastErr error
-		for attempt := 0; attempt < s.cfg.MaxAttempts; attempt++ {
+		var last *attemptError
+		for range s.cfg.MaxAttempts {
 			decided := time.Now()
-			t, err := s.rt.RouteExcept(s.now(), &req, s.rng, skip)
+			t, err := s.rt.Dispatch(s.now(), &req, s.rng, skip)
 			s.m.decision.Observe(time.Since(decided).Seconds())
 			if err != nil {
 				break // nothing left to try
 			}
 			u := s.reps[t.Replica]
-			sent := time.Now()
-			resp, err := s.send(r, u, body)
-			if err != nil {
+			a, aerr := s.attempt(r, u, body, stream)
+			if aerr != nil {
 				s.rt.Finish(&t)
 				if r.Context().Err() != nil { // the client left: not the replica's fault
 					s.m.requests.WithLabelValues(u.cfg.ID, "499").Inc()
 					return
 				}
-				s.failed(t.Replica)
-				s.m.retries.WithLabelValues(u.cfg.ID).Inc()
-				skip[t.Replica], lastErr = true, err
-				continue
-			}
-			if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
-				lastBody, _ = io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-				resp.Body.Close()
-				s.rt.Finish(&t)
-				if resp.StatusCode >= 500 && resp.StatusCode != http.StatusServiceUnavailable {
-					s.failed(t.Replica) // 503 and 429 say "busy", not "broken"
+				last = aerr
+				if aerr.broken {
+					s.failed(t.Replica)
 				}
 				s.m.retries.WithLabelValues(u.cfg.ID).Inc()
-				skip[t.Replica], lastStatus, lastErr = true, resp.StatusCode, nil
+				skip[t.Replica] = true
 				continue
 			}
-			s.relay(w, r, resp, &t, u, received, sent, stream)
+			s.rt.Accepted(&t, &req)
+			s.relay(w, r, a, &t, u, received, stream)
 			return
 		}
-		switch {
-		case lastStatus != 0:
-			s.m.requests.WithLabelValues("", strconv.Itoa(lastStatus)).Inc()
-			writeError(w, lastStatus, "ServiceUnavailableError", "every replica tried failed; the last said: %s", wire.ErrorMessage(lastBody))
-		case lastErr != nil:
-			s.m.requests.WithLabelValues("", "502").Inc()
-			writeError(w, http.StatusBadGateway, "BadGatewayError", "every replica tried failed; the last: %v", lastErr)
-		default:
+		if last == nil {
 			s.m.requests.WithLabelValues("", "503").Inc()
 			writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "no healthy replica")
+			return
+		}
+		s.m.requests.WithLabelValues("", strconv.Itoa(last.status)).Inc()
+		if ra := last.retryAfter; ra != "" {
+			w.Header().Set("Retry-After", ra)
+		}
+		typ := "ServiceUnavailableError"
+		switch last.status {
+		case http.StatusTooManyRequests:
+			typ = "RateLimitError"
+		case http.StatusBadGateway, http.StatusGatewayTimeout:
+			typ = "BadGatewayError"
+		case http.StatusInternalServerError:
+			typ = "InternalServerError"
+		}
+		writeError(w, last.status, typ, "every replica tried failed; the last (%s): %s", last.replica, last.msg)
+	}
+}
+
+// attemptError is why an attempt on a replica failed before anything was
+// sent to the client.
+type attemptError struct {
+	replica    string
+	status     int    // what to answer if no replica is left
+	msg        string // the replica's error message, or the transport error
+	retryAfter string
+	// broken: the failure counts against the replica (it refused, hung,
+	// broke, or answered 5xx); a 503 or 429 only says it is busy.
+	broken bool
+}
+
+func (e *attemptError) Error() string { return e.replica + ": " + e.msg }
+
+// answer is a replica's answer, read far enough to be sure it is one: for
+// a stream, its first event; otherwise the whole body.
+type answer struct {
+	resp   *http.Response
+	head   []byte    // the first event, or the whole body
+	headAt time.Time // when head was read
+	sent   time.Time
+	br     *bufio.Reader
+	idle   *time.Timer // cancels the upstream request when it stalls
+	cancel context.CancelFunc
+}
+
+func (a *answer) close() {
+	a.idle.Stop()
+	a.resp.Body.Close()
+	a.cancel()
+}
+
+// attempt sends the request to replica u and reads its answer until it is
+// sure the answer can be relayed: a status other than 5xx and 429, and for
+// a successful stream its first event. Until then nothing has reached the
+// client, so any failure lets the caller try another replica.
+func (s *Server) attempt(r *http.Request, u *upstream, body []byte, stream bool) (*answer, *attemptError) {
+	ctx, cancel := context.WithCancel(r.Context())
+	fail := func(status int, broken bool, msg string) (*answer, *attemptError) {
+		cancel()
+		return nil, &attemptError{replica: u.cfg.ID, status: status, broken: broken, msg: msg}
+	}
+	// A stream's headers come at once, even for a queued request, so a
+	// replica that sends none is hung. A non-streaming answer's headers come
+	// with its last token: no limit there.
+	var hung atomic.Bool
+	var headerTimer *time.Timer
+	if stream && s.cfg.HeaderTimeout > 0 {
+		headerTimer = time.AfterFunc(s.cfg.HeaderTimeout, func() {
+			if hung.CompareAndSwap(false, true) {
+				cancel()
+			}
+		})
+	}
+	sent := time.Now()
+	resp, err := s.send(r.WithContext(ctx), u, body)
+	if headerTimer != nil && !hung.CompareAndSwap(false, true) {
+		if resp != nil {
+			resp.Body.Close()
+		}
+		return fail(http.StatusGatewayTimeout, true, fmt.Sprintf("no response headers within %v", s.cfg.HeaderTimeout))
+	}
+	if err != nil {
+		return fail(http.StatusBadGateway, true, err.Error())
+	}
+	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		busy := resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests
+		a, e := fail(resp.StatusCode, !busy, wire.ErrorMessage(data))
+		e.retryAfter = resp.Header.Get("Retry-After")
+		return a, e
+	}
+	a := &answer{resp: resp, sent: sent, cancel: cancel, br: bufio.NewReaderSize(resp.Body, 32<<10)}
+	idle := s.cfg.StreamIdleTimeout
+	if idle <= 0 {
+		idle = time.Duration(math.MaxInt64)
+	}
+	a.idle = time.AfterFunc(idle, cancel)
+	if resp.StatusCode == http.StatusOK && stream {
+		a.head, err = readEvent(a.br, nil)
+	} else {
+		a.head, err = io.ReadAll(a.br)
+		if err == nil {
+			err = io.EOF // the whole body is in head
+		}
+	}
+	a.headAt = time.Now()
+	if err != nil && err != io.EOF || len(a.head) == 0 && resp.StatusCode == http.StatusOK {
+		a.close()
+		if err == nil || err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, &attemptError{replica: u.cfg.ID, status: http.StatusBadGateway, broken: true, msg: "the answer broke before its first event: " + err.Error()}
+	}
+	return a, nil
+}
+
+// readEvent appends to dst the lines of one SSE event, through the blank
+// line that ends it (or the end of the stream).
+func readEvent(br *bufio.Reader, dst []byte) ([]byte, error) {
+	for {
+		line, err := br.ReadSlice('\n')
+		dst = append(dst, line...)
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil {
+			return dst, err
+		}
+		if len(bytes.TrimRight(line, "\r\n")) == 0 && len(dst) > len(line) {
+			return dst, nil
+		}
+		if len(bytes.TrimRight(line, "\r\n")) == 0 {
+			dst = dst[:0] // a stray blank line before any field
 		}
 	}
 }
 
 // hopByHop are the headers a proxy must not forward.
 var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Accept-Encoding"}
+
+// copyHeaders copies a replica's response headers for the client.
+func copyHeaders(dst, src http.Header) {
+	for k, v := range src {
+		dst[k] = v
+	}
+	for _, k := range hopByHop {
+		dst.Del(k)
+	}
+}
 
 // send forwards the request to replica u.
 func (s *Server) send(r *http.Request, u *upstream, body []byte) (*http.Response, error) {
@@ -192,67 +333,68 @@ func (s *Server) send(r *http.Request, u *upstream, body []byte) (*http.Response
 	return s.client.Do(up)
 }
 
-// relay streams a replica's answer to the client, timing it and feeding
-// the outcome back. Once bytes reached the client, a failure aborts the
-// client's connection rather than pretend the answer ended well.
-func (s *Server) relay(w http.ResponseWriter, r *http.Request, resp *http.Response, t *router.Ticket, u *upstream, received, sent time.Time, stream bool) {
-	defer resp.Body.Close()
-	h := w.Header()
-	for k, v := range resp.Header {
-		h[k] = v
-	}
-	for _, k := range hopByHop {
-		h.Del(k)
-	}
-	h.Set(ReplicaHeader, u.cfg.ID)
-	w.WriteHeader(resp.StatusCode)
-	code := strconv.Itoa(resp.StatusCode)
+// relay sends a replica's answer to the client as it comes, timing it and
+// feeding the outcome back. Once bytes reached the client, a failure
+// aborts the client's connection rather than pretend the answer ended well.
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, t *router.Ticket, u *upstream, received time.Time, stream bool) {
+	defer a.close()
+	copyHeaders(w.Header(), a.resp.Header)
+	w.Header().Set(ReplicaHeader, u.cfg.ID)
+	w.WriteHeader(a.resp.StatusCode)
+	code := strconv.Itoa(a.resp.StatusCode)
 	fl, _ := w.(http.Flusher)
+	ok := a.resp.StatusCode == http.StatusOK
 
 	var (
 		first, last time.Time
 		tokens      int
 		cached      = -1
-		readErr     error
+		relayErr    error // the replica's
+		clientErr   error
 	)
-	if resp.StatusCode != http.StatusOK {
-		_, readErr = io.Copy(w, resp.Body) // an engine's 4xx: the client's problem
-	} else if stream {
-		br := bufio.NewReaderSize(resp.Body, 32<<10)
-		var event []byte
-		for {
-			line, err := br.ReadSlice('\n')
-			if len(line) > 0 {
-				if _, werr := w.Write(line); werr != nil {
-					readErr = werr
-					break
-				}
-				event = append(event, line...)
-				if len(bytes.TrimRight(line, "\r\n")) == 0 { // end of an event
-					if fl != nil {
-						fl.Flush()
-					}
-					n, c := scanEvent(event)
-					if n > 0 {
-						now := time.Now()
-						if first.IsZero() {
-							first = now
-							s.rt.FirstToken(t, now.Sub(sent))
-						}
-						last, tokens = now, tokens+n
-					}
-					if c >= 0 {
-						cached = c
-					}
-					event = event[:0]
-				}
+	note := func(event []byte, at time.Time) {
+		n, c := scanEvent(event)
+		if n > 0 {
+			if first.IsZero() {
+				first = at
+				s.rt.FirstToken(t, at.Sub(a.sent))
 			}
-			if err == bufio.ErrBufferFull {
-				continue
+			last, tokens = at, tokens+n
+		}
+		if c >= 0 {
+			cached = c
+		}
+	}
+	if !stream || !ok {
+		_, clientErr = w.Write(a.head)
+		if ok {
+			tokens, cached = scanBody(a.head)
+		}
+	} else {
+		event, at := a.head, a.headAt
+		for {
+			if _, err := w.Write(event); err != nil {
+				clientErr = err
+				break
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+			note(event, at)
+			var err error
+			event, err = readEvent(a.br, event[:0])
+			at = time.Now()
+			if s.cfg.StreamIdleTimeout > 0 {
+				a.idle.Reset(s.cfg.StreamIdleTimeout)
 			}
 			if err != nil {
+				if len(event) > 0 {
+					if _, werr := w.Write(event); werr == nil {
+						note(event, at)
+					}
+				}
 				if err != io.EOF {
-					readErr = err
+					relayErr = err
 				}
 				break
 			}
@@ -260,71 +402,75 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, resp *http.Respon
 		if fl != nil {
 			fl.Flush()
 		}
-	} else {
-		data, err := io.ReadAll(resp.Body)
-		readErr = err
-		if _, werr := w.Write(data); werr != nil && readErr == nil {
-			readErr = werr
-		}
-		first, last = time.Now(), time.Now()
-		s.rt.FirstToken(t, first.Sub(sent))
-		var v struct {
-			Usage *struct {
-				CompletionTokens int `json:"completion_tokens"`
-				Details          *struct {
-					Cached *int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
-		}
-		if json.Unmarshal(data, &v) == nil && v.Usage != nil {
-			tokens = v.Usage.CompletionTokens
-			if v.Usage.Details != nil && v.Usage.Details.Cached != nil {
-				cached = *v.Usage.Details.Cached
-			}
-		}
 	}
 	end := time.Now()
 	s.rt.Finish(t)
 	if cached >= 0 {
 		s.rt.CachedReport(t, cached)
 	}
-	failed := readErr != nil || first.IsZero() && resp.StatusCode == http.StatusOK
 	switch {
-	case r.Context().Err() != nil:
+	case r.Context().Err() != nil || clientErr != nil:
 		code = "499"
-	case readErr != nil:
+	case relayErr != nil:
 		code = "502"
 		s.failed(t.Replica)
 	}
 	s.m.requests.WithLabelValues(u.cfg.ID, code).Inc()
 	if s.log != nil {
-		attrs := []any{"replica", u.cfg.ID, "status", code, "prompt_tokens", t.PromptTokens, "est_cached_tokens", t.EstCachedTokens,
-			"cached_tokens", cached, "output_tokens", tokens, "e2e_ms", ms(end.Sub(received))}
+		attrs := []any{"replica", u.cfg.ID, "status", code, "stream", stream, "prompt_tokens", t.PromptTokens,
+			"est_cached_tokens", t.EstCachedTokens, "cached_tokens", cached, "output_tokens", tokens, "e2e_ms", ms(end.Sub(received))}
 		if !first.IsZero() {
 			attrs = append(attrs, "ttft_ms", ms(first.Sub(received)))
 		}
-		if readErr != nil {
-			attrs = append(attrs, "error", readErr.Error())
+		if relayErr != nil {
+			attrs = append(attrs, "error", relayErr.Error())
 		}
 		s.log.Info("request", attrs...)
 	}
-	if !first.IsZero() {
-		s.m.ttft.WithLabelValues(u.cfg.ID).Observe(first.Sub(received).Seconds())
+	if ok && code != "499" {
 		s.m.e2e.WithLabelValues(u.cfg.ID).Observe(end.Sub(received).Seconds())
 	}
-	if l, ok := s.policy.(route.Learner); ok && resp.StatusCode == http.StatusOK && code != "499" {
-		o := route.Outcome{Failed: failed}
-		if !failed {
-			o.TTFT, o.E2E = first.Sub(sent), end.Sub(sent)
-			if tokens > 1 {
-				o.ITL = last.Sub(first) / time.Duration(tokens-1)
-			}
+	// Only a stream says when its first token came: a non-streaming answer
+	// is timed by its end, which is no TTFT.
+	if stream && ok && code != "499" {
+		if !first.IsZero() {
+			s.m.ttft.WithLabelValues(u.cfg.ID).Observe(first.Sub(received).Seconds())
 		}
-		l.Learn(t.Tag, o)
+		if l, isLearner := s.policy.(route.Learner); isLearner {
+			o := route.Outcome{Failed: relayErr != nil || first.IsZero()}
+			if !o.Failed {
+				o.TTFT, o.E2E = first.Sub(a.sent), end.Sub(a.sent)
+				if tokens > 1 {
+					o.ITL = last.Sub(first) / time.Duration(tokens-1)
+				}
+			}
+			l.Learn(t.Tag, o)
+		}
 	}
-	if readErr != nil && r.Context().Err() == nil {
+	if relayErr != nil && r.Context().Err() == nil && clientErr == nil {
 		panic(http.ErrAbortHandler) // headers are out: cut the stream, don't fake its end
 	}
+}
+
+// scanBody reads a non-streaming answer's usage: completion tokens and the
+// cached tokens (-1 if not reported).
+func scanBody(data []byte) (tokens, cached int) {
+	cached = -1
+	var v struct {
+		Usage *struct {
+			CompletionTokens int `json:"completion_tokens"`
+			Details          *struct {
+				Cached *int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(data, &v) == nil && v.Usage != nil {
+		tokens = v.Usage.CompletionTokens
+		if v.Usage.Details != nil && v.Usage.Details.Cached != nil {
+			cached = *v.Usage.Details.Cached
+		}
+	}
+	return tokens, cached
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

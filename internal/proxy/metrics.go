@@ -16,7 +16,7 @@ type metrics struct {
 
 var latencyBuckets = []float64{0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30, 60, 120}
 
-func newMetrics(reg prometheus.Registerer, reps []ReplicaConfig) *metrics {
+func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_requests_total",
 			Help: "Requests answered, by replica (empty when none served it) and HTTP status (499: the client went away)."}, []string{"replica", "code"}),
@@ -36,8 +36,5 @@ func newMetrics(reg prometheus.Registerer, reps []ReplicaConfig) *metrics {
 			Help: "The last probe's round trip to the replica."}, []string{"replica"}),
 	}
 	reg.MustRegister(m.requests, m.retries, m.scrapeErrors, m.ttft, m.e2e, m.decision, m.healthy, m.rtt)
-	for _, r := range reps {
-		m.healthy.WithLabelValues(r.ID).Set(1)
-	}
 	return m
 }

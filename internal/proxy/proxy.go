@@ -86,16 +86,20 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry) (*Server, er
 	}
 	s.rt = rt
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
-	headerTimeout := max(cfg.HeaderTimeout, 0)
 	s.client = &http.Client{Transport: &http.Transport{
-		DialContext:           dialer.DialContext,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		ResponseHeaderTimeout: headerTimeout,
-		DisableCompression:    true,
-		ForceAttemptHTTP2:     false,
+		DialContext:         dialer.DialContext,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
 	}}
-	s.m = newMetrics(reg, cfg.Replicas)
+	s.m = newMetrics(reg)
+	// A replica is routed to only once a probe has reached it: until then
+	// its round trip is unknown (and would count as zero).
+	for i := range s.reps {
+		s.rt.SetHealthy(i, false)
+		s.m.healthy.WithLabelValues(s.reps[i].cfg.ID).Set(0)
+	}
 	s.routes(reg)
 	return s, nil
 }
@@ -113,9 +117,9 @@ func (s *Server) now() time.Duration { return time.Since(s.start) }
 // Handler serves the OpenAI API, /health, /metrics and /admin.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// Run probes and scrapes every replica until ctx ends. It probes every
-// replica once before returning from its first round, so a caller may
-// start serving after ProbeOnce.
+// Run probes and scrapes every replica until ctx ends, the first probes one
+// interval after it starts. Replicas are routed to only after a probe has
+// reached them, so call ProbeOnce before serving.
 func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	for i := range s.reps {

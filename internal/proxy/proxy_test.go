@@ -440,3 +440,116 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// fakeUpstream answers /health and hands completions to h.
+func fakeUpstream(t *testing.T, h http.HandlerFunc) *replica {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		h(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return &replica{url: srv.URL}
+}
+
+// A replica that starts a stream and dies before its first event has sent
+// the client nothing: the request is tried on another replica.
+func TestStreamBrokenBeforeFirstEventIsRetried(t *testing.T) {
+	dying := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		conn, _, _ := w.(http.Hijacker).Hijack()
+		conn.Close()
+	})
+	good := startReplica(t, 50*time.Millisecond, emulator.Faults{})
+	_, url := startProxy(t, Config{ProbeInterval: time.Hour}, dying, good)
+	res := chat(t, url, "please answer", 3)
+	if res.status != 200 || res.replica != "b" || !res.done || len(res.content) != 3 {
+		t.Errorf("result %+v", res)
+	}
+}
+
+// A busy replica's 503 is retried elsewhere and does not plant the prompt in
+// its prefix index.
+func TestBusyReplicaIsSkippedAndNotIndexed(t *testing.T) {
+	busy := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":{"message":"overloaded","code":503}}`)
+	})
+	good := startReplica(t, 50*time.Millisecond, emulator.Faults{})
+	s, url := startProxy(t, Config{ProbeInterval: time.Hour, FailureThreshold: 1}, busy, good)
+	res := chat(t, url, strings.Repeat("a prompt worth caching. ", 100), 2)
+	if res.status != 200 || res.replica != "b" {
+		t.Fatalf("result %+v", res)
+	}
+	st := s.Router().Snapshot()
+	if st[0].IndexBlocks != 0 || st[1].IndexBlocks == 0 {
+		t.Errorf("index blocks %d (busy) and %d (served)", st[0].IndexBlocks, st[1].IndexBlocks)
+	}
+	if !st[0].Healthy {
+		t.Error("a 503 counted against the replica: busy is not broken")
+	}
+	// With nothing else left, the client gets the replica's 503 and its Retry-After.
+	_, url = startProxy(t, Config{ProbeInterval: time.Hour}, busy)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", 1, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" {
+		t.Errorf("status %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// A non-streaming answer's headers come with its last token: the header
+// timeout, meant for hung streams, must not cut it.
+func TestLongNonStreamingAnswerOutlivesTheHeaderTimeout(t *testing.T) {
+	_, url := startProxy(t, Config{HeaderTimeout: 100 * time.Millisecond}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	start := time.Now()
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("write a lot", 600, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"completion_tokens":600`) {
+		t.Fatalf("status %d: %.200s", resp.StatusCode, body)
+	}
+	if time.Since(start) < 100*time.Millisecond {
+		t.Skip("the answer came faster than the header timeout; nothing was tested")
+	}
+}
+
+// Explaining a decision moves nothing: round-robin keeps alternating.
+func TestDecideIsADryRun(t *testing.T) {
+	_, url := startProxy(t, Config{Policy: "round-robin"}, startReplica(t, 2*time.Millisecond, emulator.Faults{}), startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	var got []string
+	for i := range 4 {
+		resp, err := http.Post(url+"/admin/decide", "application/json", strings.NewReader(chatBody("where?", 1, false)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		got = append(got, chat(t, url, fmt.Sprintf("q%d", i), 1).replica)
+	}
+	if strings.Join(got, "") != "abab" {
+		t.Errorf("round-robin with explanations in between went %v, want a b a b", got)
+	}
+}
+
+func TestTokenIDPrompts(t *testing.T) {
+	_, url := startProxy(t, Config{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":[1,2,3,4,5],"max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("status %d: %s", resp.StatusCode, body)
+	}
+}

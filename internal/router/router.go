@@ -147,12 +147,19 @@ func New(cfg Config) (*Router, error) {
 // request joins the replica's ledger and its prompt blocks the replica's
 // share of the prefix index.
 func (r *Router) Route(now time.Duration, req *route.Request, rng *rand.Rand) (Ticket, error) {
-	return r.RouteExcept(now, req, rng, nil)
+	t, err := r.Dispatch(now, req, rng, nil)
+	if err == nil {
+		r.Accepted(&t, req)
+	}
+	return t, err
 }
 
-// RouteExcept is Route with the replicas marked in skip treated as
-// unhealthy: a proxy retrying a request elsewhere skips those it tried.
-func (r *Router) RouteExcept(now time.Duration, req *route.Request, rng *rand.Rand, skip []bool) (Ticket, error) {
+// Dispatch is the first half of Route, for a caller that may not get the
+// request to the replica (a proxy): it decides, with the replicas marked
+// in skip treated as unhealthy, and enters the request in the replica's
+// ledger, but not its prompt in the prefix index. Call Accepted once the
+// replica took the request, or Finish if it did not.
+func (r *Router) Dispatch(now time.Duration, req *route.Request, rng *rand.Rand, skip []bool) (Ticket, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t, err := r.decide(now, req, rng, skip)
@@ -163,16 +170,39 @@ func (r *Router) RouteExcept(now time.Duration, req *route.Request, rng *rand.Ra
 	s.inflight++
 	s.unfin += req.PromptTokens
 	s.backlog += t.uncached()
-	r.index.Insert(t.Replica, req.Blocks)
 	return t, nil
 }
 
-// Decide returns the replica Route would pick now, recording nothing: a dry
-// run, to explain a decision.
+// Accepted records that the ticket's replica took the request: it now
+// holds, or is computing, the prompt's blocks.
+func (r *Router) Accepted(t *Ticket, req *route.Request) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.index.Insert(t.Replica, req.Blocks)
+}
+
+// Decide returns the replica Route would pick now, recording nothing in the
+// router (its policy's own state, a round-robin counter, does advance). It
+// is Route's decision path alone, for benchmarks.
 func (r *Router) Decide(now time.Duration, req *route.Request, rng *rand.Rand) (Ticket, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.decide(now, req, rng, nil)
+}
+
+// Explain returns the replica policy would pick now and every replica's
+// cost terms, recording nothing in the router. The policy runs as usual, so
+// pass one whose state does not matter (a fresh instance of the router's,
+// say) and a random source of its own.
+func (r *Router) Explain(now time.Duration, req *route.Request, policy route.Policy, rng *rand.Rand) (Ticket, route.Decision, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	saved := r.cfg.Policy
+	r.cfg.Policy = policy
+	t, err := r.decide(now, req, rng, nil)
+	r.cfg.Policy = saved
+	d := route.Decision{Replica: r.dec.Replica, Scores: append([]route.Terms(nil), r.dec.Scores...), Tag: r.dec.Tag}
+	return t, d, err
 }
 
 func (r *Router) decide(now time.Duration, req *route.Request, rng *rand.Rand, skip []bool) (Ticket, error) {

@@ -2,6 +2,7 @@ package router
 
 import (
 	"math/rand/v2"
+	"reflect"
 	"testing"
 	"time"
 
@@ -183,15 +184,28 @@ func TestRouteExceptSkipsTriedReplicas(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(1, 1))
 	req := route.Request{PromptTokens: 16, Blocks: blocks(1, 1)}
-	tk, err := r.RouteExcept(0, &req, rng, []bool{true, false, false})
+	tk, err := r.Dispatch(0, &req, rng, []bool{true, false, false})
 	if err != nil || tk.Replica != 1 {
 		t.Fatalf("skipping the nearest: replica %d, %v", tk.Replica, err)
 	}
+	if st := r.Snapshot(); st[1].InFlight != 1 || st[1].IndexBlocks != 0 {
+		t.Errorf("dispatched but not accepted: %+v", st[1])
+	}
+	r.Accepted(&tk, &req)
 	r.Finish(&tk)
-	if _, err := r.RouteExcept(0, &req, rng, []bool{true, true, true}); err == nil {
+	if _, err := r.Dispatch(0, &req, rng, []bool{true, true, true}); err == nil {
 		t.Error("routed with every replica skipped")
 	}
 	if st := r.Snapshot(); len(st) != 3 || st[1].InFlight != 0 || st[0].RTT != 10*time.Millisecond || st[1].IndexBlocks != 1 {
 		t.Errorf("snapshot %+v", st)
+	}
+	// Explain runs another policy instance and records nothing.
+	p, _ := route.New("round-robin", route.Options{})
+	before := r.Snapshot()
+	if _, _, err := r.Explain(0, &req, p, rand.New(rand.NewPCG(9, 9))); err != nil {
+		t.Fatal(err)
+	}
+	if after := r.Snapshot(); !reflect.DeepEqual(before, after) {
+		t.Errorf("Explain changed the router: %+v -> %+v", before, after)
 	}
 }

@@ -190,5 +190,13 @@ func (o *Online) Steps() []Outcome {
 	return slices.Clone(o.steps)
 }
 
-// ES returns the underlying strategy (for formatting points).
+// Sigma returns the current step size.
+func (o *Online) Sigma() float64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.es.Sigma()
+}
+
+// ES returns the underlying strategy (for formatting points); do not call
+// its methods while the tuner is in use.
 func (o *Online) ES() *ES { return o.es }

@@ -147,7 +147,7 @@ func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []
 		return report.Run{}, err
 	}
 	px.ProbeOnce(ctx)
-	go serveProxy(ctx, px, ln)
+	go serve(ctx, px.Handler(), ln, px.Run)
 	out, err := replay.Run(ctx, replay.Config{Target: "http://" + ln.Addr().String(), Requests: reqs, MaxInflight: sim.DefaultMaxInflight})
 	if err != nil {
 		return report.Run{}, err

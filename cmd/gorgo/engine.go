@@ -2,19 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
-
-	"golang.org/x/sync/errgroup"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/engine"
@@ -93,29 +88,5 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 		*model, ln.Addr(), prof.Name, *rtt, *jitter, *speedup, *metricsFormat)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return serveEmulator(ctx, srv, link.Listener(ln))
-}
-
-// serveEmulator serves srv on ln until ctx ends or the exit fault fires.
-func serveEmulator(ctx context.Context, srv *emulator.Server, ln net.Listener) error {
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	})
-	g.Go(func() error {
-		err := srv.Run(ctx)
-		if errors.Is(err, emulator.ErrExitFault) {
-			hs.Close() // a crash: cut every connection
-			return err
-		}
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = hs.Shutdown(sctx)
-		return err
-	})
-	return g.Wait()
+	return serve(ctx, srv.Handler(), link.Listener(ln), srv.Run)
 }

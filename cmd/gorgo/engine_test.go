@@ -28,7 +28,7 @@ func TestEngineInjectedRTT(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serveEmulator(ctx, srv, link.Listener(ln)) }()
+	go func() { done <- serve(ctx, srv.Handler(), link.Listener(ln), srv.Run) }()
 	defer func() {
 		cancel()
 		<-done

@@ -116,13 +116,15 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "  %-12s %-14s rtt %-8v %s\n", st.ID, st.Region, st.RTT.Round(time.Millisecond), health)
 	}
-	return serveProxy(ctx, srv, ln)
+	return serve(ctx, srv.Handler(), ln, srv.Run)
 }
 
-// serveProxy serves the proxy on ln and runs its probes and scrapes until
-// ctx ends.
-func serveProxy(ctx context.Context, srv *proxy.Server, ln net.Listener) error {
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+// serve serves h on ln and runs run (a server's background work: an
+// emulator's model, a proxy's probes) until ctx ends or run fails. When run
+// ends cleanly the HTTP server shuts down gracefully; when it fails (an
+// emulator's injected crash) every connection is cut at once.
+func serve(ctx context.Context, h http.Handler, ln net.Listener, run func(context.Context) error) error {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
 		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -131,11 +133,13 @@ func serveProxy(ctx context.Context, srv *proxy.Server, ln net.Listener) error {
 		return nil
 	})
 	g.Go(func() error {
-		err := srv.Run(ctx)
+		if err := run(ctx); err != nil {
+			hs.Close()
+			return err
+		}
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = hs.Shutdown(sctx)
-		return err
+		return hs.Shutdown(sctx)
 	})
 	return g.Wait()
 }

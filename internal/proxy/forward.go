@@ -50,7 +50,10 @@ type inbound struct {
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stream              bool            `json:"stream"`
-	User                string          `json:"user"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	User string `json:"user"`
 }
 
 func writeError(w http.ResponseWriter, status int, typ, format string, args ...any) {
@@ -60,26 +63,59 @@ func writeError(w http.ResponseWriter, status int, typ, format string, args ...a
 		"message": fmt.Sprintf(format, args...), "type": typ, "param": nil, "code": status}})
 }
 
-// parse reads a request into the router's view of it.
+// parse reads a request into the router's view of it (for /admin/decide).
 func (s *Server) parse(r *http.Request, chat bool) (body []byte, req route.Request, stream bool, err error) {
+	body, req, stream, _, err = s.parseUsage(r, chat)
+	return body, req, stream, err
+}
+
+// parseUsage is parse, and for a stream that did not ask for usage it
+// rewrites the body to ask for it (the engine's cached-token report feeds
+// the router's prefix index); the caller must then keep the usage chunk
+// from the client (injected).
+func (s *Server) parseUsage(r *http.Request, chat bool) (body []byte, req route.Request, stream, injected bool, err error) {
+	body, req, stream, in, err := s.parseBody(r, chat)
+	if err != nil || !stream || (in.StreamOptions != nil && in.StreamOptions.IncludeUsage) {
+		return body, req, stream, false, err
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil {
+		return body, req, stream, false, nil
+	}
+	opts := map[string]json.RawMessage{}
+	if raw, ok := fields["stream_options"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &opts) != nil {
+			return body, req, stream, false, nil
+		}
+	}
+	opts["include_usage"] = json.RawMessage("true")
+	fields["stream_options"], _ = json.Marshal(opts)
+	rewritten, err := json.Marshal(fields)
+	if err != nil {
+		return body, req, stream, false, nil
+	}
+	return rewritten, req, stream, true, nil
+}
+
+// parseBody reads a request into the router's view of it.
+func (s *Server) parseBody(r *http.Request, chat bool) (body []byte, req route.Request, stream bool, in inbound, err error) {
 	body, err = io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
 	if err != nil {
-		return nil, req, false, fmt.Errorf("reading the request: %w", err)
+		return nil, req, false, in, fmt.Errorf("reading the request: %w", err)
 	}
-	var in inbound
 	if err := json.Unmarshal(body, &in); err != nil {
-		return nil, req, false, fmt.Errorf("malformed JSON: %w", err)
+		return nil, req, false, in, fmt.Errorf("malformed JSON: %w", err)
 	}
 	var text []byte
 	if chat {
 		if len(in.Messages) == 0 {
-			return nil, req, false, errors.New("messages: at least one message is required")
+			return nil, req, false, in, errors.New("messages: at least one message is required")
 		}
 		msgs := make([]prompt.Message, len(in.Messages))
 		for i, m := range in.Messages {
 			c, err := prompt.ContentText(m.Content)
 			if err != nil {
-				return nil, req, false, fmt.Errorf("messages[%d]: %w", i, err)
+				return nil, req, false, in, fmt.Errorf("messages[%d]: %w", i, err)
 			}
 			msgs[i] = prompt.Message{Role: m.Role, Content: c}
 		}
@@ -98,7 +134,7 @@ func (s *Server) parse(r *http.Request, chat bool) (body []byte, req route.Reque
 			// stands in for its text in the prefix hashes.
 			text = in.Prompt
 		default:
-			return nil, req, false, errors.New("prompt: one prompt is required: a string, a list of one string, or a list of token ids")
+			return nil, req, false, in, errors.New("prompt: one prompt is required: a string, a list of one string, or a list of token ids")
 		}
 	}
 	req.PromptTokens = s.est.Tokens(text)
@@ -114,7 +150,7 @@ func (s *Server) parse(r *http.Request, chat bool) (body []byte, req route.Reque
 	case in.MaxTokens != nil:
 		req.MaxOutputTokens = *in.MaxTokens
 	}
-	return body, req, in.Stream, nil
+	return body, req, in.Stream, in, nil
 }
 
 // handleCompletion serves POST /v1/chat/completions (chat) and
@@ -122,7 +158,7 @@ func (s *Server) parse(r *http.Request, chat bool) (body []byte, req route.Reque
 func (s *Server) handleCompletion(chat bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		received := time.Now()
-		body, req, stream, err := s.parse(r, chat)
+		body, req, stream, injected, err := s.parseUsage(r, chat)
 		if err != nil {
 			status := http.StatusBadRequest
 			var tooBig *http.MaxBytesError
@@ -159,7 +195,7 @@ func (s *Server) handleCompletion(chat bool) http.HandlerFunc {
 				continue
 			}
 			s.rt.Accepted(&t, &req)
-			s.relay(w, r, a, &t, u, received, stream)
+			s.relay(w, r, a, &t, u, received, stream, injected)
 			return
 		}
 		if last == nil {
@@ -336,7 +372,7 @@ func (s *Server) send(r *http.Request, u *upstream, body []byte) (*http.Response
 // relay sends a replica's answer to the client as it comes, timing it and
 // feeding the outcome back. Once bytes reached the client, a failure
 // aborts the client's connection rather than pretend the answer ended well.
-func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, t *router.Ticket, u *upstream, received time.Time, stream bool) {
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, t *router.Ticket, u *upstream, received time.Time, stream, injected bool) {
 	defer a.close()
 	copyHeaders(w.Header(), a.resp.Header)
 	w.Header().Set(ReplicaHeader, u.cfg.ID)
@@ -352,8 +388,10 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, t *rou
 		relayErr    error // the replica's
 		clientErr   error
 	)
-	note := func(event []byte, at time.Time) {
-		n, c := scanEvent(event)
+	// note reads an event's tokens and usage; it reports whether the event
+	// is the usage chunk the client did not ask for.
+	note := func(event []byte, at time.Time) (hide bool) {
+		n, c, usageOnly := scanEvent(event)
 		if n > 0 {
 			if first.IsZero() {
 				first = at
@@ -364,6 +402,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, t *rou
 		if c >= 0 {
 			cached = c
 		}
+		return injected && usageOnly
 	}
 	if !stream || !ok {
 		_, clientErr = w.Write(a.head)
@@ -373,14 +412,15 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, t *rou
 	} else {
 		event, at := a.head, a.headAt
 		for {
-			if _, err := w.Write(event); err != nil {
-				clientErr = err
-				break
+			if !note(event, at) {
+				if _, err := w.Write(event); err != nil {
+					clientErr = err
+					break
+				}
+				if fl != nil {
+					fl.Flush()
+				}
 			}
-			if fl != nil {
-				fl.Flush()
-			}
-			note(event, at)
 			var err error
 			event, err = readEvent(a.br, event[:0])
 			at = time.Now()
@@ -388,10 +428,8 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, t *rou
 				a.idle.Reset(s.cfg.StreamIdleTimeout)
 			}
 			if err != nil {
-				if len(event) > 0 {
-					if _, werr := w.Write(event); werr == nil {
-						note(event, at)
-					}
+				if len(event) > 0 && !note(event, at) {
+					_, _ = w.Write(event)
 				}
 				if err != io.EOF {
 					relayErr = err
@@ -475,9 +513,10 @@ func scanBody(data []byte) (tokens, cached int) {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// scanEvent reads one SSE event: how many tokens it carries and the cached
-// tokens its usage reports (-1 if none).
-func scanEvent(event []byte) (tokens, cached int) {
+// scanEvent reads one SSE event: how many tokens it carries, the cached
+// tokens its usage reports (-1 if none), and whether it is a usage chunk
+// and nothing else (no token, no finish reason).
+func scanEvent(event []byte) (tokens, cached int, usageOnly bool) {
 	cached = -1
 	for _, line := range bytes.Split(event, []byte("\n")) {
 		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
@@ -498,6 +537,7 @@ func scanEvent(event []byte) (tokens, cached int) {
 		if ev.Usage != nil && ev.Usage.CachedTokens >= 0 {
 			cached = ev.Usage.CachedTokens
 		}
+		usageOnly = ev.Usage != nil && !ev.HasToken() && ev.FinishReason == ""
 	}
-	return tokens, cached
+	return tokens, cached, usageOnly
 }

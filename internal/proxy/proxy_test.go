@@ -553,3 +553,34 @@ func TestTokenIDPrompts(t *testing.T) {
 		t.Errorf("status %d: %s", resp.StatusCode, body)
 	}
 }
+
+// The proxy asks a stream for its usage even when the client did not, to
+// learn the cached tokens, and keeps that usage chunk from the client.
+func TestUsageIsAskedForAndHidden(t *testing.T) {
+	s, url := startProxy(t, Config{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	var buf syncBuffer
+	s.SetAccessLog(slog.New(slog.NewTextHandler(&buf, nil)))
+	body := `{"messages":[{"role":"user","content":"hello"}],"max_tokens":2,"stream":true,"temperature":0.5}`
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(data), `"usage"`) || !strings.Contains(string(data), "[DONE]") {
+		t.Errorf("client stream: %s", data)
+	}
+	if !strings.Contains(buf.String(), "cached_tokens=0") {
+		t.Errorf("the proxy did not learn the cached tokens: %s", buf.String())
+	}
+	// A client that asked keeps its usage.
+	resp, err = http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hello", 2, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(data), `"usage"`) {
+		t.Errorf("usage asked for but missing: %s", data)
+	}
+}

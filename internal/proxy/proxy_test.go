@@ -584,3 +584,27 @@ func TestUsageIsAskedForAndHidden(t *testing.T) {
 		t.Errorf("usage asked for but missing: %s", data)
 	}
 }
+
+// The router sizes a replica's share of the prefix index from the KV
+// capacity its engine reports, not only from the configured profile.
+func TestScrapedKVCapacitySizesTheIndex(t *testing.T) {
+	p, _ := engine.LookupProfile("paper")
+	p.KVCapacityTokens = 123456
+	srv, err := emulator.New(emulator.Config{Profile: p, Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go srv.Run(ctx)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	s, _ := startProxy(t, Config{ScrapeInterval: 20 * time.Millisecond}, &replica{url: hs.URL})
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Router().Snapshot()[0].KVCapacityTokens != 123456/16*16 {
+		if time.Now().After(deadline) {
+			t.Fatalf("capacity %d, want the engine's", s.Router().Snapshot()[0].KVCapacityTokens)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

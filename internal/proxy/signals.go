@@ -79,4 +79,5 @@ func (s *Server) scrape(ctx context.Context, i int, sc *signal.Scraper) {
 		return
 	}
 	s.rt.ObserveEngine(i, route.EngineGauges{Running: em.Running, Waiting: em.Waiting, KVUsedTokens: em.KVUsedTokens, CacheHitRate: em.CacheHitRate}, s.now())
+	s.rt.SetKVCapacity(i, em.KVCapacityTokens) // the engine knows its cache better than the config
 }

@@ -311,6 +311,7 @@ type ReplicaState struct {
 	UnfinishedTokens  int
 	BacklogTokens     int
 	IndexBlocks       int
+	KVCapacityTokens  int
 	Engine            route.EngineGauges
 	EngineKnown       bool
 	EngineAt          time.Duration
@@ -327,7 +328,7 @@ func (r *Router) Snapshot() []ReplicaState {
 		s := &r.reps[i]
 		rtt, _ := s.rtt.Value()
 		out[i] = ReplicaState{ID: s.cfg.ID, Region: s.cfg.Region, Healthy: s.healthy, RTT: time.Duration(rtt), RTTSamples: s.rtt.Samples(),
-			InFlight: s.inflight, UnfinishedTokens: s.unfin, BacklogTokens: s.backlog, IndexBlocks: r.index.Blocks(i),
+			InFlight: s.inflight, UnfinishedTokens: s.unfin, BacklogTokens: s.backlog, IndexBlocks: r.index.Blocks(i), KVCapacityTokens: s.cfg.KVCapacityTokens,
 			Engine: s.gauges, EngineKnown: s.known, EngineAt: s.gaugesAt,
 			PrefillMSPerToken: s.cfg.PrefillMSPerToken, QueueMSPerToken: s.cfg.QueueMSPerToken}
 		if s.rates != nil {
@@ -375,6 +376,18 @@ func (r *Router) ObserveEngine(i int, g route.EngineGauges, at time.Duration) {
 	defer r.mu.Unlock()
 	s := &r.reps[i]
 	s.gauges, s.gaugesAt, s.known = g, at, true
+}
+
+// SetKVCapacity tells the router replica i's KV cache size (tokens, as its
+// engine reports it): its share of the prefix index is resized to match.
+func (r *Router) SetKVCapacity(i, tokens int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if tokens <= 0 || tokens == r.reps[i].cfg.KVCapacityTokens {
+		return
+	}
+	r.reps[i].cfg.KVCapacityTokens = tokens
+	r.index.SetCapacity(i, tokens/r.index.BlockTokens())
 }
 
 // SetHealthy marks replica i eligible or not.

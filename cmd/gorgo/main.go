@@ -21,11 +21,11 @@ var commands []command
 
 func init() {
 	commands = []command{
+		{"demo", "run regions, replicas, the proxy and several policies live, side by side", runDemo},
+		{"serve", "run the OpenAI-compatible routing proxy in front of engine replicas", runServe},
 		{"sim", "simulate routing policies over a workload and compare them", runSim},
 		{"tune", "tune gorgo's weights on a window of a workload", runTune},
 		{"eval", "evaluate tuned gorgo against every baseline on held-out windows", runEval},
-		{"demo", "run regions, replicas, the proxy and several policies live, side by side", runDemo},
-		{"serve", "run the OpenAI-compatible routing proxy in front of engine replicas", runServe},
 		{"engine", "serve an emulated SGLang/vLLM replica (no GPU needed)", runEngine},
 		{"replay", "replay a workload against an OpenAI-compatible server", runReplay},
 		{"trace", "generate a synthetic workload (gen) or describe one (stats)", runTrace},

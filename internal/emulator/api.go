@@ -24,19 +24,14 @@ const maxBody = 16 << 20
 // chatRequest is the part of an OpenAI chat completion request the
 // emulator reads; other fields are accepted and ignored.
 type chatRequest struct {
-	Model               string        `json:"model"`
-	Messages            []chatMessage `json:"messages"`
-	MaxTokens           *int          `json:"max_tokens"`
-	MaxCompletionTokens *int          `json:"max_completion_tokens"`
-	Stream              bool          `json:"stream"`
+	Model               string               `json:"model"`
+	Messages            []prompt.WireMessage `json:"messages"`
+	MaxTokens           *int                 `json:"max_tokens"`
+	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
+	Stream              bool                 `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
-}
-
-type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
 }
 
 // completionRequest is the legacy completions request.
@@ -82,29 +77,17 @@ func (s *Server) parseChat(w http.ResponseWriter, r *http.Request) (*job, bool) 
 	if !s.checkModel(w, req.Model) {
 		return nil, false
 	}
-	if len(req.Messages) == 0 {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "messages: at least one message is required")
+	text, err := prompt.ChatRequestBytes(req.Messages)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return nil, false
-	}
-	msgs := make([]prompt.Message, len(req.Messages))
-	for i, m := range req.Messages {
-		if m.Role == "" {
-			writeError(w, http.StatusBadRequest, "BadRequestError", "messages[%d].role is required", i)
-			return nil, false
-		}
-		text, err := prompt.ContentText(m.Content)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "BadRequestError", "messages[%d]: %v", i, err)
-			return nil, false
-		}
-		msgs[i] = prompt.Message{Role: m.Role, Content: text}
 	}
 	max := req.MaxTokens
 	if req.MaxCompletionTokens != nil {
 		max = req.MaxCompletionTokens
 	}
 	j := &job{chat: true, stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
-	return j, s.fill(w, r, j, prompt.Chat(nil, msgs), max)
+	return j, s.fill(w, r, j, text, max)
 }
 
 func (s *Server) parseCompletion(w http.ResponseWriter, r *http.Request) (*job, bool) {
@@ -115,19 +98,9 @@ func (s *Server) parseCompletion(w http.ResponseWriter, r *http.Request) (*job, 
 	if !s.checkModel(w, req.Model) {
 		return nil, false
 	}
-	var text []byte
-	var one string
-	var list []string
-	var ids []int64
-	switch {
-	case json.Unmarshal(req.Prompt, &one) == nil:
-		text = []byte(one)
-	case json.Unmarshal(req.Prompt, &list) == nil && len(list) == 1:
-		text = []byte(list[0])
-	case json.Unmarshal(req.Prompt, &ids) == nil && len(ids) > 0:
-		text = req.Prompt // token ids: their JSON stands in for the text
-	default:
-		writeError(w, http.StatusBadRequest, "BadRequestError", "prompt: one prompt is required: a string, a list of one string, or a list of token ids")
+	text, err := prompt.CompletionBytes(req.Prompt)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return nil, false
 	}
 	j := &job{stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}

@@ -34,3 +34,25 @@ func TestChatGrowsByAppending(t *testing.T) {
 		t.Errorf("canonical form %q", one)
 	}
 }
+
+func TestRequestBytes(t *testing.T) {
+	got, err := ChatRequestBytes([]WireMessage{{Role: "user", Content: []byte(`[{"type":"text","text":"hi"},{"type":"image_url"}]`)}})
+	if err != nil || string(got) != "user\nhi\n" {
+		t.Errorf("chat: %q, %v", got, err)
+	}
+	for _, bad := range [][]WireMessage{nil, {{Content: []byte(`"x"`)}}, {{Role: "user", Content: []byte(`7`)}}} {
+		if _, err := ChatRequestBytes(bad); err == nil {
+			t.Errorf("chat %v accepted", bad)
+		}
+	}
+	for raw, want := range map[string]string{`"once"`: "once", `["once"]`: "once", `[1,2,3]`: "[1,2,3]"} {
+		if got, err := CompletionBytes([]byte(raw)); err != nil || string(got) != want {
+			t.Errorf("completion %s: %q, %v", raw, got, err)
+		}
+	}
+	for _, raw := range []string{`["a","b"]`, `[]`, `3`, `null`} {
+		if _, err := CompletionBytes([]byte(raw)); err == nil {
+			t.Errorf("completion %s accepted", raw)
+		}
+	}
+}

@@ -42,14 +42,11 @@ const prefixKeyTokens = 256
 // inbound is what the proxy reads of a chat or completion request; the
 // body is forwarded untouched.
 type inbound struct {
-	Messages []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	} `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Stream              bool            `json:"stream"`
+	Messages            []prompt.WireMessage `json:"messages"`
+	Prompt              json.RawMessage      `json:"prompt"`
+	MaxTokens           *int                 `json:"max_tokens"`
+	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
+	Stream              bool                 `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -108,34 +105,12 @@ func (s *Server) parseBody(r *http.Request, chat bool) (body []byte, req route.R
 	}
 	var text []byte
 	if chat {
-		if len(in.Messages) == 0 {
-			return nil, req, false, in, errors.New("messages: at least one message is required")
-		}
-		msgs := make([]prompt.Message, len(in.Messages))
-		for i, m := range in.Messages {
-			c, err := prompt.ContentText(m.Content)
-			if err != nil {
-				return nil, req, false, in, fmt.Errorf("messages[%d]: %w", i, err)
-			}
-			msgs[i] = prompt.Message{Role: m.Role, Content: c}
-		}
-		text = prompt.Chat(nil, msgs)
+		text, err = prompt.ChatRequestBytes(in.Messages)
 	} else {
-		var p string
-		var ids []int64
-		var list []string
-		switch {
-		case json.Unmarshal(in.Prompt, &p) == nil:
-			text = []byte(p)
-		case json.Unmarshal(in.Prompt, &list) == nil && len(list) == 1:
-			text = []byte(list[0])
-		case json.Unmarshal(in.Prompt, &ids) == nil && len(ids) > 0:
-			// Token ids: the prompt is exactly that many tokens; its JSON
-			// stands in for its text in the prefix hashes.
-			text = in.Prompt
-		default:
-			return nil, req, false, in, errors.New("prompt: one prompt is required: a string, a list of one string, or a list of token ids")
-		}
+		text, err = prompt.CompletionBytes(in.Prompt)
+	}
+	if err != nil {
+		return nil, req, false, in, err
 	}
 	req.PromptTokens = s.est.Tokens(text)
 	req.Blocks = s.est.Blocks(text, s.cfg.BlockTokens, nil)

@@ -250,14 +250,6 @@ func (r *Router) decide(now time.Duration, req *route.Request, rng *rand.Rand, s
 	return t, nil
 }
 
-// LastDecision copies the most recent decision's per-replica terms into d.
-func (r *Router) LastDecision(d *route.Decision) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	d.Replica = r.dec.Replica
-	d.Scores = append(d.Scores[:0], r.dec.Scores...)
-}
-
 func (t *Ticket) uncached() int { return t.PromptTokens - t.EstCachedTokens }
 
 // FirstToken folds in a request's time to first token as the router saw

@@ -49,18 +49,17 @@ func TestLedgerAndIndex(t *testing.T) {
 	}
 	// The same prompt again: the index now believes replica 0 holds it,
 	// and the ledger holds the first request.
+	// gorgo: a = 0.276·10 + 0 + 0.5·160; b = 0.276·200 + 160.
+	explain, _ := route.New("gorgo", route.Options{TieMargin: -1})
+	if _, d, err := r.Explain(time.Millisecond, &req, explain, rng); err != nil || d.Scores[0].Queue != 80 || d.Scores[1].Prefill != 160 {
+		t.Errorf("terms %+v, %v", d.Scores, err)
+	}
 	t2, err := r.Route(time.Millisecond, &req, rng)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if t2.Replica != 0 || t2.EstCachedTokens != 160 || t2.Backlog != 160 {
+	if t2.Replica != 0 || t2.EstCachedTokens != 160 || t2.Backlog != 160 || t2.Terms.Queue != 80 {
 		t.Fatalf("second ticket %+v", t2)
-	}
-	var d route.Decision
-	r.LastDecision(&d)
-	// gorgo: a = 0.276·10 + 0 + 0.5·160; b = 0.276·200 + 160.
-	if d.Scores[0].Queue != 80 || d.Scores[1].Prefill != 160 {
-		t.Errorf("terms %+v", d.Scores)
 	}
 	r.FirstToken(&t1, 50*time.Millisecond)
 	r.FirstToken(&t1, 50*time.Millisecond) // idempotent

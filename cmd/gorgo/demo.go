@@ -137,8 +137,8 @@ func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []
 	// Probes and scrapes at the paper's 30 s, in model time.
 	cfg.ProbeInterval = time.Duration(float64(30*time.Second) / speedup)
 	cfg.ScrapeInterval = cfg.ProbeInterval
-	cfg.Policy, cfg.Seed = policy, seed
-	px, err := proxy.New(cfg, nil, prometheus.NewRegistry())
+	cfg.Policy, cfg.Seed, cfg.Admin.Listen = policy, seed, proxy.AdminOff
+	px, err := proxy.New(cfg, nil, prometheus.NewRegistry(), "", nil)
 	if err != nil {
 		return report.Run{}, err
 	}
@@ -147,7 +147,7 @@ func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []
 		return report.Run{}, err
 	}
 	px.ProbeOnce(ctx)
-	go serve(ctx, px.Handler(), ln, px.Run)
+	go serve(ctx, px.Run, served{px.Handler(), ln})
 	out, err := replay.Run(ctx, replay.Config{Target: "http://" + ln.Addr().String(), Requests: reqs, MaxInflight: sim.DefaultMaxInflight})
 	if err != nil {
 		return report.Run{}, err

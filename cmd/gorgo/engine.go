@@ -88,5 +88,5 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 		*model, ln.Addr(), prof.Name, *rtt, *jitter, *speedup, *metricsFormat)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return serve(ctx, srv.Handler(), link.Listener(ln), srv.Run)
+	return serve(ctx, srv.Run, served{srv.Handler(), link.Listener(ln)})
 }

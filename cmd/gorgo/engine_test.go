@@ -28,7 +28,7 @@ func TestEngineInjectedRTT(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, srv.Handler(), link.Listener(ln), srv.Run) }()
+	go func() { done <- serve(ctx, srv.Run, served{srv.Handler(), link.Listener(ln)}) }()
 	defer func() {
 		cancel()
 		<-done

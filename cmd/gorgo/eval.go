@@ -110,7 +110,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 				ew.Window = "all"
 			}
 			evals = append(evals, ew)
-			cfgs = append(cfgs, sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Signals: pf.signals()})
+			cfgs = append(cfgs, pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed}))
 			for p := range names {
 				jobs = append(jobs, job{len(evals) - 1, p})
 			}

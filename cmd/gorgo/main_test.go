@@ -89,7 +89,7 @@ func TestBadInputGivesOneLineErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"sim", "--policy", "fastest"}, 1, `unknown policy "fastest" (valid: clairvoyant, gorgo, gorgo-ms, least-load`},
+		{[]string{"sim", "--policy", "fastest"}, 1, `unknown policy "fastest" (valid: clairvoyant, gorgo, gorgo-ms, gorgo-online, least-load`},
 		{[]string{"sim", "--topology", "moon"}, 1, `unknown topology "moon" (valid: paper`},
 		{[]string{"sim", "--trace", bad}, 1, bad + ":2: invalid JSON"},
 		{[]string{"sim", "--time-scale", "0"}, 1, "--time-scale"},
@@ -220,7 +220,9 @@ func TestServeBadInput(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"serve"}, "no replicas"},
+		{[]string{"serve", "--admin-listen", "off"}, "no replicas"},
+		{[]string{"serve", "--replica", "a=http://x", "--policy", "clairvoyant"}, "runs only in the simulator"},
+		{[]string{"serve", "--replica", "a=http://x", "--admin-listen", "0.0.0.0:0"}, "without a token"},
 		{[]string{"serve", "--replica", "nourl"}, "want ID=URL"},
 		{[]string{"serve", "--replica", "a=http://x,zone=1"}, `unknown replica option "zone"`},
 		{[]string{"serve", "--replica", "a=ftp://x"}, "not an http(s) URL"},

@@ -42,18 +42,26 @@ func (p *policyFlags) options() (route.Options, error) {
 	if err != nil {
 		return route.Options{}, fmt.Errorf("--ms-weights: %w", err)
 	}
-	margin := p.tieMargin
-	if math.IsNaN(margin) || math.IsInf(margin, 0) {
-		return route.Options{}, fmt.Errorf("--tie-margin must be a finite number, got %v", margin)
+	if math.IsNaN(p.tieMargin) || math.IsInf(p.tieMargin, 0) {
+		return route.Options{}, fmt.Errorf("--tie-margin must be a finite number, got %v", p.tieMargin)
 	}
-	if margin == 0 {
-		margin = -1 // the flag's 0 means exact ties
-	}
-	return route.Options{Weights: w, MSWeights: mw, TieMargin: margin}, nil
+	return route.Options{Weights: w, MSWeights: mw}, nil
 }
 
-// policyNames are the policies sim, tune and eval know.
-func policyNames() []string { return append(sim.PolicyNames(), tune.OnlineName) }
+// router sets the simulated router's signals and tie margin in c.
+func (p *policyFlags) router(c sim.Config) sim.Config {
+	c.Signals = sim.Signals{ProbeInterval: p.probe, ScrapeInterval: p.scrape, RTTAlpha: p.alpha, OnlineRates: p.rates != "profile", BlindPrior: p.rates == "blind"}
+	c.TieMargin = p.tieMargin
+	if c.TieMargin == 0 {
+		c.TieMargin = -1 // the flag's 0 means exact ties
+	}
+	return c
+}
+
+// policyNames are the policies sim, tune and eval know: every registered
+// one (the simulator's clairvoyant and the online tuner register
+// themselves).
+func policyNames() []string { return route.Names() }
 
 // policies builds one fresh instance of each listed policy; gorgo-online
 // is configured by tf.
@@ -83,13 +91,9 @@ func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]route
 			}
 			continue
 		}
-		if pols[i], err = sim.NewPolicy(n, opts); err != nil {
+		if pols[i], err = route.New(n, opts); err != nil {
 			return nil, fmt.Errorf("--policy: unknown policy %q (valid: %s)", n, joinNames(policyNames()))
 		}
 	}
 	return pols, nil
-}
-
-func (p *policyFlags) signals() sim.Signals {
-	return sim.Signals{ProbeInterval: p.probe, ScrapeInterval: p.scrape, RTTAlpha: p.alpha, OnlineRates: p.rates != "profile", BlindPrior: p.rates == "blind"}
 }

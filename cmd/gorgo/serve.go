@@ -30,18 +30,23 @@ policy picks (gorgo by default: lowest estimated TTFT from round trip, uncached
 prompt tokens and queue), streams back as it comes, and is tried on another
 replica if the first fails before any byte reached the client. The proxy
 probes round trips (GET /health), scrapes /metrics, and serves its own
-/metrics, /health and /admin/replicas, /admin/decide, /admin/tuner.
+/metrics and /health to clients; the admin API (/admin/replicas, weights,
+tuner, decide) is on its own listener (admin.listen, 127.0.0.1:9091 by
+default), behind bearer tokens when configured.
 
-Replicas come from --config (YAML, see examples/serve.yaml) and/or
---replica ID=URL[,region=R][,profile=P] (repeatable).`
+Replicas come from --config (YAML, see examples/serve.yaml: replicas, DNS
+discover groups), --replica ID=URL[,region=R][,profile=P] (repeatable) and
+the admin API. SIGHUP, or a change of the config file, reloads it: replicas
+keep their state, new ones join, missing ones are drained then removed.`
 
 func runServe(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", "serve [--config FILE] [--replica ID=URL,...] [flags]", serveAbout, stderr)
 	configPath := fs.String("config", "", "YAML config `FILE`")
 	var replicas listFlag
 	fs.Var(&replicas, "replica", "upstream `ID=URL[,region=R][,profile=P]` (repeatable)")
-	listen := fs.String("listen", "", "address to serve on (default the config's, else 127.0.0.1:8080)")
-	policy := fs.String("policy", "", "routing policy (default the config's, else gorgo): "+joinNames(append(route.Names(), tune.OnlineName)))
+	listen := fs.String("listen", "", "address to serve clients on (default the config's, else 127.0.0.1:8080)")
+	adminListen := fs.String("admin-listen", "", "address of the admin API (default the config's, else 127.0.0.1:9091; off for none)")
+	policy := fs.String("policy", "", "routing policy (default the config's, else gorgo): "+joinNames(route.LiveNames()))
 	weights := fs.String("weights", "", "gorgo's weights, `rtt=X,queue=Y` or a JSON file (default the config's, else the paper's)")
 	accessLog := fs.Bool("access-log", true, "log one line per request to stderr")
 	var tf tuneFlags
@@ -59,32 +64,49 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	var flagReplicas []proxy.ReplicaConfig
 	for _, r := range replicas {
 		rc, err := parseReplica(r)
 		if err != nil {
 			return fmt.Errorf("--replica: %w", err)
 		}
-		cfg.Replicas = append(cfg.Replicas, rc)
+		flagReplicas = append(flagReplicas, rc)
 	}
-	if *listen != "" {
-		cfg.Listen = *listen
-	}
-	if *policy != "" {
-		cfg.Policy = *policy
-	}
+	var flagWeights *route.Weights
 	if *weights != "" {
 		w, err := route.ParseWeights(*weights, route.PaperWeights)
 		if err != nil {
 			return fmt.Errorf("--weights: %w", err)
 		}
-		cfg.Weights = &w
+		flagWeights = &w
 	}
+	// The command line wins over the file, at start and on every reload.
+	overrides := func(c *proxy.Config) error {
+		if *listen != "" {
+			c.Listen = *listen
+		}
+		if *adminListen != "" {
+			c.Admin.Listen = *adminListen
+		}
+		if *policy != "" {
+			c.Policy = *policy
+		}
+		if flagWeights != nil {
+			c.Weights = flagWeights
+		}
+		return nil
+	}
+	cfg.Replicas = append(cfg.Replicas, flagReplicas...)
+	_ = overrides(&cfg)
 	cfg = cfg.Defaults()
 	var pol route.Policy
 	if cfg.Policy == tune.OnlineName {
-		base := route.Options{TieMargin: cfg.TieMargin}
+		base := route.Options{}
 		if cfg.Weights != nil {
 			base.Weights = *cfg.Weights
+		}
+		if cfg.MSWeights != nil {
+			base.MSWeights = *cfg.MSWeights
 		}
 		o, err := tf.online(cfg.Seed, base)
 		if err != nil {
@@ -94,52 +116,98 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	srv, err := proxy.New(cfg, pol, reg)
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	srv, err := proxy.New(cfg, pol, reg, *configPath, logger)
 	if err != nil {
 		return err
 	}
+	srv.SetFlags(flagReplicas, overrides)
 	if *accessLog {
-		srv.SetAccessLog(slog.New(slog.NewTextHandler(stderr, nil)))
+		srv.SetAccessLog(logger)
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err
 	}
+	var admin net.Listener
+	if cfg.Admin.Listen != proxy.AdminOff {
+		if admin, err = net.Listen("tcp", cfg.Admin.Listen); err != nil {
+			ln.Close()
+			return fmt.Errorf("admin listener: %w", err)
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv.ProbeOnce(ctx)
 	fmt.Fprintf(stdout, "gorgo serve: http://%s, policy %s, %d replicas:\n", ln.Addr(), cfg.Policy, len(cfg.Replicas))
-	for _, st := range srv.Router().Snapshot() {
-		health := "healthy"
-		if !st.Healthy {
+	for _, st := range srv.Router().Replicas() {
+		health := "up"
+		if !st.Available() {
 			health = "DOWN"
 		}
 		fmt.Fprintf(stdout, "  %-12s %-14s rtt %-8v %s\n", st.ID, st.Region, st.RTT.Round(time.Millisecond), health)
 	}
-	return serve(ctx, srv.Handler(), ln, srv.Run)
+	if admin != nil {
+		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", admin.Addr())
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				_ = srv.Reload() // logs what it did
+			}
+		}
+	}()
+	servers := []served{{srv.Handler(), ln}}
+	if admin != nil {
+		servers = append(servers, served{srv.AdminHandler(), admin})
+	}
+	return serve(ctx, srv.Run, servers...)
 }
 
-// serve serves h on ln and runs run (a server's background work: an
-// emulator's model, a proxy's probes) until ctx ends or run fails. When run
-// ends cleanly the HTTP server shuts down gracefully; when it fails (an
-// emulator's injected crash) every connection is cut at once.
-func serve(ctx context.Context, h http.Handler, ln net.Listener, run func(context.Context) error) error {
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+// served is a handler and the listener it serves on.
+type served struct {
+	h  http.Handler
+	ln net.Listener
+}
+
+// serve serves each handler on its listener and runs run (a server's
+// background work: an emulator's model, a proxy's probes) until ctx ends or
+// run fails. When run ends cleanly the HTTP servers shut down gracefully;
+// when it fails (an emulator's injected crash) every connection is cut at
+// once.
+func serve(ctx context.Context, run func(context.Context) error, servers ...served) error {
 	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if err := hs.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	})
+	var hss []*http.Server
+	for _, sv := range servers {
+		hs := &http.Server{Handler: sv.h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 75 * time.Second}
+		hss = append(hss, hs)
+		g.Go(func() error {
+			if err := hs.Serve(sv.ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
 	g.Go(func() error {
 		if err := run(ctx); err != nil {
-			hs.Close()
+			for _, hs := range hss {
+				hs.Close()
+			}
 			return err
 		}
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		return hs.Shutdown(sctx)
+		var errs []error
+		for _, hs := range hss {
+			errs = append(errs, hs.Shutdown(sctx))
+		}
+		return errors.Join(errs...)
 	})
 	return g.Wait()
 }

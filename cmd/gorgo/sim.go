@@ -69,15 +69,14 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	g.SetLimit(runtime.GOMAXPROCS(0))
 	for i, p := range pols {
 		g.Go(func() error {
-			res, err := sim.Run(sim.Config{
+			res, err := sim.Run(pf.router(sim.Config{
 				Replicas:    reps,
 				Requests:    reqs,
 				Policy:      p,
 				MaxInflight: ff.maxInflight,
 				Seed:        wl.seed,
-				Signals:     pf.signals(),
 				Progress:    prog.add,
-			})
+			}))
 			if err != nil {
 				return fmt.Errorf("policy %s: %w", p.Name(), err)
 			}

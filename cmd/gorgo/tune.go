@@ -86,7 +86,7 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "workload: %s\ntopology: %s\n", desc, describeFleet(t, reps))
-	base := sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Signals: pf.signals()}
+	base := pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed})
 
 	start := time.Now()
 	var res tuneResult
@@ -169,7 +169,7 @@ func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, o
 		return tuneResult{}, err
 	}
 	eval := func(ctx context.Context, p tune.Point) (tune.Metrics, error) {
-		pol, err := route.New(tf.base, tf.options(tune.Weights(es, p, baseW), opts.TieMargin))
+		pol, err := route.New(tf.base, tf.options(tune.Weights(es, p, baseW)))
 		if err != nil {
 			return tune.Metrics{}, err
 		}

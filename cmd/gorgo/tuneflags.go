@@ -80,8 +80,7 @@ func (t *tuneFlags) online(seed uint64, opts route.Options) (*tune.Online, error
 	if err != nil {
 		return nil, err
 	}
-	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop,
-		TieMargin: opts.TieMargin, BaseWeights: t.baseWeights(opts)})
+	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, BaseWeights: t.baseWeights(opts)})
 }
 
 // baseWeights are the tuned policy's weights before tuning (--weights or
@@ -116,10 +115,10 @@ func parseParam(s string) (tune.Param, error) {
 	return tune.Param{Name: name, Min: v[0], Max: v[1], Init: v[2]}, nil
 }
 
-// weightsOf turns a tuned point into the base policy's options.
-func (t *tuneFlags) options(w route.Weights, margin float64) route.Options {
+// options turns tuned weights into the base policy's options.
+func (t *tuneFlags) options(w route.Weights) route.Options {
 	if t.base == "gorgo-ms" {
-		return route.Options{MSWeights: w, TieMargin: margin}
+		return route.Options{MSWeights: w}
 	}
-	return route.Options{Weights: w, TieMargin: margin}
+	return route.Options{Weights: w}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
@@ -20,30 +21,6 @@ const OutputTokensHeader = "X-Gorgo-Output-Tokens"
 
 // maxBody bounds a request body (a 262k-token prompt is about 1 MiB).
 const maxBody = 16 << 20
-
-// chatRequest is the part of an OpenAI chat completion request the
-// emulator reads; other fields are accepted and ignored.
-type chatRequest struct {
-	Model               string               `json:"model"`
-	Messages            []prompt.WireMessage `json:"messages"`
-	MaxTokens           *int                 `json:"max_tokens"`
-	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
-	Stream              bool                 `json:"stream"`
-	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-}
-
-// completionRequest is the legacy completions request.
-type completionRequest struct {
-	Model         string          `json:"model"`
-	Prompt        json.RawMessage `json:"prompt"`
-	MaxTokens     *int            `json:"max_tokens"`
-	Stream        bool            `json:"stream"`
-	StreamOptions *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-}
 
 // apiError is an OpenAI-style error body.
 type apiError struct {
@@ -70,46 +47,47 @@ type job struct {
 }
 
 func (s *Server) parseChat(w http.ResponseWriter, r *http.Request) (*job, bool) {
-	var req chatRequest
-	if !decode(w, r, &req) {
-		return nil, false
-	}
-	if !s.checkModel(w, req.Model) {
-		return nil, false
-	}
-	text, err := prompt.ChatRequestBytes(req.Messages)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
-		return nil, false
-	}
-	max := req.MaxTokens
-	if req.MaxCompletionTokens != nil {
-		max = req.MaxCompletionTokens
-	}
-	j := &job{chat: true, stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
-	return j, s.fill(w, r, j, text, max)
+	return s.parse(w, r, true)
 }
 
 func (s *Server) parseCompletion(w http.ResponseWriter, r *http.Request) (*job, bool) {
-	var req completionRequest
-	if !decode(w, r, &req) {
+	return s.parse(w, r, false)
+}
+
+// requests recycles parsed requests, whose prompt buffers can be large.
+var requests = sync.Pool{New: func() any { return new(prompt.Request) }}
+
+// parse reads a chat (chat set) or legacy completion request.
+func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job, bool) {
+	if r.Method != http.MethodPost {
+		writeError(w, http.StatusMethodNotAllowed, "BadRequestError", "use POST")
+		return nil, false
+	}
+	body, err := readBody(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "reading the request: %v", err)
+		return nil, false
+	}
+	req := requests.Get().(*prompt.Request)
+	defer func() {
+		if cap(req.Text) <= 1<<20 {
+			requests.Put(req)
+		}
+	}()
+	if err := prompt.ParseRequest(body, chat, req); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return nil, false
 	}
 	if !s.checkModel(w, req.Model) {
 		return nil, false
 	}
-	text, err := prompt.CompletionBytes(req.Prompt)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
-		return nil, false
-	}
-	j := &job{stream: req.Stream, includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage}
-	return j, s.fill(w, r, j, text, req.MaxTokens)
+	j := &job{chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage}
+	return j, s.fill(w, r, j, req.Text, req.MaxTokens)
 }
 
-// fill estimates the prompt, decides the output length and checks the
-// context length.
-func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byte, max *int) bool {
+// fill estimates the prompt, decides the output length (max, or the
+// default when max is -1) and checks the context length.
+func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byte, max int) bool {
 	if len(text) == 0 {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "the prompt is empty")
 		return false
@@ -117,12 +95,12 @@ func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byt
 	j.promptTokens = s.est.Tokens(text)
 	j.blocks = s.est.Blocks(text, s.page, nil)
 	j.outputTokens = s.cfg.DefaultMaxTokens
-	if max != nil {
-		if *max < 1 {
-			writeError(w, http.StatusBadRequest, "BadRequestError", "max_tokens must be at least 1, got %d", *max)
+	if max != -1 {
+		if max < 1 {
+			writeError(w, http.StatusBadRequest, "BadRequestError", "max_tokens must be at least 1, got %d", max)
 			return false
 		}
-		j.outputTokens = *max
+		j.outputTokens = max
 	}
 	if h := r.Header.Get(OutputTokensHeader); h != "" {
 		n, err := strconv.Atoi(h)
@@ -144,24 +122,6 @@ func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byt
 func (s *Server) checkModel(w http.ResponseWriter, model string) bool {
 	if model != "" && model != s.cfg.Model {
 		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", model)
-		return false
-	}
-	return true
-}
-
-func decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	if r.Method != http.MethodPost {
-		writeError(w, http.StatusMethodNotAllowed, "BadRequestError", "use POST")
-		return false
-	}
-	body, err := readBody(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "reading the request: %v", err)
-		return false
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(v); err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "malformed JSON: %v", err)
 		return false
 	}
 	return true

@@ -1,5 +1,7 @@
 package engine
 
+import "github.com/gorgo-llm/gorgo/internal/slab"
+
 // cache is a replica's prefix KV cache, counted in fixed-size blocks (pages).
 //
 // A block is identified by a chained hash: its id stands for its own tokens
@@ -16,8 +18,7 @@ type cache struct {
 	used     int // cached blocks (referenced or not) + private blocks
 
 	index map[uint64]int32 // block id -> slot
-	slots []slot
-	free  []int32 // unused slots
+	slots slab.Slab[slot]
 
 	// LRU list of unreferenced cached blocks: head is the least recently
 	// used, the next to evict. -1 terminates.
@@ -48,7 +49,7 @@ func (c *cache) match(ids []uint64) (n, idle int) {
 		if !ok {
 			break
 		}
-		if c.slots[s].refs == 0 {
+		if c.slots.At(s).refs == 0 {
 			idle++
 		}
 		n++
@@ -65,10 +66,10 @@ func (c *cache) available() int { return c.capacity - c.used + c.lruLen }
 func (c *cache) acquire(ids []uint64, dst []int32) []int32 {
 	for _, id := range ids {
 		s := c.index[id]
-		if c.slots[s].refs == 0 {
+		if c.slots.At(s).refs == 0 {
 			c.unlink(s)
 		}
-		c.slots[s].refs++
+		c.slots.At(s).refs++
 		dst = append(dst, s)
 	}
 	return dst
@@ -97,21 +98,13 @@ func (c *cache) unreserve(n int) { c.used -= n }
 func (c *cache) commit(id uint64) int32 {
 	if s, ok := c.index[id]; ok {
 		c.used--
-		if c.slots[s].refs == 0 {
+		if c.slots.At(s).refs == 0 {
 			c.unlink(s)
 		}
-		c.slots[s].refs++
+		c.slots.At(s).refs++
 		return s
 	}
-	var s int32
-	if n := len(c.free); n > 0 {
-		s = c.free[n-1]
-		c.free = c.free[:n-1]
-	} else {
-		s = int32(len(c.slots))
-		c.slots = append(c.slots, slot{})
-	}
-	c.slots[s] = slot{id: id, refs: 1, prev: -1, next: -1}
+	s := c.slots.New(slot{id: id, refs: 1, prev: -1, next: -1})
 	c.index[id] = s
 	return s
 }
@@ -123,8 +116,8 @@ func (c *cache) commit(id uint64) int32 {
 func (c *cache) release(slots []int32) {
 	for i := len(slots) - 1; i >= 0; i-- {
 		s := slots[i]
-		c.slots[s].refs--
-		if c.slots[s].refs == 0 {
+		c.slots.At(s).refs--
+		if c.slots.At(s).refs == 0 {
 			c.pushMRU(s)
 		}
 	}
@@ -134,16 +127,16 @@ func (c *cache) release(slots []int32) {
 func (c *cache) evict() {
 	s := c.head
 	c.unlink(s)
-	delete(c.index, c.slots[s].id)
-	c.free = append(c.free, s)
+	delete(c.index, c.slots.At(s).id)
+	c.slots.Free(s)
 	c.used--
 }
 
 func (c *cache) pushMRU(s int32) {
-	c.slots[s].prev = c.tail
-	c.slots[s].next = -1
+	c.slots.At(s).prev = c.tail
+	c.slots.At(s).next = -1
 	if c.tail >= 0 {
-		c.slots[c.tail].next = s
+		c.slots.At(c.tail).next = s
 	} else {
 		c.head = s
 	}
@@ -152,18 +145,18 @@ func (c *cache) pushMRU(s int32) {
 }
 
 func (c *cache) unlink(s int32) {
-	p, n := c.slots[s].prev, c.slots[s].next
+	p, n := c.slots.At(s).prev, c.slots.At(s).next
 	if p >= 0 {
-		c.slots[p].next = n
+		c.slots.At(p).next = n
 	} else {
 		c.head = n
 	}
 	if n >= 0 {
-		c.slots[n].prev = p
+		c.slots.At(n).prev = p
 	} else {
 		c.tail = p
 	}
-	c.slots[s].prev, c.slots[s].next = -1, -1
+	c.slots.At(s).prev, c.slots.At(s).next = -1, -1
 	c.lruLen--
 }
 
@@ -173,7 +166,7 @@ func (c *cache) cloneInto(dst *cache) *cache {
 	if dst == nil {
 		dst = &cache{}
 	}
-	index, slots, free := dst.index, dst.slots[:0], dst.free[:0]
+	index, slots := dst.index, dst.slots
 	*dst = *c
 	if index == nil {
 		index = make(map[uint64]int32, len(c.index))
@@ -183,7 +176,7 @@ func (c *cache) cloneInto(dst *cache) *cache {
 		index[k] = v
 	}
 	dst.index = index
-	dst.slots = append(slots, c.slots...)
-	dst.free = append(free, c.free...)
+	dst.slots = slots
+	dst.slots.CopyFrom(&c.slots)
 	return dst
 }

@@ -33,8 +33,11 @@ const chainSeed uint64 = 0x243f6a8885a308d3
 
 // mix combines a parent hash and a block's own hash (a 64-bit finaliser
 // applied to an asymmetric combination, so that order matters).
-func mix(parent, block uint64) uint64 {
-	x := parent*0x9e3779b97f4a7c15 ^ block
+func mix(parent, block uint64) uint64 { return Fmix64(parent*0x9e3779b97f4a7c15 ^ block) }
+
+// Fmix64 is MurmurHash3's 64-bit finaliser: every bit of x affects every
+// bit of the result.
+func Fmix64(x uint64) uint64 {
 	x ^= x >> 33
 	x *= 0xff51afd7ed558ccd
 	x ^= x >> 33

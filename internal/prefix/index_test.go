@@ -18,11 +18,26 @@ func chain(base uint64, n int) []uint64 {
 
 func newIndex(t testing.TB, caps ...int) *Index {
 	t.Helper()
-	ix, err := New(16, caps)
+	ix, err := New(16)
 	if err != nil {
 		t.Fatal(err)
 	}
+	for i, c := range caps {
+		if slot, err := ix.AddReplica(c); err != nil || slot != i {
+			t.Fatalf("replica %d got slot %d, %v", i, slot, err)
+		}
+	}
 	return ix
+}
+
+// holds reports whether replica r is believed to hold the block.
+func holds(ix *Index, r int, hash uint64) bool {
+	for nd := ix.head(ix.lookup(hash)); nd >= 0; nd = ix.nodes.At(nd).sibling {
+		if int(ix.nodes.At(nd).replica) == r {
+			return true
+		}
+	}
+	return false
 }
 
 func TestMatchEveryReplica(t *testing.T) {
@@ -79,7 +94,7 @@ func linear(ix *Index, blocks []uint64, depth []int) {
 	for r := range depth {
 		depth[r] = 0
 		for _, h := range blocks {
-			if s := ix.holders(h); !s.has(r) {
+			if !holds(ix, r, h) {
 				break
 			}
 			depth[r]++
@@ -127,11 +142,50 @@ func TestMatchAgreesWithLinearScan(t *testing.T) {
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
-	if _, err := New(0, []int{1}); err == nil {
+	if _, err := New(0); err == nil {
 		t.Error("zero block size accepted")
 	}
-	if _, err := New(16, make([]int, MaxReplicas+1)); err == nil {
-		t.Error("too many replicas accepted")
+}
+
+// TestSlotsAreRecycled: a removed replica's slot goes to the next one added,
+// empty, and the others keep what they hold; the index holds MaxReplicas
+// replicas at once and refuses one more.
+func TestSlotsAreRecycled(t *testing.T) {
+	ix := newIndex(t, 1600, 1600, 1600)
+	a := chain(1, 10)
+	for r := range 3 {
+		ix.Insert(r, a[:3+r])
+	}
+	ix.RemoveReplica(1)
+	if ix.Blocks(1) != 0 || ix.Len() != 5 {
+		t.Fatalf("after removal: slot 1 holds %d blocks, index %d", ix.Blocks(1), ix.Len())
+	}
+	slot, err := ix.AddReplica(800)
+	if err != nil || slot != 1 || ix.Capacity(1) != 50 {
+		t.Fatalf("new replica in slot %d (capacity %d), %v; want the freed slot 1", slot, ix.Capacity(1), err)
+	}
+	depth := make([]int, ix.Slots())
+	ix.Match(a, depth)
+	if want := []int{3, 0, 5}; !slices.Equal(depth, want) {
+		t.Errorf("depth %v, want %v", depth, want)
+	}
+	for r := 3; r < MaxReplicas; r++ {
+		if _, err := ix.AddReplica(160); err != nil {
+			t.Fatalf("replica %d: %v", r, err)
+		}
+	}
+	if _, err := ix.AddReplica(16); err != ErrFull {
+		t.Fatalf("replica %d accepted (%v)", MaxReplicas+1, err)
+	}
+	if ix.Slots() != MaxReplicas {
+		t.Errorf("%d slots, want %d", ix.Slots(), MaxReplicas)
+	}
+	// Every slot in use, and a block held by the last of them matches.
+	ix.Insert(MaxReplicas-1, a[:2])
+	depth = make([]int, ix.Slots())
+	ix.Match(a, depth)
+	if depth[MaxReplicas-1] != 2 || depth[2] != 5 {
+		t.Errorf("depths %d %d, want 2 and 5", depth[MaxReplicas-1], depth[2])
 	}
 }
 

@@ -1,145 +1,432 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/subtle"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"os"
+	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
+// maxAdminBody bounds an admin request's body.
+const maxAdminBody = 8 << 20
+
 func (s *Server) routes(g prometheus.Gatherer) {
+	metrics := promhttp.HandlerFor(g, promhttp.HandlerOpts{})
+	notFound := func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "NotFoundError", "no route for %s %s", r.Method, r.URL.Path)
+	}
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleCompletion(true))
 	s.mux.HandleFunc("POST /v1/completions", s.handleCompletion(false))
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		for _, st := range s.rt.Snapshot() {
-			if st.Healthy {
+		for _, st := range s.rt.Replicas() {
+			if st.Available() {
 				w.WriteHeader(http.StatusOK)
 				return
 			}
 		}
-		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "no healthy replica")
+		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "no available replica")
 	})
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
-	s.mux.HandleFunc("GET /admin/replicas", s.adminReplicas)
-	s.mux.HandleFunc("POST /admin/decide", s.adminDecide)
-	s.mux.HandleFunc("GET /admin/tuner", s.adminTuner)
-	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "NotFoundError", "no route for %s %s", r.Method, r.URL.Path)
-	})
+	s.mux.Handle("GET /metrics", metrics)
+	s.mux.HandleFunc("/", notFound)
+
+	s.admin = http.NewServeMux()
+	s.admin.Handle("GET /metrics", metrics)
+	s.admin.HandleFunc("GET /admin/replicas", s.adminReplicas)
+	s.admin.HandleFunc("POST /admin/replicas", s.adminAdd)
+	s.admin.HandleFunc("DELETE /admin/replicas/{id}", s.adminMember(func(id string) error { return s.RemoveReplica(id) }, "remove"))
+	s.admin.HandleFunc("POST /admin/replicas/{id}/drain", s.adminMember(s.rt.Drain, "drain"))
+	s.admin.HandleFunc("POST /admin/replicas/{id}/undrain", s.adminMember(s.rt.Undrain, "undrain"))
+	s.admin.HandleFunc("GET /admin/weights", s.adminWeights)
+	s.admin.HandleFunc("PUT /admin/weights", s.adminSetWeights)
+	s.admin.HandleFunc("GET /admin/tuner", s.adminTuner)
+	s.admin.HandleFunc("POST /admin/tuner/pause", s.adminTunerPause(true))
+	s.admin.HandleFunc("POST /admin/tuner/resume", s.adminTunerPause(false))
+	s.admin.HandleFunc("POST /admin/decide", s.adminDecide)
+	s.admin.HandleFunc("/", notFound)
 }
 
-// handleModels answers from the first healthy replica that answers.
+// handleModels answers from the first available replica that answers.
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
-	for i, st := range s.rt.Snapshot() {
-		if !st.Healthy {
+	for _, st := range s.rt.Replicas() {
+		u := s.upstream(st.ID)
+		if !st.Available() || u == nil {
 			continue
 		}
-		resp, err := s.send(r, s.reps[i], nil)
+		ctx, cancel := context.WithTimeout(r.Context(), s.Config().HeaderTimeout)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.cfg.URL+"/v1/models", nil)
 		if err != nil {
+			cancel()
 			continue
 		}
-		defer resp.Body.Close()
+		req.Header = forwardHeaders(r.Header)
+		resp, err := s.client.Do(req)
+		if err != nil || resp.StatusCode >= 500 {
+			if resp != nil {
+				resp.Body.Close()
+			}
+			cancel()
+			continue
+		}
 		copyHeaders(w.Header(), resp.Header)
-		w.Header().Set(ReplicaHeader, s.reps[i].cfg.ID)
+		w.Header().Set(ReplicaHeader, st.ID)
 		w.WriteHeader(resp.StatusCode)
 		_, _ = io.Copy(w, resp.Body)
+		resp.Body.Close()
+		cancel()
 		return
 	}
-	writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "no healthy replica")
+	writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "no available replica")
 }
 
-func writeJSON(w http.ResponseWriter, v any) {
+// token is an admin bearer token and the name the log gives its holder.
+type token struct{ name, secret string }
+
+// tokens reads the configured admin tokens.
+func (a AdminConfig) tokens() ([]token, error) {
+	var out []token
+	if a.TokenEnv != "" {
+		v := strings.TrimSpace(os.Getenv(a.TokenEnv))
+		if v == "" {
+			return nil, fmt.Errorf("config: admin.token_env: $%s is empty or unset", a.TokenEnv)
+		}
+		out = append(out, token{name: "$" + a.TokenEnv, secret: v})
+	}
+	if a.TokenFile != "" {
+		data, err := os.ReadFile(a.TokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("config: admin.token_file: %w", err)
+		}
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		for n := 1; sc.Scan(); n++ {
+			line := strings.TrimSpace(sc.Text())
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			f := strings.Fields(line)
+			switch len(f) {
+			case 1:
+				out = append(out, token{name: fmt.Sprintf("%s:%d", a.TokenFile, n), secret: f[0]})
+			case 2:
+				out = append(out, token{name: f[0], secret: f[1]})
+			default:
+				return nil, fmt.Errorf("config: admin.token_file %s:%d: want TOKEN or NAME TOKEN", a.TokenFile, n)
+			}
+			if len(out[len(out)-1].secret) < 16 {
+				return nil, fmt.Errorf("config: admin.token_file %s:%d: a token must be at least 16 characters", a.TokenFile, n)
+			}
+		}
+		if len(out) == 0 {
+			return nil, fmt.Errorf("config: admin.token_file %s holds no token", a.TokenFile)
+		}
+	}
+	return out, nil
+}
+
+// validate refuses an admin listener that would be open to the network
+// without a token.
+func (a AdminConfig) validate() error {
+	if a.Listen == AdminOff {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(a.Listen)
+	if err != nil {
+		return fmt.Errorf("config: admin.listen %q: %w", a.Listen, err)
+	}
+	if !loopback(host) && a.TokenFile == "" && a.TokenEnv == "" {
+		return fmt.Errorf("config: admin.listen %s is not a loopback address: refusing to serve the admin API there without a token (set admin.token_file or admin.token_env)", a.Listen)
+	}
+	return nil
+}
+
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+type whoKey struct{}
+
+// who is the name of the admin token a request carried.
+func who(r *http.Request) string {
+	if n, ok := r.Context().Value(whoKey{}).(string); ok {
+		return n
+	}
+	return "anonymous"
+}
+
+// authenticated lets through requests that carry one of the admin tokens
+// (compared in constant time), or every request when none is configured
+// (a loopback listener).
+func (s *Server) authenticated(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		toks := *s.tokens.Load()
+		if len(toks) == 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		name := ""
+		for _, t := range toks {
+			if ok && subtle.ConstantTimeCompare([]byte(given), []byte(t.secret)) == 1 {
+				name = t.name
+			}
+		}
+		if name == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="gorgo admin"`)
+			writeError(w, http.StatusUnauthorized, "AuthenticationError", "a valid admin bearer token is required")
+			return
+		}
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), whoKey{}, name)))
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
 }
 
+// decodeJSON reads a bounded JSON body, unknown fields refused.
+func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "malformed JSON: %v", err)
+		return false
+	}
+	return true
+}
+
+// replicaJSON is a replica as the admin API shows it.
+type replicaJSON struct {
+	ID      string `json:"id"`
+	URL     string `json:"url"`
+	Region  string `json:"region"`
+	Profile string `json:"profile,omitempty"`
+	Source  string `json:"source"`
+	// State is active, draining, removing, down (marked down by failures)
+	// or unprobed (no probe has reached it yet).
+	State            string              `json:"state"`
+	Failures         int                 `json:"failures"`
+	RTTMS            float64             `json:"rtt_ms"`
+	InFlight         int                 `json:"in_flight"`
+	UnfinishedTokens int                 `json:"unfinished_tokens"`
+	BacklogTokens    int                 `json:"backlog_tokens"`
+	IndexBlocks      int                 `json:"index_blocks"`
+	KVCapacityTokens int                 `json:"kv_capacity_tokens"`
+	Engine           *route.EngineGauges `json:"engine,omitempty"`
+	EngineAgeS       *float64            `json:"engine_age_s,omitempty"`
+	PrefillMSPerTok  float64             `json:"prefill_ms_per_token"`
+	QueueMSPerTok    float64             `json:"queue_ms_per_token"`
+}
+
+func (s *Server) replicaJSON(st router.ReplicaState) replicaJSON {
+	out := replicaJSON{ID: st.ID, Region: st.Region, State: st.State.String(), RTTMS: float64(st.RTT.Microseconds()) / 1000,
+		InFlight: st.InFlight, UnfinishedTokens: st.UnfinishedTokens, BacklogTokens: st.BacklogTokens, IndexBlocks: st.IndexBlocks,
+		KVCapacityTokens: st.KVCapacityTokens, PrefillMSPerTok: st.PrefillMSPerToken, QueueMSPerTok: st.QueueMSPerToken}
+	switch {
+	case st.State != router.Active:
+	case !st.Healthy:
+		out.State = "down"
+	case !st.Probed:
+		out.State = "unprobed"
+	}
+	if u := s.upstream(st.ID); u != nil {
+		out.URL, out.Profile, out.Source = u.cfg.URL, u.cfg.Profile, u.source
+		u.mu.Lock()
+		out.Failures = u.failures
+		u.mu.Unlock()
+	}
+	if st.EngineKnown {
+		g, age := st.Engine, (s.now() - st.EngineAt).Seconds()
+		out.Engine, out.EngineAgeS = &g, &age
+	}
+	return out
+}
+
 // adminReplicas shows every replica as the router sees it.
 func (s *Server) adminReplicas(w http.ResponseWriter, r *http.Request) {
-	type replica struct {
-		ID, URL, Region      string
-		Healthy              bool
-		Failures             int
-		RTTMS                float64
-		InFlight             int
-		UnfinishedTokens     int
-		BacklogTokens        int
-		IndexBlocks          int
-		Engine               route.EngineGauges
-		EngineKnown          bool
-		EngineAgeS           float64
-		PrefillMS, QueueMSPT float64
+	out := []replicaJSON{}
+	for _, st := range s.rt.Replicas() {
+		out = append(out, s.replicaJSON(st))
 	}
-	now := s.now()
-	var out []replica
-	for i, st := range s.rt.Snapshot() {
-		u := s.reps[i]
-		u.mu.Lock()
-		f := u.failures
-		u.mu.Unlock()
-		rep := replica{ID: st.ID, URL: u.cfg.URL, Region: st.Region, Healthy: st.Healthy, Failures: f, RTTMS: st.RTT.Seconds() * 1000,
-			InFlight: st.InFlight, UnfinishedTokens: st.UnfinishedTokens, BacklogTokens: st.BacklogTokens, IndexBlocks: st.IndexBlocks,
-			Engine: st.Engine, EngineKnown: st.EngineKnown, PrefillMS: st.PrefillMSPerToken, QueueMSPT: st.QueueMSPerToken}
-		if st.EngineKnown {
-			rep.EngineAgeS = (now - st.EngineAt).Seconds()
+	writeJSON(w, http.StatusOK, map[string]any{"policy": s.policy.Name(), "replicas": out})
+}
+
+// adminAdd adds a replica: {"id","url","region","profile"}.
+func (s *Server) adminAdd(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		ID      string `json:"id"`
+		URL     string `json:"url"`
+		Region  string `json:"region"`
+		Profile string `json:"profile"`
+	}
+	if !decodeJSON(w, r, &in) {
+		return
+	}
+	if in.ID == "" {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "id is required")
+		return
+	}
+	err := s.AddReplica(ReplicaConfig{ID: in.ID, URL: in.URL, Region: in.Region, Profile: in.Profile}, sourceAdmin)
+	switch {
+	case errors.Is(err, router.ErrExists):
+		writeError(w, http.StatusConflict, "ConflictError", "replica %s already exists", in.ID)
+		return
+	case err != nil:
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
+		return
+	}
+	s.log.Info("admin change", "who", who(r), "op", "add", "replica", in.ID, "url", in.URL)
+	st, _ := s.rt.Replica(in.ID)
+	writeJSON(w, http.StatusCreated, s.replicaJSON(st))
+}
+
+// adminMember applies a membership change to the replica in the path.
+func (s *Server) adminMember(change func(id string) error, op string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := change(id); err != nil {
+			if errors.Is(err, router.ErrUnknown) {
+				writeError(w, http.StatusNotFound, "NotFoundError", "no replica %s", id)
+				return
+			}
+			writeError(w, http.StatusInternalServerError, "InternalServerError", "%v", err)
+			return
 		}
-		out = append(out, rep)
+		s.log.Info("admin change", "who", who(r), "op", op, "replica", id)
+		st, err := s.rt.Replica(id)
+		if err != nil { // removed at once: it had nothing in flight
+			writeJSON(w, http.StatusOK, map[string]any{"id": id, "state": "removed"})
+			return
+		}
+		writeJSON(w, http.StatusOK, s.replicaJSON(st))
 	}
-	writeJSON(w, map[string]any{"policy": s.policy.Name(), "replicas": out})
+}
+
+// tunable is a policy whose weights can change while it routes.
+type tunable interface {
+	Weights() route.Weights
+	SetWeights(route.Weights) error
+}
+
+func (s *Server) adminWeights(w http.ResponseWriter, r *http.Request) {
+	switch p := s.policy.(type) {
+	case tunable:
+		writeJSON(w, http.StatusOK, map[string]any{"policy": s.policy.Name(), "rtt": p.Weights().RTT, "queue": p.Weights().Queue})
+	case *tune.Online:
+		inc := p.Incumbent()
+		writeJSON(w, http.StatusOK, map[string]any{"policy": s.policy.Name(), "base": p.Base(), "rtt": inc.RTT, "queue": inc.Queue, "tuned": true})
+	default:
+		writeError(w, http.StatusNotFound, "NotFoundError", "policy %s has no weights", s.policy.Name())
+	}
+}
+
+func (s *Server) adminSetWeights(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.policy.(tunable)
+	if !ok {
+		writeError(w, http.StatusConflict, "ConflictError", "policy %s has no weights to set (gorgo-online tunes its own)", s.policy.Name())
+		return
+	}
+	var in struct {
+		RTT   *float64 `json:"rtt"`
+		Queue *float64 `json:"queue"`
+	}
+	if !decodeJSON(w, r, &in) {
+		return
+	}
+	wt := p.Weights()
+	if in.RTT != nil {
+		wt.RTT = *in.RTT
+	}
+	if in.Queue != nil {
+		wt.Queue = *in.Queue
+	}
+	if err := p.SetWeights(wt); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
+		return
+	}
+	s.log.Info("admin change", "who", who(r), "op", "weights", "weights", wt.String())
+	writeJSON(w, http.StatusOK, map[string]any{"policy": s.policy.Name(), "rtt": wt.RTT, "queue": wt.Queue})
 }
 
 // adminDecide explains where a request would go: the body is a chat
 // completion request; nothing is sent or recorded.
 func (s *Server) adminDecide(w http.ResponseWriter, r *http.Request) {
-	_, req, _, err := s.parse(r, true)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
+	body := getBuffer()
+	defer putBuffer(body)
+	r.Body = http.MaxBytesReader(w, r.Body, maxAdminBody)
+	if err := readBody(r, body); err != nil {
+		writeError(w, http.StatusRequestEntityTooLarge, "BadRequestError", "reading the request: %v", err)
 		return
 	}
-	// A fresh instance of the policy (for the online tuner, gorgo with its
-	// incumbent weights) and a random source of its own: explaining a
+	req, perr := s.core.Begin(*body, true, r.Header.Get(SessionHeader), time.Now())
+	if perr != nil {
+		writeLifecycleError(w, perr)
+		return
+	}
+	defer req.Discard()
+	// A fresh instance of the policy (for the online tuner, its base with
+	// the incumbent weights) and a random source of its own: explaining a
 	// decision must not move a round-robin counter or a tuner's arms.
 	pol, err := s.explainPolicy()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "InternalServerError", "%v", err)
 		return
 	}
-	t, d, err := s.rt.Explain(s.now(), &req, pol, rand.New(rand.NewPCG(s.cfg.Seed, 1)))
+	c, scored, err := s.rt.Explain(s.now(), &req.Route, pol, rand.New(rand.NewPCG(s.Config().Seed, 1)))
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "%v", err)
 		return
 	}
 	scores := map[string]route.Terms{}
-	for i, sc := range d.Scores {
-		scores[s.reps[i].cfg.ID] = sc
+	for _, sc := range scored {
+		scores[sc.ID] = sc.Terms
 	}
-	writeJSON(w, map[string]any{"replica": s.reps[t.Replica].cfg.ID, "prompt_tokens": req.PromptTokens,
-		"est_cached_tokens": t.EstCachedTokens, "policy": pol.Name(), "scores": scores})
+	writeJSON(w, http.StatusOK, map[string]any{"replica": c.ID, "prompt_tokens": req.Route.PromptTokens,
+		"est_cached_tokens": c.EstCachedTokens, "policy": pol.Name(), "scores": scores})
 }
 
 // explainPolicy returns a fresh instance of the proxy's policy.
 func (s *Server) explainPolicy() (route.Policy, error) {
-	opts := route.Options{TieMargin: s.cfg.TieMargin}
-	if s.cfg.Weights != nil {
-		opts.Weights = *s.cfg.Weights
+	switch p := s.policy.(type) {
+	case *tune.Online:
+		return p.IncumbentPolicy()
+	case tunable:
+		cfg := s.Config()
+		opts := cfg.options()
+		if s.policy.Name() == "gorgo-ms" {
+			opts.MSWeights = p.Weights()
+		} else {
+			opts.Weights = p.Weights()
+		}
+		return route.New(s.policy.Name(), opts)
 	}
-	if s.cfg.MSWeights != nil {
-		opts.MSWeights = *s.cfg.MSWeights
-	}
-	if o, ok := s.policy.(*tune.Online); ok {
-		opts.Weights = o.Incumbent()
-		return route.New("gorgo", opts)
-	}
-	return route.New(s.policy.Name(), opts)
+	cfg := s.Config()
+	return route.New(s.policy.Name(), cfg.options())
 }
 
 // adminTuner shows the online tuner's state, when the policy tunes itself.
@@ -149,6 +436,27 @@ func (s *Server) adminTuner(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "NotFoundError", "policy %s does not tune itself", s.policy.Name())
 		return
 	}
-	steps := o.Steps()
-	writeJSON(w, map[string]any{"incumbent": o.Incumbent(), "steps": len(steps), "sigma": o.Sigma(), "history": steps})
+	judged, accepted := o.Counts()
+	writeJSON(w, http.StatusOK, map[string]any{"base": o.Base(), "incumbent": o.Incumbent(), "sigma": o.Sigma(), "paused": o.Paused(),
+		"judged": judged, "accepted": accepted, "history": o.Steps()})
+}
+
+func (s *Server) adminTunerPause(pause bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		o, ok := s.policy.(*tune.Online)
+		if !ok {
+			writeError(w, http.StatusNotFound, "NotFoundError", "policy %s does not tune itself", s.policy.Name())
+			return
+		}
+		op := "tuner resume"
+		if pause {
+			op = "tuner pause"
+			o.Pause()
+		} else if err := o.Resume(); err != nil {
+			writeError(w, http.StatusInternalServerError, "InternalServerError", "%v", err)
+			return
+		}
+		s.log.Info("admin change", "who", who(r), "op", op)
+		writeJSON(w, http.StatusOK, map[string]any{"paused": o.Paused()})
+	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/gorgo-llm/gorgo/internal/discover"
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/route"
 )
@@ -18,10 +19,17 @@ import (
 // Config is what `gorgo serve` reads from its YAML file. Zero fields take
 // the defaults Defaults fills in.
 type Config struct {
-	// Listen is the proxy's address (default 127.0.0.1:8080).
-	Listen   string          `yaml:"listen"`
-	Replicas []ReplicaConfig `yaml:"replicas"`
-	// Policy names the routing policy (default gorgo).
+	// Listen is the client listener's address (default 127.0.0.1:8080).
+	Listen string `yaml:"listen"`
+	// Admin configures the admin listener.
+	Admin AdminConfig `yaml:"admin"`
+	// Replicas are the replicas the config names; Discover adds groups of
+	// replicas found in DNS. Either may be empty (replicas can also come
+	// through the admin API).
+	Replicas []ReplicaConfig  `yaml:"replicas"`
+	Discover []discover.Group `yaml:"discover"`
+	// Policy names the routing policy (default gorgo); any registered
+	// policy but the simulator's.
 	Policy string `yaml:"policy"`
 	// Weights are gorgo's (default the paper's), MSWeights gorgo-ms's.
 	Weights   *route.Weights `yaml:"weights"`
@@ -64,7 +72,28 @@ type Config struct {
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// Seed fixes the policies' random draws.
 	Seed uint64 `yaml:"seed"`
+	// ConfigPoll is how often the config file's modification time is
+	// checked, and the file reloaded when it changed (default 5 s; negative:
+	// never; SIGHUP reloads it at any time).
+	ConfigPoll time.Duration `yaml:"config_poll"`
 }
+
+// AdminConfig is the admin listener: /admin/* (the admin API) and
+// /metrics, apart from client traffic.
+type AdminConfig struct {
+	// Listen is its address (default 127.0.0.1:9091; "off" for none). A
+	// non-loopback address needs a token.
+	Listen string `yaml:"listen"`
+	// TokenFile names a file of bearer tokens, one per line, each "TOKEN"
+	// or "NAME TOKEN" (the name is what the log says changed something);
+	// blank lines and lines starting with # are skipped. TokenEnv names an
+	// environment variable holding one token instead.
+	TokenFile string `yaml:"token_file"`
+	TokenEnv  string `yaml:"token_env"`
+}
+
+// AdminOff as AdminConfig.Listen turns the admin listener off.
+const AdminOff = "off"
 
 // ReplicaConfig is one upstream engine.
 type ReplicaConfig struct {
@@ -108,6 +137,12 @@ func (c Config) Defaults() Config {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:8080"
 	}
+	if c.Admin.Listen == "" {
+		c.Admin.Listen = "127.0.0.1:9091"
+	}
+	if c.ConfigPoll == 0 {
+		c.ConfigPoll = 5 * time.Second
+	}
 	if c.Policy == "" {
 		c.Policy = "gorgo"
 	}
@@ -146,64 +181,111 @@ func (c Config) Defaults() Config {
 	}
 	c.Replicas = append([]ReplicaConfig(nil), c.Replicas...)
 	for i := range c.Replicas {
-		r := &c.Replicas[i]
-		r.URL = strings.TrimRight(r.URL, "/")
-		if r.ID == "" {
-			if u, err := url.Parse(r.URL); err == nil {
-				r.ID = u.Host
-			}
-		}
-		if r.MetricsPath == "" {
-			r.MetricsPath = "/metrics"
-		}
-		prof := r.Profile
-		if prof == "" {
-			prof = paperProfile
-		}
-		if p, err := engine.LookupProfile(prof); err == nil {
-			if r.KVCapacityTokens == 0 {
-				r.KVCapacityTokens = p.KVCapacityTokens
-			}
-			if r.PrefillMSPerTok == 0 {
-				r.PrefillMSPerTok = p.PrefillMSPerToken()
-			}
-			if r.QueueMSPerTok == 0 {
-				r.QueueMSPerTok = p.QueueMSPerToken()
-			}
-		}
+		c.Replicas[i] = c.Replicas[i].Defaults()
+	}
+	c.Discover = append([]discover.Group(nil), c.Discover...)
+	for i := range c.Discover {
+		c.Discover[i] = c.Discover[i].Defaults()
 	}
 	return c
+}
+
+// Defaults returns r with every zero field set to its default: the id
+// from the URL's host, the KV capacity and rates from the profile.
+func (r ReplicaConfig) Defaults() ReplicaConfig {
+	r.URL = strings.TrimRight(r.URL, "/")
+	if r.ID == "" {
+		if u, err := url.Parse(r.URL); err == nil {
+			r.ID = u.Host
+		}
+	}
+	if r.MetricsPath == "" {
+		r.MetricsPath = "/metrics"
+	}
+	prof := r.Profile
+	if prof == "" {
+		prof = paperProfile
+	}
+	if p, err := engine.LookupProfile(prof); err == nil {
+		if r.KVCapacityTokens == 0 {
+			r.KVCapacityTokens = p.KVCapacityTokens
+		}
+		if r.PrefillMSPerTok == 0 {
+			r.PrefillMSPerTok = p.PrefillMSPerToken()
+		}
+		if r.QueueMSPerTok == 0 {
+			r.QueueMSPerTok = p.QueueMSPerToken()
+		}
+	}
+	return r
+}
+
+// Validate reports the first problem of a defaulted replica.
+func (r ReplicaConfig) Validate() error {
+	u, err := url.Parse(r.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("url %q is not an http(s) URL", r.URL)
+	}
+	if r.ID == "" || strings.ContainsAny(r.ID, "/?#") || strings.TrimSpace(r.ID) != r.ID {
+		return fmt.Errorf("id %q: want a non-empty id without '/', '?', '#' or surrounding spaces", r.ID)
+	}
+	if r.Profile != "" {
+		if _, err := engine.LookupProfile(r.Profile); err != nil {
+			return err
+		}
+	}
+	for _, v := range []float64{r.PrefillMSPerTok, r.QueueMSPerTok} {
+		if !(v > 0) || math.IsInf(v, 0) {
+			return fmt.Errorf("prefill and queue rates must be positive and finite")
+		}
+	}
+	if r.KVCapacityTokens <= 0 {
+		return fmt.Errorf("kv_capacity_tokens must be positive")
+	}
+	if !strings.HasPrefix(r.MetricsPath, "/") {
+		return fmt.Errorf("metrics_path %q must start with /", r.MetricsPath)
+	}
+	return nil
 }
 
 // Validate reports the first problem of a defaulted config; it changes
 // nothing.
 func (c Config) Validate() error {
-	if len(c.Replicas) == 0 {
-		return fmt.Errorf("config: no replicas")
+	if len(c.Replicas) == 0 && len(c.Discover) == 0 && c.Admin.Listen == AdminOff {
+		return fmt.Errorf("config: no replicas, no discover groups and no admin API to add any")
 	}
 	ids := map[string]bool{}
 	for i, r := range c.Replicas {
-		u, err := url.Parse(r.URL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("config: replica %d: url %q is not an http(s) URL", i, r.URL)
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("config: replica %d (%s): %w", i+1, r.ID, err)
 		}
 		if ids[r.ID] {
 			return fmt.Errorf("config: replica id %q used twice", r.ID)
 		}
 		ids[r.ID] = true
-		if r.Profile != "" {
-			if _, err := engine.LookupProfile(r.Profile); err != nil {
-				return fmt.Errorf("config: replica %s: %w", r.ID, err)
+	}
+	names := map[string]bool{}
+	for i, g := range c.Discover {
+		if err := g.Validate(); err != nil {
+			return fmt.Errorf("config: discover group %d: %w", i+1, err)
+		}
+		if names[g.Name()] {
+			return fmt.Errorf("config: discover group %q listed twice", g.Name())
+		}
+		names[g.Name()] = true
+		if g.Profile != "" {
+			if _, err := engine.LookupProfile(g.Profile); err != nil {
+				return fmt.Errorf("config: discover group %s: %w", g.Name(), err)
 			}
 		}
-		for _, v := range []float64{r.PrefillMSPerTok, r.QueueMSPerTok} {
-			if !(v > 0) || math.IsInf(v, 0) {
-				return fmt.Errorf("config: replica %s: prefill and queue rates must be positive and finite", r.ID)
-			}
-		}
-		if r.KVCapacityTokens <= 0 {
-			return fmt.Errorf("config: replica %s: kv_capacity_tokens must be positive", r.ID)
-		}
+	}
+	if info, ok := route.Lookup(c.Policy); !ok {
+		return fmt.Errorf("config: unknown policy %q (valid: %s)", c.Policy, strings.Join(route.LiveNames(), ", "))
+	} else if info.SimOnly {
+		return fmt.Errorf("config: policy %s runs only in the simulator (valid here: %s)", c.Policy, strings.Join(route.LiveNames(), ", "))
+	}
+	if err := c.Admin.validate(); err != nil {
+		return err
 	}
 	switch {
 	case c.BlockTokens < 1 || c.BytesPerToken < 1:

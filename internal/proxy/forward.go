@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -10,15 +9,11 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
-	"github.com/gorgo-llm/gorgo/internal/prompt"
-	"github.com/gorgo-llm/gorgo/internal/route"
-	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -32,26 +27,11 @@ const (
 	ReplicaHeader = "X-Gorgo-Replica"
 )
 
-// maxBody bounds a request body.
-const maxBody = 32 << 20
-
-// prefixKeyTokens is how many leading prompt tokens simple session
-// affinity hashes (the paper's 256).
-const prefixKeyTokens = 256
-
-// inbound is what the proxy reads of a chat or completion request; the
-// body is forwarded untouched.
-type inbound struct {
-	Messages            []prompt.WireMessage `json:"messages"`
-	Prompt              json.RawMessage      `json:"prompt"`
-	MaxTokens           *int                 `json:"max_tokens"`
-	MaxCompletionTokens *int                 `json:"max_completion_tokens"`
-	Stream              bool                 `json:"stream"`
-	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-	User string `json:"user"`
-}
+// Bounds on what the proxy reads.
+const (
+	maxBody   = 32 << 20 // a request body
+	maxAnswer = 64 << 20 // a non-streaming answer, or one event of a stream
+)
 
 func writeError(w http.ResponseWriter, status int, typ, format string, args ...any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -60,72 +40,41 @@ func writeError(w http.ResponseWriter, status int, typ, format string, args ...a
 		"message": fmt.Sprintf(format, args...), "type": typ, "param": nil, "code": status}})
 }
 
-// parse reads a request into the router's view of it (for /admin/decide).
-func (s *Server) parse(r *http.Request, chat bool) (body []byte, req route.Request, stream bool, err error) {
-	body, req, stream, _, err = s.parseUsage(r, chat)
-	return body, req, stream, err
+func writeLifecycleError(w http.ResponseWriter, e *lifecycle.Error) {
+	if e.RetryAfter != "" {
+		w.Header().Set("Retry-After", e.RetryAfter)
+	}
+	writeError(w, e.Status, e.Type, "%s", e.Message)
 }
 
-// parseUsage is parse, and for a stream that did not ask for usage it
-// rewrites the body to ask for it (the engine's cached-token report feeds
-// the router's prefix index); the caller must then keep the usage chunk
-// from the client (injected).
-func (s *Server) parseUsage(r *http.Request, chat bool) (body []byte, req route.Request, stream, injected bool, err error) {
-	body, req, stream, in, err := s.parseBody(r, chat)
-	if err != nil || !stream || (in.StreamOptions != nil && in.StreamOptions.IncludeUsage) {
-		return body, req, stream, false, err
+// buffers recycles request bodies and relay buffers.
+var buffers = sync.Pool{New: func() any { return new([]byte) }}
+
+func getBuffer() *[]byte  { return buffers.Get().(*[]byte) }
+func putBuffer(b *[]byte) { *b = (*b)[:0]; buffers.Put(b) }
+
+// readBody reads a request body into a pooled buffer, at most maxBody.
+func readBody(r *http.Request, buf *[]byte) error {
+	b := (*buf)[:0]
+	if n := r.ContentLength; n > 0 && n <= maxBody && int64(cap(b)) < n {
+		b = make([]byte, 0, n+1)
 	}
-	var fields map[string]json.RawMessage
-	if json.Unmarshal(body, &fields) != nil {
-		return body, req, stream, false, nil
-	}
-	opts := map[string]json.RawMessage{}
-	if raw, ok := fields["stream_options"]; ok && string(raw) != "null" {
-		if json.Unmarshal(raw, &opts) != nil {
-			return body, req, stream, false, nil
+	body := http.MaxBytesReader(nil, r.Body, maxBody)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			*buf = b
+			return nil
+		}
+		if err != nil {
+			*buf = b
+			return err
 		}
 	}
-	opts["include_usage"] = json.RawMessage("true")
-	fields["stream_options"], _ = json.Marshal(opts)
-	rewritten, err := json.Marshal(fields)
-	if err != nil {
-		return body, req, stream, false, nil
-	}
-	return rewritten, req, stream, true, nil
-}
-
-// parseBody reads a request into the router's view of it.
-func (s *Server) parseBody(r *http.Request, chat bool) (body []byte, req route.Request, stream bool, in inbound, err error) {
-	body, err = io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
-	if err != nil {
-		return nil, req, false, in, fmt.Errorf("reading the request: %w", err)
-	}
-	if err := json.Unmarshal(body, &in); err != nil {
-		return nil, req, false, in, fmt.Errorf("malformed JSON: %w", err)
-	}
-	var text []byte
-	if chat {
-		text, err = prompt.ChatRequestBytes(in.Messages)
-	} else {
-		text, err = prompt.CompletionBytes(in.Prompt)
-	}
-	if err != nil {
-		return nil, req, false, in, err
-	}
-	req.PromptTokens = s.est.Tokens(text)
-	req.Blocks = s.est.Blocks(text, s.cfg.BlockTokens, nil)
-	req.PrefixKey = xxhash.Sum64(text[:min(len(text), s.est.Bytes(prefixKeyTokens))])
-	req.SessionKey = r.Header.Get(SessionHeader)
-	if req.SessionKey == "" {
-		req.SessionKey = in.User
-	}
-	switch {
-	case in.MaxCompletionTokens != nil:
-		req.MaxOutputTokens = *in.MaxCompletionTokens
-	case in.MaxTokens != nil:
-		req.MaxOutputTokens = *in.MaxTokens
-	}
-	return body, req, in.Stream, in, nil
 }
 
 // handleCompletion serves POST /v1/chat/completions (chat) and
@@ -133,91 +82,83 @@ func (s *Server) parseBody(r *http.Request, chat bool) (body []byte, req route.R
 func (s *Server) handleCompletion(chat bool) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		received := time.Now()
-		body, req, stream, injected, err := s.parseUsage(r, chat)
-		if err != nil {
-			status := http.StatusBadRequest
+		body := getBuffer()
+		defer putBuffer(body)
+		if err := readBody(r, body); err != nil {
 			var tooBig *http.MaxBytesError
+			e := &lifecycle.Error{Status: http.StatusBadRequest, Type: "BadRequestError", Message: "reading the request: " + err.Error()}
 			if errors.As(err, &tooBig) {
-				status = http.StatusRequestEntityTooLarge
+				e.Status, e.Message = http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes", maxBody)
 			}
-			s.m.requests.WithLabelValues("", strconv.Itoa(status)).Inc()
-			writeError(w, status, "BadRequestError", "%v", err)
+			s.core.Metrics.Refused(e.Status)
+			writeLifecycleError(w, e)
 			return
 		}
-		skip := make([]bool, len(s.reps))
-		var last *attemptError
-		for range s.cfg.MaxAttempts {
-			decided := time.Now()
-			t, err := s.rt.Dispatch(s.now(), &req, s.rng, skip)
-			s.m.decision.Observe(time.Since(decided).Seconds())
-			if err != nil {
-				break // nothing left to try
+		req, perr := s.core.Begin(*body, chat, r.Header.Get(SessionHeader), received)
+		if perr != nil {
+			s.core.Metrics.Refused(perr.Status)
+			writeLifecycleError(w, perr)
+			return
+		}
+		for {
+			id, ok := req.Next()
+			if !ok {
+				break
 			}
-			u := s.reps[t.Replica]
-			a, aerr := s.attempt(r, u, body, stream)
-			if aerr != nil {
-				s.rt.Finish(&t)
-				if r.Context().Err() != nil { // the client left: not the replica's fault
-					s.m.requests.WithLabelValues(u.cfg.ID, "499").Inc()
-					return
-				}
-				last = aerr
-				if aerr.broken {
-					s.failed(t.Replica)
-				}
-				s.m.retries.WithLabelValues(u.cfg.ID).Inc()
-				skip[t.Replica] = true
+			u := s.upstream(id)
+			if u == nil { // left between the decision and now
+				req.Failed(&lifecycle.Error{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailableError", Message: id + " left the fleet"}, false)
 				continue
 			}
-			s.rt.Accepted(&t, &req)
-			s.relay(w, r, a, &t, u, received, stream, injected)
+			a, aerr := s.attempt(r, u, req)
+			if aerr != nil {
+				if r.Context().Err() != nil { // the client left: not the replica's fault
+					req.Abandon()
+					return
+				}
+				req.Failed(&aerr.Error, aerr.broken)
+				continue
+			}
+			req.Accepted()
+			s.relay(w, r, a, req)
 			return
 		}
-		if last == nil {
-			s.m.requests.WithLabelValues("", "503").Inc()
-			writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "no healthy replica")
-			return
-		}
-		s.m.requests.WithLabelValues("", strconv.Itoa(last.status)).Inc()
-		if ra := last.retryAfter; ra != "" {
-			w.Header().Set("Retry-After", ra)
-		}
-		typ := "ServiceUnavailableError"
-		switch last.status {
-		case http.StatusTooManyRequests:
-			typ = "RateLimitError"
-		case http.StatusBadGateway, http.StatusGatewayTimeout:
-			typ = "BadGatewayError"
-		case http.StatusInternalServerError:
-			typ = "InternalServerError"
-		}
-		writeError(w, last.status, typ, "every replica tried failed; the last (%s): %s", last.replica, last.msg)
+		e := req.Failure()
+		req.Reject(e)
+		writeLifecycleError(w, e)
 	}
 }
 
 // attemptError is why an attempt on a replica failed before anything was
 // sent to the client.
 type attemptError struct {
-	replica    string
-	status     int    // what to answer if no replica is left
-	msg        string // the replica's error message, or the transport error
-	retryAfter string
+	lifecycle.Error
 	// broken: the failure counts against the replica (it refused, hung,
 	// broke, or answered 5xx); a 503 or 429 only says it is busy.
 	broken bool
 }
 
-func (e *attemptError) Error() string { return e.replica + ": " + e.msg }
+func failure(id string, status int, broken bool, msg string) *attemptError {
+	typ := "ServiceUnavailableError"
+	switch status {
+	case http.StatusTooManyRequests:
+		typ = "RateLimitError"
+	case http.StatusBadGateway, http.StatusGatewayTimeout:
+		typ = "BadGatewayError"
+	case http.StatusInternalServerError:
+		typ = "InternalServerError"
+	}
+	return &attemptError{Error: lifecycle.Error{Status: status, Type: typ, Message: "every replica tried failed; the last (" + id + "): " + msg}, broken: broken}
+}
 
 // answer is a replica's answer, read far enough to be sure it is one: for
-// a stream, its first event; otherwise the whole body.
+// a stream, its first whole event; otherwise the whole body.
 type answer struct {
 	resp   *http.Response
-	head   []byte    // the first event, or the whole body
-	headAt time.Time // when head was read
-	sent   time.Time
-	br     *bufio.Reader
-	idle   *time.Timer // cancels the upstream request when it stalls
+	buf    *[]byte   // read from the body and not relayed yet
+	at     time.Time // when buf's last bytes were read
+	end    error     // how the body ended (io.EOF: cleanly), nil while open
+	idle   *time.Timer
 	cancel context.CancelFunc
 }
 
@@ -225,37 +166,67 @@ func (a *answer) close() {
 	a.idle.Stop()
 	a.resp.Body.Close()
 	a.cancel()
+	putBuffer(a.buf)
+}
+
+// fill reads what the body has now into buf (growing it when full).
+func (a *answer) fill(idle time.Duration) {
+	b := *a.buf
+	if len(b) == cap(b) {
+		if cap(b) >= maxAnswer {
+			a.end = fmt.Errorf("an event of the answer is larger than %d bytes", maxAnswer)
+			return
+		}
+		b = append(b, make([]byte, max(32<<10, cap(b)))...)[:len(b)]
+	}
+	n, err := a.resp.Body.Read(b[len(b):cap(b)])
+	*a.buf = b[:len(b)+n]
+	a.at = time.Now()
+	if idle > 0 {
+		a.idle.Reset(idle)
+	}
+	if err != nil {
+		a.end = err
+	}
 }
 
 // attempt sends the request to replica u and reads its answer until it is
 // sure the answer can be relayed: a status other than 5xx and 429, and for
 // a successful stream its first event. Until then nothing has reached the
 // client, so any failure lets the caller try another replica.
-func (s *Server) attempt(r *http.Request, u *upstream, body []byte, stream bool) (*answer, *attemptError) {
+func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (*answer, *attemptError) {
+	cfg := s.cfg.Load()
+	id := u.cfg.ID
 	ctx, cancel := context.WithCancel(r.Context())
 	fail := func(status int, broken bool, msg string) (*answer, *attemptError) {
 		cancel()
-		return nil, &attemptError{replica: u.cfg.ID, status: status, broken: broken, msg: msg}
+		return nil, failure(id, status, broken, msg)
 	}
 	// A stream's headers come at once, even for a queued request, so a
 	// replica that sends none is hung. A non-streaming answer's headers come
 	// with its last token: no limit there.
 	var hung atomic.Bool
 	var headerTimer *time.Timer
-	if stream && s.cfg.HeaderTimeout > 0 {
-		headerTimer = time.AfterFunc(s.cfg.HeaderTimeout, func() {
+	if req.Stream() && cfg.HeaderTimeout > 0 {
+		headerTimer = time.AfterFunc(cfg.HeaderTimeout, func() {
 			if hung.CompareAndSwap(false, true) {
 				cancel()
 			}
 		})
 	}
-	sent := time.Now()
-	resp, err := s.send(r.WithContext(ctx), u, body)
+	up, err := http.NewRequestWithContext(ctx, r.Method, u.cfg.URL+r.URL.RequestURI(), bytes.NewReader(req.Body))
+	if err != nil {
+		return fail(http.StatusBadGateway, true, err.Error())
+	}
+	up.Header = forwardHeaders(r.Header)
+	up.ContentLength = int64(len(req.Body))
+	req.Sent(time.Now())
+	resp, err := s.client.Do(up)
 	if headerTimer != nil && !hung.CompareAndSwap(false, true) {
 		if resp != nil {
 			resp.Body.Close()
 		}
-		return fail(http.StatusGatewayTimeout, true, fmt.Sprintf("no response headers within %v", s.cfg.HeaderTimeout))
+		return fail(http.StatusGatewayTimeout, true, fmt.Sprintf("no response headers within %v", cfg.HeaderTimeout))
 	}
 	if err != nil {
 		return fail(http.StatusBadGateway, true, err.Error())
@@ -265,254 +236,149 @@ func (s *Server) attempt(r *http.Request, u *upstream, body []byte, stream bool)
 		resp.Body.Close()
 		busy := resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests
 		a, e := fail(resp.StatusCode, !busy, wire.ErrorMessage(data))
-		e.retryAfter = resp.Header.Get("Retry-After")
+		e.RetryAfter = resp.Header.Get("Retry-After")
 		return a, e
 	}
-	a := &answer{resp: resp, sent: sent, cancel: cancel, br: bufio.NewReaderSize(resp.Body, 32<<10)}
-	idle := s.cfg.StreamIdleTimeout
-	if idle <= 0 {
-		idle = time.Duration(math.MaxInt64)
-	}
-	a.idle = time.AfterFunc(idle, cancel)
-	if resp.StatusCode == http.StatusOK && stream {
-		a.head, err = readEvent(a.br, nil)
-	} else {
-		a.head, err = io.ReadAll(a.br)
-		if err == nil {
-			err = io.EOF // the whole body is in head
+	idle := cfg.StreamIdleTimeout
+	a := &answer{resp: resp, cancel: cancel, buf: getBuffer()}
+	a.idle = time.AfterFunc(math.MaxInt64, cancel) // armed by fill when idle > 0
+	stream := resp.StatusCode == http.StatusOK && req.Stream()
+	for a.end == nil {
+		a.fill(idle)
+		if stream {
+			if _, _, ok := wire.NextEvent(*a.buf); ok {
+				break
+			}
 		}
 	}
-	a.headAt = time.Now()
-	if err != nil && err != io.EOF || len(a.head) == 0 && resp.StatusCode == http.StatusOK {
-		a.close()
+	if a.end != nil && a.end != io.EOF || len(*a.buf) == 0 && resp.StatusCode == http.StatusOK {
+		err := a.end
 		if err == nil || err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return nil, &attemptError{replica: u.cfg.ID, status: http.StatusBadGateway, broken: true, msg: "the answer broke before its first event: " + err.Error()}
+		a.close()
+		return nil, failure(id, http.StatusBadGateway, true, "the answer broke before its first event: "+err.Error())
 	}
 	return a, nil
 }
 
-// readEvent appends to dst the lines of one SSE event, through the blank
-// line that ends it (or the end of the stream).
-func readEvent(br *bufio.Reader, dst []byte) ([]byte, error) {
-	for {
-		line, err := br.ReadSlice('\n')
-		dst = append(dst, line...)
-		if err == bufio.ErrBufferFull {
-			continue
-		}
-		if err != nil {
-			return dst, err
-		}
-		if len(bytes.TrimRight(line, "\r\n")) == 0 && len(dst) > len(line) {
-			return dst, nil
-		}
-		if len(bytes.TrimRight(line, "\r\n")) == 0 {
-			dst = dst[:0] // a stray blank line before any field
+// hopByHop are the headers a proxy must not forward.
+var hopByHop = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Accept-Encoding": true}
+
+// forwardHeaders copies a client's request headers for the replica.
+func forwardHeaders(src http.Header) http.Header {
+	dst := make(http.Header, len(src))
+	for k, v := range src {
+		if !hopByHop[k] {
+			dst[k] = v
 		}
 	}
+	return dst
 }
-
-// hopByHop are the headers a proxy must not forward.
-var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Accept-Encoding"}
 
 // copyHeaders copies a replica's response headers for the client.
 func copyHeaders(dst, src http.Header) {
 	for k, v := range src {
-		dst[k] = v
-	}
-	for _, k := range hopByHop {
-		dst.Del(k)
+		if !hopByHop[k] {
+			dst[k] = v
+		}
 	}
 }
 
-// send forwards the request to replica u.
-func (s *Server) send(r *http.Request, u *upstream, body []byte) (*http.Response, error) {
-	target := u.cfg.URL + r.URL.Path
-	if r.URL.RawQuery != "" {
-		target += "?" + r.URL.RawQuery
-	}
-	up, err := http.NewRequestWithContext(r.Context(), r.Method, target, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	up.Header = r.Header.Clone()
-	for _, h := range hopByHop {
-		up.Header.Del(h)
-	}
-	return s.client.Do(up)
-}
-
-// relay sends a replica's answer to the client as it comes, timing it and
-// feeding the outcome back. Once bytes reached the client, a failure
-// aborts the client's connection rather than pretend the answer ended well.
-func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, t *router.Ticket, u *upstream, received time.Time, stream, injected bool) {
+// relay sends a replica's answer to the client as it comes, handing every
+// event to the lifecycle. Events that arrive together leave together, in
+// one write and one flush. Once bytes reached the client, a failure aborts
+// the client's connection rather than pretend the answer ended well.
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *lifecycle.Request) {
 	defer a.close()
 	copyHeaders(w.Header(), a.resp.Header)
-	w.Header().Set(ReplicaHeader, u.cfg.ID)
+	w.Header().Set(ReplicaHeader, req.Replica())
 	w.WriteHeader(a.resp.StatusCode)
-	code := strconv.Itoa(a.resp.StatusCode)
-	fl, _ := w.(http.Flusher)
 	ok := a.resp.StatusCode == http.StatusOK
-
-	var (
-		first, last time.Time
-		tokens      int
-		cached      = -1
-		relayErr    error // the replica's
-		clientErr   error
-	)
-	// note reads an event's tokens and usage; it reports whether the event
-	// is the usage chunk the client did not ask for.
-	note := func(event []byte, at time.Time) (hide bool) {
-		n, c, usageOnly := scanEvent(event)
-		if n > 0 {
-			if first.IsZero() {
-				first = at
-				s.rt.FirstToken(t, at.Sub(a.sent))
-			}
-			last, tokens = at, tokens+n
+	var clientErr error
+	if !req.Stream() || !ok {
+		// The whole body is in the buffer.
+		_, clientErr = w.Write(*a.buf)
+		if ok && clientErr == nil {
+			req.Complete(wire.PeekBody(*a.buf))
 		}
-		if c >= 0 {
-			cached = c
-		}
-		return injected && usageOnly
+		req.End(lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil}, time.Now())
+		return
 	}
-	if !stream || !ok {
-		_, clientErr = w.Write(a.head)
-		if ok {
-			tokens, cached = scanBody(a.head)
-		}
-	} else {
-		event, at := a.head, a.headAt
+	fl, _ := w.(http.Flusher)
+	out := getBuffer()
+	defer putBuffer(out)
+	var scratch []byte
+	idle := s.Config().StreamIdleTimeout
+	for {
+		// Relay every whole event read so far.
+		rest := *a.buf
+		*out = (*out)[:0]
+		done := false
 		for {
-			if !note(event, at) {
-				if _, err := w.Write(event); err != nil {
-					clientErr = err
-					break
-				}
-				if fl != nil {
-					fl.Flush()
-				}
-			}
-			var err error
-			event, err = readEvent(a.br, event[:0])
-			at = time.Now()
-			if s.cfg.StreamIdleTimeout > 0 {
-				a.idle.Reset(s.cfg.StreamIdleTimeout)
-			}
-			if err != nil {
-				if len(event) > 0 && !note(event, at) {
-					_, _ = w.Write(event)
-				}
-				if err != io.EOF {
-					relayErr = err
-				}
+			ev, next, whole := wire.NextEvent(rest)
+			if !whole {
 				break
 			}
-		}
-		if fl != nil {
-			fl.Flush()
-		}
-	}
-	end := time.Now()
-	s.rt.Finish(t)
-	if cached >= 0 {
-		s.rt.CachedReport(t, cached)
-	}
-	switch {
-	case r.Context().Err() != nil || clientErr != nil:
-		code = "499"
-	case relayErr != nil:
-		code = "502"
-		s.failed(t.Replica)
-	}
-	s.m.requests.WithLabelValues(u.cfg.ID, code).Inc()
-	if s.log != nil {
-		attrs := []any{"replica", u.cfg.ID, "status", code, "stream", stream, "prompt_tokens", t.PromptTokens,
-			"est_cached_tokens", t.EstCachedTokens, "cached_tokens", cached, "output_tokens", tokens, "e2e_ms", ms(end.Sub(received))}
-		if !first.IsZero() {
-			attrs = append(attrs, "ttft_ms", ms(first.Sub(received)))
-		}
-		if relayErr != nil {
-			attrs = append(attrs, "error", relayErr.Error())
-		}
-		s.log.Info("request", attrs...)
-	}
-	if ok && code != "499" {
-		s.m.e2e.WithLabelValues(u.cfg.ID).Observe(end.Sub(received).Seconds())
-	}
-	// Only a stream says when its first token came: a non-streaming answer
-	// is timed by its end, which is no TTFT.
-	if stream && ok && code != "499" {
-		if !first.IsZero() {
-			s.m.ttft.WithLabelValues(u.cfg.ID).Observe(first.Sub(received).Seconds())
-		}
-		if l, isLearner := s.policy.(route.Learner); isLearner {
-			o := route.Outcome{Failed: relayErr != nil || first.IsZero()}
-			if !o.Failed {
-				o.TTFT, o.E2E = first.Sub(a.sent), end.Sub(a.sent)
-				if tokens > 1 {
-					o.ITL = last.Sub(first) / time.Duration(tokens-1)
-				}
+			rest = next
+			if s.hide(ev, req, &scratch, a.at, &done) {
+				continue
 			}
-			l.Learn(t.Tag, o)
+			*out = append(*out, ev...)
+		}
+		// Keep the unfinished event at the front of the buffer.
+		*a.buf = (*a.buf)[:copy(*a.buf, rest)]
+		if a.end != nil && len(*a.buf) > 0 {
+			// The last event, without the blank line after it.
+			if !s.hide(*a.buf, req, &scratch, a.at, &done) {
+				*out = append(*out, *a.buf...)
+			}
+			*a.buf = (*a.buf)[:0]
+		}
+		if len(*out) > 0 {
+			if _, clientErr = w.Write(*out); clientErr != nil {
+				break
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if done || a.end == io.EOF {
+			req.Done() // the final event reached the client
+		}
+		if a.end != nil {
+			break
+		}
+		a.fill(idle)
+	}
+	var upErr error
+	if a.end != nil && a.end != io.EOF {
+		upErr = a.end
+		if errors.Is(upErr, context.Canceled) && r.Context().Err() == nil {
+			upErr = fmt.Errorf("no byte from the replica for %v", idle)
 		}
 	}
-	if relayErr != nil && r.Context().Err() == nil && clientErr == nil {
+	clientGone := clientErr != nil || r.Context().Err() != nil
+	status := req.End(lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientGone, Err: upErr}, time.Now())
+	if status == http.StatusBadGateway && !clientGone {
 		panic(http.ErrAbortHandler) // headers are out: cut the stream, don't fake its end
 	}
 }
 
-// scanBody reads a non-streaming answer's usage: completion tokens and the
-// cached tokens (-1 if not reported).
-func scanBody(data []byte) (tokens, cached int) {
-	cached = -1
-	var v struct {
-		Usage *struct {
-			CompletionTokens int `json:"completion_tokens"`
-			Details          *struct {
-				Cached *int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
-		} `json:"usage"`
+// hide hands one event to the lifecycle and reports whether the client
+// must not see it (the usage chunk it did not ask for); done is set by the
+// [DONE] event.
+func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at time.Time, done *bool) bool {
+	data := wire.EventData(ev, scratch)
+	if len(data) == 0 {
+		return false
 	}
-	if json.Unmarshal(data, &v) == nil && v.Usage != nil {
-		tokens = v.Usage.CompletionTokens
-		if v.Usage.Details != nil && v.Usage.Details.Cached != nil {
-			cached = *v.Usage.Details.Cached
-		}
+	if wire.IsDone(data) {
+		*done = true
+		return false
 	}
-	return tokens, cached
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// scanEvent reads one SSE event: how many tokens it carries, the cached
-// tokens its usage reports (-1 if none), and whether it is a usage chunk
-// and nothing else (no token, no finish reason).
-func scanEvent(event []byte) (tokens, cached int, usageOnly bool) {
-	cached = -1
-	for _, line := range bytes.Split(event, []byte("\n")) {
-		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
-		if !ok {
-			continue
-		}
-		data = bytes.TrimSpace(data)
-		if len(data) == 0 || string(data) == "[DONE]" {
-			continue
-		}
-		ev, err := wire.ParseChunk(data)
-		if err != nil {
-			continue
-		}
-		if ev.HasToken() {
-			tokens++
-		}
-		if ev.Usage != nil && ev.Usage.CachedTokens >= 0 {
-			cached = ev.Usage.CachedTokens
-		}
-		usageOnly = ev.Usage != nil && !ev.HasToken() && ev.FinishReason == ""
-	}
-	return tokens, cached, usageOnly
+	p := wire.PeekChunk(data)
+	req.Chunk(&p, at)
+	return req.HideUsage && p.Usage && !p.Token && !p.Finish
 }

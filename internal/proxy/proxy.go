@@ -1,90 +1,123 @@
-// Package proxy is gorgo's OpenAI-compatible proxy: it parses each chat or
-// completion request, asks the routing core which replica should serve it,
-// forwards it there, streams the answer back as it comes, measures what
-// the client sees, and feeds the outcome back to the router (and to an
-// online tuner). Round-trip probes, /metrics scrapes and passive failure
-// counting keep the router's view of the fleet current; a replica that
-// fails before anything reached the client is skipped and another tried.
+// Package proxy is gorgo's OpenAI-compatible proxy: an HTTP front end over
+// the transport-free request lifecycle (internal/lifecycle). It reads each
+// chat or completion request, lets the lifecycle pick a replica (and its
+// fallbacks), forwards the request there, relays the answer as it comes
+// and hands the upstream's events back to the lifecycle. Around it, it
+// keeps the fleet: replicas from the config file (reloaded on SIGHUP or
+// when the file changes), from DNS groups, and from the authenticated
+// admin API on its own listener; round-trip probes, /metrics scrapes and
+// passive failure counting keep the router's view of each replica current.
 package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sync/errgroup"
 
+	"github.com/gorgo-llm/gorgo/internal/discover"
+	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
-// Server is the proxy. Create it with New, serve Handler, and run Run for
-// the probes and scrapes.
+// Server is the proxy. Create it with New, serve Handler (clients) and
+// AdminHandler (operators), and run Run for the probes, scrapes, DNS
+// discovery and config reloads.
 type Server struct {
-	cfg    Config
+	cfg    atomic.Pointer[Config] // the running config (live settings change on reload)
+	path   string                 // the config file, if any
+	core   *lifecycle.Core
 	rt     *router.Router
 	policy route.Policy
-	est    prompt.Estimator
 	client *http.Client
 	start  time.Time
-	reps   []*upstream
 	m      *metrics
 	mux    *http.ServeMux
+	admin  *http.ServeMux
+	log    *slog.Logger
+	tokens atomic.Pointer[[]token]
 
-	// rng is only used inside router calls, which the router serialises.
-	rng *rand.Rand
-	// log, if set, gets one line per request answered by a replica.
-	log *slog.Logger
+	// ups maps replica ids to upstreams; it changes under upMu and is
+	// read through the atomic pointer.
+	upMu sync.Mutex
+	ups  atomic.Pointer[map[string]*upstream]
+
+	// run is the context of Run, for the loops of replicas added later.
+	runMu sync.Mutex
+	run   context.Context
+	loops sync.WaitGroup
+
+	// dnsMu guards the DNS groups' replicas and their watcher. Lock order:
+	// dnsMu, then upMu, then runMu.
+	dnsMu       sync.Mutex
+	dnsSets     map[string]map[string]bool // group name -> replica ids
+	stopWatcher context.CancelFunc
+	watcherDone chan struct{}
+	resolver    discover.Resolver
+
+	reloadMu sync.Mutex // serialises reloads; guards fileMod
+	fileMod  time.Time
+	flags    flags
 }
 
-// upstream is one replica and its failure count.
+// Sources of a replica.
+const (
+	sourceConfig = "config"
+	sourceAdmin  = "admin"
+	sourceDNS    = "dns:" // + the group's name
+)
+
+// upstream is one replica as the proxy reaches it.
 type upstream struct {
-	cfg      ReplicaConfig
+	cfg    ReplicaConfig
+	source string
+	stop   context.CancelFunc // ends its probe and scrape loops
+
 	mu       sync.Mutex
 	failures int // in a row
 }
 
 // New builds a proxy from a config (defaults are applied here) and a
 // policy; nil policy means the config's. Its metrics are registered on reg
-// and served, with whatever else reg holds, at /metrics.
-func New(cfg Config, policy route.Policy, reg *prometheus.Registry) (*Server, error) {
+// and served at /metrics on both listeners. path is the config file that
+// Reload reads again ("" if the config came from flags alone). log gets
+// membership changes and reloads (nil: discarded).
+func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string, log *slog.Logger) (*Server, error) {
 	cfg = cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	if policy == nil {
-		opts := route.Options{TieMargin: cfg.TieMargin}
-		if cfg.Weights != nil {
-			opts.Weights = *cfg.Weights
-		}
-		if cfg.MSWeights != nil {
-			opts.MSWeights = *cfg.MSWeights
-		}
 		var err error
-		if policy, err = route.New(cfg.Policy, opts); err != nil {
+		if policy, err = route.New(cfg.Policy, cfg.options()); err != nil {
 			return nil, fmt.Errorf("config: %w", err)
 		}
 	}
-	rcs := make([]router.ReplicaConfig, len(cfg.Replicas))
-	s := &Server{cfg: cfg, policy: policy, est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken}, start: time.Now(),
-		rng: rand.New(rand.NewPCG(cfg.Seed, 0x4f1bbcdcbfa53e0a))}
-	for i, r := range cfg.Replicas {
-		rcs[i] = router.ReplicaConfig{ID: r.ID, Region: r.Region, KVCapacityTokens: r.KVCapacityTokens,
-			PrefillMSPerToken: r.PrefillMSPerTok, QueueMSPerToken: r.QueueMSPerTok}
-		s.reps = append(s.reps, &upstream{cfg: r})
-	}
-	rt, err := router.New(router.Config{Replicas: rcs, Policy: policy, BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha, OnlineRates: cfg.OnlineRates})
+	toks, err := cfg.Admin.tokens()
 	if err != nil {
 		return nil, err
 	}
-	s.rt = rt
+	rt, err := router.New(router.Config{Policy: policy, BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha,
+		OnlineRates: cfg.OnlineRates, TieMargin: cfg.TieMargin})
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{path: path, rt: rt, policy: policy, start: time.Now(), log: log, dnsSets: map[string]map[string]bool{}}
+	s.cfg.Store(&cfg)
+	s.tokens.Store(&toks)
+	s.ups.Store(&map[string]*upstream{})
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	s.client = &http.Client{Transport: &http.Transport{
 		DialContext:         dialer.DialContext,
@@ -94,74 +127,315 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry) (*Server, er
 		ForceAttemptHTTP2:   false,
 	}}
 	s.m = newMetrics(reg)
-	// A replica is routed to only once a probe has reached it: until then
-	// its round trip is unknown (and would count as zero).
-	for i := range s.reps {
-		s.rt.SetHealthy(i, false)
-		s.m.healthy.WithLabelValues(s.reps[i].cfg.ID).Set(0)
+	s.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken}, BlockTokens: cfg.BlockTokens,
+		MaxAttempts: cfg.MaxAttempts, Start: s.start, Health: s, Metrics: lifecycle.NewMetrics(reg), Seed: cfg.Seed})
+	for _, rc := range cfg.Replicas {
+		if err := s.AddReplica(rc, sourceConfig); err != nil {
+			return nil, err
+		}
+	}
+	if path != "" {
+		s.fileMod = modTime(path)
 	}
 	s.routes(reg)
 	return s, nil
 }
 
+// options are the policy options a config gives.
+func (c *Config) options() route.Options {
+	var o route.Options
+	if c.Weights != nil {
+		o.Weights = *c.Weights
+	}
+	if c.MSWeights != nil {
+		o.MSWeights = *c.MSWeights
+	}
+	return o
+}
+
 // SetAccessLog makes the proxy log one line per request (replica, status,
 // tokens, TTFT, E2E). Call it before serving.
-func (s *Server) SetAccessLog(l *slog.Logger) { s.log = l }
+func (s *Server) SetAccessLog(l *slog.Logger) { s.core.Log = l }
 
 // Router exposes the routing core (for tests and the admin API).
 func (s *Server) Router() *router.Router { return s.rt }
 
+// Config returns the running config.
+func (s *Server) Config() Config { return *s.cfg.Load() }
+
 // now is the router's clock: time since the proxy started.
 func (s *Server) now() time.Duration { return time.Since(s.start) }
 
-// Handler serves the OpenAI API, /health, /metrics and /admin.
+// Handler serves the OpenAI API, /health and /metrics to clients.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// Run probes and scrapes every replica until ctx ends, the first probes one
-// interval after it starts. Replicas are routed to only after a probe has
+// AdminHandler serves /admin/* and /metrics to operators, behind the
+// bearer tokens if any are configured.
+func (s *Server) AdminHandler() http.Handler { return s.authenticated(s.admin) }
+
+func (s *Server) upstream(id string) *upstream { return (*s.ups.Load())[id] }
+
+// upstreams returns every upstream.
+func (s *Server) upstreams() map[string]*upstream { return *s.ups.Load() }
+
+func (s *Server) setUpstream(id string, u *upstream) {
+	old := s.upstreams()
+	next := make(map[string]*upstream, len(old)+1)
+	for k, v := range old {
+		next[k] = v
+	}
+	if u == nil {
+		delete(next, id)
+	} else {
+		next[id] = u
+	}
+	s.ups.Store(&next)
+}
+
+// AddReplica brings a replica into the fleet: it is probed at once (if
+// the proxy runs) and routed to once a probe has reached it.
+func (s *Server) AddReplica(rc ReplicaConfig, source string) error {
+	rc = rc.Defaults()
+	if err := rc.Validate(); err != nil {
+		return fmt.Errorf("replica %s: %w", rc.ID, err)
+	}
+	s.upMu.Lock()
+	defer s.upMu.Unlock()
+	if err := s.rt.Add(routerConfig(rc)); err != nil {
+		return err
+	}
+	if old := s.upstream(rc.ID); old != nil && old.stop != nil {
+		old.stop() // a replica of the same id that has left the router since
+	}
+	u := &upstream{cfg: rc, source: source}
+	s.setUpstream(rc.ID, u)
+	s.m.healthy.WithLabelValues(rc.ID).Set(0)
+	s.startLoops(u)
+	s.log.Info("replica added", "replica", rc.ID, "url", rc.URL, "region", rc.Region, "source", source)
+	return nil
+}
+
+func routerConfig(rc ReplicaConfig) router.ReplicaConfig {
+	return router.ReplicaConfig{ID: rc.ID, Region: rc.Region, KVCapacityTokens: rc.KVCapacityTokens,
+		PrefillMSPerToken: rc.PrefillMSPerTok, QueueMSPerToken: rc.QueueMSPerTok}
+}
+
+// RemoveReplica drains a replica and forgets it once its requests in
+// flight have finished.
+func (s *Server) RemoveReplica(id string) error {
+	if err := s.rt.Remove(id); err != nil {
+		return err
+	}
+	s.log.Info("replica removing", "replica", id)
+	s.reap(id)
+	return nil
+}
+
+// reap drops the upstream of a replica the router has forgotten.
+func (s *Server) reap(id string) {
+	s.upMu.Lock()
+	defer s.upMu.Unlock()
+	u := s.upstream(id)
+	if u == nil || s.rt.Has(id) {
+		return
+	}
+	if u.stop != nil {
+		u.stop()
+	}
+	s.setUpstream(id, nil)
+	s.m.forget(id)
+	s.core.Metrics.Forget(id)
+	s.log.Info("replica removed", "replica", id)
+}
+
+// replaceReplica swaps a replica for a new one of the same id (its URL
+// changed): the old one's requests in flight finish where they are; the
+// new one starts afresh.
+func (s *Server) replaceReplica(rc ReplicaConfig, source string) error {
+	s.upMu.Lock()
+	if u := s.upstream(rc.ID); u != nil && u.stop != nil {
+		u.stop()
+	}
+	s.setUpstream(rc.ID, nil)
+	s.upMu.Unlock()
+	if err := s.rt.Forget(rc.ID); err != nil && !errors.Is(err, router.ErrUnknown) {
+		return err
+	}
+	return s.AddReplica(rc, source)
+}
+
+// Failure counts a failure of replica id (a request or a probe) and marks
+// it down at the threshold (lifecycle.Health).
+func (s *Server) Failure(id string) {
+	u := s.upstream(id)
+	if u == nil {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.failures++
+	if u.failures >= s.cfg.Load().FailureThreshold {
+		// Under u.mu, so that a racing probe's success cannot undo it
+		// before the count is seen.
+		s.rt.SetHealthy(id, false)
+		s.m.healthy.WithLabelValues(id).Set(0)
+	}
+}
+
+// succeeded clears a replica's failures and marks it up.
+func (s *Server) succeeded(u *upstream) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.failures = 0
+	s.rt.SetHealthy(u.cfg.ID, true)
+	s.m.healthy.WithLabelValues(u.cfg.ID).Set(1)
+}
+
+// Run probes and scrapes every replica, watches DNS groups and the config
+// file, until ctx ends. Replicas are routed to only after a probe has
 // reached them, so call ProbeOnce before serving.
 func (s *Server) Run(ctx context.Context) error {
-	g, ctx := errgroup.WithContext(ctx)
-	for i := range s.reps {
-		g.Go(func() error { return s.probeLoop(ctx, i) })
-		g.Go(func() error { return s.scrapeLoop(ctx, i) })
+	s.runMu.Lock()
+	s.run = ctx
+	for _, u := range s.upstreams() {
+		s.startLoopsLocked(u, false) // ProbeOnce probed them
 	}
-	return g.Wait()
+	s.runMu.Unlock()
+	if err := s.startDiscovery(s.Config().Discover); err != nil {
+		return err
+	}
+	if s.path != "" && s.Config().ConfigPoll > 0 {
+		s.loops.Add(1)
+		go func() {
+			defer s.loops.Done()
+			s.pollConfig(ctx)
+		}()
+	}
+	<-ctx.Done()
+	s.runMu.Lock()
+	s.run = nil
+	s.runMu.Unlock()
+	s.loops.Wait()
+	return nil
+}
+
+// startLoops starts a replica's probe and scrape loops, probing at once,
+// if Run is running (else Run starts them).
+func (s *Server) startLoops(u *upstream) {
+	s.runMu.Lock()
+	defer s.runMu.Unlock()
+	s.startLoopsLocked(u, true)
+}
+
+func (s *Server) startLoopsLocked(u *upstream, probeNow bool) {
+	if s.run == nil || u.stop != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(s.run)
+	u.stop = cancel
+	s.loops.Add(2)
+	go func() {
+		defer s.loops.Done()
+		s.probeLoop(ctx, u, probeNow)
+	}()
+	go func() {
+		defer s.loops.Done()
+		s.scrapeLoop(ctx, u)
+	}()
 }
 
 // ProbeOnce probes every replica once, concurrently.
 func (s *Server) ProbeOnce(ctx context.Context) {
 	var wg sync.WaitGroup
-	for i := range s.reps {
+	for _, u := range s.upstreams() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.probe(ctx, i)
+			s.probe(ctx, u)
 		}()
 	}
 	wg.Wait()
 }
 
-// failed counts a failure of replica i (a request or a probe) and marks it
-// unhealthy at the threshold.
-func (s *Server) failed(i int) {
-	u := s.reps[i]
-	u.mu.Lock()
-	u.failures++
-	down := u.failures >= s.cfg.FailureThreshold
-	u.mu.Unlock()
-	if down {
-		s.rt.SetHealthy(i, false)
-		s.m.healthy.WithLabelValues(u.cfg.ID).Set(0)
+// SetResolver sets the DNS resolver of discover groups; call it before
+// Run. The default is a strict pure-Go resolver (see discover.NewWatcher).
+func (s *Server) SetResolver(r discover.Resolver) { s.resolver = r }
+
+// startDiscovery (re)starts the DNS watcher for groups; replicas of groups
+// no longer listed leave.
+func (s *Server) startDiscovery(groups []discover.Group) error {
+	s.dnsMu.Lock()
+	stop, done := s.stopWatcher, s.watcherDone
+	s.stopWatcher, s.watcherDone = nil, nil
+	s.dnsMu.Unlock()
+	if stop != nil {
+		stop()
+		<-done // its last callback has run
 	}
+	s.dnsMu.Lock()
+	defer s.dnsMu.Unlock()
+	keep := map[string]bool{}
+	for _, g := range groups {
+		keep[g.Name()] = true
+	}
+	for name, ids := range s.dnsSets {
+		if !keep[name] {
+			for id := range ids {
+				s.removeQuietly(id)
+			}
+			delete(s.dnsSets, name)
+		}
+	}
+	s.runMu.Lock()
+	run := s.run
+	s.runMu.Unlock()
+	if len(groups) == 0 || run == nil {
+		return nil
+	}
+	w, err := discover.NewWatcher(groups, s.resolver, func(i int, eps []discover.Endpoint) { s.discovered(groups[i], eps) },
+		s.log.With("component", "discover"))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(run)
+	s.stopWatcher, s.watcherDone = cancel, make(chan struct{})
+	s.loops.Add(1)
+	go func(done chan struct{}) {
+		defer s.loops.Done()
+		defer close(done)
+		_ = w.Run(ctx)
+	}(s.watcherDone)
+	return nil
 }
 
-// succeeded clears replica i's failures and marks it healthy.
-func (s *Server) succeeded(i int) {
-	u := s.reps[i]
-	u.mu.Lock()
-	u.failures = 0
-	u.mu.Unlock()
-	s.rt.SetHealthy(i, true)
-	s.m.healthy.WithLabelValues(u.cfg.ID).Set(1)
+// discovered makes a DNS group's replicas those it resolved to.
+func (s *Server) discovered(g discover.Group, eps []discover.Endpoint) {
+	s.dnsMu.Lock()
+	defer s.dnsMu.Unlock()
+	name := g.Name()
+	old := s.dnsSets[name]
+	now := map[string]bool{}
+	for _, ep := range eps {
+		now[ep.ID] = true
+		if old[ep.ID] {
+			continue
+		}
+		rc := ReplicaConfig{ID: ep.ID, URL: ep.URL, Region: ep.Region, Profile: ep.Profile}
+		if err := s.AddReplica(rc, sourceDNS+name); err != nil {
+			s.log.Error("discovered replica not added", "replica", ep.ID, "group", name, "error", err)
+			delete(now, ep.ID)
+		}
+	}
+	for id := range old {
+		if !now[id] {
+			s.removeQuietly(id)
+		}
+	}
+	s.dnsSets[name] = now
+}
+
+func (s *Server) removeQuietly(id string) {
+	if err := s.RemoveReplica(id); err != nil && !errors.Is(err, router.ErrUnknown) {
+		s.log.Error("replica not removed", "replica", id, "error", err)
+	}
 }

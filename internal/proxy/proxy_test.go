@@ -66,7 +66,7 @@ func startProxy(t testing.TB, cfg Config, reps ...*replica) (*Server, string) {
 	if cfg.ScrapeInterval == 0 {
 		cfg.ScrapeInterval = 100 * time.Millisecond
 	}
-	s, err := New(cfg, nil, prometheus.NewRegistry())
+	s, err := New(cfg, nil, prometheus.NewRegistry(), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,6 +81,14 @@ func startProxy(t testing.TB, cfg Config, reps ...*replica) (*Server, string) {
 		<-done
 	})
 	return s, ts.URL
+}
+
+// adminURL serves the proxy's admin API and returns its URL.
+func adminURL(t testing.TB, s *Server) string {
+	t.Helper()
+	ts := httptest.NewServer(s.AdminHandler())
+	t.Cleanup(ts.Close)
+	return ts.URL
 }
 
 func chatBody(content string, maxTokens int, stream bool) string {
@@ -185,7 +193,7 @@ func TestFailingReplicaIsSkippedAndMarkedDown(t *testing.T) {
 			t.Fatalf("request %d: %+v", i, res)
 		}
 	}
-	if st := s.Router().Snapshot(); st[0].Healthy {
+	if st := s.Router().Replicas(); st[0].Healthy {
 		t.Error("the failing replica is still healthy after repeated failures")
 	}
 }
@@ -198,7 +206,7 @@ func TestDeadReplicaIsRoutedAround(t *testing.T) {
 	if res.status != 200 || res.replica != "b" {
 		t.Fatalf("result %+v", res)
 	}
-	if st := s.Router().Snapshot(); st[0].Healthy || !st[1].Healthy {
+	if st := s.Router().Replicas(); st[0].Healthy || !st[1].Healthy {
 		t.Errorf("health %v %v, want the dead replica down", st[0].Healthy, st[1].Healthy)
 	}
 }
@@ -245,7 +253,7 @@ func TestClientGoneCancelsUpstream(t *testing.T) {
 	resp.Body.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		st := s.Router().Snapshot()
+		st := s.Router().Replicas()
 		if st[0].InFlight == 0 {
 			break
 		}
@@ -257,10 +265,15 @@ func TestClientGoneCancelsUpstream(t *testing.T) {
 }
 
 func TestAdminAndMetrics(t *testing.T) {
-	_, url := startProxy(t, Config{}, startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 40*time.Millisecond, emulator.Faults{}))
+	s, url := startProxy(t, Config{}, startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 40*time.Millisecond, emulator.Faults{}))
+	admin := adminURL(t, s)
 	chat(t, url, "warm up", 1)
 	get := func(path string) string {
-		resp, err := http.Get(url + path)
+		base := url
+		if strings.HasPrefix(path, "/admin") {
+			base = admin
+		}
+		resp, err := http.Get(base + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -271,7 +284,7 @@ func TestAdminAndMetrics(t *testing.T) {
 		}
 		return string(b)
 	}
-	if body := get("/admin/replicas"); !strings.Contains(body, `"Healthy": true`) || !strings.Contains(body, `"policy": "gorgo"`) {
+	if body := get("/admin/replicas"); !strings.Contains(body, `"state": "active"`) || !strings.Contains(body, `"policy": "gorgo"`) {
 		t.Errorf("/admin/replicas: %s", body)
 	}
 	if body := get("/metrics"); !strings.Contains(body, `gorgo_requests_total{code="200",replica="a"} 1`) {
@@ -280,7 +293,11 @@ func TestAdminAndMetrics(t *testing.T) {
 	if body := get("/v1/models"); !strings.Contains(body, "gorgo-emulated") {
 		t.Errorf("/v1/models: %s", body)
 	}
-	resp, err := http.Post(url+"/admin/decide", "application/json", strings.NewReader(chatBody("where would this go?", 1, false)))
+	// The client port serves no admin API.
+	if resp, err := http.Get(url + "/admin/replicas"); err != nil || resp.StatusCode != 404 {
+		t.Errorf("client port /admin/replicas: %v %v", resp.StatusCode, err)
+	}
+	resp, err := http.Post(admin+"/admin/decide", "application/json", strings.NewReader(chatBody("where would this go?", 1, false)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +328,11 @@ func TestExampleConfigLoads(t *testing.T) {
 
 func TestConfigErrors(t *testing.T) {
 	cases := []Config{
-		{},
+		{Admin: AdminConfig{Listen: AdminOff}},
+		{Replicas: []ReplicaConfig{{URL: "http://x"}}, Policy: "clairvoyant"},
+		{Replicas: []ReplicaConfig{{URL: "http://x"}}, Policy: "fastest"},
+		{Replicas: []ReplicaConfig{{URL: "http://x"}}, Admin: AdminConfig{Listen: "0.0.0.0:9091"}},
+		{Replicas: []ReplicaConfig{{URL: "http://x"}}, Admin: AdminConfig{Listen: ":9091"}},
 		{Replicas: []ReplicaConfig{{URL: "ftp://x"}}},
 		{Replicas: []ReplicaConfig{{ID: "a", URL: "http://x"}, {ID: "a", URL: "http://y"}}},
 		{Replicas: []ReplicaConfig{{URL: "http://x", Profile: "tpu"}}},
@@ -337,7 +358,7 @@ func TestOnlineTunerLearnsThroughTheProxy(t *testing.T) {
 	for i, r := range reps {
 		cfg.Replicas = append(cfg.Replicas, ReplicaConfig{ID: string(rune('a' + i)), URL: r.url, Profile: "paper"})
 	}
-	s, err := New(cfg, o, prometheus.NewRegistry())
+	s, err := New(cfg, o, prometheus.NewRegistry(), "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +373,7 @@ func TestOnlineTunerLearnsThroughTheProxy(t *testing.T) {
 	if steps := o.Steps(); len(steps) < 2 {
 		t.Errorf("%d candidates judged after 24 requests with windows of 4", len(steps))
 	}
-	resp, err := http.Get(ts.URL + "/admin/tuner")
+	resp, err := http.Get(adminURL(t, s) + "/admin/tuner")
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("/admin/tuner: %v %v", resp, err)
 	}
@@ -405,7 +426,7 @@ func TestMidStreamFailureCutsTheStream(t *testing.T) {
 	if !strings.Contains(string(body), " half") {
 		t.Errorf("the bytes before the failure did not reach the client: %q", body)
 	}
-	if st := s.Router().Snapshot(); st[0].InFlight != 0 {
+	if st := s.Router().Replicas(); st[0].InFlight != 0 {
 		t.Errorf("the request is still in flight: %+v", st[0])
 	}
 }
@@ -486,7 +507,7 @@ func TestBusyReplicaIsSkippedAndNotIndexed(t *testing.T) {
 	if res.status != 200 || res.replica != "b" {
 		t.Fatalf("result %+v", res)
 	}
-	st := s.Router().Snapshot()
+	st := s.Router().Replicas()
 	if st[0].IndexBlocks != 0 || st[1].IndexBlocks == 0 {
 		t.Errorf("index blocks %d (busy) and %d (served)", st[0].IndexBlocks, st[1].IndexBlocks)
 	}
@@ -526,10 +547,11 @@ func TestLongNonStreamingAnswerOutlivesTheHeaderTimeout(t *testing.T) {
 
 // Explaining a decision moves nothing: round-robin keeps alternating.
 func TestDecideIsADryRun(t *testing.T) {
-	_, url := startProxy(t, Config{Policy: "round-robin"}, startReplica(t, 2*time.Millisecond, emulator.Faults{}), startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	s, url := startProxy(t, Config{Policy: "round-robin"}, startReplica(t, 2*time.Millisecond, emulator.Faults{}), startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	admin := adminURL(t, s)
 	var got []string
 	for i := range 4 {
-		resp, err := http.Post(url+"/admin/decide", "application/json", strings.NewReader(chatBody("where?", 1, false)))
+		resp, err := http.Post(admin+"/admin/decide", "application/json", strings.NewReader(chatBody("where?", 1, false)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -601,9 +623,9 @@ func TestScrapedKVCapacitySizesTheIndex(t *testing.T) {
 	defer hs.Close()
 	s, _ := startProxy(t, Config{ScrapeInterval: 20 * time.Millisecond}, &replica{url: hs.URL})
 	deadline := time.Now().Add(5 * time.Second)
-	for s.Router().Snapshot()[0].KVCapacityTokens != 123456/16*16 {
+	for s.Router().Replicas()[0].KVCapacityTokens != 123456/16*16 {
 		if time.Now().After(deadline) {
-			t.Fatalf("capacity %d, want the engine's", s.Router().Snapshot()[0].KVCapacityTokens)
+			t.Fatalf("capacity %d, want the engine's", s.Router().Replicas()[0].KVCapacityTokens)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -4,36 +4,28 @@ import (
 	"math/rand/v2"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/gorgo-llm/gorgo/internal/prefix"
 )
 
 // simpleAffinity is the paper's "session affinity": the hash of the
 // prompt's first 256 tokens (Request.PrefixKey) modulo the number of
-// replicas. If that replica is unhealthy, the next healthy one in order
-// takes the request, so the others keep their sessions.
+// available replicas. When that number changes (a replica is down or
+// drained) most sessions move, as with any modulo hash; session-affinity
+// (rendezvous hashing) is the one that moves only the lost replica's.
 type simpleAffinity struct{}
 
 func (simpleAffinity) Name() string { return "simple-session-affinity" }
 
 func (simpleAffinity) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Rand) error {
-	d.Scores = d.Scores[:0]
-	n := len(reps)
-	if n == 0 {
-		return ErrNoReplica
-	}
-	start := int(req.PrefixKey % uint64(n))
-	for k := range n {
-		if i := (start + k) % n; reps[i].Healthy {
-			d.Replica = i
-			return nil
-		}
-	}
-	return ErrNoReplica
+	rotation(d, len(reps), int(req.PrefixKey%uint64(len(reps))))
+	return nil
 }
 
 // rendezvous is session affinity by rendezvous (highest random weight)
 // hashing on the session key: a session stays on its replica, and when a
 // replica leaves only its own sessions move. Without a session key it hashes
-// the prompt's prefix key instead.
+// the prompt's prefix key instead. The fallbacks follow the weights.
 type rendezvous struct{}
 
 func (rendezvous) Name() string { return "session-affinity" }
@@ -44,30 +36,16 @@ func (rendezvous) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Rand
 	if req.SessionKey != "" {
 		key = xxhash.Sum64String(req.SessionKey)
 	}
-	best := -1
+	best := 0
 	var bestW uint64
 	for i := range reps {
-		if !reps[i].Healthy {
-			continue
-		}
-		w := mix64(key ^ xxhash.Sum64String(reps[i].ID))
-		if best < 0 || w > bestW {
+		w := prefix.Fmix64(key ^ xxhash.Sum64String(reps[i].ID))
+		// The highest weight ranks first: score by its complement.
+		d.Scores = append(d.Scores, Terms{Total: float64(^w)})
+		if i == 0 || w > bestW {
 			best, bestW = i, w
 		}
 	}
-	if best < 0 {
-		return ErrNoReplica
-	}
 	d.Replica = best
 	return nil
-}
-
-// mix64 is a 64-bit finaliser (MurmurHash3's fmix64).
-func mix64(x uint64) uint64 {
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	x *= 0xc4ceb9fe1a85ec53
-	x ^= x >> 33
-	return x
 }

@@ -2,41 +2,36 @@ package route
 
 import "math/rand/v2"
 
-// roundRobin cycles through the healthy replicas. Not safe for concurrent use.
+// rotation scores the replicas by their distance after start in view
+// order, so that the fallbacks after a policy's choice follow the order it
+// would have taken them in.
+func rotation(d *Decision, n, start int) {
+	d.Scores = d.Scores[:0]
+	for i := range n {
+		d.Scores = append(d.Scores, Terms{Total: float64((i - start + n) % n)})
+	}
+	d.Replica = start
+}
+
+// roundRobin cycles through the available replicas. Not safe for
+// concurrent use (the router serialises decisions).
 type roundRobin struct{ next int }
 
 func (*roundRobin) Name() string { return "round-robin" }
 
 func (p *roundRobin) Decide(d *Decision, _ *Request, reps []Replica, _ *rand.Rand) error {
-	d.Scores = d.Scores[:0]
-	for range reps {
-		i := p.next % len(reps)
-		p.next++
-		if reps[i].Healthy {
-			d.Replica = i
-			return nil
-		}
-	}
-	return ErrNoReplica
+	rotation(d, len(reps), p.next%len(reps))
+	p.next++
+	return nil
 }
 
-// random picks a healthy replica uniformly.
+// random picks a replica uniformly.
 type random struct{}
 
 func (random) Name() string { return "random" }
 
 func (random) Decide(d *Decision, _ *Request, reps []Replica, rng *rand.Rand) error {
-	d.Scores = d.Scores[:0]
-	n := 0
-	for i := range reps {
-		if reps[i].Healthy {
-			n++
-		}
-	}
-	if n == 0 {
-		return ErrNoReplica
-	}
-	d.Replica = nthHealthy(reps, rng.IntN(n))
+	rotation(d, len(reps), rng.IntN(len(reps)))
 	return nil
 }
 
@@ -47,59 +42,33 @@ type leastRequest struct{}
 
 func (leastRequest) Name() string { return "least-request" }
 
-func (leastRequest) Decide(d *Decision, _ *Request, reps []Replica, rng *rand.Rand) error {
-	d.Scores = d.Scores[:0]
-	return argminInt(d, reps, rng, requests)
+func (leastRequest) Decide(d *Decision, _ *Request, reps []Replica, _ *rand.Rand) error {
+	counts(d, reps, requests)
+	return nil
 }
 
 // requests is the request count least-request and prefix-cache compare.
 func requests(r *Replica) int { return max(r.InFlight, r.Engine.Running) }
 
-// argminInt picks the healthy replica with the least key, breaking ties
-// uniformly at random.
-func argminInt(d *Decision, reps []Replica, rng *rand.Rand, key func(*Replica) int) error {
-	best, bestKey, ties := -1, 0, 0
+// counts scores every replica by an integer key, least first, exact ties.
+func counts(d *Decision, reps []Replica, key func(*Replica) int) {
+	d.Scores = d.Scores[:0]
 	for i := range reps {
-		if !reps[i].Healthy {
-			continue
-		}
-		k := key(&reps[i])
-		switch {
-		case best < 0 || k < bestKey:
-			best, bestKey, ties = i, k, 1
-		case k == bestKey:
-			// Reservoir sampling keeps each tied replica with equal chance.
-			ties++
-			if rng.IntN(ties) == 0 {
-				best = i
-			}
-		}
+		d.Scores = append(d.Scores, Terms{Total: float64(key(&reps[i]))})
 	}
-	if best < 0 {
-		return ErrNoReplica
-	}
-	d.Replica = best
-	return nil
+	d.Replica, d.ExactTies = ByScore, true
 }
 
-// powerOfTwo samples two distinct healthy replicas and keeps the one with
-// fewer requests in flight (the first sampled on a tie).
+// powerOfTwo samples two distinct replicas and keeps the one with fewer
+// requests in flight (the first sampled on a tie); the other sample is the
+// first fallback.
 type powerOfTwo struct{}
 
 func (powerOfTwo) Name() string { return "power-of-two" }
 
 func (powerOfTwo) Decide(d *Decision, _ *Request, reps []Replica, rng *rand.Rand) error {
-	d.Scores = d.Scores[:0]
-	n := 0
-	for i := range reps {
-		if reps[i].Healthy {
-			n++
-		}
-	}
-	switch n {
-	case 0:
-		return ErrNoReplica
-	case 1:
+	n := len(reps)
+	if n == 1 {
 		return random{}.Decide(d, nil, reps, rng)
 	}
 	a := rng.IntN(n)
@@ -107,23 +76,10 @@ func (powerOfTwo) Decide(d *Decision, _ *Request, reps []Replica, rng *rand.Rand
 	if b >= a {
 		b++
 	}
-	ia, ib := nthHealthy(reps, a), nthHealthy(reps, b)
-	d.Replica = ia
-	if reps[ib].InFlight < reps[ia].InFlight {
-		d.Replica = ib
+	if reps[b].InFlight < reps[a].InFlight {
+		a, b = b, a
 	}
+	rotation(d, n, a)
+	d.Scores[a].Total, d.Scores[b].Total = -2, -1
 	return nil
-}
-
-// nthHealthy returns the index of the k-th (0-based) healthy replica.
-func nthHealthy(reps []Replica, k int) int {
-	for i := range reps {
-		if reps[i].Healthy {
-			if k == 0 {
-				return i
-			}
-			k--
-		}
-	}
-	panic("route: fewer healthy replicas than counted")
 }

@@ -13,9 +13,9 @@ type leastLoad struct{}
 
 func (leastLoad) Name() string { return "least-load" }
 
-func (leastLoad) Decide(d *Decision, _ *Request, reps []Replica, rng *rand.Rand) error {
-	d.Scores = d.Scores[:0]
-	return argminInt(d, reps, rng, load)
+func (leastLoad) Decide(d *Decision, _ *Request, reps []Replica, _ *rand.Rand) error {
+	counts(d, reps, load)
+	return nil
 }
 
 func load(r *Replica) int {
@@ -41,28 +41,24 @@ const PrefixCacheSpread = 8
 
 func (prefixCache) Name() string { return "prefix-cache" }
 
-func (prefixCache) Decide(d *Decision, req *Request, reps []Replica, rng *rand.Rand) error {
-	d.Scores = d.Scores[:0]
-	lo, hi, longest, any := math.MaxInt, math.MinInt, 0, false
+func (prefixCache) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Rand) error {
+	lo, hi, longest := math.MaxInt, math.MinInt, 0
 	for i := range reps {
 		r := &reps[i]
-		if !r.Healthy {
-			continue
-		}
-		any = true
 		lo, hi = min(lo, r.Engine.Running), max(hi, r.Engine.Running)
 		longest = max(longest, r.CachedTokens)
 	}
-	if !any {
-		return ErrNoReplica
-	}
 	if hi-lo > PrefixCacheSpread || longest == 0 {
-		return leastRequest{}.Decide(d, req, reps, rng)
+		counts(d, reps, requests)
+		return nil
 	}
-	return argminInt(d, reps, rng, func(r *Replica) int {
+	// The replicas with the longest prefix, by running requests; the
+	// others tie last (as the reference's filter leaves them out).
+	counts(d, reps, func(r *Replica) int {
 		if r.CachedTokens < longest {
 			return math.MaxInt
 		}
 		return r.Engine.Running
 	})
+	return nil
 }

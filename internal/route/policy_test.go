@@ -1,7 +1,6 @@
 package route
 
 import (
-	"errors"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -12,7 +11,7 @@ import (
 func fleet(rtts ...int) []Replica {
 	reps := make([]Replica, len(rtts))
 	for i, ms := range rtts {
-		reps[i] = Replica{ID: string(rune('a' + i)), Healthy: true, RTT: time.Duration(ms) * time.Millisecond,
+		reps[i] = Replica{ID: string(rune('a' + i)), RTT: time.Duration(ms) * time.Millisecond,
 			PrefillMSPerToken: 0.06, QueueMSPerToken: 0.06}
 	}
 	return reps
@@ -20,19 +19,29 @@ func fleet(rtts ...int) []Replica {
 
 func with(reps []Replica, f func(r []Replica)) []Replica { f(reps); return reps }
 
-func decide(t *testing.T, name string, opts Options, req Request, reps []Replica, seed uint64) (int, Decision, error) {
+// exact is the tie margin of exact ties only.
+const exact = -1.0
+
+// decide runs a policy and resolves its decision as the router does, with
+// the given tie margin.
+func decide(t *testing.T, name string, opts Options, margin float64, req Request, reps []Replica, seed uint64) (int, Decision) {
 	t.Helper()
 	p, err := New(name, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var d Decision
-	err = p.Decide(&d, &req, reps, rand.New(rand.NewPCG(seed, 1)))
-	return d.Replica, d, err
+	rng := rand.New(rand.NewPCG(seed, 1))
+	if err := p.Decide(&d, &req, reps, rng); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if len(d.Scores) != len(reps) {
+		t.Fatalf("%s: %d scores for %d replicas", name, len(d.Scores), len(reps))
+	}
+	return Pick(&d, margin, rng), d
 }
 
 func TestPolicies(t *testing.T) {
-	exact := Options{TieMargin: -1}
 	cases := []struct {
 		name   string
 		policy string
@@ -42,56 +51,49 @@ func TestPolicies(t *testing.T) {
 		want   string // replica IDs any of which is right
 	}{
 		// gorgo: 0.276·rtt + uncached + 0.5·queued.
-		{"gorgo prefers the near replica", "gorgo", exact, Request{PromptTokens: 1000}, fleet(37, 279, 456), "a"},
-		{"gorgo follows the cache", "gorgo", exact, Request{PromptTokens: 1000},
+		{"gorgo prefers the near replica", "gorgo", Options{}, Request{PromptTokens: 1000}, fleet(37, 279, 456), "a"},
+		{"gorgo follows the cache", "gorgo", Options{}, Request{PromptTokens: 1000},
 			with(fleet(37, 279, 456), func(r []Replica) { r[1].CachedTokens = 900 }), "b"}, // a: 1010, b: 177
-		{"gorgo avoids the queue", "gorgo", exact, Request{PromptTokens: 1000},
+		{"gorgo avoids the queue", "gorgo", Options{}, Request{PromptTokens: 1000},
 			with(fleet(37, 279, 456), func(r []Replica) { r[0].UnfinishedTokens = 1000 }), "b"}, // a: 1510, b: 1077
-		{"gorgo skips unhealthy", "gorgo", exact, Request{PromptTokens: 1000},
-			with(fleet(37, 279, 456), func(r []Replica) { r[0].Healthy = false }), "b"},
-		{"gorgo weights", "gorgo", Options{Weights: Weights{RTT: 0.05, Queue: 0.05}, TieMargin: -1}, Request{PromptTokens: 1000},
+		{"gorgo weights", "gorgo", Options{Weights: Weights{RTT: 0.05, Queue: 0.05}}, Request{PromptTokens: 1000},
 			with(fleet(37, 279, 456), func(r []Replica) { r[0].UnfinishedTokens = 2000; r[1].UnfinishedTokens = 3000 }), "c"}, // a 101.85, b 163.95, c 22.8
-		{"gorgo-ms prices by replica", "gorgo-ms", exact, Request{PromptTokens: 10000},
+		{"gorgo-ms prices by replica", "gorgo-ms", Options{}, Request{PromptTokens: 10000},
 			with(fleet(37, 100, 456), func(r []Replica) { r[1].PrefillMSPerToken = 0.03 }), "b"}, // a 637, b 400
-		{"gorgo-ms backlog", "gorgo-ms", exact, Request{PromptTokens: 1000},
+		{"gorgo-ms backlog", "gorgo-ms", Options{}, Request{PromptTokens: 1000},
 			with(fleet(37, 100, 456), func(r []Replica) { r[0].BacklogTokens = 5000 }), "b"},
-		{"least-request", "least-request", exact, Request{},
+		{"least-request", "least-request", Options{}, Request{},
 			with(fleet(1, 1, 1), func(r []Replica) { r[0].InFlight = 3; r[1].InFlight = 1; r[2].InFlight = 2 }), "b"},
-		{"least-request counts scraped running", "least-request", exact, Request{},
+		{"least-request counts scraped running", "least-request", Options{}, Request{},
 			with(fleet(1, 1, 1), func(r []Replica) { r[0].InFlight = 3; r[1].Engine.Running = 5; r[2].InFlight = 4 }), "a"},
-		{"least-request tie", "least-request", exact, Request{}, fleet(1, 1, 1), "abc"},
-		{"least-load", "least-load", exact, Request{},
+		{"least-request tie", "least-request", Options{}, Request{}, fleet(1, 1, 1), "abc"},
+		{"least-load", "least-load", Options{}, Request{},
 			with(fleet(1, 1), func(r []Replica) {
 				r[0].Engine = EngineGauges{Running: 1, Waiting: 1, KVUsedTokens: 5000}
 				r[1].Engine = EngineGauges{Running: 9, Waiting: 9, KVUsedTokens: 3000}
 				r[1].UnfinishedTokens = 1000
 			}), "b"}, // a 5002, b 4018
-		{"prefix-cache longest prefix", "prefix-cache", exact, Request{PromptTokens: 4000},
+		{"prefix-cache longest prefix", "prefix-cache", Options{}, Request{PromptTokens: 4000},
 			with(fleet(1, 1, 1), func(r []Replica) { r[1].CachedTokens = 2048; r[2].CachedTokens = 1024 }), "b"},
-		{"prefix-cache least running among longest", "prefix-cache", exact, Request{PromptTokens: 4000},
+		{"prefix-cache least running among longest", "prefix-cache", Options{}, Request{PromptTokens: 4000},
 			with(fleet(1, 1, 1), func(r []Replica) {
 				r[0].CachedTokens, r[1].CachedTokens = 2048, 2048
 				r[0].Engine.Running, r[1].Engine.Running, r[2].Engine.Running = 5, 3, 0
 			}), "b"},
-		{"prefix-cache imbalance falls back", "prefix-cache", exact, Request{PromptTokens: 4000},
+		{"prefix-cache imbalance falls back", "prefix-cache", Options{}, Request{PromptTokens: 4000},
 			with(fleet(1, 1, 1), func(r []Replica) {
 				r[0].CachedTokens = 4000
 				r[0].Engine.Running, r[1].Engine.Running, r[2].Engine.Running = 12, 3, 2
 			}), "c"},
-		{"prefix-cache no match falls back", "prefix-cache", exact, Request{PromptTokens: 4000},
+		{"prefix-cache no match falls back", "prefix-cache", Options{}, Request{PromptTokens: 4000},
 			with(fleet(1, 1, 1), func(r []Replica) { r[0].InFlight, r[1].InFlight = 2, 1 }), "c"},
-		{"simple affinity", "simple-session-affinity", exact, Request{PrefixKey: 7}, fleet(1, 1, 1), "b"}, // 7 % 3
-		{"simple affinity skips unhealthy", "simple-session-affinity", exact, Request{PrefixKey: 7},
-			with(fleet(1, 1, 1), func(r []Replica) { r[1].Healthy = false }), "c"},
-		{"power-of-two with one healthy", "power-of-two", exact, Request{},
-			with(fleet(1, 1, 1), func(r []Replica) { r[0].Healthy, r[2].Healthy = false, false }), "b"},
+		{"simple affinity", "simple-session-affinity", Options{}, Request{PrefixKey: 7}, fleet(1, 1, 1), "b"},                     // 7 % 3
+		{"simple affinity over what is available", "simple-session-affinity", Options{}, Request{PrefixKey: 7}, fleet(1, 1), "b"}, // 7 % 2
+		{"power-of-two with one replica", "power-of-two", Options{}, Request{}, fleet(1), "a"},
 	}
 	for _, c := range cases {
 		for seed := range uint64(5) {
-			i, _, err := decide(t, c.policy, c.opts, c.req, c.reps, seed)
-			if err != nil {
-				t.Fatalf("%s: %v", c.name, err)
-			}
+			i, _ := decide(t, c.policy, c.opts, exact, c.req, c.reps, seed)
 			if !strings.Contains(c.want, c.reps[i].ID) {
 				t.Errorf("%s (seed %d): picked %s, want one of %q", c.name, seed, c.reps[i].ID, c.want)
 			}
@@ -101,10 +103,7 @@ func TestPolicies(t *testing.T) {
 
 func TestGorgoExplainsEveryReplica(t *testing.T) {
 	reps := with(fleet(37, 279), func(r []Replica) { r[1].CachedTokens = 500; r[0].UnfinishedTokens = 100 })
-	_, d, err := decide(t, "gorgo", Options{}, Request{PromptTokens: 1000}, reps, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, d := decide(t, "gorgo", Options{}, DefaultTieMargin, Request{PromptTokens: 1000}, reps, 1)
 	want := []Terms{
 		{RTT: 0.276 * 37, Prefill: 1000, Queue: 50, Total: 0.276*37 + 1000 + 50},
 		{RTT: 0.276 * 279, Prefill: 500, Queue: 0, Total: 0.276*279 + 500},
@@ -127,13 +126,13 @@ func abs(x float64) float64 {
 	return x
 }
 
-// Within the tie margin gorgo spreads load; with exact ties only it still
+// Within the tie margin Pick spreads gorgo's load; with exact ties only it still
 // draws among exactly equal replicas rather than taking the first.
 func TestGorgoTieMargin(t *testing.T) {
 	reps := fleet(37, 38, 200) // a and b within 1% (1010.2 vs 1010.5), c not
 	count := map[string]int{}
 	for seed := range uint64(400) {
-		i, _, _ := decide(t, "gorgo", Options{}, Request{PromptTokens: 1000}, reps, seed)
+		i, _ := decide(t, "gorgo", Options{}, DefaultTieMargin, Request{PromptTokens: 1000}, reps, seed)
 		count[reps[i].ID]++
 	}
 	if count["a"] < 150 || count["b"] < 150 || count["c"] != 0 {
@@ -141,7 +140,7 @@ func TestGorgoTieMargin(t *testing.T) {
 	}
 	count = map[string]int{}
 	for seed := range uint64(100) {
-		i, _, _ := decide(t, "gorgo", Options{TieMargin: -1}, Request{PromptTokens: 1000}, reps, seed)
+		i, _ := decide(t, "gorgo", Options{}, exact, Request{PromptTokens: 1000}, reps, seed)
 		count[reps[i].ID]++
 	}
 	if count["a"] != 100 {
@@ -150,7 +149,7 @@ func TestGorgoTieMargin(t *testing.T) {
 	equal := fleet(50, 50)
 	count = map[string]int{}
 	for seed := range uint64(200) {
-		i, _, _ := decide(t, "gorgo", Options{TieMargin: -1}, Request{PromptTokens: 1000}, equal, seed)
+		i, _ := decide(t, "gorgo", Options{}, exact, Request{PromptTokens: 1000}, equal, seed)
 		count[equal[i].ID]++
 	}
 	if count["a"] < 60 || count["b"] < 60 {
@@ -160,41 +159,65 @@ func TestGorgoTieMargin(t *testing.T) {
 
 func TestSessionAffinityIsStickyAndMinimalOnFailure(t *testing.T) {
 	reps := fleet(1, 1, 1, 1, 1)
-	home := map[string]int{}
+	home := map[string]string{}
 	for s := range 200 {
 		key := "session-" + string(rune('A'+s%26)) + string(rune('a'+s/26))
-		i, _, _ := decide(t, "session-affinity", Options{}, Request{SessionKey: key}, reps, uint64(s))
-		j, _, _ := decide(t, "session-affinity", Options{}, Request{SessionKey: key}, reps, uint64(s+1000))
+		i, _ := decide(t, "session-affinity", Options{}, DefaultTieMargin, Request{SessionKey: key}, reps, uint64(s))
+		j, _ := decide(t, "session-affinity", Options{}, DefaultTieMargin, Request{SessionKey: key}, reps, uint64(s+1000))
 		if i != j {
 			t.Fatalf("session %s moved from %d to %d", key, i, j)
 		}
-		home[key] = i
+		home[key] = reps[i].ID
 	}
-	reps[2].Healthy = false
+	// Replica c leaves the views (down or drained): only its sessions move.
+	left := append(append([]Replica(nil), reps[:2]...), reps[3:]...)
 	moved := 0
 	for key, h := range home {
-		i, _, _ := decide(t, "session-affinity", Options{}, Request{SessionKey: key}, reps, 1)
-		if i != h {
+		i, d := decide(t, "session-affinity", Options{}, DefaultTieMargin, Request{SessionKey: key}, left, 1)
+		if got := left[i].ID; got != h {
 			moved++
-			if h != 2 {
-				t.Errorf("session %s moved from healthy replica %d", key, h)
+			if h != "c" {
+				t.Errorf("session %s moved from %s, which is still there", key, h)
 			}
 		}
-		if i == 2 {
-			t.Errorf("session %s routed to the unhealthy replica", key)
+		// Its fallback is where it goes when its home leaves.
+		if h != "c" {
+			if second := rankSecond(d, i); second >= 0 {
+				j, _ := decide(t, "session-affinity", Options{}, DefaultTieMargin, Request{SessionKey: key}, without(left, i), 1)
+				if without(left, i)[j].ID != left[second].ID {
+					t.Errorf("session %s: fallback %s, but without its home it goes to %s", key, left[second].ID, without(left, i)[j].ID)
+				}
+			}
 		}
 	}
 	if moved == 0 {
-		t.Error("no session lived on replica 2")
+		t.Error("no session lived on replica c")
 	}
 }
 
-func TestEveryPolicyRefusesEmptyOrUnhealthyFleets(t *testing.T) {
+// rankSecond returns the index of the best score other than chosen.
+func rankSecond(d Decision, chosen int) int {
+	best := -1
+	for i, s := range d.Scores {
+		if i != chosen && (best < 0 || s.Total < d.Scores[best].Total) {
+			best = i
+		}
+	}
+	return best
+}
+
+func without(reps []Replica, i int) []Replica {
+	return append(append([]Replica(nil), reps[:i]...), reps[i+1:]...)
+}
+
+// TestEveryPolicyRanksEveryReplica: every registered policy scores every
+// replica, and its choice (or the least score) is a replica of the views.
+func TestEveryPolicyRanksEveryReplica(t *testing.T) {
 	for _, name := range Names() {
-		for _, reps := range [][]Replica{nil, with(fleet(1, 1), func(r []Replica) { r[0].Healthy, r[1].Healthy = false, false })} {
-			_, _, err := decide(t, name, Options{}, Request{PromptTokens: 10, PrefixKey: 3, SessionKey: "s"}, reps, 1)
-			if !errors.Is(err, ErrNoReplica) {
-				t.Errorf("%s with %d replicas: err %v, want ErrNoReplica", name, len(reps), err)
+		for n := 1; n <= 4; n++ {
+			i, _ := decide(t, name, Options{}, DefaultTieMargin, Request{PromptTokens: 10, PrefixKey: 3, SessionKey: "s"}, fleet(make([]int, n)...), 1)
+			if i < 0 || i >= n {
+				t.Errorf("%s with %d replicas picked %d", name, n, i)
 			}
 		}
 	}

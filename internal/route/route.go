@@ -1,9 +1,12 @@
 // Package route decides which replica serves a request.
 //
-// A Policy is a pure function of a request view, immutable per-replica views
-// and a random source: it holds no *http.Request, reads no clock and keeps no
-// state beyond what its own rule needs (a round-robin counter). The simulator
-// and the live proxy call the same policies through this interface.
+// A Policy is a pure function of a request view, immutable views of the
+// available replicas and a random source: it holds no *http.Request, reads
+// no clock and keeps no state beyond what its own rule needs (a round-robin
+// counter). It only scores: the router has already removed the replicas it
+// may not pick, and resolves ties itself (Pick). The simulator and the live
+// proxy call the same policies through this interface, and every policy is
+// found by name in one open registry (Register).
 package route
 
 import (
@@ -13,6 +16,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -38,12 +42,12 @@ type EngineGauges struct {
 	CacheHitRate     float64
 }
 
-// Replica is an immutable view of one replica at decision time.
+// Replica is an immutable view of one available replica at decision time:
+// the router shows a policy only replicas it may pick (not down, not
+// draining, reached by a probe).
 type Replica struct {
 	ID     string
 	Region string
-	// Healthy replicas are eligible; policies never pick an unhealthy one.
-	Healthy bool
 	// RTT is the router's estimate of the round trip to the replica.
 	RTT time.Duration
 	// InFlight is the number of requests this router sent to the replica
@@ -77,16 +81,29 @@ type Terms struct {
 	RTT, Prefill, Queue, Total float64
 }
 
-// Decision is a policy's choice and, for scoring policies, the cost of every
-// replica (in the order of the replica views) so that a choice can be
-// explained in logs, metrics and tests.
+// Decision is a policy's verdict: a score for every replica (lower is
+// better), in the order of the replica views, and either the chosen
+// replica or ByScore. The router, not the policy, resolves ties: a ByScore
+// decision goes to the replica of least total, drawn at random among those
+// within the router's tie margin of it (or of exactly equal total, with
+// ExactTies). The scores also rank the replicas after the chosen one, for
+// failover and for front ends that want a fallback list, and explain a
+// choice in logs, metrics and tests.
 type Decision struct {
+	// Replica is the chosen replica's index in the views, or ByScore.
 	Replica int
-	Scores  []Terms
+	// Scores has one Terms per replica view.
+	Scores []Terms
+	// ExactTies makes a ByScore decision tie only equal totals (for
+	// policies that count requests or tokens).
+	ExactTies bool
 	// Tag is the policy's label for this decision (zero if it has none),
 	// handed back to a Learner with the request's outcome.
 	Tag int
 }
+
+// ByScore as Decision.Replica asks the router to pick by score.
+const ByScore = -1
 
 // Outcome is how a routed request went, as the router saw it.
 type Outcome struct {
@@ -104,15 +121,17 @@ type Learner interface {
 	Learn(tag int, o Outcome)
 }
 
-// ErrNoReplica means no replica is eligible.
-var ErrNoReplica = errors.New("no healthy replica")
+// ErrNoReplica means no replica is available.
+var ErrNoReplica = errors.New("no available replica")
 
-// Policy picks a replica for a request.
+// Policy scores the available replicas for a request. The router calls
+// Decide with at least one replica, one decision at a time.
 type Policy interface {
 	// Name is the policy's registered name.
 	Name() string
-	// Decide fills d (reusing d.Scores' storage) with the chosen replica's
-	// index in reps. It returns ErrNoReplica if none is healthy.
+	// Decide fills d: it resets d.Scores (reusing its storage), appends one
+	// Terms per replica of reps, and sets d.Replica to its choice or to
+	// ByScore.
 	Decide(d *Decision, req *Request, reps []Replica, rng *rand.Rand) error
 }
 
@@ -123,67 +142,146 @@ type Options struct {
 	Weights Weights
 	// MSWeights are gorgo-ms's; zero means {RTT: 1, Queue: 1}.
 	MSWeights Weights
-	// TieMargin is the relative cost margin within which scoring policies
-	// treat replicas as tied and pick among them at random; zero means
-	// DefaultTieMargin, negative means exact ties only.
-	TieMargin float64
+	// Online configures policies registered by other packages that need
+	// more than weights (the online tuner takes a tune.OnlineConfig); nil
+	// means their defaults.
+	Online any
 }
 
-// DefaultTieMargin is the default relative tie margin of scoring policies.
+// DefaultTieMargin is the default relative tie margin of ByScore
+// decisions: replicas whose totals are within 1% of the least are tied.
 const DefaultTieMargin = 0.01
 
-// validate reports options no policy can use.
-func (o Options) validate() error {
-	if math.IsNaN(o.TieMargin) || math.IsInf(o.TieMargin, 0) {
-		return fmt.Errorf("tie margin must be a finite number, got %v", o.TieMargin)
-	}
-	return nil
-}
-
-func (o Options) tieMargin() float64 {
+// Pick resolves a decision over n replica views: its choice, or for a
+// ByScore decision the least total, drawn uniformly among the replicas
+// whose totals are within margin (relative, ≤ 0 for exact) of it, or equal
+// to it with d.ExactTies.
+func Pick(d *Decision, margin float64, rng *rand.Rand) int {
 	switch {
-	case o.TieMargin == 0:
-		return DefaultTieMargin
-	case o.TieMargin < 0:
-		return 0
+	case d.Replica != ByScore:
+		return d.Replica
+	case d.ExactTies:
+		return argmin(d.Scores, rng)
 	}
-	return o.TieMargin
+	return within(d.Scores, max(margin, 0), rng)
 }
 
-type factory func(Options) (Policy, error)
+// within draws uniformly among the scores within margin of the least.
+func within(scores []Terms, margin float64, rng *rand.Rand) int {
+	best := math.Inf(1)
+	for i := range scores {
+		best = min(best, scores[i].Total)
+	}
+	limit := best + margin*math.Abs(best)
+	chosen, n := -1, 0
+	for i := range scores {
+		if scores[i].Total <= limit {
+			n++
+			if rng.IntN(n) == 0 {
+				chosen = i
+			}
+		}
+	}
+	return chosen
+}
 
-var registry = map[string]factory{
-	"round-robin":             func(Options) (Policy, error) { return &roundRobin{}, nil },
-	"random":                  func(Options) (Policy, error) { return random{}, nil },
-	"least-request":           func(Options) (Policy, error) { return leastRequest{}, nil },
-	"power-of-two":            func(Options) (Policy, error) { return powerOfTwo{}, nil },
-	"simple-session-affinity": func(Options) (Policy, error) { return simpleAffinity{}, nil },
-	"session-affinity":        func(Options) (Policy, error) { return rendezvous{}, nil },
-	"least-load":              func(Options) (Policy, error) { return leastLoad{}, nil },
-	"prefix-cache":            func(Options) (Policy, error) { return prefixCache{}, nil },
-	"gorgo":                   newGorgo,
-	"gorgo-ms":                newGorgoMS,
+// argmin draws uniformly among the least scores (reservoir sampling: a
+// draw only from the second tie on).
+func argmin(scores []Terms, rng *rand.Rand) int {
+	best, ties := -1, 0
+	for i := range scores {
+		switch {
+		case best < 0 || scores[i].Total < scores[best].Total:
+			best, ties = i, 1
+		case scores[i].Total == scores[best].Total:
+			ties++
+			if rng.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// Factory makes a new instance of a policy.
+type Factory func(Options) (Policy, error)
+
+// Info is a registered policy.
+type Info struct {
+	Name string
+	New  Factory
+	// SimOnly marks a policy that needs the simulator's true engine state
+	// (clairvoyant): a live router refuses it.
+	SimOnly bool
+}
+
+var (
+	regMu    sync.RWMutex
+	registry = map[string]Info{}
+)
+
+// Register adds a policy to the registry, from an init function; it
+// panics if the name is taken. A new policy is one file that registers it.
+func Register(i Info) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	if _, dup := registry[i.Name]; dup || i.Name == "" || i.New == nil {
+		panic(fmt.Sprintf("route: policy %q registered twice or incomplete", i.Name))
+	}
+	registry[i.Name] = i
+}
+
+func init() {
+	for _, i := range []Info{
+		{Name: "round-robin", New: func(Options) (Policy, error) { return &roundRobin{}, nil }},
+		{Name: "random", New: func(Options) (Policy, error) { return random{}, nil }},
+		{Name: "least-request", New: func(Options) (Policy, error) { return leastRequest{}, nil }},
+		{Name: "power-of-two", New: func(Options) (Policy, error) { return powerOfTwo{}, nil }},
+		{Name: "simple-session-affinity", New: func(Options) (Policy, error) { return simpleAffinity{}, nil }},
+		{Name: "session-affinity", New: func(Options) (Policy, error) { return rendezvous{}, nil }},
+		{Name: "least-load", New: func(Options) (Policy, error) { return leastLoad{}, nil }},
+		{Name: "prefix-cache", New: func(Options) (Policy, error) { return prefixCache{}, nil }},
+		{Name: "gorgo", New: newGorgo},
+		{Name: "gorgo-ms", New: newGorgoMS},
+	} {
+		Register(i)
+	}
+}
+
+// Lookup returns the registered policy of that name.
+func Lookup(name string) (Info, bool) {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	i, ok := registry[name]
+	return i, ok
 }
 
 // New returns a new instance of the named policy. The error lists the valid
 // names.
 func New(name string, opts Options) (Policy, error) {
-	f, ok := registry[name]
+	i, ok := Lookup(name)
 	if !ok {
 		return nil, fmt.Errorf("unknown policy %q (valid: %s)", name, strings.Join(Names(), ", "))
 	}
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
-	return f(opts)
+	return i.New(opts)
 }
 
 // Names lists the registered policies, sorted.
-func Names() []string {
-	names := make([]string, 0, len(registry))
-	for n := range registry {
-		names = append(names, n)
+func Names() []string { return names(true) }
+
+// LiveNames lists the policies a live router runs (not the simulator's
+// yardsticks), sorted.
+func LiveNames() []string { return names(false) }
+
+func names(simOnly bool) []string {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	out := make([]string, 0, len(registry))
+	for n, i := range registry {
+		if simOnly || !i.SimOnly {
+			out = append(out, n)
+		}
 	}
-	slices.Sort(names)
-	return names
+	slices.Sort(out)
+	return out
 }

@@ -6,10 +6,10 @@ import (
 	"testing"
 )
 
-func views(healthy ...bool) []Replica {
-	reps := make([]Replica, len(healthy))
-	for i, h := range healthy {
-		reps[i] = Replica{ID: string(rune('a' + i)), Healthy: h}
+func views(n int) []Replica {
+	reps := make([]Replica, n)
+	for i := range reps {
+		reps[i] = Replica{ID: string(rune('a' + i))}
 	}
 	return reps
 }
@@ -23,35 +23,42 @@ func picks(t *testing.T, p Policy, reps []Replica, n int) string {
 		if err := p.Decide(&d, &Request{}, reps, rng); err != nil {
 			t.Fatal(err)
 		}
-		b.WriteString(reps[d.Replica].ID)
+		b.WriteString(reps[Pick(&d, DefaultTieMargin, rng)].ID)
 	}
 	return b.String()
 }
 
 func TestRoundRobin(t *testing.T) {
-	cases := []struct {
-		reps []Replica
-		want string
-	}{
-		{views(true, true, true), "abcabca"},
-		{views(true, false, true), "acacaca"},
-		{views(false, false, true), "ccccccc"},
+	p, _ := New("round-robin", Options{})
+	if got := picks(t, p, views(3), 7); got != "abcabca" {
+		t.Errorf("picks %s, want abcabca", got)
 	}
-	for _, c := range cases {
-		p, _ := New("round-robin", Options{})
-		if got := picks(t, p, c.reps, 7); got != c.want {
-			t.Errorf("picks %s, want %s", got, c.want)
-		}
+	// Its fallbacks are the next replicas in turn.
+	var d Decision
+	_ = p.Decide(&d, &Request{}, views(3), nil)
+	if d.Replica != 1 || d.Scores[2].Total != 1 || d.Scores[0].Total != 2 {
+		t.Errorf("decision %+v: want b, then c, then a", d)
 	}
 }
 
-func TestRandomSpreadsOverHealthy(t *testing.T) {
+func TestRandomSpreads(t *testing.T) {
 	p, _ := New("random", Options{})
-	got := picks(t, p, views(true, false, true), 3000)
-	na, nc := strings.Count(got, "a"), strings.Count(got, "c")
-	if strings.Contains(got, "b") || na < 1400 || nc < 1400 {
-		t.Errorf("a %d, c %d, b %d", na, nc, strings.Count(got, "b"))
+	got := picks(t, p, views(2), 3000)
+	if na, nb := strings.Count(got, "a"), strings.Count(got, "b"); na < 1400 || nb < 1400 {
+		t.Errorf("a %d, b %d", na, nb)
 	}
+}
+
+func TestRegistry(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("a second gorgo registered")
+		}
+	}()
+	if _, ok := Lookup("gorgo"); !ok {
+		t.Fatal("gorgo is not registered")
+	}
+	Register(Info{Name: "gorgo", New: newGorgo})
 }
 
 func TestUnknownPolicyListsValid(t *testing.T) {

@@ -35,14 +35,15 @@ func benchRouter(b *testing.B, n, promptTokens int) (*Router, []byte) {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range n {
-		r.ObserveRTT(i, time.Duration(10+rng.IntN(400))*time.Millisecond)
+		r.ObserveRTT(reps[i].ID, time.Duration(10+rng.IntN(400))*time.Millisecond)
 	}
+	slot := func(i int) int { return r.fleet.Load().byID[reps[i].ID].slot }
 	chain := make([]uint64, 128)
 	for k := 0; r.index.Len() < indexedBlocks; k++ {
 		for j := range chain {
 			chain[j] = rng.Uint64()
 		}
-		r.index.Insert(k%n, chain)
+		r.index.Insert(slot(k%n), chain)
 	}
 	prompt := make([]byte, promptTokens*bytesPerToken)
 	for i := range prompt {
@@ -51,7 +52,7 @@ func benchRouter(b *testing.B, n, promptTokens int) (*Router, []byte) {
 	blocks := prefix.Chain(prompt, benchBlockTokens*bytesPerToken, nil)
 	// Three replicas hold the first 100%, 50% and 10% of the prompt.
 	for j, frac := range []float64{1, 0.5, 0.1} {
-		r.index.Insert(j%n, blocks[:int(frac*float64(len(blocks)))])
+		r.index.Insert(slot(j%n), blocks[:int(frac*float64(len(blocks)))])
 	}
 	return r, prompt
 }
@@ -60,7 +61,7 @@ func benchRouter(b *testing.B, n, promptTokens int) (*Router, []byte) {
 // prompt into chained blocks, find every replica's cached prefix, build the
 // replica views and score them.
 func BenchmarkDecide(b *testing.B) {
-	for _, n := range []int{3, 16, 64, 256} {
+	for _, n := range []int{3, 16, 64, 256, 1000} {
 		for _, tokens := range []int{2 << 10, 32 << 10} {
 			b.Run(fmt.Sprintf("replicas=%d/prompt=%dk", n, tokens>>10), func(b *testing.B) {
 				r, prompt := benchRouter(b, n, tokens)

@@ -1,19 +1,30 @@
-// Package router turns requests into routing decisions. It keeps what a
-// router knows about each replica (round-trip estimates, its own ledger of
-// requests in flight, the last scraped engine gauges, the prefix index,
-// per-replica TTFT rates), builds the immutable replica views a
-// route.Policy decides on, and folds the outcome of each request back in.
+// Package router turns requests into routing decisions. It keeps the fleet
+// (replicas keyed by id, which join, drain and leave while it routes) and
+// what a router knows about each replica (round-trip estimate, its own
+// ledger of requests in flight, the last scraped engine gauges, the prefix
+// index, per-replica TTFT rates), builds the immutable views of the
+// available replicas a route.Policy scores, resolves the policy's ties, and
+// folds the outcome of each request back in.
 //
 // The simulator and the live proxy both drive a Router; it takes time as an
-// argument and draws randomness only from the *rand.Rand it is given. A
-// Router is safe for concurrent use.
+// argument and draws randomness only from the *rand.Rand it is given.
+//
+// Concurrency: a Router is safe for concurrent use. Decisions are made one
+// at a time (the policy and the caller's random source are not shared
+// between them); they read the fleet through an atomic snapshot and each
+// replica's state through atomics, so membership changes and observations
+// (probes, scrapes, first tokens, finishes) never wait for a decision, nor
+// a decision for them, except that a decision reads the prefix index under
+// a read lock that inserting a prompt takes briefly to write.
 package router
 
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/prefix"
@@ -21,18 +32,9 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/signal"
 )
 
-// ReplicaConfig is what the router is told about a replica.
-type ReplicaConfig struct {
-	ID, Region string
-	// KVCapacityTokens sizes the replica's share of the prefix index.
-	KVCapacityTokens int
-	// PrefillMSPerToken and QueueMSPerToken are the replica's rates (the
-	// priors when rates are estimated online).
-	PrefillMSPerToken, QueueMSPerToken float64
-}
-
 // Config configures a Router.
 type Config struct {
+	// Replicas is the initial fleet; it may be empty.
 	Replicas []ReplicaConfig
 	Policy   route.Policy
 	// BlockTokens is the tokens per prefix-index block.
@@ -43,76 +45,74 @@ type Config struct {
 	// queue rates from the TTFTs it observes instead of keeping the
 	// configured ones.
 	OnlineRates bool
+	// TieMargin is the relative margin within which replicas scored by a
+	// ByScore decision tie and one is drawn at random; zero means
+	// route.DefaultTieMargin, negative exact ties only.
+	TieMargin float64
 }
 
-// Ticket is the router's record of one routed request, returned by Route
-// and handed back to FirstToken and Finish.
+// Ticket is the router's record of one request dispatched to a replica,
+// handed back to Accepted, FirstToken, CachedReport and Finish.
 type Ticket struct {
-	// Replica is the index of the chosen replica.
-	Replica int
+	// ID is the chosen replica's.
+	ID string
 	// PromptTokens is the request's prompt length.
 	PromptTokens int
 	// EstCachedTokens is the router's estimate of the prompt tokens the
 	// replica had cached, and Backlog the prefill backlog ahead of it.
 	EstCachedTokens int
 	Backlog         int
-	// Terms is the chosen replica's cost, for scoring policies.
+	// Terms is the replica's cost, for scoring policies.
 	Terms route.Terms
 	// RTT is the round-trip estimate the decision used.
 	RTT time.Duration
 	// Tag is the policy's label for the decision (see route.Learner).
 	Tag int
 
-	first, done bool
+	m                     *member
+	accepted, first, done bool
 }
 
-type replicaState struct {
-	cfg      ReplicaConfig
-	healthy  bool
-	rtt      signal.EWMA
-	inflight int
-	unfin    int
-	backlog  int
-	gauges   route.EngineGauges
-	gaugesAt time.Duration
-	known    bool
-	rates    *signal.Rates
+// Candidate is a replica a decision ranked, with what the router believed
+// of it then.
+type Candidate struct {
+	ID              string
+	EstCachedTokens int
+	Terms           route.Terms
+	RTT             time.Duration
+	Tag             int
 
-	// Evidence of how far the index over-believes this replica's cache,
-	// since the last reset: estimated and missing (estimated − reported,
-	// when positive) cached tokens over the reports that carried them.
-	reports, estSum, missSum int
+	m *member
 }
-
-// Index self-correction: after at least resetReports reports, if the
-// replica has been missing more than resetMissShare of the cached tokens
-// the router believed it held, its cache was evidently flushed or the
-// engine restarted, and the router forgets what it believed.
-const (
-	resetReports   = 16
-	resetMissShare = 0.5
-)
 
 // Router is the routing core shared by the simulator and the proxy.
 type Router struct {
-	mu     sync.Mutex
-	cfg    Config
-	reps   []replicaState
-	index  *prefix.Index
+	cfg   Config
+	fleet atomic.Pointer[fleet]
+	// fleetMu serialises membership changes.
+	fleetMu sync.Mutex
+	// ixMu guards the prefix index: decisions read it, inserting a prompt
+	// and clearing a replica write it.
+	ixMu  sync.RWMutex
+	index *prefix.Index
+
+	// decMu serialises decisions and guards their scratch.
+	decMu  sync.Mutex
 	views  []route.Replica
+	cand   []*member
 	depth  []int
 	dec    route.Decision
-	online bool
-	resets int
+	ranked []bool
+	best   []Candidate
+
+	resets atomic.Int64
 }
 
-// New returns a router with every replica healthy and nothing observed.
+// New returns a router over the configured replicas, every one of them
+// active and healthy but not yet probed.
 func New(cfg Config) (*Router, error) {
 	if cfg.Policy == nil {
 		return nil, errors.New("router: no policy")
-	}
-	if len(cfg.Replicas) == 0 {
-		return nil, errors.New("router: no replicas")
 	}
 	if cfg.RTTAlpha == 0 {
 		cfg.RTTAlpha = signal.DefaultAlpha
@@ -120,134 +120,215 @@ func New(cfg Config) (*Router, error) {
 	if !(cfg.RTTAlpha > 0 && cfg.RTTAlpha <= 1) {
 		return nil, fmt.Errorf("router: RTT alpha must be in (0, 1], got %v", cfg.RTTAlpha)
 	}
-	caps := make([]int, len(cfg.Replicas))
-	r := &Router{cfg: cfg, reps: make([]replicaState, len(cfg.Replicas)), views: make([]route.Replica, len(cfg.Replicas)),
-		depth: make([]int, len(cfg.Replicas)), online: cfg.OnlineRates}
-	seen := map[string]bool{}
-	for i, rc := range cfg.Replicas {
-		if seen[rc.ID] {
-			return nil, fmt.Errorf("router: replica id %q used twice", rc.ID)
-		}
-		seen[rc.ID] = true
-		caps[i] = rc.KVCapacityTokens
-		r.reps[i] = replicaState{cfg: rc, healthy: true, rtt: signal.EWMA{Alpha: cfg.RTTAlpha}}
-		if cfg.OnlineRates {
-			r.reps[i].rates = signal.NewRates(rc.PrefillMSPerToken, rc.QueueMSPerToken)
-		}
+	switch {
+	case math.IsNaN(cfg.TieMargin) || math.IsInf(cfg.TieMargin, 0):
+		return nil, fmt.Errorf("router: tie margin must be a finite number, got %v", cfg.TieMargin)
+	case cfg.TieMargin == 0:
+		cfg.TieMargin = route.DefaultTieMargin
+	case cfg.TieMargin < 0:
+		cfg.TieMargin = 0
 	}
-	ix, err := prefix.New(cfg.BlockTokens, caps)
+	ix, err := prefix.New(cfg.BlockTokens)
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
-	r.index = ix
+	r := &Router{cfg: cfg, index: ix}
+	r.fleet.Store(&fleet{byID: map[string]*member{}})
+	for _, rc := range cfg.Replicas {
+		if err := r.Add(rc); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
 }
 
+// Policy returns the router's policy.
+func (r *Router) Policy() route.Policy { return r.cfg.Policy }
+
+// BlockTokens returns the tokens per prefix-index block.
+func (r *Router) BlockTokens() int { return r.cfg.BlockTokens }
+
 // Route picks a replica for req at time now and records the dispatch: the
 // request joins the replica's ledger and its prompt blocks the replica's
-// share of the prefix index.
+// share of the prefix index. It is what a caller that always reaches the
+// replica does (the simulator).
 func (r *Router) Route(now time.Duration, req *route.Request, rng *rand.Rand) (Ticket, error) {
-	t, err := r.Dispatch(now, req, rng, nil)
+	t, _, err := r.Dispatch(now, req, rng, nil)
 	if err == nil {
 		r.Accepted(&t, req)
 	}
 	return t, err
 }
 
-// Dispatch is the first half of Route, for a caller that may not get the
-// request to the replica (a proxy): it decides, with the replicas marked
-// in skip treated as unhealthy, and enters the request in the replica's
-// ledger, but not its prompt in the prefix index. Call Accepted once the
-// replica took the request, or Finish if it did not.
-func (r *Router) Dispatch(now time.Duration, req *route.Request, rng *rand.Rand, skip []bool) (Ticket, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	t, err := r.decide(now, req, rng, skip)
+// Dispatch decides for req at time now and enters the request in the chosen
+// replica's ledger, but not its prompt in the prefix index: call Accepted
+// once the replica took the request, or Finish if it did not. The
+// decision's fallbacks, best first, are appended to fallbacks[:0] (up to
+// its capacity; pass nil for none) for Redispatch.
+func (r *Router) Dispatch(now time.Duration, req *route.Request, rng *rand.Rand, fallbacks []Candidate) (Ticket, []Candidate, error) {
+	r.decMu.Lock()
+	defer r.decMu.Unlock()
+	var err error
+	r.best, err = r.rank(now, req, r.cfg.Policy, rng, r.best[:0], cap(fallbacks)+1)
 	if err != nil {
-		return t, err
+		return Ticket{}, fallbacks[:0], err
 	}
-	s := &r.reps[t.Replica]
-	s.inflight++
-	s.unfin += req.PromptTokens
-	s.backlog += t.uncached()
-	return t, nil
+	for k := range r.best {
+		if t, ok := r.enter(&r.best[k], req); ok {
+			return t, append(fallbacks[:0], r.best[k+1:]...), nil
+		}
+	}
+	return Ticket{}, fallbacks[:0], route.ErrNoReplica
+}
+
+// Redispatch enters the request in a fallback's ledger, if that replica is
+// still available; it reports false otherwise.
+func (r *Router) Redispatch(c *Candidate, req *route.Request) (Ticket, bool) {
+	if !c.m.available() {
+		return Ticket{}, false
+	}
+	return r.enter(c, req)
+}
+
+// enter adds the request to the candidate's ledger unless the replica
+// stopped being active meanwhile (drained or being removed).
+func (r *Router) enter(c *Candidate, req *route.Request) (Ticket, bool) {
+	m := c.m
+	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m}
+	m.inflight.Add(1)
+	if State(m.state.Load()) != Active {
+		r.release(m) // Remove saw no request in flight, or is about to
+		return Ticket{}, false
+	}
+	m.unfin.Add(int64(req.PromptTokens))
+	t.Backlog = int(m.backlog.Add(int64(t.uncached()))) - t.uncached()
+	return t, true
+}
+
+// release drops one request from a replica's count, and forgets a removing
+// replica once nothing is left in flight.
+func (r *Router) release(m *member) {
+	if m.inflight.Add(-1) == 0 && State(m.state.Load()) == Removing {
+		r.forget(m)
+	}
 }
 
 // Accepted records that the ticket's replica took the request: it now
 // holds, or is computing, the prompt's blocks.
 func (r *Router) Accepted(t *Ticket, req *route.Request) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.index.Insert(t.Replica, req.Blocks)
+	if t.accepted || t.done {
+		return
+	}
+	t.accepted = true
+	r.ixMu.Lock()
+	defer r.ixMu.Unlock()
+	if !t.m.gone.Load() {
+		r.index.Insert(t.m.slot, req.Blocks)
+	}
 }
 
 // Decide returns the replica Route would pick now, recording nothing in the
 // router (its policy's own state, a round-robin counter, does advance). It
 // is Route's decision path alone, for benchmarks.
-func (r *Router) Decide(now time.Duration, req *route.Request, rng *rand.Rand) (Ticket, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.decide(now, req, rng, nil)
+func (r *Router) Decide(now time.Duration, req *route.Request, rng *rand.Rand) (Candidate, error) {
+	r.decMu.Lock()
+	defer r.decMu.Unlock()
+	var one [1]Candidate
+	ranked, err := r.rank(now, req, r.cfg.Policy, rng, one[:0], 1)
+	if err != nil {
+		return Candidate{}, err
+	}
+	return ranked[0], nil
 }
 
-// Explain returns the replica policy would pick now and every replica's
-// cost terms, recording nothing in the router. The policy runs as usual, so
-// pass one whose state does not matter (a fresh instance of the router's,
-// say) and a random source of its own.
-func (r *Router) Explain(now time.Duration, req *route.Request, policy route.Policy, rng *rand.Rand) (Ticket, route.Decision, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	saved := r.cfg.Policy
-	r.cfg.Policy = policy
-	t, err := r.decide(now, req, rng, nil)
-	r.cfg.Policy = saved
-	d := route.Decision{Replica: r.dec.Replica, Scores: append([]route.Terms(nil), r.dec.Scores...), Tag: r.dec.Tag}
-	return t, d, err
+// Scored is one available replica's cost in an explained decision.
+type Scored struct {
+	ID    string
+	Terms route.Terms
 }
 
-func (r *Router) decide(now time.Duration, req *route.Request, rng *rand.Rand, skip []bool) (Ticket, error) {
+// Explain returns the replica policy would pick now and every available
+// replica's cost terms, recording nothing in the router. The policy runs as
+// usual, so pass one whose state does not matter (a fresh instance of the
+// router's, say) and a random source of its own.
+func (r *Router) Explain(now time.Duration, req *route.Request, policy route.Policy, rng *rand.Rand) (Candidate, []Scored, error) {
+	r.decMu.Lock()
+	defer r.decMu.Unlock()
+	var one [1]Candidate
+	ranked, err := r.rank(now, req, policy, rng, one[:0], 1)
+	if err != nil {
+		return Candidate{}, nil, err
+	}
+	scores := make([]Scored, len(r.views))
+	for i := range r.views {
+		scores[i] = Scored{ID: r.views[i].ID}
+		if len(r.dec.Scores) == len(r.views) {
+			scores[i].Terms = r.dec.Scores[i]
+		}
+	}
+	return ranked[0], scores, nil
+}
+
+// rank runs the policy over the available replicas and appends up to n
+// candidates to dst: its choice, then the others by score. Call with decMu.
+func (r *Router) rank(now time.Duration, req *route.Request, pol route.Policy, rng *rand.Rand, dst []Candidate, n int) ([]Candidate, error) {
+	f := r.fleet.Load()
+	r.ixMu.RLock()
+	if k := r.index.Slots(); len(r.depth) < k {
+		r.depth = make([]int, k)
+	}
 	r.index.Match(req.Blocks, r.depth)
-	bt := r.index.BlockTokens()
-	for i := range r.reps {
-		s := &r.reps[i]
-		rtt, _ := s.rtt.Value()
-		v := route.Replica{
-			ID:                s.cfg.ID,
-			Region:            s.cfg.Region,
-			Healthy:           s.healthy && (i >= len(skip) || !skip[i]),
-			RTT:               time.Duration(rtt),
-			InFlight:          s.inflight,
-			UnfinishedTokens:  s.unfin,
-			BacklogTokens:     s.backlog,
-			CachedTokens:      min(r.depth[i]*bt, req.PromptTokens),
-			Engine:            s.gauges,
-			EngineKnown:       s.known,
-			KVCapacityTokens:  s.cfg.KVCapacityTokens,
-			PrefillMSPerToken: s.cfg.PrefillMSPerToken,
-			QueueMSPerToken:   s.cfg.QueueMSPerToken,
+	r.ixMu.RUnlock()
+	bt := r.cfg.BlockTokens
+	r.views, r.cand = r.views[:0], r.cand[:0]
+	for _, m := range f.members {
+		if m.available() {
+			r.views = append(r.views, m.view(now, min(r.depth[m.slot]*bt, req.PromptTokens)))
+			r.cand = append(r.cand, m)
 		}
-		if s.known {
-			v.EngineAge = now - s.gaugesAt
+	}
+	if len(r.views) == 0 {
+		return dst, route.ErrNoReplica
+	}
+	r.dec.Tag, r.dec.ExactTies = 0, false
+	if err := pol.Decide(&r.dec, req, r.views, rng); err != nil {
+		return dst, err
+	}
+	if len(r.dec.Scores) != len(r.views) {
+		return dst, fmt.Errorf("router: policy %s scored %d of %d replicas", pol.Name(), len(r.dec.Scores), len(r.views))
+	}
+	i := route.Pick(&r.dec, r.cfg.TieMargin, rng)
+	if i < 0 || i >= len(r.views) {
+		return dst, fmt.Errorf("router: policy %s chose replica %d of %d", pol.Name(), i, len(r.views))
+	}
+	dst = append(dst, r.candidate(i))
+	if n <= 1 {
+		return dst, nil
+	}
+	// The fallbacks: the least scores after the choice, by partial
+	// selection (n is small; the fleet may not be).
+	r.ranked = append(r.ranked[:0], make([]bool, len(r.views))...)
+	r.ranked[i] = true
+	for len(dst) < n && len(dst) < len(r.views) {
+		best := -1
+		for j := range r.views {
+			if !r.ranked[j] && (best < 0 || r.dec.Scores[j].Total < r.dec.Scores[best].Total) {
+				best = j
+			}
 		}
-		if s.rates != nil {
-			v.PrefillMSPerToken, v.QueueMSPerToken = s.rates.Prefill(), s.rates.Queue()
-		}
-		r.views[i] = v
+		r.ranked[best] = true
+		dst = append(dst, r.candidate(best))
 	}
-	r.dec.Tag = 0
-	if err := r.cfg.Policy.Decide(&r.dec, req, r.views, rng); err != nil {
-		return Ticket{}, err
-	}
-	i := r.dec.Replica
-	if i < 0 || i >= len(r.views) || !r.views[i].Healthy {
-		return Ticket{}, fmt.Errorf("router: policy %s chose replica %d, which is not a healthy replica", r.cfg.Policy.Name(), i)
-	}
+	return dst, nil
+}
+
+func (r *Router) candidate(i int) Candidate {
 	v := &r.views[i]
-	t := Ticket{Replica: i, PromptTokens: req.PromptTokens, EstCachedTokens: v.CachedTokens, Backlog: v.BacklogTokens, RTT: v.RTT, Tag: r.dec.Tag}
+	c := Candidate{ID: v.ID, EstCachedTokens: v.CachedTokens, RTT: v.RTT, Tag: r.dec.Tag, m: r.cand[i]}
 	if len(r.dec.Scores) == len(r.views) {
-		t.Terms = r.dec.Scores[i]
+		c.Terms = r.dec.Scores[i]
 	}
-	return t, nil
+	return c
 }
 
 func (t *Ticket) uncached() int { return t.PromptTokens - t.EstCachedTokens }
@@ -255,17 +336,12 @@ func (t *Ticket) uncached() int { return t.PromptTokens - t.EstCachedTokens }
 // FirstToken folds in a request's time to first token as the router saw
 // it: the request leaves its replica's prefill backlog.
 func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if t.first || t.done {
 		return
 	}
 	t.first = true
-	s := &r.reps[t.Replica]
-	s.backlog -= t.uncached()
-	if s.rates != nil {
-		s.rates.Observe(float64(t.uncached()), float64(t.Backlog), float64(ttft-t.RTT)/1e6)
-	}
+	t.m.backlog.Add(-int64(t.uncached()))
+	t.m.observeTTFT(t.uncached(), t.Backlog, float64(ttft-t.RTT)/1e6)
 }
 
 // CachedReport folds in the cached prompt tokens the replica reported for a
@@ -273,130 +349,115 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 // index when the replica keeps holding much less than the router believes.
 // It reports whether the replica's share of the index was reset.
 func (r *Router) CachedReport(t *Ticket, cached int) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := &r.reps[t.Replica]
-	s.reports++
-	s.estSum += t.EstCachedTokens
-	s.missSum += max(t.EstCachedTokens-cached, 0)
-	enough := s.reports >= resetReports && s.estSum >= resetReports*r.index.BlockTokens()
-	if enough && float64(s.missSum) > resetMissShare*float64(s.estSum) {
-		r.resets++
-		r.index.Clear(t.Replica)
-		s.reports, s.estSum, s.missSum = 0, 0, 0
-		return true
+	if !t.m.report(t.EstCachedTokens, cached, r.cfg.BlockTokens) {
+		return false
 	}
-	if s.reports >= 4*resetReports { // keep the evidence recent
-		s.reports, s.estSum, s.missSum = s.reports/2, s.estSum/2, s.missSum/2
-	}
-	return false
-}
-
-// ReplicaState is a replica's state as the router sees it, for an admin
-// API or a log.
-type ReplicaState struct {
-	ID, Region        string
-	Healthy           bool
-	RTT               time.Duration
-	RTTSamples        int
-	InFlight          int
-	UnfinishedTokens  int
-	BacklogTokens     int
-	IndexBlocks       int
-	KVCapacityTokens  int
-	Engine            route.EngineGauges
-	EngineKnown       bool
-	EngineAt          time.Duration
-	PrefillMSPerToken float64
-	QueueMSPerToken   float64
-}
-
-// Snapshot returns every replica's state.
-func (r *Router) Snapshot() []ReplicaState {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make([]ReplicaState, len(r.reps))
-	for i := range r.reps {
-		s := &r.reps[i]
-		rtt, _ := s.rtt.Value()
-		out[i] = ReplicaState{ID: s.cfg.ID, Region: s.cfg.Region, Healthy: s.healthy, RTT: time.Duration(rtt), RTTSamples: s.rtt.Samples(),
-			InFlight: s.inflight, UnfinishedTokens: s.unfin, BacklogTokens: s.backlog, IndexBlocks: r.index.Blocks(i), KVCapacityTokens: s.cfg.KVCapacityTokens,
-			Engine: s.gauges, EngineKnown: s.known, EngineAt: s.gaugesAt,
-			PrefillMSPerToken: s.cfg.PrefillMSPerToken, QueueMSPerToken: s.cfg.QueueMSPerToken}
-		if s.rates != nil {
-			out[i].PrefillMSPerToken, out[i].QueueMSPerToken = s.rates.Prefill(), s.rates.Queue()
-		}
-	}
-	return out
-}
-
-// IndexResets returns how many times CachedReport reset a replica's share
-// of the index.
-func (r *Router) IndexResets() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.resets
+	r.resets.Add(1)
+	r.clearIndex(t.m)
+	return true
 }
 
 // Finish removes a request from its replica's ledger, whether it succeeded
 // or failed. Calling it twice for a ticket is harmless.
 func (r *Router) Finish(t *Ticket) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if t.done {
+	if t.done || t.m == nil {
 		return
 	}
 	t.done = true
-	s := &r.reps[t.Replica]
-	s.inflight--
-	s.unfin -= t.PromptTokens
+	m := t.m
+	m.unfin.Add(-int64(t.PromptTokens))
 	if !t.first {
-		s.backlog -= t.uncached()
+		m.backlog.Add(-int64(t.uncached()))
 	}
+	r.release(m)
 }
 
-// ObserveRTT adds a round-trip probe of replica i.
-func (r *Router) ObserveRTT(i int, rtt time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.reps[i].rtt.Observe(float64(rtt))
+// Replicas returns every replica's state, in the order they joined.
+func (r *Router) Replicas() []ReplicaState {
+	f := r.fleet.Load()
+	out := make([]ReplicaState, len(f.members))
+	for i, m := range f.members {
+		r.ixMu.RLock()
+		blocks := 0
+		if !m.gone.Load() {
+			blocks = r.index.Blocks(m.slot)
+		}
+		r.ixMu.RUnlock()
+		out[i] = m.snapshot(blocks)
+	}
+	return out
 }
 
-// ObserveEngine records replica i's engine gauges as scraped at time at.
-func (r *Router) ObserveEngine(i int, g route.EngineGauges, at time.Duration) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := &r.reps[i]
-	s.gauges, s.gaugesAt, s.known = g, at, true
+// Replica returns one replica's state.
+func (r *Router) Replica(id string) (ReplicaState, error) {
+	m, err := r.member(id)
+	if err != nil {
+		return ReplicaState{}, err
+	}
+	r.ixMu.RLock()
+	blocks := 0
+	if !m.gone.Load() {
+		blocks = r.index.Blocks(m.slot)
+	}
+	r.ixMu.RUnlock()
+	return m.snapshot(blocks), nil
 }
 
-// SetKVCapacity tells the router replica i's KV cache size (tokens, as its
+// IndexResets returns how many times CachedReport reset a replica's share
+// of the index.
+func (r *Router) IndexResets() int { return int(r.resets.Load()) }
+
+// ObserveRTT adds a round-trip probe of a replica; its first makes the
+// replica available.
+func (r *Router) ObserveRTT(id string, rtt time.Duration) error {
+	m, err := r.member(id)
+	if err == nil {
+		m.observeRTT(rtt)
+	}
+	return err
+}
+
+// ObserveEngine records a replica's engine gauges as scraped at time at.
+func (r *Router) ObserveEngine(id string, g route.EngineGauges, at time.Duration) error {
+	m, err := r.member(id)
+	if err == nil {
+		m.gauges.Store(&gaugeObs{g: g, at: at})
+	}
+	return err
+}
+
+// SetKVCapacity tells the router a replica's KV cache size (tokens, as its
 // engine reports it): its share of the prefix index is resized to match.
-func (r *Router) SetKVCapacity(i, tokens int) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if tokens <= 0 || tokens == r.reps[i].cfg.KVCapacityTokens {
-		return
+func (r *Router) SetKVCapacity(id string, tokens int) error {
+	m, err := r.member(id)
+	if err != nil || tokens <= 0 || int64(tokens) == m.kvCap.Load() {
+		return err
 	}
-	r.reps[i].cfg.KVCapacityTokens = tokens
-	r.index.SetCapacity(i, tokens/r.index.BlockTokens())
+	m.kvCap.Store(int64(tokens))
+	r.ixMu.Lock()
+	defer r.ixMu.Unlock()
+	if !m.gone.Load() {
+		r.index.SetCapacity(m.slot, tokens/r.cfg.BlockTokens)
+	}
+	return nil
 }
 
-// SetHealthy marks replica i eligible or not.
-func (r *Router) SetHealthy(i int, ok bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.reps[i].healthy = ok
+// SetHealthy marks a replica up or down.
+func (r *Router) SetHealthy(id string, ok bool) error {
+	m, err := r.member(id)
+	if err == nil {
+		m.healthy.Store(ok)
+	}
+	return err
 }
 
-// Rates returns replica i's prefill and queue rates (ms per token) as the
+// Rates returns a replica's prefill and queue rates (ms per token) as the
 // router currently prices them.
-func (r *Router) Rates(i int) (prefillMS, queueMS float64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s := &r.reps[i]
-	if s.rates != nil {
-		return s.rates.Prefill(), s.rates.Queue()
+func (r *Router) Rates(id string) (prefillMS, queueMS float64, err error) {
+	m, err := r.member(id)
+	if err != nil {
+		return 0, 0, err
 	}
-	return s.cfg.PrefillMSPerToken, s.cfg.QueueMSPerToken
+	p, q := m.ratesNow()
+	return p, q, nil
 }

@@ -1,27 +1,43 @@
 package router
 
 import (
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/route"
 )
 
+// id is the id of the i-th test replica: a, b, c...
+func id(i int) string { return string(rune('a' + i)) }
+
+func replicaConfig(i int) ReplicaConfig {
+	return ReplicaConfig{ID: id(i), KVCapacityTokens: 100 * 16, PrefillMSPerToken: 0.06, QueueMSPerToken: 0.06}
+}
+
+// newRouter returns a router over n replicas, each probed at 10·(i+1) ms.
 func newRouter(t testing.TB, policy string, n int, online bool) *Router {
 	t.Helper()
-	p, err := route.New(policy, route.Options{TieMargin: -1})
+	p, err := route.New(policy, route.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reps := make([]ReplicaConfig, n)
 	for i := range reps {
-		reps[i] = ReplicaConfig{ID: string(rune('a' + i)), KVCapacityTokens: 100 * 16, PrefillMSPerToken: 0.06, QueueMSPerToken: 0.06}
+		reps[i] = replicaConfig(i)
 	}
-	r, err := New(Config{Replicas: reps, Policy: p, BlockTokens: 16, OnlineRates: online})
+	r, err := New(Config{Replicas: reps, Policy: p, BlockTokens: 16, OnlineRates: online, TieMargin: -1})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for i := range n {
+		if err := r.ObserveRTT(id(i), time.Duration(10*(i+1))*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return r
 }
@@ -34,31 +50,41 @@ func blocks(base uint64, n int) []uint64 {
 	return b
 }
 
+func state(t testing.TB, r *Router, id string) ReplicaState {
+	t.Helper()
+	st, err := r.Replica(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 func TestLedgerAndIndex(t *testing.T) {
 	r := newRouter(t, "gorgo", 2, false)
-	r.ObserveRTT(0, 10*time.Millisecond)
-	r.ObserveRTT(1, 200*time.Millisecond)
+	r.ObserveRTT("b", 200*time.Millisecond)
+	r.ObserveRTT("b", 200*time.Millisecond)
+	r.ObserveRTT("b", 200*time.Millisecond)
 	rng := rand.New(rand.NewPCG(1, 1))
 	req := route.Request{PromptTokens: 160, Blocks: blocks(1, 10)}
 	t1, err := r.Route(0, &req, rng)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if t1.Replica != 0 || t1.EstCachedTokens != 0 || t1.RTT != 10*time.Millisecond {
+	if t1.ID != "a" || t1.EstCachedTokens != 0 || t1.RTT != 10*time.Millisecond {
 		t.Fatalf("first ticket %+v", t1)
 	}
-	// The same prompt again: the index now believes replica 0 holds it,
+	// The same prompt again: the index now believes replica a holds it,
 	// and the ledger holds the first request.
-	// gorgo: a = 0.276·10 + 0 + 0.5·160; b = 0.276·200 + 160.
-	explain, _ := route.New("gorgo", route.Options{TieMargin: -1})
-	if _, d, err := r.Explain(time.Millisecond, &req, explain, rng); err != nil || d.Scores[0].Queue != 80 || d.Scores[1].Prefill != 160 {
-		t.Errorf("terms %+v, %v", d.Scores, err)
+	// gorgo: a = 0.276·10 + 0 + 0.5·160; b = 0.276·~150 + 160.
+	explain, _ := route.New("gorgo", route.Options{})
+	if _, sc, err := r.Explain(time.Millisecond, &req, explain, rng); err != nil || sc[0].ID != "a" || sc[0].Terms.Queue != 80 || sc[1].Terms.Prefill != 160 {
+		t.Errorf("terms %+v, %v", sc, err)
 	}
 	t2, err := r.Route(time.Millisecond, &req, rng)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if t2.Replica != 0 || t2.EstCachedTokens != 160 || t2.Backlog != 160 || t2.Terms.Queue != 80 {
+	if t2.ID != "a" || t2.EstCachedTokens != 160 || t2.Backlog != 160 || t2.Terms.Queue != 80 {
 		t.Fatalf("second ticket %+v", t2)
 	}
 	r.FirstToken(&t1, 50*time.Millisecond)
@@ -66,11 +92,8 @@ func TestLedgerAndIndex(t *testing.T) {
 	r.Finish(&t1)
 	r.Finish(&t1)
 	r.Finish(&t2) // failed before its first token
-	r.mu.Lock()
-	s := r.reps[0]
-	r.mu.Unlock()
-	if s.inflight != 0 || s.unfin != 0 || s.backlog != 0 {
-		t.Errorf("ledger not empty: inflight %d unfinished %d backlog %d", s.inflight, s.unfin, s.backlog)
+	if s := state(t, r, "a"); s.InFlight != 0 || s.UnfinishedTokens != 0 || s.BacklogTokens != 0 || s.IndexBlocks != 10 {
+		t.Errorf("ledger not empty or index lost: %+v", s)
 	}
 }
 
@@ -93,10 +116,7 @@ func TestIndexResetsWhenReplicaForgets(t *testing.T) {
 	if !reset || r.IndexResets() != 1 {
 		t.Fatalf("no reset after repeated misses")
 	}
-	r.mu.Lock()
-	n := r.index.Blocks(0)
-	r.mu.Unlock()
-	if n != 0 {
+	if n := state(t, r, "a").IndexBlocks; n != 0 {
 		t.Errorf("replica still believed to hold %d blocks", n)
 	}
 	// Agreeing reports never reset.
@@ -124,7 +144,7 @@ func TestOnlineRates(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ttft := time.Duration((0.12*float64(tk.PromptTokens-tk.EstCachedTokens) + 0.03*float64(tk.Backlog)) * 1e6)
+		ttft := tk.RTT + time.Duration((0.12*float64(tk.PromptTokens-tk.EstCachedTokens)+0.03*float64(tk.Backlog))*1e6)
 		queue = append(queue, pending{tk, ttft})
 		// First tokens come back a varying number of requests later, so
 		// the backlog varies.
@@ -135,25 +155,32 @@ func TestOnlineRates(t *testing.T) {
 			queue = queue[1:]
 		}
 	}
-	p, q := r.Rates(0)
-	if p < 0.115 || p > 0.125 || q < 0.025 || q > 0.035 {
-		t.Errorf("learned rates %.4f %.4f, want ≈ 0.12 and 0.03", p, q)
+	p, q, err := r.Rates("a")
+	if err != nil || p < 0.115 || p > 0.125 || q < 0.025 || q > 0.035 {
+		t.Errorf("learned rates %.4f %.4f (%v), want ≈ 0.12 and 0.03", p, q, err)
 	}
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
 	p, _ := route.New("random", route.Options{})
+	nan := 0.0
+	nan /= nan
 	cases := []Config{
-		{Policy: p, BlockTokens: 16},
 		{Replicas: []ReplicaConfig{{ID: "a"}}, BlockTokens: 16},
 		{Replicas: []ReplicaConfig{{ID: "a"}, {ID: "a"}}, Policy: p, BlockTokens: 16},
+		{Replicas: []ReplicaConfig{{ID: ""}}, Policy: p, BlockTokens: 16},
+		{Replicas: []ReplicaConfig{{ID: "a", PrefillMSPerToken: -1}}, Policy: p, BlockTokens: 16},
 		{Replicas: []ReplicaConfig{{ID: "a"}}, Policy: p},
 		{Replicas: []ReplicaConfig{{ID: "a"}}, Policy: p, BlockTokens: 16, RTTAlpha: 2},
+		{Replicas: []ReplicaConfig{{ID: "a"}}, Policy: p, BlockTokens: 16, TieMargin: nan},
 	}
 	for i, c := range cases {
 		if _, err := New(c); err == nil {
 			t.Errorf("case %d accepted", i)
 		}
+	}
+	if r, err := New(Config{Policy: p, BlockTokens: 16}); err != nil || r.Len() != 0 {
+		t.Errorf("an empty fleet: %v", err)
 	}
 }
 
@@ -173,38 +200,258 @@ func TestDecideDoesNotAllocate(t *testing.T) {
 		}); n != 0 {
 			t.Errorf("%s: %v allocations per decision", name, n)
 		}
+		fb := make([]Candidate, 0, 2)
+		if n := testing.AllocsPerRun(100, func() {
+			tk, _, err := r.Dispatch(0, req, rng, fb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Finish(&tk)
+		}); n != 0 {
+			t.Errorf("%s: %v allocations per dispatch with fallbacks", name, n)
+		}
 	}
 }
 
-func TestRouteExceptSkipsTriedReplicas(t *testing.T) {
-	r := newRouter(t, "gorgo", 3, false)
-	for i, ms := range []int{10, 20, 30} {
-		r.ObserveRTT(i, time.Duration(ms)*time.Millisecond)
-	}
+// Dispatch ranks fallbacks by score; Redispatch enters one; Explain records
+// nothing.
+func TestFallbacks(t *testing.T) {
+	r := newRouter(t, "gorgo", 4, false) // RTTs 10, 20, 30, 40 ms
 	rng := rand.New(rand.NewPCG(1, 1))
 	req := route.Request{PromptTokens: 16, Blocks: blocks(1, 1)}
-	tk, err := r.Dispatch(0, &req, rng, []bool{true, false, false})
-	if err != nil || tk.Replica != 1 {
-		t.Fatalf("skipping the nearest: replica %d, %v", tk.Replica, err)
+	tk, fb, err := r.Dispatch(0, &req, rng, make([]Candidate, 0, 2))
+	if err != nil || tk.ID != "a" || len(fb) != 2 || fb[0].ID != "b" || fb[1].ID != "c" {
+		t.Fatalf("ticket %s, fallbacks %+v, %v; want a then b, c", tk.ID, fb, err)
 	}
-	if st := r.Snapshot(); st[1].InFlight != 1 || st[1].IndexBlocks != 0 {
-		t.Errorf("dispatched but not accepted: %+v", st[1])
+	if st := state(t, r, "a"); st.InFlight != 1 || st.IndexBlocks != 0 {
+		t.Errorf("dispatched but not accepted: %+v", st)
+	}
+	r.Finish(&tk) // a failed before taking it
+	r.SetHealthy("b", false)
+	if _, ok := r.Redispatch(&fb[0], &req); ok {
+		t.Error("redispatched to a replica marked down")
+	}
+	tk, ok := r.Redispatch(&fb[1], &req)
+	if !ok || tk.ID != "c" {
+		t.Fatalf("redispatch: %+v %v", tk, ok)
 	}
 	r.Accepted(&tk, &req)
 	r.Finish(&tk)
-	if _, err := r.Dispatch(0, &req, rng, []bool{true, true, true}); err == nil {
-		t.Error("routed with every replica skipped")
+	if st := state(t, r, "c"); st.InFlight != 0 || st.IndexBlocks != 1 {
+		t.Errorf("c after its request: %+v", st)
 	}
-	if st := r.Snapshot(); len(st) != 3 || st[1].InFlight != 0 || st[0].RTT != 10*time.Millisecond || st[1].IndexBlocks != 1 {
-		t.Errorf("snapshot %+v", st)
-	}
-	// Explain runs another policy instance and records nothing.
 	p, _ := route.New("round-robin", route.Options{})
-	before := r.Snapshot()
+	before := r.Replicas()
 	if _, _, err := r.Explain(0, &req, p, rand.New(rand.NewPCG(9, 9))); err != nil {
 		t.Fatal(err)
 	}
-	if after := r.Snapshot(); !reflect.DeepEqual(before, after) {
+	if after := r.Replicas(); !reflect.DeepEqual(before, after) {
 		t.Errorf("Explain changed the router: %+v -> %+v", before, after)
+	}
+}
+
+// Only active, healthy, probed replicas are ever shown to a policy.
+func TestUnavailableReplicasAreFiltered(t *testing.T) {
+	r := newRouter(t, "round-robin", 4, false)
+	r.SetHealthy("a", false)
+	r.Drain("b")
+	r.Add(replicaConfig(4)) // e: not yet probed
+	rng := rand.New(rand.NewPCG(1, 1))
+	req := route.Request{PromptTokens: 16}
+	for range 20 {
+		tk, _, err := r.Dispatch(0, &req, rng, make([]Candidate, 0, 4))
+		if err != nil || (tk.ID != "c" && tk.ID != "d") {
+			t.Fatalf("picked %q (%v)", tk.ID, err)
+		}
+		r.Finish(&tk)
+	}
+	r.SetHealthy("c", false)
+	r.Drain("d")
+	if _, _, err := r.Dispatch(0, &req, rng, nil); !errors.Is(err, route.ErrNoReplica) {
+		t.Errorf("err %v, want ErrNoReplica", err)
+	}
+	r.ObserveRTT("e", time.Millisecond)
+	if tk, _, err := r.Dispatch(0, &req, rng, nil); err != nil || tk.ID != "e" {
+		t.Errorf("after its probe: %q %v", tk.ID, err)
+	}
+}
+
+// Adding, draining and removing replicas changes nothing about the others:
+// their RTT estimates, ledgers, rates and index shares survive.
+func TestMembershipLeavesOthersAlone(t *testing.T) {
+	r := newRouter(t, "gorgo", 3, true)
+	rng := rand.New(rand.NewPCG(1, 1))
+	var open []Ticket
+	for i := range 30 {
+		req := route.Request{PromptTokens: 64, Blocks: blocks(uint64(i%5), 4)}
+		tk, err := r.Route(0, &req, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.FirstToken(&tk, 40*time.Millisecond)
+		if i%3 == 0 {
+			open = append(open, tk)
+		} else {
+			r.Finish(&tk)
+		}
+	}
+	before := r.Replicas()
+	if err := r.Add(replicaConfig(3)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Add(replicaConfig(3)); !errors.Is(err, ErrExists) {
+		t.Errorf("second add of d: %v", err)
+	}
+	r.ObserveRTT("d", time.Millisecond)
+	r.Drain("d")
+	r.Undrain("d")
+	if err := r.Remove("d"); err != nil {
+		t.Fatal(err)
+	}
+	if r.Has("d") {
+		t.Error("d, idle, is still in the fleet after Remove")
+	}
+	if err := r.Drain("nope"); !errors.Is(err, ErrUnknown) {
+		t.Errorf("drain of an unknown replica: %v", err)
+	}
+	if after := r.Replicas(); !reflect.DeepEqual(before, after) {
+		t.Errorf("the others changed:\n%+v\n%+v", before, after)
+	}
+	for i := range open {
+		r.Finish(&open[i])
+	}
+}
+
+// Removing a replica with requests in flight lets them finish, then forgets
+// it; its slot in the index goes, empty, to the next replica added.
+func TestRemoveWaitsForRequestsInFlight(t *testing.T) {
+	r := newRouter(t, "gorgo", 2, false)
+	rng := rand.New(rand.NewPCG(1, 1))
+	req := route.Request{PromptTokens: 64, Blocks: blocks(7, 4)}
+	tk, err := r.Route(0, &req, rng)
+	if err != nil || tk.ID != "a" {
+		t.Fatalf("%+v %v", tk, err)
+	}
+	if err := r.Remove("a"); err != nil {
+		t.Fatal(err)
+	}
+	st := state(t, r, "a")
+	if st.State != Removing || st.InFlight != 1 || st.IndexBlocks != 4 {
+		t.Fatalf("a while removing: %+v", st)
+	}
+	if err := r.Add(replicaConfig(0)); !errors.Is(err, ErrExists) {
+		t.Errorf("re-adding a while it drains out: %v", err)
+	}
+	tk2, err := r.Route(0, &req, rng)
+	if err != nil || tk2.ID != "b" {
+		t.Fatalf("a removing replica took a request: %+v %v", tk2, err)
+	}
+	r.FirstToken(&tk, time.Millisecond)
+	r.CachedReport(&tk, 64)
+	r.Finish(&tk)
+	if r.Has("a") || r.Len() != 1 {
+		t.Fatalf("a is still there after its last request")
+	}
+	if err := r.Add(ReplicaConfig{ID: "a2", KVCapacityTokens: 1600}); err != nil {
+		t.Fatal(err)
+	}
+	r.ObserveRTT("a2", time.Millisecond)
+	if st := state(t, r, "a2"); st.IndexBlocks != 0 {
+		t.Errorf("the recycled slot came with %d blocks", st.IndexBlocks)
+	}
+	tk3, _, _ := r.Dispatch(0, &req, rng, nil)
+	if tk3.ID == "a2" && tk3.EstCachedTokens != 0 {
+		t.Errorf("a2 inherited a's cache: %+v", tk3)
+	}
+	// Removing then taking back (b has a request in flight) keeps it.
+	r.Remove("b")
+	r.Undrain("b")
+	r.Finish(&tk2)
+	r.Finish(&tk3)
+	if st := state(t, r, "b"); st.State != Active || st.IndexBlocks != 4 {
+		t.Errorf("b taken back: %+v", st)
+	}
+}
+
+// The fleet holds MaxReplicas replicas and refuses one more.
+func TestFleetBound(t *testing.T) {
+	p, _ := route.New("gorgo", route.Options{})
+	r, err := New(Config{Policy: p, BlockTokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range MaxReplicas {
+		if err := r.Add(ReplicaConfig{ID: fmt.Sprint(i), KVCapacityTokens: 1600}); err != nil {
+			t.Fatalf("replica %d: %v", i, err)
+		}
+	}
+	if err := r.Add(ReplicaConfig{ID: "one-more"}); err == nil {
+		t.Fatal("the fleet took one replica more than MaxReplicas")
+	}
+	r.ObserveRTT(fmt.Sprint(MaxReplicas-1), time.Millisecond)
+	req := route.Request{PromptTokens: 16, Blocks: blocks(1, 1)}
+	if tk, err := r.Route(0, &req, rand.New(rand.NewPCG(1, 1))); err != nil || tk.ID != fmt.Sprint(MaxReplicas-1) {
+		t.Errorf("%+v %v", tk, err)
+	}
+}
+
+// Decisions, observations and membership changes run concurrently (for the
+// race detector): nothing is lost from the ledgers.
+func TestConcurrentDecisionsAndMembership(t *testing.T) {
+	r := newRouter(t, "gorgo", 4, true)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			fb := make([]Candidate, 0, 2)
+			for i := range 2000 {
+				req := route.Request{PromptTokens: 64, Blocks: blocks(uint64(i%50), 4)}
+				tk, fb2, err := r.Dispatch(time.Duration(i), &req, rng, fb)
+				if err != nil {
+					continue
+				}
+				if i%7 == 0 && len(fb2) > 0 {
+					r.Finish(&tk)
+					if tk, err = func() (Ticket, error) {
+						t2, ok := r.Redispatch(&fb2[0], &req)
+						if !ok {
+							return t2, errors.New("gone")
+						}
+						return t2, nil
+					}(); err != nil {
+						continue
+					}
+				}
+				r.Accepted(&tk, &req)
+				r.FirstToken(&tk, time.Millisecond)
+				r.CachedReport(&tk, tk.EstCachedTokens/2)
+				r.Finish(&tk)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range 300 {
+			name := fmt.Sprint("x", i%5)
+			if r.Has(name) {
+				r.Remove(name)
+			} else if r.Add(ReplicaConfig{ID: name, KVCapacityTokens: 1600, PrefillMSPerToken: 0.06, QueueMSPerToken: 0.06}) == nil {
+				r.ObserveRTT(name, time.Millisecond)
+			}
+			r.Drain("b")
+			r.ObserveEngine("c", route.EngineGauges{Running: i}, time.Duration(i))
+			r.SetKVCapacity("d", 1600+16*(i%3))
+			r.Undrain("b")
+			r.Replicas()
+		}
+	}()
+	wg.Wait()
+	for _, st := range r.Replicas() {
+		if st.InFlight != 0 || st.UnfinishedTokens != 0 || st.BacklogTokens != 0 {
+			t.Errorf("%s: ledger not empty: %+v", st.ID, st)
+		}
 	}
 }

@@ -1,11 +1,9 @@
 package sim
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
@@ -36,19 +34,13 @@ func (*clairvoyant) Name() string { return ClairvoyantName }
 
 func (c *clairvoyant) Decide(d *route.Decision, _ *route.Request, reps []route.Replica, _ *rand.Rand) error {
 	d.Scores = d.Scores[:0]
-	best, bestT := -1, math.Inf(1)
+	best, bestT := 0, math.Inf(1)
 	for i := range reps {
-		t := math.Inf(1)
-		if reps[i].Healthy {
-			t = float64(c.ttft(i)) / 1e6
-		}
+		t := float64(c.ttft(c.s.byID[reps[i].ID])) / 1e6
 		d.Scores = append(d.Scores, route.Terms{Total: t})
 		if t < bestT {
 			best, bestT = i, t
 		}
-	}
-	if best < 0 {
-		return route.ErrNoReplica
 	}
 	d.Replica = best
 	return nil
@@ -104,22 +96,7 @@ func (c *clairvoyant) submit(e *engine.Engine, at time.Duration, i int) {
 	_ = e.Submit(at, engine.Request{ID: uint64(i), PromptTokens: tr.InputTokens, OutputTokens: tr.OutputTokens, Blocks: tr.HashIDs})
 }
 
-// PolicyNames lists every policy the simulator runs: the route package's
-// and clairvoyant.
-func PolicyNames() []string {
-	names := append(route.Names(), ClairvoyantName)
-	slices.Sort(names)
-	return names
-}
-
-// NewPolicy returns a fresh instance of the named policy.
-func NewPolicy(name string, opts route.Options) (route.Policy, error) {
-	if name == ClairvoyantName {
-		return NewClairvoyant(), nil
-	}
-	p, err := route.New(name, opts)
-	if err != nil {
-		return nil, fmt.Errorf("unknown policy %q (valid: %s)", name, strings.Join(PolicyNames(), ", "))
-	}
-	return p, nil
+func init() {
+	route.Register(route.Info{Name: ClairvoyantName, SimOnly: true,
+		New: func(route.Options) (route.Policy, error) { return NewClairvoyant(), nil }})
 }

@@ -68,7 +68,7 @@ func BenchmarkSimMooncake(b *testing.B) {
 			var events, steps int64
 			var peak uint64
 			for b.Loop() {
-				p, err := NewPolicy(name, route.Options{})
+				p, err := route.New(name, route.Options{})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -43,6 +43,34 @@ type Config struct {
 	// of requests finished since its previous call. It may be called from
 	// several runs at once.
 	Progress func(finished int)
+	// TieMargin is the router's tie margin (see router.Config).
+	TieMargin float64
+	// Events change the fleet during the run.
+	Events []FleetEvent
+}
+
+// FleetOp is a change of the fleet.
+type FleetOp string
+
+// The changes a FleetEvent makes, as router.Router does them.
+const (
+	OpAdd     FleetOp = "add"
+	OpDrain   FleetOp = "drain"
+	OpUndrain FleetOp = "undrain"
+	OpRemove  FleetOp = "remove"
+)
+
+// FleetEvent is a scripted change of the fleet at a time of the run: a
+// replica added (it takes requests once the router's first probe of it
+// returns), drained, undrained, or removed (drained, then forgotten once
+// its requests finish).
+type FleetEvent struct {
+	At time.Duration
+	Op FleetOp
+	// ID names the replica to drain, undrain or remove.
+	ID string
+	// Replica is the replica to add.
+	Replica Replica
 }
 
 // Signals configures what the simulated router measures, and how often,
@@ -81,9 +109,11 @@ type Result struct {
 	// router.CachedReport); a healthy fleet has none.
 	IndexResets int
 	// Rates are the router's final prefill and queue rates (ms per token)
-	// per replica: the profiles', or what it learned online.
+	// per replica: the profiles', or what it learned online; zero for a
+	// replica removed during the run.
 	Rates [][2]float64
-	// Engines are the replicas' final gauges, in Config.Replicas order.
+	// Engines are the replicas' final gauges, in Config.Replicas order
+	// followed by the replicas added during the run.
 	Engines []engine.Gauges
 }
 
@@ -100,6 +130,7 @@ const (
 	evScrape                      // the router scrapes replica rep's metrics
 	evScrapeAt                    // the scrape reaches the replica
 	evScrapeBack                  // the gauges reach the router
+	evFleet                       // fleet event req happens
 )
 
 type event struct {
@@ -131,6 +162,7 @@ type reqState struct {
 }
 
 type replicaState struct {
+	cfg       Replica
 	eng       *engine.Engine
 	scheduled bool
 	at        time.Duration
@@ -143,7 +175,8 @@ type simulator struct {
 	rng  *rand.Rand
 	jit  []float64 // per-request standard normal draw for the round trip
 	reqs []reqState
-	reps []replicaState
+	reps []replicaState // every replica that was ever in the fleet
+	byID map[string]int // the replicas' indexes in reps
 
 	events  eventHeap
 	seq     uint64
@@ -192,7 +225,7 @@ func Run(cfg Config) (*Result, error) {
 		rng:      rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)),
 		probeRNG: rand.New(rand.NewPCG(cfg.Seed, 0x5851f42d4c957f2d)),
 		reqs:     make([]reqState, len(cfg.Requests)),
-		reps:     make([]replicaState, len(cfg.Replicas)),
+		byID:     map[string]int{},
 	}
 	if c, ok := cfg.Policy.(*clairvoyant); ok {
 		c.s = s
@@ -206,32 +239,20 @@ func Run(cfg Config) (*Result, error) {
 	for i := range s.jit {
 		s.jit[i] = net.NormFloat64()
 	}
-	rcfgs := make([]router.ReplicaConfig, len(cfg.Replicas))
-	for i, r := range cfg.Replicas {
-		eng, err := engine.New(engine.Config{Profile: r.Profile, PageTokens: trace.BlockTokens})
-		if err != nil {
-			return nil, fmt.Errorf("sim: replica %s: %w", r.ID, err)
-		}
-		s.reps[i].eng = eng
-		prior := r.Profile
-		if sig.BlindPrior {
-			if prior, err = engine.LookupProfile("paper"); err != nil {
-				return nil, err
-			}
-		}
-		rcfgs[i] = router.ReplicaConfig{ID: r.ID, Region: r.Region, KVCapacityTokens: eng.Gauges().KVCapacityTokens,
-			PrefillMSPerToken: prior.PrefillMSPerToken(), QueueMSPerToken: prior.QueueMSPerToken()}
-	}
-	rt, err := router.New(router.Config{Replicas: rcfgs, Policy: cfg.Policy, BlockTokens: trace.BlockTokens,
-		RTTAlpha: sig.RTTAlpha, OnlineRates: sig.OnlineRates})
+	rt, err := router.New(router.Config{Policy: cfg.Policy, BlockTokens: trace.BlockTokens,
+		RTTAlpha: sig.RTTAlpha, OnlineRates: sig.OnlineRates, TieMargin: cfg.TieMargin})
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	s.router = rt
 	// The router probes every replica once before serving, then
 	// periodically; it scrapes metrics from the start.
-	for i := range cfg.Replicas {
-		rt.ObserveRTT(i, s.probeRTT(i))
+	for _, r := range cfg.Replicas {
+		i, err := s.addReplica(r)
+		if err != nil {
+			return nil, err
+		}
+		rt.ObserveRTT(r.ID, s.probeRTT(i))
 		s.push(event{t: sig.ProbeInterval, kind: evProbe, rep: int32(i)})
 		s.push(event{t: 0, kind: evScrape, rep: int32(i)})
 	}
@@ -239,6 +260,12 @@ func Run(cfg Config) (*Result, error) {
 		if cfg.Requests[i].Time < cfg.Requests[i-1].Time {
 			return nil, fmt.Errorf("sim: requests not sorted by time at %d", i)
 		}
+	}
+	for k, ev := range cfg.Events {
+		if err := s.checkEvent(ev); err != nil {
+			return nil, fmt.Errorf("sim: fleet event %d: %w", k+1, err)
+		}
+		s.push(event{t: ev.At, kind: evFleet, req: int32(k)})
 	}
 	s.pushArrival()
 	for len(s.events) > 0 {
@@ -268,17 +295,21 @@ func Run(cfg Config) (*Result, error) {
 			s.router.CachedReport(&st.ticket, st.cached)
 		case evBack:
 			s.back(ev.t, int(ev.req))
+		case evFleet:
+			if err := s.fleetEvent(ev.t, cfg.Events[ev.req]); err != nil {
+				return nil, fmt.Errorf("sim: fleet event at %v: %w", ev.t, err)
+			}
 		case evProbe:
-			if s.done < len(s.reqs) {
+			if s.done < len(s.reqs) && s.router.Has(s.reps[ev.rep].cfg.ID) {
 				rtt := s.probeRTT(int(ev.rep))
 				s.push(event{t: ev.t + rtt, kind: evProbeBack, rep: ev.rep, rtt: rtt})
 				s.push(event{t: ev.t + sig.ProbeInterval, kind: evProbe, rep: ev.rep})
 			}
 		case evProbeBack:
-			s.router.ObserveRTT(int(ev.rep), ev.rtt)
+			s.router.ObserveRTT(s.reps[ev.rep].cfg.ID, ev.rtt)
 		case evScrape:
-			if s.done < len(s.reqs) {
-				s.push(event{t: ev.t + cfg.Replicas[ev.rep].RTT/2, kind: evScrapeAt, rep: ev.rep})
+			if s.done < len(s.reqs) && s.router.Has(s.reps[ev.rep].cfg.ID) {
+				s.push(event{t: ev.t + s.reps[ev.rep].cfg.RTT/2, kind: evScrapeAt, rep: ev.rep})
 				s.push(event{t: ev.t + sig.ScrapeInterval, kind: evScrape, rep: ev.rep})
 			}
 		case evScrapeAt:
@@ -287,17 +318,84 @@ func Run(cfg Config) (*Result, error) {
 			s.reschedule(r)
 			g := s.reps[r].eng.Gauges()
 			s.scrapes = append(s.scrapes, scrape{gauges: route.EngineGauges{Running: g.Running, Waiting: g.Waiting, KVUsedTokens: g.KVUsedTokens, CacheHitRate: g.CacheHitRate}})
-			s.push(event{t: ev.t + cfg.Replicas[r].RTT/2, kind: evScrapeBack, rep: ev.rep, req: int32(len(s.scrapes) - 1)})
+			s.push(event{t: ev.t + s.reps[r].cfg.RTT/2, kind: evScrapeBack, rep: ev.rep, req: int32(len(s.scrapes) - 1)})
 		case evScrapeBack:
-			s.router.ObserveEngine(int(ev.rep), s.scrapes[ev.req].gauges, ev.t)
+			s.router.ObserveEngine(s.reps[ev.rep].cfg.ID, s.scrapes[ev.req].gauges, ev.t)
 		}
 	}
 	return s.result(), nil
 }
 
+// addReplica starts a replica's engine and adds it to the router's fleet.
+func (s *simulator) addReplica(r Replica) (int, error) {
+	eng, err := engine.New(engine.Config{Profile: r.Profile, PageTokens: trace.BlockTokens})
+	if err != nil {
+		return 0, fmt.Errorf("sim: replica %s: %w", r.ID, err)
+	}
+	prior := r.Profile
+	if s.sig.BlindPrior {
+		if prior, err = engine.LookupProfile("paper"); err != nil {
+			return 0, err
+		}
+	}
+	rc := router.ReplicaConfig{ID: r.ID, Region: r.Region, KVCapacityTokens: eng.Gauges().KVCapacityTokens,
+		PrefillMSPerToken: prior.PrefillMSPerToken(), QueueMSPerToken: prior.QueueMSPerToken()}
+	if err := s.router.Add(rc); err != nil {
+		return 0, fmt.Errorf("sim: %w", err)
+	}
+	s.reps = append(s.reps, replicaState{cfg: r, eng: eng})
+	s.byID[r.ID] = len(s.reps) - 1
+	return len(s.reps) - 1, nil
+}
+
+// checkEvent reports a fleet event that cannot be carried out.
+func (s *simulator) checkEvent(ev FleetEvent) error {
+	switch ev.Op {
+	case OpAdd:
+		if ev.Replica.ID == "" {
+			return errors.New("add: the replica has no id")
+		}
+	case OpDrain, OpUndrain, OpRemove:
+		if ev.ID == "" {
+			return fmt.Errorf("%s: no replica id", ev.Op)
+		}
+	default:
+		return fmt.Errorf("unknown operation %q (valid: add, drain, undrain, remove)", ev.Op)
+	}
+	if ev.At < 0 {
+		return errors.New("negative time")
+	}
+	return nil
+}
+
+// fleetEvent changes the fleet at now.
+func (s *simulator) fleetEvent(now time.Duration, ev FleetEvent) error {
+	switch ev.Op {
+	case OpAdd:
+		if _, ok := s.byID[ev.Replica.ID]; ok {
+			return fmt.Errorf("add: replica id %q was already used in this run", ev.Replica.ID)
+		}
+		i, err := s.addReplica(ev.Replica)
+		if err != nil {
+			return err
+		}
+		// Routed to once the first probe is back.
+		s.push(event{t: now, kind: evProbe, rep: int32(i)})
+		s.push(event{t: now, kind: evScrape, rep: int32(i)})
+		return nil
+	case OpDrain:
+		return s.router.Drain(ev.ID)
+	case OpUndrain:
+		return s.router.Undrain(ev.ID)
+	case OpRemove:
+		return s.router.Remove(ev.ID)
+	}
+	return fmt.Errorf("unknown operation %q", ev.Op)
+}
+
 // probeRTT draws a probe's round trip to replica i.
 func (s *simulator) probeRTT(i int) time.Duration {
-	r := &s.cfg.Replicas[i]
+	r := &s.reps[i].cfg
 	return sampleRTT(r.RTT, r.Jitter, s.probeRNG.NormFloat64())
 }
 
@@ -334,17 +432,18 @@ func (s *simulator) dispatch(now time.Duration, i int) {
 		s.push(event{t: now, kind: evBack, req: int32(i)})
 		return
 	}
+	r := s.byID[t.ID]
 	st.ticket = t
-	st.replica = int32(t.Replica)
-	st.rtt = s.requestRTT(i, t.Replica)
-	rs := &s.reps[t.Replica]
+	st.replica = int32(r)
+	st.rtt = s.requestRTT(i, r)
+	rs := &s.reps[r]
 	rs.transit = append(rs.transit, int32(i))
 	s.push(event{t: now + st.rtt/2, kind: evAtEngine, req: int32(i)})
 }
 
 // requestRTT is request i's round trip if sent to replica r.
 func (s *simulator) requestRTT(i, r int) time.Duration {
-	rep := &s.cfg.Replicas[r]
+	rep := &s.reps[r].cfg
 	return sampleRTT(rep.RTT, rep.Jitter, s.jit[i])
 }
 
@@ -439,14 +538,12 @@ func (s *simulator) result() *Result {
 		res.OracleSteps = s.oracle.steps
 	}
 	res.IndexResets = s.router.IndexResets()
-	for k := range s.cfg.Replicas {
-		p, q := s.router.Rates(k)
+	ids := make([]string, len(s.reps))
+	for k, r := range s.reps {
+		p, q, _ := s.router.Rates(r.cfg.ID) // 0, 0 for a replica removed
 		res.Rates = append(res.Rates, [2]float64{p, q})
-	}
-	ids := make([]string, len(s.cfg.Replicas))
-	for k, r := range s.cfg.Replicas {
-		ids[k] = r.ID
-		g := s.reps[k].eng.Gauges()
+		ids[k] = r.cfg.ID
+		g := r.eng.Gauges()
 		res.Engines = append(res.Engines, g)
 		res.Steps += g.Steps
 	}

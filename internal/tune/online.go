@@ -19,11 +19,11 @@ type OnlineConfig struct {
 	// (default 128, the paper's); Hop is how many consecutive requests one
 	// arm routes before the other takes over (default 32).
 	Window, Hop int
-	// TieMargin is passed to the tuned policy (see route.Options).
-	TieMargin float64
 	// BaseWeights holds the weights that are not tuned (a parameter not
-	// listed keeps its value here).
+	// listed keeps its value here); zero means the base policy's defaults.
 	BaseWeights route.Weights
+	// History is how many of the latest verdicts Steps keeps (default 256).
+	History int
 }
 
 // Online is a policy that tunes its own weights on the traffic it routes
@@ -35,19 +35,42 @@ type OnlineConfig struct {
 // both arms start afresh, so the incumbent is measured again every round.
 // Online is safe for concurrent use.
 type Online struct {
-	mu      sync.Mutex
-	cfg     OnlineConfig
-	es      *ES
-	arms    [2]route.Policy // incumbent, candidate
-	cand    Point
-	round   int
-	routed  int
-	samples [2][]Sample
-	steps   []Outcome
+	mu       sync.Mutex
+	cfg      OnlineConfig
+	es       *ES
+	arms     [2]route.Policy // incumbent, candidate
+	cand     Point
+	round    int
+	routed   int
+	samples  [2][]Sample
+	steps    []Outcome // the latest cfg.History verdicts
+	judged   int
+	accepted int
+	paused   bool
 }
 
 // OnlineName is the registered name of the online-tuned gorgo policy.
 const OnlineName = "gorgo-online"
+
+func init() {
+	route.Register(route.Info{Name: OnlineName, New: func(o route.Options) (route.Policy, error) {
+		var cfg OnlineConfig
+		if o.Online != nil {
+			c, ok := o.Online.(OnlineConfig)
+			if !ok {
+				return nil, fmt.Errorf("%s: options carry a %T, not a tune.OnlineConfig", OnlineName, o.Online)
+			}
+			cfg = c
+		}
+		if cfg.BaseWeights == (route.Weights{}) {
+			cfg.BaseWeights = o.Weights
+			if cfg.Base == "gorgo-ms" {
+				cfg.BaseWeights = o.MSWeights
+			}
+		}
+		return NewOnline(cfg)
+	}})
+}
 
 // NewOnline returns an online tuner whose candidate is already drawn.
 func NewOnline(cfg OnlineConfig) (*Online, error) {
@@ -57,14 +80,23 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if cfg.Base != "gorgo" && cfg.Base != "gorgo-ms" {
 		return nil, fmt.Errorf("online tuning: base policy must be gorgo or gorgo-ms, got %q", cfg.Base)
 	}
+	if cfg.BaseWeights == (route.Weights{}) {
+		cfg.BaseWeights = route.PaperWeights
+		if cfg.Base == "gorgo-ms" {
+			cfg.BaseWeights = route.Weights{RTT: 1, Queue: 1}
+		}
+	}
 	if cfg.Window == 0 {
 		cfg.Window = 128
 	}
 	if cfg.Hop == 0 {
 		cfg.Hop = 32
 	}
-	if cfg.Window < 1 || cfg.Hop < 1 {
-		return nil, fmt.Errorf("online tuning: window and hop must be positive")
+	if cfg.History == 0 {
+		cfg.History = 256
+	}
+	if cfg.Window < 1 || cfg.Hop < 1 || cfg.History < 1 {
+		return nil, fmt.Errorf("online tuning: window, hop and history must be positive")
 	}
 	es, err := NewES(cfg.ES)
 	if err != nil {
@@ -109,7 +141,7 @@ func Weights(es *ES, p Point, base route.Weights) route.Weights {
 }
 
 func (o *Online) policy(p Point) (route.Policy, error) {
-	opts := route.Options{TieMargin: o.cfg.TieMargin}
+	var opts route.Options
 	if o.cfg.Base == "gorgo" {
 		opts.Weights = Weights(o.es, p, o.cfg.BaseWeights)
 	} else {
@@ -135,10 +167,15 @@ func (o *Online) next() error {
 // Name implements route.Policy.
 func (o *Online) Name() string { return OnlineName }
 
-// Decide routes with the arm whose turn it is and tags the decision.
+// Decide routes with the arm whose turn it is and tags the decision; while
+// paused, with the incumbent, untagged.
 func (o *Online) Decide(d *route.Decision, req *route.Request, reps []route.Replica, rng *rand.Rand) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.paused {
+		d.Tag = -1
+		return o.arms[0].Decide(d, req, reps, rng)
+	}
 	arm := (o.routed / o.cfg.Hop) % 2
 	o.routed++
 	if err := o.arms[arm].Decide(d, req, reps, rng); err != nil {
@@ -153,7 +190,7 @@ func (o *Online) Decide(d *route.Decision, req *route.Request, reps []route.Repl
 func (o *Online) Learn(tag int, s route.Outcome) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if tag/2 != o.round {
+	if o.paused || tag < 0 || tag/2 != o.round {
 		return
 	}
 	arm := tag % 2
@@ -165,8 +202,13 @@ func (o *Online) Learn(tag int, s route.Outcome) {
 	inc := Measure(o.samples[0][len(o.samples[0])-w:])
 	cand := Measure(o.samples[1][len(o.samples[1])-w:])
 	out := o.es.Judge(o.cand, cand, inc)
+	if len(o.steps) == o.cfg.History {
+		o.steps = append(o.steps[:0], o.steps[1:]...)
+	}
 	o.steps = append(o.steps, out)
+	o.judged++
 	if out.Accepted {
+		o.accepted++
 		o.arms[0] = o.arms[1]
 	}
 	if err := o.next(); err != nil {
@@ -183,11 +225,57 @@ func (o *Online) Incumbent() route.Weights {
 	return Weights(o.es, o.es.Incumbent(), o.cfg.BaseWeights)
 }
 
-// Steps returns the verdicts so far.
+// Steps returns the latest verdicts (at most OnlineConfig.History).
 func (o *Online) Steps() []Outcome {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return slices.Clone(o.steps)
+}
+
+// Counts returns how many candidates were judged and accepted so far.
+func (o *Online) Counts() (judged, accepted int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.judged, o.accepted
+}
+
+// Base returns the name of the tuned policy.
+func (o *Online) Base() string { return o.cfg.Base }
+
+// IncumbentPolicy returns a fresh instance of the base policy with the
+// incumbent weights: what the tuner would route with if it stopped now
+// (to explain a decision without moving the tuner's arms).
+func (o *Online) IncumbentPolicy() (route.Policy, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.policy(o.es.Incumbent())
+}
+
+// Pause stops tuning: every request is routed with the incumbent, and
+// outcomes are not judged. Resume starts a new round with a fresh
+// candidate. Both are idempotent.
+func (o *Online) Pause() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.paused = true
+}
+
+// Resume resumes tuning after Pause.
+func (o *Online) Resume() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.paused {
+		return nil
+	}
+	o.paused = false
+	return o.next()
+}
+
+// Paused reports whether tuning is paused.
+func (o *Online) Paused() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.paused
 }
 
 // Sigma returns the current step size.

@@ -165,7 +165,7 @@ func TestOnlineJudgesEachArmOnItsOwnOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reps := []route.Replica{{ID: "a", Healthy: true}, {ID: "b", Healthy: true}}
+	reps := []route.Replica{{ID: "a"}, {ID: "b"}}
 	var tags []int
 	var d route.Decision
 	for range 8 {
@@ -191,7 +191,7 @@ func TestOnlineJudgesEachArmOnItsOwnOutcomes(t *testing.T) {
 	if len(steps) != 1 || !steps[0].Accepted || steps[0].Score != 1000 || steps[0].Incumbent != 2000 {
 		t.Fatalf("steps %+v", steps)
 	}
-	if w := o.Incumbent(); w != Weights(o.ES(), steps[0].Candidate, route.Weights{}) {
+	if w := o.Incumbent(); w != Weights(o.ES(), steps[0].Candidate, route.PaperWeights) {
 		t.Errorf("incumbent %v, want the accepted candidate %v", w, steps[0].Candidate)
 	}
 }

@@ -17,7 +17,8 @@ import (
 type Event struct {
 	// Done is set for the "data: [DONE]" sentinel that ends the stream.
 	Done bool
-	// Content is choices[0].delta.content; empty when absent or null.
+	// Content is choices[0].delta.content, or, in a legacy completions
+	// chunk, choices[0].text; empty when absent or null.
 	Content string
 	// Reasoning is choices[0].delta.reasoning_content (SGLang, vLLM) or
 	// .reasoning (newer vLLM): tokens a reasoning model emits before its
@@ -174,6 +175,7 @@ type chunk struct {
 			ReasoningContent string `json:"reasoning_content"`
 			Reasoning        string `json:"reasoning"`
 		} `json:"delta"`
+		Text         string `json:"text"` // legacy completions
 		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
@@ -195,7 +197,7 @@ func ParseChunk(data []byte) (Event, error) {
 	var ev Event
 	if len(c.Choices) > 0 {
 		ch := &c.Choices[0]
-		ev.Content = ch.Delta.Content
+		ev.Content = ch.Delta.Content + ch.Text
 		ev.Reasoning = ch.Delta.ReasoningContent + ch.Delta.Reasoning
 		ev.FinishReason = ch.FinishReason
 	}

@@ -1,0 +1,46 @@
+package lifecycle
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the Prometheus series of requests' lives.
+type Metrics struct {
+	requests  *prometheus.CounterVec
+	retries   *prometheus.CounterVec
+	ttft, e2e *prometheus.HistogramVec
+	decision  prometheus.Histogram
+}
+
+var latencyBuckets = []float64{0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30, 60, 120}
+
+// NewMetrics registers the series on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_requests_total",
+			Help: "Requests answered, by replica (empty when none served it) and HTTP status (499: the client went away)."}, []string{"replica", "code"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_retries_total",
+			Help: "Attempts that failed on a replica before anything reached the client, and were tried elsewhere."}, []string{"replica"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gorgo_ttft_seconds",
+			Help: "Time from a request's arrival at the proxy to its first token leaving it.", Buckets: latencyBuckets}, []string{"replica"}),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gorgo_e2e_seconds",
+			Help: "Time from a request's arrival at the proxy to its last byte leaving it.", Buckets: latencyBuckets}, []string{"replica"}),
+		decision: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gorgo_decision_seconds",
+			Help: "Time to choose a replica (prefix match, views, policy).", Buckets: prometheus.ExponentialBuckets(1e-6, 2, 16)}),
+	}
+	reg.MustRegister(m.requests, m.retries, m.ttft, m.e2e, m.decision)
+	return m
+}
+
+// Forget drops a replica's series (it left the fleet).
+func (m *Metrics) Forget(id string) {
+	m.requests.DeletePartialMatch(prometheus.Labels{"replica": id})
+	m.retries.DeleteLabelValues(id)
+	m.ttft.DeleteLabelValues(id)
+	m.e2e.DeleteLabelValues(id)
+}
+
+// Refused counts a request refused before it was routed (bad input).
+func (m *Metrics) Refused(status int) {
+	if m != nil {
+		m.requests.WithLabelValues("", statusText(status)).Inc()
+	}
+}

@@ -1,0 +1,652 @@
+package prompt
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// reference parses a request body the old way: encoding/json into the
+// structs the emulator and the proxy used, then ChatRequestBytes or
+// CompletionBytes.
+func reference(body []byte, chat bool) (Request, error) {
+	type options struct {
+		IncludeUsage bool `json:"include_usage"`
+	}
+	out := Request{MaxTokens: -1}
+	var (
+		text   []byte
+		err    error
+		max    *int
+		opts   *options
+		stream bool
+	)
+	if chat {
+		var in struct {
+			Model               string        `json:"model"`
+			Messages            []WireMessage `json:"messages"`
+			MaxTokens           *int          `json:"max_tokens"`
+			MaxCompletionTokens *int          `json:"max_completion_tokens"`
+			Stream              bool          `json:"stream"`
+			StreamOptions       *options      `json:"stream_options"`
+			User                string        `json:"user"`
+		}
+		if err := json.Unmarshal(body, &in); err != nil {
+			return out, err
+		}
+		text, err = ChatRequestBytes(in.Messages)
+		max = in.MaxTokens
+		if in.MaxCompletionTokens != nil {
+			max = in.MaxCompletionTokens
+		}
+		out.Model, out.User, stream, opts = in.Model, in.User, in.Stream, in.StreamOptions
+	} else {
+		var in struct {
+			Model         string          `json:"model"`
+			Prompt        json.RawMessage `json:"prompt"`
+			MaxTokens     *int            `json:"max_tokens"`
+			Stream        bool            `json:"stream"`
+			StreamOptions *options        `json:"stream_options"`
+			User          string          `json:"user"`
+		}
+		if err := json.Unmarshal(body, &in); err != nil {
+			return out, err
+		}
+		text, err = CompletionBytes(in.Prompt)
+		max = in.MaxTokens
+		out.Model, out.User, stream, opts = in.Model, in.User, in.Stream, in.StreamOptions
+	}
+	if err != nil {
+		return out, err
+	}
+	out.Text, out.Stream = text, stream
+	out.IncludeUsage = opts != nil && opts.IncludeUsage
+	if max != nil {
+		out.MaxTokens = *max
+	}
+	return out, nil
+}
+
+// same reports how got and want differ ("" if they do not).
+func same(got, want Request) string {
+	if !bytes.Equal(got.Text, want.Text) {
+		return fmt.Sprintf("text %q, want %q", got.Text, want.Text)
+	}
+	got.Text, want.Text = nil, nil
+	if !reflect.DeepEqual(got, want) {
+		return fmt.Sprintf("%+v, want %+v", got, want)
+	}
+	return ""
+}
+
+// topKeys counts the top-level keys of a JSON object that encoding/json
+// would match to name.
+func topKeys(body []byte, name string) int {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return 0
+	}
+	n := 0
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return n
+		}
+		if k, _ := t.(string); strings.EqualFold(k, name) {
+			n++
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return n
+		}
+	}
+	return n
+}
+
+// check compares ParseRequest with the reference on one body.
+func check(t *testing.T, body []byte, chat bool) {
+	t.Helper()
+	want, werr := reference(body, chat)
+	r := Request{Text: []byte("left over"), Model: "old model", User: "old user", Stream: true}
+	err := ParseRequest(body, chat, &r)
+	switch {
+	case err != nil && werr != nil:
+	case err != nil:
+		t.Fatalf("ParseRequest(%q, chat=%v) refused (%v); encoding/json reads %+v (text %q)", body, chat, err, want, want.Text)
+	case werr != nil:
+		t.Fatalf("ParseRequest(%q, chat=%v) accepted (%+v, text %q); encoding/json refuses: %v", body, chat, r, r.Text, werr)
+	default:
+		if d := same(r, want); d != "" {
+			t.Fatalf("ParseRequest(%q, chat=%v): %s", body, chat, d)
+		}
+	}
+}
+
+var requestCases = []struct {
+	name string
+	chat bool
+	body string
+	want Request // compared when wantErr is ""
+	err  string  // a substring of the error
+}{
+	{name: "chat basic", chat: true,
+		body: `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_tokens":7,"stream":true,"stream_options":{"include_usage":true},"user":"u1"}`,
+		want: Request{Text: []byte("system\nbe brief\nuser\nhi\n"), Model: "m", MaxTokens: 7, Stream: true, IncludeUsage: true, User: "u1"}},
+	{name: "content parts", chat: true,
+		body: `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},null,{"text":"b","type":"text"},{"type":"input_audio","text":"ignored"}]}]}`,
+		want: Request{Text: []byte("user\nab\n"), MaxTokens: -1}},
+	{name: "null and absent content, empty parts", chat: true,
+		body: `{"messages":[{"role":"a","content":null},{"role":"b"},{"role":"c","content":[]},{"role":"d","content":""}]}`,
+		want: Request{Text: []byte("a\n\nb\n\nc\n\nd\n\n"), MaxTokens: -1}},
+	{name: "escapes", chat: true,
+		body: `{"messages":[{"role":"us\u0065r","content":"line\nbreak \"quoted\" tab\t back\\slash \/ \u00e9t\u00e9 \ud83d\ude00 \b\f\r"}]}`,
+		want: Request{Text: []byte("user\nline\nbreak \"quoted\" tab\t back\\slash / été 😀 \b\f\r\n"), MaxTokens: -1}},
+	{name: "bad surrogates and invalid UTF-8 become U+FFFD", chat: true,
+		body: "{\"messages\":[{\"role\":\"user\",\"content\":\"\\ud800 \\ud800\\u0041 \\udc00\\ud800 x\xffy \xe2\x82\"}]}",
+		want: Request{Text: []byte("user\n\uFFFD \uFFFDA \uFFFD\uFFFD x\uFFFDy \uFFFD\uFFFD\n"), MaxTokens: -1}},
+	{name: "raw UTF-8", chat: true,
+		body: `{"messages":[{"role":"user","content":"日本語 – ✓"}]}`,
+		want: Request{Text: []byte("user\n日本語 – ✓\n"), MaxTokens: -1}},
+	{name: "max_completion_tokens wins", chat: true,
+		body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":5,"max_completion_tokens":9}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: 9}},
+	{name: "null max_completion_tokens falls back", chat: true,
+		body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":5,"max_completion_tokens":null}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: 5}},
+	{name: "null fields", chat: true,
+		body: `{"model":null,"messages":[{"role":"user","content":"x"}],"max_tokens":null,"stream":null,"stream_options":null,"user":null}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "include_usage null or false", chat: true,
+		body: `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":false,"other":[1]}}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "keys fold case, last wins", chat: true,
+		body: `{"MODEL":"a","model":"b","Messages":[{"ROLE":"user","Content":"x","content":"y"}],"stream":true,"Stream":null,"max_tokens":1,"MAX_TOKENS":2}`,
+		want: Request{Text: []byte("user\ny\n"), Model: "b", MaxTokens: 2, Stream: true}},
+	{name: "Unicode folding: long s and Kelvin sign", chat: true,
+		body: `{"ſtream":true,"messages":[{"role":"user","content":"x"}],"max_to\u212Aens":1}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: 1, Stream: true}},
+	{name: "stream_options merge like encoding/json", chat: true,
+		body: `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true},"stream_options":{},"stream_options":{"include_usage":null}}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, IncludeUsage: true}},
+	{name: "stream_options null resets", chat: true,
+		body: `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true},"stream_options":null}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "other fields of any type", chat: true,
+		body: `{"messages":[{"role":"user","content":"x","name":5,"tool_calls":[{}]}],"temperature":0.5,"tools":[{"type":"function"}],"prompt":7,"n":null}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "white space", chat: true,
+		body: " \n{ \"messages\" :\t[ { \"role\" : \"user\" , \"content\" : [ { \"type\" : \"text\" , \"text\" : \"x\" } ] } ] } \r\n",
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "max_tokens -0", chat: true,
+		body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":-0}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: 0}},
+
+	{name: "completion string", body: `{"model":"m","prompt":"once\nupon","max_tokens":3,"stream":true}`,
+		want: Request{Text: []byte("once\nupon"), Model: "m", MaxTokens: 3, Stream: true}},
+	{name: "completion list of one", body: `{"prompt":["once"]}`,
+		want: Request{Text: []byte("once"), MaxTokens: -1}},
+	{name: "completion token ids", body: `{"prompt":[1, 2 ,3]}`,
+		want: Request{Text: []byte("[1, 2 ,3]"), MaxTokens: -1}},
+	{name: "completion token ids with a null", body: `{"prompt":[1,null]}`,
+		want: Request{Text: []byte("[1,null]"), MaxTokens: -1}},
+	{name: "completion list of one null", body: `{"prompt":[null]}`,
+		want: Request{MaxTokens: -1}},
+	{name: "completion ignores max_completion_tokens and messages", body: `{"prompt":"p","max_completion_tokens":"x","messages":3}`,
+		want: Request{Text: []byte("p"), MaxTokens: -1}},
+
+	{name: "invalid JSON", chat: true, body: `{"messages": [`, err: "malformed JSON"},
+	{name: "trailing data", chat: true, body: `{"messages":[{"role":"user","content":"x"}]} {}`, err: "malformed JSON"},
+	{name: "empty body", chat: true, body: ``, err: "malformed JSON"},
+	{name: "not an object", chat: true, body: `[{"role":"user","content":"x"}]`, err: "JSON object"},
+	{name: "null body", chat: true, body: `null`, err: "JSON object"},
+	{name: "no messages", chat: true, body: `{}`, err: "messages: at least one message is required"},
+	{name: "empty messages", chat: true, body: `{"messages":[]}`, err: "messages: at least one message is required"},
+	{name: "null messages", chat: true, body: `{"messages":null}`, err: "messages: at least one message is required"},
+	{name: "messages not an array", chat: true, body: `{"messages":{"role":"user"}}`, err: "messages must be an array"},
+	{name: "message not an object", chat: true, body: `{"messages":["hi"]}`, err: "messages[0] must be an object"},
+	{name: "no role", chat: true, body: `{"messages":[{"role":"user","content":"x"},{"content":"x"}]}`, err: "messages[1].role is required"},
+	{name: "empty role", chat: true, body: `{"messages":[{"role":"","content":"x"}]}`, err: "messages[0].role is required"},
+	{name: "null message", chat: true, body: `{"messages":[null]}`, err: "messages[0].role is required"},
+	{name: "role not a string", chat: true, body: `{"messages":[{"role":1,"content":"x"}]}`, err: "messages[0].role must be a string"},
+	{name: "content a number", chat: true, body: `{"messages":[{"role":"user","content":7}]}`, err: "messages[0]: content must be a string or an array of content parts"},
+	{name: "content an object", chat: true, body: `{"messages":[{"role":"user","content":{"text":"x"}}]}`, err: "content must be"},
+	{name: "part not an object", chat: true, body: `{"messages":[{"role":"user","content":["x"]}]}`, err: "content must be"},
+	{name: "part text not a string", chat: true, body: `{"messages":[{"role":"user","content":[{"type":"image_url","text":5}]}]}`, err: "content must be"},
+	{name: "part type not a string", chat: true, body: `{"messages":[{"role":"user","content":[{"type":["text"],"text":"x"}]}]}`, err: "content must be"},
+	{name: "stream not a bool", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"stream":"true"}`, err: "stream must be a boolean"},
+	{name: "max_tokens a float", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":1.0}`, err: "max_tokens must be an integer"},
+	{name: "max_tokens an exponent", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":1e3}`, err: "max_tokens must be an integer"},
+	{name: "max_tokens too big", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":9223372036854775808}`, err: "max_tokens must be an integer"},
+	{name: "max_tokens a string", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"max_tokens":"5"}`, err: "max_tokens must be an integer"},
+	{name: "max_completion_tokens a string", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":"5"}`, err: "max_completion_tokens must be an integer"},
+	{name: "model not a string", chat: true, body: `{"model":1,"messages":[{"role":"user","content":"x"}]}`, err: "model must be a string"},
+	{name: "user not a string", chat: true, body: `{"user":{},"messages":[{"role":"user","content":"x"}]}`, err: "user must be a string"},
+	{name: "stream_options not an object", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"stream_options":true}`, err: "stream_options must be an object or null"},
+	{name: "include_usage not a bool", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}}`, err: "stream_options.include_usage must be a boolean"},
+	{name: "deep nesting", chat: true, body: `{"x":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `,"messages":[{"role":"user","content":"x"}]}`, err: "malformed JSON"},
+	{name: "completion no prompt", body: `{"prompt":null}`, err: "prompt: one prompt is required"},
+	{name: "completion number", body: `{"prompt":3}`, err: "prompt: one prompt is required"},
+	{name: "completion two strings", body: `{"prompt":["a","b"]}`, err: "prompt: one prompt is required"},
+	{name: "completion empty list", body: `{"prompt":[]}`, err: "prompt: one prompt is required"},
+	{name: "completion mixed list", body: `{"prompt":[1,"a"]}`, err: "prompt: one prompt is required"},
+	{name: "completion float ids", body: `{"prompt":[1.5]}`, err: "prompt: one prompt is required"},
+	{name: "completion nested ids", body: `{"prompt":[[1,2]]}`, err: "prompt: one prompt is required"},
+}
+
+func TestParseRequest(t *testing.T) {
+	for _, tt := range requestCases {
+		t.Run(tt.name, func(t *testing.T) {
+			var r Request
+			err := ParseRequest([]byte(tt.body), tt.chat, &r)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Errorf("error %v, want one containing %q", err, tt.err)
+				}
+			} else if err != nil {
+				t.Errorf("error %v", err)
+			} else if d := same(r, tt.want); d != "" {
+				t.Error(d)
+			}
+			check(t, []byte(tt.body), tt.chat)
+		})
+	}
+}
+
+func TestParseRequestReusesBuffers(t *testing.T) {
+	body := []byte(`{"model":"gorgo","messages":[{"role":"user","content":"hello there"}],"user":"alice"}`)
+	var r Request
+	if err := ParseRequest(body, true, &r); err != nil {
+		t.Fatal(err)
+	}
+	text, model := &r.Text[:1][0], r.Model
+	if err := ParseRequest(body, true, &r); err != nil {
+		t.Fatal(err)
+	}
+	if &r.Text[0] != text {
+		t.Error("Text's buffer was not reused")
+	}
+	// Model and User never alias the body.
+	copy(body, bytes.Repeat([]byte{' '}, len(body)))
+	if r.Model != model || r.Model != "gorgo" || r.User != "alice" {
+		t.Errorf("model %q user %q after the body changed", r.Model, r.User)
+	}
+	// Fields of an earlier request do not leak into the next.
+	if err := ParseRequest([]byte(`{"messages":[{"role":"user","content":"x"}]}`), true, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Model != "" || r.User != "" || r.MaxTokens != -1 {
+		t.Errorf("left over: %+v", r)
+	}
+}
+
+// bodyOf builds a chat request of about tokens estimated tokens: a system
+// prompt and a few turns of English text with new lines and quotes.
+func bodyOf(tokens int) []byte {
+	para := "Prefix caching keeps the KV blocks of a prompt's leading tokens on the GPU, so a request that shares " +
+		"them with an earlier one skips their prefill. \"Which replica holds my prefix?\" is what the router asks.\n" +
+		"It weighs that against each replica's queue: a long wait can cost more than the cached prefill saves.\n\n"
+	turn := func(n int) string { return strings.Repeat(para, max(1, n*4/len(para))) }
+	msgs := []map[string]string{
+		{"role": "system", "content": turn(tokens / 4)},
+		{"role": "user", "content": turn(tokens / 4)},
+		{"role": "assistant", "content": turn(tokens / 4)},
+		{"role": "user", "content": turn(tokens / 4)},
+	}
+	b, _ := json.Marshal(map[string]any{"model": "gorgo-emulated", "messages": msgs, "max_tokens": 256,
+		"stream": true, "temperature": 0.7, "user": "session-42"})
+	return b
+}
+
+func TestParseRequestRealBodies(t *testing.T) {
+	for _, tokens := range []int{10, 1000, 16000} {
+		check(t, bodyOf(tokens), true)
+	}
+	dir := "../../../shared/data/engines/openai"
+	files, _ := filepath.Glob(filepath.Join(dir, "openai-recorded-*.yaml"))
+	if len(files) == 0 {
+		t.Skipf("no recorded OpenAI requests in %s (it lives in ../shared/data, outside the project)", dir)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cassette struct {
+			Interactions []struct {
+				Request struct {
+					Body string `yaml:"body"`
+					URL  string `yaml:"url"`
+				} `yaml:"request"`
+			} `yaml:"interactions"`
+		}
+		if err := yaml.Unmarshal(data, &cassette); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, in := range cassette.Interactions {
+			chat := strings.HasSuffix(in.Request.URL, "/chat/completions")
+			body := []byte(in.Request.Body)
+			check(t, body, chat)
+			var r Request
+			if err := ParseRequest(body, chat, &r); err != nil {
+				t.Errorf("%s: %v", filepath.Base(f), err)
+			}
+			t.Logf("%s: %d bytes of prompt, model %q, max %d, stream %v, usage %v", filepath.Base(f), len(r.Text), r.Model, r.MaxTokens, r.Stream, r.IncludeUsage)
+		}
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	for _, tt := range requestCases {
+		if len(tt.body) < 1000 {
+			f.Add([]byte(tt.body), tt.chat)
+		}
+	}
+	f.Add(bodyOf(10), true)
+	f.Add([]byte(`{"messages":[{"role":"user","content":"x"}],"messages":[{"content":"y"}]}`), true)
+	f.Add([]byte(`{"prompt":[1,2],"prompt":"s","Prompt":["t"]}`), false)
+	f.Add([]byte(`{"messages":[{"role":"u","content":[{"TYPE":"text","Text":"a","text":null},{"type":"te\u0078t","text":"\ud834\udd1e"}]}]}`), true)
+	f.Fuzz(func(t *testing.T, data []byte, chat bool) {
+		// The data as a body, and as the recipe of a valid request made
+		// of the keys and values that matter.
+		for _, body := range [][]byte{data, (&recipe{data: data}).object(nil, 0)} {
+			// encoding/json merges the elements of duplicated
+			// "messages" arrays; ParseRequest takes the last array.
+			if chat && topKeys(body, "messages") > 1 {
+				continue
+			}
+			check(t, body, chat)
+		}
+	})
+}
+
+// recipe builds a valid JSON object from fuzz data, out of the keys and
+// values ParseRequest reads, in their tricky spellings.
+type recipe struct{ data []byte }
+
+func (r *recipe) next() int {
+	if len(r.data) == 0 {
+		return 0
+	}
+	b := r.data[0]
+	r.data = r.data[1:]
+	return int(b)
+}
+
+var (
+	recipeKeys = []string{`"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
+		`"stream_options"`, `"include_usage"`, `"user"`, `"role"`, `"content"`, `"type"`, `"text"`, `"MESSAGES"`, `"Role"`,
+		`"ſtream"`, `"max_to\u212Aens"`, `"te\u0078t"`, `"Content"`, `"x"`, `"in\u0063lude_usage"`, `"\ud800role"`}
+	recipeScalars = []string{`"user"`, `"text"`, `""`, `"a\nb"`, `"\u00e9\ud83d\ude00"`, `"\ud800\u0041"`, "\"\xff\"", `"te\u0078t"`,
+		`0`, `1`, `-1`, `-0`, `7`, `1.0`, `1e3`, `9223372036854775807`, `9223372036854775808`, `true`, `false`, `null`}
+)
+
+func (r *recipe) value(dst []byte, depth int) []byte {
+	switch c := r.next(); {
+	case depth < 4 && c%8 == 0:
+		return r.object(dst, depth+1)
+	case depth < 4 && c%8 == 1:
+		dst = append(dst, '[')
+		for i := range r.next() % 4 {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = r.value(dst, depth+1)
+		}
+		return append(dst, ']')
+	default:
+		return append(dst, recipeScalars[(c/8)%len(recipeScalars)]...)
+	}
+}
+
+func (r *recipe) object(dst []byte, depth int) []byte {
+	dst = append(dst, '{')
+	for i := range r.next() % 5 {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, recipeKeys[r.next()%len(recipeKeys)]...)
+		dst = append(dst, ':')
+		dst = r.value(dst, depth)
+	}
+	return append(dst, '}')
+}
+
+// mapOf decodes a JSON object as a generic map (exact keys, last wins, as
+// the Python engines read it).
+func mapOf(t *testing.T, body []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(body, &m); err != nil {
+		t.Fatalf("%q: %v", body, err)
+	}
+	return m
+}
+
+// checkIncludeUsage checks WithIncludeUsage on a valid JSON object.
+func checkIncludeUsage(t *testing.T, body []byte) []byte {
+	t.Helper()
+	got := WithIncludeUsage(body, []byte("garbage"))
+	if !json.Valid(got) {
+		t.Fatalf("WithIncludeUsage(%q) = %q: not valid JSON", body, got)
+	}
+	want := mapOf(t, body)
+	opts, ok := want["stream_options"].(map[string]any)
+	if !ok {
+		opts = map[string]any{}
+	}
+	opts["include_usage"] = true
+	want["stream_options"] = opts
+	if m := mapOf(t, got); !reflect.DeepEqual(m, want) {
+		t.Fatalf("WithIncludeUsage(%q) = %q: reads %v, want %v", body, got, m, want)
+	}
+	return got
+}
+
+func TestWithIncludeUsage(t *testing.T) {
+	tests := []struct{ body, want string }{
+		{`{}`, `{"stream_options":{"include_usage":true}}`},
+		{` { } `, ` {"stream_options":{"include_usage":true} } `},
+		{`{"stream":true}`, `{"stream_options":{"include_usage":true},"stream":true}`},
+		{`{"stream":true,"stream_options":null}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{`{"stream_options" : null , "x":1}`, `{"stream_options" : {"include_usage":true} , "x":1}`},
+		{`{"stream_options":{}}`, `{"stream_options":{"include_usage":true}}`},
+		{`{"stream_options":{ "continuous_usage_stats":true}}`, `{"stream_options":{"include_usage":true, "continuous_usage_stats":true}}`},
+		{`{"stream_options":{"include_usage":false},"n":1}`, `{"stream_options":{"include_usage":true},"n":1}`},
+		{`{"stream_options":{"include_usage":null}}`, `{"stream_options":{"include_usage":true}}`},
+		{`{"stream_options":{"include_usage":true}}`, `{"stream_options":{"include_usage":true}}`},
+		{`{"stream_options":{"include_usage":false},"stream_options":{"include_usage":false}}`, `{"stream_options":{"include_usage":false},"stream_options":{"include_usage":true}}`},
+		{`{"stream_options":{"include_usage":false,"include_usage":false}}`, `{"stream_options":{"include_usage":false,"include_usage":true}}`},
+		{`{"stream_options":3}`, `{"stream_options":{"include_usage":true}}`},
+		{`{"Stream_Options":null}`, `{"stream_options":{"include_usage":true},"Stream_Options":null}`},
+		{`{"stream\u005foptions":{"include_usage":false}}`, `{"stream\u005foptions":{"include_usage":true}}`},
+		{`{"a":"{\"stream_options\":null}"}`, `{"stream_options":{"include_usage":true},"a":"{\"stream_options\":null}"}`},
+		{`{"messages":[{"role":"user","content":"stream_options"}]}`, `{"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"stream_options"}]}`},
+		{`{"a":{"stream_options":null},"b":[{"stream_options":null}]}`, `{"stream_options":{"include_usage":true},"a":{"stream_options":null},"b":[{"stream_options":null}]}`},
+		{`{"a":{"stream_options":null},"stream_options":{"a":{"include_usage":false}}}`, `{"a":{"stream_options":null},"stream_options":{"include_usage":true,"a":{"include_usage":false}}}`},
+		{"{\"messages\":[{\"role\":\"user\",\"content\":\"h\\u00e9\"}],\n \"stream\": true}", "{\"stream_options\":{\"include_usage\":true},\"messages\":[{\"role\":\"user\",\"content\":\"h\\u00e9\"}],\n \"stream\": true}"},
+	}
+	for _, tt := range tests {
+		got := checkIncludeUsage(t, []byte(tt.body))
+		if string(got) != tt.want {
+			t.Errorf("WithIncludeUsage(%s) = %s, want %s", tt.body, got, tt.want)
+		}
+	}
+	// What is not a JSON object comes back as it was.
+	for _, body := range []string{``, `[]`, ` null`, `"x"`} {
+		if got := WithIncludeUsage([]byte(body), nil); string(got) != body {
+			t.Errorf("WithIncludeUsage(%q) = %q", body, got)
+		}
+	}
+	// The result is appended to dst[:0].
+	dst := make([]byte, 0, 256)
+	if got := WithIncludeUsage([]byte(`{}`), dst); &got[:1][0] != &dst[:1][0] {
+		t.Error("dst's buffer was not used")
+	}
+	// The stream the proxy rewrites reads as asking for usage.
+	var r Request
+	if err := ParseRequest(WithIncludeUsage(bodyOf(100), nil), true, &r); err != nil || !r.IncludeUsage {
+		t.Errorf("rewritten body: %+v, %v", r, err)
+	}
+}
+
+func FuzzWithIncludeUsage(f *testing.F) {
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"stream":true,"stream_options":null}`))
+	f.Add([]byte(`{"stream_options":{"include_usage":false,"x":[1,{"y":"\"}"}]}}`))
+	f.Add([]byte(`{"stream_options":{}, "stream_options":{"include_usage":null}}`))
+	f.Add([]byte(`{"s\u0074ream_options":{"include_usage":false}}`))
+	f.Add([]byte(`{"stream_options":"x","messages":[{"role":"user","content":"a\\\"b"}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		// The data as a body, and as the recipe of a valid one.
+		for _, body := range [][]byte{data, (&recipe{data: data}).object(nil, 0)} {
+			var m map[string]any
+			if json.Unmarshal(body, &m) != nil || m == nil {
+				WithIncludeUsage(body, nil) // must not panic
+				continue
+			}
+			checkIncludeUsage(t, body)
+		}
+	})
+}
+
+func TestValidAgreesWithEncodingJSON(t *testing.T) {
+	for _, body := range []string{
+		strings.Repeat("[", 10000) + strings.Repeat("]", 10000),
+		strings.Repeat("[", 10001) + strings.Repeat("]", 10001),
+		strings.Repeat("[", 1<<22), // gjson alone overflows its stack on ~8M
+		`{"a":"` + strings.Repeat("{", 20000) + `"}`,
+		"\"\xff\"", "1e5", "-0.0E+1", "01", "[1,]", `"\u12"`, `"\x"`, "\"\x01\"", "",
+	} {
+		if got, want := valid([]byte(body)), json.Valid([]byte(body)); got != want {
+			t.Errorf("valid(%.40q...) = %v, encoding/json says %v", body, got, want)
+		}
+	}
+}
+
+// oldParse is the proxy's old path: encoding/json into its inbound struct,
+// then ChatRequestBytes.
+func oldParse(body []byte) ([]byte, error) {
+	var in struct {
+		Messages            []WireMessage   `json:"messages"`
+		Prompt              json.RawMessage `json:"prompt"`
+		MaxTokens           *int            `json:"max_tokens"`
+		MaxCompletionTokens *int            `json:"max_completion_tokens"`
+		Stream              bool            `json:"stream"`
+		StreamOptions       *struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+		User string `json:"user"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		return nil, err
+	}
+	return ChatRequestBytes(in.Messages)
+}
+
+// oldIncludeUsage is the proxy's old rewrite: decode into raw fields,
+// set include_usage, encode again.
+func oldIncludeUsage(body []byte) ([]byte, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
+		return nil, err
+	}
+	opts := map[string]json.RawMessage{}
+	if raw, ok := fields["stream_options"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &opts); err != nil {
+			return nil, err
+		}
+	}
+	opts["include_usage"] = json.RawMessage("true")
+	fields["stream_options"], _ = json.Marshal(opts)
+	return json.Marshal(fields)
+}
+
+func BenchmarkParseRequest(b *testing.B) {
+	for _, tokens := range []int{1000, 16000} {
+		body := bodyOf(tokens)
+		b.Run(fmt.Sprintf("old/%dk", tokens/1000), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := oldParse(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("new/%dk", tokens/1000), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			var r Request
+			for b.Loop() {
+				if err := ParseRequest(body, true, &r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkWithIncludeUsage(b *testing.B) {
+	body := bodyOf(16000)
+	b.Run("old/16k", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := oldIncludeUsage(body); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("new/16k", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		var dst []byte
+		for b.Loop() {
+			dst = WithIncludeUsage(body, dst)
+		}
+	})
+	// A body with stream_options: gjson walks its top level.
+	withOpts := append(bytes.TrimSuffix(bytes.Clone(body), []byte("}")), `,"stream_options":{"include_usage":false}}`...)
+	b.Run("new-with-options/16k", func(b *testing.B) {
+		b.SetBytes(int64(len(withOpts)))
+		b.ReportAllocs()
+		var dst []byte
+		for b.Loop() {
+			dst = WithIncludeUsage(withOpts, dst)
+		}
+	})
+	b.Run("copy/16k", func(b *testing.B) { // the floor: one copy of the body
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		var dst []byte
+		for b.Loop() {
+			dst = append(dst[:0], body...)
+		}
+	})
+}
+
+func TestParseRequestAllocs(t *testing.T) {
+	body := bodyOf(16000)
+	var r Request
+	allocs := testing.AllocsPerRun(20, func() {
+		if err := ParseRequest(body, true, &r); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// gjson unescapes (2 allocations) each string value with escapes it
+	// walks over: here the 4 message contents.
+	if allocs > 8 {
+		t.Errorf("%v allocations per parse, want at most 8", allocs)
+	}
+	plain := []byte(`{"model":"gorgo","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hello"}]}],"max_tokens":9,"stream":true,"stream_options":{"include_usage":true},"user":"alice"}`)
+	if allocs := testing.AllocsPerRun(20, func() { _ = ParseRequest(plain, true, &r) }); allocs != 0 {
+		t.Errorf("%v allocations per parse of a body without escapes, want 0", allocs)
+	}
+}

@@ -1,0 +1,229 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/gorgo-llm/gorgo/internal/prefix"
+)
+
+// MaxReplicas is the most replicas a router holds at once.
+const MaxReplicas = prefix.MaxReplicas
+
+// Errors of membership changes.
+var (
+	ErrExists  = errors.New("replica id already in the fleet")
+	ErrUnknown = errors.New("no replica with that id")
+)
+
+// fleet is an immutable snapshot of the membership: decisions load it
+// through an atomic pointer; changes build the next one under fleetMu.
+type fleet struct {
+	members []*member // in the order they joined
+	byID    map[string]*member
+}
+
+func (f *fleet) with(m *member) *fleet {
+	n := &fleet{members: make([]*member, 0, len(f.members)+1), byID: make(map[string]*member, len(f.byID)+1)}
+	n.members = append(append(n.members, f.members...), m)
+	for k, v := range f.byID {
+		n.byID[k] = v
+	}
+	n.byID[m.id] = m
+	return n
+}
+
+func (f *fleet) without(m *member) *fleet {
+	n := &fleet{members: make([]*member, 0, len(f.members)), byID: make(map[string]*member, len(f.byID))}
+	for _, o := range f.members {
+		if o != m {
+			n.members = append(n.members, o)
+			n.byID[o.id] = o
+		}
+	}
+	return n
+}
+
+func validReplica(rc ReplicaConfig) error {
+	switch {
+	case rc.ID == "":
+		return errors.New("router: a replica has no id")
+	case rc.KVCapacityTokens < 0:
+		return fmt.Errorf("router: replica %s: negative KV capacity", rc.ID)
+	}
+	for _, v := range []float64{rc.PrefillMSPerToken, rc.QueueMSPerToken} {
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("router: replica %s: rates must be finite and non-negative", rc.ID)
+		}
+	}
+	return nil
+}
+
+// Add brings a replica into the fleet, active and healthy but not yet
+// available: decisions take it once a probe has reached it (ObserveRTT).
+// Nothing about the other replicas changes. It fails with ErrExists if the
+// id is taken (also by a replica still draining out).
+func (r *Router) Add(rc ReplicaConfig) error {
+	if err := validReplica(rc); err != nil {
+		return err
+	}
+	r.fleetMu.Lock()
+	defer r.fleetMu.Unlock()
+	f := r.fleet.Load()
+	if _, ok := f.byID[rc.ID]; ok {
+		return fmt.Errorf("router: replica %s: %w", rc.ID, ErrExists)
+	}
+	if len(f.members) >= MaxReplicas {
+		return fmt.Errorf("router: replica %s: the fleet already holds %d replicas, the most a router tracks", rc.ID, MaxReplicas)
+	}
+	r.ixMu.Lock()
+	slot, err := r.index.AddReplica(rc.KVCapacityTokens)
+	r.ixMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("router: replica %s: %w", rc.ID, err)
+	}
+	r.fleet.Store(f.with(newMember(rc, slot, r.cfg.RTTAlpha, r.cfg.OnlineRates)))
+	return nil
+}
+
+func (r *Router) member(id string) (*member, error) {
+	m, ok := r.fleet.Load().byID[id]
+	if !ok {
+		return nil, fmt.Errorf("router: replica %s: %w", id, ErrUnknown)
+	}
+	return m, nil
+}
+
+// Drain stops new requests to a replica; its requests in flight finish.
+func (r *Router) Drain(id string) error { return r.setState(id, Draining) }
+
+// Undrain makes a draining replica active again; it also takes back a
+// replica being removed, which then stays.
+func (r *Router) Undrain(id string) error { return r.setState(id, Active) }
+
+func (r *Router) setState(id string, s State) error {
+	r.fleetMu.Lock()
+	defer r.fleetMu.Unlock()
+	m, err := r.member(id)
+	if err != nil {
+		return err
+	}
+	m.state.Store(int32(s))
+	return nil
+}
+
+// Remove drains a replica and forgets it once its last request in flight
+// finishes (at once if it has none): nothing in flight is cut. Until then
+// it is listed as removing, and its id stays taken.
+func (r *Router) Remove(id string) error {
+	r.fleetMu.Lock()
+	m, err := r.member(id)
+	if err == nil {
+		m.state.Store(int32(Removing))
+	}
+	r.fleetMu.Unlock()
+	if err != nil {
+		return err
+	}
+	// A Dispatch that raced with the store above either saw Removing and
+	// backed out, or entered its request before this load sees it (both
+	// sides store, then load: sequentially consistent atomics).
+	if m.inflight.Load() == 0 {
+		r.forget(m)
+	}
+	return nil
+}
+
+// forget takes a removing replica out of the fleet and frees its share of
+// the index. It is called when a removing replica has nothing in flight,
+// possibly more than once.
+func (r *Router) forget(m *member) {
+	r.fleetMu.Lock()
+	f := r.fleet.Load()
+	if f.byID[m.id] != m || State(m.state.Load()) != Removing || m.inflight.Load() != 0 {
+		r.fleetMu.Unlock()
+		return // already forgotten, taken back, or busy again
+	}
+	r.drop(f, m)
+}
+
+// Forget takes a replica out of the fleet at once, without waiting for its
+// requests in flight: they finish against its old record, which decisions
+// no longer see. It is for a replica replaced by a new one of the same id
+// (its address changed), which Add may bring in right after.
+func (r *Router) Forget(id string) error {
+	r.fleetMu.Lock()
+	m, err := r.member(id)
+	if err != nil {
+		r.fleetMu.Unlock()
+		return err
+	}
+	m.state.Store(int32(Removing))
+	r.drop(r.fleet.Load(), m)
+	return nil
+}
+
+// drop publishes the fleet without m, releases fleetMu, and frees m's
+// share of the index. Call with fleetMu held.
+func (r *Router) drop(f *fleet, m *member) {
+	m.gone.Store(true) // before its slot can go to another replica
+	r.fleet.Store(f.without(m))
+	r.fleetMu.Unlock()
+	// Clear the slot in pieces so decisions (which take the index's read
+	// lock) are not held up by a large cache; it is nobody's meanwhile.
+	for {
+		r.ixMu.Lock()
+		more := r.index.ClearSome(m.slot, clearBatch)
+		if !more {
+			r.index.RemoveReplica(m.slot)
+		}
+		r.ixMu.Unlock()
+		if !more {
+			return
+		}
+	}
+}
+
+// clearBatch is how many blocks a replica's share of the index loses per
+// hold of the index lock when it is cleared.
+const clearBatch = 4096
+
+// clearIndex forgets what the index believes a replica holds, in pieces.
+func (r *Router) clearIndex(m *member) {
+	for {
+		r.ixMu.Lock()
+		more := !m.gone.Load() && r.index.ClearSome(m.slot, clearBatch)
+		r.ixMu.Unlock()
+		if !more {
+			return
+		}
+	}
+}
+
+// Reconfigure changes what the router was told about a replica, keeping
+// everything it observed: its region, its KV capacity (its share of the
+// index is resized) and, unless rates are learned online, its rates.
+func (r *Router) Reconfigure(rc ReplicaConfig) error {
+	if err := validReplica(rc); err != nil {
+		return err
+	}
+	m, err := r.member(rc.ID)
+	if err != nil {
+		return err
+	}
+	m.region.Store(&rc.Region)
+	if m.rates == nil {
+		m.setRates(rc.PrefillMSPerToken, rc.QueueMSPerToken)
+	}
+	return r.SetKVCapacity(rc.ID, rc.KVCapacityTokens)
+}
+
+// Has reports whether a replica of that id is in the fleet (in any state).
+func (r *Router) Has(id string) bool {
+	_, ok := r.fleet.Load().byID[id]
+	return ok
+}
+
+// Len returns the number of replicas in the fleet, in any state.
+func (r *Router) Len() int { return len(r.fleet.Load().members) }

@@ -1,0 +1,219 @@
+package router
+
+import (
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/signal"
+)
+
+// ReplicaConfig is what the router is told about a replica.
+type ReplicaConfig struct {
+	ID, Region string
+	// KVCapacityTokens sizes the replica's share of the prefix index.
+	KVCapacityTokens int
+	// PrefillMSPerToken and QueueMSPerToken are the replica's rates (the
+	// priors when rates are estimated online).
+	PrefillMSPerToken, QueueMSPerToken float64
+}
+
+// State is where a replica is in its membership of the fleet.
+type State int32
+
+const (
+	// Active replicas take new requests (when up and probed).
+	Active State = iota
+	// Draining replicas take no new requests; their requests in flight
+	// finish. Undrain makes them active again.
+	Draining
+	// Removing replicas are draining, and leave the fleet once their last
+	// request in flight finishes.
+	Removing
+)
+
+func (s State) String() string {
+	switch s {
+	case Active:
+		return "active"
+	case Draining:
+		return "draining"
+	case Removing:
+		return "removing"
+	}
+	return "unknown"
+}
+
+// member is one replica of the fleet and everything the router observed of
+// it. Its identity (id, slot) never changes; its state is read by decisions
+// without a lock (atomics) and written by observations (atomics, and mu
+// for the estimators behind them).
+type member struct {
+	id   string
+	slot int // prefix index slot, held for the member's life
+
+	region  atomic.Pointer[string]
+	state   atomic.Int32 // State
+	healthy atomic.Bool
+	gone    atomic.Bool // left the fleet
+
+	// Ledger of this router's requests to the replica.
+	inflight, unfin, backlog atomic.Int64
+
+	rttNS   atomic.Int64 // the RTT estimate; 0 until probed
+	probed  atomic.Bool
+	kvCap   atomic.Int64
+	prefill atomic.Uint64 // float64 bits: ms per uncached token
+	queue   atomic.Uint64 // float64 bits: ms per backlog token
+	gauges  atomic.Pointer[gaugeObs]
+
+	mu    sync.Mutex // guards the estimators below
+	rtt   signal.EWMA
+	rates *signal.Rates // nil: the configured rates
+	// Evidence of how far the index over-believes this replica's cache,
+	// since the last reset: estimated and missing (estimated − reported,
+	// when positive) cached tokens over the reports that carried them.
+	reports, estSum, missSum int
+}
+
+// gaugeObs is a scrape of the replica's engine gauges and when it was made.
+type gaugeObs struct {
+	g  route.EngineGauges
+	at time.Duration
+}
+
+func newMember(rc ReplicaConfig, slot int, alpha float64, online bool) *member {
+	m := &member{id: rc.ID, slot: slot, rtt: signal.EWMA{Alpha: alpha}}
+	m.region.Store(&rc.Region)
+	m.healthy.Store(true)
+	m.kvCap.Store(int64(rc.KVCapacityTokens))
+	m.setRates(rc.PrefillMSPerToken, rc.QueueMSPerToken)
+	if online {
+		m.rates = signal.NewRates(rc.PrefillMSPerToken, rc.QueueMSPerToken)
+	}
+	return m
+}
+
+func (m *member) setRates(prefill, queue float64) {
+	m.prefill.Store(math.Float64bits(prefill))
+	m.queue.Store(math.Float64bits(queue))
+}
+
+func (m *member) ratesNow() (prefill, queue float64) {
+	return math.Float64frombits(m.prefill.Load()), math.Float64frombits(m.queue.Load())
+}
+
+// available reports whether a decision may pick the replica: active, up,
+// and reached by a probe (until then its round trip is unknown).
+func (m *member) available() bool {
+	return State(m.state.Load()) == Active && m.healthy.Load() && m.probed.Load()
+}
+
+// view is the replica as a policy sees it now, for a prompt of which it is
+// believed to hold cached tokens.
+func (m *member) view(now time.Duration, cached int) route.Replica {
+	v := route.Replica{
+		ID:               m.id,
+		Region:           *m.region.Load(),
+		RTT:              time.Duration(m.rttNS.Load()),
+		InFlight:         int(m.inflight.Load()),
+		UnfinishedTokens: int(m.unfin.Load()),
+		BacklogTokens:    int(m.backlog.Load()),
+		CachedTokens:     cached,
+		KVCapacityTokens: int(m.kvCap.Load()),
+	}
+	v.PrefillMSPerToken, v.QueueMSPerToken = m.ratesNow()
+	if g := m.gauges.Load(); g != nil {
+		v.Engine, v.EngineAge, v.EngineKnown = g.g, now-g.at, true
+	}
+	return v
+}
+
+func (m *member) observeRTT(rtt time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.rtt.Observe(float64(rtt))
+	v, _ := m.rtt.Value()
+	m.rttNS.Store(int64(v))
+	m.probed.Store(true)
+}
+
+// observeTTFT feeds a first token to the online rates.
+func (m *member) observeTTFT(uncached, backlog int, ms float64) {
+	if m.rates == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.rates.Observe(float64(uncached), float64(backlog), ms)
+	m.setRates(m.rates.Prefill(), m.rates.Queue())
+}
+
+// Index self-correction: after at least resetReports reports, if the
+// replica has been missing more than resetMissShare of the cached tokens
+// the router believed it held, its cache was evidently flushed or the
+// engine restarted, and the router forgets what it believed.
+const (
+	resetReports   = 16
+	resetMissShare = 0.5
+)
+
+// report weighs a cached-token report; it says whether the replica's share
+// of the index should be cleared.
+func (m *member) report(est, cached, blockTokens int) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reports++
+	m.estSum += est
+	m.missSum += max(est-cached, 0)
+	enough := m.reports >= resetReports && m.estSum >= resetReports*blockTokens
+	if enough && float64(m.missSum) > resetMissShare*float64(m.estSum) {
+		m.reports, m.estSum, m.missSum = 0, 0, 0
+		return true
+	}
+	if m.reports >= 4*resetReports { // keep the evidence recent
+		m.reports, m.estSum, m.missSum = m.reports/2, m.estSum/2, m.missSum/2
+	}
+	return false
+}
+
+// ReplicaState is a replica's state as the router sees it, for an admin
+// API or a log.
+type ReplicaState struct {
+	ID, Region string
+	State      State
+	// Healthy is the replica's health (false: marked down); Probed says
+	// whether a probe has reached it yet.
+	Healthy, Probed   bool
+	RTT               time.Duration
+	RTTSamples        int
+	InFlight          int
+	UnfinishedTokens  int
+	BacklogTokens     int
+	IndexBlocks       int
+	KVCapacityTokens  int
+	Engine            route.EngineGauges
+	EngineKnown       bool
+	EngineAt          time.Duration
+	PrefillMSPerToken float64
+	QueueMSPerToken   float64
+}
+
+// Available reports whether a decision may pick the replica.
+func (s *ReplicaState) Available() bool { return s.State == Active && s.Healthy && s.Probed }
+
+func (m *member) snapshot(indexBlocks int) ReplicaState {
+	st := ReplicaState{ID: m.id, Region: *m.region.Load(), State: State(m.state.Load()), Healthy: m.healthy.Load(), Probed: m.probed.Load(),
+		RTT: time.Duration(m.rttNS.Load()), InFlight: int(m.inflight.Load()), UnfinishedTokens: int(m.unfin.Load()),
+		BacklogTokens: int(m.backlog.Load()), IndexBlocks: indexBlocks, KVCapacityTokens: int(m.kvCap.Load())}
+	st.PrefillMSPerToken, st.QueueMSPerToken = m.ratesNow()
+	if g := m.gauges.Load(); g != nil {
+		st.Engine, st.EngineKnown, st.EngineAt = g.g, true, g.at
+	}
+	m.mu.Lock()
+	st.RTTSamples = m.rtt.Samples()
+	m.mu.Unlock()
+	return st
+}

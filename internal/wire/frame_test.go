@@ -1,0 +1,65 @@
+package wire
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestNextEvent(t *testing.T) {
+	in := "data: {\"a\":1}\n\n: comment\r\ndata: x\r\n\r\n\ndata: [DONE]\n\ndata: part"
+	var events []string
+	rest := []byte(in)
+	for {
+		ev, r, ok := NextEvent(rest)
+		if !ok {
+			break
+		}
+		events = append(events, string(ev))
+		rest = r
+	}
+	want := []string{"data: {\"a\":1}\n\n", ": comment\r\ndata: x\r\n\r\n", "\ndata: [DONE]\n\n"}
+	if strings.Join(events, "|") != strings.Join(want, "|") || string(rest) != "data: part" {
+		t.Errorf("events %q, rest %q", events, rest)
+	}
+	var scratch []byte
+	if d := EventData([]byte(events[0]), &scratch); string(d) != `{"a":1}` {
+		t.Errorf("data %q", d)
+	}
+	if d := EventData([]byte(events[1]), &scratch); string(d) != "x" {
+		t.Errorf("data %q", d)
+	}
+	if d := EventData([]byte("data:a\ndata: b\nevent: e\ndata:c\n\n"), &scratch); string(d) != "a\nb\nc" {
+		t.Errorf("joined data %q", d)
+	}
+	if d := EventData([]byte(": only a comment\n\n"), &scratch); d != nil {
+		t.Errorf("data of a comment %q", d)
+	}
+	if !IsDone(EventData([]byte(events[2]), &scratch)) {
+		t.Error("[DONE] not recognised")
+	}
+	if _, _, ok := NextEvent([]byte("\n\n\n")); ok {
+		t.Error("blank lines alone are an event")
+	}
+}
+
+func FuzzNextEvent(f *testing.F) {
+	f.Add([]byte("data: a\n\ndata: b\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, buf []byte) {
+		total := 0
+		rest := buf
+		for {
+			ev, r, ok := NextEvent(rest)
+			if !ok {
+				break
+			}
+			if len(ev) == 0 || len(ev)+len(r) != len(rest) {
+				t.Fatalf("event %q rest %q of %q", ev, r, rest)
+			}
+			total += len(ev)
+			rest = r
+		}
+		if total+len(rest) != len(buf) {
+			t.Fatal("bytes lost")
+		}
+	})
+}

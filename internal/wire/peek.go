@@ -1,0 +1,296 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+)
+
+// Peek is what a relay needs to know of one streamed chunk's data (the JSON
+// after "data:"), read without decoding the chunk.
+type Peek struct {
+	// Token: choices[0].delta.content, .reasoning_content or .reasoning is
+	// a non-empty string (Event.HasToken's rule), or, for a legacy
+	// completions chunk, choices[0].text is.
+	Token bool
+	// Finish: choices[0].finish_reason is a non-empty string.
+	Finish bool
+	// Usage: the chunk has a usage that is not null.
+	Usage bool
+	// CompletionTokens is usage.completion_tokens.
+	CompletionTokens int
+	// CachedTokens is usage.prompt_tokens_details.cached_tokens, -1 when
+	// absent or null.
+	CachedTokens int
+	// Error: the chunk has an "error" member that is not null, or is
+	// {"object":"error",...}.
+	Error bool
+}
+
+// PeekChunk reads one streamed chunk's data (not [DONE]) as ParseChunk
+// reads it (keys match case-insensitively, a later duplicate wins, null
+// leaves a string as it was), without decoding it: it walks the chunk with
+// gjson and decides on the raw bytes (a JSON string is non-empty when its
+// literal is longer than ""). It does not validate the chunk: for data that
+// is not valid JSON (which ParseChunk refuses) the result means nothing,
+// but PeekChunk does not panic.
+//
+// It allocates nothing, except that gjson unescapes (one or two small
+// allocations) each string value holding a backslash escape it walks over,
+// such as a delta's "\n".
+func PeekChunk(data []byte) Peek {
+	var c chunkPeek
+	c.usage.reset()
+	root := gjson.Parse(bytesString(data))
+	if isObject(root) {
+		root.ForEach(c.member)
+	}
+	return Peek{
+		Token:            c.content || c.reasoningContent || c.reasoning || c.text,
+		Finish:           c.finish,
+		Usage:            c.hasUsage,
+		CompletionTokens: c.usage.completion,
+		CachedTokens:     c.usage.cached,
+		Error:            c.err || c.objectError,
+	}
+}
+
+// chunkPeek is what PeekChunk has read so far. It mirrors how
+// encoding/json fills ParseChunk's chunk struct, duplicates included: a
+// later value replaces an earlier one, null leaves a string or a struct as
+// it was and sets a pointer back to nil, and a second object (a second
+// "choices" array's first element, a second usage) is merged into the
+// first.
+type chunkPeek struct {
+	// choices[0]: whether each string is non-empty.
+	content, reasoningContent, reasoning, text, finish bool
+	hasUsage                                           bool
+	usage                                              usagePeek
+	err, objectError                                   bool
+}
+
+func (c *chunkPeek) member(key, v gjson.Result) bool {
+	switch k := key.Str; {
+	case is(k, "choices"):
+		switch {
+		case v.Type == gjson.Null:
+			c.resetChoice() // the slice is set to nil
+		case isArray(v):
+			first := true
+			v.ForEach(func(_, choice gjson.Result) bool {
+				first = false
+				if isObject(choice) {
+					choice.ForEach(c.choiceMember)
+				}
+				return false
+			})
+			if first { // [] makes a new empty slice
+				c.resetChoice()
+			}
+		}
+	case is(k, "usage"):
+		switch {
+		case v.Type == gjson.Null:
+			c.hasUsage = false
+			c.usage.reset()
+		case isObject(v):
+			c.hasUsage = true
+			c.usage.read(v)
+		}
+	case is(k, "error"):
+		c.err = v.Type != gjson.Null
+	case is(k, "object"):
+		if v.Type == gjson.String {
+			// v.Str is gjson's unescaping: it can differ from
+			// encoding/json's only in strings holding U+FFFD.
+			c.objectError = v.Str == "error"
+		}
+	}
+	return true
+}
+
+func (c *chunkPeek) resetChoice() {
+	c.content, c.reasoningContent, c.reasoning, c.text, c.finish = false, false, false, false, false
+}
+
+func (c *chunkPeek) choiceMember(key, v gjson.Result) bool {
+	switch k := key.Str; {
+	case is(k, "delta"):
+		if isObject(v) {
+			v.ForEach(c.deltaMember)
+		}
+	case is(k, "finish_reason"):
+		nonEmpty(v, &c.finish)
+	case is(k, "text"):
+		nonEmpty(v, &c.text)
+	}
+	return true
+}
+
+func (c *chunkPeek) deltaMember(key, v gjson.Result) bool {
+	switch k := key.Str; {
+	case is(k, "content"):
+		nonEmpty(v, &c.content)
+	case is(k, "reasoning_content"):
+		nonEmpty(v, &c.reasoningContent)
+	case is(k, "reasoning"):
+		nonEmpty(v, &c.reasoning)
+	}
+	return true
+}
+
+// usagePeek is what is read of a usage object.
+type usagePeek struct {
+	completion, cached int
+	ok                 bool // every field read has the type encoding/json wants
+}
+
+func (u *usagePeek) reset() { *u = usagePeek{cached: -1, ok: true} }
+
+// read merges the usage object v into u, as encoding/json merges a
+// duplicate into the struct a pointer already points to.
+func (u *usagePeek) read(v gjson.Result) {
+	v.ForEach(func(key, v gjson.Result) bool {
+		switch k := key.Str; {
+		case is(k, "completion_tokens"):
+			u.ok = intValue(v, &u.completion) && u.ok
+		case is(k, "prompt_tokens_details"):
+			switch {
+			case v.Type == gjson.Null:
+				u.cached = -1
+			case isObject(v):
+				v.ForEach(func(key, v gjson.Result) bool {
+					if is(key.Str, "cached_tokens") {
+						if v.Type == gjson.Null {
+							u.cached = -1
+						} else {
+							u.ok = intValue(v, &u.cached) && u.ok
+						}
+					}
+					return true
+				})
+			default:
+				u.ok = false
+			}
+		}
+		return true
+	})
+}
+
+// PeekBody reads a non-streaming response body's usage: its completion
+// tokens and cached prompt tokens (-1 when not reported), as the proxy's
+// scanBody reads them with encoding/json: a body that is not valid JSON,
+// or whose usage fields have the wrong type, gives (0, -1).
+func PeekBody(data []byte) (completionTokens, cachedTokens int) {
+	if !valid(data) {
+		return 0, -1
+	}
+	root := gjson.Parse(bytesString(data))
+	if root.Type == gjson.Null {
+		return 0, -1
+	}
+	if !isObject(root) {
+		return 0, -1
+	}
+	var u usagePeek
+	u.reset()
+	has := false
+	root.ForEach(func(key, v gjson.Result) bool {
+		if is(key.Str, "usage") {
+			switch {
+			case v.Type == gjson.Null:
+				has = false
+				u.reset()
+			case isObject(v):
+				has = true
+				u.read(v)
+			default:
+				u.ok = false
+			}
+		}
+		return u.ok
+	})
+	if !u.ok || !has {
+		return 0, -1
+	}
+	return u.completion, u.cached
+}
+
+// nonEmpty sets *dst to whether the string v is non-empty (its literal is
+// longer than ""); null leaves *dst as it was.
+func nonEmpty(v gjson.Result, dst *bool) {
+	if v.Type == gjson.String {
+		*dst = len(v.Raw) > 2
+	}
+}
+
+// intValue reads an integer as encoding/json reads one into an int: a JSON
+// number with no fraction or exponent that fits. null leaves *dst as it
+// was.
+func intValue(v gjson.Result, dst *int) bool {
+	switch v.Type {
+	case gjson.Null:
+		return true
+	case gjson.Number:
+		if n, ok := parseInt(v.Raw); ok {
+			*dst = n
+			return true
+		}
+	}
+	return false
+}
+
+// parseInt is strconv.ParseInt(s, 10, 64) for what a JSON number can be,
+// without allocating on failure.
+func parseInt(s string) (int, bool) {
+	neg := len(s) > 0 && s[0] == '-'
+	if neg {
+		s = s[1:]
+	}
+	if len(s) == 0 || len(s) > 19 {
+		return 0, false
+	}
+	var n uint64
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + uint64(c-'0') // 19 digits cannot overflow a uint64
+	}
+	switch {
+	case neg && n <= 1<<63:
+		return int(-n), true
+	case !neg && n < 1<<63:
+		return int(n), true
+	}
+	return 0, false
+}
+
+// is reports whether an object's key names field as encoding/json matches
+// keys to struct fields: exactly, else by Unicode case folding.
+func is(key, field string) bool {
+	return key == field || strings.EqualFold(key, field)
+}
+
+func isObject(v gjson.Result) bool { return v.Type == gjson.JSON && v.Raw[0] == '{' }
+func isArray(v gjson.Result) bool  { return v.Type == gjson.JSON && v.Raw[0] == '[' }
+
+// bytesString views b as a string, without copying.
+func bytesString(b []byte) string {
+	return unsafe.String(unsafe.SliceData(b), len(b))
+}
+
+// valid reports whether data is valid JSON. gjson's validator recurses once
+// per level of nesting (a few million '[' overflow the stack, which kills
+// the process), so data that might nest deeper than encoding/json allows
+// (10000) is checked by encoding/json's validator, which does not recurse.
+func valid(data []byte) bool {
+	if bytes.Count(data, []byte{'['})+bytes.Count(data, []byte{'{'}) <= 10000 {
+		return gjson.ValidBytes(data)
+	}
+	return json.Valid(data)
+}

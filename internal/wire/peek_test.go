@@ -1,0 +1,419 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// fromEvent is the Peek that ParseChunk's reading of data implies.
+func fromEvent(t *testing.T, data []byte, ev Event) Peek {
+	t.Helper()
+	p := Peek{Token: ev.HasToken(), Finish: ev.FinishReason != "", Usage: ev.Usage != nil, CachedTokens: -1}
+	if u := ev.Usage; u != nil {
+		p.CompletionTokens, p.CachedTokens = u.CompletionTokens, u.CachedTokens
+	}
+	// ParseChunk's Err is the error's message, which may be empty: read
+	// what it decides on.
+	var c struct {
+		Object string          `json:"object"`
+		Error  json.RawMessage `json:"error"`
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		t.Fatalf("%q: ParseChunk accepts it, encoding/json does not: %v", data, err)
+	}
+	p.Error = len(c.Error) > 0 && string(c.Error) != "null" || c.Object == "error"
+	return p
+}
+
+// checkPeek compares PeekChunk with ParseChunk on one chunk that ParseChunk
+// accepts, and returns the Peek.
+func checkPeek(t *testing.T, data []byte) Peek {
+	t.Helper()
+	got := PeekChunk(data)
+	ev, err := ParseChunk(data)
+	if err != nil {
+		t.Fatalf("ParseChunk(%q): %v", data, err)
+	}
+	if want := fromEvent(t, data, ev); got != want {
+		t.Fatalf("PeekChunk(%q) = %+v, ParseChunk reads %+v", data, got, want)
+	}
+	return got
+}
+
+var peekCases = []struct {
+	data string
+	want Peek
+}{
+	{`{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+		Peek{CachedTokens: -1}},
+	{`{"choices":[{"index":0,"delta":{"content":"The"},"finish_reason":null}]}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"choices":[{"delta":{"content":"\n"}}]}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"choices":[{"delta":{"content":null,"reasoning_content":"hmm"}}]}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"choices":[{"delta":{"reasoning":"so"}}]}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"choices":[{"delta":{"reasoning":"","tool_calls":[{"function":{"arguments":"{\"a\""}}]}}]}`, Peek{CachedTokens: -1}},
+	{`{"choices":[{"text":" fib","index":0,"logprobs":null,"finish_reason":null}],"usage":null}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"choices":[{"text":"","finish_reason":"length"}]}`, Peek{Finish: true, CachedTokens: -1}},
+	{`{"choices":[{"delta":{"content":" serene"},"finish_reason":"length","stop_reason":null}]}`, Peek{Token: true, Finish: true, CachedTokens: -1}},
+	{`{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":8}}}`,
+		Peek{Usage: true, CompletionTokens: 2, CachedTokens: 8}},
+	{`{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":null}}`, Peek{Usage: true, CompletionTokens: 2, CachedTokens: -1}},
+	{`{"choices":[],"usage":{"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":null}}}`, Peek{Usage: true, CompletionTokens: 2, CachedTokens: -1}},
+	{`{"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":1}}`, Peek{Token: true, Usage: true, CompletionTokens: 1, CachedTokens: -1}},
+	{`{"error":{"message":"engine died","code":500}}`, Peek{Error: true, CachedTokens: -1}},
+	{`{"object":"error","message":"out of memory","code":500}`, Peek{Error: true, CachedTokens: -1}},
+	{`{"error":null,"choices":[{"delta":{"content":"a"}}]}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"error":""}`, Peek{Error: true, CachedTokens: -1}},
+	// encoding/json's rules: keys fold case, later duplicates win, null
+	// leaves a string as it was, a second object is merged.
+	{`{"Choices":[{"DELTA":{"Content":"x"}}]}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"choices":[{"delta":{"content":"x","content":""}}]}`, Peek{CachedTokens: -1}},
+	{`{"choices":[{"delta":{"content":"x","content":null}}]}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"choices":[{"delta":{"content":"x"}}],"choices":[{"finish_reason":"stop"}]}`, Peek{Token: true, Finish: true, CachedTokens: -1}},
+	{`{"choices":[{"delta":{"content":"x"}}],"choices":[]}`, Peek{CachedTokens: -1}},
+	{`{"choices":[{"delta":{"content":"x"}}],"choices":null,"choices":[null]}`, Peek{CachedTokens: -1}},
+	{`{"usage":{"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}},"usage":{"prompt_tokens_details":{}}}`, Peek{Usage: true, CompletionTokens: 3, CachedTokens: 2}},
+	{`{"usage":{"completion_tokens":3},"usage":null}`, Peek{CachedTokens: -1}},
+	{`{"usage":{"completion_tokens":3},"usage":null,"usage":{}}`, Peek{Usage: true, CachedTokens: -1}},
+	{`{"object":"error","object":null}`, Peek{Error: true, CachedTokens: -1}},
+	{`{"object":"err\u006fr"}`, Peek{Error: true, CachedTokens: -1}},
+	{`null`, Peek{CachedTokens: -1}},
+	{`{}`, Peek{CachedTokens: -1}},
+}
+
+func TestPeekChunk(t *testing.T) {
+	for _, tt := range peekCases {
+		if got := checkPeek(t, []byte(tt.data)); got != tt.want {
+			t.Errorf("PeekChunk(%s) = %+v, want %+v", tt.data, got, tt.want)
+		}
+	}
+}
+
+func TestPeekChunkDoesNotAllocate(t *testing.T) {
+	for _, tt := range peekCases {
+		data := []byte(tt.data)
+		if bytes.IndexByte(data, '\\') >= 0 {
+			continue // gjson unescapes strings with escapes
+		}
+		if n := testing.AllocsPerRun(100, func() { PeekChunk(data) }); n != 0 {
+			t.Errorf("PeekChunk(%s): %v allocations", data, n)
+		}
+	}
+}
+
+func TestParseChunkReadsLegacyCompletions(t *testing.T) {
+	ev, err := ParseChunk([]byte(`{"id":"cmpl-1","object":"text_completion","choices":[{"text":" fib","index":0,"logprobs":null,"finish_reason":null}],"usage":null}`))
+	if err != nil || ev.Content != " fib" || !ev.HasToken() {
+		t.Errorf("ParseChunk: %+v, %v", ev, err)
+	}
+}
+
+// dataLines returns the data of each event of an SSE body but [DONE]
+// (every capture here has one line per event).
+func dataLines(body []byte) [][]byte {
+	var out [][]byte
+	for _, line := range bytes.Split(body, []byte("\n")) {
+		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r"), []byte("data:"))
+		if data = bytes.TrimSpace(data); ok && len(data) > 0 && string(data) != "[DONE]" {
+			out = append(out, data)
+		}
+	}
+	return out
+}
+
+// cassettes returns the recorded OpenAI exchanges (request URL, response
+// body) in the shared data, or skips.
+func cassettes(t *testing.T) (urls []string, bodies [][]byte) {
+	t.Helper()
+	dir := filepath.Join(engines, "openai")
+	files, _ := filepath.Glob(filepath.Join(dir, "openai-recorded-*.yaml"))
+	if len(files) == 0 {
+		t.Skipf("no recorded OpenAI exchanges in %s (they live in ../shared/data, outside the project)", dir)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c struct {
+			Interactions []struct {
+				Request struct {
+					URL string `yaml:"url"`
+				} `yaml:"request"`
+				Response struct {
+					Body string `yaml:"body"`
+				} `yaml:"response"`
+			} `yaml:"interactions"`
+		}
+		if err := yaml.Unmarshal(data, &c); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, in := range c.Interactions {
+			urls = append(urls, filepath.Base(f))
+			bodies = append(bodies, []byte(in.Response.Body))
+		}
+	}
+	return urls, bodies
+}
+
+func TestPeekChunkOnRealStreams(t *testing.T) {
+	var streams [][]byte
+	for _, f := range []string{"vllm-0.6-chat-stream-usage.sse", "vllm-0.8-chat-stream-tail.sse", "sglang-2025-chat-stream-tail.sse"} {
+		streams = append(streams, readCapture(t, "sse", f))
+	}
+	_, bodies := cassettes(t)
+	streams = append(streams, bodies...)
+	var chunks, tokens, usages, escaped int
+	for _, s := range streams {
+		for _, data := range dataLines(s) {
+			if _, err := ParseChunk(data); err != nil {
+				continue // an error body, not a stream
+			}
+			p := checkPeek(t, data)
+			chunks++
+			if p.Token {
+				tokens++
+			}
+			if p.Usage {
+				usages++
+			}
+			n := testing.AllocsPerRun(20, func() { PeekChunk(data) })
+			switch {
+			case bytes.IndexByte(data, '\\') >= 0:
+				escaped++
+				t.Logf("%v allocations for a chunk with escapes: %.120s", n, data)
+			case n != 0:
+				t.Errorf("PeekChunk(%s): %v allocations", data, n)
+			}
+		}
+	}
+	t.Logf("%d chunks (%d with escapes), %d with a token, %d with usage", chunks, escaped, tokens, usages)
+	if chunks < 40 || tokens < 30 || usages < 4 {
+		t.Errorf("too few chunks read: %d, %d tokens, %d usages", chunks, tokens, usages)
+	}
+}
+
+func FuzzPeekChunk(f *testing.F) {
+	for _, tt := range peekCases {
+		f.Add([]byte(tt.data))
+	}
+	f.Add([]byte(`{"choices":[{"delta":{"content":"\"}"}}],"usage":{"completion_tokens":-9223372036854775808}}`))
+	f.Add([]byte(`{"choices":[{"delta":{"ſontent":"x"}}],"usage":{"completion_tokens":1e3}}`))
+	f.Add([]byte(`{"choices":[{"delta":{"content":"x`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		// The data as a chunk, and as the recipe of a valid chunk made of
+		// the keys and values that matter.
+		for _, chunk := range [][]byte{data, (&recipe{data: data}).object(nil, 0)} {
+			p := PeekChunk(chunk) // must not panic, whatever the data
+			ev, err := ParseChunk(chunk)
+			if err != nil {
+				continue
+			}
+			if want := fromEvent(t, chunk, ev); p != want {
+				t.Fatalf("PeekChunk(%q) = %+v, ParseChunk reads %+v", chunk, p, want)
+			}
+		}
+	})
+}
+
+// recipe builds a valid JSON object from fuzz data, out of the keys and
+// values PeekChunk and PeekBody read, in their tricky spellings.
+type recipe struct{ data []byte }
+
+func (r *recipe) next() int {
+	if len(r.data) == 0 {
+		return 0
+	}
+	b := r.data[0]
+	r.data = r.data[1:]
+	return int(b)
+}
+
+var (
+	recipeKeys = []string{`"choices"`, `"delta"`, `"content"`, `"reasoning_content"`, `"reasoning"`, `"text"`, `"finish_reason"`,
+		`"usage"`, `"completion_tokens"`, `"prompt_tokens_details"`, `"cached_tokens"`, `"error"`, `"object"`, `"message"`,
+		`"CHOICES"`, `"Delta"`, `"Usage"`, `"\u0063ontent"`, `"ſtream"`, `"x"`, `"\ud800usage"`}
+	recipeScalars = []string{`"error"`, `"err\u006fr"`, `""`, `"\n"`, `"a"`, "\"\xff\"", `"\ud800"`,
+		`0`, `1`, `-1`, `-0`, `7`, `1.0`, `1e3`, `9223372036854775807`, `9223372036854775808`, `true`, `false`, `null`}
+)
+
+func (r *recipe) value(dst []byte, depth int) []byte {
+	switch c := r.next(); {
+	case depth < 5 && c%8 == 0:
+		return r.object(dst, depth+1)
+	case depth < 5 && c%8 == 1:
+		dst = append(dst, '[')
+		for i := range r.next() % 3 {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = r.value(dst, depth+1)
+		}
+		return append(dst, ']')
+	default:
+		return append(dst, recipeScalars[(c/8)%len(recipeScalars)]...)
+	}
+}
+
+func (r *recipe) object(dst []byte, depth int) []byte {
+	dst = append(dst, '{')
+	for i := range r.next() % 5 {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = append(dst, recipeKeys[r.next()%len(recipeKeys)]...)
+		dst = append(dst, ':')
+		dst = r.value(dst, depth)
+	}
+	return append(dst, '}')
+}
+
+// scanBody is the proxy's reading of a non-streaming body's usage that
+// PeekBody replaces.
+func scanBody(data []byte) (tokens, cached int) {
+	cached = -1
+	var v struct {
+		Usage *struct {
+			CompletionTokens int `json:"completion_tokens"`
+			Details          *struct {
+				Cached *int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(data, &v) == nil && v.Usage != nil {
+		tokens = v.Usage.CompletionTokens
+		if v.Usage.Details != nil && v.Usage.Details.Cached != nil {
+			cached = *v.Usage.Details.Cached
+		}
+	}
+	return tokens, cached
+}
+
+func checkBody(t *testing.T, data []byte) (int, int) {
+	t.Helper()
+	n, c := PeekBody(data)
+	if wn, wc := scanBody(data); n != wn || c != wc {
+		t.Fatalf("PeekBody(%q) = %d, %d; scanBody reads %d, %d", data, n, c, wn, wc)
+	}
+	return n, c
+}
+
+var bodyCases = []struct {
+	body           string
+	tokens, cached int
+}{
+	{`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi\nthere"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":8}}}`, 2, 8},
+	{`{"usage":{"prompt_tokens":3606,"total_tokens":3646,"completion_tokens":40,"prompt_tokens_details":null}}`, 40, -1},
+	{`{"usage":{"completion_tokens":40,"prompt_tokens_details":{"cached_tokens":null}}}`, 40, -1},
+	{`{"usage":{"completion_tokens":40,"prompt_tokens_details":{}}}`, 40, -1},
+	{`{"usage":null}`, 0, -1},
+	{`{}`, 0, -1},
+	{`null`, 0, -1},
+	{`[]`, 0, -1},
+	{`{"usage":{"completion_tokens":4`, 0, -1},
+	{`{"usage":{"completion_tokens":4.5,"prompt_tokens_details":{"cached_tokens":1}}}`, 0, -1},
+	{`{"usage":{"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":"1"}}}`, 0, -1},
+	{`{"usage":{"completion_tokens":4,"prompt_tokens_details":[]}}`, 0, -1},
+	{`{"usage":7}`, 0, -1},
+	{`{"usage":{"prompt_tokens":"many","completion_tokens":4}}`, 4, -1},
+	{`{"Usage":{"Completion_Tokens":4},"usage":{"prompt_tokens_details":{"cached_tokens":2}}}`, 4, 2},
+	{`{"usage":{"completion_tokens":4},"usage":null,"usage":{"prompt_tokens_details":{"cached_tokens":2}}}`, 0, 2},
+	{`{"choices":` + strings.Repeat("[", 20000) + `}`, 0, -1},
+}
+
+func TestPeekBody(t *testing.T) {
+	for _, tt := range bodyCases {
+		if n, c := checkBody(t, []byte(tt.body)); n != tt.tokens || c != tt.cached {
+			t.Errorf("PeekBody(%.80s) = %d, %d; want %d, %d", tt.body, n, c, tt.tokens, tt.cached)
+		}
+	}
+	body := readCapture(t, "openai", "vllm-chat-nonstream-2025.json")
+	if n, c := checkBody(t, body); n != 40 || c != -1 {
+		t.Errorf("vLLM body: %d, %d", n, c)
+	}
+	if n := testing.AllocsPerRun(20, func() { PeekBody(body) }); n != 0 {
+		t.Errorf("PeekBody: %v allocations", n)
+	}
+	urls, bodies := cassettes(t)
+	for i, b := range bodies {
+		if len(dataLines(b)) == 0 {
+			n, c := checkBody(t, b)
+			t.Logf("%s: %d completion tokens, %d cached", urls[i], n, c)
+		}
+	}
+}
+
+func FuzzPeekBody(f *testing.F) {
+	for _, tt := range bodyCases {
+		if len(tt.body) < 1000 { // long seeds slow the fuzzer down
+			f.Add([]byte(tt.body))
+		}
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkBody(t, data)
+		checkBody(t, (&recipe{data: data}).object(nil, 0))
+	})
+}
+
+func TestParseIntAgreesWithEncodingJSON(t *testing.T) {
+	for _, s := range []string{"0", "-0", "7", "-7", "9223372036854775807", "-9223372036854775808", "9223372036854775808",
+		"-9223372036854775809", "18446744073709551616", "99999999999999999999", "1.0", "1e3", "1E-2", "-1.5"} {
+		var want int
+		werr := json.Unmarshal([]byte(s), &want)
+		got, ok := parseInt(s)
+		if ok != (werr == nil) || ok && got != want {
+			t.Errorf("parseInt(%q) = %d, %v; encoding/json: %d, %v", s, got, ok, want, werr)
+		}
+	}
+}
+
+var sink Peek
+
+func BenchmarkPeekChunk(b *testing.B) {
+	chunks := [][]byte{
+		[]byte(`{"id":"chatcmpl-81667d8b92f74ae8ad207009cc1d2a5b","object":"chat.completion.chunk","created":1727154331,"model":"meta-llama/Meta-Llama-3-70B-Instruct","choices":[{"index":0,"delta":{"content":" image"},"logprobs":null,"finish_reason":null}]}`),
+		[]byte(`{"id":"chatcmpl-81667d8b92f74ae8ad207009cc1d2a5b","object":"chat.completion.chunk","created":1727154331,"model":"meta-llama/Meta-Llama-3-70B-Instruct","choices":[{"index":0,"delta":{"content":".\n\n"},"logprobs":null,"finish_reason":null}]}`),
+		[]byte(`{"id":"chatcmpl-81667d8b92f74ae8ad207009cc1d2a5b","object":"chat.completion.chunk","created":1727154331,"model":"meta-llama/Meta-Llama-3-70B-Instruct","choices":[],"usage":{"prompt_tokens":6421,"total_tokens":6426,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":6400}}}`),
+	}
+	for i, name := range []string{"token", "escaped-token", "usage"} {
+		data := chunks[i]
+		b.Run("ParseChunk/"+name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				ev, err := ParseChunk(data)
+				if err != nil {
+					b.Fatal(err)
+				}
+				sink.Token = ev.HasToken()
+			}
+		})
+		b.Run("PeekChunk/"+name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				sink = PeekChunk(data)
+			}
+		})
+	}
+}
+
+func BenchmarkPeekBody(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-233dc076-9044-4c75-9cad-142004caa379","object":"chat.completion","created":1760064805,"model":"qwen-vl","choices":[{"index":0,"message":{"role":"assistant","reasoning_content":null,"content":"` +
+		strings.Repeat(`The image shows a dog on a beach.\n`, 200) + `","tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"usage":{"prompt_tokens":3606,"total_tokens":3646,"completion_tokens":40,"prompt_tokens_details":{"cached_tokens":3584}},"prompt_logprobs":null}`)
+	b.Run("scanBody", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			scanBody(body)
+		}
+	})
+	b.Run("PeekBody", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			PeekBody(body)
+		}
+	})
+}

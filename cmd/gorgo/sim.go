@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"os"
 	"runtime"
 	"slices"
@@ -39,6 +41,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	jsonOut := fs.String("json", "", "write the run summaries as JSON to `FILE`")
 	records := fs.String("records", "", "write per-request records as JSONL to `FILE` (the policy name is inserted before the extension when several run)")
 	quiet := fs.Bool("quiet", false, "no progress or header lines")
+	split := fs.String("split", "", "also print a table per part of the run, split at these comma-separated `TIMES` of arrival (e.g. 10m,15m: before, during and after a drain)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -46,6 +49,10 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	pols, err := pf.policies(*policies, &tf, wl.seed)
+	if err != nil {
+		return err
+	}
+	cuts, err := parseCuts(*split)
 	if err != nil {
 		return err
 	}
@@ -60,6 +67,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	if !*quiet {
 		fmt.Fprintf(stdout, "workload: %s\n", desc)
 		fmt.Fprintf(stdout, "topology: %s\n", describeFleet(t, reps))
+		fmt.Fprint(stdout, describeEvents(ff.events))
 	}
 
 	prog := newProgress(stderr, "simulating", len(pols)*len(reqs), *quiet)
@@ -76,6 +84,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 				MaxInflight: ff.maxInflight,
 				Seed:        wl.seed,
 				Progress:    prog.add,
+				Events:      ff.events,
 			}))
 			if err != nil {
 				return fmt.Errorf("policy %s: %w", p.Name(), err)
@@ -97,6 +106,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	}
 	if !*quiet {
 		fmt.Fprintf(stdout, "simulated %d policies in %v\n", len(pols), time.Since(start).Round(time.Millisecond))
+	}
+	if err := writeSplit(stdout, results, cuts); err != nil {
+		return err
 	}
 	for _, p := range pols {
 		if o, ok := p.(*tune.Online); ok {
@@ -229,4 +241,49 @@ func sortedKeys(m map[string]float64) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// parseCuts reads --split: increasing durations.
+func parseCuts(s string) ([]time.Duration, error) {
+	var cuts []time.Duration
+	for _, f := range splitList(s) {
+		d, err := time.ParseDuration(f)
+		if err != nil || d <= 0 || (len(cuts) > 0 && d <= cuts[len(cuts)-1]) {
+			return nil, fmt.Errorf("--split: want increasing positive durations like 10m,15m, got %q", s)
+		}
+		cuts = append(cuts, d)
+	}
+	return cuts, nil
+}
+
+// writeSplit prints, for each part of the run between cuts, the runs of
+// the requests that arrived in it.
+func writeSplit(w io.Writer, results []*sim.Result, cuts []time.Duration) error {
+	if len(cuts) == 0 {
+		return nil
+	}
+	bounds := append([]time.Duration{0}, cuts...)
+	for k, lo := range bounds {
+		hi := time.Duration(math.MaxInt64)
+		label := fmt.Sprintf("arrivals from %v", lo)
+		if k+1 < len(bounds) {
+			hi = bounds[k+1]
+			label = fmt.Sprintf("arrivals in [%v, %v)", lo, hi)
+		}
+		runs := make([]report.Run, len(results))
+		for i, res := range results {
+			var part []report.Record
+			for _, rec := range res.Records {
+				if at := time.Duration(rec.Arrival * float64(time.Millisecond)); at >= lo && at < hi {
+					part = append(part, rec)
+				}
+			}
+			runs[i] = report.NewRun(res.Policy, part, slices.Collect(maps.Keys(res.Run.ReplicaShare)))
+		}
+		fmt.Fprintf(w, "\n%s:\n", label)
+		if err := report.WriteTable(w, runs); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -86,7 +86,8 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "workload: %s\ntopology: %s\n", desc, describeFleet(t, reps))
-	base := pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed})
+	fmt.Fprint(stdout, describeEvents(ff.events))
+	base := pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Events: ff.events})
 
 	start := time.Now()
 	var res tuneResult

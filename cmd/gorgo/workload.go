@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/sim"
@@ -96,14 +97,19 @@ func cut(reqs []trace.Request, src, winText string, win trace.Window, scale floa
 type fleetFlags struct {
 	topology    string
 	maxInflight int
+	eventFlags  listFlag
+	// events are the resolved fleet events (the topology's and the
+	// flags'), set by load.
+	events []sim.FleetEvent
 }
 
 func (f *fleetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.topology, "topology", "paper", "fleet: "+joinNames(sim.TopologyNames())+", or a YAML `FILE`")
 	fs.IntVar(&f.maxInflight, "max-inflight", sim.DefaultMaxInflight, "client cap on requests in flight (0 = none); beyond it requests wait and the wait is recorded as slip")
+	fs.Var(&f.eventFlags, "fleet-event", "change the fleet during the run: `\"T drain|undrain|remove ID\"` or \"T add NAME region=R [profile=P] [speed=S]\" (repeatable; T a duration of the run)")
 }
 
-// load resolves the fleet.
+// load resolves the fleet and its events.
 func (f *fleetFlags) load() (sim.Topology, []sim.Replica, error) {
 	t, err := sim.LoadTopology(f.topology)
 	if err != nil {
@@ -116,6 +122,17 @@ func (f *fleetFlags) load() (sim.Topology, []sim.Replica, error) {
 	if f.maxInflight < 0 {
 		return t, nil, fmt.Errorf("--max-inflight must not be negative")
 	}
+	var specs []sim.EventSpec
+	for _, s := range f.eventFlags {
+		e, err := sim.ParseEventSpec(s)
+		if err != nil {
+			return t, nil, fmt.Errorf("--fleet-event: %w", err)
+		}
+		specs = append(specs, e)
+	}
+	if f.events, err = t.ResolveEvents(specs); err != nil {
+		return t, nil, fmt.Errorf("--fleet-event: %w", err)
+	}
 	return t, reps, nil
 }
 
@@ -125,4 +142,17 @@ func describeFleet(t sim.Topology, reps []sim.Replica) string {
 		s += fmt.Sprintf(" %s (%s, rtt %v±%v)", r.ID, r.Profile.Name, r.RTT, r.Jitter)
 	}
 	return s
+}
+
+// describeEvents lists fleet events, one per line, or "".
+func describeEvents(evs []sim.FleetEvent) string {
+	var b strings.Builder
+	for _, e := range evs {
+		id := e.ID
+		if e.Op == sim.OpAdd {
+			id = fmt.Sprintf("%s (%s, %s, rtt %v)", e.Replica.ID, e.Replica.Region, e.Replica.Profile.Name, e.Replica.RTT)
+		}
+		fmt.Fprintf(&b, "fleet event: at %v %s %s\n", e.At, e.Op, id)
+	}
+	return b.String()
 }

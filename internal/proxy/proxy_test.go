@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,8 +26,9 @@ import (
 
 // replica is an emulated engine behind a network delay.
 type replica struct {
-	srv *emulator.Server
-	url string
+	srv   *emulator.Server
+	url   string
+	count atomic.Int64 // completions requests received
 }
 
 func startReplica(t testing.TB, rtt time.Duration, faults emulator.Faults) *replica {
@@ -43,7 +45,14 @@ func startReplica(t testing.TB, rtt time.Duration, faults emulator.Faults) *repl
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := &http.Server{Handler: srv.Handler()}
+	rep := &replica{srv: srv, url: "http://" + ln.Addr().String()}
+	h := srv.Handler()
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			rep.count.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	})}
 	ctx, cancel := context.WithCancel(context.Background())
 	go srv.Run(ctx)
 	go hs.Serve(netem.NewLink(rtt, 0, 1).Listener(ln))
@@ -51,7 +60,7 @@ func startReplica(t testing.TB, rtt time.Duration, faults emulator.Faults) *repl
 		cancel()
 		hs.Close()
 	})
-	return &replica{srv: srv, url: "http://" + ln.Addr().String()}
+	return rep
 }
 
 // startProxy runs a proxy in front of the replicas and returns its URL.

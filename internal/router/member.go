@@ -202,7 +202,7 @@ type ReplicaState struct {
 }
 
 // Available reports whether a decision may pick the replica.
-func (s *ReplicaState) Available() bool { return s.State == Active && s.Healthy && s.Probed }
+func (s ReplicaState) Available() bool { return s.State == Active && s.Healthy && s.Probed }
 
 func (m *member) snapshot(indexBlocks int) ReplicaState {
 	st := ReplicaState{ID: m.id, Region: *m.region.Load(), State: State(m.state.Load()), Healthy: m.healthy.Load(), Probed: m.probed.Load(),

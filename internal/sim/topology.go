@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/csv"
 	"fmt"
 	"math"
@@ -32,6 +33,76 @@ type Topology struct {
 	// header row: destination regions), relative to the YAML file.
 	RTTMatrixCSV string        `yaml:"rtt_matrix_csv"`
 	Replicas     []ReplicaSpec `yaml:"replicas"`
+	// Events change the fleet during a run.
+	Events []EventSpec `yaml:"events"`
+}
+
+// EventSpec is a scripted change of the fleet at a time of the run, as a
+// topology file gives it: exactly one of Add, Drain, Undrain, Remove.
+type EventSpec struct {
+	At      time.Duration `yaml:"at"`
+	Add     *ReplicaSpec  `yaml:"add"`
+	Drain   string        `yaml:"drain"`
+	Undrain string        `yaml:"undrain"`
+	Remove  string        `yaml:"remove"`
+}
+
+// ParseEventSpec reads an event as the --fleet-event flag gives it:
+// "T drain ID", "T undrain ID", "T remove ID" or
+// "T add NAME region=R [profile=P] [speed=S]", T a Go duration.
+func ParseEventSpec(s string) (EventSpec, error) {
+	f := strings.Fields(s)
+	bad := func(why string) (EventSpec, error) {
+		return EventSpec{}, fmt.Errorf("fleet event %q: %s (want \"T drain|undrain|remove ID\" or \"T add NAME region=R [profile=P] [speed=S]\")", s, why)
+	}
+	if len(f) < 3 {
+		return bad("too few words")
+	}
+	at, err := time.ParseDuration(f[0])
+	if err != nil || at < 0 {
+		return bad("the time is not a non-negative Go duration")
+	}
+	e := EventSpec{At: at}
+	switch op, id := f[1], f[2]; op {
+	case "drain", "undrain", "remove":
+		if len(f) != 3 {
+			return bad("extra words")
+		}
+		switch op {
+		case "drain":
+			e.Drain = id
+		case "undrain":
+			e.Undrain = id
+		default:
+			e.Remove = id
+		}
+	case "add":
+		spec := ReplicaSpec{Name: id, Profile: "paper"}
+		for _, kv := range f[3:] {
+			k, v, ok := strings.Cut(kv, "=")
+			switch {
+			case !ok:
+				return bad(fmt.Sprintf("%q is not KEY=VALUE", kv))
+			case k == "region":
+				spec.Region = v
+			case k == "profile":
+				spec.Profile = v
+			case k == "speed":
+				if spec.Speed, err = strconv.ParseFloat(v, 64); err != nil {
+					return bad("speed is not a number")
+				}
+			default:
+				return bad(fmt.Sprintf("unknown key %q", k))
+			}
+		}
+		if spec.Region == "" {
+			return bad("add needs region=")
+		}
+		e.Add = &spec
+	default:
+		return bad(fmt.Sprintf("unknown operation %q", op))
+	}
+	return e, nil
 }
 
 // Region is a place replicas run in.
@@ -132,13 +203,97 @@ func LoadTopology(nameOrFile string) (Topology, error) {
 	return t, nil
 }
 
+// network is a topology's regions and round trips from the router.
+type network struct {
+	regions map[string]Region
+	rtt     map[string]float64 // ms
+}
+
 // Resolve validates the topology and returns its replicas.
 func (t Topology) Resolve() ([]Replica, error) {
+	nw, err := t.network()
+	if err != nil {
+		return nil, err
+	}
+	var out []Replica
+	seen := map[string]bool{}
+	for _, s := range t.Replicas {
+		reps, err := t.replicas(nw, s, seen)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, reps...)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("topology %s: no replicas", t.Name)
+	}
+	return out, nil
+}
+
+// ResolveEvents returns the topology's fleet events followed by extra
+// ones, sorted by time (stably), checked against the fleet they change: an
+// added replica's id is new, the others name a replica present then.
+func (t Topology) ResolveEvents(extra []EventSpec) ([]FleetEvent, error) {
+	nw, err := t.network()
+	if err != nil {
+		return nil, err
+	}
+	specs := append(append([]EventSpec(nil), t.Events...), extra...)
+	slices.SortStableFunc(specs, func(a, b EventSpec) int { return cmp.Compare(a.At, b.At) })
+	reps, err := t.Resolve()
+	if err != nil {
+		return nil, err
+	}
+	present, seen := map[string]bool{}, map[string]bool{}
+	for _, r := range reps {
+		present[r.ID], seen[r.ID] = true, true
+	}
+	var out []FleetEvent
+	for _, e := range specs {
+		n := 0
+		for _, set := range []bool{e.Add != nil, e.Drain != "", e.Undrain != "", e.Remove != ""} {
+			if set {
+				n++
+			}
+		}
+		if n != 1 {
+			return nil, fmt.Errorf("topology %s: fleet event at %v: want exactly one of add, drain, undrain, remove", t.Name, e.At)
+		}
+		if e.Add != nil {
+			added, err := t.replicas(nw, *e.Add, seen)
+			if err != nil {
+				return nil, fmt.Errorf("fleet event at %v: %w", e.At, err)
+			}
+			for _, r := range added {
+				present[r.ID] = true
+				out = append(out, FleetEvent{At: e.At, Op: OpAdd, Replica: r})
+			}
+			continue
+		}
+		op, id := OpDrain, e.Drain
+		switch {
+		case e.Undrain != "":
+			op, id = OpUndrain, e.Undrain
+		case e.Remove != "":
+			op, id = OpRemove, e.Remove
+		}
+		if !present[id] {
+			return nil, fmt.Errorf("topology %s: fleet event at %v: %s %s: no such replica then", t.Name, e.At, op, id)
+		}
+		if op == OpRemove {
+			delete(present, id)
+		}
+		out = append(out, FleetEvent{At: e.At, Op: op, ID: id})
+	}
+	return out, nil
+}
+
+func (t Topology) network() (network, error) {
 	matrix := t.RTTMatrixMS
 	if t.RTTMatrixCSV != "" {
 		m, err := readRTTCSV(t.RTTMatrixCSV)
 		if err != nil {
-			return nil, fmt.Errorf("topology %s: %w", t.Name, err)
+			return network{}, fmt.Errorf("topology %s: %w", t.Name, err)
 		}
 		for src, row := range matrix { // inline entries win
 			for dst, v := range row {
@@ -151,16 +306,16 @@ func (t Topology) Resolve() ([]Replica, error) {
 		matrix = m
 	}
 	if t.RouterRegion == "" {
-		return nil, fmt.Errorf("topology %s: router_region is not set", t.Name)
+		return network{}, fmt.Errorf("topology %s: router_region is not set", t.Name)
 	}
 	regions := map[string]Region{}
 	rtt := map[string]float64{}
 	for _, r := range t.Regions {
 		if r.Name == "" {
-			return nil, fmt.Errorf("topology %s: a region has no name", t.Name)
+			return network{}, fmt.Errorf("topology %s: a region has no name", t.Name)
 		}
 		if _, dup := regions[r.Name]; dup {
-			return nil, fmt.Errorf("topology %s: region %q listed twice", t.Name, r.Name)
+			return network{}, fmt.Errorf("topology %s: region %q listed twice", t.Name, r.Name)
 		}
 		regions[r.Name] = r
 		switch {
@@ -171,72 +326,73 @@ func (t Topology) Resolve() ([]Replica, error) {
 		case matrix[r.Name] != nil && hasKey(matrix[r.Name], t.RouterRegion):
 			rtt[r.Name] = matrix[r.Name][t.RouterRegion]
 		default:
-			return nil, fmt.Errorf("topology %s: region %q has no round trip from router region %q (set rtt_ms or give a matrix)", t.Name, r.Name, t.RouterRegion)
+			return network{}, fmt.Errorf("topology %s: region %q has no round trip from router region %q (set rtt_ms or give a matrix)", t.Name, r.Name, t.RouterRegion)
 		}
 		if !finiteNonNegative(rtt[r.Name]) || !finiteNonNegative(r.JitterMS) {
-			return nil, fmt.Errorf("topology %s: region %q: round trip and jitter must be finite and non-negative", t.Name, r.Name)
+			return network{}, fmt.Errorf("topology %s: region %q: round trip and jitter must be finite and non-negative", t.Name, r.Name)
 		}
+	}
+	return network{regions: regions, rtt: rtt}, nil
+}
+
+// replicas resolves one spec, whose ids must not be in seen (they are
+// added to it).
+func (t Topology) replicas(nw network, s ReplicaSpec, seen map[string]bool) ([]Replica, error) {
+	regions, rtt := nw.regions, nw.rtt
+	reg, ok := regions[s.Region]
+	if !ok {
+		return nil, fmt.Errorf("topology %s: replica in unknown region %q", t.Name, s.Region)
+	}
+	prof, err := engine.LookupProfile(s.Profile)
+	if err != nil {
+		return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
+	}
+	switch {
+	case s.Speed < 0 || math.IsNaN(s.Speed) || math.IsInf(s.Speed, 0):
+		return nil, fmt.Errorf("topology %s: replica in %s: speed must be a positive number, got %v", t.Name, s.Region, s.Speed)
+	case s.Speed > 0 && s.Speed != 1:
+		prof = prof.Scaled(s.Speed)
+	}
+	if s.KVCapacityTokens > 0 {
+		prof.KVCapacityTokens = s.KVCapacityTokens
+	}
+	if s.MaxRunning > 0 {
+		prof.MaxRunning = s.MaxRunning
+	}
+	if s.ChunkTokens > 0 {
+		prof.ChunkTokens = s.ChunkTokens
+	}
+	if s.Schedule != "" {
+		prof.Schedule = s.Schedule
+	}
+	if err := prof.Validate(); err != nil {
+		return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
+	}
+	if s.Count < 0 {
+		return nil, fmt.Errorf("topology %s: replica in %s: negative count", t.Name, s.Region)
+	}
+	count := max(s.Count, 1)
+	name := s.Name
+	if name == "" {
+		name = s.Region
 	}
 	var out []Replica
-	seen := map[string]bool{}
-	for _, s := range t.Replicas {
-		reg, ok := regions[s.Region]
-		if !ok {
-			return nil, fmt.Errorf("topology %s: replica in unknown region %q", t.Name, s.Region)
+	for i := range count {
+		id := name
+		if count > 1 {
+			id = fmt.Sprintf("%s-%d", name, i+1)
 		}
-		prof, err := engine.LookupProfile(s.Profile)
-		if err != nil {
-			return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
+		if seen[id] {
+			return nil, fmt.Errorf("topology %s: replica id %q used twice (give replicas names)", t.Name, id)
 		}
-		switch {
-		case s.Speed < 0 || math.IsNaN(s.Speed) || math.IsInf(s.Speed, 0):
-			return nil, fmt.Errorf("topology %s: replica in %s: speed must be a positive number, got %v", t.Name, s.Region, s.Speed)
-		case s.Speed > 0 && s.Speed != 1:
-			prof = prof.Scaled(s.Speed)
-		}
-		if s.KVCapacityTokens > 0 {
-			prof.KVCapacityTokens = s.KVCapacityTokens
-		}
-		if s.MaxRunning > 0 {
-			prof.MaxRunning = s.MaxRunning
-		}
-		if s.ChunkTokens > 0 {
-			prof.ChunkTokens = s.ChunkTokens
-		}
-		if s.Schedule != "" {
-			prof.Schedule = s.Schedule
-		}
-		if err := prof.Validate(); err != nil {
-			return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
-		}
-		if s.Count < 0 {
-			return nil, fmt.Errorf("topology %s: replica in %s: negative count", t.Name, s.Region)
-		}
-		count := max(s.Count, 1)
-		name := s.Name
-		if name == "" {
-			name = s.Region
-		}
-		for i := range count {
-			id := name
-			if count > 1 {
-				id = fmt.Sprintf("%s-%d", name, i+1)
-			}
-			if seen[id] {
-				return nil, fmt.Errorf("topology %s: replica id %q used twice (give replicas names)", t.Name, id)
-			}
-			seen[id] = true
-			out = append(out, Replica{
-				ID:      id,
-				Region:  s.Region,
-				RTT:     msDuration(rtt[s.Region]),
-				Jitter:  msDuration(reg.JitterMS),
-				Profile: prof,
-			})
-		}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("topology %s: no replicas", t.Name)
+		seen[id] = true
+		out = append(out, Replica{
+			ID:      id,
+			Region:  s.Region,
+			RTT:     msDuration(rtt[s.Region]),
+			Jitter:  msDuration(reg.JitterMS),
+			Profile: prof,
+		})
 	}
 	return out, nil
 }

@@ -195,3 +195,70 @@ func TestOnlineJudgesEachArmOnItsOwnOutcomes(t *testing.T) {
 		t.Errorf("incumbent %v, want the accepted candidate %v", w, steps[0].Candidate)
 	}
 }
+
+// The online tuner keeps a bounded history, and pausing routes with the
+// incumbent only, judging nothing.
+func TestOnlineHistoryAndPause(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1}, Window: 1, Hop: 1, History: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []route.Replica{{ID: "a"}, {ID: "b"}}
+	var d route.Decision
+	rng := rand.New(rand.NewPCG(1, 1))
+	round := func() {
+		for range 2 {
+			if err := o.Decide(&d, &route.Request{PromptTokens: 10}, reps, rng); err != nil {
+				t.Fatal(err)
+			}
+			o.Learn(d.Tag, route.Outcome{TTFT: time.Second, E2E: time.Second})
+		}
+	}
+	for range 10 {
+		round()
+	}
+	if judged, _ := o.Counts(); judged != 10 || len(o.Steps()) != 3 {
+		t.Fatalf("%d judged, %d kept; want 10 and 3", judged, len(o.Steps()))
+	}
+	o.Pause()
+	inc := o.Incumbent()
+	for range 5 {
+		round()
+		if d.Tag != -1 {
+			t.Fatalf("tag %d while paused", d.Tag)
+		}
+	}
+	if judged, _ := o.Counts(); judged != 10 || o.Incumbent() != inc {
+		t.Errorf("judged %d while paused", judged)
+	}
+	if err := o.Resume(); err != nil || o.Paused() {
+		t.Fatal(err)
+	}
+	round()
+	if judged, _ := o.Counts(); judged != 11 {
+		t.Errorf("%d judged after resuming", judged)
+	}
+	p, err := o.IncumbentPolicy()
+	if err != nil || p.Name() != "gorgo" {
+		t.Errorf("incumbent policy %v %v", p, err)
+	}
+}
+
+// gorgo-online comes from the registry like any policy, its base's weights
+// from the options.
+func TestOnlineIsRegistered(t *testing.T) {
+	p, err := route.New(OnlineName, route.Options{MSWeights: route.Weights{RTT: 2, Queue: 3}, Online: OnlineConfig{Base: "gorgo-ms", ES: Config{Seed: 1, Params: []Param{{Name: "rtt", Min: 0.1, Max: 5, Init: 1}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := p.(*Online)
+	if w := o.Incumbent(); w.Queue != 3 || w.RTT != 1 || o.Base() != "gorgo-ms" {
+		t.Errorf("incumbent %v, base %s", w, o.Base())
+	}
+	if pol, _ := o.IncumbentPolicy(); pol.Name() != "gorgo-ms" {
+		t.Errorf("explained with %s", pol.Name())
+	}
+	if _, err := route.New(OnlineName, route.Options{Online: 7}); err == nil {
+		t.Error("options of the wrong type accepted")
+	}
+}

@@ -1,0 +1,252 @@
+package lifecycle
+
+import (
+	"bytes"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/gorgo-llm/gorgo/internal/prompt"
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// learner is a gorgo policy that records what it learns.
+type learner struct {
+	route.Policy
+	outcomes []route.Outcome
+}
+
+func (l *learner) Learn(tag int, o route.Outcome) { l.outcomes = append(l.outcomes, o) }
+
+type health struct{ failures []string }
+
+func (h *health) Failure(id string) { h.failures = append(h.failures, id) }
+
+// setup is a core over replicas a (10 ms), b (20 ms), c (30 ms).
+func setup(t *testing.T) (*Core, *learner, *health, *prometheus.Registry) {
+	t.Helper()
+	g, _ := route.New("gorgo", route.Options{})
+	l := &learner{Policy: g}
+	rt, err := router.New(router.Config{Policy: l, BlockTokens: 16, TieMargin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"a", "b", "c"} {
+		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 16, PrefillMSPerToken: 0.1, QueueMSPerToken: 0.1})
+		rt.ObserveRTT(id, time.Duration(10*(i+1))*time.Millisecond)
+	}
+	reg := prometheus.NewRegistry()
+	h := &health{}
+	c := NewCore(Config{Router: rt, BlockTokens: 16, MaxAttempts: 3, Start: time.Unix(0, 0), Health: h, Metrics: NewMetrics(reg), Seed: 1})
+	return c, l, h, reg
+}
+
+const chat = `{"model":"m","messages":[{"role":"user","content":"` + "a question long enough to fill a few blocks of the prefix index" + `"}],"max_tokens":8,"stream":true}`
+
+// One request's life without any transport: the first replica fails, the
+// fallback serves; the ledger, the index, the learner, the health and the
+// metrics all hear of it.
+func TestLifeOfAStreamedRequest(t *testing.T) {
+	c, l, h, reg := setup(t)
+	t0 := time.Unix(100, 0)
+	r, err := c.Begin([]byte(chat), true, "session-1", t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Stream() || !r.HideUsage || !bytes.Contains(r.Body, []byte(`"include_usage":true`)) || r.Route.SessionKey != "session-1" || r.Route.MaxOutputTokens != 8 {
+		t.Fatalf("request %+v, body %s", r.Route, r.Body)
+	}
+	id, ok := r.Next()
+	if !ok || id != "a" {
+		t.Fatalf("first attempt on %q", id)
+	}
+	if fb := r.Fallbacks(); len(fb) != 2 || fb[0].ID != "b" || fb[1].ID != "c" {
+		t.Fatalf("fallbacks %+v", fb)
+	}
+	r.Sent(t0)
+	r.Failed(&Error{Status: 502, Message: "refused"}, true)
+	if st, _ := c.Router.Replica("a"); st.InFlight != 0 {
+		t.Errorf("a failed attempt stays in a's ledger: %+v", st)
+	}
+	if id, ok = r.Next(); !ok || id != "b" {
+		t.Fatalf("second attempt on %q", id)
+	}
+	r.Sent(t0.Add(time.Millisecond))
+	r.Accepted()
+	tok := wire.PeekChunk([]byte(`{"choices":[{"delta":{"content":"hi"}}]}`))
+	r.Chunk(&tok, t0.Add(61*time.Millisecond))
+	r.Chunk(&tok, t0.Add(71*time.Millisecond))
+	usage := wire.PeekChunk([]byte(`{"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}`))
+	r.Chunk(&usage, t0.Add(72*time.Millisecond))
+	r.Done()
+	if status := r.End(Outcome{Status: 200, ClientGone: true}, t0.Add(80*time.Millisecond)); status != 200 {
+		t.Errorf("a complete answer whose client left after it: status %d, want 200", status)
+	}
+	st, _ := c.Router.Replica("b")
+	if st.InFlight != 0 || st.BacklogTokens != 0 || st.IndexBlocks == 0 {
+		t.Errorf("b after the request: %+v", st)
+	}
+	if len(l.outcomes) != 1 || l.outcomes[0].TTFT != 60*time.Millisecond || l.outcomes[0].ITL != 10*time.Millisecond || l.outcomes[0].Failed {
+		t.Errorf("learned %+v", l.outcomes)
+	}
+	if len(h.failures) != 1 || h.failures[0] != "a" {
+		t.Errorf("health heard %v", h.failures)
+	}
+	for _, m := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{{"gorgo_requests_total", []string{"b", "200"}, 1}, {"gorgo_retries_total", []string{"a"}, 1}} {
+		var v float64
+		switch m.name {
+		case "gorgo_requests_total":
+			v = testutil.ToFloat64(c.Metrics.requests.WithLabelValues(m.labels...))
+		default:
+			v = testutil.ToFloat64(c.Metrics.retries.WithLabelValues(m.labels...))
+		}
+		if v != m.want {
+			t.Errorf("%s%v = %v, want %v", m.name, m.labels, v, m.want)
+		}
+	}
+	_ = reg
+}
+
+// When every attempt fails, the client hears the last replica's error;
+// with no replica at all, a 503.
+func TestNoReplicaLeft(t *testing.T) {
+	c, _, _, _ := setup(t)
+	r, _ := c.Begin([]byte(chat), true, "", time.Unix(1, 0))
+	for range 3 {
+		if _, ok := r.Next(); !ok {
+			t.Fatal("fewer than 3 attempts")
+		}
+		r.Failed(&Error{Status: 503, Type: "ServiceUnavailableError", Message: "busy", RetryAfter: "2"}, false)
+	}
+	if _, ok := r.Next(); ok {
+		t.Fatal("a fourth attempt beyond MaxAttempts")
+	}
+	if e := r.Failure(); e.Status != 503 || e.RetryAfter != "2" {
+		t.Errorf("failure %+v", e)
+	}
+	r.Reject(r.Failure())
+	for _, id := range []string{"a", "b", "c"} {
+		c.Router.Drain(id)
+	}
+	r, _ = c.Begin([]byte(chat), true, "", time.Unix(1, 0))
+	if _, ok := r.Next(); ok {
+		t.Fatal("routed with every replica drained")
+	}
+	if e := r.Failure(); e.Status != http.StatusServiceUnavailable || !strings.Contains(e.Message, "no available replica") {
+		t.Errorf("failure %+v", e)
+	}
+	r.Reject(r.Failure())
+}
+
+// Bad bodies are refused before routing, with the parser's message.
+func TestBeginRefusesBadBodies(t *testing.T) {
+	c, _, _, _ := setup(t)
+	for body, want := range map[string]string{
+		`{"messages": [`:   "malformed JSON",
+		`{"messages": []}`: "at least one message",
+		`{"messages":[{"role":"user","content":""}]}`: "",
+		`{"prompt": "", "max_tokens": 1}`:             "the prompt is empty",
+	} {
+		chat := strings.Contains(body, "messages")
+		r, err := c.Begin([]byte(body), chat, "", time.Now())
+		if want == "" {
+			// "user\n\n" is a prompt: a chat has its roles.
+			if err != nil {
+				t.Errorf("%s: %v", body, err)
+			} else {
+				r.Discard()
+			}
+			continue
+		}
+		if err == nil || err.Status != 400 || !strings.Contains(err.Message, want) {
+			t.Errorf("%s: %+v, want a 400 containing %q", body, err, want)
+		}
+	}
+}
+
+// A client that leaves mid-answer is a 499 that does not count against the
+// replica; a broken upstream is a 502 that does.
+func TestEndings(t *testing.T) {
+	c, l, h, _ := setup(t)
+	t0 := time.Unix(5, 0)
+	r, _ := c.Begin([]byte(chat), true, "", t0)
+	r.Next()
+	r.Sent(t0)
+	r.Accepted()
+	if s := r.End(Outcome{Status: 200, ClientGone: true}, t0.Add(time.Second)); s != 499 {
+		t.Errorf("client gone: %d", s)
+	}
+	r, _ = c.Begin([]byte(chat), true, "", t0)
+	r.Next()
+	r.Sent(t0)
+	r.Accepted()
+	tok := wire.PeekChunk([]byte(`{"choices":[{"delta":{"content":"hi"}}]}`))
+	r.Chunk(&tok, t0.Add(time.Millisecond))
+	if s := r.End(Outcome{Status: 200, Err: errBroken}, t0.Add(time.Second)); s != 502 {
+		t.Errorf("broken: %d", s)
+	}
+	if len(h.failures) != 1 || len(l.outcomes) != 1 || !l.outcomes[0].Failed {
+		t.Errorf("health %v, learned %+v", h.failures, l.outcomes)
+	}
+}
+
+var errBroken = &Error{Message: "connection reset"}
+
+// The access log has one line per request.
+func TestAccessLogLine(t *testing.T) {
+	c, _, _, _ := setup(t)
+	var buf bytes.Buffer
+	c.Log = slog.New(slog.NewTextHandler(&buf, nil))
+	r, _ := c.Begin([]byte(strings.Replace(chat, `"stream":true`, `"stream":false`, 1)), true, "", time.Unix(0, 0))
+	r.Next()
+	r.Accepted()
+	r.Complete(wire.PeekBody([]byte(`{"usage":{"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":16}}}`)))
+	r.End(Outcome{Status: 200}, time.Unix(0, int64(3*time.Millisecond)))
+	line := buf.String()
+	for _, want := range []string{"replica=a", "status=200", "stream=false", "cached_tokens=16", "output_tokens=7", "e2e_ms=3"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("log %q lacks %q", line, want)
+		}
+	}
+}
+
+// A Request is recycled: one parse per request, and steady state allocates
+// little (the router's decision allocates nothing).
+func BenchmarkLifecycle(b *testing.B) {
+	g, _ := route.New("gorgo", route.Options{})
+	rt, _ := router.New(router.Config{Policy: g, BlockTokens: 64})
+	for i := range 16 {
+		id := string(rune('a' + i))
+		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 0.1, QueueMSPerToken: 0.1})
+		rt.ObserveRTT(id, time.Duration(rand.IntN(300)+1)*time.Millisecond)
+	}
+	c := NewCore(Config{Router: rt, BlockTokens: 64, MaxAttempts: 3, Start: time.Now(), Est: prompt.Estimator{}})
+	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 800) + `"}]}`)
+	tok := wire.PeekChunk([]byte(`{"choices":[{"delta":{"content":"hi"}}]}`))
+	b.ReportAllocs()
+	for b.Loop() {
+		now := time.Now()
+		r, err := c.Begin(body, true, "", now)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.Next()
+		r.Sent(now)
+		r.Accepted()
+		r.Chunk(&tok, now)
+		r.Done()
+		r.End(Outcome{Status: 200}, now)
+	}
+}

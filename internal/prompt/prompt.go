@@ -8,14 +8,7 @@
 // a block is BlockTokens estimated tokens of the canonical prompt bytes.
 package prompt
 
-import (
-	"encoding/json"
-	"errors"
-	"fmt"
-	"strings"
-
-	"github.com/gorgo-llm/gorgo/internal/prefix"
-)
+import "github.com/gorgo-llm/gorgo/internal/prefix"
 
 // DefaultBytesPerToken is the estimator's default.
 const DefaultBytesPerToken = 4
@@ -67,77 +60,4 @@ func Chat(dst []byte, msgs []Message) []byte {
 		dst = append(dst, '\n')
 	}
 	return dst
-}
-
-// WireMessage is a chat message as an OpenAI request carries it.
-type WireMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-// ChatRequestBytes returns the canonical bytes of a chat request's
-// messages: at least one, each with a role and textual content.
-func ChatRequestBytes(msgs []WireMessage) ([]byte, error) {
-	if len(msgs) == 0 {
-		return nil, errors.New("messages: at least one message is required")
-	}
-	out := make([]Message, len(msgs))
-	for i, m := range msgs {
-		if m.Role == "" {
-			return nil, fmt.Errorf("messages[%d].role is required", i)
-		}
-		text, err := ContentText(m.Content)
-		if err != nil {
-			return nil, fmt.Errorf("messages[%d]: %w", i, err)
-		}
-		out[i] = Message{Role: m.Role, Content: text}
-	}
-	return Chat(nil, out), nil
-}
-
-// CompletionBytes returns the bytes of a completions request's prompt: a
-// string, a list of one string, or a list of token ids (whose JSON then
-// stands in for the text; a caller that needs the exact token count reads
-// the list's length). Several prompts in one request are refused.
-func CompletionBytes(raw json.RawMessage) ([]byte, error) {
-	var one string
-	var list []string
-	var ids []int64
-	switch {
-	case len(raw) == 0 || string(raw) == "null":
-	case json.Unmarshal(raw, &one) == nil:
-		return []byte(one), nil
-	case json.Unmarshal(raw, &list) == nil && len(list) == 1:
-		return []byte(list[0]), nil
-	case json.Unmarshal(raw, &ids) == nil && len(ids) > 0:
-		return raw, nil
-	}
-	return nil, errors.New("prompt: one prompt is required: a string, a list of one string, or a list of token ids")
-}
-
-// ContentText returns the text of a chat message's content as an OpenAI
-// request carries it: a string, null, or an array of content parts whose
-// "text" parts are concatenated (other parts, such as images, are ignored).
-func ContentText(raw json.RawMessage) (string, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		return s, nil
-	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("content must be a string or an array of content parts")
-	}
-	var b strings.Builder
-	for _, p := range parts {
-		if p.Type == "text" {
-			b.WriteString(p.Text)
-		}
-	}
-	return b.String(), nil
 }

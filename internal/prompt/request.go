@@ -16,9 +16,12 @@ import (
 
 // Request is what gorgo reads of an OpenAI chat or completion request body.
 type Request struct {
-	// Text is the canonical prompt bytes, exactly what ChatRequestBytes or
-	// CompletionBytes give. ParseRequest appends them to Text[:0], so a
-	// caller that keeps its Request reuses the buffer.
+	// Text is the canonical prompt bytes: for a chat, every message as
+	// Chat writes it (role, newline, content, newline; at least one
+	// message, each with a role); for a completion, the prompt (a string, a
+	// list of one string, or a list of token ids whose JSON stands for the
+	// text). ParseRequest appends them to Text[:0], so a caller that keeps
+	// its Request reuses the buffer.
 	Text []byte
 	// Model is the "model" field.
 	Model string
@@ -241,8 +244,7 @@ func keepString(v gjson.Result, old string, buf []byte) (string, []byte) {
 	return old, buf[:0]
 }
 
-// appendChat appends the canonical bytes of the messages array v
-// (ChatRequestBytes' rules).
+// appendChat appends the canonical bytes of the messages array v.
 func appendChat(dst []byte, v gjson.Result) ([]byte, error) {
 	if !isArray(v) { // absent or null (ParseRequest refused other types)
 		return dst, errNoMessages
@@ -297,8 +299,7 @@ func appendMessage(dst []byte, i int, m gjson.Result) ([]byte, error) {
 	return append(dst, '\n'), nil
 }
 
-// appendContent appends the text of a message's content (ContentText's
-// rules): a string, null, or an array of parts whose "text" parts'
+// appendContent appends the text of a message's content: a string, null, or an array of parts whose "text" parts'
 // texts are concatenated.
 func appendContent(dst []byte, c gjson.Result) ([]byte, error) {
 	switch {
@@ -342,8 +343,7 @@ func appendContent(dst []byte, c gjson.Result) ([]byte, error) {
 	return dst, err
 }
 
-// appendPrompt appends a completion request's prompt (CompletionBytes'
-// rules): a string, a list of one string, or a non-empty list of token ids,
+// appendPrompt appends a completion request's prompt: a string, a list of one string, or a non-empty list of token ids,
 // whose JSON stands for the text. As with encoding/json, a null in a list
 // reads as "" or 0.
 func appendPrompt(dst []byte, v gjson.Result) ([]byte, error) {

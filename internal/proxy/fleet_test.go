@@ -474,7 +474,9 @@ func TestDNSDiscoveryWhileServing(t *testing.T) {
 		<-runDone
 	}()
 	id := func(r *replica) string { return fmt.Sprintf("_http._tcp.engines.test@127.0.0.1:%d", port(t, r)) }
-	eventually(t, "the group's replicas", func() bool { return s.Router().Len() == 2 && stateOr(s, id(a)).Available() && stateOr(s, id(b)).Available() })
+	eventually(t, "the group's replicas", func() bool {
+		return s.Router().Len() == 2 && stateOr(s, id(a)).Available() && stateOr(s, id(b)).Available()
+	})
 	url := httptestServer(t, s.Handler())
 	reqs := workload(t, 5)
 	done := replayInBackground(t, url, reqs)

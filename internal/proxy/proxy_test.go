@@ -321,7 +321,7 @@ func TestAdminAndMetrics(t *testing.T) {
 	}
 }
 
-func TestExampleConfigLoads(t *testing.T) {
+func TestExampleConfigsLoad(t *testing.T) {
 	cfg, err := LoadConfig("../../examples/serve.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -330,8 +330,22 @@ func TestExampleConfigLoads(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Replicas) != 3 || cfg.Weights == nil || cfg.Weights.Queue != 0.5 || cfg.ProbeInterval != 5*time.Second {
+	if len(cfg.Replicas) != 3 || cfg.Weights == nil || cfg.Weights.Queue != 0.5 || cfg.ProbeInterval != 5*time.Second || cfg.Admin.Listen != "127.0.0.1:9091" {
 		t.Errorf("config %+v", cfg)
+	}
+	if cfg, err = LoadConfig("../../examples/serve-k8s.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GORGO_ADMIN_TOKEN", "a-token-long-enough")
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cfg.Admin.tokens(); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Discover) != 2 || cfg.Discover[0].Port != 8000 || cfg.Discover[1].SRV == "" || cfg.Discover[1].Interval != 10*time.Second {
+		t.Errorf("discover %+v", cfg.Discover)
 	}
 }
 

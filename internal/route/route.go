@@ -37,9 +37,10 @@ type Request struct {
 
 // EngineGauges are the engine-reported figures the router last scraped.
 type EngineGauges struct {
-	Running, Waiting int
-	KVUsedTokens     int
-	CacheHitRate     float64
+	Running      int     `json:"running"`
+	Waiting      int     `json:"waiting"`
+	KVUsedTokens int     `json:"kv_used_tokens"`
+	CacheHitRate float64 `json:"cache_hit_rate"`
 }
 
 // Replica is an immutable view of one available replica at decision time:

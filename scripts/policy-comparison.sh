@@ -16,6 +16,7 @@ for s in 2 3 4 5; do $g sim --seed $s --quiet --policy gorgo,gorgo-ms,round-robi
 $g sim --topology examples/topologies/hetero.yaml | tee $out/compare-hetero.txt
 for r in online blind; do $g sim --topology examples/topologies/hetero.yaml --policy gorgo-ms --ms-rates $r --quiet; done | tee $out/compare-hetero-rates.txt
 $g sim --topology examples/topologies/paper-200k.yaml --quiet | tee $out/compare-artchat-200k.txt
+$g sim --fleet-event "10m drain ap-seoul" --fleet-event "15m undrain ap-seoul" --split 10m,15m,20m | tee $out/fleet-drain-artchat.txt
 if [[ -f $mc ]]; then
 	$g sim --trace $mc --time-scale 1.5 | tee $out/compare-mooncake.txt
 	for s in 2 3 4 5; do $g sim --trace $mc --time-scale 1.5 --seed $s --quiet --policy gorgo,gorgo-ms,round-robin,simple-session-affinity,clairvoyant; done | tee $out/compare-mooncake-seeds.txt

@@ -2,12 +2,19 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/report"
@@ -56,5 +63,85 @@ func BenchmarkProxyOverhead(b *testing.B) {
 			b.ReportMetric(report.Percentile(proxied, 0.99)-report.Percentile(direct, 0.99), "added-p99-ms")
 			b.ReportMetric(report.Percentile(direct, 0.5), "direct-p50-ms")
 		})
+	}
+}
+
+// cannedUpstream answers every completion at once with a canned answer: a
+// chat.completion, or 17 content chunks, a finish chunk, a usage chunk and
+// [DONE] (21 events), each flushed on its own.
+func cannedUpstream(b *testing.B) string {
+	b.Helper()
+	body := `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"canned"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1000,"completion_tokens":17,"total_tokens":1017,"prompt_tokens_details":{"cached_tokens":0}}}`
+	var events []string
+	events = append(events, `data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\n\n")
+	for range 17 {
+		events = append(events, `data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":" tok"}}]}`+"\n\n")
+	}
+	events = append(events, `data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n",
+		`data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":17,"prompt_tokens_details":{"cached_tokens":0}}}`+"\n\n",
+		"data: [DONE]\n\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		data, _ := io.ReadAll(r.Body)
+		if r.URL.Path == "/health" {
+			return
+		}
+		if !bytes.Contains(data, []byte(`"stream":true`)) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, body)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, e := range events {
+			io.WriteString(w, e)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	b.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// BenchmarkProxyRequests is the proxy's request path under concurrent
+// load, against a canned upstream: ~1k-token chat requests (4 KB bodies),
+// non-streaming and streaming (21 events), through 1 or 16 replicas. The
+// figure is the client's, upstream's and proxy's CPU together (one
+// process); profile it to see the proxy's share.
+func BenchmarkProxyRequests(b *testing.B) {
+	up := cannedUpstream(b)
+	for _, replicas := range []int{1, 16} {
+		var cfg Config
+		for i := range replicas {
+			cfg.Replicas = append(cfg.Replicas, ReplicaConfig{ID: fmt.Sprint("r", i), URL: up, Profile: "paper"})
+		}
+		cfg.ProbeInterval, cfg.ScrapeInterval, cfg.Admin.Listen = time.Hour, time.Hour, AdminOff
+		s, err := New(cfg, nil, prometheus.NewRegistry(), "", nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s.ProbeOnce(context.Background())
+		ts := httptest.NewServer(s.Handler())
+		for _, stream := range []bool{false, true} {
+			b.Run(fmt.Sprintf("replicas=%d/stream=%v", replicas, stream), func(b *testing.B) {
+				client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+				var n atomic.Int64
+				b.SetParallelism(32)
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					for pb.Next() {
+						i := n.Add(1)
+						body := chatBody(fmt.Sprintf("%d %s", i, strings.Repeat("word ", 800)), 17, stream)
+						resp, err := client.Post(ts.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+						if err != nil {
+							b.Fatal(err)
+						}
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != 200 {
+							b.Fatalf("status %d", resp.StatusCode)
+						}
+					}
+				})
+			})
+		}
+		ts.Close()
 	}
 }

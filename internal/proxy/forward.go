@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -292,13 +293,17 @@ func copyHeaders(dst, src http.Header) {
 // the client's connection rather than pretend the answer ended well.
 func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *lifecycle.Request) {
 	defer a.close()
-	copyHeaders(w.Header(), a.resp.Header)
-	w.Header().Set(ReplicaHeader, req.Replica())
-	w.WriteHeader(a.resp.StatusCode)
+	h := w.Header()
+	copyHeaders(h, a.resp.Header)
+	h.Set(ReplicaHeader, req.Replica())
 	ok := a.resp.StatusCode == http.StatusOK
+	whole := !req.Stream() || !ok
+	if whole { // the whole body is in the buffer
+		h.Set("Content-Length", strconv.Itoa(len(*a.buf)))
+	}
+	w.WriteHeader(a.resp.StatusCode)
 	var clientErr error
-	if !req.Stream() || !ok {
-		// The whole body is in the buffer.
+	if whole {
 		_, clientErr = w.Write(*a.buf)
 		if ok && clientErr == nil {
 			req.Complete(wire.PeekBody(*a.buf))
@@ -310,7 +315,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	out := getBuffer()
 	defer putBuffer(out)
 	var scratch []byte
-	idle := s.Config().StreamIdleTimeout
+	idle := s.cfg.Load().StreamIdleTimeout
 	for {
 		// Relay every whole event read so far.
 		rest := *a.buf

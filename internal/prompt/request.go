@@ -2,15 +2,15 @@ package prompt
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
-	"strings"
-	"unicode/utf16"
+	"sync"
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/go-json-experiment/json/jsontext"
 	"github.com/tidwall/gjson"
 )
 
@@ -45,90 +45,146 @@ var (
 )
 
 // ParseRequest reads an OpenAI chat (chat set) or legacy completion request
-// body into r without decoding the body into Go values: once gjson has
-// validated the body, it walks it once with gjson and decodes only the
-// strings it keeps, straight into r.Text. It reads what encoding/json would read into the structs the
-// emulator and the proxy used (model, messages or prompt, max_tokens,
-// max_completion_tokens for chat, stream, stream_options, user), with the
-// same rules: keys match case-insensitively, a later duplicate key wins
-// (null leaves a string or bool as it was, and sets a pointer field back to
-// absent), other fields are ignored whatever their type, and a field of the
-// wrong type is an error. The one difference: for a duplicated "messages"
-// key the last array wins (the others must be arrays or null), where
-// encoding/json merges the arrays element by element.
+// body into r in one pass: a jsontext decoder validates the body as it
+// tokenizes it, the fields routing needs are picked out, and only the
+// strings kept are decoded, into r.Text and small scratch buffers; nothing
+// else is decoded and no tree is built. It reads what encoding/json would
+// read into the structs the emulator and the proxy used (model, messages or
+// prompt, max_tokens, max_completion_tokens for chat, stream,
+// stream_options, user), with the same rules: keys match
+// case-insensitively, a later duplicate key wins (null leaves a string or
+// bool as it was, and sets a pointer field back to absent), other fields
+// are ignored whatever their type, a field of the wrong type is an error,
+// invalid UTF-8 and unpaired surrogates decode to U+FFFD. The one
+// difference: for a duplicated "messages" key the last array wins (the
+// others must be arrays or null), where encoding/json merges the arrays
+// element by element.
 //
-// The body must be a valid JSON object; nesting deeper than encoding/json's
-// limit (10000) is refused too.
+// The body must be one valid JSON object (nothing after it); nesting
+// deeper than 10000 levels is refused.
 //
 // Model and User do not alias body. With a reused r whose Model and User do
-// not change, parsing allocates only for strings that hold escapes (gjson
-// unescapes every string value it walks over).
+// not change, parsing allocates nothing.
 func ParseRequest(body []byte, chat bool, r *Request) error {
+	p := parsers.Get().(*parser)
+	defer parsers.Put(p)
+	return p.parse(body, chat, r)
+}
+
+// parser is the reusable state of ParseRequest.
+type parser struct {
+	dec                jsontext.Decoder
+	in                 bytes.Reader
+	key, str           []byte // scratch: an object key, a string value
+	role, content      []byte // scratch: a message's
+	text               []byte // scratch: a content part's text
+	model, user        []byte
+	hasModel, hasUser  bool
+	list               []byte // the completion prompt's raw value
+	listKind           jsontext.Kind
+	messages, hasMsgs  bool
+	maxTok, maxCompTok int64
+	hasMax, hasMaxComp bool
+}
+
+var parsers = sync.Pool{New: func() any { return new(parser) }}
+
+// decodeOptions keep what encoding/json accepts: duplicate keys and invalid
+// UTF-8 (which decodes to U+FFFD).
+var decodeOptions = []jsontext.Options{jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)}
+
+func (p *parser) parse(body []byte, chat bool, r *Request) error {
 	model, user := r.Model, r.User
 	*r = Request{Text: r.Text[:0], MaxTokens: -1}
-	if !valid(body) {
-		return malformed(body)
-	}
-	root := gjson.Parse(bytesString(body))
-	if !isObject(root) {
+	p.in.Reset(body)
+	p.dec.Reset(&p.in, decodeOptions...)
+	p.hasModel, p.hasUser, p.messages, p.hasMsgs, p.hasMax, p.hasMaxComp = false, false, false, false, false, false
+	p.listKind = 0
+	d := &p.dec
+	if d.PeekKind() != '{' {
+		if _, err := d.ReadValue(); err != nil {
+			return malformed(err)
+		}
 		return errors.New("malformed JSON: the body must be a JSON object")
 	}
-
-	var (
-		err                           error
-		mdl, usr, list                gjson.Result
-		maxTokens, maxCompletion      int64 = -1, -1
-		hasMaxTokens, hasMaxCompleted bool
-	)
-	root.ForEach(func(key, v gjson.Result) bool {
-		switch f := topField(key.Str); {
-		case f == fModel:
-			err = stringField(v, &mdl, "model")
-		case f == fUser:
-			err = stringField(v, &usr, "user")
-		case f == fMessages && chat:
-			if v.Type != gjson.Null && !isArray(v) {
-				err = errors.New("messages must be an array")
-			}
-			list = v
-		case f == fPrompt && !chat:
-			list = v
-		case f == fMaxTokens:
-			maxTokens, hasMaxTokens, err = intField(v, "max_tokens")
-		case f == fMaxCompletionTokens && chat:
-			maxCompletion, hasMaxCompleted, err = intField(v, "max_completion_tokens")
-		case f == fStream:
-			switch v.Type {
-			case gjson.True, gjson.False:
-				r.Stream = v.Type == gjson.True
-			case gjson.Null:
-			default:
-				err = errors.New("stream must be a boolean")
-			}
-		case f == fStreamOptions:
-			err = streamOptions(v, &r.IncludeUsage)
+	d.ReadToken()
+	for d.PeekKind() != '}' {
+		f, err := p.field(topNames[1:])
+		if err != nil {
+			return malformed(err)
 		}
-		return err == nil
-	})
-	if err != nil {
-		return err
+		switch {
+		case f == fModel:
+			err = p.stringField(&p.model, &p.hasModel, "model")
+		case f == fUser:
+			err = p.stringField(&p.user, &p.hasUser, "user")
+		case f == fMessages && chat:
+			err = p.readMessages(r)
+		case f == fPrompt && !chat:
+			err = p.readPrompt()
+		case f == fMaxTokens:
+			p.maxTok, p.hasMax, err = p.intField("max_tokens")
+		case f == fMaxCompletionTokens && chat:
+			p.maxCompTok, p.hasMaxComp, err = p.intField("max_completion_tokens")
+		case f == fStream:
+			err = p.boolField(&r.Stream, "stream")
+		case f == fStreamOptions:
+			err = p.streamOptions(&r.IncludeUsage)
+		default:
+			err = d.SkipValue()
+		}
+		if err != nil {
+			return syntaxOr(err)
+		}
+	}
+	if _, err := d.ReadToken(); err != nil {
+		return malformed(err)
+	}
+	if _, err := d.ReadToken(); err != io.EOF {
+		if err == nil {
+			err = errors.New("data after the top-level object")
+		}
+		return malformed(err)
 	}
 	switch {
-	case hasMaxCompleted:
-		r.MaxTokens = int(maxCompletion)
-	case hasMaxTokens:
-		r.MaxTokens = int(maxTokens)
+	case p.hasMaxComp:
+		r.MaxTokens = int(p.maxCompTok)
+	case p.hasMax:
+		r.MaxTokens = int(p.maxTok)
 	}
-	// Decode the model and the user in Text's buffer: no allocation when
-	// they are what the reused r held.
-	r.Model, r.Text = keepString(mdl, model, r.Text)
-	r.User, r.Text = keepString(usr, user, r.Text)
+	r.Model = keep(p.model, p.hasModel, model)
+	r.User = keep(p.user, p.hasUser, user)
 	if chat {
-		r.Text, err = appendChat(r.Text, list)
-	} else {
-		r.Text, err = appendPrompt(r.Text, list)
+		if !p.messages {
+			return errNoMessages
+		}
+		return nil
+	}
+	return p.appendPrompt(r)
+}
+
+// malformed wraps a syntax error.
+func malformed(err error) error { return fmt.Errorf("malformed JSON: %w", err) }
+
+// syntaxOr reports a field's error: a syntax error as malformed JSON,
+// another as is.
+func syntaxOr(err error) error {
+	var se *jsontext.SyntacticError
+	if errors.As(err, &se) || err == io.ErrUnexpectedEOF {
+		return malformed(err)
 	}
 	return err
+}
+
+// keep returns b as a string, old itself when equal (no allocation).
+func keep(b []byte, ok bool, old string) string {
+	switch {
+	case !ok:
+		return ""
+	case string(b) == old:
+		return old
+	}
+	return string(b)
 }
 
 // Top-level fields ParseRequest reads.
@@ -155,393 +211,384 @@ var topNames = [...]string{
 	fUser:                "user",
 }
 
-func topField(key string) int {
-	for f := fModel; f < len(topNames); f++ {
-		if key == topNames[f] {
-			return f
+// field reads an object's next key and returns 1 + the index of the name
+// it matches as encoding/json matches a key to a struct field (exactly,
+// else by Unicode case folding), 0 for none.
+func (p *parser) field(names []string) (int, error) {
+	raw, err := p.dec.ReadValue()
+	if err != nil {
+		return 0, err
+	}
+	key := raw[1 : len(raw)-1]
+	if bytes.IndexByte(key, '\\') >= 0 || !utf8.Valid(key) {
+		p.key, _ = jsontext.AppendUnquote(p.key[:0], raw)
+		key = p.key
+	}
+	for i, n := range names {
+		if string(key) == n {
+			return i + 1, nil
 		}
 	}
-	for f := fModel; f < len(topNames); f++ {
-		if strings.EqualFold(key, topNames[f]) {
-			return f
+	for i, n := range names {
+		if len(key) >= len(n)/2 && bytes.EqualFold(key, []byte(n)) {
+			return i + 1, nil
 		}
 	}
-	return fOther
+	return 0, nil
 }
 
-// is reports whether an object's key names field as encoding/json matches
-// a key to a struct field: exactly, else by Unicode case folding. (key is
-// gjson's unescaping of the key, which can differ from encoding/json's only
-// in keys holding U+FFFD, which match no field either way.)
-func is(key, field string) bool {
-	return key == field || strings.EqualFold(key, field)
-}
-
-// stringField keeps v in *dst if it is a string; null leaves *dst as it
-// was (as encoding/json leaves a string field).
-func stringField(v gjson.Result, dst *gjson.Result, name string) error {
-	switch v.Type {
-	case gjson.String:
-		*dst = v
-	case gjson.Null:
-	default:
-		return fmt.Errorf("%s must be a string", name)
+// stringValue decodes a string value into dst[:0]; null reports false.
+func (p *parser) stringValue(dst *[]byte, name string) (bool, error) {
+	switch p.dec.PeekKind() {
+	case 'n':
+		_, err := p.dec.ReadToken()
+		return false, err
+	case '"':
+		raw, err := p.dec.ReadValue()
+		if err != nil {
+			return false, err
+		}
+		*dst = unquote((*dst)[:0], raw)
+		return true, nil
 	}
-	return nil
+	if err := p.dec.SkipValue(); err != nil {
+		return false, err
+	}
+	return false, fmt.Errorf("%s must be a string", name)
+}
+
+// stringField reads a string field; null leaves it as it was (as
+// encoding/json leaves a string field).
+func (p *parser) stringField(dst *[]byte, has *bool, name string) error {
+	ok, err := p.stringValue(&p.str, name)
+	if ok {
+		*dst, *has = append((*dst)[:0], p.str...), true
+	}
+	return err
+}
+
+// unquote appends the decoded JSON string raw (already validated): invalid
+// UTF-8 and unpaired surrogates become U+FFFD, as encoding/json decodes them.
+func unquote(dst []byte, raw jsontext.Value) []byte {
+	s := raw[1 : len(raw)-1]
+	if bytes.IndexByte(s, '\\') < 0 && utf8.Valid(s) {
+		return append(dst, s...)
+	}
+	out, _ := jsontext.AppendUnquote(dst, raw) // only reports invalid UTF-8, replaced
+	return out
 }
 
 // intField reads an integer field as encoding/json reads a *int: null is
 // absent, a number must be an integer (no fraction or exponent) that fits.
-func intField(v gjson.Result, name string) (int64, bool, error) {
-	switch v.Type {
-	case gjson.Null:
+func (p *parser) intField(name string) (int64, bool, error) {
+	kind := p.dec.PeekKind()
+	raw, err := p.dec.ReadValue()
+	switch {
+	case err != nil:
+		return -1, false, err
+	case kind == 'n':
 		return -1, false, nil
-	case gjson.Number:
-		if n, err := strconv.ParseInt(v.Raw, 10, strconv.IntSize); err == nil {
+	case kind == '0':
+		if n, err := strconv.ParseInt(string(raw), 10, strconv.IntSize); err == nil {
 			return n, true, nil
 		}
 	}
 	return -1, false, fmt.Errorf("%s must be an integer", name)
 }
 
+// boolField reads a boolean; null leaves it as it was.
+func (p *parser) boolField(dst *bool, name string) error {
+	kind := p.dec.PeekKind()
+	if _, err := p.dec.ReadValue(); err != nil {
+		return err
+	}
+	switch kind {
+	case 't', 'f':
+		*dst = kind == 't'
+	case 'n':
+	default:
+		return fmt.Errorf("%s must be a boolean", name)
+	}
+	return nil
+}
+
 // streamOptions reads stream_options as encoding/json reads it into a
 // pointer to a struct: null sets it back to absent, an object is merged
 // into what earlier duplicates set.
-func streamOptions(v gjson.Result, includeUsage *bool) error {
-	switch {
-	case v.Type == gjson.Null:
+func (p *parser) streamOptions(includeUsage *bool) error {
+	d := &p.dec
+	switch d.PeekKind() {
+	case 'n':
 		*includeUsage = false
-		return nil
-	case !isObject(v):
+		_, err := d.ReadToken()
+		return err
+	case '{':
+	default:
+		if err := d.SkipValue(); err != nil {
+			return err
+		}
 		return errors.New("stream_options must be an object or null")
 	}
-	var err error
-	v.ForEach(func(key, v gjson.Result) bool {
-		if is(key.Str, "include_usage") {
-			switch v.Type {
-			case gjson.True, gjson.False:
-				*includeUsage = v.Type == gjson.True
-			case gjson.Null:
-			default:
-				err = errors.New("stream_options.include_usage must be a boolean")
-			}
+	d.ReadToken()
+	for d.PeekKind() != '}' {
+		f, err := p.field(optionFields)
+		if err != nil {
+			return err
 		}
-		return err == nil
-	})
+		if f == 0 {
+			err = d.SkipValue()
+		} else if err = p.boolField(includeUsage, "stream_options.include_usage"); err != nil {
+			return err
+		}
+		if err != nil {
+			return err
+		}
+	}
+	_, err := d.ReadToken()
 	return err
 }
 
-// keepString decodes the string v (if it exists) using buf's spare room,
-// and returns it, or old when equal (no allocation), and buf[:0].
-func keepString(v gjson.Result, old string, buf []byte) (string, []byte) {
-	if v.Type != gjson.String {
-		return "", buf[:0]
-	}
-	buf = appendString(buf[:0], v.Raw)
-	if string(buf) != old {
-		old = string(buf)
-	}
-	return old, buf[:0]
-}
-
-// appendChat appends the canonical bytes of the messages array v.
-func appendChat(dst []byte, v gjson.Result) ([]byte, error) {
-	if !isArray(v) { // absent or null (ParseRequest refused other types)
-		return dst, errNoMessages
-	}
-	var err error
-	i := 0
-	v.ForEach(func(_, m gjson.Result) bool {
-		dst, err = appendMessage(dst, i, m)
-		i++
-		return err == nil
-	})
-	if err == nil && i == 0 {
-		err = errNoMessages
-	}
-	return dst, err
-}
-
-// appendMessage appends message i: its role, a newline, its content's text
-// and a newline.
-func appendMessage(dst []byte, i int, m gjson.Result) ([]byte, error) {
-	var role, content gjson.Result
-	switch {
-	case m.Type == gjson.Null: // a zero message: no role
-	case !isObject(m):
-		return dst, fmt.Errorf("messages[%d] must be an object", i)
+// readMessages reads the messages array into r.Text: every message as its
+// role, a newline, its content's text and a newline. A later "messages"
+// key replaces what an earlier one gave.
+func (p *parser) readMessages(r *Request) error {
+	d := &p.dec
+	r.Text = r.Text[:0]
+	switch d.PeekKind() {
+	case 'n':
+		p.messages = false
+		_, err := d.ReadToken()
+		return err
+	case '[':
 	default:
-		var err error
-		m.ForEach(func(key, v gjson.Result) bool {
-			switch {
-			case is(key.Str, "role"):
-				if err = stringField(v, &role, "role"); err != nil {
-					err = fmt.Errorf("messages[%d].role must be a string", i)
+		if err := d.SkipValue(); err != nil {
+			return err
+		}
+		return errors.New("messages must be an array")
+	}
+	d.ReadToken()
+	i := 0
+	for ; d.PeekKind() != ']'; i++ {
+		if err := p.readMessage(r, i); err != nil {
+			return err
+		}
+	}
+	p.messages = i > 0
+	_, err := d.ReadToken()
+	return err
+}
+
+var messageFields = []string{"role", "content"}
+
+// readMessage reads message i and appends it to r.Text.
+func (p *parser) readMessage(r *Request, i int) error {
+	d := &p.dec
+	p.role, p.content = p.role[:0], p.content[:0]
+	hasRole := false
+	switch d.PeekKind() {
+	case 'n': // a zero message: no role
+		d.ReadToken()
+	case '{':
+		d.ReadToken()
+		for d.PeekKind() != '}' {
+			f, err := p.field(messageFields)
+			if err != nil {
+				return err
+			}
+			switch f {
+			case 1:
+				ok, err := p.stringValue(&p.str, "role")
+				if err != nil {
+					return syntaxOr2(err, fmt.Errorf("messages[%d].role must be a string", i))
 				}
-			case is(key.Str, "content"):
-				content = v
+				if ok {
+					p.role, hasRole = append(p.role[:0], p.str...), true
+				}
+			case 2:
+				if err := p.readContent(); err != nil {
+					return syntaxOr2(err, fmt.Errorf("messages[%d]: %w", i, err))
+				}
+			default:
+				if err := d.SkipValue(); err != nil {
+					return err
+				}
 			}
-			return err == nil
-		})
-		if err != nil {
-			return dst, err
 		}
+		d.ReadToken()
+	default:
+		if err := d.SkipValue(); err != nil {
+			return err
+		}
+		return fmt.Errorf("messages[%d] must be an object", i)
 	}
-	if len(role.Raw) <= 2 { // absent, or ""
-		return dst, fmt.Errorf("messages[%d].role is required", i)
+	if !hasRole || len(p.role) == 0 {
+		return fmt.Errorf("messages[%d].role is required", i)
 	}
-	dst = appendValue(dst, role)
-	dst = append(dst, '\n')
-	dst, err := appendContent(dst, content)
-	if err != nil {
-		return dst, fmt.Errorf("messages[%d]: %w", i, err)
-	}
-	return append(dst, '\n'), nil
+	r.Text = append(append(r.Text, p.role...), '\n')
+	r.Text = append(append(r.Text, p.content...), '\n')
+	return nil
 }
 
-// appendContent appends the text of a message's content: a string, null, or an array of parts whose "text" parts'
-// texts are concatenated.
-func appendContent(dst []byte, c gjson.Result) ([]byte, error) {
-	switch {
-	case !c.Exists() || c.Type == gjson.Null:
-		return dst, nil
-	case c.Type == gjson.String:
-		return appendValue(dst, c), nil
-	case !isArray(c):
-		return dst, errContent
+// syntaxOr2 returns a syntax error as is, else the field's error.
+func syntaxOr2(err, fieldErr error) error {
+	var se *jsontext.SyntacticError
+	if errors.As(err, &se) || err == io.ErrUnexpectedEOF {
+		return err
 	}
-	var err error
-	c.ForEach(func(_, part gjson.Result) bool {
-		switch {
-		case part.Type == gjson.Null:
-			return true
-		case !isObject(part):
-			err = errContent
-			return false
-		}
-		var typ, text gjson.Result
-		part.ForEach(func(key, v gjson.Result) bool {
-			switch {
-			case is(key.Str, "type"):
-				err = stringField(v, &typ, "type")
-			case is(key.Str, "text"):
-				err = stringField(v, &text, "text")
-			}
-			return err == nil
-		})
-		if err != nil {
-			err = errContent
-			return false
-		}
-		// typ.Str is gjson's unescaping, which can differ from
-		// encoding/json's only in strings holding U+FFFD.
-		if typ.Type == gjson.String && typ.Str == "text" && text.Type == gjson.String {
-			dst = appendValue(dst, text)
-		}
-		return true
-	})
-	return dst, err
+	return fieldErr
 }
 
-// appendPrompt appends a completion request's prompt: a string, a list of one string, or a non-empty list of token ids,
-// whose JSON stands for the text. As with encoding/json, a null in a list
-// reads as "" or 0.
-func appendPrompt(dst []byte, v gjson.Result) ([]byte, error) {
-	switch {
-	case v.Type == gjson.String:
-		return appendValue(dst, v), nil
-	case !isArray(v):
-		return dst, errPrompt
+var (
+	partFields   = []string{"type", "text"}
+	optionFields = []string{"include_usage"}
+)
+
+// readContent reads a message's content into p.content: a string, null,
+// or an array of parts whose "text" parts' texts are concatenated.
+func (p *parser) readContent() error {
+	d := &p.dec
+	p.content = p.content[:0]
+	switch d.PeekKind() {
+	case 'n':
+		_, err := d.ReadToken()
+		return err
+	case '"':
+		raw, err := d.ReadValue()
+		if err != nil {
+			return err
+		}
+		p.content = unquote(p.content, raw)
+		return nil
+	case '[':
+	default:
+		if err := d.SkipValue(); err != nil {
+			return err
+		}
+		return errContent
 	}
-	var first gjson.Result
+	d.ReadToken()
+	for d.PeekKind() != ']' {
+		switch d.PeekKind() {
+		case 'n':
+			d.ReadToken()
+			continue
+		case '{':
+		default:
+			if err := d.SkipValue(); err != nil {
+				return err
+			}
+			return errContent
+		}
+		d.ReadToken()
+		isText, hasText, start := false, false, len(p.content)
+		p.text = p.text[:0]
+		for d.PeekKind() != '}' {
+			f, err := p.field(partFields)
+			if err != nil {
+				return err
+			}
+			switch f {
+			case 1:
+				ok, err := p.stringValue(&p.key, "type")
+				if err != nil {
+					return syntaxOr2(err, errContent)
+				}
+				if ok {
+					isText = string(p.key) == "text"
+				}
+			case 2:
+				ok, err := p.stringValue(&p.str, "text")
+				if err != nil {
+					return syntaxOr2(err, errContent)
+				}
+				if ok {
+					p.text, hasText = append(p.text[:0], p.str...), true
+				}
+			default:
+				if err := d.SkipValue(); err != nil {
+					return err
+				}
+			}
+		}
+		d.ReadToken()
+		p.content = p.content[:start]
+		if isText && hasText {
+			p.content = append(p.content, p.text...)
+		}
+	}
+	_, err := d.ReadToken()
+	return err
+}
+
+// readPrompt keeps a completion's prompt value (its kind and raw JSON).
+func (p *parser) readPrompt() error {
+	p.listKind = p.dec.PeekKind()
+	raw, err := p.dec.ReadValue()
+	p.list = append(p.list[:0], raw...)
+	return err
+}
+
+// appendPrompt appends a completion request's prompt: a string, a list of
+// one string, or a non-empty list of token ids, whose JSON stands for the
+// text. As with encoding/json, a null in a list reads as "" or 0.
+func (p *parser) appendPrompt(r *Request) error {
+	switch p.listKind {
+	case '"':
+		r.Text = unquote(r.Text, p.list)
+		return nil
+	case '[':
+	default:
+		return errPrompt
+	}
+	var e parser
+	e.in.Reset(p.list)
+	e.dec.Reset(&e.in, decodeOptions...)
+	d := &e.dec
+	d.ReadToken()
 	n, strs, ids := 0, true, true
-	v.ForEach(func(_, e gjson.Result) bool {
+	var first jsontext.Value
+	firstKind := jsontext.Kind(0)
+	for d.PeekKind() != ']' {
+		kind := d.PeekKind()
+		v, err := d.ReadValue()
+		if err != nil {
+			return err
+		}
 		if n == 0 {
-			first = e
+			first, firstKind = append(first, v...), kind
 		}
 		n++
-		switch e.Type {
-		case gjson.Null:
-		case gjson.String:
+		switch kind {
+		case 'n':
+		case '"':
 			ids = false
-		case gjson.Number:
+		case '0':
 			strs = false
-			if _, err := strconv.ParseInt(e.Raw, 10, 64); err != nil {
+			if _, err := strconv.ParseInt(string(v), 10, 64); err != nil {
 				ids = false
 			}
 		default:
 			strs, ids = false, false
 		}
-		return strs || ids
-	})
+	}
 	switch {
 	case strs && n == 1:
-		if first.Type == gjson.String {
-			dst = appendValue(dst, first)
+		if firstKind == '"' {
+			r.Text = unquote(r.Text, first)
 		}
-		return dst, nil
+		return nil
 	case ids && n > 0:
-		return append(dst, v.Raw...), nil
+		r.Text = append(r.Text, p.list...)
+		return nil
 	}
-	return dst, errPrompt
-}
-
-// maxDepth is encoding/json's nesting limit.
-const maxDepth = 10000
-
-// valid reports whether body is valid JSON. gjson's validator recurses once
-// per level of nesting, and a body of a few million '[' overflows the
-// goroutine's stack, which kills the process; a body that might nest
-// deeper than encoding/json allows is checked by encoding/json's validator,
-// which does not recurse (and refuses what nests deeper than its limit).
-func valid(body []byte) bool {
-	if bytes.Count(body, []byte{'['})+bytes.Count(body, []byte{'{'}) <= maxDepth {
-		return gjson.ValidBytes(body)
-	}
-	return json.Valid(body)
-}
-
-// malformed explains why body is not valid JSON.
-func malformed(body []byte) error {
-	var v struct{}
-	if err := json.Unmarshal(body, &v); err != nil {
-		return fmt.Errorf("malformed JSON: %w", err)
-	}
-	return errors.New("malformed JSON")
+	return errPrompt
 }
 
 func isObject(v gjson.Result) bool { return v.Type == gjson.JSON && v.Raw[0] == '{' }
-func isArray(v gjson.Result) bool  { return v.Type == gjson.JSON && v.Raw[0] == '[' }
 
 // bytesString views b as a string, without copying.
 func bytesString(b []byte) string {
 	return unsafe.String(unsafe.SliceData(b), len(b))
-}
-
-// appendValue appends the string v decoded exactly as encoding/json
-// decodes it. gjson has already unescaped it (v.Str), and agrees with
-// encoding/json unless the string holds invalid UTF-8 or a \u escape of a
-// surrogate half; only then is it decoded again from its raw JSON.
-func appendValue(dst []byte, v gjson.Result) []byte {
-	if utf8.ValidString(v.Raw) && !surrogateEscape(v.Raw) {
-		return append(dst, v.Str...)
-	}
-	return appendString(dst, v.Raw)
-}
-
-// surrogateEscape reports whether raw may hold a \u escape of a UTF-16
-// surrogate half (\uD800 to \uDFFF).
-func surrogateEscape(raw string) bool {
-	for {
-		i := strings.Index(raw, `\u`)
-		if i < 0 || i+3 >= len(raw) {
-			return false
-		}
-		if (raw[i+2] == 'd' || raw[i+2] == 'D') && strings.IndexByte("89abcdefABCDEF", raw[i+3]) >= 0 {
-			return true
-		}
-		raw = raw[i+2:]
-	}
-}
-
-// appendString appends the JSON string literal raw (quotes included, valid
-// as gjson.Valid checked it) decoded exactly as encoding/json decodes it:
-// invalid UTF-8 and unpaired surrogates become U+FFFD.
-func appendString(dst []byte, raw string) []byte {
-	if len(raw) < 2 {
-		return dst
-	}
-	s := raw[1 : len(raw)-1]
-	valid := utf8.ValidString(s) // then so is every run between escapes
-	for {
-		i := strings.IndexByte(s, '\\')
-		if i < 0 || i+1 >= len(s) {
-			if valid {
-				return append(dst, s...)
-			}
-			return appendUTF8(dst, s)
-		}
-		if valid {
-			dst = append(dst, s[:i]...)
-		} else {
-			dst = appendUTF8(dst, s[:i])
-		}
-		c := s[i+1]
-		s = s[i+2:]
-		switch c {
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r := hex4(s)
-			if r < 0 {
-				return dst
-			}
-			s = s[4:]
-			if utf16.IsSurrogate(r) {
-				r2 := rune(-1)
-				if len(s) >= 2 && s[0] == '\\' && s[1] == 'u' {
-					r2 = hex4(s[2:])
-				}
-				if d := utf16.DecodeRune(r, r2); d != utf8.RuneError {
-					dst = utf8.AppendRune(dst, d)
-					s = s[6:]
-					continue
-				}
-				r = utf8.RuneError
-			}
-			dst = utf8.AppendRune(dst, r)
-		default: // '"', '\\', '/'
-			dst = append(dst, c)
-		}
-	}
-}
-
-// hex4 reads the 4 hex digits at the start of s, or returns -1.
-func hex4(s string) rune {
-	if len(s) < 4 {
-		return -1
-	}
-	var r rune
-	for _, c := range []byte(s[:4]) {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c -= 'a' - 10
-		case 'A' <= c && c <= 'F':
-			c -= 'A' - 10
-		default:
-			return -1
-		}
-		r = r<<4 | rune(c)
-	}
-	return r
-}
-
-// appendUTF8 appends s with each byte that is not part of valid UTF-8
-// replaced by U+FFFD, as encoding/json does.
-func appendUTF8(dst []byte, s string) []byte {
-	if utf8.ValidString(s) {
-		return append(dst, s...)
-	}
-	for len(s) > 0 {
-		r, n := utf8.DecodeRuneInString(s)
-		if r == utf8.RuneError && n == 1 {
-			dst = append(dst, "\uFFFD"...)
-		} else {
-			dst = append(dst, s[:n]...)
-		}
-		s = s[n:]
-	}
-	return dst
 }
 
 // WithIncludeUsage returns body with stream_options.include_usage set to

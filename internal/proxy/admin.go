@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
@@ -61,6 +62,11 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	s.admin.HandleFunc("POST /admin/tuner/pause", s.adminTunerPause(true))
 	s.admin.HandleFunc("POST /admin/tuner/resume", s.adminTunerPause(false))
 	s.admin.HandleFunc("POST /admin/decide", s.adminDecide)
+	// Go's profiler, for operators (behind the tokens like the rest).
+	s.admin.HandleFunc("GET /debug/pprof/", pprof.Index)
+	s.admin.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	s.admin.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	s.admin.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 	s.admin.HandleFunc("/", notFound)
 }
 

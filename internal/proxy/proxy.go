@@ -125,6 +125,10 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 		ForceAttemptHTTP2:   false,
+		// A ~1k-token request (4 KB) leaves in one write with its headers,
+		// and an answer comes in with few reads.
+		WriteBufferSize: 64 << 10,
+		ReadBufferSize:  64 << 10,
 	}}
 	s.m = newMetrics(reg)
 	s.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken}, BlockTokens: cfg.BlockTokens,

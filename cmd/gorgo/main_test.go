@@ -7,6 +7,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 func gorgo(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -236,5 +240,23 @@ func TestServeBadInput(t *testing.T) {
 		if code != 1 || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want exit 1 containing %q", c.args, code, errs, c.want)
 		}
+	}
+}
+
+// gorgo-online over gorgo-ms starts from the config's ms_weights for what
+// it does not tune.
+func TestServeOnlineTunerTakesMSWeights(t *testing.T) {
+	tf := tuneFlags{base: "gorgo-ms", sigma: 0.5, window: 128, hop: 32, params: listFlag{"rtt=0.1:5:1"}}
+	cfg := proxy.Config{Policy: tune.OnlineName, MSWeights: &route.Weights{RTT: 2, Queue: 3}}
+	pol, err := servePolicy(cfg, &tf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := pol.(*tune.Online)
+	if w := o.Incumbent(); w.RTT != 1 || w.Queue != 3 || o.Base() != "gorgo-ms" {
+		t.Errorf("incumbent %v over %s, want rtt=1 (tuned from its init) and queue=3 (ms_weights)", w, o.Base())
+	}
+	if p, _ := o.IncumbentPolicy(); p.Name() != "gorgo-ms" {
+		t.Errorf("explained with %s", p.Name())
 	}
 }

@@ -99,20 +99,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	cfg.Replicas = append(cfg.Replicas, flagReplicas...)
 	_ = overrides(&cfg)
 	cfg = cfg.Defaults()
-	var pol route.Policy
-	if cfg.Policy == tune.OnlineName {
-		base := route.Options{}
-		if cfg.Weights != nil {
-			base.Weights = *cfg.Weights
-		}
-		if cfg.MSWeights != nil {
-			base.MSWeights = *cfg.MSWeights
-		}
-		o, err := tf.online(cfg.Seed, base)
-		if err != nil {
-			return err
-		}
-		pol = o
+	pol, err := servePolicy(cfg, &tf)
+	if err != nil {
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -168,6 +157,23 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		servers = append(servers, served{srv.AdminHandler(), admin})
 	}
 	return serve(ctx, srv.Run, servers...)
+}
+
+// servePolicy builds the online tuner when the config asks for it (its
+// untuned weights from the config's weights, or ms_weights for a gorgo-ms
+// base); nil means the proxy builds the config's policy itself.
+func servePolicy(cfg proxy.Config, tf *tuneFlags) (route.Policy, error) {
+	if cfg.Policy != tune.OnlineName {
+		return nil, nil
+	}
+	var base route.Options
+	if cfg.Weights != nil {
+		base.Weights = *cfg.Weights
+	}
+	if cfg.MSWeights != nil {
+		base.MSWeights = *cfg.MSWeights
+	}
+	return tf.online(cfg.Seed, base)
 }
 
 // served is a handler and the listener it serves on.

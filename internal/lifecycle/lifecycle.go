@@ -141,12 +141,12 @@ func (c *Core) Begin(body []byte, chat bool, session string, received time.Time)
 	}
 	r.reset(c, received)
 	if err := prompt.ParseRequest(body, chat, &r.Parsed); err != nil {
-		c.pool.Put(r)
+		r.release()
 		return nil, badRequest(err)
 	}
 	text := r.Parsed.Text
 	if len(text) == 0 {
-		c.pool.Put(r)
+		r.release()
 		return nil, badRequest(errors.New("the prompt is empty"))
 	}
 	r.blocks = c.Est.Blocks(text, c.BlockTokens, r.blocks[:0])
@@ -388,8 +388,15 @@ func (r *Request) Abandon() {
 // before Next.
 func (r *Request) Discard() { r.release() }
 
+// pooledBytes is the largest buffer a recycled Request keeps: one huge
+// prompt must not pin its memory for the life of the process.
+const pooledBytes = 1 << 20
+
 func (r *Request) release() {
 	r.Body = nil
+	if cap(r.Parsed.Text) > pooledBytes || cap(r.spliced) > pooledBytes || cap(r.blocks) > pooledBytes/8 {
+		r.Parsed.Text, r.spliced, r.blocks = nil, nil, nil
+	}
 	r.core.pool.Put(r)
 }
 

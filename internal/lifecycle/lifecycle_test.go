@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -248,5 +249,28 @@ func BenchmarkLifecycle(b *testing.B) {
 		r.Chunk(&tok, now)
 		r.Done()
 		r.End(Outcome{Status: 200}, now)
+	}
+}
+
+// BenchmarkBegin is reading a request (parse, estimate, hash) at 1k and
+// 16k tokens: what the proxy does before it routes.
+func BenchmarkBegin(b *testing.B) {
+	g, _ := route.New("gorgo", route.Options{})
+	rt, _ := router.New(router.Config{Policy: g, BlockTokens: 64})
+	c := NewCore(Config{Router: rt, BlockTokens: 64, MaxAttempts: 3, Start: time.Now()})
+	para := `Prefix caching keeps the KV blocks of a prompt's leading tokens on the GPU, so a request that shares them with an earlier one skips their prefill.\n\n`
+	for _, tokens := range []int{1000, 16000} {
+		body := []byte(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"` + strings.Repeat(para, tokens*4/len(para)) + `"}]}`)
+		b.Run(fmt.Sprintf("body=%dKB", len(body)>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				r, err := c.Begin(body, true, "", time.Time{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				r.Discard()
+			}
+		})
 	}
 }

@@ -67,8 +67,11 @@ var (
 // not change, parsing allocates nothing.
 func ParseRequest(body []byte, chat bool, r *Request) error {
 	p := parsers.Get().(*parser)
-	defer parsers.Put(p)
-	return p.parse(body, chat, r)
+	err := p.parse(body, chat, r)
+	if len(body) <= 1<<20 { // a parser that read a huge body keeps huge buffers
+		parsers.Put(p)
+	}
+	return err
 }
 
 // parser is the reusable state of ParseRequest.

@@ -51,8 +51,16 @@ func writeLifecycleError(w http.ResponseWriter, e *lifecycle.Error) {
 // buffers recycles request bodies and relay buffers.
 var buffers = sync.Pool{New: func() any { return new([]byte) }}
 
-func getBuffer() *[]byte  { return buffers.Get().(*[]byte) }
-func putBuffer(b *[]byte) { *b = (*b)[:0]; buffers.Put(b) }
+func getBuffer() *[]byte { return buffers.Get().(*[]byte) }
+
+// putBuffer recycles a buffer, unless it grew past 1 MiB: one huge request
+// must not pin its memory for the life of the process.
+func putBuffer(b *[]byte) {
+	if cap(*b) <= 1<<20 {
+		*b = (*b)[:0]
+		buffers.Put(b)
+	}
+}
 
 // readBody reads a request body into a pooled buffer, at most maxBody.
 func readBody(r *http.Request, buf *[]byte) error {

@@ -80,10 +80,21 @@ const (
 type upstream struct {
 	cfg    ReplicaConfig
 	source string
-	stop   context.CancelFunc // ends its probe and scrape loops
 
 	mu       sync.Mutex
-	failures int // in a row
+	failures int                // in a row
+	stop     context.CancelFunc // ends its probe and scrape loops
+	stopped  bool
+}
+
+// halt ends the upstream's loops, and keeps loops from starting after.
+func (u *upstream) halt() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.stopped = true
+	if u.stop != nil {
+		u.stop()
+	}
 }
 
 // New builds a proxy from a config (defaults are applied here) and a
@@ -208,8 +219,8 @@ func (s *Server) AddReplica(rc ReplicaConfig, source string) error {
 	if err := s.rt.Add(routerConfig(rc)); err != nil {
 		return err
 	}
-	if old := s.upstream(rc.ID); old != nil && old.stop != nil {
-		old.stop() // a replica of the same id that has left the router since
+	if old := s.upstream(rc.ID); old != nil {
+		old.halt() // a replica of the same id that has left the router since
 	}
 	u := &upstream{cfg: rc, source: source}
 	s.setUpstream(rc.ID, u)
@@ -243,9 +254,7 @@ func (s *Server) reap(id string) {
 	if u == nil || s.rt.Has(id) {
 		return
 	}
-	if u.stop != nil {
-		u.stop()
-	}
+	u.halt()
 	s.setUpstream(id, nil)
 	s.m.forget(id)
 	s.core.Metrics.Forget(id)
@@ -257,8 +266,8 @@ func (s *Server) reap(id string) {
 // new one starts afresh.
 func (s *Server) replaceReplica(rc ReplicaConfig, source string) error {
 	s.upMu.Lock()
-	if u := s.upstream(rc.ID); u != nil && u.stop != nil {
-		u.stop()
+	if u := s.upstream(rc.ID); u != nil {
+		u.halt()
 	}
 	s.setUpstream(rc.ID, nil)
 	s.upMu.Unlock()
@@ -332,7 +341,9 @@ func (s *Server) startLoops(u *upstream) {
 }
 
 func (s *Server) startLoopsLocked(u *upstream, probeNow bool) {
-	if s.run == nil || u.stop != nil {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if s.run == nil || u.stop != nil || u.stopped {
 		return
 	}
 	ctx, cancel := context.WithCancel(s.run)

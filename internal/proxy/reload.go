@@ -219,8 +219,9 @@ func (s *Server) reconfigure(rc ReplicaConfig) error {
 	s.upMu.Lock()
 	defer s.upMu.Unlock()
 	old := s.upstream(rc.ID)
+	old.halt()
 	u := &upstream{cfg: rc, source: old.source}
-	s.setUpstream(rc.ID, u) // old's loops end: they see they were replaced
+	s.setUpstream(rc.ID, u)
 	s.startLoops(u)
 	return nil
 }

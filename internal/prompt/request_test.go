@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/gorgo-llm/gorgo/internal/jsonrecipe"
 )
 
 // reference parses a request body the old way: encoding/json into the
@@ -355,7 +357,7 @@ func FuzzParseRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, chat bool) {
 		// The data as a body, and as the recipe of a valid request made
 		// of the keys and values that matter.
-		for _, body := range [][]byte{data, (&recipe{data: data}).object(nil, 0)} {
+		for _, body := range [][]byte{data, recipe(data)} {
 			// encoding/json merges the elements of duplicated
 			// "messages" arrays; ParseRequest takes the last array.
 			if chat && topKeys(body, "messages") > 1 {
@@ -366,19 +368,6 @@ func FuzzParseRequest(f *testing.F) {
 	})
 }
 
-// recipe builds a valid JSON object from fuzz data, out of the keys and
-// values ParseRequest reads, in their tricky spellings.
-type recipe struct{ data []byte }
-
-func (r *recipe) next() int {
-	if len(r.data) == 0 {
-		return 0
-	}
-	b := r.data[0]
-	r.data = r.data[1:]
-	return int(b)
-}
-
 var (
 	recipeKeys = []string{`"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
 		`"stream_options"`, `"include_usage"`, `"user"`, `"role"`, `"content"`, `"type"`, `"text"`, `"MESSAGES"`, `"Role"`,
@@ -387,35 +376,11 @@ var (
 		`0`, `1`, `-1`, `-0`, `7`, `1.0`, `1e3`, `9223372036854775807`, `9223372036854775808`, `true`, `false`, `null`}
 )
 
-func (r *recipe) value(dst []byte, depth int) []byte {
-	switch c := r.next(); {
-	case depth < 4 && c%8 == 0:
-		return r.object(dst, depth+1)
-	case depth < 4 && c%8 == 1:
-		dst = append(dst, '[')
-		for i := range r.next() % 4 {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = r.value(dst, depth+1)
-		}
-		return append(dst, ']')
-	default:
-		return append(dst, recipeScalars[(c/8)%len(recipeScalars)]...)
-	}
-}
-
-func (r *recipe) object(dst []byte, depth int) []byte {
-	dst = append(dst, '{')
-	for i := range r.next() % 5 {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, recipeKeys[r.next()%len(recipeKeys)]...)
-		dst = append(dst, ':')
-		dst = r.value(dst, depth)
-	}
-	return append(dst, '}')
+// recipe builds a valid JSON object from fuzz data out of recipeKeys and
+// recipeScalars.
+func recipe(data []byte) []byte {
+	r := jsonrecipe.Recipe{Data: data, Keys: recipeKeys, Scalars: recipeScalars, MaxDepth: 4, MaxItems: 4}
+	return r.Object(nil)
 }
 
 // mapOf decodes a JSON object as a generic map (exact keys, last wins, as
@@ -505,7 +470,7 @@ func FuzzWithIncludeUsage(f *testing.F) {
 	f.Add([]byte(`{"stream_options":"x","messages":[{"role":"user","content":"a\\\"b"}]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		// The data as a body, and as the recipe of a valid one.
-		for _, body := range [][]byte{data, (&recipe{data: data}).object(nil, 0)} {
+		for _, body := range [][]byte{data, recipe(data)} {
 			var m map[string]any
 			if json.Unmarshal(body, &m) != nil || m == nil {
 				WithIncludeUsage(body, nil) // must not panic

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/gorgo-llm/gorgo/internal/jsonrecipe"
 )
 
 // fromEvent is the Peek that ParseChunk's reading of data implies.
@@ -208,7 +210,7 @@ func FuzzPeekChunk(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		// The data as a chunk, and as the recipe of a valid chunk made of
 		// the keys and values that matter.
-		for _, chunk := range [][]byte{data, (&recipe{data: data}).object(nil, 0)} {
+		for _, chunk := range [][]byte{data, recipe(data)} {
 			p := PeekChunk(chunk) // must not panic, whatever the data
 			ev, err := ParseChunk(chunk)
 			if err != nil {
@@ -221,19 +223,6 @@ func FuzzPeekChunk(f *testing.F) {
 	})
 }
 
-// recipe builds a valid JSON object from fuzz data, out of the keys and
-// values PeekChunk and PeekBody read, in their tricky spellings.
-type recipe struct{ data []byte }
-
-func (r *recipe) next() int {
-	if len(r.data) == 0 {
-		return 0
-	}
-	b := r.data[0]
-	r.data = r.data[1:]
-	return int(b)
-}
-
 var (
 	recipeKeys = []string{`"choices"`, `"delta"`, `"content"`, `"reasoning_content"`, `"reasoning"`, `"text"`, `"finish_reason"`,
 		`"usage"`, `"completion_tokens"`, `"prompt_tokens_details"`, `"cached_tokens"`, `"error"`, `"object"`, `"message"`,
@@ -242,35 +231,11 @@ var (
 		`0`, `1`, `-1`, `-0`, `7`, `1.0`, `1e3`, `9223372036854775807`, `9223372036854775808`, `true`, `false`, `null`}
 )
 
-func (r *recipe) value(dst []byte, depth int) []byte {
-	switch c := r.next(); {
-	case depth < 5 && c%8 == 0:
-		return r.object(dst, depth+1)
-	case depth < 5 && c%8 == 1:
-		dst = append(dst, '[')
-		for i := range r.next() % 3 {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = r.value(dst, depth+1)
-		}
-		return append(dst, ']')
-	default:
-		return append(dst, recipeScalars[(c/8)%len(recipeScalars)]...)
-	}
-}
-
-func (r *recipe) object(dst []byte, depth int) []byte {
-	dst = append(dst, '{')
-	for i := range r.next() % 5 {
-		if i > 0 {
-			dst = append(dst, ',')
-		}
-		dst = append(dst, recipeKeys[r.next()%len(recipeKeys)]...)
-		dst = append(dst, ':')
-		dst = r.value(dst, depth)
-	}
-	return append(dst, '}')
+// recipe builds a valid JSON object from fuzz data out of recipeKeys and
+// recipeScalars.
+func recipe(data []byte) []byte {
+	r := jsonrecipe.Recipe{Data: data, Keys: recipeKeys, Scalars: recipeScalars, MaxDepth: 5, MaxItems: 4}
+	return r.Object(nil)
 }
 
 // scanBody is the proxy's reading of a non-streaming body's usage that
@@ -356,7 +321,7 @@ func FuzzPeekBody(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		checkBody(t, data)
-		checkBody(t, (&recipe{data: data}).object(nil, 0))
+		checkBody(t, recipe(data))
 	})
 }
 

@@ -13,7 +13,8 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/netem"
 )
 
-// The injected round trip shows in a probe's measured round trip (±20%),
+// The injected round trip shows in a probe's measured round trip (at least
+// 80% of it; the upper bound is loose, as a busy machine only adds to it),
 // and moves when the admin endpoint moves it.
 func TestEngineInjectedRTT(t *testing.T) {
 	p, _ := engine.LookupProfile("paper")
@@ -52,8 +53,8 @@ func TestEngineInjectedRTT(t *testing.T) {
 	probe() // open the connection
 	check := func(want time.Duration) {
 		t.Helper()
-		if got := probe(); got < want*8/10 || got > want*12/10 {
-			t.Errorf("probe round trip %v, want %v ± 20%%", got, want)
+		if got := probe(); got < want*8/10 || got > want*3 {
+			t.Errorf("probe round trip %v, want %v (at least -20%%, at most 3x)", got, want)
 		}
 	}
 	check(80 * time.Millisecond)

@@ -82,7 +82,14 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 		return nil, false
 	}
 	j := &job{chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage}
-	return j, s.fill(w, r, j, req.Text, req.MaxTokens)
+	max := -1 // the default
+	if req.HasMaxTokens {
+		if max = req.MaxTokens; max < 1 {
+			writeError(w, http.StatusBadRequest, "BadRequestError", "max_tokens must be at least 1, got %d", max)
+			return nil, false
+		}
+	}
+	return j, s.fill(w, r, j, req.Text, max)
 }
 
 // fill estimates the prompt, decides the output length (max, or the
@@ -96,10 +103,6 @@ func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byt
 	j.blocks = s.est.Blocks(text, s.page, nil)
 	j.outputTokens = s.cfg.DefaultMaxTokens
 	if max != -1 {
-		if max < 1 {
-			writeError(w, http.StatusBadRequest, "BadRequestError", "max_tokens must be at least 1, got %d", max)
-			return false
-		}
 		j.outputTokens = max
 	}
 	if h := r.Header.Get(OutputTokensHeader); h != "" {

@@ -26,9 +26,10 @@ type Request struct {
 	// Model is the "model" field.
 	Model string
 	// MaxTokens is, for chat, max_completion_tokens if present and not
-	// null, else max_tokens; for completions, max_tokens. It is -1 when
-	// absent or null.
-	MaxTokens int
+	// null, else max_tokens; for completions, max_tokens. HasMaxTokens is
+	// false, and MaxTokens -1, when absent or null.
+	MaxTokens    int
+	HasMaxTokens bool
 	// Stream is the "stream" field.
 	Stream bool
 	// IncludeUsage is set when stream_options.include_usage is true.
@@ -151,9 +152,9 @@ func (p *parser) parse(body []byte, chat bool, r *Request) error {
 	}
 	switch {
 	case p.hasMaxComp:
-		r.MaxTokens = int(p.maxCompTok)
+		r.MaxTokens, r.HasMaxTokens = int(p.maxCompTok), true
 	case p.hasMax:
-		r.MaxTokens = int(p.maxTok)
+		r.MaxTokens, r.HasMaxTokens = int(p.maxTok), true
 	}
 	r.Model = keep(p.model, p.hasModel, model)
 	r.User = keep(p.user, p.hasUser, user)

@@ -71,7 +71,7 @@ func reference(body []byte, chat bool) (Request, error) {
 	out.Text, out.Stream = text, stream
 	out.IncludeUsage = opts != nil && opts.IncludeUsage
 	if max != nil {
-		out.MaxTokens = *max
+		out.MaxTokens, out.HasMaxTokens = *max, true
 	}
 	return out, nil
 }
@@ -140,7 +140,7 @@ var requestCases = []struct {
 }{
 	{name: "chat basic", chat: true,
 		body: `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_tokens":7,"stream":true,"stream_options":{"include_usage":true},"user":"u1"}`,
-		want: Request{Text: []byte("system\nbe brief\nuser\nhi\n"), Model: "m", MaxTokens: 7, Stream: true, IncludeUsage: true, User: "u1"}},
+		want: Request{Text: []byte("system\nbe brief\nuser\nhi\n"), Model: "m", MaxTokens: 7, HasMaxTokens: true, Stream: true, IncludeUsage: true, User: "u1"}},
 	{name: "content parts", chat: true,
 		body: `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},null,{"text":"b","type":"text"},{"type":"input_audio","text":"ignored"}]}]}`,
 		want: Request{Text: []byte("user\nab\n"), MaxTokens: -1}},
@@ -253,8 +253,12 @@ func TestParseRequest(t *testing.T) {
 				}
 			} else if err != nil {
 				t.Errorf("error %v", err)
-			} else if d := same(r, tt.want); d != "" {
-				t.Error(d)
+			} else {
+				want := tt.want
+				want.HasMaxTokens = want.MaxTokens != -1 // every case with a limit sets one
+				if d := same(r, want); d != "" {
+					t.Error(d)
+				}
 			}
 			check(t, []byte(tt.body), tt.chat)
 		})

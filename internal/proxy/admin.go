@@ -103,6 +103,9 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "no available replica")
 }
 
+// minTokenLen is the shortest admin token accepted.
+const minTokenLen = 16
+
 // token is an admin bearer token and the name the log gives its holder.
 type token struct{ name, secret string }
 
@@ -111,8 +114,8 @@ func (a AdminConfig) tokens() ([]token, error) {
 	var out []token
 	if a.TokenEnv != "" {
 		v := strings.TrimSpace(os.Getenv(a.TokenEnv))
-		if v == "" {
-			return nil, fmt.Errorf("config: admin.token_env: $%s is empty or unset", a.TokenEnv)
+		if len(v) < minTokenLen {
+			return nil, fmt.Errorf("config: admin.token_env: $%s is unset or shorter than %d characters", a.TokenEnv, minTokenLen)
 		}
 		out = append(out, token{name: "$" + a.TokenEnv, secret: v})
 	}
@@ -136,8 +139,8 @@ func (a AdminConfig) tokens() ([]token, error) {
 			default:
 				return nil, fmt.Errorf("config: admin.token_file %s:%d: want TOKEN or NAME TOKEN", a.TokenFile, n)
 			}
-			if len(out[len(out)-1].secret) < 16 {
-				return nil, fmt.Errorf("config: admin.token_file %s:%d: a token must be at least 16 characters", a.TokenFile, n)
+			if len(out[len(out)-1].secret) < minTokenLen {
+				return nil, fmt.Errorf("config: admin.token_file %s:%d: a token must be at least %d characters", a.TokenFile, n, minTokenLen)
 			}
 		}
 		if len(out) == 0 {

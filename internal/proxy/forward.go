@@ -199,6 +199,27 @@ func (a *answer) fill(idle time.Duration) {
 	}
 }
 
+// lentBody is a request body lent to the transport, which may read it even
+// after the answer came back (RoundTripper's contract): the buffers behind
+// it are reused only once the transport closed every copy it took.
+type lentBody struct {
+	bytes.Reader
+	wg   *sync.WaitGroup
+	once sync.Once
+}
+
+func lend(b []byte, wg *sync.WaitGroup) *lentBody {
+	wg.Add(1)
+	l := &lentBody{wg: wg}
+	l.Reset(b)
+	return l
+}
+
+func (l *lentBody) Close() error {
+	l.once.Do(l.wg.Done)
+	return nil
+}
+
 // attempt sends the request to replica u and reads its answer until it is
 // sure the answer can be relayed: a status other than 5xx and 429, and for
 // a successful stream its first event. Until then nothing has reached the
@@ -206,7 +227,15 @@ func (a *answer) fill(idle time.Duration) {
 func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (*answer, *attemptError) {
 	cfg := s.cfg.Load()
 	id := u.cfg.ID
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, stop := context.WithCancel(r.Context())
+	var lent sync.WaitGroup
+	body := lend(req.Body, &lent)
+	// cancel ends the attempt, and returns once the transport let go of
+	// the body (cancelling makes it stop writing).
+	cancel := func() {
+		stop()
+		lent.Wait()
+	}
 	fail := func(status int, broken bool, msg string) (*answer, *attemptError) {
 		cancel()
 		return nil, failure(id, status, broken, msg)
@@ -219,16 +248,20 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 	if req.Stream() && cfg.HeaderTimeout > 0 {
 		headerTimer = time.AfterFunc(cfg.HeaderTimeout, func() {
 			if hung.CompareAndSwap(false, true) {
-				cancel()
+				stop()
 			}
 		})
 	}
-	up, err := http.NewRequestWithContext(ctx, r.Method, u.cfg.URL+r.URL.RequestURI(), bytes.NewReader(req.Body))
+	up, err := http.NewRequestWithContext(ctx, r.Method, u.cfg.URL+r.URL.RequestURI(), body)
 	if err != nil {
+		body.Close()
 		return fail(http.StatusBadGateway, true, err.Error())
 	}
 	up.Header = forwardHeaders(r.Header)
 	up.ContentLength = int64(len(req.Body))
+	// The transport may send the request again on a fresh connection when
+	// a kept-alive one turned out closed before anything was written.
+	up.GetBody = func() (io.ReadCloser, error) { return lend(req.Body, &lent), nil }
 	req.Sent(time.Now())
 	resp, err := s.client.Do(up)
 	if headerTimer != nil && !hung.CompareAndSwap(false, true) {
@@ -250,7 +283,13 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 	}
 	idle := cfg.StreamIdleTimeout
 	a := &answer{resp: resp, cancel: cancel, buf: getBuffer()}
-	a.idle = time.AfterFunc(math.MaxInt64, cancel) // armed by fill when idle > 0
+	// The idle limit runs from now: a stream whose replica sends headers
+	// and then nothing is cut too (and tried elsewhere: nothing reached the
+	// client yet).
+	a.idle = time.AfterFunc(math.MaxInt64, stop)
+	if idle > 0 {
+		a.idle.Reset(idle)
+	}
 	stream := resp.StatusCode == http.StatusOK && req.Stream()
 	for a.end == nil {
 		a.fill(idle)

@@ -56,8 +56,10 @@ type Server struct {
 	run   context.Context
 	loops sync.WaitGroup
 
-	// dnsMu guards the DNS groups' replicas and their watcher. Lock order:
-	// dnsMu, then upMu, then runMu.
+	// discoMu serialises (re)starting the DNS watcher; dnsMu guards the
+	// DNS groups' replicas and the watcher. Lock order: reloadMu, discoMu,
+	// dnsMu, upMu, runMu.
+	discoMu     sync.Mutex
 	dnsMu       sync.Mutex
 	dnsSets     map[string]map[string]bool // group name -> replica ids
 	stopWatcher context.CancelFunc
@@ -379,6 +381,8 @@ func (s *Server) SetResolver(r discover.Resolver) { s.resolver = r }
 // startDiscovery (re)starts the DNS watcher for groups; replicas of groups
 // no longer listed leave.
 func (s *Server) startDiscovery(groups []discover.Group) error {
+	s.discoMu.Lock()
+	defer s.discoMu.Unlock()
 	s.dnsMu.Lock()
 	stop, done := s.stopWatcher, s.watcherDone
 	s.stopWatcher, s.watcherDone = nil, nil
@@ -401,10 +405,7 @@ func (s *Server) startDiscovery(groups []discover.Group) error {
 			delete(s.dnsSets, name)
 		}
 	}
-	s.runMu.Lock()
-	run := s.run
-	s.runMu.Unlock()
-	if len(groups) == 0 || run == nil {
+	if len(groups) == 0 {
 		return nil
 	}
 	w, err := discover.NewWatcher(groups, s.resolver, func(i int, eps []discover.Endpoint) { s.discovered(groups[i], eps) },
@@ -412,7 +413,12 @@ func (s *Server) startDiscovery(groups []discover.Group) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(run)
+	s.runMu.Lock()
+	defer s.runMu.Unlock()
+	if s.run == nil {
+		return nil // not running (yet): Run starts it
+	}
+	ctx, cancel := context.WithCancel(s.run)
 	s.stopWatcher, s.watcherDone = cancel, make(chan struct{})
 	s.loops.Add(1)
 	go func(done chan struct{}) {
@@ -432,11 +438,18 @@ func (s *Server) discovered(g discover.Group, eps []discover.Endpoint) {
 	now := map[string]bool{}
 	for _, ep := range eps {
 		now[ep.ID] = true
-		if old[ep.ID] {
-			continue
+		rc := ReplicaConfig{ID: ep.ID, URL: ep.URL, Region: ep.Region, Profile: ep.Profile}.Defaults()
+		var err error
+		switch u := s.upstream(ep.ID); {
+		case !old[ep.ID] || u == nil || !s.rt.Has(ep.ID):
+			err = s.AddReplica(rc, sourceDNS+name)
+		case u.source != sourceDNS+name || u.cfg == rc:
+		case u.cfg.URL != rc.URL: // the group's scheme changed
+			err = s.replaceReplica(rc, sourceDNS+name)
+		default: // its region or profile changed
+			err = s.reconfigure(rc)
 		}
-		rc := ReplicaConfig{ID: ep.ID, URL: ep.URL, Region: ep.Region, Profile: ep.Profile}
-		if err := s.AddReplica(rc, sourceDNS+name); err != nil {
+		if err != nil {
 			s.log.Error("discovered replica not added", "replica", ep.ID, "group", name, "error", err)
 			delete(now, ep.ID)
 		}

@@ -61,11 +61,12 @@ func (s *Server) withFlags(cfg Config) (Config, error) {
 // Apply makes next the running config, as far as it can change live:
 // replicas present in both keep their state (those whose URL changed start
 // afresh), new ones are added, those no longer listed are drained then
-// removed; DNS groups are re-read; timeouts, attempts, thresholds,
-// intervals, admin tokens and (for gorgo and gorgo-ms) weights take effect
-// at once. Settings that cannot change live keep their running values and
-// are logged as needing a restart. A config that fails to validate changes
-// nothing.
+// removed; DNS groups are re-read; the header and idle timeouts, the
+// failure threshold, the intervals, admin tokens and (for gorgo and
+// gorgo-ms) weights take effect at once. Settings that cannot change live
+// (see fixed) keep their running values and are logged as needing a
+// restart; the config is validated with them. A config that fails to
+// validate changes nothing.
 func (s *Server) Apply(next Config) error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
@@ -74,6 +75,11 @@ func (s *Server) Apply(next Config) error {
 
 func (s *Server) apply(next Config) error {
 	next = next.Defaults()
+	cur := s.Config()
+	// What cannot change live keeps its running value first, so that the
+	// checks below judge the config that will run (an admin listener that
+	// stays on a public address keeps needing a token).
+	restart := fixed(&cur, &next)
 	err := next.Validate()
 	var toks []token
 	if err == nil {
@@ -84,8 +90,6 @@ func (s *Server) apply(next Config) error {
 		s.log.Error("config not applied: the running config stays", "error", err)
 		return err
 	}
-	cur := s.Config()
-	restart := fixed(&cur, &next)
 	weightsChanged := false
 	if !reflect.DeepEqual(cur.Weights, next.Weights) || !reflect.DeepEqual(cur.MSWeights, next.MSWeights) {
 		if err := s.applyWeights(next); err != nil {
@@ -177,30 +181,39 @@ func (s *Server) applyReplicas(want []ReplicaConfig) (added, removed, changed []
 		id := rc.ID
 		u := s.upstream(id)
 		st, err := s.rt.Replica(id)
-		switch {
-		case err != nil || u == nil:
+		if err != nil || u == nil {
 			if err := s.AddReplica(rc, sourceConfig); err != nil {
 				s.log.Error("replica not added", "replica", id, "error", err)
 				continue
 			}
 			added = append(added, id)
-		case u.source != sourceConfig:
+			continue
+		}
+		if u.source != sourceConfig {
 			s.log.Error("replica not added: its id is taken", "replica", id, "by", u.source)
-		case u.cfg == rc && st.State == router.Removing:
+			continue
+		}
+		touched := false
+		if st.State == router.Removing {
 			s.rt.Undrain(id) // listed again while it was leaving: it stays
-			changed = append(changed, id)
+			touched = true
+		}
+		switch {
 		case u.cfg == rc:
 		case u.cfg.URL != rc.URL:
 			if err := s.replaceReplica(rc, sourceConfig); err != nil {
 				s.log.Error("replica not replaced", "replica", id, "error", err)
 				continue
 			}
-			changed = append(changed, id)
+			touched = true
 		default:
 			if err := s.reconfigure(rc); err != nil {
 				s.log.Error("replica not reconfigured", "replica", id, "error", err)
 				continue
 			}
+			touched = true
+		}
+		if touched {
 			changed = append(changed, id)
 		}
 	}
@@ -219,6 +232,9 @@ func (s *Server) reconfigure(rc ReplicaConfig) error {
 	s.upMu.Lock()
 	defer s.upMu.Unlock()
 	old := s.upstream(rc.ID)
+	if old == nil {
+		return fmt.Errorf("replica %s left meanwhile", rc.ID)
+	}
 	old.halt()
 	u := &upstream{cfg: rc, source: old.source}
 	s.setUpstream(rc.ID, u)

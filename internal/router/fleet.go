@@ -95,22 +95,28 @@ func (r *Router) member(id string) (*member, error) {
 	return m, nil
 }
 
-// Drain stops new requests to a replica; its requests in flight finish.
-func (r *Router) Drain(id string) error { return r.setState(id, Draining) }
-
-// Undrain makes a draining replica active again; it also takes back a
-// replica being removed, which then stays.
-func (r *Router) Undrain(id string) error { return r.setState(id, Active) }
-
-func (r *Router) setState(id string, s State) error {
+// Drain stops new requests to a replica; its requests in flight finish. A
+// replica being removed stays so (it is draining already).
+func (r *Router) Drain(id string) error {
 	r.fleetMu.Lock()
 	defer r.fleetMu.Unlock()
 	m, err := r.member(id)
-	if err != nil {
-		return err
+	if err == nil {
+		m.state.CompareAndSwap(int32(Active), int32(Draining))
 	}
-	m.state.Store(int32(s))
-	return nil
+	return err
+}
+
+// Undrain makes a draining replica active again; it also takes back a
+// replica being removed, which then stays.
+func (r *Router) Undrain(id string) error {
+	r.fleetMu.Lock()
+	defer r.fleetMu.Unlock()
+	m, err := r.member(id)
+	if err == nil {
+		m.state.Store(int32(Active))
+	}
+	return err
 }
 
 // Remove drains a replica and forgets it once its last request in flight

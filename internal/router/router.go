@@ -197,7 +197,12 @@ func (r *Router) enter(c *Candidate, req *route.Request) (Ticket, bool) {
 	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m}
 	m.inflight.Add(1)
 	if State(m.state.Load()) != Active {
-		r.release(m) // Remove saw no request in flight, or is about to
+		// Remove saw no request in flight, or is about to: back out. If
+		// that leaves a removing replica idle, it is forgotten apart from
+		// this decision, which must not wait for its index to be cleared.
+		if m.inflight.Add(-1) == 0 && State(m.state.Load()) == Removing {
+			go r.forget(m)
+		}
 		return Ticket{}, false
 	}
 	m.unfin.Add(int64(req.PromptTokens))
@@ -430,15 +435,17 @@ func (r *Router) ObserveEngine(id string, g route.EngineGauges, at time.Duration
 // engine reports it): its share of the prefix index is resized to match.
 func (r *Router) SetKVCapacity(id string, tokens int) error {
 	m, err := r.member(id)
-	if err != nil || tokens <= 0 || int64(tokens) == m.kvCap.Load() {
+	if err != nil || tokens <= 0 {
 		return err
 	}
-	m.kvCap.Store(int64(tokens))
+	// The capacity and the index's share change together.
 	r.ixMu.Lock()
 	defer r.ixMu.Unlock()
-	if !m.gone.Load() {
-		r.index.SetCapacity(m.slot, tokens/r.cfg.BlockTokens)
+	if int64(tokens) == m.kvCap.Load() || m.gone.Load() {
+		return nil
 	}
+	m.kvCap.Store(int64(tokens))
+	r.index.SetCapacity(m.slot, tokens/r.cfg.BlockTokens)
 	return nil
 }
 

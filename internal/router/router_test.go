@@ -455,3 +455,23 @@ func TestConcurrentDecisionsAndMembership(t *testing.T) {
 		}
 	}
 }
+
+// Draining a replica that is being removed does not take it back: it still
+// leaves once idle.
+func TestDrainKeepsARemoval(t *testing.T) {
+	r := newRouter(t, "gorgo", 2, false)
+	req := route.Request{PromptTokens: 16}
+	tk, err := r.Route(0, &req, rand.New(rand.NewPCG(1, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Remove(tk.ID)
+	r.Drain(tk.ID)
+	if st := state(t, r, tk.ID); st.State != Removing {
+		t.Fatalf("state %v after drain, want removing", st.State)
+	}
+	r.Finish(&tk)
+	if r.Has(tk.ID) {
+		t.Error("the replica stayed")
+	}
+}

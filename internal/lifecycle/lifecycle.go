@@ -31,10 +31,12 @@ import (
 // hashes (the paper's 256).
 const PrefixKeyTokens = 256
 
-// Health hears of attempts that failed through a replica's fault (it
-// refused, hung, broke, or answered 5xx other than 503).
+// Health hears how replicas do: attempts that failed through a replica's
+// fault (it refused, hung, broke, or answered 5xx other than 503), and
+// requests it served.
 type Health interface {
 	Failure(id string)
+	Success(id string)
 }
 
 // Config configures a Core.
@@ -303,7 +305,8 @@ func (r *Request) End(o Outcome, at time.Time) int {
 	c := r.core
 	status := o.Status
 	switch {
-	case r.done && o.Err == nil: // complete, whatever the client does now
+	case r.done: // complete, whatever the client or the replica does now
+		o.Err = nil
 	case o.ClientGone:
 		status = 499
 	case o.Err != nil:
@@ -320,6 +323,9 @@ func (r *Request) End(o Outcome, at time.Time) int {
 	}
 	id := r.ticket.ID
 	ok := status == http.StatusOK
+	if ok && c.Health != nil {
+		c.Health.Success(id)
+	}
 	if m := c.Metrics; m != nil {
 		m.requests.WithLabelValues(id, statusText(status)).Inc()
 		if ok {

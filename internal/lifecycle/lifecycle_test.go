@@ -27,9 +27,10 @@ type learner struct {
 
 func (l *learner) Learn(tag int, o route.Outcome) { l.outcomes = append(l.outcomes, o) }
 
-type health struct{ failures []string }
+type health struct{ failures, successes []string }
 
 func (h *health) Failure(id string) { h.failures = append(h.failures, id) }
+func (h *health) Success(id string) { h.successes = append(h.successes, id) }
 
 // setup is a core over replicas a (10 ms), b (20 ms), c (30 ms).
 func setup(t *testing.T) (*Core, *learner, *health, *prometheus.Registry) {
@@ -98,8 +99,8 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 	if len(l.outcomes) != 1 || l.outcomes[0].TTFT != 60*time.Millisecond || l.outcomes[0].ITL != 10*time.Millisecond || l.outcomes[0].Failed {
 		t.Errorf("learned %+v", l.outcomes)
 	}
-	if len(h.failures) != 1 || h.failures[0] != "a" {
-		t.Errorf("health heard %v", h.failures)
+	if len(h.failures) != 1 || h.failures[0] != "a" || len(h.successes) != 1 || h.successes[0] != "b" {
+		t.Errorf("health heard failures %v, successes %v", h.failures, h.successes)
 	}
 	for _, m := range []struct {
 		name   string

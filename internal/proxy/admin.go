@@ -236,10 +236,14 @@ type replicaJSON struct {
 	Region  string `json:"region"`
 	Profile string `json:"profile,omitempty"`
 	Source  string `json:"source"`
-	// State is active, draining, removing, down (marked down by failures)
-	// or unprobed (no probe has reached it yet).
-	State            string              `json:"state"`
-	Failures         int                 `json:"failures"`
+	// State is active, draining, removing, down (ejected by failures, or
+	// failing its probes) or unprobed (no probe has reached it yet).
+	State    string `json:"state"`
+	Failures int    `json:"failures"` // in a row
+	// Ejections counts the times it was ejected (reset once it stays up),
+	// EjectedUntil when the current ejection ends.
+	Ejections        int                 `json:"ejections"`
+	EjectedUntil     *time.Time          `json:"ejected_until,omitempty"`
 	RTTMS            float64             `json:"rtt_ms"`
 	InFlight         int                 `json:"in_flight"`
 	UnfinishedTokens int                 `json:"unfinished_tokens"`
@@ -266,7 +270,10 @@ func (s *Server) replicaJSON(st router.ReplicaState) replicaJSON {
 	if u := s.upstream(st.ID); u != nil {
 		out.URL, out.Profile, out.Source = u.cfg.URL, u.cfg.Profile, u.source
 		u.mu.Lock()
-		out.Failures = u.failures
+		out.Failures, out.Ejections = u.health.failures, u.health.ejections
+		if until := u.health.until; time.Now().Before(until) {
+			out.EjectedUntil = &until
+		}
 		u.mu.Unlock()
 	}
 	if st.EngineKnown {

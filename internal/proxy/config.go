@@ -55,9 +55,14 @@ type Config struct {
 	// byte reached the client is skipped and another chosen.
 	MaxAttempts int `yaml:"max_attempts"`
 	// FailureThreshold is how many failures in a row (requests or probes)
-	// mark a replica unhealthy (default 3); a successful probe marks it
-	// healthy again.
-	FailureThreshold int `yaml:"failure_threshold"`
+	// eject a replica (default 3); so does a failure rate of half its last
+	// 20 requests and probes. An ejected replica takes no requests for
+	// EjectionTime (default 30 s) times the number of its ejections, at
+	// most MaxEjectionTime (default 5 min); then a successful probe brings
+	// it back. Staying up for MaxEjectionTime resets its count.
+	FailureThreshold int           `yaml:"failure_threshold"`
+	EjectionTime     time.Duration `yaml:"ejection_time"`
+	MaxEjectionTime  time.Duration `yaml:"max_ejection_time"`
 	// ConnectTimeout bounds connecting to a replica (default 5 s);
 	// HeaderTimeout waiting for a stream's response headers (default 30
 	// s): SGLang and vLLM start a stream at once, even for a request they
@@ -66,6 +71,11 @@ type Config struct {
 	// come with their last token). Negative means no limit.
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	HeaderTimeout  time.Duration `yaml:"header_timeout"`
+	// FirstByteTimeout bounds waiting for a non-streaming answer (which
+	// comes whole, when generation ends; default 5 min; negative: no
+	// limit): a replica that sends nothing by then is given up on and the
+	// request tried elsewhere.
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	// StreamIdleTimeout cuts an answer whose replica sends nothing for this
 	// long (default 60 s; negative: never), which frees the client and
 	// counts against the replica.
@@ -169,6 +179,15 @@ func (c Config) Defaults() Config {
 	}
 	if c.FailureThreshold == 0 {
 		c.FailureThreshold = 3
+	}
+	if c.EjectionTime == 0 {
+		c.EjectionTime = 30 * time.Second
+	}
+	if c.MaxEjectionTime == 0 {
+		c.MaxEjectionTime = 5 * time.Minute
+	}
+	if c.FirstByteTimeout == 0 {
+		c.FirstByteTimeout = 5 * time.Minute
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 5 * time.Second
@@ -296,6 +315,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: rtt_alpha must be in (0, 1], got %v", c.RTTAlpha)
 	case c.MaxAttempts < 1 || c.FailureThreshold < 1:
 		return fmt.Errorf("config: max_attempts and failure_threshold must be at least 1")
+	case c.EjectionTime < 0 || c.MaxEjectionTime < c.EjectionTime:
+		return fmt.Errorf("config: ejection_time must be positive and at most max_ejection_time")
 	case math.IsNaN(c.TieMargin) || math.IsInf(c.TieMargin, 0):
 		return fmt.Errorf("config: tie_margin must be finite")
 	}

@@ -227,7 +227,11 @@ func (l *lentBody) Close() error {
 func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (*answer, *attemptError) {
 	cfg := s.cfg.Load()
 	id := u.cfg.ID
-	ctx, stop := context.WithCancel(r.Context())
+	ctx, stopCause := context.WithCancelCause(r.Context())
+	stop := func() { stopCause(context.Canceled) }
+	// Cut at once (and tried elsewhere) if the replica is ejected before
+	// its first byte.
+	defer u.wait(&stopCause)()
 	var lent sync.WaitGroup
 	body := lend(req.Body, &lent)
 	// cancel ends the attempt, and returns once the transport let go of
@@ -238,15 +242,22 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 	}
 	fail := func(status int, broken bool, msg string) (*answer, *attemptError) {
 		cancel()
+		if context.Cause(ctx) == errEjected { // counted already
+			return nil, failure(id, http.StatusServiceUnavailable, false, errEjected.Error())
+		}
 		return nil, failure(id, status, broken, msg)
 	}
 	// A stream's headers come at once, even for a queued request, so a
-	// replica that sends none is hung. A non-streaming answer's headers come
-	// with its last token: no limit there.
+	// replica that sends none within HeaderTimeout is hung. A non-streaming
+	// answer's headers come with its last token: FirstByteTimeout, longer.
 	var hung atomic.Bool
 	var headerTimer *time.Timer
-	if req.Stream() && cfg.HeaderTimeout > 0 {
-		headerTimer = time.AfterFunc(cfg.HeaderTimeout, func() {
+	limit := cfg.HeaderTimeout
+	if !req.Stream() {
+		limit = cfg.FirstByteTimeout
+	}
+	if limit > 0 {
+		headerTimer = time.AfterFunc(limit, func() {
 			if hung.CompareAndSwap(false, true) {
 				stop()
 			}
@@ -268,7 +279,7 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 		if resp != nil {
 			resp.Body.Close()
 		}
-		return fail(http.StatusGatewayTimeout, true, fmt.Sprintf("no response headers within %v", cfg.HeaderTimeout))
+		return fail(http.StatusGatewayTimeout, true, fmt.Sprintf("no response within %v", limit))
 	}
 	if err != nil {
 		return fail(http.StatusBadGateway, true, err.Error())
@@ -305,6 +316,9 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 			err = io.ErrUnexpectedEOF
 		}
 		a.close()
+		if context.Cause(ctx) == errEjected {
+			return nil, failure(id, http.StatusServiceUnavailable, false, errEjected.Error())
+		}
 		return nil, failure(id, http.StatusBadGateway, true, "the answer broke before its first event: "+err.Error())
 	}
 	return a, nil
@@ -397,7 +411,8 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			}
 		}
 		if done || a.end == io.EOF {
-			req.Done() // the final event reached the client
+			req.Done() // the final event reached the client: the answer is complete
+			a.end = io.EOF
 		}
 		if a.end != nil {
 			break

@@ -10,6 +10,7 @@ type metrics struct {
 	scrapeErrors *prometheus.CounterVec
 	healthy, rtt *prometheus.GaugeVec
 	reloads      *prometheus.CounterVec
+	ejections    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -23,7 +24,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_config_reloads_total",
 			Help: "Config reloads, by result (applied, unchanged, failed)."}, []string{"result"}),
 	}
-	reg.MustRegister(m.scrapeErrors, m.healthy, m.rtt, m.reloads)
+	m.ejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_replica_ejections_total",
+		Help: "Times a replica was ejected as an outlier (consecutive failures or a failure rate of half its recent requests)."}, []string{"replica"})
+	reg.MustRegister(m.scrapeErrors, m.healthy, m.rtt, m.reloads, m.ejections)
 	return m
 }
 
@@ -32,4 +35,5 @@ func (m *metrics) forget(id string) {
 	m.scrapeErrors.DeleteLabelValues(id)
 	m.healthy.DeleteLabelValues(id)
 	m.rtt.DeleteLabelValues(id)
+	m.ejections.DeleteLabelValues(id)
 }

@@ -83,10 +83,10 @@ type upstream struct {
 	cfg    ReplicaConfig
 	source string
 
-	mu       sync.Mutex
-	failures int                // in a row
-	stop     context.CancelFunc // ends its probe and scrape loops
-	stopped  bool
+	mu      sync.Mutex
+	health  health
+	stop    context.CancelFunc // ends its probe and scrape loops
+	stopped bool
 }
 
 // halt ends the upstream's loops, and keeps loops from starting after.
@@ -277,33 +277,6 @@ func (s *Server) replaceReplica(rc ReplicaConfig, source string) error {
 		return err
 	}
 	return s.AddReplica(rc, source)
-}
-
-// Failure counts a failure of replica id (a request or a probe) and marks
-// it down at the threshold (lifecycle.Health).
-func (s *Server) Failure(id string) {
-	u := s.upstream(id)
-	if u == nil {
-		return
-	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.failures++
-	if u.failures >= s.cfg.Load().FailureThreshold {
-		// Under u.mu, so that a racing probe's success cannot undo it
-		// before the count is seen.
-		s.rt.SetHealthy(id, false)
-		s.m.healthy.WithLabelValues(id).Set(0)
-	}
-}
-
-// succeeded clears a replica's failures and marks it up.
-func (s *Server) succeeded(u *upstream) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	u.failures = 0
-	s.rt.SetHealthy(u.cfg.ID, true)
-	s.m.healthy.WithLabelValues(u.cfg.ID).Set(1)
 }
 
 // Run probes and scrapes every replica, watches DNS groups and the config

@@ -56,7 +56,7 @@ func (s *Server) probe(ctx context.Context, u *upstream) {
 	resp, err := s.client.Do(req)
 	if err != nil {
 		if ctx.Err() == nil || ctx.Err() == context.DeadlineExceeded {
-			s.Failure(u.cfg.ID)
+			s.probeFailed(u.cfg.ID)
 		}
 		return
 	}
@@ -64,14 +64,14 @@ func (s *Server) probe(ctx context.Context, u *upstream) {
 	resp.Body.Close()
 	rtt := time.Since(start)
 	if resp.StatusCode != http.StatusOK {
-		s.Failure(u.cfg.ID)
+		s.probeFailed(u.cfg.ID)
 		return
 	}
 	if s.rt.ObserveRTT(u.cfg.ID, rtt) != nil {
 		return // left the fleet meanwhile
 	}
 	s.m.rtt.WithLabelValues(u.cfg.ID).Set(rtt.Seconds())
-	s.succeeded(u)
+	s.probed(u)
 }
 
 // scrapeLoop reads a replica's engine metrics every ScrapeInterval, the

@@ -1,0 +1,156 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Outlier ejection, as Envoy does it: a replica whose requests fail
+// failure_threshold times in a row, or half or more of its last
+// failureWindow requests (at least that many seen), or whose probes fail
+// failure_threshold times in a row, is ejected for
+// ejection_time × the number of times it was ejected (capped at
+// max_ejection_time). Probes do not bring it back before that time is up;
+// after it, the next successful probe does. A replica that stays up for
+// max_ejection_time has its count of ejections reset.
+//
+// Attempts waiting for a replica's first byte are cut when it is ejected
+// and tried elsewhere at once: nothing has reached their clients yet.
+
+// failureWindow is how many recent outcomes the failure rate is taken over.
+const failureWindow = 20
+
+// errEjected is the cause of an attempt cut because its replica was ejected.
+var errEjected = errors.New("the replica was marked down")
+
+// health is a replica's outlier state; upstream.mu guards it.
+type health struct {
+	failures  int                 // requests, in a row
+	probeFail int                 // probes, in a row
+	recent    [failureWindow]bool // ring of outcomes, true = failed
+	seen, at  int                 // outcomes in the ring, next slot
+	ejections int
+	until     time.Time // ejected until
+	upSince   time.Time // back up since (zero while down)
+	waiting   map[*context.CancelCauseFunc]struct{}
+}
+
+func (h *health) record(failed bool) {
+	h.recent[h.at] = failed
+	h.at = (h.at + 1) % failureWindow
+	h.seen = min(h.seen+1, failureWindow)
+	if failed {
+		h.failures++
+	} else {
+		h.failures = 0
+	}
+}
+
+func (h *health) failureRate() float64 {
+	if h.seen < failureWindow {
+		return 0
+	}
+	n := 0
+	for _, f := range h.recent {
+		if f {
+			n++
+		}
+	}
+	return float64(n) / failureWindow
+}
+
+// Failure records a request that failed through replica id's fault, and
+// ejects the replica when it is an outlier (lifecycle.Health).
+func (s *Server) Failure(id string) { s.outcome(id, true, false) }
+
+// Success records a request the replica served (lifecycle.Health).
+func (s *Server) Success(id string) { s.outcome(id, false, false) }
+
+// probeFailed records a failed probe.
+func (s *Server) probeFailed(id string) { s.outcome(id, true, true) }
+
+func (s *Server) outcome(id string, failed, probe bool) {
+	u := s.upstream(id)
+	if u == nil {
+		return
+	}
+	cfg := s.cfg.Load()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	h := &u.health
+	if probe {
+		h.probeFail++
+	} else {
+		h.record(failed)
+	}
+	if !failed || time.Now().Before(h.until) {
+		return // already ejected
+	}
+	why := ""
+	switch {
+	case h.failures >= cfg.FailureThreshold:
+		why = "requests failing in a row"
+	case h.probeFail >= cfg.FailureThreshold:
+		why = "probes failing in a row"
+	case h.failureRate() >= 0.5:
+		why = "failure rate"
+	default:
+		return
+	}
+	now := time.Now()
+	if !h.upSince.IsZero() && now.Sub(h.upSince) >= cfg.MaxEjectionTime {
+		h.ejections = 0 // up long enough: a fresh start
+	}
+	h.ejections++
+	d := min(time.Duration(h.ejections)*cfg.EjectionTime, cfg.MaxEjectionTime)
+	h.until, h.upSince = now.Add(d), time.Time{}
+	h.seen, h.at = 0, 0
+	// Under u.mu, so that a racing probe's success cannot undo it.
+	s.rt.SetHealthy(id, false)
+	s.m.healthy.WithLabelValues(id).Set(0)
+	s.m.ejections.WithLabelValues(id).Inc()
+	for cancel := range h.waiting {
+		(*cancel)(errEjected)
+	}
+	s.log.Warn("replica ejected", "replica", id, "why", why, "for", d, "ejections", h.ejections)
+}
+
+// probed records a successful probe: it brings the replica back unless it
+// is still ejected.
+func (s *Server) probed(u *upstream) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	h := &u.health
+	h.probeFail = 0
+	now := time.Now()
+	if now.Before(h.until) {
+		return
+	}
+	if h.upSince.IsZero() {
+		h.upSince = now
+		if !h.until.IsZero() { // back from an ejection: a fresh start
+			h.failures = 0
+			s.log.Info("replica back", "replica", u.cfg.ID, "ejections", h.ejections)
+		}
+	}
+	s.rt.SetHealthy(u.cfg.ID, true)
+	s.m.healthy.WithLabelValues(u.cfg.ID).Set(1)
+}
+
+// wait registers an attempt waiting for its first byte from u, to be cut
+// (with errEjected) if u is ejected meanwhile; the returned function
+// unregisters it.
+func (u *upstream) wait(cancel *context.CancelCauseFunc) func() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.health.waiting == nil {
+		u.health.waiting = map[*context.CancelCauseFunc]struct{}{}
+	}
+	u.health.waiting[cancel] = struct{}{}
+	return func() {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		delete(u.health.waiting, cancel)
+	}
+}

@@ -118,6 +118,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	ln = srv.LimitListener(ln, cfg.MaxConnections)
 	var admin net.Listener
 	if cfg.Admin.Listen != proxy.AdminOff {
 		if admin, err = net.Listen("tcp", cfg.Admin.Listen); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"unicode/utf8"
 	"unsafe"
@@ -167,8 +168,19 @@ func (p *parser) parse(body []byte, chat bool, r *Request) error {
 	return p.appendPrompt(r)
 }
 
-// malformed wraps a syntax error.
-func malformed(err error) error { return fmt.Errorf("malformed JSON: %w", err) }
+// malformed wraps a syntax error, without the Go package's name in the
+// message a client reads.
+func malformed(err error) error {
+	return &syntaxError{err: err}
+}
+
+type syntaxError struct{ err error }
+
+func (e *syntaxError) Error() string {
+	return "malformed JSON: " + strings.TrimPrefix(e.err.Error(), "jsontext: ")
+}
+
+func (e *syntaxError) Unwrap() error { return e.err }
 
 // syntaxOr reports a field's error: a syntax error as malformed JSON,
 // another as is.

@@ -25,49 +25,80 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
-// maxAdminBody bounds an admin request's body.
-const maxAdminBody = 8 << 20
+// maxAdminJSON bounds an admin request's JSON body (decide's is a request
+// body, bounded by max_body_bytes).
+const maxAdminJSON = 1 << 20
 
 func (s *Server) routes(g prometheus.Gatherer) {
 	metrics := promhttp.HandlerFor(g, promhttp.HandlerOpts{})
-	notFound := func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "NotFoundError", "no route for %s %s", r.Method, r.URL.Path)
-	}
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("POST /v1/chat/completions", s.handleCompletion(true))
-	s.mux.HandleFunc("POST /v1/completions", s.handleCompletion(false))
-	s.mux.HandleFunc("GET /v1/models", s.handleModels)
-	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		for _, st := range s.rt.Replicas() {
-			if st.Available() {
-				w.WriteHeader(http.StatusOK)
-				return
+	client := []endpoint{
+		{"POST", "/v1/chat/completions", s.limitInFlight(s.handleCompletion(true))},
+		{"POST", "/v1/completions", s.limitInFlight(s.handleCompletion(false))},
+		{"GET", "/v1/models", s.handleModels},
+		{"GET", "/health", func(w http.ResponseWriter, r *http.Request) {
+			for _, st := range s.rt.Replicas() {
+				if st.Available() {
+					w.WriteHeader(http.StatusOK)
+					return
+				}
 			}
-		}
-		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "no available replica")
-	})
-	s.mux.Handle("GET /metrics", metrics)
-	s.mux.HandleFunc("/", notFound)
+			w.Header().Set("Retry-After", "5")
+			writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "no available replica")
+		}},
+		{"GET", "/metrics", metrics.ServeHTTP},
+	}
+	register(s.mux, client)
 
 	s.admin = http.NewServeMux()
-	s.admin.Handle("GET /metrics", metrics)
-	s.admin.HandleFunc("GET /admin/replicas", s.adminReplicas)
-	s.admin.HandleFunc("POST /admin/replicas", s.adminAdd)
-	s.admin.HandleFunc("DELETE /admin/replicas/{id}", s.adminMember(func(id string) error { return s.RemoveReplica(id) }, "remove"))
-	s.admin.HandleFunc("POST /admin/replicas/{id}/drain", s.adminMember(s.rt.Drain, "drain"))
-	s.admin.HandleFunc("POST /admin/replicas/{id}/undrain", s.adminMember(s.rt.Undrain, "undrain"))
-	s.admin.HandleFunc("GET /admin/weights", s.adminWeights)
-	s.admin.HandleFunc("PUT /admin/weights", s.adminSetWeights)
-	s.admin.HandleFunc("GET /admin/tuner", s.adminTuner)
-	s.admin.HandleFunc("POST /admin/tuner/pause", s.adminTunerPause(true))
-	s.admin.HandleFunc("POST /admin/tuner/resume", s.adminTunerPause(false))
-	s.admin.HandleFunc("POST /admin/decide", s.adminDecide)
+	admin := []endpoint{
+		{"GET", "/metrics", metrics.ServeHTTP},
+		{"GET", "/admin/replicas", s.adminReplicas},
+		{"POST", "/admin/replicas", s.adminAdd},
+		{"DELETE", "/admin/replicas/{id}", s.adminMember(func(id string) error { return s.RemoveReplica(id) }, "remove")},
+		{"POST", "/admin/replicas/{id}/drain", s.adminMember(s.rt.Drain, "drain")},
+		{"POST", "/admin/replicas/{id}/undrain", s.adminMember(s.rt.Undrain, "undrain")},
+		{"GET", "/admin/weights", s.adminWeights},
+		{"PUT", "/admin/weights", s.adminSetWeights},
+		{"GET", "/admin/tuner", s.adminTuner},
+		{"POST", "/admin/tuner/pause", s.adminTunerPause(true)},
+		{"POST", "/admin/tuner/resume", s.adminTunerPause(false)},
+		{"POST", "/admin/decide", s.adminDecide},
+	}
 	// Go's profiler, for operators (behind the tokens like the rest).
 	s.admin.HandleFunc("GET /debug/pprof/", pprof.Index)
 	s.admin.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	s.admin.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	s.admin.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-	s.admin.HandleFunc("/", notFound)
+	register(s.admin, admin)
+}
+
+// endpoint is a method and a path pattern, and their handler.
+type endpoint struct {
+	method, pattern string
+	h               http.HandlerFunc
+}
+
+// register adds the routes to mux; a known path asked with another method
+// gets 405 with Allow, any other path 404, both in OpenAI's error shape.
+func register(mux *http.ServeMux, endpoints []endpoint) {
+	allowed := map[string][]string{}
+	for _, e := range endpoints {
+		mux.HandleFunc(e.method+" "+e.pattern, e.h)
+		allowed[e.pattern] = append(allowed[e.pattern], e.method)
+	}
+	for pattern, methods := range allowed {
+		allow := strings.Join(methods, ", ")
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, "MethodNotAllowedError", "%s %s: use %s", r.Method, r.URL.Path, allow)
+		})
+	}
+	if allowed["/"] == nil {
+		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusNotFound, "NotFoundError", "no route for %s %s", r.Method, r.URL.Path)
+		})
+	}
 }
 
 // handleModels answers from the first available replica that answers.
@@ -83,7 +114,7 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 			cancel()
 			continue
 		}
-		req.Header = forwardHeaders(r.Header)
+		req.Header = forwardHeaders(r)
 		resp, err := s.client.Do(req)
 		if err != nil || resp.StatusCode >= 500 {
 			if resp != nil {
@@ -220,7 +251,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // decodeJSON reads a bounded JSON body, unknown fields refused.
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) bool {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	if r.ContentLength > maxAdminJSON {
+		writeError(w, http.StatusRequestEntityTooLarge, "BadRequestError", "the body is larger than %d bytes", maxAdminJSON)
+		return false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminJSON))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "malformed JSON: %v", err)
@@ -394,9 +429,13 @@ func (s *Server) adminSetWeights(w http.ResponseWriter, r *http.Request) {
 func (s *Server) adminDecide(w http.ResponseWriter, r *http.Request) {
 	body := getBuffer()
 	defer putBuffer(body)
-	r.Body = http.MaxBytesReader(w, r.Body, maxAdminBody)
-	if err := readBody(r, body); err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, "BadRequestError", "reading the request: %v", err)
+	if err := readBody(r, body, s.cfg.Load().MaxBodyBytes); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "BadRequestError", "the request body is larger than %d bytes", tooBig.Limit)
+			return
+		}
+		writeError(w, http.StatusBadRequest, "BadRequestError", "could not read the request body")
 		return
 	}
 	req, perr := s.core.Begin(*body, true, r.Header.Get(SessionHeader), time.Now())

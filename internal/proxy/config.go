@@ -82,6 +82,18 @@ type Config struct {
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// Seed fixes the policies' random draws.
 	Seed uint64 `yaml:"seed"`
+	// MaxBodyBytes bounds a request body on every endpoint (default 8 MiB;
+	// a larger one is refused with 413, from its Content-Length before it
+	// is read when it gives one); MaxAnswerBytes a non-streaming answer or
+	// one event of a stream held while it is relayed (default 64 MiB).
+	MaxBodyBytes   int64 `yaml:"max_body_bytes"`
+	MaxAnswerBytes int64 `yaml:"max_answer_bytes"`
+	// MaxConnections caps the client connections open at once (default
+	// 8192) and MaxInFlight the requests being served (default 4096); past
+	// either a client is answered 503 with Retry-After at once. Negative:
+	// no cap.
+	MaxConnections int `yaml:"max_connections"`
+	MaxInFlight    int `yaml:"max_in_flight"`
 	// ConfigPoll is how often the config file's modification time is
 	// checked, and the file reloaded when it changed (default 5 s; negative:
 	// never; SIGHUP reloads it at any time).
@@ -185,6 +197,18 @@ func (c Config) Defaults() Config {
 	}
 	if c.MaxEjectionTime == 0 {
 		c.MaxEjectionTime = 5 * time.Minute
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 8 << 20
+	}
+	if c.MaxAnswerBytes == 0 {
+		c.MaxAnswerBytes = 64 << 20
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = 8192
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = 4096
 	}
 	if c.FirstByteTimeout == 0 {
 		c.FirstByteTimeout = 5 * time.Minute
@@ -315,6 +339,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: rtt_alpha must be in (0, 1], got %v", c.RTTAlpha)
 	case c.MaxAttempts < 1 || c.FailureThreshold < 1:
 		return fmt.Errorf("config: max_attempts and failure_threshold must be at least 1")
+	case c.MaxBodyBytes < 1 || c.MaxAnswerBytes < 1:
+		return fmt.Errorf("config: max_body_bytes and max_answer_bytes must be positive")
 	case c.EjectionTime < 0 || c.MaxEjectionTime < c.EjectionTime:
 		return fmt.Errorf("config: ejection_time must be positive and at most max_ejection_time")
 	case math.IsNaN(c.TieMargin) || math.IsInf(c.TieMargin, 0):

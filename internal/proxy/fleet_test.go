@@ -301,7 +301,7 @@ func TestAdminWeightsAndTuner(t *testing.T) {
 	if code, _ := do(t, "POST", admin+"/admin/tuner/pause", ""); code != 404 {
 		t.Errorf("pausing a policy that does not tune: %d", code)
 	}
-	big := strings.NewReader(strings.Repeat("x", maxAdminBody+10))
+	big := strings.NewReader(strings.Repeat("x", 9<<20)) // over max_body_bytes (8 MiB)
 	resp, err := http.Post(admin+"/admin/decide", "application/json", big)
 	if err != nil {
 		t.Fatal(err)

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,11 +30,6 @@ const (
 	ReplicaHeader = "X-Gorgo-Replica"
 )
 
-// Bounds on what the proxy reads.
-const (
-	maxBody   = 32 << 20 // a request body
-	maxAnswer = 64 << 20 // a non-streaming answer, or one event of a stream
-)
 
 func writeError(w http.ResponseWriter, status int, typ, format string, args ...any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -62,13 +59,17 @@ func putBuffer(b *[]byte) {
 	}
 }
 
-// readBody reads a request body into a pooled buffer, at most maxBody.
-func readBody(r *http.Request, buf *[]byte) error {
+// readBody reads a request body into a pooled buffer, at most limit
+// bytes: a larger Content-Length is refused before anything is read.
+func readBody(r *http.Request, buf *[]byte, limit int64) error {
+	if r.ContentLength > limit {
+		return &http.MaxBytesError{Limit: limit}
+	}
 	b := (*buf)[:0]
-	if n := r.ContentLength; n > 0 && n <= maxBody && int64(cap(b)) < n {
+	if n := r.ContentLength; n > 0 && int64(cap(b)) < n {
 		b = make([]byte, 0, n+1)
 	}
-	body := http.MaxBytesReader(nil, r.Body, maxBody)
+	body := http.MaxBytesReader(nil, r.Body, limit)
 	for {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
@@ -93,11 +94,11 @@ func (s *Server) handleCompletion(chat bool) http.HandlerFunc {
 		received := time.Now()
 		body := getBuffer()
 		defer putBuffer(body)
-		if err := readBody(r, body); err != nil {
+		if err := readBody(r, body, s.cfg.Load().MaxBodyBytes); err != nil {
 			var tooBig *http.MaxBytesError
-			e := &lifecycle.Error{Status: http.StatusBadRequest, Type: "BadRequestError", Message: "reading the request: " + err.Error()}
+			e := &lifecycle.Error{Status: http.StatusBadRequest, Type: "BadRequestError", Message: "could not read the request body"}
 			if errors.As(err, &tooBig) {
-				e.Status, e.Message = http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes", maxBody)
+				e.Status, e.Message = http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes", tooBig.Limit)
 			}
 			s.core.Metrics.Refused(e.Status)
 			writeLifecycleError(w, e)
@@ -125,6 +126,9 @@ func (s *Server) handleCompletion(chat bool) http.HandlerFunc {
 					req.Abandon()
 					return
 				}
+				u.attemptLog.Do(func() {
+					s.log.Warn("attempt failed", "replica", id, "status", aerr.Status, "error", aerr.cause, "note", "logged at most every 10 s per replica")
+				})
 				req.Failed(&aerr.Error, aerr.broken)
 				continue
 			}
@@ -145,9 +149,12 @@ type attemptError struct {
 	// broken: the failure counts against the replica (it refused, hung,
 	// broke, or answered 5xx); a 503 or 429 only says it is busy.
 	broken bool
+	// cause is the whole story, for the log (the client's message names
+	// the replica at most: no address, no Go error text).
+	cause string
 }
 
-func failure(id string, status int, broken bool, msg string) *attemptError {
+func failure(id string, status int, broken bool, msg string, cause ...string) *attemptError {
 	typ := "ServiceUnavailableError"
 	switch status {
 	case http.StatusTooManyRequests:
@@ -157,7 +164,11 @@ func failure(id string, status int, broken bool, msg string) *attemptError {
 	case http.StatusInternalServerError:
 		typ = "InternalServerError"
 	}
-	return &attemptError{Error: lifecycle.Error{Status: status, Type: typ, Message: "every replica tried failed; the last (" + id + "): " + msg}, broken: broken}
+	e := &attemptError{Error: lifecycle.Error{Status: status, Type: typ, Message: "every replica tried failed; the last (" + id + "): " + msg}, broken: broken, cause: msg}
+	if len(cause) > 0 {
+		e.cause = msg + ": " + cause[0]
+	}
+	return e
 }
 
 // answer is a replica's answer, read far enough to be sure it is one: for
@@ -179,11 +190,11 @@ func (a *answer) close() {
 }
 
 // fill reads what the body has now into buf (growing it when full).
-func (a *answer) fill(idle time.Duration) {
+func (a *answer) fill(idle time.Duration, limit int64) {
 	b := *a.buf
 	if len(b) == cap(b) {
-		if cap(b) >= maxAnswer {
-			a.end = fmt.Errorf("an event of the answer is larger than %d bytes", maxAnswer)
+		if int64(cap(b)) >= limit {
+			a.end = fmt.Errorf("the answer (or one of its events) is larger than %d bytes", limit)
 			return
 		}
 		b = append(b, make([]byte, max(32<<10, cap(b)))...)[:len(b)]
@@ -240,12 +251,12 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 		stop()
 		lent.Wait()
 	}
-	fail := func(status int, broken bool, msg string) (*answer, *attemptError) {
+	fail := func(status int, broken bool, msg string, cause ...string) (*answer, *attemptError) {
 		cancel()
 		if context.Cause(ctx) == errEjected { // counted already
 			return nil, failure(id, http.StatusServiceUnavailable, false, errEjected.Error())
 		}
-		return nil, failure(id, status, broken, msg)
+		return nil, failure(id, status, broken, msg, cause...)
 	}
 	// A stream's headers come at once, even for a queued request, so a
 	// replica that sends none within HeaderTimeout is hung. A non-streaming
@@ -266,9 +277,9 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 	up, err := http.NewRequestWithContext(ctx, r.Method, u.cfg.URL+r.URL.RequestURI(), body)
 	if err != nil {
 		body.Close()
-		return fail(http.StatusBadGateway, true, err.Error())
+		return fail(http.StatusBadGateway, true, "could not send the request", err.Error())
 	}
-	up.Header = forwardHeaders(r.Header)
+	up.Header = forwardHeaders(r)
 	up.ContentLength = int64(len(req.Body))
 	// The transport may send the request again on a fresh connection when
 	// a kept-alive one turned out closed before anything was written.
@@ -282,7 +293,7 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 		return fail(http.StatusGatewayTimeout, true, fmt.Sprintf("no response within %v", limit))
 	}
 	if err != nil {
-		return fail(http.StatusBadGateway, true, err.Error())
+		return fail(http.StatusBadGateway, true, "could not reach the replica", err.Error())
 	}
 	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
@@ -303,7 +314,7 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 	}
 	stream := resp.StatusCode == http.StatusOK && req.Stream()
 	for a.end == nil {
-		a.fill(idle)
+		a.fill(idle, cfg.MaxAnswerBytes)
 		if stream {
 			if _, _, ok := wire.NextEvent(*a.buf); ok {
 				break
@@ -319,30 +330,68 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 		if context.Cause(ctx) == errEjected {
 			return nil, failure(id, http.StatusServiceUnavailable, false, errEjected.Error())
 		}
-		return nil, failure(id, http.StatusBadGateway, true, "the answer broke before its first event: "+err.Error())
+		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
 	return a, nil
 }
 
-// hopByHop are the headers a proxy must not forward.
-var hopByHop = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
-	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Accept-Encoding": true}
+// hopByHop are the headers a proxy must not forward (RFC 9110 7.6.1, and
+// what Go's httputil.ReverseProxy removes), with Content-Length (set anew)
+// and Accept-Encoding (the proxy reads answers uncompressed).
+var hopByHop = map[string]bool{"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	"Content-Length": true, "Accept-Encoding": true}
 
-// forwardHeaders copies a client's request headers for the replica.
-func forwardHeaders(src http.Header) http.Header {
-	dst := make(http.Header, len(src))
+// private are the replica's response headers that say things about it the
+// client has no use for.
+var private = map[string]bool{"Server": true, "Set-Cookie": true}
+
+// connectionNamed reports whether the headers' Connection lists name.
+func connectionNamed(h http.Header, name string) bool {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if http.CanonicalHeaderKey(strings.TrimSpace(f)) == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// forwardHeaders copies a client's request headers for the replica, less
+// the hop-by-hop ones (those its Connection names too), and adds the
+// client's address to X-Forwarded-For and X-Forwarded-Proto, as Go's
+// httputil.ReverseProxy does.
+func forwardHeaders(r *http.Request) http.Header {
+	src := r.Header
+	dst := make(http.Header, len(src)+2)
+	named := len(src["Connection"]) > 0
 	for k, v := range src {
-		if !hopByHop[k] {
+		if !hopByHop[k] && (!named || !connectionNamed(src, k)) {
 			dst[k] = v
 		}
 	}
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if prior := src["X-Forwarded-For"]; len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		dst["X-Forwarded-For"] = []string{ip}
+	}
+	proto := "http"
+	if r.TLS != nil {
+		proto = "https"
+	}
+	dst["X-Forwarded-Proto"] = []string{proto}
 	return dst
 }
 
-// copyHeaders copies a replica's response headers for the client.
+// copyHeaders copies a replica's response headers for the client, less
+// the hop-by-hop ones (those its Connection names too) and the private
+// ones.
 func copyHeaders(dst, src http.Header) {
+	named := len(src["Connection"]) > 0
 	for k, v := range src {
-		if !hopByHop[k] {
+		if !hopByHop[k] && !private[k] && (!named || !connectionNamed(src, k)) {
 			dst[k] = v
 		}
 	}
@@ -376,7 +425,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	out := getBuffer()
 	defer putBuffer(out)
 	var scratch []byte
-	idle := s.cfg.Load().StreamIdleTimeout
+	idle, limit := s.cfg.Load().StreamIdleTimeout, s.cfg.Load().MaxAnswerBytes
 	for {
 		// Relay every whole event read so far.
 		rest := *a.buf
@@ -417,7 +466,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if a.end != nil {
 			break
 		}
-		a.fill(idle)
+		a.fill(idle, limit)
 	}
 	var upErr error
 	if a.end != nil && a.end != io.EOF {

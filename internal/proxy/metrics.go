@@ -11,6 +11,8 @@ type metrics struct {
 	healthy, rtt *prometheus.GaugeVec
 	reloads      *prometheus.CounterVec
 	ejections    *prometheus.CounterVec
+	restarts     *prometheus.CounterVec
+	refused      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -26,7 +28,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.ejections = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_replica_ejections_total",
 		Help: "Times a replica was ejected as an outlier (consecutive failures or a failure rate of half its recent requests)."}, []string{"replica"})
-	reg.MustRegister(m.scrapeErrors, m.healthy, m.rtt, m.reloads, m.ejections)
+	m.restarts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_replica_restarts_total",
+		Help: "Engine restarts seen in a replica's metrics (its process start time changed or its counters went back)."}, []string{"replica"})
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_refused_total",
+		Help: "Client connections and requests refused at once because the proxy was at a limit (max_connections, max_in_flight)."}, []string{"limit"})
+	reg.MustRegister(m.scrapeErrors, m.healthy, m.rtt, m.reloads, m.ejections, m.restarts, m.refused)
 	return m
 }
 
@@ -36,4 +42,5 @@ func (m *metrics) forget(id string) {
 	m.healthy.DeleteLabelValues(id)
 	m.rtt.DeleteLabelValues(id)
 	m.ejections.DeleteLabelValues(id)
+	m.restarts.DeleteLabelValues(id)
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/gorgo-llm/gorgo/internal/discover"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
@@ -66,6 +67,8 @@ type Server struct {
 	watcherDone chan struct{}
 	resolver    discover.Resolver
 
+	inFlight atomic.Int64 // requests being served
+
 	reloadMu sync.Mutex // serialises reloads; guards fileMod
 	fileMod  time.Time
 	flags    flags
@@ -87,6 +90,14 @@ type upstream struct {
 	health  health
 	stop    context.CancelFunc // ends its probe and scrape loops
 	stopped bool
+
+	scrapeFailing atomic.Bool
+	// attemptLog limits the log lines of its failed attempts.
+	attemptLog rate.Sometimes
+}
+
+func newUpstream(rc ReplicaConfig, source string) *upstream {
+	return &upstream{cfg: rc, source: source, attemptLog: rate.Sometimes{First: 3, Interval: 10 * time.Second}}
 }
 
 // halt ends the upstream's loops, and keeps loops from starting after.
@@ -224,7 +235,7 @@ func (s *Server) AddReplica(rc ReplicaConfig, source string) error {
 	if old := s.upstream(rc.ID); old != nil {
 		old.halt() // a replica of the same id that has left the router since
 	}
-	u := &upstream{cfg: rc, source: source}
+	u := newUpstream(rc, source)
 	s.setUpstream(rc.ID, u)
 	s.m.healthy.WithLabelValues(rc.ID).Set(0)
 	s.startLoops(u)

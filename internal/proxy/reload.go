@@ -236,7 +236,7 @@ func (s *Server) reconfigure(rc ReplicaConfig) error {
 		return fmt.Errorf("replica %s left meanwhile", rc.ID)
 	}
 	old.halt()
-	u := &upstream{cfg: rc, source: old.source}
+	u := newUpstream(rc, old.source)
 	s.setUpstream(rc.ID, u)
 	s.startLoops(u)
 	return nil

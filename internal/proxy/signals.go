@@ -78,11 +78,12 @@ func (s *Server) probe(ctx context.Context, u *upstream) {
 // first at once.
 func (s *Server) scrapeLoop(ctx context.Context, u *upstream) {
 	sc := &signal.Scraper{Client: s.client, URL: u.cfg.URL + u.cfg.MetricsPath}
+	var last *signal.EngineMetrics
 	for {
 		if s.gone(u) {
 			return
 		}
-		s.scrape(ctx, u, sc)
+		last = s.scrape(ctx, u, sc, last)
 		select {
 		case <-ctx.Done():
 			return
@@ -91,17 +92,34 @@ func (s *Server) scrapeLoop(ctx context.Context, u *upstream) {
 	}
 }
 
-func (s *Server) scrape(ctx context.Context, u *upstream, sc *signal.Scraper) {
+// scrape reads a replica's engine metrics and returns them (last, when
+// the scrape failed). A first failure after successes, and the recovery,
+// are logged; an engine that restarted since the last scrape (its process
+// start time changed, or its prompt-token counter went back) has an empty
+// cache, and the router forgets what it believed it held.
+func (s *Server) scrape(ctx context.Context, u *upstream, sc *signal.Scraper, last *signal.EngineMetrics) *signal.EngineMetrics {
 	ctx, cancel := context.WithTimeout(ctx, max(s.Config().ScrapeInterval, 2*time.Second))
 	defer cancel()
+	id := u.cfg.ID
 	em, err := sc.Scrape(ctx)
 	if err != nil {
 		if ctx.Err() == nil || ctx.Err() == context.DeadlineExceeded {
-			s.m.scrapeErrors.WithLabelValues(u.cfg.ID).Inc()
+			s.m.scrapeErrors.WithLabelValues(id).Inc()
+			if !u.scrapeFailing.Swap(true) {
+				s.log.Warn("scrape failed", "replica", id, "error", err)
+			}
 		}
-		return
+		return last
 	}
-	id := u.cfg.ID
+	if u.scrapeFailing.Swap(false) {
+		s.log.Info("scrape works again", "replica", id)
+	}
+	if last != nil && (em.StartTime != last.StartTime || em.PromptTokensTotal < last.PromptTokensTotal) {
+		s.rt.ForgetCache(id)
+		s.m.restarts.WithLabelValues(id).Inc()
+		s.log.Warn("replica restarted: the router forgets what it believed its cache held", "replica", id)
+	}
 	s.rt.ObserveEngine(id, route.EngineGauges{Running: em.Running, Waiting: em.Waiting, KVUsedTokens: em.KVUsedTokens, CacheHitRate: em.CacheHitRate}, s.now())
 	s.rt.SetKVCapacity(id, em.KVCapacityTokens) // the engine knows its cache better than the config
+	return &em
 }

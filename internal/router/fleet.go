@@ -225,6 +225,16 @@ func (r *Router) Reconfigure(rc ReplicaConfig) error {
 	return r.SetKVCapacity(rc.ID, rc.KVCapacityTokens)
 }
 
+// ForgetCache clears what the index believes a replica holds (its engine
+// restarted, with an empty cache).
+func (r *Router) ForgetCache(id string) error {
+	m, err := r.member(id)
+	if err == nil {
+		r.clearIndex(m)
+	}
+	return err
+}
+
 // Has reports whether a replica of that id is in the fleet (in any state).
 func (r *Router) Has(id string) bool {
 	_, ok := r.fleet.Load().byID[id]

@@ -85,6 +85,9 @@ type EngineMetrics struct {
 	// Model is the model_name label of the series read; several distinct
 	// names are sorted and joined with ",". Empty if there is none.
 	Model string
+	// StartTime is the engine process's start (process_start_time_seconds,
+	// Unix seconds), 0 if not exposed: a change means a restart.
+	StartTime float64
 }
 
 // maxCount bounds the integer fields: larger values (and the float sums
@@ -318,6 +321,7 @@ func parseSGLang(fams map[string]*dto.MetricFamily) (EngineMetrics, error) {
 	em.GenerationTokensTotal = rd.stat("sglang:generation_tokens_total").sum
 	em.GenThroughput = rd.stat("sglang:gen_throughput").sum
 	em.Model = rd.model()
+	em.StartTime = rd.stat("process_start_time_seconds").max
 	return em, nil
 }
 
@@ -382,6 +386,7 @@ func parseVLLM(fams map[string]*dto.MetricFamily) (EngineMetrics, error) {
 	em.PromptTokensTotal = rd.stat("vllm:prompt_tokens_total").sum
 	em.GenerationTokensTotal = rd.stat("vllm:generation_tokens_total").sum
 	em.Model = rd.model()
+	em.StartTime = rd.stat("process_start_time_seconds").max
 	return em, nil
 }
 

@@ -100,6 +100,7 @@ func TestParseVLLMV1Capture(t *testing.T) {
 		PromptTokensTotal:     530,
 		GenerationTokensTotal: 584,
 		Model:                 "qwen2.5-1.5b",
+		StartTime:             1.78990180866e+09, // process_start_time_seconds
 	}
 	em, err := ParseEngineMetrics(bytes.NewReader(b))
 	if err != nil {

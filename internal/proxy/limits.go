@@ -1,0 +1,82 @@
+package proxy
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// LimitListener caps the client connections open at once: past max, a new
+// connection is answered at once with a 503 (Retry-After: 1, in OpenAI's
+// error shape) and closed, instead of waiting in the accept queue or
+// exhausting the process's file descriptors. max ≤ 0 means no cap.
+func (s *Server) LimitListener(ln net.Listener, max int) net.Listener {
+	if max <= 0 {
+		return ln
+	}
+	return &limitListener{Listener: ln, max: int64(max), s: s}
+}
+
+type limitListener struct {
+	net.Listener
+	max  int64
+	open atomic.Int64
+	s    *Server
+}
+
+// refusal is what a connection over the cap reads.
+var refusal = func() []byte {
+	body := `{"error":{"message":"too many connections: try again shortly","type":"ServiceUnavailableError","param":null,"code":503}}` + "\n"
+	return fmt.Appendf(nil, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}()
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.open.Add(1) <= l.max {
+			return &countedConn{Conn: c, l: l}, nil
+		}
+		l.open.Add(-1)
+		l.s.m.refused.WithLabelValues("max_connections").Inc()
+		go func() { // do not hold up Accept for a slow client
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			c.Write(refusal)
+			c.Close()
+		}()
+	}
+}
+
+type countedConn struct {
+	net.Conn
+	l      *limitListener
+	closed atomic.Bool
+}
+
+func (c *countedConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.l.open.Add(-1)
+	}
+	return c.Conn.Close()
+}
+
+// limitInFlight answers 503 (Retry-After: 1) at once to a request past
+// MaxInFlight requests being served.
+func (s *Server) limitInFlight(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		max := int64(s.cfg.Load().MaxInFlight)
+		if n := s.inFlight.Add(1); max > 0 && n > max {
+			s.inFlight.Add(-1)
+			s.m.refused.WithLabelValues("max_in_flight").Inc()
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "too many requests in flight: try again shortly")
+			return
+		}
+		defer s.inFlight.Add(-1)
+		h(w, r)
+	}
+}

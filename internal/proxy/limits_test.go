@@ -1,0 +1,219 @@
+package proxy
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+)
+
+// A known path asked with the wrong method is a 405 with Allow; an unknown
+// path a 404; both in OpenAI's error shape.
+func TestMethodNotAllowed(t *testing.T) {
+	s, url := startProxy(t, Config{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	resp, err := http.Get(url + "/v1/chat/completions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" || !strings.Contains(string(body), `"code":405`) {
+		t.Errorf("GET on a POST path: %d, Allow %q, %s", resp.StatusCode, resp.Header.Get("Allow"), body)
+	}
+	if code, body := do(t, "DELETE", adminURL(t, s)+"/admin/weights", ""); code != 405 || !strings.Contains(body, "GET, PUT") {
+		t.Errorf("DELETE /admin/weights: %d %s", code, body)
+	}
+	if code, _ := do(t, "GET", url+"/v2/nothing", ""); code != 404 {
+		t.Errorf("unknown path: %d", code)
+	}
+}
+
+// Bodies over max_body_bytes are refused with 413: from their
+// Content-Length before anything is read, or once the limit is passed.
+func TestBodyLimit(t *testing.T) {
+	s, url := startProxy(t, Config{MaxBodyBytes: 1 << 10}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	big := chatBody(strings.Repeat("x", 2<<10), 1, true)
+	for _, chunked := range []bool{false, true} {
+		var r io.Reader = strings.NewReader(big)
+		if chunked {
+			r = io.MultiReader(strings.NewReader(big)) // no length known: sent chunked
+		}
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 413 || !strings.Contains(string(body), "larger than 1024 bytes") {
+			t.Errorf("chunked %v: %d %s", chunked, resp.StatusCode, body)
+		}
+	}
+	if code, _ := do(t, "POST", adminURL(t, s)+"/admin/decide", big); code != 413 {
+		t.Errorf("decide: %d", code)
+	}
+	if res := chat(t, url, "small enough", 1); res.status != 200 {
+		t.Errorf("a small request: %+v", res)
+	}
+}
+
+// What the client sees of a failure names the replica at most; the
+// replica's private headers and hop-by-hop headers do not cross the proxy
+// either way; X-Forwarded-For and -Proto are set.
+func TestNothingLeaks(t *testing.T) {
+	var mu sync.Mutex
+	var seen http.Header
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = r.Header.Clone()
+		mu.Unlock()
+		w.Header().Set("Server", "sglang/0.5 (internal build 42)")
+		w.Header().Set("Set-Cookie", "node=gpu-17")
+		w.Header().Set("Connection", "X-Internal")
+		w.Header().Set("X-Internal", "secret")
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"completion_tokens":1}}`)
+	})
+	_, url := startProxy(t, Config{}, up)
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(chatBody("hi", 1, false)))
+	req.Header.Set("Connection", "X-Client-Only")
+	req.Header.Set("X-Client-Only", "hop")
+	req.Header.Set("X-Forwarded-For", "10.0.0.1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, h := range []string{"Server", "Set-Cookie", "X-Internal"} {
+		if v := resp.Header.Get(h); v != "" {
+			t.Errorf("the client got %s: %s", h, v)
+		}
+	}
+	mu.Lock()
+	if seen.Get("X-Client-Only") != "" || seen.Get("X-Forwarded-For") != "10.0.0.1, 127.0.0.1" || seen.Get("X-Forwarded-Proto") != "http" {
+		t.Errorf("the replica got %v", seen)
+	}
+	mu.Unlock()
+	// A malformed body's error names no Go package or type.
+	if code, body := do(t, "POST", url+"/v1/chat/completions", `{"messages": [{"role": 7}`); code != 400 || strings.Contains(body, "jsontext") || strings.Contains(body, "prompt.") {
+		t.Errorf("malformed body: %d %s", code, body)
+	}
+	// A dead replica's failure, as the client hears it.
+	s2, url2 := startProxy(t, Config{ProbeInterval: time.Hour, FailureThreshold: 100}, up)
+	s2.Router().ObserveRTT("a", time.Millisecond)
+	if err := s2.AddReplica(ReplicaConfig{ID: "gone", URL: "http://127.0.0.1:1"}, sourceAdmin); err != nil {
+		t.Fatal(err)
+	}
+	s2.Router().ObserveRTT("gone", time.Microsecond) // nearest: tried first
+	s2.Router().Drain("a")
+	res := chat(t, url2, "anyone?", 1)
+	if res.status != 502 || strings.Contains(res.err, "127.0.0.1") || strings.Contains(res.err, "dial") || !strings.Contains(res.err, "(gone)") {
+		t.Errorf("the client heard %d %q", res.status, res.err)
+	}
+}
+
+// Past max_in_flight, a request is refused at once with 503 and
+// Retry-After; past max_connections, a connection is.
+func TestCapacityLimits(t *testing.T) {
+	release := make(chan struct{})
+	slow := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		io.WriteString(w, `{"choices":[]}`)
+	})
+	defer close(release)
+	s, url := startProxy(t, Config{MaxInFlight: 1, ProbeInterval: time.Hour}, slow)
+	go http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("first", 1, false)))
+	eventually(t, "the first request to be in flight", func() bool { return stateOr(s, "a").InFlight == 1 })
+	client := &http.Client{Timeout: 20 * time.Second} // the failure would be a wait
+	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("second", 1, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("past max_in_flight: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+
+	// Connections: two open and idle, the third is answered and closed.
+	s, _ = startProxy(t, Config{ProbeInterval: time.Hour}, slow)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limited := s.LimitListener(ln, 2)
+	hs := &http.Server{Handler: s.Handler()}
+	go hs.Serve(limited)
+	defer hs.Close()
+	var conns []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+		if _, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	r, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || r.StatusCode != 503 || r.Header.Get("Retry-After") != "1" {
+		t.Errorf("the third connection: %v %v", r, err)
+	}
+	c.Close()
+	conns[0].Close() // a slot frees
+	eventually(t, "a new connection to be served", func() bool {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+		r, err := http.ReadResponse(bufio.NewReader(c), nil)
+		return err == nil && r.StatusCode != 503
+	})
+	conns[1].Close()
+}
+
+// An engine that restarted (its counters went back) has an empty cache:
+// the router forgets what it believed the replica held.
+func TestRestartedEngineIsForgotten(t *testing.T) {
+	var mu sync.Mutex
+	promptTotal := 5000
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(w, "sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:max_total_num_tokens 983549\nsglang:prompt_tokens_total %d\n", promptTotal)
+			return
+		}
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"completion_tokens":1}}`)
+	})
+	s, url := startProxy(t, Config{ScrapeInterval: 20 * time.Millisecond}, up)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(strings.Repeat("a long prompt ", 200), 1, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if n := stateOr(s, "a").IndexBlocks; n == 0 {
+		t.Fatal("nothing indexed")
+	}
+	mu.Lock()
+	promptTotal = 12 // the engine came back from a restart
+	mu.Unlock()
+	eventually(t, "the router to forget the replica's cache", func() bool { return stateOr(s, "a").IndexBlocks == 0 })
+}

@@ -30,7 +30,6 @@ const (
 	ReplicaHeader = "X-Gorgo-Replica"
 )
 
-
 func writeError(w http.ResponseWriter, status int, typ, format string, args ...any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -147,7 +147,7 @@ func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []
 		return report.Run{}, err
 	}
 	px.ProbeOnce(ctx)
-	go serve(ctx, px.Run, served{px.Handler(), ln})
+	go serve(ctx, px.Run, served{h: px.Handler(), ln: ln})
 	out, err := replay.Run(ctx, replay.Config{Target: "http://" + ln.Addr().String(), Requests: reqs, MaxInflight: sim.DefaultMaxInflight})
 	if err != nil {
 		return report.Run{}, err

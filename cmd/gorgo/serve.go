@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -153,9 +154,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}()
-	servers := []served{{srv.Handler(), ln}}
+	servers := []served{{h: srv.Handler(), ln: ln, grace: cfg.ShutdownTimeout}}
 	if admin != nil {
-		servers = append(servers, served{srv.AdminHandler(), admin})
+		servers = append(servers, served{h: srv.AdminHandler(), ln: admin})
 	}
 	return serve(ctx, srv.Run, servers...)
 }
@@ -177,10 +178,12 @@ func servePolicy(cfg proxy.Config, tf *tuneFlags) (route.Policy, error) {
 	return tf.online(cfg.Seed, base)
 }
 
-// served is a handler and the listener it serves on.
+// served is a handler and the listener it serves on, and how long a
+// graceful shutdown waits for its requests in flight (default 5 s).
 type served struct {
-	h  http.Handler
-	ln net.Listener
+	h     http.Handler
+	ln    net.Listener
+	grace time.Duration
 }
 
 // serve serves each handler on its listener and runs run (a server's
@@ -208,12 +211,26 @@ func serve(ctx context.Context, run func(context.Context) error, servers ...serv
 			}
 			return err
 		}
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		var errs []error
-		for _, hs := range hss {
-			errs = append(errs, hs.Shutdown(sctx))
+		// Stop accepting; let what is in flight finish, up to each
+		// server's grace period.
+		errs := make([]error, len(hss))
+		var wg sync.WaitGroup
+		for i, hs := range hss {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				grace := servers[i].grace
+				if grace <= 0 {
+					grace = 5 * time.Second
+				}
+				sctx, cancel := context.WithTimeout(context.Background(), grace)
+				defer cancel()
+				if errs[i] = hs.Shutdown(sctx); errs[i] != nil {
+					hs.Close() // the grace period is over: cut what is left
+				}
+			}()
 		}
+		wg.Wait()
 		return errors.Join(errs...)
 	})
 	return g.Wait()

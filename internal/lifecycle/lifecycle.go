@@ -245,11 +245,15 @@ func (r *Request) Failed(e *Error, broken bool) {
 func (r *Request) Failure() *Error {
 	switch {
 	case r.last != nil:
-		return r.last
+		e := *r.last
+		if e.RetryAfter == "" && (e.Status == http.StatusServiceUnavailable || e.Status == http.StatusTooManyRequests) {
+			e.RetryAfter = "1"
+		}
+		return &e
 	case r.decideErr != nil && !errors.Is(r.decideErr, route.ErrNoReplica):
 		return &Error{Status: http.StatusInternalServerError, Type: "InternalServerError", Message: "routing failed: " + r.decideErr.Error()}
 	}
-	return &Error{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailableError", Message: "no available replica"}
+	return &Error{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailableError", Message: "no available replica", RetryAfter: "5"}
 }
 
 // Accepted records that the replica took the request (its answer is being

@@ -82,6 +82,10 @@ type Config struct {
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// Seed fixes the policies' random draws.
 	Seed uint64 `yaml:"seed"`
+	// ShutdownTimeout is how long a shutdown (SIGTERM, SIGINT) lets the
+	// requests in flight finish, streams included, while new connections
+	// are refused (default 30 s).
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// MaxBodyBytes bounds a request body on every endpoint (default 8 MiB;
 	// a larger one is refused with 413, from its Content-Length before it
 	// is read when it gives one); MaxAnswerBytes a non-streaming answer or
@@ -197,6 +201,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.MaxEjectionTime == 0 {
 		c.MaxEjectionTime = 5 * time.Minute
+	}
+	if c.ShutdownTimeout == 0 {
+		c.ShutdownTimeout = 30 * time.Second
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 8 << 20

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -169,5 +170,58 @@ func TestCompleteStreamIsNot499(t *testing.T) {
 	}
 	if _, m := do(t, "GET", url+"/metrics", ""); !strings.Contains(m, `gorgo_e2e_seconds_count{replica="a"} 1`) || !strings.Contains(m, `gorgo_ttft_seconds_count{replica="a"} 1`) {
 		t.Error("the complete stream is missing from gorgo_e2e_seconds or gorgo_ttft_seconds")
+	}
+}
+
+// When a replica's round trip jumps while gorgo serves, its probes see it
+// and traffic moves away.
+func TestRTTJumpMovesTraffic(t *testing.T) {
+	near, other := startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 60*time.Millisecond, emulator.Faults{})
+	s, url := startProxy(t, Config{ProbeInterval: 20 * time.Millisecond, RTTAlpha: 0.5}, near, other)
+	if res := chat(t, url, "before", 1); res.replica != "a" {
+		t.Fatalf("before the jump: %+v", res)
+	}
+	near.link.Set(400*time.Millisecond, 0)
+	eventually(t, "the router to see the jump", func() bool { return stateOr(s, "a").RTT > 200*time.Millisecond })
+	for i := range 3 {
+		if res := chat(t, url, fmt.Sprint("after ", i), 1); res.status != 200 || res.replica != "b" {
+			t.Errorf("after the jump: %+v", res)
+		}
+	}
+}
+
+// A replica whose /metrics is down or garbage still serves; the failures
+// are counted (and logged once per streak).
+func TestGarbageMetricsDoNotStopRouting(t *testing.T) {
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			io.WriteString(w, "this is { not an exposition\n")
+			return
+		}
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"completion_tokens":1}}`)
+	})
+	s, url := startProxy(t, Config{ScrapeInterval: 10 * time.Millisecond}, up)
+	eventually(t, "scrape errors to be counted", func() bool {
+		return testutil.ToFloat64(s.m.scrapeErrors.WithLabelValues("a")) >= 2
+	})
+	if code, _ := do(t, "POST", url+"/v1/chat/completions", chatBody("still there?", 1, false)); code != 200 {
+		t.Errorf("status %d", code)
+	}
+}
+
+// With every replica down, a client gets 503 with Retry-After at once.
+func TestAllReplicasDown(t *testing.T) {
+	s, url := startProxy(t, Config{ProbeInterval: time.Hour}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	s.Router().Drain("a")
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", 1, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "no available replica") {
+		t.Errorf("%d, Retry-After %q: %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
 }

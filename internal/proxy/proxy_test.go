@@ -28,6 +28,7 @@ import (
 type replica struct {
 	srv   *emulator.Server
 	url   string
+	link  *netem.Link
 	count atomic.Int64 // completions requests received
 }
 
@@ -45,7 +46,8 @@ func startReplica(t testing.TB, rtt time.Duration, faults emulator.Faults) *repl
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := &replica{srv: srv, url: "http://" + ln.Addr().String()}
+	link := netem.NewLink(rtt, 0, 1)
+	rep := &replica{srv: srv, url: "http://" + ln.Addr().String(), link: link}
 	h := srv.Handler()
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
@@ -55,7 +57,7 @@ func startReplica(t testing.TB, rtt time.Duration, faults emulator.Faults) *repl
 	})}
 	ctx, cancel := context.WithCancel(context.Background())
 	go srv.Run(ctx)
-	go hs.Serve(netem.NewLink(rtt, 0, 1).Listener(ln))
+	go hs.Serve(link.Listener(ln))
 	t.Cleanup(func() {
 		cancel()
 		hs.Close()

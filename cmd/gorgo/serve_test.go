@@ -1,0 +1,79 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gorgo-llm/gorgo/internal/proxy"
+)
+
+// A graceful shutdown lets a stream in flight finish, and refuses new
+// connections meanwhile.
+func TestGracefulShutdownLetsStreamsFinish(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/chat/completions" {
+			return // /health, /metrics
+		}
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" one"}}]}`+"\n\n")
+		w.(http.Flusher).Flush()
+		<-release // the rest of the answer comes after the shutdown began
+		io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" two"}}]}`+"\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	srv, err := proxy.New(proxy.Config{Admin: proxy.AdminConfig{Listen: proxy.AdminOff}, Replicas: []proxy.ReplicaConfig{{ID: "a", URL: up.URL}}},
+		nil, prometheus.NewRegistry(), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv.ProbeOnce(ctx)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, srv.Run, served{h: srv.Handler(), ln: ln, grace: 20 * time.Second}) }()
+	url := "http://" + ln.Addr().String()
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 16)
+	if _, err := io.ReadFull(resp.Body, first); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // SIGTERM
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			break // new connections are refused
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("new connections still accepted after the shutdown began")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	rest, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || !strings.Contains(string(rest), "[DONE]") {
+		t.Errorf("the stream in flight was cut: %q, %v", rest, err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("serve: %v", err)
+	}
+}

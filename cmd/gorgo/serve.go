@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -154,7 +155,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}()
-	servers := []served{{h: srv.Handler(), ln: ln, grace: cfg.ShutdownTimeout}}
+	servers := []served{{h: srv.Handler(), ln: ln, grace: cfg.ShutdownTimeout, idle: cfg.IdleTimeout, readHeader: cfg.ReadHeaderTimeout}}
 	if admin != nil {
 		servers = append(servers, served{h: srv.AdminHandler(), ln: admin})
 	}
@@ -178,12 +179,15 @@ func servePolicy(cfg proxy.Config, tf *tuneFlags) (route.Policy, error) {
 	return tf.online(cfg.Seed, base)
 }
 
-// served is a handler and the listener it serves on, and how long a
-// graceful shutdown waits for its requests in flight (default 5 s).
+// served is a handler and the listener it serves on, how long a graceful
+// shutdown waits for its requests in flight (default 5 s), how long a
+// keep-alive connection may idle (default 75 s) and a client take to send
+// its request headers (default 10 s).
 type served struct {
-	h     http.Handler
-	ln    net.Listener
-	grace time.Duration
+	h           http.Handler
+	ln          net.Listener
+	grace, idle time.Duration
+	readHeader  time.Duration
 }
 
 // serve serves each handler on its listener and runs run (a server's
@@ -195,7 +199,7 @@ func serve(ctx context.Context, run func(context.Context) error, servers ...serv
 	g, ctx := errgroup.WithContext(ctx)
 	var hss []*http.Server
 	for _, sv := range servers {
-		hs := &http.Server{Handler: sv.h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 75 * time.Second}
+		hs := &http.Server{Handler: sv.h, ReadHeaderTimeout: cmp.Or(sv.readHeader, 10*time.Second), IdleTimeout: cmp.Or(sv.idle, 75*time.Second)}
 		hss = append(hss, hs)
 		g.Go(func() error {
 			if err := hs.Serve(sv.ln); !errors.Is(err, http.ErrServerClosed) {

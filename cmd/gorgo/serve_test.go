@@ -77,3 +77,36 @@ func TestGracefulShutdownLetsStreamsFinish(t *testing.T) {
 		t.Errorf("serve: %v", err)
 	}
 }
+
+// Idle keep-alive connections are closed after idle_timeout, and a client
+// that dawdles over its headers after read_header_timeout (slowloris).
+func TestIdleAndSlowClientsAreCut(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	go func() {
+		done <- serve(ctx, func(ctx context.Context) error { <-ctx.Done(); return nil },
+			served{h: h, ln: ln, idle: 100 * time.Millisecond, readHeader: 100 * time.Millisecond})
+	}()
+	defer func() { cancel(); <-done }()
+	for _, c := range []struct{ name, send string }{
+		{"idle after a request", "GET / HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"slow headers", "GET / HTTP/1.1\r\nHost: x\r\n"}, // never finished
+	} {
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(conn, c.send)
+		conn.SetReadDeadline(time.Now().Add(20 * time.Second)) // the failure would be a connection left open
+		_, err = io.ReadAll(conn)
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Errorf("%s: the connection is still open", c.name)
+		}
+		conn.Close()
+	}
+}

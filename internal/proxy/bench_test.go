@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -144,4 +146,56 @@ func BenchmarkProxyRequests(b *testing.B) {
 		}
 		ts.Close()
 	}
+}
+
+// BenchmarkThousandStreams opens 1,000 streams at once through the proxy
+// to three emulated replicas and reads them all to [DONE], round after
+// round. It reports the streams that did not complete, and how the
+// goroutines and the heap grew per round after the first (which fills the
+// connection pools: a leak grows with every round, pooled connections do
+// not).
+func BenchmarkThousandStreams(b *testing.B) {
+	reps := []*replica{startReplica(b, 5*time.Millisecond, emulator.Faults{}), startReplica(b, 20*time.Millisecond, emulator.Faults{}),
+		startReplica(b, 40*time.Millisecond, emulator.Faults{})}
+	_, url := startProxy(b, Config{MaxInFlight: 2000}, reps...)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000}}
+	heap := func() float64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return float64(m.HeapAlloc) / (1 << 20)
+	}
+	var failed atomic.Int64
+	round := func() {
+		var wg sync.WaitGroup
+		for i := range 1000 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(fmt.Sprintf("stream %d %s", i, strings.Repeat("w ", 200)), 20, true)))
+				if err != nil {
+					failed.Add(1)
+					return
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || !bytes.Contains(body, []byte("[DONE]")) {
+					failed.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	round() // fills the pools
+	time.Sleep(100 * time.Millisecond)
+	g0, h0 := runtime.NumGoroutine(), heap()
+	rounds := 0
+	for b.Loop() {
+		round()
+		rounds++
+	}
+	time.Sleep(100 * time.Millisecond)
+	b.ReportMetric(float64(failed.Load()), "failed")
+	b.ReportMetric(float64(runtime.NumGoroutine()-g0)/float64(rounds), "goroutines-growth/round")
+	b.ReportMetric((heap()-h0)/float64(rounds), "heap-MiB-growth/round")
 }

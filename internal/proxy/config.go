@@ -82,6 +82,11 @@ type Config struct {
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// Seed fixes the policies' random draws.
 	Seed uint64 `yaml:"seed"`
+	// IdleTimeout closes a client's keep-alive connection idle this long
+	// (default 75 s, nginx's); ReadHeaderTimeout cuts a client that takes
+	// longer to send its request headers (default 10 s: slowloris).
+	IdleTimeout       time.Duration `yaml:"idle_timeout"`
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	// ShutdownTimeout is how long a shutdown (SIGTERM, SIGINT) lets the
 	// requests in flight finish, streams included, while new connections
 	// are refused (default 30 s).
@@ -201,6 +206,12 @@ func (c Config) Defaults() Config {
 	}
 	if c.MaxEjectionTime == 0 {
 		c.MaxEjectionTime = 5 * time.Minute
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 75 * time.Second
+	}
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = 10 * time.Second
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second

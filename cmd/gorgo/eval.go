@@ -82,6 +82,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		wins = append(wins, win)
 	}
 	names := splitList(*policies)
+	if err := checkWritable(*jsonOut); err != nil {
+		return err
+	}
 	if _, err := pf.policies(*policies, &tf, wl.seed); err != nil { // validate once
 		return err
 	}

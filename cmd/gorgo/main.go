@@ -67,8 +67,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	fmt.Fprintf(stderr, "gorgo: unknown command %q\n\n", name)
-	usage(stderr)
+	names := make([]string, len(commands))
+	for i, c := range commands {
+		names[i] = c.name
+	}
+	fmt.Fprintf(stderr, "gorgo: unknown command %q (commands: %s; run 'gorgo help')\n", name, strings.Join(names, ", "))
 	return 2
 }
 
@@ -95,13 +98,22 @@ func newFlagSet(name, synopsis, about string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-// parseFlags parses args, mapping a bad command line to errUsage.
+// parseFlags parses args. -h prints the command's usage; a bad command
+// line prints one line (the error and where to look) and maps to errUsage.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return errUsage
+	out, usage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	fs.Usage = usage
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		usage()
+		return err
 	}
-	return nil
+	fmt.Fprintf(out, "gorgo %s: %v (run 'gorgo %s -h' for its flags)\n", fs.Name(), err, fs.Name())
+	return errUsage
 }

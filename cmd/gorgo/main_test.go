@@ -84,6 +84,10 @@ func TestTraceGenThenStats(t *testing.T) {
 }
 
 func TestBadInputGivesOneLineErrors(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty.jsonl")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	bad := filepath.Join(t.TempDir(), "bad.jsonl")
 	if err := os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`+"\nnot json\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -99,14 +103,24 @@ func TestBadInputGivesOneLineErrors(t *testing.T) {
 		{[]string{"sim", "--time-scale", "0"}, 1, "--time-scale"},
 		{[]string{"sim", "--window", "5m"}, 1, "--window"},
 		{[]string{"sim", "--format", "csv", "--trace", bad}, 1, `unknown trace format "csv"`},
-		{[]string{"sim", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"sim", "--bogus"}, 2, "gorgo sim: flag provided but not defined: -bogus (run 'gorgo sim -h' for its flags)"},
 		{[]string{"warp"}, 2, `unknown command "warp"`},
-		{[]string{"trace", "stats"}, 2, "Usage"},
+		{[]string{"trace", "stats"}, 1, "want one trace FILE"},
+		{[]string{"trace", "foo"}, 1, `unknown subcommand "foo"`},
+		{[]string{"trace"}, 1, "want a subcommand: gen or stats"},
+		{[]string{"trace", "gen", "--duration", "0s"}, 1, "--duration must be positive"},
+		{[]string{"sim", "--duration", "0s"}, 1, "--duration must be positive"},
+		{[]string{"sim", "--json", "/nonexistent/dir/out.json"}, 1, "cannot write /nonexistent/dir/out.json"},
+		{[]string{"tune", "--out", "/nonexistent/dir/w.json"}, 1, "cannot write /nonexistent/dir/w.json"},
+		{[]string{"sim", "--trace", empty}, 1, empty + " has no requests"},
 	}
 	for _, c := range cases {
 		code, _, errs := gorgo(t, c.args...)
 		if code != c.code || !strings.Contains(errs, c.want) {
 			t.Errorf("%v: exit %d, stderr %q; want exit %d containing %q", c.args, code, errs, c.code, c.want)
+		}
+		if strings.Count(errs, "\n") > 1 {
+			t.Errorf("%v: %d lines of errors, want one: %q", c.args, strings.Count(errs, "\n"), errs)
 		}
 		if c.code == 1 && strings.Count(strings.TrimSpace(errs), "\n") != 0 {
 			t.Errorf("%v: error is not one line: %q", c.args, errs)

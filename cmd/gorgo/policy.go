@@ -34,11 +34,12 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 }
 
 func (p *policyFlags) options() (route.Options, error) {
-	w, err := route.ParseWeights(p.weights, route.Weights{})
+	// A weight not given keeps its default.
+	w, err := route.ParseWeights(p.weights, route.PaperWeights)
 	if err != nil {
 		return route.Options{}, fmt.Errorf("--weights: %w", err)
 	}
-	mw, err := route.ParseWeights(p.msWeights, route.Weights{})
+	mw, err := route.ParseWeights(p.msWeights, route.Weights{RTT: 1, Queue: 1})
 	if err != nil {
 		return route.Options{}, fmt.Errorf("--ms-weights: %w", err)
 	}

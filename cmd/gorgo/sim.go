@@ -56,6 +56,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := checkWritable(*jsonOut, *records); err != nil {
+		return err
+	}
 	t, reps, err := ff.load()
 	if err != nil {
 		return err
@@ -159,6 +162,26 @@ func insertBeforeExt(path, tag string) string {
 		return path + "." + tag
 	}
 	return path[:dot] + "." + tag + path[dot:]
+}
+
+// checkWritable fails at once, before a long run, for an output path that
+// cannot be written. It leaves no file behind that was not there.
+func checkWritable(paths ...string) error {
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		_, statErr := os.Stat(p)
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			return fmt.Errorf("cannot write %s: %w", p, err)
+		}
+		f.Close()
+		if os.IsNotExist(statErr) {
+			os.Remove(p)
+		}
+	}
+	return nil
 }
 
 func writeJSON(path string, v any) error {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"bufio"
 	"encoding/json"
 	"fmt"
@@ -25,8 +26,10 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stdout, "Usage:\n%s\n", strings.TrimPrefix(traceAbout, "\n"))
 			return nil
 		}
-		fmt.Fprintf(stderr, "Usage:\n%s\n", strings.TrimPrefix(traceAbout, "\n"))
-		return errUsage
+		if len(args) == 0 {
+			return errors.New("want a subcommand: gen or stats (run 'gorgo trace -h')")
+		}
+		return fmt.Errorf("unknown subcommand %q: want gen or stats (run 'gorgo trace -h')", args[0])
 	}
 	if args[0] == "gen" {
 		return runTraceGen(args[1:], stdout, stderr)
@@ -47,17 +50,21 @@ func runTraceGen(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	reqs, err := trace.Generate(trace.GenConfig{Preset: *preset, Seed: *seed, Duration: *duration, Rate: *rate})
-	if err != nil {
-		return err
+	if *duration <= 0 {
+		return fmt.Errorf("--duration must be positive, got %v", *duration)
 	}
 	w := stdout
 	var f *os.File
-	if *out != "" {
+	if *out != "" { // before the work: an unwritable path fails at once
+		var err error
 		if f, err = os.Create(*out); err != nil {
 			return err
 		}
 		w = f
+	}
+	reqs, err := trace.Generate(trace.GenConfig{Preset: *preset, Seed: *seed, Duration: *duration, Rate: *rate})
+	if err != nil {
+		return err
 	}
 	bw := bufio.NewWriterSize(w, 1<<16)
 	if err := trace.Write(bw, reqs); err != nil {
@@ -85,8 +92,7 @@ func runTraceStats(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		fs.Usage()
-		return errUsage
+		return errors.New("want one trace FILE (run 'gorgo trace stats -h')")
 	}
 	wl := workloadFlags{file: fs.Arg(0), format: *format, window: *window, timeScale: *scale}
 	reqs, _, err := wl.load()

@@ -54,6 +54,9 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	if *plotPath == "" {
 		*plotPath = strings.TrimSuffix(*out, ".json") + ".png"
 	}
+	if err := checkWritable(*out, *plotPath); err != nil {
+		return err
+	}
 	if *generations < 1 || *workers < 1 {
 		return fmt.Errorf("--generations and --workers must be at least 1")
 	}

@@ -45,6 +45,9 @@ func (w *workloadFlags) raw() ([]trace.Request, string, error) {
 		reqs, err := trace.ReadFile(w.file, f)
 		return reqs, w.file, err
 	}
+	if w.duration <= 0 {
+		return nil, "", fmt.Errorf("--duration must be positive, got %v", w.duration)
+	}
 	reqs, err := trace.Generate(trace.GenConfig{Preset: w.preset, Seed: w.seed, Duration: w.duration})
 	return reqs, fmt.Sprintf("synthetic %s (%v, seed %d)", w.preset, w.duration, w.seed), err
 }
@@ -79,9 +82,12 @@ func parseWindow(s string) (trace.Window, error) {
 
 // cut applies a window and a time scale and describes the result.
 func cut(reqs []trace.Request, src, winText string, win trace.Window, scale float64) ([]trace.Request, string, error) {
+	if len(reqs) == 0 {
+		return nil, "", fmt.Errorf("%s has no requests", src)
+	}
 	reqs = trace.Apply(reqs, win, scale)
 	if len(reqs) == 0 {
-		return nil, "", fmt.Errorf("the workload has no requests in window %q", winText)
+		return nil, "", fmt.Errorf("%s has no requests in window %s", src, winText)
 	}
 	desc := fmt.Sprintf("%s: %d requests over %v", src, len(reqs), reqs[len(reqs)-1].Time.Round(time.Second))
 	if winText != "" {

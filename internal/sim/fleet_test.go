@@ -96,7 +96,8 @@ func TestEventSpecs(t *testing.T) {
 	if _, err := topo.ResolveEvents([]EventSpec{b, a}); err == nil {
 		t.Error("a drain after the removal accepted")
 	}
-	evs, err := topo.ResolveEvents([]EventSpec{{At: time.Minute, Add: &ReplicaSpec{Name: "x", Region: "eu-frankfurt", Profile: "paper", Count: 2}}})
+	two := 2
+	evs, err := topo.ResolveEvents([]EventSpec{{At: time.Minute, Add: &ReplicaSpec{Name: "x", Region: "eu-frankfurt", Profile: "paper", Count: &two}}})
 	if err != nil || len(evs) != 2 || evs[1].Replica.ID != "x-2" || evs[0].Replica.RTT != 279*time.Millisecond {
 		t.Errorf("add of two: %+v %v", evs, err)
 	}

@@ -122,7 +122,7 @@ type ReplicaSpec struct {
 	Name    string `yaml:"name"`
 	Region  string `yaml:"region"`
 	Profile string `yaml:"profile"`
-	Count   int    `yaml:"count"`
+	Count   *int   `yaml:"count"`
 	// Speed divides every step-time coefficient of the profile: 2 is a
 	// replica twice as fast (newer hardware, more GPUs). Default 1.
 	Speed float64 `yaml:"speed"`
@@ -368,10 +368,12 @@ func (t Topology) replicas(nw network, s ReplicaSpec, seen map[string]bool) ([]R
 	if err := prof.Validate(); err != nil {
 		return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
 	}
-	if s.Count < 0 {
-		return nil, fmt.Errorf("topology %s: replica in %s: negative count", t.Name, s.Region)
+	count := 1
+	if s.Count != nil {
+		if count = *s.Count; count < 1 {
+			return nil, fmt.Errorf("topology %s: replica in %s: count must be at least 1, got %d", t.Name, s.Region, count)
+		}
 	}
-	count := max(s.Count, 1)
 	name := s.Name
 	if name == "" {
 		name = s.Region

@@ -1,9 +1,9 @@
 package main
 
 import (
-	"errors"
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"

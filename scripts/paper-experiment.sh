@@ -30,7 +30,7 @@ if [[ $what == artchat || $what == all ]]; then
 	$g tune --trace $tr --window 0s,30m $free --objective p50-ttft --guard e2e-p95=1.01 --out $out/hack-p50-guard.json | tee $out/hack-p50-guard.txt
 	for w in $out/hack-p95-noguard.json $out/hack-p50-noguard.json $out/hack-p50-guard.json rtt=0.23,queue=0; do
 		$g eval --trace $tr --weights $w --window 30m,30m --window 60m,30m --sweep time-scale=1,2 \
-			--policy gorgo,simple-session-affinity --plots ""
+			--policy gorgo,simple-session-affinity --plots none
 	done | tee $out/hack-eval.txt
 fi
 

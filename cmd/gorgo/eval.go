@@ -51,9 +51,17 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	sweep := fs.String("sweep", "", "evaluate at several time scales: `time-scale=1,1.5,2,3` (overrides --time-scale)")
 	policies := fs.String("policy", strings.Join(evalPolicies, ","), "comma-separated `POLICIES`")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
-	plots := fs.String("plots", "eval", "TTFT CDF plots go to `PREFIX`-N-tsS.png, one per window N and time scale S (\"\" for none)")
+	plots := fs.String("plots", "", "TTFT CDF plots go to `PREFIX`-N-tsS.png, one per window N and time scale S (default: beside --json, else eval-N-tsS.png here; \"none\" for none)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	switch {
+	case *plots == "none":
+		*plots = ""
+	case *plots == "" && *jsonOut != "":
+		*plots = strings.TrimSuffix(*jsonOut, ".json")
+	case *plots == "":
+		*plots = "eval"
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))

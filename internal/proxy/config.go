@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"math"
 	"net/url"
 	"os"
@@ -151,11 +152,21 @@ func LoadConfig(path string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("reading config: %w", err)
 	}
+	return ParseConfig(data, path)
+}
+
+// ParseConfig decodes a YAML config (name says where it came from, for
+// errors); unknown fields are errors, and so is an empty document (a file
+// caught half-written by a reload must not empty the fleet).
+func ParseConfig(data []byte, name string) (Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&c); err != nil {
-		return Config{}, fmt.Errorf("config %s: %w", path, err)
+		if err == io.EOF {
+			return Config{}, fmt.Errorf("config %s is empty", name)
+		}
+		return Config{}, fmt.Errorf("config %s: %w", name, err)
 	}
 	return c, nil
 }

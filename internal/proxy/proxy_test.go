@@ -655,3 +655,24 @@ func TestScrapedKVCapacitySizesTheIndex(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Any config file is either refused with an error or defaulted into one
+// that validates (or is refused by Validate): never a panic.
+func FuzzConfig(f *testing.F) {
+	for _, seed := range []string{
+		"", "listen: 127.0.0.1:8080\nreplicas:\n  - {id: a, url: \"http://x:1\", profile: paper}\n",
+		"admin: {listen: \"0.0.0.0:9\", token_env: X}\ndiscover:\n  - {dns: a.b, port: 80, interval: 1s}\n",
+		"replicas: [{url: \"ftp://x\"}]\n", "weights: {rtt: -1}\n", "max_body_bytes: -5\nejection_time: 1h\n",
+		"discover: [{srv: \"_http._tcp.x\", port: 1}]\n", "policy: clairvoyant\n", "bogus: 1\n", "[1, 2]\n",
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseConfig(data, "fuzz")
+		if err != nil {
+			return
+		}
+		d := c.Defaults()
+		_ = d.Validate()
+	})
+}

@@ -33,9 +33,9 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	metrics := promhttp.HandlerFor(g, promhttp.HandlerOpts{})
 	s.mux = http.NewServeMux()
 	client := []endpoint{
-		{"POST", "/v1/chat/completions", s.limitInFlight(s.handleCompletion(true))},
-		{"POST", "/v1/completions", s.limitInFlight(s.handleCompletion(false))},
-		{"GET", "/v1/models", s.handleModels},
+		{"POST", "/v1/chat/completions", s.guard(s.limitInFlight(s.handleCompletion(true)))},
+		{"POST", "/v1/completions", s.guard(s.limitInFlight(s.handleCompletion(false)))},
+		{"GET", "/v1/models", s.guard(s.handleModels)},
 		{"GET", "/health", func(w http.ResponseWriter, r *http.Request) {
 			for _, st := range s.rt.Replicas() {
 				if st.Available() {
@@ -115,6 +115,7 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		req.Header = forwardHeaders(r)
+		s.upstreamAuth(req.Header, u)
 		resp, err := s.client.Do(req)
 		if err != nil || resp.StatusCode >= 500 {
 			if resp != nil {
@@ -151,34 +152,61 @@ func (a AdminConfig) tokens() ([]token, error) {
 		out = append(out, token{name: "$" + a.TokenEnv, secret: v})
 	}
 	if a.TokenFile != "" {
-		data, err := os.ReadFile(a.TokenFile)
+		toks, err := readTokens(a.TokenFile, "admin.token_file")
 		if err != nil {
-			return nil, fmt.Errorf("config: admin.token_file: %w", err)
+			return nil, err
 		}
-		sc := bufio.NewScanner(bytes.NewReader(data))
-		for n := 1; sc.Scan(); n++ {
-			line := strings.TrimSpace(sc.Text())
-			if line == "" || strings.HasPrefix(line, "#") {
-				continue
-			}
-			f := strings.Fields(line)
-			switch len(f) {
-			case 1:
-				out = append(out, token{name: fmt.Sprintf("%s:%d", a.TokenFile, n), secret: f[0]})
-			case 2:
-				out = append(out, token{name: f[0], secret: f[1]})
-			default:
-				return nil, fmt.Errorf("config: admin.token_file %s:%d: want TOKEN or NAME TOKEN", a.TokenFile, n)
-			}
-			if len(out[len(out)-1].secret) < minTokenLen {
-				return nil, fmt.Errorf("config: admin.token_file %s:%d: a token must be at least %d characters", a.TokenFile, n, minTokenLen)
-			}
-		}
-		if len(out) == 0 {
-			return nil, fmt.Errorf("config: admin.token_file %s holds no token", a.TokenFile)
-		}
+		out = append(out, toks...)
 	}
 	return out, nil
+}
+
+// readTokens reads a file of secrets, one per line, each "SECRET" or
+// "NAME SECRET" (a name for the logs; else FILE:LINE); blank lines and
+// lines starting with # are skipped. Every secret is at least minTokenLen
+// characters, and the file holds at least one.
+func readTokens(path, what string) ([]token, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %s: %w", what, err)
+	}
+	var out []token
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		f := strings.Fields(line)
+		switch len(f) {
+		case 1:
+			out = append(out, token{name: fmt.Sprintf("%s:%d", path, n), secret: f[0]})
+		case 2:
+			out = append(out, token{name: f[0], secret: f[1]})
+		default:
+			return nil, fmt.Errorf("config: %s %s:%d: want SECRET or NAME SECRET", what, path, n)
+		}
+		if len(out[len(out)-1].secret) < minTokenLen {
+			return nil, fmt.Errorf("config: %s %s:%d: a secret must be at least %d characters", what, path, n, minTokenLen)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("config: %s %s holds no secret", what, path)
+	}
+	return out, nil
+}
+
+// match returns the name of the token the request's bearer credential is,
+// comparing in constant time against every token; "" if none.
+func match(r *http.Request, toks []token) string {
+	given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	name := ""
+	for _, t := range toks {
+		if ok && subtle.ConstantTimeCompare([]byte(given), []byte(t.secret)) == 1 {
+			name = t.name
+		}
+	}
+	return name
 }
 
 // validate refuses an admin listener that would be open to the network
@@ -225,13 +253,7 @@ func (s *Server) authenticated(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		name := ""
-		for _, t := range toks {
-			if ok && subtle.ConstantTimeCompare([]byte(given), []byte(t.secret)) == 1 {
-				name = t.name
-			}
-		}
+		name := match(r, toks)
 		if name == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="gorgo admin"`)
 			writeError(w, http.StatusUnauthorized, "AuthenticationError", "a valid admin bearer token is required")

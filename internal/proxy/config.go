@@ -24,6 +24,9 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// Admin configures the admin listener.
 	Admin AdminConfig `yaml:"admin"`
+	// Auth configures client API keys; RateLimit limits request rates.
+	Auth      AuthConfig      `yaml:"auth"`
+	RateLimit RateLimitConfig `yaml:"rate_limit"`
 	// Replicas are the replicas the config names; Discover adds groups of
 	// replicas found in DNS. Either may be empty (replicas can also come
 	// through the admin API).
@@ -144,6 +147,9 @@ type ReplicaConfig struct {
 	// MetricsPath is where the engine serves Prometheus metrics (default
 	// /metrics).
 	MetricsPath string `yaml:"metrics_path"`
+	// APIKeyEnv names the environment variable holding the replica's API
+	// key, sent as its Authorization with auth.upstream: replica.
+	APIKeyEnv string `yaml:"api_key_env"`
 }
 
 // LoadConfig reads a YAML config file; unknown fields are errors.
@@ -179,6 +185,7 @@ func (c Config) Defaults() Config {
 	if c.Listen == "" {
 		c.Listen = "127.0.0.1:8080"
 	}
+	c.Auth = c.Auth.defaults()
 	if c.Admin.Listen == "" {
 		c.Admin.Listen = "127.0.0.1:9091"
 	}
@@ -357,6 +364,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: policy %s runs only in the simulator (valid here: %s)", c.Policy, strings.Join(route.LiveNames(), ", "))
 	}
 	if err := c.Admin.validate(); err != nil {
+		return err
+	}
+	if err := c.Auth.validate(); err != nil {
+		return err
+	}
+	if err := c.RateLimit.validate(); err != nil {
 		return err
 	}
 	switch {

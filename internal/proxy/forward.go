@@ -279,6 +279,7 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 		return fail(http.StatusBadGateway, true, "could not send the request", err.Error())
 	}
 	up.Header = forwardHeaders(r)
+	s.upstreamAuth(up.Header, u)
 	up.ContentLength = int64(len(req.Body))
 	// The transport may send the request again on a fresh connection when
 	// a kept-alive one turned out closed before anything was written.

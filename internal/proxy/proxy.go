@@ -45,7 +45,9 @@ type Server struct {
 	mux    *http.ServeMux
 	admin  *http.ServeMux
 	log    *slog.Logger
-	tokens atomic.Pointer[[]token]
+	tokens atomic.Pointer[[]token] // admin
+	keys   atomic.Pointer[[]token] // clients
+	limits atomic.Pointer[limiters]
 
 	// ups maps replica ids to upstreams; it changes under upMu and is
 	// read through the atomic pointer.
@@ -94,6 +96,7 @@ type upstream struct {
 	scrapeFailing atomic.Bool
 	// attemptLog limits the log lines of its failed attempts.
 	attemptLog rate.Sometimes
+	apiKey     string // sent as Authorization with auth.upstream: replica
 }
 
 func newUpstream(rc ReplicaConfig, source string) *upstream {
@@ -133,6 +136,10 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 	if err != nil {
 		return nil, err
 	}
+	keys, err := cfg.Auth.keys()
+	if err != nil {
+		return nil, err
+	}
 	rt, err := router.New(router.Config{Policy: policy, BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha,
 		OnlineRates: cfg.OnlineRates, TieMargin: cfg.TieMargin})
 	if err != nil {
@@ -141,6 +148,8 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 	s := &Server{path: path, rt: rt, policy: policy, start: time.Now(), log: log, dnsSets: map[string]map[string]bool{}}
 	s.cfg.Store(&cfg)
 	s.tokens.Store(&toks)
+	s.keys.Store(&keys)
+	s.limits.Store(newLimiters(cfg.RateLimit))
 	s.ups.Store(&map[string]*upstream{})
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	s.client = &http.Client{Transport: &http.Transport{
@@ -227,6 +236,10 @@ func (s *Server) AddReplica(rc ReplicaConfig, source string) error {
 	if err := rc.Validate(); err != nil {
 		return fmt.Errorf("replica %s: %w", rc.ID, err)
 	}
+	key, err := replicaKey(rc)
+	if err != nil {
+		return err
+	}
 	s.upMu.Lock()
 	defer s.upMu.Unlock()
 	if err := s.rt.Add(routerConfig(rc)); err != nil {
@@ -236,6 +249,7 @@ func (s *Server) AddReplica(rc ReplicaConfig, source string) error {
 		old.halt() // a replica of the same id that has left the router since
 	}
 	u := newUpstream(rc, source)
+	u.apiKey = key
 	s.setUpstream(rc.ID, u)
 	s.m.healthy.WithLabelValues(rc.ID).Set(0)
 	s.startLoops(u)

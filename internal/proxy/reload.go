@@ -81,9 +81,12 @@ func (s *Server) apply(next Config) error {
 	// stays on a public address keeps needing a token).
 	restart := fixed(&cur, &next)
 	err := next.Validate()
-	var toks []token
+	var toks, keys []token
 	if err == nil {
 		toks, err = next.Admin.tokens()
+	}
+	if err == nil {
+		keys, err = next.Auth.keys()
 	}
 	if err != nil {
 		s.m.reloads.WithLabelValues("failed").Inc()
@@ -102,6 +105,10 @@ func (s *Server) apply(next Config) error {
 	added, removed, changed := s.applyReplicas(next.Replicas)
 	s.cfg.Store(&next)
 	s.tokens.Store(&toks)
+	s.keys.Store(&keys)
+	if next.RateLimit != cur.RateLimit {
+		s.limits.Store(newLimiters(next.RateLimit))
+	}
 	groups := !reflect.DeepEqual(cur.Discover, next.Discover)
 	if groups {
 		if err := s.startDiscovery(next.Discover); err != nil {
@@ -236,7 +243,12 @@ func (s *Server) reconfigure(rc ReplicaConfig) error {
 		return fmt.Errorf("replica %s left meanwhile", rc.ID)
 	}
 	old.halt()
+	key, err := replicaKey(rc)
+	if err != nil {
+		return err
+	}
 	u := newUpstream(rc, old.source)
+	u.apiKey = key
 	s.setUpstream(rc.ID, u)
 	s.startLoops(u)
 	return nil

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -121,6 +122,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	ln = srv.LimitListener(ln, cfg.MaxConnections)
+	scheme := "http"
+	if srv.ServesTLS() {
+		ln, scheme = tls.NewListener(ln, srv.TLSConfig()), "https"
+	}
 	var admin net.Listener
 	if cfg.Admin.Listen != proxy.AdminOff {
 		if admin, err = net.Listen("tcp", cfg.Admin.Listen); err != nil {
@@ -131,7 +136,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv.ProbeOnce(ctx)
-	fmt.Fprintf(stdout, "gorgo serve: http://%s, policy %s, %d replicas:\n", ln.Addr(), cfg.Policy, len(cfg.Replicas))
+	fmt.Fprintf(stdout, "gorgo serve: %s://%s, policy %s, %d replicas:\n", scheme, ln.Addr(), cfg.Policy, len(cfg.Replicas))
 	for _, st := range srv.Router().Replicas() {
 		health := "up"
 		if !st.Available() {

@@ -24,6 +24,9 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// Admin configures the admin listener.
 	Admin AdminConfig `yaml:"admin"`
+	// TLS serves clients over TLS; UpstreamTLS is TLS to https replicas.
+	TLS         TLSConfig         `yaml:"tls"`
+	UpstreamTLS UpstreamTLSConfig `yaml:"upstream_tls"`
 	// Auth configures client API keys; RateLimit limits request rates.
 	Auth      AuthConfig      `yaml:"auth"`
 	RateLimit RateLimitConfig `yaml:"rate_limit"`

@@ -11,6 +11,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,6 +48,7 @@ type Server struct {
 	log    *slog.Logger
 	tokens atomic.Pointer[[]token] // admin
 	keys   atomic.Pointer[[]token] // clients
+	cert   atomic.Pointer[tls.Certificate]
 	limits atomic.Pointer[limiters]
 
 	// ups maps replica ids to upstreams; it changes under upMu and is
@@ -140,6 +142,14 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 	if err != nil {
 		return nil, err
 	}
+	cert, err := cfg.TLS.load()
+	if err != nil {
+		return nil, err
+	}
+	upTLS, err := cfg.UpstreamTLS.client()
+	if err != nil {
+		return nil, err
+	}
 	rt, err := router.New(router.Config{Policy: policy, BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha,
 		OnlineRates: cfg.OnlineRates, TieMargin: cfg.TieMargin})
 	if err != nil {
@@ -149,6 +159,7 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 	s.cfg.Store(&cfg)
 	s.tokens.Store(&toks)
 	s.keys.Store(&keys)
+	s.cert.Store(cert)
 	s.limits.Store(newLimiters(cfg.RateLimit))
 	s.ups.Store(&map[string]*upstream{})
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
@@ -162,6 +173,7 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 		// and an answer comes in with few reads.
 		WriteBufferSize: 64 << 10,
 		ReadBufferSize:  64 << 10,
+		TLSClientConfig: upTLS,
 	}}
 	s.m = newMetrics(reg)
 	s.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken}, BlockTokens: cfg.BlockTokens,

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -88,6 +89,13 @@ func (s *Server) apply(next Config) error {
 	if err == nil {
 		keys, err = next.Auth.keys()
 	}
+	var cert *tls.Certificate
+	if err == nil {
+		cert, err = next.TLS.load()
+	}
+	if err == nil && (cert == nil) != (s.cert.Load() == nil) {
+		err = errors.New("config: turning TLS on or off needs a restart (a reload only renews the certificate)")
+	}
 	if err != nil {
 		s.m.reloads.WithLabelValues("failed").Inc()
 		s.log.Error("config not applied: the running config stays", "error", err)
@@ -106,6 +114,9 @@ func (s *Server) apply(next Config) error {
 	s.cfg.Store(&next)
 	s.tokens.Store(&toks)
 	s.keys.Store(&keys)
+	if cert != nil {
+		s.cert.Store(cert)
+	}
 	if next.RateLimit != cur.RateLimit {
 		s.limits.Store(newLimiters(next.RateLimit))
 	}
@@ -149,6 +160,7 @@ func fixed(cur, next *Config) []string {
 	keep("max_attempts", cur.MaxAttempts, next.MaxAttempts, func() { next.MaxAttempts = cur.MaxAttempts })
 	keep("connect_timeout", cur.ConnectTimeout, next.ConnectTimeout, func() { next.ConnectTimeout = cur.ConnectTimeout })
 	keep("seed", cur.Seed, next.Seed, func() { next.Seed = cur.Seed })
+	keep("upstream_tls", cur.UpstreamTLS, next.UpstreamTLS, func() { next.UpstreamTLS = cur.UpstreamTLS })
 	return out
 }
 

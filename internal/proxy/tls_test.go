@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// selfSigned writes a certificate for 127.0.0.1 (and its key) to dir and
+// returns the files and the certificate.
+func selfSigned(t *testing.T, dir, name string) (certFile, keyFile string, cert *x509.Certificate) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IsCA: true, BasicConstraintsValid: true}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ = x509.ParseCertificate(der)
+	kder, _ := x509.MarshalECPrivateKey(key)
+	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
+	return certFile, keyFile, cert
+}
+
+// TLS both ways: clients reach the proxy over TLS (a reload renews the
+// certificate), and the proxy reaches an https replica whose CA it is
+// given.
+func TestTLS(t *testing.T) {
+	dir := t.TempDir()
+	up := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return
+		}
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"completion_tokens":1}}`)
+	}))
+	defer up.Close()
+	ca := filepath.Join(dir, "upstream-ca.pem")
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}), 0o600)
+	certFile, keyFile, first := selfSigned(t, dir, "one")
+	cfg := Config{Admin: AdminConfig{Listen: AdminOff}, TLS: TLSConfig{CertFile: certFile, KeyFile: keyFile}, UpstreamTLS: UpstreamTLSConfig{CAFile: ca},
+		Replicas: []ReplicaConfig{{ID: "a", URL: up.URL}}}
+	s, err := New(cfg, nil, prometheus.NewRegistry(), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.ProbeOnce(t.Context())
+	if !stateOr(s, "a").Available() {
+		t.Fatal("the https replica was not reached (its CA is configured)")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: s.Handler()}
+	go hs.Serve(tls.NewListener(ln, s.TLSConfig()))
+	defer hs.Close()
+	url := "https://" + ln.Addr().String()
+	client := func(trust *x509.Certificate) *http.Client {
+		pool := x509.NewCertPool()
+		pool.AddCert(trust)
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	}
+	resp, err := client(first).Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hi", 1, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.TLS == nil {
+		t.Fatalf("over TLS: %d", resp.StatusCode)
+	}
+	// A renewed certificate, applied by a reload.
+	_, _, second := selfSigned(t, dir, "one") // overwrites the files
+	if err := s.Apply(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client(second).Get(url + "/health"); err != nil {
+		t.Errorf("the renewed certificate is not served: %v", err)
+	}
+	// A reload cannot turn TLS off.
+	off := cfg
+	off.TLS = TLSConfig{}
+	if err := s.Apply(off); err == nil {
+		t.Error("a reload turned TLS off")
+	}
+}
+

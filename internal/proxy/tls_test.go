@@ -109,4 +109,3 @@ func TestTLS(t *testing.T) {
 		t.Error("a reload turned TLS off")
 	}
 }
-

@@ -134,23 +134,44 @@ type Request struct {
 	spliced []byte
 }
 
-// Begin reads a chat (chat set) or completion request body; session is the
-// client's session header (empty if none). The Request owns body until End.
-func (c *Core) Begin(body []byte, chat bool, session string, received time.Time) (*Request, *Error) {
+// Kind is what a request body is.
+type Kind int
+
+const (
+	// Chat is a chat completion; Completion a legacy completion.
+	Chat Kind = iota
+	Completion
+	// Input is another OpenAI request with its text in "input"
+	// (embeddings, responses): routed on that text, or by load alone.
+	Input
+	// Opaque is a body gorgo does not read (an upload, an unknown
+	// endpoint): routed by load alone.
+	Opaque
+)
+
+// Begin reads a request body of the given kind; session is the client's
+// session header (empty if none). The Request owns body until End.
+func (c *Core) Begin(body []byte, kind Kind, session string, received time.Time) (*Request, *Error) {
 	r, _ := c.pool.Get().(*Request)
 	if r == nil {
 		r = &Request{fbBuf: make([]router.Candidate, 0, c.Fallbacks)}
 	}
 	r.reset(c, received)
-	if err := prompt.ParseRequest(body, chat, &r.Parsed); err != nil {
+	var err error
+	switch kind {
+	case Chat, Completion:
+		err = prompt.ParseRequest(body, kind == Chat, &r.Parsed)
+		if err == nil && len(r.Parsed.Text) == 0 {
+			err = errors.New("the prompt is empty")
+		}
+	case Input:
+		err = prompt.ParseInput(body, &r.Parsed)
+	}
+	if err != nil {
 		r.release()
 		return nil, badRequest(err)
 	}
 	text := r.Parsed.Text
-	if len(text) == 0 {
-		r.release()
-		return nil, badRequest(errors.New("the prompt is empty"))
-	}
 	r.blocks = c.Est.Blocks(text, c.BlockTokens, r.blocks[:0])
 	r.Route = route.Request{
 		SessionKey:      session,
@@ -163,7 +184,7 @@ func (c *Core) Begin(body []byte, chat bool, session string, received time.Time)
 		r.Route.SessionKey = r.Parsed.User
 	}
 	r.Body = body
-	if r.Parsed.Stream && !r.Parsed.IncludeUsage {
+	if r.Parsed.Stream && !r.Parsed.IncludeUsage && (kind == Chat || kind == Completion) {
 		r.spliced = prompt.WithIncludeUsage(body, r.spliced[:0])
 		r.Body, r.HideUsage = r.spliced, true
 	}

@@ -59,7 +59,7 @@ const chat = `{"model":"m","messages":[{"role":"user","content":"` + "a question
 func TestLifeOfAStreamedRequest(t *testing.T) {
 	c, l, h, reg := setup(t)
 	t0 := time.Unix(100, 0)
-	r, err := c.Begin([]byte(chat), true, "session-1", t0)
+	r, err := c.Begin([]byte(chat), Chat, "session-1", t0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 // with no replica at all, a 503.
 func TestNoReplicaLeft(t *testing.T) {
 	c, _, _, _ := setup(t)
-	r, _ := c.Begin([]byte(chat), true, "", time.Unix(1, 0))
+	r, _ := c.Begin([]byte(chat), Chat, "", time.Unix(1, 0))
 	for range 3 {
 		if _, ok := r.Next(); !ok {
 			t.Fatal("fewer than 3 attempts")
@@ -142,7 +142,7 @@ func TestNoReplicaLeft(t *testing.T) {
 	for _, id := range []string{"a", "b", "c"} {
 		c.Router.Drain(id)
 	}
-	r, _ = c.Begin([]byte(chat), true, "", time.Unix(1, 0))
+	r, _ = c.Begin([]byte(chat), Chat, "", time.Unix(1, 0))
 	if _, ok := r.Next(); ok {
 		t.Fatal("routed with every replica drained")
 	}
@@ -161,8 +161,11 @@ func TestBeginRefusesBadBodies(t *testing.T) {
 		`{"messages":[{"role":"user","content":""}]}`: "",
 		`{"prompt": "", "max_tokens": 1}`:             "the prompt is empty",
 	} {
-		chat := strings.Contains(body, "messages")
-		r, err := c.Begin([]byte(body), chat, "", time.Now())
+		kind := Completion
+		if strings.Contains(body, "messages") {
+			kind = Chat
+		}
+		r, err := c.Begin([]byte(body), kind, "", time.Now())
 		if want == "" {
 			// "user\n\n" is a prompt: a chat has its roles.
 			if err != nil {
@@ -183,14 +186,14 @@ func TestBeginRefusesBadBodies(t *testing.T) {
 func TestEndings(t *testing.T) {
 	c, l, h, _ := setup(t)
 	t0 := time.Unix(5, 0)
-	r, _ := c.Begin([]byte(chat), true, "", t0)
+	r, _ := c.Begin([]byte(chat), Chat, "", t0)
 	r.Next()
 	r.Sent(t0)
 	r.Accepted()
 	if s := r.End(Outcome{Status: 200, ClientGone: true}, t0.Add(time.Second)); s != 499 {
 		t.Errorf("client gone: %d", s)
 	}
-	r, _ = c.Begin([]byte(chat), true, "", t0)
+	r, _ = c.Begin([]byte(chat), Chat, "", t0)
 	r.Next()
 	r.Sent(t0)
 	r.Accepted()
@@ -211,7 +214,7 @@ func TestAccessLogLine(t *testing.T) {
 	c, _, _, _ := setup(t)
 	var buf bytes.Buffer
 	c.Log = slog.New(slog.NewTextHandler(&buf, nil))
-	r, _ := c.Begin([]byte(strings.Replace(chat, `"stream":true`, `"stream":false`, 1)), true, "", time.Unix(0, 0))
+	r, _ := c.Begin([]byte(strings.Replace(chat, `"stream":true`, `"stream":false`, 1)), Chat, "", time.Unix(0, 0))
 	r.Next()
 	r.Accepted()
 	r.Complete(wire.PeekBody([]byte(`{"usage":{"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":16}}}`)))
@@ -240,7 +243,7 @@ func BenchmarkLifecycle(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		now := time.Now()
-		r, err := c.Begin(body, true, "", now)
+		r, err := c.Begin(body, Chat, "", now)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -266,7 +269,7 @@ func BenchmarkBegin(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				r, err := c.Begin(body, true, "", time.Time{})
+				r, err := c.Begin(body, Chat, "", time.Time{})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -44,6 +44,7 @@ var (
 	errNoMessages = errors.New("messages: at least one message is required")
 	errContent    = errors.New("content must be a string or an array of content parts")
 	errPrompt     = errors.New("prompt: one prompt is required: a string, a list of one string, or a list of token ids")
+	errInput      = errors.New("input: want a string, a list of strings, a list of token ids, or a list of messages")
 )
 
 // ParseRequest reads an OpenAI chat (chat set) or legacy completion request
@@ -68,8 +69,32 @@ var (
 // Model and User do not alias body. With a reused r whose Model and User do
 // not change, parsing allocates nothing.
 func ParseRequest(body []byte, chat bool, r *Request) error {
+	mode := modeCompletion
+	if chat {
+		mode = modeChat
+	}
+	return parseMode(body, mode, r)
+}
+
+// ParseInput reads the body of another OpenAI request that carries its
+// text in "input" (embeddings, responses) as ParseRequest reads a chat:
+// the input's text becomes r.Text: a string; a list of strings, each
+// followed by a newline; a list of token ids, whose JSON stands for the
+// text; or a list of messages ({"role", "content"}, content a string or
+// parts of type "text" or "input_text"), as a chat's. A body without
+// "input" gives an empty Text (the request is routed by load alone).
+func ParseInput(body []byte, r *Request) error { return parseMode(body, modeInput, r) }
+
+// What a body is read as.
+const (
+	modeChat = iota
+	modeCompletion
+	modeInput
+)
+
+func parseMode(body []byte, mode int, r *Request) error {
 	p := parsers.Get().(*parser)
-	err := p.parse(body, chat, r)
+	err := p.parse(body, mode, r)
 	if len(body) <= 1<<20 { // a parser that read a huge body keeps huge buffers
 		parsers.Put(p)
 	}
@@ -83,6 +108,7 @@ type parser struct {
 	key, str           []byte // scratch: an object key, a string value
 	role, content      []byte // scratch: a message's
 	text               []byte // scratch: a content part's text
+	inputParts         bool   // "input_text" parts count as text (responses)
 	model, user        []byte
 	hasModel, hasUser  bool
 	list               []byte // the completion prompt's raw value
@@ -98,7 +124,9 @@ var parsers = sync.Pool{New: func() any { return new(parser) }}
 // UTF-8 (which decodes to U+FFFD).
 var decodeOptions = []jsontext.Options{jsontext.AllowDuplicateNames(true), jsontext.AllowInvalidUTF8(true)}
 
-func (p *parser) parse(body []byte, chat bool, r *Request) error {
+func (p *parser) parse(body []byte, mode int, r *Request) error {
+	chat := mode == modeChat
+	p.inputParts = false
 	model, user := r.Model, r.User
 	*r = Request{Text: r.Text[:0], MaxTokens: -1}
 	p.in.Reset(body)
@@ -125,7 +153,7 @@ func (p *parser) parse(body []byte, chat bool, r *Request) error {
 			err = p.stringField(&p.user, &p.hasUser, "user")
 		case f == fMessages && chat:
 			err = p.readMessages(r)
-		case f == fPrompt && !chat:
+		case f == fPrompt && mode == modeCompletion, f == fInput && mode == modeInput:
 			err = p.readPrompt()
 		case f == fMaxTokens:
 			p.maxTok, p.hasMax, err = p.intField("max_tokens")
@@ -159,11 +187,14 @@ func (p *parser) parse(body []byte, chat bool, r *Request) error {
 	}
 	r.Model = keep(p.model, p.hasModel, model)
 	r.User = keep(p.user, p.hasUser, user)
-	if chat {
+	switch mode {
+	case modeChat:
 		if !p.messages {
 			return errNoMessages
 		}
 		return nil
+	case modeInput:
+		return p.appendInput(r)
 	}
 	return p.appendPrompt(r)
 }
@@ -214,6 +245,7 @@ const (
 	fStream
 	fStreamOptions
 	fUser
+	fInput
 )
 
 var topNames = [...]string{
@@ -225,6 +257,7 @@ var topNames = [...]string{
 	fStream:              "stream",
 	fStreamOptions:       "stream_options",
 	fUser:                "user",
+	fInput:               "input",
 }
 
 // field reads an object's next key and returns 1 + the index of the name
@@ -438,6 +471,9 @@ func (p *parser) readMessage(r *Request, i int) error {
 		return fmt.Errorf("messages[%d] must be an object", i)
 	}
 	if !hasRole || len(p.role) == 0 {
+		if p.inputParts {
+			return nil // an input item that is not a message (a tool call's output, say)
+		}
 		return fmt.Errorf("messages[%d].role is required", i)
 	}
 	r.Text = append(append(r.Text, p.role...), '\n')
@@ -510,7 +546,7 @@ func (p *parser) readContent() error {
 					return syntaxOr2(err, errContent)
 				}
 				if ok {
-					isText = string(p.key) == "text"
+					isText = string(p.key) == "text" || p.inputParts && string(p.key) == "input_text"
 				}
 			case 2:
 				ok, err := p.stringValue(&p.str, "text")
@@ -534,6 +570,50 @@ func (p *parser) readContent() error {
 	}
 	_, err := d.ReadToken()
 	return err
+}
+
+// appendInput appends an "input" value's text (see ParseInput).
+func (p *parser) appendInput(r *Request) error {
+	switch p.listKind {
+	case 0, 'n':
+		return nil
+	case '"':
+		r.Text = unquote(r.Text, p.list)
+		return nil
+	case '[':
+	default:
+		return errInput
+	}
+	e := parsers.Get().(*parser)
+	defer func() {
+		e.inputParts = false
+		parsers.Put(e)
+	}()
+	e.inputParts = true
+	e.in.Reset(p.list)
+	e.dec.Reset(&e.in, decodeOptions...)
+	d := &e.dec
+	d.ReadToken()
+	for i := 0; d.PeekKind() != ']'; i++ {
+		switch d.PeekKind() {
+		case '"':
+			v, err := d.ReadValue()
+			if err != nil {
+				return err
+			}
+			r.Text = append(unquote(r.Text, v), '\n')
+		case '0': // token ids: the list's JSON stands for the text
+			r.Text = append(r.Text[:0], p.list...)
+			return nil
+		case '{', 'n':
+			if err := e.readMessage(r, i); err != nil {
+				return fmt.Errorf("input: %w", err)
+			}
+		default:
+			return errInput
+		}
+	}
+	return nil
 }
 
 // readPrompt keeps a completion's prompt value (its kind and raw JSON).

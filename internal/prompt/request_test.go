@@ -624,3 +624,31 @@ func TestParseRequestAllocs(t *testing.T) {
 		t.Errorf("%v allocations per parse of a body without escapes, want 0", allocs)
 	}
 }
+
+func TestParseInput(t *testing.T) {
+	for _, c := range []struct {
+		body, text, err string
+	}{
+		{`{"model":"e","input":"hello"}`, "hello", ""},
+		{`{"input":["a","b"]}`, "a\nb\n", ""},
+		{`{"input":[1,2,3]}`, "[1,2,3]", ""},
+		{`{"input":[{"role":"user","content":"hi"},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"x"},{"type":"input_text","text":"yo"}]},{"type":"function_call_output","output":"42"}]}`, "user\nhi\nassistant\nyo\n", ""},
+		{`{"model":"e"}`, "", ""},
+		{`{"input":7}`, "", "input: want"},
+		{`{"input":"x"`, "", "malformed JSON"},
+	} {
+		var r Request
+		err := ParseInput([]byte(c.body), &r)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%s: error %v, want %q", c.body, err, c.err)
+		case c.err == "" && (err != nil || string(r.Text) != c.text):
+			t.Errorf("%s: %q, %v; want %q", c.body, r.Text, err, c.text)
+		}
+	}
+	// "input_text" parts are a responses-API thing: a chat does not count them.
+	var r Request
+	if err := ParseRequest([]byte(`{"messages":[{"role":"user","content":[{"type":"input_text","text":"no"}]}]}`), true, &r); err != nil || string(r.Text) != "user\n\n" {
+		t.Errorf("chat with an input_text part: %q %v", r.Text, err)
+	}
+}

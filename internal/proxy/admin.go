@@ -14,12 +14,14 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/tune"
@@ -33,9 +35,14 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	metrics := promhttp.HandlerFor(g, promhttp.HandlerOpts{})
 	s.mux = http.NewServeMux()
 	client := []endpoint{
-		{"POST", "/v1/chat/completions", s.guard(s.limitInFlight(s.handleCompletion(true)))},
-		{"POST", "/v1/completions", s.guard(s.limitInFlight(s.handleCompletion(false)))},
-		{"GET", "/v1/models", s.guard(s.handleModels)},
+		{"POST", "/v1/chat/completions", s.guard(s.limitInFlight(s.handleCompletion(lifecycle.Chat)))},
+		{"POST", "/v1/completions", s.guard(s.limitInFlight(s.handleCompletion(lifecycle.Completion)))},
+		{"POST", "/v1/embeddings", s.guard(s.limitInFlight(s.handleCompletion(lifecycle.Input)))},
+		{"POST", "/v1/responses", s.guard(s.limitInFlight(s.handleCompletion(lifecycle.Input)))},
+		// Other OpenAI paths: POSTs routed by load, GETs answered by an
+		// available replica.
+		{"POST", "/v1/{rest...}", s.guard(s.limitInFlight(s.handleCompletion(lifecycle.Opaque)))},
+		{"GET", "/v1/{rest...}", s.guard(s.handleModels)},
 		{"GET", "/health", func(w http.ResponseWriter, r *http.Request) {
 			for _, st := range s.rt.Replicas() {
 				if st.Available() {
@@ -81,13 +88,22 @@ type endpoint struct {
 
 // register adds the routes to mux; a known path asked with another method
 // gets 405 with Allow, any other path 404, both in OpenAI's error shape.
+// (Under a catch-all pattern, PREFIX{rest...}, the catch-all's methods
+// take every path, and only other methods get the 405.)
 func register(mux *http.ServeMux, endpoints []endpoint) {
 	allowed := map[string][]string{}
+	var catchAll []string
 	for _, e := range endpoints {
 		mux.HandleFunc(e.method+" "+e.pattern, e.h)
 		allowed[e.pattern] = append(allowed[e.pattern], e.method)
+		if prefix, ok := strings.CutSuffix(e.pattern, "{rest...}"); ok {
+			catchAll = append(catchAll, prefix)
+		}
 	}
 	for pattern, methods := range allowed {
+		if !strings.HasSuffix(pattern, "{rest...}") && slices.ContainsFunc(catchAll, func(p string) bool { return strings.HasPrefix(pattern, p) }) {
+			continue
+		}
 		allow := strings.Join(methods, ", ")
 		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
@@ -101,7 +117,8 @@ func register(mux *http.ServeMux, endpoints []endpoint) {
 	}
 }
 
-// handleModels answers from the first available replica that answers.
+// handleModels answers a GET (/v1/models, and any other GET under /v1)
+// from the first available replica that answers.
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	for _, st := range s.rt.Replicas() {
 		u := s.upstream(st.ID)
@@ -109,7 +126,7 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.Config().HeaderTimeout)
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.cfg.URL+"/v1/models", nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.cfg.URL+r.URL.RequestURI(), nil)
 		if err != nil {
 			cancel()
 			continue
@@ -460,7 +477,7 @@ func (s *Server) adminDecide(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "could not read the request body")
 		return
 	}
-	req, perr := s.core.Begin(*body, true, r.Header.Get(SessionHeader), time.Now())
+	req, perr := s.core.Begin(*body, lifecycle.Chat, r.Header.Get(SessionHeader), time.Now())
 	if perr != nil {
 		writeLifecycleError(w, perr)
 		return

@@ -86,9 +86,10 @@ func readBody(r *http.Request, buf *[]byte, limit int64) error {
 	}
 }
 
-// handleCompletion serves POST /v1/chat/completions (chat) and
-// /v1/completions.
-func (s *Server) handleCompletion(chat bool) http.HandlerFunc {
+// handleCompletion serves POST /v1/chat/completions (Chat),
+// /v1/completions (Completion), /v1/embeddings and /v1/responses (Input),
+// and any other POST under /v1 (Opaque: routed by load alone).
+func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		received := time.Now()
 		body := getBuffer()
@@ -103,7 +104,7 @@ func (s *Server) handleCompletion(chat bool) http.HandlerFunc {
 			writeLifecycleError(w, e)
 			return
 		}
-		req, perr := s.core.Begin(*body, chat, r.Header.Get(SessionHeader), received)
+		req, perr := s.core.Begin(*body, kind, r.Header.Get(SessionHeader), received)
 		if perr != nil {
 			s.core.Metrics.Refused(perr.Status)
 			writeLifecycleError(w, perr)
@@ -174,6 +175,7 @@ func failure(id string, status int, broken bool, msg string, cause ...string) *a
 // a stream, its first whole event; otherwise the whole body.
 type answer struct {
 	resp   *http.Response
+	stream bool // relayed event by event
 	buf    *[]byte   // read from the body and not relayed yet
 	at     time.Time // when buf's last bytes were read
 	end    error     // how the body ended (io.EOF: cleanly), nil while open
@@ -312,7 +314,8 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 	if idle > 0 {
 		a.idle.Reset(idle)
 	}
-	stream := resp.StatusCode == http.StatusOK && req.Stream()
+	stream := resp.StatusCode == http.StatusOK && (req.Stream() || isEventStream(resp.Header))
+	a.stream = stream
 	for a.end == nil {
 		a.fill(idle, cfg.MaxAnswerBytes)
 		if stream {
@@ -333,6 +336,11 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
 	return a, nil
+}
+
+// isEventStream reports whether an answer is a server-sent event stream.
+func isEventStream(h http.Header) bool {
+	return strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
 }
 
 // hopByHop are the headers a proxy must not forward (RFC 9110 7.6.1, and
@@ -407,7 +415,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	copyHeaders(h, a.resp.Header)
 	h.Set(ReplicaHeader, req.Replica())
 	ok := a.resp.StatusCode == http.StatusOK
-	whole := !req.Stream() || !ok
+	whole := !a.stream
 	if whole { // the whole body is in the buffer
 		h.Set("Content-Length", strconv.Itoa(len(*a.buf)))
 	}

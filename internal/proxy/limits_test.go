@@ -18,14 +18,9 @@ import (
 // path a 404; both in OpenAI's error shape.
 func TestMethodNotAllowed(t *testing.T) {
 	s, url := startProxy(t, Config{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
-	resp, err := http.Get(url + "/v1/chat/completions")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" || !strings.Contains(string(body), `"code":405`) {
-		t.Errorf("GET on a POST path: %d, Allow %q, %s", resp.StatusCode, resp.Header.Get("Allow"), body)
+	code, body := do(t, "DELETE", url+"/v1/chat/completions", "")
+	if code != 405 || !strings.Contains(body, `"code":405`) || !strings.Contains(body, "POST, GET") {
+		t.Errorf("DELETE on the OpenAI API: %d %s", code, body)
 	}
 	if code, body := do(t, "DELETE", adminURL(t, s)+"/admin/weights", ""); code != 405 || !strings.Contains(body, "GET, PUT") {
 		t.Errorf("DELETE /admin/weights: %d %s", code, body)
@@ -241,4 +236,56 @@ func TestStreamsAreRelayedByteForByte(t *testing.T) {
 	if code != 200 || body != stream {
 		t.Errorf("%d\n got %q\nwant %q", code, body, stream)
 	}
+}
+
+// Other OpenAI endpoints are proxied too: embeddings and responses are
+// routed on their input's text (it enters the prefix index), streams of
+// any endpoint are relayed as streams, other POSTs are routed by load and
+// GETs answered by a replica.
+func TestOtherEndpoints(t *testing.T) {
+	var mu sync.Mutex
+	var paths []string
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		paths = append(paths, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+		if strings.Contains(string(body), `"stream":true`) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "event: response.output_text.delta\ndata: {\"delta\":\"hi\"}\n\nevent: response.completed\ndata: {}\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"object":"list","data":[]}`)
+	})
+	s, url := startProxy(t, Config{ProbeInterval: time.Hour}, up)
+	long := strings.Repeat("a sentence to embed. ", 100)
+	if code, _ := do(t, "POST", url+"/v1/embeddings", fmt.Sprintf(`{"model":"e","input":[%q]}`, long)); code != 200 {
+		t.Errorf("embeddings: %d", code)
+	}
+	if stateOr(s, "a").IndexBlocks == 0 {
+		t.Error("the embeddings input did not enter the prefix index")
+	}
+	code, body := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hello","stream":true}`)
+	if code != 200 || !strings.Contains(body, "response.completed") {
+		t.Errorf("responses stream: %d %q", code, body)
+	}
+	if code, _ := do(t, "POST", url+"/v1/audio/transcriptions", "--boundary\r\nnot json at all\r\n"); code != 200 {
+		t.Errorf("an opaque POST: %d", code)
+	}
+	if code, _ := do(t, "POST", url+"/v1/embeddings", `{"input":7}`); code != 400 {
+		t.Errorf("a bad embeddings body: %d", code)
+	}
+	if code, _ := do(t, "GET", url+"/v1/models/m", ""); code != 200 {
+		t.Errorf("GET /v1/models/m: %d", code)
+	}
+	mu.Lock()
+	want := "POST /v1/embeddings|POST /v1/responses|POST /v1/audio/transcriptions|GET /v1/models/m"
+	if got := strings.Join(paths, "|"); got != want {
+		t.Errorf("the replica got %s, want %s", got, want)
+	}
+	mu.Unlock()
 }

@@ -175,7 +175,7 @@ func failure(id string, status int, broken bool, msg string, cause ...string) *a
 // a stream, its first whole event; otherwise the whole body.
 type answer struct {
 	resp   *http.Response
-	stream bool // relayed event by event
+	stream bool      // relayed event by event
 	buf    *[]byte   // read from the body and not relayed yet
 	at     time.Time // when buf's last bytes were read
 	end    error     // how the body ended (io.EOF: cleanly), nil while open

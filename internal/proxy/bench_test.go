@@ -199,3 +199,47 @@ func BenchmarkThousandStreams(b *testing.B) {
 	b.ReportMetric(float64(runtime.NumGoroutine()-g0)/float64(rounds), "goroutines-growth/round")
 	b.ReportMetric((heap()-h0)/float64(rounds), "heap-MiB-growth/round")
 }
+
+// BenchmarkCancelOnClientGone measures how long after a client closes a
+// stream mid-answer the replica's request is cancelled (the proxy's
+// upstream request context ends).
+func BenchmarkCancelOnClientGone(b *testing.B) {
+	cancelled := make(chan time.Time, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			return
+		}
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for {
+			io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" tok"}}]}`+"\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				cancelled <- time.Now()
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}))
+	b.Cleanup(up.Close)
+	_, url := startProxy(b, Config{ProbeInterval: time.Hour}, &replica{url: up.URL})
+	var lat []float64
+	for b.Loop() {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/chat/completions", strings.NewReader(chatBody("go on", 100000, true)))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		resp.Body.Read(buf)
+		gone := time.Now()
+		cancel()
+		resp.Body.Close()
+		lat = append(lat, float64((<-cancelled).Sub(gone))/1e6)
+	}
+	slices.Sort(lat)
+	b.ReportMetric(report.Percentile(lat, 0.5), "cancel-p50-ms")
+	b.ReportMetric(lat[len(lat)-1], "cancel-max-ms")
+}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -223,5 +224,39 @@ func TestAllReplicasDown(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "no available replica") {
 		t.Errorf("%d, Retry-After %q: %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+}
+
+// A replica five times slower than its peer holds its requests longer, so
+// its queue is longer and it gets less of the traffic.
+func TestSlowReplicaGetsLessTraffic(t *testing.T) {
+	slow := startReplica(t, 10*time.Millisecond, emulator.Faults{Slowdown: 5})
+	fast := startReplica(t, 10*time.Millisecond, emulator.Faults{})
+	_, url := startProxy(t, Config{ProbeInterval: time.Hour}, slow, fast)
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range 8 { // 8 clients
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				body := chatBody(fmt.Sprintf("question %d: %s", i, strings.Repeat("context ", 150)), 30, false)
+				resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err == nil {
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}
+		}()
+	}
+	for i := range 120 {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if a, b := slow.served(), fast.served(); b < 3*a/2 {
+		t.Errorf("the slow replica took %d requests, the fast one %d: want the fast one to take at least 1.5 times as many", a, b)
+	} else {
+		t.Logf("slow %d, fast %d", a, b)
 	}
 }

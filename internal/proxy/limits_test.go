@@ -289,3 +289,26 @@ func TestOtherEndpoints(t *testing.T) {
 	}
 	mu.Unlock()
 }
+
+// Nothing in a request chooses where the proxy connects: an absolute-form
+// target or a Host header naming another server still goes to the fleet.
+func TestNoClientControlledUpstream(t *testing.T) {
+	up, seen := upstreamSeeing(t)
+	_, url := startProxy(t, Config{ProbeInterval: time.Hour}, up)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := chatBody("hi", 1, false)
+	fmt.Fprintf(conn, "POST http://169.254.169.254/v1/chat/completions HTTP/1.1\r\nHost: evil.example\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(seen()) != 1 {
+		t.Errorf("status %d, the fleet's replica saw %d requests", resp.StatusCode, len(seen()))
+	}
+}

@@ -17,6 +17,7 @@ var defaultPolicies = []string{"gorgo", "gorgo-ms", "simple-session-affinity", "
 // policyFlags configure the policies and the router's signals.
 type policyFlags struct {
 	weights, msWeights string
+	e2eWeights         string
 	tieMargin          float64
 	probe, scrape      time.Duration
 	alpha              float64
@@ -26,6 +27,7 @@ type policyFlags struct {
 func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.weights, "weights", route.PaperWeights.String(), "gorgo's weights, `rtt=X,queue=Y` or a JSON file {\"rtt\":X,\"queue\":Y}")
 	fs.StringVar(&p.msWeights, "ms-weights", "rtt=1,queue=1", "gorgo-ms's weights, `rtt=X,queue=Y` or a JSON file")
+	fs.StringVar(&p.e2eWeights, "e2e-weights", route.DefaultE2EWeights.String(), "gorgo-e2e's (the default policy's) weights, `rtt=X,queue=Y,decode=Z` or a JSON file")
 	fs.Float64Var(&p.tieMargin, "tie-margin", route.DefaultTieMargin, "relative cost margin within which gorgo and gorgo-ms draw among tied replicas (negative: exact ties only)")
 	fs.DurationVar(&p.probe, "probe-interval", sim.DefaultInterval, "period of the router's round-trip probes")
 	fs.DurationVar(&p.scrape, "scrape-interval", sim.DefaultInterval, "period of the router's engine metrics scrapes")
@@ -43,10 +45,14 @@ func (p *policyFlags) options() (route.Options, error) {
 	if err != nil {
 		return route.Options{}, fmt.Errorf("--ms-weights: %w", err)
 	}
+	ew, err := route.ParseWeights(p.e2eWeights, route.DefaultE2EWeights)
+	if err != nil {
+		return route.Options{}, fmt.Errorf("--e2e-weights: %w", err)
+	}
 	if math.IsNaN(p.tieMargin) || math.IsInf(p.tieMargin, 0) {
 		return route.Options{}, fmt.Errorf("--tie-margin must be a finite number, got %v", p.tieMargin)
 	}
-	return route.Options{Weights: w, MSWeights: mw}, nil
+	return route.Options{Weights: w, MSWeights: mw, E2EWeights: ew}, nil
 }
 
 // router sets the simulated router's signals and tie margin in c.

@@ -87,6 +87,16 @@ func (p *Profile) PrefillMSPerToken() float64 {
 // request adds, in ms: the backlog is prefill work, so the prefill rate.
 func (p *Profile) QueueMSPerToken() float64 { return p.PrefillMSPerToken() }
 
+// ITLMS is the inter-token latency of a lone request on an otherwise idle
+// replica, in ms: the prior of a router's ITL model.
+func (p *Profile) ITLMS() float64 { return (p.StepBaseUS + p.DecodeUSPerSeq) / 1000 }
+
+// ITLSlopeMS is what one more request decoding alongside adds to every
+// step, in ms, for a request holding 4k tokens of context: the prior of
+// the ITL model's slope (the router learns the rest, prefill stalls
+// included).
+func (p *Profile) ITLSlopeMS() float64 { return (p.DecodeUSPerSeq + 4*p.ContextUSPer1K) / 1000 }
+
 // Scaled returns the profile of a replica speed times faster: every step
 // coefficient divided by speed, named NAME@SPEEDx.
 func (p Profile) Scaled(speed float64) Profile {

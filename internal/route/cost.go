@@ -104,3 +104,65 @@ func (p *gorgoMS) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Rand
 }
 
 func ms(r *Replica) float64 { return float64(r.RTT) / 1e6 }
+
+// DefaultE2EWeights are gorgo-e2e's weights when none are given: chosen on
+// the embedded workload and the Mooncake trace (docs/results.md, part 6).
+var DefaultE2EWeights = Weights{RTT: 1, Queue: 1, Decode: 0.2, ITL: 0.04}
+
+// gorgoE2E prices, in ms, both what a request will wait for its first
+// token and what its decode will cost, the others' and its own:
+//
+//	ttft  = w_rtt·rtt + uncached·prefill_ms + w_queue·backlog·queue_ms   (gorgo-ms)
+//	stall = decoding·uncached·prefill_ms   its prefill stalls the requests decoding there
+//	own   = E·(base + slope·(n+1))         its decode: E tokens at the ITL it will see
+//	cost  = ttft + w_decode·stall + w_itl·own
+//
+// decoding is how many of the router's requests at the replica are past
+// their first token, n how many are in flight, E the router's estimate of
+// the output length (Request.ExpectedOutputTokens), base and slope the
+// replica's inter-token latency model, learned from the token gaps the
+// router observes (Replica.ITLBaseMS, ITLSlopeMS).
+//
+// Where gorgo-ms piles requests on the nearest replica, whose decodes then
+// crawl, the stall term pushes back: while an engine prefills a prompt
+// (SGLang's prefill-first scheduler) or shares its steps with the prefill
+// (vLLM's mixed one), every sequence decoding there waits about as long,
+// so sending a long uncached prompt to a replica with many requests
+// decoding costs them all. That is what makes a crowded replica's ITL
+// grow; the batch itself adds little per sequence (20 µs to a 9 ms step
+// on the paper's engine). The own term prices the request's decode at the
+// ITL it will see: on unequal hardware it keeps long answers off slow
+// replicas.
+type gorgoE2E struct{ weighted }
+
+func newGorgoE2E(o Options) (Policy, error) {
+	w := o.E2EWeights
+	if w == (Weights{}) {
+		w = DefaultE2EWeights
+	}
+	p := &gorgoE2E{}
+	return p, p.SetWeights(w)
+}
+
+func (*gorgoE2E) Name() string { return DefaultName }
+
+func (p *gorgoE2E) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Rand) error {
+	d.Scores = d.Scores[:0]
+	w := p.w.Load()
+	e := float64(req.ExpectedOutputTokens)
+	for i := range reps {
+		r := &reps[i]
+		prefill := float64(max(req.PromptTokens-r.CachedTokens, 0)) * r.PrefillMSPerToken
+		t := Terms{
+			RTT:     w.RTT * ms(r),
+			Prefill: prefill,
+			Queue:   w.Queue * float64(r.BacklogTokens) * r.QueueMSPerToken,
+			Decode: w.Decode*float64(r.Decoding)*prefill +
+				w.ITL*e*(r.ITLBaseMS+r.ITLSlopeMS*float64(r.InFlight+1)),
+		}
+		t.Total = t.RTT + t.Prefill + t.Queue + t.Decode
+		d.Scores = append(d.Scores, t)
+	}
+	d.Replica = ByScore
+	return nil
+}

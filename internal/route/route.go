@@ -33,6 +33,10 @@ type Request struct {
 	Blocks []uint64
 	// MaxOutputTokens is the request's output limit (or trace hint).
 	MaxOutputTokens int
+	// ExpectedOutputTokens is the router's estimate of the output length
+	// (its running estimate, capped by MaxOutputTokens): the router never
+	// knows the true length. The router sets it before a decision.
+	ExpectedOutputTokens int
 }
 
 // EngineGauges are the engine-reported figures the router last scraped.
@@ -75,11 +79,19 @@ type Replica struct {
 	// token and QueueMSPerToken the TTFT each backlog token ahead adds, both
 	// in ms (configured, from the profile, or estimated online).
 	PrefillMSPerToken, QueueMSPerToken float64
+	// Decoding is how many of this router's requests at the replica are
+	// past their first token and not finished.
+	Decoding int
+	// ITLBaseMS and ITLSlopeMS are the replica's inter-token latency model,
+	// ITL ≈ base + slope·(requests in flight), in ms, learned from the
+	// token gaps the router observes (from the profile until then).
+	ITLBaseMS, ITLSlopeMS float64
 }
 
 // Terms are the parts of one replica's cost, for policies that score.
+// Decode is gorgo-e2e's decode term (zero for the others).
 type Terms struct {
-	RTT, Prefill, Queue, Total float64
+	RTT, Prefill, Queue, Decode, Total float64
 }
 
 // Decision is a policy's verdict: a score for every replica (lower is
@@ -143,6 +155,8 @@ type Options struct {
 	Weights Weights
 	// MSWeights are gorgo-ms's; zero means {RTT: 1, Queue: 1}.
 	MSWeights Weights
+	// E2EWeights are gorgo-e2e's; zero means DefaultE2EWeights.
+	E2EWeights Weights
 	// Online configures policies registered by other packages that need
 	// more than weights (the online tuner takes a tune.OnlineConfig); nil
 	// means their defaults.
@@ -244,16 +258,30 @@ func init() {
 		{Name: "prefix-cache", New: func(Options) (Policy, error) { return prefixCache{}, nil }},
 		{Name: "gorgo", New: newGorgo},
 		{Name: "gorgo-ms", New: newGorgoMS},
+		{Name: DefaultName, New: newGorgoE2E},
 	} {
 		Register(i)
 	}
 }
 
-// Lookup returns the registered policy of that name.
+// DefaultName is the policy `default` stands for: the one that prices both
+// a request's TTFT and its decode, gorgo serve's default.
+const DefaultName = "gorgo-e2e"
+
+// Canonical returns the policy name that name stands for: DefaultName for
+// "default", name otherwise.
+func Canonical(name string) string {
+	if name == "default" {
+		return DefaultName
+	}
+	return name
+}
+
+// Lookup returns the registered policy of that name (or alias: "default").
 func Lookup(name string) (Info, bool) {
 	regMu.RLock()
 	defer regMu.RUnlock()
-	i, ok := registry[name]
+	i, ok := registry[Canonical(name)]
 	return i, ok
 }
 
@@ -262,7 +290,7 @@ func Lookup(name string) (Info, bool) {
 func New(name string, opts Options) (Policy, error) {
 	i, ok := Lookup(name)
 	if !ok {
-		return nil, fmt.Errorf("unknown policy %q (valid: %s)", name, strings.Join(Names(), ", "))
+		return nil, fmt.Errorf("unknown policy %q (valid: %s, or default for %s)", name, strings.Join(Names(), ", "), DefaultName)
 	}
 	return i.New(opts)
 }

@@ -10,30 +10,39 @@ import (
 	"strings"
 )
 
-// Weights scale the RTT and queue terms of a cost (the prefill weight is 1).
+// Weights scale the RTT and queue terms of a cost (the prefill weight is 1)
+// and, for gorgo-e2e, its decode terms: Decode the stall a request's
+// prefill imposes on the requests decoding, ITL its own decode time.
 type Weights struct {
-	RTT   float64 `json:"rtt"`
-	Queue float64 `json:"queue"`
+	RTT    float64 `json:"rtt"`
+	Queue  float64 `json:"queue"`
+	Decode float64 `json:"decode,omitempty"`
+	ITL    float64 `json:"itl,omitempty"`
 }
 
 // Validate reports weights that are negative or not finite.
 func (w Weights) Validate() error {
-	for _, v := range []float64{w.RTT, w.Queue} {
+	for _, v := range []float64{w.RTT, w.Queue, w.Decode, w.ITL} {
 		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-			return fmt.Errorf("weights must be finite and non-negative, got rtt=%v queue=%v", w.RTT, w.Queue)
+			return fmt.Errorf("weights must be finite and non-negative, got %s", w)
 		}
 	}
 	return nil
 }
 
-// String formats weights (to 4 significant digits) as ParseWeights reads them.
+// String formats weights (to 4 significant digits) as ParseWeights reads
+// them; zero decode and itl weights are left out.
 func (w Weights) String() string {
-	return "rtt=" + strconv.FormatFloat(w.RTT, 'g', 4, 64) + ",queue=" + strconv.FormatFloat(w.Queue, 'g', 4, 64)
+	s := "rtt=" + strconv.FormatFloat(w.RTT, 'g', 4, 64) + ",queue=" + strconv.FormatFloat(w.Queue, 'g', 4, 64)
+	if w.Decode != 0 || w.ITL != 0 {
+		s += ",decode=" + strconv.FormatFloat(w.Decode, 'g', 4, 64) + ",itl=" + strconv.FormatFloat(w.ITL, 'g', 4, 64)
+	}
+	return s
 }
 
-// ParseWeights reads "rtt=X,queue=Y" (either may be omitted and then keeps
-// its value in base) or, if s names a file, a JSON object {"rtt":X,"queue":Y}
-// whose unknown fields are errors.
+// ParseWeights reads "rtt=X,queue=Y,decode=Z,itl=V" (any may be omitted
+// and then keeps its value in base) or, if s names a file, a JSON object
+// {"rtt":X,"queue":Y,"decode":Z,"itl":V} whose unknown fields are errors.
 func ParseWeights(s string, base Weights) (Weights, error) {
 	w := base
 	if !strings.Contains(s, "=") {
@@ -59,8 +68,12 @@ func ParseWeights(s string, base Weights) (Weights, error) {
 			w.RTT = f
 		case "queue":
 			w.Queue = f
+		case "decode":
+			w.Decode = f
+		case "itl":
+			w.ITL = f
 		default:
-			return w, fmt.Errorf("weights: unknown weight %q (valid: rtt, queue)", k)
+			return w, fmt.Errorf("weights: unknown weight %q (valid: rtt, queue, decode, itl)", k)
 		}
 	}
 	return w, w.Validate()

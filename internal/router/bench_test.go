@@ -18,12 +18,15 @@ const (
 	indexedBlocks    = 1 << 20
 )
 
-// benchRouter returns a gorgo router over n replicas whose prefix index
+// benchRouter returns a router with the named policy over n replicas whose prefix index
 // already holds about 1M blocks, and a prompt of the given length that a
 // few replicas hold parts of.
-func benchRouter(b *testing.B, n, promptTokens int) (*Router, []byte) {
+func benchRouter(b *testing.B, policy string, n, promptTokens int) (*Router, []byte) {
 	b.Helper()
-	p, _ := route.New("gorgo", route.Options{})
+	p, perr := route.New(policy, route.Options{})
+	if perr != nil {
+		b.Fatal(perr)
+	}
 	reps := make([]ReplicaConfig, n)
 	perReplica := indexedBlocks/n + indexedBlocks/8
 	for i := range reps {
@@ -59,27 +62,34 @@ func benchRouter(b *testing.B, n, promptTokens int) (*Router, []byte) {
 
 // BenchmarkDecide is one routing decision as the proxy makes it: hash the
 // prompt into chained blocks, find every replica's cached prefix, build the
-// replica views and score them.
+// replica views and score them, with the paper's policy and the default
+// one.
 func BenchmarkDecide(b *testing.B) {
-	for _, n := range []int{3, 16, 64, 256, 1000} {
-		for _, tokens := range []int{2 << 10, 32 << 10} {
-			b.Run(fmt.Sprintf("replicas=%d/prompt=%dk", n, tokens>>10), func(b *testing.B) {
-				r, prompt := benchRouter(b, n, tokens)
-				rng := rand.New(rand.NewPCG(3, 4))
-				buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
-				req := &route.Request{PromptTokens: tokens}
-				b.ReportAllocs()
-				b.SetBytes(int64(len(prompt)))
-				for b.Loop() {
-					buf = prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0])
-					req.Blocks = buf
-					if _, err := r.Decide(0, req, rng); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+	for _, policy := range []string{"gorgo", route.DefaultName} {
+		for _, n := range []int{3, 16, 64, 256, 1000} {
+			for _, tokens := range []int{2 << 10, 32 << 10} {
+				benchDecide(b, policy, n, tokens)
+			}
 		}
 	}
+}
+
+func benchDecide(b *testing.B, policy string, n, tokens int) {
+	b.Run(fmt.Sprintf("policy=%s/replicas=%d/prompt=%dk", policy, n, tokens>>10), func(b *testing.B) {
+		r, prompt := benchRouter(b, policy, n, tokens)
+		rng := rand.New(rand.NewPCG(3, 4))
+		buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
+		req := &route.Request{PromptTokens: tokens}
+		b.ReportAllocs()
+		b.SetBytes(int64(len(prompt)))
+		for b.Loop() {
+			buf = prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0])
+			req.Blocks = buf
+			if _, err := r.Decide(0, req, rng); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 // BenchmarkRoute is a decision plus its bookkeeping: the ledger and the
@@ -88,7 +98,7 @@ func BenchmarkRoute(b *testing.B) {
 	for _, n := range []int{16} {
 		for _, tokens := range []int{2 << 10, 32 << 10} {
 			b.Run(fmt.Sprintf("replicas=%d/prompt=%dk", n, tokens>>10), func(b *testing.B) {
-				r, prompt := benchRouter(b, n, tokens)
+				r, prompt := benchRouter(b, "gorgo", n, tokens)
 				rng := rand.New(rand.NewPCG(3, 4))
 				buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
 				req := &route.Request{PromptTokens: tokens}

@@ -18,7 +18,14 @@ type ReplicaConfig struct {
 	// PrefillMSPerToken and QueueMSPerToken are the replica's rates (the
 	// priors when rates are estimated online).
 	PrefillMSPerToken, QueueMSPerToken float64
+	// ITLBaseMS and ITLSlopeMS are the priors of the replica's inter-token
+	// latency model (see signal.ITL); zero base means DefaultITLBaseMS.
+	ITLBaseMS, ITLSlopeMS float64
 }
+
+// DefaultITLBaseMS is the prior ITL of a replica nothing is known of: a
+// ~10 ms decode step, typical of the engines CALIBRATION.md measures.
+const DefaultITLBaseMS = 10
 
 // State is where a replica is in its membership of the fleet.
 type State int32
@@ -59,8 +66,10 @@ type member struct {
 	healthy atomic.Bool
 	gone    atomic.Bool // left the fleet
 
-	// Ledger of this router's requests to the replica.
-	inflight, unfin, backlog atomic.Int64
+	// Ledger of this router's requests to the replica: in flight, their
+	// prompt tokens, their uncached tokens before the first token, and how
+	// many are past their first token.
+	inflight, unfin, backlog, decoding atomic.Int64
 
 	rttNS   atomic.Int64 // the RTT estimate; 0 until probed
 	probed  atomic.Bool
@@ -68,10 +77,13 @@ type member struct {
 	prefill atomic.Uint64 // float64 bits: ms per uncached token
 	queue   atomic.Uint64 // float64 bits: ms per backlog token
 	gauges  atomic.Pointer[gaugeObs]
+	itlBase atomic.Uint64 // float64 bits: ms
+	itlSlp  atomic.Uint64 // float64 bits: ms per request in flight
 
 	mu    sync.Mutex // guards the estimators below
 	rtt   signal.EWMA
 	rates *signal.Rates // nil: the configured rates
+	itl   *signal.ITL
 	// Evidence of how far the index over-believes this replica's cache,
 	// since the last reset: estimated and missing (estimated − reported,
 	// when positive) cached tokens over the reports that carried them.
@@ -93,7 +105,30 @@ func newMember(rc ReplicaConfig, slot int, alpha float64, online bool) *member {
 	if online {
 		m.rates = signal.NewRates(rc.PrefillMSPerToken, rc.QueueMSPerToken)
 	}
+	base := rc.ITLBaseMS
+	if base <= 0 {
+		base = DefaultITLBaseMS
+	}
+	m.itl = signal.NewITL(base, max(rc.ITLSlopeMS, 0))
+	m.setITL(m.itl.Base(), m.itl.Slope())
 	return m
+}
+
+func (m *member) setITL(base, slope float64) {
+	m.itlBase.Store(math.Float64bits(base))
+	m.itlSlp.Store(math.Float64bits(slope))
+}
+
+func (m *member) itlNow() (base, slope float64) {
+	return math.Float64frombits(m.itlBase.Load()), math.Float64frombits(m.itlSlp.Load())
+}
+
+// observeITL feeds a finished request's mean token gap to the ITL model.
+func (m *member) observeITL(inFlight int, ms float64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.itl.Observe(float64(inFlight), ms)
+	m.setITL(m.itl.Base(), m.itl.Slope())
 }
 
 func (m *member) setRates(prefill, queue float64) {
@@ -121,10 +156,12 @@ func (m *member) view(now time.Duration, cached int) route.Replica {
 		InFlight:         int(m.inflight.Load()),
 		UnfinishedTokens: int(m.unfin.Load()),
 		BacklogTokens:    int(m.backlog.Load()),
+		Decoding:         int(m.decoding.Load()),
 		CachedTokens:     cached,
 		KVCapacityTokens: int(m.kvCap.Load()),
 	}
 	v.PrefillMSPerToken, v.QueueMSPerToken = m.ratesNow()
+	v.ITLBaseMS, v.ITLSlopeMS = m.itlNow()
 	if g := m.gauges.Load(); g != nil {
 		v.Engine, v.EngineAge, v.EngineKnown = g.g, now-g.at, true
 	}
@@ -199,6 +236,12 @@ type ReplicaState struct {
 	EngineAt          time.Duration
 	PrefillMSPerToken float64
 	QueueMSPerToken   float64
+	// Decoding is the requests past their first token; ITLBaseMS and
+	// ITLSlopeMS the replica's inter-token latency model (ms, ms per
+	// request in flight) and ITLSamples the requests it learned from.
+	Decoding              int
+	ITLBaseMS, ITLSlopeMS float64
+	ITLSamples            int
 }
 
 // Available reports whether a decision may pick the replica.
@@ -209,11 +252,14 @@ func (m *member) snapshot(indexBlocks int) ReplicaState {
 		RTT: time.Duration(m.rttNS.Load()), InFlight: int(m.inflight.Load()), UnfinishedTokens: int(m.unfin.Load()),
 		BacklogTokens: int(m.backlog.Load()), IndexBlocks: indexBlocks, KVCapacityTokens: int(m.kvCap.Load())}
 	st.PrefillMSPerToken, st.QueueMSPerToken = m.ratesNow()
+	st.Decoding = int(m.decoding.Load())
+	st.ITLBaseMS, st.ITLSlopeMS = m.itlNow()
 	if g := m.gauges.Load(); g != nil {
 		st.Engine, st.EngineKnown, st.EngineAt = g.g, true, g.at
 	}
 	m.mu.Lock()
 	st.RTTSamples = m.rtt.Samples()
+	st.ITLSamples = m.itl.Samples()
 	m.mu.Unlock()
 	return st
 }

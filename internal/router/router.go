@@ -68,6 +68,9 @@ type Ticket struct {
 	RTT time.Duration
 	// Tag is the policy's label for the decision (see route.Learner).
 	Tag int
+	// InFlight is how many of the router's requests were at the replica
+	// once this one joined them (itself included).
+	InFlight int
 
 	m                     *member
 	accepted, first, done bool
@@ -106,7 +109,19 @@ type Router struct {
 	best   []Candidate
 
 	resets atomic.Int64
+	// outEst is the running estimate of a request's output tokens (float64
+	// bits), and outN how many requests fed it.
+	outEst atomic.Uint64
+	outN   atomic.Int64
 }
+
+// DefaultOutputTokens is the output length the router expects before it
+// has seen any request finish.
+const DefaultOutputTokens = 256
+
+// outputAlpha is the weight of a finished request's output length in the
+// running estimate (a memory of about 50 requests).
+const outputAlpha = 0.02
 
 // New returns a router over the configured replicas, every one of them
 // active and healthy but not yet probed.
@@ -133,6 +148,7 @@ func New(cfg Config) (*Router, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	r := &Router{cfg: cfg, index: ix}
+	r.outEst.Store(math.Float64bits(DefaultOutputTokens))
 	r.fleet.Store(&fleet{byID: map[string]*member{}})
 	for _, rc := range cfg.Replicas {
 		if err := r.Add(rc); err != nil {
@@ -195,7 +211,7 @@ func (r *Router) Redispatch(c *Candidate, req *route.Request) (Ticket, bool) {
 func (r *Router) enter(c *Candidate, req *route.Request) (Ticket, bool) {
 	m := c.m
 	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m}
-	m.inflight.Add(1)
+	t.InFlight = int(m.inflight.Add(1))
 	if State(m.state.Load()) != Active {
 		// Remove saw no request in flight, or is about to: back out. If
 		// that leaves a removing replica idle, it is forgotten apart from
@@ -285,6 +301,7 @@ func (r *Router) rank(now time.Duration, req *route.Request, pol route.Policy, r
 	r.index.Match(req.Blocks, r.depth)
 	r.ixMu.RUnlock()
 	bt := r.cfg.BlockTokens
+	req.ExpectedOutputTokens = r.ExpectedOutput(req.MaxOutputTokens)
 	r.views, r.cand = r.views[:0], r.cand[:0]
 	for _, m := range f.members {
 		if m.available() {
@@ -346,6 +363,7 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 	}
 	t.first = true
 	t.m.backlog.Add(-int64(t.uncached()))
+	t.m.decoding.Add(1)
 	t.m.observeTTFT(t.uncached(), t.Backlog, float64(ttft-t.RTT)/1e6)
 }
 
@@ -373,8 +391,44 @@ func (r *Router) Finish(t *Ticket) {
 	m.unfin.Add(-int64(t.PromptTokens))
 	if !t.first {
 		m.backlog.Add(-int64(t.uncached()))
+	} else {
+		m.decoding.Add(-1)
 	}
 	r.release(m)
+}
+
+// Decoded folds in how a request's answer went after its first token: it
+// produced outputTokens tokens (as counted or reported) over decode, the
+// time from its first token to its last. The token gap feeds the replica's
+// ITL model, the length the router's output estimate. Call it before
+// Finish, for requests that completed.
+func (r *Router) Decoded(t *Ticket, outputTokens int, decode time.Duration) {
+	if t.done || t.m == nil || outputTokens < 1 {
+		return
+	}
+	for {
+		old := r.outEst.Load()
+		v := math.Float64frombits(old)
+		v += outputAlpha * (float64(outputTokens) - v)
+		if r.outEst.CompareAndSwap(old, math.Float64bits(v)) {
+			break
+		}
+	}
+	r.outN.Add(1)
+	if outputTokens > 1 && decode > 0 {
+		t.m.observeITL(t.InFlight, float64(decode)/1e6/float64(outputTokens-1))
+	}
+}
+
+// ExpectedOutput is the output length the router expects of a request with
+// that max_tokens (0: none given): its running estimate, capped by the
+// limit. The router never knows the true length.
+func (r *Router) ExpectedOutput(maxTokens int) int {
+	e := int(math.Round(math.Float64frombits(r.outEst.Load())))
+	if maxTokens > 0 {
+		e = min(e, maxTokens)
+	}
+	return max(e, 1)
 }
 
 // Replicas returns every replica's state, in the order they joined.

@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"sync"
@@ -473,5 +474,71 @@ func TestDrainKeepsARemoval(t *testing.T) {
 	r.Finish(&tk)
 	if r.Has(tk.ID) {
 		t.Error("the replica stayed")
+	}
+}
+
+// The router counts requests decoding, learns each replica's ITL from the
+// token gaps it sees, and the output length from what finished.
+func TestDecodeLedgerAndITL(t *testing.T) {
+	r := newRouter(t, route.DefaultName, 2, false)
+	rng := rand.New(rand.NewPCG(1, 1))
+	if e := r.ExpectedOutput(0); e != DefaultOutputTokens {
+		t.Fatalf("expected output before any request: %d", e)
+	}
+	if e := r.ExpectedOutput(40); e != 40 {
+		t.Fatalf("max_tokens must cap the estimate: %d", e)
+	}
+	// Replica a decodes at 10 ms + 1 ms per request in flight.
+	var open []Ticket
+	for i := range 600 {
+		req := route.Request{PromptTokens: 64, Blocks: blocks(uint64(i+1), 4), MaxOutputTokens: 1000}
+		tk, _, err := r.Dispatch(0, &req, rng, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Accepted(&tk, &req)
+		r.FirstToken(&tk, 50*time.Millisecond)
+		open = append(open, tk)
+		if got := state(t, r, tk.ID).Decoding; got != state(t, r, tk.ID).InFlight {
+			t.Fatalf("decoding %d, in flight %d", got, state(t, r, tk.ID).InFlight)
+		}
+		for len(open) > 1+i%7 {
+			f := &open[0]
+			itl := 10 + float64(f.InFlight)
+			if f.ID == "b" {
+				itl = 30 // b is slow whatever its load
+			}
+			r.Decoded(f, 101, time.Duration(itl*100*1e6))
+			r.Finish(f)
+			r.Finish(f) // harmless
+			open = open[1:]
+		}
+	}
+	for i := range open {
+		r.Finish(&open[i])
+	}
+	a, b := state(t, r, "a"), state(t, r, "b")
+	if a.Decoding != 0 || b.Decoding != 0 || a.InFlight != 0 || b.InFlight != 0 {
+		t.Fatalf("ledger not released: %+v %+v", a, b)
+	}
+	if math.Abs(a.ITLBaseMS-10) > 0.5 || math.Abs(a.ITLSlopeMS-1) > 0.1 || a.ITLSamples == 0 {
+		t.Errorf("a: learned ITL %.2f + %.3f·n from %d requests, want 10 + 1·n", a.ITLBaseMS, a.ITLSlopeMS, a.ITLSamples)
+	}
+	if b.ITLSamples > 0 && (math.Abs(b.ITLBaseMS+b.ITLSlopeMS*2-30) > 1) {
+		t.Errorf("b: learned ITL %.2f + %.3f·n, want ≈ 30", b.ITLBaseMS, b.ITLSlopeMS)
+	}
+	if e := r.ExpectedOutput(0); e < 95 || e > 105 {
+		t.Errorf("expected output %d after requests of 101 tokens", e)
+	}
+	// A failed request (no Decoded) and a request before its first token
+	// release what they hold.
+	req := route.Request{PromptTokens: 64, Blocks: blocks(9999, 4)}
+	tk, _, err := r.Dispatch(0, &req, rng, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Finish(&tk)
+	if st := state(t, r, tk.ID); st.Decoding != 0 || st.BacklogTokens != 0 {
+		t.Errorf("after a failure: %+v", st)
 	}
 }

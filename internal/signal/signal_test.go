@@ -43,3 +43,31 @@ func TestRatesStayBounded(t *testing.T) {
 		t.Errorf("rates %v %v escaped their bounds", r.Prefill(), r.Queue())
 	}
 }
+
+func TestITLLearnsALoadedReplica(t *testing.T) {
+	// The replica's ITL is 12 ms + 0.8 ms per request in flight; the prior
+	// says 9 ms flat.
+	m := NewITL(9, 0)
+	for i := range 2000 {
+		n := float64(1 + i%40)
+		m.Observe(n, 12+0.8*n)
+	}
+	if b, s := m.Base(), m.Slope(); math.Abs(b-12) > 0.1 || math.Abs(s-0.8) > 0.01 {
+		t.Errorf("learned base %.3f slope %.4f, want 12 and 0.8", b, s)
+	}
+	if m.Samples() != 2000 {
+		t.Errorf("samples %d", m.Samples())
+	}
+	// Bounds: the slope is never negative, the base never below a quarter
+	// of the prior's; garbage is ignored.
+	m = NewITL(8, 0.1)
+	for i := range 500 {
+		n := float64(1 + i%20)
+		m.Observe(n, 40-1.9*n)
+	}
+	m.Observe(1, math.NaN())
+	m.Observe(1, -5)
+	if m.Slope() != 0 || m.Base() < 2 || m.Samples() != 500 {
+		t.Errorf("bounds: base %.3f slope %.3f samples %d", m.Base(), m.Slope(), m.Samples())
+	}
+}

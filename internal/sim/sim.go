@@ -339,7 +339,8 @@ func (s *simulator) addReplica(r Replica) (int, error) {
 		}
 	}
 	rc := router.ReplicaConfig{ID: r.ID, Region: r.Region, KVCapacityTokens: eng.Gauges().KVCapacityTokens,
-		PrefillMSPerToken: prior.PrefillMSPerToken(), QueueMSPerToken: prior.QueueMSPerToken()}
+		PrefillMSPerToken: prior.PrefillMSPerToken(), QueueMSPerToken: prior.QueueMSPerToken(),
+		ITLBaseMS: prior.ITLMS(), ITLSlopeMS: prior.ITLSlopeMS()}
 	if err := s.router.Add(rc); err != nil {
 		return 0, fmt.Errorf("sim: %w", err)
 	}
@@ -508,6 +509,9 @@ func (s *simulator) reschedule(r int) {
 func (s *simulator) back(now time.Duration, i int) {
 	st := &s.reqs[i]
 	if st.replica >= 0 {
+		if !st.failed {
+			s.router.Decoded(&st.ticket, st.output, st.done-st.first)
+		}
 		s.router.Finish(&st.ticket)
 		if s.learner != nil {
 			o := route.Outcome{Failed: st.failed}

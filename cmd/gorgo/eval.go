@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
@@ -25,7 +26,7 @@ against simple-session-affinity, and a TTFT CDF plot per window (PNG).`
 // baseline is the policy eval compares every other against, as the paper does.
 const baseline = "simple-session-affinity"
 
-var evalPolicies = []string{"gorgo", "gorgo-ms", baseline, "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
+var evalPolicies = []string{"gorgo", "gorgo-ms", route.DefaultName, baseline, "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
 
 // evalWindow is one window at one time scale.
 type evalWindow struct {
@@ -104,7 +105,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "topology: %s\ngorgo weights: %s; gorgo-ms weights: %s\n", describeFleet(t, reps), pf.weights, pf.msWeights)
+	fmt.Fprintf(stdout, "topology: %s\ngorgo weights: %s; gorgo-ms weights: %s; gorgo-e2e weights: %s\n", describeFleet(t, reps), pf.weights, pf.msWeights, pf.e2eWeights)
 
 	var evals []*evalWindow
 	type job struct{ w, p int }

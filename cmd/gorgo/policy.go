@@ -12,7 +12,7 @@ import (
 )
 
 // defaultPolicies are what sim compares when --policy is not given.
-var defaultPolicies = []string{"gorgo", "gorgo-ms", "simple-session-affinity", "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
+var defaultPolicies = []string{"gorgo", "gorgo-ms", route.DefaultName, "simple-session-affinity", "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
 
 // policyFlags configure the policies and the router's signals.
 type policyFlags struct {
@@ -99,7 +99,7 @@ func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]route
 			continue
 		}
 		if pols[i], err = route.New(n, opts); err != nil {
-			return nil, fmt.Errorf("--policy: unknown policy %q (valid: %s)", n, joinNames(policyNames()))
+			return nil, fmt.Errorf("--policy: unknown policy %q (valid: %s; default is %s)", n, joinNames(policyNames()), route.DefaultName)
 		}
 	}
 	return pols, nil

@@ -63,8 +63,8 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	if *mode != "offline" && *mode != "online" {
 		return fmt.Errorf("--mode: want offline or online, got %q", *mode)
 	}
-	if tf.base != "gorgo" && tf.base != "gorgo-ms" {
-		return fmt.Errorf("--base: want gorgo or gorgo-ms, got %q", tf.base)
+	if tf.base = route.Canonical(tf.base); !route.Tunable(tf.base) {
+		return fmt.Errorf("--base: want gorgo, gorgo-ms or %s (default), got %q", route.DefaultName, tf.base)
 	}
 	if _, err := pf.policies("round-robin", &tf, wl.seed); err != nil { // validates the signal flags
 		return err

@@ -36,8 +36,8 @@ func (t *tuneFlags) register(fs *flag.FlagSet) {
 	}
 	fs.StringVar(&t.objective, "objective", string(tune.P95TTFT), "metric the tuner minimises: "+joinNames(objs))
 	fs.Var(&t.guards, "guard", "reject a candidate whose `METRIC=RATIO` exceeds RATIO times the incumbent's: e2e-p95=1.05 or itl-mean=1.1 (repeatable; default e2e-p95=1.05; \"none\" for no guard)")
-	fs.Var(&t.params, "param", "tuned weight as `NAME=MIN:MAX:INIT` (repeatable; default the paper's rtt=0.05:2:0.5 and queue=0.05:0.5:0.1)")
-	fs.StringVar(&t.base, "base", "gorgo", "policy whose weights are tuned: gorgo or gorgo-ms")
+	fs.Var(&t.params, "param", "tuned weight as `NAME=MIN:MAX:INIT`, NAME one of rtt, queue, decode, itl (repeatable; default the paper's rtt=0.05:2:0.5 and queue=0.05:0.5:0.1)")
+	fs.StringVar(&t.base, "base", "gorgo", "policy whose weights are tuned: gorgo, gorgo-ms or gorgo-e2e (default); gorgo-e2e tunes decode=0.02:2:0.2 and itl=0.004:0.4:0.04 unless --param says otherwise")
 	fs.Float64Var(&t.sigma, "sigma", 0.5, "initial step size in log space")
 	fs.IntVar(&t.window, "window-requests", 128, "online: requests each arm is scored on")
 	fs.IntVar(&t.hop, "hop", 32, "online: consecutive requests one arm routes before the other")
@@ -66,6 +66,9 @@ func (t *tuneFlags) config(seed uint64) (tune.Config, error) {
 		}
 		cfg.Params = append(cfg.Params, p)
 	}
+	if len(cfg.Params) == 0 {
+		cfg.Params = tune.DefaultParams(t.base)
+	}
 	if t.sigma <= 0 || math.IsNaN(t.sigma) {
 		return cfg, fmt.Errorf("--sigma must be positive")
 	}
@@ -86,16 +89,7 @@ func (t *tuneFlags) online(seed uint64, opts route.Options) (*tune.Online, error
 // baseWeights are the tuned policy's weights before tuning (--weights or
 // --ms-weights): the values of the parameters not tuned.
 func (t *tuneFlags) baseWeights(opts route.Options) route.Weights {
-	if t.base == "gorgo-ms" {
-		if opts.MSWeights == (route.Weights{}) {
-			return route.Weights{RTT: 1, Queue: 1}
-		}
-		return opts.MSWeights
-	}
-	if opts.Weights == (route.Weights{}) {
-		return route.PaperWeights
-	}
-	return opts.Weights
+	return route.WeightsOf(t.base, opts)
 }
 
 func parseParam(s string) (tune.Param, error) {
@@ -117,8 +111,5 @@ func parseParam(s string) (tune.Param, error) {
 
 // options turns tuned weights into the base policy's options.
 func (t *tuneFlags) options(w route.Weights) route.Options {
-	if t.base == "gorgo-ms" {
-		return route.Options{MSWeights: w}
-	}
-	return route.Options{Weights: w}
+	return route.WithWeights(t.base, route.Options{}, w)
 }

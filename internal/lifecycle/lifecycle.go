@@ -341,6 +341,15 @@ func (r *Request) End(o Outcome, at time.Time) int {
 		}
 	}
 	if r.active {
+		if status == http.StatusOK && r.done {
+			// The token gap only from a stream of at least two token
+			// events; the length from any complete answer.
+			var decode time.Duration
+			if r.tokens > 1 {
+				decode = r.lastTok.Sub(r.first)
+			}
+			c.Router.Decoded(&r.ticket, r.outputTokens(), decode)
+		}
 		c.Router.Finish(&r.ticket)
 		if r.cached >= 0 && status == http.StatusOK {
 			c.Router.CachedReport(&r.ticket, r.cached)

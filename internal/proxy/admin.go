@@ -328,12 +328,17 @@ type replicaJSON struct {
 	EngineAgeS       *float64            `json:"engine_age_s,omitempty"`
 	PrefillMSPerTok  float64             `json:"prefill_ms_per_token"`
 	QueueMSPerTok    float64             `json:"queue_ms_per_token"`
+	Decoding         int                 `json:"decoding"`
+	ITLMS            float64             `json:"itl_ms"`
+	ITLSlopeMS       float64             `json:"itl_slope_ms"`
+	ITLSamples       int                 `json:"itl_samples"`
 }
 
 func (s *Server) replicaJSON(st router.ReplicaState) replicaJSON {
 	out := replicaJSON{ID: st.ID, Region: st.Region, State: st.State.String(), RTTMS: float64(st.RTT.Microseconds()) / 1000,
 		InFlight: st.InFlight, UnfinishedTokens: st.UnfinishedTokens, BacklogTokens: st.BacklogTokens, IndexBlocks: st.IndexBlocks,
-		KVCapacityTokens: st.KVCapacityTokens, PrefillMSPerTok: st.PrefillMSPerToken, QueueMSPerTok: st.QueueMSPerToken}
+		KVCapacityTokens: st.KVCapacityTokens, PrefillMSPerTok: st.PrefillMSPerToken, QueueMSPerTok: st.QueueMSPerToken,
+		Decoding: st.Decoding, ITLMS: st.ITLBaseMS, ITLSlopeMS: st.ITLSlopeMS, ITLSamples: st.ITLSamples}
 	switch {
 	case st.State != router.Active:
 	case !st.Healthy:
@@ -426,10 +431,11 @@ type tunable interface {
 func (s *Server) adminWeights(w http.ResponseWriter, r *http.Request) {
 	switch p := s.policy.(type) {
 	case tunable:
-		writeJSON(w, http.StatusOK, map[string]any{"policy": s.policy.Name(), "rtt": p.Weights().RTT, "queue": p.Weights().Queue})
+		writeJSON(w, http.StatusOK, weightsJSON(s.policy.Name(), p.Weights()))
 	case *tune.Online:
-		inc := p.Incumbent()
-		writeJSON(w, http.StatusOK, map[string]any{"policy": s.policy.Name(), "base": p.Base(), "rtt": inc.RTT, "queue": inc.Queue, "tuned": true})
+		out := weightsJSON(s.policy.Name(), p.Incumbent())
+		out["base"], out["tuned"] = p.Base(), true
+		writeJSON(w, http.StatusOK, out)
 	default:
 		writeError(w, http.StatusNotFound, "NotFoundError", "policy %s has no weights", s.policy.Name())
 	}
@@ -442,25 +448,43 @@ func (s *Server) adminSetWeights(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var in struct {
-		RTT   *float64 `json:"rtt"`
-		Queue *float64 `json:"queue"`
+		RTT    *float64 `json:"rtt"`
+		Queue  *float64 `json:"queue"`
+		Decode *float64 `json:"decode"`
+		ITL    *float64 `json:"itl"`
 	}
 	if !decodeJSON(w, r, &in) {
 		return
 	}
 	wt := p.Weights()
-	if in.RTT != nil {
-		wt.RTT = *in.RTT
+	for _, f := range []struct {
+		in  *float64
+		out *float64
+	}{{in.RTT, &wt.RTT}, {in.Queue, &wt.Queue}, {in.Decode, &wt.Decode}, {in.ITL, &wt.ITL}} {
+		if f.in != nil {
+			*f.out = *f.in
+		}
 	}
-	if in.Queue != nil {
-		wt.Queue = *in.Queue
+	if (in.Decode != nil || in.ITL != nil) && s.policy.Name() != route.DefaultName {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "policy %s has no decode or itl weight", s.policy.Name())
+		return
 	}
 	if err := p.SetWeights(wt); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return
 	}
 	s.log.Info("admin change", "who", who(r), "op", "weights", "weights", wt.String())
-	writeJSON(w, http.StatusOK, map[string]any{"policy": s.policy.Name(), "rtt": wt.RTT, "queue": wt.Queue})
+	writeJSON(w, http.StatusOK, weightsJSON(s.policy.Name(), wt))
+}
+
+// weightsJSON is a policy's weights as the admin API shows them: decode
+// and itl only for the policy that has them.
+func weightsJSON(policy string, w route.Weights) map[string]any {
+	out := map[string]any{"policy": policy, "rtt": w.RTT, "queue": w.Queue}
+	if route.Canonical(policy) == route.DefaultName || w.Decode != 0 || w.ITL != 0 {
+		out["decode"], out["itl"] = w.Decode, w.ITL
+	}
+	return out
 }
 
 // adminDecide explains where a request would go: the body is a chat
@@ -511,13 +535,7 @@ func (s *Server) explainPolicy() (route.Policy, error) {
 		return p.IncumbentPolicy()
 	case tunable:
 		cfg := s.Config()
-		opts := cfg.options()
-		if s.policy.Name() == "gorgo-ms" {
-			opts.MSWeights = p.Weights()
-		} else {
-			opts.Weights = p.Weights()
-		}
-		return route.New(s.policy.Name(), opts)
+		return route.New(s.policy.Name(), route.WithWeights(s.policy.Name(), cfg.options(), p.Weights()))
 	}
 	cfg := s.Config()
 	return route.New(s.policy.Name(), cfg.options())

@@ -35,12 +35,14 @@ type Config struct {
 	// through the admin API).
 	Replicas []ReplicaConfig  `yaml:"replicas"`
 	Discover []discover.Group `yaml:"discover"`
-	// Policy names the routing policy (default gorgo); any registered
-	// policy but the simulator's.
+	// Policy names the routing policy (default: "default", gorgo-e2e); any
+	// registered policy but the simulator's.
 	Policy string `yaml:"policy"`
 	// Weights are gorgo's (default the paper's), MSWeights gorgo-ms's.
 	Weights   *route.Weights `yaml:"weights"`
 	MSWeights *route.Weights `yaml:"ms_weights"`
+	// E2EWeights are gorgo-e2e's (default route.DefaultE2EWeights).
+	E2EWeights *route.Weights `yaml:"e2e_weights"`
 	// TieMargin is the scoring policies' relative tie margin (default 0.01).
 	TieMargin float64 `yaml:"tie_margin"`
 	// BlockTokens is the prefix index's block size in estimated tokens
@@ -142,11 +144,17 @@ type ReplicaConfig struct {
 	URL    string `yaml:"url"`
 	Region string `yaml:"region"`
 	// Profile, if set, names the engine profile the replica runs: it gives
-	// the KV capacity and the prefill and queue rates unless set here.
+	// the KV capacity, the prefill and queue rates and the priors of the
+	// ITL model unless set here.
 	Profile          string  `yaml:"profile"`
 	KVCapacityTokens int     `yaml:"kv_capacity_tokens"`
 	PrefillMSPerTok  float64 `yaml:"prefill_ms_per_token"`
 	QueueMSPerTok    float64 `yaml:"queue_ms_per_token"`
+	// ITLMS and ITLSlopeMS are the priors of the replica's inter-token
+	// latency model (ms, and ms per request in flight); the router learns
+	// both from the streams it relays.
+	ITLMS      float64 `yaml:"itl_ms"`
+	ITLSlopeMS float64 `yaml:"itl_slope_ms"`
 	// MetricsPath is where the engine serves Prometheus metrics (default
 	// /metrics).
 	MetricsPath string `yaml:"metrics_path"`
@@ -196,8 +204,9 @@ func (c Config) Defaults() Config {
 		c.ConfigPoll = 5 * time.Second
 	}
 	if c.Policy == "" {
-		c.Policy = "gorgo"
+		c.Policy = route.DefaultName
 	}
+	c.Policy = route.Canonical(c.Policy)
 	if c.TieMargin == 0 {
 		c.TieMargin = route.DefaultTieMargin
 	}
@@ -298,6 +307,12 @@ func (r ReplicaConfig) Defaults() ReplicaConfig {
 		if r.QueueMSPerTok == 0 {
 			r.QueueMSPerTok = p.QueueMSPerToken()
 		}
+		if r.ITLMS == 0 {
+			r.ITLMS = p.ITLMS()
+		}
+		if r.ITLSlopeMS == 0 {
+			r.ITLSlopeMS = p.ITLSlopeMS()
+		}
 	}
 	return r
 }
@@ -319,6 +334,11 @@ func (r ReplicaConfig) Validate() error {
 	for _, v := range []float64{r.PrefillMSPerTok, r.QueueMSPerTok} {
 		if !(v > 0) || math.IsInf(v, 0) {
 			return fmt.Errorf("prefill and queue rates must be positive and finite")
+		}
+	}
+	for _, v := range []float64{r.ITLMS, r.ITLSlopeMS} {
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("itl_ms and itl_slope_ms must be non-negative and finite")
 		}
 	}
 	if r.KVCapacityTokens <= 0 {
@@ -391,7 +411,7 @@ func (c Config) Validate() error {
 	case math.IsNaN(c.TieMargin) || math.IsInf(c.TieMargin, 0):
 		return fmt.Errorf("config: tie_margin must be finite")
 	}
-	for _, w := range []*route.Weights{c.Weights, c.MSWeights} {
+	for _, w := range []*route.Weights{c.Weights, c.MSWeights, c.E2EWeights} {
 		if w != nil {
 			if err := w.Validate(); err != nil {
 				return fmt.Errorf("config: %w", err)

@@ -287,8 +287,18 @@ func httptestServer(t *testing.T, h http.Handler) string {
 // Weights set through the admin API apply to the next decision, and are
 // validated.
 func TestAdminWeightsAndTuner(t *testing.T) {
+	// The default policy shows and takes its decode weights.
 	s, _ := startProxy(t, Config{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
 	admin := adminURL(t, s)
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"decode":0.7}`); code != 200 || !strings.Contains(body, `"policy": "gorgo-e2e"`) ||
+		!strings.Contains(body, `"decode": 0.7`) || !strings.Contains(body, `"itl": 0.04`) {
+		t.Errorf("set decode: %d %s", code, body)
+	}
+	s, _ = startProxy(t, Config{Policy: "gorgo"}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	admin = adminURL(t, s)
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"decode":0.7}`); code != 400 {
+		t.Errorf("decode weight for gorgo: %d %s", code, body)
+	}
 	if code, body := do(t, "PUT", admin+"/admin/weights", `{"rtt":1.5}`); code != 200 || !strings.Contains(body, `"rtt": 1.5`) || !strings.Contains(body, `"queue": 0.5`) {
 		t.Errorf("set: %d %s", code, body)
 	}

@@ -199,6 +199,9 @@ func (c *Config) options() route.Options {
 	if c.MSWeights != nil {
 		o.MSWeights = *c.MSWeights
 	}
+	if c.E2EWeights != nil {
+		o.E2EWeights = *c.E2EWeights
+	}
 	return o
 }
 
@@ -271,7 +274,7 @@ func (s *Server) AddReplica(rc ReplicaConfig, source string) error {
 
 func routerConfig(rc ReplicaConfig) router.ReplicaConfig {
 	return router.ReplicaConfig{ID: rc.ID, Region: rc.Region, KVCapacityTokens: rc.KVCapacityTokens,
-		PrefillMSPerToken: rc.PrefillMSPerTok, QueueMSPerToken: rc.QueueMSPerTok}
+		PrefillMSPerToken: rc.PrefillMSPerTok, QueueMSPerToken: rc.QueueMSPerTok, ITLBaseMS: rc.ITLMS, ITLSlopeMS: rc.ITLSlopeMS}
 }
 
 // RemoveReplica drains a replica and forgets it once its requests in

@@ -21,6 +21,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/netem"
+	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -295,7 +296,7 @@ func TestAdminAndMetrics(t *testing.T) {
 		}
 		return string(b)
 	}
-	if body := get("/admin/replicas"); !strings.Contains(body, `"state": "active"`) || !strings.Contains(body, `"policy": "gorgo"`) {
+	if body := get("/admin/replicas"); !strings.Contains(body, `"state": "active"`) || !strings.Contains(body, `"policy": "gorgo-e2e"`) {
 		t.Errorf("/admin/replicas: %s", body)
 	}
 	if body := get("/metrics"); !strings.Contains(body, `gorgo_requests_total{code="200",replica="a"} 1`) {
@@ -675,4 +676,36 @@ func FuzzConfig(f *testing.F) {
 		d := c.Defaults()
 		_ = d.Validate()
 	})
+}
+
+// The streams the proxy relays teach the router each replica's ITL and the
+// fleet's output length, and release the decoding ledger.
+func TestStreamsTeachTheDecodeModel(t *testing.T) {
+	s, url := startProxy(t, Config{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	for i := range 4 {
+		if res := chat(t, url, fmt.Sprintf("tell me a story, number %d", i), 24); res.status != 200 || !res.done {
+			t.Fatalf("result %+v", res)
+		}
+	}
+	// The request ends just after the client reads [DONE]: wait for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := s.Router().Replica("a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.ITLSamples == 4 && st.Decoding == 0 && st.InFlight == 0 {
+			if st.ITLBaseMS <= 0 {
+				t.Errorf("learned ITL base %v", st.ITLBaseMS)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 4 streams: %d ITL samples, %d decoding, %d in flight", st.ITLSamples, st.Decoding, st.InFlight)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if e := s.Router().ExpectedOutput(0); e >= router.DefaultOutputTokens || e < 24 {
+		t.Errorf("expected output %d after answers of 24 tokens", e)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -102,10 +103,10 @@ func (s *Server) apply(next Config) error {
 		return err
 	}
 	weightsChanged := false
-	if !reflect.DeepEqual(cur.Weights, next.Weights) || !reflect.DeepEqual(cur.MSWeights, next.MSWeights) {
+	if !reflect.DeepEqual(cur.Weights, next.Weights) || !reflect.DeepEqual(cur.MSWeights, next.MSWeights) || !reflect.DeepEqual(cur.E2EWeights, next.E2EWeights) {
 		if err := s.applyWeights(next); err != nil {
 			restart = append(restart, "weights: "+err.Error())
-			next.Weights, next.MSWeights = cur.Weights, cur.MSWeights
+			next.Weights, next.MSWeights, next.E2EWeights = cur.Weights, cur.MSWeights, cur.E2EWeights
 		} else {
 			weightsChanged = true
 		}
@@ -170,12 +171,8 @@ func (s *Server) applyWeights(next Config) error {
 	if !ok {
 		return fmt.Errorf("policy %s takes no weights while it runs", s.policy.Name())
 	}
-	o := next.options()
-	w := o.Weights
-	if s.policy.Name() == "gorgo-ms" {
-		w = o.MSWeights
-	}
-	if w == (p.Weights()) || w.RTT == 0 && w.Queue == 0 {
+	w := route.WeightsOf(s.policy.Name(), next.options())
+	if w == p.Weights() {
 		return nil
 	}
 	return p.SetWeights(w)

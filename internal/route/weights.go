@@ -78,3 +78,49 @@ func ParseWeights(s string, base Weights) (Weights, error) {
 	}
 	return w, w.Validate()
 }
+
+// Tunable reports whether the named policy (or alias) has weights: gorgo,
+// gorgo-ms and gorgo-e2e.
+func Tunable(name string) bool {
+	switch Canonical(name) {
+	case "gorgo", "gorgo-ms", DefaultName:
+		return true
+	}
+	return false
+}
+
+// WeightsOf returns the weights the named policy takes from o, its
+// defaults where o has none (zero for a policy without weights).
+func WeightsOf(name string, o Options) Weights {
+	switch Canonical(name) {
+	case "gorgo":
+		if o.Weights == (Weights{}) {
+			return PaperWeights
+		}
+		return o.Weights
+	case "gorgo-ms":
+		if o.MSWeights == (Weights{}) {
+			return Weights{RTT: 1, Queue: 1}
+		}
+		return o.MSWeights
+	case DefaultName:
+		if o.E2EWeights == (Weights{}) {
+			return DefaultE2EWeights
+		}
+		return o.E2EWeights
+	}
+	return Weights{}
+}
+
+// WithWeights returns o with the named policy's weights set to w.
+func WithWeights(name string, o Options, w Weights) Options {
+	switch Canonical(name) {
+	case "gorgo":
+		o.Weights = w
+	case "gorgo-ms":
+		o.MSWeights = w
+	case DefaultName:
+		o.E2EWeights = w
+	}
+	return o
+}

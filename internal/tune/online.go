@@ -12,8 +12,9 @@ import (
 // OnlineConfig configures online tuning on live traffic.
 type OnlineConfig struct {
 	ES Config
-	// Base is the tuned policy: "gorgo" (default) or "gorgo-ms". Its
-	// weights are the parameters named "rtt" and "queue".
+	// Base is the tuned policy: "gorgo" (default), "gorgo-ms" or
+	// "gorgo-e2e" ("default"). Its weights are the parameters named "rtt",
+	// "queue", "decode" and "itl".
 	Base string
 	// Window is how many of its own requests each arm is scored on
 	// (default 128, the paper's); Hop is how many consecutive requests one
@@ -63,10 +64,7 @@ func init() {
 			cfg = c
 		}
 		if cfg.BaseWeights == (route.Weights{}) {
-			cfg.BaseWeights = o.Weights
-			if cfg.Base == "gorgo-ms" {
-				cfg.BaseWeights = o.MSWeights
-			}
+			cfg.BaseWeights = route.WeightsOf(cfg.Base, o)
 		}
 		return NewOnline(cfg)
 	}})
@@ -77,14 +75,15 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if cfg.Base == "" {
 		cfg.Base = "gorgo"
 	}
-	if cfg.Base != "gorgo" && cfg.Base != "gorgo-ms" {
-		return nil, fmt.Errorf("online tuning: base policy must be gorgo or gorgo-ms, got %q", cfg.Base)
+	cfg.Base = route.Canonical(cfg.Base)
+	if !route.Tunable(cfg.Base) {
+		return nil, fmt.Errorf("online tuning: base policy must be gorgo, gorgo-ms or %s (default), got %q", route.DefaultName, cfg.Base)
 	}
 	if cfg.BaseWeights == (route.Weights{}) {
-		cfg.BaseWeights = route.PaperWeights
-		if cfg.Base == "gorgo-ms" {
-			cfg.BaseWeights = route.Weights{RTT: 1, Queue: 1}
-		}
+		cfg.BaseWeights = route.WeightsOf(cfg.Base, route.Options{})
+	}
+	if len(cfg.ES.Params) == 0 {
+		cfg.ES.Params = DefaultParams(cfg.Base)
 	}
 	if cfg.Window == 0 {
 		cfg.Window = 128
@@ -118,11 +117,27 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 // CheckWeightParams reports a parameter that is not a routing weight.
 func CheckWeightParams(params []Param) error {
 	for _, p := range params {
-		if p.Name != "rtt" && p.Name != "queue" {
-			return fmt.Errorf("unknown parameter %q (valid: rtt, queue)", p.Name)
+		switch p.Name {
+		case "rtt", "queue", "decode", "itl":
+		default:
+			return fmt.Errorf("unknown parameter %q (valid: rtt, queue, decode, itl)", p.Name)
 		}
 	}
 	return nil
+}
+
+// DefaultParams are the parameters tuned when none are given: the paper's
+// rtt and queue weights, or for gorgo-e2e its decode weights around their
+// defaults (the TTFT terms keep gorgo-ms's).
+func DefaultParams(base string) []Param {
+	if route.Canonical(base) == route.DefaultName {
+		d := route.DefaultE2EWeights
+		return []Param{
+			{Name: "decode", Min: d.Decode / 10, Max: d.Decode * 10, Init: d.Decode},
+			{Name: "itl", Min: d.ITL / 10, Max: d.ITL * 10, Init: d.ITL},
+		}
+	}
+	return PaperParams()
 }
 
 // Weights returns the weights a point stands for: base, with the tuned
@@ -135,18 +150,17 @@ func Weights(es *ES, p Point, base route.Weights) route.Weights {
 			w.RTT = v
 		case "queue":
 			w.Queue = v
+		case "decode":
+			w.Decode = v
+		case "itl":
+			w.ITL = v
 		}
 	}
 	return w
 }
 
 func (o *Online) policy(p Point) (route.Policy, error) {
-	var opts route.Options
-	if o.cfg.Base == "gorgo" {
-		opts.Weights = Weights(o.es, p, o.cfg.BaseWeights)
-	} else {
-		opts.MSWeights = Weights(o.es, p, o.cfg.BaseWeights)
-	}
+	opts := route.WithWeights(o.cfg.Base, route.Options{}, Weights(o.es, p, o.cfg.BaseWeights))
 	return route.New(o.cfg.Base, opts)
 }
 

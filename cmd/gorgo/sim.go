@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -16,7 +17,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -41,6 +44,8 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	jsonOut := fs.String("json", "", "write the run summaries as JSON to `FILE`")
 	records := fs.String("records", "", "write per-request records as JSONL to `FILE` (the policy name is inserted before the extension when several run)")
 	quiet := fs.Bool("quiet", false, "no progress or header lines")
+	var af admissionFlags
+	af.register(fs)
 	split := fs.String("split", "", "also print a table per part of the run, split at these comma-separated `TIMES` of arrival (e.g. 10m,15m: before, during and after a drain)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -48,9 +53,22 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	pols, err := pf.policies(*policies, &tf, wl.seed)
+	modes, err := af.modes()
 	if err != nil {
 		return err
+	}
+	// One fresh set of policies per admission mode: policies keep state.
+	var pols []route.Policy
+	var runModes []admit.Config
+	for _, m := range modes {
+		ps, err := pf.policies(*policies, &tf, wl.seed)
+		if err != nil {
+			return err
+		}
+		pols = append(pols, ps...)
+		for range ps {
+			runModes = append(runModes, m)
+		}
 	}
 	cuts, err := parseCuts(*split)
 	if err != nil {
@@ -69,6 +87,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	}
 	if !*quiet {
 		fmt.Fprintf(stdout, "workload: %s\n", desc)
+		if af.slo > 0 {
+			fmt.Fprintf(stdout, "TTFT SLO %v: goodput is requests per second that met it; +queue holds, +reject refuses a request predicted to miss it\n", af.slo)
+		}
 		fmt.Fprintf(stdout, "topology: %s\n", describeFleet(t, reps))
 		fmt.Fprint(stdout, describeEvents(ff.events))
 	}
@@ -88,9 +109,15 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 				Seed:        wl.seed,
 				Progress:    prog.add,
 				Events:      ff.events,
+				Admission:   runModes[i],
+				GoodputSLO:  af.slo,
 			}))
 			if err != nil {
 				return fmt.Errorf("policy %s: %w", p.Name(), err)
+			}
+			if len(modes) > 1 || runModes[i].SLO > 0 {
+				res.Policy = af.label(p.Name(), runModes[i])
+				res.Run.Policy = res.Policy
 			}
 			results[i] = res
 			return nil
@@ -309,4 +336,59 @@ func writeSplit(w io.Writer, results []*sim.Result, cuts []time.Duration) error 
 		}
 	}
 	return nil
+}
+
+// admissionFlags configure admission under a TTFT SLO.
+type admissionFlags struct {
+	slo      time.Duration
+	mode     string
+	maxQueue int
+}
+
+func (a *admissionFlags) register(fs *flag.FlagSet) {
+	fs.DurationVar(&a.slo, "ttft-slo", 0, "TTFT SLO: a request predicted to miss it is held or refused (see --admission), and the table reports goodput, requests per second that met it (0: none)")
+	fs.StringVar(&a.mode, "admission", "", "what a request predicted to miss --ttft-slo gets: queue (held in a bounded router-side queue, the default), reject (429 at once) or none (only goodput is reported); a comma-separated list runs each policy under each")
+	fs.IntVar(&a.maxQueue, "admission-queue", 1024, "bound of the router-side queue, requests")
+}
+
+// modes are the admission configs to run, one per listed mode.
+func (a *admissionFlags) modes() ([]admit.Config, error) {
+	if a.slo < 0 {
+		return nil, fmt.Errorf("--ttft-slo must not be negative")
+	}
+	if a.slo == 0 {
+		if a.mode != "" {
+			return nil, fmt.Errorf("--admission needs --ttft-slo")
+		}
+		return []admit.Config{{}}, nil
+	}
+	names := splitList(a.mode)
+	if len(names) == 0 {
+		names = []string{string(admit.ModeQueue)}
+	}
+	var out []admit.Config
+	for _, n := range names {
+		if n == "none" {
+			out = append(out, admit.Config{})
+			continue
+		}
+		m, err := admit.ParseMode(n)
+		if err != nil {
+			return nil, fmt.Errorf("--admission: %w (or none)", err)
+		}
+		c := admit.Config{SLO: a.slo, Mode: m, MaxQueue: a.maxQueue}
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("--admission-queue: %w", err)
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// label names a run: the policy, and its admission mode if any.
+func (a *admissionFlags) label(policy string, c admit.Config) string {
+	if c.SLO <= 0 {
+		return policy
+	}
+	return policy + "+" + string(c.Mode)
 }

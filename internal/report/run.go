@@ -30,7 +30,9 @@ type Record struct {
 	Estimated       bool   `json:"-"`
 	OutputTokens    int    `json:"output_tokens"`
 	Failed          bool   `json:"failed,omitempty"`
-	Error           string `json:"error,omitempty"`
+	// Rejected: refused by admission (a 429), a kind of failure.
+	Rejected bool   `json:"rejected,omitempty"`
+	Error    string `json:"error,omitempty"`
 	// Status is the HTTP status of a live request; 0 when there was none
 	// (simulated, or the connection failed).
 	Status int `json:"status,omitempty"`
@@ -53,6 +55,29 @@ type Run struct {
 	EstCacheHitRatio *float64 `json:"est_cache_hit_ratio,omitempty"`
 	// ReplicaShare is the fraction of requests sent to each replica.
 	ReplicaShare map[string]float64 `json:"replica_share"`
+	// Rejected counts the failures that admission refused (429).
+	Rejected int `json:"rejected,omitempty"`
+	// With a TTFT SLO (see ScoreSLO): the SLO, how many requests completed
+	// within it, and those per second of the workload's span (goodput).
+	SLO     float64 `json:"ttft_slo_ms,omitempty"`
+	SLOMet  int     `json:"slo_met,omitempty"`
+	Goodput float64 `json:"goodput_rps,omitempty"`
+}
+
+// ScoreSLO counts the records that completed with a TTFT within sloMS, as
+// the client sees it (from when it meant to send the request: slip plus
+// TTFT), and sets the goodput: those per second of spanS, the workload's
+// span (the same for every policy, so goodputs compare).
+func (r *Run) ScoreSLO(recs []Record, sloMS, spanS float64) {
+	r.SLO, r.SLOMet = sloMS, 0
+	for i := range recs {
+		if !recs[i].Failed && recs[i].Slip+recs[i].TTFT <= sloMS {
+			r.SLOMet++
+		}
+	}
+	if spanS > 0 {
+		r.Goodput = float64(r.SLOMet) / spanS
+	}
 }
 
 // NewRun summarises records. replicas names every replica of the fleet, so
@@ -73,6 +98,9 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 		}
 		if rec.Failed {
 			r.Failed++
+			if rec.Rejected {
+				r.Rejected++
+			}
 			continue
 		}
 		r.Completed++
@@ -105,17 +133,26 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 // WriteTable prints runs side by side, one row per policy.
 func WriteTable(w io.Writer, runs []Run) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tdone\tfail\tTTFT p50\tp90\tp95\tp99\tmean\tE2E p50\tp95\tp99\tITL mean\tslip p99\thit\test\tshare\t")
+	slo := slices.ContainsFunc(runs, func(r Run) bool { return r.SLO > 0 })
+	head := "policy\tdone\tfail\tTTFT p50\tp90\tp95\tp99\tmean\tE2E p50\tp95\tp99\tITL mean\tslip p99\thit\test\tshare\t"
+	if slo {
+		head += "rej\tmet SLO\tgoodput/s\t"
+	}
+	fmt.Fprintln(tw, head)
 	for _, r := range runs {
 		est := "-"
 		if r.EstCacheHitRatio != nil {
 			est = fmt.Sprintf("%.1f%%", 100**r.EstCacheHitRatio)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t%s\t",
 			r.Policy, r.Completed, r.Failed,
 			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P95), ms(r.TTFT.P99), ms(r.TTFT.Mean),
 			ms(r.E2E.P50), ms(r.E2E.P95), ms(r.E2E.P99), ms(r.ITL.Mean), ms(r.Slip.P99),
 			100*r.CacheHitRatio, est, shares(r.ReplicaShare))
+		if slo {
+			fmt.Fprintf(tw, "%d\t%d\t%.2f\t", r.Rejected, r.SLOMet, r.Goodput)
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }

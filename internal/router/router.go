@@ -522,3 +522,35 @@ func (r *Router) Rates(id string) (prefillMS, queueMS float64, err error) {
 	p, q := m.ratesNow()
 	return p, q, nil
 }
+
+// Predict forecasts req's TTFT now, as gorgo-ms prices it with unit
+// weights: on each available replica its round trip, the prefill of its
+// uncached tokens and the prefill backlog ahead of it. It returns the
+// least (best) and the least without the backlog (floor: what an idle
+// replica would give), for admission under a TTFT SLO. It records nothing.
+func (r *Router) Predict(now time.Duration, req *route.Request) (best, floor time.Duration, err error) {
+	r.decMu.Lock()
+	defer r.decMu.Unlock()
+	f := r.fleet.Load()
+	r.ixMu.RLock()
+	if k := r.index.Slots(); len(r.depth) < k {
+		r.depth = make([]int, k)
+	}
+	r.index.Match(req.Blocks, r.depth)
+	r.ixMu.RUnlock()
+	bestMS, floorMS := math.Inf(1), math.Inf(1)
+	for _, m := range f.members {
+		if !m.available() {
+			continue
+		}
+		cached := min(r.depth[m.slot]*r.cfg.BlockTokens, req.PromptTokens)
+		prefill, queue := m.ratesNow()
+		base := float64(m.rttNS.Load())/1e6 + float64(max(req.PromptTokens-cached, 0))*prefill
+		floorMS = min(floorMS, base)
+		bestMS = min(bestMS, base+float64(m.backlog.Load())*queue)
+	}
+	if math.IsInf(bestMS, 1) {
+		return 0, 0, route.ErrNoReplica
+	}
+	return time.Duration(bestMS * 1e6), time.Duration(floorMS * 1e6), nil
+}

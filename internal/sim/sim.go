@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/route"
@@ -47,6 +48,13 @@ type Config struct {
 	TieMargin float64
 	// Events change the fleet during the run.
 	Events []FleetEvent
+	// Admission holds or refuses requests predicted to miss a TTFT SLO
+	// (zero SLO: every request goes at once). It must have passed
+	// Validate.
+	Admission admit.Config
+	// GoodputSLO, if positive, scores the run's goodput against that TTFT
+	// SLO (see report.Run.ScoreSLO), with or without admission.
+	GoodputSLO time.Duration
 }
 
 // FleetOp is a change of the fleet.
@@ -150,14 +158,18 @@ type scrape struct {
 
 // reqState is what the simulator tracks per request.
 type reqState struct {
-	replica     int32
-	ticket      router.Ticket
-	rtt         time.Duration
+	replica int32
+	ticket  router.Ticket
+	rtt     time.Duration
+	// arrived is when the request reached the router, sent when the
+	// router dispatched it (later only if admission held it).
+	arrived     time.Duration
 	sent        time.Duration
 	first, done time.Duration
 	cached      int
 	output      int
 	failed      bool
+	rejected    bool
 	err         string
 }
 
@@ -196,6 +208,9 @@ type simulator struct {
 	learner  route.Learner
 
 	scrapes []scrape // gauges in flight to the router, by event
+
+	gate *admit.Gate[int32] // nil without admission
+	now  time.Duration      // the event being handled, for release
 }
 
 // Run simulates the workload under cfg.Policy.
@@ -232,6 +247,9 @@ func Run(cfg Config) (*Result, error) {
 		s.oracle = c
 	}
 	s.learner, _ = cfg.Policy.(route.Learner)
+	if cfg.Admission.SLO > 0 {
+		s.gate = admit.New[int32](cfg.Admission)
+	}
 	// Network jitter draws come from their own stream, indexed by request,
 	// so every policy sees the same network.
 	net := rand.New(rand.NewPCG(cfg.Seed, 0x2545f4914f6cdd1d))
@@ -277,7 +295,7 @@ func Run(cfg Config) (*Result, error) {
 			if cfg.MaxInflight > 0 && s.inflght >= cfg.MaxInflight {
 				s.backlog = append(s.backlog, ev.req)
 			} else {
-				s.dispatch(ev.t, int(ev.req))
+				s.arrive(ev.t, int(ev.req))
 			}
 		case evAtEngine:
 			s.atEngine(ev.t, int(ev.req))
@@ -293,8 +311,10 @@ func Run(cfg Config) (*Result, error) {
 			st := &s.reqs[ev.req]
 			s.router.FirstToken(&st.ticket, ev.t-st.sent)
 			s.router.CachedReport(&st.ticket, st.cached)
+			s.release(ev.t)
 		case evBack:
 			s.back(ev.t, int(ev.req))
+			s.release(ev.t)
 		case evFleet:
 			if err := s.fleetEvent(ev.t, cfg.Events[ev.req]); err != nil {
 				return nil, fmt.Errorf("sim: fleet event at %v: %w", ev.t, err)
@@ -413,16 +433,67 @@ func (s *simulator) pushArrival() {
 	}
 }
 
-// dispatch sends request i from the router at now.
-func (s *simulator) dispatch(now time.Duration, i int) {
-	tr := &s.cfg.Requests[i]
-	st := &s.reqs[i]
-	st.sent = now
+// arrive takes request i at the router at now: it goes at once, or
+// admission holds or refuses it.
+func (s *simulator) arrive(now time.Duration, i int) {
+	s.now = now
+	s.reqs[i].arrived = now
 	s.inflght++
+	if s.gate == nil {
+		s.dispatch(now, i)
+		return
+	}
+	p, ok := s.predict(int32(i))
+	if !ok {
+		s.dispatch(now, i) // no replica: dispatch fails it
+		return
+	}
+	switch s.gate.Arrive(int32(i), now, p) {
+	case admit.Go:
+		s.dispatch(now, i)
+	case admit.Reject:
+		s.refuse(int32(i))
+	}
+}
+
+// predict is the router's TTFT forecast for request i now.
+func (s *simulator) predict(i int32) (admit.Prediction, bool) {
+	s.request(int(i))
+	best, floor, err := s.router.Predict(s.now, &s.rreq)
+	return admit.Prediction{Best: best, Floor: floor}, err == nil
+}
+
+// refuse fails request i as admission's 429.
+func (s *simulator) refuse(i int32) {
+	st := &s.reqs[i]
+	st.replica, st.failed, st.rejected, st.err = -1, true, true, "rejected: predicted to miss the TTFT SLO"
+	s.push(event{t: s.now, kind: evBack, req: i})
+}
+
+// release lets admission dispatch what it held, now that the fleet
+// changed.
+func (s *simulator) release(now time.Duration) {
+	if s.gate == nil || s.gate.Len() == 0 {
+		return
+	}
+	s.now = now
+	s.gate.Release(now, s.predict, func(i int32) { s.dispatch(now, int(i)) }, s.refuse)
+}
+
+// request fills s.rreq with request i's view.
+func (s *simulator) request(i int) {
+	tr := &s.cfg.Requests[i]
 	s.rreq = route.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: tr.HashIDs, MaxOutputTokens: tr.OutputTokens}
 	if len(tr.HashIDs) > 0 {
 		s.rreq.PrefixKey = tr.HashIDs[0]
 	}
+}
+
+// dispatch sends request i from the router at now.
+func (s *simulator) dispatch(now time.Duration, i int) {
+	st := &s.reqs[i]
+	st.sent = now
+	s.request(i)
 	if s.oracle != nil {
 		s.oracle.now, s.oracle.req = now, i
 	}
@@ -532,7 +603,7 @@ func (s *simulator) back(now time.Duration, i int) {
 	if s.bHead < len(s.backlog) {
 		next := s.backlog[s.bHead]
 		s.bHead++
-		s.dispatch(now, int(next))
+		s.arrive(now, int(next))
 	}
 }
 
@@ -557,9 +628,10 @@ func (s *simulator) result() *Result {
 			Index:        i,
 			Session:      tr.Session,
 			Arrival:      toMS(tr.Time),
-			Slip:         toMS(st.sent - tr.Time),
+			Slip:         toMS(st.arrived - tr.Time),
 			PromptTokens: tr.InputTokens,
 			Failed:       st.failed,
+			Rejected:     st.rejected,
 			Error:        st.err,
 		}
 		if st.replica >= 0 {
@@ -569,8 +641,8 @@ func (s *simulator) result() *Result {
 			rec.Estimated = true
 		}
 		if !st.failed {
-			rec.TTFT = toMS(st.first - st.sent)
-			rec.E2E = toMS(st.done - st.sent)
+			rec.TTFT = toMS(st.first - st.arrived)
+			rec.E2E = toMS(st.done - st.arrived)
 			rec.CachedTokens = st.cached
 			rec.OutputTokens = st.output
 			if st.output > 1 {
@@ -580,6 +652,11 @@ func (s *simulator) result() *Result {
 		res.Records[i] = rec
 	}
 	res.Run = report.NewRun(res.Policy, res.Records, ids)
+	if slo := s.cfg.GoodputSLO; slo > 0 && len(s.cfg.Requests) > 0 {
+		reqs := s.cfg.Requests
+		span := max(reqs[len(reqs)-1].Time-reqs[0].Time, time.Second)
+		res.Run.ScoreSLO(res.Records, toMS(slo), span.Seconds())
+	}
 	return res
 }
 

@@ -1,0 +1,114 @@
+package admit
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+const ms = time.Millisecond
+
+func gate(t *testing.T, c Config) *Gate[int] {
+	t.Helper()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return New[int](c)
+}
+
+func TestArrive(t *testing.T) {
+	g := gate(t, Config{SLO: 1000 * ms, MaxQueue: 2})
+	if v := g.Arrive(1, 0, Prediction{Best: 900 * ms, Floor: 100 * ms}); v != Go {
+		t.Errorf("within the SLO: %v", v)
+	}
+	if v := g.Arrive(2, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms}); v != Hold {
+		t.Errorf("over the SLO: %v", v)
+	}
+	if v := g.Arrive(3, 0, Prediction{Best: 3000 * ms, Floor: 1200 * ms}); v != Reject {
+		t.Errorf("cannot make it even on an idle replica: %v", v)
+	}
+	g.Arrive(4, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms})
+	if v := g.Arrive(5, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms}); v != Reject || g.Len() != 2 {
+		t.Errorf("queue full: %v, %d waiting", v, g.Len())
+	}
+	// A request that can make it goes ahead of those waiting.
+	if v := g.Arrive(6, 0, Prediction{Best: 10 * ms, Floor: 10 * ms}); v != Go {
+		t.Errorf("can make it with others waiting: %v", v)
+	}
+	r := gate(t, Config{SLO: 1000 * ms, Mode: ModeReject})
+	if v := r.Arrive(1, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms}); v != Reject || r.Len() != 0 {
+		t.Errorf("reject mode: %v", v)
+	}
+	off := gate(t, Config{})
+	if v := off.Arrive(1, 0, Prediction{Best: time.Hour}); v != Go {
+		t.Errorf("no SLO: %v", v)
+	}
+}
+
+// Release dispatches the requests that can meet their deadline, least
+// predicted TTFT first, predicting again after each dispatch, and refuses
+// those that no longer can.
+func TestRelease(t *testing.T) {
+	g := gate(t, Config{SLO: 1000 * ms})
+	// Each request's own prefill (ms) and the shared backlog ahead.
+	own := map[int]time.Duration{1: 300 * ms, 2: 100 * ms, 3: 200 * ms, 4: 900 * ms}
+	backlog := 5000 * ms
+	predict := func(v int) (Prediction, bool) {
+		return Prediction{Best: own[v] + backlog, Floor: own[v]}, true
+	}
+	for _, v := range []int{1, 2, 3, 4} {
+		p, _ := predict(v)
+		if g.Arrive(v, 0, p) != Hold {
+			t.Fatalf("%d not held", v)
+		}
+	}
+	var sent, refused []int
+	dispatch := func(v int) { sent = append(sent, v); backlog += own[v] }
+	refuse := func(v int) { refused = append(refused, v) }
+	g.Release(150*ms, predict, dispatch, refuse) // 4 needs 900 ms of the 850 left
+	if len(sent) != 0 || !slices.Equal(refused, []int{4}) {
+		t.Fatalf("backlog still high: sent %v, refused %v", sent, refused)
+	}
+	// The backlog drains: at 300 ms, 700 ms are left to each deadline.
+	// 2 (100 + 0) goes, then 3 (200 + 100), then 1 would need 300 + 300 = 600: goes.
+	backlog = 0
+	g.Release(300*ms, predict, dispatch, refuse)
+	if !slices.Equal(sent, []int{2, 3, 1}) || g.Len() != 0 {
+		t.Errorf("released %v, %d left", sent, g.Len())
+	}
+	// The second one can no longer make it once the first is sent.
+	g.Arrive(5, 0, Prediction{Best: 2000 * ms, Floor: 10 * ms})
+	g.Arrive(6, 0, Prediction{Best: 2000 * ms, Floor: 10 * ms})
+	own[5], own[6] = 400*ms, 550*ms
+	sent, backlog = nil, 0
+	g.Release(100*ms, predict, dispatch, refuse)
+	if !slices.Equal(sent, []int{5}) || g.Len() != 1 {
+		t.Errorf("released %v, %d left; want 5 only", sent, g.Len())
+	}
+	// No replica: nothing changes.
+	g.Release(200*ms, func(int) (Prediction, bool) { return Prediction{}, false }, dispatch, refuse)
+	if g.Len() != 1 {
+		t.Errorf("no replica: %d left", g.Len())
+	}
+	if !g.Drop(func(v int) bool { return v == 6 }) || g.Len() != 0 || g.Drop(func(v int) bool { return v == 6 }) {
+		t.Error("Drop")
+	}
+}
+
+func TestConfigAndRetryAfter(t *testing.T) {
+	for _, bad := range []Config{{SLO: -1}, {SLO: 1, Mode: "later"}, {SLO: 1, MaxQueue: -1}} {
+		if err := bad.Validate(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+	c := Config{SLO: time.Second}
+	if err := c.Validate(); err != nil || c.Mode != ModeQueue || c.MaxQueue != 1024 {
+		t.Errorf("defaults: %+v %v", c, err)
+	}
+	if _, err := ParseMode("Reject"); err != nil {
+		t.Error(err)
+	}
+	if RetryAfter(Prediction{Best: 3500 * ms}, time.Second) != 3 || RetryAfter(Prediction{Best: 0}, time.Second) != 1 {
+		t.Error("RetryAfter")
+	}
+}

@@ -19,8 +19,8 @@ package admit
 import (
 	"cmp"
 	"fmt"
-	"slices"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )

@@ -26,10 +26,10 @@ type Record struct {
 	CachedTokens int     `json:"cached_tokens"`
 	// EstCachedTokens is the router's estimate of CachedTokens, when
 	// Estimated (the record comes from a router that keeps a prefix index).
-	EstCachedTokens int    `json:"est_cached_tokens,omitempty"`
-	Estimated       bool   `json:"-"`
-	OutputTokens    int    `json:"output_tokens"`
-	Failed          bool   `json:"failed,omitempty"`
+	EstCachedTokens int  `json:"est_cached_tokens,omitempty"`
+	Estimated       bool `json:"-"`
+	OutputTokens    int  `json:"output_tokens"`
+	Failed          bool `json:"failed,omitempty"`
 	// Rejected: refused by admission (a 429), a kind of failure.
 	Rejected bool   `json:"rejected,omitempty"`
 	Error    string `json:"error,omitempty"`

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
 	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/tune"
@@ -49,7 +50,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&replicas, "replica", "upstream `ID=URL[,region=R][,profile=P]` (repeatable)")
 	listen := fs.String("listen", "", "address to serve clients on (default the config's, else 127.0.0.1:8080)")
 	adminListen := fs.String("admin-listen", "", "address of the admin API (default the config's, else 127.0.0.1:9091; off for none)")
-	policy := fs.String("policy", "", "routing policy (default the config's, else gorgo): "+joinNames(route.LiveNames()))
+	policy := fs.String("policy", "", "routing policy (default the config's, else default: "+route.DefaultName+"): "+joinNames(route.LiveNames()))
+	ttftSLO := fs.Duration("ttft-slo", 0, "TTFT SLO: a request predicted to miss it is held in a router-side queue or refused with 429 (default the config's ttft_slo, else none)")
+	admission := fs.String("admission", "", "with --ttft-slo: queue (hold, the default) or reject (429 at once)")
 	weights := fs.String("weights", "", "gorgo's weights, `rtt=X,queue=Y` or a JSON file (default the config's, else the paper's)")
 	accessLog := fs.Bool("access-log", true, "log one line per request to stderr")
 	var tf tuneFlags
@@ -96,6 +99,12 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 		if flagWeights != nil {
 			c.Weights = flagWeights
+		}
+		if *ttftSLO != 0 {
+			c.TTFTSLO = *ttftSLO
+		}
+		if *admission != "" {
+			c.Admission = admit.Mode(*admission)
 		}
 		return nil
 	}

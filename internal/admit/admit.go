@@ -203,19 +203,6 @@ func (g *Gate[T]) Drop(eq func(T) bool) bool {
 	return false
 }
 
-// Expire refuses every queued request that cannot meet its deadline even
-// on an idle replica, without dispatching any.
-func (g *Gate[T]) Expire(now time.Duration, predict func(T) (Prediction, bool), refuse func(T)) {
-	for k := 0; k < len(g.queue); k++ {
-		h := &g.queue[k]
-		if p, ok := predict(h.v); ok && now+p.Floor > h.deadline || now > h.deadline {
-			refuse(h.v)
-			g.remove(k)
-			k--
-		}
-	}
-}
-
 // remove deletes queue[k], keeping the order of arrival of the rest.
 func (g *Gate[T]) remove(k int) {
 	copy(g.queue[k:], g.queue[k+1:])
@@ -230,4 +217,13 @@ func (g *Gate[T]) remove(k int) {
 func RetryAfter(p Prediction, slo time.Duration) int {
 	over := p.Best - slo
 	return max(1, int(math.Ceil(over.Seconds())))
+}
+
+// Flush refuses every queued request (the router is shutting down).
+func (g *Gate[T]) Flush(refuse func(T)) {
+	for _, h := range g.queue {
+		refuse(h.v)
+	}
+	clear(g.queue)
+	g.queue = g.queue[:0]
 }

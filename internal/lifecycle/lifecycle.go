@@ -21,6 +21,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/router"
@@ -61,6 +62,9 @@ type Config struct {
 	Log     *slog.Logger
 	// Seed fixes the policies' random draws.
 	Seed uint64
+	// Admission holds or refuses requests predicted to miss a TTFT SLO
+	// (zero SLO: off); it must have passed Validate. Run RunAdmission.
+	Admission admit.Config
 }
 
 // Core is what the requests of one front end share.
@@ -69,6 +73,7 @@ type Core struct {
 	// rng is used only inside Router.Dispatch, which serialises decisions.
 	rng  *rand.Rand
 	pool sync.Pool
+	adm  *admission // nil without an SLO
 }
 
 // NewCore returns a Core.
@@ -77,6 +82,9 @@ func NewCore(cfg Config) *Core {
 	c.MaxAttempts = max(c.MaxAttempts, 1)
 	if c.Fallbacks <= 0 {
 		c.Fallbacks = c.MaxAttempts - 1
+	}
+	if cfg.Admission.SLO > 0 {
+		c.adm = &admission{gate: admit.New[*Request](cfg.Admission), kick: make(chan struct{}, 1)}
 	}
 	return c
 }
@@ -124,6 +132,10 @@ type Request struct {
 	attempts  int
 	last      *Error // the last failed attempt's
 	decideErr error
+	// held carries admission's verdict to a request it held; ready says
+	// admission dispatched it (Next hands the decision on).
+	held  chan verdict
+	ready bool
 
 	sent, first, lastTok time.Time
 	tokens, cached       int
@@ -193,7 +205,7 @@ func (c *Core) Begin(body []byte, kind Kind, session string, received time.Time)
 
 func (r *Request) reset(c *Core, received time.Time) {
 	*r = Request{core: c, Parsed: prompt.Request{Text: r.Parsed.Text[:0], Model: r.Parsed.Model, User: r.Parsed.User},
-		fbBuf: r.fbBuf[:0], blocks: r.blocks[:0], spliced: r.spliced[:0], Received: received, cached: -1}
+		fbBuf: r.fbBuf[:0], blocks: r.blocks[:0], spliced: r.spliced[:0], Received: received, cached: -1, held: r.held}
 }
 
 // Stream reports whether the client asked for a stream.
@@ -204,6 +216,13 @@ func (r *Request) Stream() bool { return r.Parsed.Stream }
 // longer available, until MaxAttempts replicas were tried. It returns the
 // replica's id, or false when none is left; then Failure says why.
 func (r *Request) Next() (string, bool) {
+	if r.ready { // admission dispatched it
+		r.ready = false
+		if r.decideErr != nil {
+			return "", false
+		}
+		return r.ticket.ID, true
+	}
 	if r.active || r.attempts >= r.core.MaxAttempts {
 		return "", false
 	}
@@ -252,6 +271,7 @@ func (r *Request) Sent(at time.Time) { r.sent = at }
 func (r *Request) Failed(e *Error, broken bool) {
 	c := r.core
 	c.Router.Finish(&r.ticket)
+	c.kickAdmission()
 	r.active = false
 	r.last = e
 	if c.Metrics != nil {
@@ -287,6 +307,7 @@ func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 		if r.first.IsZero() {
 			r.first = at
 			r.core.Router.FirstToken(&r.ticket, at.Sub(r.sent))
+			r.core.kickAdmission()
 		}
 		r.lastTok = at
 		r.tokens++
@@ -351,6 +372,7 @@ func (r *Request) End(o Outcome, at time.Time) int {
 			c.Router.Decoded(&r.ticket, r.outputTokens(), decode)
 		}
 		c.Router.Finish(&r.ticket)
+		c.kickAdmission()
 		if r.cached >= 0 && status == http.StatusOK {
 			c.Router.CachedReport(&r.ticket, r.cached)
 		}
@@ -416,6 +438,7 @@ func (r *Request) Reject(e *Error) {
 func (r *Request) Abandon() {
 	if r.active {
 		r.core.Router.Finish(&r.ticket)
+		r.core.kickAdmission()
 		r.active = false
 	}
 	if m := r.core.Metrics; m != nil {

@@ -8,6 +8,8 @@ type Metrics struct {
 	retries   *prometheus.CounterVec
 	ttft, e2e *prometheus.HistogramVec
 	decision  prometheus.Histogram
+	admission *prometheus.CounterVec
+	queue     prometheus.Gauge
 }
 
 var latencyBuckets = []float64{0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30, 60, 120}
@@ -25,8 +27,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Time from a request's arrival at the proxy to its last byte leaving it.", Buckets: latencyBuckets}, []string{"replica"}),
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "gorgo_decision_seconds",
 			Help: "Time to choose a replica (prefix match, views, policy).", Buckets: prometheus.ExponentialBuckets(1e-6, 2, 16)}),
+		admission: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_admission_total",
+			Help: "Admission verdicts under the TTFT SLO: go, held (queued), rejected (429 on arrival), expired (429 after waiting)."}, []string{"verdict"}),
+		queue: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gorgo_admission_queue",
+			Help: "Requests waiting in the router-side admission queue."}),
 	}
-	reg.MustRegister(m.requests, m.retries, m.ttft, m.e2e, m.decision)
+	reg.MustRegister(m.requests, m.retries, m.ttft, m.e2e, m.decision, m.admission, m.queue)
 	return m
 }
 
@@ -42,5 +48,17 @@ func (m *Metrics) Forget(id string) {
 func (m *Metrics) Refused(status int) {
 	if m != nil {
 		m.requests.WithLabelValues("", statusText(status)).Inc()
+	}
+}
+
+func (m *Metrics) admitted(verdict string) {
+	if m != nil {
+		m.admission.WithLabelValues(verdict).Inc()
+	}
+}
+
+func (m *Metrics) queued(n int) {
+	if m != nil {
+		m.queue.Set(float64(n))
 	}
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"github.com/gorgo-llm/gorgo/internal/admit"
 	"io"
 	"math"
 	"net/url"
@@ -91,6 +92,16 @@ type Config struct {
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// Seed fixes the policies' random draws.
 	Seed uint64 `yaml:"seed"`
+	// TTFTSLO, if set, turns admission on: a request whose best predicted
+	// TTFT exceeds it waits in a router-side queue of at most
+	// AdmissionQueue requests (default 1024) until it can make it, least
+	// predicted TTFT first (Admission: queue, the default), or is refused
+	// at once with 429 and Retry-After (Admission: reject). A request that
+	// can no longer make it gets the 429 too. Changing them needs a
+	// restart.
+	TTFTSLO        time.Duration `yaml:"ttft_slo"`
+	Admission      admit.Mode    `yaml:"admission"`
+	AdmissionQueue int           `yaml:"admission_queue"`
 	// IdleTimeout closes a client's keep-alive connection idle this long
 	// (default 75 s, nginx's); ReadHeaderTimeout cuts a client that takes
 	// longer to send its request headers (default 10 s: slowloris).
@@ -411,6 +422,9 @@ func (c Config) Validate() error {
 	case math.IsNaN(c.TieMargin) || math.IsInf(c.TieMargin, 0):
 		return fmt.Errorf("config: tie_margin must be finite")
 	}
+	if _, err := c.admission(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
 	for _, w := range []*route.Weights{c.Weights, c.MSWeights, c.E2EWeights} {
 		if w != nil {
 			if err := w.Validate(); err != nil {
@@ -419,4 +433,16 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// admission is the config's admission under a TTFT SLO (zero: off).
+func (c *Config) admission() (admit.Config, error) {
+	if c.TTFTSLO == 0 {
+		if c.Admission != "" || c.AdmissionQueue != 0 {
+			return admit.Config{}, fmt.Errorf("admission and admission_queue need ttft_slo")
+		}
+		return admit.Config{}, nil
+	}
+	a := admit.Config{SLO: c.TTFTSLO, Mode: c.Admission, MaxQueue: c.AdmissionQueue}
+	return a, a.Validate()
 }

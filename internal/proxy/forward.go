@@ -110,6 +110,14 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 			writeLifecycleError(w, perr)
 			return
 		}
+		if e, gone := req.Admit(r.Context()); gone != nil {
+			req.Abandon()
+			return
+		} else if e != nil {
+			req.Reject(e)
+			writeLifecycleError(w, e)
+			return
+		}
 		for {
 			id, ok := req.Next()
 			if !ok {

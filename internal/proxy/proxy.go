@@ -176,8 +176,9 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 		TLSClientConfig: upTLS,
 	}}
 	s.m = newMetrics(reg)
+	adm, _ := cfg.admission() // validated
 	s.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken}, BlockTokens: cfg.BlockTokens,
-		MaxAttempts: cfg.MaxAttempts, Start: s.start, Health: s, Metrics: lifecycle.NewMetrics(reg), Seed: cfg.Seed})
+		MaxAttempts: cfg.MaxAttempts, Start: s.start, Health: s, Metrics: lifecycle.NewMetrics(reg), Seed: cfg.Seed, Admission: adm})
 	for _, rc := range cfg.Replicas {
 		if err := s.AddReplica(rc, sourceConfig); err != nil {
 			return nil, err
@@ -332,6 +333,11 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := s.startDiscovery(s.Config().Discover); err != nil {
 		return err
 	}
+	s.loops.Add(1)
+	go func() {
+		defer s.loops.Done()
+		s.core.RunAdmission(ctx)
+	}()
 	if s.path != "" && s.Config().ConfigPoll > 0 {
 		s.loops.Add(1)
 		go func() {

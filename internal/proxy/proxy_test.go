@@ -709,3 +709,28 @@ func TestStreamsTeachTheDecodeModel(t *testing.T) {
 		t.Errorf("expected output %d after answers of 24 tokens", e)
 	}
 }
+
+// A request that cannot make the TTFT SLO gets an OpenAI-style 429 with
+// Retry-After; one that can is served.
+func TestTTFTSLORefusesWhatCannotMakeIt(t *testing.T) {
+	_, url := startProxy(t, Config{TTFTSLO: 3 * time.Millisecond, Admission: "reject"}, startReplica(t, 20*time.Millisecond, emulator.Faults{}))
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hello", 4, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), `"type":"RateLimitError"`) || !strings.Contains(string(body), "TTFT SLO") {
+		t.Fatalf("a 20 ms replica under a 3 ms SLO: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	_, url = startProxy(t, Config{TTFTSLO: 10 * time.Second}, startReplica(t, 20*time.Millisecond, emulator.Faults{}))
+	if res := chat(t, url, "hello", 4); res.status != 200 || !res.done {
+		t.Fatalf("within the SLO: %+v", res)
+	}
+	for _, bad := range []Config{{TTFTSLO: time.Second, Admission: "later"}, {Admission: "queue"}, {TTFTSLO: -time.Second}} {
+		bad.Replicas = []ReplicaConfig{{URL: "http://x"}}
+		if err := bad.Defaults().Validate(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}

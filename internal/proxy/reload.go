@@ -161,6 +161,9 @@ func fixed(cur, next *Config) []string {
 	keep("max_attempts", cur.MaxAttempts, next.MaxAttempts, func() { next.MaxAttempts = cur.MaxAttempts })
 	keep("connect_timeout", cur.ConnectTimeout, next.ConnectTimeout, func() { next.ConnectTimeout = cur.ConnectTimeout })
 	keep("seed", cur.Seed, next.Seed, func() { next.Seed = cur.Seed })
+	keep("ttft_slo", cur.TTFTSLO, next.TTFTSLO, func() { next.TTFTSLO = cur.TTFTSLO })
+	keep("admission", cur.Admission, next.Admission, func() { next.Admission = cur.Admission })
+	keep("admission_queue", cur.AdmissionQueue, next.AdmissionQueue, func() { next.AdmissionQueue = cur.AdmissionQueue })
 	keep("upstream_tls", cur.UpstreamTLS, next.UpstreamTLS, func() { next.UpstreamTLS = cur.UpstreamTLS })
 	return out
 }

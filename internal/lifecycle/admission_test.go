@@ -1,0 +1,148 @@
+package lifecycle
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// admissionCore is a core over two replicas that prefill at 1 ms a token,
+// with a 5 s TTFT SLO.
+func admissionCore(t *testing.T, mode admit.Mode) (*Core, *prometheus.Registry) {
+	t.Helper()
+	p, _ := route.New("gorgo-ms", route.Options{})
+	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 1, QueueMSPerToken: 1})
+		rt.ObserveRTT(id, 10*time.Millisecond)
+	}
+	a := admit.Config{SLO: 5 * time.Second, Mode: mode}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	c := NewCore(Config{Router: rt, BlockTokens: 16, MaxAttempts: 2, Start: time.Now(), Metrics: NewMetrics(reg), Seed: 1, Admission: a})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.RunAdmission(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c, reg
+}
+
+func chatOf(words int, tag string) []byte {
+	return []byte(`{"model":"m","messages":[{"role":"user","content":"` + tag + strings.Repeat(" word", words) + `"}],"stream":true}`)
+}
+
+// begin dispatches a request past admission: it fills the backlog.
+func begin(t *testing.T, c *Core, body []byte) *Request {
+	t.Helper()
+	r, perr := c.Begin(body, Chat, "", time.Now())
+	if perr != nil {
+		t.Fatal(perr.Message)
+	}
+	if _, ok := r.Next(); !ok {
+		t.Fatal("not dispatched")
+	}
+	return r
+}
+
+func TestAdmissionHoldsUntilTheBacklogClears(t *testing.T) {
+	c, reg := admissionCore(t, admit.ModeQueue)
+	// Two 7.5k-token prompts: 7.5 s of backlog on each replica.
+	big := []*Request{begin(t, c, chatOf(6000, "one")), begin(t, c, chatOf(6000, "two"))}
+	if big[0].Replica() == big[1].Replica() {
+		t.Fatalf("both on %s", big[0].Replica())
+	}
+	small, perr := c.Begin(chatOf(10, "three"), Chat, "", time.Now())
+	if perr != nil {
+		t.Fatal(perr.Message)
+	}
+	type res struct {
+		e   *Error
+		err error
+	}
+	got := make(chan res, 1)
+	go func() { e, err := small.Admit(context.Background()); got <- res{e, err} }()
+	deadline := time.Now().Add(3 * time.Second)
+	for testutil.ToFloat64(c.Metrics.queue) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the small request was not held")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("admitted while the backlog is 7.5 s: %+v", r)
+	case <-time.After(50 * time.Millisecond):
+	}
+	// One big request gets its first token: its replica's backlog is gone.
+	big[0].Sent(time.Now())
+	big[0].Chunk(&wire.Peek{Token: true}, time.Now())
+	r := <-got
+	if r.e != nil || r.err != nil {
+		t.Fatalf("after the backlog cleared: %+v", r)
+	}
+	id, ok := small.Next()
+	if !ok || id != big[0].Replica() {
+		t.Fatalf("dispatched to %q (%v), want %s", id, ok, big[0].Replica())
+	}
+	if st, _ := c.Router.Replica(id); st.InFlight != 2 {
+		t.Errorf("%s has %d in flight, want 2", id, st.InFlight)
+	}
+	if v := testutil.ToFloat64(c.Metrics.admission.WithLabelValues("held")); v != 1 {
+		t.Errorf("held counter %v", v)
+	}
+	for _, r := range append(big, small) {
+		r.End(Outcome{Status: 200}, time.Now())
+	}
+	_ = reg
+}
+
+func TestAdmissionRefusesAndLetsAClientLeave(t *testing.T) {
+	c, _ := admissionCore(t, admit.ModeReject)
+	begin(t, c, chatOf(6000, "one"))
+	begin(t, c, chatOf(6000, "two"))
+	r, _ := c.Begin(chatOf(10, "three"), Chat, "", time.Now())
+	e, err := r.Admit(context.Background())
+	if err != nil || e == nil || e.Status != 429 || e.RetryAfter == "" || e.RetryAfter == "0" || !strings.Contains(e.Message, "TTFT SLO") {
+		t.Fatalf("reject mode: %+v %v", e, err)
+	}
+	r.Reject(e)
+	// Too long even for an idle replica: refused whatever the mode.
+	q, _ := admissionCore(t, admit.ModeQueue)
+	r, _ = q.Begin(chatOf(8000, "huge"), Chat, "", time.Now())
+	if e, _ := r.Admit(context.Background()); e == nil || e.Status != 429 {
+		t.Fatalf("a 10k-token prompt with a 5 s SLO at 1 ms a token: %+v", e)
+	}
+	r.Reject(e)
+	// A client that leaves while held.
+	begin(t, q, chatOf(6000, "one"))
+	begin(t, q, chatOf(6000, "two"))
+	r, _ = q.Begin(chatOf(10, "three"), Chat, "", time.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for testutil.ToFloat64(q.Metrics.queue) != 1 {
+			time.Sleep(time.Millisecond)
+		}
+		cancel()
+	}()
+	if e, err := r.Admit(ctx); err == nil || e != nil {
+		t.Fatalf("client gone: %+v %v", e, err)
+	}
+	r.Abandon()
+	if n := testutil.ToFloat64(q.Metrics.queue); n != 0 {
+		t.Errorf("%v left in the queue", n)
+	}
+}

@@ -38,7 +38,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", "demo [flags]", demoAbout, stderr)
 	duration := fs.Duration("duration", 2*time.Minute, "length of the workload (real time)")
 	speedup := fs.Float64("speedup", 10, "run model and network this many times faster than real time")
-	policies := fs.String("policy", "gorgo,simple-session-affinity,round-robin", "comma-separated `POLICIES` to run: "+joinNames(route.Names()))
+	policies := fs.String("policy", "default,gorgo,simple-session-affinity,round-robin", "comma-separated `POLICIES` to run: "+joinNames(route.Names()))
 	timeScale := fs.Float64("time-scale", 1, "multiply the workload's inter-arrival gaps by `F`")
 	seed := fs.Uint64("seed", 1, "random seed")
 	if err := parseFlags(fs, args); err != nil {
@@ -81,7 +81,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "workload: %s\nfleet: %s\nspeedup: %gx (model and network)\n\n", desc, describeFleet(top, fleet), *speedup)
 	var live, predicted []report.Run
 	for _, name := range names {
-		fmt.Fprintf(stdout, "%-24s ", name)
+		fmt.Fprintf(stdout, "%-24s ", route.Canonical(name))
 		start := time.Now()
 		run, err := demoPolicy(ctx, name, fleet, wall, *speedup, *seed)
 		if err != nil {
@@ -132,7 +132,8 @@ func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []
 		go em.Run(ctx)
 		go hs.Serve(link.Listener(ln))
 		cfg.Replicas = append(cfg.Replicas, proxy.ReplicaConfig{ID: r.ID, URL: "http://" + ln.Addr().String(), Region: r.Region,
-			KVCapacityTokens: r.Profile.KVCapacityTokens, PrefillMSPerTok: r.Profile.PrefillMSPerToken() / speedup, QueueMSPerTok: r.Profile.QueueMSPerToken() / speedup})
+			KVCapacityTokens: r.Profile.KVCapacityTokens, PrefillMSPerTok: r.Profile.PrefillMSPerToken() / speedup, QueueMSPerTok: r.Profile.QueueMSPerToken() / speedup,
+			ITLMS: r.Profile.ITLMS() / speedup, ITLSlopeMS: r.Profile.ITLSlopeMS() / speedup})
 	}
 	// Probes and scrapes at the paper's 30 s, in model time.
 	cfg.ProbeInterval = time.Duration(float64(30*time.Second) / speedup)
@@ -164,5 +165,5 @@ func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []
 		rec.Slip *= speedup
 		rec.Arrival *= speedup
 	}
-	return report.NewRun(policy, out.Records, ids), nil
+	return report.NewRun(route.Canonical(policy), out.Records, ids), nil
 }

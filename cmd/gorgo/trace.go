@@ -84,7 +84,7 @@ func runTraceGen(args []string, stdout, stderr io.Writer) error {
 
 func runTraceStats(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("trace stats", "trace stats [flags] FILE", "Describes a workload trace.", stderr)
-	format := fs.String("format", "auto", "trace format: auto, mooncake or gorgo")
+	format := fs.String("format", "auto", "trace format: auto (detected), mooncake, gorgo, azure (Azure LLM inference CSV) or burstgpt (BurstGPT CSV)")
 	window := fs.String("window", "", "part of the trace, as `START,DURATION` Go durations; default all")
 	scale := fs.Float64("time-scale", 1, "multiply inter-arrival gaps by `F`")
 	asJSON := fs.Bool("json", false, "print the statistics as JSON")

@@ -25,7 +25,7 @@ type workloadFlags struct {
 // it passes withWindow false.
 func (w *workloadFlags) register(fs *flag.FlagSet, withWindow bool) {
 	fs.StringVar(&w.file, "trace", "", "workload trace `FILE` (JSONL); without it, the embedded synthetic workload")
-	fs.StringVar(&w.format, "format", "auto", "trace format: auto, mooncake or gorgo")
+	fs.StringVar(&w.format, "format", "auto", "trace format: auto (detected), mooncake, gorgo, azure (Azure LLM inference CSV) or burstgpt (BurstGPT CSV)")
 	fs.StringVar(&w.preset, "preset", "artchat", "synthetic workload when no --trace: "+joinNames(trace.Presets()))
 	fs.DurationVar(&w.duration, "duration", 30*time.Minute, "length of the synthetic workload")
 	if withWindow {

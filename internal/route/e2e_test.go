@@ -2,6 +2,7 @@ package route
 
 import (
 	"math"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -72,5 +73,23 @@ func TestParseE2EWeights(t *testing.T) {
 	}
 	if _, err := ParseWeights("itl=-1", Weights{}); err == nil {
 		t.Error("negative itl accepted")
+	}
+}
+
+// A score that is not a number (a policy's bug) never wins, and never
+// makes the decision fail.
+func TestPickSurvivesNaN(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	d := Decision{Replica: ByScore, Scores: []Terms{{Total: math.NaN()}, {Total: 5}, {Total: 7}}}
+	for range 50 {
+		if i := Pick(&d, 0.01, rng); i != 1 {
+			t.Fatalf("picked %d", i)
+		}
+	}
+	d.Scores = []Terms{{Total: math.NaN()}, {Total: math.Inf(1)}}
+	for range 50 {
+		if i := Pick(&d, 0.01, rng); i < 0 || i > 1 {
+			t.Fatalf("picked %d of 2", i)
+		}
 	}
 }

@@ -181,11 +181,18 @@ func Pick(d *Decision, margin float64, rng *rand.Rand) int {
 	return within(d.Scores, max(margin, 0), rng)
 }
 
-// within draws uniformly among the scores within margin of the least.
+// within draws uniformly among the scores within margin of the least. A
+// score that is not a number never wins; if none is a finite number, any
+// replica may.
 func within(scores []Terms, margin float64, rng *rand.Rand) int {
 	best := math.Inf(1)
 	for i := range scores {
-		best = min(best, scores[i].Total)
+		if t := scores[i].Total; !math.IsNaN(t) {
+			best = min(best, t)
+		}
+	}
+	if math.IsInf(best, 1) {
+		return rng.IntN(len(scores))
 	}
 	limit := best + margin*math.Abs(best)
 	chosen, n := -1, 0

@@ -48,10 +48,23 @@ func (m *ITL) Observe(inFlight, ms float64) {
 	for i := range 2 {
 		m.theta[i] += k[i] * err
 	}
+	// Forgetting divides the information matrix's inverse each step; with
+	// inputs that barely vary (a replica always equally loaded) it would
+	// grow without bound and the fit blow up (covariance wind-up). Forget
+	// only while it is no looser than the prior.
+	f := m.Forget
+	if m.p[0][0]+m.p[1][1] > 101 {
+		f = 1
+	}
 	for i := range 2 {
 		for j := range 2 {
-			m.p[i][j] = (m.p[i][j] - k[i]*px[j]) / m.Forget
+			m.p[i][j] = (m.p[i][j] - k[i]*px[j]) / f
 		}
+	}
+	if math.IsNaN(m.theta[0]+m.theta[1]) || math.IsInf(m.theta[0]+m.theta[1], 0) {
+		n := m.n
+		*m = *NewITL(m.prior[0], m.prior[1]) // start again from the prior
+		m.n = n
 	}
 	m.n++
 }

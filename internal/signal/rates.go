@@ -12,9 +12,10 @@ import "math"
 // replica's profile or configuration) and never reports a prefill rate
 // below a tenth or above ten times the prior's, or a negative queue rate.
 type Rates struct {
-	theta [3]float64    // base, prefill, queue
-	p     [3][3]float64 // inverse information matrix
-	prior [3]float64
+	theta  [3]float64    // base, prefill, queue
+	p      [3][3]float64 // inverse information matrix
+	prior  [3]float64
+	ptrace float64 // the prior's trace of p: the loosest forgetting may make it
 	// Forget is the forgetting factor in (0, 1]; 1 never forgets.
 	Forget float64
 	n      int
@@ -29,6 +30,7 @@ func NewRates(prefillMS, queueMS float64) *Rates {
 	r.p[0][0] = 1e6
 	r.p[1][1] = math.Max(prefillMS*prefillMS, 1e-8) * 1e-2
 	r.p[2][2] = math.Max(queueMS*queueMS, 1e-8) * 1e-2
+	r.ptrace = r.p[0][0] + r.p[1][1] + r.p[2][2]
 	return r
 }
 
@@ -54,9 +56,16 @@ func (r *Rates) Observe(uncached, queued, ms float64) {
 	for i := range 3 {
 		r.theta[i] += k[i] * (ms - pred)
 	}
+	// Forget only while the fit is no looser than the prior: with inputs
+	// that barely vary, forgetting would grow the information matrix's
+	// inverse without bound (covariance wind-up) and the fit blow up.
+	f := r.Forget
+	if r.p[0][0]+r.p[1][1]+r.p[2][2] > r.ptrace {
+		f = 1
+	}
 	for i := range 3 {
 		for j := range 3 {
-			r.p[i][j] = (r.p[i][j] - k[i]*px[j]) / r.Forget
+			r.p[i][j] = (r.p[i][j] - k[i]*px[j]) / f
 		}
 	}
 	r.n++

@@ -71,3 +71,21 @@ func TestITLLearnsALoadedReplica(t *testing.T) {
 		t.Errorf("bounds: base %.3f slope %.3f samples %d", m.Base(), m.Slope(), m.Samples())
 	}
 }
+
+// Inputs that never vary must not wind the fit up to infinity.
+func TestFitsStayFiniteUnderConstantInput(t *testing.T) {
+	m := NewITL(9, 0.1)
+	r := NewRates(0.06, 0.06)
+	for range 2_000_000 {
+		m.Observe(3, 14)
+		r.Observe(0, 0, 50)
+	}
+	for _, v := range []float64{m.Base(), m.Slope(), r.Prefill(), r.Queue()} {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			t.Fatalf("fit went to %v", v)
+		}
+	}
+	if got := m.Base() + 3*m.Slope(); math.Abs(got-14) > 0.01 {
+		t.Errorf("ITL at 3 in flight %.3f, want 14", got)
+	}
+}

@@ -16,8 +16,10 @@ import (
 type Format string
 
 const (
-	// FormatAuto detects the format from the first non-empty line: a line
-	// with a "session_id" key is gorgo, anything else is Mooncake.
+	// FormatAuto detects the format from the first non-empty line: the
+	// header of a CSV format (see FormatAzure and FormatBurstGPT) selects
+	// that format; otherwise the line is JSON, and a line with a
+	// "session_id" key is gorgo, anything else is Mooncake.
 	// The zero Format means FormatAuto.
 	FormatAuto Format = "auto"
 	// FormatMooncake is Mooncake's JSON Lines trace: one object per line with
@@ -30,10 +32,51 @@ const (
 	// "session_id" (required, non-empty) and the optional "turn" (>= 1),
 	// "user_id" and "messages" ([{"role":..,"content":..}]).
 	FormatGorgo Format = "gorgo"
+	// FormatAzure is the Azure LLM inference trace CSV published with
+	// Splitwise (AzureLLMInferenceTrace_conv.csv and _code.csv) and DynamoLLM
+	// (the week-long 2024 files): the header
+	// "TIMESTAMP,ContextTokens,GeneratedTokens", then one row per request.
+	// TIMESTAMP is a date and time such as "2023-11-16 18:15:46.6805900":
+	// "T" may replace the space, the fraction may have any number of digits
+	// or be absent, and a zone may follow ("Z", "UTC", "+00:00", "+0000",
+	// "+00"; none means UTC). A request's Time is its offset from the first
+	// row's TIMESTAMP. ContextTokens is the prompt length and GeneratedTokens
+	// the output length.
+	//
+	// Rules of both CSV formats: the header must be the first non-empty line
+	// (column names match case-insensitively, spaces around them ignored);
+	// every row has the header's number of columns; token counts are
+	// non-negative integers, prompts at most 2^24 tokens; times are
+	// non-decreasing (equal times are allowed); blank lines are skipped.
+	// Rows with a prompt of 0 tokens are skipped (there is nothing to prefill
+	// or route), though their times count for the order; an output of 0
+	// tokens is kept as 0 (see Request.OutputTokens).
+	//
+	// CSV traces have no prefix information, so every request's blocks are
+	// its own: a request gets BlockCount(prompt) fresh ids, numbered
+	// consecutively from 0 in file order, which no other request of the trace
+	// holds. Each request is a session of its own, named after the format and
+	// the line its row starts on ("azure-2" is the row after the header on
+	// line 1), with Turn 1 and no User. No policy can win by cache on such a
+	// trace (its prefix reuse is 0): what it tests is load and burstiness.
+	FormatAzure Format = "azure"
+	// FormatBurstGPT is BurstGPT's CSV (BurstGPT_1.csv,
+	// BurstGPT_without_fails_1.csv, …): the header
+	// "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type",
+	// then one row per request. Timestamp is seconds from the start of the
+	// trace (fractional or not) and is the request's Time as it is; Request
+	// tokens is the prompt length and Response tokens the output length.
+	// Model, Total tokens and Log Type ("Conversation log" or "API log") are
+	// not used. Rows with Response tokens 0 are BurstGPT's failed requests:
+	// they are kept, with OutputTokens 0. The rules, blocks and sessions
+	// ("burstgpt-2", …) are those of FormatAzure.
+	FormatBurstGPT Format = "burstgpt"
 )
 
 // Formats returns the valid format names.
-func Formats() []Format { return []Format{FormatAuto, FormatMooncake, FormatGorgo} }
+func Formats() []Format {
+	return []Format{FormatAuto, FormatMooncake, FormatGorgo, FormatAzure, FormatBurstGPT}
+}
 
 // ParseFormat returns the Format named s (case-insensitive, surrounding
 // spaces ignored); the empty string is FormatAuto.
@@ -144,14 +187,22 @@ func validate(r *Request) error {
 }
 
 // parseMillis converts a JSON number of milliseconds to a Duration, exactly
-// when it has at most six decimals (nanosecond resolution).
+// when it has at most six decimals (nanosecond resolution), so that every
+// time Write writes reads back unchanged.
 func parseMillis(s string) (time.Duration, error) {
-	if i := strings.IndexByte(s, '.'); i >= 0 && !strings.ContainsAny(s, "eE-+") && len(s)-i-1 <= 6 && i <= 12 {
+	if i := strings.IndexByte(s, '.'); i >= 0 && !strings.ContainsAny(s, "eE-+") && len(s)-i-1 <= 6 && i <= 13 {
 		whole, err1 := strconv.ParseInt(s[:i], 10, 64)
 		frac := s[i+1:]
 		n, err2 := strconv.ParseInt(frac+strings.Repeat("0", 6-len(frac)), 10, 64)
 		if err1 == nil && err2 == nil {
-			return time.Duration(whole)*time.Millisecond + time.Duration(n), nil
+			if float64(whole) > maxTimestampMs {
+				return 0, fmt.Errorf("timestamp %s ms out of range", s)
+			}
+			d := time.Duration(whole)*time.Millisecond + time.Duration(n)
+			if d > maxTraceTime {
+				return 0, fmt.Errorf("timestamp %s ms out of range", s)
+			}
+			return d, nil
 		}
 	}
 	if !strings.ContainsAny(s, ".eE") {

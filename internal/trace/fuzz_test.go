@@ -17,6 +17,8 @@ func FuzzRead(f *testing.F) {
 		`{"timestamp": 1e3, "input_length": 1, "output_length": 1, "hash_ids": [18446744073709551615]}`,
 		"{}\n[]\n",
 		`{"timestamp": "12", "input_length": 1, "output_length": 1, "hash_ids": [1]}`,
+		"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n2023-11-16T18:15:50+00:00,1025,0\n",
+		"\n timestamp,model,request tokens,response tokens,total tokens,log type\r\n5,ChatGPT,472,18,490,Conversation log\r\n5.5,GPT-4,0,0,0,API log\n",
 	}
 	for _, s := range seeds {
 		f.Add([]byte(s))

@@ -36,14 +36,17 @@ func ReadFile(path string, f Format) ([]Request, error) {
 	return Read(file, path, f)
 }
 
-// Read reads a JSON Lines trace in format f (FormatAuto or "" detects it from
-// the first non-empty line). name labels errors, which have the form
+// Read reads a trace in format f: JSON Lines (FormatMooncake, FormatGorgo)
+// or CSV (FormatAzure, FormatBurstGPT); FormatAuto or "" detects it from the
+// first non-empty line. name labels errors, which have the form
 // "name:line: problem" (see LineError). Blank lines are skipped and lines may
 // be of any length. Timestamps must be non-decreasing: traces are
 // time-ordered and a line that goes back in time is an error. Requests of a
-// Mooncake trace get sessions and turns from DeriveSessions. The requests'
-// HashIDs are cut from shared arrays with capacity equal to length, so
-// appending to one copies it.
+// Mooncake trace get sessions and turns from DeriveSessions; those of a CSV
+// trace get one session each and blocks of their own (see FormatAzure). The
+// requests' HashIDs are cut from shared arrays with capacity equal to
+// length, so appending to one copies it. A file with no requests (empty, or
+// a CSV header alone) gives none and no error.
 func Read(r io.Reader, name string, f Format) ([]Request, error) {
 	f, err := ParseFormat(string(f))
 	if err != nil {
@@ -56,6 +59,7 @@ func Read(r io.Reader, name string, f Format) ([]Request, error) {
 		long   []byte
 		lineNo int
 		prev   Request
+		first  = true
 	)
 	for {
 		line, rerr := br.ReadSlice('\n')
@@ -73,6 +77,16 @@ func Read(r io.Reader, name string, f Format) ([]Request, error) {
 		if len(line) > 0 {
 			lineNo++
 			line = bytes.TrimSpace(line)
+		}
+		if len(line) > 0 && first {
+			first = false
+			cf, err := csvStart(line, f)
+			if err != nil {
+				return nil, &LineError{name, lineNo, err}
+			}
+			if cf != "" {
+				return readCSV(br, name, cf, lineNo)
+			}
 		}
 		if len(line) > 0 {
 			var rec record

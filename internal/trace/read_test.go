@@ -38,7 +38,9 @@ func TestParseFormat(t *testing.T) {
 		{"auto", FormatAuto, ""},
 		{"Mooncake", FormatMooncake, ""},
 		{" gorgo ", FormatGorgo, ""},
-		{"csv", "", `unknown trace format "csv" (valid: auto, mooncake, gorgo)`},
+		{"Azure", FormatAzure, ""},
+		{"burstgpt", FormatBurstGPT, ""},
+		{"csv", "", `unknown trace format "csv" (valid: auto, mooncake, gorgo, azure, burstgpt)`},
 	}
 	for _, tt := range tests {
 		got, err := ParseFormat(tt.in)
@@ -164,7 +166,7 @@ func TestReadErrors(t *testing.T) {
 			"t.jsonl:1: missing session_id (required in gorgo format)"},
 		{"turn zero", FormatGorgo, `{"timestamp": 1, "session_id": "a", "turn": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}`,
 			"t.jsonl:1: turn must be at least 1, got 0"},
-		{"bad format", Format("csv"), ok, `unknown trace format "csv" (valid: auto, mooncake, gorgo)`},
+		{"bad format", Format("csv"), ok, `unknown trace format "csv" (valid: auto, mooncake, gorgo, azure, burstgpt)`},
 	}
 	for _, tt := range tests {
 		_, err := Read(strings.NewReader(tt.in), "t.jsonl", tt.f)

@@ -10,7 +10,9 @@
 // Two JSON Lines formats are read (see Format): Mooncake's four-field records
 // (timestamp in ms, input_length, output_length, hash_ids) and gorgo's
 // superset, which adds a required session_id and optional turn, user_id and
-// messages. Write emits the gorgo format.
+// messages. Two CSV formats without prefix information are read too, the
+// Azure LLM inference traces and BurstGPT; their requests get blocks and
+// sessions of their own. Write emits the gorgo format.
 //
 // # Sessions
 //

@@ -78,7 +78,12 @@ type member struct {
 	queue   atomic.Uint64 // float64 bits: ms per backlog token
 	gauges  atomic.Pointer[gaugeObs]
 	itlBase atomic.Uint64 // float64 bits: ms
-	itlSlp  atomic.Uint64 // float64 bits: ms per request in flight
+	// bias is how much later than Predict's model first tokens came back
+	// (ms, float64 bits), as of biasTS: queueing the model does not see
+	// (a saturated decode batch, a full KV cache).
+	bias   atomic.Uint64
+	biasTS atomic.Int64
+	itlSlp atomic.Uint64 // float64 bits: ms per request in flight
 
 	mu    sync.Mutex // guards the estimators below
 	rtt   signal.EWMA
@@ -262,4 +267,36 @@ func (m *member) snapshot(indexBlocks int) ReplicaState {
 	st.ITLSamples = m.itl.Samples()
 	m.mu.Unlock()
 	return st
+}
+
+// biasHalfLife is how fast the correction of Predict's model fades: a
+// replica that stops being late is believed within seconds, and one that
+// gets no requests (so no first tokens) is not shunned for ever.
+const biasHalfLife = 5 * time.Second
+
+// biasAlpha is the weight of a first token's lateness in the correction.
+const biasAlpha = 0.2
+
+// lateness is the correction at now, faded since it was last observed.
+func (m *member) lateness(now time.Duration) float64 {
+	b := math.Float64frombits(m.bias.Load())
+	if b == 0 {
+		return 0
+	}
+	age := max(now-time.Duration(m.biasTS.Load()), 0)
+	return b * math.Exp2(-float64(age)/float64(biasHalfLife))
+}
+
+// observeBias folds in a first token at `at` that came lateMS later than
+// Predict's model said (negative: earlier).
+func (m *member) observeBias(at time.Duration, lateMS float64) {
+	if math.IsNaN(lateMS) || math.IsInf(lateMS, 0) {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.lateness(at)
+	b += biasAlpha * (lateMS - b)
+	m.bias.Store(math.Float64bits(b))
+	m.biasTS.Store(int64(at))
 }

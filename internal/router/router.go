@@ -71,6 +71,10 @@ type Ticket struct {
 	// InFlight is how many of the router's requests were at the replica
 	// once this one joined them (itself included).
 	InFlight int
+	// Sent is the router time of the dispatch and Predicted the TTFT
+	// Predict's model gave it there (round trip, prefill, backlog), in ms.
+	Sent      time.Duration
+	Predicted float64
 
 	m                     *member
 	accepted, first, done bool
@@ -85,7 +89,8 @@ type Candidate struct {
 	RTT             time.Duration
 	Tag             int
 
-	m *member
+	m  *member
+	at time.Duration // when the decision was made
 }
 
 // Router is the routing core shared by the simulator and the proxy.
@@ -223,6 +228,9 @@ func (r *Router) enter(c *Candidate, req *route.Request) (Ticket, bool) {
 	}
 	m.unfin.Add(int64(req.PromptTokens))
 	t.Backlog = int(m.backlog.Add(int64(t.uncached()))) - t.uncached()
+	prefill, queue := m.ratesNow()
+	t.Predicted = float64(t.RTT)/1e6 + float64(t.uncached())*prefill + float64(t.Backlog)*queue
+	t.Sent = c.at
 	return t, true
 }
 
@@ -323,7 +331,7 @@ func (r *Router) rank(now time.Duration, req *route.Request, pol route.Policy, r
 	if i < 0 || i >= len(r.views) {
 		return dst, fmt.Errorf("router: policy %s chose replica %d of %d", pol.Name(), i, len(r.views))
 	}
-	dst = append(dst, r.candidate(i))
+	dst = append(dst, r.candidate(i, now))
 	if n <= 1 {
 		return dst, nil
 	}
@@ -339,14 +347,14 @@ func (r *Router) rank(now time.Duration, req *route.Request, pol route.Policy, r
 			}
 		}
 		r.ranked[best] = true
-		dst = append(dst, r.candidate(best))
+		dst = append(dst, r.candidate(best, now))
 	}
 	return dst, nil
 }
 
-func (r *Router) candidate(i int) Candidate {
+func (r *Router) candidate(i int, now time.Duration) Candidate {
 	v := &r.views[i]
-	c := Candidate{ID: v.ID, EstCachedTokens: v.CachedTokens, RTT: v.RTT, Tag: r.dec.Tag, m: r.cand[i]}
+	c := Candidate{ID: v.ID, EstCachedTokens: v.CachedTokens, RTT: v.RTT, Tag: r.dec.Tag, m: r.cand[i], at: now}
 	if len(r.dec.Scores) == len(r.views) {
 		c.Terms = r.dec.Scores[i]
 	}
@@ -364,6 +372,7 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 	t.first = true
 	t.m.backlog.Add(-int64(t.uncached()))
 	t.m.decoding.Add(1)
+	t.m.observeBias(t.Sent+ttft, float64(ttft)/1e6-t.Predicted)
 	t.m.observeTTFT(t.uncached(), t.Backlog, float64(ttft-t.RTT)/1e6)
 }
 
@@ -525,9 +534,13 @@ func (r *Router) Rates(id string) (prefillMS, queueMS float64, err error) {
 
 // Predict forecasts req's TTFT now, as gorgo-ms prices it with unit
 // weights: on each available replica its round trip, the prefill of its
-// uncached tokens and the prefill backlog ahead of it. It returns the
-// least (best) and the least without the backlog (floor: what an idle
-// replica would give), for admission under a TTFT SLO. It records nothing.
+// uncached tokens and the prefill backlog ahead of it, corrected by how
+// much later than that model the replica's recent first tokens came (the
+// queueing it does not see: a saturated batch, a full KV cache; the
+// correction fades with a half-life of biasHalfLife). It returns the
+// least (best) and the least without backlog or correction (floor: what
+// an idle replica would give), for admission under a TTFT SLO. It records
+// nothing.
 func (r *Router) Predict(now time.Duration, req *route.Request) (best, floor time.Duration, err error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
@@ -547,7 +560,7 @@ func (r *Router) Predict(now time.Duration, req *route.Request) (best, floor tim
 		prefill, queue := m.ratesNow()
 		base := float64(m.rttNS.Load())/1e6 + float64(max(req.PromptTokens-cached, 0))*prefill
 		floorMS = min(floorMS, base)
-		bestMS = min(bestMS, base+float64(m.backlog.Load())*queue)
+		bestMS = min(bestMS, base+max(float64(m.backlog.Load())*queue+m.lateness(now), 0))
 	}
 	if math.IsInf(bestMS, 1) {
 		return 0, 0, route.ErrNoReplica

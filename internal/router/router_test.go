@@ -542,3 +542,37 @@ func TestDecodeLedgerAndITL(t *testing.T) {
 		t.Errorf("after a failure: %+v", st)
 	}
 }
+
+// Predict is corrected by how late first tokens come, and the correction
+// fades.
+func TestPredictLearnsLateness(t *testing.T) {
+	r := newRouter(t, "gorgo-ms", 1, false) // a: 10 ms, 0.06 ms a token
+	rng := rand.New(rand.NewPCG(1, 1))
+	req := route.Request{PromptTokens: 1000, Blocks: blocks(7, 4)}
+	best, floor, err := r.Predict(0, &req)
+	if err != nil || best != floor || math.Abs(float64(best)/1e6-70) > 1e-6 {
+		t.Fatalf("idle: best %v floor %v (%v), want 70 ms both", best, floor, err)
+	}
+	// Every first token comes 2 s later than the model says.
+	var last time.Duration
+	for i := range 40 {
+		q := route.Request{PromptTokens: 100, Blocks: blocks(uint64(100+i), 4)}
+		now := time.Duration(i) * 100 * time.Millisecond
+		tk, _, err := r.Dispatch(now, &q, rng, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ttft := time.Duration(tk.Predicted*1e6) + 2*time.Second
+		r.FirstToken(&tk, ttft)
+		r.Finish(&tk)
+		last = now + ttft
+	}
+	best, floor, _ = r.Predict(last, &req)
+	if lag := float64(best-floor) / 1e6; lag < 1800 || lag > 2100 {
+		t.Errorf("after late first tokens: best − floor = %.0f ms, want ≈ 2000", lag)
+	}
+	best, floor, _ = r.Predict(last+biasHalfLife, &req)
+	if lag := float64(best-floor) / 1e6; lag < 900 || lag > 1050 {
+		t.Errorf("a half-life later: %.0f ms, want ≈ 1000", lag)
+	}
+}

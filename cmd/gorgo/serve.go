@@ -145,7 +145,15 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv.ProbeOnce(ctx)
-	fmt.Fprintf(stdout, "gorgo serve: %s://%s, policy %s, %d replicas:\n", scheme, ln.Addr(), cfg.Policy, len(cfg.Replicas))
+	slo := ""
+	if cfg.TTFTSLO > 0 {
+		mode := cfg.Admission
+		if mode == "" {
+			mode = admit.ModeQueue
+		}
+		slo = fmt.Sprintf(", TTFT SLO %v (%s)", cfg.TTFTSLO, mode)
+	}
+	fmt.Fprintf(stdout, "gorgo serve: %s://%s, policy %s%s, %d replicas:\n", scheme, ln.Addr(), cfg.Policy, slo, len(cfg.Replicas))
 	for _, st := range srv.Router().Replicas() {
 		health := "up"
 		if !st.Available() {

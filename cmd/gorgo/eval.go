@@ -91,6 +91,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		wins = append(wins, win)
 	}
 	names := splitList(*policies)
+	for i := range names {
+		names[i] = route.Canonical(names[i])
+	}
 	if err := checkWritable(*jsonOut); err != nil {
 		return err
 	}

@@ -524,8 +524,12 @@ func (s *Server) adminDecide(w http.ResponseWriter, r *http.Request) {
 	for _, sc := range scored {
 		scores[sc.ID] = sc.Terms
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"replica": c.ID, "prompt_tokens": req.Route.PromptTokens,
-		"est_cached_tokens": c.EstCachedTokens, "policy": pol.Name(), "scores": scores})
+	out := map[string]any{"replica": c.ID, "prompt_tokens": req.Route.PromptTokens, "expected_output_tokens": req.Route.ExpectedOutputTokens,
+		"est_cached_tokens": c.EstCachedTokens, "policy": pol.Name(), "scores": scores}
+	if best, floor, err := s.rt.Predict(s.now(), &req.Route); err == nil {
+		out["predicted_ttft_ms"], out["predicted_ttft_idle_ms"] = float64(best.Microseconds())/1000, float64(floor.Microseconds())/1000
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // explainPolicy returns a fresh instance of the proxy's policy.

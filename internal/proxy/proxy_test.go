@@ -314,12 +314,17 @@ func TestAdminAndMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	var d struct {
-		Replica string
-		Scores  map[string]struct{ Total float64 }
+		Replica  string
+		Scores   map[string]struct{ Total, Decode float64 }
+		Expected int     `json:"expected_output_tokens"`
+		Pred     float64 `json:"predicted_ttft_ms"`
+		Idle     float64 `json:"predicted_ttft_idle_ms"`
 	}
 	_ = json.NewDecoder(resp.Body).Decode(&d)
 	resp.Body.Close()
-	if d.Replica != "a" || len(d.Scores) != 2 {
+	// max_tokens 1 caps the expected output; the default policy prices a
+	// decode on every replica; the prediction is at least the idle one.
+	if d.Replica != "a" || len(d.Scores) != 2 || d.Scores["a"].Decode <= 0 || d.Expected != 1 || d.Idle <= 0 || d.Pred < d.Idle {
 		t.Errorf("decide: %+v", d)
 	}
 }

@@ -22,6 +22,7 @@ type policyFlags struct {
 	probe, scrape      time.Duration
 	alpha              float64
 	rates              string
+	hideMaxTokens      bool
 }
 
 func (p *policyFlags) register(fs *flag.FlagSet) {
@@ -32,6 +33,7 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&p.probe, "probe-interval", sim.DefaultInterval, "period of the router's round-trip probes")
 	fs.DurationVar(&p.scrape, "scrape-interval", sim.DefaultInterval, "period of the router's engine metrics scrapes")
 	fs.Float64Var(&p.alpha, "rtt-alpha", 0.3, "EWMA weight of a new round-trip probe")
+	fs.BoolVar(&p.hideMaxTokens, "hide-max-tokens", false, "keep requests' output lengths from the router (by default it sees them as max_tokens, as live, where the replayer asks for exactly the trace's output)")
 	fs.StringVar(&p.rates, "ms-rates", "profile", "gorgo-ms's per-replica rates: profile (from each replica's engine profile), online (learned from observed TTFT, starting from the profile) or blind (learned, starting from the paper engine's for every replica)")
 }
 
@@ -59,6 +61,7 @@ func (p *policyFlags) options() (route.Options, error) {
 func (p *policyFlags) router(c sim.Config) sim.Config {
 	c.Signals = sim.Signals{ProbeInterval: p.probe, ScrapeInterval: p.scrape, RTTAlpha: p.alpha, OnlineRates: p.rates != "profile", BlindPrior: p.rates == "blind"}
 	c.TieMargin = p.tieMargin
+	c.HideMaxTokens = p.hideMaxTokens
 	if c.TieMargin == 0 {
 		c.TieMargin = -1 // the flag's 0 means exact ties
 	}

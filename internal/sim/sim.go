@@ -55,6 +55,11 @@ type Config struct {
 	// GoodputSLO, if positive, scores the run's goodput against that TTFT
 	// SLO (see report.Run.ScoreSLO), with or without admission.
 	GoodputSLO time.Duration
+	// HideMaxTokens keeps each request's output length from the router.
+	// By default the router sees it as max_tokens, as it does live: the
+	// replayer asks for exactly the trace's output (max_tokens with
+	// ignore_eos), so the cap is tight; real clients' caps are looser.
+	HideMaxTokens bool
 }
 
 // FleetOp is a change of the fleet.
@@ -484,6 +489,9 @@ func (s *simulator) release(now time.Duration) {
 func (s *simulator) request(i int) {
 	tr := &s.cfg.Requests[i]
 	s.rreq = route.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: tr.HashIDs, MaxOutputTokens: tr.OutputTokens}
+	if s.cfg.HideMaxTokens {
+		s.rreq.MaxOutputTokens = 0
+	}
 	if len(tr.HashIDs) > 0 {
 		s.rreq.PrefixKey = tr.HashIDs[0]
 	}

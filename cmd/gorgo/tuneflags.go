@@ -37,7 +37,7 @@ func (t *tuneFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&t.objective, "objective", string(tune.P95TTFT), "metric the tuner minimises: "+joinNames(objs))
 	fs.Var(&t.guards, "guard", "reject a candidate whose `METRIC=RATIO` exceeds RATIO times the incumbent's: e2e-p95=1.05 or itl-mean=1.1 (repeatable; default e2e-p95=1.05; \"none\" for no guard)")
 	fs.Var(&t.params, "param", "tuned weight as `NAME=MIN:MAX:INIT`, NAME one of rtt, queue, decode, itl (repeatable; default the paper's rtt=0.05:2:0.5 and queue=0.05:0.5:0.1)")
-	fs.StringVar(&t.base, "base", "gorgo", "policy whose weights are tuned: gorgo, gorgo-ms or gorgo-e2e (default); gorgo-e2e tunes decode=0.02:2:0.2 and itl=0.004:0.4:0.04 unless --param says otherwise")
+	fs.StringVar(&t.base, "base", "gorgo", "policy whose weights are tuned: gorgo, gorgo-ms or gorgo-e2e (default); gorgo-e2e tunes decode=0.02:2:0.2 and itl=0.02:2:0.2 unless --param says otherwise")
 	fs.Float64Var(&t.sigma, "sigma", 0.5, "initial step size in log space")
 	fs.IntVar(&t.window, "window-requests", 128, "online: requests each arm is scored on")
 	fs.IntVar(&t.hop, "hop", 32, "online: consecutive requests one arm routes before the other")

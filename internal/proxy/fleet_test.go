@@ -291,7 +291,7 @@ func TestAdminWeightsAndTuner(t *testing.T) {
 	s, _ := startProxy(t, Config{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
 	admin := adminURL(t, s)
 	if code, body := do(t, "PUT", admin+"/admin/weights", `{"decode":0.7}`); code != 200 || !strings.Contains(body, `"policy": "gorgo-e2e"`) ||
-		!strings.Contains(body, `"decode": 0.7`) || !strings.Contains(body, `"itl": 0.04`) {
+		!strings.Contains(body, `"decode": 0.7`) || !strings.Contains(body, `"itl": 0.2`) {
 		t.Errorf("set decode: %d %s", code, body)
 	}
 	s, _ = startProxy(t, Config{Policy: "gorgo"}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))

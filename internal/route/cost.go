@@ -107,7 +107,7 @@ func ms(r *Replica) float64 { return float64(r.RTT) / 1e6 }
 
 // DefaultE2EWeights are gorgo-e2e's weights when none are given: chosen on
 // the embedded workload and the Mooncake trace (docs/results.md, part 6).
-var DefaultE2EWeights = Weights{RTT: 1, Queue: 1, Decode: 0.2, ITL: 0.04}
+var DefaultE2EWeights = Weights{RTT: 1, Queue: 1, Decode: 0.2, ITL: 0.2}
 
 // gorgoE2E prices, in ms, both what a request will wait for its first
 // token and what its decode will cost, the others' and its own:

@@ -424,10 +424,14 @@ func (r *Router) Decoded(t *Ticket, outputTokens int, decode time.Duration) {
 		}
 	}
 	r.outN.Add(1)
-	if outputTokens > 1 && decode > 0 {
+	if outputTokens >= minITLTokens && decode > 0 {
 		t.m.observeITL(t.InFlight, float64(decode)/1e6/float64(outputTokens-1))
 	}
 }
+
+// minITLTokens is the shortest answer whose token gaps feed the ITL model:
+// a mean over one or two gaps is mostly noise (one stall).
+const minITLTokens = 4
 
 // ExpectedOutput is the output length the router expects of a request with
 // that max_tokens (0: none given): its running estimate, capped by the

@@ -68,6 +68,12 @@ func (r *Rates) Observe(uncached, queued, ms float64) {
 			r.p[i][j] = (r.p[i][j] - k[i]*px[j]) / f
 		}
 	}
+	for i := range 3 { // rounding drifts from symmetric: keep it symmetric
+		for j := range i {
+			v := (r.p[i][j] + r.p[j][i]) / 2
+			r.p[i][j], r.p[j][i] = v, v
+		}
+	}
 	r.n++
 }
 

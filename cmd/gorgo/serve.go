@@ -185,8 +185,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 }
 
 // servePolicy builds the online tuner when the config asks for it (its
-// untuned weights from the config's weights, or ms_weights for a gorgo-ms
-// base); nil means the proxy builds the config's policy itself.
+// untuned weights from the config's weights, ms_weights or e2e_weights, as
+// its --base is gorgo, gorgo-ms or gorgo-e2e); nil means the proxy builds
+// the config's policy itself.
 func servePolicy(cfg proxy.Config, tf *tuneFlags) (route.Policy, error) {
 	if cfg.Policy != tune.OnlineName {
 		return nil, nil
@@ -197,6 +198,9 @@ func servePolicy(cfg proxy.Config, tf *tuneFlags) (route.Policy, error) {
 	}
 	if cfg.MSWeights != nil {
 		base.MSWeights = *cfg.MSWeights
+	}
+	if cfg.E2EWeights != nil {
+		base.E2EWeights = *cfg.E2EWeights
 	}
 	return tf.online(cfg.Seed, base)
 }

@@ -4,6 +4,11 @@
 // non-clairvoyant policy, the best policy and clairvoyant, and whether the
 // goals are met. Files are named WORKLOAD-FLEET-eval.json.
 //
+// A run whose client held requests back longer than they then waited
+// (slip p95 above TTFT p95: the paper's client caps requests in flight)
+// is overloaded, and its TTFT, which starts only when the client sends,
+// says nothing of the wait: it is left out of the comparisons.
+//
 // Usage: go run ./scripts/grid docs/results/grid/*-eval.json
 package main
 
@@ -29,8 +34,14 @@ type run struct {
 	E2E struct {
 		P95 float64 `json:"p95"`
 	} `json:"e2e_ms"`
+	Slip struct {
+		P95 float64 `json:"p95"`
+	} `json:"slip_ms"`
 	Failed int `json:"failed"`
 }
+
+// comparable reports whether a run's TTFT means what it says.
+func (r *run) comparable() bool { return r.Failed == 0 && r.Slip.P95 <= r.TTFT.P95 }
 
 type evalFile struct {
 	Windows []struct {
@@ -46,7 +57,7 @@ func main() {
 	}
 	fmt.Println("| workload | fleet | time scale | default p95 TTFT | best other (non-clairvoyant) | Δ | clairvoyant | Δ | default p95 E2E | best other | Δ | goals |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
-	var cells, ttftOK, e2eOK, cvOK, all int
+	var cells, ttftOK, e2eOK, cvOK, all, overloaded int
 	var worst []string
 	for _, path := range os.Args[1:] {
 		name := strings.TrimSuffix(filepath.Base(path), "-eval.json")
@@ -72,10 +83,10 @@ func main() {
 					continue
 				case r.Policy == cv:
 					c = r
-				case r.Failed == 0 && (bestT == nil || r.TTFT.P95 < bestT.TTFT.P95):
+				case r.comparable() && (bestT == nil || r.TTFT.P95 < bestT.TTFT.P95):
 					bestT = r
 				}
-				if r.Failed == 0 && (bestE == nil || r.E2E.P95 < bestE.E2E.P95) {
+				if r.comparable() && (bestE == nil || r.E2E.P95 < bestE.E2E.P95) {
 					bestE = r
 				}
 			}
@@ -87,6 +98,16 @@ func main() {
 			var goals []string
 			cells++
 			ok := true
+			cvText := fmt.Sprintf("%s | %s", ms(c.TTFT.P95), pct(dc))
+			if !c.comparable() {
+				dc = 0 // no yardstick: it held requests back
+				cvText = fmt.Sprintf("(slip p95 %s s) | n/a", ms(c.Slip.P95/1000))
+				overloaded++
+			}
+			if !d.comparable() {
+				goals = append(goals, "overloaded")
+				ok = false
+			}
 			if dt <= 0.03 {
 				ttftOK++
 			} else {
@@ -112,13 +133,13 @@ func main() {
 				verdict = "missed: " + strings.Join(goals, ", ")
 				worst = append(worst, fmt.Sprintf("%s/%s@%v", workload, fleet, w.TimeScale))
 			}
-			fmt.Printf("| %s | %s | %v | %s | %s %s | %s | %s | %s | %s | %s %s | %s | %s |\n",
-				workload, fleet, w.TimeScale, ms(d.TTFT.P95), bestT.Policy, ms(bestT.TTFT.P95), pct(dt), ms(c.TTFT.P95), pct(dc),
+			fmt.Printf("| %s | %s | %v | %s | %s %s | %s | %s | %s | %s %s | %s | %s |\n",
+				workload, fleet, w.TimeScale, ms(d.TTFT.P95), bestT.Policy, ms(bestT.TTFT.P95), pct(dt), cvText,
 				ms(d.E2E.P95), bestE.Policy, ms(bestE.E2E.P95), pct(de), verdict)
 		}
 	}
-	fmt.Printf("\n%d cells: p95 TTFT within 3%% of the best other non-clairvoyant policy in %d, p95 E2E within 3%% of the best other policy in %d, p95 TTFT within 5%% of clairvoyant in %d; all three in %d.\n",
-		cells, ttftOK, e2eOK, cvOK, all)
+	fmt.Printf("\n%d cells: p95 TTFT within 3%% of the best other non-clairvoyant policy in %d, p95 E2E within 3%% of the best other policy in %d, p95 TTFT within 5%% of clairvoyant in %d (%d where clairvoyant itself is overloaded count as met); all three in %d.\n",
+		cells, ttftOK, e2eOK, cvOK, overloaded, all)
 }
 
 func rel(a, b float64) float64 {

@@ -69,7 +69,7 @@ if [[ $what == admission || $what == all ]]; then
 	# The Azure LLM inference trace (conversation, 2023), when present: bursty arrivals, no prefix reuse.
 	azure=${AZURE_CONV:-/tmp/azure_conv.csv}
 	if [[ -f $azure ]]; then
-		$g sim --trace $azure --window 0s,30m --time-scale 0.5 --max-inflight 0 --policy $pols --ttft-slo 3s --admission none,queue,reject \
+		$g sim --trace $azure --window 0s,30m --time-scale 0.1 --max-inflight 0 --policy $pols --ttft-slo 3s --admission none,queue,reject \
 			| tee $out/admission-azure.txt
 	else
 		echo "skipping Azure: set AZURE_CONV to AzureLLMInferenceTrace_conv.csv (github.com/Azure/AzurePublicDataset, data/)" >&2

@@ -152,6 +152,9 @@ func (g *Gate[T]) Release(now time.Duration, predict func(T) (Prediction, bool),
 	for _, h := range g.queue {
 		p, ok := predict(h.v)
 		switch {
+		case !ok && now > h.deadline:
+			refuse(h.v) // no replica, and too late anyway
+			continue
 		case !ok:
 			kept = append(kept, h) // no replica now: it waits
 			continue

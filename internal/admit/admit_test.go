@@ -112,3 +112,22 @@ func TestConfigAndRetryAfter(t *testing.T) {
 		t.Error("RetryAfter")
 	}
 }
+
+// With no replica available a held request still expires at its deadline
+// (found in review: it stayed queued for ever, holding a queue slot).
+func TestNoReplicaStillExpires(t *testing.T) {
+	g := gate(t, Config{SLO: time.Second})
+	if g.Arrive(1, 0, Prediction{Best: 2 * time.Second, Floor: 100 * ms}) != Hold {
+		t.Fatal("not held")
+	}
+	none := func(int) (Prediction, bool) { return Prediction{}, false }
+	refused := 0
+	g.Release(500*ms, none, func(int) {}, func(int) { refused++ })
+	if refused != 0 || g.Len() != 1 {
+		t.Fatalf("refused before its deadline: %d, %d left", refused, g.Len())
+	}
+	g.Release(1001*ms, none, func(int) {}, func(int) { refused++ })
+	if refused != 1 || g.Len() != 0 {
+		t.Errorf("past its deadline: %d refused, %d left", refused, g.Len())
+	}
+}

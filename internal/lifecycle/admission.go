@@ -16,9 +16,10 @@ import (
 // first token or ends (the fleet's backlog fell), and every tick to
 // refuse the requests that can no longer make their deadline.
 type admission struct {
-	mu   sync.Mutex
-	gate *admit.Gate[*Request]
-	kick chan struct{}
+	mu     sync.Mutex
+	gate   *admit.Gate[*Request]
+	kick   chan struct{}
+	closed bool // shutting down: nothing more is held
 }
 
 // verdicts a held request receives.
@@ -43,6 +44,7 @@ func (c *Core) RunAdmission(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			a.mu.Lock()
+			a.closed = true
 			a.gate.Flush(func(r *Request) { r.held <- verdict{err: c.shutdownErr()} })
 			a.mu.Unlock()
 			return
@@ -127,6 +129,11 @@ func (r *Request) Admit(ctx context.Context) (*Error, error) {
 		a.mu.Unlock()
 		c.Metrics.admitted("rejected")
 		return c.sloError(p, "the request is predicted to miss"), nil
+	}
+	if a.closed { // nobody would release it
+		a.gate.Drop(func(q *Request) bool { return q == r })
+		a.mu.Unlock()
+		return c.shutdownErr(), nil
 	}
 	if r.held == nil {
 		r.held = make(chan verdict, 1)

@@ -146,3 +146,32 @@ func TestAdmissionRefusesAndLetsAClientLeave(t *testing.T) {
 		t.Errorf("%v left in the queue", n)
 	}
 }
+
+// After shutdown nothing would release a held request: it gets a 503 at
+// once instead of waiting for its client to give up (found in review).
+func TestNothingIsHeldAfterShutdown(t *testing.T) {
+	p, _ := route.New("gorgo-ms", route.Options{})
+	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.Add(router.ReplicaConfig{ID: "a", KVCapacityTokens: 1 << 20, PrefillMSPerToken: 1, QueueMSPerToken: 1})
+	rt.ObserveRTT("a", time.Millisecond)
+	a := admit.Config{SLO: 5 * time.Second}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c := NewCore(Config{Router: rt, BlockTokens: 16, MaxAttempts: 1, Start: time.Now(), Metrics: NewMetrics(prometheus.NewRegistry()), Admission: a})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c.RunAdmission(ctx) // returns at once: shut down
+	begin(t, c, chatOf(6000, "one"))
+	r, _ := c.Begin(chatOf(10, "two"), Chat, "", time.Now())
+	wait, stop := context.WithTimeout(context.Background(), time.Minute)
+	defer stop()
+	e, gone := r.Admit(wait)
+	if gone != nil || e == nil || e.Status != 503 {
+		t.Fatalf("held after shutdown: %+v %v", e, gone)
+	}
+	r.Reject(e)
+}

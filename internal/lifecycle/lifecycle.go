@@ -243,7 +243,7 @@ func (r *Request) Next() (string, bool) {
 	}
 	for len(r.fallbacks) > 0 {
 		fb := &r.fallbacks[0]
-		t, ok := c.Router.Redispatch(fb, &r.Route)
+		t, ok := c.Router.Redispatch(c.Now(time.Now()), fb, &r.Route)
 		r.fallbacks = r.fallbacks[1:]
 		if ok {
 			r.ticket, r.active = t, true

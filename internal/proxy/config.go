@@ -439,10 +439,17 @@ func (c Config) Validate() error {
 func (c *Config) admission() (admit.Config, error) {
 	if c.TTFTSLO == 0 {
 		if c.Admission != "" || c.AdmissionQueue != 0 {
-			return admit.Config{}, fmt.Errorf("admission and admission_queue need ttft_slo")
+			return admit.Config{}, fmt.Errorf("admission and admission_queue need ttft_slo (--ttft-slo)")
 		}
 		return admit.Config{}, nil
 	}
-	a := admit.Config{SLO: c.TTFTSLO, Mode: c.Admission, MaxQueue: c.AdmissionQueue}
+	a := admit.Config{SLO: c.TTFTSLO, MaxQueue: c.AdmissionQueue}
+	if c.Admission != "" {
+		m, err := admit.ParseMode(string(c.Admission))
+		if err != nil {
+			return a, err
+		}
+		a.Mode = m
+	}
 	return a, a.Validate()
 }

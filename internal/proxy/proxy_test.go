@@ -732,6 +732,11 @@ func TestTTFTSLORefusesWhatCannotMakeIt(t *testing.T) {
 	if res := chat(t, url, "hello", 4); res.status != 200 || !res.done {
 		t.Fatalf("within the SLO: %+v", res)
 	}
+	ok := Config{TTFTSLO: time.Second, Admission: "Reject", Replicas: []ReplicaConfig{{URL: "http://x"}}}
+	ok = ok.Defaults()
+	if a, err := ok.admission(); err != nil || a.Mode != "reject" {
+		t.Errorf("admission: Reject: %+v %v", a, err)
+	}
 	for _, bad := range []Config{{TTFTSLO: time.Second, Admission: "later"}, {Admission: "queue"}, {TTFTSLO: -time.Second}} {
 		bad.Replicas = []ReplicaConfig{{URL: "http://x"}}
 		if err := bad.Defaults().Validate(); err == nil {

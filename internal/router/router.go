@@ -202,13 +202,15 @@ func (r *Router) Dispatch(now time.Duration, req *route.Request, rng *rand.Rand,
 	return Ticket{}, fallbacks[:0], route.ErrNoReplica
 }
 
-// Redispatch enters the request in a fallback's ledger, if that replica is
-// still available; it reports false otherwise.
-func (r *Router) Redispatch(c *Candidate, req *route.Request) (Ticket, bool) {
+// Redispatch enters the request in a fallback's ledger at time now, if
+// that replica is still available; it reports false otherwise.
+func (r *Router) Redispatch(now time.Duration, c *Candidate, req *route.Request) (Ticket, bool) {
 	if !c.m.available() {
 		return Ticket{}, false
 	}
-	return r.enter(c, req)
+	fb := *c
+	fb.at = now
+	return r.enter(&fb, req)
 }
 
 // enter adds the request to the candidate's ledger unless the replica

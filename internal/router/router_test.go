@@ -229,10 +229,10 @@ func TestFallbacks(t *testing.T) {
 	}
 	r.Finish(&tk) // a failed before taking it
 	r.SetHealthy("b", false)
-	if _, ok := r.Redispatch(&fb[0], &req); ok {
+	if _, ok := r.Redispatch(0, &fb[0], &req); ok {
 		t.Error("redispatched to a replica marked down")
 	}
-	tk, ok := r.Redispatch(&fb[1], &req)
+	tk, ok := r.Redispatch(0, &fb[1], &req)
 	if !ok || tk.ID != "c" {
 		t.Fatalf("redispatch: %+v %v", tk, ok)
 	}
@@ -416,7 +416,7 @@ func TestConcurrentDecisionsAndMembership(t *testing.T) {
 				if i%7 == 0 && len(fb2) > 0 {
 					r.Finish(&tk)
 					if tk, err = func() (Ticket, error) {
-						t2, ok := r.Redispatch(&fb2[0], &req)
+						t2, ok := r.Redispatch(0, &fb2[0], &req)
 						if !ok {
 							return t2, errors.New("gone")
 						}

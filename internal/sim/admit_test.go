@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
 // Under overload, admission refuses what cannot make the SLO and serves
@@ -55,5 +56,46 @@ func TestAdmissionRaisesGoodputUnderOverload(t *testing.T) {
 	// Deterministic.
 	if again := run(admit.Config{SLO: slo}); again.Run.SLOMet != queue.Run.SLOMet || again.Run.Rejected != queue.Run.Rejected {
 		t.Error("admission is not deterministic")
+	}
+}
+
+// A request held only because first tokens came late against the router's
+// model, arriving when nothing else is in flight, is still gone through
+// (on a tick) and served or refused: the run ends. (Found in review: the
+// simulator released only at first tokens and ends, and looped for ever.)
+func TestHeldRequestIsNotStranded(t *testing.T) {
+	slow := profile(t, "paper").Scaled(0.05) // 20x slower than the router's (paper) prior
+	reps := []Replica{{ID: "a", RTT: 10 * time.Millisecond, Profile: slow}}
+	sig := Signals{BlindPrior: true, ProbeInterval: time.Second, ScrapeInterval: time.Second}
+	first := []trace.Request{request(0, 1, 2000, 8)}
+	res0, err := Run(Config{Replicas: reps, Requests: first, Policy: policy(t, "gorgo-e2e"), Seed: 1, Signals: sig})
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Duration((res0.Records[0].E2E + 100) * float64(time.Millisecond))
+	reqs := append(first, request(at, 2, 50, 8))
+	a := admit.Config{SLO: 300 * time.Millisecond}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan *Result, 1)
+	go func() {
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "gorgo-e2e"), Seed: 1, Signals: sig, Admission: a, GoodputSLO: a.SLO})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	select {
+	case res := <-done:
+		if res == nil {
+			return
+		}
+		r := res.Records[1]
+		if r.Failed != r.Rejected || (!r.Failed && r.TTFT <= 0) {
+			t.Errorf("the held request ended as %+v", r)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("sim.Run did not return")
 	}
 }

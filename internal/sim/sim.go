@@ -144,7 +144,13 @@ const (
 	evScrapeAt                    // the scrape reaches the replica
 	evScrapeBack                  // the gauges reach the router
 	evFleet                       // fleet event req happens
+	evRelease                     // admission goes through its queue (a tick while it holds requests)
 )
+
+// admissionTick is how often the router goes through its admission queue
+// while it holds requests, besides at every first token and end (as the
+// proxy does).
+const admissionTick = 100 * time.Millisecond
 
 type event struct {
 	t    time.Duration
@@ -216,6 +222,7 @@ type simulator struct {
 
 	gate *admit.Gate[int32] // nil without admission
 	now  time.Duration      // the event being handled, for release
+	tick bool               // an evRelease is pending
 }
 
 // Run simulates the workload under cfg.Policy.
@@ -324,6 +331,10 @@ func Run(cfg Config) (*Result, error) {
 			if err := s.fleetEvent(ev.t, cfg.Events[ev.req]); err != nil {
 				return nil, fmt.Errorf("sim: fleet event at %v: %w", ev.t, err)
 			}
+			s.release(ev.t)
+		case evRelease:
+			s.tick = false
+			s.release(ev.t)
 		case evProbe:
 			if s.done < len(s.reqs) && s.router.Has(s.reps[ev.rep].cfg.ID) {
 				rtt := s.probeRTT(int(ev.rep))
@@ -458,6 +469,17 @@ func (s *simulator) arrive(now time.Duration, i int) {
 		s.dispatch(now, i)
 	case admit.Reject:
 		s.refuse(int32(i))
+	case admit.Hold:
+		s.schedule(now)
+	}
+}
+
+// schedule makes sure the queue is gone through again within a tick while
+// it holds requests: nothing else may happen in the fleet meanwhile.
+func (s *simulator) schedule(now time.Duration) {
+	if !s.tick && s.gate.Len() > 0 {
+		s.tick = true
+		s.push(event{t: now + admissionTick, kind: evRelease})
 	}
 }
 
@@ -483,6 +505,7 @@ func (s *simulator) release(now time.Duration) {
 	}
 	s.now = now
 	s.gate.Release(now, s.predict, func(i int32) { s.dispatch(now, int(i)) }, s.refuse)
+	s.schedule(now)
 }
 
 // request fills s.rreq with request i's view.

@@ -106,7 +106,8 @@ func (p *gorgoMS) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Rand
 func ms(r *Replica) float64 { return float64(r.RTT) / 1e6 }
 
 // DefaultE2EWeights are gorgo-e2e's weights when none are given: chosen on
-// the embedded workload and the Mooncake trace (docs/results.md, part 6).
+// the embedded workload and the Mooncake trace, checked on the chat and
+// agent presets and on unequal hardware (docs/results.md, part 6).
 var DefaultE2EWeights = Weights{RTT: 1, Queue: 1, Decode: 0.2, ITL: 0.2}
 
 // gorgoE2E prices, in ms, both what a request will wait for its first

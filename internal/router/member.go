@@ -78,12 +78,12 @@ type member struct {
 	queue   atomic.Uint64 // float64 bits: ms per backlog token
 	gauges  atomic.Pointer[gaugeObs]
 	itlBase atomic.Uint64 // float64 bits: ms
+	itlSlp  atomic.Uint64 // float64 bits: ms per request in flight
 	// bias is how much later than Predict's model first tokens came back
 	// (ms, float64 bits), as of biasTS: queueing the model does not see
 	// (a saturated decode batch, a full KV cache).
 	bias   atomic.Uint64
 	biasTS atomic.Int64
-	itlSlp atomic.Uint64 // float64 bits: ms per request in flight
 
 	mu    sync.Mutex // guards the estimators below
 	rtt   signal.EWMA

@@ -157,6 +157,9 @@ type Options struct {
 	MSWeights Weights
 	// E2EWeights are gorgo-e2e's; zero means DefaultE2EWeights.
 	E2EWeights Weights
+	// Region is the router's own region, for policies that prefer it
+	// (skywalker).
+	Region string
 	// Online configures policies registered by other packages that need
 	// more than weights (the online tuner takes a tune.OnlineConfig); nil
 	// means their defaults.
@@ -266,6 +269,7 @@ func init() {
 		{Name: "gorgo", New: newGorgo},
 		{Name: "gorgo-ms", New: newGorgoMS},
 		{Name: DefaultName, New: newGorgoE2E},
+		{Name: "skywalker", New: newSkyWalker},
 	} {
 		Register(i)
 	}

@@ -78,6 +78,9 @@ type Ticket struct {
 
 	m                     *member
 	accepted, first, done bool
+	// remote: another router's request, mirrored here (see Enter); the
+	// router learns nothing from its timings.
+	remote bool
 }
 
 // Candidate is a replica a decision ranked, with what the router believed
@@ -200,6 +203,37 @@ func (r *Router) Dispatch(now time.Duration, req *route.Request, rng *rand.Rand,
 		}
 	}
 	return Ticket{}, fallbacks[:0], route.ErrNoReplica
+}
+
+// Enter mirrors another router's request in this router's state: it joins
+// replica id's ledger as if this router had sent it there, with the cached
+// prefix this router believes the replica holds, and (with Accepted) its
+// prompt joins the replica's share of the prefix index; FirstToken and
+// Finish then follow it as the other router reports them. Routers that
+// share their ledgers and prefix inserts (a mesh) do this with each
+// other's requests. It reports false for a replica this router does not
+// have or that is not active.
+func (r *Router) Enter(now time.Duration, id string, req *route.Request) (Ticket, bool) {
+	m, err := r.member(id)
+	if err != nil {
+		return Ticket{}, false
+	}
+	r.decMu.Lock() // guards the depth scratch
+	r.ixMu.RLock()
+	if k := r.index.Slots(); len(r.depth) < k {
+		r.depth = make([]int, k)
+	}
+	r.index.Match(req.Blocks, r.depth)
+	cached := 0
+	if !m.gone.Load() {
+		cached = r.depth[m.slot] * r.cfg.BlockTokens
+	}
+	r.ixMu.RUnlock()
+	r.decMu.Unlock()
+	c := Candidate{ID: id, EstCachedTokens: min(cached, req.PromptTokens), RTT: time.Duration(m.rttNS.Load()), m: m, at: now}
+	t, ok := r.enter(&c, req)
+	t.remote = true
+	return t, ok
 }
 
 // Redispatch enters the request in a fallback's ledger at time now, if
@@ -374,6 +408,9 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 	t.first = true
 	t.m.backlog.Add(-int64(t.uncached()))
 	t.m.decoding.Add(1)
+	if t.remote {
+		return
+	}
 	t.m.observeBias(t.Sent+ttft, float64(ttft)/1e6-t.Predicted)
 	t.m.observeTTFT(t.uncached(), t.Backlog, float64(ttft-t.RTT)/1e6)
 }
@@ -414,7 +451,7 @@ func (r *Router) Finish(t *Ticket) {
 // ITL model, the length the router's output estimate. Call it before
 // Finish, for requests that completed.
 func (r *Router) Decoded(t *Ticket, outputTokens int, decode time.Duration) {
-	if t.done || t.m == nil || outputTokens < 1 {
+	if t.done || t.m == nil || outputTokens < 1 || t.remote {
 		return
 	}
 	for {

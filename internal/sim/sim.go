@@ -60,6 +60,9 @@ type Config struct {
 	// replayer asks for exactly the trace's output (max_tokens with
 	// ignore_eos), so the cap is tight; real clients' caps are looser.
 	HideMaxTokens bool
+	// Mesh, if set, runs a router in each of several regions (then Policy
+	// is unused); nil runs one router with Policy, its clients beside it.
+	Mesh *Mesh
 }
 
 // FleetOp is a change of the fleet.
@@ -145,6 +148,15 @@ const (
 	evScrapeBack                  // the gauges reach the router
 	evFleet                       // fleet event req happens
 	evRelease                     // admission goes through its queue (a tick while it holds requests)
+	evAtRouter                    // request req reaches its router (a mesh: after the client's leg)
+	evRemote                      // site hears of request req's dispatch, first token or end (gen: which)
+)
+
+// What an evRemote reports.
+const (
+	remoteDispatch = iota
+	remoteFirst
+	remoteFinish
 )
 
 // admissionTick is how often the router goes through its admission queue
@@ -156,6 +168,7 @@ type event struct {
 	t    time.Duration
 	seq  uint64
 	kind eventKind
+	site int16 // the router (probes, scrapes, evRemote)
 	rep  int32
 	req  int32
 	gen  uint32
@@ -170,8 +183,11 @@ type scrape struct {
 // reqState is what the simulator tracks per request.
 type reqState struct {
 	replica int32
+	site    int16 // its router
 	ticket  router.Ticket
 	rtt     time.Duration
+	// leg is the round trip between the client and its router (a mesh).
+	leg time.Duration
 	// arrived is when the request reached the router, sent when the
 	// router dispatched it (later only if admission held it).
 	arrived     time.Duration
@@ -210,13 +226,12 @@ type simulator struct {
 	done    int
 	nEvents int64
 
-	router   *router.Router
+	sites    []*site // the routers: one, or a mesh's
 	probeRNG *rand.Rand
 	sig      Signals
 	rreq     route.Request
 	evBuf    []engine.Event
 	oracle   *clairvoyant
-	learner  route.Learner
 
 	scrapes []scrape // gauges in flight to the router, by event
 
@@ -230,8 +245,13 @@ func Run(cfg Config) (*Result, error) {
 	if len(cfg.Replicas) == 0 {
 		return nil, errors.New("sim: no replicas")
 	}
-	if cfg.Policy == nil {
+	if cfg.Policy == nil && cfg.Mesh == nil {
 		return nil, errors.New("sim: no policy")
+	}
+	if cfg.Mesh != nil {
+		if err := checkMesh(&cfg); err != nil {
+			return nil, err
+		}
 	}
 	if cfg.MaxInflight < 0 {
 		return nil, errors.New("sim: max in flight must not be negative")
@@ -258,7 +278,6 @@ func Run(cfg Config) (*Result, error) {
 		c.s = s
 		s.oracle = c
 	}
-	s.learner, _ = cfg.Policy.(route.Learner)
 	if cfg.Admission.SLO > 0 {
 		s.gate = admit.New[int32](cfg.Admission)
 	}
@@ -269,22 +288,23 @@ func Run(cfg Config) (*Result, error) {
 	for i := range s.jit {
 		s.jit[i] = net.NormFloat64()
 	}
-	rt, err := router.New(router.Config{Policy: cfg.Policy, BlockTokens: trace.BlockTokens,
-		RTTAlpha: sig.RTTAlpha, OnlineRates: sig.OnlineRates, TieMargin: cfg.TieMargin})
-	if err != nil {
-		return nil, fmt.Errorf("sim: %w", err)
+	if err := s.buildSites(); err != nil {
+		return nil, err
 	}
-	s.router = rt
-	// The router probes every replica once before serving, then
+	// Each router probes every replica once before serving, then
 	// periodically; it scrapes metrics from the start.
 	for _, r := range cfg.Replicas {
 		i, err := s.addReplica(r)
 		if err != nil {
 			return nil, err
 		}
-		rt.ObserveRTT(r.ID, s.probeRTT(i))
-		s.push(event{t: sig.ProbeInterval, kind: evProbe, rep: int32(i)})
-		s.push(event{t: 0, kind: evScrape, rep: int32(i)})
+		for k, st := range s.sites {
+			if st.routes(r.ID) {
+				st.rt.ObserveRTT(r.ID, s.probeRTT(k, i))
+				s.push(event{t: sig.ProbeInterval, kind: evProbe, site: int16(k), rep: int32(i)})
+				s.push(event{t: 0, kind: evScrape, site: int16(k), rep: int32(i)})
+			}
+		}
 	}
 	for i := 1; i < len(cfg.Requests); i++ {
 		if cfg.Requests[i].Time < cfg.Requests[i-1].Time {
@@ -307,8 +327,12 @@ func Run(cfg Config) (*Result, error) {
 			if cfg.MaxInflight > 0 && s.inflght >= cfg.MaxInflight {
 				s.backlog = append(s.backlog, ev.req)
 			} else {
-				s.arrive(ev.t, int(ev.req))
+				s.send(ev.t, int(ev.req))
 			}
+		case evAtRouter:
+			s.arrive(ev.t, int(ev.req))
+		case evRemote:
+			s.remote(ev.t, int(ev.site), int(ev.req), int(ev.gen))
 		case evAtEngine:
 			s.atEngine(ev.t, int(ev.req))
 		case evEngine:
@@ -321,8 +345,10 @@ func Run(cfg Config) (*Result, error) {
 			s.reschedule(int(ev.rep))
 		case evFirstBack:
 			st := &s.reqs[ev.req]
-			s.router.FirstToken(&st.ticket, ev.t-st.sent)
-			s.router.CachedReport(&st.ticket, st.cached)
+			rt := s.sites[st.site].rt
+			rt.FirstToken(&st.ticket, ev.t-st.sent)
+			rt.CachedReport(&st.ticket, st.cached)
+			s.share(ev.t, int(ev.req), remoteFirst)
 			s.release(ev.t)
 		case evBack:
 			s.back(ev.t, int(ev.req))
@@ -336,17 +362,19 @@ func Run(cfg Config) (*Result, error) {
 			s.tick = false
 			s.release(ev.t)
 		case evProbe:
-			if s.done < len(s.reqs) && s.router.Has(s.reps[ev.rep].cfg.ID) {
-				rtt := s.probeRTT(int(ev.rep))
-				s.push(event{t: ev.t + rtt, kind: evProbeBack, rep: ev.rep, rtt: rtt})
-				s.push(event{t: ev.t + sig.ProbeInterval, kind: evProbe, rep: ev.rep})
+			st := s.sites[ev.site]
+			if s.done < len(s.reqs) && st.rt.Has(s.reps[ev.rep].cfg.ID) {
+				rtt := s.probeRTT(int(ev.site), int(ev.rep))
+				s.push(event{t: ev.t + rtt, kind: evProbeBack, site: ev.site, rep: ev.rep, rtt: rtt})
+				s.push(event{t: ev.t + sig.ProbeInterval, kind: evProbe, site: ev.site, rep: ev.rep})
 			}
 		case evProbeBack:
-			s.router.ObserveRTT(s.reps[ev.rep].cfg.ID, ev.rtt)
+			s.sites[ev.site].rt.ObserveRTT(s.reps[ev.rep].cfg.ID, ev.rtt)
 		case evScrape:
-			if s.done < len(s.reqs) && s.router.Has(s.reps[ev.rep].cfg.ID) {
-				s.push(event{t: ev.t + s.reps[ev.rep].cfg.RTT/2, kind: evScrapeAt, rep: ev.rep})
-				s.push(event{t: ev.t + sig.ScrapeInterval, kind: evScrape, rep: ev.rep})
+			st := s.sites[ev.site]
+			if s.done < len(s.reqs) && st.rt.Has(s.reps[ev.rep].cfg.ID) {
+				s.push(event{t: ev.t + st.rtt[ev.rep]/2, kind: evScrapeAt, site: ev.site, rep: ev.rep})
+				s.push(event{t: ev.t + sig.ScrapeInterval, kind: evScrape, site: ev.site, rep: ev.rep})
 			}
 		case evScrapeAt:
 			r := int(ev.rep)
@@ -354,9 +382,9 @@ func Run(cfg Config) (*Result, error) {
 			s.reschedule(r)
 			g := s.reps[r].eng.Gauges()
 			s.scrapes = append(s.scrapes, scrape{gauges: route.EngineGauges{Running: g.Running, Waiting: g.Waiting, KVUsedTokens: g.KVUsedTokens, CacheHitRate: g.CacheHitRate}})
-			s.push(event{t: ev.t + s.reps[r].cfg.RTT/2, kind: evScrapeBack, rep: ev.rep, req: int32(len(s.scrapes) - 1)})
+			s.push(event{t: ev.t + s.sites[ev.site].rtt[r]/2, kind: evScrapeBack, site: ev.site, rep: ev.rep, req: int32(len(s.scrapes) - 1)})
 		case evScrapeBack:
-			s.router.ObserveEngine(s.reps[ev.rep].cfg.ID, s.scrapes[ev.req].gauges, ev.t)
+			s.sites[ev.site].rt.ObserveEngine(s.reps[ev.rep].cfg.ID, s.scrapes[ev.req].gauges, ev.t)
 		}
 	}
 	return s.result(), nil
@@ -377,8 +405,20 @@ func (s *simulator) addReplica(r Replica) (int, error) {
 	rc := router.ReplicaConfig{ID: r.ID, Region: r.Region, KVCapacityTokens: eng.Gauges().KVCapacityTokens,
 		PrefillMSPerToken: prior.PrefillMSPerToken(), QueueMSPerToken: prior.QueueMSPerToken(),
 		ITLBaseMS: prior.ITLMS(), ITLSlopeMS: prior.ITLSlopeMS()}
-	if err := s.router.Add(rc); err != nil {
-		return 0, fmt.Errorf("sim: %w", err)
+	for _, st := range s.sites {
+		rtt, jitter := r.RTT, r.Jitter
+		if m := s.cfg.Mesh; m != nil {
+			if rtt, jitter, err = m.RTT(st.region, r.Region); err != nil {
+				return 0, fmt.Errorf("sim: replica %s: %w", r.ID, err)
+			}
+		}
+		st.rtt, st.jitter = append(st.rtt, rtt), append(st.jitter, jitter)
+		if !st.routes(r.ID) {
+			continue
+		}
+		if err := st.rt.Add(rc); err != nil {
+			return 0, fmt.Errorf("sim: %w", err)
+		}
 	}
 	s.reps = append(s.reps, replicaState{cfg: r, eng: eng})
 	s.byID[r.ID] = len(s.reps) - 1
@@ -421,19 +461,19 @@ func (s *simulator) fleetEvent(now time.Duration, ev FleetEvent) error {
 		s.push(event{t: now, kind: evScrape, rep: int32(i)})
 		return nil
 	case OpDrain:
-		return s.router.Drain(ev.ID)
+		return s.sites[0].rt.Drain(ev.ID)
 	case OpUndrain:
-		return s.router.Undrain(ev.ID)
+		return s.sites[0].rt.Undrain(ev.ID)
 	case OpRemove:
-		return s.router.Remove(ev.ID)
+		return s.sites[0].rt.Remove(ev.ID)
 	}
 	return fmt.Errorf("unknown operation %q", ev.Op)
 }
 
-// probeRTT draws a probe's round trip to replica i.
-func (s *simulator) probeRTT(i int) time.Duration {
-	r := &s.reps[i].cfg
-	return sampleRTT(r.RTT, r.Jitter, s.probeRNG.NormFloat64())
+// probeRTT draws a probe's round trip from site k to replica i.
+func (s *simulator) probeRTT(k, i int) time.Duration {
+	st := s.sites[k]
+	return sampleRTT(st.rtt[i], st.jitter[i], s.probeRNG.NormFloat64())
 }
 
 func (s *simulator) push(ev event) {
@@ -486,7 +526,7 @@ func (s *simulator) schedule(now time.Duration) {
 // predict is the router's TTFT forecast for request i now.
 func (s *simulator) predict(i int32) (admit.Prediction, bool) {
 	s.request(int(i))
-	best, floor, err := s.router.Predict(s.now, &s.rreq)
+	best, floor, err := s.sites[0].rt.Predict(s.now, &s.rreq)
 	return admit.Prediction{Best: best, Floor: floor}, err == nil
 }
 
@@ -528,7 +568,7 @@ func (s *simulator) dispatch(now time.Duration, i int) {
 	if s.oracle != nil {
 		s.oracle.now, s.oracle.req = now, i
 	}
-	t, err := s.router.Route(now, &s.rreq, s.rng)
+	t, err := s.sites[st.site].rt.Route(now, &s.rreq, s.rng)
 	if err != nil {
 		st.replica = -1
 		st.failed, st.err = true, err.Error()
@@ -542,12 +582,13 @@ func (s *simulator) dispatch(now time.Duration, i int) {
 	rs := &s.reps[r]
 	rs.transit = append(rs.transit, int32(i))
 	s.push(event{t: now + st.rtt/2, kind: evAtEngine, req: int32(i)})
+	s.share(now, i, remoteDispatch)
 }
 
 // requestRTT is request i's round trip if sent to replica r.
 func (s *simulator) requestRTT(i, r int) time.Duration {
-	rep := &s.reps[r].cfg
-	return sampleRTT(rep.RTT, rep.Jitter, s.jit[i])
+	st := s.sites[s.reqs[i].site]
+	return sampleRTT(st.rtt[r], st.jitter[r], s.jit[i])
 }
 
 // sampleRTT draws a round trip of mean and standard deviation sd from a
@@ -611,11 +652,13 @@ func (s *simulator) reschedule(r int) {
 func (s *simulator) back(now time.Duration, i int) {
 	st := &s.reqs[i]
 	if st.replica >= 0 {
+		site := s.sites[st.site]
 		if !st.failed {
-			s.router.Decoded(&st.ticket, st.output, st.done-st.first)
+			site.rt.Decoded(&st.ticket, st.output, st.done-st.first)
 		}
-		s.router.Finish(&st.ticket)
-		if s.learner != nil {
+		site.rt.Finish(&st.ticket)
+		s.share(now, i, remoteFinish)
+		if site.learner != nil {
 			o := route.Outcome{Failed: st.failed}
 			if !st.failed {
 				o.TTFT, o.E2E = st.first-st.sent, st.done-st.sent
@@ -623,7 +666,7 @@ func (s *simulator) back(now time.Duration, i int) {
 					o.ITL = (st.done - st.first) / time.Duration(st.output-1)
 				}
 			}
-			s.learner.Learn(st.ticket.Tag, o)
+			site.learner.Learn(st.ticket.Tag, o)
 		}
 	}
 	s.inflght--
@@ -634,19 +677,21 @@ func (s *simulator) back(now time.Duration, i int) {
 	if s.bHead < len(s.backlog) {
 		next := s.backlog[s.bHead]
 		s.bHead++
-		s.arrive(now, int(next))
+		s.send(now, int(next))
 	}
 }
 
 func (s *simulator) result() *Result {
-	res := &Result{Policy: s.cfg.Policy.Name(), Events: s.nEvents, Records: make([]report.Record, len(s.reqs))}
+	res := &Result{Policy: s.name(), Events: s.nEvents, Records: make([]report.Record, len(s.reqs))}
 	if s.oracle != nil {
 		res.OracleSteps = s.oracle.steps
 	}
-	res.IndexResets = s.router.IndexResets()
+	for _, st := range s.sites {
+		res.IndexResets += st.rt.IndexResets()
+	}
 	ids := make([]string, len(s.reps))
 	for k, r := range s.reps {
-		p, q, _ := s.router.Rates(r.cfg.ID) // 0, 0 for a replica removed
+		p, q, _ := s.sites[0].rt.Rates(r.cfg.ID) // 0, 0 for a replica removed (or not routed to)
 		res.Rates = append(res.Rates, [2]float64{p, q})
 		ids[k] = r.cfg.ID
 		g := r.eng.Gauges()
@@ -659,7 +704,7 @@ func (s *simulator) result() *Result {
 			Index:        i,
 			Session:      tr.Session,
 			Arrival:      toMS(tr.Time),
-			Slip:         toMS(st.arrived - tr.Time),
+			Slip:         toMS(st.arrived - st.leg/2 - tr.Time),
 			PromptTokens: tr.InputTokens,
 			Failed:       st.failed,
 			Rejected:     st.rejected,
@@ -672,8 +717,8 @@ func (s *simulator) result() *Result {
 			rec.Estimated = true
 		}
 		if !st.failed {
-			rec.TTFT = toMS(st.first - st.arrived)
-			rec.E2E = toMS(st.done - st.arrived)
+			rec.TTFT = toMS(st.first - st.arrived + st.leg)
+			rec.E2E = toMS(st.done - st.arrived + st.leg)
 			rec.CachedTokens = st.cached
 			rec.OutputTokens = st.output
 			if st.output > 1 {

@@ -46,12 +46,17 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	quiet := fs.Bool("quiet", false, "no progress or header lines")
 	var af admissionFlags
 	af.register(fs)
+	var mf meshFlags
+	mf.register(fs)
 	split := fs.String("split", "", "also print a table per part of the run, split at these comma-separated `TIMES` of arrival (e.g. 10m,15m: before, during and after a drain)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if t, _ := sim.LoadTopology(ff.topology); t.IsMesh() {
+		return runMeshSim(stdout, stderr, &wl, &ff, &pf, &mf, *policies, *jsonOut, *quiet, fs)
 	}
 	modes, err := af.modes()
 	if err != nil {

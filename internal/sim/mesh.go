@@ -17,6 +17,8 @@ import (
 // clients arrive in ingress regions, each served by one router (site), and
 // TTFT and E2E run from the client, the client-to-router leg included.
 type Mesh struct {
+	// Label names the run (default: the first site's policy).
+	Label string
 	// Sites are the routers.
 	Sites []Site
 	// Ingress are the regions clients arrive in; each session stays in
@@ -240,8 +242,11 @@ func (s *simulator) buildSites() error {
 
 // name is the run's label: its policy's, or a mesh's first site's.
 func (s *simulator) name() string {
-	if s.cfg.Mesh != nil {
-		return s.cfg.Mesh.Sites[0].Policy.Name()
+	if m := s.cfg.Mesh; m != nil {
+		if m.Label != "" {
+			return m.Label
+		}
+		return m.Sites[0].Policy.Name()
 	}
 	return s.cfg.Policy.Name()
 }

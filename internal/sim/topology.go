@@ -35,6 +35,35 @@ type Topology struct {
 	Replicas     []ReplicaSpec `yaml:"replicas"`
 	// Events change the fleet during a run.
 	Events []EventSpec `yaml:"events"`
+	// Mesh makes the topology a mesh: clients in several regions, and a
+	// router in each (see Arrangement).
+	Mesh *MeshSpec `yaml:"mesh"`
+}
+
+// MeshSpec is a mesh as a topology file gives it. Round trips between
+// regions come from the topology's matrix (rtt_matrix_ms or _csv) and its
+// regions' rtt_ms (from router_region); within a region, LocalRTTMS.
+type MeshSpec struct {
+	Ingress []IngressSpec `yaml:"ingress"`
+	// Routers are the regions with a router (default: every ingress
+	// region); Central is the one router of the central arrangement
+	// (default router_region).
+	Routers []string `yaml:"routers"`
+	Central string   `yaml:"central"`
+	// LocalRTTMS is a round trip within a region (default: router_region's
+	// rtt_ms).
+	LocalRTTMS *float64 `yaml:"local_rtt_ms"`
+	// JitterFraction is a round trip's standard deviation as a fraction of
+	// its mean (default 0.25, the paper's measurements' ratio).
+	JitterFraction *float64 `yaml:"jitter_fraction"`
+}
+
+// IngressSpec is a region clients arrive in: its share of the traffic,
+// and its time zone (UTC offset in hours), which shifts its daily curve.
+type IngressSpec struct {
+	Region    string  `yaml:"region"`
+	Share     float64 `yaml:"share"`
+	UTCOffset float64 `yaml:"utc_offset_h"`
 }
 
 // EventSpec is a scripted change of the fleet at a time of the run, as a
@@ -163,6 +192,33 @@ var presets = map[string]Topology{
 			{Region: "ap-seoul", Profile: "paper"},
 		},
 	},
+}
+
+func init() {
+	mesh := func(name string, count int) Topology {
+		t := presets["paper"]
+		t.Name = name
+		t.RTTMatrixMS = map[string]map[string]float64{
+			// Frankfurt to Seoul: Azure's measured 217 ms scaled as the
+			// paper's two measured legs are (279/93 and 456/185 ms; ×2.73).
+			"eu-frankfurt": {"ap-seoul": 593},
+		}
+		t.Replicas = nil
+		for _, r := range presets["paper"].Replicas {
+			r.Count = &count
+			t.Replicas = append(t.Replicas, r)
+		}
+		t.Mesh = &MeshSpec{Ingress: []IngressSpec{
+			{Region: "us-ashburn", Share: 0.45, UTCOffset: -5},
+			{Region: "eu-frankfurt", Share: 0.30, UTCOffset: 1},
+			{Region: "ap-seoul", Share: 0.25, UTCOffset: 9},
+		}}
+		return t
+	}
+	// The paper's three regions with clients in each and a router in each
+	// (one replica per region; two in paper-mesh-2).
+	presets["paper-mesh"] = mesh("paper-mesh", 1)
+	presets["paper-mesh-2"] = mesh("paper-mesh-2", 2)
 }
 
 // TopologyNames lists the built-in topologies.

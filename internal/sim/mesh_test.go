@@ -1,0 +1,130 @@
+package sim
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+func meshRun(t *testing.T, arrangement string, sharing Sharing, reqs []trace.Request) *Result {
+	t.Helper()
+	top, err := LoadTopology("paper-mesh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := top.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := top.Arrangement(arrangement, reps, sharing, 0, 0, func(name, region string) (route.Policy, error) {
+		return route.New(name, route.Options{Region: region})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: 1, MaxInflight: DefaultMaxInflight})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// A lone request from a client in Seoul: the central router in Ashburn
+// sends it back across the world, the router in Seoul serves it next door;
+// TTFT counts the client's leg to its router.
+func TestMeshCountsTheClientsLeg(t *testing.T) {
+	var reqs []trace.Request
+	for i := range 60 {
+		reqs = append(reqs, request(time.Duration(i)*10*time.Second, uint64(i+1), 1000, 4))
+	}
+	central := meshRun(t, ArrangeCentral, ShareNone, reqs)
+	mesh := meshRun(t, "gorgo-ms", ShareNone, reqs)
+	prefill := 60.0 // 1,000 tokens at the paper's 60 µs each
+	for i := range reqs {
+		c, m := central.Records[i], mesh.Records[i]
+		if c.Failed || m.Failed {
+			t.Fatalf("request %d failed", i)
+		}
+		// An idle fleet: the mesh router picks its own region's replica,
+		// and the client pays two local legs (37 ms each, ±25%).
+		if m.TTFT > 2*37*1.8+prefill+20 {
+			t.Errorf("request %d: mesh TTFT %.0f ms, want two local round trips and the prefill", i, m.TTFT)
+		}
+		if c.TTFT < m.TTFT {
+			t.Errorf("request %d: central (%.0f ms) beat a router next door (%.0f ms)", i, c.TTFT, m.TTFT)
+		}
+	}
+	if central.Run.TTFT.P95 < mesh.Run.TTFT.P95+100 {
+		t.Errorf("central p95 %.0f, mesh %.0f: the clients far from Ashburn should pay for the detour", central.Run.TTFT.P95, mesh.Run.TTFT.P95)
+	}
+}
+
+// Sessions stay in their region, the shares hold, and region-local
+// routers use only their region's replicas.
+func TestMeshIngressAndRegionLocal(t *testing.T) {
+	reqs, err := trace.Generate(trace.GenConfig{Preset: "artchat", Seed: 2, Duration: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, _ := LoadTopology("paper-mesh")
+	reps, _ := top.Resolve()
+	m, err := top.Arrangement(ArrangeRegionLocal, reps, ShareNone, 0, 0, func(name, region string) (route.Policy, error) {
+		return route.New(name, route.Options{Region: region})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := assignIngress(m, reqs, 1)
+	bySession := map[string]int16{}
+	count := make([]int, len(m.Ingress))
+	for i, r := range reqs {
+		if k, ok := bySession[r.Session]; ok && k != in[i] {
+			t.Fatalf("session %s moved from ingress %d to %d", r.Session, k, in[i])
+		}
+		bySession[r.Session] = in[i]
+		count[in[i]]++
+	}
+	for k, c := range count {
+		share := float64(c) / float64(len(reqs))
+		if want := m.Ingress[k].Share; share < want-0.12 || share > want+0.12 {
+			t.Errorf("%s: %.2f of requests, share %.2f", m.Ingress[k].Region, share, want)
+		}
+	}
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: 1, MaxInflight: DefaultMaxInflight})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, rec := range res.Records {
+		if want := m.Ingress[in[i]].Region; rec.Replica != want {
+			t.Fatalf("request %d from %s served by %s", i, want, rec.Replica)
+		}
+	}
+}
+
+// Routers that share their requests see each other's load and cache: the
+// router's belief of the cache hit ratio comes close to the engines'
+// truth, where routers that do not share over-believe it; and the runs are
+// deterministic.
+func TestMeshSharing(t *testing.T) {
+	reqs, err := trace.Generate(trace.GenConfig{Preset: "artchat", Seed: 3, Duration: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := meshRun(t, route.DefaultName, ShareNone, reqs)
+	shared := meshRun(t, route.DefaultName, ShareDelayed, reqs)
+	omni := meshRun(t, route.DefaultName, ShareInstant, reqs)
+	gap := func(r *Result) float64 { return *r.Run.EstCacheHitRatio - r.Run.CacheHitRatio }
+	if gap(local) < 0.05 || gap(shared) > gap(local)/2 || gap(omni) > gap(local)/2 {
+		t.Errorf("belief minus truth of the hit ratio: local %.3f, shared %.3f, omniscient %.3f", gap(local), gap(shared), gap(omni))
+	}
+	for _, r := range []*Result{local, shared, omni} {
+		if r.Run.Failed != 0 || r.Run.Completed != len(reqs) {
+			t.Errorf("%s: %d failed", r.Policy, r.Run.Failed)
+		}
+	}
+	if again := meshRun(t, route.DefaultName, ShareDelayed, reqs); again.Run.TTFT != shared.Run.TTFT {
+		t.Error("a mesh run is not deterministic")
+	}
+}

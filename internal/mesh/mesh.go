@@ -1,0 +1,289 @@
+// Package mesh shares routing state between gorgo routers in different
+// regions, over NATS: each router tells the others of its own requests
+// (dispatch with the prompt's blocks, first token, end), and mirrors
+// theirs in its router.Router (Router.Enter), so that each sees the whole
+// fleet's load and prefix caches, a one-way delay late. The simulator
+// measured that this pays (docs/results.md, part 7).
+//
+// The sharing is best-effort. A router that loses the bus forgets what it
+// mirrored and routes on its own signals until it is back; the others
+// forget a router they stop hearing from (heartbeats); a mirror whose end
+// never came is dropped after RemoteTTL. Nothing a router does for its own
+// requests waits on the bus.
+package mesh
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/router"
+)
+
+// Config configures a router's connection to the mesh bus.
+type Config struct {
+	// URL is the NATS server (or cluster) to use, e.g. nats://host:4222.
+	URL string `yaml:"url"`
+	// Name is this router's name, unique in the mesh (default the region).
+	Name string `yaml:"name"`
+	// Subject is the NATS subject the routers share (default gorgo.mesh).
+	Subject string `yaml:"subject"`
+	// Heartbeat is how often a router says it is alive (default 2 s); a
+	// router not heard from for 5 heartbeats is forgotten.
+	Heartbeat time.Duration `yaml:"heartbeat"`
+	// RemoteTTL drops a mirrored request whose end never came (default
+	// 10 min).
+	RemoteTTL time.Duration `yaml:"remote_ttl"`
+}
+
+func (c *Config) defaults() {
+	if c.Subject == "" {
+		c.Subject = "gorgo.mesh"
+	}
+	if c.Heartbeat <= 0 {
+		c.Heartbeat = 2 * time.Second
+	}
+	if c.RemoteTTL <= 0 {
+		c.RemoteTTL = 10 * time.Minute
+	}
+}
+
+// Validate reports a config that cannot work.
+func (c Config) Validate() error {
+	switch {
+	case c.URL == "":
+		return errors.New("mesh: url is required")
+	case c.Name == "":
+		return errors.New("mesh: name is required (default: the router's region)")
+	case c.Heartbeat < 0 || c.RemoteTTL < 0:
+		return errors.New("mesh: heartbeat and remote_ttl must not be negative")
+	}
+	return nil
+}
+
+// Event kinds.
+const (
+	kindDispatch = "d"
+	kindFirst    = "f"
+	kindEnd      = "e"
+	kindAlive    = "h"
+)
+
+// event is what a router tells the others.
+type event struct {
+	Router  string   `json:"r"`
+	Kind    string   `json:"k"`
+	ID      uint64   `json:"i,omitempty"`
+	Replica string   `json:"rep,omitempty"`
+	Prompt  int      `json:"p,omitempty"`
+	Blocks  []uint64 `json:"b,omitempty"`
+}
+
+type key struct {
+	router string
+	id     uint64
+}
+
+type mirror struct {
+	t  router.Ticket
+	at time.Time
+}
+
+// Bus is one router's connection to the mesh.
+type Bus struct {
+	cfg Config
+	rt  *router.Router
+	now func() time.Duration // the router's clock
+	log *slog.Logger
+	nc  *nats.Conn
+
+	mu        sync.Mutex
+	remote    map[key]*mirror
+	seen      map[string]time.Time // other routers, when last heard from
+	stop      chan struct{}
+	stopped   sync.WaitGroup
+	closeOnce sync.Once
+
+	sent, applied, dropped atomic.Int64
+}
+
+// Connect joins the mesh: it mirrors the other routers' requests in rt
+// (whose clock is now) and tells them of this router's through the
+// methods of the lifecycle.Observer interface. It returns once the first
+// connection is up or fails; after that it reconnects on its own.
+func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.Logger) (*Bus, error) {
+	cfg.defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	b := &Bus{cfg: cfg, rt: rt, now: now, log: log, remote: map[key]*mirror{}, seen: map[string]time.Time{}, stop: make(chan struct{})}
+	nc, err := nats.Connect(cfg.URL, nats.Name("gorgo "+cfg.Name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectBufSize(1<<20),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			// What was mirrored will not be kept up to date: forget it,
+			// and route on this router's own signals until the bus is back.
+			n := b.forgetAll()
+			log.Warn("mesh bus lost: routing on this router's own state", "error", err, "forgotten", n)
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) { log.Info("mesh bus back") }))
+	if err != nil {
+		return nil, fmt.Errorf("mesh: connecting to %s: %w", cfg.URL, err)
+	}
+	b.nc = nc
+	if _, err := nc.Subscribe(cfg.Subject, b.receive); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("mesh: subscribing to %s: %w", cfg.Subject, err)
+	}
+	if err := nc.FlushTimeout(5 * time.Second); err != nil { // the subscription is in place
+		nc.Close()
+		return nil, fmt.Errorf("mesh: %s: %w", cfg.URL, err)
+	}
+	b.stopped.Add(1)
+	go b.housekeep()
+	return b, nil
+}
+
+// Close leaves the mesh, forgetting what was mirrored. Calling it again
+// does nothing.
+func (b *Bus) Close() {
+	b.closeOnce.Do(func() {
+		close(b.stop)
+		b.stopped.Wait()
+		b.nc.Close()
+		b.forgetAll()
+	})
+}
+
+// Connected reports whether the bus is up.
+func (b *Bus) Connected() bool { return b.nc.IsConnected() }
+
+// Conn is the NATS connection (for tests that cut it).
+func (b *Bus) Conn() *nats.Conn { return b.nc }
+
+// Counts returns the events published, the others' events applied, and
+// the mirrors dropped (their router went quiet, or their end never came).
+func (b *Bus) Counts() (sent, applied, dropped int64) {
+	return b.sent.Load(), b.applied.Load(), b.dropped.Load()
+}
+
+// Mirrors returns how many of the others' requests this router mirrors.
+func (b *Bus) Mirrors() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.remote)
+}
+
+// Dispatched tells the others that request attempt id went to replica.
+func (b *Bus) Dispatched(id uint64, replica string, req *route.Request) {
+	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks})
+}
+
+// FirstToken tells the others that attempt id produced its first token.
+func (b *Bus) FirstToken(id uint64) { b.publish(event{Kind: kindFirst, ID: id}) }
+
+// Finished tells the others that attempt id ended.
+func (b *Bus) Finished(id uint64) { b.publish(event{Kind: kindEnd, ID: id}) }
+
+// publish sends an event if the bus is up; it never blocks on the network
+// (the NATS client buffers), and drops the event when the bus is down.
+func (b *Bus) publish(e event) {
+	if !b.nc.IsConnected() {
+		return
+	}
+	e.Router = b.cfg.Name
+	data, err := json.Marshal(&e)
+	if err == nil && b.nc.Publish(b.cfg.Subject, data) == nil {
+		b.sent.Add(1)
+	}
+}
+
+func (b *Bus) receive(m *nats.Msg) {
+	var e event
+	if err := json.Unmarshal(m.Data, &e); err != nil || e.Router == "" || e.Router == b.cfg.Name {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.seen[e.Router] = time.Now()
+	k := key{e.Router, e.ID}
+	switch e.Kind {
+	case kindDispatch:
+		req := route.Request{PromptTokens: e.Prompt, Blocks: e.Blocks}
+		if _, dup := b.remote[k]; dup {
+			return
+		}
+		t, ok := b.rt.Enter(b.now(), e.Replica, &req)
+		if !ok {
+			return // a replica this router does not know, or not active
+		}
+		b.rt.Accepted(&t, &req)
+		b.remote[k] = &mirror{t: t, at: time.Now()}
+	case kindFirst:
+		if mr := b.remote[k]; mr != nil {
+			b.rt.FirstToken(&mr.t, 0)
+		}
+	case kindEnd:
+		if mr := b.remote[k]; mr != nil {
+			b.rt.Finish(&mr.t)
+			delete(b.remote, k)
+		}
+	case kindAlive:
+		return
+	default:
+		return
+	}
+	b.applied.Add(1)
+}
+
+// housekeep says this router is alive, and drops the mirrors of routers
+// gone quiet and of requests whose end never came.
+func (b *Bus) housekeep() {
+	defer b.stopped.Done()
+	tick := time.NewTicker(b.cfg.Heartbeat)
+	defer tick.Stop()
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-tick.C:
+		}
+		b.publish(event{Kind: kindAlive})
+		b.sweep(time.Now())
+	}
+}
+
+func (b *Bus) sweep(now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	quiet := 5 * b.cfg.Heartbeat
+	for k, mr := range b.remote {
+		if seen, ok := b.seen[k.router]; !ok || now.Sub(seen) > quiet || now.Sub(mr.at) > b.cfg.RemoteTTL {
+			b.rt.Finish(&mr.t)
+			delete(b.remote, k)
+			b.dropped.Add(1)
+		}
+	}
+}
+
+// forgetAll drops every mirror.
+func (b *Bus) forgetAll() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := len(b.remote)
+	for k, mr := range b.remote {
+		b.rt.Finish(&mr.t)
+		delete(b.remote, k)
+	}
+	b.dropped.Add(int64(n))
+	return n
+}

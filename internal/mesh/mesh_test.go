@@ -1,0 +1,174 @@
+package mesh
+
+import (
+	"io"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/router"
+)
+
+// natsServer runs an embedded NATS server for the test.
+func natsServer(t testing.TB) string {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(ns.Shutdown)
+	return ns.ClientURL()
+}
+
+// cutter is a TCP proxy to the NATS server whose connections can be cut.
+type cutter struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	down  bool
+}
+
+func newCutter(t *testing.T, target string) *cutter {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cutter{ln: ln}
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.mu.Lock()
+			if c.down {
+				c.mu.Unlock()
+				in.Close()
+				continue
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				c.mu.Unlock()
+				in.Close()
+				continue
+			}
+			c.conns = append(c.conns, in, out)
+			c.mu.Unlock()
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() { io.Copy(in, out); in.Close() }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); c.cut(true) })
+	return c
+}
+
+func (c *cutter) url() string { return "nats://" + c.ln.Addr().String() }
+
+// cut closes every connection; down keeps new ones out until restore.
+func (c *cutter) cut(down bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.down = down
+	for _, cn := range c.conns {
+		cn.Close()
+	}
+	c.conns = nil
+}
+
+func (c *cutter) restore() { c.mu.Lock(); c.down = false; c.mu.Unlock() }
+
+func newRouter(t testing.TB) *router.Router {
+	t.Helper()
+	p, _ := route.New("gorgo-ms", route.Options{})
+	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		if err := rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 16, PrefillMSPerToken: 0.06, QueueMSPerToken: 0.06}); err != nil {
+			t.Fatal(err)
+		}
+		rt.ObserveRTT(id, 10*time.Millisecond)
+	}
+	return rt
+}
+
+func eventually(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func inFlight(t *testing.T, rt *router.Router, id string) (int, int) {
+	st, err := rt.Replica(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.InFlight, st.IndexBlocks
+}
+
+func TestMirrorsTheOthersRequests(t *testing.T) {
+	url := natsServer(t)
+	cut := newCutter(t, url[len("nats://"):])
+	r1, r2 := newRouter(t), newRouter(t)
+	now := func() time.Duration { return 0 }
+	b1, err := Connect(Config{URL: url, Name: "us"}, r1, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b1.Close()
+	b2, err := Connect(Config{URL: cut.url(), Name: "eu", Heartbeat: 50 * time.Millisecond}, r2, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	req := route.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
+	b1.Dispatched(7, "a", &req)
+	eventually(t, "eu to mirror us's request", func() bool { n, blocks := inFlight(t, r2, "a"); return n == 1 && blocks == 4 })
+	if n, _ := inFlight(t, r1, "a"); n != 0 {
+		t.Errorf("us mirrored its own request: %d in flight", n)
+	}
+	b1.FirstToken(7)
+	eventually(t, "the first token", func() bool { st, _ := r2.Replica("a"); return st.Decoding == 1 && st.BacklogTokens == 0 })
+	b1.Finished(7)
+	eventually(t, "the end", func() bool { n, _ := inFlight(t, r2, "a"); return n == 0 })
+	if b2.Mirrors() != 0 {
+		t.Errorf("%d mirrors left", b2.Mirrors())
+	}
+	// An unknown replica is ignored; a duplicate dispatch too.
+	b1.Dispatched(8, "zz", &req)
+	b1.Dispatched(9, "b", &req)
+	b1.Dispatched(9, "b", &req)
+	eventually(t, "the second request", func() bool { n, _ := inFlight(t, r2, "b"); return n == 1 })
+	// eu loses the bus: it forgets what it mirrored and routes alone.
+	cut.cut(true)
+	eventually(t, "eu to forget", func() bool { n, _ := inFlight(t, r2, "b"); return n == 0 && !b2.Connected() })
+	if _, err := r2.Decide(0, &req, rand.New(rand.NewPCG(1, 1))); err != nil {
+		t.Fatalf("eu cannot route without the bus: %v", err)
+	}
+	// Back on the bus, it mirrors what comes next.
+	cut.restore()
+	eventually(t, "eu back on the bus", b2.Connected)
+	if err := b2.Conn().Flush(); err != nil { // its subscription is back in place
+		t.Fatal(err)
+	}
+	b1.Dispatched(10, "a", &req)
+	eventually(t, "a mirror after the reconnect", func() bool { n, _ := inFlight(t, r2, "a"); return n == 1 })
+	// us goes quiet (its end never comes): eu drops its mirror.
+	b1.Close()
+	eventually(t, "eu to drop a quiet router's mirrors", func() bool { n, _ := inFlight(t, r2, "a"); return n == 0 })
+}

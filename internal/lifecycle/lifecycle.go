@@ -17,6 +17,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -65,6 +66,18 @@ type Config struct {
 	// Admission holds or refuses requests predicted to miss a TTFT SLO
 	// (zero SLO: off); it must have passed Validate. Run RunAdmission.
 	Admission admit.Config
+	// Observer, if set, hears of every attempt a replica took, its first
+	// token and its end (a mesh bus telling the other routers).
+	Observer Observer
+}
+
+// Observer hears of the attempts a replica took: Dispatched when it took
+// one (with the request's view), FirstToken, and Finished when it ended,
+// however. Its methods must not block.
+type Observer interface {
+	Dispatched(id uint64, replica string, req *route.Request)
+	FirstToken(id uint64)
+	Finished(id uint64)
 }
 
 // Core is what the requests of one front end share.
@@ -74,6 +87,7 @@ type Core struct {
 	rng  *rand.Rand
 	pool sync.Pool
 	adm  *admission // nil without an SLO
+	ids  atomic.Uint64
 }
 
 // NewCore returns a Core.
@@ -136,6 +150,9 @@ type Request struct {
 	// admission dispatched it (Next hands the decision on).
 	held  chan verdict
 	ready bool
+	// attempt is the Observer's id of the attempt a replica took (0: none
+	// announced).
+	attempt uint64
 
 	sent, first, lastTok time.Time
 	tokens, cached       int
@@ -272,6 +289,7 @@ func (r *Request) Failed(e *Error, broken bool) {
 	c := r.core
 	c.Router.Finish(&r.ticket)
 	c.kickAdmission()
+	r.announceEnd()
 	r.active = false
 	r.last = e
 	if c.Metrics != nil {
@@ -299,7 +317,22 @@ func (r *Request) Failure() *Error {
 
 // Accepted records that the replica took the request (its answer is being
 // relayed): its prompt now enters the replica's share of the prefix index.
-func (r *Request) Accepted() { r.core.Router.Accepted(&r.ticket, &r.Route) }
+func (r *Request) Accepted() {
+	c := r.core
+	c.Router.Accepted(&r.ticket, &r.Route)
+	if c.Observer != nil && r.attempt == 0 {
+		r.attempt = c.ids.Add(1)
+		c.Observer.Dispatched(r.attempt, r.ticket.ID, &r.Route)
+	}
+}
+
+// announceEnd tells the Observer that the announced attempt ended.
+func (r *Request) announceEnd() {
+	if r.attempt != 0 {
+		r.core.Observer.Finished(r.attempt)
+		r.attempt = 0
+	}
+}
 
 // Chunk takes one streamed event of the answer, read at at.
 func (r *Request) Chunk(p *wire.Peek, at time.Time) {
@@ -308,6 +341,9 @@ func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 			r.first = at
 			r.core.Router.FirstToken(&r.ticket, at.Sub(r.sent))
 			r.core.kickAdmission()
+			if r.attempt != 0 {
+				r.core.Observer.FirstToken(r.attempt)
+			}
 		}
 		r.lastTok = at
 		r.tokens++
@@ -373,6 +409,7 @@ func (r *Request) End(o Outcome, at time.Time) int {
 		}
 		c.Router.Finish(&r.ticket)
 		c.kickAdmission()
+		r.announceEnd()
 		if r.cached >= 0 && status == http.StatusOK {
 			c.Router.CachedReport(&r.ticket, r.cached)
 		}
@@ -439,6 +476,7 @@ func (r *Request) Abandon() {
 	if r.active {
 		r.core.Router.Finish(&r.ticket)
 		r.core.kickAdmission()
+		r.announceEnd()
 		r.active = false
 	}
 	if m := r.core.Metrics; m != nil {

@@ -17,10 +17,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/gorgo-llm/gorgo/internal/route"
@@ -29,8 +32,13 @@ import (
 
 // Config configures a router's connection to the mesh bus.
 type Config struct {
-	// URL is the NATS server (or cluster) to use, e.g. nats://host:4222.
+	// URL is the NATS server (or cluster) to use, e.g. nats://host:4222;
+	// default: the embedded one.
 	URL string `yaml:"url"`
+	// Embed, if set, runs a NATS server inside this process on that
+	// address (host:port), for a mesh on one machine or for the other
+	// routers to join (see Serve).
+	Embed string `yaml:"embed"`
 	// Name is this router's name, unique in the mesh (default the region).
 	Name string `yaml:"name"`
 	// Subject is the NATS subject the routers share (default gorgo.mesh).
@@ -135,6 +143,7 @@ func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.
 			n := b.forgetAll()
 			log.Warn("mesh bus lost: routing on this router's own state", "error", err, "forgotten", n)
 		}),
+		nats.ClosedHandler(func(*nats.Conn) { b.forgetAll() }),
 		nats.ReconnectHandler(func(*nats.Conn) { log.Info("mesh bus back") }))
 	if err != nil {
 		return nil, fmt.Errorf("mesh: connecting to %s: %w", cfg.URL, err)
@@ -286,4 +295,32 @@ func (b *Bus) forgetAll() int {
 	}
 	b.dropped.Add(int64(n))
 	return n
+}
+
+// Serve runs a NATS server inside this process on listen (host:port; port
+// 0 picks one), for a mesh on one machine or as one node for the others
+// to join. It returns the server's client URL and a function that stops
+// it.
+func Serve(listen string) (url string, stop func(), err error) {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", nil, fmt.Errorf("mesh: serve %q: %w", listen, err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return "", nil, fmt.Errorf("mesh: serve %q: bad port", listen)
+	}
+	if p == 0 {
+		p = -1 // the server's "any port"
+	}
+	ns, err := server.NewServer(&server.Options{Host: host, Port: p, NoLog: true, NoSigs: true})
+	if err != nil {
+		return "", nil, fmt.Errorf("mesh: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		return "", nil, fmt.Errorf("mesh: the NATS server on %s did not start", listen)
+	}
+	return ns.ClientURL(), ns.Shutdown, nil
 }

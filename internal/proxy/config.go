@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"io"
 	"math"
 	"net/url"
@@ -100,6 +101,13 @@ type Config struct {
 	// can no longer make it gets the 429 too. Changing them needs a
 	// restart.
 	TTFTSLO        time.Duration `yaml:"ttft_slo"`
+	// Region is where this router runs: the region policies that prefer
+	// their own use (skywalker), and the default name on a mesh.
+	Region string `yaml:"region"`
+	// Mesh, if set, shares this router's requests with the other routers
+	// of a mesh, and mirrors theirs, over NATS (see package mesh). Needs a
+	// restart to change.
+	Mesh *mesh.Config `yaml:"mesh"`
 	Admission      admit.Mode    `yaml:"admission"`
 	AdmissionQueue int           `yaml:"admission_queue"`
 	// IdleTimeout closes a client's keep-alive connection idle this long
@@ -424,6 +432,18 @@ func (c Config) Validate() error {
 	}
 	if _, err := c.admission(); err != nil {
 		return fmt.Errorf("config: %w", err)
+	}
+	if m := c.Mesh; m != nil {
+		mc := *m
+		if mc.Name == "" {
+			mc.Name = c.Region
+		}
+		if mc.URL == "" && mc.Embed != "" {
+			mc.URL = "nats://" + mc.Embed // checked only for presence here
+		}
+		if err := mc.Validate(); err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
 	}
 	for _, w := range []*route.Weights{c.Weights, c.MSWeights, c.E2EWeights} {
 		if w != nil {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/discover"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
+	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/router"
@@ -40,6 +41,8 @@ type Server struct {
 	core   *lifecycle.Core
 	rt     *router.Router
 	policy route.Policy
+	bus    *mesh.Bus // nil off a mesh
+	nats   func()    // stops the embedded NATS server, if any
 	client *http.Client
 	start  time.Time
 	m      *metrics
@@ -177,8 +180,15 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 	}}
 	s.m = newMetrics(reg)
 	adm, _ := cfg.admission() // validated
+	var obs lifecycle.Observer
+	if cfg.Mesh != nil {
+		if err := s.joinMesh(*cfg.Mesh, cfg.Region); err != nil {
+			return nil, err
+		}
+		obs = s.bus
+	}
 	s.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken}, BlockTokens: cfg.BlockTokens,
-		MaxAttempts: cfg.MaxAttempts, Start: s.start, Health: s, Metrics: lifecycle.NewMetrics(reg), Seed: cfg.Seed, Admission: adm})
+		MaxAttempts: cfg.MaxAttempts, Start: s.start, Health: s, Metrics: lifecycle.NewMetrics(reg), Seed: cfg.Seed, Admission: adm, Observer: obs})
 	for _, rc := range cfg.Replicas {
 		if err := s.AddReplica(rc, sourceConfig); err != nil {
 			return nil, err
@@ -203,6 +213,7 @@ func (c *Config) options() route.Options {
 	if c.E2EWeights != nil {
 		o.E2EWeights = *c.E2EWeights
 	}
+	o.Region = c.Region
 	return o
 }
 
@@ -350,6 +361,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.run = nil
 	s.runMu.Unlock()
 	s.loops.Wait()
+	s.leaveMesh()
 	return nil
 }
 
@@ -486,3 +498,44 @@ func (s *Server) removeQuietly(id string) {
 		s.log.Error("replica not removed", "replica", id, "error", err)
 	}
 }
+
+// joinMesh connects to the mesh bus (running the embedded NATS server
+// first, if the config asks for one).
+func (s *Server) joinMesh(mc mesh.Config, region string) error {
+	if mc.Name == "" {
+		mc.Name = region
+	}
+	if mc.Embed != "" {
+		url, stop, err := mesh.Serve(mc.Embed)
+		if err != nil {
+			return err
+		}
+		s.nats = stop
+		if mc.URL == "" {
+			mc.URL = url
+		}
+	}
+	b, err := mesh.Connect(mc, s.rt, s.now, s.log)
+	if err != nil {
+		if s.nats != nil {
+			s.nats()
+		}
+		return err
+	}
+	s.bus = b
+	s.log.Info("joined the mesh", "name", mc.Name, "url", mc.URL)
+	return nil
+}
+
+// leaveMesh closes the bus and the embedded NATS server.
+func (s *Server) leaveMesh() {
+	if s.bus != nil {
+		s.bus.Close()
+	}
+	if s.nats != nil {
+		s.nats()
+	}
+}
+
+// Bus is the mesh bus (nil off a mesh).
+func (s *Server) Bus() *mesh.Bus { return s.bus }

@@ -162,6 +162,8 @@ func fixed(cur, next *Config) []string {
 	keep("connect_timeout", cur.ConnectTimeout, next.ConnectTimeout, func() { next.ConnectTimeout = cur.ConnectTimeout })
 	keep("seed", cur.Seed, next.Seed, func() { next.Seed = cur.Seed })
 	keep("ttft_slo", cur.TTFTSLO, next.TTFTSLO, func() { next.TTFTSLO = cur.TTFTSLO })
+	keep("region", cur.Region, next.Region, func() { next.Region = cur.Region })
+	keep("mesh", cur.Mesh, next.Mesh, func() { next.Mesh = cur.Mesh })
 	keep("admission", cur.Admission, next.Admission, func() { next.Admission = cur.Admission })
 	keep("admission_queue", cur.AdmissionQueue, next.AdmissionQueue, func() { next.AdmissionQueue = cur.AdmissionQueue })
 	keep("upstream_tls", cur.UpstreamTLS, next.UpstreamTLS, func() { next.UpstreamTLS = cur.UpstreamTLS })

@@ -1,0 +1,72 @@
+package proxy
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/mesh"
+)
+
+// Two routers over the same replicas share their requests over NATS; one
+// router's bus connection is cut mid-run: every request is still served,
+// and each router saw the other's requests while the bus was up.
+func TestMeshRoutersSurviveABusCut(t *testing.T) {
+	url, stop, err := mesh.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	a, b := startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 5*time.Millisecond, emulator.Faults{})
+	us, usURL := startProxy(t, Config{Region: "us", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}, a, b)
+	eu, euURL := startProxy(t, Config{Region: "eu", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}, a, b)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failed []string
+	served := 0
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 15 {
+				target := usURL
+				if (w+i)%2 == 1 {
+					target = euURL
+				}
+				res := chat(t, target, fmt.Sprintf("worker %d asks question %d about the mesh", w, i), 8)
+				mu.Lock()
+				if res.status != 200 || !res.done {
+					failed = append(failed, fmt.Sprintf("%d/%d: %d %s", w, i, res.status, res.err))
+				}
+				served++
+				if served == 30 { // mid-run: cut eu's bus
+					eu.Bus().Conn().Close()
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(failed) > 0 {
+		t.Fatalf("%d failed requests: %v", len(failed), failed)
+	}
+	if _, applied, _ := us.Bus().Counts(); applied == 0 {
+		t.Error("us never mirrored eu's requests")
+	}
+	if _, applied, _ := eu.Bus().Counts(); applied == 0 {
+		t.Error("eu never mirrored us's requests")
+	}
+	if eu.Bus().Connected() || eu.Bus().Mirrors() != 0 {
+		t.Errorf("eu after the cut: connected %v, %d mirrors kept", eu.Bus().Connected(), eu.Bus().Mirrors())
+	}
+	// us forgets the quiet router's requests (five heartbeats).
+	deadline := time.Now().Add(10 * time.Second)
+	for us.Bus().Mirrors() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("us still mirrors %d of eu's requests", us.Bus().Mirrors())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

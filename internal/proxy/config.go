@@ -100,16 +100,16 @@ type Config struct {
 	// at once with 429 and Retry-After (Admission: reject). A request that
 	// can no longer make it gets the 429 too. Changing them needs a
 	// restart.
-	TTFTSLO        time.Duration `yaml:"ttft_slo"`
+	TTFTSLO time.Duration `yaml:"ttft_slo"`
 	// Region is where this router runs: the region policies that prefer
 	// their own use (skywalker), and the default name on a mesh.
 	Region string `yaml:"region"`
 	// Mesh, if set, shares this router's requests with the other routers
 	// of a mesh, and mirrors theirs, over NATS (see package mesh). Needs a
 	// restart to change.
-	Mesh *mesh.Config `yaml:"mesh"`
-	Admission      admit.Mode    `yaml:"admission"`
-	AdmissionQueue int           `yaml:"admission_queue"`
+	Mesh           *mesh.Config `yaml:"mesh"`
+	Admission      admit.Mode   `yaml:"admission"`
+	AdmissionQueue int          `yaml:"admission_queue"`
 	// IdleTimeout closes a client's keep-alive connection idle this long
 	// (default 75 s, nginx's); ReadHeaderTimeout cuts a client that takes
 	// longer to send its request headers (default 10 s: slowloris).

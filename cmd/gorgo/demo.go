@@ -41,6 +41,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	policies := fs.String("policy", "default,gorgo,simple-session-affinity,round-robin", "comma-separated `POLICIES` to run: "+joinNames(route.Names()))
 	timeScale := fs.Float64("time-scale", 1, "multiply the workload's inter-arrival gaps by `F`")
 	seed := fs.Uint64("seed", 1, "random seed")
+	meshDemo := fs.Bool("mesh", false, "a router in every region instead: paper-mesh (clients 45/30/25% in the paper's three regions), central and region-local against the default policy in every region sharing state over NATS")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -49,6 +50,11 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	}
 	if !(*speedup >= 1 && *speedup <= 50) {
 		return fmt.Errorf("--speedup must be between 1 and 50, got %v", *speedup)
+	}
+	if *meshDemo {
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		return runDemoMesh(ctx, stdout, *duration, *speedup, *timeScale, *seed)
 	}
 	names := splitList(*policies)
 	for _, n := range names {

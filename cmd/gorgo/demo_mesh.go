@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/netem"
+	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/replay"
+	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/sim"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+// meshDemo is one arrangement of the live mesh demo.
+type meshDemo struct {
+	label       string
+	arrangement string
+	sharing     sim.Sharing
+}
+
+// demoMeshArrangements are what `gorgo demo --mesh` runs.
+var demoMeshArrangements = []meshDemo{
+	{"central", sim.ArrangeCentral, sim.ShareNone},
+	{"region-local", sim.ArrangeRegionLocal, sim.ShareNone},
+	{"default, shared", route.DefaultName, sim.ShareDelayed},
+}
+
+// runDemoMesh is `gorgo demo --mesh`: paper-mesh live, clients in every
+// region, each arrangement on the same traffic, the simulator beside.
+func runDemoMesh(ctx context.Context, stdout io.Writer, duration time.Duration, speedup, timeScale float64, seed uint64) error {
+	top, err := sim.LoadTopology("paper-mesh")
+	if err != nil {
+		return err
+	}
+	reps, err := top.Resolve()
+	if err != nil {
+		return err
+	}
+	wl := workloadFlags{preset: "artchat", duration: duration, timeScale: timeScale, seed: seed}
+	reqs, desc, err := wl.load()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "workload: %s\nmesh: %s: %s\nspeedup: %gx (model and network); TTFT and E2E from the client, its leg to its router included\n\n",
+		desc, top.Name, describeMesh(top, reps), speedup)
+	var live, predicted []report.Run
+	for _, d := range demoMeshArrangements {
+		newPolicy := func(name, region string) (route.Policy, error) {
+			return route.New(name, route.Options{Region: region})
+		}
+		m, err := top.Arrangement(d.arrangement, reps, d.sharing, 0, 0, newPolicy)
+		if err != nil {
+			return err
+		}
+		m.Label = d.label
+		fmt.Fprintf(stdout, "%-24s ", d.label)
+		start := time.Now()
+		run, err := demoMeshLive(ctx, top, reps, m, reqs, speedup, seed)
+		if err != nil {
+			return fmt.Errorf("%s: %w", d.label, err)
+		}
+		live = append(live, run)
+		// The simulator's prediction needs fresh policies.
+		if m, err = top.Arrangement(d.arrangement, reps, d.sharing, 0, 0, newPolicy); err != nil {
+			return err
+		}
+		m.Label = d.label
+		res, err := sim.Run(sim.Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: seed})
+		if err != nil {
+			return err
+		}
+		predicted = append(predicted, res.Run)
+		fmt.Fprintf(stdout, "%d requests in %v\n", run.Requests, time.Since(start).Round(100*time.Millisecond))
+	}
+	fmt.Fprintln(stdout, "\nlive (emulated replicas, a gorgo proxy per router region, a replayer per client region; real-time ms):")
+	if err := report.WriteTable(stdout, live); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "\nsimulated (the same workload and mesh in `gorgo sim --topology paper-mesh`):")
+	return report.WriteTable(stdout, predicted)
+}
+
+// demoMeshLive brings up the mesh m live: one emulator per replica, with a
+// listener per router region behind that pair's round trip; a proxy per
+// router, with a listener per client region behind the client's leg; a
+// replayer per client region. Times come back scaled to real time.
+func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *sim.Mesh, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var servers []*http.Server
+	defer func() {
+		for _, s := range servers {
+			s.Close()
+		}
+	}()
+	scale := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speedup) }
+	// listen serves h behind a link of round trip rtt ± jitter (real time).
+	listen := func(h http.Handler, rtt, jitter time.Duration, k uint64) (string, error) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		hs := &http.Server{Handler: h}
+		servers = append(servers, hs)
+		go hs.Serve(netem.NewLink(scale(rtt), scale(jitter), seed+k).Listener(ln))
+		return "http://" + ln.Addr().String(), nil
+	}
+	// Replicas: one engine each, reached from each router region through
+	// its own link.
+	urls := make([]map[string]string, len(reps)) // replica → router region → URL
+	for i, r := range reps {
+		em, err := emulator.New(emulator.Config{Profile: r.Profile, Speedup: speedup, Seed: seed})
+		if err != nil {
+			return report.Run{}, err
+		}
+		go em.Run(ctx)
+		urls[i] = map[string]string{}
+		for k, st := range m.Sites {
+			rtt, jitter, err := m.RTT(st.Region, r.Region)
+			if err != nil {
+				return report.Run{}, err
+			}
+			if urls[i][st.Region], err = listen(em.Handler(), rtt, jitter, uint64(100*i+k)); err != nil {
+				return report.Run{}, err
+			}
+		}
+	}
+	// The bus, for routers that share.
+	var busURL string
+	if m.Sharing != sim.ShareNone {
+		url, stop, err := mesh.Serve("127.0.0.1:0")
+		if err != nil {
+			return report.Run{}, err
+		}
+		defer stop()
+		busURL = url
+	}
+	// Routers.
+	targets := make([]string, len(m.Ingress)) // per client region
+	for k, st := range m.Sites {
+		var cfg proxy.Config
+		for i, r := range reps {
+			if st.Replicas != nil && !contains(st.Replicas, r.ID) {
+				continue
+			}
+			cfg.Replicas = append(cfg.Replicas, proxy.ReplicaConfig{ID: r.ID, URL: urls[i][st.Region], Region: r.Region,
+				KVCapacityTokens: r.Profile.KVCapacityTokens, PrefillMSPerTok: r.Profile.PrefillMSPerToken() / speedup,
+				QueueMSPerTok: r.Profile.QueueMSPerToken() / speedup, ITLMS: r.Profile.ITLMS() / speedup, ITLSlopeMS: r.Profile.ITLSlopeMS() / speedup})
+		}
+		cfg.ProbeInterval = scale(30 * time.Second)
+		cfg.ScrapeInterval = cfg.ProbeInterval
+		cfg.Policy, cfg.Seed, cfg.Admin.Listen, cfg.Region = st.Policy.Name(), seed, proxy.AdminOff, st.Region
+		if busURL != "" {
+			cfg.Mesh = &mesh.Config{URL: busURL, Name: st.Region, Heartbeat: scale(2 * time.Second)}
+		}
+		px, err := proxy.New(cfg, nil, prometheus.NewRegistry(), "", nil)
+		if err != nil {
+			return report.Run{}, err
+		}
+		px.ProbeOnce(ctx)
+		go px.Run(ctx)
+		for c, in := range m.Ingress {
+			if in.Site != k {
+				continue
+			}
+			leg, jitter, err := m.RTT(in.Region, st.Region)
+			if err != nil {
+				return report.Run{}, err
+			}
+			if targets[c], err = listen(px.Handler(), leg, jitter, uint64(1000+10*k+c)); err != nil {
+				return report.Run{}, err
+			}
+		}
+	}
+	// Clients: one replayer per region, on its share of the sessions.
+	ingress := sim.AssignIngress(m, reqs, seed)
+	parts := make([][]trace.Request, len(m.Ingress))
+	index := make([][]int, len(m.Ingress))
+	for i, r := range reqs {
+		r.Time = scale(r.Time)
+		parts[ingress[i]] = append(parts[ingress[i]], r)
+		index[ingress[i]] = append(index[ingress[i]], i)
+	}
+	recs := make([]report.Record, len(reqs))
+	var mu sync.Mutex
+	var g errgroup.Group
+	for c := range m.Ingress {
+		if len(parts[c]) == 0 {
+			continue
+		}
+		g.Go(func() error {
+			out, err := replay.Run(ctx, replay.Config{Target: targets[c], Requests: parts[c]})
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for j, rec := range out.Records {
+				rec.Index = index[c][j]
+				rec.TTFT *= speedup
+				rec.E2E *= speedup
+				rec.ITL *= speedup
+				rec.Slip *= speedup
+				rec.Arrival *= speedup
+				recs[rec.Index] = rec
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return report.Run{}, err
+	}
+	ids := make([]string, len(reps))
+	for i, r := range reps {
+		ids[i] = r.ID
+	}
+	return report.NewRun(m.Label, recs, ids), nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+

@@ -237,4 +237,3 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
-

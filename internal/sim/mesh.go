@@ -147,7 +147,9 @@ func checkMesh(cfg *Config) error {
 // m.Ingress): a session's at its first request, by the regions' shares
 // then (their daily curves), with a draw that depends only on the session
 // and the seed. A run of the mesh with that seed places requests so.
-func AssignIngress(m *Mesh, reqs []trace.Request, seed uint64) []int16 { return assignIngress(m, reqs, seed) }
+func AssignIngress(m *Mesh, reqs []trace.Request, seed uint64) []int16 {
+	return assignIngress(m, reqs, seed)
+}
 
 func assignIngress(m *Mesh, reqs []trace.Request, seed uint64) []int16 {
 	out := make([]int16, len(reqs))

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/netem"
 	"github.com/gorgo-llm/gorgo/internal/router"
@@ -354,6 +355,21 @@ func TestExampleConfigsLoad(t *testing.T) {
 	}
 	if len(cfg.Discover) != 2 || cfg.Discover[0].Port != 8000 || cfg.Discover[1].SRV == "" || cfg.Discover[1].Interval != 10*time.Second {
 		t.Errorf("discover %+v", cfg.Discover)
+	}
+	if cfg, err = LoadConfig("../../examples/serve-mesh.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Region != "us-ashburn" || cfg.Mesh == nil || cfg.Mesh.Embed != "127.0.0.1:4222" || cfg.Policy != "gorgo-e2e" {
+		t.Errorf("mesh config %+v %+v", cfg, cfg.Mesh)
+	}
+	bad := cfg
+	bad.Region, bad.Mesh = "", &mesh.Config{URL: "nats://x:4222"}
+	if err := bad.Validate(); err == nil {
+		t.Error("a mesh router with no name nor region accepted")
 	}
 }
 

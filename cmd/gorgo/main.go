@@ -23,6 +23,7 @@ func init() {
 	commands = []command{
 		{"demo", "run regions, replicas, the proxy and several policies live, side by side", runDemo},
 		{"serve", "run the OpenAI-compatible routing proxy in front of engine replicas", runServe},
+		{"epp", "serve Envoy's ext_proc endpoint-picker protocol: gorgo inside Envoy-based gateways", runEPP},
 		{"sim", "simulate routing policies over a workload and compare them", runSim},
 		{"tune", "tune gorgo's weights on a window of a workload", runTune},
 		{"eval", "evaluate tuned gorgo against every baseline on held-out windows", runEval},

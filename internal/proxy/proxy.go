@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -539,3 +540,41 @@ func (s *Server) leaveMesh() {
 
 // Bus is the mesh bus (nil off a mesh).
 func (s *Server) Bus() *mesh.Bus { return s.bus }
+
+// Core is the request lifecycle core the proxy's front ends share (the
+// HTTP proxy, an endpoint picker).
+func (s *Server) Core() *lifecycle.Core { return s.core }
+
+// Endpoint returns a replica's address as host:port (from its URL, the
+// scheme's port when none is given), for front ends that name endpoints
+// rather than forward to them.
+func (s *Server) Endpoint(id string) (string, bool) {
+	u := s.upstream(id)
+	if u == nil {
+		return "", false
+	}
+	parsed, err := url.Parse(u.cfg.URL)
+	if err != nil || parsed.Host == "" {
+		return "", false
+	}
+	host, port := parsed.Hostname(), parsed.Port()
+	if port == "" {
+		port = "80"
+		if parsed.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(host, port), true
+}
+
+// EndpointIDs maps host:port addresses to replica ids, for a gateway's
+// subset hints.
+func (s *Server) EndpointIDs() map[string]string {
+	out := map[string]string{}
+	for id := range s.upstreams() {
+		if ep, ok := s.Endpoint(id); ok {
+			out[ep] = id
+		}
+	}
+	return out
+}

@@ -37,6 +37,9 @@ type Request struct {
 	// (its running estimate, capped by MaxOutputTokens): the router never
 	// knows the true length. The router sets it before a decision.
 	ExpectedOutputTokens int
+	// Allowed, if set, restricts the decision to the replicas it accepts
+	// (a gateway's subset hint); nil allows every available replica.
+	Allowed func(id string) bool
 }
 
 // EngineGauges are the engine-reported figures the router last scraped.

@@ -348,7 +348,7 @@ func (r *Router) rank(now time.Duration, req *route.Request, pol route.Policy, r
 	req.ExpectedOutputTokens = r.ExpectedOutput(req.MaxOutputTokens)
 	r.views, r.cand = r.views[:0], r.cand[:0]
 	for _, m := range f.members {
-		if m.available() {
+		if m.available() && (req.Allowed == nil || req.Allowed(m.id)) {
 			r.views = append(r.views, m.view(now, min(r.depth[m.slot]*bt, req.PromptTokens)))
 			r.cand = append(r.cand, m)
 		}
@@ -596,7 +596,7 @@ func (r *Router) Predict(now time.Duration, req *route.Request) (best, floor tim
 	r.ixMu.RUnlock()
 	bestMS, floorMS := math.Inf(1), math.Inf(1)
 	for _, m := range f.members {
-		if !m.available() {
+		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
 			continue
 		}
 		cached := min(r.depth[m.slot]*r.cfg.BlockTokens, req.PromptTokens)

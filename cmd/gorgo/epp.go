@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+
+	"github.com/gorgo-llm/gorgo/internal/epp"
+	"github.com/gorgo-llm/gorgo/internal/proxy"
+)
+
+const eppAbout = `
+Serves the Gateway API Inference Extension's endpoint-picker protocol over
+Envoy's ext_proc gRPC service: an Envoy-based gateway (Envoy AI Gateway,
+kgateway, Istio, GKE's inference gateway) asks it, for each request, which
+replica should serve it, and gorgo answers with its cost (see docs/gateway.md).
+The fleet, probes, scrapes, health, admission and the admin API are gorgo
+serve's, from the same config file (its listen address is not used).`
+
+func runEPP(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("epp", "epp --config FILE [--listen ADDR]", eppAbout, stderr)
+	configPath := fs.String("config", "", "YAML config `FILE`, as for gorgo serve (required)")
+	listen := fs.String("listen", "127.0.0.1:9002", "address of the ext_proc gRPC service")
+	adminListen := fs.String("admin-listen", "", "address of the admin API (default the config's, else 127.0.0.1:9091; off for none)")
+	var tf tuneFlags
+	tf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if *configPath == "" {
+		return fmt.Errorf("--config is required")
+	}
+	cfg, err := proxy.LoadConfig(*configPath)
+	if err != nil {
+		return err
+	}
+	if *adminListen != "" {
+		cfg.Admin.Listen = *adminListen
+	}
+	cfg = cfg.Defaults()
+	pol, err := servePolicy(cfg, &tf)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	srv, err := proxy.New(cfg, pol, reg, *configPath, logger)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("--listen: %w", err)
+	}
+	var admin net.Listener
+	if cfg.Admin.Listen != proxy.AdminOff {
+		if admin, err = net.Listen("tcp", cfg.Admin.Listen); err != nil {
+			ln.Close()
+			return fmt.Errorf("admin listener: %w", err)
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	srv.ProbeOnce(ctx)
+	fmt.Fprintf(stdout, "gorgo epp: ext_proc on %s, policy %s, %d replicas\n", ln.Addr(), cfg.Policy, len(cfg.Replicas))
+	if admin != nil {
+		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", admin.Addr())
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, epp.New(srv))
+	go func() {
+		<-ctx.Done()
+		done := make(chan struct{})
+		go func() { gs.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(cfg.ShutdownTimeout):
+			gs.Stop()
+		}
+	}()
+	go gs.Serve(ln)
+	var servers []served
+	if admin != nil {
+		servers = append(servers, served{h: srv.AdminHandler(), ln: admin})
+	}
+	return serve(ctx, srv.Run, servers...)
+}

@@ -1,0 +1,268 @@
+package epp
+
+import (
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/lifecycle"
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/router"
+)
+
+// fleet is a router over replicas a (10 ms away) and b (50 ms), at
+// 10.0.0.1:8000 and 10.0.0.2:8000.
+type fleet struct {
+	core *lifecycle.Core
+	eps  map[string]string
+}
+
+func (f *fleet) Core() *lifecycle.Core { return f.core }
+func (f *fleet) Endpoint(id string) (string, bool) {
+	ep, ok := f.eps[id]
+	return ep, ok
+}
+func (f *fleet) EndpointIDs() map[string]string {
+	out := map[string]string{}
+	for id, ep := range f.eps {
+		out[ep] = id
+	}
+	return out
+}
+
+func newFleet(t testing.TB, adm admit.Config) *fleet {
+	t.Helper()
+	p, _ := route.New(route.DefaultName, route.Options{})
+	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"a", "b"} {
+		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 0.06, QueueMSPerToken: 0.06})
+		rt.ObserveRTT(id, time.Duration(10+40*i)*time.Millisecond)
+	}
+	core := lifecycle.NewCore(lifecycle.Config{Router: rt, BlockTokens: 16, MaxAttempts: 2, Start: time.Now(), Seed: 1, Admission: adm})
+	if adm.SLO > 0 {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		go core.RunAdmission(ctx)
+	}
+	return &fleet{core: core, eps: map[string]string{"a": "10.0.0.1:8000", "b": "10.0.0.2:8000"}}
+}
+
+// picker serves the fleet's picker on loopback and returns a client.
+func picker(t testing.TB, f Fleet) extprocv3.ExternalProcessorClient {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(gs, New(f))
+	go gs.Serve(ln)
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return extprocv3.NewExternalProcessorClient(conn)
+}
+
+func headers(path string, eos bool, kv ...string) *extprocv3.HttpHeaders {
+	h := &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":path", RawValue: []byte(path)}, {Key: ":method", RawValue: []byte("POST")}}}
+	for i := 0; i+1 < len(kv); i += 2 {
+		h.Headers = append(h.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
+	}
+	return &extprocv3.HttpHeaders{Headers: h, EndOfStream: eos}
+}
+
+const chatBody = `{"model":"m","stream":true,"messages":[{"role":"user","content":"where should this go? a question long enough for a few blocks"}]}`
+
+// destination reads the endpoint header and the metadata of a response.
+func destination(t *testing.T, r *extprocv3.ProcessingResponse) (header, metadata string) {
+	t.Helper()
+	var common *extprocv3.CommonResponse
+	switch v := r.Response.(type) {
+	case *extprocv3.ProcessingResponse_RequestHeaders:
+		common = v.RequestHeaders.GetResponse()
+	case *extprocv3.ProcessingResponse_RequestBody:
+		common = v.RequestBody.GetResponse()
+	default:
+		t.Fatalf("answer %T, want the request's headers or body", r.Response)
+	}
+	for _, h := range common.GetHeaderMutation().GetSetHeaders() {
+		if h.GetHeader().GetKey() == DestinationHeader {
+			header = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if !common.GetClearRouteCache() {
+		t.Error("the route cache is not cleared")
+	}
+	metadata = r.GetDynamicMetadata().GetFields()[LBNamespace].GetStructValue().GetFields()[DestinationHeader].GetStringValue()
+	return header, metadata
+}
+
+func recv(t *testing.T, s extprocv3.ExternalProcessor_ProcessClient) *extprocv3.ProcessingResponse {
+	t.Helper()
+	r, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A buffered chat request: the picker continues the headers, answers the
+// body with the nearest replica and the fallback, and the response events
+// feed the router: first token, then the ledger freed at the end.
+func TestBufferedChatAndResponseEvents(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	s, err := picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(r *extprocv3.ProcessingRequest) {
+		if err := s.Send(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false, "x-session-id", "s1")},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}})
+	if _, ok := recv(t, s).Response.(*extprocv3.ProcessingResponse_RequestHeaders); !ok {
+		t.Fatal("the headers were not continued")
+	}
+	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
+	h, md := destination(t, recv(t, s))
+	if h != "10.0.0.1:8000" || md != "10.0.0.1:8000,10.0.0.2:8000" {
+		t.Fatalf("destination %q, metadata %q", h, md)
+	}
+	rt := f.core.Router
+	if st, _ := rt.Replica("a"); st.InFlight != 1 {
+		t.Fatalf("a has %d in flight", st.InFlight)
+	}
+	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+	recv(t, s)
+	events := "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":20,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n"
+	cut := strings.Index(events, "\n\n") + 10 // the first event and a piece of the second
+	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(events[:cut])}}})
+	recv(t, s)
+	if st, _ := rt.Replica("a"); st.Decoding != 1 {
+		t.Fatalf("the first token was not recorded: %+v", st)
+	}
+	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(events[cut:]), EndOfStream: true}}})
+	recv(t, s)
+	if st, _ := rt.Replica("a"); st.InFlight != 0 || st.Decoding != 0 || st.IndexBlocks == 0 {
+		t.Fatalf("after the end: %+v", st)
+	}
+	if e := rt.ExpectedOutput(0); e >= router.DefaultOutputTokens {
+		t.Errorf("the answer's length was not learned: %d", e)
+	}
+	s.CloseSend()
+}
+
+// Full duplex: the headers' answer waits for the body, then the body goes
+// on whole. The subset hint restricts the choice; an empty subset is a
+// 503; a completion request too.
+func TestDuplexSubsetAnd503(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	c := picker(t, f)
+	run := func(sub []string, path string) *extprocv3.ProcessingResponse {
+		t.Helper()
+		s, err := c.Process(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.CloseSend()
+		req := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers(path, false)},
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}}
+		if sub != nil {
+			vals := make([]any, len(sub))
+			for i, v := range sub {
+				vals[i] = v
+			}
+			st, _ := structpb.NewStruct(map[string]any{SubsetKey: vals})
+			req.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{SubsetNamespace: st}}
+		}
+		s.Send(req)
+		body := `{"model":"m","prompt":"complete this sentence, please, for a test","max_tokens":4}`
+		if strings.Contains(path, "chat") {
+			body = chatBody
+		}
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body[:10])}}})
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body[10:]), EndOfStream: true}}})
+		first := recv(t, s)
+		if _, imm := first.Response.(*extprocv3.ProcessingResponse_ImmediateResponse); imm {
+			return first
+		}
+		bodyResp := recv(t, s)
+		got := bodyResp.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if string(got.GetBody()) != body || !got.GetEndOfStream() {
+			t.Fatalf("the body did not go on whole: %q", got.GetBody())
+		}
+		return first
+	}
+	if h, _ := destination(t, run([]string{"10.0.0.2:8000"}, "/v1/completions")); h != "10.0.0.2:8000" {
+		t.Errorf("subset {b}: chose %s", h)
+	}
+	if h, md := destination(t, run(nil, "/v1/chat/completions")); h != "10.0.0.1:8000" || !strings.HasPrefix(md, "10.0.0.1:8000") {
+		t.Errorf("no subset: %s %s", h, md)
+	}
+	for _, sub := range [][]string{{}, {"10.9.9.9:1"}} {
+		r := run(sub, "/v1/chat/completions")
+		imm := r.GetImmediateResponse()
+		if imm == nil || imm.GetStatus().GetCode() != 503 || !strings.Contains(string(imm.GetBody()), "ServiceUnavailableError") {
+			t.Errorf("subset %v: %v", sub, r)
+		}
+	}
+	// The requests the stream ended on without response events are ended.
+	deadline := time.Now().Add(10 * time.Second)
+	for _, id := range []string{"a", "b"} {
+		for {
+			st, _ := f.core.Router.Replica(id)
+			if st.InFlight == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d in flight after the streams ended", id, st.InFlight)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// Admission sheds with a 429 and Retry-After.
+func TestShedsWith429(t *testing.T) {
+	a := admit.Config{SLO: time.Millisecond, Mode: admit.ModeReject}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	f := newFleet(t, a)
+	s, err := picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
+	imm := recv(t, s).GetImmediateResponse()
+	retry := ""
+	for _, h := range imm.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "retry-after" {
+			retry = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if imm.GetStatus().GetCode() != 429 || retry == "" {
+		t.Fatalf("shedding: %v (retry-after %q)", imm, retry)
+	}
+}

@@ -381,4 +381,3 @@ func subset(md *corev3.Metadata) []string {
 	}
 	return out
 }
-

@@ -19,8 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
-	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"github.com/gorgo-llm/gorgo/internal/netem"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/tune"

@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/gorgo-llm/gorgo/internal/epp"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
@@ -33,6 +35,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("epp", "epp --config FILE [--listen ADDR]", eppAbout, stderr)
 	configPath := fs.String("config", "", "YAML config `FILE`, as for gorgo serve (required)")
 	listen := fs.String("listen", "127.0.0.1:9002", "address of the ext_proc gRPC service")
+	fallbacks := fs.Int("fallbacks", 2, "ranked fallback endpoints after the chosen one in the answer (0: the chosen one alone)")
 	adminListen := fs.String("admin-listen", "", "address of the admin API (default the config's, else 127.0.0.1:9091; off for none)")
 	var tf tuneFlags
 	tf.register(fs)
@@ -44,6 +47,9 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	}
 	if *configPath == "" {
 		return fmt.Errorf("--config is required")
+	}
+	if *fallbacks < 0 {
+		return fmt.Errorf("--fallbacks must not be negative")
 	}
 	cfg, err := proxy.LoadConfig(*configPath)
 	if err != nil {
@@ -83,7 +89,15 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", admin.Addr())
 	}
 	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, epp.New(srv))
+	picker := epp.New(srv)
+	picker.Fallbacks = *fallbacks
+	extprocv3.RegisterExternalProcessorServer(gs, picker)
+	// The protocol's health services.
+	hs := health.NewServer()
+	for _, svc := range []string{"liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"} {
+		hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
+	}
+	healthpb.RegisterHealthServer(gs, hs)
 	go func() {
 		<-ctx.Done()
 		done := make(chan struct{})

@@ -4,9 +4,9 @@
 // For each HTTP request the gateway streams to it, the picker reads the
 // headers and the body, builds the request with the same lifecycle as
 // gorgo serve, decides, and tells the gateway where to send it: the
-// x-gateway-destination-endpoint header (the chosen ip:port) and the
-// envoy.lb dynamic metadata entry (the same endpoint, then the ranked
-// fallbacks, comma-separated). It honours the subset of endpoints the
+// x-gateway-destination-endpoint header and the envoy.lb dynamic metadata
+// entry, both the same comma-separated list (protocol v0.4.0 on): the
+// chosen ip:port, then the ranked fallbacks. It honours the subset of endpoints the
 // gateway passes in envoy.lb.subset_hint, answers 503 when no endpoint is
 // available and 429 when admission sheds. It observes the response when
 // the gateway sends it (status, streamed SSE events: first token, usage,
@@ -44,8 +44,14 @@ const (
 	// endpoints the picker must choose from.
 	SubsetNamespace = "envoy.lb.subset_hint"
 	SubsetKey       = "x-gateway-destination-endpoint-subset"
+	// ServedKey (in LBNamespace of the response's metadata, protocol
+	// v1.0.0) names the endpoint that actually served the request.
+	ServedKey = "x-gateway-destination-endpoint-served"
 	// SessionHeader is gorgo's session header (as in gorgo serve).
 	SessionHeader = "x-session-id"
+	// bodyChunk is the largest body piece sent back in full-duplex mode
+	// (as the reference picker does).
+	bodyChunk = 62000
 )
 
 // Fleet is what the picker needs of a gorgo router: its lifecycle core and
@@ -62,10 +68,13 @@ type Server struct {
 	fleet Fleet
 	// MaxBodyBytes bounds a request body (default 8 MiB).
 	MaxBodyBytes int
+	// Fallbacks is how many ranked fallbacks follow the chosen endpoint in
+	// the answer (default 2; 0: the chosen endpoint alone).
+	Fallbacks int
 }
 
 // New returns a picker over the fleet.
-func New(f Fleet) *Server { return &Server{fleet: f, MaxBodyBytes: 8 << 20} }
+func New(f Fleet) *Server { return &Server{fleet: f, MaxBodyBytes: 8 << 20, Fallbacks: 2} }
 
 // exchange is one HTTP request's life on the stream.
 type exchange struct {
@@ -149,6 +158,7 @@ func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
 		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
 			RequestTrailers: &extprocv3.TrailersResponse{}}})
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		x.served(msg.GetMetadataContext())
 		for _, h := range r.ResponseHeaders.GetHeaders().GetHeaders() {
 			if h.GetKey() == ":status" {
 				v := h.GetValue()
@@ -257,20 +267,25 @@ func (x *exchange) decide(atHeaders bool) error {
 	}
 	x.req = req
 	req.Sent(time.Now())
-	// The ranked fallbacks after the choice.
+	// The ranked fallbacks after the choice: the header and the metadata
+	// carry the same list (the protocol forbids them to differ).
 	eps := []string{ep}
 	for _, fb := range req.Fallbacks() {
+		if len(eps) > x.s.Fallbacks {
+			break
+		}
 		if a, ok := x.s.fleet.Endpoint(fb.ID); ok {
 			eps = append(eps, a)
 		}
 	}
+	list := strings.Join(eps, ",")
 	common := &extprocv3.CommonResponse{
 		HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
-			Header: &corev3.HeaderValue{Key: DestinationHeader, RawValue: []byte(ep)},
+			Header: &corev3.HeaderValue{Key: DestinationHeader, RawValue: []byte(list)},
 		}}},
 		ClearRouteCache: true,
 	}
-	md, _ := structpb.NewStruct(map[string]any{LBNamespace: map[string]any{DestinationHeader: strings.Join(eps, ",")}})
+	md, _ := structpb.NewStruct(map[string]any{LBNamespace: map[string]any{DestinationHeader: list}})
 	if atHeaders || x.duplex {
 		if err := x.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestHeaders{
 			RequestHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
@@ -279,10 +294,21 @@ func (x *exchange) decide(atHeaders bool) error {
 		if atHeaders {
 			return nil
 		}
-		// Full duplex: the body goes on, whole, after the headers.
-		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
-			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
-				Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: x.body, EndOfStream: true}}}}}}})
+		// Full duplex: the body goes on after the headers, in pieces.
+		body := x.body
+		for {
+			n := min(len(body), bodyChunk)
+			eos := n == len(body)
+			if err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+				RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
+					Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body[:n], EndOfStream: eos}}}}}}}); err != nil {
+				return err
+			}
+			if eos {
+				return nil
+			}
+			body = body[n:]
+		}
 	}
 	return x.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestBody{
 		RequestBody: &extprocv3.BodyResponse{Response: common}}})
@@ -360,6 +386,32 @@ func (x *exchange) immediate(code int, typ, msg string, retryAfter ...string) er
 
 func (x *exchange) send(r *extprocv3.ProcessingResponse) error { return x.stream.Send(r) }
 
+// served moves the request to the endpoint that served it, when the
+// gateway says it fell back to another one of the list: the attempts
+// before it failed.
+func (x *exchange) served(md *corev3.Metadata) {
+	if x.req == nil {
+		return
+	}
+	ep := md.GetFilterMetadata()[LBNamespace].GetFields()[ServedKey].GetStringValue()
+	if ep == "" {
+		return
+	}
+	id, ok := x.s.fleet.EndpointIDs()[ep]
+	if !ok || id == x.req.Replica() {
+		return
+	}
+	for id != x.req.Replica() {
+		x.req.Failed(&lifecycle.Error{Status: http.StatusBadGateway, Type: "APIError", Message: "the gateway fell back"}, true)
+		if _, ok := x.req.Next(); !ok {
+			x.req.Reject(x.req.Failure())
+			x.req, x.done = nil, true
+			return
+		}
+	}
+	x.req.Sent(time.Now())
+}
+
 // subset reads the gateway's subset hint from the request metadata.
 func subset(md *corev3.Metadata) []string {
 	st := md.GetFilterMetadata()[SubsetNamespace]
@@ -371,6 +423,14 @@ func subset(md *corev3.Metadata) []string {
 		return nil
 	}
 	var out []string
+	if s := v.GetStringValue(); s != "" { // a comma-separated string, as some gateways send
+		for _, e := range strings.Split(s, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
 	for _, e := range v.GetListValue().GetValues() {
 		if s := e.GetStringValue(); s != "" {
 			out = append(out, s)

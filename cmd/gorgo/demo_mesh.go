@@ -98,11 +98,18 @@ func runDemoMesh(ctx context.Context, stdout io.Writer, duration time.Duration, 
 // replayer per client region. Times come back scaled to real time.
 func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *sim.Mesh, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var servers []*http.Server
+	var running sync.WaitGroup // the routers' and engines' loops
+	var stopNATS func()
 	defer func() {
+		// Stop the loops first, then the servers and the bus they use.
+		cancel()
+		running.Wait()
 		for _, s := range servers {
 			s.Close()
+		}
+		if stopNATS != nil {
+			stopNATS()
 		}
 	}()
 	scale := func(d time.Duration) time.Duration { return time.Duration(float64(d) / speedup) }
@@ -125,7 +132,8 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 		if err != nil {
 			return report.Run{}, err
 		}
-		go em.Run(ctx)
+		running.Add(1)
+		go func() { defer running.Done(); em.Run(ctx) }()
 		urls[i] = map[string]string{}
 		for k, st := range m.Sites {
 			rtt, jitter, err := m.RTT(st.Region, r.Region)
@@ -144,8 +152,7 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 		if err != nil {
 			return report.Run{}, err
 		}
-		defer stop()
-		busURL = url
+		stopNATS, busURL = stop, url
 	}
 	// Routers.
 	targets := make([]string, len(m.Ingress)) // per client region
@@ -170,7 +177,8 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 			return report.Run{}, err
 		}
 		px.ProbeOnce(ctx)
-		go px.Run(ctx)
+		running.Add(1)
+		go func() { defer running.Done(); px.Run(ctx) }()
 		for c, in := range m.Ingress {
 			if in.Site != k {
 				continue

@@ -66,14 +66,14 @@ type Config struct {
 	// Admission holds or refuses requests predicted to miss a TTFT SLO
 	// (zero SLO: off); it must have passed Validate. Run RunAdmission.
 	Admission admit.Config
-	// Observer, if set, hears of every attempt a replica took, its first
-	// token and its end (a mesh bus telling the other routers).
+	// Observer, if set, hears of every attempt's dispatch, first token and
+	// end (a mesh bus telling the other routers).
 	Observer Observer
 }
 
-// Observer hears of the attempts a replica took: Dispatched when it took
-// one (with the request's view), FirstToken, and Finished when it ended,
-// however. Its methods must not block.
+// Observer hears of every attempt: Dispatched when the router sent it to a
+// replica (with the request's view), FirstToken, and Finished when it
+// ended, however. Its methods must not block.
 type Observer interface {
 	Dispatched(id uint64, replica string, req *route.Request)
 	FirstToken(id uint64)
@@ -238,6 +238,7 @@ func (r *Request) Next() (string, bool) {
 		if r.decideErr != nil {
 			return "", false
 		}
+		r.announce()
 		return r.ticket.ID, true
 	}
 	if r.active || r.attempts >= r.core.MaxAttempts {
@@ -256,6 +257,7 @@ func (r *Request) Next() (string, bool) {
 		}
 		r.fallbacks = fb
 		r.ticket, r.active, r.attempts = t, true, 1
+		r.announce()
 		return t.ID, true
 	}
 	for len(r.fallbacks) > 0 {
@@ -265,6 +267,7 @@ func (r *Request) Next() (string, bool) {
 		if ok {
 			r.ticket, r.active = t, true
 			r.attempts++
+			r.announce()
 			return t.ID, true
 		}
 	}
@@ -320,7 +323,14 @@ func (r *Request) Failure() *Error {
 func (r *Request) Accepted() {
 	c := r.core
 	c.Router.Accepted(&r.ticket, &r.Route)
-	if c.Observer != nil && r.attempt == 0 {
+	c.Metrics.decided(r.ticket.Terms)
+}
+
+// announce tells the Observer that the current attempt went to its
+// replica: at dispatch, so that other routers count it while it is
+// prefilled (a non-streaming answer's headers come only with its end).
+func (r *Request) announce() {
+	if c := r.core; c.Observer != nil && r.attempt == 0 {
 		r.attempt = c.ids.Add(1)
 		c.Observer.Dispatched(r.attempt, r.ticket.ID, &r.Route)
 	}

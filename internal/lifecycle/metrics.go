@@ -1,6 +1,10 @@
 package lifecycle
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+)
 
 // Metrics are the Prometheus series of requests' lives.
 type Metrics struct {
@@ -10,6 +14,7 @@ type Metrics struct {
 	decision  prometheus.Histogram
 	admission *prometheus.CounterVec
 	queue     prometheus.Gauge
+	cost      *prometheus.HistogramVec
 }
 
 var latencyBuckets = []float64{0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 1.5, 2, 3, 4, 6, 8, 10, 15, 20, 30, 60, 120}
@@ -31,8 +36,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Admission verdicts under the TTFT SLO: go, held (queued), rejected (429 on arrival), expired (429 after waiting)."}, []string{"verdict"}),
 		queue: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gorgo_admission_queue",
 			Help: "Requests waiting in the router-side admission queue."}),
+		cost: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gorgo_decision_cost_seconds",
+			Help: "The chosen replica's cost terms at each decision (rtt, prefill, queue, decode), for scoring policies.",
+			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}}, []string{"term"}),
 	}
-	reg.MustRegister(m.requests, m.retries, m.ttft, m.e2e, m.decision, m.admission, m.queue)
+	reg.MustRegister(m.requests, m.retries, m.ttft, m.e2e, m.decision, m.admission, m.queue, m.cost)
 	return m
 }
 
@@ -61,4 +69,16 @@ func (m *Metrics) queued(n int) {
 	if m != nil {
 		m.queue.Set(float64(n))
 	}
+}
+
+// decided records the chosen replica's cost terms (ms), when the policy
+// scores.
+func (m *Metrics) decided(t route.Terms) {
+	if m == nil || t.Total == 0 {
+		return
+	}
+	m.cost.WithLabelValues("rtt").Observe(t.RTT / 1000)
+	m.cost.WithLabelValues("prefill").Observe(t.Prefill / 1000)
+	m.cost.WithLabelValues("queue").Observe(t.Queue / 1000)
+	m.cost.WithLabelValues("decode").Observe(t.Decode / 1000)
 }

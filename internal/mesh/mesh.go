@@ -82,11 +82,15 @@ const (
 	kindFirst    = "f"
 	kindEnd      = "e"
 	kindAlive    = "h"
+	kindReset    = "r" // forget every mirror of my requests: I lost some events
 )
 
 // event is what a router tells the others.
 type event struct {
-	Router  string   `json:"r"`
+	Router string `json:"r"`
+	// Boot tells a router's runs apart: a router restarted under the same
+	// name starts its attempt ids again.
+	Boot    uint64   `json:"o"`
 	Kind    string   `json:"k"`
 	ID      uint64   `json:"i,omitempty"`
 	Replica string   `json:"rep,omitempty"`
@@ -96,6 +100,7 @@ type event struct {
 
 type key struct {
 	router string
+	boot   uint64
 	id     uint64
 }
 
@@ -112,9 +117,13 @@ type Bus struct {
 	log *slog.Logger
 	nc  *nats.Conn
 
+	boot      uint64
+	lost      atomic.Bool // events were dropped while the bus was down
 	mu        sync.Mutex
+	closed    bool
 	remote    map[key]*mirror
 	seen      map[string]time.Time // other routers, when last heard from
+	boots     map[string]uint64    // other routers' current runs
 	stop      chan struct{}
 	stopped   sync.WaitGroup
 	closeOnce sync.Once
@@ -134,7 +143,8 @@ func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Bus{cfg: cfg, rt: rt, now: now, log: log, remote: map[key]*mirror{}, seen: map[string]time.Time{}, stop: make(chan struct{})}
+	b := &Bus{cfg: cfg, rt: rt, now: now, log: log, remote: map[key]*mirror{}, seen: map[string]time.Time{}, boots: map[string]uint64{},
+		stop: make(chan struct{}), boot: uint64(time.Now().UnixNano())}
 	nc, err := nats.Connect(cfg.URL, nats.Name("gorgo "+cfg.Name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
 		nats.ReconnectBufSize(1<<20),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -144,7 +154,14 @@ func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.
 			log.Warn("mesh bus lost: routing on this router's own state", "error", err, "forgotten", n)
 		}),
 		nats.ClosedHandler(func(*nats.Conn) { b.forgetAll() }),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("mesh bus back") }))
+		nats.ReconnectHandler(func(*nats.Conn) {
+			log.Info("mesh bus back")
+			if b.lost.Swap(false) {
+				// Some of this router's events never left: the others must
+				// not keep mirrors whose ends they will never hear of.
+				b.publish(event{Kind: kindReset})
+			}
+		}))
 	if err != nil {
 		return nil, fmt.Errorf("mesh: connecting to %s: %w", cfg.URL, err)
 	}
@@ -168,6 +185,9 @@ func (b *Bus) Close() {
 	b.closeOnce.Do(func() {
 		close(b.stop)
 		b.stopped.Wait()
+		b.mu.Lock()
+		b.closed = true // a message delivered after this is ignored
+		b.mu.Unlock()
 		b.nc.Close()
 		b.forgetAll()
 	})
@@ -203,17 +223,23 @@ func (b *Bus) FirstToken(id uint64) { b.publish(event{Kind: kindFirst, ID: id}) 
 // Finished tells the others that attempt id ended.
 func (b *Bus) Finished(id uint64) { b.publish(event{Kind: kindEnd, ID: id}) }
 
-// publish sends an event if the bus is up; it never blocks on the network
-// (the NATS client buffers), and drops the event when the bus is down.
+// publish sends an event; it never blocks on the network. While the bus
+// reconnects the NATS client buffers what is published (up to 1 MiB); an
+// event that does not fit is lost, and the others are told to forget this
+// router's mirrors once the bus is back.
 func (b *Bus) publish(e event) {
-	if !b.nc.IsConnected() {
+	e.Router, e.Boot = b.cfg.Name, b.boot
+	data, err := json.Marshal(&e)
+	if err != nil {
 		return
 	}
-	e.Router = b.cfg.Name
-	data, err := json.Marshal(&e)
-	if err == nil && b.nc.Publish(b.cfg.Subject, data) == nil {
-		b.sent.Add(1)
+	if err := b.nc.Publish(b.cfg.Subject, data); err != nil {
+		if !errors.Is(err, nats.ErrConnectionClosed) {
+			b.lost.Store(true)
+		}
+		return
 	}
+	b.sent.Add(1)
 }
 
 func (b *Bus) receive(m *nats.Msg) {
@@ -223,8 +249,15 @@ func (b *Bus) receive(m *nats.Msg) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
 	b.seen[e.Router] = time.Now()
-	k := key{e.Router, e.ID}
+	if old, ok := b.boots[e.Router]; ok && old != e.Boot {
+		b.forgetRouter(e.Router) // it restarted: its old requests are gone
+	}
+	b.boots[e.Router] = e.Boot
+	k := key{e.Router, e.Boot, e.ID}
 	switch e.Kind {
 	case kindDispatch:
 		req := route.Request{PromptTokens: e.Prompt, Blocks: e.Blocks}
@@ -246,6 +279,8 @@ func (b *Bus) receive(m *nats.Msg) {
 			b.rt.Finish(&mr.t)
 			delete(b.remote, k)
 		}
+	case kindReset:
+		b.forgetRouter(e.Router)
 	case kindAlive:
 		return
 	default:
@@ -277,6 +312,18 @@ func (b *Bus) sweep(now time.Time) {
 	quiet := 5 * b.cfg.Heartbeat
 	for k, mr := range b.remote {
 		if seen, ok := b.seen[k.router]; !ok || now.Sub(seen) > quiet || now.Sub(mr.at) > b.cfg.RemoteTTL {
+			b.rt.Finish(&mr.t)
+			delete(b.remote, k)
+			b.dropped.Add(1)
+		}
+	}
+}
+
+// forgetRouter drops every mirror of one router's requests; call it with
+// b.mu.
+func (b *Bus) forgetRouter(name string) {
+	for k, mr := range b.remote {
+		if k.router == name {
 			b.rt.Finish(&mr.t)
 			delete(b.remote, k)
 			b.dropped.Add(1)

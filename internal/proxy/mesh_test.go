@@ -2,7 +2,10 @@ package proxy
 
 import (
 	"fmt"
+	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,5 +71,53 @@ func TestMeshRoutersSurviveABusCut(t *testing.T) {
 			t.Fatalf("us still mirrors %d of eu's requests", us.Bus().Mirrors())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A request is shared while it is served, streamed or not (found in
+// review: a non-streaming request was announced only with its answer's
+// headers, which come with its end).
+func TestMeshSharesWhileServing(t *testing.T) {
+	url, stop, err := mesh.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	a := startReplica(t, 5*time.Millisecond, emulator.Faults{})
+	_, usURL := startProxy(t, Config{Region: "us", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}, a)
+	eu, _ := startProxy(t, Config{Region: "eu", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}, a)
+	for _, stream := range []bool{true, false} {
+		var peak atomic.Int64
+		done := make(chan time.Duration)
+		go func() {
+			start := time.Now()
+			resp, err := http.Post(usURL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(strings.Repeat("long prompt words ", 400), 400, stream)))
+			if err == nil {
+				var buf [4096]byte
+				for {
+					if _, err := resp.Body.Read(buf[:]); err != nil {
+						break
+					}
+				}
+				resp.Body.Close()
+			}
+			done <- time.Since(start)
+		}()
+		var took time.Duration
+	loop:
+		for {
+			select {
+			case took = <-done:
+				break loop
+			default:
+				if n := int64(eu.Bus().Mirrors()); n > peak.Load() {
+					peak.Store(n)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if peak.Load() == 0 {
+			t.Errorf("stream=%v: the request (%v) was never mirrored at eu", stream, took)
+		}
 	}
 }

@@ -180,6 +180,7 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 		TLSClientConfig: upTLS,
 	}}
 	s.m = newMetrics(reg)
+	reg.MustRegister(stateCollector{s})
 	adm, _ := cfg.admission() // validated
 	var obs lifecycle.Observer
 	if cfg.Mesh != nil {
@@ -192,6 +193,7 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 		MaxAttempts: cfg.MaxAttempts, Start: s.start, Health: s, Metrics: lifecycle.NewMetrics(reg), Seed: cfg.Seed, Admission: adm, Observer: obs})
 	for _, rc := range cfg.Replicas {
 		if err := s.AddReplica(rc, sourceConfig); err != nil {
+			s.leaveMesh()
 			return nil, err
 		}
 	}
@@ -343,6 +345,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.runMu.Unlock()
 	if err := s.startDiscovery(s.Config().Discover); err != nil {
+		s.leaveMesh()
 		return err
 	}
 	s.loops.Add(1)

@@ -256,9 +256,11 @@ func (s *simulator) name() string {
 	return s.cfg.Policy.Name()
 }
 
-// send has the client send request i at now: it reaches its router after
-// half the client's leg (at once without a mesh).
+// send has the client send request i at now: it is in flight for the
+// client until its end comes back, and reaches its router after half the
+// client's leg (at once without a mesh).
 func (s *simulator) send(now time.Duration, i int) {
+	s.inflght++ // in flight from the client's point of view
 	if leg := s.reqs[i].leg; leg > 0 {
 		s.push(event{t: now + leg/2, kind: evAtRouter, req: int32(i)})
 		return

@@ -150,6 +150,7 @@ const (
 	evRelease                     // admission goes through its queue (a tick while it holds requests)
 	evAtRouter                    // request req reaches its router (a mesh: after the client's leg)
 	evRemote                      // site hears of request req's dispatch, first token or end (gen: which)
+	evAtClient                    // request req's end reaches its client (a mesh: after the leg back)
 )
 
 // What an evRemote reports.
@@ -331,6 +332,8 @@ func Run(cfg Config) (*Result, error) {
 			}
 		case evAtRouter:
 			s.arrive(ev.t, int(ev.req))
+		case evAtClient:
+			s.atClient(ev.t)
 		case evRemote:
 			s.remote(ev.t, int(ev.site), int(ev.req), int(ev.gen))
 		case evAtEngine:
@@ -494,7 +497,6 @@ func (s *simulator) pushArrival() {
 func (s *simulator) arrive(now time.Duration, i int) {
 	s.now = now
 	s.reqs[i].arrived = now
-	s.inflght++
 	if s.gate == nil {
 		s.dispatch(now, i)
 		return
@@ -669,11 +671,21 @@ func (s *simulator) back(now time.Duration, i int) {
 			site.learner.Learn(st.ticket.Tag, o)
 		}
 	}
-	s.inflght--
 	s.done++
 	if s.cfg.Progress != nil && s.done%1024 == 0 {
 		s.cfg.Progress(1024)
 	}
+	if leg := st.leg; leg > 0 {
+		s.push(event{t: now + leg/2, kind: evAtClient, req: int32(i)})
+		return
+	}
+	s.atClient(now)
+}
+
+// atClient takes a request's end at its client: one fewer in flight, and
+// the next request the client held back goes.
+func (s *simulator) atClient(now time.Duration) {
+	s.inflght--
 	if s.bHead < len(s.backlog) {
 		next := s.backlog[s.bHead]
 		s.bHead++

@@ -1,0 +1,72 @@
+package mesh
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+)
+
+// A short bus blip at the router whose requests are mirrored: the events it
+// publishes meanwhile are buffered and delivered when it is back, so the
+// other router keeps no phantom load (found in review: they were dropped,
+// and the mirrors stayed until RemoteTTL).
+func TestOriginBlipLeavesNoPhantomLoad(t *testing.T) {
+	url := natsServer(t)
+	cut := newCutter(t, url[len("nats://"):])
+	rA, rB := newRouter(t), newRouter(t)
+	now := func() time.Duration { return 0 }
+	hb := 300 * time.Millisecond
+	a, err := Connect(Config{URL: cut.url(), Name: "us", Heartbeat: hb}, rA, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Connect(Config{URL: url, Name: "eu", Heartbeat: hb}, rB, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	req := route.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
+	for id := uint64(1); id <= 3; id++ {
+		a.Dispatched(id, "a", &req)
+	}
+	eventually(t, "mirrors", func() bool { return b.Mirrors() == 3 })
+	cut.cut(true)
+	eventually(t, "us down", func() bool { return !a.Connected() })
+	for id := uint64(1); id <= 3; id++ {
+		a.Finished(id) // the requests end while us is off the bus: dropped
+	}
+	cut.restore()
+	eventually(t, "us back", a.Connected)
+	time.Sleep(8 * hb) // well past 5 heartbeats
+	n, _ := inFlight(t, rB, "a")
+	t.Logf("after the blip and %v: eu mirrors %d, replica a in flight at eu %d (all 3 ended at us)", 8*hb, b.Mirrors(), n)
+	if n != 0 {
+		t.Errorf("phantom in-flight at eu: %d (kept until remote_ttl, 10 min by default)", n)
+	}
+}
+
+// A message the NATS client dequeued before Close is delivered after it
+// (nats.go waitForMsgs reads s.closed with the dequeue, then calls mcb
+// outside the lock): the mirror is entered after Close's forgetAll and never
+// released.
+func TestNothingIsMirroredAfterClose(t *testing.T) {
+	url := natsServer(t)
+	rB := newRouter(t)
+	b, err := Connect(Config{URL: url, Name: "eu"}, rB, func() time.Duration { return 0 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	data, _ := json.Marshal(event{Router: "us", Kind: kindDispatch, ID: 1, Replica: "a", Prompt: 64, Blocks: []uint64{1}})
+	b.receive(&nats.Msg{Data: data}) // the in-flight callback
+	n, _ := inFlight(t, rB, "a")
+	t.Logf("after Close: mirrors %d, in flight at a %d", b.Mirrors(), n)
+	if n != 0 {
+		t.Errorf("ledger leak after Close: %d in flight", n)
+	}
+}

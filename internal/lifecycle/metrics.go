@@ -37,7 +37,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		queue: prometheus.NewGauge(prometheus.GaugeOpts{Name: "gorgo_admission_queue",
 			Help: "Requests waiting in the router-side admission queue."}),
 		cost: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gorgo_decision_cost_seconds",
-			Help: "The chosen replica's cost terms at each decision (rtt, prefill, queue, decode), for scoring policies.",
+			Help:    "The chosen replica's cost terms at each decision (rtt, prefill, queue, decode), for scoring policies.",
 			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}}, []string{"term"}),
 	}
 	reg.MustRegister(m.requests, m.retries, m.ttft, m.e2e, m.decision, m.admission, m.queue, m.cost)

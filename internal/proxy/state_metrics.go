@@ -29,7 +29,9 @@ func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range c.s.rt.Replicas() {
-		g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, st.ID) }
+		g := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, st.ID)
+		}
 		g(descInFlight, float64(st.InFlight))
 		g(descTokens, float64(st.UnfinishedTokens))
 		g(descBacklog, float64(st.BacklogTokens))

@@ -81,6 +81,9 @@ type exchange struct {
 	s        *Server
 	stream   extprocv3.ExternalProcessor_ProcessServer
 	duplex   bool // request body in FULL_DUPLEX_STREAMED mode
+	// respDuplex: response body in FULL_DUPLEX_STREAMED mode (Envoy says
+	// so on the stream's first message only).
+	respDuplex bool
 	path     string
 	session  string
 	subset   []string
@@ -119,6 +122,7 @@ func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
 		x.received = time.Now()
 		if pc := msg.GetProtocolConfig(); pc != nil {
 			x.duplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+			x.respDuplex = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 		}
 		for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
 			v := h.GetValue()
@@ -182,7 +186,7 @@ func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
 		body, eos := r.ResponseBody.GetBody(), r.ResponseBody.GetEndOfStream()
 		x.observe(body, eos)
 		resp := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}
-		if msg.GetProtocolConfig().GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		if x.respDuplex {
 			resp.Response.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
 				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: eos}}}
 		}

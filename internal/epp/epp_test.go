@@ -314,7 +314,8 @@ func TestServedByTheFallback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}})
 	recv(t, s)
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
 	recv(t, s)
@@ -328,7 +329,11 @@ func TestServedByTheFallback(t *testing.T) {
 		t.Fatalf("after the fallback: a %d, b %d in flight", a.InFlight, b.InFlight)
 	}
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte("data: [DONE]\n\n"), EndOfStream: true}}})
-	recv(t, s)
+	// Full-duplex responses: each piece goes back as it came.
+	echo := recv(t, s).GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+	if string(echo.GetBody()) != "data: [DONE]\n\n" || !echo.GetEndOfStream() {
+		t.Errorf("the response body was not sent back: %v", echo)
+	}
 	if b, _ := f.core.Router.Replica("b"); b.InFlight != 0 {
 		t.Errorf("b keeps %d in flight", b.InFlight)
 	}

@@ -69,6 +69,16 @@ type Config struct {
 	// Observer, if set, hears of every attempt's dispatch, first token and
 	// end (a mesh bus telling the other routers).
 	Observer Observer
+	// Tap, if set, hears of every request's decision and end (a live view).
+	Tap Tap
+}
+
+// Tap hears of each request's first decision (the chosen replica and the
+// ranked fallbacks, with their cost terms) and of its end. Decided returns
+// an id handed back to Ended; its methods must not block.
+type Tap interface {
+	Decided(at time.Time, req *route.Request, chosen *router.Ticket, fallbacks []router.Candidate) uint64
+	Ended(id uint64, replica string, status int, ttft, e2e time.Duration)
 }
 
 // Observer hears of every attempt: Dispatched when the router sent it to a
@@ -151,8 +161,9 @@ type Request struct {
 	held  chan verdict
 	ready bool
 	// attempt is the Observer's id of the attempt a replica took (0: none
-	// announced).
+	// announced); tapID the Tap's of the request's decision.
 	attempt uint64
+	tapID   uint64
 
 	sent, first, lastTok time.Time
 	tokens, cached       int
@@ -258,6 +269,9 @@ func (r *Request) Next() (string, bool) {
 		r.fallbacks = fb
 		r.ticket, r.active, r.attempts = t, true, 1
 		r.announce()
+		if c.Tap != nil {
+			r.tapID = c.Tap.Decided(start, &r.Route, &r.ticket, fb)
+		}
 		return t.ID, true
 	}
 	for len(r.fallbacks) > 0 {
@@ -449,6 +463,13 @@ func (r *Request) End(o Outcome, at time.Time) int {
 			}
 		}
 		l.Learn(r.ticket.Tag, out)
+	}
+	if c.Tap != nil && r.tapID != 0 {
+		var ttft time.Duration
+		if !r.first.IsZero() {
+			ttft = r.first.Sub(r.Received)
+		}
+		c.Tap.Ended(r.tapID, id, status, ttft, at.Sub(r.Received))
 	}
 	if c.Log != nil {
 		attrs := []any{"replica", id, "status", status, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,

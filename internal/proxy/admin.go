@@ -61,6 +61,7 @@ func (s *Server) routes(g prometheus.Gatherer) {
 	admin := []endpoint{
 		{"GET", "/metrics", metrics.ServeHTTP},
 		{"GET", "/admin/replicas", s.adminReplicas},
+		{"GET", "/admin/ui/stream", s.uiStream},
 		{"POST", "/admin/replicas", s.adminAdd},
 		{"DELETE", "/admin/replicas/{id}", s.adminMember(func(id string) error { return s.RemoveReplica(id) }, "remove")},
 		{"POST", "/admin/replicas/{id}/drain", s.adminMember(s.rt.Drain, "drain")},

@@ -243,3 +243,51 @@ func BenchmarkCancelOnClientGone(b *testing.B) {
 	b.ReportMetric(report.Percentile(lat, 0.5), "cancel-p50-ms")
 	b.ReportMetric(lat[len(lat)-1], "cancel-max-ms")
 }
+
+// BenchmarkLiveView is a streamed ~1k-token request through the proxy to
+// a canned upstream, one at a time, with the live view closed and open (a
+// page reading /admin/ui/stream, a snapshot a second).
+func BenchmarkLiveView(b *testing.B) {
+	up := cannedUpstream(b)
+	cfg := Config{ProbeInterval: time.Second, ScrapeInterval: time.Hour}
+	for i := range 16 {
+		cfg.Replicas = append(cfg.Replicas, ReplicaConfig{ID: fmt.Sprintf("r%d", i), URL: up, Region: fmt.Sprintf("g%d", i%3), Profile: "paper"})
+	}
+	s, url := startProxy(b, cfg)
+	admin := adminURL(b, s)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	body := chatBody(strings.Repeat("a few words of a prompt ", 160), 17, true)
+	run := func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}
+	b.Run("view=closed", run)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, admin+"/admin/ui/stream", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var snapshots atomic.Int64
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<24)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "data: ") {
+				snapshots.Add(1)
+			}
+		}
+	}()
+	b.Run("view=open", run)
+	if snapshots.Load() == 0 {
+		b.Error("the open view received no snapshot")
+	}
+}

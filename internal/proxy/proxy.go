@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,7 +44,8 @@ type Server struct {
 	rt     *router.Router
 	policy route.Policy
 	bus    *mesh.Bus // nil off a mesh
-	nats   func()    // stops the embedded NATS server, if any
+	dash   *dashboard
+	nats   func() // stops the embedded NATS server, if any
 	client *http.Client
 	start  time.Time
 	m      *metrics
@@ -182,6 +184,7 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 	s.m = newMetrics(reg)
 	reg.MustRegister(stateCollector{s})
 	adm, _ := cfg.admission() // validated
+	s.dash = newDashboard()
 	var obs lifecycle.Observer
 	if cfg.Mesh != nil {
 		if err := s.joinMesh(*cfg.Mesh, cfg.Region); err != nil {
@@ -190,7 +193,7 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 		obs = s.bus
 	}
 	s.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken}, BlockTokens: cfg.BlockTokens,
-		MaxAttempts: cfg.MaxAttempts, Start: s.start, Health: s, Metrics: lifecycle.NewMetrics(reg), Seed: cfg.Seed, Admission: adm, Observer: obs})
+		MaxAttempts: cfg.MaxAttempts, Start: s.start, Health: s, Metrics: lifecycle.NewMetrics(reg), Seed: cfg.Seed, Admission: adm, Observer: obs, Tap: s.dash})
 	for _, rc := range cfg.Replicas {
 		if err := s.AddReplica(rc, sourceConfig); err != nil {
 			s.leaveMesh()
@@ -238,7 +241,19 @@ func (s *Server) Handler() http.Handler { return s.mux }
 
 // AdminHandler serves /admin/* and /metrics to operators, behind the
 // bearer tokens if any are configured.
-func (s *Server) AdminHandler() http.Handler { return s.authenticated(s.admin) }
+func (s *Server) AdminHandler() http.Handler {
+	auth, assets := s.authenticated(s.admin), uiAssets()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/admin/ui":
+			http.Redirect(w, r, "/admin/ui/", http.StatusFound)
+		case strings.HasPrefix(r.URL.Path, "/admin/ui/") && r.URL.Path != "/admin/ui/stream" && r.Method == http.MethodGet:
+			assets.ServeHTTP(w, r) // the page's files hold no data: no token
+		default:
+			auth.ServeHTTP(w, r)
+		}
+	})
+}
 
 func (s *Server) upstream(id string) *upstream { return (*s.ups.Load())[id] }
 
@@ -348,10 +363,14 @@ func (s *Server) Run(ctx context.Context) error {
 		s.leaveMesh()
 		return err
 	}
-	s.loops.Add(1)
+	s.loops.Add(2)
 	go func() {
 		defer s.loops.Done()
 		s.core.RunAdmission(ctx)
+	}()
+	go func() {
+		defer s.loops.Done()
+		s.runDashboard(ctx.Done())
 	}()
 	if s.path != "" && s.Config().ConfigPoll > 0 {
 		s.loops.Add(1)

@@ -1,0 +1,306 @@
+package proxy
+
+import (
+	"embed"
+	"encoding/json"
+	"io/fs"
+	"net/http"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/tune"
+)
+
+// The live view of the fleet (/admin/ui): a page, embedded, and a stream of
+// JSON snapshots pushed once a second to each page open. The proxy keeps a
+// second-by-second history of 15 minutes and the last 50 decisions
+// whether anybody watches or not (a few hundred bytes a second); building
+// and sending snapshots happens only for the pages open.
+
+//go:embed ui
+var uiFiles embed.FS
+
+const (
+	historyPoints = 15 * 60 // one a second
+	lastDecisions = 50
+)
+
+// dashboard is the proxy's lifecycle.Tap and the live view's state.
+type dashboard struct {
+	mu sync.Mutex
+	// This second's requests.
+	ok, errs  int
+	perRep    map[string]int
+	ttft, e2e []float64 // ms
+	// The history and the last decisions.
+	points    []point
+	decisions []decision
+	nextID    uint64
+	// Open pages, each told of a new point.
+	watchers map[chan struct{}]bool
+}
+
+type point struct {
+	T        int64              `json:"t"` // unix seconds
+	RPS      float64            `json:"rps"`
+	Errors   float64            `json:"errors"`
+	TTFT50   *float64           `json:"ttft_p50_ms"`
+	TTFT95   *float64           `json:"ttft_p95_ms"`
+	E2E95    *float64           `json:"e2e_p95_ms"`
+	Share    map[string]float64 `json:"share"`
+	Weights  *route.Weights     `json:"weights,omitempty"`
+	Accepted int                `json:"tuner_accepted"`
+	Judged   int                `json:"tuner_judged"`
+}
+
+type decision struct {
+	ID           uint64      `json:"id"`
+	At           time.Time   `json:"at"`
+	PromptTokens int         `json:"prompt_tokens"`
+	Expected     int         `json:"expected_output_tokens"`
+	Chosen       string      `json:"chosen"`
+	Candidates   []candidate `json:"candidates"`
+	TTFTMS       *float64    `json:"ttft_ms"`
+	Status       int         `json:"status,omitempty"`
+}
+
+type candidate struct {
+	ID     string      `json:"id"`
+	Cached int         `json:"cached_tokens"`
+	Terms  route.Terms `json:"terms"`
+}
+
+func newDashboard() *dashboard {
+	return &dashboard{perRep: map[string]int{}, watchers: map[chan struct{}]bool{}}
+}
+
+// Decided records a request's decision (lifecycle.Tap).
+func (d *dashboard) Decided(at time.Time, req *route.Request, chosen *router.Ticket, fallbacks []router.Candidate) uint64 {
+	dec := decision{At: at, PromptTokens: req.PromptTokens, Expected: req.ExpectedOutputTokens, Chosen: chosen.ID,
+		Candidates: make([]candidate, 0, 1+len(fallbacks))}
+	dec.Candidates = append(dec.Candidates, candidate{ID: chosen.ID, Cached: chosen.EstCachedTokens, Terms: chosen.Terms})
+	for _, f := range fallbacks {
+		dec.Candidates = append(dec.Candidates, candidate{ID: f.ID, Cached: f.EstCachedTokens, Terms: f.Terms})
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nextID++
+	dec.ID = d.nextID
+	if len(d.decisions) == lastDecisions {
+		copy(d.decisions, d.decisions[1:])
+		d.decisions = d.decisions[:lastDecisions-1]
+	}
+	d.decisions = append(d.decisions, dec)
+	return dec.ID
+}
+
+// Ended records a request's end (lifecycle.Tap).
+func (d *dashboard) Ended(id uint64, replica string, status int, ttft, e2e time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if status == http.StatusOK {
+		d.ok++
+		if ttft > 0 && len(d.ttft) < 4096 {
+			d.ttft = append(d.ttft, float64(ttft.Microseconds())/1000)
+		}
+		if len(d.e2e) < 4096 {
+			d.e2e = append(d.e2e, float64(e2e.Microseconds())/1000)
+		}
+	} else {
+		d.errs++
+	}
+	if replica != "" {
+		d.perRep[replica]++
+	}
+	for i := len(d.decisions) - 1; i >= 0; i-- {
+		if d.decisions[i].ID == id {
+			if ttft > 0 {
+				v := float64(ttft.Microseconds()) / 1000
+				d.decisions[i].TTFTMS = &v
+			}
+			d.decisions[i].Status = status
+			break
+		}
+	}
+}
+
+// tick closes a second: its point joins the history and open pages hear.
+func (d *dashboard) tick(now time.Time, w *route.Weights, judged, accepted int) {
+	d.mu.Lock()
+	p := point{T: now.Unix(), RPS: float64(d.ok + d.errs), Errors: float64(d.errs), Share: map[string]float64{}, Weights: w, Judged: judged, Accepted: accepted}
+	if n := d.ok + d.errs; n > 0 {
+		for id, c := range d.perRep {
+			p.Share[id] = float64(c) / float64(n)
+		}
+	}
+	p.TTFT50, p.TTFT95, p.E2E95 = quantile(d.ttft, 0.5), quantile(d.ttft, 0.95), quantile(d.e2e, 0.95)
+	d.ok, d.errs, d.ttft, d.e2e = 0, 0, d.ttft[:0], d.e2e[:0]
+	clear(d.perRep)
+	if len(d.points) == historyPoints {
+		copy(d.points, d.points[1:])
+		d.points = d.points[:historyPoints-1]
+	}
+	d.points = append(d.points, p)
+	for ch := range d.watchers {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+	d.mu.Unlock()
+}
+
+func quantile(v []float64, q float64) *float64 {
+	if len(v) == 0 {
+		return nil
+	}
+	slices.Sort(v)
+	x := v[min(len(v)-1, int(q*float64(len(v))))]
+	return &x
+}
+
+// runDashboard closes a second every second until the proxy stops.
+func (s *Server) runDashboard(stop <-chan struct{}) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			var w *route.Weights
+			judged, accepted := 0, 0
+			switch p := s.policy.(type) {
+			case *tune.Online:
+				inc := p.Incumbent()
+				w = &inc
+				judged, accepted = p.Counts()
+			case tunable:
+				cur := p.Weights()
+				w = &cur
+			}
+			s.dash.tick(now, w, judged, accepted)
+		}
+	}
+}
+
+// uiReplica is a replica as the page shows it.
+type uiReplica struct {
+	ID       string  `json:"id"`
+	Region   string  `json:"region"`
+	State    string  `json:"state"`
+	RTTMS    float64 `json:"rtt_ms"`
+	InFlight int     `json:"in_flight"`
+	Tokens   int     `json:"tokens"`
+	Backlog  int     `json:"backlog"`
+	Decoding int     `json:"decoding"`
+	Running  int     `json:"running"`
+	Waiting  int     `json:"waiting"`
+	KVUsed   int     `json:"kv_used_tokens"`
+	KVCap    int     `json:"kv_capacity_tokens"`
+	HitRate  float64 `json:"cache_hit_rate"`
+	Share    float64 `json:"share_1m"`
+}
+
+// snapshot is what the page gets: the fleet now, the history (whole on
+// the first message, then new points), the last decisions, the tuner.
+func (s *Server) snapshot(since int64) map[string]any {
+	d := s.dash
+	d.mu.Lock()
+	var pts []point
+	for _, p := range d.points {
+		if p.T > since {
+			pts = append(pts, p)
+		}
+	}
+	// The last minute's share per replica.
+	share, total := map[string]float64{}, 0.0
+	for _, p := range d.points[max(0, len(d.points)-60):] {
+		for id, v := range p.Share {
+			share[id] += v * p.RPS
+		}
+		total += p.RPS
+	}
+	decs := slices.Clone(d.decisions)
+	d.mu.Unlock()
+	var reps []uiReplica
+	for _, st := range s.rt.Replicas() {
+		u := s.replicaJSON(st)
+		r := uiReplica{ID: st.ID, Region: st.Region, State: u.State, RTTMS: u.RTTMS, InFlight: st.InFlight, Tokens: st.UnfinishedTokens,
+			Backlog: st.BacklogTokens, Decoding: st.Decoding, KVCap: st.KVCapacityTokens}
+		if st.EngineKnown {
+			r.Running, r.Waiting, r.KVUsed, r.HitRate = st.Engine.Running, st.Engine.Waiting, st.Engine.KVUsedTokens, st.Engine.CacheHitRate
+		}
+		if total > 0 {
+			r.Share = share[st.ID] / total
+		}
+		reps = append(reps, r)
+	}
+	sort.SliceStable(reps, func(i, j int) bool { return reps[i].Region < reps[j].Region })
+	out := map[string]any{"policy": s.policy.Name(), "replicas": reps, "points": pts, "decisions": decs}
+	if o, ok := s.policy.(*tune.Online); ok {
+		steps := o.Steps()
+		out["tuner"] = map[string]any{"paused": o.Paused(), "steps": steps[max(0, len(steps)-50):]}
+	}
+	return out
+}
+
+// uiStream pushes a snapshot to the page every second, as Server-Sent
+// Events (read with fetch, so that it carries the admin token).
+func (s *Server) uiStream(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		writeError(w, http.StatusInternalServerError, "InternalServerError", "streaming is not supported here")
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	ch := make(chan struct{}, 1)
+	s.dash.mu.Lock()
+	s.dash.watchers[ch] = true
+	s.dash.mu.Unlock()
+	defer func() {
+		s.dash.mu.Lock()
+		delete(s.dash.watchers, ch)
+		s.dash.mu.Unlock()
+	}()
+	var since int64
+	send := func() bool {
+		snap := s.snapshot(since)
+		if pts, _ := snap["points"].([]point); len(pts) > 0 {
+			since = pts[len(pts)-1].T
+		}
+		data, err := json.Marshal(snap)
+		if err != nil {
+			return false
+		}
+		if _, err := w.Write(append(append([]byte("data: "), data...), '\n', '\n')); err != nil {
+			return false
+		}
+		fl.Flush()
+		return true
+	}
+	if !send() {
+		return
+	}
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-ch:
+			if !send() {
+				return
+			}
+		}
+	}
+}
+
+// uiAssets serves the page's files (no data in them: no token needed).
+func uiAssets() http.Handler {
+	sub, _ := fs.Sub(uiFiles, "ui")
+	return http.StripPrefix("/admin/ui/", http.FileServer(http.FS(sub)))
+}

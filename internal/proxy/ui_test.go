@@ -1,0 +1,138 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/replay"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+// chromium finds Debian's chromium (installed by .ci/run), or "".
+func chromium() string {
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// The live view in a real browser: emulated replicas, gorgo serve, a
+// short replay; the page shows every replica with a round trip, a decision
+// with its cost terms, charts with points, and a drain click changes the
+// replica's state. It saves a screenshot (GORGO_SCREENSHOT=path to keep it).
+func TestLiveViewInChromium(t *testing.T) {
+	bin := chromium()
+	if bin == "" {
+		t.Skip("chromium is not installed (.ci/run installs Debian's with apt-get): the live view is not checked in a browser")
+	}
+	s, url := startProxy(t, Config{}, startReplica(t, 20*time.Millisecond, emulator.Faults{}), startReplica(t, 60*time.Millisecond, emulator.Faults{}))
+	admin := adminURL(t, s)
+	// Traffic while the page watches: 40 requests over 8 s.
+	reqs, err := trace.Generate(trace.GenConfig{Preset: "artchat", Seed: 5, Duration: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs = reqs[:40]
+	for i := range reqs {
+		reqs[i].Time = time.Duration(i) * 200 * time.Millisecond
+		reqs[i].OutputTokens = min(reqs[i].OutputTokens, 20)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := replay.Run(ctx, replay.Config{Target: url, Requests: reqs})
+		done <- err
+	}()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(bin), chromedp.NoSandbox, chromedp.Flag("headless", true),
+		chromedp.WindowSize(1400, 1800))
+	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
+	defer acancel()
+	bctx, bcancel := chromedp.NewContext(actx)
+	defer bcancel()
+	var rows, rtts []string
+	err = chromedp.Run(bctx,
+		chromedp.Navigate(admin+"/admin/ui/"),
+		chromedp.Click("#connect", chromedp.ByQuery),
+		// Every replica listed with a round trip.
+		chromedp.WaitVisible(`#replicas tbody tr[data-id="b"]`, chromedp.ByQuery),
+		chromedp.Evaluate(`[...document.querySelectorAll("#replicas tbody tr")].map(r => r.dataset.id)`, &rows),
+		chromedp.Evaluate(`[...document.querySelectorAll("#replicas tbody td.rtt")].map(td => td.textContent)`, &rtts),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || len(rtts) != 2 {
+		t.Fatalf("replicas listed %v, round trips %v", rows, rtts)
+	}
+	for _, r := range rtts {
+		var v float64
+		if _, err := fmt.Sscan(r, &v); err != nil || v <= 0 {
+			t.Errorf("a replica's round trip shows %q", r)
+		}
+	}
+	// A decision with its cost terms and, once it ended, its TTFT; charts
+	// with points.
+	var terms string
+	var points int
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err = chromedp.Run(bctx,
+			chromedp.Evaluate(`(document.querySelector("#decisions tbody tr.decision td.terms")||{}).textContent||""`, &terms),
+			chromedp.Evaluate(`(() => { const d = window.gorgoCharts.latency.data; return d[0].length && d[2].filter(v => v != null).length })()`, &points),
+		)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(terms, "=") && points > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no decision with cost terms (%q) or no TTFT points (%d)", terms, points)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	var ttft string
+	if err := chromedp.Run(bctx, chromedp.Evaluate(`[...document.querySelectorAll("#decisions td.ttft")].map(td => td.textContent).find(v => v !== "–") || ""`, &ttft)); err != nil || ttft == "" {
+		t.Errorf("no decision shows its measured TTFT (%v)", err)
+	}
+	// Drain b from the page: its state changes.
+	var state string
+	err = chromedp.Run(bctx,
+		chromedp.Click(`button.drain[data-id="b"]`, chromedp.ByQuery),
+		chromedp.WaitVisible(`#replicas tbody tr.draining[data-id="b"]`, chromedp.ByQuery),
+		chromedp.Text(`#replicas tbody tr[data-id="b"] td.state`, &state, chromedp.ByQuery),
+	)
+	if err != nil || state != "draining" {
+		t.Fatalf("drain from the page: state %q, %v", state, err)
+	}
+	if st, _ := s.Router().Replica("b"); st.State.String() != "draining" {
+		t.Errorf("the router says %s", st.State)
+	}
+	var png []byte
+	if err := chromedp.Run(bctx, chromedp.FullScreenshot(&png, 100)); err != nil {
+		t.Fatal(err)
+	}
+	path := os.Getenv("GORGO_SCREENSHOT")
+	if path == "" {
+		path = filepath.Join(t.TempDir(), "live-view.png")
+	}
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+}

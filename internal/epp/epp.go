@@ -78,23 +78,23 @@ func New(f Fleet) *Server { return &Server{fleet: f, MaxBodyBytes: 8 << 20, Fall
 
 // exchange is one HTTP request's life on the stream.
 type exchange struct {
-	s        *Server
-	stream   extprocv3.ExternalProcessor_ProcessServer
-	duplex   bool // request body in FULL_DUPLEX_STREAMED mode
+	s      *Server
+	stream extprocv3.ExternalProcessor_ProcessServer
+	duplex bool // request body in FULL_DUPLEX_STREAMED mode
 	// respDuplex: response body in FULL_DUPLEX_STREAMED mode (Envoy says
 	// so on the stream's first message only).
 	respDuplex bool
-	path     string
-	session  string
-	subset   []string
-	body     []byte
-	req      *lifecycle.Request
-	decided  bool
-	status   int
-	sse      []byte
-	scratch  []byte
-	done     bool
-	received time.Time
+	path       string
+	session    string
+	subset     []string
+	body       []byte
+	req        *lifecycle.Request
+	decided    bool
+	status     int
+	sse        []byte
+	scratch    []byte
+	done       bool
+	received   time.Time
 }
 
 // Process serves one ext_proc stream: one HTTP request, from its headers

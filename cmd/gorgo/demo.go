@@ -89,7 +89,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	for _, name := range names {
 		fmt.Fprintf(stdout, "%-24s ", route.Canonical(name))
 		start := time.Now()
-		run, err := demoPolicy(ctx, name, fleet, wall, *speedup, *seed)
+		run, err := demoPolicy(ctx, stdout, name, fleet, wall, *speedup, *seed)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -113,7 +113,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 // demoPolicy brings up a fleet and a proxy with the named policy, replays
 // the workload through it, tears everything down and returns the run with
 // its times scaled back to real time.
-func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
+func demoPolicy(ctx context.Context, view io.Writer, policy string, fleet []sim.Replica, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var cfg proxy.Config
@@ -154,7 +154,13 @@ func demoPolicy(ctx context.Context, policy string, fleet []sim.Replica, reqs []
 		return report.Run{}, err
 	}
 	px.ProbeOnce(ctx)
-	go serve(ctx, px.Run, served{h: px.Handler(), ln: ln})
+	// The live view of each run, on an admin listener of its own.
+	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return report.Run{}, err
+	}
+	fmt.Fprintf(view, "(live view: http://%s/admin/ui/) ", adminLn.Addr())
+	go serve(ctx, px.Run, served{h: px.Handler(), ln: ln}, served{h: px.AdminHandler(), ln: adminLn})
 	out, err := replay.Run(ctx, replay.Config{Target: "http://" + ln.Addr().String(), Requests: reqs, MaxInflight: sim.DefaultMaxInflight})
 	if err != nil {
 		return report.Run{}, err

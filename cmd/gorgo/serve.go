@@ -162,7 +162,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "  %-12s %-14s rtt %-8v %s\n", st.ID, st.Region, st.RTT.Round(time.Millisecond), health)
 	}
 	if admin != nil {
-		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", admin.Addr())
+		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\nlive view: http://%s/admin/ui/\n", admin.Addr(), admin.Addr())
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

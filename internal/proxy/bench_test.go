@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -290,4 +291,36 @@ func BenchmarkLiveView(b *testing.B) {
 	if snapshots.Load() == 0 {
 		b.Error("the open view received no snapshot")
 	}
+}
+
+// BenchmarkLiveViewSnapshot is the live view's snapshot of a 1,000-replica
+// fleet (built and encoded once a second per page open), with 15 minutes
+// of history and 50 decisions.
+func BenchmarkLiveViewSnapshot(b *testing.B) {
+	up := cannedUpstream(b)
+	cfg := Config{ProbeInterval: time.Hour, ScrapeInterval: time.Hour}
+	for i := range 1000 {
+		cfg.Replicas = append(cfg.Replicas, ReplicaConfig{ID: fmt.Sprintf("r%04d", i), URL: up, Region: fmt.Sprintf("g%d", i%12), Profile: "paper"})
+	}
+	s, _ := startProxy(b, cfg)
+	now := time.Now()
+	for i := range historyPoints {
+		share := map[string]float64{}
+		for j := range 8 {
+			share[fmt.Sprintf("r%04d", (i+j)%1000)] = 0.125
+		}
+		s.dash.mu.Lock()
+		s.dash.points = append(s.dash.points[:min(len(s.dash.points), historyPoints-1)], point{T: now.Unix() - int64(historyPoints-i), RPS: 100, Share: share})
+		s.dash.mu.Unlock()
+	}
+	var size int
+	b.ReportAllocs()
+	for b.Loop() {
+		data, err := json.Marshal(s.snapshot(now.Unix() - 1))
+		if err != nil {
+			b.Fatal(err)
+		}
+		size = len(data)
+	}
+	b.ReportMetric(float64(size), "bytes/snapshot")
 }

@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,5 +137,52 @@ func TestLiveViewInChromium(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("replay: %v", err)
+	}
+}
+
+// The page's files need no token (they hold no data); its data stream
+// does, when the admin API does, and then pushes snapshots of the fleet.
+func TestLiveViewStreamNeedsTheToken(t *testing.T) {
+	t.Setenv("GORGO_TEST_UI_TOKEN", "a-token-long-enough-for-the-view")
+	s, _ := startProxy(t, Config{Admin: AdminConfig{TokenEnv: "GORGO_TEST_UI_TOKEN"}}, startReplica(t, 5*time.Millisecond, emulator.Faults{}))
+	admin := adminURL(t, s)
+	for _, path := range []string{"/admin/ui/", "/admin/ui/app.js", "/admin/ui/uPlot.iife.min.js"} {
+		resp, err := http.Get(admin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("GET %s without a token: %d", path, resp.StatusCode)
+		}
+	}
+	resp, err := http.Get(admin + "/admin/ui/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Errorf("the stream without a token: %d", resp.StatusCode)
+	}
+	req, _ := http.NewRequest(http.MethodGet, admin+"/admin/ui/stream", nil)
+	req.Header.Set("Authorization", "Bearer a-token-long-enough-for-the-view")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("the stream with the token: %d %q %v", resp.StatusCode, line, err)
+	}
+	var snap struct {
+		Policy   string
+		Replicas []struct {
+			ID    string  `json:"id"`
+			RTTMS float64 `json:"rtt_ms"`
+		}
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &snap); err != nil || snap.Policy != "gorgo-e2e" || len(snap.Replicas) != 1 || snap.Replicas[0].RTTMS <= 0 {
+		t.Errorf("first snapshot %+v (%v)", snap, err)
 	}
 }

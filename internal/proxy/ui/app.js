@@ -98,6 +98,15 @@
       <td class="ttft">${f0(d.ttft_ms)}</td></tr>`).join("");
   }
 
+  function drawTuner(tuner) {
+    const el = $("#tuner-steps");
+    if (!tuner) { el.textContent = "the policy does not tune itself (gorgo-online does)"; return; }
+    const steps = tuner.steps || [];
+    const acc = steps.filter((s) => s.Accepted).length;
+    el.innerHTML = `tuner ${tuner.paused ? "paused" : "running"} · last ${steps.length} candidates: ${acc} accepted, ${steps.length - acc} rejected · ` +
+      steps.slice(-12).map((s) => s.Accepted ? `<b title="score ${f1(s.Score)} vs ${f1(s.Incumbent)}">✓</b>` : `<span title="${esc(s.Reason)}">✗</span>`).join(" ");
+  }
+
   function apply(snap) {
     $("#policy").textContent = snap.policy;
     for (const p of snap.points || []) push(p);
@@ -105,6 +114,7 @@
     drawMap(snap.replicas || []);
     drawFleet(snap.replicas || []);
     drawDecisions(snap.decisions || []);
+    drawTuner(snap.tuner);
     window.gorgoLast = snap;
   }
 

@@ -35,7 +35,8 @@ type dashboard struct {
 	// This second's requests.
 	ok, errs  int
 	perRep    map[string]int
-	ttft, e2e []float64 // ms
+	ttft, e2e []float64            // ms
+	repTTFT   map[string][]float64 // ms, by replica
 	// The history and the last decisions.
 	points    []point
 	decisions []decision
@@ -51,6 +52,7 @@ type point struct {
 	TTFT50   *float64           `json:"ttft_p50_ms"`
 	TTFT95   *float64           `json:"ttft_p95_ms"`
 	E2E95    *float64           `json:"e2e_p95_ms"`
+	RepTTFT  map[string]float64 `json:"ttft_p95_ms_by_replica"`
 	Share    map[string]float64 `json:"share"`
 	Weights  *route.Weights     `json:"weights,omitempty"`
 	Accepted int                `json:"tuner_accepted"`
@@ -75,7 +77,7 @@ type candidate struct {
 }
 
 func newDashboard() *dashboard {
-	return &dashboard{perRep: map[string]int{}, watchers: map[chan struct{}]bool{}}
+	return &dashboard{perRep: map[string]int{}, repTTFT: map[string][]float64{}, watchers: map[chan struct{}]bool{}}
 }
 
 // Decided records a request's decision (lifecycle.Tap).
@@ -105,7 +107,11 @@ func (d *dashboard) Ended(id uint64, replica string, status int, ttft, e2e time.
 	if status == http.StatusOK {
 		d.ok++
 		if ttft > 0 && len(d.ttft) < 4096 {
-			d.ttft = append(d.ttft, float64(ttft.Microseconds())/1000)
+			v := float64(ttft.Microseconds()) / 1000
+			d.ttft = append(d.ttft, v)
+			if rs := d.repTTFT[replica]; len(rs) < 1024 {
+				d.repTTFT[replica] = append(rs, v)
+			}
 		}
 		if len(d.e2e) < 4096 {
 			d.e2e = append(d.e2e, float64(e2e.Microseconds())/1000)
@@ -138,6 +144,15 @@ func (d *dashboard) tick(now time.Time, w *route.Weights, judged, accepted int) 
 		}
 	}
 	p.TTFT50, p.TTFT95, p.E2E95 = quantile(d.ttft, 0.5), quantile(d.ttft, 0.95), quantile(d.e2e, 0.95)
+	if len(d.repTTFT) > 0 {
+		p.RepTTFT = map[string]float64{}
+		for id, v := range d.repTTFT {
+			if q := quantile(v, 0.95); q != nil {
+				p.RepTTFT[id] = *q
+			}
+		}
+		clear(d.repTTFT)
+	}
 	d.ok, d.errs, d.ttft, d.e2e = 0, 0, d.ttft[:0], d.e2e[:0]
 	clear(d.perRep)
 	if len(d.points) == historyPoints {

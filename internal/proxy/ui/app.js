@@ -4,7 +4,7 @@
 "use strict";
 (function () {
   let token = "";
-  const hist = { t: [], ttft50: [], ttft95: [], e2e95: [], rps: [], errors: [], share: {}, w: { rtt: [], queue: [], decode: [], itl: [] } };
+  const hist = { t: [], ttft50: [], ttft95: [], e2e95: [], rps: [], errors: [], share: {}, rep: {}, w: { rtt: [], queue: [], decode: [], itl: [] } };
   const MAX = 900, ROWS = 200;
   const $ = (s) => document.querySelector(s);
   const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
@@ -22,7 +22,7 @@
     rate: mk("#chart-rate", "requests / s, errors / s", [{ label: "requests", stroke: "#36c" }, { label: "errors", stroke: "#c22" }]),
     weights: mk("#chart-weights", "policy weights (the tuner's incumbent)", [{ label: "rtt", stroke: "#36c" }, { label: "queue", stroke: "#2a7" }, { label: "decode", stroke: "#e80" }, { label: "itl", stroke: "#a3c" }]),
   };
-  let shareChart = null, shareIDs = [];
+  let shareChart = null, shareIDs = [], repChart = null, repIDs = [];
   window.gorgoCharts = charts;
 
   function push(p) {
@@ -34,10 +34,14 @@
     for (const k of ["rtt", "queue", "decode", "itl"]) hist.w[k].push(w[k] == null ? null : w[k]);
     for (const id in p.share) if (!hist.share[id]) hist.share[id] = new Array(t.length - 1).fill(null);
     for (const id in hist.share) hist.share[id].push(p.share[id] == null ? 0 : p.share[id]);
+    const rt = p.ttft_p95_ms_by_replica || {};
+    for (const id in rt) if (!hist.rep[id]) hist.rep[id] = new Array(t.length - 1).fill(null);
+    for (const id in hist.rep) hist.rep[id].push(rt[id] == null ? null : rt[id]);
     if (t.length > MAX) {
       t.shift(); hist.ttft50.shift(); hist.ttft95.shift(); hist.e2e95.shift(); hist.rps.shift(); hist.errors.shift();
       for (const k in hist.w) hist.w[k].shift();
       for (const id in hist.share) hist.share[id].shift();
+      for (const id in hist.rep) hist.rep[id].shift();
     }
   }
 
@@ -56,6 +60,17 @@
       charts.share = shareChart;
     } else if (shareChart) {
       shareChart.setData([hist.t].concat(ids.map((id) => hist.share[id])));
+    }
+    // TTFT p95 per replica, the same 8.
+    if (ids.join() !== repIDs.join()) {
+      repIDs = ids;
+      if (repChart) repChart.destroy();
+      const palette = ["#36c", "#2a7", "#e80", "#a3c", "#c22", "#0aa", "#886", "#555"];
+      repChart = new uPlot({ title: "TTFT p95 by replica (ms)", width: width(), height: 160, scales: { x: { time: true } },
+        series: [{}].concat(ids.map((id, i) => ({ label: id, stroke: palette[i], spanGaps: true }))) }, [hist.t].concat(ids.map((id) => hist.rep[id] || hist.t.map(() => null))), $("#chart-replica"));
+      charts.replica = repChart;
+    } else if (repChart) {
+      repChart.setData([hist.t].concat(ids.map((id) => hist.rep[id] || hist.t.map(() => null))));
     }
   }
   const sum = (a) => a.reduce((x, y) => x + (y || 0), 0);
@@ -94,7 +109,7 @@
   function drawDecisions(decs) {
     $("#decisions tbody").innerHTML = decs.slice().reverse().map((d) => `<tr class="decision">
       <td>${new Date(d.at).toLocaleTimeString()}</td><td>${f0(d.prompt_tokens)}</td><td>${f0(d.expected_output_tokens)}</td><td>${esc(d.chosen)}</td>
-      <td class="terms">${d.candidates.map((c) => `${esc(c.id)} ${f0(c.terms.RTT)} + ${f0(c.terms.Prefill)} + ${f0(c.terms.Queue)} + ${f0(c.terms.Decode)} = <b>${f0(c.terms.Total)}</b>`).join("<br>")}</td>
+      <td class="terms">${d.candidates.map((c) => `${esc(c.id)} <small>(cached ${f0(c.cached_tokens)})</small> ${f0(c.terms.RTT)} + ${f0(c.terms.Prefill)} + ${f0(c.terms.Queue)} + ${f0(c.terms.Decode)} = <b>${f0(c.terms.Total)}</b>`).join("<br>")}</td>
       <td class="ttft">${f0(d.ttft_ms)}</td></tr>`).join("");
   }
 

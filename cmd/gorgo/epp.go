@@ -35,7 +35,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("epp", "epp --config FILE [--listen ADDR]", eppAbout, stderr)
 	configPath := fs.String("config", "", "YAML config `FILE`, as for gorgo serve (required)")
 	listen := fs.String("listen", "127.0.0.1:9002", "address of the ext_proc gRPC service")
-	fallbacks := fs.Int("fallbacks", 2, "ranked fallback endpoints after the chosen one in the answer (0: the chosen one alone)")
+	fallbacks := fs.Int("fallbacks", 0, "ranked fallback endpoints after the chosen one in the answer, for gateways that follow the list (Envoy's ORIGINAL_DST reads one address: keep 0 there)")
 	adminListen := fs.String("admin-listen", "", "address of the admin API (default the config's, else 127.0.0.1:9091; off for none)")
 	var tf tuneFlags
 	tf.register(fs)

@@ -69,12 +69,13 @@ type Server struct {
 	// MaxBodyBytes bounds a request body (default 8 MiB).
 	MaxBodyBytes int
 	// Fallbacks is how many ranked fallbacks follow the chosen endpoint in
-	// the answer (default 2; 0: the chosen endpoint alone).
+	// the answer (default 0: the chosen endpoint alone, which Envoy's
+	// ORIGINAL_DST cluster needs: it reads the header as one address).
 	Fallbacks int
 }
 
 // New returns a picker over the fleet.
-func New(f Fleet) *Server { return &Server{fleet: f, MaxBodyBytes: 8 << 20, Fallbacks: 2} }
+func New(f Fleet) *Server { return &Server{fleet: f, MaxBodyBytes: 8 << 20} }
 
 // exchange is one HTTP request's life on the stream.
 type exchange struct {
@@ -91,6 +92,7 @@ type exchange struct {
 	req        *lifecycle.Request
 	decided    bool
 	status     int
+	answered   bool // the response's end was seen
 	sse        []byte
 	scratch    []byte
 	done       bool
@@ -154,11 +156,19 @@ func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
 			if x.duplex {
 				return nil // gathered; answered whole at the end
 			}
-			// Buffered-partial or streamed: the body so far is all there is.
-			return x.decide(false)
+			// Buffered-partial or streamed: the body is not whole, so it
+			// cannot be read; route by load (a streamed body's route is
+			// fixed at the headers anyway: use buffered or full duplex).
+			return x.decide(true)
 		}
 		return x.decide(false)
 	case *extprocv3.ProcessingRequest_RequestTrailers:
+		if x.duplex && !x.decided {
+			// The body ended without end_of_stream: the trailers end it.
+			if err := x.decide(false); err != nil {
+				return err
+			}
+		}
 		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
 			RequestTrailers: &extprocv3.TrailersResponse{}}})
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
@@ -178,6 +188,7 @@ func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
 			}
 		}
 		if r.ResponseHeaders.GetEndOfStream() {
+			x.answered = true
 			x.end(nil)
 		}
 		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
@@ -194,10 +205,12 @@ func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
 			return err
 		}
 		if eos {
+			x.answered = true
 			x.end(nil)
 		}
 		return nil
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		x.answered = true
 		x.end(nil)
 		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
 			ResponseTrailers: &extprocv3.TrailersResponse{}}})
@@ -258,8 +271,13 @@ func (x *exchange) decide(atHeaders bool) error {
 	}
 	id, ok := req.Next()
 	var ep string
-	if ok {
-		ep, ok = x.s.fleet.Endpoint(id)
+	for ok {
+		if ep, ok = x.s.fleet.Endpoint(id); ok {
+			break
+		}
+		// Left the fleet since the decision: free it, try the next.
+		req.Failed(&lifecycle.Error{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailableError", Message: id + " left the fleet"}, false)
+		id, ok = req.Next()
 	}
 	if !ok {
 		e := req.Failure()
@@ -290,6 +308,12 @@ func (x *exchange) decide(atHeaders bool) error {
 		ClearRouteCache: true,
 	}
 	md, _ := structpb.NewStruct(map[string]any{LBNamespace: map[string]any{DestinationHeader: list}})
+	if atHeaders && x.body != nil && !x.duplex {
+		// A partial body (buffered-partial, streamed): the answer is the
+		// body message's.
+		return x.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestBody{
+			RequestBody: &extprocv3.BodyResponse{Response: common}}})
+	}
 	if atHeaders || x.duplex {
 		if err := x.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestHeaders{
 			RequestHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
@@ -368,11 +392,15 @@ func (x *exchange) end(err error) {
 	}
 	x.done = true
 	st := x.status
-	if st == 0 {
-		st = http.StatusOK // not observed
+	out := lifecycle.Outcome{Status: st, Err: err}
+	switch {
+	case st == 0:
+		out.Status = http.StatusOK // no response events: not observed
 		x.req.Done()
+	case !x.answered:
+		out.ClientGone = true // the stream ended mid-answer
 	}
-	x.req.End(lifecycle.Outcome{Status: st, Err: err}, time.Now())
+	x.req.End(out, time.Now())
 	x.req = nil
 }
 

@@ -68,7 +68,9 @@ func picker(t testing.TB, f Fleet) extprocv3.ExternalProcessorClient {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, New(f))
+	pk := New(f)
+	pk.Fallbacks = 2 // the tests check the list; the default sends the choice alone
+	extprocv3.RegisterExternalProcessorServer(gs, pk)
 	go gs.Serve(ln)
 	t.Cleanup(gs.Stop)
 	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -306,6 +306,8 @@ func (s *Server) uiStream(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
+		case <-s.quit:
+			return
 		case <-ch:
 			if !send() {
 				return

@@ -38,24 +38,26 @@ import (
 // AdminHandler (operators), and run Run for the probes, scrapes, DNS
 // discovery and config reloads.
 type Server struct {
-	cfg    atomic.Pointer[Config] // the running config (live settings change on reload)
-	path   string                 // the config file, if any
-	core   *lifecycle.Core
-	rt     *router.Router
-	policy route.Policy
-	bus    *mesh.Bus // nil off a mesh
-	dash   *dashboard
-	nats   func() // stops the embedded NATS server, if any
-	client *http.Client
-	start  time.Time
-	m      *metrics
-	mux    *http.ServeMux
-	admin  *http.ServeMux
-	log    *slog.Logger
-	tokens atomic.Pointer[[]token] // admin
-	keys   atomic.Pointer[[]token] // clients
-	cert   atomic.Pointer[tls.Certificate]
-	limits atomic.Pointer[limiters]
+	cfg      atomic.Pointer[Config] // the running config (live settings change on reload)
+	path     string                 // the config file, if any
+	core     *lifecycle.Core
+	rt       *router.Router
+	policy   route.Policy
+	bus      *mesh.Bus // nil off a mesh
+	dash     *dashboard
+	quit     chan struct{} // closed when Run's context ends: long streams (the live view) end
+	quitOnce sync.Once
+	nats     func() // stops the embedded NATS server, if any
+	client   *http.Client
+	start    time.Time
+	m        *metrics
+	mux      *http.ServeMux
+	admin    *http.ServeMux
+	log      *slog.Logger
+	tokens   atomic.Pointer[[]token] // admin
+	keys     atomic.Pointer[[]token] // clients
+	cert     atomic.Pointer[tls.Certificate]
+	limits   atomic.Pointer[limiters]
 
 	// ups maps replica ids to upstreams; it changes under upMu and is
 	// read through the atomic pointer.
@@ -185,6 +187,7 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 	reg.MustRegister(stateCollector{s})
 	adm, _ := cfg.admission() // validated
 	s.dash = newDashboard()
+	s.quit = make(chan struct{})
 	var obs lifecycle.Observer
 	if cfg.Mesh != nil {
 		if err := s.joinMesh(*cfg.Mesh, cfg.Region); err != nil {
@@ -371,6 +374,7 @@ func (s *Server) Run(ctx context.Context) error {
 	go func() {
 		defer s.loops.Done()
 		s.runDashboard(ctx.Done())
+		s.quitOnce.Do(func() { close(s.quit) }) // a shutdown does not wait for open live views
 	}()
 	if s.path != "" && s.Config().ConfigPoll > 0 {
 		s.loops.Add(1)

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/replay"
@@ -111,15 +114,17 @@ func TestLiveViewInChromium(t *testing.T) {
 	if err := chromedp.Run(bctx, chromedp.Evaluate(`[...document.querySelectorAll("#decisions td.ttft")].map(td => td.textContent).find(v => v !== "–") || ""`, &ttft)); err != nil || ttft == "" {
 		t.Errorf("no decision shows its measured TTFT (%v)", err)
 	}
-	// Drain b from the page: its state changes.
+	// Drain b from the page: its state changes. (The table is redrawn
+	// every second: the button is clicked as the page holds it then.)
 	var state string
+	var clicked bool
 	err = chromedp.Run(bctx,
-		chromedp.Click(`button.drain[data-id="b"]`, chromedp.ByQuery),
+		chromedp.Evaluate(`(() => { const b = document.querySelector('button.drain[data-id="b"]'); if (b) b.click(); return !!b })()`, &clicked),
 		chromedp.WaitVisible(`#replicas tbody tr.draining[data-id="b"]`, chromedp.ByQuery),
 		chromedp.Text(`#replicas tbody tr[data-id="b"] td.state`, &state, chromedp.ByQuery),
 	)
-	if err != nil || state != "draining" {
-		t.Fatalf("drain from the page: state %q, %v", state, err)
+	if err != nil || !clicked || state != "draining" {
+		t.Fatalf("drain from the page: clicked %v, state %q, %v", clicked, state, err)
 	}
 	if st, _ := s.Router().Replica("b"); st.State.String() != "draining" {
 		t.Errorf("the router says %s", st.State)
@@ -185,4 +190,37 @@ func TestLiveViewStreamNeedsTheToken(t *testing.T) {
 	if err := json.Unmarshal([]byte(strings.TrimPrefix(line, "data: ")), &snap); err != nil || snap.Policy != "gorgo-e2e" || len(snap.Replicas) != 1 || snap.Replicas[0].RTTMS <= 0 {
 		t.Errorf("first snapshot %+v (%v)", snap, err)
 	}
+}
+
+// An open live view ends when the proxy stops, so a shutdown does not wait
+// for it (found in review: SIGTERM waited out the grace and failed).
+func TestLiveViewEndsWithTheProxy(t *testing.T) {
+	rep := startReplica(t, 5*time.Millisecond, emulator.Faults{})
+	cfg := Config{ProbeInterval: 100 * time.Millisecond, ScrapeInterval: 100 * time.Millisecond,
+		Replicas: []ReplicaConfig{{ID: "a", URL: rep.url, Profile: "paper"}}}
+	s, err := New(cfg, nil, prometheus.NewRegistry(), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s.ProbeOnce(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	ts := httptest.NewServer(s.AdminHandler())
+	defer ts.Close()
+	resp, err := http.Get(ts.URL + "/admin/ui/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	ended := make(chan struct{})
+	go func() { io.Copy(io.Discard, resp.Body); close(ended) }()
+	cancel()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the live view's stream outlived the proxy")
+	}
+	<-done
 }

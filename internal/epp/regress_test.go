@@ -1,0 +1,128 @@
+package epp
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/router"
+)
+
+// a fleet that lost replica a's address (removed between Dispatch and Endpoint)
+type lostA struct{ *fleet }
+
+func (l lostA) Endpoint(id string) (string, bool) {
+	if id == "a" {
+		return "", false
+	}
+	return l.fleet.Endpoint(id)
+}
+
+// A replica that left the fleet between the decision and its address is
+// freed and the next one answered (found in review: its ledger leaked).
+func TestEndpointGoneIsFreed(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	s, _ := picker(t, lostA{f}).Process(context.Background())
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
+	if h, _ := destination(t, recv(t, s)); h != "10.0.0.2:8000" {
+		t.Errorf("answered %q, want b", h)
+	}
+	s.CloseSend()
+	s.Recv()
+	waitFor(t, "a's ledger to be free", func() bool { st, _ := f.core.Router.Replica("a"); return st.InFlight == 0 })
+}
+
+// A body that comes in pieces (buffered-partial, streamed) is routed by
+// load at its first piece (found in review: it was parsed, and refused).
+func TestBodyInPiecesIsRoutedByLoad(t *testing.T) {
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_BUFFERED_PARTIAL} {
+		f := newFleet(t, admit.Config{})
+		s, _ := picker(t, f).Process(context.Background())
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode}})
+		recv(t, s)
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody[:40])}}})
+		r := recv(t, s)
+		if imm := r.GetImmediateResponse(); imm != nil {
+			t.Fatalf("%v: a body's first piece answered %d: %s", mode, imm.GetStatus().GetCode(), imm.GetBody())
+		}
+		if h, _ := destination(t, r); h == "" {
+			t.Errorf("%v: no destination", mode)
+		}
+		s.CloseSend()
+	}
+}
+
+// Full duplex with request trailers: the trailers end the body, and the
+// headers' answer comes first (found in review).
+func TestDuplexTrailersEndTheBody(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	s, _ := picker(t, f).Process(context.Background())
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody)}}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}})
+	r := recv(t, s)
+	if _, ok := r.Response.(*extprocv3.ProcessingResponse_RequestHeaders); !ok {
+		t.Errorf("first answer in duplex with trailers: %T (want the headers' answer with the destination)", r.Response)
+	}
+	s.CloseSend()
+}
+
+type tapRec struct {
+	mu       sync.Mutex
+	statuses []int
+}
+
+func (r *tapRec) Decided(time.Time, *route.Request, *router.Ticket, []router.Candidate) uint64 {
+	return 1
+}
+func (r *tapRec) Ended(id uint64, replica string, status int, ttft, e2e time.Duration) {
+	r.mu.Lock()
+	r.statuses = append(r.statuses, status)
+	r.mu.Unlock()
+}
+
+// A stream cancelled mid-answer is not counted as served (found in
+// review: it was a 200).
+func TestCancelMidAnswerIsNotAServedRequest(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	tap := &tapRec{}
+	f.core.Tap = tap
+	ctx, cancel := context.WithCancel(context.Background())
+	s, _ := picker(t, f).Process(ctx)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte("data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n")}}})
+	recv(t, s)
+	cancel() // the gateway's stream goes away mid-answer
+	waitFor(t, "the request's end", func() bool { tap.mu.Lock(); defer tap.mu.Unlock(); return len(tap.statuses) == 1 })
+	if tap.statuses[0] == 200 {
+		t.Errorf("a stream cancelled mid-answer is counted as a 200 success")
+	}
+}
+
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -111,6 +111,33 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 	if sc := d.Spec.Template.Spec.SecurityContext; sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot {
 		t.Error("the pod may run as root")
 	}
+	// Named ports exist, probes and the PodMonitor use them, the config
+	// file is under the mounted path.
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	for what, port := range map[string]string{
+		"readiness": c.ReadinessProbe.HTTPGet.Port.String(),
+		"podmonitor": deref(monitors[0].Spec.PodMetricsEndpoints[0].Port),
+	} {
+		if _, ok := ports[port]; !ok {
+			t.Errorf("%s uses port %q, which the container does not name", what, port)
+		}
+	}
+	if lp := c.LivenessProbe; lp == nil || lp.TCPSocket == nil || (lp.TCPSocket.Port.String() != "http" && lp.TCPSocket.Port.IntValue() != int(ports["http"])) {
+		t.Errorf("liveness probe %+v", c.LivenessProbe)
+	}
+	cfgArg := ""
+	for i, a := range c.Args {
+		if a == "--config" && i+1 < len(c.Args) {
+			cfgArg = c.Args[i+1]
+		}
+	}
+	mount := c.VolumeMounts[0].MountPath
+	if cfgArg == "" || !strings.HasPrefix(cfgArg, mount+"/") || cms[0].Data[strings.TrimPrefix(cfgArg, mount+"/")] == "" {
+		t.Errorf("--config %q is not a file of the ConfigMap mounted at %s", cfgArg, mount)
+	}
 }
 
 // The image is built in two stages into a static binary on a distroless
@@ -160,4 +187,11 @@ func stripComments(doc string) string {
 		}
 	}
 	return b.String()
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

@@ -52,6 +52,9 @@ const (
 	// bodyChunk is the largest body piece sent back in full-duplex mode
 	// (as the reference picker does).
 	bodyChunk = 62000
+	// maxTail is how much of a non-streamed answer is kept to read its
+	// usage from (the usage comes last).
+	maxTail = 64 << 10
 )
 
 // Fleet is what the picker needs of a gorgo router: its lifecycle core and
@@ -348,6 +351,19 @@ func (x *exchange) observe(body []byte, eos bool) {
 	if x.req == nil || x.done {
 		return
 	}
+	if !x.req.Stream() {
+		// A whole JSON answer: keep its tail (the usage comes last), not
+		// the whole of a large answer, and read it at the end.
+		x.sse = append(x.sse, body...)
+		if n := len(x.sse); n > maxTail {
+			x.sse = x.sse[:copy(x.sse, x.sse[n-maxTail:])]
+		}
+		if eos {
+			x.req.Complete(wire.PeekBody(x.sse))
+			x.sse = x.sse[:0]
+		}
+		return
+	}
 	x.sse = append(x.sse, body...)
 	now := time.Now()
 	rest := x.sse
@@ -361,10 +377,8 @@ func (x *exchange) observe(body []byte, eos bool) {
 	}
 	x.sse = x.sse[:copy(x.sse, rest)]
 	if eos {
-		if len(x.sse) > 0 && x.req.Stream() {
+		if len(x.sse) > 0 {
 			x.event(x.sse, now)
-		} else if !x.req.Stream() {
-			x.req.Complete(wire.PeekBody(x.sse))
 		}
 		x.sse = x.sse[:0]
 	}

@@ -2,6 +2,7 @@ package epp
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -124,5 +125,32 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A non-streamed answer is read whole at its end, even pretty-printed with
+// blank lines in it (found in review: it was cut as SSE events and its
+// usage lost).
+func TestNonStreamedAnswerUsage(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	s, err := picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.Replace(chatBody, `"stream":true`, `"stream":false`, 1)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+	recv(t, s)
+	answer := "{\n\n  \"choices\": [{\"message\": {\"role\": \"assistant\", \"content\": \"hi\"}}],\n\n  \"usage\": {\"prompt_tokens\": 20, \"completion_tokens\": 7}\n}\n"
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(answer[:30])}}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(answer[30:]), EndOfStream: true}}})
+	recv(t, s)
+	waitFor(t, "the ledger to be free", func() bool { st, _ := f.core.Router.Replica("a"); return st.InFlight == 0 })
+	if e := f.core.Router.ExpectedOutput(0); e >= router.DefaultOutputTokens {
+		t.Errorf("the answer's 7 tokens were not read: expected output %d", e)
 	}
 }

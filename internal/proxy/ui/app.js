@@ -43,6 +43,11 @@
       for (const id in hist.share) hist.share[id].shift();
       for (const id in hist.rep) hist.rep[id].shift();
     }
+    // Forget replicas that have had nothing for the whole window (a fleet
+    // that churns must not grow the page's memory).
+    if (t.length % 60 === 0) {
+      for (const id in hist.share) if (!hist.share[id].some((v) => v)) { delete hist.share[id]; delete hist.rep[id]; }
+    }
   }
 
   function drawCharts() {

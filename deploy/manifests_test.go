@@ -118,7 +118,7 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 		ports[p.Name] = p.ContainerPort
 	}
 	for what, port := range map[string]string{
-		"readiness": c.ReadinessProbe.HTTPGet.Port.String(),
+		"readiness":  c.ReadinessProbe.HTTPGet.Port.String(),
 		"podmonitor": deref(monitors[0].Spec.PodMetricsEndpoints[0].Port),
 	} {
 		if _, ok := ports[port]; !ok {

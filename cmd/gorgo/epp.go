@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -13,8 +12,6 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -59,14 +56,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 		cfg.Admin.Listen = *adminListen
 	}
 	cfg = cfg.Defaults()
-	pol, err := servePolicy(cfg, &tf)
-	if err != nil {
-		return err
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	srv, err := proxy.New(cfg, pol, reg, *configPath, logger)
+	srv, _, err := newServer(cfg, &tf, *configPath, stderr)
 	if err != nil {
 		return err
 	}
@@ -84,6 +74,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv.ProbeOnce(ctx)
+	defer reloadOnHUP(ctx, srv)()
 	fmt.Fprintf(stdout, "gorgo epp: ext_proc on %s, policy %s, %d replicas\n", ln.Addr(), cfg.Policy, len(cfg.Replicas))
 	if admin != nil {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", admin.Addr())

@@ -111,14 +111,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	cfg.Replicas = append(cfg.Replicas, flagReplicas...)
 	_ = overrides(&cfg)
 	cfg = cfg.Defaults()
-	pol, err := servePolicy(cfg, &tf)
-	if err != nil {
-		return err
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	srv, err := proxy.New(cfg, pol, reg, *configPath, logger)
+	srv, logger, err := newServer(cfg, &tf, *configPath, stderr)
 	if err != nil {
 		return err
 	}
@@ -164,9 +157,19 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if admin != nil {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\nlive view: http://%s/admin/ui/\n", admin.Addr(), admin.Addr())
 	}
+	defer reloadOnHUP(ctx, srv)()
+	servers := []served{{h: srv.Handler(), ln: ln, grace: cfg.ShutdownTimeout, idle: cfg.IdleTimeout, readHeader: cfg.ReadHeaderTimeout}}
+	if admin != nil {
+		servers = append(servers, served{h: srv.AdminHandler(), ln: admin})
+	}
+	return serve(ctx, srv.Run, servers...)
+}
+
+// reloadOnHUP reloads the server's config on SIGHUP until ctx ends; call
+// the function it returns to stop listening for the signal.
+func reloadOnHUP(ctx context.Context, srv *proxy.Server) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	go func() {
 		for {
 			select {
@@ -177,11 +180,22 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 	}()
-	servers := []served{{h: srv.Handler(), ln: ln, grace: cfg.ShutdownTimeout, idle: cfg.IdleTimeout, readHeader: cfg.ReadHeaderTimeout}}
-	if admin != nil {
-		servers = append(servers, served{h: srv.AdminHandler(), ln: admin})
+	return func() { signal.Stop(hup) }
+}
+
+// newServer builds the router server of a config, as gorgo serve and
+// gorgo epp run it: its policy (the online tuner if asked for), a registry
+// with the Go and process collectors, a logger on stderr.
+func newServer(cfg proxy.Config, tf *tuneFlags, path string, stderr io.Writer) (*proxy.Server, *slog.Logger, error) {
+	pol, err := servePolicy(cfg, tf)
+	if err != nil {
+		return nil, nil, err
 	}
-	return serve(ctx, srv.Run, servers...)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	srv, err := proxy.New(cfg, pol, reg, path, logger)
+	return srv, logger, err
 }
 
 // servePolicy builds the online tuner when the config asks for it (its

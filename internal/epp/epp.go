@@ -53,7 +53,7 @@ const (
 	// (as the reference picker does).
 	bodyChunk = 62000
 	// maxTail is how much of a non-streamed answer is kept to read its
-	// usage from (the usage comes last).
+	// usage from (the usage comes last), and the longest SSE event read.
 	maxTail = 64 << 10
 )
 
@@ -376,6 +376,9 @@ func (x *exchange) observe(body []byte, eos bool) {
 		x.event(ev, now)
 	}
 	x.sse = x.sse[:copy(x.sse, rest)]
+	if len(x.sse) > maxTail {
+		x.sse = x.sse[:0] // no event is that long: not SSE, stop reading it
+	}
 	if eos {
 		if len(x.sse) > 0 {
 			x.event(x.sse, now)

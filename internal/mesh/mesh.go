@@ -90,18 +90,27 @@ type event struct {
 	Router string `json:"r"`
 	// Boot tells a router's runs apart: a router restarted under the same
 	// name starts its attempt ids again.
-	Boot    uint64   `json:"o"`
-	Kind    string   `json:"k"`
-	ID      uint64   `json:"i,omitempty"`
-	Replica string   `json:"rep,omitempty"`
-	Prompt  int      `json:"p,omitempty"`
-	Blocks  []uint64 `json:"b,omitempty"`
+	Boot uint64 `json:"o"`
+	// Heartbeat is the sender's heartbeat period (ms): it is quiet after
+	// five of its own, whatever the receiver's period.
+	Heartbeat int64    `json:"hb,omitempty"`
+	Kind      string   `json:"k"`
+	ID        uint64   `json:"i,omitempty"`
+	Replica   string   `json:"rep,omitempty"`
+	Prompt    int      `json:"p,omitempty"`
+	Blocks    []uint64 `json:"b,omitempty"`
 }
 
 type key struct {
 	router string
 	boot   uint64
 	id     uint64
+}
+
+// heard is when another router was last heard from, and its heartbeat.
+type heard struct {
+	at        time.Time
+	heartbeat time.Duration
 }
 
 type mirror struct {
@@ -122,8 +131,8 @@ type Bus struct {
 	mu        sync.Mutex
 	closed    bool
 	remote    map[key]*mirror
-	seen      map[string]time.Time // other routers, when last heard from
-	boots     map[string]uint64    // other routers' current runs
+	seen      map[string]heard  // other routers, when last heard from
+	boots     map[string]uint64 // other routers' current runs
 	stop      chan struct{}
 	stopped   sync.WaitGroup
 	closeOnce sync.Once
@@ -143,7 +152,7 @@ func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Bus{cfg: cfg, rt: rt, now: now, log: log, remote: map[key]*mirror{}, seen: map[string]time.Time{}, boots: map[string]uint64{},
+	b := &Bus{cfg: cfg, rt: rt, now: now, log: log, remote: map[key]*mirror{}, seen: map[string]heard{}, boots: map[string]uint64{},
 		stop: make(chan struct{}), boot: uint64(time.Now().UnixNano())}
 	nc, err := nats.Connect(cfg.URL, nats.Name("gorgo "+cfg.Name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
 		nats.ReconnectBufSize(1<<20),
@@ -228,7 +237,7 @@ func (b *Bus) Finished(id uint64) { b.publish(event{Kind: kindEnd, ID: id}) }
 // event that does not fit is lost, and the others are told to forget this
 // router's mirrors once the bus is back.
 func (b *Bus) publish(e event) {
-	e.Router, e.Boot = b.cfg.Name, b.boot
+	e.Router, e.Boot, e.Heartbeat = b.cfg.Name, b.boot, b.cfg.Heartbeat.Milliseconds()
 	data, err := json.Marshal(&e)
 	if err != nil {
 		return
@@ -252,7 +261,11 @@ func (b *Bus) receive(m *nats.Msg) {
 	if b.closed {
 		return
 	}
-	b.seen[e.Router] = time.Now()
+	hb := time.Duration(e.Heartbeat) * time.Millisecond
+	if hb <= 0 {
+		hb = b.cfg.Heartbeat
+	}
+	b.seen[e.Router] = heard{at: time.Now(), heartbeat: hb}
 	if old, ok := b.boots[e.Router]; ok && old != e.Boot {
 		b.forgetRouter(e.Router) // it restarted: its old requests are gone
 	}
@@ -309,9 +322,8 @@ func (b *Bus) housekeep() {
 func (b *Bus) sweep(now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	quiet := 5 * b.cfg.Heartbeat
 	for k, mr := range b.remote {
-		if seen, ok := b.seen[k.router]; !ok || now.Sub(seen) > quiet || now.Sub(mr.at) > b.cfg.RemoteTTL {
+		if seen, ok := b.seen[k.router]; !ok || now.Sub(seen.at) > 5*seen.heartbeat || now.Sub(mr.at) > b.cfg.RemoteTTL {
 			b.rt.Finish(&mr.t)
 			delete(b.remote, k)
 			b.dropped.Add(1)

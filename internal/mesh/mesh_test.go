@@ -126,7 +126,7 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 	cut := newCutter(t, url[len("nats://"):])
 	r1, r2 := newRouter(t), newRouter(t)
 	now := func() time.Duration { return 0 }
-	b1, err := Connect(Config{URL: url, Name: "us"}, r1, now, nil)
+	b1, err := Connect(Config{URL: url, Name: "us", Heartbeat: 200 * time.Millisecond}, r1, now, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,3 +70,34 @@ func TestNothingIsMirroredAfterClose(t *testing.T) {
 		t.Errorf("ledger leak after Close: %d in flight", n)
 	}
 }
+
+// A router is judged quiet by its own heartbeat, not the receiver's: a
+// receiver that beats every 50 ms keeps the mirrors of one that beats
+// every second well past five of its own beats.
+func TestQuietIsTheSendersHeartbeat(t *testing.T) {
+	url := natsServer(t)
+	rA, rB := newRouter(t), newRouter(t)
+	now := func() time.Duration { return 0 }
+	a, err := Connect(Config{URL: url, Name: "us", Heartbeat: time.Second}, rA, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Connect(Config{URL: url, Name: "eu", Heartbeat: 50 * time.Millisecond}, rB, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a.Dispatched(1, "a", &route.Request{PromptTokens: 64, Blocks: []uint64{1, 2}})
+	deadline := time.Now().Add(10 * time.Second)
+	for b.Mirrors() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("eu never mirrored us's request")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(600 * time.Millisecond) // twelve of eu's beats, under one of us's
+	if b.Mirrors() != 1 {
+		t.Errorf("eu dropped the mirror of a router that is not quiet: %d left", b.Mirrors())
+	}
+}

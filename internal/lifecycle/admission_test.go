@@ -15,8 +15,9 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
-// admissionCore is a core over two replicas that prefill at 1 ms a token,
-// with a 5 s TTFT SLO.
+// admissionCore is a core over two replicas that prefill at 10 ms a token,
+// with a 60 s TTFT SLO: held requests have a minute of wall time before
+// their deadline, plenty on a loaded machine.
 func admissionCore(t *testing.T, mode admit.Mode) (*Core, *prometheus.Registry) {
 	t.Helper()
 	p, _ := route.New("gorgo-ms", route.Options{})
@@ -25,10 +26,10 @@ func admissionCore(t *testing.T, mode admit.Mode) (*Core, *prometheus.Registry) 
 		t.Fatal(err)
 	}
 	for _, id := range []string{"a", "b"} {
-		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 1, QueueMSPerToken: 1})
+		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 10, QueueMSPerToken: 10})
 		rt.ObserveRTT(id, 10*time.Millisecond)
 	}
-	a := admit.Config{SLO: 5 * time.Second, Mode: mode}
+	a := admit.Config{SLO: time.Minute, Mode: mode}
 	if err := a.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +61,7 @@ func begin(t *testing.T, c *Core, body []byte) *Request {
 
 func TestAdmissionHoldsUntilTheBacklogClears(t *testing.T) {
 	c, reg := admissionCore(t, admit.ModeQueue)
-	// Two 7.5k-token prompts: 7.5 s of backlog on each replica.
+	// Two 7.5k-token prompts: 75 s of backlog on each replica.
 	big := []*Request{begin(t, c, chatOf(6000, "one")), begin(t, c, chatOf(6000, "two"))}
 	if big[0].Replica() == big[1].Replica() {
 		t.Fatalf("both on %s", big[0].Replica())
@@ -84,7 +85,7 @@ func TestAdmissionHoldsUntilTheBacklogClears(t *testing.T) {
 	}
 	select {
 	case r := <-got:
-		t.Fatalf("admitted while the backlog is 7.5 s: %+v", r)
+		t.Fatalf("admitted while the backlog is 75 s: %+v", r)
 	case <-time.After(50 * time.Millisecond):
 	}
 	// One big request gets its first token: its replica's backlog is gone.
@@ -124,7 +125,7 @@ func TestAdmissionRefusesAndLetsAClientLeave(t *testing.T) {
 	q, _ := admissionCore(t, admit.ModeQueue)
 	r, _ = q.Begin(chatOf(8000, "huge"), Chat, "", time.Now())
 	if e, _ := r.Admit(context.Background()); e == nil || e.Status != 429 {
-		t.Fatalf("a 10k-token prompt with a 5 s SLO at 1 ms a token: %+v", e)
+		t.Fatalf("a 10k-token prompt with a 60 s SLO at 10 ms a token: %+v", e)
 	}
 	r.Reject(e)
 	// A client that leaves while held.

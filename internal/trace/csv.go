@@ -283,17 +283,17 @@ func parseSeconds(s string) (time.Duration, error) {
 				return d, nil
 			}
 		}
-		return 0, fmt.Errorf("Timestamp %s s out of range", s)
+		return 0, fmt.Errorf("the Timestamp %s s is out of range", s)
 	}
 	x, err := strconv.ParseFloat(s, 64)
 	if err != nil || math.IsNaN(x) || math.IsInf(x, 0) {
 		return 0, fmt.Errorf("invalid Timestamp %q (want seconds from the start of the trace)", s)
 	}
 	if x < 0 {
-		return 0, fmt.Errorf("Timestamp must be non-negative, got %s", s)
+		return 0, fmt.Errorf("the Timestamp must be non-negative, got %s", s)
 	}
 	if x*float64(time.Second) > float64(maxTraceTime) {
-		return 0, fmt.Errorf("Timestamp %s s out of range", s)
+		return 0, fmt.Errorf("the Timestamp %s s is out of range", s)
 	}
 	return time.Duration(math.Round(x * float64(time.Second))), nil
 }

@@ -58,7 +58,6 @@ func main() {
 	fmt.Println("| workload | fleet | time scale | default p95 TTFT | best other (non-clairvoyant) | Δ | clairvoyant | Δ | default p95 E2E | best other | Δ | goals |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
 	var cells, ttftOK, e2eOK, cvOK, all, overloaded int
-	var worst []string
 	for _, path := range os.Args[1:] {
 		name := strings.TrimSuffix(filepath.Base(path), "-eval.json")
 		workload, fleet, _ := strings.Cut(name, "-")
@@ -131,7 +130,6 @@ func main() {
 				all++
 			} else {
 				verdict = "missed: " + strings.Join(goals, ", ")
-				worst = append(worst, fmt.Sprintf("%s/%s@%v", workload, fleet, w.TimeScale))
 			}
 			fmt.Printf("| %s | %s | %v | %s | %s %s | %s | %s | %s | %s %s | %s | %s |\n",
 				workload, fleet, w.TimeScale, ms(d.TTFT.P95), bestT.Policy, ms(bestT.TTFT.P95), pct(dt), cvText,

@@ -121,8 +121,12 @@ type Config struct {
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// MaxBodyBytes bounds a request body on every endpoint (default 8 MiB;
 	// a larger one is refused with 413, from its Content-Length before it
-	// is read when it gives one); MaxAnswerBytes a non-streaming answer or
-	// one event of a stream held while it is relayed (default 64 MiB).
+	// is read when it gives one). MaxAnswerBytes is how much of a
+	// non-streaming answer is held before the client gets any of it
+	// (default 1 MiB): an answer that fits and breaks off is tried on
+	// another replica; a longer one is passed through as it comes, its
+	// usage unread. (A stream's events are held up to 64 KiB each, to be
+	// peeked at; a longer event is passed through unpeeked.)
 	MaxBodyBytes   int64 `yaml:"max_body_bytes"`
 	MaxAnswerBytes int64 `yaml:"max_answer_bytes"`
 	// MaxConnections caps the client connections open at once (default
@@ -269,7 +273,7 @@ func (c Config) Defaults() Config {
 		c.MaxBodyBytes = 8 << 20
 	}
 	if c.MaxAnswerBytes == 0 {
-		c.MaxAnswerBytes = 64 << 20
+		c.MaxAnswerBytes = 1 << 20
 	}
 	if c.MaxConnections == 0 {
 		c.MaxConnections = 8192

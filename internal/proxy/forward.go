@@ -179,11 +179,19 @@ func failure(id string, status int, broken bool, msg string, cause ...string) *a
 	return e
 }
 
+// maxEventPeek bounds the part of a streamed answer the relay holds to
+// frame and peek at: an SSE event longer than this (no engine sends one;
+// a hostile replica might) is passed through as it comes, unpeeked, so
+// that what a replica sends cannot grow the proxy.
+const maxEventPeek = 64 << 10
+
 // answer is a replica's answer, read far enough to be sure it is one: for
-// a stream, its first whole event; otherwise the whole body.
+// a stream, its first whole event (or maxEventPeek bytes of it);
+// otherwise the whole body, or MaxAnswerBytes of it.
 type answer struct {
 	resp   *http.Response
 	stream bool      // relayed event by event
+	whole  bool      // not a stream, and buf holds all of it
 	buf    *[]byte   // read from the body and not relayed yet
 	at     time.Time // when buf's last bytes were read
 	end    error     // how the body ended (io.EOF: cleanly), nil while open
@@ -198,15 +206,15 @@ func (a *answer) close() {
 	putBuffer(a.buf)
 }
 
-// fill reads what the body has now into buf (growing it when full).
-func (a *answer) fill(idle time.Duration, limit int64) {
+// fill reads what the body has now into buf, growing it while it is under
+// limit bytes; it reports false, reading nothing, when buf is full.
+func (a *answer) fill(idle time.Duration, limit int) bool {
 	b := *a.buf
 	if len(b) == cap(b) {
-		if int64(cap(b)) >= limit {
-			a.end = fmt.Errorf("the answer (or one of its events) is larger than %d bytes", limit)
-			return
+		if cap(b) >= limit {
+			return false
 		}
-		b = append(b, make([]byte, max(32<<10, cap(b)))...)[:len(b)]
+		b = append(b, make([]byte, min(max(32<<10, cap(b)), limit-cap(b)))...)[:len(b)]
 	}
 	n, err := a.resp.Body.Read(b[len(b):cap(b)])
 	*a.buf = b[:len(b)+n]
@@ -217,6 +225,7 @@ func (a *answer) fill(idle time.Duration, limit int64) {
 	if err != nil {
 		a.end = err
 	}
+	return true
 }
 
 // lentBody is a request body lent to the transport, which may read it even
@@ -324,14 +333,20 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 	}
 	stream := resp.StatusCode == http.StatusOK && (req.Stream() || isEventStream(resp.Header))
 	a.stream = stream
-	for a.end == nil {
-		a.fill(idle, cfg.MaxAnswerBytes)
+	// Hold at most one event's peek, or MaxAnswerBytes of a whole answer:
+	// past it the answer has begun, and is passed through as it comes.
+	hold := int(cfg.MaxAnswerBytes)
+	if stream {
+		hold = maxEventPeek
+	}
+	for a.end == nil && a.fill(idle, hold) {
 		if stream {
 			if _, _, ok := wire.NextEvent(*a.buf); ok {
 				break
 			}
 		}
 	}
+	a.whole = !stream && a.end == io.EOF
 	if a.end != nil && a.end != io.EOF || len(*a.buf) == 0 && resp.StatusCode == http.StatusOK {
 		err := a.end
 		if err == nil || err == io.EOF {
@@ -423,13 +438,15 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	copyHeaders(h, a.resp.Header)
 	h.Set(ReplicaHeader, req.Replica())
 	ok := a.resp.StatusCode == http.StatusOK
-	whole := !a.stream
-	if whole { // the whole body is in the buffer
+	switch {
+	case a.whole: // the whole body is in the buffer
 		h.Set("Content-Length", strconv.Itoa(len(*a.buf)))
+	case !a.stream && a.resp.ContentLength >= 0: // passed through as it comes
+		h.Set("Content-Length", strconv.FormatInt(a.resp.ContentLength, 10))
 	}
 	w.WriteHeader(a.resp.StatusCode)
 	var clientErr error
-	if whole {
+	if a.whole {
 		_, clientErr = w.Write(*a.buf)
 		if ok && clientErr == nil {
 			req.Complete(wire.PeekBody(*a.buf))
@@ -441,13 +458,25 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	out := getBuffer()
 	defer putBuffer(out)
 	var scratch []byte
-	idle, limit := s.cfg.Load().StreamIdleTimeout, s.cfg.Load().MaxAnswerBytes
+	idle, limit := s.cfg.Load().StreamIdleTimeout, int(s.cfg.Load().MaxAnswerBytes)
+	if a.stream {
+		limit = maxEventPeek
+	}
+	// over: inside an event too long to peek, passed through as it comes
+	// until its blank line; prev holds the last bytes passed of it.
+	over := !a.stream // an answer too long to hold is passed through whole
+	var prev []byte
 	for {
-		// Relay every whole event read so far.
 		rest := *a.buf
 		*out = (*out)[:0]
 		done := false
-		for {
+		if over && a.stream {
+			if n := eventEnd(prev, rest); n >= 0 {
+				*out, rest, over = append(*out, rest[:n]...), rest[n:], false
+			}
+		}
+		// Relay every whole event read so far.
+		for !over {
 			ev, next, whole := wire.NextEvent(rest)
 			if !whole {
 				break
@@ -457,6 +486,14 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				continue
 			}
 			*out = append(*out, ev...)
+		}
+		if !over && len(rest) >= maxEventPeek {
+			over = true // an event too long to peek at: pass it through
+		}
+		if over {
+			*out = append(*out, rest...)
+			prev = append(prev[:0], rest[max(0, len(rest)-2):]...)
+			rest = rest[len(rest):]
 		}
 		// Keep the unfinished event at the front of the buffer.
 		*a.buf = (*a.buf)[:copy(*a.buf, rest)]
@@ -476,6 +513,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			}
 		}
 		if done || a.end == io.EOF {
+			if !a.stream && ok {
+				req.Complete(0, -1) // too long to hold: its usage is not read
+			}
 			req.Done() // the final event reached the client: the answer is complete
 			a.end = io.EOF
 		}
@@ -496,6 +536,33 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	if status == http.StatusBadGateway && !clientGone {
 		panic(http.ErrAbortHandler) // headers are out: cut the stream, don't fake its end
 	}
+}
+
+// eventEnd returns how many bytes of b end the SSE event being passed
+// through, up to and including the blank line after it, or -1 if b does
+// not end it; prev is what was passed of the event just before b (its
+// last two bytes suffice, for a blank line split across reads).
+func eventEnd(prev, b []byte) int {
+	var w [4]byte
+	n := copy(w[:], prev[max(0, len(prev)-2):])
+	m := copy(w[n:], b)
+	if i := blankLine(w[:n+m]); i > n {
+		return i - n
+	}
+	return blankLine(b)
+}
+
+// blankLine returns the index just past the first blank line in b ("\n\n"
+// or "\n\r\n", a line's end and an empty line), or -1.
+func blankLine(b []byte) int {
+	best := -1
+	if i := bytes.Index(b, []byte("\n\n")); i >= 0 {
+		best = i + 2
+	}
+	if i := bytes.Index(b, []byte("\n\r\n")); i >= 0 && (best < 0 || i+3 < best) {
+		best = i + 3
+	}
+	return best
 }
 
 // hide hands one event to the lifecycle and reports whether the client

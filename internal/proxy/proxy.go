@@ -123,6 +123,9 @@ func (u *upstream) halt() {
 	}
 }
 
+// maxResponseHeaderBytes bounds a replica's response headers.
+const maxResponseHeaderBytes = 64 << 10
+
 // New builds a proxy from a config (defaults are applied here) and a
 // policy; nil policy means the config's. Its metrics are registered on reg
 // and served at /metrics on both listeners. path is the config file that
@@ -181,6 +184,11 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 		// and an answer comes in with few reads.
 		WriteBufferSize: 64 << 10,
 		ReadBufferSize:  64 << 10,
+		// A replica's response headers are capped: past it the attempt
+		// fails as the replica's fault (and the next fallback is tried), so
+		// a hostile replica cannot grow the proxy or hand clients headers
+		// larger than they take.
+		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 		TLSClientConfig: upTLS,
 	}}
 	s.m = newMetrics(reg)

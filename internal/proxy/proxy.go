@@ -189,7 +189,7 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 		// a hostile replica cannot grow the proxy or hand clients headers
 		// larger than they take.
 		MaxResponseHeaderBytes: maxResponseHeaderBytes,
-		TLSClientConfig: upTLS,
+		TLSClientConfig:        upTLS,
 	}}
 	s.m = newMetrics(reg)
 	reg.MustRegister(stateCollector{s})

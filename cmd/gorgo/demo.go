@@ -16,10 +16,10 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/netem"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
 	"github.com/gorgo-llm/gorgo/internal/replay"
 	"github.com/gorgo-llm/gorgo/internal/report"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
@@ -38,7 +38,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", "demo [flags]", demoAbout, stderr)
 	duration := fs.Duration("duration", 2*time.Minute, "length of the workload (real time)")
 	speedup := fs.Float64("speedup", 10, "run model and network this many times faster than real time")
-	policies := fs.String("policy", "default,gorgo,simple-session-affinity,round-robin", "comma-separated `POLICIES` to run: "+joinNames(route.Names()))
+	policies := fs.String("policy", "default,gorgo,simple-session-affinity,round-robin", "comma-separated `POLICIES` to run: "+joinNames(policy.Names()))
 	timeScale := fs.Float64("time-scale", 1, "multiply the workload's inter-arrival gaps by `F`")
 	seed := fs.Uint64("seed", 1, "random seed")
 	meshDemo := fs.Bool("mesh", false, "a router in every region instead: paper-mesh (clients 45/30/25% in the paper's three regions), central and region-local against the default policy in every region sharing state over NATS")
@@ -58,7 +58,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	}
 	names := splitList(*policies)
 	for _, n := range names {
-		if _, err := route.New(n, route.Options{}); err != nil {
+		if _, err := policy.New(n, policy.Options{}); err != nil {
 			return fmt.Errorf("--policy: %w", err)
 		}
 	}
@@ -87,14 +87,14 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "workload: %s\nfleet: %s\nspeedup: %gx (model and network)\n\n", desc, describeFleet(top, fleet), *speedup)
 	var live, predicted []report.Run
 	for _, name := range names {
-		fmt.Fprintf(stdout, "%-24s ", route.Canonical(name))
+		fmt.Fprintf(stdout, "%-24s ", policy.Canonical(name))
 		start := time.Now()
 		run, err := demoPolicy(ctx, stdout, name, fleet, wall, *speedup, *seed)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		live = append(live, run)
-		pol, _ := route.New(name, route.Options{})
+		pol, _ := policy.New(name, policy.Options{})
 		res, err := sim.Run(sim.Config{Replicas: fleet, Requests: reqs, Policy: pol, MaxInflight: sim.DefaultMaxInflight, Seed: *seed})
 		if err != nil {
 			return err
@@ -113,7 +113,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 // demoPolicy brings up a fleet and a proxy with the named policy, replays
 // the workload through it, tears everything down and returns the run with
 // its times scaled back to real time.
-func demoPolicy(ctx context.Context, view io.Writer, policy string, fleet []sim.Replica, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
+func demoPolicy(ctx context.Context, view io.Writer, name string, fleet []sim.Replica, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var cfg proxy.Config
@@ -144,7 +144,7 @@ func demoPolicy(ctx context.Context, view io.Writer, policy string, fleet []sim.
 	// Probes and scrapes at the paper's 30 s, in model time.
 	cfg.ProbeInterval = time.Duration(float64(30*time.Second) / speedup)
 	cfg.ScrapeInterval = cfg.ProbeInterval
-	cfg.Policy, cfg.Seed, cfg.Admin.Listen = policy, seed, proxy.AdminOff
+	cfg.Policy, cfg.Seed, cfg.Admin.Listen = name, seed, proxy.AdminOff
 	px, err := proxy.New(cfg, nil, prometheus.NewRegistry(), "", nil)
 	if err != nil {
 		return report.Run{}, err
@@ -177,5 +177,5 @@ func demoPolicy(ctx context.Context, view io.Writer, policy string, fleet []sim.
 		rec.Slip *= speedup
 		rec.Arrival *= speedup
 	}
-	return report.NewRun(route.Canonical(policy), out.Records, ids), nil
+	return report.NewRun(policy.Canonical(name), out.Records, ids), nil
 }

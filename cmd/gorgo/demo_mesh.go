@@ -15,10 +15,10 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"github.com/gorgo-llm/gorgo/internal/netem"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
 	"github.com/gorgo-llm/gorgo/internal/replay"
 	"github.com/gorgo-llm/gorgo/internal/report"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
@@ -34,7 +34,7 @@ type meshDemo struct {
 var demoMeshArrangements = []meshDemo{
 	{"central", sim.ArrangeCentral, sim.ShareNone},
 	{"region-local", sim.ArrangeRegionLocal, sim.ShareNone},
-	{"default, shared", route.DefaultName, sim.ShareDelayed},
+	{"default, shared", policy.DefaultName, sim.ShareDelayed},
 }
 
 // runDemoMesh is `gorgo demo --mesh`: paper-mesh live, clients in every
@@ -57,8 +57,8 @@ func runDemoMesh(ctx context.Context, stdout io.Writer, duration time.Duration, 
 		desc, top.Name, describeMesh(top, reps), speedup)
 	var live, predicted []report.Run
 	for _, d := range demoMeshArrangements {
-		newPolicy := func(name, region string) (route.Policy, error) {
-			return route.New(name, route.Options{Region: region})
+		newPolicy := func(name, region string) (policy.Policy, error) {
+			return policy.New(name, policy.Options{Region: region})
 		}
 		m, err := top.Arrangement(d.arrangement, reps, d.sharing, 0, 0, newPolicy)
 		if err != nil {

@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
@@ -26,7 +26,7 @@ against simple-session-affinity, and a TTFT CDF plot per window (PNG).`
 // baseline is the policy eval compares every other against, as the paper does.
 const baseline = "simple-session-affinity"
 
-var evalPolicies = []string{"gorgo", "gorgo-ms", route.DefaultName, baseline, "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
+var evalPolicies = []string{"gorgo", "gorgo-ms", policy.DefaultName, baseline, "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
 
 // evalWindow is one window at one time scale.
 type evalWindow struct {
@@ -92,7 +92,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	}
 	names := splitList(*policies)
 	for i := range names {
-		names[i] = route.Canonical(names[i])
+		names[i] = policy.Canonical(names[i])
 	}
 	if err := checkWritable(*jsonOut); err != nil {
 		return err

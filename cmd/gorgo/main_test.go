@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -261,7 +261,7 @@ func TestServeBadInput(t *testing.T) {
 // it does not tune.
 func TestServeOnlineTunerTakesMSWeights(t *testing.T) {
 	tf := tuneFlags{base: "gorgo-ms", sigma: 0.5, window: 128, hop: 32, params: listFlag{"rtt=0.1:5:1"}}
-	cfg := proxy.Config{Policy: tune.OnlineName, MSWeights: &route.Weights{RTT: 2, Queue: 3}}
+	cfg := proxy.Config{Policy: tune.OnlineName, MSWeights: &policy.Weights{RTT: 2, Queue: 3}}
 	pol, err := servePolicy(cfg, &tf)
 	if err != nil {
 		t.Fatal(err)

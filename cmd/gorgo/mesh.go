@@ -10,8 +10,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 )
 
@@ -55,10 +55,10 @@ func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf 
 	if err != nil {
 		return err
 	}
-	newPolicy := func(name, region string) (route.Policy, error) {
+	newPolicy := func(name, region string) (policy.Policy, error) {
 		o := opts
 		o.Region = region
-		return route.New(name, o)
+		return policy.New(name, o)
 	}
 	t, reps, err := ff.load()
 	if err != nil {
@@ -77,10 +77,10 @@ func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf 
 	}
 	var runs []run
 	for _, a := range splitList(policies) {
-		a = route.Canonical(a)
+		a = policy.Canonical(a)
 		if a != sim.ArrangeCentral && a != sim.ArrangeRegionLocal {
-			if _, ok := route.Lookup(a); !ok {
-				return fmt.Errorf("--policy: unknown arrangement %q (valid: %s, %s, or a policy run in every region: %s)", a, sim.ArrangeCentral, sim.ArrangeRegionLocal, joinNames(route.LiveNames()))
+			if _, ok := policy.Lookup(a); !ok {
+				return fmt.Errorf("--policy: unknown arrangement %q (valid: %s, %s, or a policy run in every region: %s)", a, sim.ArrangeCentral, sim.ArrangeRegionLocal, joinNames(policy.LiveNames()))
 			}
 		}
 		for k, sh := range sharings {

@@ -6,13 +6,13 @@ import (
 	"math"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 // defaultPolicies are what sim compares when --policy is not given.
-var defaultPolicies = []string{"gorgo", "gorgo-ms", route.DefaultName, "simple-session-affinity", "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
+var defaultPolicies = []string{"gorgo", "gorgo-ms", policy.DefaultName, "simple-session-affinity", "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
 
 // policyFlags configure the policies and the router's signals.
 type policyFlags struct {
@@ -26,10 +26,10 @@ type policyFlags struct {
 }
 
 func (p *policyFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&p.weights, "weights", route.PaperWeights.String(), "gorgo's weights, `rtt=X,queue=Y` or a JSON file {\"rtt\":X,\"queue\":Y}")
+	fs.StringVar(&p.weights, "weights", policy.PaperWeights.String(), "gorgo's weights, `rtt=X,queue=Y` or a JSON file {\"rtt\":X,\"queue\":Y}")
 	fs.StringVar(&p.msWeights, "ms-weights", "rtt=1,queue=1", "gorgo-ms's weights, `rtt=X,queue=Y` or a JSON file")
-	fs.StringVar(&p.e2eWeights, "e2e-weights", route.DefaultE2EWeights.String(), "gorgo-e2e's (the default policy's) weights, `rtt=X,queue=Y,decode=Z` or a JSON file")
-	fs.Float64Var(&p.tieMargin, "tie-margin", route.DefaultTieMargin, "relative cost margin within which gorgo and gorgo-ms draw among tied replicas (negative: exact ties only)")
+	fs.StringVar(&p.e2eWeights, "e2e-weights", policy.DefaultE2EWeights.String(), "gorgo-e2e's (the default policy's) weights, `rtt=X,queue=Y,decode=Z` or a JSON file")
+	fs.Float64Var(&p.tieMargin, "tie-margin", policy.DefaultTieMargin, "relative cost margin within which gorgo and gorgo-ms draw among tied replicas (negative: exact ties only)")
 	fs.DurationVar(&p.probe, "probe-interval", sim.DefaultInterval, "period of the router's round-trip probes")
 	fs.DurationVar(&p.scrape, "scrape-interval", sim.DefaultInterval, "period of the router's engine metrics scrapes")
 	fs.Float64Var(&p.alpha, "rtt-alpha", 0.3, "EWMA weight of a new round-trip probe")
@@ -37,24 +37,24 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.rates, "ms-rates", "profile", "gorgo-ms's per-replica rates: profile (from each replica's engine profile), online (learned from observed TTFT, starting from the profile) or blind (learned, starting from the paper engine's for every replica)")
 }
 
-func (p *policyFlags) options() (route.Options, error) {
+func (p *policyFlags) options() (policy.Options, error) {
 	// A weight not given keeps its default.
-	w, err := route.ParseWeights(p.weights, route.PaperWeights)
+	w, err := policy.ParseWeights(p.weights, policy.PaperWeights)
 	if err != nil {
-		return route.Options{}, fmt.Errorf("--weights: %w", err)
+		return policy.Options{}, fmt.Errorf("--weights: %w", err)
 	}
-	mw, err := route.ParseWeights(p.msWeights, route.Weights{RTT: 1, Queue: 1})
+	mw, err := policy.ParseWeights(p.msWeights, policy.Weights{RTT: 1, Queue: 1})
 	if err != nil {
-		return route.Options{}, fmt.Errorf("--ms-weights: %w", err)
+		return policy.Options{}, fmt.Errorf("--ms-weights: %w", err)
 	}
-	ew, err := route.ParseWeights(p.e2eWeights, route.DefaultE2EWeights)
+	ew, err := policy.ParseWeights(p.e2eWeights, policy.DefaultE2EWeights)
 	if err != nil {
-		return route.Options{}, fmt.Errorf("--e2e-weights: %w", err)
+		return policy.Options{}, fmt.Errorf("--e2e-weights: %w", err)
 	}
 	if math.IsNaN(p.tieMargin) || math.IsInf(p.tieMargin, 0) {
-		return route.Options{}, fmt.Errorf("--tie-margin must be a finite number, got %v", p.tieMargin)
+		return policy.Options{}, fmt.Errorf("--tie-margin must be a finite number, got %v", p.tieMargin)
 	}
-	return route.Options{Weights: w, MSWeights: mw, E2EWeights: ew}, nil
+	return policy.Options{Weights: w, MSWeights: mw, E2EWeights: ew}, nil
 }
 
 // router sets the simulated router's signals and tie margin in c.
@@ -71,11 +71,11 @@ func (p *policyFlags) router(c sim.Config) sim.Config {
 // policyNames are the policies sim, tune and eval know: every registered
 // one (the simulator's clairvoyant and the online tuner register
 // themselves).
-func policyNames() []string { return route.Names() }
+func policyNames() []string { return policy.Names() }
 
 // policies builds one fresh instance of each listed policy; gorgo-online
 // is configured by tf.
-func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]route.Policy, error) {
+func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]policy.Policy, error) {
 	names := splitList(list)
 	if len(names) == 0 {
 		return nil, fmt.Errorf("--policy: no policy given (valid: %s)", joinNames(policyNames()))
@@ -93,7 +93,7 @@ func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]route
 	if err != nil {
 		return nil, err
 	}
-	pols := make([]route.Policy, len(names))
+	pols := make([]policy.Policy, len(names))
 	for i, n := range names {
 		if n == tune.OnlineName {
 			if pols[i], err = tf.online(seed, opts); err != nil {
@@ -101,8 +101,8 @@ func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]route
 			}
 			continue
 		}
-		if pols[i], err = route.New(n, opts); err != nil {
-			return nil, fmt.Errorf("--policy: unknown policy %q (valid: %s; default is %s)", n, joinNames(policyNames()), route.DefaultName)
+		if pols[i], err = policy.New(n, opts); err != nil {
+			return nil, fmt.Errorf("--policy: unknown policy %q (valid: %s; default is %s)", n, joinNames(policyNames()), policy.DefaultName)
 		}
 	}
 	return pols, nil

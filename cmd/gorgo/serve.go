@@ -22,8 +22,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -50,7 +50,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs.Var(&replicas, "replica", "upstream `ID=URL[,region=R][,profile=P]` (repeatable)")
 	listen := fs.String("listen", "", "address to serve clients on (default the config's, else 127.0.0.1:8080)")
 	adminListen := fs.String("admin-listen", "", "address of the admin API (default the config's, else 127.0.0.1:9091; off for none)")
-	policy := fs.String("policy", "", "routing policy (default the config's, else default: "+route.DefaultName+"): "+joinNames(route.LiveNames()))
+	policyName := fs.String("policy", "", "routing policy (default the config's, else default: "+policy.DefaultName+"): "+joinNames(policy.LiveNames()))
 	ttftSLO := fs.Duration("ttft-slo", 0, "TTFT SLO: a request predicted to miss it is held in a router-side queue or refused with 429 (default the config's ttft_slo, else none)")
 	admission := fs.String("admission", "", "with --ttft-slo: queue (hold, the default) or reject (429 at once)")
 	weights := fs.String("weights", "", "gorgo's weights, `rtt=X,queue=Y` or a JSON file (default the config's, else the paper's)")
@@ -78,9 +78,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 		flagReplicas = append(flagReplicas, rc)
 	}
-	var flagWeights *route.Weights
+	var flagWeights *policy.Weights
 	if *weights != "" {
-		w, err := route.ParseWeights(*weights, route.PaperWeights)
+		w, err := policy.ParseWeights(*weights, policy.PaperWeights)
 		if err != nil {
 			return fmt.Errorf("--weights: %w", err)
 		}
@@ -94,8 +94,8 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		if *adminListen != "" {
 			c.Admin.Listen = *adminListen
 		}
-		if *policy != "" {
-			c.Policy = *policy
+		if *policyName != "" {
+			c.Policy = *policyName
 		}
 		if flagWeights != nil {
 			c.Weights = flagWeights
@@ -202,11 +202,11 @@ func newServer(cfg proxy.Config, tf *tuneFlags, path string, stderr io.Writer) (
 // untuned weights from the config's weights, ms_weights or e2e_weights, as
 // its --base is gorgo, gorgo-ms or gorgo-e2e); nil means the proxy builds
 // the config's policy itself.
-func servePolicy(cfg proxy.Config, tf *tuneFlags) (route.Policy, error) {
+func servePolicy(cfg proxy.Config, tf *tuneFlags) (policy.Policy, error) {
 	if cfg.Policy != tune.OnlineName {
 		return nil, nil
 	}
-	var base route.Options
+	var base policy.Options
 	if cfg.Weights != nil {
 		base.Weights = *cfg.Weights
 	}

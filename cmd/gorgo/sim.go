@@ -18,8 +18,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -63,7 +63,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	// One fresh set of policies per admission mode: policies keep state.
-	var pols []route.Policy
+	var pols []policy.Policy
 	var runModes []admit.Config
 	for _, m := range modes {
 		ps, err := pf.policies(*policies, &tf, wl.seed)

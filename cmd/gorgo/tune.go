@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -63,8 +63,8 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	if *mode != "offline" && *mode != "online" {
 		return fmt.Errorf("--mode: want offline or online, got %q", *mode)
 	}
-	if tf.base = route.Canonical(tf.base); !route.Tunable(tf.base) {
-		return fmt.Errorf("--base: want gorgo, gorgo-ms or %s (default), got %q", route.DefaultName, tf.base)
+	if tf.base = policy.Canonical(tf.base); !policy.Tunable(tf.base) {
+		return fmt.Errorf("--base: want gorgo, gorgo-ms or %s (default), got %q", policy.DefaultName, tf.base)
 	}
 	if _, err := pf.policies("round-robin", &tf, wl.seed); err != nil { // validates the signal flags
 		return err
@@ -144,7 +144,7 @@ type tuneResult struct {
 	start      tune.Point
 	startScore float64
 	steps      []tune.Outcome
-	weights    route.Weights
+	weights    policy.Weights
 }
 
 func accepted(steps []tune.Outcome) int {
@@ -166,14 +166,14 @@ func printStep(w io.Writer, es *tune.ES, n int, s tune.Outcome) {
 		n, es.Format(s.Candidate), s.Score, s.Incumbent, s.Sigma, verdict)
 }
 
-func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, opts route.Options, generations, workers int) (tuneResult, error) {
+func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, opts policy.Options, generations, workers int) (tuneResult, error) {
 	baseW := tf.baseWeights(opts)
 	es, err := tune.NewES(cfg) // for formatting only; Offline runs its own
 	if err != nil {
 		return tuneResult{}, err
 	}
 	eval := func(ctx context.Context, p tune.Point) (tune.Metrics, error) {
-		pol, err := route.New(tf.base, tf.options(tune.Weights(es, p, baseW)))
+		pol, err := policy.New(tf.base, tf.options(tune.Weights(es, p, baseW)))
 		if err != nil {
 			return tune.Metrics{}, err
 		}
@@ -199,7 +199,7 @@ func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, o
 	return tuneResult{es: es, start: es.Incumbent(), startScore: start, steps: res.Steps, weights: tune.Weights(es, res.Best, baseW)}, nil
 }
 
-func tuneOnline(w io.Writer, base sim.Config, tf *tuneFlags, opts route.Options) (tuneResult, error) {
+func tuneOnline(w io.Writer, base sim.Config, tf *tuneFlags, opts policy.Options) (tuneResult, error) {
 	o, err := tf.online(base.Seed, opts)
 	if err != nil {
 		return tuneResult{}, err

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -78,7 +78,7 @@ func (t *tuneFlags) config(seed uint64) (tune.Config, error) {
 }
 
 // online builds a gorgo-online policy; untuned weights come from opts.
-func (t *tuneFlags) online(seed uint64, opts route.Options) (*tune.Online, error) {
+func (t *tuneFlags) online(seed uint64, opts policy.Options) (*tune.Online, error) {
 	cfg, err := t.config(seed)
 	if err != nil {
 		return nil, err
@@ -88,8 +88,8 @@ func (t *tuneFlags) online(seed uint64, opts route.Options) (*tune.Online, error
 
 // baseWeights are the tuned policy's weights before tuning (--weights or
 // --ms-weights): the values of the parameters not tuned.
-func (t *tuneFlags) baseWeights(opts route.Options) route.Weights {
-	return route.WeightsOf(t.base, opts)
+func (t *tuneFlags) baseWeights(opts policy.Options) policy.Weights {
+	return policy.WeightsOf(t.base, opts)
 }
 
 func parseParam(s string) (tune.Param, error) {
@@ -110,6 +110,6 @@ func parseParam(s string) (tune.Param, error) {
 }
 
 // options turns tuned weights into the base policy's options.
-func (t *tuneFlags) options(w route.Weights) route.Options {
-	return route.WithWeights(t.base, route.Options{}, w)
+func (t *tuneFlags) options(w policy.Weights) policy.Options {
+	return policy.WithWeights(t.base, policy.Options{}, w)
 }

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/replay"
 	"github.com/gorgo-llm/gorgo/internal/report"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
@@ -62,9 +62,9 @@ func TestEmulatorAgreesWithSimulator(t *testing.T) {
 	}
 }
 
-func mustPolicy(t *testing.T, name string) route.Policy {
+func mustPolicy(t *testing.T, name string) policy.Policy {
 	t.Helper()
-	p, err := route.New(name, route.Options{})
+	p, err := policy.New(name, policy.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

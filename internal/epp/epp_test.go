@@ -16,7 +16,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -42,7 +42,7 @@ func (f *fleet) EndpointIDs() map[string]string {
 
 func newFleet(t testing.TB, adm admit.Config) *fleet {
 	t.Helper()
-	p, _ := route.New(route.DefaultName, route.Options{})
+	p, _ := policy.New(policy.DefaultName, policy.Options{})
 	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
 	if err != nil {
 		t.Fatal(err)

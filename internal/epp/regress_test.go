@@ -11,7 +11,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -84,7 +84,7 @@ type tapRec struct {
 	statuses []int
 }
 
-func (r *tapRec) Decided(time.Time, *route.Request, *router.Ticket, []router.Candidate) uint64 {
+func (r *tapRec) Decided(time.Time, *policy.Request, *router.Ticket, []router.Candidate) uint64 {
 	return 1
 }
 func (r *tapRec) Ended(id uint64, replica string, status int, ttft, e2e time.Duration) {

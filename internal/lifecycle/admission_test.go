@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
@@ -20,7 +20,7 @@ import (
 // their deadline, plenty on a loaded machine.
 func admissionCore(t *testing.T, mode admit.Mode) (*Core, *prometheus.Registry) {
 	t.Helper()
-	p, _ := route.New("gorgo-ms", route.Options{})
+	p, _ := policy.New("gorgo-ms", policy.Options{})
 	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -151,7 +151,7 @@ func TestAdmissionRefusesAndLetsAClientLeave(t *testing.T) {
 // After shutdown nothing would release a held request: it gets a 503 at
 // once instead of waiting for its client to give up (found in review).
 func TestNothingIsHeldAfterShutdown(t *testing.T) {
-	p, _ := route.New("gorgo-ms", route.Options{})
+	p, _ := policy.New("gorgo-ms", policy.Options{})
 	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
 	if err != nil {
 		t.Fatal(err)

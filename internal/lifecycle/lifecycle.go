@@ -23,8 +23,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
@@ -77,7 +77,7 @@ type Config struct {
 // ranked fallbacks, with their cost terms) and of its end. Decided returns
 // an id handed back to Ended; its methods must not block.
 type Tap interface {
-	Decided(at time.Time, req *route.Request, chosen *router.Ticket, fallbacks []router.Candidate) uint64
+	Decided(at time.Time, req *policy.Request, chosen *router.Ticket, fallbacks []router.Candidate) uint64
 	Ended(id uint64, replica string, status int, ttft, e2e time.Duration)
 }
 
@@ -85,7 +85,7 @@ type Tap interface {
 // replica (with the request's view), FirstToken, and Finished when it
 // ended, however. Its methods must not block.
 type Observer interface {
-	Dispatched(id uint64, replica string, req *route.Request)
+	Dispatched(id uint64, replica string, req *policy.Request)
 	FirstToken(id uint64)
 	Finished(id uint64)
 }
@@ -136,7 +136,7 @@ func badRequest(err error) *Error {
 type Request struct {
 	core *Core
 	// Route is the router's view of the request.
-	Route route.Request
+	Route policy.Request
 	// Parsed is what was read of the body.
 	Parsed prompt.Request
 	// Body is what to send a replica: the client's body, with usage asked
@@ -213,7 +213,7 @@ func (c *Core) Begin(body []byte, kind Kind, session string, received time.Time)
 	}
 	text := r.Parsed.Text
 	r.blocks = c.Est.Blocks(text, c.BlockTokens, r.blocks[:0])
-	r.Route = route.Request{
+	r.Route = policy.Request{
 		SessionKey:      session,
 		PrefixKey:       xxhash.Sum64(text[:min(len(text), c.Est.Bytes(PrefixKeyTokens))]),
 		PromptTokens:    c.Est.Tokens(text),
@@ -326,7 +326,7 @@ func (r *Request) Failure() *Error {
 			e.RetryAfter = "1"
 		}
 		return &e
-	case r.decideErr != nil && !errors.Is(r.decideErr, route.ErrNoReplica):
+	case r.decideErr != nil && !errors.Is(r.decideErr, policy.ErrNoReplica):
 		return &Error{Status: http.StatusInternalServerError, Type: "InternalServerError", Message: "routing failed: " + r.decideErr.Error()}
 	}
 	return &Error{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailableError", Message: "no available replica", RetryAfter: "5"}
@@ -454,8 +454,8 @@ func (r *Request) End(o Outcome, at time.Time) int {
 	}
 	// Only a stream says when its first token came: a non-streaming answer
 	// is timed by its end, which is no TTFT.
-	if l, isLearner := c.Router.Policy().(route.Learner); isLearner && r.Parsed.Stream && r.active && status != 499 {
-		out := route.Outcome{Failed: !ok || r.first.IsZero()}
+	if l, isLearner := c.Router.Policy().(policy.Learner); isLearner && r.Parsed.Stream && r.active && status != 499 {
+		out := policy.Outcome{Failed: !ok || r.first.IsZero()}
 		if !out.Failed {
 			out.TTFT, out.E2E = r.first.Sub(r.sent), at.Sub(r.sent)
 			if r.tokens > 1 {

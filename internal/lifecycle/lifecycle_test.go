@@ -13,19 +13,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
 // learner is a gorgo policy that records what it learns.
 type learner struct {
-	route.Policy
-	outcomes []route.Outcome
+	policy.Policy
+	outcomes []policy.Outcome
 }
 
-func (l *learner) Learn(tag int, o route.Outcome) { l.outcomes = append(l.outcomes, o) }
+func (l *learner) Learn(tag int, o policy.Outcome) { l.outcomes = append(l.outcomes, o) }
 
 type health struct{ failures, successes []string }
 
@@ -35,7 +35,7 @@ func (h *health) Success(id string) { h.successes = append(h.successes, id) }
 // setup is a core over replicas a (10 ms), b (20 ms), c (30 ms).
 func setup(t *testing.T) (*Core, *learner, *health, *prometheus.Registry) {
 	t.Helper()
-	g, _ := route.New("gorgo", route.Options{})
+	g, _ := policy.New("gorgo", policy.Options{})
 	l := &learner{Policy: g}
 	rt, err := router.New(router.Config{Policy: l, BlockTokens: 16, TieMargin: -1})
 	if err != nil {
@@ -230,7 +230,7 @@ func TestAccessLogLine(t *testing.T) {
 // A Request is recycled: one parse per request, and steady state allocates
 // little (the router's decision allocates nothing).
 func BenchmarkLifecycle(b *testing.B) {
-	g, _ := route.New("gorgo", route.Options{})
+	g, _ := policy.New("gorgo", policy.Options{})
 	rt, _ := router.New(router.Config{Policy: g, BlockTokens: 64})
 	for i := range 16 {
 		id := string(rune('a' + i))
@@ -259,7 +259,7 @@ func BenchmarkLifecycle(b *testing.B) {
 // BenchmarkBegin is reading a request (parse, estimate, hash) at 1k and
 // 16k tokens: what the proxy does before it routes.
 func BenchmarkBegin(b *testing.B) {
-	g, _ := route.New("gorgo", route.Options{})
+	g, _ := policy.New("gorgo", policy.Options{})
 	rt, _ := router.New(router.Config{Policy: g, BlockTokens: 64})
 	c := NewCore(Config{Router: rt, BlockTokens: 64, MaxAttempts: 3, Start: time.Now()})
 	para := `Prefix caching keeps the KV blocks of a prompt's leading tokens on the GPU, so a request that shares them with an earlier one skips their prefill.\n\n`

@@ -3,7 +3,7 @@ package lifecycle
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 // Metrics are the Prometheus series of requests' lives.
@@ -73,7 +73,7 @@ func (m *Metrics) queued(n int) {
 
 // decided records the chosen replica's cost terms (ms), when the policy
 // scores.
-func (m *Metrics) decided(t route.Terms) {
+func (m *Metrics) decided(t policy.Terms) {
 	if m == nil || t.Total == 0 {
 		return
 	}

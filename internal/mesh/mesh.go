@@ -26,7 +26,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -222,7 +222,7 @@ func (b *Bus) Mirrors() int {
 }
 
 // Dispatched tells the others that request attempt id went to replica.
-func (b *Bus) Dispatched(id uint64, replica string, req *route.Request) {
+func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks})
 }
 
@@ -273,7 +273,7 @@ func (b *Bus) receive(m *nats.Msg) {
 	k := key{e.Router, e.Boot, e.ID}
 	switch e.Kind {
 	case kindDispatch:
-		req := route.Request{PromptTokens: e.Prompt, Blocks: e.Blocks}
+		req := policy.Request{PromptTokens: e.Prompt, Blocks: e.Blocks}
 		if _, dup := b.remote[k]; dup {
 			return
 		}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -88,7 +88,7 @@ func (c *cutter) restore() { c.mu.Lock(); c.down = false; c.mu.Unlock() }
 
 func newRouter(t testing.TB) *router.Router {
 	t.Helper()
-	p, _ := route.New("gorgo-ms", route.Options{})
+	p, _ := policy.New("gorgo-ms", policy.Options{})
 	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16})
 	if err != nil {
 		t.Fatal(err)
@@ -136,7 +136,7 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b2.Close()
-	req := route.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
+	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
 	b1.Dispatched(7, "a", &req)
 	eventually(t, "eu to mirror us's request", func() bool { n, blocks := inFlight(t, r2, "a"); return n == 1 && blocks == 4 })
 	if n, _ := inFlight(t, r1, "a"); n != 0 {

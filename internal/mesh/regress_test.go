@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 // A short bus blip at the router whose requests are mirrored: the events it
@@ -30,7 +30,7 @@ func TestOriginBlipLeavesNoPhantomLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	req := route.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
+	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
 	for id := uint64(1); id <= 3; id++ {
 		a.Dispatched(id, "a", &req)
 	}
@@ -88,7 +88,7 @@ func TestQuietIsTheSendersHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	a.Dispatched(1, "a", &route.Request{PromptTokens: 64, Blocks: []uint64{1, 2}})
+	a.Dispatched(1, "a", &policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2}})
 	deadline := time.Now().Add(10 * time.Second)
 	for b.Mirrors() != 1 {
 		if time.Now().After(deadline) {

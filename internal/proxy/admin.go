@@ -22,7 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -317,22 +317,22 @@ type replicaJSON struct {
 	Failures int    `json:"failures"` // in a row
 	// Ejections counts the times it was ejected (reset once it stays up),
 	// EjectedUntil when the current ejection ends.
-	Ejections        int                 `json:"ejections"`
-	EjectedUntil     *time.Time          `json:"ejected_until,omitempty"`
-	RTTMS            float64             `json:"rtt_ms"`
-	InFlight         int                 `json:"in_flight"`
-	UnfinishedTokens int                 `json:"unfinished_tokens"`
-	BacklogTokens    int                 `json:"backlog_tokens"`
-	IndexBlocks      int                 `json:"index_blocks"`
-	KVCapacityTokens int                 `json:"kv_capacity_tokens"`
-	Engine           *route.EngineGauges `json:"engine,omitempty"`
-	EngineAgeS       *float64            `json:"engine_age_s,omitempty"`
-	PrefillMSPerTok  float64             `json:"prefill_ms_per_token"`
-	QueueMSPerTok    float64             `json:"queue_ms_per_token"`
-	Decoding         int                 `json:"decoding"`
-	ITLMS            float64             `json:"itl_ms"`
-	ITLSlopeMS       float64             `json:"itl_slope_ms"`
-	ITLSamples       int                 `json:"itl_samples"`
+	Ejections        int                  `json:"ejections"`
+	EjectedUntil     *time.Time           `json:"ejected_until,omitempty"`
+	RTTMS            float64              `json:"rtt_ms"`
+	InFlight         int                  `json:"in_flight"`
+	UnfinishedTokens int                  `json:"unfinished_tokens"`
+	BacklogTokens    int                  `json:"backlog_tokens"`
+	IndexBlocks      int                  `json:"index_blocks"`
+	KVCapacityTokens int                  `json:"kv_capacity_tokens"`
+	Engine           *policy.EngineGauges `json:"engine,omitempty"`
+	EngineAgeS       *float64             `json:"engine_age_s,omitempty"`
+	PrefillMSPerTok  float64              `json:"prefill_ms_per_token"`
+	QueueMSPerTok    float64              `json:"queue_ms_per_token"`
+	Decoding         int                  `json:"decoding"`
+	ITLMS            float64              `json:"itl_ms"`
+	ITLSlopeMS       float64              `json:"itl_slope_ms"`
+	ITLSamples       int                  `json:"itl_samples"`
 }
 
 func (s *Server) replicaJSON(st router.ReplicaState) replicaJSON {
@@ -425,8 +425,8 @@ func (s *Server) adminMember(change func(id string) error, op string) http.Handl
 
 // tunable is a policy whose weights can change while it routes.
 type tunable interface {
-	Weights() route.Weights
-	SetWeights(route.Weights) error
+	Weights() policy.Weights
+	SetWeights(policy.Weights) error
 }
 
 func (s *Server) adminWeights(w http.ResponseWriter, r *http.Request) {
@@ -466,7 +466,7 @@ func (s *Server) adminSetWeights(w http.ResponseWriter, r *http.Request) {
 			*f.out = *f.in
 		}
 	}
-	if (in.Decode != nil || in.ITL != nil) && s.policy.Name() != route.DefaultName {
+	if (in.Decode != nil || in.ITL != nil) && s.policy.Name() != policy.DefaultName {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "policy %s has no decode or itl weight", s.policy.Name())
 		return
 	}
@@ -480,9 +480,9 @@ func (s *Server) adminSetWeights(w http.ResponseWriter, r *http.Request) {
 
 // weightsJSON is a policy's weights as the admin API shows them: decode
 // and itl only for the policy that has them.
-func weightsJSON(policy string, w route.Weights) map[string]any {
-	out := map[string]any{"policy": policy, "rtt": w.RTT, "queue": w.Queue}
-	if route.Canonical(policy) == route.DefaultName || w.Decode != 0 || w.ITL != 0 {
+func weightsJSON(name string, w policy.Weights) map[string]any {
+	out := map[string]any{"policy": name, "rtt": w.RTT, "queue": w.Queue}
+	if policy.Canonical(name) == policy.DefaultName || w.Decode != 0 || w.ITL != 0 {
 		out["decode"], out["itl"] = w.Decode, w.ITL
 	}
 	return out
@@ -521,7 +521,7 @@ func (s *Server) adminDecide(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "%v", err)
 		return
 	}
-	scores := map[string]route.Terms{}
+	scores := map[string]policy.Terms{}
 	for _, sc := range scored {
 		scores[sc.ID] = sc.Terms
 	}
@@ -534,16 +534,16 @@ func (s *Server) adminDecide(w http.ResponseWriter, r *http.Request) {
 }
 
 // explainPolicy returns a fresh instance of the proxy's policy.
-func (s *Server) explainPolicy() (route.Policy, error) {
+func (s *Server) explainPolicy() (policy.Policy, error) {
 	switch p := s.policy.(type) {
 	case *tune.Online:
 		return p.IncumbentPolicy()
 	case tunable:
 		cfg := s.Config()
-		return route.New(s.policy.Name(), route.WithWeights(s.policy.Name(), cfg.options(), p.Weights()))
+		return policy.New(s.policy.Name(), policy.WithWeights(s.policy.Name(), cfg.options(), p.Weights()))
 	}
 	cfg := s.Config()
-	return route.New(s.policy.Name(), cfg.options())
+	return policy.New(s.policy.Name(), cfg.options())
 }
 
 // adminTuner shows the online tuner's state, when the policy tunes itself.

@@ -16,7 +16,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/discover"
 	"github.com/gorgo-llm/gorgo/internal/engine"
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 // Config is what `gorgo serve` reads from its YAML file. Zero fields take
@@ -41,10 +41,10 @@ type Config struct {
 	// registered policy but the simulator's.
 	Policy string `yaml:"policy"`
 	// Weights are gorgo's (default the paper's), MSWeights gorgo-ms's.
-	Weights   *route.Weights `yaml:"weights"`
-	MSWeights *route.Weights `yaml:"ms_weights"`
-	// E2EWeights are gorgo-e2e's (default route.DefaultE2EWeights).
-	E2EWeights *route.Weights `yaml:"e2e_weights"`
+	Weights   *policy.Weights `yaml:"weights"`
+	MSWeights *policy.Weights `yaml:"ms_weights"`
+	// E2EWeights are gorgo-e2e's (default policy.DefaultE2EWeights).
+	E2EWeights *policy.Weights `yaml:"e2e_weights"`
 	// TieMargin is the scoring policies' relative tie margin (default 0.01).
 	TieMargin float64 `yaml:"tie_margin"`
 	// BlockTokens is the prefix index's block size in estimated tokens
@@ -227,11 +227,11 @@ func (c Config) Defaults() Config {
 		c.ConfigPoll = 5 * time.Second
 	}
 	if c.Policy == "" {
-		c.Policy = route.DefaultName
+		c.Policy = policy.DefaultName
 	}
-	c.Policy = route.Canonical(c.Policy)
+	c.Policy = policy.Canonical(c.Policy)
 	if c.TieMargin == 0 {
-		c.TieMargin = route.DefaultTieMargin
+		c.TieMargin = policy.DefaultTieMargin
 	}
 	if c.BlockTokens == 0 {
 		c.BlockTokens = 64
@@ -404,10 +404,10 @@ func (c Config) Validate() error {
 			}
 		}
 	}
-	if info, ok := route.Lookup(c.Policy); !ok {
-		return fmt.Errorf("config: unknown policy %q (valid: %s)", c.Policy, strings.Join(route.LiveNames(), ", "))
+	if info, ok := policy.Lookup(c.Policy); !ok {
+		return fmt.Errorf("config: unknown policy %q (valid: %s)", c.Policy, strings.Join(policy.LiveNames(), ", "))
 	} else if info.SimOnly {
-		return fmt.Errorf("config: policy %s runs only in the simulator (valid here: %s)", c.Policy, strings.Join(route.LiveNames(), ", "))
+		return fmt.Errorf("config: policy %s runs only in the simulator (valid here: %s)", c.Policy, strings.Join(policy.LiveNames(), ", "))
 	}
 	if err := c.Admin.validate(); err != nil {
 		return err
@@ -449,7 +449,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("config: %w", err)
 		}
 	}
-	for _, w := range []*route.Weights{c.Weights, c.MSWeights, c.E2EWeights} {
+	for _, w := range []*policy.Weights{c.Weights, c.MSWeights, c.E2EWeights} {
 		if w != nil {
 			if err := w.Validate(); err != nil {
 				return fmt.Errorf("config: %w", err)

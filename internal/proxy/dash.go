@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -54,7 +54,7 @@ type point struct {
 	E2E95    *float64           `json:"e2e_p95_ms"`
 	RepTTFT  map[string]float64 `json:"ttft_p95_ms_by_replica"`
 	Share    map[string]float64 `json:"share"`
-	Weights  *route.Weights     `json:"weights,omitempty"`
+	Weights  *policy.Weights    `json:"weights,omitempty"`
 	Accepted int                `json:"tuner_accepted"`
 	Judged   int                `json:"tuner_judged"`
 }
@@ -71,9 +71,9 @@ type decision struct {
 }
 
 type candidate struct {
-	ID     string      `json:"id"`
-	Cached int         `json:"cached_tokens"`
-	Terms  route.Terms `json:"terms"`
+	ID     string       `json:"id"`
+	Cached int          `json:"cached_tokens"`
+	Terms  policy.Terms `json:"terms"`
 }
 
 func newDashboard() *dashboard {
@@ -81,7 +81,7 @@ func newDashboard() *dashboard {
 }
 
 // Decided records a request's decision (lifecycle.Tap).
-func (d *dashboard) Decided(at time.Time, req *route.Request, chosen *router.Ticket, fallbacks []router.Candidate) uint64 {
+func (d *dashboard) Decided(at time.Time, req *policy.Request, chosen *router.Ticket, fallbacks []router.Candidate) uint64 {
 	dec := decision{At: at, PromptTokens: req.PromptTokens, Expected: req.ExpectedOutputTokens, Chosen: chosen.ID,
 		Candidates: make([]candidate, 0, 1+len(fallbacks))}
 	dec.Candidates = append(dec.Candidates, candidate{ID: chosen.ID, Cached: chosen.EstCachedTokens, Terms: chosen.Terms})
@@ -135,7 +135,7 @@ func (d *dashboard) Ended(id uint64, replica string, status int, ttft, e2e time.
 }
 
 // tick closes a second: its point joins the history and open pages hear.
-func (d *dashboard) tick(now time.Time, w *route.Weights, judged, accepted int) {
+func (d *dashboard) tick(now time.Time, w *policy.Weights, judged, accepted int) {
 	d.mu.Lock()
 	p := point{T: now.Unix(), RPS: float64(d.ok + d.errs), Errors: float64(d.errs), Share: map[string]float64{}, Weights: w, Judged: judged, Accepted: accepted}
 	if n := d.ok + d.errs; n > 0 {
@@ -187,7 +187,7 @@ func (s *Server) runDashboard(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case now := <-t.C:
-			var w *route.Weights
+			var w *policy.Weights
 			judged, accepted := 0, 0
 			switch p := s.policy.(type) {
 			case *tune.Online:

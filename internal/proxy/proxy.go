@@ -29,8 +29,8 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/discover"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -42,7 +42,7 @@ type Server struct {
 	path     string                 // the config file, if any
 	core     *lifecycle.Core
 	rt       *router.Router
-	policy   route.Policy
+	policy   policy.Policy
 	bus      *mesh.Bus // nil off a mesh
 	dash     *dashboard
 	quit     chan struct{} // closed when Run's context ends: long streams (the live view) end
@@ -131,7 +131,7 @@ const maxResponseHeaderBytes = 64 << 10
 // and served at /metrics on both listeners. path is the config file that
 // Reload reads again ("" if the config came from flags alone). log gets
 // membership changes and reloads (nil: discarded).
-func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string, log *slog.Logger) (*Server, error) {
+func New(cfg Config, pol policy.Policy, reg *prometheus.Registry, path string, log *slog.Logger) (*Server, error) {
 	cfg = cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -139,9 +139,9 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if policy == nil {
+	if pol == nil {
 		var err error
-		if policy, err = route.New(cfg.Policy, cfg.options()); err != nil {
+		if pol, err = policy.New(cfg.Policy, cfg.options()); err != nil {
 			return nil, fmt.Errorf("config: %w", err)
 		}
 	}
@@ -161,12 +161,12 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 	if err != nil {
 		return nil, err
 	}
-	rt, err := router.New(router.Config{Policy: policy, BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha,
+	rt, err := router.New(router.Config{Policy: pol, BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha,
 		OnlineRates: cfg.OnlineRates, TieMargin: cfg.TieMargin})
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{path: path, rt: rt, policy: policy, start: time.Now(), log: log, dnsSets: map[string]map[string]bool{}}
+	s := &Server{path: path, rt: rt, policy: pol, start: time.Now(), log: log, dnsSets: map[string]map[string]bool{}}
 	s.cfg.Store(&cfg)
 	s.tokens.Store(&toks)
 	s.keys.Store(&keys)
@@ -219,8 +219,8 @@ func New(cfg Config, policy route.Policy, reg *prometheus.Registry, path string,
 }
 
 // options are the policy options a config gives.
-func (c *Config) options() route.Options {
-	var o route.Options
+func (c *Config) options() policy.Options {
+	var o policy.Options
 	if c.Weights != nil {
 		o.Weights = *c.Weights
 	}

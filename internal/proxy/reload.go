@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -176,7 +176,7 @@ func (s *Server) applyWeights(next Config) error {
 	if !ok {
 		return fmt.Errorf("policy %s takes no weights while it runs", s.policy.Name())
 	}
-	w := route.WeightsOf(s.policy.Name(), next.options())
+	w := policy.WeightsOf(s.policy.Name(), next.options())
 	if w == p.Weights() {
 		return nil
 	}

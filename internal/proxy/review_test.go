@@ -16,7 +16,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/discover"
 	"github.com/gorgo-llm/gorgo/internal/emulator"
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -73,7 +73,7 @@ func holdOn(t *testing.T, s *Server, id string) router.Ticket {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(1, 2))
 	for range 100 {
-		tk, _, err := s.Router().Dispatch(s.now(), &route.Request{PromptTokens: 10}, rng, nil)
+		tk, _, err := s.Router().Dispatch(s.now(), &policy.Request{PromptTokens: 10}, rng, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,8 +6,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
-	"github.com/gorgo-llm/gorgo/internal/signal"
+	"github.com/gorgo-llm/gorgo/internal/enginemetrics"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 // gone reports whether u no longer stands for a replica of the fleet (the
@@ -77,8 +77,8 @@ func (s *Server) probe(ctx context.Context, u *upstream) {
 // scrapeLoop reads a replica's engine metrics every ScrapeInterval, the
 // first at once.
 func (s *Server) scrapeLoop(ctx context.Context, u *upstream) {
-	sc := &signal.Scraper{Client: s.client, URL: u.cfg.URL + u.cfg.MetricsPath}
-	var last *signal.EngineMetrics
+	sc := &enginemetrics.Scraper{Client: s.client, URL: u.cfg.URL + u.cfg.MetricsPath}
+	var last *enginemetrics.Metrics
 	for {
 		if s.gone(u) {
 			return
@@ -97,7 +97,7 @@ func (s *Server) scrapeLoop(ctx context.Context, u *upstream) {
 // are logged; an engine that restarted since the last scrape (its process
 // start time changed, or its prompt-token counter went back) has an empty
 // cache, and the router forgets what it believed it held.
-func (s *Server) scrape(ctx context.Context, u *upstream, sc *signal.Scraper, last *signal.EngineMetrics) *signal.EngineMetrics {
+func (s *Server) scrape(ctx context.Context, u *upstream, sc *enginemetrics.Scraper, last *enginemetrics.Metrics) *enginemetrics.Metrics {
 	ctx, cancel := context.WithTimeout(ctx, max(s.Config().ScrapeInterval, 2*time.Second))
 	defer cancel()
 	id := u.cfg.ID
@@ -119,7 +119,7 @@ func (s *Server) scrape(ctx context.Context, u *upstream, sc *signal.Scraper, la
 		s.m.restarts.WithLabelValues(id).Inc()
 		s.log.Warn("replica restarted: the router forgets what it believed its cache held", "replica", id)
 	}
-	s.rt.ObserveEngine(id, route.EngineGauges{Running: em.Running, Waiting: em.Waiting, KVUsedTokens: em.KVUsedTokens, CacheHitRate: em.CacheHitRate}, s.now())
+	s.rt.ObserveEngine(id, policy.EngineGauges{Running: em.Running, Waiting: em.Waiting, KVUsedTokens: em.KVUsedTokens, CacheHitRate: em.CacheHitRate}, s.now())
 	s.rt.SetKVCapacity(id, em.KVCapacityTokens) // the engine knows its cache better than the config
 	return &em
 }

@@ -3,7 +3,7 @@ package proxy
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -39,7 +39,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		g(descRTTEst, st.RTT.Seconds())
 		g(descITL, (st.ITLBaseMS+st.ITLSlopeMS*float64(st.InFlight))/1000)
 	}
-	var w route.Weights
+	var w policy.Weights
 	switch p := c.s.policy.(type) {
 	case *tune.Online:
 		w = p.Incumbent()

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prefix"
-	"github.com/gorgo-llm/gorgo/internal/route"
 )
 
 // Text prompts are hashed in blocks of benchBlockTokens estimated tokens
@@ -21,9 +21,9 @@ const (
 // benchRouter returns a router with the named policy over n replicas whose prefix index
 // already holds about 1M blocks, and a prompt of the given length that a
 // few replicas hold parts of.
-func benchRouter(b *testing.B, policy string, n, promptTokens int) (*Router, []byte) {
+func benchRouter(b *testing.B, name string, n, promptTokens int) (*Router, []byte) {
 	b.Helper()
-	p, perr := route.New(policy, route.Options{})
+	p, perr := policy.New(name, policy.Options{})
 	if perr != nil {
 		b.Fatal(perr)
 	}
@@ -65,21 +65,21 @@ func benchRouter(b *testing.B, policy string, n, promptTokens int) (*Router, []b
 // replica views and score them, with the paper's policy and the default
 // one.
 func BenchmarkDecide(b *testing.B) {
-	for _, policy := range []string{"gorgo", route.DefaultName} {
+	for _, name := range []string{"gorgo", policy.DefaultName} {
 		for _, n := range []int{3, 16, 64, 256, 1000} {
 			for _, tokens := range []int{2 << 10, 32 << 10} {
-				benchDecide(b, policy, n, tokens)
+				benchDecide(b, name, n, tokens)
 			}
 		}
 	}
 }
 
-func benchDecide(b *testing.B, policy string, n, tokens int) {
-	b.Run(fmt.Sprintf("policy=%s/replicas=%d/prompt=%dk", policy, n, tokens>>10), func(b *testing.B) {
-		r, prompt := benchRouter(b, policy, n, tokens)
+func benchDecide(b *testing.B, name string, n, tokens int) {
+	b.Run(fmt.Sprintf("policy=%s/replicas=%d/prompt=%dk", name, n, tokens>>10), func(b *testing.B) {
+		r, prompt := benchRouter(b, name, n, tokens)
 		rng := rand.New(rand.NewPCG(3, 4))
 		buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
-		req := &route.Request{PromptTokens: tokens}
+		req := &policy.Request{PromptTokens: tokens}
 		b.ReportAllocs()
 		b.SetBytes(int64(len(prompt)))
 		for b.Loop() {
@@ -101,7 +101,7 @@ func BenchmarkRoute(b *testing.B) {
 				r, prompt := benchRouter(b, "gorgo", n, tokens)
 				rng := rand.New(rand.NewPCG(3, 4))
 				buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
-				req := &route.Request{PromptTokens: tokens}
+				req := &policy.Request{PromptTokens: tokens}
 				b.ReportAllocs()
 				for b.Loop() {
 					buf = prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0])

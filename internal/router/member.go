@@ -6,8 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
-	"github.com/gorgo-llm/gorgo/internal/signal"
+	"github.com/gorgo-llm/gorgo/internal/estimate"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 // ReplicaConfig is what the router is told about a replica.
@@ -19,7 +19,7 @@ type ReplicaConfig struct {
 	// priors when rates are estimated online).
 	PrefillMSPerToken, QueueMSPerToken float64
 	// ITLBaseMS and ITLSlopeMS are the priors of the replica's inter-token
-	// latency model (see signal.ITL); zero base means DefaultITLBaseMS.
+	// latency model (see estimate.ITL); zero base means DefaultITLBaseMS.
 	ITLBaseMS, ITLSlopeMS float64
 }
 
@@ -86,9 +86,9 @@ type member struct {
 	biasTS atomic.Int64
 
 	mu    sync.Mutex // guards the estimators below
-	rtt   signal.EWMA
-	rates *signal.Rates // nil: the configured rates
-	itl   *signal.ITL
+	rtt   estimate.EWMA
+	rates *estimate.Rates // nil: the configured rates
+	itl   *estimate.ITL
 	// Evidence of how far the index over-believes this replica's cache,
 	// since the last reset: estimated and missing (estimated − reported,
 	// when positive) cached tokens over the reports that carried them.
@@ -97,24 +97,24 @@ type member struct {
 
 // gaugeObs is a scrape of the replica's engine gauges and when it was made.
 type gaugeObs struct {
-	g  route.EngineGauges
+	g  policy.EngineGauges
 	at time.Duration
 }
 
 func newMember(rc ReplicaConfig, slot int, alpha float64, online bool) *member {
-	m := &member{id: rc.ID, slot: slot, rtt: signal.EWMA{Alpha: alpha}}
+	m := &member{id: rc.ID, slot: slot, rtt: estimate.EWMA{Alpha: alpha}}
 	m.region.Store(&rc.Region)
 	m.healthy.Store(true)
 	m.kvCap.Store(int64(rc.KVCapacityTokens))
 	m.setRates(rc.PrefillMSPerToken, rc.QueueMSPerToken)
 	if online {
-		m.rates = signal.NewRates(rc.PrefillMSPerToken, rc.QueueMSPerToken)
+		m.rates = estimate.NewRates(rc.PrefillMSPerToken, rc.QueueMSPerToken)
 	}
 	base := rc.ITLBaseMS
 	if base <= 0 {
 		base = DefaultITLBaseMS
 	}
-	m.itl = signal.NewITL(base, max(rc.ITLSlopeMS, 0))
+	m.itl = estimate.NewITL(base, max(rc.ITLSlopeMS, 0))
 	m.setITL(m.itl.Base(), m.itl.Slope())
 	return m
 }
@@ -153,8 +153,8 @@ func (m *member) available() bool {
 
 // view is the replica as a policy sees it now, for a prompt of which it is
 // believed to hold cached tokens.
-func (m *member) view(now time.Duration, cached int) route.Replica {
-	v := route.Replica{
+func (m *member) view(now time.Duration, cached int) policy.Replica {
+	v := policy.Replica{
 		ID:               m.id,
 		Region:           *m.region.Load(),
 		RTT:              time.Duration(m.rttNS.Load()),
@@ -236,7 +236,7 @@ type ReplicaState struct {
 	BacklogTokens     int
 	IndexBlocks       int
 	KVCapacityTokens  int
-	Engine            route.EngineGauges
+	Engine            policy.EngineGauges
 	EngineKnown       bool
 	EngineAt          time.Duration
 	PrefillMSPerToken float64

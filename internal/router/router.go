@@ -3,7 +3,7 @@
 // what a router knows about each replica (round-trip estimate, its own
 // ledger of requests in flight, the last scraped engine gauges, the prefix
 // index, per-replica TTFT rates), builds the immutable views of the
-// available replicas a route.Policy scores, resolves the policy's ties, and
+// available replicas a policy.Policy scores, resolves the policy's ties, and
 // folds the outcome of each request back in.
 //
 // The simulator and the live proxy both drive a Router; it takes time as an
@@ -27,19 +27,19 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/estimate"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prefix"
-	"github.com/gorgo-llm/gorgo/internal/route"
-	"github.com/gorgo-llm/gorgo/internal/signal"
 )
 
 // Config configures a Router.
 type Config struct {
 	// Replicas is the initial fleet; it may be empty.
 	Replicas []ReplicaConfig
-	Policy   route.Policy
+	Policy   policy.Policy
 	// BlockTokens is the tokens per prefix-index block.
 	BlockTokens int
-	// RTTAlpha smooths round-trip probes; zero means signal.DefaultAlpha.
+	// RTTAlpha smooths round-trip probes; zero means estimate.DefaultAlpha.
 	RTTAlpha float64
 	// OnlineRates makes the router estimate each replica's prefill and
 	// queue rates from the TTFTs it observes instead of keeping the
@@ -47,7 +47,7 @@ type Config struct {
 	OnlineRates bool
 	// TieMargin is the relative margin within which replicas scored by a
 	// ByScore decision tie and one is drawn at random; zero means
-	// route.DefaultTieMargin, negative exact ties only.
+	// policy.DefaultTieMargin, negative exact ties only.
 	TieMargin float64
 }
 
@@ -63,10 +63,10 @@ type Ticket struct {
 	EstCachedTokens int
 	Backlog         int
 	// Terms is the replica's cost, for scoring policies.
-	Terms route.Terms
+	Terms policy.Terms
 	// RTT is the round-trip estimate the decision used.
 	RTT time.Duration
-	// Tag is the policy's label for the decision (see route.Learner).
+	// Tag is the policy's label for the decision (see policy.Learner).
 	Tag int
 	// InFlight is how many of the router's requests were at the replica
 	// once this one joined them (itself included).
@@ -88,7 +88,7 @@ type Ticket struct {
 type Candidate struct {
 	ID              string
 	EstCachedTokens int
-	Terms           route.Terms
+	Terms           policy.Terms
 	RTT             time.Duration
 	Tag             int
 
@@ -109,10 +109,10 @@ type Router struct {
 
 	// decMu serialises decisions and guards their scratch.
 	decMu  sync.Mutex
-	views  []route.Replica
+	views  []policy.Replica
 	cand   []*member
 	depth  []int
-	dec    route.Decision
+	dec    policy.Decision
 	ranked []bool
 	best   []Candidate
 
@@ -138,7 +138,7 @@ func New(cfg Config) (*Router, error) {
 		return nil, errors.New("router: no policy")
 	}
 	if cfg.RTTAlpha == 0 {
-		cfg.RTTAlpha = signal.DefaultAlpha
+		cfg.RTTAlpha = estimate.DefaultAlpha
 	}
 	if !(cfg.RTTAlpha > 0 && cfg.RTTAlpha <= 1) {
 		return nil, fmt.Errorf("router: RTT alpha must be in (0, 1], got %v", cfg.RTTAlpha)
@@ -147,7 +147,7 @@ func New(cfg Config) (*Router, error) {
 	case math.IsNaN(cfg.TieMargin) || math.IsInf(cfg.TieMargin, 0):
 		return nil, fmt.Errorf("router: tie margin must be a finite number, got %v", cfg.TieMargin)
 	case cfg.TieMargin == 0:
-		cfg.TieMargin = route.DefaultTieMargin
+		cfg.TieMargin = policy.DefaultTieMargin
 	case cfg.TieMargin < 0:
 		cfg.TieMargin = 0
 	}
@@ -167,7 +167,7 @@ func New(cfg Config) (*Router, error) {
 }
 
 // Policy returns the router's policy.
-func (r *Router) Policy() route.Policy { return r.cfg.Policy }
+func (r *Router) Policy() policy.Policy { return r.cfg.Policy }
 
 // BlockTokens returns the tokens per prefix-index block.
 func (r *Router) BlockTokens() int { return r.cfg.BlockTokens }
@@ -176,7 +176,7 @@ func (r *Router) BlockTokens() int { return r.cfg.BlockTokens }
 // request joins the replica's ledger and its prompt blocks the replica's
 // share of the prefix index. It is what a caller that always reaches the
 // replica does (the simulator).
-func (r *Router) Route(now time.Duration, req *route.Request, rng *rand.Rand) (Ticket, error) {
+func (r *Router) Route(now time.Duration, req *policy.Request, rng *rand.Rand) (Ticket, error) {
 	t, _, err := r.Dispatch(now, req, rng, nil)
 	if err == nil {
 		r.Accepted(&t, req)
@@ -189,7 +189,7 @@ func (r *Router) Route(now time.Duration, req *route.Request, rng *rand.Rand) (T
 // once the replica took the request, or Finish if it did not. The
 // decision's fallbacks, best first, are appended to fallbacks[:0] (up to
 // its capacity; pass nil for none) for Redispatch.
-func (r *Router) Dispatch(now time.Duration, req *route.Request, rng *rand.Rand, fallbacks []Candidate) (Ticket, []Candidate, error) {
+func (r *Router) Dispatch(now time.Duration, req *policy.Request, rng *rand.Rand, fallbacks []Candidate) (Ticket, []Candidate, error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
 	var err error
@@ -202,7 +202,7 @@ func (r *Router) Dispatch(now time.Duration, req *route.Request, rng *rand.Rand,
 			return t, append(fallbacks[:0], r.best[k+1:]...), nil
 		}
 	}
-	return Ticket{}, fallbacks[:0], route.ErrNoReplica
+	return Ticket{}, fallbacks[:0], policy.ErrNoReplica
 }
 
 // Enter mirrors another router's request in this router's state: it joins
@@ -213,7 +213,7 @@ func (r *Router) Dispatch(now time.Duration, req *route.Request, rng *rand.Rand,
 // share their ledgers and prefix inserts (a mesh) do this with each
 // other's requests. It reports false for a replica this router does not
 // have or that is not active.
-func (r *Router) Enter(now time.Duration, id string, req *route.Request) (Ticket, bool) {
+func (r *Router) Enter(now time.Duration, id string, req *policy.Request) (Ticket, bool) {
 	m, err := r.member(id)
 	if err != nil {
 		return Ticket{}, false
@@ -238,7 +238,7 @@ func (r *Router) Enter(now time.Duration, id string, req *route.Request) (Ticket
 
 // Redispatch enters the request in a fallback's ledger at time now, if
 // that replica is still available; it reports false otherwise.
-func (r *Router) Redispatch(now time.Duration, c *Candidate, req *route.Request) (Ticket, bool) {
+func (r *Router) Redispatch(now time.Duration, c *Candidate, req *policy.Request) (Ticket, bool) {
 	if !c.m.available() {
 		return Ticket{}, false
 	}
@@ -249,7 +249,7 @@ func (r *Router) Redispatch(now time.Duration, c *Candidate, req *route.Request)
 
 // enter adds the request to the candidate's ledger unless the replica
 // stopped being active meanwhile (drained or being removed).
-func (r *Router) enter(c *Candidate, req *route.Request) (Ticket, bool) {
+func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
 	m := c.m
 	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m}
 	t.InFlight = int(m.inflight.Add(1))
@@ -280,7 +280,7 @@ func (r *Router) release(m *member) {
 
 // Accepted records that the ticket's replica took the request: it now
 // holds, or is computing, the prompt's blocks.
-func (r *Router) Accepted(t *Ticket, req *route.Request) {
+func (r *Router) Accepted(t *Ticket, req *policy.Request) {
 	if t.accepted || t.done {
 		return
 	}
@@ -295,7 +295,7 @@ func (r *Router) Accepted(t *Ticket, req *route.Request) {
 // Decide returns the replica Route would pick now, recording nothing in the
 // router (its policy's own state, a round-robin counter, does advance). It
 // is Route's decision path alone, for benchmarks.
-func (r *Router) Decide(now time.Duration, req *route.Request, rng *rand.Rand) (Candidate, error) {
+func (r *Router) Decide(now time.Duration, req *policy.Request, rng *rand.Rand) (Candidate, error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
 	var one [1]Candidate
@@ -309,14 +309,14 @@ func (r *Router) Decide(now time.Duration, req *route.Request, rng *rand.Rand) (
 // Scored is one available replica's cost in an explained decision.
 type Scored struct {
 	ID    string
-	Terms route.Terms
+	Terms policy.Terms
 }
 
 // Explain returns the replica policy would pick now and every available
 // replica's cost terms, recording nothing in the router. The policy runs as
 // usual, so pass one whose state does not matter (a fresh instance of the
 // router's, say) and a random source of its own.
-func (r *Router) Explain(now time.Duration, req *route.Request, policy route.Policy, rng *rand.Rand) (Candidate, []Scored, error) {
+func (r *Router) Explain(now time.Duration, req *policy.Request, policy policy.Policy, rng *rand.Rand) (Candidate, []Scored, error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
 	var one [1]Candidate
@@ -336,7 +336,7 @@ func (r *Router) Explain(now time.Duration, req *route.Request, policy route.Pol
 
 // rank runs the policy over the available replicas and appends up to n
 // candidates to dst: its choice, then the others by score. Call with decMu.
-func (r *Router) rank(now time.Duration, req *route.Request, pol route.Policy, rng *rand.Rand, dst []Candidate, n int) ([]Candidate, error) {
+func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy, rng *rand.Rand, dst []Candidate, n int) ([]Candidate, error) {
 	f := r.fleet.Load()
 	r.ixMu.RLock()
 	if k := r.index.Slots(); len(r.depth) < k {
@@ -354,7 +354,7 @@ func (r *Router) rank(now time.Duration, req *route.Request, pol route.Policy, r
 		}
 	}
 	if len(r.views) == 0 {
-		return dst, route.ErrNoReplica
+		return dst, policy.ErrNoReplica
 	}
 	r.dec.Tag, r.dec.ExactTies = 0, false
 	if err := pol.Decide(&r.dec, req, r.views, rng); err != nil {
@@ -363,7 +363,7 @@ func (r *Router) rank(now time.Duration, req *route.Request, pol route.Policy, r
 	if len(r.dec.Scores) != len(r.views) {
 		return dst, fmt.Errorf("router: policy %s scored %d of %d replicas", pol.Name(), len(r.dec.Scores), len(r.views))
 	}
-	i := route.Pick(&r.dec, r.cfg.TieMargin, rng)
+	i := policy.Pick(&r.dec, r.cfg.TieMargin, rng)
 	if i < 0 || i >= len(r.views) {
 		return dst, fmt.Errorf("router: policy %s chose replica %d of %d", pol.Name(), i, len(r.views))
 	}
@@ -529,7 +529,7 @@ func (r *Router) ObserveRTT(id string, rtt time.Duration) error {
 }
 
 // ObserveEngine records a replica's engine gauges as scraped at time at.
-func (r *Router) ObserveEngine(id string, g route.EngineGauges, at time.Duration) error {
+func (r *Router) ObserveEngine(id string, g policy.EngineGauges, at time.Duration) error {
 	m, err := r.member(id)
 	if err == nil {
 		m.gauges.Store(&gaugeObs{g: g, at: at})
@@ -584,7 +584,7 @@ func (r *Router) Rates(id string) (prefillMS, queueMS float64, err error) {
 // least (best) and the least without backlog or correction (floor: what
 // an idle replica would give), for admission under a TTFT SLO. It records
 // nothing.
-func (r *Router) Predict(now time.Duration, req *route.Request) (best, floor time.Duration, err error) {
+func (r *Router) Predict(now time.Duration, req *policy.Request) (best, floor time.Duration, err error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
 	f := r.fleet.Load()
@@ -606,7 +606,7 @@ func (r *Router) Predict(now time.Duration, req *route.Request) (best, floor tim
 		bestMS = min(bestMS, base+max(float64(m.backlog.Load())*queue+m.lateness(now), 0))
 	}
 	if math.IsInf(bestMS, 1) {
-		return 0, 0, route.ErrNoReplica
+		return 0, 0, policy.ErrNoReplica
 	}
 	return time.Duration(bestMS * 1e6), time.Duration(floorMS * 1e6), nil
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 // id is the id of the i-th test replica: a, b, c...
@@ -21,9 +21,9 @@ func replicaConfig(i int) ReplicaConfig {
 }
 
 // newRouter returns a router over n replicas, each probed at 10·(i+1) ms.
-func newRouter(t testing.TB, policy string, n int, online bool) *Router {
+func newRouter(t testing.TB, name string, n int, online bool) *Router {
 	t.Helper()
-	p, err := route.New(policy, route.Options{})
+	p, err := policy.New(name, policy.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestLedgerAndIndex(t *testing.T) {
 	r.ObserveRTT("b", 200*time.Millisecond)
 	r.ObserveRTT("b", 200*time.Millisecond)
 	rng := rand.New(rand.NewPCG(1, 1))
-	req := route.Request{PromptTokens: 160, Blocks: blocks(1, 10)}
+	req := policy.Request{PromptTokens: 160, Blocks: blocks(1, 10)}
 	t1, err := r.Route(0, &req, rng)
 	if err != nil {
 		t.Fatal(err)
@@ -77,7 +77,7 @@ func TestLedgerAndIndex(t *testing.T) {
 	// The same prompt again: the index now believes replica a holds it,
 	// and the ledger holds the first request.
 	// gorgo: a = 0.276·10 + 0 + 0.5·160; b = 0.276·~150 + 160.
-	explain, _ := route.New("gorgo", route.Options{})
+	explain, _ := policy.New("gorgo", policy.Options{})
 	if _, sc, err := r.Explain(time.Millisecond, &req, explain, rng); err != nil || sc[0].ID != "a" || sc[0].Terms.Queue != 80 || sc[1].Terms.Prefill != 160 {
 		t.Errorf("terms %+v, %v", sc, err)
 	}
@@ -101,7 +101,7 @@ func TestLedgerAndIndex(t *testing.T) {
 func TestIndexResetsWhenReplicaForgets(t *testing.T) {
 	r := newRouter(t, "session-affinity", 1, false)
 	rng := rand.New(rand.NewPCG(1, 1))
-	req := route.Request{SessionKey: "s", PromptTokens: 160, Blocks: blocks(1, 10)}
+	req := policy.Request{SessionKey: "s", PromptTokens: 160, Blocks: blocks(1, 10)}
 	first, _ := r.Route(0, &req, rng)
 	r.CachedReport(&first, 0)
 	// The replica keeps reporting nothing cached although the router
@@ -140,7 +140,7 @@ func TestOnlineRates(t *testing.T) {
 	}
 	var queue []pending
 	for i := range 3000 {
-		req := route.Request{PromptTokens: 100 + rng.IntN(8000), Blocks: blocks(uint64(i+1), 3)}
+		req := policy.Request{PromptTokens: 100 + rng.IntN(8000), Blocks: blocks(uint64(i+1), 3)}
 		tk, err := r.Route(0, &req, rng)
 		if err != nil {
 			t.Fatal(err)
@@ -163,7 +163,7 @@ func TestOnlineRates(t *testing.T) {
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {
-	p, _ := route.New("random", route.Options{})
+	p, _ := policy.New("random", policy.Options{})
 	nan := 0.0
 	nan /= nan
 	cases := []Config{
@@ -187,10 +187,10 @@ func TestNewRejectsBadConfig(t *testing.T) {
 
 // A decision allocates nothing once the router is warm, whatever the policy.
 func TestDecideDoesNotAllocate(t *testing.T) {
-	for _, name := range route.Names() {
+	for _, name := range policy.Names() {
 		r := newRouter(t, name, 5, true)
 		rng := rand.New(rand.NewPCG(1, 1))
-		req := &route.Request{SessionKey: "s", PrefixKey: 9, PromptTokens: 160, Blocks: blocks(1, 10)}
+		req := &policy.Request{SessionKey: "s", PrefixKey: 9, PromptTokens: 160, Blocks: blocks(1, 10)}
 		if _, err := r.Route(0, req, rng); err != nil {
 			t.Fatal(err)
 		}
@@ -219,7 +219,7 @@ func TestDecideDoesNotAllocate(t *testing.T) {
 func TestFallbacks(t *testing.T) {
 	r := newRouter(t, "gorgo", 4, false) // RTTs 10, 20, 30, 40 ms
 	rng := rand.New(rand.NewPCG(1, 1))
-	req := route.Request{PromptTokens: 16, Blocks: blocks(1, 1)}
+	req := policy.Request{PromptTokens: 16, Blocks: blocks(1, 1)}
 	tk, fb, err := r.Dispatch(0, &req, rng, make([]Candidate, 0, 2))
 	if err != nil || tk.ID != "a" || len(fb) != 2 || fb[0].ID != "b" || fb[1].ID != "c" {
 		t.Fatalf("ticket %s, fallbacks %+v, %v; want a then b, c", tk.ID, fb, err)
@@ -241,7 +241,7 @@ func TestFallbacks(t *testing.T) {
 	if st := state(t, r, "c"); st.InFlight != 0 || st.IndexBlocks != 1 {
 		t.Errorf("c after its request: %+v", st)
 	}
-	p, _ := route.New("round-robin", route.Options{})
+	p, _ := policy.New("round-robin", policy.Options{})
 	before := r.Replicas()
 	if _, _, err := r.Explain(0, &req, p, rand.New(rand.NewPCG(9, 9))); err != nil {
 		t.Fatal(err)
@@ -258,7 +258,7 @@ func TestUnavailableReplicasAreFiltered(t *testing.T) {
 	r.Drain("b")
 	r.Add(replicaConfig(4)) // e: not yet probed
 	rng := rand.New(rand.NewPCG(1, 1))
-	req := route.Request{PromptTokens: 16}
+	req := policy.Request{PromptTokens: 16}
 	for range 20 {
 		tk, _, err := r.Dispatch(0, &req, rng, make([]Candidate, 0, 4))
 		if err != nil || (tk.ID != "c" && tk.ID != "d") {
@@ -268,7 +268,7 @@ func TestUnavailableReplicasAreFiltered(t *testing.T) {
 	}
 	r.SetHealthy("c", false)
 	r.Drain("d")
-	if _, _, err := r.Dispatch(0, &req, rng, nil); !errors.Is(err, route.ErrNoReplica) {
+	if _, _, err := r.Dispatch(0, &req, rng, nil); !errors.Is(err, policy.ErrNoReplica) {
 		t.Errorf("err %v, want ErrNoReplica", err)
 	}
 	r.ObserveRTT("e", time.Millisecond)
@@ -284,7 +284,7 @@ func TestMembershipLeavesOthersAlone(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	var open []Ticket
 	for i := range 30 {
-		req := route.Request{PromptTokens: 64, Blocks: blocks(uint64(i%5), 4)}
+		req := policy.Request{PromptTokens: 64, Blocks: blocks(uint64(i%5), 4)}
 		tk, err := r.Route(0, &req, rng)
 		if err != nil {
 			t.Fatal(err)
@@ -328,7 +328,7 @@ func TestMembershipLeavesOthersAlone(t *testing.T) {
 func TestRemoveWaitsForRequestsInFlight(t *testing.T) {
 	r := newRouter(t, "gorgo", 2, false)
 	rng := rand.New(rand.NewPCG(1, 1))
-	req := route.Request{PromptTokens: 64, Blocks: blocks(7, 4)}
+	req := policy.Request{PromptTokens: 64, Blocks: blocks(7, 4)}
 	tk, err := r.Route(0, &req, rng)
 	if err != nil || tk.ID != "a" {
 		t.Fatalf("%+v %v", tk, err)
@@ -376,7 +376,7 @@ func TestRemoveWaitsForRequestsInFlight(t *testing.T) {
 
 // The fleet holds MaxReplicas replicas and refuses one more.
 func TestFleetBound(t *testing.T) {
-	p, _ := route.New("gorgo", route.Options{})
+	p, _ := policy.New("gorgo", policy.Options{})
 	r, err := New(Config{Policy: p, BlockTokens: 16})
 	if err != nil {
 		t.Fatal(err)
@@ -390,7 +390,7 @@ func TestFleetBound(t *testing.T) {
 		t.Fatal("the fleet took one replica more than MaxReplicas")
 	}
 	r.ObserveRTT(fmt.Sprint(MaxReplicas-1), time.Millisecond)
-	req := route.Request{PromptTokens: 16, Blocks: blocks(1, 1)}
+	req := policy.Request{PromptTokens: 16, Blocks: blocks(1, 1)}
 	if tk, err := r.Route(0, &req, rand.New(rand.NewPCG(1, 1))); err != nil || tk.ID != fmt.Sprint(MaxReplicas-1) {
 		t.Errorf("%+v %v", tk, err)
 	}
@@ -408,7 +408,7 @@ func TestConcurrentDecisionsAndMembership(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(g), 1))
 			fb := make([]Candidate, 0, 2)
 			for i := range 2000 {
-				req := route.Request{PromptTokens: 64, Blocks: blocks(uint64(i%50), 4)}
+				req := policy.Request{PromptTokens: 64, Blocks: blocks(uint64(i%50), 4)}
 				tk, fb2, err := r.Dispatch(time.Duration(i), &req, rng, fb)
 				if err != nil {
 					continue
@@ -443,7 +443,7 @@ func TestConcurrentDecisionsAndMembership(t *testing.T) {
 				r.ObserveRTT(name, time.Millisecond)
 			}
 			r.Drain("b")
-			r.ObserveEngine("c", route.EngineGauges{Running: i}, time.Duration(i))
+			r.ObserveEngine("c", policy.EngineGauges{Running: i}, time.Duration(i))
 			r.SetKVCapacity("d", 1600+16*(i%3))
 			r.Undrain("b")
 			r.Replicas()
@@ -461,7 +461,7 @@ func TestConcurrentDecisionsAndMembership(t *testing.T) {
 // leaves once idle.
 func TestDrainKeepsARemoval(t *testing.T) {
 	r := newRouter(t, "gorgo", 2, false)
-	req := route.Request{PromptTokens: 16}
+	req := policy.Request{PromptTokens: 16}
 	tk, err := r.Route(0, &req, rand.New(rand.NewPCG(1, 1)))
 	if err != nil {
 		t.Fatal(err)
@@ -480,7 +480,7 @@ func TestDrainKeepsARemoval(t *testing.T) {
 // The router counts requests decoding, learns each replica's ITL from the
 // token gaps it sees, and the output length from what finished.
 func TestDecodeLedgerAndITL(t *testing.T) {
-	r := newRouter(t, route.DefaultName, 2, false)
+	r := newRouter(t, policy.DefaultName, 2, false)
 	rng := rand.New(rand.NewPCG(1, 1))
 	if e := r.ExpectedOutput(0); e != DefaultOutputTokens {
 		t.Fatalf("expected output before any request: %d", e)
@@ -491,7 +491,7 @@ func TestDecodeLedgerAndITL(t *testing.T) {
 	// Replica a decodes at 10 ms + 1 ms per request in flight.
 	var open []Ticket
 	for i := range 600 {
-		req := route.Request{PromptTokens: 64, Blocks: blocks(uint64(i+1), 4), MaxOutputTokens: 1000}
+		req := policy.Request{PromptTokens: 64, Blocks: blocks(uint64(i+1), 4), MaxOutputTokens: 1000}
 		tk, _, err := r.Dispatch(0, &req, rng, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -532,7 +532,7 @@ func TestDecodeLedgerAndITL(t *testing.T) {
 	}
 	// A failed request (no Decoded) and a request before its first token
 	// release what they hold.
-	req := route.Request{PromptTokens: 64, Blocks: blocks(9999, 4)}
+	req := policy.Request{PromptTokens: 64, Blocks: blocks(9999, 4)}
 	tk, _, err := r.Dispatch(0, &req, rng, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -548,7 +548,7 @@ func TestDecodeLedgerAndITL(t *testing.T) {
 func TestPredictLearnsLateness(t *testing.T) {
 	r := newRouter(t, "gorgo-ms", 1, false) // a: 10 ms, 0.06 ms a token
 	rng := rand.New(rand.NewPCG(1, 1))
-	req := route.Request{PromptTokens: 1000, Blocks: blocks(7, 4)}
+	req := policy.Request{PromptTokens: 1000, Blocks: blocks(7, 4)}
 	best, floor, err := r.Predict(0, &req)
 	if err != nil || best != floor || math.Abs(float64(best)/1e6-70) > 1e-6 {
 		t.Fatalf("idle: best %v floor %v (%v), want 70 ms both", best, floor, err)
@@ -556,7 +556,7 @@ func TestPredictLearnsLateness(t *testing.T) {
 	// Every first token comes 2 s later than the model says.
 	var last time.Duration
 	for i := range 40 {
-		q := route.Request{PromptTokens: 100, Blocks: blocks(uint64(100+i), 4)}
+		q := policy.Request{PromptTokens: 100, Blocks: blocks(uint64(100+i), 4)}
 		now := time.Duration(i) * 100 * time.Millisecond
 		tk, _, err := r.Dispatch(now, &q, rng, nil)
 		if err != nil {

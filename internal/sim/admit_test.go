@@ -24,7 +24,7 @@ func TestAdmissionRaisesGoodputUnderOverload(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "gorgo-e2e"), Seed: 1, Admission: a, GoodputSLO: slo})
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "gorgo-e2e"), Seed: 1, Admission: a, GoodputSLO: slo})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -68,7 +68,7 @@ func TestHeldRequestIsNotStranded(t *testing.T) {
 	reps := []Replica{{ID: "a", RTT: 10 * time.Millisecond, Profile: slow}}
 	sig := Signals{BlindPrior: true, ProbeInterval: time.Second, ScrapeInterval: time.Second}
 	first := []trace.Request{request(0, 1, 2000, 8)}
-	res0, err := Run(Config{Replicas: reps, Requests: first, Policy: policy(t, "gorgo-e2e"), Seed: 1, Signals: sig})
+	res0, err := Run(Config{Replicas: reps, Requests: first, Policy: newPolicy(t, "gorgo-e2e"), Seed: 1, Signals: sig})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestHeldRequestIsNotStranded(t *testing.T) {
 	}
 	done := make(chan *Result, 1)
 	go func() {
-		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "gorgo-e2e"), Seed: 1, Signals: sig, Admission: a, GoodputSLO: a.SLO})
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "gorgo-e2e"), Seed: 1, Signals: sig, Admission: a, GoodputSLO: a.SLO})
 		if err != nil {
 			t.Error(err)
 		}

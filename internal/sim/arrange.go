@@ -6,7 +6,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 // Arrangements that are not a policy run in every region.
@@ -88,7 +88,7 @@ func (t Topology) MeshRTT() (func(a, b string) (time.Duration, time.Duration, er
 // for a router in a region). day and amplitude shape the ingress regions'
 // daily curves (zero day: constant shares).
 func (t Topology) Arrangement(name string, reps []Replica, sharing Sharing, day time.Duration, amplitude float64,
-	newPolicy func(name, region string) (route.Policy, error)) (*Mesh, error) {
+	newPolicy func(name, region string) (policy.Policy, error)) (*Mesh, error) {
 	rtt, err := t.MeshRTT()
 	if err != nil {
 		return nil, err
@@ -117,7 +117,7 @@ func (t Topology) Arrangement(name string, reps []Replica, sharing Sharing, day 
 		for _, region := range routers {
 			pol, local := name, []string(nil)
 			if name == ArrangeRegionLocal {
-				pol = route.DefaultName
+				pol = policy.DefaultName
 				for _, r := range reps {
 					if r.Region == region {
 						local = append(local, r.ID)

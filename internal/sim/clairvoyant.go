@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 // ClairvoyantName is the name of the simulator-only yardstick policy.
@@ -18,7 +18,7 @@ const ClairvoyantName = "clairvoyant"
 // request's true round trip to it, and the requests already on their way
 // to it), and picks the least. It is the yardstick of how close a greedy
 // router can get. Each instance serves one Run.
-func NewClairvoyant() route.Policy { return &clairvoyant{} }
+func NewClairvoyant() policy.Policy { return &clairvoyant{} }
 
 type clairvoyant struct {
 	s       *simulator
@@ -32,12 +32,12 @@ type clairvoyant struct {
 
 func (*clairvoyant) Name() string { return ClairvoyantName }
 
-func (c *clairvoyant) Decide(d *route.Decision, _ *route.Request, reps []route.Replica, _ *rand.Rand) error {
+func (c *clairvoyant) Decide(d *policy.Decision, _ *policy.Request, reps []policy.Replica, _ *rand.Rand) error {
 	d.Scores = d.Scores[:0]
 	best, bestT := 0, math.Inf(1)
 	for i := range reps {
 		t := float64(c.ttft(c.s.byID[reps[i].ID])) / 1e6
-		d.Scores = append(d.Scores, route.Terms{Total: t})
+		d.Scores = append(d.Scores, policy.Terms{Total: t})
 		if t < bestT {
 			best, bestT = i, t
 		}
@@ -97,6 +97,6 @@ func (c *clairvoyant) submit(e *engine.Engine, at time.Duration, i int) {
 }
 
 func init() {
-	route.Register(route.Info{Name: ClairvoyantName, SimOnly: true,
-		New: func(route.Options) (route.Policy, error) { return NewClairvoyant(), nil }})
+	policy.Register(policy.Info{Name: ClairvoyantName, SimOnly: true,
+		New: func(policy.Options) (policy.Policy, error) { return NewClairvoyant(), nil }})
 }

@@ -22,7 +22,7 @@ func TestFleetEvents(t *testing.T) {
 		{At: 5 * time.Minute, Op: OpAdd, Replica: Replica{ID: "c", RTT: 60 * time.Millisecond, Profile: p}},
 		{At: 7 * time.Minute, Op: OpRemove, ID: "b"},
 	}
-	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "round-robin"), MaxInflight: 64, Seed: 1, Events: events})
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "round-robin"), MaxInflight: 64, Seed: 1, Events: events})
 	if err != nil {
 		t.Fatal(err)
 	}

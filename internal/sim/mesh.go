@@ -8,7 +8,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
@@ -40,7 +40,7 @@ type Mesh struct {
 // Site is one router of a mesh.
 type Site struct {
 	Region string
-	Policy route.Policy
+	Policy policy.Policy
 	// Replicas are the ids it routes to; nil means every replica.
 	Replicas []string
 }
@@ -95,7 +95,7 @@ func ParseSharing(s string) (Sharing, error) {
 type site struct {
 	rt      *router.Router
 	region  string
-	learner route.Learner
+	learner policy.Learner
 	// rtt and jitter to each replica, by index in simulator.reps.
 	rtt, jitter []time.Duration
 	// allowed: the replica ids it routes to (nil: all).
@@ -195,14 +195,14 @@ func assignIngress(m *Mesh, reqs []trace.Request, seed uint64) []int16 {
 // and places each request with its ingress region's router.
 func (s *simulator) buildSites() error {
 	cfg := &s.cfg
-	mk := func(region string, p route.Policy, allowed []string) error {
+	mk := func(region string, p policy.Policy, allowed []string) error {
 		rt, err := router.New(router.Config{Policy: p, BlockTokens: trace.BlockTokens,
 			RTTAlpha: s.sig.RTTAlpha, OnlineRates: s.sig.OnlineRates, TieMargin: cfg.TieMargin})
 		if err != nil {
 			return fmt.Errorf("sim: %w", err)
 		}
 		st := &site{rt: rt, region: region}
-		st.learner, _ = p.(route.Learner)
+		st.learner, _ = p.(policy.Learner)
 		if allowed != nil {
 			st.allowed = map[string]bool{}
 			for _, id := range allowed {

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -19,8 +19,8 @@ func meshRun(t *testing.T, arrangement string, sharing Sharing, reqs []trace.Req
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := top.Arrangement(arrangement, reps, sharing, 0, 0, func(name, region string) (route.Policy, error) {
-		return route.New(name, route.Options{Region: region})
+	m, err := top.Arrangement(arrangement, reps, sharing, 0, 0, func(name, region string) (policy.Policy, error) {
+		return policy.New(name, policy.Options{Region: region})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -71,8 +71,8 @@ func TestMeshIngressAndRegionLocal(t *testing.T) {
 	}
 	top, _ := LoadTopology("paper-mesh")
 	reps, _ := top.Resolve()
-	m, err := top.Arrangement(ArrangeRegionLocal, reps, ShareNone, 0, 0, func(name, region string) (route.Policy, error) {
-		return route.New(name, route.Options{Region: region})
+	m, err := top.Arrangement(ArrangeRegionLocal, reps, ShareNone, 0, 0, func(name, region string) (policy.Policy, error) {
+		return policy.New(name, policy.Options{Region: region})
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -113,9 +113,9 @@ func TestMeshSharing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	local := meshRun(t, route.DefaultName, ShareNone, reqs)
-	shared := meshRun(t, route.DefaultName, ShareDelayed, reqs)
-	omni := meshRun(t, route.DefaultName, ShareInstant, reqs)
+	local := meshRun(t, policy.DefaultName, ShareNone, reqs)
+	shared := meshRun(t, policy.DefaultName, ShareDelayed, reqs)
+	omni := meshRun(t, policy.DefaultName, ShareInstant, reqs)
 	gap := func(r *Result) float64 { return *r.Run.EstCacheHitRatio - r.Run.CacheHitRatio }
 	if gap(local) < 0.05 || gap(shared) > gap(local)/2 || gap(omni) > gap(local)/2 {
 		t.Errorf("belief minus truth of the hit ratio: local %.3f, shared %.3f, omniscient %.3f", gap(local), gap(shared), gap(omni))
@@ -125,7 +125,7 @@ func TestMeshSharing(t *testing.T) {
 			t.Errorf("%s: %d failed", r.Policy, r.Run.Failed)
 		}
 	}
-	if again := meshRun(t, route.DefaultName, ShareDelayed, reqs); again.Run.TTFT != shared.Run.TTFT {
+	if again := meshRun(t, policy.DefaultName, ShareDelayed, reqs); again.Run.TTFT != shared.Run.TTFT {
 		t.Error("a mesh run is not deterministic")
 	}
 }
@@ -139,8 +139,8 @@ func TestMeshClientCap(t *testing.T) {
 	}
 	top, _ := LoadTopology("paper-mesh")
 	reps, _ := top.Resolve()
-	m, err := top.Arrangement(ArrangeCentral, reps, ShareNone, 0, 0, func(name, region string) (route.Policy, error) {
-		return route.New(name, route.Options{Region: region})
+	m, err := top.Arrangement(ArrangeCentral, reps, ShareNone, 0, 0, func(name, region string) (policy.Policy, error) {
+		return policy.New(name, policy.Options{Region: region})
 	})
 	if err != nil {
 		t.Fatal(err)

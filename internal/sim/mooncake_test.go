@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -39,7 +39,7 @@ func TestMooncakeHitRatioOnOneLargeReplica(t *testing.T) {
 	p.PrefillUSPerToken /= 4
 	p.StepBaseUS /= 4
 	reps := []Replica{{ID: "big", RTT: 10 * time.Millisecond, Profile: p}}
-	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "round-robin"), MaxInflight: 64})
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "round-robin"), MaxInflight: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func BenchmarkSimMooncake(b *testing.B) {
 			var events, steps int64
 			var peak uint64
 			for b.Loop() {
-				p, err := route.New(name, route.Options{})
+				p, err := policy.New(name, policy.Options{})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -3,7 +3,7 @@
 //
 // Clients replay the trace open loop (arrival times from the trace) with a cap
 // on requests in flight, as the paper's client does; the router picks a
-// replica with a route.Policy; each request crosses half its round trip to
+// replica with a policy.Policy; each request crosses half its round trip to
 // the replica, is served by the replica's engine model, and its tokens cross
 // the other half back. Time is virtual and every random draw comes from the
 // seed, so a run is exactly repeatable.
@@ -18,8 +18,8 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
-	"github.com/gorgo-llm/gorgo/internal/route"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
@@ -32,7 +32,7 @@ type Config struct {
 	Replicas []Replica
 	// Requests is the workload, sorted by Time (already windowed and scaled).
 	Requests []trace.Request
-	Policy   route.Policy
+	Policy   policy.Policy
 	// MaxInflight caps the client's requests in flight; beyond it the
 	// client waits and records the wait as slip. Zero means no cap.
 	MaxInflight int
@@ -178,7 +178,7 @@ type event struct {
 
 // scrape is gauges on their way from a replica to the router.
 type scrape struct {
-	gauges route.EngineGauges
+	gauges policy.EngineGauges
 }
 
 // reqState is what the simulator tracks per request.
@@ -230,7 +230,7 @@ type simulator struct {
 	sites    []*site // the routers: one, or a mesh's
 	probeRNG *rand.Rand
 	sig      Signals
-	rreq     route.Request
+	rreq     policy.Request
 	evBuf    []engine.Event
 	oracle   *clairvoyant
 
@@ -384,7 +384,7 @@ func Run(cfg Config) (*Result, error) {
 			s.advance(ev.t, r)
 			s.reschedule(r)
 			g := s.reps[r].eng.Gauges()
-			s.scrapes = append(s.scrapes, scrape{gauges: route.EngineGauges{Running: g.Running, Waiting: g.Waiting, KVUsedTokens: g.KVUsedTokens, CacheHitRate: g.CacheHitRate}})
+			s.scrapes = append(s.scrapes, scrape{gauges: policy.EngineGauges{Running: g.Running, Waiting: g.Waiting, KVUsedTokens: g.KVUsedTokens, CacheHitRate: g.CacheHitRate}})
 			s.push(event{t: ev.t + s.sites[ev.site].rtt[r]/2, kind: evScrapeBack, site: ev.site, rep: ev.rep, req: int32(len(s.scrapes) - 1)})
 		case evScrapeBack:
 			s.sites[ev.site].rt.ObserveEngine(s.reps[ev.rep].cfg.ID, s.scrapes[ev.req].gauges, ev.t)
@@ -553,7 +553,7 @@ func (s *simulator) release(now time.Duration) {
 // request fills s.rreq with request i's view.
 func (s *simulator) request(i int) {
 	tr := &s.cfg.Requests[i]
-	s.rreq = route.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: tr.HashIDs, MaxOutputTokens: tr.OutputTokens}
+	s.rreq = policy.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: tr.HashIDs, MaxOutputTokens: tr.OutputTokens}
 	if s.cfg.HideMaxTokens {
 		s.rreq.MaxOutputTokens = 0
 	}
@@ -661,7 +661,7 @@ func (s *simulator) back(now time.Duration, i int) {
 		site.rt.Finish(&st.ticket)
 		s.share(now, i, remoteFinish)
 		if site.learner != nil {
-			o := route.Outcome{Failed: st.failed}
+			o := policy.Outcome{Failed: st.failed}
 			if !st.failed {
 				o.TTFT, o.E2E = st.first-st.sent, st.done-st.sent
 				if st.output > 1 {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -20,9 +20,9 @@ func profile(t testing.TB, name string) engine.Profile {
 	return p
 }
 
-func policy(t testing.TB, name string) route.Policy {
+func newPolicy(t testing.TB, name string) policy.Policy {
 	t.Helper()
-	p, err := route.New(name, route.Options{})
+	p, err := policy.New(name, policy.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func poisson(n int, rate float64, seed uint64) []trace.Request {
 func TestLoneRequestTTFTIsRTTPlusPrefill(t *testing.T) {
 	p := profile(t, "paper")
 	reps := []Replica{{ID: "a", RTT: 40 * time.Millisecond, Profile: p}}
-	res, err := Run(Config{Replicas: reps, Requests: []trace.Request{request(time.Second, 1, 6000, 10)}, Policy: policy(t, "round-robin")})
+	res, err := Run(Config{Replicas: reps, Requests: []trace.Request{request(time.Second, 1, 6000, 10)}, Policy: newPolicy(t, "round-robin")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestLowLoadTTFTIsRTTPlusPrefill(t *testing.T) {
 	for i := range 40 {
 		reqs = append(reqs, request(time.Duration(i)*10*time.Second, uint64(i+1), 1000+100*i, 50))
 	}
-	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "random"), Seed: 3})
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "random"), Seed: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestSameSeedSameRun(t *testing.T) {
 	}
 	reqs := poisson(400, 4, 1)
 	run := func(seed uint64) *Result {
-		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "random"), Seed: seed, MaxInflight: 16})
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "random"), Seed: seed, MaxInflight: 16})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +126,7 @@ func TestMaxInflightRecordsSlip(t *testing.T) {
 	p := profile(t, "paper")
 	reps := []Replica{{ID: "a", RTT: 10 * time.Millisecond, Profile: p}}
 	reqs := []trace.Request{request(0, 1, 1000, 5), request(0, 2, 1000, 5)}
-	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "round-robin"), MaxInflight: 1})
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "round-robin"), MaxInflight: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestTailsGrowAsTimeScaleShrinks(t *testing.T) {
 	var p95 []float64
 	for _, scale := range []float64{3, 1.5, 1} {
 		reqs := trace.Apply(base, trace.Window{}, scale)
-		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "round-robin"), Seed: 1, MaxInflight: 64})
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "round-robin"), Seed: 1, MaxInflight: 64})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +164,7 @@ func TestFailedRequestsAreCounted(t *testing.T) {
 	p.MaxContextTokens = 8000
 	reps := []Replica{{ID: "a", RTT: 20 * time.Millisecond, Profile: p}}
 	reqs := []trace.Request{request(0, 1, 1000, 5), request(time.Second, 2, 9000, 5)}
-	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "round-robin")})
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "round-robin")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +188,7 @@ func TestBlindRouterLearnsHeterogeneousRates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: policy(t, "gorgo-ms"), MaxInflight: 64, Seed: 1,
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "gorgo-ms"), MaxInflight: 64, Seed: 1,
 		Signals: Signals{OnlineRates: true, BlindPrior: true}})
 	if err != nil {
 		t.Fatal(err)

@@ -8,12 +8,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
-	"github.com/gorgo-llm/gorgo/internal/route"
 )
 
 // Sample is one request's outcome, as the router saw it.
-type Sample = route.Outcome
+type Sample = policy.Outcome
 
 // Metrics summarise the samples of one measurement, in ms.
 type Metrics struct {

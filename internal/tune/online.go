@@ -6,7 +6,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 // OnlineConfig configures online tuning on live traffic.
@@ -22,7 +22,7 @@ type OnlineConfig struct {
 	Window, Hop int
 	// BaseWeights holds the weights that are not tuned (a parameter not
 	// listed keeps its value here); zero means the base policy's defaults.
-	BaseWeights route.Weights
+	BaseWeights policy.Weights
 	// History is how many of the latest verdicts Steps keeps (default 256).
 	History int
 }
@@ -39,7 +39,7 @@ type Online struct {
 	mu       sync.Mutex
 	cfg      OnlineConfig
 	es       *ES
-	arms     [2]route.Policy // incumbent, candidate
+	arms     [2]policy.Policy // incumbent, candidate
 	cand     Point
 	round    int
 	routed   int
@@ -54,7 +54,7 @@ type Online struct {
 const OnlineName = "gorgo-online"
 
 func init() {
-	route.Register(route.Info{Name: OnlineName, New: func(o route.Options) (route.Policy, error) {
+	policy.Register(policy.Info{Name: OnlineName, New: func(o policy.Options) (policy.Policy, error) {
 		var cfg OnlineConfig
 		if o.Online != nil {
 			c, ok := o.Online.(OnlineConfig)
@@ -63,8 +63,8 @@ func init() {
 			}
 			cfg = c
 		}
-		if cfg.BaseWeights == (route.Weights{}) {
-			cfg.BaseWeights = route.WeightsOf(cfg.Base, o)
+		if cfg.BaseWeights == (policy.Weights{}) {
+			cfg.BaseWeights = policy.WeightsOf(cfg.Base, o)
 		}
 		return NewOnline(cfg)
 	}})
@@ -75,12 +75,12 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if cfg.Base == "" {
 		cfg.Base = "gorgo"
 	}
-	cfg.Base = route.Canonical(cfg.Base)
-	if !route.Tunable(cfg.Base) {
-		return nil, fmt.Errorf("online tuning: base policy must be gorgo, gorgo-ms or %s (default), got %q", route.DefaultName, cfg.Base)
+	cfg.Base = policy.Canonical(cfg.Base)
+	if !policy.Tunable(cfg.Base) {
+		return nil, fmt.Errorf("online tuning: base policy must be gorgo, gorgo-ms or %s (default), got %q", policy.DefaultName, cfg.Base)
 	}
-	if cfg.BaseWeights == (route.Weights{}) {
-		cfg.BaseWeights = route.WeightsOf(cfg.Base, route.Options{})
+	if cfg.BaseWeights == (policy.Weights{}) {
+		cfg.BaseWeights = policy.WeightsOf(cfg.Base, policy.Options{})
 	}
 	if len(cfg.ES.Params) == 0 {
 		cfg.ES.Params = DefaultParams(cfg.Base)
@@ -130,8 +130,8 @@ func CheckWeightParams(params []Param) error {
 // rtt and queue weights, or for gorgo-e2e its decode weights around their
 // defaults (the TTFT terms keep gorgo-ms's).
 func DefaultParams(base string) []Param {
-	if route.Canonical(base) == route.DefaultName {
-		d := route.DefaultE2EWeights
+	if policy.Canonical(base) == policy.DefaultName {
+		d := policy.DefaultE2EWeights
 		return []Param{
 			{Name: "decode", Min: d.Decode / 10, Max: d.Decode * 10, Init: d.Decode},
 			{Name: "itl", Min: d.ITL / 10, Max: d.ITL * 10, Init: d.ITL},
@@ -142,7 +142,7 @@ func DefaultParams(base string) []Param {
 
 // Weights returns the weights a point stands for: base, with the tuned
 // parameters replaced.
-func Weights(es *ES, p Point, base route.Weights) route.Weights {
+func Weights(es *ES, p Point, base policy.Weights) policy.Weights {
 	w := base
 	for name, v := range es.Named(p) {
 		switch name {
@@ -159,9 +159,9 @@ func Weights(es *ES, p Point, base route.Weights) route.Weights {
 	return w
 }
 
-func (o *Online) policy(p Point) (route.Policy, error) {
-	opts := route.WithWeights(o.cfg.Base, route.Options{}, Weights(o.es, p, o.cfg.BaseWeights))
-	return route.New(o.cfg.Base, opts)
+func (o *Online) policy(p Point) (policy.Policy, error) {
+	opts := policy.WithWeights(o.cfg.Base, policy.Options{}, Weights(o.es, p, o.cfg.BaseWeights))
+	return policy.New(o.cfg.Base, opts)
 }
 
 // next starts a new round with a fresh candidate.
@@ -178,12 +178,12 @@ func (o *Online) next() error {
 	return nil
 }
 
-// Name implements route.Policy.
+// Name implements policy.Policy.
 func (o *Online) Name() string { return OnlineName }
 
 // Decide routes with the arm whose turn it is and tags the decision; while
 // paused, with the incumbent, untagged.
-func (o *Online) Decide(d *route.Decision, req *route.Request, reps []route.Replica, rng *rand.Rand) error {
+func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.Replica, rng *rand.Rand) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.paused {
@@ -201,7 +201,7 @@ func (o *Online) Decide(d *route.Decision, req *route.Request, reps []route.Repl
 
 // Learn records an outcome for its arm; outcomes of earlier rounds are
 // dropped. When both arms have a window of outcomes, the candidate is judged.
-func (o *Online) Learn(tag int, s route.Outcome) {
+func (o *Online) Learn(tag int, s policy.Outcome) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.paused || tag < 0 || tag/2 != o.round {
@@ -233,7 +233,7 @@ func (o *Online) Learn(tag int, s route.Outcome) {
 }
 
 // Incumbent returns the current best weights.
-func (o *Online) Incumbent() route.Weights {
+func (o *Online) Incumbent() policy.Weights {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return Weights(o.es, o.es.Incumbent(), o.cfg.BaseWeights)
@@ -259,7 +259,7 @@ func (o *Online) Base() string { return o.cfg.Base }
 // IncumbentPolicy returns a fresh instance of the base policy with the
 // incumbent weights: what the tuner would route with if it stopped now
 // (to explain a decision without moving the tuner's arms).
-func (o *Online) IncumbentPolicy() (route.Policy, error) {
+func (o *Online) IncumbentPolicy() (policy.Policy, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.policy(o.es.Incumbent())

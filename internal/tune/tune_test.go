@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/route"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 func newES(t *testing.T, cfg Config) *ES {
@@ -165,11 +165,11 @@ func TestOnlineJudgesEachArmOnItsOwnOutcomes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reps := []route.Replica{{ID: "a"}, {ID: "b"}}
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
 	var tags []int
-	var d route.Decision
+	var d policy.Decision
 	for range 8 {
-		if err := o.Decide(&d, &route.Request{PromptTokens: 10}, reps, rand.New(rand.NewPCG(1, 1))); err != nil {
+		if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rand.New(rand.NewPCG(1, 1))); err != nil {
 			t.Fatal(err)
 		}
 		tags = append(tags, d.Tag)
@@ -184,14 +184,14 @@ func TestOnlineJudgesEachArmOnItsOwnOutcomes(t *testing.T) {
 		if tag%2 == 1 {
 			ttft = time.Second
 		}
-		o.Learn(tag, route.Outcome{TTFT: ttft, E2E: 3 * time.Second})
+		o.Learn(tag, policy.Outcome{TTFT: ttft, E2E: 3 * time.Second})
 	}
-	o.Learn(999, route.Outcome{TTFT: time.Hour}) // stale: ignored
+	o.Learn(999, policy.Outcome{TTFT: time.Hour}) // stale: ignored
 	steps := o.Steps()
 	if len(steps) != 1 || !steps[0].Accepted || steps[0].Score != 1000 || steps[0].Incumbent != 2000 {
 		t.Fatalf("steps %+v", steps)
 	}
-	if w := o.Incumbent(); w != Weights(o.ES(), steps[0].Candidate, route.PaperWeights) {
+	if w := o.Incumbent(); w != Weights(o.ES(), steps[0].Candidate, policy.PaperWeights) {
 		t.Errorf("incumbent %v, want the accepted candidate %v", w, steps[0].Candidate)
 	}
 }
@@ -203,15 +203,15 @@ func TestOnlineHistoryAndPause(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reps := []route.Replica{{ID: "a"}, {ID: "b"}}
-	var d route.Decision
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	var d policy.Decision
 	rng := rand.New(rand.NewPCG(1, 1))
 	round := func() {
 		for range 2 {
-			if err := o.Decide(&d, &route.Request{PromptTokens: 10}, reps, rng); err != nil {
+			if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rng); err != nil {
 				t.Fatal(err)
 			}
-			o.Learn(d.Tag, route.Outcome{TTFT: time.Second, E2E: time.Second})
+			o.Learn(d.Tag, policy.Outcome{TTFT: time.Second, E2E: time.Second})
 		}
 	}
 	for range 10 {
@@ -247,7 +247,7 @@ func TestOnlineHistoryAndPause(t *testing.T) {
 // gorgo-online comes from the registry like any policy, its base's weights
 // from the options.
 func TestOnlineIsRegistered(t *testing.T) {
-	p, err := route.New(OnlineName, route.Options{MSWeights: route.Weights{RTT: 2, Queue: 3}, Online: OnlineConfig{Base: "gorgo-ms", ES: Config{Seed: 1, Params: []Param{{Name: "rtt", Min: 0.1, Max: 5, Init: 1}}}}})
+	p, err := policy.New(OnlineName, policy.Options{MSWeights: policy.Weights{RTT: 2, Queue: 3}, Online: OnlineConfig{Base: "gorgo-ms", ES: Config{Seed: 1, Params: []Param{{Name: "rtt", Min: 0.1, Max: 5, Init: 1}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func TestOnlineIsRegistered(t *testing.T) {
 	if pol, _ := o.IncumbentPolicy(); pol.Name() != "gorgo-ms" {
 		t.Errorf("explained with %s", pol.Name())
 	}
-	if _, err := route.New(OnlineName, route.Options{Online: 7}); err == nil {
+	if _, err := policy.New(OnlineName, policy.Options{Online: 7}); err == nil {
 		t.Error("options of the wrong type accepted")
 	}
 }

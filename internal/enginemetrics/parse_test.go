@@ -1,4 +1,4 @@
-package signal
+package enginemetrics
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -29,16 +30,16 @@ func readCapture(tb testing.TB, name string) []byte {
 	return b
 }
 
-func parse(t *testing.T, text string) EngineMetrics {
+func parse(t *testing.T, text string) Metrics {
 	t.Helper()
-	em, err := ParseEngineMetrics(strings.NewReader(text))
+	em, err := Parse(strings.NewReader(text))
 	if err != nil {
-		t.Fatalf("ParseEngineMetrics: %v", err)
+		t.Fatalf("Parse: %v", err)
 	}
 	return em
 }
 
-func checkMetrics(t *testing.T, got, want EngineMetrics) {
+func checkMetrics(t *testing.T, got, want Metrics) {
 	t.Helper()
 	if got != want {
 		t.Errorf("got  %+v\nwant %+v", got, want)
@@ -47,7 +48,7 @@ func checkMetrics(t *testing.T, got, want EngineMetrics) {
 
 func TestParseSGLangCapture(t *testing.T) {
 	b := readCapture(t, "sglang-2026-qwen3.5.txt")
-	want := EngineMetrics{
+	want := Metrics{
 		Format:                FormatSGLang,
 		Running:               0,
 		Waiting:               0,
@@ -60,14 +61,14 @@ func TestParseSGLangCapture(t *testing.T) {
 		GenThroughput:         0,
 		Model:                 "Qwen/Qwen3.5-35B-A3B-FP8",
 	}
-	em, err := ParseEngineMetrics(bytes.NewReader(b))
+	em, err := Parse(bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkMetrics(t, em, want)
 
 	// The capture as SGLang served it, without its final newline.
-	em, err = ParseEngineMetrics(bytes.NewReader(bytes.TrimRight(b, "\n")))
+	em, err = Parse(bytes.NewReader(bytes.TrimRight(b, "\n")))
 	if err != nil {
 		t.Fatalf("without the final newline: %v", err)
 	}
@@ -91,7 +92,7 @@ func TestParseSGLangCapture(t *testing.T) {
 
 func TestParseVLLMV1Capture(t *testing.T) {
 	b := readCapture(t, "vllm-0.29-v1.txt")
-	want := EngineMetrics{
+	want := Metrics{
 		Format:                FormatVLLM,
 		KVCapacityTokens:      322944, // kv_cache_size_tokens="322944" (= 20184 blocks × 16)
 		CacheHitRate:          432.0 / 530.0,
@@ -102,7 +103,7 @@ func TestParseVLLMV1Capture(t *testing.T) {
 		Model:                 "qwen2.5-1.5b",
 		StartTime:             1.78990180866e+09, // process_start_time_seconds
 	}
-	em, err := ParseEngineMetrics(bytes.NewReader(b))
+	em, err := Parse(bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +128,7 @@ func TestParseVLLMV0Excerpt(t *testing.T) {
 	// The excerpt ends inside vllm:iteration_tokens_total (no +Inf bucket,
 	// no _count), but at a line boundary: it parses, and every gauge read
 	// comes before the cut.
-	want := EngineMetrics{
+	want := Metrics{
 		Format:                FormatVLLMV0,
 		KVCapacityTokens:      81767 * 16, // num_gpu_blocks × block_size; V0 has no kv_cache_size_tokens
 		CacheHitRate:          0,          // gpu_prefix_cache_hit_rate is −1: not computed
@@ -135,7 +136,7 @@ func TestParseVLLMV0Excerpt(t *testing.T) {
 		GenerationTokensTotal: 955,
 		Model:                 "Qwen/Qwen2.5-Coder-1.5B-Instruct",
 	}
-	em, err := ParseEngineMetrics(bytes.NewReader(b))
+	em, err := Parse(bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +144,7 @@ func TestParseVLLMV0Excerpt(t *testing.T) {
 
 	// Cut inside the last line's labels: an error, not a guess.
 	cut := b[:bytes.LastIndex(b, []byte("model_name"))+8]
-	_, err = ParseEngineMetrics(bytes.NewReader(cut))
+	_, err = Parse(bytes.NewReader(cut))
 	var pe expfmt.ParseError
 	if !errors.As(err, &pe) {
 		t.Errorf("cut inside labels: error %v, want an expfmt.ParseError", err)
@@ -216,7 +217,7 @@ sglang:prompt_tokens_total{model_name="a"} 1e6
 sglang:prompt_tokens_total{model_name="b"} 10
 sglang:generation_tokens_total{model_name="a"} 20
 `
-	checkMetrics(t, parse(t, text), EngineMetrics{
+	checkMetrics(t, parse(t, text), Metrics{
 		Format: FormatSGLang, Running: 8, Waiting: 7, KVUsedTokens: 4000,
 		KVUsage:           0.75, // the fullest rank
 		KVCapacityTokens:  10000,
@@ -266,7 +267,7 @@ vllm:prompt_tokens_total{engine="0",model_name="m"} 400
 vllm:generation_tokens_total{engine="0",model_name="m"} 40
 vllm:generation_tokens_total{engine="1",model_name="m"} 2
 `
-	checkMetrics(t, parse(t, text), EngineMetrics{
+	checkMetrics(t, parse(t, text), Metrics{
 		Format: FormatVLLM, Running: 5, Waiting: 2,
 		KVUsedTokens:     8800, // 0.5 × 16000 + 0.1 × 8000
 		KVUsage:          0.5,
@@ -317,7 +318,7 @@ func TestParseErrors(t *testing.T) {
 		{"both engines", "sglang:num_running_reqs 1\nvllm:num_requests_running 1\n", false, "both"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := ParseEngineMetrics(strings.NewReader(c.text))
+			_, err := Parse(strings.NewReader(c.text))
 			if err == nil {
 				t.Fatal("no error")
 			}
@@ -352,14 +353,14 @@ func TestParseWithoutFinalNewline(t *testing.T) {
 		"sglang:num_running_reqs 2\nsglang:num_queue_reqs 1",
 		"sglang:num_running_reqs 2\nsglang:num_queue_reqs 1\n",
 	} {
-		em, err := ParseEngineMetrics(&oneByteReader{text})
+		em, err := Parse(&oneByteReader{text})
 		if err != nil || em.Running != 2 || em.Waiting != 1 {
 			t.Errorf("%q: %+v, %v", text, em, err)
 		}
 	}
 }
 
-func FuzzParseEngineMetrics(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	f.Add([]byte("sglang:num_running_reqs 1\nsglang:num_queue_reqs 2\nsglang:token_usage 0.5\n"))
 	f.Add([]byte("vllm:num_requests_running{engine=\"0\"} 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n" +
 		"vllm:cache_config_info{engine=\"0\",block_size=\"16\",num_gpu_blocks=\"99\"} 1\n"))
@@ -370,7 +371,7 @@ func FuzzParseEngineMetrics(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		em, err := ParseEngineMetrics(bytes.NewReader(b))
+		em, err := Parse(bytes.NewReader(b))
 		if err != nil {
 			return
 		}
@@ -386,4 +387,20 @@ func FuzzParseEngineMetrics(f *testing.F) {
 			t.Errorf("totals: %+v", em)
 		}
 	})
+}
+
+// A new engine's dialect is a row of the table: an engine with names of its
+// own parses once its row is there.
+func TestANewDialectIsARow(t *testing.T) {
+	const text = "acme:busy{rank=\"0\"} 2\nacme:busy{rank=\"1\"} 1\nacme:queued 4\nacme:kv_tokens_max 1000\nacme:kv_fraction 0.25\nacme:hit_fraction 0.5\n"
+	if _, err := Parse(strings.NewReader(text)); !errors.Is(err, ErrUnknownEngine) {
+		t.Fatalf("before its row: %v, want ErrUnknownEngine", err)
+	}
+	saved := Dialects
+	t.Cleanup(func() { Dialects = saved })
+	Dialects = append(slices.Clone(saved), Dialect{Format: "acme", Engine: "Acme", Marker: "acme:busy",
+		Running: "acme:busy", Waiting: "acme:queued", Capacity: []Capacity{{Family: "acme:kv_tokens_max"}},
+		Usage: []string{"acme:kv_fraction"}, HitRate: "acme:hit_fraction"})
+	checkMetrics(t, parse(t, text), Metrics{Format: "acme", Running: 3, Waiting: 4, KVCapacityTokens: 1000,
+		KVUsedTokens: 250, KVUsage: 0.25, CacheHitRate: 0.5})
 }

@@ -1,4 +1,4 @@
-package signal
+package enginemetrics
 
 import (
 	"errors"
@@ -14,31 +14,16 @@ import (
 	"github.com/prometheus/common/model"
 )
 
-// Engine formats that ParseEngineMetrics recognises, as reported in
-// EngineMetrics.Format.
-const (
-	// FormatSGLang is SGLang's exposition (sglang:num_running_reqs, ...).
-	FormatSGLang = "sglang"
-	// FormatVLLM is vLLM V1's exposition (vllm:num_requests_running with
-	// vllm:kv_cache_usage_perc, or vllm:gpu_cache_usage_perc before the
-	// rename, and prefix-cache query and hit counters).
-	FormatVLLM = "vllm"
-	// FormatVLLMV0 is vLLM V0's exposition, recognised by the gauges V1
-	// dropped: vllm:gpu_prefix_cache_hit_rate, vllm:num_requests_swapped,
-	// vllm:cpu_cache_usage_perc.
-	FormatVLLMV0 = "vllm-v0"
-)
-
-// ErrUnknownEngine is wrapped by ParseEngineMetrics when an exposition is
+// ErrUnknownEngine is wrapped by Parse when an exposition is
 // valid Prometheus text but carries neither SGLang's nor vLLM's request
 // gauges.
 var ErrUnknownEngine = errors.New("no SGLang or vLLM engine metrics")
 
-// EngineMetrics is what the router reads off a replica's /metrics. Where an
+// Metrics is what the router reads off a replica's /metrics. Where an
 // engine exports a metric under several label sets (tensor- or
 // data-parallel ranks, vLLM's engine label, several models), counts, token
 // totals and capacities are summed over them; see each field for the rest.
-type EngineMetrics struct {
+type Metrics struct {
 	// Format is FormatSGLang, FormatVLLM or FormatVLLMV0.
 	Format string
 	// Running and Waiting are the requests in the running batch and in the
@@ -94,35 +79,173 @@ type EngineMetrics struct {
 // behind them) are not exact in a float64 anyway.
 const maxCount = 1 << 53
 
-// ParseEngineMetrics reads a Prometheus text exposition (format 0.0.4) and
-// recognises the engine by its metric names: sglang:num_running_reqs for
-// SGLang, vllm:num_requests_running for vLLM (V0 or V1, see the Format
+// Parse reads a Prometheus text exposition (format 0.0.4) and recognises
+// the engine by its metric names (Dialects: sglang:num_running_reqs for
+// SGLang, vllm:num_requests_running for vLLM V0 or V1, see the Format
 // constants). The request gauges (running and waiting) are required; every
 // other field is 0 when its metrics are absent.
 //
 // Samples that are NaN, infinite or negative are ignored (vLLM V0 exports
 // −1 for a hit rate it has not computed). A malformed exposition is an
-// error wrapping the parser's expfmt.ParseError; one with neither engine's
+// error wrapping the parser's expfmt.ParseError; one with no dialect's
 // names wraps ErrUnknownEngine. A missing final newline is tolerated (the
 // last line is taken as complete). The text format has no end marker, so an
 // exposition cut at a line boundary parses: what was cut off reads as absent.
-func ParseEngineMetrics(r io.Reader) (EngineMetrics, error) {
+func Parse(r io.Reader) (Metrics, error) {
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(&newlineTerminated{r: r})
 	if err != nil {
-		return EngineMetrics{}, fmt.Errorf("parse metrics exposition: %w", err)
+		return Metrics{}, fmt.Errorf("parse metrics exposition: %w", err)
 	}
-	sg := fams["sglang:num_running_reqs"] != nil
-	vl := fams["vllm:num_requests_running"] != nil
+	d, err := detect(fams)
+	if err != nil {
+		return Metrics{}, err
+	}
+	return d.read(fams)
+}
+
+// detect returns the dialect of an exposition: the first of Dialects whose
+// marker (and refinement) it has. Two engines' markers are an error.
+func detect(fams map[string]*dto.MetricFamily) (*Dialect, error) {
+	var found *Dialect
+	for i := range Dialects {
+		d := &Dialects[i]
+		switch {
+		case fams[d.Marker] == nil:
+		case found != nil && found.Marker != d.Marker:
+			return nil, fmt.Errorf("parse engine metrics: exposition has both %s and %s", found.Marker, d.Marker)
+		case found == nil && (len(d.When) == 0 || firstPresent(fams, d.When) != ""):
+			found = d
+		}
+	}
+	if found == nil {
+		return nil, unknownEngine(fams)
+	}
+	return found, nil
+}
+
+// firstPresent returns the first of names the exposition has, "" if none.
+func firstPresent(fams map[string]*dto.MetricFamily, names []string) string {
+	for _, n := range names {
+		if fams[n] != nil {
+			return n
+		}
+	}
+	return ""
+}
+
+// read reads an exposition in the dialect.
+func (d *Dialect) read(fams map[string]*dto.MetricFamily) (Metrics, error) {
+	rd := &reader{fams: fams, models: map[string]bool{}}
+	for _, n := range []string{d.Running, d.Waiting} {
+		if fams[n] == nil {
+			return Metrics{}, fmt.Errorf("parse engine metrics: %s exposition lacks %s", d.Format, n)
+		}
+	}
+	m := Metrics{Format: d.Format}
+	m.Running = count(rd.stat(d.Running).sum)
+	m.Waiting = count(rd.stat(d.Waiting).sum)
+
+	capacity, total := rd.capacity(d)
+	m.KVCapacityTokens = count(total)
+	// Usage: the fullest label set's, and (with engine labels) each
+	// engine's usage times its own capacity (or the only one there is).
+	var usage, raw, scaled float64
+	n := 0
+	if name := firstPresent(fams, d.Usage); name != "" {
+		rd.samples(name, func(s *dto.Metric, v float64) {
+			n++
+			raw = max(raw, v)
+			v = fraction(v)
+			usage = max(usage, v)
+			if d.EngineLabel != "" {
+				c, ok := capacity[label(s, d.EngineLabel)]
+				if !ok && len(capacity) == 1 {
+					c = total
+				}
+				scaled += v * c
+			}
+		})
+	}
+	var used stat
+	if d.Used != "" {
+		used = rd.stat(d.Used)
+	}
 	switch {
-	case sg && vl:
-		return EngineMetrics{}, errors.New("parse engine metrics: exposition has both sglang:num_running_reqs and vllm:num_requests_running")
-	case sg:
-		return parseSGLang(fams)
-	case vl:
-		return parseVLLM(fams)
+	case used.present:
+		m.KVUsedTokens = count(used.sum)
+	case n > 0 && d.EngineLabel != "":
+		m.KVUsedTokens = count(min(scaled, total))
+	case n > 0:
+		m.KVUsedTokens = count(raw * float64(m.KVCapacityTokens))
 	}
-	return EngineMetrics{}, unknownEngine(fams)
+	switch {
+	case n > 0:
+		m.KVUsage = usage
+	case m.KVCapacityTokens > 0:
+		m.KVUsage = fraction(float64(m.KVUsedTokens) / float64(m.KVCapacityTokens))
+	}
+
+	switch {
+	case d.HitRate != "":
+		m.CacheHitRate = fraction(rd.stat(d.HitRate).mean())
+	case len(d.Queries) > 0:
+		m.PrefixQueriesTotal = rd.first(d.Queries...).sum
+		m.PrefixHitsTotal = rd.first(d.Hits...).sum
+		if m.PrefixQueriesTotal > 0 {
+			m.CacheHitRate = fraction(m.PrefixHitsTotal / m.PrefixQueriesTotal)
+		}
+	}
+	m.PromptTokensTotal = rd.sum(d.PromptTokens)
+	m.GenerationTokensTotal = rd.sum(d.GenerationTokens)
+	m.GenThroughput = rd.sum(d.Throughput)
+	m.Model = rd.model()
+	m.StartTime = rd.stat("process_start_time_seconds").max
+	return m, nil
+}
+
+// capacity reads the KV capacity by the first of the dialect's rules that
+// yields one: per engine label value ("" without one), and in all.
+func (rd *reader) capacity(d *Dialect) (map[string]float64, float64) {
+	for _, rule := range d.Capacity {
+		by, total := map[string]float64{}, 0.0
+		rd.samples(rule.Family, func(s *dto.Metric, v float64) {
+			if len(rule.Labels) > 0 {
+				var ok bool
+				if v, ok = labelProduct(s, rule.Labels); !ok {
+					return
+				}
+			}
+			key := ""
+			if d.EngineLabel != "" {
+				key = label(s, d.EngineLabel)
+			}
+			by[key] += v
+			total += v
+		})
+		if total > 0 {
+			return by, total
+		}
+	}
+	return map[string]float64{}, 0
+}
+
+// labelProduct is the product of the first list of labels that all hold
+// positive whole numbers.
+func labelProduct(s *dto.Metric, lists [][]string) (float64, bool) {
+next:
+	for _, names := range lists {
+		p := 1.0
+		for _, n := range names {
+			v, ok := labelCount(s, n)
+			if !ok {
+				continue next
+			}
+			p *= v
+		}
+		return p, true
+	}
+	return 0, false
 }
 
 // unknownEngine says what was expected and what was found instead.
@@ -144,13 +267,20 @@ func unknownEngine(fams map[string]*dto.MetricFamily) error {
 		}
 		found += ")"
 	}
-	for _, want := range []string{"sglang:num_running_reqs", "vllm:num_requests_running"} {
-		prefix := want[:strings.IndexByte(want, ':')+1]
+	var expected []string
+	seen := map[string]bool{}
+	for _, d := range Dialects {
+		if seen[d.Marker] {
+			continue
+		}
+		seen[d.Marker] = true
+		expected = append(expected, fmt.Sprintf("%s (%s)", d.Marker, d.Engine))
+		prefix := d.Marker[:strings.IndexByte(d.Marker, ':')+1]
 		if i, _ := slices.BinarySearch(names, prefix); i < len(names) && strings.HasPrefix(names[i], prefix) {
-			found = fmt.Sprintf("%s metrics without %s", prefix, want)
+			found = fmt.Sprintf("%s metrics without %s", prefix, d.Marker)
 		}
 	}
-	return fmt.Errorf("%w: expected sglang:num_running_reqs (SGLang) or vllm:num_requests_running (vLLM), found %s", ErrUnknownEngine, found)
+	return fmt.Errorf("%w: expected %s, found %s", ErrUnknownEngine, strings.Join(expected, " or "), found)
 }
 
 // stat aggregates the usable samples of one metric over its label sets.
@@ -226,6 +356,14 @@ func (rd *reader) first(names ...string) stat {
 	return stat{}
 }
 
+// sum is the named family's sum, 0 for none ("").
+func (rd *reader) sum(name string) float64 {
+	if name == "" {
+		return 0
+	}
+	return rd.stat(name).sum
+}
+
 func (rd *reader) model() string {
 	names := make([]string, 0, len(rd.models))
 	for n := range rd.models {
@@ -269,125 +407,6 @@ func fraction(x float64) float64 {
 		return 0
 	}
 	return min(x, 1)
-}
-
-func required(rd *reader, format string, names ...string) error {
-	for _, n := range names {
-		if rd.fams[n] == nil {
-			return fmt.Errorf("parse engine metrics: %s exposition lacks %s", format, n)
-		}
-	}
-	return nil
-}
-
-func parseSGLang(fams map[string]*dto.MetricFamily) (EngineMetrics, error) {
-	rd := &reader{fams: fams, models: map[string]bool{}}
-	if err := required(rd, FormatSGLang, "sglang:num_running_reqs", "sglang:num_queue_reqs"); err != nil {
-		return EngineMetrics{}, err
-	}
-	em := EngineMetrics{Format: FormatSGLang}
-	em.Running = count(rd.stat("sglang:num_running_reqs").sum)
-	em.Waiting = count(rd.stat("sglang:num_queue_reqs").sum)
-
-	capacity := rd.stat("sglang:max_total_num_tokens").sum
-	if capacity == 0 {
-		rd.samples("sglang:cache_config_info", func(m *dto.Metric, _ float64) {
-			pages, ok1 := labelCount(m, "num_pages")
-			size, ok2 := labelCount(m, "page_size")
-			if ok1 && ok2 {
-				capacity += pages * size
-			}
-		})
-	}
-	em.KVCapacityTokens = count(capacity)
-
-	usage := rd.stat("sglang:token_usage")
-	used := rd.stat("sglang:num_used_tokens")
-	switch {
-	case used.present:
-		em.KVUsedTokens = count(used.sum)
-	case usage.n > 0:
-		em.KVUsedTokens = count(usage.max * float64(em.KVCapacityTokens))
-	}
-	switch {
-	case usage.n > 0:
-		em.KVUsage = fraction(usage.max)
-	case em.KVCapacityTokens > 0:
-		em.KVUsage = fraction(float64(em.KVUsedTokens) / float64(em.KVCapacityTokens))
-	}
-
-	em.CacheHitRate = fraction(rd.stat("sglang:cache_hit_rate").mean())
-	em.PromptTokensTotal = rd.stat("sglang:prompt_tokens_total").sum
-	em.GenerationTokensTotal = rd.stat("sglang:generation_tokens_total").sum
-	em.GenThroughput = rd.stat("sglang:gen_throughput").sum
-	em.Model = rd.model()
-	em.StartTime = rd.stat("process_start_time_seconds").max
-	return em, nil
-}
-
-func parseVLLM(fams map[string]*dto.MetricFamily) (EngineMetrics, error) {
-	rd := &reader{fams: fams, models: map[string]bool{}}
-	em := EngineMetrics{Format: FormatVLLM}
-	if fams["vllm:gpu_prefix_cache_hit_rate"] != nil || fams["vllm:num_requests_swapped"] != nil ||
-		fams["vllm:cpu_cache_usage_perc"] != nil {
-		em.Format = FormatVLLMV0
-	}
-	if err := required(rd, em.Format, "vllm:num_requests_running", "vllm:num_requests_waiting"); err != nil {
-		return EngineMetrics{}, err
-	}
-	em.Running = count(rd.stat("vllm:num_requests_running").sum)
-	em.Waiting = count(rd.stat("vllm:num_requests_waiting").sum)
-
-	// Capacity per engine label ("" when there is none, as in V0), so that
-	// each engine's usage fraction meets its own capacity.
-	capacity := map[string]float64{}
-	var total float64
-	rd.samples("vllm:cache_config_info", func(m *dto.Metric, _ float64) {
-		c, ok := labelCount(m, "kv_cache_size_tokens")
-		if !ok {
-			blocks, ok1 := labelCount(m, "num_gpu_blocks")
-			size, ok2 := labelCount(m, "block_size")
-			if !ok1 || !ok2 {
-				return
-			}
-			c = blocks * size
-		}
-		capacity[label(m, "engine")] += c
-		total += c
-	})
-	em.KVCapacityTokens = count(total)
-
-	usageName := "vllm:kv_cache_usage_perc"
-	if fams[usageName] == nil {
-		usageName = "vllm:gpu_cache_usage_perc"
-	}
-	var used, usage float64
-	rd.samples(usageName, func(m *dto.Metric, v float64) {
-		v = fraction(v)
-		usage = max(usage, v)
-		c, ok := capacity[label(m, "engine")]
-		if !ok && len(capacity) == 1 {
-			c = total
-		}
-		used += v * c
-	})
-	em.KVUsage = usage
-	em.KVUsedTokens = count(min(used, total))
-
-	if em.Format == FormatVLLMV0 {
-		em.CacheHitRate = fraction(rd.stat("vllm:gpu_prefix_cache_hit_rate").mean())
-	} else {
-		em.PrefixQueriesTotal = rd.first("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total").sum
-		em.PrefixHitsTotal = rd.first("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total").sum
-		if em.PrefixQueriesTotal > 0 {
-			em.CacheHitRate = fraction(em.PrefixHitsTotal / em.PrefixQueriesTotal)
-		}
-	}
-	em.PromptTokensTotal = rd.stat("vllm:prompt_tokens_total").sum
-	em.GenerationTokensTotal = rd.stat("vllm:generation_tokens_total").sum
-	em.Model = rd.model()
-	em.StartTime = rd.stat("process_start_time_seconds").max
-	return em, nil
 }
 
 // newlineTerminated passes a reader through and adds a final newline if

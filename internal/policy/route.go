@@ -1,4 +1,4 @@
-// Package route decides which replica serves a request.
+// Package policy decides which replica serves a request.
 //
 // A Policy is a pure function of a request view, immutable views of the
 // available replicas and a random source: it holds no *http.Request, reads
@@ -7,7 +7,7 @@
 // may not pick, and resolves ties itself (Pick). The simulator and the live
 // proxy call the same policies through this interface, and every policy is
 // found by name in one open registry (Register).
-package route
+package policy
 
 import (
 	"errors"

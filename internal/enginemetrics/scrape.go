@@ -1,4 +1,4 @@
-package signal
+package enginemetrics
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 const MaxExpositionBytes = 32 << 20
 
 // scrapeAccept asks for the classic text format (0.0.4) that
-// ParseEngineMetrics reads, rather than protobuf or OpenMetrics.
+// Parse reads, rather than protobuf or OpenMetrics.
 const scrapeAccept = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
 
 // Scraper fetches and parses one replica's engine metrics. It reads no
@@ -31,20 +31,20 @@ type Scraper struct {
 	URL string
 }
 
-// Scrape GETs the metrics URL and parses the body with ParseEngineMetrics.
+// Scrape GETs the metrics URL and parses the body with Parse.
 // Every error names the URL: a transport failure (connection refused,
 // the context's deadline, ...; errors.Is finds context.DeadlineExceeded
 // and context.Canceled), a status other than 200 (with the start of the
 // body), a protobuf reply, a body larger than MaxExpositionBytes or cut
 // off in transit, or a body that does not parse.
-func (s *Scraper) Scrape(ctx context.Context) (EngineMetrics, error) {
+func (s *Scraper) Scrape(ctx context.Context) (Metrics, error) {
 	client := s.Client
 	if client == nil {
 		client = http.DefaultClient
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
 	if err != nil {
-		return EngineMetrics{}, fmt.Errorf("scrape %s: %w", s.URL, err)
+		return Metrics{}, fmt.Errorf("scrape %s: %w", s.URL, err)
 	}
 	req.Header.Set("Accept", scrapeAccept)
 	resp, err := client.Do(req)
@@ -54,28 +54,28 @@ func (s *Scraper) Scrape(ctx context.Context) (EngineMetrics, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return EngineMetrics{}, fmt.Errorf("scrape %s: %w", s.URL, err)
+		return Metrics{}, fmt.Errorf("scrape %s: %w", s.URL, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		head, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-		return EngineMetrics{}, fmt.Errorf("scrape %s: %w", s.URL, &StatusError{Code: resp.StatusCode, Body: printable(head)})
+		return Metrics{}, fmt.Errorf("scrape %s: %w", s.URL, &StatusError{Code: resp.StatusCode, Body: printable(head)})
 	}
 	if ct := resp.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/vnd.google.protobuf") {
-		return EngineMetrics{}, fmt.Errorf("scrape %s: protobuf exposition (%s) not supported", s.URL, ct)
+		return Metrics{}, fmt.Errorf("scrape %s: protobuf exposition (%s) not supported", s.URL, ct)
 	}
 	// Read the whole body first, so that a body cut off in transit is a
 	// read error rather than a shorter exposition.
 	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxExpositionBytes+1))
 	if err != nil {
-		return EngineMetrics{}, fmt.Errorf("scrape %s: read body: %w", s.URL, err)
+		return Metrics{}, fmt.Errorf("scrape %s: read body: %w", s.URL, err)
 	}
 	if len(body) > MaxExpositionBytes {
-		return EngineMetrics{}, fmt.Errorf("scrape %s: body larger than %d bytes", s.URL, MaxExpositionBytes)
+		return Metrics{}, fmt.Errorf("scrape %s: body larger than %d bytes", s.URL, MaxExpositionBytes)
 	}
-	em, err := ParseEngineMetrics(bytes.NewReader(body))
+	em, err := Parse(bytes.NewReader(body))
 	if err != nil {
-		return EngineMetrics{}, fmt.Errorf("scrape %s: %w", s.URL, err)
+		return Metrics{}, fmt.Errorf("scrape %s: %w", s.URL, err)
 	}
 	return em, nil
 }

@@ -1,9 +1,9 @@
-// Package signal turns raw observations into the estimates a router routes
-// on: an exponentially weighted moving average for round trips, an online
-// least-squares model of TTFT for per-replica rates, and the engine gauges
-// read off an SGLang or vLLM replica's Prometheus /metrics. Nothing here
-// reads a clock; observations come with their values.
-package signal
+// Package estimate turns raw observations into the estimates a router
+// routes on: an exponentially weighted moving average for round trips, an
+// online least-squares model of TTFT for per-replica rates, and one of a
+// replica's inter-token latency against its load. Nothing here reads a
+// clock; observations come with their values.
+package estimate
 
 // EWMA is an exponentially weighted moving average. The zero value has no
 // samples; its first sample is taken as is.

@@ -1,4 +1,4 @@
-package signal
+package enginemetrics
 
 import (
 	"context"
@@ -50,7 +50,7 @@ func TestScrapeOK(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkMetrics(t, em, EngineMetrics{Format: FormatSGLang, Running: 4, Waiting: 2, KVUsedTokens: 5000,
+	checkMetrics(t, em, Metrics{Format: FormatSGLang, Running: 4, Waiting: 2, KVUsedTokens: 5000,
 		KVUsage: 0.25, KVCapacityTokens: 20000, Model: "m"})
 }
 
@@ -180,7 +180,7 @@ func TestScrapeEmulator(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]EngineMetrics{}
+	got := map[string]Metrics{}
 	for _, format := range []string{FormatSGLang, FormatVLLM} {
 		s, err := emulator.New(emulator.Config{Profile: p, MetricsFormat: format, Model: "emu/model", Speedup: 20})
 		if err != nil {

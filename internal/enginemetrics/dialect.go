@@ -1,0 +1,100 @@
+package enginemetrics
+
+// A Dialect is one engine's names for the gauges gorgo reads off its
+// /metrics: a new engine (or a rename) is a new row of Dialects, not code.
+// Wherever a field lists several names, the first family the exposition
+// has is read; a family missing leaves its figure 0.
+type Dialect struct {
+	// Format names the dialect, as Metrics.Format reports it; Engine is
+	// the engine's name, for errors.
+	Format, Engine string
+	// Marker is the family that says an exposition is this engine's; When
+	// refines it: the dialect applies only if one of these families is
+	// present too (vLLM V0 against V1, which share a marker). Dialects
+	// sharing a marker are tried in order, so the refined one comes first.
+	Marker string
+	When   []string
+	// Running and Waiting are the request gauges (summed over label sets);
+	// both are required.
+	Running, Waiting string
+	// Capacity is how the KV cache's size in tokens is read: the first
+	// rule that yields one.
+	Capacity []Capacity
+	// EngineLabel, if set, is the label that tells a replica's engines
+	// apart (vLLM's data-parallel "engine"): each usage sample is paired
+	// with its engine's capacity. Without it, the usage of the fullest
+	// label set scales the whole capacity.
+	EngineLabel string
+	// Usage is the fraction of the KV cache in use; Used, if the engine
+	// reports it, the tokens in use (summed), else derived from Usage.
+	Usage []string
+	Used  string
+	// HitRate is a prefix-cache hit-rate gauge (the mean over label sets);
+	// or, for engines that count, Hits over Queries (cumulative tokens).
+	HitRate       string
+	Hits, Queries []string
+	// PromptTokens and GenerationTokens are cumulative token counters,
+	// Throughput a generated-tokens-per-second gauge.
+	PromptTokens, GenerationTokens, Throughput string
+}
+
+// A Capacity rule reads the KV capacity from a family: a sample's value,
+// or, for an info metric, the product of the first of Labels' lists of
+// labels that all hold positive whole numbers (num_pages × page_size).
+type Capacity struct {
+	Family string
+	Labels [][]string
+}
+
+// Formats of the dialects gorgo knows.
+const (
+	// FormatSGLang is SGLang's exposition (sglang:num_running_reqs, ...).
+	FormatSGLang = "sglang"
+	// FormatVLLM is vLLM V1's exposition (vllm:num_requests_running with
+	// vllm:kv_cache_usage_perc, or vllm:gpu_cache_usage_perc before the
+	// rename, and prefix-cache query and hit counters).
+	FormatVLLM = "vllm"
+	// FormatVLLMV0 is vLLM V0's exposition, recognised by the gauges V1
+	// dropped: vllm:gpu_prefix_cache_hit_rate, vllm:num_requests_swapped,
+	// vllm:cpu_cache_usage_perc.
+	FormatVLLMV0 = "vllm-v0"
+)
+
+// vllmCapacity is vLLM's cache_config_info: kv_cache_size_tokens, or
+// num_gpu_blocks × block_size.
+var vllmCapacity = []Capacity{{Family: "vllm:cache_config_info", Labels: [][]string{{"kv_cache_size_tokens"}, {"num_gpu_blocks", "block_size"}}}}
+
+// Dialects are the engines Parse recognises.
+var Dialects = []Dialect{
+	{
+		Format: FormatSGLang, Engine: "SGLang",
+		Marker:  "sglang:num_running_reqs",
+		Running: "sglang:num_running_reqs", Waiting: "sglang:num_queue_reqs",
+		Capacity: []Capacity{{Family: "sglang:max_total_num_tokens"},
+			{Family: "sglang:cache_config_info", Labels: [][]string{{"num_pages", "page_size"}}}},
+		Usage: []string{"sglang:token_usage"}, Used: "sglang:num_used_tokens",
+		HitRate:      "sglang:cache_hit_rate",
+		PromptTokens: "sglang:prompt_tokens_total", GenerationTokens: "sglang:generation_tokens_total",
+		Throughput: "sglang:gen_throughput",
+	},
+	{
+		Format: FormatVLLMV0, Engine: "vLLM",
+		Marker:  "vllm:num_requests_running",
+		When:    []string{"vllm:gpu_prefix_cache_hit_rate", "vllm:num_requests_swapped", "vllm:cpu_cache_usage_perc"},
+		Running: "vllm:num_requests_running", Waiting: "vllm:num_requests_waiting",
+		Capacity: vllmCapacity, EngineLabel: "engine",
+		Usage:        []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+		HitRate:      "vllm:gpu_prefix_cache_hit_rate",
+		PromptTokens: "vllm:prompt_tokens_total", GenerationTokens: "vllm:generation_tokens_total",
+	},
+	{
+		Format: FormatVLLM, Engine: "vLLM",
+		Marker:  "vllm:num_requests_running",
+		Running: "vllm:num_requests_running", Waiting: "vllm:num_requests_waiting",
+		Capacity: vllmCapacity, EngineLabel: "engine",
+		Usage:        []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+		Hits:         []string{"vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"},
+		Queries:      []string{"vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"},
+		PromptTokens: "vllm:prompt_tokens_total", GenerationTokens: "vllm:generation_tokens_total",
+	},
+}

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Does a change leave the simulator's results alone? Runs `gorgo sim` with
 # two binaries on the same cases and compares their tables byte for byte
-# (the line giving the run's wall time left out): every registered policy
-# on the embedded workload and on the Mooncake conversation trace at time
-# scale 2, gorgo-online over the default policy, a mesh and admission.
+# (the line giving the run's wall time left out): the default comparison,
+# every registered policy on the embedded workload and on the Mooncake
+# conversation trace at time scale 2, gorgo-online over the default
+# policy, a mesh and admission.
 #
 # Usage: scripts/same-tables.sh OLD_GORGO NEW_GORGO   (about a minute)
 #   e.g. git worktree add /tmp/old HEAD~3 && go build -o /tmp/old/gorgo /tmp/old/cmd/gorgo
@@ -14,6 +15,7 @@ new=${2:?usage: same-tables.sh OLD_GORGO NEW_GORGO}
 trace=${TRACE:-$(dirname "$0")/../../shared/data/traces/mooncake_conversation_trace.jsonl}
 all=$("$new" sim --help 2>&1 | sed -n 's/.*comma-separated POLICIES to compare: \(.*\) (default.*/\1/p' | tr -d ' ')
 cases=(
+	"--duration 10m"
 	"--policy $all"
 	"--policy gorgo-online --base default"
 	"--topology paper-mesh --policy central,region-local,gorgo-e2e --sharing local,shared --duration 10m"

@@ -26,7 +26,6 @@ against simple-session-affinity, and a TTFT CDF plot per window (PNG).`
 // baseline is the policy eval compares every other against, as the paper does.
 const baseline = "simple-session-affinity"
 
-var evalPolicies = []string{"gorgo", "gorgo-ms", policy.DefaultName, baseline, "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
 
 // evalWindow is one window at one time scale.
 type evalWindow struct {
@@ -50,7 +49,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	var windows listFlag
 	fs.Var(&windows, "window", "held-out window `START,DURATION` (repeatable; default the whole workload)")
 	sweep := fs.String("sweep", "", "evaluate at several time scales: `time-scale=1,1.5,2,3` (overrides --time-scale)")
-	policies := fs.String("policy", strings.Join(evalPolicies, ","), "comma-separated `POLICIES`")
+	policies := fs.String("policy", strings.Join(policy.Compared(), ","), "comma-separated `POLICIES`")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
 	plots := fs.String("plots", "", "TTFT CDF plots go to `PREFIX`-N-tsS.png, one per window N and time scale S (default: beside --json, else eval-N-tsS.png here; \"none\" for none)")
 	if err := parseFlags(fs, args); err != nil {
@@ -108,7 +107,11 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "topology: %s\ngorgo weights: %s; gorgo-ms weights: %s; gorgo-e2e weights: %s\n", describeFleet(t, reps), pf.weights, pf.msWeights, pf.e2eWeights)
+	params, err := pf.describeParams()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "topology: %s\n%s\n", describeFleet(t, reps), params)
 
 	var evals []*evalWindow
 	type job struct{ w, p int }

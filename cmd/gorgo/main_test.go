@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -261,13 +260,16 @@ func TestServeBadInput(t *testing.T) {
 // it does not tune.
 func TestServeOnlineTunerTakesMSWeights(t *testing.T) {
 	tf := tuneFlags{base: "gorgo-ms", sigma: 0.5, window: 128, hop: 32, params: listFlag{"rtt=0.1:5:1"}}
-	cfg := proxy.Config{Policy: tune.OnlineName, MSWeights: &policy.Weights{RTT: 2, Queue: 3}}
-	pol, err := servePolicy(cfg, &tf)
+	cfg, err := proxy.ParseConfig([]byte("policy: gorgo-online\nms_weights: {rtt: 2, queue: 3}\n"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := servePolicy(cfg.Defaults(), &tf)
 	if err != nil {
 		t.Fatal(err)
 	}
 	o := pol.(*tune.Online)
-	if w := o.Incumbent(); w.RTT != 1 || w.Queue != 3 || o.Base() != "gorgo-ms" {
+	if w := o.Incumbent(); w["rtt"] != 1 || w["queue"] != 3 || o.Base() != "gorgo-ms" {
 		t.Errorf("incumbent %v over %s, want rtt=1 (tuned from its init) and queue=3 (ms_weights)", w, o.Base())
 	}
 	if p, _ := o.IncumbentPolicy(); p.Name() != "gorgo-ms" {

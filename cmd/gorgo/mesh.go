@@ -51,14 +51,15 @@ func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf 
 	if mf.day < 0 || !(mf.amplitude >= 0 && mf.amplitude <= 1) {
 		return fmt.Errorf("--day must not be negative and --amplitude must be in [0, 1]")
 	}
-	opts, err := pf.options()
-	if err != nil {
+	if err := pf.check(); err != nil {
 		return err
 	}
 	newPolicy := func(name, region string) (policy.Policy, error) {
-		o := opts
-		o.Region = region
-		return policy.New(name, o)
+		params, err := pf.paramsOf(name)
+		if err != nil {
+			return nil, err
+		}
+		return policy.New(name, policy.Options{Params: params, Region: region})
 	}
 	t, reps, err := ff.load()
 	if err != nil {

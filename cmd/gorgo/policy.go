@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
@@ -11,24 +12,30 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
-// defaultPolicies are what sim compares when --policy is not given.
-var defaultPolicies = []string{"gorgo", "gorgo-ms", policy.DefaultName, "simple-session-affinity", "session-affinity", "least-request", "least-load", "prefix-cache", "round-robin", "power-of-two", "clairvoyant"}
-
 // policyFlags configure the policies and the router's signals.
 type policyFlags struct {
-	weights, msWeights string
-	e2eWeights         string
-	tieMargin          float64
-	probe, scrape      time.Duration
-	alpha              float64
-	rates              string
-	hideMaxTokens      bool
+	// params holds each policy's --KEY flag (from its registered config
+	// key: --weights for gorgo, --ms-weights, --e2e-weights), by policy.
+	params        map[string]*string
+	tieMargin     float64
+	probe, scrape time.Duration
+	alpha         float64
+	rates         string
+	hideMaxTokens bool
 }
 
+// paramFlag is the flag of a policy's parameters: its config key, dashed.
+func paramFlag(i policy.Info) string { return strings.ReplaceAll(i.ConfigKey, "_", "-") }
+
 func (p *policyFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&p.weights, "weights", policy.PaperWeights.String(), "gorgo's weights, `rtt=X,queue=Y` or a JSON file {\"rtt\":X,\"queue\":Y}")
-	fs.StringVar(&p.msWeights, "ms-weights", "rtt=1,queue=1", "gorgo-ms's weights, `rtt=X,queue=Y` or a JSON file")
-	fs.StringVar(&p.e2eWeights, "e2e-weights", policy.DefaultE2EWeights.String(), "gorgo-e2e's (the default policy's) weights, `rtt=X,queue=Y,decode=Z` or a JSON file")
+	p.params = map[string]*string{}
+	for _, name := range policy.WithParams() {
+		i, _ := policy.Lookup(name)
+		if i.ConfigKey == "" {
+			continue
+		}
+		p.params[name] = fs.String(paramFlag(i), i.Format(i.Defaults()), fmt.Sprintf("%s's weights, `%s` or a JSON file {\"%s\":X,...}", name, i.Example(), i.Params[0].Name))
+	}
 	fs.Float64Var(&p.tieMargin, "tie-margin", policy.DefaultTieMargin, "relative cost margin within which gorgo and gorgo-ms draw among tied replicas (negative: exact ties only)")
 	fs.DurationVar(&p.probe, "probe-interval", sim.DefaultInterval, "period of the router's round-trip probes")
 	fs.DurationVar(&p.scrape, "scrape-interval", sim.DefaultInterval, "period of the router's engine metrics scrapes")
@@ -37,24 +44,52 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.rates, "ms-rates", "profile", "gorgo-ms's per-replica rates: profile (from each replica's engine profile), online (learned from observed TTFT, starting from the profile) or blind (learned, starting from the paper engine's for every replica)")
 }
 
-func (p *policyFlags) options() (policy.Options, error) {
-	// A weight not given keeps its default.
-	w, err := policy.ParseWeights(p.weights, policy.PaperWeights)
-	if err != nil {
-		return policy.Options{}, fmt.Errorf("--weights: %w", err)
+// paramsOf returns the named policy's parameters as its flag gives them
+// (nil for a policy without parameters).
+func (p *policyFlags) paramsOf(name string) (policy.Values, error) {
+	i, ok := policy.Lookup(name)
+	if !ok || len(i.Params) == 0 {
+		return nil, nil
 	}
-	mw, err := policy.ParseWeights(p.msWeights, policy.Weights{RTT: 1, Queue: 1})
-	if err != nil {
-		return policy.Options{}, fmt.Errorf("--ms-weights: %w", err)
+	f := p.params[i.Name]
+	if f == nil {
+		return i.Defaults(), nil
 	}
-	ew, err := policy.ParseWeights(p.e2eWeights, policy.DefaultE2EWeights)
+	v, err := i.Parse(*f, i.Defaults()) // a weight not given keeps its default
 	if err != nil {
-		return policy.Options{}, fmt.Errorf("--e2e-weights: %w", err)
+		return nil, fmt.Errorf("--%s: %w", paramFlag(i), err)
+	}
+	return v, nil
+}
+
+// describeParams lists every policy's parameters as the flags set them,
+// in the default comparison's order.
+func (p *policyFlags) describeParams() (string, error) {
+	var out []string
+	for _, name := range policy.Compared() {
+		if p.params[name] == nil {
+			continue
+		}
+		v, err := p.paramsOf(name)
+		if err != nil {
+			return "", err
+		}
+		i, _ := policy.Lookup(name)
+		out = append(out, fmt.Sprintf("%s weights: %s", name, i.Format(v)))
+	}
+	return strings.Join(out, "; "), nil
+}
+
+func (p *policyFlags) check() error {
+	for _, name := range policy.WithParams() {
+		if _, err := p.paramsOf(name); err != nil {
+			return err
+		}
 	}
 	if math.IsNaN(p.tieMargin) || math.IsInf(p.tieMargin, 0) {
-		return policy.Options{}, fmt.Errorf("--tie-margin must be a finite number, got %v", p.tieMargin)
+		return fmt.Errorf("--tie-margin must be a finite number, got %v", p.tieMargin)
 	}
-	return policy.Options{Weights: w, MSWeights: mw, E2EWeights: ew}, nil
+	return nil
 }
 
 // router sets the simulated router's signals and tie margin in c.
@@ -73,8 +108,8 @@ func (p *policyFlags) router(c sim.Config) sim.Config {
 // themselves).
 func policyNames() []string { return policy.Names() }
 
-// policies builds one fresh instance of each listed policy; gorgo-online
-// is configured by tf.
+// policies builds one fresh instance of each listed policy, with its
+// parameters from its flag; gorgo-online is configured by tf.
 func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]policy.Policy, error) {
 	names := splitList(list)
 	if len(names) == 0 {
@@ -89,20 +124,24 @@ func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]polic
 	if !(p.alpha > 0 && p.alpha <= 1) {
 		return nil, fmt.Errorf("--rtt-alpha must be in (0, 1], got %v", p.alpha)
 	}
-	opts, err := p.options()
-	if err != nil {
+	if err := p.check(); err != nil {
 		return nil, err
 	}
 	pols := make([]policy.Policy, len(names))
 	for i, n := range names {
+		var err error
 		if n == tune.OnlineName {
-			if pols[i], err = tf.online(seed, opts); err != nil {
+			if pols[i], err = tf.online(seed, p); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if pols[i], err = policy.New(n, opts); err != nil {
+		if _, ok := policy.Lookup(n); !ok {
 			return nil, fmt.Errorf("--policy: unknown policy %q (valid: %s; default is %s)", n, joinNames(policyNames()), policy.DefaultName)
+		}
+		params, _ := p.paramsOf(n) // checked
+		if pols[i], err = policy.New(n, policy.Options{Params: params}); err != nil {
+			return nil, fmt.Errorf("--policy: %w", err)
 		}
 	}
 	return pols, nil

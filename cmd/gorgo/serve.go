@@ -78,13 +78,14 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 		flagReplicas = append(flagReplicas, rc)
 	}
-	var flagWeights *policy.Weights
+	var flagWeights policy.Values
 	if *weights != "" {
-		w, err := policy.ParseWeights(*weights, policy.PaperWeights)
+		gorgo, _ := policy.Lookup("gorgo")
+		w, err := gorgo.Parse(*weights, gorgo.Defaults())
 		if err != nil {
 			return fmt.Errorf("--weights: %w", err)
 		}
-		flagWeights = &w
+		flagWeights = w
 	}
 	// The command line wins over the file, at start and on every reload.
 	overrides := func(c *proxy.Config) error {
@@ -98,7 +99,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 			c.Policy = *policyName
 		}
 		if flagWeights != nil {
-			c.Weights = flagWeights
+			if c.Params == nil {
+				c.Params = map[string]policy.Values{}
+			}
+			c.Params["gorgo"] = flagWeights
 		}
 		if *ttftSLO != 0 {
 			c.TTFTSLO = *ttftSLO
@@ -199,24 +203,17 @@ func newServer(cfg proxy.Config, tf *tuneFlags, path string, stderr io.Writer) (
 }
 
 // servePolicy builds the online tuner when the config asks for it (its
-// untuned weights from the config's weights, ms_weights or e2e_weights, as
-// its --base is gorgo, gorgo-ms or gorgo-e2e); nil means the proxy builds
+// base's untuned parameters from the config's); nil means the proxy builds
 // the config's policy itself.
 func servePolicy(cfg proxy.Config, tf *tuneFlags) (policy.Policy, error) {
 	if cfg.Policy != tune.OnlineName {
 		return nil, nil
 	}
-	var base policy.Options
-	if cfg.Weights != nil {
-		base.Weights = *cfg.Weights
+	c, err := tf.config(cfg.Seed)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.MSWeights != nil {
-		base.MSWeights = *cfg.MSWeights
-	}
-	if cfg.E2EWeights != nil {
-		base.E2EWeights = *cfg.E2EWeights
-	}
-	return tf.online(cfg.Seed, base)
+	return tf.onlineWith(c, cfg.Params[policy.Canonical(tf.base)])
 }
 
 // served is a handler and the listener it serves on, how long a graceful

@@ -36,7 +36,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	wl.register(fs, true)
 	var ff fleetFlags
 	ff.register(fs)
-	policies := fs.String("policy", strings.Join(defaultPolicies, ","), "comma-separated `POLICIES` to compare: "+joinNames(policyNames()))
+	policies := fs.String("policy", strings.Join(policy.Compared(), ","), "comma-separated `POLICIES` to compare: "+joinNames(policyNames()))
 	var pf policyFlags
 	pf.register(fs)
 	var tf tuneFlags
@@ -154,7 +154,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 					won++
 				}
 			}
-			fmt.Fprintf(stdout, "%s: %d candidates judged, %d accepted; final weights %v\n", o.Name(), len(steps), won, o.Incumbent())
+			fmt.Fprintf(stdout, "%s: %d candidates judged, %d accepted; final weights %s\n", o.Name(), len(steps), won, policy.Format(o.Base(), o.Incumbent()))
 		}
 	}
 	if *jsonOut != "" {

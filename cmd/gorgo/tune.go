@@ -63,8 +63,8 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	if *mode != "offline" && *mode != "online" {
 		return fmt.Errorf("--mode: want offline or online, got %q", *mode)
 	}
-	if tf.base = policy.Canonical(tf.base); !policy.Tunable(tf.base) {
-		return fmt.Errorf("--base: want gorgo, gorgo-ms or %s (default), got %q", policy.DefaultName, tf.base)
+	if tf.base = policy.Canonical(tf.base); !policy.HasParams(tf.base) {
+		return fmt.Errorf("--base: want a policy with parameters (%s), got %q", joinNames(policy.WithParams()), tf.base)
 	}
 	if _, err := pf.policies("round-robin", &tf, wl.seed); err != nil { // validates the signal flags
 		return err
@@ -73,10 +73,10 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if err := tune.CheckWeightParams(cfg.Params); err != nil {
+	if err := tune.CheckParams(tf.base, cfg.Params); err != nil {
 		return fmt.Errorf("--param: %w", err)
 	}
-	opts, err := pf.options()
+	baseParams, err := pf.paramsOf(tf.base)
 	if err != nil {
 		return err
 	}
@@ -95,15 +95,16 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	start := time.Now()
 	var res tuneResult
 	if *mode == "offline" {
-		res, err = tuneOffline(stdout, base, cfg, &tf, opts, *generations, *workers)
+		res, err = tuneOffline(stdout, base, cfg, &tf, baseParams, *generations, *workers)
 	} else {
-		res, err = tuneOnline(stdout, base, &tf, opts)
+		res, err = tuneOnline(stdout, base, &tf, cfg, baseParams)
 	}
 	if err != nil {
 		return err
 	}
+	info, _ := policy.Lookup(tf.base)
 	fmt.Fprintf(stdout, "tuned %s weights %v in %v (%d candidates judged, %d accepted)\n",
-		tf.base, res.weights, time.Since(start).Round(time.Millisecond), len(res.steps), accepted(res.steps))
+		tf.base, info.Format(res.weights), time.Since(start).Round(time.Millisecond), len(res.steps), accepted(res.steps))
 	if err := writeJSON(*out, res.weights); err != nil {
 		return err
 	}
@@ -144,7 +145,7 @@ type tuneResult struct {
 	start      tune.Point
 	startScore float64
 	steps      []tune.Outcome
-	weights    policy.Weights
+	weights    policy.Values
 }
 
 func accepted(steps []tune.Outcome) int {
@@ -166,14 +167,13 @@ func printStep(w io.Writer, es *tune.ES, n int, s tune.Outcome) {
 		n, es.Format(s.Candidate), s.Score, s.Incumbent, s.Sigma, verdict)
 }
 
-func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, opts policy.Options, generations, workers int) (tuneResult, error) {
-	baseW := tf.baseWeights(opts)
+func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, baseW policy.Values, generations, workers int) (tuneResult, error) {
 	es, err := tune.NewES(cfg) // for formatting only; Offline runs its own
 	if err != nil {
 		return tuneResult{}, err
 	}
 	eval := func(ctx context.Context, p tune.Point) (tune.Metrics, error) {
-		pol, err := policy.New(tf.base, tf.options(tune.Weights(es, p, baseW)))
+		pol, err := policy.New(tf.base, policy.Options{Params: tune.Apply(es, p, baseW)})
 		if err != nil {
 			return tune.Metrics{}, err
 		}
@@ -196,11 +196,11 @@ func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, o
 	fmt.Fprintf(w, "initial %s: p95 TTFT %.1f ms, p95 E2E %.1f ms; best %s: p95 TTFT %.1f ms, p95 E2E %.1f ms\n",
 		es.Format(es.Incumbent()), res.Initial.TTFTP95, res.Initial.E2EP95, es.Format(res.Best), res.BestMetrics.TTFTP95, res.BestMetrics.E2EP95)
 	start, _ := cfg.Objective.Of(res.Initial)
-	return tuneResult{es: es, start: es.Incumbent(), startScore: start, steps: res.Steps, weights: tune.Weights(es, res.Best, baseW)}, nil
+	return tuneResult{es: es, start: es.Incumbent(), startScore: start, steps: res.Steps, weights: tune.Apply(es, res.Best, baseW)}, nil
 }
 
-func tuneOnline(w io.Writer, base sim.Config, tf *tuneFlags, opts policy.Options) (tuneResult, error) {
-	o, err := tf.online(base.Seed, opts)
+func tuneOnline(w io.Writer, base sim.Config, tf *tuneFlags, cfg tune.Config, baseW policy.Values) (tuneResult, error) {
+	o, err := tf.onlineWith(cfg, baseW)
 	if err != nil {
 		return tuneResult{}, err
 	}

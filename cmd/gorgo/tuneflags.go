@@ -36,8 +36,8 @@ func (t *tuneFlags) register(fs *flag.FlagSet) {
 	}
 	fs.StringVar(&t.objective, "objective", string(tune.P95TTFT), "metric the tuner minimises: "+joinNames(objs))
 	fs.Var(&t.guards, "guard", "reject a candidate whose `METRIC=RATIO` exceeds RATIO times the incumbent's: e2e-p95=1.05 or itl-mean=1.1 (repeatable; default e2e-p95=1.05; \"none\" for no guard)")
-	fs.Var(&t.params, "param", "tuned weight as `NAME=MIN:MAX:INIT`, NAME one of rtt, queue, decode, itl (repeatable; default the paper's rtt=0.05:2:0.5 and queue=0.05:0.5:0.1)")
-	fs.StringVar(&t.base, "base", "gorgo", "policy whose weights are tuned: gorgo, gorgo-ms or gorgo-e2e (default); gorgo-e2e tunes decode=0.02:2:0.2 and itl=0.02:2:0.2 unless --param says otherwise")
+	fs.Var(&t.params, "param", "tuned parameter as `NAME=MIN:MAX:INIT`, NAME one of the base policy's (repeatable; default those it marks for tuning: "+tunedDefaults()+")")
+	fs.StringVar(&t.base, "base", "gorgo", "policy whose parameters are tuned: "+joinNames(policy.WithParams()))
 	fs.Float64Var(&t.sigma, "sigma", 0.5, "initial step size in log space")
 	fs.IntVar(&t.window, "window-requests", 128, "online: requests each arm is scored on")
 	fs.IntVar(&t.hop, "hop", 32, "online: consecutive requests one arm routes before the other")
@@ -77,19 +77,39 @@ func (t *tuneFlags) config(seed uint64) (tune.Config, error) {
 	return cfg, nil
 }
 
-// online builds a gorgo-online policy; untuned weights come from opts.
-func (t *tuneFlags) online(seed uint64, opts policy.Options) (*tune.Online, error) {
+// online builds a gorgo-online policy; its base's untuned parameters come
+// from the base's flag (pf; nil: its defaults).
+func (t *tuneFlags) online(seed uint64, pf *policyFlags) (*tune.Online, error) {
 	cfg, err := t.config(seed)
 	if err != nil {
 		return nil, err
 	}
-	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, BaseWeights: t.baseWeights(opts)})
+	var base policy.Values
+	if pf != nil {
+		if base, err = pf.paramsOf(t.base); err != nil {
+			return nil, err
+		}
+	}
+	return t.onlineWith(cfg, base)
 }
 
-// baseWeights are the tuned policy's weights before tuning (--weights or
-// --ms-weights): the values of the parameters not tuned.
-func (t *tuneFlags) baseWeights(opts policy.Options) policy.Weights {
-	return policy.WeightsOf(t.base, opts)
+// onlineWith builds a gorgo-online policy over the base's given values.
+func (t *tuneFlags) onlineWith(cfg tune.Config, base policy.Values) (*tune.Online, error) {
+	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, BaseParams: base})
+}
+
+// tunedDefaults describes what each policy with parameters tunes by
+// default.
+func tunedDefaults() string {
+	var out []string
+	for _, name := range policy.WithParams() {
+		var ps []string
+		for _, p := range tune.DefaultParams(name) {
+			ps = append(ps, fmt.Sprintf("%s=%g:%g:%g", p.Name, p.Min, p.Max, p.Init))
+		}
+		out = append(out, name+" "+strings.Join(ps, " "))
+	}
+	return strings.Join(out, "; ")
 }
 
 func parseParam(s string) (tune.Param, error) {
@@ -109,7 +129,3 @@ func parseParam(s string) (tune.Param, error) {
 	return tune.Param{Name: name, Min: v[0], Max: v[1], Init: v[2]}, nil
 }
 
-// options turns tuned weights into the base policy's options.
-func (t *tuneFlags) options(w policy.Weights) policy.Options {
-	return policy.WithWeights(t.base, policy.Options{}, w)
-}

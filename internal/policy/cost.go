@@ -1,28 +1,40 @@
 package policy
 
-import (
-	"math/rand/v2"
-	"sync/atomic"
-)
-
-// weighted holds a policy's weights, which SetWeights may change while it
-// routes: the next decision uses them.
-type weighted struct{ w atomic.Pointer[Weights] }
-
-// Weights returns the weights the next decision uses.
-func (p *weighted) Weights() Weights { return *p.w.Load() }
-
-// SetWeights validates and sets the weights of the next decisions.
-func (p *weighted) SetWeights(w Weights) error {
-	if err := w.Validate(); err != nil {
-		return err
-	}
-	p.w.Store(&w)
-	return nil
-}
+import "math/rand/v2"
 
 // PaperWeights are the weights the paper's tuner learned on ART-Chat.
 var PaperWeights = Weights{RTT: 0.276, Queue: 0.5}
+
+// paperSearch is the paper's search for gorgo's weights: its bounds and
+// start, which the tuner uses for gorgo and gorgo-ms.
+func paperSearch(name string, def float64) Param {
+	switch name {
+	case "rtt":
+		return Param{Name: name, Default: def, Tune: true, Min: 0.05, Max: 2, Init: 0.5}
+	default:
+		return Param{Name: name, Default: def, Tune: true, Min: 0.05, Max: 0.5, Init: 0.1}
+	}
+}
+
+func init() {
+	d := DefaultE2EWeights
+	for _, i := range []Info{
+		{Name: "gorgo", New: newGorgo, ConfigKey: "weights", Rank: 1,
+			Params: []Param{paperSearch("rtt", PaperWeights.RTT), paperSearch("queue", PaperWeights.Queue)}},
+		{Name: "gorgo-ms", New: newGorgoMS, ConfigKey: "ms_weights", Rank: 2,
+			Params: []Param{paperSearch("rtt", 1), paperSearch("queue", 1)}},
+		// The default policy's TTFT terms keep gorgo-ms's weights; the
+		// tuner varies its decode weights around their defaults.
+		{Name: DefaultName, New: newGorgoE2E, ConfigKey: "e2e_weights", Rank: 3, Params: []Param{
+			{Name: "rtt", Default: d.RTT, Min: 0.05, Max: 2, Init: d.RTT},
+			{Name: "queue", Default: d.Queue, Min: 0.05, Max: 2, Init: d.Queue},
+			{Name: "decode", Default: d.Decode, Tune: true, Min: d.Decode / 10, Max: d.Decode * 10, Init: d.Decode},
+			{Name: "itl", Default: d.ITL, Tune: true, Min: d.ITL / 10, Max: d.ITL * 10, Init: d.ITL},
+		}},
+	} {
+		Register(i)
+	}
+}
 
 // gorgo is the paper's cost, in units of prompt tokens:
 //
@@ -36,12 +48,8 @@ var PaperWeights = Weights{RTT: 0.276, Queue: 0.5}
 type gorgo struct{ weighted }
 
 func newGorgo(o Options) (Policy, error) {
-	w := o.Weights
-	if w == (Weights{}) {
-		w = PaperWeights
-	}
 	p := &gorgo{}
-	return p, p.SetWeights(w)
+	return p, p.init("gorgo", o.Params)
 }
 
 func (*gorgo) Name() string { return "gorgo" }
@@ -76,12 +84,8 @@ func (p *gorgo) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Rand) 
 type gorgoMS struct{ weighted }
 
 func newGorgoMS(o Options) (Policy, error) {
-	w := o.MSWeights
-	if w == (Weights{}) {
-		w = Weights{RTT: 1, Queue: 1}
-	}
 	p := &gorgoMS{}
-	return p, p.SetWeights(w)
+	return p, p.init("gorgo-ms", o.Params)
 }
 
 func (*gorgoMS) Name() string { return "gorgo-ms" }
@@ -137,12 +141,8 @@ var DefaultE2EWeights = Weights{RTT: 1, Queue: 1, Decode: 0.2, ITL: 0.2}
 type gorgoE2E struct{ weighted }
 
 func newGorgoE2E(o Options) (Policy, error) {
-	w := o.E2EWeights
-	if w == (Weights{}) {
-		w = DefaultE2EWeights
-	}
 	p := &gorgoE2E{}
-	return p, p.SetWeights(w)
+	return p, p.init(DefaultName, o.Params)
 }
 
 func (*gorgoE2E) Name() string { return DefaultName }

@@ -1,13 +1,15 @@
 package policy
 
 import (
+	"maps"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
 func TestGorgoE2ETerms(t *testing.T) {
-	w := Weights{RTT: 1, Queue: 1, Decode: 0.5, ITL: 0.1}
+	w := Values{"rtt": 1, "queue": 1, "decode": 0.5, "itl": 0.1}
 	reps := with(fleet(40, 300), func(r []Replica) {
 		r[0].Decoding, r[0].InFlight, r[0].BacklogTokens = 10, 12, 1000
 		r[0].ITLBaseMS, r[0].ITLSlopeMS = 10, 0.5
@@ -15,7 +17,7 @@ func TestGorgoE2ETerms(t *testing.T) {
 		r[1].ITLBaseMS, r[1].ITLSlopeMS = 12, 0
 	})
 	req := Request{PromptTokens: 2000, ExpectedOutputTokens: 100}
-	_, d := decide(t, "gorgo-e2e", Options{E2EWeights: w}, exact, req, reps, 1)
+	_, d := decide(t, "gorgo-e2e", Options{Params: w}, exact, req, reps, 1)
 	// a: prefill 2000·0.06 = 120; queue 1000·0.06 = 60; stall 0.5·10·120 = 600;
 	//    own 0.1·100·(10 + 0.5·13) = 165.
 	// b: prefill 1000·0.06 = 60; no queue; no stall; own 0.1·100·12 = 120.
@@ -33,11 +35,12 @@ func TestGorgoE2ETerms(t *testing.T) {
 		}
 	}
 	// With zero decode weights it is gorgo-ms.
-	ms := Weights{RTT: 1, Queue: 1}
+	ms := Values{"rtt": 1, "queue": 1}
+	zeroDecode := Values{"rtt": 1, "queue": 1, "decode": 0, "itl": 0}
 	for seed := range uint64(20) {
 		req := Request{PromptTokens: int(seed) * 500, ExpectedOutputTokens: 300}
-		a, _ := decide(t, "gorgo-e2e", Options{E2EWeights: ms}, exact, req, reps, seed)
-		b, _ := decide(t, "gorgo-ms", Options{MSWeights: ms}, exact, req, reps, seed)
+		a, _ := decide(t, "gorgo-e2e", Options{Params: zeroDecode}, exact, req, reps, seed)
+		b, _ := decide(t, "gorgo-ms", Options{Params: ms}, exact, req, reps, seed)
 		if a != b {
 			t.Fatalf("seed %d: gorgo-e2e without decode weights chose %d, gorgo-ms %d", seed, a, b)
 		}
@@ -55,24 +58,33 @@ func TestDefaultAlias(t *testing.T) {
 	if Canonical("gorgo") != "gorgo" || Canonical("default") != DefaultName {
 		t.Error("Canonical")
 	}
-	if w := p.(interface{ Weights() Weights }).Weights(); w != DefaultE2EWeights {
-		t.Errorf("default weights %v, want %v", w, DefaultE2EWeights)
+	want := Values{"rtt": DefaultE2EWeights.RTT, "queue": DefaultE2EWeights.Queue, "decode": DefaultE2EWeights.Decode, "itl": DefaultE2EWeights.ITL}
+	if v := p.(Tunable).Params(); !maps.Equal(v, want) {
+		t.Errorf("default weights %v, want %v", v, want)
 	}
 }
 
 func TestParseE2EWeights(t *testing.T) {
-	w, err := ParseWeights("decode=0.3,itl=0.01", DefaultE2EWeights)
-	if err != nil || w != (Weights{RTT: 1, Queue: 1, Decode: 0.3, ITL: 0.01}) {
+	e2e, _ := Lookup(DefaultName)
+	w, err := e2e.Parse("decode=0.3,itl=0.01", e2e.Defaults())
+	if err != nil || !maps.Equal(w, Values{"rtt": 1, "queue": 1, "decode": 0.3, "itl": 0.01}) {
 		t.Fatalf("got %+v, %v", w, err)
 	}
-	if back, err := ParseWeights(w.String(), Weights{}); err != nil || back != w {
-		t.Errorf("String %q reads back as %+v, %v", w.String(), back, err)
+	if back, err := e2e.Parse(e2e.Format(w), nil); err != nil || !maps.Equal(back, w) {
+		t.Errorf("Format %q reads back as %+v, %v", e2e.Format(w), back, err)
 	}
-	if PaperWeights.String() != "rtt=0.276,queue=0.5" {
-		t.Errorf("paper weights print as %q", PaperWeights.String())
+	if e2e.Format(w) != "rtt=1,queue=1,decode=0.3,itl=0.01" {
+		t.Errorf("prints as %q", e2e.Format(w))
 	}
-	if _, err := ParseWeights("itl=-1", Weights{}); err == nil {
+	gorgo, _ := Lookup("gorgo")
+	if s := gorgo.Format(gorgo.Defaults()); s != "rtt=0.276,queue=0.5" {
+		t.Errorf("paper weights print as %q", s)
+	}
+	if _, err := e2e.Parse("itl=-1", nil); err == nil {
 		t.Error("negative itl accepted")
+	}
+	if _, err := gorgo.Parse("decode=1", nil); err == nil || !strings.Contains(err.Error(), "valid: rtt, queue") {
+		t.Errorf("gorgo took a decode weight: %v", err)
 	}
 }
 

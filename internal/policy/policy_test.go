@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"maps"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -56,7 +57,7 @@ func TestPolicies(t *testing.T) {
 			with(fleet(37, 279, 456), func(r []Replica) { r[1].CachedTokens = 900 }), "b"}, // a: 1010, b: 177
 		{"gorgo avoids the queue", "gorgo", Options{}, Request{PromptTokens: 1000},
 			with(fleet(37, 279, 456), func(r []Replica) { r[0].UnfinishedTokens = 1000 }), "b"}, // a: 1510, b: 1077
-		{"gorgo weights", "gorgo", Options{Weights: Weights{RTT: 0.05, Queue: 0.05}}, Request{PromptTokens: 1000},
+		{"gorgo weights", "gorgo", Options{Params: Values{"rtt": 0.05, "queue": 0.05}}, Request{PromptTokens: 1000},
 			with(fleet(37, 279, 456), func(r []Replica) { r[0].UnfinishedTokens = 2000; r[1].UnfinishedTokens = 3000 }), "c"}, // a 101.85, b 163.95, c 22.8
 		{"gorgo-ms prices by replica", "gorgo-ms", Options{}, Request{PromptTokens: 10000},
 			with(fleet(37, 100, 456), func(r []Replica) { r[1].PrefillMSPerToken = 0.03 }), "b"}, // a 637, b 400
@@ -224,15 +225,16 @@ func TestEveryPolicyRanksEveryReplica(t *testing.T) {
 }
 
 func TestParseWeights(t *testing.T) {
-	w, err := ParseWeights("rtt=0.3, queue=0.1", Weights{})
-	if err != nil || w != (Weights{RTT: 0.3, Queue: 0.1}) {
+	g, _ := Lookup("gorgo")
+	w, err := g.Parse("rtt=0.3, queue=0.1", nil)
+	if err != nil || !maps.Equal(w, Values{"rtt": 0.3, "queue": 0.1}) {
 		t.Errorf("got %+v, %v", w, err)
 	}
-	if w, err := ParseWeights("queue=0", PaperWeights); err != nil || w != (Weights{RTT: 0.276}) {
+	if w, err := g.Parse("queue=0", g.Defaults()); err != nil || !maps.Equal(w, Values{"rtt": 0.276, "queue": 0}) {
 		t.Errorf("partial: %+v, %v", w, err)
 	}
 	for _, bad := range []string{"rtt=x", "speed=1", "rtt=-1", "/nonexistent.json"} {
-		if _, err := ParseWeights(bad, Weights{}); err == nil {
+		if _, err := g.Parse(bad, nil); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}

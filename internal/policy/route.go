@@ -151,22 +151,17 @@ type Policy interface {
 	Decide(d *Decision, req *Request, reps []Replica, rng *rand.Rand) error
 }
 
-// Options configure the policies that take parameters. The zero value
-// gives every policy its defaults.
+// Options configure a new instance of a policy.
 type Options struct {
-	// Weights are gorgo's; zero means the paper's learned weights.
-	Weights Weights
-	// MSWeights are gorgo-ms's; zero means {RTT: 1, Queue: 1}.
-	MSWeights Weights
-	// E2EWeights are gorgo-e2e's; zero means DefaultE2EWeights.
-	E2EWeights Weights
+	// Params are the policy's parameters (see Info.Params): New fills in
+	// the defaults of those not given, so the factory sees every one.
+	Params Values
 	// Region is the router's own region, for policies that prefer it
 	// (skywalker).
 	Region string
-	// Online configures policies registered by other packages that need
-	// more than weights (the online tuner takes a tune.OnlineConfig); nil
-	// means their defaults.
-	Online any
+	// Config configures policies that take more than numbers (the online
+	// tuner takes a tune.OnlineConfig); nil means their defaults.
+	Config any
 }
 
 // DefaultTieMargin is the default relative tie margin of ByScore
@@ -241,6 +236,15 @@ type Info struct {
 	// SimOnly marks a policy that needs the simulator's true engine state
 	// (clairvoyant): a live router refuses it.
 	SimOnly bool
+	// Params are the policy's parameters, in the order they are shown
+	// (nil: it has none). A policy with parameters implements Tunable.
+	Params []Param
+	// ConfigKey is the config file's key for the policy's parameters
+	// beside params.<name> ("weights" for gorgo's); empty for none.
+	ConfigKey string
+	// Rank places the policy in the comparison gorgo sim and gorgo eval run
+	// when no policy is named, lowest first; 0 leaves it out.
+	Rank int
 }
 
 var (
@@ -249,29 +253,40 @@ var (
 )
 
 // Register adds a policy to the registry, from an init function; it
-// panics if the name is taken. A new policy is one file that registers it.
+// panics if the name is taken or the entry is incomplete. A new policy is
+// one file that registers it (with its parameters, if it has any).
 func Register(i Info) {
 	regMu.Lock()
 	defer regMu.Unlock()
 	if _, dup := registry[i.Name]; dup || i.Name == "" || i.New == nil {
-		panic(fmt.Sprintf("route: policy %q registered twice or incomplete", i.Name))
+		panic(fmt.Sprintf("policy: %q registered twice or incomplete", i.Name))
+	}
+	seen := map[string]bool{}
+	for _, p := range i.Params {
+		if p.Name == "" || seen[p.Name] || p.Default < 0 || math.IsNaN(p.Default) || math.IsInf(p.Default, 0) ||
+			!(p.Min > 0 && p.Min <= p.Init && p.Init <= p.Max) || math.IsInf(p.Max, 0) {
+			panic(fmt.Sprintf("policy: %s's parameter %q is unnamed, listed twice, or out of its bounds", i.Name, p.Name))
+		}
+		seen[p.Name] = true
+	}
+	for _, o := range registry {
+		if i.ConfigKey != "" && o.ConfigKey == i.ConfigKey {
+			panic(fmt.Sprintf("policy: %s and %s share the config key %q", o.Name, i.Name, i.ConfigKey))
+		}
 	}
 	registry[i.Name] = i
 }
 
 func init() {
 	for _, i := range []Info{
-		{Name: "round-robin", New: func(Options) (Policy, error) { return &roundRobin{}, nil }},
+		{Name: "round-robin", New: func(Options) (Policy, error) { return &roundRobin{}, nil }, Rank: 9},
 		{Name: "random", New: func(Options) (Policy, error) { return random{}, nil }},
-		{Name: "least-request", New: func(Options) (Policy, error) { return leastRequest{}, nil }},
-		{Name: "power-of-two", New: func(Options) (Policy, error) { return powerOfTwo{}, nil }},
-		{Name: "simple-session-affinity", New: func(Options) (Policy, error) { return simpleAffinity{}, nil }},
-		{Name: "session-affinity", New: func(Options) (Policy, error) { return rendezvous{}, nil }},
-		{Name: "least-load", New: func(Options) (Policy, error) { return leastLoad{}, nil }},
-		{Name: "prefix-cache", New: func(Options) (Policy, error) { return prefixCache{}, nil }},
-		{Name: "gorgo", New: newGorgo},
-		{Name: "gorgo-ms", New: newGorgoMS},
-		{Name: DefaultName, New: newGorgoE2E},
+		{Name: "least-request", New: func(Options) (Policy, error) { return leastRequest{}, nil }, Rank: 6},
+		{Name: "power-of-two", New: func(Options) (Policy, error) { return powerOfTwo{}, nil }, Rank: 10},
+		{Name: "simple-session-affinity", New: func(Options) (Policy, error) { return simpleAffinity{}, nil }, Rank: 4},
+		{Name: "session-affinity", New: func(Options) (Policy, error) { return rendezvous{}, nil }, Rank: 5},
+		{Name: "least-load", New: func(Options) (Policy, error) { return leastLoad{}, nil }, Rank: 7},
+		{Name: "prefix-cache", New: func(Options) (Policy, error) { return prefixCache{}, nil }, Rank: 8},
 		{Name: "skywalker", New: newSkyWalker},
 	} {
 		Register(i)
@@ -299,14 +314,67 @@ func Lookup(name string) (Info, bool) {
 	return i, ok
 }
 
-// New returns a new instance of the named policy. The error lists the valid
-// names.
+// New returns a new instance of the named policy, its parameters those of
+// opts (the defaults for those not given). The error lists the valid names.
 func New(name string, opts Options) (Policy, error) {
 	i, ok := Lookup(name)
 	if !ok {
 		return nil, fmt.Errorf("unknown policy %q (valid: %s, or default for %s)", name, strings.Join(Names(), ", "), DefaultName)
 	}
+	if len(i.Params) > 0 || len(opts.Params) > 0 {
+		v, err := i.Resolve(opts.Params)
+		if err != nil {
+			return nil, err
+		}
+		opts.Params = v
+	}
 	return i.New(opts)
+}
+
+// Compared lists the policies of the default comparison (Info.Rank), in
+// rank order.
+func Compared() []string {
+	regMu.RLock()
+	var ranked []Info
+	for _, i := range registry {
+		if i.Rank > 0 {
+			ranked = append(ranked, i)
+		}
+	}
+	regMu.RUnlock()
+	slices.SortFunc(ranked, func(a, b Info) int { return a.Rank - b.Rank })
+	out := make([]string, len(ranked))
+	for k, i := range ranked {
+		out[k] = i.Name
+	}
+	return out
+}
+
+// ByConfigKey returns the policy whose parameters the config file gives
+// under key.
+func ByConfigKey(key string) (Info, bool) {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	for _, i := range registry {
+		if i.ConfigKey == key {
+			return i, true
+		}
+	}
+	return Info{}, false
+}
+
+// ConfigKeys lists the config keys of policies' parameters, sorted.
+func ConfigKeys() []string {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	var out []string
+	for _, i := range registry {
+		if i.ConfigKey != "" {
+			out = append(out, i.ConfigKey)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Names lists the registered policies, sorted.

@@ -423,18 +423,14 @@ func (s *Server) adminMember(change func(id string) error, op string) http.Handl
 	}
 }
 
-// tunable is a policy whose weights can change while it routes.
-type tunable interface {
-	Weights() policy.Weights
-	SetWeights(policy.Weights) error
-}
-
+// adminWeights shows the policy's parameters (for the online tuner, its
+// incumbent's, with its base).
 func (s *Server) adminWeights(w http.ResponseWriter, r *http.Request) {
 	switch p := s.policy.(type) {
-	case tunable:
-		writeJSON(w, http.StatusOK, weightsJSON(s.policy.Name(), p.Weights()))
+	case policy.Tunable:
+		writeJSON(w, http.StatusOK, paramsJSON(s.policy.Name(), p.Params()))
 	case *tune.Online:
-		out := weightsJSON(s.policy.Name(), p.Incumbent())
+		out := paramsJSON(s.policy.Name(), p.Incumbent())
 		out["base"], out["tuned"] = p.Base(), true
 		writeJSON(w, http.StatusOK, out)
 	default:
@@ -442,48 +438,40 @@ func (s *Server) adminWeights(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// adminSetWeights sets some of the policy's parameters: a JSON object of
+// names and numbers; the others keep their values.
 func (s *Server) adminSetWeights(w http.ResponseWriter, r *http.Request) {
-	p, ok := s.policy.(tunable)
+	p, ok := s.policy.(policy.Tunable)
 	if !ok {
 		writeError(w, http.StatusConflict, "ConflictError", "policy %s has no weights to set (gorgo-online tunes its own)", s.policy.Name())
 		return
 	}
-	var in struct {
-		RTT    *float64 `json:"rtt"`
-		Queue  *float64 `json:"queue"`
-		Decode *float64 `json:"decode"`
-		ITL    *float64 `json:"itl"`
-	}
+	var in map[string]*float64
 	if !decodeJSON(w, r, &in) {
 		return
 	}
-	wt := p.Weights()
-	for _, f := range []struct {
-		in  *float64
-		out *float64
-	}{{in.RTT, &wt.RTT}, {in.Queue, &wt.Queue}, {in.Decode, &wt.Decode}, {in.ITL, &wt.ITL}} {
-		if f.in != nil {
-			*f.out = *f.in
+	v := p.Params()
+	for k, x := range in {
+		if x == nil {
+			writeError(w, http.StatusBadRequest, "BadRequestError", "%s: want a number, got null", k)
+			return
 		}
+		v[k] = *x
 	}
-	if (in.Decode != nil || in.ITL != nil) && s.policy.Name() != policy.DefaultName {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "policy %s has no decode or itl weight", s.policy.Name())
-		return
-	}
-	if err := p.SetWeights(wt); err != nil {
+	if err := p.SetParams(v); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return
 	}
-	s.log.Info("admin change", "who", who(r), "op", "weights", "weights", wt.String())
-	writeJSON(w, http.StatusOK, weightsJSON(s.policy.Name(), wt))
+	info, _ := policy.Lookup(s.policy.Name())
+	s.log.Info("admin change", "who", who(r), "op", "weights", "weights", info.Format(p.Params()))
+	writeJSON(w, http.StatusOK, paramsJSON(s.policy.Name(), p.Params()))
 }
 
-// weightsJSON is a policy's weights as the admin API shows them: decode
-// and itl only for the policy that has them.
-func weightsJSON(name string, w policy.Weights) map[string]any {
-	out := map[string]any{"policy": name, "rtt": w.RTT, "queue": w.Queue}
-	if policy.Canonical(name) == policy.DefaultName || w.Decode != 0 || w.ITL != 0 {
-		out["decode"], out["itl"] = w.Decode, w.ITL
+// paramsJSON is a policy's parameters as the admin API shows them.
+func paramsJSON(name string, v policy.Values) map[string]any {
+	out := map[string]any{"policy": name}
+	for k, x := range v {
+		out[k] = x
 	}
 	return out
 }
@@ -535,15 +523,15 @@ func (s *Server) adminDecide(w http.ResponseWriter, r *http.Request) {
 
 // explainPolicy returns a fresh instance of the proxy's policy.
 func (s *Server) explainPolicy() (policy.Policy, error) {
+	cfg := s.Config()
+	opts := cfg.PolicyOptions(s.policy.Name())
 	switch p := s.policy.(type) {
 	case *tune.Online:
 		return p.IncumbentPolicy()
-	case tunable:
-		cfg := s.Config()
-		return policy.New(s.policy.Name(), policy.WithWeights(s.policy.Name(), cfg.options(), p.Weights()))
+	case policy.Tunable:
+		opts.Params = p.Params()
 	}
-	cfg := s.Config()
-	return policy.New(s.policy.Name(), cfg.options())
+	return policy.New(s.policy.Name(), opts)
 }
 
 // adminTuner shows the online tuner's state, when the policy tunes itself.

@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"fmt"
+	"maps"
+	"slices"
 	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"io"
@@ -40,11 +42,12 @@ type Config struct {
 	// Policy names the routing policy (default: "default", gorgo-e2e); any
 	// registered policy but the simulator's.
 	Policy string `yaml:"policy"`
-	// Weights are gorgo's (default the paper's), MSWeights gorgo-ms's.
-	Weights   *policy.Weights `yaml:"weights"`
-	MSWeights *policy.Weights `yaml:"ms_weights"`
-	// E2EWeights are gorgo-e2e's (default policy.DefaultE2EWeights).
-	E2EWeights *policy.Weights `yaml:"e2e_weights"`
+	// Params are policies' parameters, by policy name (a parameter not
+	// given takes its default): in the file, params: {gorgo-e2e: {decode:
+	// 0.3}}, or under the key the policy registered (policy.Info.ConfigKey:
+	// weights: for gorgo's, ms_weights: for gorgo-ms's, e2e_weights: for
+	// the default policy's), which ParseConfig reads by asking the registry.
+	Params map[string]policy.Values `yaml:"params"`
 	// TieMargin is the scoring policies' relative tie margin (default 0.01).
 	TieMargin float64 `yaml:"tie_margin"`
 	// BlockTokens is the prefix index's block size in estimated tokens
@@ -199,16 +202,61 @@ func LoadConfig(path string) (Config, error) {
 // errors); unknown fields are errors, and so is an empty document (a file
 // caught half-written by a reload must not empty the fleet).
 func ParseConfig(data []byte, name string) (Config, error) {
-	var c Config
+	var f configFile
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
+	if err := dec.Decode(&f); err != nil {
 		if err == io.EOF {
 			return Config{}, fmt.Errorf("config %s is empty", name)
 		}
 		return Config{}, fmt.Errorf("config %s: %w", name, err)
 	}
-	return c, nil
+	if err := f.readPolicyKeys(); err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", name, err)
+	}
+	return f.Config, nil
+}
+
+// configFile is the file as decoded: the config, and the top-level keys no
+// field takes, which may be policies' keys.
+type configFile struct {
+	Config `yaml:",inline"`
+	Keys   map[string]yaml.Node `yaml:",inline"`
+}
+
+// readPolicyKeys moves the parameters given under policies' own keys into
+// Params (params: wins where both give one); any other unknown key is an
+// error, as for the fields.
+func (c *configFile) readPolicyKeys() error {
+	for _, key := range slices.Sorted(maps.Keys(c.Keys)) {
+		node := c.Keys[key]
+		info, ok := policy.ByConfigKey(key)
+		if !ok {
+			return fmt.Errorf("line %d: field %s not found in the config (policies' parameters: params: or %s)", node.Line, key, strings.Join(policy.ConfigKeys(), ", "))
+		}
+		var v policy.Values
+		if err := node.Decode(&v); err != nil {
+			return fmt.Errorf("line %d: %s: %w", node.Line, key, err)
+		}
+		if v == nil {
+			v = policy.Values{}
+		}
+		if c.Params == nil {
+			c.Params = map[string]policy.Values{}
+		}
+		for k, x := range c.Params[info.Name] {
+			v[k] = x
+		}
+		c.Params[info.Name] = v
+	}
+	return nil
+}
+
+// PolicyOptions are the options of a new instance of the named policy
+// under this config: its parameters (the defaults of those not given) and
+// the router's region.
+func (c *Config) PolicyOptions(name string) policy.Options {
+	return policy.Options{Params: c.Params[policy.Canonical(name)].Clone(), Region: c.Region}
 }
 
 // paperProfile is the profile replicas without one are priced at.
@@ -292,6 +340,13 @@ func (c Config) Defaults() Config {
 	}
 	if c.StreamIdleTimeout == 0 {
 		c.StreamIdleTimeout = 60 * time.Second
+	}
+	if len(c.Params) > 0 {
+		params := make(map[string]policy.Values, len(c.Params))
+		for name, v := range c.Params {
+			params[policy.Canonical(name)] = v
+		}
+		c.Params = params
 	}
 	c.Replicas = append([]ReplicaConfig(nil), c.Replicas...)
 	for i := range c.Replicas {
@@ -449,11 +504,13 @@ func (c Config) Validate() error {
 			return fmt.Errorf("config: %w", err)
 		}
 	}
-	for _, w := range []*policy.Weights{c.Weights, c.MSWeights, c.E2EWeights} {
-		if w != nil {
-			if err := w.Validate(); err != nil {
-				return fmt.Errorf("config: %w", err)
-			}
+	for _, name := range slices.Sorted(maps.Keys(c.Params)) {
+		info, ok := policy.Lookup(name)
+		if !ok {
+			return fmt.Errorf("config: params: unknown policy %q (policies with parameters: %s)", name, strings.Join(policy.WithParams(), ", "))
+		}
+		if _, err := info.Resolve(c.Params[name]); err != nil {
+			return fmt.Errorf("config: %w", err)
 		}
 	}
 	return nil

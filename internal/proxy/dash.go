@@ -54,7 +54,7 @@ type point struct {
 	E2E95    *float64           `json:"e2e_p95_ms"`
 	RepTTFT  map[string]float64 `json:"ttft_p95_ms_by_replica"`
 	Share    map[string]float64 `json:"share"`
-	Weights  *policy.Weights    `json:"weights,omitempty"`
+	Weights  policy.Values      `json:"weights,omitempty"`
 	Accepted int                `json:"tuner_accepted"`
 	Judged   int                `json:"tuner_judged"`
 }
@@ -135,7 +135,7 @@ func (d *dashboard) Ended(id uint64, replica string, status int, ttft, e2e time.
 }
 
 // tick closes a second: its point joins the history and open pages hear.
-func (d *dashboard) tick(now time.Time, w *policy.Weights, judged, accepted int) {
+func (d *dashboard) tick(now time.Time, w policy.Values, judged, accepted int) {
 	d.mu.Lock()
 	p := point{T: now.Unix(), RPS: float64(d.ok + d.errs), Errors: float64(d.errs), Share: map[string]float64{}, Weights: w, Judged: judged, Accepted: accepted}
 	if n := d.ok + d.errs; n > 0 {
@@ -187,16 +187,14 @@ func (s *Server) runDashboard(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case now := <-t.C:
-			var w *policy.Weights
+			var w policy.Values
 			judged, accepted := 0, 0
 			switch p := s.policy.(type) {
 			case *tune.Online:
-				inc := p.Incumbent()
-				w = &inc
+				w = p.Incumbent()
 				judged, accepted = p.Counts()
-			case tunable:
-				cur := p.Weights()
-				w = &cur
+			case policy.Tunable:
+				w = p.Params()
 			}
 			s.dash.tick(now, w, judged, accepted)
 		}

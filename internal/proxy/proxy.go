@@ -141,7 +141,7 @@ func New(cfg Config, pol policy.Policy, reg *prometheus.Registry, path string, l
 	}
 	if pol == nil {
 		var err error
-		if pol, err = policy.New(cfg.Policy, cfg.options()); err != nil {
+		if pol, err = policy.New(cfg.Policy, cfg.PolicyOptions(cfg.Policy)); err != nil {
 			return nil, fmt.Errorf("config: %w", err)
 		}
 	}
@@ -216,22 +216,6 @@ func New(cfg Config, pol policy.Policy, reg *prometheus.Registry, path string, l
 	}
 	s.routes(reg)
 	return s, nil
-}
-
-// options are the policy options a config gives.
-func (c *Config) options() policy.Options {
-	var o policy.Options
-	if c.Weights != nil {
-		o.Weights = *c.Weights
-	}
-	if c.MSWeights != nil {
-		o.MSWeights = *c.MSWeights
-	}
-	if c.E2EWeights != nil {
-		o.E2EWeights = *c.E2EWeights
-	}
-	o.Region = c.Region
-	return o
 }
 
 // SetAccessLog makes the proxy log one line per request (replica, status,

@@ -339,7 +339,7 @@ func TestExampleConfigsLoad(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Replicas) != 3 || cfg.Weights == nil || cfg.Weights.Queue != 0.5 || cfg.ProbeInterval != 5*time.Second || cfg.Admin.Listen != "127.0.0.1:9091" {
+	if len(cfg.Replicas) != 3 || cfg.Params["gorgo"]["queue"] != 0.5 || cfg.Params["gorgo-e2e"]["decode"] != 0.2 || cfg.ProbeInterval != 5*time.Second || cfg.Admin.Listen != "127.0.0.1:9091" {
 		t.Errorf("config %+v", cfg)
 	}
 	if cfg, err = LoadConfig("../../examples/serve-k8s.yaml"); err != nil {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"maps"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -103,10 +104,10 @@ func (s *Server) apply(next Config) error {
 		return err
 	}
 	weightsChanged := false
-	if !reflect.DeepEqual(cur.Weights, next.Weights) || !reflect.DeepEqual(cur.MSWeights, next.MSWeights) || !reflect.DeepEqual(cur.E2EWeights, next.E2EWeights) {
-		if err := s.applyWeights(next); err != nil {
-			restart = append(restart, "weights: "+err.Error())
-			next.Weights, next.MSWeights, next.E2EWeights = cur.Weights, cur.MSWeights, cur.E2EWeights
+	if !reflect.DeepEqual(cur.Params, next.Params) {
+		if err := s.applyParams(next); err != nil {
+			restart = append(restart, "params: "+err.Error())
+			next.Params = cur.Params
 		} else {
 			weightsChanged = true
 		}
@@ -170,17 +171,20 @@ func fixed(cur, next *Config) []string {
 	return out
 }
 
-// applyWeights sets the policy's weights from a config.
-func (s *Server) applyWeights(next Config) error {
-	p, ok := s.policy.(tunable)
+// applyParams sets the running policy's parameters from a config.
+func (s *Server) applyParams(next Config) error {
+	p, ok := s.policy.(policy.Tunable)
 	if !ok {
-		return fmt.Errorf("policy %s takes no weights while it runs", s.policy.Name())
-	}
-	w := policy.WeightsOf(s.policy.Name(), next.options())
-	if w == p.Weights() {
+		if len(next.Params[s.policy.Name()]) > 0 {
+			return fmt.Errorf("policy %s takes no parameters while it runs", s.policy.Name())
+		}
 		return nil
 	}
-	return p.SetWeights(w)
+	v := next.PolicyOptions(s.policy.Name()).Params
+	if maps.Equal(v, p.Params()) {
+		return nil
+	}
+	return p.SetParams(v)
 }
 
 // applyReplicas makes the config's replicas the fleet's config replicas.

@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"maps"
+	"slices"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
@@ -39,20 +42,17 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		g(descRTTEst, st.RTT.Seconds())
 		g(descITL, (st.ITLBaseMS+st.ITLSlopeMS*float64(st.InFlight))/1000)
 	}
-	var w policy.Weights
+	var w policy.Values
 	switch p := c.s.policy.(type) {
 	case *tune.Online:
 		w = p.Incumbent()
-	case tunable:
-		w = p.Weights()
+	case policy.Tunable:
+		w = p.Params()
 	default:
 		return
 	}
 	name := c.s.policy.Name()
-	for _, kv := range []struct {
-		k string
-		v float64
-	}{{"rtt", w.RTT}, {"queue", w.Queue}, {"decode", w.Decode}, {"itl", w.ITL}} {
-		ch <- prometheus.MustNewConstMetric(descWeight, prometheus.GaugeValue, kv.v, name, kv.k)
+	for _, k := range slices.Sorted(maps.Keys(w)) {
+		ch <- prometheus.MustNewConstMetric(descWeight, prometheus.GaugeValue, w[k], name, k)
 	}
 }

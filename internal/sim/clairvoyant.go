@@ -97,6 +97,6 @@ func (c *clairvoyant) submit(e *engine.Engine, at time.Duration, i int) {
 }
 
 func init() {
-	policy.Register(policy.Info{Name: ClairvoyantName, SimOnly: true,
+	policy.Register(policy.Info{Name: ClairvoyantName, SimOnly: true, Rank: 11,
 		New: func(policy.Options) (policy.Policy, error) { return NewClairvoyant(), nil }})
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
@@ -12,17 +13,17 @@ import (
 // OnlineConfig configures online tuning on live traffic.
 type OnlineConfig struct {
 	ES Config
-	// Base is the tuned policy: "gorgo" (default), "gorgo-ms" or
-	// "gorgo-e2e" ("default"). Its weights are the parameters named "rtt",
-	// "queue", "decode" and "itl".
+	// Base is the tuned policy (default "gorgo"): any registered policy
+	// with parameters (policy.Info.Params), which the ES's parameters name.
 	Base string
 	// Window is how many of its own requests each arm is scored on
 	// (default 128, the paper's); Hop is how many consecutive requests one
 	// arm routes before the other takes over (default 32).
 	Window, Hop int
-	// BaseWeights holds the weights that are not tuned (a parameter not
-	// listed keeps its value here); zero means the base policy's defaults.
-	BaseWeights policy.Weights
+	// BaseParams holds the values of the parameters that are not tuned (a
+	// parameter not listed keeps its value here); the base policy's
+	// defaults where it has none.
+	BaseParams policy.Values
 	// History is how many of the latest verdicts Steps keeps (default 256).
 	History int
 }
@@ -56,15 +57,12 @@ const OnlineName = "gorgo-online"
 func init() {
 	policy.Register(policy.Info{Name: OnlineName, New: func(o policy.Options) (policy.Policy, error) {
 		var cfg OnlineConfig
-		if o.Online != nil {
-			c, ok := o.Online.(OnlineConfig)
+		if o.Config != nil {
+			c, ok := o.Config.(OnlineConfig)
 			if !ok {
-				return nil, fmt.Errorf("%s: options carry a %T, not a tune.OnlineConfig", OnlineName, o.Online)
+				return nil, fmt.Errorf("%s: options carry a %T, not a tune.OnlineConfig", OnlineName, o.Config)
 			}
 			cfg = c
-		}
-		if cfg.BaseWeights == (policy.Weights{}) {
-			cfg.BaseWeights = policy.WeightsOf(cfg.Base, o)
 		}
 		return NewOnline(cfg)
 	}})
@@ -76,11 +74,13 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 		cfg.Base = "gorgo"
 	}
 	cfg.Base = policy.Canonical(cfg.Base)
-	if !policy.Tunable(cfg.Base) {
-		return nil, fmt.Errorf("online tuning: base policy must be gorgo, gorgo-ms or %s (default), got %q", policy.DefaultName, cfg.Base)
+	base, ok := policy.Lookup(cfg.Base)
+	if !ok || len(base.Params) == 0 {
+		return nil, fmt.Errorf("online tuning: the base policy must have parameters (%s), got %q", strings.Join(policy.WithParams(), ", "), cfg.Base)
 	}
-	if cfg.BaseWeights == (policy.Weights{}) {
-		cfg.BaseWeights = policy.WeightsOf(cfg.Base, policy.Options{})
+	var err error
+	if cfg.BaseParams, err = base.Resolve(cfg.BaseParams); err != nil {
+		return nil, fmt.Errorf("online tuning: %w", err)
 	}
 	if len(cfg.ES.Params) == 0 {
 		cfg.ES.Params = DefaultParams(cfg.Base)
@@ -101,8 +101,8 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := CheckWeightParams(es.Config().Params); err != nil {
-		return nil, fmt.Errorf("online tuning of %s: %w", cfg.Base, err)
+	if err := CheckParams(cfg.Base, es.Config().Params); err != nil {
+		return nil, fmt.Errorf("online tuning: %w", err)
 	}
 	o := &Online{cfg: cfg, es: es}
 	if o.arms[0], err = o.policy(es.Incumbent()); err != nil {
@@ -114,54 +114,51 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	return o, nil
 }
 
-// CheckWeightParams reports a parameter that is not a routing weight.
-func CheckWeightParams(params []Param) error {
+// CheckParams reports a tuned parameter the base policy does not have.
+func CheckParams(base string, params []Param) error {
+	i, ok := policy.Lookup(base)
+	if !ok {
+		return fmt.Errorf("unknown policy %q", base)
+	}
 	for _, p := range params {
-		switch p.Name {
-		case "rtt", "queue", "decode", "itl":
-		default:
-			return fmt.Errorf("unknown parameter %q (valid: rtt, queue, decode, itl)", p.Name)
+		if _, ok := i.Param(p.Name); !ok {
+			var valid []string
+			for _, q := range i.Params {
+				valid = append(valid, q.Name)
+			}
+			return fmt.Errorf("%s has no parameter %q (valid: %s)", i.Name, p.Name, strings.Join(valid, ", "))
 		}
 	}
 	return nil
 }
 
-// DefaultParams are the parameters tuned when none are given: the paper's
-// rtt and queue weights, or for gorgo-e2e its decode weights around their
-// defaults (the TTFT terms keep gorgo-ms's).
+// DefaultParams are the parameters tuned when none are given: those the
+// base policy marks for tuning, with its bounds and start (for gorgo and
+// gorgo-ms the paper's rtt and queue weights; for gorgo-e2e its decode
+// weights around their defaults, the TTFT terms keeping gorgo-ms's).
 func DefaultParams(base string) []Param {
-	if policy.Canonical(base) == policy.DefaultName {
-		d := policy.DefaultE2EWeights
-		return []Param{
-			{Name: "decode", Min: d.Decode / 10, Max: d.Decode * 10, Init: d.Decode},
-			{Name: "itl", Min: d.ITL / 10, Max: d.ITL * 10, Init: d.ITL},
+	i, _ := policy.Lookup(base)
+	var out []Param
+	for _, p := range i.Params {
+		if p.Tune {
+			out = append(out, Param{Name: p.Name, Min: p.Min, Max: p.Max, Init: p.Init})
 		}
 	}
-	return PaperParams()
+	return out
 }
 
-// Weights returns the weights a point stands for: base, with the tuned
-// parameters replaced.
-func Weights(es *ES, p Point, base policy.Weights) policy.Weights {
-	w := base
-	for name, v := range es.Named(p) {
-		switch name {
-		case "rtt":
-			w.RTT = v
-		case "queue":
-			w.Queue = v
-		case "decode":
-			w.Decode = v
-		case "itl":
-			w.ITL = v
-		}
+// Apply returns the parameter values a point stands for: base, with the
+// tuned parameters replaced.
+func Apply(es *ES, p Point, base policy.Values) policy.Values {
+	v := base.Clone()
+	for name, x := range es.Named(p) {
+		v[name] = x
 	}
-	return w
+	return v
 }
 
 func (o *Online) policy(p Point) (policy.Policy, error) {
-	opts := policy.WithWeights(o.cfg.Base, policy.Options{}, Weights(o.es, p, o.cfg.BaseWeights))
-	return policy.New(o.cfg.Base, opts)
+	return policy.New(o.cfg.Base, policy.Options{Params: Apply(o.es, p, o.cfg.BaseParams)})
 }
 
 // next starts a new round with a fresh candidate.
@@ -232,11 +229,11 @@ func (o *Online) Learn(tag int, s policy.Outcome) {
 	}
 }
 
-// Incumbent returns the current best weights.
-func (o *Online) Incumbent() policy.Weights {
+// Incumbent returns the current best values of the base's parameters.
+func (o *Online) Incumbent() policy.Values {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return Weights(o.es, o.es.Incumbent(), o.cfg.BaseWeights)
+	return Apply(o.es, o.es.Incumbent(), o.cfg.BaseParams)
 }
 
 // Steps returns the latest verdicts (at most OnlineConfig.History).

@@ -2,6 +2,7 @@ package tune
 
 import (
 	"context"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -191,7 +192,8 @@ func TestOnlineJudgesEachArmOnItsOwnOutcomes(t *testing.T) {
 	if len(steps) != 1 || !steps[0].Accepted || steps[0].Score != 1000 || steps[0].Incumbent != 2000 {
 		t.Fatalf("steps %+v", steps)
 	}
-	if w := o.Incumbent(); w != Weights(o.ES(), steps[0].Candidate, policy.PaperWeights) {
+	gorgo, _ := policy.Lookup("gorgo")
+	if w := o.Incumbent(); !maps.Equal(w, Apply(o.ES(), steps[0].Candidate, gorgo.Defaults())) {
 		t.Errorf("incumbent %v, want the accepted candidate %v", w, steps[0].Candidate)
 	}
 }
@@ -228,7 +230,7 @@ func TestOnlineHistoryAndPause(t *testing.T) {
 			t.Fatalf("tag %d while paused", d.Tag)
 		}
 	}
-	if judged, _ := o.Counts(); judged != 10 || o.Incumbent() != inc {
+	if judged, _ := o.Counts(); judged != 10 || !maps.Equal(o.Incumbent(), inc) {
 		t.Errorf("judged %d while paused", judged)
 	}
 	if err := o.Resume(); err != nil || o.Paused() {
@@ -244,21 +246,22 @@ func TestOnlineHistoryAndPause(t *testing.T) {
 	}
 }
 
-// gorgo-online comes from the registry like any policy, its base's weights
-// from the options.
+// gorgo-online comes from the registry like any policy, its base's
+// untuned parameters from its config.
 func TestOnlineIsRegistered(t *testing.T) {
-	p, err := policy.New(OnlineName, policy.Options{MSWeights: policy.Weights{RTT: 2, Queue: 3}, Online: OnlineConfig{Base: "gorgo-ms", ES: Config{Seed: 1, Params: []Param{{Name: "rtt", Min: 0.1, Max: 5, Init: 1}}}}})
+	p, err := policy.New(OnlineName, policy.Options{Config: OnlineConfig{Base: "gorgo-ms", BaseParams: policy.Values{"rtt": 2, "queue": 3},
+		ES: Config{Seed: 1, Params: []Param{{Name: "rtt", Min: 0.1, Max: 5, Init: 1}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	o := p.(*Online)
-	if w := o.Incumbent(); w.Queue != 3 || w.RTT != 1 || o.Base() != "gorgo-ms" {
+	if w := o.Incumbent(); w["queue"] != 3 || w["rtt"] != 1 || o.Base() != "gorgo-ms" {
 		t.Errorf("incumbent %v, base %s", w, o.Base())
 	}
 	if pol, _ := o.IncumbentPolicy(); pol.Name() != "gorgo-ms" {
 		t.Errorf("explained with %s", pol.Name())
 	}
-	if _, err := policy.New(OnlineName, policy.Options{Online: 7}); err == nil {
+	if _, err := policy.New(OnlineName, policy.Options{Config: 7}); err == nil {
 		t.Error("options of the wrong type accepted")
 	}
 }

@@ -26,7 +26,6 @@ against simple-session-affinity, and a TTFT CDF plot per window (PNG).`
 // baseline is the policy eval compares every other against, as the paper does.
 const baseline = "simple-session-affinity"
 
-
 // evalWindow is one window at one time scale.
 type evalWindow struct {
 	Window    string       `json:"window"`

@@ -128,4 +128,3 @@ func parseParam(s string) (tune.Param, error) {
 	}
 	return tune.Param{Name: name, Min: v[0], Max: v[1], Init: v[2]}, nil
 }
-

@@ -3,14 +3,14 @@ package proxy
 import (
 	"bytes"
 	"fmt"
-	"maps"
-	"slices"
 	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"io"
+	"maps"
 	"math"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 

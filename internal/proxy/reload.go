@@ -2,10 +2,10 @@ package proxy
 
 import (
 	"context"
-	"maps"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"slices"

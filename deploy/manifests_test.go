@@ -12,7 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/serve"
 )
 
 // Every object of the Kubernetes manifests decodes strictly into its API
@@ -71,7 +71,7 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 		t.Fatalf("objects: %d ConfigMaps, %d Deployments, %d PodMonitors, %d Services, %d Secrets", len(cms), len(deploys), len(monitors), len(svcs), len(secrets))
 	}
 	// The config is gorgo's, and valid.
-	cfg, err := proxy.ParseConfig([]byte(cms[0].Data["serve.yaml"]), "ConfigMap gorgo")
+	cfg, err := serve.ParseConfig([]byte(cms[0].Data["serve.yaml"]), "ConfigMap gorgo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,8 +102,8 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 	if c.Env[0].ValueFrom.SecretKeyRef.Name != secrets[0].Name || c.Env[0].Name != cfg.Admin.TokenEnv {
 		t.Errorf("the admin token does not come from the Secret")
 	}
-	if !strings.HasSuffix(cfg.Listen, ":8080") || c.Ports[0].ContainerPort != 8080 {
-		t.Errorf("listen %s, container port %d", cfg.Listen, c.Ports[0].ContainerPort)
+	if !strings.HasSuffix(cfg.Proxy.Listen, ":8080") || c.Ports[0].ContainerPort != 8080 {
+		t.Errorf("listen %s, container port %d", cfg.Proxy.Listen, c.Ports[0].ContainerPort)
 	}
 	if sel := d.Spec.Selector.MatchLabels; monitors[0].Spec.Selector.MatchLabels["app.kubernetes.io/name"] != sel["app.kubernetes.io/name"] {
 		t.Errorf("the PodMonitor does not select the Deployment's pods")

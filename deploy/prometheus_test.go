@@ -17,12 +17,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/gorgo-llm/gorgo/internal/admin"
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/engine"
-	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/replay"
+	"github.com/gorgo-llm/gorgo/internal/serve"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -88,7 +88,7 @@ func TestDashboardQueriesAgainstPrometheus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := proxy.Config{ProbeInterval: 200 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, TTFTSLO: time.Minute, Admin: proxy.AdminConfig{Listen: proxy.AdminOff}}
+	cfg := serve.Config{Config: fleet.Config{ProbeInterval: 200 * time.Millisecond, ScrapeInterval: 200 * time.Millisecond, TTFTSLO: time.Minute}, Admin: admin.Config{Listen: admin.Off}}
 	for i := range 2 {
 		em, err := emulator.New(emulator.Config{Profile: p, Speedup: 20})
 		if err != nil {
@@ -97,15 +97,15 @@ func TestDashboardQueriesAgainstPrometheus(t *testing.T) {
 		go em.Run(ctx)
 		srv := httptest.NewServer(em.Handler())
 		defer srv.Close()
-		cfg.Replicas = append(cfg.Replicas, proxy.ReplicaConfig{ID: fmt.Sprintf("r%d", i), URL: srv.URL, Region: fmt.Sprintf("region-%d", i), Profile: "paper"})
+		cfg.Replicas = append(cfg.Replicas, fleet.ReplicaConfig{ID: fmt.Sprintf("r%d", i), URL: srv.URL, Region: fmt.Sprintf("region-%d", i), Profile: "paper"})
 	}
-	px, err := proxy.New(cfg, nil, prometheus.NewRegistry(), "", nil)
+	px, err := serve.New(cfg, serve.Options{Proxy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	px.ProbeOnce(ctx)
+	px.Fleet.ProbeOnce(ctx)
 	go px.Run(ctx)
-	front := httptest.NewServer(px.Handler())
+	front := httptest.NewServer(px.Proxy.Handler())
 	defer front.Close()
 
 	// Prometheus scraping it every second.

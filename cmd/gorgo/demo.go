@@ -12,14 +12,13 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/netem"
 	"github.com/gorgo-llm/gorgo/internal/policy"
-	"github.com/gorgo-llm/gorgo/internal/proxy"
 	"github.com/gorgo-llm/gorgo/internal/replay"
 	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/serve"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
@@ -66,7 +65,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--policy: no policy given")
 	}
 	top, _ := sim.LoadTopology("paper")
-	fleet, err := top.Resolve()
+	reps, err := top.Resolve()
 	if err != nil {
 		return err
 	}
@@ -84,18 +83,18 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	fmt.Fprintf(stdout, "workload: %s\nfleet: %s\nspeedup: %gx (model and network)\n\n", desc, describeFleet(top, fleet), *speedup)
+	fmt.Fprintf(stdout, "workload: %s\nfleet: %s\nspeedup: %gx (model and network)\n\n", desc, describeFleet(top, reps), *speedup)
 	var live, predicted []report.Run
 	for _, name := range names {
 		fmt.Fprintf(stdout, "%-24s ", policy.Canonical(name))
 		start := time.Now()
-		run, err := demoPolicy(ctx, stdout, name, fleet, wall, *speedup, *seed)
+		run, err := demoPolicy(ctx, stdout, name, reps, wall, *speedup, *seed)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		live = append(live, run)
 		pol, _ := policy.New(name, policy.Options{})
-		res, err := sim.Run(sim.Config{Replicas: fleet, Requests: reqs, Policy: pol, MaxInflight: sim.DefaultMaxInflight, Seed: *seed})
+		res, err := sim.Run(sim.Config{Replicas: reps, Requests: reqs, Policy: pol, MaxInflight: sim.DefaultMaxInflight, Seed: *seed})
 		if err != nil {
 			return err
 		}
@@ -113,17 +112,17 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 // demoPolicy brings up a fleet and a proxy with the named policy, replays
 // the workload through it, tears everything down and returns the run with
 // its times scaled back to real time.
-func demoPolicy(ctx context.Context, view io.Writer, name string, fleet []sim.Replica, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
+func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Replica, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var cfg proxy.Config
+	var cfg serve.Config
 	var servers []*http.Server
 	defer func() {
 		for _, s := range servers {
 			s.Close()
 		}
 	}()
-	for k, r := range fleet {
+	for k, r := range reps {
 		em, err := emulator.New(emulator.Config{Profile: r.Profile, Speedup: speedup, Seed: seed})
 		if err != nil {
 			return report.Run{}, err
@@ -137,15 +136,15 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, fleet []sim.Re
 		servers = append(servers, hs)
 		go em.Run(ctx)
 		go hs.Serve(link.Listener(ln))
-		cfg.Replicas = append(cfg.Replicas, proxy.ReplicaConfig{ID: r.ID, URL: "http://" + ln.Addr().String(), Region: r.Region,
+		cfg.Replicas = append(cfg.Replicas, fleet.ReplicaConfig{ID: r.ID, URL: "http://" + ln.Addr().String(), Region: r.Region,
 			KVCapacityTokens: r.Profile.KVCapacityTokens, PrefillMSPerTok: r.Profile.PrefillMSPerToken() / speedup, QueueMSPerTok: r.Profile.QueueMSPerToken() / speedup,
 			ITLMS: r.Profile.ITLMS() / speedup, ITLSlopeMS: r.Profile.ITLSlopeMS() / speedup})
 	}
 	// Probes and scrapes at the paper's 30 s, in model time.
 	cfg.ProbeInterval = time.Duration(float64(30*time.Second) / speedup)
 	cfg.ScrapeInterval = cfg.ProbeInterval
-	cfg.Policy, cfg.Seed, cfg.Admin.Listen = name, seed, proxy.AdminOff
-	px, err := proxy.New(cfg, nil, prometheus.NewRegistry(), "", nil)
+	cfg.Policy, cfg.Seed = name, seed
+	px, err := serve.New(cfg, serve.Options{Proxy: true})
 	if err != nil {
 		return report.Run{}, err
 	}
@@ -153,20 +152,20 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, fleet []sim.Re
 	if err != nil {
 		return report.Run{}, err
 	}
-	px.ProbeOnce(ctx)
+	px.Fleet.ProbeOnce(ctx)
 	// The live view of each run, on an admin listener of its own.
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return report.Run{}, err
 	}
 	fmt.Fprintf(view, "(live view: http://%s/admin/ui/) ", adminLn.Addr())
-	go serve(ctx, px.Run, served{h: px.Handler(), ln: ln}, served{h: px.AdminHandler(), ln: adminLn})
+	go serveAll(ctx, px.Run, served{h: px.Proxy.Handler(), ln: ln}, served{h: px.Admin.Handler(), ln: adminLn})
 	out, err := replay.Run(ctx, replay.Config{Target: "http://" + ln.Addr().String(), Requests: reqs, MaxInflight: sim.DefaultMaxInflight})
 	if err != nil {
 		return report.Run{}, err
 	}
-	ids := make([]string, len(fleet))
-	for i, r := range fleet {
+	ids := make([]string, len(reps))
+	for i, r := range reps {
 		ids[i] = r.ID
 	}
 	for i := range out.Records {

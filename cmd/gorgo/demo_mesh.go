@@ -9,16 +9,17 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gorgo-llm/gorgo/internal/admin"
 	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"github.com/gorgo-llm/gorgo/internal/netem"
 	"github.com/gorgo-llm/gorgo/internal/policy"
-	"github.com/gorgo-llm/gorgo/internal/proxy"
 	"github.com/gorgo-llm/gorgo/internal/replay"
 	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/serve"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
@@ -157,26 +158,26 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 	// Routers.
 	targets := make([]string, len(m.Ingress)) // per client region
 	for k, st := range m.Sites {
-		var cfg proxy.Config
+		var cfg serve.Config
 		for i, r := range reps {
 			if st.Replicas != nil && !contains(st.Replicas, r.ID) {
 				continue
 			}
-			cfg.Replicas = append(cfg.Replicas, proxy.ReplicaConfig{ID: r.ID, URL: urls[i][st.Region], Region: r.Region,
+			cfg.Replicas = append(cfg.Replicas, fleet.ReplicaConfig{ID: r.ID, URL: urls[i][st.Region], Region: r.Region,
 				KVCapacityTokens: r.Profile.KVCapacityTokens, PrefillMSPerTok: r.Profile.PrefillMSPerToken() / speedup,
 				QueueMSPerTok: r.Profile.QueueMSPerToken() / speedup, ITLMS: r.Profile.ITLMS() / speedup, ITLSlopeMS: r.Profile.ITLSlopeMS() / speedup})
 		}
 		cfg.ProbeInterval = scale(30 * time.Second)
 		cfg.ScrapeInterval = cfg.ProbeInterval
-		cfg.Policy, cfg.Seed, cfg.Admin.Listen, cfg.Region = st.Policy.Name(), seed, proxy.AdminOff, st.Region
+		cfg.Policy, cfg.Seed, cfg.Admin.Listen, cfg.Region = st.Policy.Name(), seed, admin.Off, st.Region
 		if busURL != "" {
 			cfg.Mesh = &mesh.Config{URL: busURL, Name: st.Region, Heartbeat: scale(2 * time.Second)}
 		}
-		px, err := proxy.New(cfg, nil, prometheus.NewRegistry(), "", nil)
+		px, err := serve.New(cfg, serve.Options{Proxy: true})
 		if err != nil {
 			return report.Run{}, err
 		}
-		px.ProbeOnce(ctx)
+		px.Fleet.ProbeOnce(ctx)
 		running.Add(1)
 		go func() { defer running.Done(); px.Run(ctx) }()
 		for c, in := range m.Ingress {
@@ -187,7 +188,7 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 			if err != nil {
 				return report.Run{}, err
 			}
-			if targets[c], err = listen(px.Handler(), leg, jitter, uint64(1000+10*k+c)); err != nil {
+			if targets[c], err = listen(px.Proxy.Handler(), leg, jitter, uint64(1000+10*k+c)); err != nil {
 				return report.Run{}, err
 			}
 		}

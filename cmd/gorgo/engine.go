@@ -88,5 +88,5 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 		*model, ln.Addr(), prof.Name, *rtt, *jitter, *speedup, *metricsFormat)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return serve(ctx, srv.Run, served{h: srv.Handler(), ln: link.Listener(ln)})
+	return serveAll(ctx, srv.Run, served{h: srv.Handler(), ln: link.Listener(ln)})
 }

@@ -29,7 +29,7 @@ func TestEngineInjectedRTT(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, srv.Run, served{h: srv.Handler(), ln: link.Listener(ln)}) }()
+	go func() { done <- serveAll(ctx, srv.Run, served{h: srv.Handler(), ln: link.Listener(ln)}) }()
 	defer func() {
 		cancel()
 		<-done

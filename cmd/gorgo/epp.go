@@ -16,8 +16,9 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/gorgo-llm/gorgo/internal/admin"
 	"github.com/gorgo-llm/gorgo/internal/epp"
-	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/serve"
 )
 
 const eppAbout = `
@@ -48,15 +49,20 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	if *fallbacks < 0 {
 		return fmt.Errorf("--fallbacks must not be negative")
 	}
-	cfg, err := proxy.LoadConfig(*configPath)
+	cfg, err := serve.LoadConfig(*configPath)
 	if err != nil {
 		return err
 	}
-	if *adminListen != "" {
-		cfg.Admin.Listen = *adminListen
+	overrides := func(c *serve.Config) error {
+		if *adminListen != "" {
+			c.Admin.Listen = *adminListen
+		}
+		return nil
 	}
+	_ = overrides(&cfg)
 	cfg = cfg.Defaults()
-	srv, _, err := newServer(cfg, &tf, *configPath, stderr)
+	// The picker hands the gateway the choice and its ranked fallbacks.
+	srv, err := newServer(cfg, &tf, serve.Options{Path: *configPath, Overrides: overrides, Fallbacks: *fallbacks}, false, stderr)
 	if err != nil {
 		return err
 	}
@@ -64,23 +70,23 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
-	var admin net.Listener
-	if cfg.Admin.Listen != proxy.AdminOff {
-		if admin, err = net.Listen("tcp", cfg.Admin.Listen); err != nil {
+	var adminLn net.Listener
+	if cfg.Admin.Listen != admin.Off {
+		if adminLn, err = net.Listen("tcp", cfg.Admin.Listen); err != nil {
 			ln.Close()
 			return fmt.Errorf("admin listener: %w", err)
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv.ProbeOnce(ctx)
+	srv.Fleet.ProbeOnce(ctx)
 	defer reloadOnHUP(ctx, srv)()
 	fmt.Fprintf(stdout, "gorgo epp: ext_proc on %s, policy %s, %d replicas\n", ln.Addr(), cfg.Policy, len(cfg.Replicas))
-	if admin != nil {
-		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", admin.Addr())
+	if adminLn != nil {
+		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", adminLn.Addr())
 	}
 	gs := grpc.NewServer()
-	picker := epp.New(srv)
+	picker := epp.New(srv.Fleet)
 	picker.Fallbacks = *fallbacks
 	extprocv3.RegisterExternalProcessorServer(gs, picker)
 	// The protocol's health services.
@@ -95,14 +101,14 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 		go func() { gs.GracefulStop(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(cfg.ShutdownTimeout):
+		case <-time.After(cfg.Proxy.ShutdownTimeout):
 			gs.Stop()
 		}
 	}()
 	go gs.Serve(ln)
 	var servers []served
-	if admin != nil {
-		servers = append(servers, served{h: srv.AdminHandler(), ln: admin})
+	if adminLn != nil {
+		servers = append(servers, served{h: srv.Admin.Handler(), ln: adminLn})
 	}
-	return serve(ctx, srv.Run, servers...)
+	return serveAll(ctx, srv.Run, servers...)
 }

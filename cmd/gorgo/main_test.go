@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/serve"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -260,7 +260,7 @@ func TestServeBadInput(t *testing.T) {
 // it does not tune.
 func TestServeOnlineTunerTakesMSWeights(t *testing.T) {
 	tf := tuneFlags{base: "gorgo-ms", sigma: 0.5, window: 128, hop: 32, params: listFlag{"rtt=0.1:5:1"}}
-	cfg, err := proxy.ParseConfig([]byte("policy: gorgo-online\nms_weights: {rtt: 2, queue: 3}\n"), "test")
+	cfg, err := serve.ParseConfig([]byte("policy: gorgo-online\nms_weights: {rtt: 2, queue: 3}\n"), "test")
 	if err != nil {
 		t.Fatal(err)
 	}

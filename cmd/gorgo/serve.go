@@ -21,9 +21,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
+	adminapi "github.com/gorgo-llm/gorgo/internal/admin"
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/policy"
-	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/serve"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -63,14 +65,14 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	var cfg proxy.Config
+	var cfg serve.Config
 	if *configPath != "" {
 		var err error
-		if cfg, err = proxy.LoadConfig(*configPath); err != nil {
+		if cfg, err = serve.LoadConfig(*configPath); err != nil {
 			return err
 		}
 	}
-	var flagReplicas []proxy.ReplicaConfig
+	var flagReplicas []fleet.ReplicaConfig
 	for _, r := range replicas {
 		rc, err := parseReplica(r)
 		if err != nil {
@@ -88,9 +90,10 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		flagWeights = w
 	}
 	// The command line wins over the file, at start and on every reload.
-	overrides := func(c *proxy.Config) error {
+	overrides := func(c *serve.Config) error {
+		c.Replicas = append(c.Replicas, flagReplicas...)
 		if *listen != "" {
-			c.Listen = *listen
+			c.Proxy.Listen = *listen
 		}
 		if *adminListen != "" {
 			c.Admin.Listen = *adminListen
@@ -112,28 +115,24 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 		return nil
 	}
-	cfg.Replicas = append(cfg.Replicas, flagReplicas...)
 	_ = overrides(&cfg)
 	cfg = cfg.Defaults()
-	srv, logger, err := newServer(cfg, &tf, *configPath, stderr)
+	srv, err := newServer(cfg, &tf, serve.Options{Proxy: true, Path: *configPath, Overrides: overrides}, *accessLog, stderr)
 	if err != nil {
 		return err
 	}
-	srv.SetFlags(flagReplicas, overrides)
-	if *accessLog {
-		srv.SetAccessLog(logger)
-	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	px := srv.Proxy
+	ln, err := net.Listen("tcp", cfg.Proxy.Listen)
 	if err != nil {
 		return err
 	}
-	ln = srv.LimitListener(ln, cfg.MaxConnections)
+	ln = px.LimitListener(ln, cfg.Proxy.MaxConnections)
 	scheme := "http"
-	if srv.ServesTLS() {
-		ln, scheme = tls.NewListener(ln, srv.TLSConfig()), "https"
+	if px.ServesTLS() {
+		ln, scheme = tls.NewListener(ln, px.TLSConfig()), "https"
 	}
 	var admin net.Listener
-	if cfg.Admin.Listen != proxy.AdminOff {
+	if cfg.Admin.Listen != adminapi.Off {
 		if admin, err = net.Listen("tcp", cfg.Admin.Listen); err != nil {
 			ln.Close()
 			return fmt.Errorf("admin listener: %w", err)
@@ -141,7 +140,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv.ProbeOnce(ctx)
+	srv.Fleet.ProbeOnce(ctx)
 	slo := ""
 	if cfg.TTFTSLO > 0 {
 		mode := cfg.Admission
@@ -151,7 +150,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		slo = fmt.Sprintf(", TTFT SLO %v (%s)", cfg.TTFTSLO, mode)
 	}
 	fmt.Fprintf(stdout, "gorgo serve: %s://%s, policy %s%s, %d replicas:\n", scheme, ln.Addr(), cfg.Policy, slo, len(cfg.Replicas))
-	for _, st := range srv.Router().Replicas() {
+	for _, st := range srv.Fleet.Router().Replicas() {
 		health := "up"
 		if !st.Available() {
 			health = "DOWN"
@@ -162,16 +161,16 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\nlive view: http://%s/admin/ui/\n", admin.Addr(), admin.Addr())
 	}
 	defer reloadOnHUP(ctx, srv)()
-	servers := []served{{h: srv.Handler(), ln: ln, grace: cfg.ShutdownTimeout, idle: cfg.IdleTimeout, readHeader: cfg.ReadHeaderTimeout}}
+	servers := []served{{h: px.Handler(), ln: ln, grace: cfg.Proxy.ShutdownTimeout, idle: cfg.Proxy.IdleTimeout, readHeader: cfg.Proxy.ReadHeaderTimeout}}
 	if admin != nil {
-		servers = append(servers, served{h: srv.AdminHandler(), ln: admin})
+		servers = append(servers, served{h: srv.Admin.Handler(), ln: admin})
 	}
-	return serve(ctx, srv.Run, servers...)
+	return serveAll(ctx, srv.Run, servers...)
 }
 
 // reloadOnHUP reloads the server's config on SIGHUP until ctx ends; call
 // the function it returns to stop listening for the signal.
-func reloadOnHUP(ctx context.Context, srv *proxy.Server) (stop func()) {
+func reloadOnHUP(ctx context.Context, srv *serve.Server) (stop func()) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
@@ -187,25 +186,29 @@ func reloadOnHUP(ctx context.Context, srv *proxy.Server) (stop func()) {
 	return func() { signal.Stop(hup) }
 }
 
-// newServer builds the router server of a config, as gorgo serve and
-// gorgo epp run it: its policy (the online tuner if asked for), a registry
-// with the Go and process collectors, a logger on stderr.
-func newServer(cfg proxy.Config, tf *tuneFlags, path string, stderr io.Writer) (*proxy.Server, *slog.Logger, error) {
+// newServer builds the router of a config, as gorgo serve and gorgo epp
+// run it: its policy (the online tuner if asked for), a registry with the
+// Go and process collectors, a logger on stderr (and the access log there,
+// if asked for).
+func newServer(cfg serve.Config, tf *tuneFlags, o serve.Options, accessLog bool, stderr io.Writer) (*serve.Server, error) {
 	pol, err := servePolicy(cfg, tf)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	srv, err := proxy.New(cfg, pol, reg, path, logger)
-	return srv, logger, err
+	o.Policy = pol
+	o.Registry = prometheus.NewRegistry()
+	o.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	o.Log = slog.New(slog.NewTextHandler(stderr, nil))
+	if accessLog {
+		o.AccessLog = o.Log
+	}
+	return serve.New(cfg, o)
 }
 
 // servePolicy builds the online tuner when the config asks for it (its
-// base's untuned parameters from the config's); nil means the proxy builds
+// base's untuned parameters from the config's); nil means the fleet builds
 // the config's policy itself.
-func servePolicy(cfg proxy.Config, tf *tuneFlags) (policy.Policy, error) {
+func servePolicy(cfg serve.Config, tf *tuneFlags) (policy.Policy, error) {
 	if cfg.Policy != tune.OnlineName {
 		return nil, nil
 	}
@@ -227,12 +230,12 @@ type served struct {
 	readHeader  time.Duration
 }
 
-// serve serves each handler on its listener and runs run (a server's
+// serveAll serves each handler on its listener and runs run (a server's
 // background work: an emulator's model, a proxy's probes) until ctx ends or
 // run fails. When run ends cleanly the HTTP servers shut down gracefully;
 // when it fails (an emulator's injected crash) every connection is cut at
 // once.
-func serve(ctx context.Context, run func(context.Context) error, servers ...served) error {
+func serveAll(ctx context.Context, run func(context.Context) error, servers ...served) error {
 	g, ctx := errgroup.WithContext(ctx)
 	var hss []*http.Server
 	for _, sv := range servers {
@@ -278,13 +281,13 @@ func serve(ctx context.Context, run func(context.Context) error, servers ...serv
 }
 
 // parseReplica reads ID=URL[,region=R][,profile=P].
-func parseReplica(s string) (proxy.ReplicaConfig, error) {
+func parseReplica(s string) (fleet.ReplicaConfig, error) {
 	parts := strings.Split(s, ",")
 	id, u, ok := strings.Cut(parts[0], "=")
 	if !ok || id == "" || u == "" {
-		return proxy.ReplicaConfig{}, fmt.Errorf("want ID=URL[,region=R][,profile=P], got %q", s)
+		return fleet.ReplicaConfig{}, fmt.Errorf("want ID=URL[,region=R][,profile=P], got %q", s)
 	}
-	rc := proxy.ReplicaConfig{ID: id, URL: u}
+	rc := fleet.ReplicaConfig{ID: id, URL: u}
 	for _, p := range parts[1:] {
 		k, v, _ := strings.Cut(p, "=")
 		switch k {

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/admin"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/serve"
 )
 
 // A graceful shutdown lets a stream in flight finish, and refuses new
@@ -31,8 +31,9 @@ func TestGracefulShutdownLetsStreamsFinish(t *testing.T) {
 		io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" two"}}]}`+"\n\ndata: [DONE]\n\n")
 	}))
 	defer up.Close()
-	srv, err := proxy.New(proxy.Config{Admin: proxy.AdminConfig{Listen: proxy.AdminOff}, Replicas: []proxy.ReplicaConfig{{ID: "a", URL: up.URL}}},
-		nil, prometheus.NewRegistry(), "", nil)
+	cfg := serve.Config{Admin: admin.Config{Listen: admin.Off}}
+	cfg.Replicas = []fleet.ReplicaConfig{{ID: "a", URL: up.URL}}
+	srv, err := serve.New(cfg, serve.Options{Proxy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,9 +42,11 @@ func TestGracefulShutdownLetsStreamsFinish(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv.ProbeOnce(ctx)
+	srv.Fleet.ProbeOnce(ctx)
 	done := make(chan error, 1)
-	go func() { done <- serve(ctx, srv.Run, served{h: srv.Handler(), ln: ln, grace: 20 * time.Second}) }()
+	go func() {
+		done <- serveAll(ctx, srv.Run, served{h: srv.Proxy.Handler(), ln: ln, grace: 20 * time.Second})
+	}()
 	url := "http://" + ln.Addr().String()
 	resp, err := http.Post(url+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"messages":[{"role":"user","content":"hi"}],"stream":true}`))
@@ -89,7 +92,7 @@ func TestIdleAndSlowClientsAreCut(t *testing.T) {
 	done := make(chan error, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
 	go func() {
-		done <- serve(ctx, func(ctx context.Context) error { <-ctx.Done(); return nil },
+		done <- serveAll(ctx, func(ctx context.Context) error { <-ctx.Done(); return nil },
 			served{h: h, ln: ln, idle: 100 * time.Millisecond, readHeader: 100 * time.Millisecond})
 	}()
 	defer func() { cancel(); <-done }()

@@ -2,19 +2,21 @@
 // Gateway API Inference Extension's Endpoint Picker protocol, over Envoy's
 // ext_proc gRPC service (envoy.service.ext_proc.v3.ExternalProcessor).
 // For each HTTP request the gateway streams to it, the picker reads the
-// headers and the body, builds the request with the same lifecycle as
-// gorgo serve, decides, and tells the gateway where to send it: the
+// headers and the body, and the same lifecycle as gorgo serve's drives the
+// rest (lifecycle.Core.Serve): the picker's part of an attempt is to tell
+// the gateway where to send the request, in the
 // x-gateway-destination-endpoint header and the envoy.lb dynamic metadata
 // entry, both the same comma-separated list (protocol v0.4.0 on): the
-// chosen ip:port, then the ranked fallbacks. It honours the subset of endpoints the
-// gateway passes in envoy.lb.subset_hint, answers 503 when no endpoint is
-// available and 429 when admission sheds. It observes the response when
-// the gateway sends it (status, streamed SSE events: first token, usage,
-// end), so the ledger, the prefix index's self-correction, the ITL model
-// and the online tuner work as in gorgo serve.
+// chosen ip:port, then the ranked fallbacks. It honours the subset of
+// endpoints the gateway passes in envoy.lb.subset_hint, answers 503 when no
+// endpoint is available and 429 when admission sheds. It observes the
+// response when the gateway sends it (status, streamed SSE events: first
+// token, usage, end), so the ledger, the prefix index's self-correction,
+// the ITL model and the online tuner work as in gorgo serve.
 package epp
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -58,7 +60,7 @@ const (
 )
 
 // Fleet is what the picker needs of a gorgo router: its lifecycle core and
-// the address of each replica (proxy.Server provides both).
+// the address of each replica (a *fleet.Fleet provides both).
 type Fleet interface {
 	Core() *lifecycle.Core
 	Endpoint(id string) (string, bool)
@@ -80,11 +82,14 @@ type Server struct {
 // New returns a picker over the fleet.
 func New(f Fleet) *Server { return &Server{fleet: f, MaxBodyBytes: 8 << 20} }
 
-// exchange is one HTTP request's life on the stream.
+// exchange is one HTTP request's life on the stream: the lifecycle's front
+// end (lifecycle.FrontEnd) for it.
 type exchange struct {
 	s      *Server
 	stream extprocv3.ExternalProcessor_ProcessServer
-	duplex bool // request body in FULL_DUPLEX_STREAMED mode
+	err    error // the stream broke (not an end or a cancel)
+	closed bool  // the stream ended
+	duplex bool  // request body in FULL_DUPLEX_STREAMED mode
 	// respDuplex: response body in FULL_DUPLEX_STREAMED mode (Envoy says
 	// so on the stream's first message only).
 	respDuplex bool
@@ -92,36 +97,66 @@ type exchange struct {
 	session    string
 	subset     []string
 	body       []byte
-	req        *lifecycle.Request
-	decided    bool
-	status     int
-	answered   bool // the response's end was seen
-	sse        []byte
-	scratch    []byte
-	done       bool
 	received   time.Time
+	decided    bool
+	atHeaders  bool // decided at the headers: the body, if any, is not read
+	trailers   bool // the request's trailers came with the decision: answer them after it
+
+	// The attempt: routed once the destination went to the gateway;
+	// status and served from the response's headers (served: the endpoint
+	// the gateway says it fell back to); unobserved when the stream ended
+	// without response events.
+	routed     bool
+	status     int
+	served     string
+	answered   bool // the response's end was seen
+	unobserved bool
+	// pending is the answer to the last response message, sent once the
+	// lifecycle has taken that message in (so the gateway never sees an
+	// answer before the router's state shows it).
+	pending *extprocv3.ProcessingResponse
+	sse     []byte
+	scratch []byte
 }
 
 // Process serves one ext_proc stream: one HTTP request, from its headers
 // to the end of its response (or as far as the gateway sends it).
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	x := &exchange{s: s, stream: stream}
-	defer x.end(nil)
 	for {
-		msg, err := stream.Recv()
-		if err != nil {
-			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
-				return nil
-			}
+		msg := x.recv()
+		if msg == nil {
+			return x.err
+		}
+		if err := x.request(msg); err != nil {
 			return err
 		}
-		if err := x.handle(msg); err != nil {
+		if err := x.flush(); err != nil {
 			return err
 		}
 	}
 }
 
-func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
+// recv returns the stream's next message, nil at its end (err set if it
+// broke).
+func (x *exchange) recv() *extprocv3.ProcessingRequest {
+	if x.closed {
+		return nil
+	}
+	msg, err := x.stream.Recv()
+	if err != nil {
+		x.closed = true
+		if !errors.Is(err, io.EOF) && status.Code(err) != codes.Canceled {
+			x.err = err
+		}
+		return nil
+	}
+	return msg
+}
+
+// request handles a message before the decision (and answers any after it
+// that the lifecycle has no use for).
+func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 	switch r := msg.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		x.received = time.Now()
@@ -130,15 +165,11 @@ func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
 			x.respDuplex = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 		}
 		for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
-			v := h.GetValue()
-			if v == "" {
-				v = string(h.GetRawValue())
-			}
 			switch strings.ToLower(h.GetKey()) {
 			case ":path":
-				x.path = v
+				x.path = value(h)
 			case SessionHeader:
-				x.session = v
+				x.session = value(h)
 			}
 		}
 		x.subset = subset(msg.GetMetadataContext())
@@ -148,12 +179,17 @@ func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
 		if x.duplex {
 			return nil // the headers' answer waits for the body
 		}
-		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
-			RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}})
+		return x.send(continueHeaders())
 	case *extprocv3.ProcessingRequest_RequestBody:
+		if x.decided {
+			return x.send(continueBody())
+		}
 		x.body = append(x.body, r.RequestBody.GetBody()...)
 		if len(x.body) > x.s.MaxBodyBytes {
-			return x.immediate(http.StatusRequestEntityTooLarge, "BadRequestError", "the request body is larger than "+strconv.Itoa(x.s.MaxBodyBytes)+" bytes")
+			e := wire.Errorf(http.StatusRequestEntityTooLarge, "the request body is larger than %d bytes", x.s.MaxBodyBytes)
+			x.s.fleet.Core().Refused(e)
+			x.decided = true
+			return x.immediate(e)
 		}
 		if !r.RequestBody.GetEndOfStream() {
 			if x.duplex {
@@ -168,55 +204,13 @@ func (x *exchange) handle(msg *extprocv3.ProcessingRequest) error {
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		if x.duplex && !x.decided {
 			// The body ended without end_of_stream: the trailers end it.
-			if err := x.decide(false); err != nil {
-				return err
-			}
+			x.trailers = true
+			return x.decide(false)
 		}
-		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
-			RequestTrailers: &extprocv3.TrailersResponse{}}})
-	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		x.served(msg.GetMetadataContext())
-		for _, h := range r.ResponseHeaders.GetHeaders().GetHeaders() {
-			if h.GetKey() == ":status" {
-				v := h.GetValue()
-				if v == "" {
-					v = string(h.GetRawValue())
-				}
-				x.status, _ = strconv.Atoi(v)
-			}
-		}
-		if x.req != nil {
-			if x.status == http.StatusOK {
-				x.req.Accepted()
-			}
-		}
-		if r.ResponseHeaders.GetEndOfStream() {
-			x.answered = true
-			x.end(nil)
-		}
-		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}})
-	case *extprocv3.ProcessingRequest_ResponseBody:
-		body, eos := r.ResponseBody.GetBody(), r.ResponseBody.GetEndOfStream()
-		x.observe(body, eos)
-		resp := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}
-		if x.respDuplex {
-			resp.Response.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: eos}}}
-		}
-		if err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: resp}}); err != nil {
-			return err
-		}
-		if eos {
-			x.answered = true
-			x.end(nil)
-		}
-		return nil
-	case *extprocv3.ProcessingRequest_ResponseTrailers:
-		x.answered = true
-		x.end(nil)
-		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
-			ResponseTrailers: &extprocv3.TrailersResponse{}}})
+		return x.send(continueTrailers())
+	default:
+		// A response message with no request in flight (refused, or over).
+		x.pending = continueResponse(msg, x.respDuplex)
 	}
 	return nil
 }
@@ -237,23 +231,13 @@ func kind(path string) lifecycle.Kind {
 	return lifecycle.Opaque
 }
 
-// decide picks the endpoint and answers the gateway: at the headers
-// (atHeaders: no body, or the body is not sent) or at the body.
+// decide hands the request to the lifecycle: at the headers (atHeaders:
+// no body, or one that is not read) or at the body's end.
 func (x *exchange) decide(atHeaders bool) error {
-	if x.decided {
-		return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
-			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
-	}
-	x.decided = true
-	core := x.s.fleet.Core()
-	k := kind(x.path)
+	x.decided, x.atHeaders = true, atHeaders
+	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received}
 	if atHeaders {
-		k = lifecycle.Opaque
-	}
-	req, perr := core.Begin(x.body, k, x.session, x.received)
-	if perr != nil {
-		core.Metrics.Refused(perr.Status)
-		return x.immediate(perr.Status, perr.Type, perr.Message)
+		in.Kind = lifecycle.Opaque
 	}
 	if x.subset != nil { // an empty subset leaves nothing eligible: 503
 		ids := x.s.fleet.EndpointIDs()
@@ -263,39 +247,43 @@ func (x *exchange) decide(atHeaders bool) error {
 				allowed[id] = true
 			}
 		}
-		req.Route.Allowed = func(id string) bool { return allowed[id] }
+		in.Allowed = func(id string) bool { return allowed[id] }
 	}
-	if e, gone := req.Admit(x.stream.Context()); gone != nil {
-		req.Abandon()
-		return gone
-	} else if e != nil {
-		req.Reject(e)
-		return x.immediate(e.Status, e.Type, e.Message, e.RetryAfter)
+	x.s.fleet.Core().Serve(x.stream.Context(), in, x)
+	return x.err
+}
+
+// Send names replica id to the gateway (the first attempt), then hears the
+// response's headers; a later attempt is the fallback the gateway says it
+// took.
+func (x *exchange) Send(ctx context.Context, r *lifecycle.Request, id string) (int, *lifecycle.AttemptError) {
+	if x.err != nil {
+		return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusServiceUnavailable, "the gateway's stream broke")}
 	}
-	id, ok := req.Next()
-	var ep string
-	for ok {
-		if ep, ok = x.s.fleet.Endpoint(id); ok {
-			break
+	if !x.routed {
+		ep, ok := x.s.fleet.Endpoint(id)
+		if !ok { // left the fleet since the decision: free it, try the next
+			return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusServiceUnavailable, "%s left the fleet", id)}
 		}
-		// Left the fleet since the decision: free it, try the next.
-		req.Failed(&lifecycle.Error{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailableError", Message: id + " left the fleet"}, false)
-		id, ok = req.Next()
-	}
-	if !ok {
-		e := req.Failure()
-		if e.Status == http.StatusBadGateway || e.Status == 0 {
-			e.Status = http.StatusServiceUnavailable
+		if err := x.route(ep, r); err != nil {
+			x.err = err
+			return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusServiceUnavailable, "the gateway's stream broke")}
 		}
-		req.Reject(e)
-		return x.immediate(http.StatusServiceUnavailable, "ServiceUnavailableError", "no endpoint available: "+e.Message)
+		x.routed = true
+		x.awaitResponse()
 	}
-	x.req = req
-	req.Sent(time.Now())
-	// The ranked fallbacks after the choice: the header and the metadata
-	// carry the same list (the protocol forbids them to differ).
+	if x.served != "" && x.served != id {
+		return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusBadGateway, "the gateway fell back"), Broken: true}
+	}
+	return x.status, nil
+}
+
+// route sends the gateway the destination: the chosen endpoint and the
+// ranked fallbacks, in the header and the metadata (the protocol forbids
+// them to differ), with the request's body in full-duplex mode.
+func (x *exchange) route(ep string, r *lifecycle.Request) error {
 	eps := []string{ep}
-	for _, fb := range req.Fallbacks() {
+	for _, fb := range r.Fallbacks() {
 		if len(eps) > x.s.Fallbacks {
 			break
 		}
@@ -311,18 +299,18 @@ func (x *exchange) decide(atHeaders bool) error {
 		ClearRouteCache: true,
 	}
 	md, _ := structpb.NewStruct(map[string]any{LBNamespace: map[string]any{DestinationHeader: list}})
-	if atHeaders && x.body != nil && !x.duplex {
+	switch {
+	case x.atHeaders && x.body != nil && !x.duplex:
 		// A partial body (buffered-partial, streamed): the answer is the
 		// body message's.
 		return x.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestBody{
 			RequestBody: &extprocv3.BodyResponse{Response: common}}})
-	}
-	if atHeaders || x.duplex {
+	case x.atHeaders || x.duplex:
 		if err := x.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestHeaders{
 			RequestHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
 			return err
 		}
-		if atHeaders {
+		if x.atHeaders {
 			return nil
 		}
 		// Full duplex: the body goes on after the headers, in pieces.
@@ -336,22 +324,107 @@ func (x *exchange) decide(atHeaders bool) error {
 				return err
 			}
 			if eos {
-				return nil
+				break
 			}
 			body = body[n:]
 		}
+		if x.trailers {
+			return x.send(continueTrailers())
+		}
+		return nil
 	}
 	return x.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestBody{
 		RequestBody: &extprocv3.BodyResponse{Response: common}}})
 }
 
-// observe takes a piece of the response body: SSE events of a stream, or
-// a whole JSON answer.
-func (x *exchange) observe(body []byte, eos bool) {
-	if x.req == nil || x.done {
+// awaitResponse reads the stream up to the response's headers (answering
+// the request's remaining pieces): its status and the endpoint that served
+// it. A stream that ends first had no response events: the gateway sends
+// none, and the request is counted as served.
+func (x *exchange) awaitResponse() {
+	for {
+		msg := x.recv()
+		if msg == nil {
+			x.status, x.unobserved = http.StatusOK, true
+			return
+		}
+		rh, ok := msg.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
+		if !ok {
+			if x.request(msg) != nil || x.flush() != nil {
+				x.status, x.unobserved = http.StatusOK, true
+				return
+			}
+			continue
+		}
+		x.served = x.servedID(msg.GetMetadataContext())
+		for _, h := range rh.ResponseHeaders.GetHeaders().GetHeaders() {
+			if h.GetKey() == ":status" {
+				x.status, _ = strconv.Atoi(value(h))
+			}
+		}
+		x.answered = rh.ResponseHeaders.GetEndOfStream()
+		x.pending = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}}
 		return
 	}
-	if !x.req.Stream() {
+}
+
+// Relay hears the response's body (SSE events of a stream, or a whole JSON
+// answer) as the gateway passes it on, until its end.
+func (x *exchange) Relay(r *lifecycle.Request) lifecycle.Outcome {
+	for !x.answered && !x.unobserved {
+		if x.flush() != nil {
+			break
+		}
+		msg := x.recv()
+		if msg == nil {
+			break
+		}
+		switch m := msg.Request.(type) {
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			body, eos := m.ResponseBody.GetBody(), m.ResponseBody.GetEndOfStream()
+			x.observe(r, body, eos)
+			x.answered = eos
+			x.pending = continueResponse(msg, x.respDuplex)
+		case *extprocv3.ProcessingRequest_ResponseTrailers:
+			x.answered = true
+			x.pending = continueResponse(msg, x.respDuplex)
+		default:
+			if x.request(msg) != nil {
+				x.closed = true
+			}
+		}
+	}
+	out := lifecycle.Outcome{Status: x.status}
+	switch {
+	case x.unobserved:
+		r.Done() // no response events: all the picker knows is the end
+	case !x.answered:
+		out.ClientGone = true // the stream ended mid-answer
+	}
+	return out
+}
+
+// Refuse answers the client directly, before the decision; after it (the
+// gateway fell back to an endpoint the router no longer has) the response
+// goes on through the gateway regardless.
+func (x *exchange) Refuse(e *wire.Error) {
+	if x.routed || x.err != nil {
+		return
+	}
+	if e.Status >= 500 {
+		e = &wire.Error{Status: http.StatusServiceUnavailable, Type: wire.TypeOf(http.StatusServiceUnavailable),
+			Message: "no endpoint available: " + e.Message, RetryAfter: e.RetryAfter}
+	}
+	if err := x.immediate(e); err != nil {
+		x.err = err
+	}
+}
+
+// observe takes a piece of the response body: SSE events of a stream, or
+// a whole JSON answer.
+func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
+	if !r.Stream() {
 		// A whole JSON answer: keep its tail (the usage comes last), not
 		// the whole of a large answer, and read it at the end.
 		x.sse = append(x.sse, body...)
@@ -359,7 +432,7 @@ func (x *exchange) observe(body []byte, eos bool) {
 			x.sse = x.sse[:copy(x.sse, x.sse[n-maxTail:])]
 		}
 		if eos {
-			x.req.Complete(wire.PeekBody(x.sse))
+			r.Complete(wire.PeekBody(x.sse))
 			x.sse = x.sse[:0]
 		}
 		return
@@ -373,7 +446,7 @@ func (x *exchange) observe(body []byte, eos bool) {
 			break
 		}
 		rest = next
-		x.event(ev, now)
+		x.event(r, ev, now)
 	}
 	x.sse = x.sse[:copy(x.sse, rest)]
 	if len(x.sse) > maxTail {
@@ -381,84 +454,104 @@ func (x *exchange) observe(body []byte, eos bool) {
 	}
 	if eos {
 		if len(x.sse) > 0 {
-			x.event(x.sse, now)
+			x.event(r, x.sse, now)
 		}
 		x.sse = x.sse[:0]
 	}
 }
 
-func (x *exchange) event(ev []byte, at time.Time) {
+func (x *exchange) event(r *lifecycle.Request, ev []byte, at time.Time) {
 	data := wire.EventData(ev, &x.scratch)
 	if len(data) == 0 {
 		return
 	}
 	if wire.IsDone(data) {
-		x.req.Done()
+		r.Done()
 		return
 	}
 	p := wire.PeekChunk(data)
-	x.req.Chunk(&p, at)
-}
-
-// end closes the request's life once: with what was observed of the
-// answer. A gateway that sends no response events leaves the picker
-// knowing only that the stream ended: the request is counted as served.
-func (x *exchange) end(err error) {
-	if x.req == nil || x.done {
-		return
-	}
-	x.done = true
-	st := x.status
-	out := lifecycle.Outcome{Status: st, Err: err}
-	switch {
-	case st == 0:
-		out.Status = http.StatusOK // no response events: not observed
-		x.req.Done()
-	case !x.answered:
-		out.ClientGone = true // the stream ended mid-answer
-	}
-	x.req.End(out, time.Now())
-	x.req = nil
+	r.Chunk(&p, at)
 }
 
 // immediate answers the client directly (an error in OpenAI's shape).
-func (x *exchange) immediate(code int, typ, msg string, retryAfter ...string) error {
-	body := `{"error":{"message":` + strconv.Quote(msg) + `,"type":` + strconv.Quote(typ) + `,"code":` + strconv.Itoa(code) + `}}`
+func (x *exchange) immediate(e *wire.Error) error {
 	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
 		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")}}}}
-	if len(retryAfter) > 0 && retryAfter[0] != "" {
-		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(retryAfter[0])}})
+	if e.RetryAfter != "" {
+		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(e.RetryAfter)}})
 	}
 	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
-		ImmediateResponse: &extprocv3.ImmediateResponse{Status: &typev3.HttpStatus{Code: typev3.StatusCode(code)}, Headers: hm, Body: []byte(body), Details: msg}}})
+		ImmediateResponse: &extprocv3.ImmediateResponse{Status: &typev3.HttpStatus{Code: typev3.StatusCode(e.Status)}, Headers: hm, Body: e.JSON(), Details: e.Message}}})
 }
 
 func (x *exchange) send(r *extprocv3.ProcessingResponse) error { return x.stream.Send(r) }
 
-// served moves the request to the endpoint that served it, when the
-// gateway says it fell back to another one of the list: the attempts
-// before it failed.
-func (x *exchange) served(md *corev3.Metadata) {
-	if x.req == nil {
-		return
+// flush sends the pending answer, if any.
+func (x *exchange) flush() error {
+	if x.pending == nil {
+		return nil
 	}
+	p := x.pending
+	x.pending = nil
+	if err := x.send(p); err != nil {
+		x.err, x.closed = err, true
+		return err
+	}
+	return nil
+}
+
+// servedID is the replica the gateway says served the request ("" if it
+// says nothing or names an endpoint the fleet does not have).
+func (x *exchange) servedID(md *corev3.Metadata) string {
 	ep := md.GetFilterMetadata()[LBNamespace].GetFields()[ServedKey].GetStringValue()
 	if ep == "" {
-		return
+		return ""
 	}
-	id, ok := x.s.fleet.EndpointIDs()[ep]
-	if !ok || id == x.req.Replica() {
-		return
-	}
-	for id != x.req.Replica() {
-		x.req.Failed(&lifecycle.Error{Status: http.StatusBadGateway, Type: "APIError", Message: "the gateway fell back"}, true)
-		if _, ok := x.req.Next(); !ok {
-			x.req.Reject(x.req.Failure())
-			x.req, x.done = nil, true
-			return
+	return x.s.fleet.EndpointIDs()[ep]
+}
+
+func continueHeaders() *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}}
+}
+
+func continueBody() *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+		RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}}
+}
+
+func continueTrailers() *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+		RequestTrailers: &extprocv3.TrailersResponse{}}}
+}
+
+// continueResponse answers a response message with "go on" (a full-duplex
+// response body piece goes back as it came).
+func continueResponse(msg *extprocv3.ProcessingRequest, duplex bool) *extprocv3.ProcessingResponse {
+	switch m := msg.Request.(type) {
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		resp := &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}
+		if duplex {
+			resp.Response.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: m.ResponseBody.GetBody(), EndOfStream: m.ResponseBody.GetEndOfStream()}}}
 		}
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: resp}}
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+			ResponseTrailers: &extprocv3.TrailersResponse{}}}
 	}
-	x.req.Sent(time.Now())
+	return nil
+}
+
+// value is a header's value (Envoy sends it raw or as a string).
+func value(h *corev3.HeaderValue) string {
+	if v := h.GetValue(); v != "" {
+		return v
+	}
+	return string(h.GetRawValue())
 }
 
 // subset reads the gateway's subset hint from the request metadata.

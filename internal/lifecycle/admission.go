@@ -2,12 +2,12 @@ package lifecycle
 
 import (
 	"context"
-	"net/http"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
 // admission is the Core's gate under a TTFT SLO: requests predicted to
@@ -25,7 +25,7 @@ type admission struct {
 // verdicts a held request receives.
 type verdict struct {
 	ok  bool // dispatched (or failed to: see Request.decideErr)
-	err *Error
+	err *wire.Error
 }
 
 // admissionTick is how often the queue is gone through without a kick.
@@ -55,8 +55,10 @@ func (c *Core) RunAdmission(ctx context.Context) {
 	}
 }
 
-func (c *Core) shutdownErr() *Error {
-	return &Error{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailableError", Message: "the router is shutting down", RetryAfter: "1"}
+func (c *Core) shutdownErr() *wire.Error {
+	e := wire.Errorf(statusUnavailable, "the router is shutting down")
+	e.RetryAfter = "1"
+	return e
 }
 
 // kickAdmission asks for the queue to be gone through: the fleet changed.
@@ -80,35 +82,36 @@ func (c *Core) release() {
 	now := c.Now(time.Now())
 	a.gate.Release(now, func(r *Request) (admit.Prediction, bool) { return c.predict(now, r) },
 		func(r *Request) {
-			r.dispatch(now)
+			r.dispatch(now, time.Now())
+			r.ready = true
 			r.held <- verdict{ok: true}
 		},
 		func(r *Request) {
-			c.Metrics.admitted("expired")
+			c.cfg.Metrics.admitted("expired")
 			r.held <- verdict{err: c.sloError(admit.Prediction{}, "the request waited in the admission queue and can no longer meet")}
 		})
-	c.Metrics.queued(a.gate.Len())
+	c.cfg.Metrics.queued(a.gate.Len())
 }
 
 func (c *Core) predict(now time.Duration, r *Request) (admit.Prediction, bool) {
-	best, floor, err := c.Router.Predict(now, &r.Route)
+	best, floor, err := c.cfg.Router.Predict(now, &r.Route)
 	return admit.Prediction{Best: best, Floor: floor}, err == nil
 }
 
-func (c *Core) sloError(p admit.Prediction, why string) *Error {
+func (c *Core) sloError(p admit.Prediction, why string) *wire.Error {
 	slo := c.adm.gate.Config().SLO
-	return &Error{Status: http.StatusTooManyRequests, Type: "RateLimitError",
-		Message:    why + " the TTFT SLO of " + slo.String() + ": the fleet is overloaded",
-		RetryAfter: strconv.Itoa(admit.RetryAfter(p, slo))}
+	e := wire.Errorf(statusTooMany, "%s the TTFT SLO of %v: the fleet is overloaded", why, slo)
+	e.RetryAfter = strconv.Itoa(admit.RetryAfter(p, slo))
+	return e
 }
 
-// Admit applies admission under the TTFT SLO (a no-op without one): the
+// admit applies admission under the TTFT SLO (a no-op without one): the
 // request goes now, waits in the router-side queue until it is predicted
-// to make the SLO (then it has been dispatched and Next returns its
+// to make the SLO (then it has been dispatched and next returns its
 // replica), or is refused with a 429 and Retry-After. ctx is the client's:
 // a client that leaves while its request waits gets ctx's error back and
-// the request leaves the queue; call Abandon then.
-func (r *Request) Admit(ctx context.Context) (*Error, error) {
+// the request leaves the queue; abandon it then.
+func (r *Request) admit(ctx context.Context) (*wire.Error, error) {
 	c := r.core
 	if c.adm == nil {
 		return nil, nil
@@ -123,11 +126,11 @@ func (r *Request) Admit(ctx context.Context) (*Error, error) {
 	switch a.gate.Arrive(r, now, p) {
 	case admit.Go:
 		a.mu.Unlock()
-		c.Metrics.admitted("go")
+		c.cfg.Metrics.admitted("go")
 		return nil, nil
 	case admit.Reject:
 		a.mu.Unlock()
-		c.Metrics.admitted("rejected")
+		c.cfg.Metrics.admitted("rejected")
 		return c.sloError(p, "the request is predicted to miss"), nil
 	}
 	if a.closed { // nobody would release it
@@ -138,9 +141,9 @@ func (r *Request) Admit(ctx context.Context) (*Error, error) {
 	if r.held == nil {
 		r.held = make(chan verdict, 1)
 	}
-	c.Metrics.queued(a.gate.Len())
+	c.cfg.Metrics.queued(a.gate.Len())
 	a.mu.Unlock()
-	c.Metrics.admitted("held")
+	c.cfg.Metrics.admitted("held")
 	select {
 	case v := <-r.held:
 		return v.err, nil
@@ -148,28 +151,10 @@ func (r *Request) Admit(ctx context.Context) (*Error, error) {
 	}
 	a.mu.Lock()
 	dropped := a.gate.Drop(func(q *Request) bool { return q == r })
-	c.Metrics.queued(a.gate.Len())
+	c.cfg.Metrics.queued(a.gate.Len())
 	a.mu.Unlock()
 	if !dropped { // released meanwhile: its verdict is in the channel
 		<-r.held
 	}
 	return nil, ctx.Err()
-}
-
-// dispatch makes the router's decision for a request admission releases,
-// so that the next prediction sees it in the backlog; Next hands it on.
-func (r *Request) dispatch(now time.Duration) {
-	c := r.core
-	start := time.Now()
-	t, fb, err := c.Router.Dispatch(now, &r.Route, c.rng, r.fbBuf[:0])
-	if c.Metrics != nil {
-		c.Metrics.decision.Observe(time.Since(start).Seconds())
-	}
-	r.ready = true
-	if err != nil {
-		r.decideErr = err
-		return
-	}
-	r.fallbacks = fb
-	r.ticket, r.active, r.attempts = t, true, 1
 }

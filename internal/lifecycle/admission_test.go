@@ -49,11 +49,11 @@ func chatOf(words int, tag string) []byte {
 // begin dispatches a request past admission: it fills the backlog.
 func begin(t *testing.T, c *Core, body []byte) *Request {
 	t.Helper()
-	r, perr := c.Begin(body, Chat, "", time.Now())
+	r, perr := c.begin(body, Chat, "", time.Now())
 	if perr != nil {
 		t.Fatal(perr.Message)
 	}
-	if _, ok := r.Next(); !ok {
+	if _, ok := r.next(); !ok {
 		t.Fatal("not dispatched")
 	}
 	return r
@@ -66,18 +66,18 @@ func TestAdmissionHoldsUntilTheBacklogClears(t *testing.T) {
 	if big[0].Replica() == big[1].Replica() {
 		t.Fatalf("both on %s", big[0].Replica())
 	}
-	small, perr := c.Begin(chatOf(10, "three"), Chat, "", time.Now())
+	small, perr := c.begin(chatOf(10, "three"), Chat, "", time.Now())
 	if perr != nil {
 		t.Fatal(perr.Message)
 	}
 	type res struct {
-		e   *Error
+		e   *wire.Error
 		err error
 	}
 	got := make(chan res, 1)
-	go func() { e, err := small.Admit(context.Background()); got <- res{e, err} }()
+	go func() { e, err := small.admit(context.Background()); got <- res{e, err} }()
 	deadline := time.Now().Add(3 * time.Second)
-	for testutil.ToFloat64(c.Metrics.queue) != 1 {
+	for testutil.ToFloat64(c.cfg.Metrics.queue) != 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("the small request was not held")
 		}
@@ -89,24 +89,24 @@ func TestAdmissionHoldsUntilTheBacklogClears(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	// One big request gets its first token: its replica's backlog is gone.
-	big[0].Sent(time.Now())
+	big[0].sent = time.Now()
 	big[0].Chunk(&wire.Peek{Token: true}, time.Now())
 	r := <-got
 	if r.e != nil || r.err != nil {
 		t.Fatalf("after the backlog cleared: %+v", r)
 	}
-	id, ok := small.Next()
+	id, ok := small.next()
 	if !ok || id != big[0].Replica() {
 		t.Fatalf("dispatched to %q (%v), want %s", id, ok, big[0].Replica())
 	}
-	if st, _ := c.Router.Replica(id); st.InFlight != 2 {
+	if st, _ := c.cfg.Router.Replica(id); st.InFlight != 2 {
 		t.Errorf("%s has %d in flight, want 2", id, st.InFlight)
 	}
-	if v := testutil.ToFloat64(c.Metrics.admission.WithLabelValues("held")); v != 1 {
+	if v := testutil.ToFloat64(c.cfg.Metrics.admission.WithLabelValues("held")); v != 1 {
 		t.Errorf("held counter %v", v)
 	}
 	for _, r := range append(big, small) {
-		r.End(Outcome{Status: 200}, time.Now())
+		r.end(Outcome{Status: 200}, time.Now())
 	}
 	_ = reg
 }
@@ -115,35 +115,35 @@ func TestAdmissionRefusesAndLetsAClientLeave(t *testing.T) {
 	c, _ := admissionCore(t, admit.ModeReject)
 	begin(t, c, chatOf(6000, "one"))
 	begin(t, c, chatOf(6000, "two"))
-	r, _ := c.Begin(chatOf(10, "three"), Chat, "", time.Now())
-	e, err := r.Admit(context.Background())
+	r, _ := c.begin(chatOf(10, "three"), Chat, "", time.Now())
+	e, err := r.admit(context.Background())
 	if err != nil || e == nil || e.Status != 429 || e.RetryAfter == "" || e.RetryAfter == "0" || !strings.Contains(e.Message, "TTFT SLO") {
 		t.Fatalf("reject mode: %+v %v", e, err)
 	}
-	r.Reject(e)
+	r.reject(e)
 	// Too long even for an idle replica: refused whatever the mode.
 	q, _ := admissionCore(t, admit.ModeQueue)
-	r, _ = q.Begin(chatOf(8000, "huge"), Chat, "", time.Now())
-	if e, _ := r.Admit(context.Background()); e == nil || e.Status != 429 {
+	r, _ = q.begin(chatOf(8000, "huge"), Chat, "", time.Now())
+	if e, _ := r.admit(context.Background()); e == nil || e.Status != 429 {
 		t.Fatalf("a 10k-token prompt with a 60 s SLO at 10 ms a token: %+v", e)
 	}
-	r.Reject(e)
+	r.reject(e)
 	// A client that leaves while held.
 	begin(t, q, chatOf(6000, "one"))
 	begin(t, q, chatOf(6000, "two"))
-	r, _ = q.Begin(chatOf(10, "three"), Chat, "", time.Now())
+	r, _ = q.begin(chatOf(10, "three"), Chat, "", time.Now())
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		for testutil.ToFloat64(q.Metrics.queue) != 1 {
+		for testutil.ToFloat64(q.cfg.Metrics.queue) != 1 {
 			time.Sleep(time.Millisecond)
 		}
 		cancel()
 	}()
-	if e, err := r.Admit(ctx); err == nil || e != nil {
+	if e, err := r.admit(ctx); err == nil || e != nil {
 		t.Fatalf("client gone: %+v %v", e, err)
 	}
-	r.Abandon()
-	if n := testutil.ToFloat64(q.Metrics.queue); n != 0 {
+	r.abandon()
+	if n := testutil.ToFloat64(q.cfg.Metrics.queue); n != 0 {
 		t.Errorf("%v left in the queue", n)
 	}
 }
@@ -167,12 +167,12 @@ func TestNothingIsHeldAfterShutdown(t *testing.T) {
 	cancel()
 	c.RunAdmission(ctx) // returns at once: shut down
 	begin(t, c, chatOf(6000, "one"))
-	r, _ := c.Begin(chatOf(10, "two"), Chat, "", time.Now())
+	r, _ := c.begin(chatOf(10, "two"), Chat, "", time.Now())
 	wait, stop := context.WithTimeout(context.Background(), time.Minute)
 	defer stop()
-	e, gone := r.Admit(wait)
+	e, gone := r.admit(wait)
 	if gone != nil || e == nil || e.Status != 503 {
 		t.Fatalf("held after shutdown: %+v %v", e, gone)
 	}
-	r.Reject(e)
+	r.reject(e)
 }

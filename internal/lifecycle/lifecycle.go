@@ -1,21 +1,22 @@
 // Package lifecycle owns one request's life through a gorgo router, apart
 // from any transport: it reads the request from its body bytes and a few
-// header values, asks the router for a replica and its ranked fallbacks,
-// records each attempt, takes the upstream's events (first token, usage with
-// cached tokens, finish, errors) and feeds them back to the router, the
-// online learner, the metrics and the access log. The HTTP proxy (gorgo
-// serve) is a thin adapter over it; so is any other front end.
+// header values, applies admission, asks the router for a replica and its
+// ranked fallbacks, records each attempt, takes the upstream's events (first
+// token, usage with cached tokens, finish, errors) and feeds them back to the
+// router, the health counters, the online learner, the metrics and the
+// access log. Core.Serve is the one order of those steps; a front end (the
+// HTTP proxy of gorgo serve, the endpoint picker of gorgo epp) supplies only
+// what differs between them, a FrontEnd: how an attempt reaches a replica,
+// how its answer reaches the client, and how a refusal does.
 //
 // Concurrency: a Core is safe for concurrent use; a Request belongs to one
-// goroutine (its front end's handler) from Begin to End.
+// goroutine (the one in Serve) from its start to its end.
 package lifecycle
 
 import (
 	"errors"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,9 +91,10 @@ type Observer interface {
 	Finished(id uint64)
 }
 
-// Core is what the requests of one front end share.
+// Core is what the requests of one router share, whichever front end they
+// came through.
 type Core struct {
-	Config
+	cfg Config
 	// rng is used only inside Router.Dispatch, which serialises decisions.
 	rng  *rand.Rand
 	pool sync.Pool
@@ -102,11 +104,11 @@ type Core struct {
 
 // NewCore returns a Core.
 func NewCore(cfg Config) *Core {
-	c := &Core{Config: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x4f1bbcdcbfa53e0a))}
-	c.MaxAttempts = max(c.MaxAttempts, 1)
-	if c.Fallbacks <= 0 {
-		c.Fallbacks = c.MaxAttempts - 1
+	cfg.MaxAttempts = max(cfg.MaxAttempts, 1)
+	if cfg.Fallbacks <= 0 {
+		cfg.Fallbacks = cfg.MaxAttempts - 1
 	}
+	c := &Core{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x4f1bbcdcbfa53e0a))}
 	if cfg.Admission.SLO > 0 {
 		c.adm = &admission{gate: admit.New[*Request](cfg.Admission), kick: make(chan struct{}, 1)}
 	}
@@ -114,23 +116,30 @@ func NewCore(cfg Config) *Core {
 }
 
 // Now is the router's clock at t.
-func (c *Core) Now(t time.Time) time.Duration { return t.Sub(c.Start) }
+func (c *Core) Now(t time.Time) time.Duration { return t.Sub(c.cfg.Start) }
 
-// Error is why a request could not be served, in OpenAI's terms: an HTTP
-// status, an error type and a message for the client, and for a busy
-// replica its Retry-After.
-type Error struct {
-	Status     int
-	Type       string
-	Message    string
-	RetryAfter string
+// Router is the router the core routes with.
+func (c *Core) Router() *router.Router { return c.cfg.Router }
+
+// Forget drops a replica's series: it left the fleet.
+func (c *Core) Forget(id string) {
+	if c.cfg.Metrics != nil {
+		c.cfg.Metrics.forget(id)
+	}
 }
 
-func (e *Error) Error() string { return e.Message }
+// Status codes the lifecycle answers with (it speaks no HTTP itself).
+const (
+	statusOK          = 200
+	statusBadRequest  = 400
+	statusTooMany     = 429
+	statusClientGone  = 499
+	statusInternal    = 500
+	statusBadGateway  = 502
+	statusUnavailable = 503
+)
 
-func badRequest(err error) *Error {
-	return &Error{Status: http.StatusBadRequest, Type: "BadRequestError", Message: err.Error()}
-}
+func badRequest(err error) *wire.Error { return wire.Errorf(statusBadRequest, "%s", err.Error()) }
 
 // Request is one request's life.
 type Request struct {
@@ -154,7 +163,7 @@ type Request struct {
 	fallbacks []router.Candidate // not tried yet, best first: the tail of fbBuf
 	fbBuf     []router.Candidate
 	attempts  int
-	last      *Error // the last failed attempt's
+	last      *wire.Error // the last failed attempt's
 	decideErr error
 	// held carries admission's verdict to a request it held; ready says
 	// admission dispatched it (Next hands the decision on).
@@ -189,12 +198,12 @@ const (
 	Opaque
 )
 
-// Begin reads a request body of the given kind; session is the client's
-// session header (empty if none). The Request owns body until End.
-func (c *Core) Begin(body []byte, kind Kind, session string, received time.Time) (*Request, *Error) {
+// begin reads a request body of the given kind; session is the client's
+// session header (empty if none). The Request owns body until its end.
+func (c *Core) begin(body []byte, kind Kind, session string, received time.Time) (*Request, *wire.Error) {
 	r, _ := c.pool.Get().(*Request)
 	if r == nil {
-		r = &Request{fbBuf: make([]router.Candidate, 0, c.Fallbacks)}
+		r = &Request{fbBuf: make([]router.Candidate, 0, c.cfg.Fallbacks)}
 	}
 	r.reset(c, received)
 	var err error
@@ -211,12 +220,12 @@ func (c *Core) Begin(body []byte, kind Kind, session string, received time.Time)
 		r.release()
 		return nil, badRequest(err)
 	}
-	text := r.Parsed.Text
-	r.blocks = c.Est.Blocks(text, c.BlockTokens, r.blocks[:0])
+	est, text := c.cfg.Est, r.Parsed.Text
+	r.blocks = est.Blocks(text, c.cfg.BlockTokens, r.blocks[:0])
 	r.Route = policy.Request{
 		SessionKey:      session,
-		PrefixKey:       xxhash.Sum64(text[:min(len(text), c.Est.Bytes(PrefixKeyTokens))]),
-		PromptTokens:    c.Est.Tokens(text),
+		PrefixKey:       xxhash.Sum64(text[:min(len(text), est.Bytes(PrefixKeyTokens))]),
+		PromptTokens:    est.Tokens(text),
 		Blocks:          r.blocks,
 		MaxOutputTokens: max(r.Parsed.MaxTokens, 0),
 	}
@@ -239,11 +248,11 @@ func (r *Request) reset(c *Core, received time.Time) {
 // Stream reports whether the client asked for a stream.
 func (r *Request) Stream() bool { return r.Parsed.Stream }
 
-// Next dispatches the request to its next replica: the router's choice on
+// next dispatches the request to its next replica: the router's choice on
 // the first call, then its fallbacks in rank order, skipping those no
 // longer available, until MaxAttempts replicas were tried. It returns the
-// replica's id, or false when none is left; then Failure says why.
-func (r *Request) Next() (string, bool) {
+// replica's id, or false when none is left; then failure says why.
+func (r *Request) next() (string, bool) {
 	if r.ready { // admission dispatched it
 		r.ready = false
 		if r.decideErr != nil {
@@ -252,31 +261,25 @@ func (r *Request) Next() (string, bool) {
 		r.announce()
 		return r.ticket.ID, true
 	}
-	if r.active || r.attempts >= r.core.MaxAttempts {
+	c := r.core
+	if r.active || r.attempts >= c.cfg.MaxAttempts {
 		return "", false
 	}
-	c := r.core
 	if r.attempts == 0 {
 		start := time.Now()
-		t, fb, err := c.Router.Dispatch(c.Now(start), &r.Route, c.rng, r.fbBuf[:0])
-		if c.Metrics != nil {
-			c.Metrics.decision.Observe(time.Since(start).Seconds())
-		}
-		if err != nil {
-			r.decideErr = err
+		r.dispatch(c.Now(start), start)
+		if r.decideErr != nil {
 			return "", false
 		}
-		r.fallbacks = fb
-		r.ticket, r.active, r.attempts = t, true, 1
 		r.announce()
-		if c.Tap != nil {
-			r.tapID = c.Tap.Decided(start, &r.Route, &r.ticket, fb)
+		if c.cfg.Tap != nil {
+			r.tapID = c.cfg.Tap.Decided(start, &r.Route, &r.ticket, r.fallbacks)
 		}
-		return t.ID, true
+		return r.ticket.ID, true
 	}
 	for len(r.fallbacks) > 0 {
 		fb := &r.fallbacks[0]
-		t, ok := c.Router.Redispatch(c.Now(time.Now()), fb, &r.Route)
+		t, ok := c.cfg.Router.Redispatch(c.Now(time.Now()), fb, &r.Route)
 		r.fallbacks = r.fallbacks[1:]
 		if ok {
 			r.ticket, r.active = t, true
@@ -288,6 +291,20 @@ func (r *Request) Next() (string, bool) {
 	return "", false
 }
 
+// dispatch makes the router's decision at now (start on the wall clock):
+// the ticket of the chosen replica, and the ranked fallbacks.
+func (r *Request) dispatch(now time.Duration, start time.Time) {
+	c := r.core
+	t, fb, err := c.cfg.Router.Dispatch(now, &r.Route, c.rng, r.fbBuf[:0])
+	c.cfg.Metrics.decisionTime(time.Since(start))
+	if err != nil {
+		r.decideErr = err
+		return
+	}
+	r.fallbacks = fb
+	r.ticket, r.active, r.attempts = t, true, 1
+}
+
 // Fallbacks returns the replicas ranked after the current attempt's, best
 // first, that Next has not tried yet.
 func (r *Request) Fallbacks() []router.Candidate { return r.fallbacks }
@@ -295,65 +312,73 @@ func (r *Request) Fallbacks() []router.Candidate { return r.fallbacks }
 // Replica returns the id of the replica of the current attempt.
 func (r *Request) Replica() string { return r.ticket.ID }
 
-// Sent records when the current attempt's request left for the replica.
-func (r *Request) Sent(at time.Time) { r.sent = at }
-
-// Failed records that the current attempt failed before anything reached
-// the client: the replica is free of it, and Next may try another. broken
+// failed records that the current attempt failed before anything reached
+// the client: the replica is free of it, and next may try another. broken
 // says the failure was the replica's fault (it counts against its health);
 // a busy replica (503, 429) is not broken.
-func (r *Request) Failed(e *Error, broken bool) {
+func (r *Request) failed(e *wire.Error, broken bool) {
 	c := r.core
-	c.Router.Finish(&r.ticket)
-	c.kickAdmission()
-	r.announceEnd()
-	r.active = false
+	r.free()
 	r.last = e
-	if c.Metrics != nil {
-		c.Metrics.retries.WithLabelValues(r.ticket.ID).Inc()
-	}
-	if broken && c.Health != nil {
-		c.Health.Failure(r.ticket.ID)
+	c.cfg.Metrics.retried(r.ticket.ID)
+	if broken && c.cfg.Health != nil {
+		c.cfg.Health.Failure(r.ticket.ID)
 	}
 }
 
-// Failure is why no replica served the request, once Next returned false.
-func (r *Request) Failure() *Error {
+// failure is why no replica served the request, once next returned false.
+func (r *Request) failure() *wire.Error {
 	switch {
 	case r.last != nil:
 		e := *r.last
-		if e.RetryAfter == "" && (e.Status == http.StatusServiceUnavailable || e.Status == http.StatusTooManyRequests) {
+		if e.RetryAfter == "" && (e.Status == statusUnavailable || e.Status == statusTooMany) {
 			e.RetryAfter = "1"
 		}
 		return &e
 	case r.decideErr != nil && !errors.Is(r.decideErr, policy.ErrNoReplica):
-		return &Error{Status: http.StatusInternalServerError, Type: "InternalServerError", Message: "routing failed: " + r.decideErr.Error()}
+		return wire.Errorf(statusInternal, "routing failed: %v", r.decideErr)
 	}
-	return &Error{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailableError", Message: "no available replica", RetryAfter: "5"}
+	e := wire.Errorf(statusUnavailable, "no available replica")
+	e.RetryAfter = "5"
+	return e
 }
 
-// Accepted records that the replica took the request (its answer is being
+// accepted records that the replica took the request (its answer is being
 // relayed): its prompt now enters the replica's share of the prefix index.
-func (r *Request) Accepted() {
+func (r *Request) accepted() {
 	c := r.core
-	c.Router.Accepted(&r.ticket, &r.Route)
-	c.Metrics.decided(r.ticket.Terms)
+	c.cfg.Router.Accepted(&r.ticket, &r.Route)
+	c.cfg.Metrics.decided(r.ticket.Terms)
+}
+
+// free takes the current attempt out of the replica's ledger (it failed,
+// or the request ended): admission hears the fleet changed, and the
+// Observer that the attempt ended.
+func (r *Request) free() {
+	if !r.active {
+		return
+	}
+	c := r.core
+	c.cfg.Router.Finish(&r.ticket)
+	c.kickAdmission()
+	r.announceEnd()
+	r.active = false
 }
 
 // announce tells the Observer that the current attempt went to its
 // replica: at dispatch, so that other routers count it while it is
 // prefilled (a non-streaming answer's headers come only with its end).
 func (r *Request) announce() {
-	if c := r.core; c.Observer != nil && r.attempt == 0 {
+	if c := r.core; c.cfg.Observer != nil && r.attempt == 0 {
 		r.attempt = c.ids.Add(1)
-		c.Observer.Dispatched(r.attempt, r.ticket.ID, &r.Route)
+		c.cfg.Observer.Dispatched(r.attempt, r.ticket.ID, &r.Route)
 	}
 }
 
 // announceEnd tells the Observer that the announced attempt ended.
 func (r *Request) announceEnd() {
 	if r.attempt != 0 {
-		r.core.Observer.Finished(r.attempt)
+		r.core.cfg.Observer.Finished(r.attempt)
 		r.attempt = 0
 	}
 }
@@ -362,11 +387,12 @@ func (r *Request) announceEnd() {
 func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 	if p.Token {
 		if r.first.IsZero() {
+			c := r.core
 			r.first = at
-			r.core.Router.FirstToken(&r.ticket, at.Sub(r.sent))
-			r.core.kickAdmission()
+			c.cfg.Router.FirstToken(&r.ticket, at.Sub(r.sent))
+			c.kickAdmission()
 			if r.attempt != 0 {
-				r.core.Observer.FirstToken(r.attempt)
+				c.cfg.Observer.FirstToken(r.attempt)
 			}
 		}
 		r.lastTok = at
@@ -391,133 +417,7 @@ func (r *Request) Complete(completionTokens, cached int) {
 	r.done = true
 }
 
-// Outcome is how a request ended, for End.
-type Outcome struct {
-	// Status is the replica's HTTP status.
-	Status int
-	// ClientGone: the client went away before the answer was complete.
-	ClientGone bool
-	// Err is the upstream's failure after the answer started (a broken or
-	// stalled stream); nil if it ended well.
-	Err error
-}
-
-// End closes the request at at: the replica's ledger is freed, its cached
-// report corrects the index, the learner hears the outcome, and the metrics
-// and the access log record it. It returns the status to log (499 for a
-// client that left, 502 for a broken answer) and recycles the Request: do
-// not use it after.
-func (r *Request) End(o Outcome, at time.Time) int {
-	c := r.core
-	status := o.Status
-	switch {
-	case r.done: // complete, whatever the client or the replica does now
-		o.Err = nil
-	case o.ClientGone:
-		status = 499
-	case o.Err != nil:
-		status = http.StatusBadGateway
-		if c.Health != nil {
-			c.Health.Failure(r.ticket.ID)
-		}
-	}
-	if r.active {
-		if status == http.StatusOK && r.done {
-			// The token gap only from a stream of at least two token
-			// events; the length from any complete answer.
-			var decode time.Duration
-			if r.tokens > 1 {
-				decode = r.lastTok.Sub(r.first)
-			}
-			c.Router.Decoded(&r.ticket, r.outputTokens(), decode)
-		}
-		c.Router.Finish(&r.ticket)
-		c.kickAdmission()
-		r.announceEnd()
-		if r.cached >= 0 && status == http.StatusOK {
-			c.Router.CachedReport(&r.ticket, r.cached)
-		}
-	}
-	id := r.ticket.ID
-	ok := status == http.StatusOK
-	if ok && c.Health != nil {
-		c.Health.Success(id)
-	}
-	if m := c.Metrics; m != nil {
-		m.requests.WithLabelValues(id, statusText(status)).Inc()
-		if ok {
-			m.e2e.WithLabelValues(id).Observe(at.Sub(r.Received).Seconds())
-			if !r.first.IsZero() {
-				m.ttft.WithLabelValues(id).Observe(r.first.Sub(r.Received).Seconds())
-			}
-		}
-	}
-	// Only a stream says when its first token came: a non-streaming answer
-	// is timed by its end, which is no TTFT.
-	if l, isLearner := c.Router.Policy().(policy.Learner); isLearner && r.Parsed.Stream && r.active && status != 499 {
-		out := policy.Outcome{Failed: !ok || r.first.IsZero()}
-		if !out.Failed {
-			out.TTFT, out.E2E = r.first.Sub(r.sent), at.Sub(r.sent)
-			if r.tokens > 1 {
-				out.ITL = r.lastTok.Sub(r.first) / time.Duration(r.tokens-1)
-			}
-		}
-		l.Learn(r.ticket.Tag, out)
-	}
-	if c.Tap != nil && r.tapID != 0 {
-		var ttft time.Duration
-		if !r.first.IsZero() {
-			ttft = r.first.Sub(r.Received)
-		}
-		c.Tap.Ended(r.tapID, id, status, ttft, at.Sub(r.Received))
-	}
-	if c.Log != nil {
-		attrs := []any{"replica", id, "status", status, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
-			"est_cached_tokens", r.ticket.EstCachedTokens, "cached_tokens", r.cached, "output_tokens", r.outputTokens(),
-			"attempts", r.attempts, "e2e_ms", ms(at.Sub(r.Received))}
-		if !r.first.IsZero() {
-			attrs = append(attrs, "ttft_ms", ms(r.first.Sub(r.Received)))
-		}
-		if o.Err != nil {
-			attrs = append(attrs, "error", o.Err.Error())
-		}
-		c.Log.Info("request", attrs...)
-	}
-	r.release()
-	return status
-}
-
-// Reject closes a request no replica served (after Next returned false):
-// it records the failure and recycles the Request.
-func (r *Request) Reject(e *Error) {
-	c := r.core
-	if c.Metrics != nil {
-		c.Metrics.requests.WithLabelValues("", statusText(e.Status)).Inc()
-	}
-	if c.Log != nil {
-		c.Log.Info("request", "replica", "", "status", e.Status, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
-			"attempts", r.attempts, "error", e.Message)
-	}
-	r.release()
-}
-
-// Abandon closes a request whose client went away while no replica was
-// serving it.
-func (r *Request) Abandon() {
-	if r.active {
-		r.core.Router.Finish(&r.ticket)
-		r.core.kickAdmission()
-		r.announceEnd()
-		r.active = false
-	}
-	if m := r.core.Metrics; m != nil {
-		m.requests.WithLabelValues(r.ticket.ID, "499").Inc()
-	}
-	r.release()
-}
-
-// Discard recycles a request that was only read (a dry run); call it
-// before Next.
+// Discard recycles a request that was only read (a dry run, see DryRun).
 func (r *Request) Discard() { r.release() }
 
 // pooledBytes is the largest buffer a recycled Request keeps: one huge
@@ -530,24 +430,4 @@ func (r *Request) release() {
 		r.Parsed.Text, r.spliced, r.blocks = nil, nil, nil
 	}
 	r.core.pool.Put(r)
-}
-
-func (r *Request) outputTokens() int {
-	if r.completionTokens > 0 {
-		return r.completionTokens
-	}
-	return r.tokens
-}
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-var statusTexts sync.Map // int -> string
-
-func statusText(code int) string {
-	if s, ok := statusTexts.Load(code); ok {
-		return s.(string)
-	}
-	s := fmt.Sprint(code)
-	statusTexts.Store(code, s)
-	return s
 }

@@ -59,40 +59,40 @@ const chat = `{"model":"m","messages":[{"role":"user","content":"` + "a question
 func TestLifeOfAStreamedRequest(t *testing.T) {
 	c, l, h, reg := setup(t)
 	t0 := time.Unix(100, 0)
-	r, err := c.Begin([]byte(chat), Chat, "session-1", t0)
+	r, err := c.begin([]byte(chat), Chat, "session-1", t0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !r.Stream() || !r.HideUsage || !bytes.Contains(r.Body, []byte(`"include_usage":true`)) || r.Route.SessionKey != "session-1" || r.Route.MaxOutputTokens != 8 {
 		t.Fatalf("request %+v, body %s", r.Route, r.Body)
 	}
-	id, ok := r.Next()
+	id, ok := r.next()
 	if !ok || id != "a" {
 		t.Fatalf("first attempt on %q", id)
 	}
 	if fb := r.Fallbacks(); len(fb) != 2 || fb[0].ID != "b" || fb[1].ID != "c" {
 		t.Fatalf("fallbacks %+v", fb)
 	}
-	r.Sent(t0)
-	r.Failed(&Error{Status: 502, Message: "refused"}, true)
-	if st, _ := c.Router.Replica("a"); st.InFlight != 0 {
+	r.sent = t0
+	r.failed(&wire.Error{Status: 502, Message: "refused"}, true)
+	if st, _ := c.cfg.Router.Replica("a"); st.InFlight != 0 {
 		t.Errorf("a failed attempt stays in a's ledger: %+v", st)
 	}
-	if id, ok = r.Next(); !ok || id != "b" {
+	if id, ok = r.next(); !ok || id != "b" {
 		t.Fatalf("second attempt on %q", id)
 	}
-	r.Sent(t0.Add(time.Millisecond))
-	r.Accepted()
+	r.sent = t0.Add(time.Millisecond)
+	r.accepted()
 	tok := wire.PeekChunk([]byte(`{"choices":[{"delta":{"content":"hi"}}]}`))
 	r.Chunk(&tok, t0.Add(61*time.Millisecond))
 	r.Chunk(&tok, t0.Add(71*time.Millisecond))
 	usage := wire.PeekChunk([]byte(`{"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}`))
 	r.Chunk(&usage, t0.Add(72*time.Millisecond))
 	r.Done()
-	if status := r.End(Outcome{Status: 200, ClientGone: true}, t0.Add(80*time.Millisecond)); status != 200 {
+	if status := r.end(Outcome{Status: 200, ClientGone: true}, t0.Add(80*time.Millisecond)); status != 200 {
 		t.Errorf("a complete answer whose client left after it: status %d, want 200", status)
 	}
-	st, _ := c.Router.Replica("b")
+	st, _ := c.cfg.Router.Replica("b")
 	if st.InFlight != 0 || st.BacklogTokens != 0 || st.IndexBlocks == 0 {
 		t.Errorf("b after the request: %+v", st)
 	}
@@ -110,9 +110,9 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 		var v float64
 		switch m.name {
 		case "gorgo_requests_total":
-			v = testutil.ToFloat64(c.Metrics.requests.WithLabelValues(m.labels...))
+			v = testutil.ToFloat64(c.cfg.Metrics.requests.WithLabelValues(m.labels...))
 		default:
-			v = testutil.ToFloat64(c.Metrics.retries.WithLabelValues(m.labels...))
+			v = testutil.ToFloat64(c.cfg.Metrics.retries.WithLabelValues(m.labels...))
 		}
 		if v != m.want {
 			t.Errorf("%s%v = %v, want %v", m.name, m.labels, v, m.want)
@@ -125,31 +125,31 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 // with no replica at all, a 503.
 func TestNoReplicaLeft(t *testing.T) {
 	c, _, _, _ := setup(t)
-	r, _ := c.Begin([]byte(chat), Chat, "", time.Unix(1, 0))
+	r, _ := c.begin([]byte(chat), Chat, "", time.Unix(1, 0))
 	for range 3 {
-		if _, ok := r.Next(); !ok {
+		if _, ok := r.next(); !ok {
 			t.Fatal("fewer than 3 attempts")
 		}
-		r.Failed(&Error{Status: 503, Type: "ServiceUnavailableError", Message: "busy", RetryAfter: "2"}, false)
+		r.failed(&wire.Error{Status: 503, Type: "ServiceUnavailableError", Message: "busy", RetryAfter: "2"}, false)
 	}
-	if _, ok := r.Next(); ok {
+	if _, ok := r.next(); ok {
 		t.Fatal("a fourth attempt beyond MaxAttempts")
 	}
-	if e := r.Failure(); e.Status != 503 || e.RetryAfter != "2" {
+	if e := r.failure(); e.Status != 503 || e.RetryAfter != "2" {
 		t.Errorf("failure %+v", e)
 	}
-	r.Reject(r.Failure())
+	r.reject(r.failure())
 	for _, id := range []string{"a", "b", "c"} {
-		c.Router.Drain(id)
+		c.cfg.Router.Drain(id)
 	}
-	r, _ = c.Begin([]byte(chat), Chat, "", time.Unix(1, 0))
-	if _, ok := r.Next(); ok {
+	r, _ = c.begin([]byte(chat), Chat, "", time.Unix(1, 0))
+	if _, ok := r.next(); ok {
 		t.Fatal("routed with every replica drained")
 	}
-	if e := r.Failure(); e.Status != http.StatusServiceUnavailable || !strings.Contains(e.Message, "no available replica") {
+	if e := r.failure(); e.Status != http.StatusServiceUnavailable || !strings.Contains(e.Message, "no available replica") {
 		t.Errorf("failure %+v", e)
 	}
-	r.Reject(r.Failure())
+	r.reject(r.failure())
 }
 
 // Bad bodies are refused before routing, with the parser's message.
@@ -165,7 +165,7 @@ func TestBeginRefusesBadBodies(t *testing.T) {
 		if strings.Contains(body, "messages") {
 			kind = Chat
 		}
-		r, err := c.Begin([]byte(body), kind, "", time.Now())
+		r, err := c.begin([]byte(body), kind, "", time.Now())
 		if want == "" {
 			// "user\n\n" is a prompt: a chat has its roles.
 			if err != nil {
@@ -186,20 +186,20 @@ func TestBeginRefusesBadBodies(t *testing.T) {
 func TestEndings(t *testing.T) {
 	c, l, h, _ := setup(t)
 	t0 := time.Unix(5, 0)
-	r, _ := c.Begin([]byte(chat), Chat, "", t0)
-	r.Next()
-	r.Sent(t0)
-	r.Accepted()
-	if s := r.End(Outcome{Status: 200, ClientGone: true}, t0.Add(time.Second)); s != 499 {
+	r, _ := c.begin([]byte(chat), Chat, "", t0)
+	r.next()
+	r.sent = t0
+	r.accepted()
+	if s := r.end(Outcome{Status: 200, ClientGone: true}, t0.Add(time.Second)); s != 499 {
 		t.Errorf("client gone: %d", s)
 	}
-	r, _ = c.Begin([]byte(chat), Chat, "", t0)
-	r.Next()
-	r.Sent(t0)
-	r.Accepted()
+	r, _ = c.begin([]byte(chat), Chat, "", t0)
+	r.next()
+	r.sent = t0
+	r.accepted()
 	tok := wire.PeekChunk([]byte(`{"choices":[{"delta":{"content":"hi"}}]}`))
 	r.Chunk(&tok, t0.Add(time.Millisecond))
-	if s := r.End(Outcome{Status: 200, Err: errBroken}, t0.Add(time.Second)); s != 502 {
+	if s := r.end(Outcome{Status: 200, Err: errBroken}, t0.Add(time.Second)); s != 502 {
 		t.Errorf("broken: %d", s)
 	}
 	if len(h.failures) != 1 || len(l.outcomes) != 1 || !l.outcomes[0].Failed {
@@ -207,18 +207,18 @@ func TestEndings(t *testing.T) {
 	}
 }
 
-var errBroken = &Error{Message: "connection reset"}
+var errBroken = &wire.Error{Message: "connection reset"}
 
 // The access log has one line per request.
 func TestAccessLogLine(t *testing.T) {
 	c, _, _, _ := setup(t)
 	var buf bytes.Buffer
-	c.Log = slog.New(slog.NewTextHandler(&buf, nil))
-	r, _ := c.Begin([]byte(strings.Replace(chat, `"stream":true`, `"stream":false`, 1)), Chat, "", time.Unix(0, 0))
-	r.Next()
-	r.Accepted()
+	c.cfg.Log = slog.New(slog.NewTextHandler(&buf, nil))
+	r, _ := c.begin([]byte(strings.Replace(chat, `"stream":true`, `"stream":false`, 1)), Chat, "", time.Unix(0, 0))
+	r.next()
+	r.accepted()
 	r.Complete(wire.PeekBody([]byte(`{"usage":{"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":16}}}`)))
-	r.End(Outcome{Status: 200}, time.Unix(0, int64(3*time.Millisecond)))
+	r.end(Outcome{Status: 200}, time.Unix(0, int64(3*time.Millisecond)))
 	line := buf.String()
 	for _, want := range []string{"replica=a", "status=200", "stream=false", "cached_tokens=16", "output_tokens=7", "e2e_ms=3"} {
 		if !strings.Contains(line, want) {
@@ -243,16 +243,16 @@ func BenchmarkLifecycle(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		now := time.Now()
-		r, err := c.Begin(body, Chat, "", now)
+		r, err := c.begin(body, Chat, "", now)
 		if err != nil {
 			b.Fatal(err)
 		}
-		r.Next()
-		r.Sent(now)
-		r.Accepted()
+		r.next()
+		r.sent = now
+		r.accepted()
 		r.Chunk(&tok, now)
 		r.Done()
-		r.End(Outcome{Status: 200}, now)
+		r.end(Outcome{Status: 200}, now)
 	}
 }
 
@@ -269,7 +269,7 @@ func BenchmarkBegin(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				r, err := c.Begin(body, Chat, "", time.Time{})
+				r, err := c.begin(body, Chat, "", time.Time{})
 				if err != nil {
 					b.Fatal(err)
 				}

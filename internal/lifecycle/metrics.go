@@ -1,6 +1,8 @@
 package lifecycle
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
@@ -44,18 +46,39 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// Forget drops a replica's series (it left the fleet).
-func (m *Metrics) Forget(id string) {
+// forget drops a replica's series (it left the fleet).
+func (m *Metrics) forget(id string) {
 	m.requests.DeletePartialMatch(prometheus.Labels{"replica": id})
 	m.retries.DeleteLabelValues(id)
 	m.ttft.DeleteLabelValues(id)
 	m.e2e.DeleteLabelValues(id)
 }
 
-// Refused counts a request refused before it was routed (bad input).
-func (m *Metrics) Refused(status int) {
+// ended counts a request that ended with status on replica id ("" for
+// none); a served one's TTFT (noTTFT if it had no first token) and E2E go
+// to the histograms.
+func (m *Metrics) ended(id string, status int, ttft, e2e time.Duration) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(id, statusText(status)).Inc()
+	if status == statusOK {
+		m.e2e.WithLabelValues(id).Observe(e2e.Seconds())
+		if ttft != noTTFT {
+			m.ttft.WithLabelValues(id).Observe(ttft.Seconds())
+		}
+	}
+}
+
+func (m *Metrics) retried(id string) {
 	if m != nil {
-		m.requests.WithLabelValues("", statusText(status)).Inc()
+		m.retries.WithLabelValues(id).Inc()
+	}
+}
+
+func (m *Metrics) decisionTime(d time.Duration) {
+	if m != nil {
+		m.decision.Observe(d.Seconds())
 	}
 }
 

@@ -50,6 +50,16 @@ type Tunable interface {
 	SetParams(Values) error
 }
 
+// A Tuner is a policy that tunes another's parameters as it routes (the
+// online tuner): they are shown, not set.
+type Tuner interface {
+	Policy
+	// Base names the policy whose parameters it tunes.
+	Base() string
+	// Incumbent returns the best values so far.
+	Incumbent() Values
+}
+
 // Param returns the policy's parameter of that name.
 func (i Info) Param(name string) (Param, bool) {
 	k := slices.IndexFunc(i.Params, func(p Param) bool { return p.Name == name })

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/httpapi"
 )
 
 // AuthConfig is client authentication: API keys, and what reaches the
@@ -55,11 +57,11 @@ func (a AuthConfig) validate() error {
 }
 
 // keys reads the client API keys (none without keys_file).
-func (a AuthConfig) keys() ([]token, error) {
+func (a AuthConfig) keys() ([]httpapi.Token, error) {
 	if a.KeysFile == "" {
 		return nil, nil
 	}
-	return readTokens(a.KeysFile, "auth.keys_file")
+	return httpapi.ReadTokens(a.KeysFile, "auth.keys_file")
 }
 
 // RateLimitConfig limits the rate of requests to the OpenAI API.
@@ -134,10 +136,10 @@ func clientKey(r *http.Request) string {
 func (s *Server) guard(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if keys := *s.keys.Load(); len(keys) > 0 {
-			name := match(r, keys)
+			name := httpapi.Match(r, keys)
 			if name == "" {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="gorgo"`)
-				writeError(w, http.StatusUnauthorized, "AuthenticationError", "a valid API key is required (Authorization: Bearer KEY)")
+				httpapi.Error(w, http.StatusUnauthorized, "a valid API key is required (Authorization: Bearer KEY)")
 				return
 			}
 			r = r.WithContext(context.WithValue(r.Context(), keyName{}, name))
@@ -145,7 +147,7 @@ func (s *Server) guard(h http.HandlerFunc) http.HandlerFunc {
 		if wait, ok := s.limits.Load().reserve(clientKey(r)); !ok {
 			s.m.refused.WithLabelValues("rate_limit").Inc()
 			w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(wait.Seconds())))))
-			writeError(w, http.StatusTooManyRequests, "RateLimitError", "rate limit exceeded: try again in %v", wait.Round(time.Millisecond))
+			httpapi.Error(w, http.StatusTooManyRequests, "rate limit exceeded: try again in %v", wait.Round(time.Millisecond))
 			return
 		}
 		h(w, r)
@@ -153,27 +155,15 @@ func (s *Server) guard(h http.HandlerFunc) http.HandlerFunc {
 }
 
 // upstreamAuth sets what reaches replica u in Authorization.
-func (s *Server) upstreamAuth(h http.Header, u *upstream) {
+func (s *Server) upstreamAuth(h http.Header, u *fleet.Upstream) {
 	switch s.cfg.Load().Auth.Upstream {
 	case upstreamDrop:
 		delete(h, "Authorization")
 	case upstreamReplica:
-		if u.apiKey == "" {
+		if u.APIKey() == "" {
 			delete(h, "Authorization")
 		} else {
-			h["Authorization"] = []string{"Bearer " + u.apiKey}
+			h["Authorization"] = []string{"Bearer " + u.APIKey()}
 		}
 	}
-}
-
-// replicaKey reads a replica's API key from its environment variable.
-func replicaKey(rc ReplicaConfig) (string, error) {
-	if rc.APIKeyEnv == "" {
-		return "", nil
-	}
-	k := os.Getenv(rc.APIKeyEnv)
-	if k == "" {
-		return "", fmt.Errorf("replica %s: api_key_env: $%s is unset or empty", rc.ID, rc.APIKeyEnv)
-	}
-	return k, nil
 }

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 )
 
 // upstreamSeeing is a replica that answers every completion and records
@@ -47,7 +49,7 @@ func keysFile(t *testing.T, lines string) string {
 // reach the replica.
 func TestClientAPIKeys(t *testing.T) {
 	up, seen := upstreamSeeing(t)
-	_, url := startProxy(t, Config{Auth: AuthConfig{KeysFile: keysFile(t, "team-a sk-aaaaaaaaaaaaaaaaaaaa\n")}}, up)
+	_, url := startProxy(t, testConfig{Proxy: Config{Auth: AuthConfig{KeysFile: keysFile(t, "team-a sk-aaaaaaaaaaaaaaaaaaaa\n")}}}, up)
 	body := chatBody("hi", 1, false)
 	for _, h := range [][]string{nil, {"Authorization", "Bearer sk-wrong-wrong-wrong-wrong"}} {
 		if code, b := do(t, "POST", url+"/v1/chat/completions", body, h...); code != 401 || !strings.Contains(b, `"code":401`) {
@@ -76,15 +78,14 @@ func TestUpstreamAuthorization(t *testing.T) {
 		policy, want string
 	}{{upstreamPass, "Bearer client-token"}, {upstreamDrop, ""}, {upstreamReplica, "Bearer engine-secret"}} {
 		up, seen := upstreamSeeing(t)
-		cfg := Config{Auth: AuthConfig{Upstream: c.policy}, ProbeInterval: time.Hour,
-			Replicas: []ReplicaConfig{{ID: "a", URL: up.url, APIKeyEnv: "GORGO_TEST_REPLICA_KEY"}}}
+		cfg := testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Replicas: []fleet.ReplicaConfig{{ID: "a", URL: up.URL, APIKeyEnv: "GORGO_TEST_REPLICA_KEY"}}}, Proxy: Config{Auth: AuthConfig{Upstream: c.policy}}}
 		_, url := startProxy(t, cfg)
 		do(t, "POST", url+"/v1/chat/completions", chatBody("hi", 1, false), "Authorization", "Bearer client-token")
 		if got := seen(); len(got) != 1 || got[0] != c.want {
 			t.Errorf("%s: the replica saw %q, want %q", c.policy, got, c.want)
 		}
 	}
-	if err := (Config{Auth: AuthConfig{Upstream: "forge"}, Replicas: []ReplicaConfig{{URL: "http://x"}}}).Defaults().Validate(); err == nil {
+	if err := (Config{Auth: AuthConfig{Upstream: "forge"}}).Defaults().Validate(); err == nil {
 		t.Error("an unknown upstream policy accepted")
 	}
 }
@@ -94,7 +95,7 @@ func TestUpstreamAuthorization(t *testing.T) {
 func TestRateLimit(t *testing.T) {
 	up, _ := upstreamSeeing(t)
 	keys := keysFile(t, "a sk-aaaaaaaaaaaaaaaaaaaa\nb sk-bbbbbbbbbbbbbbbbbbbb\n")
-	_, url := startProxy(t, Config{Auth: AuthConfig{KeysFile: keys}, RateLimit: RateLimitConfig{RequestsPerSecond: 0.001, Burst: 2, PerKey: true}}, up)
+	_, url := startProxy(t, testConfig{Proxy: Config{Auth: AuthConfig{KeysFile: keys}, RateLimit: RateLimitConfig{RequestsPerSecond: 0.001, Burst: 2, PerKey: true}}}, up)
 	send := func(key string) (int, string) {
 		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(chatBody("hi", 1, false)))
 		req.Header.Set("Authorization", "Bearer "+key)

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,7 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
 )
 
 // ttft sends a streaming request and returns the time to its first content chunk.
@@ -46,7 +47,7 @@ func ttft(b *testing.B, client *http.Client, url, body string) time.Duration {
 // through the proxy (parsing, hashing, routing, forwarding, streaming back).
 func BenchmarkProxyOverhead(b *testing.B) {
 	rep := startReplica(b, 0, emulator.Faults{})
-	_, url := startProxy(b, Config{}, rep)
+	_, url := startProxy(b, testConfig{}, rep)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 	for _, tokens := range []int{1000, 16000} {
 		b.Run(map[int]string{1000: "prompt=1k", 16000: "prompt=16k"}[tokens], func(b *testing.B) {
@@ -57,7 +58,7 @@ func BenchmarkProxyOverhead(b *testing.B) {
 				// neither path hits a cache.
 				filler := strings.Repeat("word ", tokens*4/5)
 				i++
-				direct = append(direct, float64(ttft(b, client, rep.url, chatBody(fmt.Sprintf("direct %d %s", i, filler), 2, true)))/1e6)
+				direct = append(direct, float64(ttft(b, client, rep.URL, chatBody(fmt.Sprintf("direct %d %s", i, filler), 2, true)))/1e6)
 				proxied = append(proxied, float64(ttft(b, client, url, chatBody(fmt.Sprintf("proxied %d %s", i, filler), 2, true)))/1e6)
 			}
 			slices.Sort(direct)
@@ -69,58 +70,29 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	}
 }
 
-// cannedUpstream answers every completion at once with a canned answer: a
-// chat.completion, or 17 content chunks, a finish chunk, a usage chunk and
-// [DONE] (21 events), each flushed on its own.
-func cannedUpstream(b *testing.B) string {
-	b.Helper()
-	body := `{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"canned"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1000,"completion_tokens":17,"total_tokens":1017,"prompt_tokens_details":{"cached_tokens":0}}}`
-	var events []string
-	events = append(events, `data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\n\n")
-	for range 17 {
-		events = append(events, `data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":" tok"}}]}`+"\n\n")
-	}
-	events = append(events, `data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n",
-		`data: {"id":"x","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":17,"prompt_tokens_details":{"cached_tokens":0}}}`+"\n\n",
-		"data: [DONE]\n\n")
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		data, _ := io.ReadAll(r.Body)
-		if r.URL.Path == "/health" {
-			return
-		}
-		if !bytes.Contains(data, []byte(`"stream":true`)) {
-			w.Header().Set("Content-Type", "application/json")
-			io.WriteString(w, body)
-			return
-		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		for _, e := range events {
-			io.WriteString(w, e)
-			w.(http.Flusher).Flush()
-		}
-	}))
-	b.Cleanup(srv.Close)
-	return srv.URL
-}
-
 // BenchmarkProxyRequests is the proxy's request path under concurrent
 // load, against a canned upstream: ~1k-token chat requests (4 KB bodies),
 // non-streaming and streaming (21 events), through 1 or 16 replicas. The
 // figure is the client's, upstream's and proxy's CPU together (one
 // process); profile it to see the proxy's share.
 func BenchmarkProxyRequests(b *testing.B) {
-	up := cannedUpstream(b)
+	up := servetest.Canned(b)
 	for _, replicas := range []int{1, 16} {
-		var cfg Config
+		var cfg fleet.Config
 		for i := range replicas {
-			cfg.Replicas = append(cfg.Replicas, ReplicaConfig{ID: fmt.Sprint("r", i), URL: up, Profile: "paper"})
+			cfg.Replicas = append(cfg.Replicas, fleet.ReplicaConfig{ID: fmt.Sprint("r", i), URL: up, Profile: "paper"})
 		}
-		cfg.ProbeInterval, cfg.ScrapeInterval, cfg.Admin.Listen = time.Hour, time.Hour, AdminOff
-		s, err := New(cfg, nil, prometheus.NewRegistry(), "", nil)
+		cfg.ProbeInterval, cfg.ScrapeInterval = time.Hour, time.Hour
+		reg := prometheus.NewRegistry()
+		f, err := fleet.New(cfg, fleet.Options{Registry: reg})
 		if err != nil {
 			b.Fatal(err)
 		}
-		s.ProbeOnce(context.Background())
+		s, err := New(f, Config{}, reg, reg, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		f.ProbeOnce(context.Background())
 		ts := httptest.NewServer(s.Handler())
 		for _, stream := range []bool{false, true} {
 			b.Run(fmt.Sprintf("replicas=%d/stream=%v", replicas, stream), func(b *testing.B) {
@@ -158,7 +130,7 @@ func BenchmarkProxyRequests(b *testing.B) {
 func BenchmarkThousandStreams(b *testing.B) {
 	reps := []*replica{startReplica(b, 5*time.Millisecond, emulator.Faults{}), startReplica(b, 20*time.Millisecond, emulator.Faults{}),
 		startReplica(b, 40*time.Millisecond, emulator.Faults{})}
-	_, url := startProxy(b, Config{MaxInFlight: 2000}, reps...)
+	_, url := startProxy(b, testConfig{Proxy: Config{MaxInFlight: 2000}}, reps...)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1000}}
 	heap := func() float64 {
 		runtime.GC()
@@ -224,7 +196,7 @@ func BenchmarkCancelOnClientGone(b *testing.B) {
 		}
 	}))
 	b.Cleanup(up.Close)
-	_, url := startProxy(b, Config{ProbeInterval: time.Hour}, &replica{url: up.URL})
+	_, url := startProxy(b, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, fakeReplica(up.URL))
 	var lat []float64
 	for b.Loop() {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -243,84 +215,4 @@ func BenchmarkCancelOnClientGone(b *testing.B) {
 	slices.Sort(lat)
 	b.ReportMetric(report.Percentile(lat, 0.5), "cancel-p50-ms")
 	b.ReportMetric(lat[len(lat)-1], "cancel-max-ms")
-}
-
-// BenchmarkLiveView is a streamed ~1k-token request through the proxy to
-// a canned upstream, one at a time, with the live view closed and open (a
-// page reading /admin/ui/stream, a snapshot a second).
-func BenchmarkLiveView(b *testing.B) {
-	up := cannedUpstream(b)
-	cfg := Config{ProbeInterval: time.Second, ScrapeInterval: time.Hour}
-	for i := range 16 {
-		cfg.Replicas = append(cfg.Replicas, ReplicaConfig{ID: fmt.Sprintf("r%d", i), URL: up, Region: fmt.Sprintf("g%d", i%3), Profile: "paper"})
-	}
-	s, url := startProxy(b, cfg)
-	admin := adminURL(b, s)
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
-	body := chatBody(strings.Repeat("a few words of a prompt ", 160), 17, true)
-	run := func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
-			if err != nil {
-				b.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-	}
-	b.Run("view=closed", run)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, admin+"/admin/ui/stream", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var snapshots atomic.Int64
-	go func() {
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(nil, 1<<24)
-		for sc.Scan() {
-			if strings.HasPrefix(sc.Text(), "data: ") {
-				snapshots.Add(1)
-			}
-		}
-	}()
-	b.Run("view=open", run)
-	if snapshots.Load() == 0 {
-		b.Error("the open view received no snapshot")
-	}
-}
-
-// BenchmarkLiveViewSnapshot is the live view's snapshot of a 1,000-replica
-// fleet (built and encoded once a second per page open), with 15 minutes
-// of history and 50 decisions.
-func BenchmarkLiveViewSnapshot(b *testing.B) {
-	up := cannedUpstream(b)
-	cfg := Config{ProbeInterval: time.Hour, ScrapeInterval: time.Hour}
-	for i := range 1000 {
-		cfg.Replicas = append(cfg.Replicas, ReplicaConfig{ID: fmt.Sprintf("r%04d", i), URL: up, Region: fmt.Sprintf("g%d", i%12), Profile: "paper"})
-	}
-	s, _ := startProxy(b, cfg)
-	now := time.Now()
-	for i := range historyPoints {
-		share := map[string]float64{}
-		for j := range 8 {
-			share[fmt.Sprintf("r%04d", (i+j)%1000)] = 0.125
-		}
-		s.dash.mu.Lock()
-		s.dash.points = append(s.dash.points[:min(len(s.dash.points), historyPoints-1)], point{T: now.Unix() - int64(historyPoints-i), RPS: 100, Share: share})
-		s.dash.mu.Unlock()
-	}
-	var size int
-	b.ReportAllocs()
-	for b.Loop() {
-		data, err := json.Marshal(s.snapshot(now.Unix() - 1))
-		if err != nil {
-			b.Fatal(err)
-		}
-		size = len(data)
-	}
-	b.ReportMetric(float64(size), "bytes/snapshot")
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,75 +15,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/httpapi"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
-
-// Headers the proxy reads and sets.
-const (
-	// SessionHeader names the conversation a request belongs to (else the
-	// request's "user" field is used).
-	SessionHeader = "X-Session-ID"
-	// ReplicaHeader, on every forwarded response, names the replica that
-	// served it.
-	ReplicaHeader = "X-Gorgo-Replica"
-)
-
-func writeError(w http.ResponseWriter, status int, typ, format string, args ...any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
-		"message": fmt.Sprintf(format, args...), "type": typ, "param": nil, "code": status}})
-}
-
-func writeLifecycleError(w http.ResponseWriter, e *lifecycle.Error) {
-	if e.RetryAfter != "" {
-		w.Header().Set("Retry-After", e.RetryAfter)
-	}
-	writeError(w, e.Status, e.Type, "%s", e.Message)
-}
-
-// buffers recycles request bodies and relay buffers.
-var buffers = sync.Pool{New: func() any { return new([]byte) }}
-
-func getBuffer() *[]byte { return buffers.Get().(*[]byte) }
-
-// putBuffer recycles a buffer, unless it grew past 1 MiB: one huge request
-// must not pin its memory for the life of the process.
-func putBuffer(b *[]byte) {
-	if cap(*b) <= 1<<20 {
-		*b = (*b)[:0]
-		buffers.Put(b)
-	}
-}
-
-// readBody reads a request body into a pooled buffer, at most limit
-// bytes: a larger Content-Length is refused before anything is read.
-func readBody(r *http.Request, buf *[]byte, limit int64) error {
-	if r.ContentLength > limit {
-		return &http.MaxBytesError{Limit: limit}
-	}
-	b := (*buf)[:0]
-	if n := r.ContentLength; n > 0 && int64(cap(b)) < n {
-		b = make([]byte, 0, n+1)
-	}
-	body := http.MaxBytesReader(nil, r.Body, limit)
-	for {
-		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
-		}
-		n, err := body.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			*buf = b
-			return nil
-		}
-		if err != nil {
-			*buf = b
-			return err
-		}
-	}
-}
 
 // handleCompletion serves POST /v1/chat/completions (Chat),
 // /v1/completions (Completion), /v1/embeddings and /v1/responses (Input),
@@ -92,87 +27,82 @@ func readBody(r *http.Request, buf *[]byte, limit int64) error {
 func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		received := time.Now()
-		body := getBuffer()
-		defer putBuffer(body)
-		if err := readBody(r, body, s.cfg.Load().MaxBodyBytes); err != nil {
-			var tooBig *http.MaxBytesError
-			e := &lifecycle.Error{Status: http.StatusBadRequest, Type: "BadRequestError", Message: "could not read the request body"}
-			if errors.As(err, &tooBig) {
-				e.Status, e.Message = http.StatusRequestEntityTooLarge, fmt.Sprintf("the request body is larger than %d bytes", tooBig.Limit)
-			}
-			s.core.Metrics.Refused(e.Status)
-			writeLifecycleError(w, e)
+		cfg := s.cfg.Load()
+		core := s.fleet.Core()
+		body := httpapi.GetBuffer()
+		defer httpapi.PutBuffer(body)
+		if err := httpapi.ReadBody(r, body, cfg.MaxBodyBytes); err != nil {
+			e := httpapi.BodyError(err)
+			core.Refused(e)
+			httpapi.WriteError(w, e)
 			return
 		}
-		req, perr := s.core.Begin(*body, kind, r.Header.Get(SessionHeader), received)
-		if perr != nil {
-			s.core.Metrics.Refused(perr.Status)
-			writeLifecycleError(w, perr)
-			return
+		x := exchange{s: s, cfg: cfg, w: w, r: r}
+		status := core.Serve(r.Context(), lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received}, &x)
+		if status == http.StatusBadGateway && x.relayed && !x.clientGone {
+			panic(http.ErrAbortHandler) // headers are out: cut the stream, don't fake its end
 		}
-		if e, gone := req.Admit(r.Context()); gone != nil {
-			req.Abandon()
-			return
-		} else if e != nil {
-			req.Reject(e)
-			writeLifecycleError(w, e)
-			return
-		}
-		for {
-			id, ok := req.Next()
-			if !ok {
-				break
-			}
-			u := s.upstream(id)
-			if u == nil { // left between the decision and now
-				req.Failed(&lifecycle.Error{Status: http.StatusServiceUnavailable, Type: "ServiceUnavailableError", Message: id + " left the fleet"}, false)
-				continue
-			}
-			a, aerr := s.attempt(r, u, req)
-			if aerr != nil {
-				if r.Context().Err() != nil { // the client left: not the replica's fault
-					req.Abandon()
-					return
-				}
-				u.attemptLog.Do(func() {
-					s.log.Warn("attempt failed", "replica", id, "status", aerr.Status, "error", aerr.cause, "note", "logged at most every 10 s per replica")
-				})
-				req.Failed(&aerr.Error, aerr.broken)
-				continue
-			}
-			req.Accepted()
-			s.relay(w, r, a, req)
-			return
-		}
-		e := req.Failure()
-		req.Reject(e)
-		writeLifecycleError(w, e)
 	}
 }
+
+// exchange is one client request as the lifecycle sees this front end
+// (lifecycle.FrontEnd): attempts forwarded to replicas, the answer relayed
+// to the client, refusals in OpenAI's shape.
+type exchange struct {
+	s   *Server
+	cfg *Config
+	w   http.ResponseWriter
+	r   *http.Request
+	a   *answer // the accepted attempt's
+	// relayed: the answer's headers went out; clientGone: the client left
+	// before its end.
+	relayed, clientGone bool
+}
+
+func (x *exchange) Send(ctx context.Context, req *lifecycle.Request, id string) (int, *lifecycle.AttemptError) {
+	u := x.s.fleet.Upstream(id)
+	if u == nil { // left between the decision and now
+		return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusServiceUnavailable, "%s left the fleet", id)}
+	}
+	a, err := x.s.attempt(x.r, u, req, x.cfg)
+	if err != nil {
+		if ctx.Err() == nil {
+			u.LogAttempt(func() {
+				x.s.log.Warn("attempt failed", "replica", id, "status", err.Status, "error", err.cause, "note", "logged at most every 10 s per replica")
+			})
+		}
+		return 0, &err.AttemptError
+	}
+	x.a = a
+	return a.resp.StatusCode, nil
+}
+
+func (x *exchange) Relay(req *lifecycle.Request) lifecycle.Outcome {
+	x.relayed = true
+	out := x.s.relay(x.w, x.r, x.a, req, x.cfg)
+	x.clientGone = out.ClientGone
+	return out
+}
+
+func (x *exchange) Refuse(e *wire.Error) { httpapi.WriteError(x.w, e) }
 
 // attemptError is why an attempt on a replica failed before anything was
 // sent to the client.
 type attemptError struct {
-	lifecycle.Error
-	// broken: the failure counts against the replica (it refused, hung,
-	// broke, or answered 5xx); a 503 or 429 only says it is busy.
-	broken bool
+	// AttemptError is what the lifecycle hears: the client's error, and
+	// whether the failure counts against the replica (it refused, hung,
+	// broke, or answered 5xx; a 503 or 429 only says it is busy).
+	lifecycle.AttemptError
 	// cause is the whole story, for the log (the client's message names
 	// the replica at most: no address, no Go error text).
 	cause string
 }
 
 func failure(id string, status int, broken bool, msg string, cause ...string) *attemptError {
-	typ := "ServiceUnavailableError"
-	switch status {
-	case http.StatusTooManyRequests:
-		typ = "RateLimitError"
-	case http.StatusBadGateway, http.StatusGatewayTimeout:
-		typ = "BadGatewayError"
-	case http.StatusInternalServerError:
-		typ = "InternalServerError"
+	e := &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.Errorf(status, "every replica tried failed; the last (%s): %s", id, msg), Broken: broken}, cause: msg}
+	if status != http.StatusTooManyRequests && status != http.StatusBadGateway && status != http.StatusGatewayTimeout && status != http.StatusInternalServerError {
+		e.Type = wire.TypeOf(http.StatusServiceUnavailable) // a replica's other 5xx: unavailable
 	}
-	e := &attemptError{Error: lifecycle.Error{Status: status, Type: typ, Message: "every replica tried failed; the last (" + id + "): " + msg}, broken: broken, cause: msg}
 	if len(cause) > 0 {
 		e.cause = msg + ": " + cause[0]
 	}
@@ -203,7 +133,7 @@ func (a *answer) close() {
 	a.idle.Stop()
 	a.resp.Body.Close()
 	a.cancel()
-	putBuffer(a.buf)
+	httpapi.PutBuffer(a.buf)
 }
 
 // fill reads what the body has now into buf, growing it while it is under
@@ -253,14 +183,13 @@ func (l *lentBody) Close() error {
 // sure the answer can be relayed: a status other than 5xx and 429, and for
 // a successful stream its first event. Until then nothing has reached the
 // client, so any failure lets the caller try another replica.
-func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (*answer, *attemptError) {
-	cfg := s.cfg.Load()
-	id := u.cfg.ID
+func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Request, cfg *Config) (*answer, *attemptError) {
+	id := u.ID()
 	ctx, stopCause := context.WithCancelCause(r.Context())
 	stop := func() { stopCause(context.Canceled) }
 	// Cut at once (and tried elsewhere) if the replica is ejected before
 	// its first byte.
-	defer u.wait(&stopCause)()
+	defer u.Watch(&stopCause)()
 	var lent sync.WaitGroup
 	body := lend(req.Body, &lent)
 	// cancel ends the attempt, and returns once the transport let go of
@@ -271,8 +200,8 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 	}
 	fail := func(status int, broken bool, msg string, cause ...string) (*answer, *attemptError) {
 		cancel()
-		if context.Cause(ctx) == errEjected { // counted already
-			return nil, failure(id, http.StatusServiceUnavailable, false, errEjected.Error())
+		if context.Cause(ctx) == fleet.ErrEjected { // counted already
+			return nil, failure(id, http.StatusServiceUnavailable, false, fleet.ErrEjected.Error())
 		}
 		return nil, failure(id, status, broken, msg, cause...)
 	}
@@ -292,7 +221,7 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 			}
 		})
 	}
-	up, err := http.NewRequestWithContext(ctx, r.Method, u.cfg.URL+r.URL.RequestURI(), body)
+	up, err := http.NewRequestWithContext(ctx, r.Method, u.URL()+r.URL.RequestURI(), body)
 	if err != nil {
 		body.Close()
 		return fail(http.StatusBadGateway, true, "could not send the request", err.Error())
@@ -303,8 +232,7 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 	// The transport may send the request again on a fresh connection when
 	// a kept-alive one turned out closed before anything was written.
 	up.GetBody = func() (io.ReadCloser, error) { return lend(req.Body, &lent), nil }
-	req.Sent(time.Now())
-	resp, err := s.client.Do(up)
+	resp, err := s.fleet.Client().Do(up)
 	if headerTimer != nil && !hung.CompareAndSwap(false, true) {
 		if resp != nil {
 			resp.Body.Close()
@@ -323,7 +251,7 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 		return a, e
 	}
 	idle := cfg.StreamIdleTimeout
-	a := &answer{resp: resp, cancel: cancel, buf: getBuffer()}
+	a := &answer{resp: resp, cancel: cancel, buf: httpapi.GetBuffer()}
 	// The idle limit runs from now: a stream whose replica sends headers
 	// and then nothing is cut too (and tried elsewhere: nothing reached the
 	// client yet).
@@ -353,8 +281,8 @@ func (s *Server) attempt(r *http.Request, u *upstream, req *lifecycle.Request) (
 			err = io.ErrUnexpectedEOF
 		}
 		a.close()
-		if context.Cause(ctx) == errEjected {
-			return nil, failure(id, http.StatusServiceUnavailable, false, errEjected.Error())
+		if context.Cause(ctx) == fleet.ErrEjected {
+			return nil, failure(id, http.StatusServiceUnavailable, false, fleet.ErrEjected.Error())
 		}
 		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
@@ -432,7 +360,7 @@ func copyHeaders(dst, src http.Header) {
 // event to the lifecycle. Events that arrive together leave together, in
 // one write and one flush. Once bytes reached the client, a failure aborts
 // the client's connection rather than pretend the answer ended well.
-func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *lifecycle.Request) {
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *lifecycle.Request, cfg *Config) lifecycle.Outcome {
 	defer a.close()
 	h := w.Header()
 	copyHeaders(h, a.resp.Header)
@@ -451,14 +379,13 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if ok && clientErr == nil {
 			req.Complete(wire.PeekBody(*a.buf))
 		}
-		req.End(lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil}, time.Now())
-		return
+		return lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil}
 	}
 	fl, _ := w.(http.Flusher)
-	out := getBuffer()
-	defer putBuffer(out)
+	out := httpapi.GetBuffer()
+	defer httpapi.PutBuffer(out)
 	var scratch []byte
-	idle, limit := s.cfg.Load().StreamIdleTimeout, int(s.cfg.Load().MaxAnswerBytes)
+	idle, limit := cfg.StreamIdleTimeout, int(cfg.MaxAnswerBytes)
 	if a.stream {
 		limit = maxEventPeek
 	}
@@ -531,11 +458,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			upErr = fmt.Errorf("no byte from the replica for %v", idle)
 		}
 	}
-	clientGone := clientErr != nil || r.Context().Err() != nil
-	status := req.End(lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientGone, Err: upErr}, time.Now())
-	if status == http.StatusBadGateway && !clientGone {
-		panic(http.ErrAbortHandler) // headers are out: cut the stream, don't fake its end
-	}
+	return lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil, Err: upErr}
 }
 
 // eventEnd returns how many bytes of b end the SSE event being passed

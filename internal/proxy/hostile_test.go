@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 )
 
 // hostileReplica serves /health and, for any POST, what answer writes.
@@ -91,10 +92,10 @@ func writeRepeated(w io.Writer, b byte, n int) {
 }
 
 // proxyOver runs a proxy in front of the given replica URLs.
-func proxyOver(t *testing.T, cfg Config, urls ...string) (*Server, string) {
+func proxyOver(t *testing.T, cfg testConfig, urls ...string) (*testRouter, string) {
 	t.Helper()
 	for i, u := range urls {
-		cfg.Replicas = append(cfg.Replicas, ReplicaConfig{ID: string(rune('a' + i)), URL: u, Region: "r" + string(rune('a'+i)), Profile: "paper"})
+		cfg.Fleet.Replicas = append(cfg.Fleet.Replicas, fleet.ReplicaConfig{ID: string(rune('a' + i)), URL: u, Region: "r" + string(rune('a'+i)), Profile: "paper"})
 	}
 	return startProxy(t, cfg)
 }
@@ -111,7 +112,7 @@ func TestHugeEventIsPassedThroughInBoundedMemory(t *testing.T) {
 		writeRepeated(w, 'x', hugeBytes)
 		_, _ = io.WriteString(w, "\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\ndata: [DONE]\n\n")
 	})
-	_, purl := proxyOver(t, Config{}, url)
+	_, purl := proxyOver(t, testConfig{}, url)
 	base := heapNow()
 	stop := peakHeap()
 	resp, err := http.Post(purl+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hello", 10, true)))
@@ -150,7 +151,7 @@ func TestHugeAnswerIsPassedThroughInBoundedMemory(t *testing.T) {
 		writeRepeated(w, 'x', hugeBytes)
 		_, _ = io.WriteString(w, `"}}]}`)
 	})
-	_, purl := proxyOver(t, Config{}, url)
+	_, purl := proxyOver(t, testConfig{}, url)
 	base := heapNow()
 	stop := peakHeap()
 	resp, err := http.Post(purl+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hello", 10, false)))
@@ -203,7 +204,7 @@ func TestHugeResponseHeaderFailsOver(t *testing.T) {
 	// The hostile replica is the nearer: the policy's choice until it is
 	// ejected.
 	good := startReplica(t, 200*time.Millisecond, emulator.Faults{})
-	s, purl := proxyOver(t, Config{}, bad, good.url)
+	s, purl := proxyOver(t, testConfig{}, bad, good.URL)
 	for i := range 3 {
 		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, purl+"/v1/chat/completions",
 			strings.NewReader(chatBody("hello there "+string(rune('a'+i)), 5, false)))

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/httpapi"
 )
 
 // LimitListener caps the client connections open at once: past max, a new
@@ -73,7 +75,7 @@ func (s *Server) limitInFlight(h http.HandlerFunc) http.HandlerFunc {
 			s.inFlight.Add(-1)
 			s.m.refused.WithLabelValues("max_in_flight").Inc()
 			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "too many requests in flight: try again shortly")
+			httpapi.Error(w, http.StatusServiceUnavailable, "too many requests in flight: try again shortly")
 			return
 		}
 		defer s.inFlight.Add(-1)

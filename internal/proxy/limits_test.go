@@ -12,18 +12,16 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 )
 
 // A known path asked with the wrong method is a 405 with Allow; an unknown
 // path a 404; both in OpenAI's error shape.
 func TestMethodNotAllowed(t *testing.T) {
-	s, url := startProxy(t, Config{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	_, url := startProxy(t, testConfig{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
 	code, body := do(t, "DELETE", url+"/v1/chat/completions", "")
 	if code != 405 || !strings.Contains(body, `"code":405`) || !strings.Contains(body, "POST, GET") {
 		t.Errorf("DELETE on the OpenAI API: %d %s", code, body)
-	}
-	if code, body := do(t, "DELETE", adminURL(t, s)+"/admin/weights", ""); code != 405 || !strings.Contains(body, "GET, PUT") {
-		t.Errorf("DELETE /admin/weights: %d %s", code, body)
 	}
 	if code, _ := do(t, "GET", url+"/v2/nothing", ""); code != 404 {
 		t.Errorf("unknown path: %d", code)
@@ -33,7 +31,7 @@ func TestMethodNotAllowed(t *testing.T) {
 // Bodies over max_body_bytes are refused with 413: from their
 // Content-Length before anything is read, or once the limit is passed.
 func TestBodyLimit(t *testing.T) {
-	s, url := startProxy(t, Config{MaxBodyBytes: 1 << 10}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	_, url := startProxy(t, testConfig{Proxy: Config{MaxBodyBytes: 1 << 10}}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
 	big := chatBody(strings.Repeat("x", 2<<10), 1, true)
 	for _, chunked := range []bool{false, true} {
 		var r io.Reader = strings.NewReader(big)
@@ -49,9 +47,6 @@ func TestBodyLimit(t *testing.T) {
 		if resp.StatusCode != 413 || !strings.Contains(string(body), "larger than 1024 bytes") {
 			t.Errorf("chunked %v: %d %s", chunked, resp.StatusCode, body)
 		}
-	}
-	if code, _ := do(t, "POST", adminURL(t, s)+"/admin/decide", big); code != 413 {
-		t.Errorf("decide: %d", code)
 	}
 	if res := chat(t, url, "small enough", 1); res.status != 200 {
 		t.Errorf("a small request: %+v", res)
@@ -75,7 +70,7 @@ func TestNothingLeaks(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"completion_tokens":1}}`)
 	})
-	_, url := startProxy(t, Config{}, up)
+	_, url := startProxy(t, testConfig{}, up)
 	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(chatBody("hi", 1, false)))
 	req.Header.Set("Connection", "X-Client-Only")
 	req.Header.Set("X-Client-Only", "hop")
@@ -101,9 +96,9 @@ func TestNothingLeaks(t *testing.T) {
 		t.Errorf("malformed body: %d %s", code, body)
 	}
 	// A dead replica's failure, as the client hears it.
-	s2, url2 := startProxy(t, Config{ProbeInterval: time.Hour, FailureThreshold: 100}, up)
+	s2, url2 := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 100}}, up)
 	s2.Router().ObserveRTT("a", time.Millisecond)
-	if err := s2.AddReplica(ReplicaConfig{ID: "gone", URL: "http://127.0.0.1:1"}, sourceAdmin); err != nil {
+	if err := s2.Add(fleet.SourceAdmin, fleet.ReplicaConfig{ID: "gone", URL: "http://127.0.0.1:1"}); err != nil {
 		t.Fatal(err)
 	}
 	s2.Router().ObserveRTT("gone", time.Microsecond) // nearest: tried first
@@ -123,7 +118,7 @@ func TestCapacityLimits(t *testing.T) {
 		io.WriteString(w, `{"choices":[]}`)
 	})
 	defer close(release)
-	s, url := startProxy(t, Config{MaxInFlight: 1, ProbeInterval: time.Hour}, slow)
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{MaxInFlight: 1}}, slow)
 	go http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("first", 1, false)))
 	eventually(t, "the first request to be in flight", func() bool { return stateOr(s, "a").InFlight == 1 })
 	client := &http.Client{Timeout: 20 * time.Second} // the failure would be a wait
@@ -137,13 +132,13 @@ func TestCapacityLimits(t *testing.T) {
 	}
 
 	// Connections: two open and idle, the third is answered and closed.
-	s, _ = startProxy(t, Config{ProbeInterval: time.Hour}, slow)
+	s, _ = startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, slow)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	limited := s.LimitListener(ln, 2)
-	hs := &http.Server{Handler: s.Handler()}
+	limited := s.proxy.LimitListener(ln, 2)
+	hs := &http.Server{Handler: s.proxy.Handler()}
 	go hs.Serve(limited)
 	defer hs.Close()
 	var conns []net.Conn
@@ -182,37 +177,6 @@ func TestCapacityLimits(t *testing.T) {
 	conns[1].Close()
 }
 
-// An engine that restarted (its counters went back) has an empty cache:
-// the router forgets what it believed the replica held.
-func TestRestartedEngineIsForgotten(t *testing.T) {
-	var mu sync.Mutex
-	promptTotal := 5000
-	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/metrics" {
-			mu.Lock()
-			defer mu.Unlock()
-			fmt.Fprintf(w, "sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:max_total_num_tokens 983549\nsglang:prompt_tokens_total %d\n", promptTotal)
-			return
-		}
-		io.ReadAll(r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"completion_tokens":1}}`)
-	})
-	s, url := startProxy(t, Config{ScrapeInterval: 20 * time.Millisecond}, up)
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(strings.Repeat("a long prompt ", 200), 1, false)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if n := stateOr(s, "a").IndexBlocks; n == 0 {
-		t.Fatal("nothing indexed")
-	}
-	mu.Lock()
-	promptTotal = 12 // the engine came back from a restart
-	mu.Unlock()
-	eventually(t, "the router to forget the replica's cache", func() bool { return stateOr(s, "a").IndexBlocks == 0 })
-}
-
 // A stream reaches the client byte for byte: no re-encoding, key order,
 // spacing and escapes as the replica wrote them (the usage chunk the proxy
 // asked for is the one documented exception, not exercised here: the
@@ -231,7 +195,7 @@ func TestStreamsAreRelayedByteForByte(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	})
-	_, url := startProxy(t, Config{ProbeInterval: time.Hour}, up)
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, up)
 	code, body := do(t, "POST", url+"/v1/chat/completions", chatBody("hi", 1, true))
 	if code != 200 || body != stream {
 		t.Errorf("%d\n got %q\nwant %q", code, body, stream)
@@ -261,7 +225,7 @@ func TestOtherEndpoints(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"object":"list","data":[]}`)
 	})
-	s, url := startProxy(t, Config{ProbeInterval: time.Hour}, up)
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, up)
 	long := strings.Repeat("a sentence to embed. ", 100)
 	if code, _ := do(t, "POST", url+"/v1/embeddings", fmt.Sprintf(`{"model":"e","input":[%q]}`, long)); code != 200 {
 		t.Errorf("embeddings: %d", code)
@@ -294,7 +258,7 @@ func TestOtherEndpoints(t *testing.T) {
 // target or a Host header naming another server still goes to the fleet.
 func TestNoClientControlledUpstream(t *testing.T) {
 	up, seen := upstreamSeeing(t)
-	_, url := startProxy(t, Config{ProbeInterval: time.Hour}, up)
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, up)
 	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
 	if err != nil {
 		t.Fatal(err)

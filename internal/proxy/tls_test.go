@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -62,14 +63,18 @@ func TestTLS(t *testing.T) {
 	ca := filepath.Join(dir, "upstream-ca.pem")
 	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}), 0o600)
 	certFile, keyFile, first := selfSigned(t, dir, "one")
-	cfg := Config{Admin: AdminConfig{Listen: AdminOff}, TLS: TLSConfig{CertFile: certFile, KeyFile: keyFile}, UpstreamTLS: UpstreamTLSConfig{CAFile: ca},
-		Replicas: []ReplicaConfig{{ID: "a", URL: up.URL}}}
-	s, err := New(cfg, nil, prometheus.NewRegistry(), "", nil)
+	cfg := testConfig{Fleet: fleet.Config{UpstreamTLS: fleet.UpstreamTLSConfig{CAFile: ca}, Replicas: []fleet.ReplicaConfig{{ID: "a", URL: up.URL}}}, Proxy: Config{TLS: TLSConfig{CertFile: certFile, KeyFile: keyFile}}}
+	reg := prometheus.NewRegistry()
+	f, err := fleet.New(cfg.Fleet, fleet.Options{Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.ProbeOnce(t.Context())
-	if !stateOr(s, "a").Available() {
+	s, err := New(f, cfg.Proxy, reg, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ProbeOnce(t.Context())
+	if st, _ := f.Router().Replica("a"); !st.Available() {
 		t.Fatal("the https replica was not reached (its CA is configured)")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -96,16 +101,18 @@ func TestTLS(t *testing.T) {
 	}
 	// A renewed certificate, applied by a reload.
 	_, _, second := selfSigned(t, dir, "one") // overwrites the files
-	if err := s.Apply(cfg); err != nil {
+	apply, _, err := s.Prepare(cfg.Proxy)
+	if err != nil {
 		t.Fatal(err)
 	}
+	apply()
 	if _, err := client(second).Get(url + "/health"); err != nil {
 		t.Errorf("the renewed certificate is not served: %v", err)
 	}
 	// A reload cannot turn TLS off.
-	off := cfg
+	off := cfg.Proxy
 	off.TLS = TLSConfig{}
-	if err := s.Apply(off); err == nil {
+	if _, _, err := s.Prepare(off); err == nil {
 		t.Error("a reload turned TLS off")
 	}
 }

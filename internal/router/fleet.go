@@ -119,7 +119,7 @@ func (r *Router) Undrain(id string) error {
 	return err
 }
 
-// Remove drains a replica and forgets it once its last request in flight
+// Remove drains a replica, which leaves once its last request in flight
 // finishes (at once if it has none): nothing in flight is cut. Until then
 // it is listed as removing, and its id stays taken.
 func (r *Router) Remove(id string) error {
@@ -136,29 +136,30 @@ func (r *Router) Remove(id string) error {
 	// backed out, or entered its request before this load sees it (both
 	// sides store, then load: sequentially consistent atomics).
 	if m.inflight.Load() == 0 {
-		r.forget(m)
+		r.leave(m)
 	}
 	return nil
 }
 
-// forget takes a removing replica out of the fleet and frees its share of
+// leave takes a removing replica out of the fleet and frees its share of
 // the index. It is called when a removing replica has nothing in flight,
 // possibly more than once.
-func (r *Router) forget(m *member) {
+func (r *Router) leave(m *member) {
 	r.fleetMu.Lock()
 	f := r.fleet.Load()
 	if f.byID[m.id] != m || State(m.state.Load()) != Removing || m.inflight.Load() != 0 {
 		r.fleetMu.Unlock()
-		return // already forgotten, taken back, or busy again
+		return // already gone, taken back, or busy again
 	}
-	r.drop(f, m)
+	r.detach(f, m)
 }
 
-// Forget takes a replica out of the fleet at once, without waiting for its
+// Detach takes a replica out of the fleet at once, without waiting for its
 // requests in flight: they finish against its old record, which decisions
 // no longer see. It is for a replica replaced by a new one of the same id
-// (its address changed), which Add may bring in right after.
-func (r *Router) Forget(id string) error {
+// (its address changed), which Add may bring in right after. (Remove is
+// the way out that waits for them.)
+func (r *Router) Detach(id string) error {
 	r.fleetMu.Lock()
 	m, err := r.member(id)
 	if err != nil {
@@ -166,13 +167,13 @@ func (r *Router) Forget(id string) error {
 		return err
 	}
 	m.state.Store(int32(Removing))
-	r.drop(r.fleet.Load(), m)
+	r.detach(r.fleet.Load(), m)
 	return nil
 }
 
-// drop publishes the fleet without m, releases fleetMu, and frees m's
+// detach publishes the fleet without m, releases fleetMu, and frees m's
 // share of the index. Call with fleetMu held.
-func (r *Router) drop(f *fleet, m *member) {
+func (r *Router) detach(f *fleet, m *member) {
 	m.gone.Store(true) // before its slot can go to another replica
 	r.fleet.Store(f.without(m))
 	r.fleetMu.Unlock()
@@ -195,7 +196,7 @@ func (r *Router) drop(f *fleet, m *member) {
 // hold of the index lock when it is cleared.
 const clearBatch = 4096
 
-// clearIndex forgets what the index believes a replica holds, in pieces.
+// clearIndex clears what the index believes a replica holds, in pieces.
 func (r *Router) clearIndex(m *member) {
 	for {
 		r.ixMu.Lock()
@@ -225,9 +226,9 @@ func (r *Router) Reconfigure(rc ReplicaConfig) error {
 	return r.SetKVCapacity(rc.ID, rc.KVCapacityTokens)
 }
 
-// ForgetCache clears what the index believes a replica holds (its engine
+// ClearCache clears what the index believes a replica holds (its engine
 // restarted, with an empty cache).
-func (r *Router) ForgetCache(id string) error {
+func (r *Router) ClearCache(id string) error {
 	m, err := r.member(id)
 	if err == nil {
 		r.clearIndex(m)

@@ -196,7 +196,7 @@ func (m *member) observeTTFT(uncached, backlog int, ms float64) {
 // Index self-correction: after at least resetReports reports, if the
 // replica has been missing more than resetMissShare of the cached tokens
 // the router believed it held, its cache was evidently flushed or the
-// engine restarted, and the router forgets what it believed.
+// engine restarted, and the router clears what it believed.
 const (
 	resetReports   = 16
 	resetMissShare = 0.5

@@ -255,10 +255,10 @@ func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
 	t.InFlight = int(m.inflight.Add(1))
 	if State(m.state.Load()) != Active {
 		// Remove saw no request in flight, or is about to: back out. If
-		// that leaves a removing replica idle, it is forgotten apart from
-		// this decision, which must not wait for its index to be cleared.
+		// that leaves a removing replica idle, it leaves apart from this
+		// decision, which must not wait for its index to be cleared.
 		if m.inflight.Add(-1) == 0 && State(m.state.Load()) == Removing {
-			go r.forget(m)
+			go r.leave(m)
 		}
 		return Ticket{}, false
 	}
@@ -270,11 +270,11 @@ func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
 	return t, true
 }
 
-// release drops one request from a replica's count, and forgets a removing
-// replica once nothing is left in flight.
-func (r *Router) release(m *member) {
+// finished drops one request from a replica's count; a removing replica
+// leaves once nothing is left in flight.
+func (r *Router) finished(m *member) {
 	if m.inflight.Add(-1) == 0 && State(m.state.Load()) == Removing {
-		r.forget(m)
+		r.leave(m)
 	}
 }
 
@@ -442,7 +442,7 @@ func (r *Router) Finish(t *Ticket) {
 	} else {
 		m.decoding.Add(-1)
 	}
-	r.release(m)
+	r.finished(m)
 }
 
 // Decoded folds in how a request's answer went after its first token: it

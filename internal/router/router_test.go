@@ -323,7 +323,7 @@ func TestMembershipLeavesOthersAlone(t *testing.T) {
 	}
 }
 
-// Removing a replica with requests in flight lets them finish, then forgets
+// Removing a replica with requests in flight lets them finish, then lets it leave
 // it; its slot in the index goes, empty, to the next replica added.
 func TestRemoveWaitsForRequestsInFlight(t *testing.T) {
 	r := newRouter(t, "gorgo", 2, false)

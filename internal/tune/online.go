@@ -299,3 +299,5 @@ func (o *Online) Sigma() float64 {
 // ES returns the underlying strategy (for formatting points); do not call
 // its methods while the tuner is in use.
 func (o *Online) ES() *ES { return o.es }
+
+var _ policy.Tuner = (*Online)(nil)

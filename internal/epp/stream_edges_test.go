@@ -26,7 +26,7 @@ func (l lostA) Endpoint(id string) (string, bool) {
 }
 
 // A replica that left the fleet between the decision and its address is
-// freed and the next one answered (found in review: its ledger leaked).
+// freed and the next one answered (its ledger leaked once).
 func TestEndpointGoneIsFreed(t *testing.T) {
 	f := newFleet(t, admit.Config{})
 	s, _ := picker(t, lostA{f}).Process(context.Background())
@@ -39,11 +39,11 @@ func TestEndpointGoneIsFreed(t *testing.T) {
 	}
 	s.CloseSend()
 	s.Recv()
-	waitFor(t, "a's ledger to be free", func() bool { st, _ := f.core.Router.Replica("a"); return st.InFlight == 0 })
+	waitFor(t, "a's ledger to be free", func() bool { st, _ := f.core.Router().Replica("a"); return st.InFlight == 0 })
 }
 
 // A body that comes in pieces (buffered-partial, streamed) is routed by
-// load at its first piece (found in review: it was parsed, and refused).
+// load at its first piece (it was once parsed, and refused).
 func TestBodyInPiecesIsRoutedByLoad(t *testing.T) {
 	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_BUFFERED_PARTIAL} {
 		f := newFleet(t, admit.Config{})
@@ -64,7 +64,7 @@ func TestBodyInPiecesIsRoutedByLoad(t *testing.T) {
 }
 
 // Full duplex with request trailers: the trailers end the body, and the
-// headers' answer comes first (found in review).
+// headers' answer comes first.
 func TestDuplexTrailersEndTheBody(t *testing.T) {
 	f := newFleet(t, admit.Config{})
 	s, _ := picker(t, f).Process(context.Background())
@@ -93,12 +93,10 @@ func (r *tapRec) Ended(id uint64, replica string, status int, ttft, e2e time.Dur
 	r.mu.Unlock()
 }
 
-// A stream cancelled mid-answer is not counted as served (found in
-// review: it was a 200).
+// A stream cancelled mid-answer is not counted as served (it was once a 200).
 func TestCancelMidAnswerIsNotAServedRequest(t *testing.T) {
-	f := newFleet(t, admit.Config{})
 	tap := &tapRec{}
-	f.core.Tap = tap
+	f := newTappedFleet(t, admit.Config{}, tap)
 	ctx, cancel := context.WithCancel(context.Background())
 	s, _ := picker(t, f).Process(ctx)
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
@@ -129,7 +127,7 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 }
 
 // A non-streamed answer is read whole at its end, even pretty-printed with
-// blank lines in it (found in review: it was cut as SSE events and its
+// blank lines in it (it was once cut as SSE events and its
 // usage lost).
 func TestNonStreamedAnswerUsage(t *testing.T) {
 	f := newFleet(t, admit.Config{})
@@ -149,8 +147,8 @@ func TestNonStreamedAnswerUsage(t *testing.T) {
 	recv(t, s)
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(answer[30:]), EndOfStream: true}}})
 	recv(t, s)
-	waitFor(t, "the ledger to be free", func() bool { st, _ := f.core.Router.Replica("a"); return st.InFlight == 0 })
-	if e := f.core.Router.ExpectedOutput(0); e >= router.DefaultOutputTokens {
+	waitFor(t, "the ledger to be free", func() bool { st, _ := f.core.Router().Replica("a"); return st.InFlight == 0 })
+	if e := f.core.Router().ExpectedOutput(0); e >= router.DefaultOutputTokens {
 		t.Errorf("the answer's 7 tokens were not read: expected output %d", e)
 	}
 }

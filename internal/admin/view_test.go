@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 import (
 	"bufio"
@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/replay"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
@@ -42,8 +43,8 @@ func TestLiveViewInChromium(t *testing.T) {
 	if bin == "" {
 		t.Skip("chromium is not installed (.ci/run installs Debian's with apt-get): the live view is not checked in a browser")
 	}
-	s, url := startProxy(t, Config{}, startReplica(t, 20*time.Millisecond, emulator.Faults{}), startReplica(t, 60*time.Millisecond, emulator.Faults{}))
-	admin := adminURL(t, s)
+	s := startAdmin(t, testConfig{}, startReplica(t, 20*time.Millisecond, emulator.Faults{}), startReplica(t, 60*time.Millisecond, emulator.Faults{}))
+	url, admin := s.client, s.adminURL
 	// Traffic while the page watches: 40 requests over 8 s.
 	reqs, err := trace.Generate(trace.GenConfig{Preset: "artchat", Seed: 5, Duration: 2 * time.Minute})
 	if err != nil {
@@ -149,8 +150,7 @@ func TestLiveViewInChromium(t *testing.T) {
 // does, when the admin API does, and then pushes snapshots of the fleet.
 func TestLiveViewStreamNeedsTheToken(t *testing.T) {
 	t.Setenv("GORGO_TEST_UI_TOKEN", "a-token-long-enough-for-the-view")
-	s, _ := startProxy(t, Config{Admin: AdminConfig{TokenEnv: "GORGO_TEST_UI_TOKEN"}}, startReplica(t, 5*time.Millisecond, emulator.Faults{}))
-	admin := adminURL(t, s)
+	admin := startAdmin(t, testConfig{Admin: Config{TokenEnv: "GORGO_TEST_UI_TOKEN"}}, startReplica(t, 5*time.Millisecond, emulator.Faults{})).adminURL
 	for _, path := range []string{"/admin/ui/", "/admin/ui/app.js", "/admin/ui/uPlot.iife.min.js"} {
 		resp, err := http.Get(admin + path)
 		if err != nil {
@@ -192,22 +192,27 @@ func TestLiveViewStreamNeedsTheToken(t *testing.T) {
 	}
 }
 
-// An open live view ends when the proxy stops, so a shutdown does not wait
-// for it (found in review: SIGTERM waited out the grace and failed).
-func TestLiveViewEndsWithTheProxy(t *testing.T) {
+// An open live view ends when the router stops, so a shutdown does not wait
+// for it (SIGTERM once waited out the grace and failed).
+func TestLiveViewEndsWithTheRouter(t *testing.T) {
 	rep := startReplica(t, 5*time.Millisecond, emulator.Faults{})
-	cfg := Config{ProbeInterval: 100 * time.Millisecond, ScrapeInterval: 100 * time.Millisecond,
-		Replicas: []ReplicaConfig{{ID: "a", URL: rep.url, Profile: "paper"}}}
-	s, err := New(cfg, nil, prometheus.NewRegistry(), "", nil)
+	f, err := fleet.New(fleet.Config{ProbeInterval: 100 * time.Millisecond, ScrapeInterval: 100 * time.Millisecond,
+		Replicas: []fleet.ReplicaConfig{{ID: "a", URL: rep.URL, Profile: "paper"}}}, fleet.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	view := NewView()
+	s, err := New(f, view, Config{}, prometheus.NewRegistry(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	s.ProbeOnce(ctx)
-	done := make(chan error, 1)
+	f.ProbeOnce(ctx)
+	done := make(chan error, 2)
+	go func() { done <- f.Run(ctx) }()
 	go func() { done <- s.Run(ctx) }()
-	ts := httptest.NewServer(s.AdminHandler())
+	ts := httptest.NewServer(s.Handler())
 	defer ts.Close()
 	resp, err := http.Get(ts.URL + "/admin/ui/stream")
 	if err != nil {
@@ -220,7 +225,8 @@ func TestLiveViewEndsWithTheProxy(t *testing.T) {
 	select {
 	case <-ended:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the live view's stream outlived the proxy")
+		t.Fatal("the live view's stream outlived the router")
 	}
+	<-done
 	<-done
 }

@@ -1,18 +1,17 @@
-package proxy
+package fleet_test
 
 import (
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/proxy"
 )
 
 // A replica that fails every request but answers its probes is ejected and
@@ -22,7 +21,7 @@ import (
 func TestFailingReplicaIsEjectedNotFlapping(t *testing.T) {
 	broken := startReplica(t, 2*time.Millisecond, emulator.Faults{FailFraction: 1})
 	good := startReplica(t, 40*time.Millisecond, emulator.Faults{})
-	s, url := startProxy(t, Config{FailureThreshold: 2, ProbeInterval: 20 * time.Millisecond, EjectionTime: time.Hour, MaxEjectionTime: time.Hour}, broken, good)
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{FailureThreshold: 2, ProbeInterval: 20 * time.Millisecond, EjectionTime: time.Hour, MaxEjectionTime: time.Hour}}, broken, good)
 	for i := range 3 {
 		if res := chat(t, url, "question "+string(rune('0'+i)), 2); res.status != 200 || res.replica != "b" {
 			t.Fatalf("request %d: %+v", i, res)
@@ -32,7 +31,7 @@ func TestFailingReplicaIsEjectedNotFlapping(t *testing.T) {
 		t.Fatal("the failing replica is still up after two failures in a row")
 	}
 	// Many probes succeed meanwhile; none brings it back.
-	before := broken.served()
+	before := broken.Served()
 	for i := range 20 {
 		time.Sleep(20 * time.Millisecond)
 		if stateOr(s, "a").Healthy {
@@ -40,10 +39,10 @@ func TestFailingReplicaIsEjectedNotFlapping(t *testing.T) {
 		}
 		chat(t, url, "more", 1)
 	}
-	if broken.served() != before {
-		t.Errorf("the ejected replica took %d requests", broken.served()-before)
+	if broken.Served() != before {
+		t.Errorf("the ejected replica took %d requests", broken.Served()-before)
 	}
-	if n := testutil.ToFloat64(s.m.ejections.WithLabelValues("a")); n != 1 {
+	if n := s.metric("gorgo_replica_ejections_total", "replica", "a"); n != 1 {
 		t.Errorf("%v ejections, want 1", n)
 	}
 }
@@ -52,15 +51,12 @@ func TestFailingReplicaIsEjectedNotFlapping(t *testing.T) {
 func TestEjectionTimeGrows(t *testing.T) {
 	broken := startReplica(t, 2*time.Millisecond, emulator.Faults{FailFraction: 1})
 	good := startReplica(t, 40*time.Millisecond, emulator.Faults{})
-	s, url := startProxy(t, Config{FailureThreshold: 1, ProbeInterval: 10 * time.Millisecond, EjectionTime: 50 * time.Millisecond, MaxEjectionTime: time.Hour}, broken, good)
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{FailureThreshold: 1, ProbeInterval: 10 * time.Millisecond, EjectionTime: 50 * time.Millisecond, MaxEjectionTime: time.Hour}}, broken, good)
 	var lengths []time.Duration
 	for len(lengths) < 3 {
 		chat(t, url, "try", 1) // a, if it is back, fails once and is ejected again
-		u := s.upstream("a")
-		u.mu.Lock()
-		n, until := u.health.ejections, u.health.until
-		u.mu.Unlock()
-		if n > len(lengths) {
+		_, n, until := s.Upstream("a").Health()
+		if n > len(lengths) && !until.IsZero() {
 			lengths = append(lengths, time.Until(until))
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -77,7 +73,7 @@ func TestEjectionTimeGrows(t *testing.T) {
 func TestFrozenReplicaNonStreamingFailsOver(t *testing.T) {
 	frozen := startReplica(t, 2*time.Millisecond, emulator.Faults{HangAfter: 1})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
-	_, url := startProxy(t, Config{ProbeInterval: time.Hour, FirstByteTimeout: 300 * time.Millisecond}, frozen, good)
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: proxy.Config{FirstByteTimeout: 300 * time.Millisecond}}, frozen, good)
 	if res := chat(t, url, "while it still answers", 1); res.status != 200 || res.replica != "a" {
 		t.Fatalf("first request: %+v", res)
 	}
@@ -88,8 +84,8 @@ func TestFrozenReplicaNonStreamingFailsOver(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(ReplicaHeader) != "b" {
-		t.Errorf("status %d from %q: %.200s", resp.StatusCode, resp.Header.Get(ReplicaHeader), body)
+	if resp.StatusCode != 200 || resp.Header.Get(proxy.ReplicaHeader) != "b" {
+		t.Errorf("status %d from %q: %.200s", resp.StatusCode, resp.Header.Get(proxy.ReplicaHeader), body)
 	}
 }
 
@@ -98,7 +94,7 @@ func TestFrozenReplicaNonStreamingFailsOver(t *testing.T) {
 func TestEjectionCutsWaitingRequests(t *testing.T) {
 	frozen := startReplica(t, 2*time.Millisecond, emulator.Faults{HangAfter: 1})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
-	s, url := startProxy(t, Config{ProbeInterval: time.Hour, FirstByteTimeout: time.Hour, HeaderTimeout: time.Hour, FailureThreshold: 1}, frozen, good)
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 1}, Proxy: proxy.Config{FirstByteTimeout: time.Hour, HeaderTimeout: time.Hour}}, frozen, good)
 	if res := chat(t, url, "while it still answers", 1); res.status != 200 || res.replica != "a" {
 		t.Fatalf("first request: %+v", res)
 	}
@@ -116,7 +112,7 @@ func TestEjectionCutsWaitingRequests(t *testing.T) {
 			}
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			done <- result{resp.StatusCode, resp.Header.Get(ReplicaHeader)}
+			done <- result{resp.StatusCode, resp.Header.Get(proxy.ReplicaHeader)}
 		}()
 	}
 	eventually(t, "both requests to wait on the frozen replica", func() bool { return stateOr(s, "a").InFlight == 2 })
@@ -133,56 +129,15 @@ func TestEjectionCutsWaitingRequests(t *testing.T) {
 	}
 }
 
-// A client that reads a stream to [DONE] and closes its connection at once
-// was served completely: 200, with its TTFT and E2E measured, not a 499.
-func TestCompleteStreamIsNot499(t *testing.T) {
-	slowEnd := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" hi"}}]}`+"\n\n")
-		io.WriteString(w, `data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`+"\n\n")
-		io.WriteString(w, "data: [DONE]\n\n")
-		w.(http.Flusher).Flush()
-		// The engine is slow to end its response after [DONE].
-		select {
-		case <-r.Context().Done():
-		case <-time.After(2 * time.Second):
-		}
-	})
-	s, url := startProxy(t, Config{ProbeInterval: time.Hour}, slowEnd)
-	var logs syncBuffer
-	s.SetAccessLog(slog.New(slog.NewTextHandler(&logs, nil)))
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hi", 2, true)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 4096)
-	var got []byte
-	for !strings.Contains(string(got), "[DONE]") {
-		n, err := resp.Body.Read(buf)
-		got = append(got, buf[:n]...)
-		if err != nil && !strings.Contains(string(got), "[DONE]") {
-			t.Fatalf("read %q: %v", got, err)
-		}
-	}
-	resp.Body.Close() // gone right after [DONE]
-	eventually(t, "the access log line", func() bool { return strings.Contains(logs.String(), "msg=request") })
-	if line := logs.String(); !strings.Contains(line, "status=200") {
-		t.Errorf("a complete stream logged as %s", line)
-	}
-	if _, m := do(t, "GET", url+"/metrics", ""); !strings.Contains(m, `gorgo_e2e_seconds_count{replica="a"} 1`) || !strings.Contains(m, `gorgo_ttft_seconds_count{replica="a"} 1`) {
-		t.Error("the complete stream is missing from gorgo_e2e_seconds or gorgo_ttft_seconds")
-	}
-}
-
 // When a replica's round trip jumps while gorgo serves, its probes see it
 // and traffic moves away.
 func TestRTTJumpMovesTraffic(t *testing.T) {
 	near, other := startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 60*time.Millisecond, emulator.Faults{})
-	s, url := startProxy(t, Config{ProbeInterval: 20 * time.Millisecond, RTTAlpha: 0.5}, near, other)
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 20 * time.Millisecond, RTTAlpha: 0.5}}, near, other)
 	if res := chat(t, url, "before", 1); res.replica != "a" {
 		t.Fatalf("before the jump: %+v", res)
 	}
-	near.link.Set(400*time.Millisecond, 0)
+	near.Link.Set(400*time.Millisecond, 0)
 	eventually(t, "the router to see the jump", func() bool { return stateOr(s, "a").RTT > 200*time.Millisecond })
 	for i := range 3 {
 		if res := chat(t, url, fmt.Sprint("after ", i), 1); res.status != 200 || res.replica != "b" {
@@ -203,9 +158,9 @@ func TestGarbageMetricsDoNotStopRouting(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"completion_tokens":1}}`)
 	})
-	s, url := startProxy(t, Config{ScrapeInterval: 10 * time.Millisecond}, up)
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ScrapeInterval: 10 * time.Millisecond}}, up)
 	eventually(t, "scrape errors to be counted", func() bool {
-		return testutil.ToFloat64(s.m.scrapeErrors.WithLabelValues("a")) >= 2
+		return s.metric("gorgo_scrape_errors_total", "replica", "a") >= 2
 	})
 	if code, _ := do(t, "POST", url+"/v1/chat/completions", chatBody("still there?", 1, false)); code != 200 {
 		t.Errorf("status %d", code)
@@ -214,7 +169,7 @@ func TestGarbageMetricsDoNotStopRouting(t *testing.T) {
 
 // With every replica down, a client gets 503 with Retry-After at once.
 func TestAllReplicasDown(t *testing.T) {
-	s, url := startProxy(t, Config{ProbeInterval: time.Hour}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
 	s.Router().Drain("a")
 	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", 1, true)))
 	if err != nil {
@@ -232,7 +187,7 @@ func TestAllReplicasDown(t *testing.T) {
 func TestSlowReplicaGetsLessTraffic(t *testing.T) {
 	slow := startReplica(t, 10*time.Millisecond, emulator.Faults{Slowdown: 5})
 	fast := startReplica(t, 10*time.Millisecond, emulator.Faults{})
-	_, url := startProxy(t, Config{ProbeInterval: time.Hour}, slow, fast)
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, slow, fast)
 	var wg sync.WaitGroup
 	work := make(chan int)
 	for range 8 { // 8 clients
@@ -254,7 +209,7 @@ func TestSlowReplicaGetsLessTraffic(t *testing.T) {
 	}
 	close(work)
 	wg.Wait()
-	if a, b := slow.served(), fast.served(); b < 3*a/2 {
+	if a, b := slow.Served(), fast.Served(); b < 3*a/2 {
 		t.Errorf("the slow replica took %d requests, the fast one %d: want the fast one to take at least 1.5 times as many", a, b)
 	} else {
 		t.Logf("slow %d, fast %d", a, b)

@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 import (
 	"embed"
@@ -10,13 +10,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/httpapi"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 // The live view of the fleet (/admin/ui): a page, embedded, and a stream of
-// JSON snapshots pushed once a second to each page open. The proxy keeps a
+// JSON snapshots pushed once a second to each page open. The View keeps a
 // second-by-second history of 15 minutes and the last 50 decisions
 // whether anybody watches or not (a few hundred bytes a second); building
 // and sending snapshots happens only for the pages open.
@@ -29,8 +31,9 @@ const (
 	lastDecisions = 50
 )
 
-// dashboard is the proxy's lifecycle.Tap and the live view's state.
-type dashboard struct {
+// View is the live view's state: the fleet's lifecycle.Tap (give it to
+// fleet.Options.Tap) and the history the page draws.
+type View struct {
 	mu sync.Mutex
 	// This second's requests.
 	ok, errs  int
@@ -76,12 +79,13 @@ type candidate struct {
 	Terms  policy.Terms `json:"terms"`
 }
 
-func newDashboard() *dashboard {
-	return &dashboard{perRep: map[string]int{}, repTTFT: map[string][]float64{}, watchers: map[chan struct{}]bool{}}
+// NewView returns an empty live view.
+func NewView() *View {
+	return &View{perRep: map[string]int{}, repTTFT: map[string][]float64{}, watchers: map[chan struct{}]bool{}}
 }
 
 // Decided records a request's decision (lifecycle.Tap).
-func (d *dashboard) Decided(at time.Time, req *policy.Request, chosen *router.Ticket, fallbacks []router.Candidate) uint64 {
+func (d *View) Decided(at time.Time, req *policy.Request, chosen *router.Ticket, fallbacks []router.Candidate) uint64 {
 	dec := decision{At: at, PromptTokens: req.PromptTokens, Expected: req.ExpectedOutputTokens, Chosen: chosen.ID,
 		Candidates: make([]candidate, 0, 1+len(fallbacks))}
 	dec.Candidates = append(dec.Candidates, candidate{ID: chosen.ID, Cached: chosen.EstCachedTokens, Terms: chosen.Terms})
@@ -101,7 +105,7 @@ func (d *dashboard) Decided(at time.Time, req *policy.Request, chosen *router.Ti
 }
 
 // Ended records a request's end (lifecycle.Tap).
-func (d *dashboard) Ended(id uint64, replica string, status int, ttft, e2e time.Duration) {
+func (d *View) Ended(id uint64, replica string, status int, ttft, e2e time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if status == http.StatusOK {
@@ -135,7 +139,7 @@ func (d *dashboard) Ended(id uint64, replica string, status int, ttft, e2e time.
 }
 
 // tick closes a second: its point joins the history and open pages hear.
-func (d *dashboard) tick(now time.Time, w policy.Values, judged, accepted int) {
+func (d *View) tick(now time.Time, w policy.Values, judged, accepted int) {
 	d.mu.Lock()
 	p := point{T: now.Unix(), RPS: float64(d.ok + d.errs), Errors: float64(d.errs), Share: map[string]float64{}, Weights: w, Judged: judged, Accepted: accepted}
 	if n := d.ok + d.errs; n > 0 {
@@ -178,8 +182,8 @@ func quantile(v []float64, q float64) *float64 {
 	return &x
 }
 
-// runDashboard closes a second every second until the proxy stops.
-func (s *Server) runDashboard(stop <-chan struct{}) {
+// run closes a second every second until stop is closed.
+func (d *View) run(stop <-chan struct{}, p policy.Policy) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -187,16 +191,11 @@ func (s *Server) runDashboard(stop <-chan struct{}) {
 		case <-stop:
 			return
 		case now := <-t.C:
-			var w policy.Values
 			judged, accepted := 0, 0
-			switch p := s.policy.(type) {
-			case *tune.Online:
-				w = p.Incumbent()
-				judged, accepted = p.Counts()
-			case policy.Tunable:
-				w = p.Params()
+			if o, ok := p.(*tune.Online); ok {
+				judged, accepted = o.Counts()
 			}
-			s.dash.tick(now, w, judged, accepted)
+			d.tick(now, fleet.Params(p), judged, accepted)
 		}
 	}
 }
@@ -222,7 +221,7 @@ type uiReplica struct {
 // snapshot is what the page gets: the fleet now, the history (whole on
 // the first message, then new points), the last decisions, the tuner.
 func (s *Server) snapshot(since int64) map[string]any {
-	d := s.dash
+	d := s.view
 	d.mu.Lock()
 	var pts []point
 	for _, p := range d.points {
@@ -241,9 +240,8 @@ func (s *Server) snapshot(since int64) map[string]any {
 	decs := slices.Clone(d.decisions)
 	d.mu.Unlock()
 	var reps []uiReplica
-	for _, st := range s.rt.Replicas() {
-		u := s.replicaJSON(st)
-		r := uiReplica{ID: st.ID, Region: st.Region, State: u.State, RTTMS: u.RTTMS, InFlight: st.InFlight, Tokens: st.UnfinishedTokens,
+	for _, st := range s.fleet.Router().Replicas() {
+		r := uiReplica{ID: st.ID, Region: st.Region, State: state(st), RTTMS: float64(st.RTT.Microseconds()) / 1000, InFlight: st.InFlight, Tokens: st.UnfinishedTokens,
 			Backlog: st.BacklogTokens, Decoding: st.Decoding, KVCap: st.KVCapacityTokens}
 		if st.EngineKnown {
 			r.Running, r.Waiting, r.KVUsed, r.HitRate = st.Engine.Running, st.Engine.Waiting, st.Engine.KVUsedTokens, st.Engine.CacheHitRate
@@ -254,8 +252,8 @@ func (s *Server) snapshot(since int64) map[string]any {
 		reps = append(reps, r)
 	}
 	sort.SliceStable(reps, func(i, j int) bool { return reps[i].Region < reps[j].Region })
-	out := map[string]any{"policy": s.policy.Name(), "replicas": reps, "points": pts, "decisions": decs}
-	if o, ok := s.policy.(*tune.Online); ok {
+	out := map[string]any{"policy": s.fleet.Policy().Name(), "replicas": reps, "points": pts, "decisions": decs}
+	if o, ok := s.fleet.Policy().(*tune.Online); ok {
 		steps := o.Steps()
 		out["tuner"] = map[string]any{"paused": o.Paused(), "steps": steps[max(0, len(steps)-50):]}
 	}
@@ -266,20 +264,20 @@ func (s *Server) snapshot(since int64) map[string]any {
 // Events (read with fetch, so that it carries the admin token).
 func (s *Server) uiStream(w http.ResponseWriter, r *http.Request) {
 	fl, ok := w.(http.Flusher)
-	if !ok {
-		writeError(w, http.StatusInternalServerError, "InternalServerError", "streaming is not supported here")
+	if !ok || s.view == nil {
+		httpapi.Error(w, http.StatusNotFound, "no live view here")
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-store")
 	ch := make(chan struct{}, 1)
-	s.dash.mu.Lock()
-	s.dash.watchers[ch] = true
-	s.dash.mu.Unlock()
+	s.view.mu.Lock()
+	s.view.watchers[ch] = true
+	s.view.mu.Unlock()
 	defer func() {
-		s.dash.mu.Lock()
-		delete(s.dash.watchers, ch)
-		s.dash.mu.Unlock()
+		s.view.mu.Lock()
+		delete(s.view.watchers, ch)
+		s.view.mu.Unlock()
 	}()
 	var since int64
 	send := func() bool {

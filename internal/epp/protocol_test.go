@@ -40,7 +40,10 @@ func (f *fleet) EndpointIDs() map[string]string {
 	return out
 }
 
-func newFleet(t testing.TB, adm admit.Config) *fleet {
+func newFleet(t testing.TB, adm admit.Config) *fleet { return newTappedFleet(t, adm, nil) }
+
+// newTappedFleet is newFleet whose requests a tap hears of.
+func newTappedFleet(t testing.TB, adm admit.Config, tap lifecycle.Tap) *fleet {
 	t.Helper()
 	p, _ := policy.New(policy.DefaultName, policy.Options{})
 	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
@@ -51,7 +54,7 @@ func newFleet(t testing.TB, adm admit.Config) *fleet {
 		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 0.06, QueueMSPerToken: 0.06})
 		rt.ObserveRTT(id, time.Duration(10+40*i)*time.Millisecond)
 	}
-	core := lifecycle.NewCore(lifecycle.Config{Router: rt, BlockTokens: 16, MaxAttempts: 2, Start: time.Now(), Seed: 1, Admission: adm})
+	core := lifecycle.NewCore(lifecycle.Config{Router: rt, BlockTokens: 16, MaxAttempts: 2, Start: time.Now(), Seed: 1, Admission: adm, Tap: tap})
 	if adm.SLO > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
@@ -150,7 +153,7 @@ func TestBufferedChatAndResponseEvents(t *testing.T) {
 	if h != "10.0.0.1:8000,10.0.0.2:8000" || md != h {
 		t.Fatalf("destination %q, metadata %q", h, md)
 	}
-	rt := f.core.Router
+	rt := f.core.Router()
 	if st, _ := rt.Replica("a"); st.InFlight != 1 {
 		t.Fatalf("a has %d in flight", st.InFlight)
 	}
@@ -242,7 +245,7 @@ func TestDuplexSubsetAnd503(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for _, id := range []string{"a", "b"} {
 		for {
-			st, _ := f.core.Router.Replica(id)
+			st, _ := f.core.Router().Replica(id)
 			if st.InFlight == 0 {
 				break
 			}
@@ -325,8 +328,8 @@ func TestServedByTheFallback(t *testing.T) {
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")},
 		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{LBNamespace: served}}})
 	recv(t, s)
-	a, _ := f.core.Router.Replica("a")
-	b, _ := f.core.Router.Replica("b")
+	a, _ := f.core.Router().Replica("a")
+	b, _ := f.core.Router().Replica("b")
 	if a.InFlight != 0 || b.InFlight != 1 {
 		t.Fatalf("after the fallback: a %d, b %d in flight", a.InFlight, b.InFlight)
 	}
@@ -336,7 +339,7 @@ func TestServedByTheFallback(t *testing.T) {
 	if string(echo.GetBody()) != "data: [DONE]\n\n" || !echo.GetEndOfStream() {
 		t.Errorf("the response body was not sent back: %v", echo)
 	}
-	if b, _ := f.core.Router.Replica("b"); b.InFlight != 0 {
+	if b, _ := f.core.Router().Replica("b"); b.InFlight != 0 {
 		t.Errorf("b keeps %d in flight", b.InFlight)
 	}
 }

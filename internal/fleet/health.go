@@ -1,4 +1,4 @@
-package proxy
+package fleet
 
 import (
 	"context"
@@ -16,15 +16,17 @@ import (
 // max_ejection_time has its count of ejections reset.
 //
 // Attempts waiting for a replica's first byte are cut when it is ejected
-// and tried elsewhere at once: nothing has reached their clients yet.
+// (Upstream.Watch) and tried elsewhere at once: nothing has reached their
+// clients yet.
 
 // failureWindow is how many recent outcomes the failure rate is taken over.
 const failureWindow = 20
 
-// errEjected is the cause of an attempt cut because its replica was ejected.
-var errEjected = errors.New("the replica was marked down")
+// ErrEjected is the cause of an attempt cut because its replica was
+// ejected.
+var ErrEjected = errors.New("the replica was marked down")
 
-// health is a replica's outlier state; upstream.mu guards it.
+// health is a replica's outlier state; Upstream.mu guards it.
 type health struct {
 	failures  int                 // requests, in a row
 	probeFail int                 // probes, in a row
@@ -62,20 +64,20 @@ func (h *health) failureRate() float64 {
 
 // Failure records a request that failed through replica id's fault, and
 // ejects the replica when it is an outlier (lifecycle.Health).
-func (s *Server) Failure(id string) { s.outcome(id, true, false) }
+func (f *Fleet) Failure(id string) { f.outcome(id, true, false) }
 
 // Success records a request the replica served (lifecycle.Health).
-func (s *Server) Success(id string) { s.outcome(id, false, false) }
+func (f *Fleet) Success(id string) { f.outcome(id, false, false) }
 
 // probeFailed records a failed probe.
-func (s *Server) probeFailed(id string) { s.outcome(id, true, true) }
+func (f *Fleet) probeFailed(id string) { f.outcome(id, true, true) }
 
-func (s *Server) outcome(id string, failed, probe bool) {
-	u := s.upstream(id)
+func (f *Fleet) outcome(id string, failed, probe bool) {
+	u := f.Upstream(id)
 	if u == nil {
 		return
 	}
-	cfg := s.cfg.Load()
+	cfg := f.cfg.Load()
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	h := &u.health
@@ -107,18 +109,18 @@ func (s *Server) outcome(id string, failed, probe bool) {
 	h.until, h.upSince = now.Add(d), time.Time{}
 	h.seen, h.at = 0, 0
 	// Under u.mu, so that a racing probe's success cannot undo it.
-	s.rt.SetHealthy(id, false)
-	s.m.healthy.WithLabelValues(id).Set(0)
-	s.m.ejections.WithLabelValues(id).Inc()
+	f.rt.SetHealthy(id, false)
+	f.m.healthy.WithLabelValues(id).Set(0)
+	f.m.ejections.WithLabelValues(id).Inc()
 	for cancel := range h.waiting {
-		(*cancel)(errEjected)
+		(*cancel)(ErrEjected)
 	}
-	s.log.Warn("replica ejected", "replica", id, "why", why, "for", d, "ejections", h.ejections)
+	f.log.Warn("replica ejected", "replica", id, "why", why, "for", d, "ejections", h.ejections)
 }
 
 // probed records a successful probe: it brings the replica back unless it
 // is still ejected.
-func (s *Server) probed(u *upstream) {
+func (f *Fleet) probed(u *Upstream) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	h := &u.health
@@ -131,17 +133,17 @@ func (s *Server) probed(u *upstream) {
 		h.upSince = now
 		if !h.until.IsZero() { // back from an ejection: a fresh start
 			h.failures = 0
-			s.log.Info("replica back", "replica", u.cfg.ID, "ejections", h.ejections)
+			f.log.Info("replica back", "replica", u.cfg.ID, "ejections", h.ejections)
 		}
 	}
-	s.rt.SetHealthy(u.cfg.ID, true)
-	s.m.healthy.WithLabelValues(u.cfg.ID).Set(1)
+	f.rt.SetHealthy(u.cfg.ID, true)
+	f.m.healthy.WithLabelValues(u.cfg.ID).Set(1)
 }
 
-// wait registers an attempt waiting for its first byte from u, to be cut
-// (with errEjected) if u is ejected meanwhile; the returned function
-// unregisters it.
-func (u *upstream) wait(cancel *context.CancelCauseFunc) func() {
+// Watch registers an attempt waiting for its first byte from u, to be cut
+// (with ErrEjected as its cause) if u is ejected meanwhile; the returned
+// function unregisters it.
+func (u *Upstream) Watch(cancel *context.CancelCauseFunc) (unwatch func()) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.health.waiting == nil {

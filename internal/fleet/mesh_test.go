@@ -1,4 +1,4 @@
-package proxy
+package fleet_test
 
 import (
 	"fmt"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
 )
 
@@ -23,8 +24,8 @@ func TestMeshRoutersSurviveABusCut(t *testing.T) {
 	}
 	t.Cleanup(stop)
 	a, b := startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 5*time.Millisecond, emulator.Faults{})
-	us, usURL := startProxy(t, Config{Region: "us", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}, a, b)
-	eu, euURL := startProxy(t, Config{Region: "eu", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}, a, b)
+	us, usURL := startProxy(t, testConfig{Fleet: fleet.Config{Region: "us", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}}, a, b)
+	eu, euURL := startProxy(t, testConfig{Fleet: fleet.Config{Region: "eu", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}}, a, b)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var failed []string
@@ -84,8 +85,8 @@ func TestMeshSharesWhileServing(t *testing.T) {
 	}
 	t.Cleanup(stop)
 	a := startReplica(t, 5*time.Millisecond, emulator.Faults{})
-	_, usURL := startProxy(t, Config{Region: "us", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}, a)
-	eu, _ := startProxy(t, Config{Region: "eu", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}, a)
+	_, usURL := startProxy(t, testConfig{Fleet: fleet.Config{Region: "us", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}}, a)
+	eu, _ := startProxy(t, testConfig{Fleet: fleet.Config{Region: "eu", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}}, a)
 	for _, stream := range []bool{true, false} {
 		var peak atomic.Int64
 		done := make(chan time.Duration)

@@ -1,4 +1,4 @@
-package proxy
+package fleet
 
 import (
 	"context"
@@ -11,14 +11,14 @@ import (
 )
 
 // gone reports whether u no longer stands for a replica of the fleet (the
-// router forgot it, or a new replica took its id): its loops end, and the
-// proxy forgets it.
-func (s *Server) gone(u *upstream) bool {
-	if s.upstream(u.cfg.ID) != u {
+// router let it go, or a new replica took its id): its loops end, and the
+// fleet retires it.
+func (f *Fleet) gone(u *Upstream) bool {
+	if f.Upstream(u.cfg.ID) != u {
 		return true
 	}
-	if !s.rt.Has(u.cfg.ID) {
-		s.reap(u.cfg.ID)
+	if !f.rt.Has(u.cfg.ID) {
+		f.retire(u.cfg.ID)
 		return true
 	}
 	return false
@@ -26,37 +26,37 @@ func (s *Server) gone(u *upstream) bool {
 
 // probeLoop probes a replica's round trip every ProbeInterval, the first
 // at once if now.
-func (s *Server) probeLoop(ctx context.Context, u *upstream, now bool) {
+func (f *Fleet) probeLoop(ctx context.Context, u *Upstream, now bool) {
 	for {
-		if s.gone(u) {
+		if f.gone(u) {
 			return
 		}
 		if now {
-			s.probe(ctx, u)
+			f.probe(ctx, u)
 		}
 		now = true
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(s.Config().ProbeInterval):
+		case <-time.After(f.Config().ProbeInterval):
 		}
 	}
 }
 
 // probe times GET /health on a replica: a success feeds the RTT estimate
 // and marks the replica up; a failure counts against it.
-func (s *Server) probe(ctx context.Context, u *upstream) {
-	ctx, cancel := context.WithTimeout(ctx, max(s.Config().ProbeInterval, 2*time.Second))
+func (f *Fleet) probe(ctx context.Context, u *Upstream) {
+	ctx, cancel := context.WithTimeout(ctx, max(f.Config().ProbeInterval, 2*time.Second))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.cfg.URL+"/health", nil)
 	if err != nil {
 		return
 	}
 	start := time.Now()
-	resp, err := s.client.Do(req)
+	resp, err := f.client.Do(req)
 	if err != nil {
 		if ctx.Err() == nil || ctx.Err() == context.DeadlineExceeded {
-			s.probeFailed(u.cfg.ID)
+			f.probeFailed(u.cfg.ID)
 		}
 		return
 	}
@@ -64,30 +64,30 @@ func (s *Server) probe(ctx context.Context, u *upstream) {
 	resp.Body.Close()
 	rtt := time.Since(start)
 	if resp.StatusCode != http.StatusOK {
-		s.probeFailed(u.cfg.ID)
+		f.probeFailed(u.cfg.ID)
 		return
 	}
-	if s.rt.ObserveRTT(u.cfg.ID, rtt) != nil {
+	if f.rt.ObserveRTT(u.cfg.ID, rtt) != nil {
 		return // left the fleet meanwhile
 	}
-	s.m.rtt.WithLabelValues(u.cfg.ID).Set(rtt.Seconds())
-	s.probed(u)
+	f.m.rtt.WithLabelValues(u.cfg.ID).Set(rtt.Seconds())
+	f.probed(u)
 }
 
 // scrapeLoop reads a replica's engine metrics every ScrapeInterval, the
 // first at once.
-func (s *Server) scrapeLoop(ctx context.Context, u *upstream) {
-	sc := &enginemetrics.Scraper{Client: s.client, URL: u.cfg.URL + u.cfg.MetricsPath}
+func (f *Fleet) scrapeLoop(ctx context.Context, u *Upstream) {
+	sc := &enginemetrics.Scraper{Client: f.client, URL: u.cfg.URL + u.cfg.MetricsPath}
 	var last *enginemetrics.Metrics
 	for {
-		if s.gone(u) {
+		if f.gone(u) {
 			return
 		}
-		last = s.scrape(ctx, u, sc, last)
+		last = f.scrape(ctx, u, sc, last)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(s.Config().ScrapeInterval):
+		case <-time.After(f.Config().ScrapeInterval):
 		}
 	}
 }
@@ -96,30 +96,30 @@ func (s *Server) scrapeLoop(ctx context.Context, u *upstream) {
 // the scrape failed). A first failure after successes, and the recovery,
 // are logged; an engine that restarted since the last scrape (its process
 // start time changed, or its prompt-token counter went back) has an empty
-// cache, and the router forgets what it believed it held.
-func (s *Server) scrape(ctx context.Context, u *upstream, sc *enginemetrics.Scraper, last *enginemetrics.Metrics) *enginemetrics.Metrics {
-	ctx, cancel := context.WithTimeout(ctx, max(s.Config().ScrapeInterval, 2*time.Second))
+// cache, and the router clears what it believed it held.
+func (f *Fleet) scrape(ctx context.Context, u *Upstream, sc *enginemetrics.Scraper, last *enginemetrics.Metrics) *enginemetrics.Metrics {
+	ctx, cancel := context.WithTimeout(ctx, max(f.Config().ScrapeInterval, 2*time.Second))
 	defer cancel()
 	id := u.cfg.ID
 	em, err := sc.Scrape(ctx)
 	if err != nil {
 		if ctx.Err() == nil || ctx.Err() == context.DeadlineExceeded {
-			s.m.scrapeErrors.WithLabelValues(id).Inc()
+			f.m.scrapeErrors.WithLabelValues(id).Inc()
 			if !u.scrapeFailing.Swap(true) {
-				s.log.Warn("scrape failed", "replica", id, "error", err)
+				f.log.Warn("scrape failed", "replica", id, "error", err)
 			}
 		}
 		return last
 	}
 	if u.scrapeFailing.Swap(false) {
-		s.log.Info("scrape works again", "replica", id)
+		f.log.Info("scrape works again", "replica", id)
 	}
 	if last != nil && (em.StartTime != last.StartTime || em.PromptTokensTotal < last.PromptTokensTotal) {
-		s.rt.ForgetCache(id)
-		s.m.restarts.WithLabelValues(id).Inc()
-		s.log.Warn("replica restarted: the router forgets what it believed its cache held", "replica", id)
+		f.rt.ClearCache(id)
+		f.m.restarts.WithLabelValues(id).Inc()
+		f.log.Warn("replica restarted: the router clears what it believed its cache held", "replica", id)
 	}
-	s.rt.ObserveEngine(id, policy.EngineGauges{Running: em.Running, Waiting: em.Waiting, KVUsedTokens: em.KVUsedTokens, CacheHitRate: em.CacheHitRate}, s.now())
-	s.rt.SetKVCapacity(id, em.KVCapacityTokens) // the engine knows its cache better than the config
+	f.rt.ObserveEngine(id, policy.EngineGauges{Running: em.Running, Waiting: em.Waiting, KVUsedTokens: em.KVUsedTokens, CacheHitRate: em.CacheHitRate}, f.Now())
+	f.rt.SetKVCapacity(id, em.KVCapacityTokens) // the engine knows its cache better than the config
 	return &em
 }

@@ -1,0 +1,129 @@
+package admin
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
+)
+
+// The admin API wants a token when one is configured; the client port
+// never serves it.
+func TestAdminAuth(t *testing.T) {
+	dir := t.TempDir()
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte("# operators\nalice s3cret-s3cret-s3cret\nbob-is-long-enough-too\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var logs servetest.Log
+	r := startReplica(t, 2*time.Millisecond, emulator.Faults{})
+	cfg := testConfig{Admin: Config{TokenFile: tokens}, Log: slog.New(slog.NewTextHandler(&logs, nil))}
+	s := startAdmin(t, cfg, r)
+	admin := s.adminURL
+	for _, h := range [][]string{nil, {"Authorization", "Bearer wrong-wrong-wrong-wrong"}, {"Authorization", "s3cret-s3cret-s3cret"}} {
+		code, body := do(t, "GET", admin+"/admin/replicas", "", h...)
+		if code != 401 || !strings.Contains(body, `"code":401`) {
+			t.Errorf("header %v: %d %s, want a 401 in OpenAI's shape", h, code, body)
+		}
+	}
+	if code, _ := do(t, "GET", admin+"/admin/replicas", "", "Authorization", "Bearer s3cret-s3cret-s3cret"); code != 200 {
+		t.Errorf("alice's token: %d", code)
+	}
+	if code, _ := do(t, "POST", admin+"/admin/replicas/a/drain", "", "Authorization", "Bearer bob-is-long-enough-too"); code != 200 {
+		t.Errorf("the unnamed token: %d", code)
+	}
+	if !strings.Contains(logs.String(), "op=drain") || !strings.Contains(logs.String(), "who="+tokens+":3") {
+		t.Errorf("the log does not say who drained: %s", logs.String())
+	}
+	if code, _ := do(t, "GET", s.client+"/admin/replicas", "", "Authorization", "Bearer s3cret-s3cret-s3cret"); code != 404 {
+		t.Errorf("client port /admin/replicas: %d, want 404", code)
+	}
+	// A known path with the wrong method: a 405 in OpenAI's shape.
+	if code, body := do(t, "DELETE", admin+"/admin/weights", "", "Authorization", "Bearer s3cret-s3cret-s3cret"); code != 405 || !strings.Contains(body, "GET, PUT") {
+		t.Errorf("DELETE /admin/weights: %d %s", code, body)
+	}
+	// A token on the environment instead.
+	t.Setenv("GORGO_TEST_TOKEN", "from-the-environment")
+	cfg.Admin = Config{TokenEnv: "GORGO_TEST_TOKEN", Listen: "0.0.0.0:0"}
+	admin2 := startAdmin(t, cfg, r).adminURL
+	if code, _ := do(t, "GET", admin2+"/admin/weights", "", "Authorization", "Bearer from-the-environment"); code != 200 {
+		t.Errorf("env token: %d", code)
+	}
+	if code, _ := do(t, "GET", admin2+"/admin/weights", ""); code != 401 {
+		t.Errorf("no token: %d", code)
+	}
+	// Refused: a non-loopback admin address without a token, a short token.
+	for _, a := range []Config{{Listen: "0.0.0.0:9091"}, {Listen: "[::]:9091"}, {Listen: "10.1.2.3:9091"}} {
+		cfg.Admin = a
+		if _, err := newRouter(t, cfg, r); err == nil || !strings.Contains(err.Error(), "without a token") {
+			t.Errorf("%s: %v", a.Listen, err)
+		}
+	}
+	os.WriteFile(tokens, []byte("short\n"), 0o600)
+	cfg.Admin = Config{TokenFile: tokens}
+	if _, err := newRouter(t, cfg, r); err == nil {
+		t.Error("a 5-character token accepted")
+	}
+}
+
+// Weights set through the admin API apply to the next decision, and are
+// validated.
+func TestAdminWeightsAndTuner(t *testing.T) {
+	// The default policy shows and takes its decode weights.
+	admin := startAdmin(t, testConfig{}, startReplica(t, 2*time.Millisecond, emulator.Faults{})).adminURL
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"decode":0.7}`); code != 200 || !strings.Contains(body, `"policy": "gorgo-e2e"`) ||
+		!strings.Contains(body, `"decode": 0.7`) || !strings.Contains(body, `"itl": 0.2`) {
+		t.Errorf("set decode: %d %s", code, body)
+	}
+	admin = startAdmin(t, testConfig{Fleet: fleet.Config{Policy: "gorgo"}}, startReplica(t, 2*time.Millisecond, emulator.Faults{})).adminURL
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"decode":0.7}`); code != 400 {
+		t.Errorf("decode weight for gorgo: %d %s", code, body)
+	}
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"rtt":1.5}`); code != 200 || !strings.Contains(body, `"rtt": 1.5`) || !strings.Contains(body, `"queue": 0.5`) {
+		t.Errorf("set: %d %s", code, body)
+	}
+	if code, _ := do(t, "PUT", admin+"/admin/weights", `{"rtt":-1}`); code != 400 {
+		t.Errorf("negative weight: %d", code)
+	}
+	if _, body := do(t, "GET", admin+"/admin/weights", ""); !strings.Contains(body, `"rtt": 1.5`) {
+		t.Errorf("get: %s", body)
+	}
+	if code, _ := do(t, "POST", admin+"/admin/tuner/pause", ""); code != 404 {
+		t.Errorf("pausing a policy that does not tune: %d", code)
+	}
+	big := strings.NewReader(strings.Repeat("x", 9<<20)) // over max_body_bytes (8 MiB)
+	resp, err := http.Post(admin+"/admin/decide", "application/json", big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 413 {
+		t.Errorf("oversized decide: %d, want 413", resp.StatusCode)
+	}
+}
+
+// Explaining a decision moves nothing: round-robin keeps alternating.
+func TestDecideIsADryRun(t *testing.T) {
+	s := startAdmin(t, testConfig{Fleet: fleet.Config{Policy: "round-robin"}}, startReplica(t, 2*time.Millisecond, emulator.Faults{}), startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	admin, url := s.adminURL, s.client
+	var got []string
+	for i := range 4 {
+		resp, err := http.Post(admin+"/admin/decide", "application/json", strings.NewReader(servetest.ChatBody("where?", 1, false)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		got = append(got, chat(t, url, fmt.Sprintf("q%d", i), 1).Replica)
+	}
+	if strings.Join(got, "") != "abab" {
+		t.Errorf("round-robin with explanations in between went %v, want a b a b", got)
+	}
+}

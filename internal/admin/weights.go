@@ -1,0 +1,154 @@
+package admin
+
+import (
+	"math/rand/v2"
+	"net/http"
+
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/httpapi"
+	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/tune"
+)
+
+// weights shows the policy's parameters (for the online tuner, its
+// incumbent's, with its base).
+func (s *Server) weights(w http.ResponseWriter, r *http.Request) {
+	p := s.fleet.Policy()
+	v := fleet.Params(p)
+	if v == nil {
+		httpapi.Error(w, http.StatusNotFound, "policy %s has no weights", p.Name())
+		return
+	}
+	out := paramsJSON(p.Name(), v)
+	if t, ok := p.(policy.Tuner); ok {
+		out["base"], out["tuned"] = t.Base(), true
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
+}
+
+// setWeights sets some of the policy's parameters: a JSON object of names
+// and numbers; the others keep their values. The policy validates them.
+func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) {
+	p, ok := s.fleet.Policy().(policy.Tunable)
+	if !ok {
+		httpapi.Error(w, http.StatusConflict, "policy %s has no weights to set (an online tuner tunes its own)", s.fleet.Policy().Name())
+		return
+	}
+	var in map[string]*float64
+	if !httpapi.DecodeJSON(w, r, &in, maxJSON) {
+		return
+	}
+	v := p.Params()
+	for k, x := range in {
+		if x == nil {
+			httpapi.Error(w, http.StatusBadRequest, "%s: want a number, got null", k)
+			return
+		}
+		v[k] = *x
+	}
+	if err := p.SetParams(v); err != nil {
+		httpapi.Error(w, http.StatusBadRequest, "%v", err)
+		return
+	}
+	s.log.Info("admin change", "who", who(r), "op", "weights", "weights", policy.Format(p.Name(), p.Params()))
+	httpapi.WriteJSON(w, http.StatusOK, paramsJSON(p.Name(), p.Params()))
+}
+
+// paramsJSON is a policy's parameters as the admin API shows them.
+func paramsJSON(name string, v policy.Values) map[string]any {
+	out := map[string]any{"policy": name}
+	for k, x := range v {
+		out[k] = x
+	}
+	return out
+}
+
+// tuner shows the online tuner's state, when the policy tunes itself.
+func (s *Server) tuner(w http.ResponseWriter, r *http.Request) {
+	o, ok := s.fleet.Policy().(*tune.Online)
+	if !ok {
+		httpapi.Error(w, http.StatusNotFound, "policy %s does not tune itself", s.fleet.Policy().Name())
+		return
+	}
+	judged, accepted := o.Counts()
+	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"base": o.Base(), "incumbent": o.Incumbent(), "sigma": o.Sigma(), "paused": o.Paused(),
+		"judged": judged, "accepted": accepted, "history": o.Steps()})
+}
+
+func (s *Server) pauseTuner(pause bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		o, ok := s.fleet.Policy().(*tune.Online)
+		if !ok {
+			httpapi.Error(w, http.StatusNotFound, "policy %s does not tune itself", s.fleet.Policy().Name())
+			return
+		}
+		op := "tuner resume"
+		if pause {
+			op = "tuner pause"
+			o.Pause()
+		} else if err := o.Resume(); err != nil {
+			httpapi.Error(w, http.StatusInternalServerError, "%v", err)
+			return
+		}
+		s.log.Info("admin change", "who", who(r), "op", op)
+		httpapi.WriteJSON(w, http.StatusOK, map[string]any{"paused": o.Paused()})
+	}
+}
+
+// decide explains where a request would go: the body is a chat completion
+// request; nothing is sent or recorded.
+func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
+	body := httpapi.GetBuffer()
+	defer httpapi.PutBuffer(body)
+	if err := httpapi.ReadBody(r, body, maxDecideBody); err != nil {
+		httpapi.WriteError(w, httpapi.BodyError(err))
+		return
+	}
+	req, perr := s.fleet.Core().DryRun(*body, r.Header.Get("X-Session-ID"))
+	if perr != nil {
+		httpapi.WriteError(w, perr)
+		return
+	}
+	defer req.Discard()
+	// A fresh instance of the policy (for an online tuner, its base with
+	// the incumbent's parameters) and a random source of its own:
+	// explaining a decision must not move a round-robin counter or a
+	// tuner's arms.
+	pol, err := s.explainPolicy()
+	if err != nil {
+		httpapi.Error(w, http.StatusInternalServerError, "%v", err)
+		return
+	}
+	now := s.fleet.Now()
+	c, scored, err := s.fleet.Router().Explain(now, &req.Route, pol, rand.New(rand.NewPCG(s.fleet.Config().Seed, 1)))
+	if err != nil {
+		httpapi.Error(w, http.StatusServiceUnavailable, "%v", err)
+		return
+	}
+	scores := map[string]policy.Terms{}
+	for _, sc := range scored {
+		scores[sc.ID] = sc.Terms
+	}
+	out := map[string]any{"replica": c.ID, "prompt_tokens": req.Route.PromptTokens, "expected_output_tokens": req.Route.ExpectedOutputTokens,
+		"est_cached_tokens": c.EstCachedTokens, "policy": pol.Name(), "scores": scores}
+	if best, floor, err := s.fleet.Router().Predict(now, &req.Route); err == nil {
+		out["predicted_ttft_ms"], out["predicted_ttft_idle_ms"] = float64(best.Microseconds())/1000, float64(floor.Microseconds())/1000
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
+}
+
+// explainPolicy returns a fresh instance of the fleet's policy with its
+// parameters now (an online tuner's base with the incumbent's).
+func (s *Server) explainPolicy() (policy.Policy, error) {
+	cfg := s.fleet.Config()
+	p := s.fleet.Policy()
+	name := p.Name()
+	if t, ok := p.(policy.Tuner); ok {
+		name = t.Base()
+	}
+	opts := cfg.PolicyOptions(name)
+	if v := fleet.Params(p); v != nil {
+		opts.Params = v
+	}
+	return policy.New(name, opts)
+}

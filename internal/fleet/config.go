@@ -1,0 +1,402 @@
+package fleet
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/discover"
+	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/policy"
+)
+
+// Config is the fleet's part of gorgo serve's (and gorgo epp's) config
+// file: its replicas and where more come from, the policy and its
+// parameters, the signals, health, admission and the mesh. Zero fields take
+// the defaults Defaults fills in.
+type Config struct {
+	// Replicas are the replicas the config names; Discover adds groups of
+	// replicas found in DNS. Either may be empty (replicas can also come
+	// through the admin API).
+	Replicas []ReplicaConfig  `yaml:"replicas"`
+	Discover []discover.Group `yaml:"discover"`
+	// Policy names the routing policy (default: "default", gorgo-e2e); any
+	// registered policy but the simulator's.
+	Policy string `yaml:"policy"`
+	// Params are policies' parameters, by policy name (a parameter not
+	// given takes its default): in the file, params: {gorgo-e2e: {decode:
+	// 0.3}}, or under the key the policy registered (policy.Info.ConfigKey:
+	// weights: for gorgo's, ms_weights: for gorgo-ms's, e2e_weights: for
+	// the default policy's).
+	Params map[string]policy.Values `yaml:"params"`
+	// TieMargin is the scoring policies' relative tie margin (default 0.01).
+	TieMargin float64 `yaml:"tie_margin"`
+	// BlockTokens is the prefix index's block size in estimated tokens
+	// (default 64); BytesPerToken the token estimator's (default 4, as the
+	// emulator's).
+	BlockTokens   int `yaml:"block_tokens"`
+	BytesPerToken int `yaml:"bytes_per_token"`
+	// ProbeInterval is the period of round-trip probes (GET /health,
+	// default 5 s); ScrapeInterval of /metrics scrapes (default 5 s); both
+	// the paper used 30 s.
+	ProbeInterval  time.Duration `yaml:"probe_interval"`
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// RTTAlpha smooths the probes (default 0.3).
+	RTTAlpha float64 `yaml:"rtt_alpha"`
+	// OnlineRates learns gorgo-ms's per-replica rates from observed TTFT.
+	OnlineRates bool `yaml:"online_rates"`
+	// MaxAttempts bounds the replicas one request is tried on (default 3):
+	// a replica that refuses the connection or answers 5xx/429 before any
+	// byte reached the client is skipped and another chosen.
+	MaxAttempts int `yaml:"max_attempts"`
+	// FailureThreshold is how many failures in a row (requests or probes)
+	// eject a replica (default 3); so does a failure rate of half its last
+	// 20 requests and probes. An ejected replica takes no requests for
+	// EjectionTime (default 30 s) times the number of its ejections, at
+	// most MaxEjectionTime (default 5 min); then a successful probe brings
+	// it back. Staying up for MaxEjectionTime resets its count.
+	FailureThreshold int           `yaml:"failure_threshold"`
+	EjectionTime     time.Duration `yaml:"ejection_time"`
+	MaxEjectionTime  time.Duration `yaml:"max_ejection_time"`
+	// ConnectTimeout bounds connecting to a replica (default 5 s).
+	ConnectTimeout time.Duration `yaml:"connect_timeout"`
+	// UpstreamTLS is TLS to https replicas.
+	UpstreamTLS UpstreamTLSConfig `yaml:"upstream_tls"`
+	// Seed fixes the policies' random draws.
+	Seed uint64 `yaml:"seed"`
+	// TTFTSLO, if set, turns admission on: a request whose best predicted
+	// TTFT exceeds it waits in a router-side queue of at most
+	// AdmissionQueue requests (default 1024) until it can make it, least
+	// predicted TTFT first (Admission: queue, the default), or is refused
+	// at once with 429 and Retry-After (Admission: reject). A request that
+	// can no longer make it gets the 429 too. Changing them needs a
+	// restart.
+	TTFTSLO        time.Duration `yaml:"ttft_slo"`
+	Admission      admit.Mode    `yaml:"admission"`
+	AdmissionQueue int           `yaml:"admission_queue"`
+	// Region is where this router runs: the region policies that prefer
+	// their own use (skywalker), and the default name on a mesh.
+	Region string `yaml:"region"`
+	// Mesh, if set, shares this router's requests with the other routers
+	// of a mesh, and mirrors theirs, over NATS (see package mesh). Needs a
+	// restart to change.
+	Mesh *mesh.Config `yaml:"mesh"`
+}
+
+// ReplicaConfig is one upstream engine.
+type ReplicaConfig struct {
+	// ID names the replica (default the URL's host).
+	ID string `yaml:"id"`
+	// URL is the engine's base URL; /v1/..., /health and /metrics are
+	// appended.
+	URL    string `yaml:"url"`
+	Region string `yaml:"region"`
+	// Profile, if set, names the engine profile the replica runs: it gives
+	// the KV capacity, the prefill and queue rates and the priors of the
+	// ITL model unless set here.
+	Profile          string  `yaml:"profile"`
+	KVCapacityTokens int     `yaml:"kv_capacity_tokens"`
+	PrefillMSPerTok  float64 `yaml:"prefill_ms_per_token"`
+	QueueMSPerTok    float64 `yaml:"queue_ms_per_token"`
+	// ITLMS and ITLSlopeMS are the priors of the replica's inter-token
+	// latency model (ms, and ms per request in flight); the router learns
+	// both from the streams it relays.
+	ITLMS      float64 `yaml:"itl_ms"`
+	ITLSlopeMS float64 `yaml:"itl_slope_ms"`
+	// MetricsPath is where the engine serves Prometheus metrics (default
+	// /metrics).
+	MetricsPath string `yaml:"metrics_path"`
+	// APIKeyEnv names the environment variable holding the replica's API
+	// key, which a front end sends it (auth.upstream: replica).
+	APIKeyEnv string `yaml:"api_key_env"`
+}
+
+// UpstreamTLSConfig is TLS to https:// replicas: the CA that signed their
+// certificates (else the system's), and an optional client certificate.
+// It is read at start; changing it needs a restart.
+type UpstreamTLSConfig struct {
+	CAFile   string `yaml:"ca_file"`
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+}
+
+// paperProfile is the profile replicas without one are priced at.
+const paperProfile = "paper"
+
+// Defaults returns c with every zero field set to its default.
+func (c Config) Defaults() Config {
+	if c.Policy == "" {
+		c.Policy = policy.DefaultName
+	}
+	c.Policy = policy.Canonical(c.Policy)
+	if len(c.Params) > 0 {
+		params := make(map[string]policy.Values, len(c.Params))
+		for name, v := range c.Params {
+			params[policy.Canonical(name)] = v
+		}
+		c.Params = params
+	}
+	if c.TieMargin == 0 {
+		c.TieMargin = policy.DefaultTieMargin
+	}
+	if c.BlockTokens == 0 {
+		c.BlockTokens = 64
+	}
+	if c.BytesPerToken == 0 {
+		c.BytesPerToken = 4
+	}
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = 5 * time.Second
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = 5 * time.Second
+	}
+	if c.RTTAlpha == 0 {
+		c.RTTAlpha = 0.3
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 3
+	}
+	if c.FailureThreshold == 0 {
+		c.FailureThreshold = 3
+	}
+	if c.EjectionTime == 0 {
+		c.EjectionTime = 30 * time.Second
+	}
+	if c.MaxEjectionTime == 0 {
+		c.MaxEjectionTime = 5 * time.Minute
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = 5 * time.Second
+	}
+	c.Replicas = append([]ReplicaConfig(nil), c.Replicas...)
+	for i := range c.Replicas {
+		c.Replicas[i] = c.Replicas[i].Defaults()
+	}
+	c.Discover = append([]discover.Group(nil), c.Discover...)
+	for i := range c.Discover {
+		c.Discover[i] = c.Discover[i].Defaults()
+	}
+	return c
+}
+
+// Defaults returns r with every zero field set to its default: the id
+// from the URL's host, the KV capacity and rates from the profile.
+func (r ReplicaConfig) Defaults() ReplicaConfig {
+	r.URL = strings.TrimRight(r.URL, "/")
+	if r.ID == "" {
+		if u, err := url.Parse(r.URL); err == nil {
+			r.ID = u.Host
+		}
+	}
+	if r.MetricsPath == "" {
+		r.MetricsPath = "/metrics"
+	}
+	prof := r.Profile
+	if prof == "" {
+		prof = paperProfile
+	}
+	if p, err := engine.LookupProfile(prof); err == nil {
+		if r.KVCapacityTokens == 0 {
+			r.KVCapacityTokens = p.KVCapacityTokens
+		}
+		if r.PrefillMSPerTok == 0 {
+			r.PrefillMSPerTok = p.PrefillMSPerToken()
+		}
+		if r.QueueMSPerTok == 0 {
+			r.QueueMSPerTok = p.QueueMSPerToken()
+		}
+		if r.ITLMS == 0 {
+			r.ITLMS = p.ITLMS()
+		}
+		if r.ITLSlopeMS == 0 {
+			r.ITLSlopeMS = p.ITLSlopeMS()
+		}
+	}
+	return r
+}
+
+// Validate reports the first problem of a defaulted replica.
+func (r ReplicaConfig) Validate() error {
+	u, err := url.Parse(r.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("url %q is not an http(s) URL", r.URL)
+	}
+	if r.ID == "" || strings.ContainsAny(r.ID, "/?#") || strings.TrimSpace(r.ID) != r.ID {
+		return fmt.Errorf("id %q: want a non-empty id without '/', '?', '#' or surrounding spaces", r.ID)
+	}
+	if r.Profile != "" {
+		if _, err := engine.LookupProfile(r.Profile); err != nil {
+			return err
+		}
+	}
+	for _, v := range []float64{r.PrefillMSPerTok, r.QueueMSPerTok} {
+		if !(v > 0) || math.IsInf(v, 0) {
+			return fmt.Errorf("prefill and queue rates must be positive and finite")
+		}
+	}
+	for _, v := range []float64{r.ITLMS, r.ITLSlopeMS} {
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("itl_ms and itl_slope_ms must be non-negative and finite")
+		}
+	}
+	if r.KVCapacityTokens <= 0 {
+		return fmt.Errorf("kv_capacity_tokens must be positive")
+	}
+	if !strings.HasPrefix(r.MetricsPath, "/") {
+		return fmt.Errorf("metrics_path %q must start with /", r.MetricsPath)
+	}
+	return nil
+}
+
+// apiKey reads a replica's API key from its environment variable.
+func (r ReplicaConfig) apiKey() (string, error) {
+	if r.APIKeyEnv == "" {
+		return "", nil
+	}
+	k := os.Getenv(r.APIKeyEnv)
+	if k == "" {
+		return "", fmt.Errorf("replica %s: api_key_env: $%s is unset or empty", r.ID, r.APIKeyEnv)
+	}
+	return k, nil
+}
+
+// Validate reports the first problem of a defaulted config; it changes
+// nothing.
+func (c Config) Validate() error {
+	ids := map[string]bool{}
+	for i, r := range c.Replicas {
+		if err := r.Validate(); err != nil {
+			return fmt.Errorf("config: replica %d (%s): %w", i+1, r.ID, err)
+		}
+		if ids[r.ID] {
+			return fmt.Errorf("config: replica id %q used twice", r.ID)
+		}
+		ids[r.ID] = true
+	}
+	names := map[string]bool{}
+	for i, g := range c.Discover {
+		if err := g.Validate(); err != nil {
+			return fmt.Errorf("config: discover group %d: %w", i+1, err)
+		}
+		if names[g.Name()] {
+			return fmt.Errorf("config: discover group %q listed twice", g.Name())
+		}
+		names[g.Name()] = true
+		if g.Profile != "" {
+			if _, err := engine.LookupProfile(g.Profile); err != nil {
+				return fmt.Errorf("config: discover group %s: %w", g.Name(), err)
+			}
+		}
+	}
+	if info, ok := policy.Lookup(c.Policy); !ok {
+		return fmt.Errorf("config: unknown policy %q (valid: %s)", c.Policy, strings.Join(policy.LiveNames(), ", "))
+	} else if info.SimOnly {
+		return fmt.Errorf("config: policy %s runs only in the simulator (valid here: %s)", c.Policy, strings.Join(policy.LiveNames(), ", "))
+	}
+	switch {
+	case c.BlockTokens < 1 || c.BytesPerToken < 1:
+		return fmt.Errorf("config: block_tokens and bytes_per_token must be at least 1")
+	case c.ProbeInterval <= 0 || c.ScrapeInterval <= 0 || c.ConnectTimeout <= 0:
+		return fmt.Errorf("config: intervals and timeouts must be positive")
+	case !(c.RTTAlpha > 0 && c.RTTAlpha <= 1):
+		return fmt.Errorf("config: rtt_alpha must be in (0, 1], got %v", c.RTTAlpha)
+	case c.MaxAttempts < 1 || c.FailureThreshold < 1:
+		return fmt.Errorf("config: max_attempts and failure_threshold must be at least 1")
+	case c.EjectionTime < 0 || c.MaxEjectionTime < c.EjectionTime:
+		return fmt.Errorf("config: ejection_time must be positive and at most max_ejection_time")
+	case math.IsNaN(c.TieMargin) || math.IsInf(c.TieMargin, 0):
+		return fmt.Errorf("config: tie_margin must be finite")
+	}
+	if _, err := c.admission(); err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if m := c.Mesh; m != nil {
+		mc := *m
+		if mc.Name == "" {
+			mc.Name = c.Region
+		}
+		if mc.URL == "" && mc.Embed != "" {
+			mc.URL = "nats://" + mc.Embed // checked only for presence here
+		}
+		if err := mc.Validate(); err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Params)) {
+		info, ok := policy.Lookup(name)
+		if !ok {
+			return fmt.Errorf("config: params: unknown policy %q (policies with parameters: %s)", name, strings.Join(policy.WithParams(), ", "))
+		}
+		if _, err := info.Resolve(c.Params[name]); err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+	}
+	return nil
+}
+
+// PolicyOptions are the options of a new instance of the named policy
+// under this config: its parameters (the defaults of those not given) and
+// the router's region.
+func (c *Config) PolicyOptions(name string) policy.Options {
+	return policy.Options{Params: c.Params[policy.Canonical(name)].Clone(), Region: c.Region}
+}
+
+// admission is the config's admission under a TTFT SLO (zero: off).
+func (c *Config) admission() (admit.Config, error) {
+	if c.TTFTSLO == 0 {
+		if c.Admission != "" || c.AdmissionQueue != 0 {
+			return admit.Config{}, fmt.Errorf("admission and admission_queue need ttft_slo (--ttft-slo)")
+		}
+		return admit.Config{}, nil
+	}
+	a := admit.Config{SLO: c.TTFTSLO, MaxQueue: c.AdmissionQueue}
+	if c.Admission != "" {
+		m, err := admit.ParseMode(string(c.Admission))
+		if err != nil {
+			return a, err
+		}
+		a.Mode = m
+	}
+	return a, a.Validate()
+}
+
+// client returns the TLS config of connections to replicas (nil: Go's
+// defaults).
+func (t UpstreamTLSConfig) client() (*tls.Config, error) {
+	if t == (UpstreamTLSConfig{}) {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("config: upstream_tls.ca_file: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("config: upstream_tls.ca_file %s holds no PEM certificate", t.CAFile)
+		}
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile != "":
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("config: upstream_tls: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	case t.CertFile != "" || t.KeyFile != "":
+		return nil, errors.New("config: upstream_tls needs both cert_file and key_file for a client certificate")
+	}
+	return c, nil
+}

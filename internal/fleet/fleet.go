@@ -1,0 +1,273 @@
+// Package fleet is a gorgo router's control plane, apart from any front
+// end: the replicas (an upstream registry of ids, URLs, endpoints,
+// credentials and the transport that reaches them, beside the routing
+// core's router.Router), membership from every source through one
+// reconciler (Want), the probe and scrape loops that keep the router's view
+// of each replica current, health and outlier ejection, the mesh
+// connection, the admission loop, and the fleet's part of the config with
+// its reload. The HTTP proxy (internal/proxy) and the endpoint picker
+// (internal/epp) are front ends over a Fleet; the admin API
+// (internal/admin) operates it.
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gorgo-llm/gorgo/internal/discover"
+	"github.com/gorgo-llm/gorgo/internal/lifecycle"
+	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/prompt"
+	"github.com/gorgo-llm/gorgo/internal/router"
+)
+
+// Fleet is a router's replicas and what keeps them current. Create it
+// with New and run Run for the loops; it is safe for concurrent use.
+type Fleet struct {
+	cfg    atomic.Pointer[Config] // the running config (live settings change on reload)
+	rt     *router.Router
+	policy policy.Policy
+	core   *lifecycle.Core
+	client *http.Client
+	start  time.Time
+	bus    *mesh.Bus // nil off a mesh
+	nats   func()    // stops the embedded NATS server, if any
+	m      *metrics
+	log    *slog.Logger
+
+	// ups maps replica ids to upstreams; it changes under mu and is read
+	// through the atomic pointer.
+	ups atomic.Pointer[map[string]*Upstream]
+	// mu serialises membership: the sources' wishes, the upstream map,
+	// the start of loops, the running sources.
+	mu      sync.Mutex
+	wishes  map[string]map[string]ReplicaConfig // source -> id -> replica
+	sources map[string]*running                 // watching sources, by name
+	run     context.Context                     // Run's, nil when not running
+	loops   sync.WaitGroup
+
+	resolver discover.Resolver
+}
+
+// Options are what a Fleet is built with besides its config.
+type Options struct {
+	// Policy routes; nil means the config's policy.
+	Policy policy.Policy
+	// Registry gets the fleet's and the requests' metrics (required).
+	Registry prometheus.Registerer
+	// Log gets membership changes, health and reloads (nil: discarded);
+	// AccessLog one line per request (nil: none).
+	Log, AccessLog *slog.Logger
+	// Tap hears of every request's decision and end (a live view).
+	Tap lifecycle.Tap
+	// Resolver resolves DNS groups (nil: a strict pure-Go resolver, see
+	// discover.NewWatcher).
+	Resolver discover.Resolver
+	// Fallbacks is how many replicas after its choice a decision ranks
+	// (default max_attempts − 1; more for a front end that hands the list
+	// on).
+	Fallbacks int
+}
+
+// maxResponseHeaderBytes bounds a replica's response headers: past it the
+// attempt fails as the replica's fault (and the next fallback is tried),
+// so a hostile replica cannot grow the router or hand clients headers
+// larger than they take.
+const maxResponseHeaderBytes = 64 << 10
+
+// New builds a fleet from a config (its defaults applied here) and brings
+// in the config's replicas; it joins the mesh if the config has one (Run
+// leaves it when it ends).
+func New(cfg Config, o Options) (*Fleet, error) {
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	pol := o.Policy
+	if pol == nil {
+		var err error
+		if pol, err = policy.New(cfg.Policy, cfg.PolicyOptions(cfg.Policy)); err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+	}
+	upTLS, err := cfg.UpstreamTLS.client()
+	if err != nil {
+		return nil, err
+	}
+	rt, err := router.New(router.Config{Policy: pol, BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha,
+		OnlineRates: cfg.OnlineRates, TieMargin: cfg.TieMargin})
+	if err != nil {
+		return nil, err
+	}
+	f := &Fleet{rt: rt, policy: pol, start: time.Now(), log: o.Log, resolver: o.Resolver,
+		wishes: map[string]map[string]ReplicaConfig{}, sources: map[string]*running{}}
+	f.cfg.Store(&cfg)
+	f.ups.Store(&map[string]*Upstream{})
+	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	f.client = &http.Client{Transport: &http.Transport{
+		DialContext:         dialer.DialContext,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+		// A ~1k-token request (4 KB) leaves in one write with its headers,
+		// and an answer comes in with few reads.
+		WriteBufferSize:        64 << 10,
+		ReadBufferSize:         64 << 10,
+		MaxResponseHeaderBytes: maxResponseHeaderBytes,
+		TLSClientConfig:        upTLS,
+	}}
+	f.m = newMetrics(o.Registry)
+	o.Registry.MustRegister(stateCollector{f})
+	adm, _ := cfg.admission() // validated
+	var obs lifecycle.Observer
+	if cfg.Mesh != nil {
+		if err := f.joinMesh(*cfg.Mesh, cfg.Region); err != nil {
+			return nil, err
+		}
+		obs = f.bus
+	}
+	f.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken}, BlockTokens: cfg.BlockTokens,
+		MaxAttempts: cfg.MaxAttempts, Fallbacks: o.Fallbacks, Start: f.start, Health: f, Metrics: lifecycle.NewMetrics(o.Registry),
+		Log: o.AccessLog, Seed: cfg.Seed, Admission: adm, Observer: obs, Tap: o.Tap})
+	if _, err := f.Want(SourceConfig, cfg.Replicas); err != nil {
+		f.leaveMesh()
+		return nil, err
+	}
+	f.setSources(dnsSources(cfg.Discover, f.resolver, f.log))
+	return f, nil
+}
+
+// Run probes and scrapes every replica, runs the watching sources (DNS
+// groups) and the admission loop, until ctx ends; then it leaves the mesh.
+// Replicas are routed to only after a probe has reached them, so call
+// ProbeOnce before serving.
+func (f *Fleet) Run(ctx context.Context) error {
+	f.mu.Lock()
+	f.run = ctx
+	for _, u := range f.upstreams() {
+		f.startLoops(u, false) // ProbeOnce probed them
+	}
+	for _, s := range f.sources {
+		f.startSource(s)
+	}
+	f.mu.Unlock()
+	f.loops.Add(1)
+	go func() {
+		defer f.loops.Done()
+		f.core.RunAdmission(ctx)
+	}()
+	<-ctx.Done()
+	f.mu.Lock()
+	f.run = nil
+	f.mu.Unlock()
+	f.loops.Wait()
+	f.leaveMesh()
+	return nil
+}
+
+// Close leaves the mesh, for a fleet that will not Run (Run leaves it when
+// it ends).
+func (f *Fleet) Close() error {
+	f.leaveMesh()
+	return nil
+}
+
+// ProbeOnce probes every replica once, concurrently.
+func (f *Fleet) ProbeOnce(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, u := range f.upstreams() {
+		wg.Go(func() { f.probe(ctx, u) })
+	}
+	wg.Wait()
+}
+
+// startLoops starts a replica's probe and scrape loops, probing at once
+// if probeNow, when the fleet runs (else Run starts them). Call with f.mu
+// held.
+func (f *Fleet) startLoops(u *Upstream, probeNow bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if f.run == nil || u.stop != nil || u.stopped {
+		return
+	}
+	ctx, cancel := context.WithCancel(f.run)
+	u.stop = cancel
+	f.loops.Add(2)
+	go func() {
+		defer f.loops.Done()
+		f.probeLoop(ctx, u, probeNow)
+	}()
+	go func() {
+		defer f.loops.Done()
+		f.scrapeLoop(ctx, u)
+	}()
+}
+
+// Router is the routing core.
+func (f *Fleet) Router() *router.Router { return f.rt }
+
+// Core is the request lifecycle the front ends serve through.
+func (f *Fleet) Core() *lifecycle.Core { return f.core }
+
+// Policy is the routing policy.
+func (f *Fleet) Policy() policy.Policy { return f.policy }
+
+// Config returns the running config.
+func (f *Fleet) Config() Config { return *f.cfg.Load() }
+
+// Client is the transport to the replicas.
+func (f *Fleet) Client() *http.Client { return f.client }
+
+// Bus is the mesh bus (nil off a mesh).
+func (f *Fleet) Bus() *mesh.Bus { return f.bus }
+
+// Now is the router's clock: time since the fleet started.
+func (f *Fleet) Now() time.Duration { return time.Since(f.start) }
+
+// Upstream returns the replica of that id (nil if none).
+func (f *Fleet) Upstream(id string) *Upstream { return (*f.ups.Load())[id] }
+
+func (f *Fleet) upstreams() map[string]*Upstream { return *f.ups.Load() }
+
+// Endpoint returns a replica's address as host:port.
+func (f *Fleet) Endpoint(id string) (string, bool) {
+	u := f.Upstream(id)
+	if u == nil {
+		return "", false
+	}
+	return u.Endpoint()
+}
+
+// EndpointIDs maps host:port addresses to replica ids, for a gateway's
+// subset hints.
+func (f *Fleet) EndpointIDs() map[string]string {
+	out := map[string]string{}
+	for id, u := range f.upstreams() {
+		if ep, ok := u.Endpoint(); ok {
+			out[ep] = id
+		}
+	}
+	return out
+}
+
+// Drain stops new requests to a replica; its requests in flight finish.
+func (f *Fleet) Drain(id string) error { return f.rt.Drain(id) }
+
+// Undrain makes a draining (or leaving) replica active again.
+func (f *Fleet) Undrain(id string) error { return f.rt.Undrain(id) }

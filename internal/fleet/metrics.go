@@ -1,0 +1,96 @@
+package fleet
+
+import (
+	"maps"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gorgo-llm/gorgo/internal/policy"
+)
+
+// metrics are the fleet's series of the replicas (requests' series are
+// the lifecycle's).
+type metrics struct {
+	scrapeErrors *prometheus.CounterVec
+	healthy, rtt *prometheus.GaugeVec
+	ejections    *prometheus.CounterVec
+	restarts     *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		scrapeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_scrape_errors_total",
+			Help: "Failed scrapes of a replica's engine metrics."}, []string{"replica"}),
+		healthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gorgo_replica_healthy",
+			Help: "1 if the replica is up (probed and not marked down)."}, []string{"replica"}),
+		rtt: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gorgo_replica_rtt_seconds",
+			Help: "The last probe's round trip to the replica."}, []string{"replica"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_replica_ejections_total",
+			Help: "Times a replica was ejected as an outlier (consecutive failures or a failure rate of half its recent requests)."}, []string{"replica"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_replica_restarts_total",
+			Help: "Engine restarts seen in a replica's metrics (its process start time changed or its counters went back)."}, []string{"replica"}),
+	}
+	reg.MustRegister(m.scrapeErrors, m.healthy, m.rtt, m.ejections, m.restarts)
+	return m
+}
+
+// forget drops a replica's series (it left the fleet).
+func (m *metrics) forget(id string) {
+	m.scrapeErrors.DeleteLabelValues(id)
+	m.healthy.DeleteLabelValues(id)
+	m.rtt.DeleteLabelValues(id)
+	m.ejections.DeleteLabelValues(id)
+	m.restarts.DeleteLabelValues(id)
+}
+
+// stateCollector exports the router's view of each replica and the
+// policy's parameters when Prometheus scrapes, and costs nothing otherwise.
+type stateCollector struct{ f *Fleet }
+
+var (
+	descInFlight = prometheus.NewDesc("gorgo_replica_in_flight", "Requests this router sent to the replica that have not finished.", []string{"replica"}, nil)
+	descTokens   = prometheus.NewDesc("gorgo_replica_in_flight_tokens", "Prompt tokens of those requests.", []string{"replica"}, nil)
+	descBacklog  = prometheus.NewDesc("gorgo_replica_backlog_tokens", "Uncached prompt tokens sent to the replica that have not produced a first token (its prefill backlog).", []string{"replica"}, nil)
+	descDecoding = prometheus.NewDesc("gorgo_replica_decoding", "Requests at the replica past their first token.", []string{"replica"}, nil)
+	descRTTEst   = prometheus.NewDesc("gorgo_replica_rtt_estimate_seconds", "The router's smoothed round-trip estimate to the replica (what decisions use).", []string{"replica"}, nil)
+	descITL      = prometheus.NewDesc("gorgo_replica_itl_seconds", "The replica's learned inter-token latency at its current load.", []string{"replica"}, nil)
+	descWeight   = prometheus.NewDesc("gorgo_policy_weight", "The routing policy's parameters (for the online tuner, its incumbent's).", []string{"policy", "weight"}, nil)
+)
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descInFlight, descTokens, descBacklog, descDecoding, descRTTEst, descITL, descWeight} {
+		ch <- d
+	}
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, st := range c.f.rt.Replicas() {
+		g := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, st.ID)
+		}
+		g(descInFlight, float64(st.InFlight))
+		g(descTokens, float64(st.UnfinishedTokens))
+		g(descBacklog, float64(st.BacklogTokens))
+		g(descDecoding, float64(st.Decoding))
+		g(descRTTEst, st.RTT.Seconds())
+		g(descITL, (st.ITLBaseMS+st.ITLSlopeMS*float64(st.InFlight))/1000)
+	}
+	w := Params(c.f.policy)
+	name := c.f.policy.Name()
+	for _, k := range slices.Sorted(maps.Keys(w)) {
+		ch <- prometheus.MustNewConstMetric(descWeight, prometheus.GaugeValue, w[k], name, k)
+	}
+}
+
+// Params returns a policy's parameters now: a tunable policy's, the online
+// tuner's incumbent's (nil for a policy without parameters).
+func Params(p policy.Policy) policy.Values {
+	switch p := p.(type) {
+	case policy.Tuner:
+		return p.Incumbent()
+	case policy.Tunable:
+		return p.Params()
+	}
+	return nil
+}

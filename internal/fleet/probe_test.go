@@ -1,0 +1,72 @@
+package fleet_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+)
+
+// An engine that restarted (its counters went back) has an empty cache:
+// the router forgets what it believed the replica held.
+func TestRestartedEngineIsForgotten(t *testing.T) {
+	var mu sync.Mutex
+	promptTotal := 5000
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(w, "sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:max_total_num_tokens 983549\nsglang:prompt_tokens_total %d\n", promptTotal)
+			return
+		}
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"completion_tokens":1}}`)
+	})
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ScrapeInterval: 20 * time.Millisecond}}, up)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(strings.Repeat("a long prompt ", 200), 1, false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if n := stateOr(s, "a").IndexBlocks; n == 0 {
+		t.Fatal("nothing indexed")
+	}
+	mu.Lock()
+	promptTotal = 12 // the engine came back from a restart
+	mu.Unlock()
+	eventually(t, "the router to forget the replica's cache", func() bool { return stateOr(s, "a").IndexBlocks == 0 })
+}
+
+// The router sizes a replica's share of the prefix index from the KV
+// capacity its engine reports, not only from the configured profile.
+func TestScrapedKVCapacitySizesTheIndex(t *testing.T) {
+	p, _ := engine.LookupProfile("paper")
+	p.KVCapacityTokens = 123456
+	srv, err := emulator.New(emulator.Config{Profile: p, Speedup: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go srv.Run(ctx)
+	hs := httptest.NewServer(srv.Handler())
+	defer hs.Close()
+	s, _ := startProxy(t, testConfig{Fleet: fleet.Config{ScrapeInterval: 20 * time.Millisecond}}, fakeReplica(hs.URL))
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Router().Replicas()[0].KVCapacityTokens != 123456/16*16 {
+		if time.Now().After(deadline) {
+			t.Fatalf("capacity %d, want the engine's", s.Router().Replicas()[0].KVCapacityTokens)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

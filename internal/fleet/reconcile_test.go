@@ -1,0 +1,255 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/router"
+)
+
+// newTestFleet is a fleet that is not running: its replicas are never
+// contacted, so what the reconciler does is all there is to see.
+func newTestFleet(t *testing.T) *Fleet {
+	t.Helper()
+	f, err := New(Config{Policy: "round-robin", ProbeInterval: time.Hour, ScrapeInterval: time.Hour}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func rc(id, url, region string) ReplicaConfig {
+	return ReplicaConfig{ID: id, URL: url, Region: region, Profile: "paper"}
+}
+
+func want(t *testing.T, f *Fleet, source string, reps ...ReplicaConfig) Changes {
+	t.Helper()
+	ch, err := f.Want(source, reps)
+	if err != nil {
+		t.Fatalf("Want(%s): %v", source, err)
+	}
+	return ch
+}
+
+func ids(f *Fleet) []string {
+	var out []string
+	for _, st := range f.Router().Replicas() {
+		out = append(out, st.ID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// dispatchTo puts a request in replica id's ledger (made the only one
+// available) and returns its ticket.
+func dispatchTo(t *testing.T, f *Fleet, id string) router.Ticket {
+	t.Helper()
+	for _, st := range f.Router().Replicas() {
+		f.Router().ObserveRTT(st.ID, time.Millisecond)
+		if st.ID != id {
+			f.Router().Drain(st.ID)
+			defer f.Router().Undrain(st.ID)
+		}
+	}
+	tk, _, err := f.Router().Dispatch(f.Now(), &policy.Request{PromptTokens: 10}, rand.New(rand.NewPCG(1, 1)), nil)
+	if err != nil || tk.ID != id {
+		t.Fatalf("dispatched to %q (%v), want %s", tk.ID, err, id)
+	}
+	return tk
+}
+
+// One source's wishes, applied in turn: a replica added, one whose URL
+// changed started afresh, one whose region changed reconfigured in place,
+// one no longer wanted drained and removed once its request in flight is
+// done, and one wanted again while it was leaving kept.
+func TestReconcilerAppliesASourcesWish(t *testing.T) {
+	f := newTestFleet(t)
+	ch := want(t, f, SourceConfig, rc("a", "http://a:1", "us"), rc("b", "http://b:1", "eu"))
+	if !slices.Equal(ch.Added, []string{"a", "b"}) || len(ch.Removed)+len(ch.Changed) != 0 {
+		t.Fatalf("adding: %+v", ch)
+	}
+	if u := f.Upstream("a"); u == nil || u.Source() != SourceConfig || u.URL() != "http://a:1" {
+		t.Fatalf("a's upstream: %+v", u)
+	}
+	for _, id := range []string{"a", "b"} {
+		f.Router().ObserveRTT(id, 40*time.Millisecond)
+	}
+
+	// a's URL changes: it starts afresh (no round trip known); b's region
+	// changes: what was observed of it stays.
+	ch = want(t, f, SourceConfig, rc("a", "http://a:2", "us"), rc("b", "http://b:1", "ap"))
+	if !slices.Equal(ch.Changed, []string{"a", "b"}) || len(ch.Added)+len(ch.Removed) != 0 {
+		t.Fatalf("changing: %+v", ch)
+	}
+	a, _ := f.Router().Replica("a")
+	b, _ := f.Router().Replica("b")
+	if f.Upstream("a").URL() != "http://a:2" || a.Probed || a.RTT != 0 {
+		t.Errorf("a after its URL changed: %s, %+v", f.Upstream("a").URL(), a)
+	}
+	if b.Region != "ap" || b.RTT != 40*time.Millisecond {
+		t.Errorf("b after its region changed: %+v", b)
+	}
+
+	// b is no longer wanted, with a request in flight: it drains, and
+	// leaves when the request ends.
+	tk := dispatchTo(t, f, "b")
+	ch = want(t, f, SourceConfig, rc("a", "http://a:2", "us"))
+	if !slices.Equal(ch.Removed, []string{"b"}) {
+		t.Fatalf("removing: %+v", ch)
+	}
+	if st, err := f.Router().Replica("b"); err != nil || st.State != router.Removing {
+		t.Fatalf("b while its request is in flight: %+v, %v", st, err)
+	}
+	// Wanted again while leaving: it stays, with the new settings.
+	ch = want(t, f, SourceConfig, rc("a", "http://a:2", "us"), rc("b", "http://b:1", "sa"))
+	if st, _ := f.Router().Replica("b"); st.State != router.Active || st.Region != "sa" || !slices.Equal(ch.Changed, []string{"b"}) {
+		t.Fatalf("b wanted again: %+v, %+v", st, ch)
+	}
+	want(t, f, SourceConfig, rc("a", "http://a:2", "us"))
+	if !f.Router().Has("b") {
+		t.Fatal("b left with its request in flight")
+	}
+	f.Router().Finish(&tk)
+	if f.Router().Has("b") {
+		t.Fatal("b stayed after its last request ended")
+	}
+	// The same wish again changes nothing.
+	if ch := want(t, f, SourceConfig, rc("a", "http://a:2", "us")); !ch.Empty() {
+		t.Errorf("an unchanged wish: %+v", ch)
+	}
+}
+
+// Two sources naming the same id: the replica is the first's; the other's
+// claim is refused (and said), and honoured once the first lets it go.
+func TestReconcilerKeepsAnIDItsOwnersOwn(t *testing.T) {
+	f := newTestFleet(t)
+	want(t, f, SourceConfig, rc("x", "http://config:1", "us"))
+	_, err := f.Want(SourceDNS+"svc", []ReplicaConfig{rc("x", "http://dns:1", "eu"), rc("y", "http://dns:2", "eu")})
+	if err == nil || !strings.Contains(err.Error(), "config's") {
+		t.Fatalf("a second source's claim on x: %v", err)
+	}
+	if u := f.Upstream("x"); u.Source() != SourceConfig || u.URL() != "http://config:1" {
+		t.Fatalf("x taken over: %s %s", u.Source(), u.URL())
+	}
+	if u := f.Upstream("y"); u == nil || u.Source() != SourceDNS+"svc" {
+		t.Fatal("the rest of the second source's wish was not applied")
+	}
+	// The DNS source dropping x does not remove the config's x.
+	want(t, f, SourceDNS+"svc", rc("y", "http://dns:2", "eu"))
+	if !f.Router().Has("x") {
+		t.Fatal("another source's wish removed x")
+	}
+	want(t, f, SourceConfig)
+	if f.Router().Has("x") {
+		t.Fatal("x stayed after its source let it go")
+	}
+	want(t, f, SourceDNS+"svc", rc("x", "http://dns:1", "eu"), rc("y", "http://dns:2", "eu"))
+	if u := f.Upstream("x"); u == nil || u.Source() != SourceDNS+"svc" {
+		t.Fatal("x not taken by the next source that wants it")
+	}
+}
+
+// The admin API is a source too: Add puts a replica in its wish (an id in
+// the fleet is refused, whoever brought it), Remove takes one out of its
+// owner's.
+func TestAdminAddAndRemove(t *testing.T) {
+	f := newTestFleet(t)
+	want(t, f, SourceConfig, rc("a", "http://a:1", "us"))
+	if err := f.Add(SourceAdmin, rc("a", "http://elsewhere:1", "eu")); !errors.Is(err, router.ErrExists) {
+		t.Fatalf("adding a's id: %v", err)
+	}
+	if err := f.Add(SourceAdmin, rc("b", "http://b:1", "eu")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Add(SourceAdmin, rc("c", "ftp://c", "eu")); err == nil {
+		t.Fatal("a bad URL added")
+	}
+	if got := ids(f); !slices.Equal(got, []string{"a", "b"}) {
+		t.Fatalf("replicas %v", got)
+	}
+	// A config reload does not touch the admin's replica.
+	want(t, f, SourceConfig, rc("a", "http://a:1", "us"))
+	if !f.Router().Has("b") {
+		t.Fatal("a config reload removed the admin's replica")
+	}
+	if err := f.Remove("b"); err != nil || f.Router().Has("b") {
+		t.Fatalf("removing b: %v", err)
+	}
+	// Removing a config replica takes it out of the config's wish until
+	// the config names it again.
+	if err := f.Remove("a"); err != nil || f.Router().Has("a") {
+		t.Fatalf("removing a: %v", err)
+	}
+	want(t, f, SourceConfig, rc("a", "http://a:1", "us"))
+	if !f.Router().Has("a") {
+		t.Fatal("a not back when the config names it again")
+	}
+	if err := f.Remove("nobody"); !errors.Is(err, router.ErrUnknown) {
+		t.Errorf("removing an unknown id: %v", err)
+	}
+}
+
+// fakeSource reports the sets the test sends it; a nil set stands for a
+// lookup that failed (nothing reported).
+type fakeSource struct {
+	name string
+	sets chan []ReplicaConfig
+}
+
+func (s *fakeSource) Name() string { return s.name }
+
+func (s *fakeSource) Watch(ctx context.Context, want func([]ReplicaConfig)) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case set := <-s.sets:
+			if set != nil {
+				want(set)
+			}
+		}
+	}
+}
+
+// A watched source's reports go through the reconciler: a failed lookup
+// keeps its last set; its next set is applied; a source no longer listed
+// takes its replicas with it.
+func TestWatchedSourceKeepsItsLastSetThroughFailures(t *testing.T) {
+	f := newTestFleet(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	src := &fakeSource{name: "k8s:engines", sets: make(chan []ReplicaConfig)}
+	f.setSources([]Source{src})
+	wait := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("gave up waiting for %s", what)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	src.sets <- []ReplicaConfig{rc("p", "http://127.0.0.1:1", "us"), rc("q", "http://127.0.0.1:2", "us")}
+	wait("the source's replicas", func() bool { return slices.Equal(ids(f), []string{"p", "q"}) })
+	src.sets <- nil // a failed lookup
+	src.sets <- []ReplicaConfig{rc("p", "http://127.0.0.1:1", "us"), rc("q", "http://127.0.0.1:2", "us")}
+	if got := ids(f); !slices.Equal(got, []string{"p", "q"}) {
+		t.Fatalf("after a failed lookup: %v", got)
+	}
+	src.sets <- []ReplicaConfig{rc("p", "http://127.0.0.1:1", "us")}
+	wait("q to leave", func() bool { return slices.Equal(ids(f), []string{"p"}) })
+	if u := f.Upstream("p"); u.Source() != "k8s:engines" {
+		t.Errorf("p's source %q", u.Source())
+	}
+	f.setSources(nil)
+	wait("the source's replicas to leave with it", func() bool { return len(ids(f)) == 0 })
+}

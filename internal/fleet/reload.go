@@ -1,0 +1,82 @@
+package fleet
+
+import (
+	"fmt"
+	"maps"
+	"reflect"
+
+	"github.com/gorgo-llm/gorgo/internal/policy"
+)
+
+// Prepare judges next as the fleet's running config, for a reload: the
+// settings that cannot change while the fleet runs (see fixed) keep their
+// running values and are listed in restart, and next is validated with
+// them. A config that fails to validate is an error and changes nothing;
+// otherwise apply makes it the running config: the config's replicas are
+// reconciled (Want), the DNS groups re-read, the policy's parameters, the
+// intervals, the failure threshold and the ejection times take effect at
+// once.
+func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []string, err error) {
+	next = next.Defaults()
+	cur := f.Config()
+	restart = fixed(&cur, &next)
+	if err := next.Validate(); err != nil {
+		return nil, restart, err
+	}
+	var set func()
+	if !reflect.DeepEqual(cur.Params, next.Params) {
+		name := f.policy.Name()
+		switch p := f.policy.(type) {
+		case policy.Tunable:
+			v := next.PolicyOptions(name).Params
+			if !maps.Equal(v, p.Params()) {
+				set = func() { _ = p.SetParams(v) } // validated
+			}
+		default:
+			if !reflect.DeepEqual(cur.Params[name], next.Params[name]) {
+				restart = append(restart, fmt.Sprintf("params: policy %s takes none while it runs", name))
+				next.Params = cur.Params
+			}
+		}
+	}
+	sources := !reflect.DeepEqual(cur.Discover, next.Discover)
+	return func() (Changes, error) {
+		if set != nil {
+			set()
+		}
+		f.cfg.Store(&next)
+		ch, err := f.Want(SourceConfig, next.Replicas)
+		if sources {
+			f.setSources(dnsSources(next.Discover, f.resolver, f.log))
+		}
+		return ch, err
+	}, restart, nil
+}
+
+// fixed reports the settings that differ between cur and next but cannot
+// change while the fleet runs, and gives next their running values.
+func fixed(cur, next *Config) []string {
+	var out []string
+	keep := func(name string, a, b any, reset func()) {
+		if !reflect.DeepEqual(a, b) {
+			out = append(out, fmt.Sprintf("%s (running %v, file %v)", name, a, b))
+			reset()
+		}
+	}
+	keep("policy", cur.Policy, next.Policy, func() { next.Policy = cur.Policy })
+	keep("tie_margin", cur.TieMargin, next.TieMargin, func() { next.TieMargin = cur.TieMargin })
+	keep("block_tokens", cur.BlockTokens, next.BlockTokens, func() { next.BlockTokens = cur.BlockTokens })
+	keep("bytes_per_token", cur.BytesPerToken, next.BytesPerToken, func() { next.BytesPerToken = cur.BytesPerToken })
+	keep("rtt_alpha", cur.RTTAlpha, next.RTTAlpha, func() { next.RTTAlpha = cur.RTTAlpha })
+	keep("online_rates", cur.OnlineRates, next.OnlineRates, func() { next.OnlineRates = cur.OnlineRates })
+	keep("max_attempts", cur.MaxAttempts, next.MaxAttempts, func() { next.MaxAttempts = cur.MaxAttempts })
+	keep("connect_timeout", cur.ConnectTimeout, next.ConnectTimeout, func() { next.ConnectTimeout = cur.ConnectTimeout })
+	keep("seed", cur.Seed, next.Seed, func() { next.Seed = cur.Seed })
+	keep("ttft_slo", cur.TTFTSLO, next.TTFTSLO, func() { next.TTFTSLO = cur.TTFTSLO })
+	keep("region", cur.Region, next.Region, func() { next.Region = cur.Region })
+	keep("mesh", cur.Mesh, next.Mesh, func() { next.Mesh = cur.Mesh })
+	keep("admission", cur.Admission, next.Admission, func() { next.Admission = cur.Admission })
+	keep("admission_queue", cur.AdmissionQueue, next.AdmissionQueue, func() { next.AdmissionQueue = cur.AdmissionQueue })
+	keep("upstream_tls", cur.UpstreamTLS, next.UpstreamTLS, func() { next.UpstreamTLS = cur.UpstreamTLS })
+	return out
+}

@@ -1,0 +1,98 @@
+package fleet
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// Upstream is one replica as the fleet reaches it: its config, the source
+// that brought it, its credentials, its outlier state, and its probe and
+// scrape loops. The router holds what is observed of it.
+type Upstream struct {
+	cfg    ReplicaConfig
+	source string
+	apiKey string
+
+	mu      sync.Mutex
+	health  health
+	stop    context.CancelFunc // ends its probe and scrape loops
+	stopped bool
+
+	scrapeFailing atomic.Bool
+	// attemptLog limits the log lines of its failed attempts.
+	attemptLog rate.Sometimes
+}
+
+func newUpstream(rc ReplicaConfig, source string) (*Upstream, error) {
+	key, err := rc.apiKey()
+	if err != nil {
+		return nil, err
+	}
+	return &Upstream{cfg: rc, source: source, apiKey: key, attemptLog: rate.Sometimes{First: 3, Interval: 10 * time.Second}}, nil
+}
+
+// ID is the replica's id.
+func (u *Upstream) ID() string { return u.cfg.ID }
+
+// URL is the replica's base URL.
+func (u *Upstream) URL() string { return u.cfg.URL }
+
+// Config is the replica's config.
+func (u *Upstream) Config() ReplicaConfig { return u.cfg }
+
+// Source names the source that brought the replica (config, admin,
+// dns:NAME).
+func (u *Upstream) Source() string { return u.source }
+
+// APIKey is the replica's own API key ("" if it has none).
+func (u *Upstream) APIKey() string { return u.apiKey }
+
+// Endpoint returns the replica's address as host:port (from its URL, the
+// scheme's port when none is given), for front ends that name endpoints
+// rather than forward to them.
+func (u *Upstream) Endpoint() (string, bool) {
+	parsed, err := url.Parse(u.cfg.URL)
+	if err != nil || parsed.Host == "" {
+		return "", false
+	}
+	host, port := parsed.Hostname(), parsed.Port()
+	if port == "" {
+		port = "80"
+		if parsed.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(host, port), true
+}
+
+// LogAttempt runs log for a failed attempt at most every 10 s (the first
+// three at once).
+func (u *Upstream) LogAttempt(log func()) { u.attemptLog.Do(log) }
+
+// Health is the replica's outlier state: failures in a row, times ejected
+// (reset once it stays up), and when the current ejection ends (zero if
+// it is not ejected).
+func (u *Upstream) Health() (failures, ejections int, ejectedUntil time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if time.Now().Before(u.health.until) {
+		ejectedUntil = u.health.until
+	}
+	return u.health.failures, u.health.ejections, ejectedUntil
+}
+
+// stopLoops ends the upstream's loops, and keeps loops from starting after.
+func (u *Upstream) stopLoops() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.stopped = true
+	if u.stop != nil {
+		u.stop()
+	}
+}

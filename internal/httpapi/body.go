@@ -1,0 +1,51 @@
+package httpapi
+
+import (
+	"io"
+	"net/http"
+	"sync"
+)
+
+// buffers recycles request bodies and relay buffers.
+var buffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// GetBuffer returns an empty pooled buffer.
+func GetBuffer() *[]byte { return buffers.Get().(*[]byte) }
+
+// PutBuffer recycles a buffer, unless it grew past 1 MiB: one huge request
+// must not pin its memory for the life of the process.
+func PutBuffer(b *[]byte) {
+	if cap(*b) <= 1<<20 {
+		*b = (*b)[:0]
+		buffers.Put(b)
+	}
+}
+
+// ReadBody reads a request body into a pooled buffer, at most limit
+// bytes: a larger Content-Length is refused before anything is read (an
+// *http.MaxBytesError, as for a body that turns out larger).
+func ReadBody(r *http.Request, buf *[]byte, limit int64) error {
+	if r.ContentLength > limit {
+		return &http.MaxBytesError{Limit: limit}
+	}
+	b := (*buf)[:0]
+	if n := r.ContentLength; n > 0 && int64(cap(b)) < n {
+		b = make([]byte, 0, n+1)
+	}
+	body := http.MaxBytesReader(nil, r.Body, limit)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			*buf = b
+			return nil
+		}
+		if err != nil {
+			*buf = b
+			return err
+		}
+	}
+}

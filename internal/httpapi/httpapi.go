@@ -1,0 +1,104 @@
+// Package httpapi holds what gorgo's HTTP listeners (the OpenAI API of
+// gorgo serve, the admin API) share: errors in OpenAI's shape, routes that
+// answer a wrong method with 405 and an unknown path with 404 in that
+// shape, bounded and pooled request bodies, and bearer tokens compared in
+// constant time.
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// WriteError answers with e: its status, its Retry-After if any, and its
+// body in OpenAI's shape.
+func WriteError(w http.ResponseWriter, e *wire.Error) {
+	if e.RetryAfter != "" {
+		w.Header().Set("Retry-After", e.RetryAfter)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	_, _ = w.Write(e.JSON())
+}
+
+// Error answers with an error of the status (see wire.Errorf).
+func Error(w http.ResponseWriter, status int, format string, args ...any) {
+	WriteError(w, wire.Errorf(status, format, args...))
+}
+
+// WriteJSON answers with v, indented.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// DecodeJSON reads a JSON body of at most limit bytes into v, unknown
+// fields refused; it answers the error itself and reports false on one.
+func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
+	if r.ContentLength > limit {
+		Error(w, http.StatusRequestEntityTooLarge, "the body is larger than %d bytes", limit)
+		return false
+	}
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		Error(w, http.StatusBadRequest, "malformed JSON: %v", err)
+		return false
+	}
+	return true
+}
+
+// Endpoint is a method and a path pattern, and their handler.
+type Endpoint struct {
+	Method, Pattern string
+	Handler         http.HandlerFunc
+}
+
+// Register adds the routes to mux; a known path asked with another method
+// gets 405 with Allow, any other path 404, both in OpenAI's error shape.
+// (Under a catch-all pattern, PREFIX{rest...}, the catch-all's methods
+// take every path, and only other methods get the 405.)
+func Register(mux *http.ServeMux, endpoints []Endpoint) {
+	allowed := map[string][]string{}
+	var catchAll []string
+	for _, e := range endpoints {
+		mux.HandleFunc(e.Method+" "+e.Pattern, e.Handler)
+		allowed[e.Pattern] = append(allowed[e.Pattern], e.Method)
+		if prefix, ok := strings.CutSuffix(e.Pattern, "{rest...}"); ok {
+			catchAll = append(catchAll, prefix)
+		}
+	}
+	for pattern, methods := range allowed {
+		if !strings.HasSuffix(pattern, "{rest...}") && slices.ContainsFunc(catchAll, func(p string) bool { return strings.HasPrefix(pattern, p) }) {
+			continue
+		}
+		allow := strings.Join(methods, ", ")
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			Error(w, http.StatusMethodNotAllowed, "%s %s: use %s", r.Method, r.URL.Path, allow)
+		})
+	}
+	if allowed["/"] == nil {
+		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+			Error(w, http.StatusNotFound, "no route for %s %s", r.Method, r.URL.Path)
+		})
+	}
+}
+
+// BodyError is the error a client is told when its body could not be
+// read: too large (413), or broken off (400).
+func BodyError(err error) *wire.Error {
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return wire.Errorf(http.StatusRequestEntityTooLarge, "the request body is larger than %d bytes", tooBig.Limit)
+	}
+	return wire.Errorf(http.StatusBadRequest, "could not read the request body")
+}

@@ -1,0 +1,180 @@
+package lifecycle
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// Outcome is how an answer that reached the client ended.
+type Outcome struct {
+	// Status is the replica's HTTP status.
+	Status int
+	// ClientGone: the client went away before the answer was complete.
+	ClientGone bool
+	// Err is the upstream's failure after the answer started (a broken or
+	// stalled stream); nil if it ended well.
+	Err error
+}
+
+// end closes the request at at, each concern in its turn: the status it
+// ended with, the replica's ledger and the router's models, its health,
+// the learner, and the record (metrics, live view, access log). It returns
+// the status (499 for a client that left, 502 for a broken answer) and
+// recycles the Request: do not use it after.
+func (r *Request) end(o Outcome, at time.Time) int {
+	status, broken := r.settle(&o)
+	routed := r.active
+	r.report(status)
+	r.judge(status, broken)
+	if routed {
+		r.learn(status, at)
+	}
+	r.record(status, at, o.Err)
+	r.release()
+	return status
+}
+
+// settle turns how the answer ended into the status the request ended
+// with, and whether the replica broke it: a complete answer stays complete
+// whatever the client or the replica does after.
+func (r *Request) settle(o *Outcome) (status int, broken bool) {
+	switch {
+	case r.done:
+		o.Err = nil
+		return o.Status, false
+	case o.ClientGone:
+		return statusClientGone, false
+	case o.Err != nil:
+		return statusBadGateway, true
+	}
+	return o.Status, false
+}
+
+// report tells the router how the attempt went: a complete answer's token
+// gap and length (the ITL model, the output estimate), the replica's
+// ledger, and its cached-token report (the prefix index's correction).
+func (r *Request) report(status int) {
+	if !r.active {
+		return
+	}
+	rt := r.core.cfg.Router
+	if status == statusOK && r.done {
+		// The token gap only from a stream of at least two token events;
+		// the length from any complete answer.
+		var decode time.Duration
+		if r.tokens > 1 {
+			decode = r.lastTok.Sub(r.first)
+		}
+		rt.Decoded(&r.ticket, r.outputTokens(), decode)
+	}
+	t := r.ticket
+	r.free()
+	if r.cached >= 0 && status == statusOK {
+		rt.CachedReport(&t, r.cached)
+	}
+}
+
+// judge tells the health counters: an answer the replica broke off counts
+// against it, one served in full for it.
+func (r *Request) judge(status int, broken bool) {
+	h := r.core.cfg.Health
+	switch {
+	case h == nil:
+	case broken:
+		h.Failure(r.ticket.ID)
+	case status == statusOK:
+		h.Success(r.ticket.ID)
+	}
+}
+
+// learn hands a stream's outcome to a learning policy. Only a stream says
+// when its first token came: a non-streaming answer is timed by its end,
+// which is no TTFT.
+func (r *Request) learn(status int, at time.Time) {
+	l, isLearner := r.core.cfg.Router.Policy().(policy.Learner)
+	if !isLearner || !r.Parsed.Stream || status == statusClientGone {
+		return
+	}
+	out := policy.Outcome{Failed: status != statusOK || r.first.IsZero()}
+	if !out.Failed {
+		out.TTFT, out.E2E = r.first.Sub(r.sent), at.Sub(r.sent)
+		if r.tokens > 1 {
+			out.ITL = r.lastTok.Sub(r.first) / time.Duration(r.tokens-1)
+		}
+	}
+	l.Learn(r.ticket.Tag, out)
+}
+
+// record counts the request in the metrics, tells the live view, and
+// writes the access log line.
+func (r *Request) record(status int, at time.Time, err error) {
+	c := r.core
+	id := r.ticket.ID
+	ttft := noTTFT
+	if !r.first.IsZero() {
+		ttft = r.first.Sub(r.Received)
+	}
+	c.cfg.Metrics.ended(id, status, ttft, at.Sub(r.Received))
+	if c.cfg.Tap != nil && r.tapID != 0 {
+		c.cfg.Tap.Ended(r.tapID, id, status, max(ttft, 0), at.Sub(r.Received))
+	}
+	if c.cfg.Log != nil {
+		attrs := []any{"replica", id, "status", status, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
+			"est_cached_tokens", r.ticket.EstCachedTokens, "cached_tokens", r.cached, "output_tokens", r.outputTokens(),
+			"attempts", r.attempts, "e2e_ms", ms(at.Sub(r.Received))}
+		if ttft != noTTFT {
+			attrs = append(attrs, "ttft_ms", ms(ttft))
+		}
+		if err != nil {
+			attrs = append(attrs, "error", err.Error())
+		}
+		c.cfg.Log.Info("request", attrs...)
+	}
+}
+
+// reject closes a request no replica served: it records the failure and
+// recycles the Request.
+func (r *Request) reject(e *wire.Error) {
+	c := r.core
+	c.cfg.Metrics.ended("", e.Status, noTTFT, 0)
+	if c.cfg.Log != nil {
+		c.cfg.Log.Info("request", "replica", "", "status", e.Status, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
+			"attempts", r.attempts, "error", e.Message)
+	}
+	r.release()
+}
+
+// abandon closes a request whose client went away while no replica was
+// serving it.
+func (r *Request) abandon() {
+	r.free()
+	r.core.cfg.Metrics.ended(r.ticket.ID, statusClientGone, noTTFT, 0)
+	r.release()
+}
+
+// noTTFT stands for the TTFT of a request that had no first token.
+const noTTFT = time.Duration(-1)
+
+func (r *Request) outputTokens() int {
+	if r.completionTokens > 0 {
+		return r.completionTokens
+	}
+	return r.tokens
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+var statusTexts sync.Map // int -> string
+
+func statusText(code int) string {
+	if s, ok := statusTexts.Load(code); ok {
+		return s.(string)
+	}
+	s := fmt.Sprint(code)
+	statusTexts.Store(code, s)
+	return s
+}

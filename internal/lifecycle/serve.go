@@ -1,0 +1,113 @@
+package lifecycle
+
+import (
+	"context"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// Incoming is a request as a front end received it.
+type Incoming struct {
+	// Body is the request body; Kind says what it is.
+	Body []byte
+	Kind Kind
+	// Session is the client's session header (empty if none).
+	Session string
+	// Received is when the request arrived.
+	Received time.Time
+	// Allowed, if set, restricts the decision to the replicas it accepts (a
+	// gateway's subset hint).
+	Allowed func(id string) bool
+}
+
+// A FrontEnd is what differs between gorgo's front ends: how an attempt
+// reaches a replica, how its answer reaches the client, and how a refusal
+// does. Serve calls it from its own goroutine, in the request's order:
+// Send for each attempt until one is answered, then Relay once; or Refuse.
+type FrontEnd interface {
+	// Send makes the attempt of r on replica id: it sends the request (a
+	// proxy) or names the replica to the gateway that will (an endpoint
+	// picker), and returns once the replica's answer has begun, with its
+	// HTTP status; or the reason the attempt failed, before anything
+	// reached the client: then the next fallback is tried.
+	Send(ctx context.Context, r *Request, id string) (status int, err *AttemptError)
+	// Relay passes the answer on to the client, handing its events to r
+	// (Chunk, Done, Complete), and says how it ended.
+	Relay(r *Request) Outcome
+	// Refuse answers the client with e: no replica will serve the request.
+	Refuse(e *wire.Error)
+}
+
+// AttemptError is why an attempt failed before anything reached the
+// client.
+type AttemptError struct {
+	// Error is what the client is told if no other replica serves it.
+	wire.Error
+	// Broken says the replica is to blame (it refused, hung, broke, or
+	// answered 5xx): it counts against its health. A busy replica (503,
+	// 429) is not broken.
+	Broken bool
+}
+
+// Serve drives one request through its life: it reads the body, applies
+// admission, asks the router for a replica, has the front end send each
+// attempt until a replica answers (the next fallback after each failure,
+// up to MaxAttempts), has it relay the answer, and ends the request (the
+// ledger, the router's models, health, the learner, metrics, the live view
+// and the access log). ctx is the client's: a client that leaves before an
+// answer began is a 499 that does not count against any replica. It
+// returns the status the request ended with.
+func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
+	r, e := c.begin(in.Body, in.Kind, in.Session, in.Received)
+	if e != nil {
+		c.Refused(e)
+		fe.Refuse(e)
+		return e.Status
+	}
+	r.Route.Allowed = in.Allowed
+	if e, gone := r.admit(ctx); gone != nil {
+		r.abandon()
+		return statusClientGone
+	} else if e != nil {
+		r.reject(e)
+		fe.Refuse(e)
+		return e.Status
+	}
+	for {
+		id, ok := r.next()
+		if !ok {
+			break
+		}
+		r.sent = time.Now()
+		status, aerr := fe.Send(ctx, r, id)
+		if aerr != nil {
+			if ctx.Err() != nil { // the client left: not the replica's fault
+				r.abandon()
+				return statusClientGone
+			}
+			r.failed(&aerr.Error, aerr.Broken)
+			continue
+		}
+		if status == statusOK {
+			r.accepted()
+		}
+		return r.end(fe.Relay(r), time.Now())
+	}
+	e = r.failure()
+	r.reject(e)
+	fe.Refuse(e)
+	return e.Status
+}
+
+// Refused counts a request refused before it was read (its body was too
+// large or broke off), as Serve counts those it refuses.
+func (c *Core) Refused(e *wire.Error) {
+	c.cfg.Metrics.ended("", e.Status, noTTFT, 0)
+}
+
+// DryRun reads a chat request without serving it, to explain where it
+// would go (its Route); Discard it after.
+func (c *Core) DryRun(body []byte, session string) (*Request, *wire.Error) {
+	return c.begin(body, Chat, session, time.Now())
+}

@@ -1,0 +1,109 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
+)
+
+type replica = servetest.Replica
+
+var (
+	startReplica = servetest.StartReplica
+	chatBody     = servetest.ChatBody
+	do           = servetest.Do
+	eventually   = servetest.Eventually
+)
+
+// testConfig is a router's config in a test: the fleet's part, the front
+// end's, an access log and a policy of the test's own (nil: the config's).
+type testConfig struct {
+	Fleet     fleet.Config
+	Proxy     Config
+	AccessLog *slog.Logger
+	Policy    policy.Policy
+}
+
+// testRouter is a fleet and its front end, running until the test ends.
+type testRouter struct {
+	*fleet.Fleet
+	proxy *Server
+	reg   *prometheus.Registry
+}
+
+// startProxy runs a fleet of the replicas (ids a, b, ... in regions ra,
+// rb, ...), probed and scraped every 100 ms unless the config says
+// otherwise, and the front end over it; it returns the front end's URL.
+func startProxy(t testing.TB, cfg testConfig, reps ...*replica) (*testRouter, string) {
+	t.Helper()
+	for i, r := range reps {
+		cfg.Fleet.Replicas = append(cfg.Fleet.Replicas, fleet.ReplicaConfig{ID: string(rune('a' + i)), URL: r.URL, Region: "r" + string(rune('a'+i)), Profile: "paper"})
+	}
+	if cfg.Fleet.ProbeInterval == 0 {
+		cfg.Fleet.ProbeInterval = 100 * time.Millisecond
+	}
+	if cfg.Fleet.ScrapeInterval == 0 {
+		cfg.Fleet.ScrapeInterval = 100 * time.Millisecond
+	}
+	reg := prometheus.NewRegistry()
+	f, err := fleet.New(cfg.Fleet, fleet.Options{Policy: cfg.Policy, Registry: reg, AccessLog: cfg.AccessLog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(f, cfg.Proxy, reg, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f.ProbeOnce(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	ts := httptest.NewServer(p.Handler())
+	t.Cleanup(func() {
+		ts.Close()
+		cancel()
+		<-done
+	})
+	return &testRouter{Fleet: f, proxy: p, reg: reg}, ts.URL
+}
+
+// stateOr is replica id's state, zero if it is gone.
+func stateOr(s *testRouter, id string) router.ReplicaState {
+	st, _ := s.Router().Replica(id)
+	return st
+}
+
+// result is what a client saw of a streamed chat completion.
+type result struct {
+	status  int
+	replica string
+	content []string
+	cached  int
+	done    bool
+	err     string
+}
+
+// chat sends a streaming chat completion through the proxy.
+func chat(t testing.TB, url, content string, maxTokens int, header ...string) result {
+	t.Helper()
+	r := servetest.Chat(t, url, content, maxTokens, header...)
+	return result{status: r.Status, replica: r.Replica, content: r.Content, cached: r.Cached, done: r.Done, err: r.Err}
+}
+
+// fakeReplica is a replica at url, served by the test.
+func fakeReplica(url string) *replica { return &replica{URL: url} }
+
+// fakeUpstream is an upstream of the test's own.
+func fakeUpstream(t testing.TB, h func(w http.ResponseWriter, r *http.Request)) *replica {
+	return servetest.Fake(t, h)
+}

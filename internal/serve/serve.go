@@ -1,0 +1,232 @@
+// Package serve is a whole gorgo router as gorgo serve and gorgo epp run
+// it: the config file (Config: the fleet's, the HTTP front end's and the
+// admin listener's parts in one YAML document) and its reload, and the
+// assembly of a fleet, its admin API and live view, and, for gorgo serve,
+// the HTTP front end.
+package serve
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gorgo-llm/gorgo/internal/admin"
+	"github.com/gorgo-llm/gorgo/internal/discover"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/proxy"
+)
+
+// Options are what a Server is built with besides its config.
+type Options struct {
+	// Policy routes; nil means the config's (an online tuner configured on
+	// the command line is built by the caller).
+	Policy policy.Policy
+	// Proxy builds the HTTP front end (gorgo serve); without it the
+	// config's front-end settings are not used (gorgo epp).
+	Proxy bool
+	// Fallbacks is how many replicas after its choice a decision ranks
+	// (default max_attempts − 1).
+	Fallbacks int
+	// Registry gets every metric and is what /metrics serves (nil: a new
+	// one).
+	Registry *prometheus.Registry
+	// Log gets membership changes, health, reloads and admin changes (nil:
+	// discarded); AccessLog one line per request (nil: none).
+	Log, AccessLog *slog.Logger
+	// Resolver resolves DNS groups (nil: the default, see discover).
+	Resolver discover.Resolver
+	// Path is the config file Reload reads again ("" if the config came from
+	// flags alone); Overrides applies the command line over the file, at
+	// start (the caller's config already has it) and on every reload.
+	Path      string
+	Overrides func(*Config) error
+}
+
+// Server is a router: its fleet, its admin API and live view, and its
+// HTTP front end (nil without Options.Proxy).
+type Server struct {
+	Fleet *fleet.Fleet
+	Admin *admin.Server
+	Proxy *proxy.Server
+
+	o       Options
+	reloads *prometheus.CounterVec
+	log     *slog.Logger
+	mu      sync.Mutex // serialises reloads; guards cfg and fileMod
+	cfg     Config     // the running config
+	fileMod time.Time
+}
+
+// New builds a router from a config (its defaults applied here).
+func New(cfg Config, o Options) (*Server, error) {
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	view := admin.NewView()
+	f, err := fleet.New(cfg.Config, fleet.Options{Policy: o.Policy, Registry: o.Registry, Log: o.Log, AccessLog: o.AccessLog,
+		Tap: view, Resolver: o.Resolver, Fallbacks: o.Fallbacks})
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{Fleet: f, o: o, log: o.Log, cfg: cfg}
+	if s.Admin, err = admin.New(f, view, cfg.Admin, o.Registry, o.Log); err == nil && o.Proxy {
+		s.Proxy, err = proxy.New(f, cfg.Proxy, o.Registry, o.Registry, o.Log)
+	}
+	if err != nil {
+		return nil, errors.Join(err, f.Close())
+	}
+	s.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_config_reloads_total",
+		Help: "Config reloads, by result (applied, unchanged, failed)."}, []string{"result"})
+	o.Registry.MustRegister(s.reloads)
+	if o.Path != "" {
+		s.fileMod = modTime(o.Path)
+	}
+	return s, nil
+}
+
+// Config returns the running config.
+func (s *Server) Config() Config {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cfg
+}
+
+// Run runs the fleet's loops, the live view's clock and the config file's
+// poll until ctx ends. Replicas are routed to only after a probe has
+// reached them: call s.Fleet.ProbeOnce before serving.
+func (s *Server) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.Fleet.Run(ctx) })
+	g.Go(func() error { return s.Admin.Run(ctx) })
+	if s.o.Path != "" && s.Config().ConfigPoll > 0 {
+		g.Go(func() error { s.pollConfig(ctx); return nil })
+	}
+	return g.Wait()
+}
+
+// Reload reads the config file again and applies it (see Apply). A file
+// that fails to read, parse or validate changes nothing: the running
+// config stays, and the error is logged and returned.
+func (s *Server) Reload() error {
+	if s.o.Path == "" {
+		return errors.New("no config file to reload (gorgo was started without --config)")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fileMod = modTime(s.o.Path)
+	cfg, err := LoadConfig(s.o.Path)
+	if err == nil && s.o.Overrides != nil {
+		err = s.o.Overrides(&cfg)
+	}
+	if err != nil {
+		s.reloads.WithLabelValues("failed").Inc()
+		s.log.Error("config not reloaded: the running config stays", "file", s.o.Path, "error", err)
+		return err
+	}
+	return s.apply(cfg)
+}
+
+// Apply makes next the running config, as far as it can change live: each
+// part (the fleet's, the front end's, the admin listener's) is judged with
+// what cannot change while it runs kept at its running value (logged as
+// needing a restart), and only if every part accepts it is any applied.
+// See fleet.Fleet.Prepare, proxy.Server.Prepare and admin.Server.Prepare.
+func (s *Server) Apply(next Config) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.apply(next)
+}
+
+func (s *Server) apply(next Config) error {
+	next = next.Defaults()
+	cur := s.cfg
+	fail := func(err error) error {
+		s.reloads.WithLabelValues("failed").Inc()
+		s.log.Error("config not applied: the running config stays", "error", err)
+		return err
+	}
+	if len(next.Replicas) == 0 && len(next.Discover) == 0 && s.Admin.Config().Listen == admin.Off {
+		return fail(errors.New("config: no replicas, no discover groups and no admin API to add any"))
+	}
+	applyFleet, restart, err := s.Fleet.Prepare(next.Config)
+	if err != nil {
+		return fail(err)
+	}
+	applyAdmin, r, err := s.Admin.Prepare(next.Admin)
+	if err != nil {
+		return fail(err)
+	}
+	restart = append(restart, r...)
+	applyProxy := func() {}
+	if s.Proxy != nil {
+		if applyProxy, r, err = s.Proxy.Prepare(next.Proxy); err != nil {
+			return fail(err)
+		}
+		restart = append(restart, r...)
+	}
+	applyAdmin()
+	applyProxy()
+	ch, werr := applyFleet()
+	// The running config is what each part runs (the settings that cannot
+	// change keep their running values).
+	next.Config, next.Admin = s.Fleet.Config(), s.Admin.Config()
+	if s.Proxy != nil {
+		next.Proxy = s.Proxy.Config()
+	}
+	s.cfg = next
+	result := "applied"
+	if ch.Empty() && reflect.DeepEqual(cur, next) {
+		result = "unchanged"
+	}
+	s.reloads.WithLabelValues(result).Inc()
+	attrs := []any{"result", result, "added", ch.Added, "removed", ch.Removed, "changed", ch.Changed}
+	if len(restart) > 0 {
+		attrs = append(attrs, "needs_restart", strings.Join(restart, "; "))
+	}
+	if werr != nil {
+		attrs = append(attrs, "not_applied", werr.Error())
+	}
+	s.log.Info("config reloaded", attrs...)
+	return nil
+}
+
+// pollConfig reloads the config file when its modification time changes.
+func (s *Server) pollConfig(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(s.Config().ConfigPoll):
+		}
+		s.mu.Lock()
+		changed := !s.fileMod.Equal(modTime(s.o.Path))
+		s.mu.Unlock()
+		if changed {
+			_ = s.Reload()
+		}
+	}
+}
+
+func modTime(path string) time.Time {
+	st, err := os.Stat(path)
+	if err != nil {
+		return time.Time{}
+	}
+	return st.ModTime()
+}

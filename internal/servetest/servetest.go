@@ -1,0 +1,267 @@
+// Package servetest holds what the tests of gorgo's serving packages
+// (proxy, fleet, admin, serve, epp) share: emulated replicas behind a
+// network delay, an OpenAI client's view of a chat stream, a light
+// conversation workload, and waiting for a condition with a generous
+// limit. Only tests import it.
+package servetest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/netem"
+	"github.com/gorgo-llm/gorgo/internal/replay"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+// Replica is an emulated engine (the paper's profile, 20x real time)
+// behind a network delay.
+type Replica struct {
+	Srv   *emulator.Server
+	URL   string
+	Link  *netem.Link
+	posts atomic.Int64 // POST requests received
+}
+
+// Served returns how many POST requests (completions) reached the replica.
+func (r *Replica) Served() int64 { return r.posts.Load() }
+
+// Port is the replica's port.
+func (r *Replica) Port() int {
+	_, p, _ := net.SplitHostPort(strings.TrimPrefix(r.URL, "http://"))
+	var n int
+	fmt.Sscan(p, &n)
+	return n
+}
+
+// StartReplica runs an emulated replica rtt away, with the given faults,
+// until the test ends.
+func StartReplica(t testing.TB, rtt time.Duration, faults emulator.Faults) *Replica {
+	t.Helper()
+	p, err := engine.LookupProfile("paper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := emulator.New(emulator.Config{Profile: p, Speedup: 20, Faults: faults})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := netem.NewLink(rtt, 0, 1)
+	rep := &Replica{Srv: srv, URL: "http://" + ln.Addr().String(), Link: link}
+	h := srv.Handler()
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			rep.posts.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	})}
+	ctx, cancel := context.WithCancel(context.Background())
+	go srv.Run(ctx)
+	go hs.Serve(link.Listener(ln))
+	t.Cleanup(func() {
+		cancel()
+		hs.Close()
+	})
+	return rep
+}
+
+// Fake is an upstream of the test's own, counted like a Replica; it
+// answers /health itself (200), and everything else with h.
+func Fake(t testing.TB, h http.HandlerFunc) *Replica {
+	t.Helper()
+	rep := &Replica{}
+	url := Listen(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			return
+		}
+		if r.Method == http.MethodPost {
+			rep.posts.Add(1)
+		}
+		h(w, r)
+	}))
+	rep.URL = url
+	return rep
+}
+
+// Listen serves h on loopback until the test ends and returns its URL.
+func Listen(t testing.TB, h http.Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: h}
+	go hs.Serve(ln)
+	t.Cleanup(func() { hs.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// ChatBody is a chat completion request body.
+func ChatBody(content string, maxTokens int, stream bool) string {
+	b, _ := json.Marshal(map[string]any{"model": "gorgo-emulated", "stream": stream, "max_tokens": maxTokens,
+		"stream_options": map[string]any{"include_usage": true},
+		"messages":       []map[string]string{{"role": "user", "content": content}}})
+	return string(b)
+}
+
+// Result is what a client saw of a streamed chat completion.
+type Result struct {
+	Status  int
+	Replica string // the X-Gorgo-Replica header
+	Content []string
+	Cached  int // -1 without usage
+	Done    bool
+	Err     string
+}
+
+// Chat sends a streaming chat completion and reads it to its end; header
+// is pairs of header names and values.
+func Chat(t testing.TB, url, content string, maxTokens int, header ...string) Result {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(ChatBody(content, maxTokens, true)))
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	res := Result{Status: resp.StatusCode, Replica: resp.Header.Get("X-Gorgo-Replica"), Cached: -1}
+	if resp.StatusCode != 200 {
+		var e struct{ Error struct{ Message string } }
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		res.Err = e.Error.Message
+		return res
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			res.Done = true
+			continue
+		}
+		var c struct {
+			Choices []struct{ Delta struct{ Content string } }
+			Usage   *struct {
+				Details struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			}
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Fatal(err)
+		}
+		if len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
+			res.Content = append(res.Content, c.Choices[0].Delta.Content)
+		}
+		if c.Usage != nil {
+			res.Cached = c.Usage.Details.Cached
+		}
+	}
+	return res
+}
+
+// Do sends a request and returns its status and body; header is pairs of
+// header names and values.
+func Do(t testing.TB, method, url, body string, header ...string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Eventually polls cond for up to 20 s (generous: the machine may be busy).
+func Eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Workload is light conversations, one request every 10 ms for about
+// seconds: 40 sessions whose prompts grow by a block a turn, a few output
+// tokens each (cheap enough for a loaded machine; the router's bookkeeping
+// is what is tested).
+func Workload(seconds int) []trace.Request {
+	n := seconds * 100
+	reqs := make([]trace.Request, n)
+	for i := range reqs {
+		session, turn := i%40, 1+i/40
+		blocks := min(turn, 4)
+		ids := make([]uint64, blocks)
+		for k := range ids {
+			ids[k] = uint64(session)<<16 | uint64(k)
+		}
+		reqs[i] = trace.Request{Time: time.Duration(i) * 10 * time.Millisecond, Session: fmt.Sprint("s", session), Turn: turn,
+			InputTokens: blocks * trace.BlockTokens, OutputTokens: 3, HashIDs: ids}
+	}
+	return reqs
+}
+
+// ReplayInBackground replays reqs against url; the result comes on the
+// channel.
+func ReplayInBackground(t testing.TB, url string, reqs []trace.Request) <-chan *replay.Result {
+	t.Helper()
+	out := make(chan *replay.Result, 1)
+	go func() {
+		res, err := replay.Run(context.Background(), replay.Config{Target: url, Requests: reqs, MaxInflight: 32})
+		if err != nil {
+			t.Error(err)
+		}
+		out <- res
+	}()
+	return out
+}
+
+// Log is a buffer safe for concurrent writes: a test's log sink.
+type Log struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *Log) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *Log) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/policy/policytest"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
 )
 
@@ -125,5 +127,58 @@ func TestDecideIsADryRun(t *testing.T) {
 	}
 	if strings.Join(got, "") != "abab" {
 		t.Errorf("round-robin with explanations in between went %v, want a b a b", got)
+	}
+}
+
+// A policy of one file (policytest) shows and takes its own parameter
+// through /admin/weights, as the default policy does its weights.
+func TestWeightsOfAPolicyOfOneFile(t *testing.T) {
+	admin := startAdmin(t, testConfig{Fleet: fleet.Config{Policy: policytest.Name, Params: map[string]policy.Values{policytest.Name: {"gain": 2}}}},
+		startReplica(t, 2*time.Millisecond, emulator.Faults{})).adminURL
+	if code, body := do(t, "GET", admin+"/admin/weights", ""); code != 200 || !strings.Contains(body, `"gain": 2`) || !strings.Contains(body, `"policy": "test-gain"`) {
+		t.Errorf("get: %d %s", code, body)
+	}
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"gain":0.5}`); code != 200 || !strings.Contains(body, `"gain": 0.5`) {
+		t.Errorf("set: %d %s", code, body)
+	}
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"rtt":1}`); code != 400 || !strings.Contains(body, "valid: gain") {
+		t.Errorf("a parameter it does not have: %d %s", code, body)
+	}
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"gain":-1}`); code != 400 {
+		t.Errorf("a negative gain: %d %s", code, body)
+	}
+	if _, body := do(t, "GET", admin+"/metrics", ""); !strings.Contains(body, `gorgo_policy_weight{policy="test-gain",weight="gain"} 0.5`) {
+		t.Error("the metric does not show the gain set")
+	}
+}
+
+// The replicas API: add (201), drain, undrain, remove, with 409 for an id
+// in the fleet, 400 for a bad URL or an unknown field, 404 for no such
+// replica.
+func TestReplicasAPI(t *testing.T) {
+	s := startAdmin(t, testConfig{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	c := startReplica(t, 2*time.Millisecond, emulator.Faults{})
+	for _, op := range []struct {
+		method, path, body string
+		want               int
+	}{
+		{"POST", "/admin/replicas", `{"id":"c","url":"` + c.URL + `","region":"rc"}`, 201},
+		{"POST", "/admin/replicas", `{"id":"a","url":"` + c.URL + `"}`, 409},
+		{"POST", "/admin/replicas", `{"id":"d","url":"ftp://x"}`, 400},
+		{"POST", "/admin/replicas", `{"id":"d","url":"http://x","zone":"z"}`, 400},
+		{"POST", "/admin/replicas", `{"url":"http://x"}`, 400},
+		{"POST", "/admin/replicas/c/drain", "", 200},
+		{"POST", "/admin/replicas/c/undrain", "", 200},
+		{"DELETE", "/admin/replicas/c", "", 200},
+		{"POST", "/admin/replicas/nobody/drain", "", 404},
+		{"DELETE", "/admin/replicas/nobody", "", 404},
+	} {
+		if code, body := do(t, op.method, s.adminURL+op.path, op.body); code != op.want {
+			t.Errorf("%s %s %s: %d %s, want %d", op.method, op.path, op.body, code, body, op.want)
+		}
+	}
+	servetest.Eventually(t, "c to leave", func() bool { return !s.Router().Has("c") })
+	if _, body := do(t, "GET", s.adminURL+"/admin/replicas", ""); !strings.Contains(body, `"source": "config"`) || strings.Contains(body, `"id": "c"`) {
+		t.Errorf("replicas: %s", body)
 	}
 }

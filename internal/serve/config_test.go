@@ -1,12 +1,14 @@
 package serve
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/admin"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/policy/policytest"
 )
 
 func TestExampleConfigsLoad(t *testing.T) {
@@ -91,4 +93,41 @@ func FuzzConfig(f *testing.F) {
 		d := c.Defaults()
 		_ = d.Validate()
 	})
+}
+
+// A policy's parameters are read from the key it registered or from
+// params:, by asking the registry, for any policy (the one-file test
+// policy included); a key no field or policy takes is an error.
+func TestPolicyParamsInTheFile(t *testing.T) {
+	cfg, err := ParseConfig([]byte("policy: test-gain\ngain_params: {gain: 2}\nparams: {default: {decode: 0.5}, gorgo: {rtt: 0.1}}\nweights: {queue: 0.2}\n"), "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil && !strings.Contains(err.Error(), "no replicas") {
+		t.Fatal(err)
+	}
+	p := cfg.Params
+	if p[policytest.Name]["gain"] != 2 || p["gorgo-e2e"]["decode"] != 0.5 || p["gorgo"]["rtt"] != 0.1 || p["gorgo"]["queue"] != 0.2 {
+		t.Errorf("params %v", p)
+	}
+	if o := cfg.PolicyOptions("gorgo"); o.Params["rtt"] != 0.1 {
+		t.Errorf("gorgo's options %+v", o)
+	}
+	for text, want := range map[string]string{
+		"listne: 127.0.0.1:1\n":         "field listne not found",
+		"gain_params: {gain: x}\n":      "gain_params",
+		"params: {fastest: {rtt: 1}}\n": "unknown policy",
+		"params: {gorgo: {speed: 1}}\n": "no parameter \"speed\"",
+		"e2e_weights: {decode: -1}\n":   "non-negative",
+		"gain_params: [1, 2]\n":         "gain_params",
+	} {
+		c, err := ParseConfig([]byte("replicas: [{url: \"http://x:1\"}]\n"+text), "t")
+		if err == nil {
+			err = c.Defaults().Validate()
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error saying %q", text, err, want)
+		}
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/policy/policytest"
 )
 
 func newES(t *testing.T, cfg Config) *ES {
@@ -263,5 +264,48 @@ func TestOnlineIsRegistered(t *testing.T) {
 	}
 	if _, err := policy.New(OnlineName, policy.Options{Config: 7}); err == nil {
 		t.Error("options of the wrong type accepted")
+	}
+}
+
+// A policy with a tunable parameter of its own, registered in one file
+// (policytest), is tuned like gorgo's weights: the tuner's defaults, its
+// bounds and the values it tries come from the registry.
+func TestTuneAPolicyOfOneFile(t *testing.T) {
+	params := DefaultParams(policytest.Name)
+	if len(params) != 1 || params[0].Name != "gain" {
+		t.Fatalf("default parameters %+v", params)
+	}
+	// The metric: how far the gain the policy itself reports is from 3.
+	var es *ES
+	eval := func(_ context.Context, p Point) (Metrics, error) {
+		pol, err := policy.New(policytest.Name, policy.Options{Params: Apply(es, p, nil)})
+		if err != nil {
+			return Metrics{}, err
+		}
+		g := pol.(policy.Tunable).Params()["gain"]
+		return Metrics{N: 100, TTFTP95: 1000 * math.Abs(math.Log(g/3)), E2EP95: 1}, nil
+	}
+	cfg := Config{Params: params, Seed: 1}
+	var err error
+	if es, err = NewES(cfg); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Offline(context.Background(), OfflineConfig{ES: cfg, Generations: 30, Workers: 1}, eval, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	best := es.Named(res.Best)["gain"]
+	if math.Abs(math.Log(best/3)) > math.Abs(math.Log(1.0/3))/2 {
+		t.Errorf("tuned gain %v, want closer to 3 than its start at 1", best)
+	}
+	o, err := NewOnline(OnlineConfig{Base: policytest.Name, ES: Config{Seed: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := o.Incumbent(); len(v) != 1 || v["gain"] != 1 {
+		t.Errorf("the online tuner over it starts at %v", v)
+	}
+	if err := CheckParams(policytest.Name, []Param{{Name: "rtt", Min: 1, Max: 2, Init: 1}}); err == nil {
+		t.Error("a parameter the policy does not have was accepted")
 	}
 }

@@ -131,7 +131,7 @@ func (p *Profile) Validate() error {
 	return nil
 }
 
-// profiles are the built-in profiles. Figures are from CALIBRATION.md unless
+// profiles are the built-in profiles. Figures are the paper's measurements unless
 // the description says they are estimates.
 var profiles = []Profile{
 	{

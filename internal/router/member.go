@@ -24,7 +24,7 @@ type ReplicaConfig struct {
 }
 
 // DefaultITLBaseMS is the prior ITL of a replica nothing is known of: a
-// ~10 ms decode step, typical of the engines CALIBRATION.md measures.
+// ~10 ms decode step, typical of the engines the paper measures.
 const DefaultITLBaseMS = 10
 
 // State is where a replica is in its membership of the fleet.

@@ -7,13 +7,13 @@ import (
 )
 
 // artchatTargets are the GORGO paper's ART-Chat-2.5M figures for 30-minute
-// windows (CALIBRATION.md); a range's target is its midpoint. The ranges for
+// windows (as the paper's calibration notes give them); a range's target is its midpoint. The ranges for
 // users, requests per user and arrival rate conflict (573 users × 14.6
 // requests / 1800 s is 4.6 req/s, not 6.45), so the artchat preset sits about
 // 11% from each of those three.
 var artchatTargets = []struct {
 	name   string
-	source string // as CALIBRATION.md states it
+	source string // as the paper's calibration notes state it
 	target float64
 	get    func(Stats) float64
 }{
@@ -48,7 +48,7 @@ func TestArtchatCalibration(t *testing.T) {
 		}
 	}
 	var table strings.Builder
-	fmt.Fprintf(&table, "| statistic | CALIBRATION.md | target | seed 1 | ratio | mean of seeds 1–5 | ratio |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&table, "| statistic | the paper | target | seed 1 | ratio | mean of seeds 1–5 | ratio |\n|---|---|---|---|---|---|---|\n")
 	for _, c := range artchatTargets {
 		one := c.get(stats[0])
 		mean := 0.0
@@ -64,7 +64,7 @@ func TestArtchatCalibration(t *testing.T) {
 			t.Errorf("mean of seeds 1–5: %s = %s, target %s (ratio %.3f, want within ±%.0f%%)", c.name, fmtStat(mean), fmtStat(c.target), r, 100*tolerance)
 		}
 	}
-	t.Logf("artchat 30-minute windows vs CALIBRATION.md:\n%s", table.String())
+	t.Logf("artchat 30-minute windows vs the paper:\n%s", table.String())
 }
 
 func fmtStat(x float64) string {

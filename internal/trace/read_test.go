@@ -12,7 +12,7 @@ import (
 )
 
 // mooncakePath is the real Mooncake trace, present on developer machines
-// and in CI (see DESIGN.md), never in the repository.
+// and in CI beside the repository (../shared/data), never in it.
 const mooncakePath = "../../../shared/data/traces/mooncake_conversation_trace.jsonl"
 
 // readMooncake reads the real Mooncake trace or skips the test.

@@ -61,8 +61,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	}
 	_ = overrides(&cfg)
 	cfg = cfg.Defaults()
-	// The picker hands the gateway the choice and its ranked fallbacks.
-	srv, err := newServer(cfg, &tf, serve.Options{Path: *configPath, Overrides: overrides, Fallbacks: *fallbacks}, false, stderr)
+	srv, err := newServer(cfg, &tf, serve.Options{Path: *configPath, Overrides: overrides}, false, stderr)
 	if err != nil {
 		return err
 	}

@@ -95,7 +95,7 @@ func (c Config) Tokens() ([]httpapi.Token, error) {
 type Server struct {
 	fleet  *fleet.Fleet
 	view   *View
-	cfg    Config // the running config (changed by reloads, which are serialised)
+	cfg    atomic.Pointer[Config] // the running config
 	log    *slog.Logger
 	tokens atomic.Pointer[[]httpapi.Token]
 	mux    *http.ServeMux
@@ -118,21 +118,22 @@ func New(f *fleet.Fleet, view *View, cfg Config, metrics prometheus.Gatherer, lo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{fleet: f, view: view, cfg: cfg, log: log, quit: make(chan struct{})}
+	s := &Server{fleet: f, view: view, log: log, quit: make(chan struct{})}
+	s.cfg.Store(&cfg)
 	s.tokens.Store(&toks)
 	s.routes(metrics)
 	return s, nil
 }
 
 // Config returns the running config.
-func (s *Server) Config() Config { return s.cfg }
+func (s *Server) Config() Config { return *s.cfg.Load() }
 
 // Prepare judges next as the running config, for a reload: its listen
 // address cannot change (restart says so, and next is judged with the
 // running one: a reload cannot leave a public listener without tokens);
 // apply makes its tokens the running ones.
 func (s *Server) Prepare(next Config) (apply func(), restart []string, err error) {
-	cur, next := s.cfg, next.Defaults()
+	cur, next := s.Config(), next.Defaults()
 	if cur.Listen != next.Listen {
 		restart = append(restart, fmt.Sprintf("admin.listen (running %v, file %v)", cur.Listen, next.Listen))
 		next.Listen = cur.Listen
@@ -145,7 +146,7 @@ func (s *Server) Prepare(next Config) (apply func(), restart []string, err error
 		return nil, restart, err
 	}
 	return func() {
-		s.cfg = next
+		s.cfg.Store(&next)
 		s.tokens.Store(&toks)
 	}, restart, nil
 }

@@ -159,6 +159,9 @@ func (x *exchange) recv() *extprocv3.ProcessingRequest {
 func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 	switch r := msg.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
+		if x.decided { // one request per stream: nothing more to decide
+			return x.send(continueHeaders())
+		}
 		x.received = time.Now()
 		if pc := msg.GetProtocolConfig(); pc != nil {
 			x.duplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
@@ -271,6 +274,9 @@ func (x *exchange) Send(ctx context.Context, r *lifecycle.Request, id string) (i
 		}
 		x.routed = true
 		x.awaitResponse()
+		if x.err != nil {
+			return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusServiceUnavailable, "the gateway's stream broke")}
+		}
 	}
 	if x.served != "" && x.served != id {
 		return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusBadGateway, "the gateway fell back"), Broken: true}
@@ -350,9 +356,11 @@ func (x *exchange) awaitResponse() {
 		}
 		rh, ok := msg.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
 		if !ok {
-			if x.request(msg) != nil || x.flush() != nil {
-				x.status, x.unobserved = http.StatusOK, true
-				return
+			if err := x.request(msg); err != nil {
+				x.err, x.closed = err, true
+			}
+			if x.flush() != nil {
+				return // the stream broke: Send says so
 			}
 			continue
 		}
@@ -390,8 +398,8 @@ func (x *exchange) Relay(r *lifecycle.Request) lifecycle.Outcome {
 			x.answered = true
 			x.pending = continueResponse(msg, x.respDuplex)
 		default:
-			if x.request(msg) != nil {
-				x.closed = true
+			if err := x.request(msg); err != nil {
+				x.err, x.closed = err, true
 			}
 		}
 	}

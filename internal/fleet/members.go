@@ -140,8 +140,9 @@ func (f *Fleet) Add(source string, rc ReplicaConfig) error {
 }
 
 // Remove drains a replica and removes it once its requests in flight have
-// finished, whichever source brought it; it leaves that source's wish too
-// (the source's next change may bring it back).
+// finished, whichever source brought it; it leaves that source's wish too,
+// until the source names it again (for the config file, any reload of a
+// file that still lists it; for a DNS group, its next change).
 func (f *Fleet) Remove(id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -178,6 +179,9 @@ func (f *Fleet) add(rc ReplicaConfig, source string) error {
 // the old one's requests in flight finish where they are; the new one
 // starts afresh.
 func (f *Fleet) replace(rc ReplicaConfig, source string) error {
+	if _, err := rc.apiKey(); err != nil { // before the old one goes
+		return err
+	}
 	if u := f.Upstream(rc.ID); u != nil {
 		u.stopLoops()
 	}

@@ -54,6 +54,12 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	}
 	start := time.Now()
 	resp, err := f.client.Do(req)
+	if f.Upstream(u.cfg.ID) != u {
+		if err == nil {
+			resp.Body.Close()
+		}
+		return // replaced meanwhile: this probe says nothing of its successor
+	}
 	if err != nil {
 		if ctx.Err() == nil || ctx.Err() == context.DeadlineExceeded {
 			f.probeFailed(u.cfg.ID)

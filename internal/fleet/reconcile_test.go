@@ -253,3 +253,39 @@ func TestWatchedSourceKeepsItsLastSetThroughFailures(t *testing.T) {
 	f.setSources(nil)
 	wait("the source's replicas to leave with it", func() bool { return len(ids(f)) == 0 })
 }
+
+// A reload changes the running policy's parameters when the file's values
+// for it change, and only then: an edit elsewhere leaves values set
+// through the admin API alone.
+func TestReloadSetsTheParamsOfThePolicy(t *testing.T) {
+	f, err := New(Config{Policy: "gorgo", ProbeInterval: time.Hour}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := f.Policy().(policy.Tunable)
+	reload := func(c Config) []string {
+		t.Helper()
+		run, restart, err := f.Prepare(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run(); err != nil {
+			t.Fatal(err)
+		}
+		return restart
+	}
+	cfg := f.Config()
+	cfg.Params = map[string]policy.Values{"gorgo": {"rtt": 0.5}}
+	reload(cfg)
+	if v := p.Params(); v["rtt"] != 0.5 || v["queue"] != 0.5 {
+		t.Fatalf("after the file set rtt: %v", v)
+	}
+	p.SetParams(policy.Values{"rtt": 2, "queue": 0.1}) // through the admin API
+	cfg.Params["gorgo-ms"] = policy.Values{"rtt": 3}   // another policy's
+	if restart := reload(cfg); len(restart) != 0 {
+		t.Errorf("restart %v", restart)
+	}
+	if v := p.Params(); v["rtt"] != 2 || v["queue"] != 0.1 {
+		t.Errorf("an edit of another policy's parameters reset the running ones: %v", v)
+	}
+}

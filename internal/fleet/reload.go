@@ -23,20 +23,26 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 	if err := next.Validate(); err != nil {
 		return nil, restart, err
 	}
+	// The running policy's parameters change when the file's values for it
+	// do (an edit elsewhere in the file leaves values set through the admin
+	// API alone).
 	var set func()
-	if !reflect.DeepEqual(cur.Params, next.Params) {
-		name := f.policy.Name()
+	name := f.policy.Name()
+	if t, ok := f.policy.(policy.Tuner); ok {
+		name = t.Base()
+	}
+	if !reflect.DeepEqual(cur.Params[name], next.Params[name]) {
 		switch p := f.policy.(type) {
 		case policy.Tunable:
-			v := next.PolicyOptions(name).Params
-			if !maps.Equal(v, p.Params()) {
-				set = func() { _ = p.SetParams(v) } // validated
-			}
+			v, _ := policy.Lookup(name)
+			resolved, _ := v.Resolve(next.Params[name]) // validated
+			set = func() { _ = p.SetParams(resolved) }
+		case policy.Tuner:
+			restart = append(restart, fmt.Sprintf("params of %s (the tuner %s starts from them)", name, p.Name()))
+			next.Params = keepParams(next.Params, name, cur.Params[name])
 		default:
-			if !reflect.DeepEqual(cur.Params[name], next.Params[name]) {
-				restart = append(restart, fmt.Sprintf("params: policy %s takes none while it runs", name))
-				next.Params = cur.Params
-			}
+			restart = append(restart, fmt.Sprintf("params: policy %s takes none while it runs", name))
+			next.Params = keepParams(next.Params, name, cur.Params[name])
 		}
 	}
 	sources := !reflect.DeepEqual(cur.Discover, next.Discover)
@@ -78,5 +84,19 @@ func fixed(cur, next *Config) []string {
 	keep("admission", cur.Admission, next.Admission, func() { next.Admission = cur.Admission })
 	keep("admission_queue", cur.AdmissionQueue, next.AdmissionQueue, func() { next.AdmissionQueue = cur.AdmissionQueue })
 	keep("upstream_tls", cur.UpstreamTLS, next.UpstreamTLS, func() { next.UpstreamTLS = cur.UpstreamTLS })
+	return out
+}
+
+// keepParams returns params with name's values set to the running ones.
+func keepParams(params map[string]policy.Values, name string, running policy.Values) map[string]policy.Values {
+	out := maps.Clone(params)
+	if out == nil {
+		out = map[string]policy.Values{}
+	}
+	if running == nil {
+		delete(out, name)
+	} else {
+		out[name] = running
+	}
 	return out
 }

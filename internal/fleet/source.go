@@ -49,6 +49,9 @@ func (f *Fleet) setSources(srcs []Source) {
 		r.halt()
 		if _, ok := keep[r.src.Name()]; !ok {
 			f.Want(r.src.Name(), nil)
+			f.mu.Lock()
+			delete(f.wishes, r.src.Name())
+			f.mu.Unlock()
 		}
 	}
 	f.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -144,7 +145,7 @@ func (a *answer) fill(idle time.Duration, limit int) bool {
 		if cap(b) >= limit {
 			return false
 		}
-		b = append(b, make([]byte, min(max(32<<10, cap(b)), limit-cap(b)))...)[:len(b)]
+		b = slices.Grow(b, min(max(32<<10, cap(b)), limit-cap(b)))
 	}
 	n, err := a.resp.Body.Read(b[len(b):cap(b)])
 	*a.buf = b[:len(b)+n]
@@ -233,6 +234,9 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	// a kept-alive one turned out closed before anything was written.
 	up.GetBody = func() (io.ReadCloser, error) { return lend(req.Body, &lent), nil }
 	resp, err := s.fleet.Client().Do(up)
+	if headerTimer != nil {
+		headerTimer.Stop() // it would hold the attempt's context until it fired
+	}
 	if headerTimer != nil && !hung.CompareAndSwap(false, true) {
 		if resp != nil {
 			resp.Body.Close()

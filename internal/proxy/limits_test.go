@@ -60,9 +60,11 @@ func TestNothingLeaks(t *testing.T) {
 	var mu sync.Mutex
 	var seen http.Header
 	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		seen = r.Header.Clone()
-		mu.Unlock()
+		if r.Method == http.MethodPost { // not the fleet's /metrics scrapes
+			mu.Lock()
+			seen = r.Header.Clone()
+			mu.Unlock()
+		}
 		w.Header().Set("Server", "sglang/0.5 (internal build 42)")
 		w.Header().Set("Set-Cookie", "node=gpu-17")
 		w.Header().Set("Connection", "X-Internal")

@@ -83,17 +83,25 @@ func (s *Server) Config() Config { return *s.cfg.Load() }
 // Handler serves the OpenAI API, /health and /metrics to clients.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-// Prepare judges next as the running config, for a reload: the listen
-// address cannot change (restart says so) and neither can TLS be turned on
-// or off (an error); apply makes the rest the running config: client keys,
-// the certificate (renewed), rate limits and the request path's limits.
+// Prepare judges next as the running config, for a reload: the client
+// listener's settings cannot change while it serves (restart lists them)
+// and neither can TLS be turned on or off (an error); apply makes the rest
+// the running config: client keys, the certificate (renewed), rate limits,
+// body and answer limits, requests in flight and the attempts' timeouts.
 func (s *Server) Prepare(next Config) (apply func(), restart []string, err error) {
 	next = next.Defaults()
 	cur := s.Config()
-	if cur.Listen != next.Listen {
-		restart = append(restart, fmt.Sprintf("listen (running %v, file %v)", cur.Listen, next.Listen))
-		next.Listen = cur.Listen
+	keep := func(name string, a, b any, reset func()) {
+		if a != b {
+			restart = append(restart, fmt.Sprintf("%s (running %v, file %v)", name, a, b))
+			reset()
+		}
 	}
+	keep("listen", cur.Listen, next.Listen, func() { next.Listen = cur.Listen })
+	keep("max_connections", cur.MaxConnections, next.MaxConnections, func() { next.MaxConnections = cur.MaxConnections })
+	keep("idle_timeout", cur.IdleTimeout, next.IdleTimeout, func() { next.IdleTimeout = cur.IdleTimeout })
+	keep("read_header_timeout", cur.ReadHeaderTimeout, next.ReadHeaderTimeout, func() { next.ReadHeaderTimeout = cur.ReadHeaderTimeout })
+	keep("shutdown_timeout", cur.ShutdownTimeout, next.ShutdownTimeout, func() { next.ShutdownTimeout = cur.ShutdownTimeout })
 	if err := next.Validate(); err != nil {
 		return nil, restart, err
 	}

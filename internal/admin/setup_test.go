@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -18,6 +17,9 @@ import (
 type replica = servetest.Replica
 
 var (
+	chat         = servetest.Chat
+	fakeUpstream = servetest.Fake
+	fakeReplica  = servetest.At
 	startReplica = servetest.StartReplica
 	do           = servetest.Do
 )
@@ -54,15 +56,7 @@ func startAdmin(t testing.TB, cfg testConfig, reps ...*replica) *testRouter {
 
 func newRouter(t testing.TB, cfg testConfig, reps ...*replica) (*testRouter, error) {
 	t.Helper()
-	for i, r := range reps {
-		cfg.Fleet.Replicas = append(cfg.Fleet.Replicas, fleet.ReplicaConfig{ID: string(rune('a' + i)), URL: r.URL, Region: "r" + string(rune('a'+i)), Profile: "paper"})
-	}
-	if cfg.Fleet.ProbeInterval == 0 {
-		cfg.Fleet.ProbeInterval = 100 * time.Millisecond
-	}
-	if cfg.Fleet.ScrapeInterval == 0 {
-		cfg.Fleet.ScrapeInterval = 100 * time.Millisecond
-	}
+	cfg.Fleet = servetest.FleetConfig(cfg.Fleet, reps...)
 	reg := prometheus.NewRegistry()
 	view := NewView()
 	f, err := fleet.New(cfg.Fleet, fleet.Options{Registry: reg, Tap: view, Policy: cfg.Policy})
@@ -92,11 +86,4 @@ func newRouter(t testing.TB, cfg testConfig, reps ...*replica) (*testRouter, err
 		<-done
 	})
 	return &testRouter{Fleet: f, admin: a, client: client.URL, adminURL: adm.URL}, nil
-}
-
-// chat sends a streaming chat completion through the front end and
-// returns the replica that served it.
-func chat(t testing.TB, url, content string, maxTokens int) servetest.Result {
-	t.Helper()
-	return servetest.Chat(t, url, content, maxTokens)
 }

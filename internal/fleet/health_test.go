@@ -23,7 +23,7 @@ func TestFailingReplicaIsEjectedNotFlapping(t *testing.T) {
 	good := startReplica(t, 40*time.Millisecond, emulator.Faults{})
 	s, url := startProxy(t, testConfig{Fleet: fleet.Config{FailureThreshold: 2, ProbeInterval: 20 * time.Millisecond, EjectionTime: time.Hour, MaxEjectionTime: time.Hour}}, broken, good)
 	for i := range 3 {
-		if res := chat(t, url, "question "+string(rune('0'+i)), 2); res.status != 200 || res.replica != "b" {
+		if res := chat(t, url, "question "+string(rune('0'+i)), 2); res.Status != 200 || res.Replica != "b" {
 			t.Fatalf("request %d: %+v", i, res)
 		}
 	}
@@ -74,7 +74,7 @@ func TestFrozenReplicaNonStreamingFailsOver(t *testing.T) {
 	frozen := startReplica(t, 2*time.Millisecond, emulator.Faults{HangAfter: 1})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: proxy.Config{FirstByteTimeout: 300 * time.Millisecond}}, frozen, good)
-	if res := chat(t, url, "while it still answers", 1); res.status != 200 || res.replica != "a" {
+	if res := chat(t, url, "while it still answers", 1); res.Status != 200 || res.Replica != "a" {
 		t.Fatalf("first request: %+v", res)
 	}
 	client := &http.Client{Timeout: 20 * time.Second} // the failure would be a hang
@@ -95,7 +95,7 @@ func TestEjectionCutsWaitingRequests(t *testing.T) {
 	frozen := startReplica(t, 2*time.Millisecond, emulator.Faults{HangAfter: 1})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
 	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 1}, Proxy: proxy.Config{FirstByteTimeout: time.Hour, HeaderTimeout: time.Hour}}, frozen, good)
-	if res := chat(t, url, "while it still answers", 1); res.status != 200 || res.replica != "a" {
+	if res := chat(t, url, "while it still answers", 1); res.Status != 200 || res.Replica != "a" {
 		t.Fatalf("first request: %+v", res)
 	}
 	type result struct {
@@ -134,13 +134,13 @@ func TestEjectionCutsWaitingRequests(t *testing.T) {
 func TestRTTJumpMovesTraffic(t *testing.T) {
 	near, other := startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 60*time.Millisecond, emulator.Faults{})
 	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 20 * time.Millisecond, RTTAlpha: 0.5}}, near, other)
-	if res := chat(t, url, "before", 1); res.replica != "a" {
+	if res := chat(t, url, "before", 1); res.Replica != "a" {
 		t.Fatalf("before the jump: %+v", res)
 	}
 	near.Link.Set(400*time.Millisecond, 0)
 	eventually(t, "the router to see the jump", func() bool { return stateOr(s, "a").RTT > 200*time.Millisecond })
 	for i := range 3 {
-		if res := chat(t, url, fmt.Sprint("after ", i), 1); res.status != 200 || res.replica != "b" {
+		if res := chat(t, url, fmt.Sprint("after ", i), 1); res.Status != 200 || res.Replica != "b" {
 			t.Errorf("after the jump: %+v", res)
 		}
 	}

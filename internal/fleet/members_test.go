@@ -24,7 +24,7 @@ func TestFleetChangesKeepOthersState(t *testing.T) {
 	a, b := startReplica(t, 10*time.Millisecond, emulator.Faults{}), startReplica(t, 20*time.Millisecond, emulator.Faults{})
 	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "round-robin"}}, a, b)
 	for i := range 6 {
-		if res := chat(t, url, fmt.Sprintf("conversation %d: %s", i, strings.Repeat("words ", 300)), 2); res.status != 200 {
+		if res := chat(t, url, fmt.Sprintf("conversation %d: %s", i, strings.Repeat("words ", 300)), 2); res.Status != 200 {
 			t.Fatalf("%+v", res)
 		}
 	}

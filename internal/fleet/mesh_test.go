@@ -41,8 +41,8 @@ func TestMeshRoutersSurviveABusCut(t *testing.T) {
 				}
 				res := chat(t, target, fmt.Sprintf("worker %d asks question %d about the mesh", w, i), 8)
 				mu.Lock()
-				if res.status != 200 || !res.done {
-					failed = append(failed, fmt.Sprintf("%d/%d: %d %s", w, i, res.status, res.err))
+				if res.Status != 200 || !res.Done {
+					failed = append(failed, fmt.Sprintf("%d/%d: %d %s", w, i, res.Status, res.Err))
 				}
 				served++
 				if served == 30 { // mid-run: cut eu's bus

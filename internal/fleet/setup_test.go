@@ -3,10 +3,8 @@ package fleet_test
 import (
 	"context"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -21,6 +19,9 @@ import (
 type replica = servetest.Replica
 
 var (
+	chat               = servetest.Chat
+	fakeUpstream       = servetest.Fake
+	fakeReplica        = servetest.At
 	startReplica       = servetest.StartReplica
 	chatBody           = servetest.ChatBody
 	do                 = servetest.Do
@@ -84,15 +85,7 @@ func matches(m *dto.Metric, pairs []string) bool {
 // otherwise, and a front end over it; it returns the front end's URL.
 func startProxy(t testing.TB, cfg testConfig, reps ...*replica) (*testRouter, string) {
 	t.Helper()
-	for i, r := range reps {
-		cfg.Fleet.Replicas = append(cfg.Fleet.Replicas, fleet.ReplicaConfig{ID: string(rune('a' + i)), URL: r.URL, Region: "r" + string(rune('a'+i)), Profile: "paper"})
-	}
-	if cfg.Fleet.ProbeInterval == 0 {
-		cfg.Fleet.ProbeInterval = 100 * time.Millisecond
-	}
-	if cfg.Fleet.ScrapeInterval == 0 {
-		cfg.Fleet.ScrapeInterval = 100 * time.Millisecond
-	}
+	cfg.Fleet = servetest.FleetConfig(cfg.Fleet, reps...)
 	reg := prometheus.NewRegistry()
 	f, err := fleet.New(cfg.Fleet, fleet.Options{Registry: reg, Resolver: cfg.Resolver, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -130,28 +123,3 @@ func replicaState(t *testing.T, s *testRouter, id string) router.ReplicaState {
 	}
 	return st
 }
-
-// result is what a client saw of a streamed chat completion.
-type result struct {
-	status  int
-	replica string
-	content []string
-	cached  int
-	done    bool
-	err     string
-}
-
-// chat sends a streaming chat completion through the front end.
-func chat(t testing.TB, url, content string, maxTokens int, header ...string) result {
-	t.Helper()
-	r := servetest.Chat(t, url, content, maxTokens, header...)
-	return result{status: r.Status, replica: r.Replica, content: r.Content, cached: r.Cached, done: r.Done, err: r.Err}
-}
-
-// fakeUpstream is an upstream of the test's own.
-func fakeUpstream(t testing.TB, h func(w http.ResponseWriter, r *http.Request)) *replica {
-	return servetest.Fake(t, h)
-}
-
-// fakeReplica is a replica at url, served by the test.
-func fakeReplica(url string) *replica { return &replica{URL: url} }

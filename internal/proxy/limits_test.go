@@ -48,7 +48,7 @@ func TestBodyLimit(t *testing.T) {
 			t.Errorf("chunked %v: %d %s", chunked, resp.StatusCode, body)
 		}
 	}
-	if res := chat(t, url, "small enough", 1); res.status != 200 {
+	if res := chat(t, url, "small enough", 1); res.Status != 200 {
 		t.Errorf("a small request: %+v", res)
 	}
 }
@@ -106,8 +106,8 @@ func TestNothingLeaks(t *testing.T) {
 	s2.Router().ObserveRTT("gone", time.Microsecond) // nearest: tried first
 	s2.Router().Drain("a")
 	res := chat(t, url2, "anyone?", 1)
-	if res.status != 502 || strings.Contains(res.err, "127.0.0.1") || strings.Contains(res.err, "dial") || !strings.Contains(res.err, "(gone)") {
-		t.Errorf("the client heard %d %q", res.status, res.err)
+	if res.Status != 502 || strings.Contains(res.Err, "127.0.0.1") || strings.Contains(res.Err, "dial") || !strings.Contains(res.Err, "(gone)") {
+		t.Errorf("the client heard %d %q", res.Status, res.Err)
 	}
 }
 

@@ -24,11 +24,11 @@ func TestStreamsThroughTheNearestReplica(t *testing.T) {
 	near, far := startReplica(t, 10*time.Millisecond, emulator.Faults{}), startReplica(t, 150*time.Millisecond, emulator.Faults{})
 	_, url := startProxy(t, testConfig{}, far, near) // a = far, b = near
 	res := chat(t, url, "hello there, how are you?", 5)
-	if res.status != 200 || !res.done || len(res.content) != 5 {
+	if res.Status != 200 || !res.Done || len(res.Content) != 5 {
 		t.Fatalf("result %+v", res)
 	}
-	if res.replica != "b" {
-		t.Errorf("served by %s, want b (the near replica)", res.replica)
+	if res.Replica != "b" {
+		t.Errorf("served by %s, want b (the near replica)", res.Replica)
 	}
 }
 
@@ -38,11 +38,11 @@ func TestRepeatedPromptFindsItsCache(t *testing.T) {
 	text := strings.Repeat("a long conversation about the weather and ships. ", 200)
 	first := chat(t, url, text, 2, SessionHeader, "s1")
 	second := chat(t, url, text+" And then?", 2, SessionHeader, "s1")
-	if first.status != 200 || second.status != 200 {
-		t.Fatalf("statuses %d %d", first.status, second.status)
+	if first.Status != 200 || second.Status != 200 {
+		t.Fatalf("statuses %d %d", first.Status, second.Status)
 	}
-	if second.replica != first.replica || second.cached < 2000 {
-		t.Errorf("second turn on %s with %d cached tokens; first turn was on %s", second.replica, second.cached, first.replica)
+	if second.Replica != first.Replica || second.Cached < 2000 {
+		t.Errorf("second turn on %s with %d cached tokens; first turn was on %s", second.Replica, second.Cached, first.Replica)
 	}
 }
 
@@ -52,7 +52,7 @@ func TestFailingReplicaIsSkippedAndMarkedDown(t *testing.T) {
 	s, url := startProxy(t, testConfig{Fleet: fleet.Config{FailureThreshold: 2, ProbeInterval: time.Hour}}, broken, good)
 	for i := range 4 {
 		res := chat(t, url, "question number "+string(rune('0'+i)), 3)
-		if res.status != 200 || res.replica != "b" || !res.done {
+		if res.Status != 200 || res.Replica != "b" || !res.Done {
 			t.Fatalf("request %d: %+v", i, res)
 		}
 	}
@@ -66,7 +66,7 @@ func TestDeadReplicaIsRoutedAround(t *testing.T) {
 	dead := fakeReplica("http://127.0.0.1:1") // nothing listens there
 	s, url := startProxy(t, testConfig{Fleet: fleet.Config{FailureThreshold: 1}}, dead, good)
 	res := chat(t, url, "are you there?", 2)
-	if res.status != 200 || res.replica != "b" {
+	if res.Status != 200 || res.Replica != "b" {
 		t.Fatalf("result %+v", res)
 	}
 	if st := s.Router().Replicas(); st[0].Healthy || !st[1].Healthy {
@@ -78,7 +78,7 @@ func TestNoReplicaLeftGivesAnOpenAIError(t *testing.T) {
 	broken := startReplica(t, 5*time.Millisecond, emulator.Faults{FailFraction: 1})
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, broken)
 	res := chat(t, url, "anyone?", 2)
-	if res.status != 500 || !strings.Contains(res.err, "injected fault") {
+	if res.Status != 500 || !strings.Contains(res.Err, "injected fault") {
 		t.Errorf("result %+v", res)
 	}
 }
@@ -137,7 +137,7 @@ func TestOnlineTunerLearnsThroughTheProxy(t *testing.T) {
 	_, url := startProxy(t, testConfig{Policy: o, Fleet: fleet.Config{ProbeInterval: time.Hour}},
 		startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 30*time.Millisecond, emulator.Faults{}))
 	for i := range 24 {
-		if res := chat(t, url, fmt.Sprintf("question %d", i), 2); res.status != 200 {
+		if res := chat(t, url, fmt.Sprintf("question %d", i), 2); res.Status != 200 {
 			t.Fatalf("request %d: %+v", i, res)
 		}
 	}
@@ -152,12 +152,12 @@ func TestHungReplicaIsGivenUpOn(t *testing.T) {
 	hung := startReplica(t, 2*time.Millisecond, emulator.Faults{HangAfter: 1})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{HeaderTimeout: 300 * time.Millisecond}}, hung, good)
-	if res := chat(t, url, "first, while it still answers", 1); res.status != 200 || res.replica != "a" {
+	if res := chat(t, url, "first, while it still answers", 1); res.Status != 200 || res.Replica != "a" {
 		t.Fatalf("first request: %+v", res)
 	}
 	start := time.Now()
 	res := chat(t, url, "second, after it hung", 1)
-	if res.status != 200 || res.replica != "b" {
+	if res.Status != 200 || res.Replica != "b" {
 		t.Fatalf("second request: %+v", res)
 	}
 	if took := time.Since(start); took > 5*time.Second {
@@ -222,7 +222,7 @@ func TestStreamBrokenBeforeFirstEventIsRetried(t *testing.T) {
 	good := startReplica(t, 50*time.Millisecond, emulator.Faults{})
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, dying, good)
 	res := chat(t, url, "please answer", 3)
-	if res.status != 200 || res.replica != "b" || !res.done || len(res.content) != 3 {
+	if res.Status != 200 || res.Replica != "b" || !res.Done || len(res.Content) != 3 {
 		t.Errorf("result %+v", res)
 	}
 }
@@ -238,7 +238,7 @@ func TestBusyReplicaIsSkippedAndNotIndexed(t *testing.T) {
 	good := startReplica(t, 50*time.Millisecond, emulator.Faults{})
 	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 1}}, busy, good)
 	res := chat(t, url, strings.Repeat("a prompt worth caching. ", 100), 2)
-	if res.status != 200 || res.replica != "b" {
+	if res.Status != 200 || res.Replica != "b" {
 		t.Fatalf("result %+v", res)
 	}
 	st := s.Router().Replicas()
@@ -327,7 +327,7 @@ func TestUsageIsAskedForAndHidden(t *testing.T) {
 func TestStreamsTeachTheDecodeModel(t *testing.T) {
 	s, url := startProxy(t, testConfig{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
 	for i := range 4 {
-		if res := chat(t, url, fmt.Sprintf("tell me a story, number %d", i), 24); res.status != 200 || !res.done {
+		if res := chat(t, url, fmt.Sprintf("tell me a story, number %d", i), 24); res.Status != 200 || !res.Done {
 			t.Fatalf("result %+v", res)
 		}
 	}
@@ -368,7 +368,7 @@ func TestTTFTSLORefusesWhatCannotMakeIt(t *testing.T) {
 		t.Fatalf("a 20 ms replica under a 3 ms SLO: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
 	_, url = startProxy(t, testConfig{Fleet: fleet.Config{TTFTSLO: 10 * time.Second}}, startReplica(t, 20*time.Millisecond, emulator.Faults{}))
-	if res := chat(t, url, "hello", 4); res.status != 200 || !res.done {
+	if res := chat(t, url, "hello", 4); res.Status != 200 || !res.Done {
 		t.Fatalf("within the SLO: %+v", res)
 	}
 }

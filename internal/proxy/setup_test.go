@@ -3,10 +3,8 @@ package proxy
 import (
 	"context"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -19,6 +17,9 @@ import (
 type replica = servetest.Replica
 
 var (
+	chat         = servetest.Chat
+	fakeUpstream = servetest.Fake
+	fakeReplica  = servetest.At
 	startReplica = servetest.StartReplica
 	chatBody     = servetest.ChatBody
 	do           = servetest.Do
@@ -46,15 +47,7 @@ type testRouter struct {
 // otherwise, and the front end over it; it returns the front end's URL.
 func startProxy(t testing.TB, cfg testConfig, reps ...*replica) (*testRouter, string) {
 	t.Helper()
-	for i, r := range reps {
-		cfg.Fleet.Replicas = append(cfg.Fleet.Replicas, fleet.ReplicaConfig{ID: string(rune('a' + i)), URL: r.URL, Region: "r" + string(rune('a'+i)), Profile: "paper"})
-	}
-	if cfg.Fleet.ProbeInterval == 0 {
-		cfg.Fleet.ProbeInterval = 100 * time.Millisecond
-	}
-	if cfg.Fleet.ScrapeInterval == 0 {
-		cfg.Fleet.ScrapeInterval = 100 * time.Millisecond
-	}
+	cfg.Fleet = servetest.FleetConfig(cfg.Fleet, reps...)
 	reg := prometheus.NewRegistry()
 	f, err := fleet.New(cfg.Fleet, fleet.Options{Policy: cfg.Policy, Registry: reg, AccessLog: cfg.AccessLog})
 	if err != nil {
@@ -81,29 +74,4 @@ func startProxy(t testing.TB, cfg testConfig, reps ...*replica) (*testRouter, st
 func stateOr(s *testRouter, id string) router.ReplicaState {
 	st, _ := s.Router().Replica(id)
 	return st
-}
-
-// result is what a client saw of a streamed chat completion.
-type result struct {
-	status  int
-	replica string
-	content []string
-	cached  int
-	done    bool
-	err     string
-}
-
-// chat sends a streaming chat completion through the proxy.
-func chat(t testing.TB, url, content string, maxTokens int, header ...string) result {
-	t.Helper()
-	r := servetest.Chat(t, url, content, maxTokens, header...)
-	return result{status: r.Status, replica: r.Replica, content: r.Content, cached: r.Cached, done: r.Done, err: r.Err}
-}
-
-// fakeReplica is a replica at url, served by the test.
-func fakeReplica(url string) *replica { return &replica{URL: url} }
-
-// fakeUpstream is an upstream of the test's own.
-func fakeUpstream(t testing.TB, h func(w http.ResponseWriter, r *http.Request)) *replica {
-	return servetest.Fake(t, h)
 }

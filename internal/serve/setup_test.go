@@ -4,9 +4,7 @@ import (
 	"context"
 	"net/http/httptest"
 	"testing"
-	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
 )
@@ -14,6 +12,9 @@ import (
 type replica = servetest.Replica
 
 var (
+	chat               = servetest.Chat
+	fakeUpstream       = servetest.Fake
+	fakeReplica        = servetest.At
 	startReplica       = servetest.StartReplica
 	chatBody           = servetest.ChatBody
 	do                 = servetest.Do
@@ -34,15 +35,7 @@ type testRouter struct {
 // config says otherwise.
 func startRouter(t testing.TB, cfg Config, o Options, reps ...*replica) *testRouter {
 	t.Helper()
-	for i, r := range reps {
-		cfg.Replicas = append(cfg.Replicas, fleet.ReplicaConfig{ID: string(rune('a' + i)), URL: r.URL, Region: "r" + string(rune('a'+i)), Profile: "paper"})
-	}
-	if cfg.ProbeInterval == 0 {
-		cfg.ProbeInterval = 100 * time.Millisecond
-	}
-	if cfg.ScrapeInterval == 0 {
-		cfg.ScrapeInterval = 100 * time.Millisecond
-	}
+	cfg.Config = servetest.FleetConfig(cfg.Config, reps...)
 	o.Proxy = true
 	s, err := New(cfg, o)
 	if err != nil {

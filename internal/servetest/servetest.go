@@ -21,6 +21,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/netem"
 	"github.com/gorgo-llm/gorgo/internal/replay"
 	"github.com/gorgo-llm/gorgo/internal/trace"
@@ -265,3 +266,22 @@ func (l *Log) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// FleetConfig is cfg with the replicas added, ids a, b, ... in regions ra,
+// rb, ... (the paper's profile), probed and scraped every 100 ms unless cfg
+// says otherwise: the fleet of a test.
+func FleetConfig(cfg fleet.Config, reps ...*Replica) fleet.Config {
+	for i, r := range reps {
+		cfg.Replicas = append(cfg.Replicas, fleet.ReplicaConfig{ID: string(rune('a' + i)), URL: r.URL, Region: "r" + string(rune('a'+i)), Profile: "paper"})
+	}
+	if cfg.ProbeInterval == 0 {
+		cfg.ProbeInterval = 100 * time.Millisecond
+	}
+	if cfg.ScrapeInterval == 0 {
+		cfg.ScrapeInterval = 100 * time.Millisecond
+	}
+	return cfg
+}
+
+// At is a replica at url, served by the test.
+func At(url string) *Replica { return &Replica{URL: url} }

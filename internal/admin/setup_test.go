@@ -18,8 +18,6 @@ type replica = servetest.Replica
 
 var (
 	chat         = servetest.Chat
-	fakeUpstream = servetest.Fake
-	fakeReplica  = servetest.At
 	startReplica = servetest.StartReplica
 	do           = servetest.Do
 )

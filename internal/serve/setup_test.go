@@ -12,9 +12,6 @@ import (
 type replica = servetest.Replica
 
 var (
-	chat               = servetest.Chat
-	fakeUpstream       = servetest.Fake
-	fakeReplica        = servetest.At
 	startReplica       = servetest.StartReplica
 	chatBody           = servetest.ChatBody
 	do                 = servetest.Do

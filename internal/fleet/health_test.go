@@ -47,24 +47,33 @@ func TestFailingReplicaIsEjectedNotFlapping(t *testing.T) {
 	}
 }
 
-// Ejection times grow with each ejection.
+// Ejection times grow with each ejection: ejection_time, twice it, three
+// times it. What is left of each ejection is read just after the request
+// that caused it (which still had to be served elsewhere), so each reading
+// is its ejection's length less that delay; with 400 ms steps it still
+// exceeds the length of the ejection before it unless that delay passes
+// 400 ms.
 func TestEjectionTimeGrows(t *testing.T) {
+	const step = 400 * time.Millisecond
 	broken := startReplica(t, 2*time.Millisecond, emulator.Faults{FailFraction: 1})
 	good := startReplica(t, 40*time.Millisecond, emulator.Faults{})
-	s, url := startProxy(t, testConfig{Fleet: fleet.Config{FailureThreshold: 1, ProbeInterval: 10 * time.Millisecond, EjectionTime: 50 * time.Millisecond, MaxEjectionTime: time.Hour}}, broken, good)
-	var lengths []time.Duration
-	for len(lengths) < 3 {
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{FailureThreshold: 1, ProbeInterval: 10 * time.Millisecond, EjectionTime: step, MaxEjectionTime: time.Hour}}, broken, good)
+	var left []time.Duration
+	deadline := time.Now().Add(60 * time.Second)
+	for len(left) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up after %d ejections", len(left))
+		}
 		chat(t, url, "try", 1) // a, if it is back, fails once and is ejected again
-		_, n, until := s.Upstream("a").Health()
-		if n > len(lengths) && !until.IsZero() {
-			lengths = append(lengths, time.Until(until))
+		if _, n, until := s.Upstream("a").Health(); n == len(left)+1 && !until.IsZero() {
+			left = append(left, time.Until(until))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// The 1st ejection is 50 ms, the 2nd 100, the 3rd 150 (measured from
-	// just after each began).
-	if !(lengths[1] > lengths[0] && lengths[2] > lengths[1] && lengths[2] > 100*time.Millisecond) {
-		t.Errorf("ejection lengths %v, want growing (50, 100, 150 ms)", lengths)
+	for k := 1; k < 3; k++ {
+		if left[k] <= time.Duration(k)*step {
+			t.Errorf("ejection %d had %v left just after it began, want more than ejection %d's %v (all: %v)", k+1, left[k], k, time.Duration(k)*step, left)
+		}
 	}
 }
 

@@ -32,6 +32,14 @@ type Config struct {
 	// TokenEvents makes Advance emit an EventToken for every decoded token,
 	// not only the first token and the finish.
 	TokenEvents bool
+	// MaxLoRAs is the LoRA adapter slots (vLLM's --max-loras, SGLang's
+	// --max-loras-per-batch): at most this many adapters are resident,
+	// and the running batch uses at most this many. Default 4.
+	MaxLoRAs int
+	// LoRALoadTime is what loading an adapter that is not resident adds
+	// to the step that first needs it (the whole batch waits, as the
+	// engines load adapters synchronously). Default 0.
+	LoRALoadTime time.Duration
 }
 
 // Request is a request submitted to an engine.
@@ -46,6 +54,9 @@ type Request struct {
 	// PageTokens tokens (the last may be partial). The engine keeps the
 	// slice until the request finishes; do not modify it meanwhile.
 	Blocks []uint64
+	// Adapter is the LoRA adapter the request runs with (0: the base
+	// model).
+	Adapter uint64
 }
 
 // EventKind says what happened to a request.
@@ -92,6 +103,10 @@ type Gauges struct {
 
 	PromptTokens, CachedTokens, GeneratedTokens int64
 	Admitted, Finished, Rejected, Steps         int64
+	// AdapterRequests counts the admitted requests that ran with an
+	// adapter, AdapterLoads the adapters loaded for them (a request whose
+	// adapter was resident loads none).
+	AdapterRequests, AdapterLoads int64
 }
 
 type seq struct {

@@ -63,8 +63,11 @@ func (p *gorgo) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Rand) 
 			RTT:     w.RTT * ms(r),
 			Prefill: float64(max(req.PromptTokens-r.CachedTokens, 0)),
 			Queue:   w.Queue * float64(r.UnfinishedTokens),
+			// An adapter's load is priced as the RTT is: w_rtt turns ms
+			// into the cost's units.
+			Adapter: w.RTT * r.AdapterMS,
 		}
-		t.Total = t.RTT + t.Prefill + t.Queue
+		t.Total = t.RTT + t.Prefill + t.Queue + t.Adapter
 		d.Scores = append(d.Scores, t)
 	}
 	d.Replica = ByScore
@@ -99,8 +102,9 @@ func (p *gorgoMS) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Rand
 			RTT:     w.RTT * ms(r),
 			Prefill: float64(max(req.PromptTokens-r.CachedTokens, 0)) * r.PrefillMSPerToken,
 			Queue:   w.Queue * float64(r.BacklogTokens) * r.QueueMSPerToken,
+			Adapter: r.AdapterMS,
 		}
-		t.Total = t.RTT + t.Prefill + t.Queue
+		t.Total = t.RTT + t.Prefill + t.Queue + t.Adapter
 		d.Scores = append(d.Scores, t)
 	}
 	d.Replica = ByScore
@@ -160,8 +164,9 @@ func (p *gorgoE2E) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Ran
 			Queue:   w.Queue * float64(r.BacklogTokens) * r.QueueMSPerToken,
 			Decode: w.Decode*float64(r.Decoding)*prefill +
 				w.ITL*e*(r.ITLBaseMS+r.ITLSlopeMS*float64(r.InFlight+1)),
+			Adapter: r.AdapterMS,
 		}
-		t.Total = t.RTT + t.Prefill + t.Queue + t.Decode
+		t.Total = t.RTT + t.Prefill + t.Queue + t.Decode + t.Adapter
 		d.Scores = append(d.Scores, t)
 	}
 	d.Replica = ByScore

@@ -40,6 +40,10 @@ type Request struct {
 	// Allowed, if set, restricts the decision to the replicas it accepts
 	// (a gateway's subset hint); nil allows every available replica.
 	Allowed func(id string) bool
+	// Model is the served name the request is for (a base model or a LoRA
+	// adapter; an alias already resolved): the router shows a policy only
+	// the replicas that serve it. Empty: any replica.
+	Model string
 }
 
 // EngineGauges are the engine-reported figures the router last scraped.
@@ -89,12 +93,18 @@ type Replica struct {
 	// ITL ≈ base + slope·(requests in flight), in ms, learned from the
 	// token gaps the router observes (from the profile until then).
 	ITLBaseMS, ITLSlopeMS float64
+	// AdapterMS is what it costs (ms) to make the request's LoRA adapter
+	// ready there: 0 for a base model or an adapter believed resident;
+	// else its load time, plus a wait for a slot when the replica's
+	// adapter slots (max_lora) are all held by requests in flight.
+	AdapterMS float64
 }
 
 // Terms are the parts of one replica's cost, for policies that score.
-// Decode is gorgo-e2e's decode term (zero for the others).
+// Decode is gorgo-e2e's decode term (zero for the others); Adapter the
+// cost of loading the request's LoRA adapter there (Replica.AdapterMS).
 type Terms struct {
-	RTT, Prefill, Queue, Decode, Total float64
+	RTT, Prefill, Queue, Decode, Adapter, Total float64
 }
 
 // Decision is a policy's verdict: a score for every replica (lower is

@@ -45,3 +45,27 @@ func Fmix64(x uint64) uint64 {
 	x ^= x >> 33
 	return x
 }
+
+// ModelKey is the key of a served model's share of a prefix cache (see
+// Keyed): 0 for none (a request that names no model), else a hash of the
+// name.
+func ModelKey(model string) uint64 {
+	if model == "" {
+		return 0
+	}
+	return Fmix64(xxhash.Sum64String(model) | 1)
+}
+
+// Keyed makes a prompt's chained block hashes the model's (key from
+// ModelKey), in place: engines key their prefix caches by model and
+// adapter (a prompt cached for one adapter is no hit for another), so a
+// router's index must too. Key 0 leaves the hashes as they are.
+func Keyed(blocks []uint64, key uint64) []uint64 {
+	if key == 0 {
+		return blocks
+	}
+	for i, b := range blocks {
+		blocks[i] = mix(key, b)
+	}
+	return blocks
+}

@@ -83,7 +83,9 @@ func (r *Router) Add(rc ReplicaConfig) error {
 	if err != nil {
 		return fmt.Errorf("router: replica %s: %w", rc.ID, err)
 	}
-	r.fleet.Store(f.with(newMember(rc, slot, r.cfg.RTTAlpha, r.cfg.OnlineRates)))
+	f = f.with(newMember(rc, slot, r.cfg.RTTAlpha, r.cfg.OnlineRates))
+	r.fleet.Store(f)
+	r.rebuildCatalog(f)
 	return nil
 }
 
@@ -175,7 +177,9 @@ func (r *Router) Detach(id string) error {
 // share of the index. Call with fleetMu held.
 func (r *Router) detach(f *fleet, m *member) {
 	m.gone.Store(true) // before its slot can go to another replica
-	r.fleet.Store(f.without(m))
+	f = f.without(m)
+	r.fleet.Store(f)
+	r.rebuildCatalog(f)
 	r.fleetMu.Unlock()
 	// Clear the slot in pieces so decisions (which take the index's read
 	// lock) are not held up by a large cache; it is nobody's meanwhile.
@@ -210,7 +214,8 @@ func (r *Router) clearIndex(m *member) {
 
 // Reconfigure changes what the router was told about a replica, keeping
 // everything it observed: its region, its KV capacity (its share of the
-// index is resized) and, unless rates are learned online, its rates.
+// index is resized), its models if given, its adapter slots and, unless
+// rates are learned online, its rates.
 func (r *Router) Reconfigure(rc ReplicaConfig) error {
 	if err := validReplica(rc); err != nil {
 		return err
@@ -220,6 +225,14 @@ func (r *Router) Reconfigure(rc ReplicaConfig) error {
 		return err
 	}
 	m.region.Store(&rc.Region)
+	if rc.Models != nil {
+		if _, err := r.SetModels(rc.ID, rc.Models); err != nil {
+			return err
+		}
+	}
+	m.adapters.mu.Lock()
+	m.adapters.configured = max(rc.MaxLoRAs, 0)
+	m.adapters.mu.Unlock()
 	if m.rates == nil {
 		m.setRates(rc.PrefillMSPerToken, rc.QueueMSPerToken)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/estimate"
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
@@ -21,6 +22,13 @@ type ReplicaConfig struct {
 	// ITLBaseMS and ITLSlopeMS are the priors of the replica's inter-token
 	// latency model (see estimate.ITL); zero base means DefaultITLBaseMS.
 	ITLBaseMS, ITLSlopeMS float64
+	// Models is what the replica serves, if known from the start (the
+	// config says); nil until SetModels tells, and a replica whose models
+	// are unknown is taken to serve any.
+	Models *models.Set
+	// MaxLoRAs is the replica's adapter slots, if the config says (else
+	// its engine's report, else DefaultMaxLoRAs).
+	MaxLoRAs int
 }
 
 // DefaultITLBaseMS is the prior ITL of a replica nothing is known of: a
@@ -71,6 +79,10 @@ type member struct {
 	// many are past their first token.
 	inflight, unfin, backlog, decoding atomic.Int64
 
+	// models is what the replica serves; nil: unknown, any model.
+	models   atomic.Pointer[models.Set]
+	adapters adapterTable
+
 	rttNS   atomic.Int64 // the RTT estimate; 0 until probed
 	probed  atomic.Bool
 	kvCap   atomic.Int64
@@ -104,6 +116,8 @@ type gaugeObs struct {
 func newMember(rc ReplicaConfig, slot int, alpha float64, online bool) *member {
 	m := &member{id: rc.ID, slot: slot, rtt: estimate.EWMA{Alpha: alpha}}
 	m.region.Store(&rc.Region)
+	m.models.Store(rc.Models)
+	m.adapters.configured = max(rc.MaxLoRAs, 0)
 	m.healthy.Store(true)
 	m.kvCap.Store(int64(rc.KVCapacityTokens))
 	m.setRates(rc.PrefillMSPerToken, rc.QueueMSPerToken)
@@ -149,6 +163,41 @@ func (m *member) ratesNow() (prefill, queue float64) {
 // and reached by a probe (until then its round trip is unknown).
 func (m *member) available() bool {
 	return State(m.state.Load()) == Active && m.healthy.Load() && m.probed.Load()
+}
+
+// serves reports whether the replica serves model ("": any model; a
+// replica whose models are unknown serves any), and the adapter's name if
+// the model is a LoRA adapter there. It allocates nothing.
+func (m *member) serves(model string) (adapter string, ok bool) {
+	if model == "" {
+		return "", true
+	}
+	set := m.models.Load()
+	if set == nil {
+		return "", true
+	}
+	mod, ok := set.Lookup(model)
+	if !ok || !mod.IsAdapter() {
+		return "", ok
+	}
+	return mod.ID, true
+}
+
+// adapterCost is what making an adapter ready at the replica costs, in
+// ms: its load (loadMS, if not resident) and the wait for a slot (waitMS,
+// if they are all held by requests in flight).
+func (m *member) adapterCost(adapter string, loadMS, waitMS float64) (load, wait float64) {
+	t := &m.adapters
+	t.mu.Lock()
+	resident, full := t.state(adapter)
+	t.mu.Unlock()
+	switch {
+	case resident:
+		return 0, 0
+	case full:
+		return loadMS, waitMS
+	}
+	return loadMS, 0
 }
 
 // view is the replica as a policy sees it now, for a prompt of which it is
@@ -247,6 +296,10 @@ type ReplicaState struct {
 	Decoding              int
 	ITLBaseMS, ITLSlopeMS float64
 	ITLSamples            int
+	// Models is what it serves (nil: unknown, taken to serve any model);
+	// Adapters its adapter slots as the router sees them.
+	Models   *models.Set
+	Adapters AdapterState
 }
 
 // Available reports whether a decision may pick the replica.
@@ -259,6 +312,8 @@ func (m *member) snapshot(indexBlocks int) ReplicaState {
 	st.PrefillMSPerToken, st.QueueMSPerToken = m.ratesNow()
 	st.Decoding = int(m.decoding.Load())
 	st.ITLBaseMS, st.ITLSlopeMS = m.itlNow()
+	st.Models = m.models.Load()
+	st.Adapters = m.adapters.snapshot()
 	if g := m.gauges.Load(); g != nil {
 		st.Engine, st.EngineKnown, st.EngineAt = g.g, true, g.at
 	}

@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/estimate"
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prefix"
 )
@@ -49,6 +50,11 @@ type Config struct {
 	// ByScore decision tie and one is drawn at random; zero means
 	// policy.DefaultTieMargin, negative exact ties only.
 	TieMargin float64
+	// AdapterLoad is the load time of a LoRA adapter before one was
+	// measured (zero: DefaultAdapterLoad); AdapterLoads gives some
+	// adapters their own.
+	AdapterLoad  time.Duration
+	AdapterLoads map[string]time.Duration
 }
 
 // Ticket is the router's record of one request dispatched to a replica,
@@ -68,6 +74,11 @@ type Ticket struct {
 	RTT time.Duration
 	// Tag is the policy's label for the decision (see policy.Learner).
 	Tag int
+	// Adapter is the LoRA adapter the request uses there ("" for a base
+	// model); AdapterLoadMS and AdapterWaitMS what the decision believed
+	// making it ready would cost (its load, the wait for a slot), in ms.
+	Adapter                      string
+	AdapterLoadMS, AdapterWaitMS float64
 	// InFlight is how many of the router's requests were at the replica
 	// once this one joined them (itself included).
 	InFlight int
@@ -91,6 +102,9 @@ type Candidate struct {
 	Terms           policy.Terms
 	RTT             time.Duration
 	Tag             int
+	// Adapter, AdapterLoadMS and AdapterWaitMS: as in Ticket.
+	Adapter                      string
+	AdapterLoadMS, AdapterWaitMS float64
 
 	m  *member
 	at time.Duration // when the decision was made
@@ -108,13 +122,17 @@ type Router struct {
 	index *prefix.Index
 
 	// decMu serialises decisions and guards their scratch.
-	decMu  sync.Mutex
-	views  []policy.Replica
-	cand   []*member
+	decMu   sync.Mutex
+	views   []policy.Replica
+	cand    []*member
+	adapter []adapterCost
 	depth  []int
 	dec    policy.Decision
 	ranked []bool
 	best   []Candidate
+
+	loads   *adapterLoads
+	catalog atomic.Pointer[catalog]
 
 	resets atomic.Int64
 	// outEst is the running estimate of a request's output tokens (float64
@@ -155,9 +173,10 @@ func New(cfg Config) (*Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
-	r := &Router{cfg: cfg, index: ix}
+	r := &Router{cfg: cfg, index: ix, loads: newAdapterLoads(cfg.AdapterLoad, cfg.AdapterLoads)}
 	r.outEst.Store(math.Float64bits(DefaultOutputTokens))
 	r.fleet.Store(&fleet{byID: map[string]*member{}})
+	r.catalog.Store(&catalog{served: models.Union()})
 	for _, rc := range cfg.Replicas {
 		if err := r.Add(rc); err != nil {
 			return nil, err
@@ -231,6 +250,7 @@ func (r *Router) Enter(now time.Duration, id string, req *policy.Request) (Ticke
 	r.ixMu.RUnlock()
 	r.decMu.Unlock()
 	c := Candidate{ID: id, EstCachedTokens: min(cached, req.PromptTokens), RTT: time.Duration(m.rttNS.Load()), m: m, at: now}
+	c.Adapter, _ = m.serves(req.Model)
 	t, ok := r.enter(&c, req)
 	t.remote = true
 	return t, ok
@@ -251,7 +271,8 @@ func (r *Router) Redispatch(now time.Duration, c *Candidate, req *policy.Request
 // stopped being active meanwhile (drained or being removed).
 func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
 	m := c.m
-	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m}
+	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m,
+		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS}
 	t.InFlight = int(m.inflight.Add(1))
 	if State(m.state.Load()) != Active {
 		// Remove saw no request in flight, or is about to: back out. If
@@ -264,8 +285,11 @@ func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
 	}
 	m.unfin.Add(int64(req.PromptTokens))
 	t.Backlog = int(m.backlog.Add(int64(t.uncached()))) - t.uncached()
+	if t.Adapter != "" {
+		m.adapters.start(t.Adapter, c.at)
+	}
 	prefill, queue := m.ratesNow()
-	t.Predicted = float64(t.RTT)/1e6 + float64(t.uncached())*prefill + float64(t.Backlog)*queue
+	t.Predicted = float64(t.RTT)/1e6 + float64(t.uncached())*prefill + float64(t.Backlog)*queue + t.AdapterLoadMS + t.AdapterWaitMS
 	t.Sent = c.at
 	return t, true
 }
@@ -346,12 +370,24 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	r.ixMu.RUnlock()
 	bt := r.cfg.BlockTokens
 	req.ExpectedOutputTokens = r.ExpectedOutput(req.MaxOutputTokens)
-	r.views, r.cand = r.views[:0], r.cand[:0]
+	r.views, r.cand, r.adapter = r.views[:0], r.cand[:0], r.adapter[:0]
 	for _, m := range f.members {
-		if m.available() && (req.Allowed == nil || req.Allowed(m.id)) {
-			r.views = append(r.views, m.view(now, min(r.depth[m.slot]*bt, req.PromptTokens)))
-			r.cand = append(r.cand, m)
+		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
+			continue
 		}
+		adapter, ok := m.serves(req.Model)
+		if !ok {
+			continue
+		}
+		v := m.view(now, min(r.depth[m.slot]*bt, req.PromptTokens))
+		var cost adapterCost
+		if adapter != "" {
+			cost = r.adapterCost(m, adapter, &v, req.ExpectedOutputTokens)
+			v.AdapterMS = cost.load + cost.wait
+		}
+		r.views = append(r.views, v)
+		r.cand = append(r.cand, m)
+		r.adapter = append(r.adapter, cost)
 	}
 	if len(r.views) == 0 {
 		return dst, policy.ErrNoReplica
@@ -390,7 +426,9 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 
 func (r *Router) candidate(i int, now time.Duration) Candidate {
 	v := &r.views[i]
-	c := Candidate{ID: v.ID, EstCachedTokens: v.CachedTokens, RTT: v.RTT, Tag: r.dec.Tag, m: r.cand[i], at: now}
+	a := &r.adapter[i]
+	c := Candidate{ID: v.ID, EstCachedTokens: v.CachedTokens, RTT: v.RTT, Tag: r.dec.Tag, m: r.cand[i], at: now,
+		Adapter: a.name, AdapterLoadMS: a.load, AdapterWaitMS: a.wait}
 	if len(r.dec.Scores) == len(r.views) {
 		c.Terms = r.dec.Scores[i]
 	}
@@ -412,7 +450,11 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 		return
 	}
 	t.m.observeBias(t.Sent+ttft, float64(ttft)/1e6-t.Predicted)
-	t.m.observeTTFT(t.uncached(), t.Backlog, float64(ttft-t.RTT)/1e6)
+	t.m.observeTTFT(t.uncached(), t.Backlog, float64(ttft-t.RTT-time.Duration((t.AdapterLoadMS+t.AdapterWaitMS)*1e6))/1e6)
+	if t.AdapterLoadMS > 0 && t.AdapterWaitMS == 0 {
+		// A load alone: what the first token took past the model without it.
+		r.loads.observe(t.Adapter, float64(ttft)/1e6-(t.Predicted-t.AdapterLoadMS))
+	}
 }
 
 // CachedReport folds in the cached prompt tokens the replica reported for a
@@ -436,6 +478,9 @@ func (r *Router) Finish(t *Ticket) {
 	}
 	t.done = true
 	m := t.m
+	if t.Adapter != "" {
+		m.adapters.end(t.Adapter)
+	}
 	m.unfin.Add(-int64(t.PromptTokens))
 	if !t.first {
 		m.backlog.Add(-int64(t.uncached()))
@@ -595,13 +640,24 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (best, floor ti
 	r.index.Match(req.Blocks, r.depth)
 	r.ixMu.RUnlock()
 	bestMS, floorMS := math.Inf(1), math.Inf(1)
+	e := r.ExpectedOutput(req.MaxOutputTokens)
 	for _, m := range f.members {
 		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
+			continue
+		}
+		adapter, ok := m.serves(req.Model)
+		if !ok {
 			continue
 		}
 		cached := min(r.depth[m.slot]*r.cfg.BlockTokens, req.PromptTokens)
 		prefill, queue := m.ratesNow()
 		base := float64(m.rttNS.Load())/1e6 + float64(max(req.PromptTokens-cached, 0))*prefill
+		if adapter != "" {
+			v := policy.Replica{InFlight: int(m.inflight.Load())}
+			v.ITLBaseMS, v.ITLSlopeMS = m.itlNow()
+			c := r.adapterCost(m, adapter, &v, e)
+			base += c.load + c.wait
+		}
 		floorMS = min(floorMS, base)
 		bestMS = min(bestMS, base+max(float64(m.backlog.Load())*queue+m.lateness(now), 0))
 	}

@@ -1,0 +1,120 @@
+package router
+
+import (
+	"github.com/gorgo-llm/gorgo/internal/models"
+	"github.com/gorgo-llm/gorgo/internal/policy"
+)
+
+// Models. Each replica serves some models: base models and the LoRA
+// adapters on them, as its engine lists them (SetModels, from its GET
+// /v1/models) or the config says (ReplicaConfig.Models). A decision for a
+// request naming a model (policy.Request.Model) sees only the replicas
+// that serve it, as it sees only the available ones; a replica whose
+// models are unknown is taken to serve any. The catalog is every name any
+// replica of the fleet serves, whatever its state: a name outside it (with
+// no replica of unknown models) is no model of the fleet's.
+
+// catalog is the fleet's models, rebuilt when a replica's change.
+type catalog struct {
+	served *models.Set
+	// unknown is how many replicas' models are unknown.
+	unknown int
+}
+
+// Catalog returns every model a replica of the fleet serves, in any state,
+// and how many replicas' models are unknown (they may serve anything).
+func (r *Router) Catalog() (served *models.Set, unknown int) {
+	c := r.catalog.Load()
+	return c.served, c.unknown
+}
+
+// rebuildCatalog publishes the catalog of fleet f. Call with fleetMu held.
+func (r *Router) rebuildCatalog(f *fleet) {
+	sets := make([]*models.Set, 0, len(f.members))
+	unknown := 0
+	for _, m := range f.members {
+		if s := m.models.Load(); s != nil {
+			sets = append(sets, s)
+		} else {
+			unknown++
+		}
+	}
+	r.catalog.Store(&catalog{served: models.Union(sets...), unknown: unknown})
+}
+
+// SetModels tells the router what a replica serves (nil: unknown, any
+// model). It reports whether that changed.
+func (r *Router) SetModels(id string, s *models.Set) (bool, error) {
+	r.fleetMu.Lock()
+	defer r.fleetMu.Unlock()
+	m, err := r.member(id)
+	if err != nil {
+		return false, err
+	}
+	if m.models.Load().Equal(s) {
+		return false, nil
+	}
+	m.models.Store(s)
+	r.rebuildCatalog(r.fleet.Load())
+	return true, nil
+}
+
+// DropModel takes a model (and, for a base model, its adapters) out of
+// what the router believes a replica serves: it answered 404 for it. Its
+// next refresh may bring it back. It reports whether the replica was
+// believed to serve it.
+func (r *Router) DropModel(id, model string) bool {
+	r.fleetMu.Lock()
+	defer r.fleetMu.Unlock()
+	m, err := r.member(id)
+	if err != nil {
+		return false
+	}
+	s := m.models.Load()
+	mod, ok := s.Lookup(model)
+	if !ok {
+		return false
+	}
+	m.models.Store(s.Without(mod.ID))
+	r.rebuildCatalog(r.fleet.Load())
+	return true
+}
+
+// ObserveAdapters records what a replica's engine reported of its
+// adapters.
+func (r *Router) ObserveAdapters(id string, g AdapterGauges) error {
+	m, err := r.member(id)
+	if err != nil {
+		return err
+	}
+	running := g.Running
+	if len(running) > maxScrapedAdapters {
+		running = running[:maxScrapedAdapters]
+	}
+	t := &m.adapters
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.scraped = max(g.MaxLoRAs, 0)
+	t.running = append(t.running[:0], running...)
+	t.runningN = max(g.RunningCount, len(running))
+	return nil
+}
+
+// adapterCost is a replica's cost of a request's adapter, in a decision.
+type adapterCost struct {
+	name       string
+	load, wait float64
+}
+
+// adapterCost prices adapter at replica m, viewed as v, for a request of
+// e expected output tokens: its load unless resident, and, when every
+// slot is held, a wait of about one request's decode there (e tokens at
+// the ITL it would see) for one to free.
+func (r *Router) adapterCost(m *member, adapter string, v *policy.Replica, e int) adapterCost {
+	wait := float64(e) * (v.ITLBaseMS + v.ITLSlopeMS*float64(v.InFlight+1))
+	load, wait := m.adapterCost(adapter, r.loads.estimate(adapter), wait)
+	return adapterCost{name: adapter, load: load, wait: wait}
+}
+
+// AdapterLoad is the router's estimate of an adapter's load time (ms).
+func (r *Router) AdapterLoad(adapter string) float64 { return r.loads.estimate(adapter) }

@@ -126,10 +126,10 @@ type Router struct {
 	views   []policy.Replica
 	cand    []*member
 	adapter []adapterCost
-	depth  []int
-	dec    policy.Decision
-	ranked []bool
-	best   []Candidate
+	depth   []int
+	dec     policy.Decision
+	ranked  []bool
+	best    []Candidate
 
 	loads   *adapterLoads
 	catalog atomic.Pointer[catalog]

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -41,7 +42,7 @@ tuner, decide) is on its own listener (admin.listen, 127.0.0.1:9091 by
 default), behind bearer tokens when configured.
 
 Replicas come from --config (YAML, see examples/serve.yaml: replicas, DNS
-discover groups), --replica ID=URL[,region=R][,profile=P] (repeatable) and
+discover groups), --replica ID=URL[,region=R][,profile=P][,model=M]... (repeatable) and
 the admin API. SIGHUP, or a change of the config file, reloads it: replicas
 keep their state, new ones join, missing ones are drained then removed.`
 
@@ -49,7 +50,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", "serve [--config FILE] [--replica ID=URL,...] [flags]", serveAbout, stderr)
 	configPath := fs.String("config", "", "YAML config `FILE`")
 	var replicas listFlag
-	fs.Var(&replicas, "replica", "upstream `ID=URL[,region=R][,profile=P]` (repeatable)")
+	fs.Var(&replicas, "replica", "upstream `ID=URL[,region=R][,profile=P][,model=M]...[,adapter=A]...[,max_loras=N]` (repeatable; model and adapter: what it serves, else its /v1/models is read)")
 	listen := fs.String("listen", "", "address to serve clients on (default the config's, else 127.0.0.1:8080)")
 	adminListen := fs.String("admin-listen", "", "address of the admin API (default the config's, else 127.0.0.1:9091; off for none)")
 	policyName := fs.String("policy", "", "routing policy (default the config's, else default: "+policy.DefaultName+"): "+joinNames(policy.LiveNames()))
@@ -280,12 +281,12 @@ func serveAll(ctx context.Context, run func(context.Context) error, servers ...s
 	return g.Wait()
 }
 
-// parseReplica reads ID=URL[,region=R][,profile=P].
+// parseReplica reads ID=URL[,region=R][,profile=P][,model=M]...[,adapter=A]...[,max_loras=N].
 func parseReplica(s string) (fleet.ReplicaConfig, error) {
 	parts := strings.Split(s, ",")
 	id, u, ok := strings.Cut(parts[0], "=")
 	if !ok || id == "" || u == "" {
-		return fleet.ReplicaConfig{}, fmt.Errorf("want ID=URL[,region=R][,profile=P], got %q", s)
+		return fleet.ReplicaConfig{}, fmt.Errorf("want ID=URL[,region=R][,profile=P][,model=M]...[,adapter=A]...[,max_loras=N], got %q", s)
 	}
 	rc := fleet.ReplicaConfig{ID: id, URL: u}
 	for _, p := range parts[1:] {
@@ -295,8 +296,18 @@ func parseReplica(s string) (fleet.ReplicaConfig, error) {
 			rc.Region = v
 		case "profile":
 			rc.Profile = v
+		case "model":
+			rc.Models = append(rc.Models, v)
+		case "adapter":
+			rc.Adapters = append(rc.Adapters, v)
+		case "max_loras":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return rc, fmt.Errorf("max_loras in %q: want a positive integer", s)
+			}
+			rc.MaxLoRAs = n
 		default:
-			return rc, fmt.Errorf("unknown replica option %q in %q (valid: region, profile)", k, s)
+			return rc, fmt.Errorf("unknown replica option %q in %q (valid: region, profile, model, adapter, max_loras)", k, s)
 		}
 	}
 	return rc, nil

@@ -202,6 +202,8 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "POST", Pattern: "/admin/tuner/pause", Handler: s.pauseTuner(true)},
 		{Method: "POST", Pattern: "/admin/tuner/resume", Handler: s.pauseTuner(false)},
 		{Method: "POST", Pattern: "/admin/decide", Handler: s.decide},
+		{Method: "GET", Pattern: "/admin/models", Handler: s.models},
+		{Method: "PUT", Pattern: "/admin/models", Handler: s.setModels},
 	})
 }
 

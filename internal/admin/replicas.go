@@ -40,6 +40,13 @@ type replicaJSON struct {
 	ITLMS            float64              `json:"itl_ms"`
 	ITLSlopeMS       float64              `json:"itl_slope_ms"`
 	ITLSamples       int                  `json:"itl_samples"`
+	// Models are the names it serves (omitted while unknown: it is taken
+	// to serve any), Adapters the LoRA adapters among them; AdapterSlots
+	// and ResidentAdapters its adapter slots as the router sees them.
+	Models           []string `json:"models,omitempty"`
+	Adapters         []string `json:"adapters,omitempty"`
+	AdapterSlots     int      `json:"adapter_slots"`
+	ResidentAdapters []string `json:"resident_adapters,omitempty"`
 }
 
 // state is a replica's state as an operator reads it.
@@ -59,7 +66,8 @@ func (s *Server) replicaJSON(st router.ReplicaState) replicaJSON {
 	out := replicaJSON{ID: st.ID, Region: st.Region, State: state(st), RTTMS: float64(st.RTT.Microseconds()) / 1000,
 		InFlight: st.InFlight, UnfinishedTokens: st.UnfinishedTokens, BacklogTokens: st.BacklogTokens, IndexBlocks: st.IndexBlocks,
 		KVCapacityTokens: st.KVCapacityTokens, PrefillMSPerTok: st.PrefillMSPerToken, QueueMSPerTok: st.QueueMSPerToken,
-		Decoding: st.Decoding, ITLMS: st.ITLBaseMS, ITLSlopeMS: st.ITLSlopeMS, ITLSamples: st.ITLSamples}
+		Decoding: st.Decoding, ITLMS: st.ITLBaseMS, ITLSlopeMS: st.ITLSlopeMS, ITLSamples: st.ITLSamples,
+		Models: st.Models.Bases(), Adapters: st.Models.Adapters(), AdapterSlots: st.Adapters.Slots, ResidentAdapters: st.Adapters.Resident}
 	if u := s.fleet.Upstream(st.ID); u != nil {
 		out.URL, out.Profile, out.Source = u.URL(), u.Config().Profile, u.Source()
 		var until time.Time

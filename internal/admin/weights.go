@@ -130,7 +130,10 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		scores[sc.ID] = sc.Terms
 	}
 	out := map[string]any{"replica": c.ID, "prompt_tokens": req.Route.PromptTokens, "expected_output_tokens": req.Route.ExpectedOutputTokens,
-		"est_cached_tokens": c.EstCachedTokens, "policy": pol.Name(), "scores": scores}
+		"est_cached_tokens": c.EstCachedTokens, "policy": pol.Name(), "scores": scores, "model": req.Route.Model}
+	if c.Adapter != "" {
+		out["adapter"], out["adapter_load_ms"] = c.Adapter, s.fleet.Router().AdapterLoad(c.Adapter)
+	}
 	if best, floor, err := s.fleet.Router().Predict(now, &req.Route); err == nil {
 		out["predicted_ttft_ms"], out["predicted_ttft_idle_ms"] = float64(best.Microseconds())/1000, float64(floor.Microseconds())/1000
 	}

@@ -50,6 +50,12 @@ type Group struct {
 	// Region and Profile are copied into every endpoint of the group.
 	Region  string `yaml:"region"`
 	Profile string `yaml:"profile"`
+	// Models, Adapters and MaxLoRAs are what every replica of the group
+	// serves, for the caller to copy into each one's config (discovery does
+	// not use them): see the fleet's replica config.
+	Models   []string `yaml:"models"`
+	Adapters []string `yaml:"adapters"`
+	MaxLoRAs int      `yaml:"max_loras"`
 	// Interval is how often the name is re-resolved (default 10s).
 	Interval time.Duration `yaml:"interval"`
 }

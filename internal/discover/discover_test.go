@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -94,7 +95,7 @@ discover:
 		{DNS: "vllm-headless.ns.svc.cluster.local", Port: 8000, Region: "us-ashburn", Profile: "paper", Interval: 10 * time.Second},
 		{SRV: "_http._tcp.sglang.ns.svc.cluster.local", Region: "eu-frankfurt", Interval: 90 * time.Second},
 	}
-	if !slices.Equal(cfg.Discover, want) {
+	if !reflect.DeepEqual(cfg.Discover, want) {
 		t.Fatalf("decoded %+v, want %+v", cfg.Discover, want)
 	}
 	for _, g := range cfg.Discover {

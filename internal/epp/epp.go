@@ -305,6 +305,12 @@ func (x *exchange) route(ep string, r *lifecycle.Request) error {
 		ClearRouteCache: true,
 	}
 	md, _ := structpb.NewStruct(map[string]any{LBNamespace: map[string]any{DestinationHeader: list}})
+	// The body goes on as the client sent it, or with the served name an
+	// alias stood for.
+	body, rewritten := x.body, r.Rewritten() != nil
+	if rewritten {
+		body = r.Rewritten()
+	}
 	switch {
 	case x.atHeaders && x.body != nil && !x.duplex:
 		// A partial body (buffered-partial, streamed): the answer is the
@@ -320,7 +326,6 @@ func (x *exchange) route(ep string, r *lifecycle.Request) error {
 			return nil
 		}
 		// Full duplex: the body goes on after the headers, in pieces.
-		body := x.body
 		for {
 			n := min(len(body), bodyChunk)
 			eos := n == len(body)
@@ -338,6 +343,11 @@ func (x *exchange) route(ep string, r *lifecycle.Request) error {
 			return x.send(continueTrailers())
 		}
 		return nil
+	}
+	if rewritten { // a buffered body, replaced whole
+		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: body}}
+		common.HeaderMutation.SetHeaders = append(common.HeaderMutation.SetHeaders, &corev3.HeaderValueOption{
+			Header: &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(len(body)))}})
 	}
 	return x.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestBody{
 		RequestBody: &extprocv3.BodyResponse{Response: common}}})

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/url"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/discover"
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
@@ -91,6 +93,17 @@ type Config struct {
 	// of a mesh, and mirrors theirs, over NATS (see package mesh). Needs a
 	// restart to change.
 	Mesh *mesh.Config `yaml:"mesh"`
+	// Models are the router's own model names: aliases of served names,
+	// and canary splits among them (a name, or a map of names to weights:
+	// chat: {llama-3.1-70b: 90, llama-3.3-70b: 10}). They change on reload
+	// and through the admin API.
+	Models map[string]models.Spec `yaml:"models"`
+	// AdapterLoadTime is what loading a LoRA adapter is believed to take
+	// before one was measured (default 200ms); AdapterLoadTimes gives some
+	// adapters their own. The router then learns each adapter's from the
+	// first tokens of requests that had to load it. Restart to change.
+	AdapterLoadTime  time.Duration            `yaml:"adapter_load_time"`
+	AdapterLoadTimes map[string]time.Duration `yaml:"adapter_load_times"`
 }
 
 // ReplicaConfig is one upstream engine.
@@ -119,6 +132,28 @@ type ReplicaConfig struct {
 	// APIKeyEnv names the environment variable holding the replica's API
 	// key, which a front end sends it (auth.upstream: replica).
 	APIKeyEnv string `yaml:"api_key_env"`
+	// Models are the names the replica's base model is served under and
+	// Adapters the LoRA adapters on it: given, they are what it serves
+	// and its GET /v1/models is not read; else that list is read with
+	// every probe (a replica whose list cannot be read is taken to serve
+	// any model).
+	Models   []string `yaml:"models"`
+	Adapters []string `yaml:"adapters"`
+	// MaxLoRAs is the replica's adapter slots when its engine does not
+	// report them (vLLM's max_lora, SGLang's lora_pool_slots_total).
+	MaxLoRAs int `yaml:"max_loras"`
+}
+
+// Equal reports whether two replica configs are the same.
+func (r ReplicaConfig) Equal(o ReplicaConfig) bool { return reflect.DeepEqual(r, o) }
+
+// served is what the config says the replica serves (nil: it does not
+// say).
+func (r ReplicaConfig) served() (*models.Set, error) {
+	if len(r.Models) == 0 && len(r.Adapters) == 0 {
+		return nil, nil
+	}
+	return models.WithAdapters(r.Models, r.Adapters)
 }
 
 // UpstreamTLSConfig is TLS to https:// replicas: the CA that signed their
@@ -256,6 +291,12 @@ func (r ReplicaConfig) Validate() error {
 	if !strings.HasPrefix(r.MetricsPath, "/") {
 		return fmt.Errorf("metrics_path %q must start with /", r.MetricsPath)
 	}
+	if r.MaxLoRAs < 0 {
+		return fmt.Errorf("max_loras must not be negative")
+	}
+	if _, err := r.served(); err != nil {
+		return err
+	}
 	return nil
 }
 
@@ -298,6 +339,12 @@ func (c Config) Validate() error {
 				return fmt.Errorf("config: discover group %s: %w", g.Name(), err)
 			}
 		}
+		if g.MaxLoRAs < 0 {
+			return fmt.Errorf("config: discover group %s: max_loras must not be negative", g.Name())
+		}
+		if _, err := (ReplicaConfig{Models: g.Models, Adapters: g.Adapters}).served(); err != nil {
+			return fmt.Errorf("config: discover group %s: %w", g.Name(), err)
+		}
 	}
 	if info, ok := policy.Lookup(c.Policy); !ok {
 		return fmt.Errorf("config: unknown policy %q (valid: %s)", c.Policy, strings.Join(policy.LiveNames(), ", "))
@@ -331,6 +378,17 @@ func (c Config) Validate() error {
 		}
 		if err := mc.Validate(); err != nil {
 			return fmt.Errorf("config: %w", err)
+		}
+	}
+	if _, err := models.ParseAliases(c.Models); err != nil {
+		return fmt.Errorf("config: models: %w", err)
+	}
+	if c.AdapterLoadTime < 0 {
+		return fmt.Errorf("config: adapter_load_time must not be negative")
+	}
+	for name, d := range c.AdapterLoadTimes {
+		if d < 0 {
+			return fmt.Errorf("config: adapter_load_times: %s: must not be negative", name)
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Params)) {

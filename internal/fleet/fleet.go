@@ -25,6 +25,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/discover"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/router"
@@ -56,6 +57,8 @@ type Fleet struct {
 	loops   sync.WaitGroup
 
 	resolver discover.Resolver
+	// aliases are the router's own model names (the config's models:).
+	aliases *models.Resolver
 }
 
 // Options are what a Fleet is built with besides its config.
@@ -110,11 +113,12 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		return nil, err
 	}
 	rt, err := router.New(router.Config{Policy: pol, BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha,
-		OnlineRates: cfg.OnlineRates, TieMargin: cfg.TieMargin})
+		OnlineRates: cfg.OnlineRates, TieMargin: cfg.TieMargin, AdapterLoad: cfg.AdapterLoadTime, AdapterLoads: cfg.AdapterLoadTimes})
 	if err != nil {
 		return nil, err
 	}
-	f := &Fleet{rt: rt, policy: pol, start: time.Now(), log: o.Log, resolver: o.Resolver,
+	aliases, _ := models.ParseAliases(cfg.Models) // validated
+	f := &Fleet{rt: rt, policy: pol, start: time.Now(), log: o.Log, resolver: o.Resolver, aliases: models.NewResolver(aliases),
 		wishes: map[string]map[string]ReplicaConfig{}, sources: map[string]*running{}}
 	f.cfg.Store(&cfg)
 	f.ups.Store(&map[string]*Upstream{})
@@ -144,7 +148,7 @@ func New(cfg Config, o Options) (*Fleet, error) {
 	}
 	f.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken}, BlockTokens: cfg.BlockTokens,
 		MaxAttempts: cfg.MaxAttempts, Fallbacks: o.Fallbacks, Start: f.start, Health: f, Metrics: lifecycle.NewMetrics(o.Registry),
-		Log: o.AccessLog, Seed: cfg.Seed, Admission: adm, Observer: obs, Tap: o.Tap})
+		Log: o.AccessLog, Seed: cfg.Seed, Admission: adm, Observer: obs, Tap: o.Tap, Aliases: f.aliases})
 	if _, err := f.Want(SourceConfig, cfg.Replicas); err != nil {
 		f.leaveMesh()
 		return nil, err
@@ -265,6 +269,9 @@ func (f *Fleet) EndpointIDs() map[string]string {
 	}
 	return out
 }
+
+// Aliases are the router's own model names: aliases and canary splits.
+func (f *Fleet) Aliases() *models.Resolver { return f.aliases }
 
 // Drain stops new requests to a replica; its requests in flight finish.
 func (f *Fleet) Drain(id string) error { return f.rt.Drain(id) }

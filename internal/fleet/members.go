@@ -94,7 +94,7 @@ func (f *Fleet) want(source string, want []ReplicaConfig) (Changes, error) {
 			touched = true
 		}
 		switch {
-		case u.cfg == rc:
+		case u.cfg.Equal(rc):
 		case u.cfg.URL != rc.URL:
 			err = f.replace(rc, source)
 			touched = true
@@ -270,6 +270,8 @@ func (u *Upstream) takeHealth() health {
 }
 
 func routerConfig(rc ReplicaConfig) router.ReplicaConfig {
+	served, _ := rc.served() // validated
 	return router.ReplicaConfig{ID: rc.ID, Region: rc.Region, KVCapacityTokens: rc.KVCapacityTokens,
-		PrefillMSPerToken: rc.PrefillMSPerTok, QueueMSPerToken: rc.QueueMSPerTok, ITLBaseMS: rc.ITLMS, ITLSlopeMS: rc.ITLSlopeMS}
+		PrefillMSPerToken: rc.PrefillMSPerTok, QueueMSPerToken: rc.QueueMSPerTok, ITLBaseMS: rc.ITLMS, ITLSlopeMS: rc.ITLSlopeMS,
+		Models: served, MaxLoRAs: rc.MaxLoRAs}
 }

@@ -10,6 +10,10 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
+// timeoutFloor is half the least time a probe, a scrape or a model list
+// is given.
+const timeoutFloor = time.Second
+
 // gone reports whether u no longer stands for a replica of the fleet (the
 // router let it go, or a new replica took its id): its loops end, and the
 // fleet retires it.
@@ -39,6 +43,9 @@ func (f *Fleet) probeLoop(ctx context.Context, u *Upstream, now bool) {
 		case <-ctx.Done():
 			return
 		case <-time.After(f.Config().ProbeInterval):
+		case <-u.refresh:
+			f.refreshModels(ctx, u)
+			now = false
 		}
 	}
 }
@@ -46,9 +53,9 @@ func (f *Fleet) probeLoop(ctx context.Context, u *Upstream, now bool) {
 // probe times GET /health on a replica: a success feeds the RTT estimate
 // and marks the replica up; a failure counts against it.
 func (f *Fleet) probe(ctx context.Context, u *Upstream) {
-	ctx, cancel := context.WithTimeout(ctx, max(f.Config().ProbeInterval, 2*time.Second))
+	pctx, cancel := context.WithTimeout(ctx, max(f.Config().ProbeInterval, 2*timeoutFloor))
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.cfg.URL+"/health", nil)
+	req, err := http.NewRequestWithContext(pctx, http.MethodGet, u.cfg.URL+"/health", nil)
 	if err != nil {
 		return
 	}
@@ -61,7 +68,7 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 		return // replaced meanwhile: this probe says nothing of its successor
 	}
 	if err != nil {
-		if ctx.Err() == nil || ctx.Err() == context.DeadlineExceeded {
+		if pctx.Err() == nil || pctx.Err() == context.DeadlineExceeded {
 			f.probeFailed(u.cfg.ID)
 		}
 		return
@@ -73,6 +80,8 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 		f.probeFailed(u.cfg.ID)
 		return
 	}
+	// What it serves, before its first probe makes it available.
+	f.refreshModels(ctx, u)
 	if f.rt.ObserveRTT(u.cfg.ID, rtt) != nil {
 		return // left the fleet meanwhile
 	}
@@ -104,7 +113,7 @@ func (f *Fleet) scrapeLoop(ctx context.Context, u *Upstream) {
 // start time changed, or its prompt-token counter went back) has an empty
 // cache, and the router clears what it believed it held.
 func (f *Fleet) scrape(ctx context.Context, u *Upstream, sc *enginemetrics.Scraper, last *enginemetrics.Metrics) *enginemetrics.Metrics {
-	ctx, cancel := context.WithTimeout(ctx, max(f.Config().ScrapeInterval, 2*time.Second))
+	ctx, cancel := context.WithTimeout(ctx, max(f.Config().ScrapeInterval, 2*timeoutFloor))
 	defer cancel()
 	id := u.cfg.ID
 	em, err := sc.Scrape(ctx)

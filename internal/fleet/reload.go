@@ -5,6 +5,7 @@ import (
 	"maps"
 	"reflect"
 
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
@@ -46,9 +47,19 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 		}
 	}
 	sources := !reflect.DeepEqual(cur.Discover, next.Discover)
+	// The aliases change when the file's do (an edit elsewhere leaves those
+	// set through the admin API alone).
+	var aliases []models.Alias
+	setAliases := !reflect.DeepEqual(cur.Models, next.Models)
+	if setAliases {
+		aliases, _ = models.ParseAliases(next.Models) // validated
+	}
 	return func() (Changes, error) {
 		if set != nil {
 			set()
+		}
+		if setAliases {
+			f.aliases.Set(aliases)
 		}
 		f.cfg.Store(&next)
 		ch, err := f.Want(SourceConfig, next.Replicas)
@@ -84,6 +95,8 @@ func fixed(cur, next *Config) []string {
 	keep("admission", cur.Admission, next.Admission, func() { next.Admission = cur.Admission })
 	keep("admission_queue", cur.AdmissionQueue, next.AdmissionQueue, func() { next.AdmissionQueue = cur.AdmissionQueue })
 	keep("upstream_tls", cur.UpstreamTLS, next.UpstreamTLS, func() { next.UpstreamTLS = cur.UpstreamTLS })
+	keep("adapter_load_time", cur.AdapterLoadTime, next.AdapterLoadTime, func() { next.AdapterLoadTime = cur.AdapterLoadTime })
+	keep("adapter_load_times", cur.AdapterLoadTimes, next.AdapterLoadTimes, func() { next.AdapterLoadTimes = cur.AdapterLoadTimes })
 	return out
 }
 

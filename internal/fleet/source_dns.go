@@ -32,7 +32,9 @@ func (d *dnsGroup) Watch(ctx context.Context, want func([]ReplicaConfig)) {
 	w, err := discover.NewWatcher([]discover.Group{d.group}, d.resolver, func(_ int, eps []discover.Endpoint) {
 		reps := make([]ReplicaConfig, 0, len(eps))
 		for _, ep := range eps {
-			reps = append(reps, ReplicaConfig{ID: ep.ID, URL: ep.URL, Region: ep.Region, Profile: ep.Profile})
+			g := d.group
+			reps = append(reps, ReplicaConfig{ID: ep.ID, URL: ep.URL, Region: ep.Region, Profile: ep.Profile,
+				Models: g.Models, Adapters: g.Adapters, MaxLoRAs: g.MaxLoRAs})
 		}
 		want(reps)
 	}, d.log.With("component", "discover"))

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/gorgo-llm/gorgo/internal/models"
 )
 
 // Upstream is one replica as the fleet reaches it: its config, the source
@@ -24,7 +26,12 @@ type Upstream struct {
 	stop    context.CancelFunc // ends its probe and scrape loops
 	stopped bool
 
+	// served is what the config says the replica serves (nil: its GET
+	// /v1/models is read); refresh asks for the list to be read again.
+	served        *models.Set
+	refresh       chan struct{}
 	scrapeFailing atomic.Bool
+	modelsFailing atomic.Bool
 	// attemptLog limits the log lines of its failed attempts.
 	attemptLog rate.Sometimes
 }
@@ -34,7 +41,12 @@ func newUpstream(rc ReplicaConfig, source string) (*Upstream, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Upstream{cfg: rc, source: source, apiKey: key, attemptLog: rate.Sometimes{First: 3, Interval: 10 * time.Second}}, nil
+	served, err := rc.served()
+	if err != nil {
+		return nil, err
+	}
+	return &Upstream{cfg: rc, source: source, apiKey: key, served: served, refresh: make(chan struct{}, 1),
+		attemptLog: rate.Sometimes{First: 3, Interval: 10 * time.Second}}, nil
 }
 
 // ID is the replica's id.

@@ -49,7 +49,7 @@ func chatOf(words int, tag string) []byte {
 // begin dispatches a request past admission: it fills the backlog.
 func begin(t *testing.T, c *Core, body []byte) *Request {
 	t.Helper()
-	r, perr := c.begin(body, Chat, "", time.Now())
+	r, perr := c.begin(body, Chat, "", time.Now(), false)
 	if perr != nil {
 		t.Fatal(perr.Message)
 	}
@@ -66,7 +66,7 @@ func TestAdmissionHoldsUntilTheBacklogClears(t *testing.T) {
 	if big[0].Replica() == big[1].Replica() {
 		t.Fatalf("both on %s", big[0].Replica())
 	}
-	small, perr := c.begin(chatOf(10, "three"), Chat, "", time.Now())
+	small, perr := c.begin(chatOf(10, "three"), Chat, "", time.Now(), false)
 	if perr != nil {
 		t.Fatal(perr.Message)
 	}
@@ -115,7 +115,7 @@ func TestAdmissionRefusesAndLetsAClientLeave(t *testing.T) {
 	c, _ := admissionCore(t, admit.ModeReject)
 	begin(t, c, chatOf(6000, "one"))
 	begin(t, c, chatOf(6000, "two"))
-	r, _ := c.begin(chatOf(10, "three"), Chat, "", time.Now())
+	r, _ := c.begin(chatOf(10, "three"), Chat, "", time.Now(), false)
 	e, err := r.admit(context.Background())
 	if err != nil || e == nil || e.Status != 429 || e.RetryAfter == "" || e.RetryAfter == "0" || !strings.Contains(e.Message, "TTFT SLO") {
 		t.Fatalf("reject mode: %+v %v", e, err)
@@ -123,7 +123,7 @@ func TestAdmissionRefusesAndLetsAClientLeave(t *testing.T) {
 	r.reject(e)
 	// Too long even for an idle replica: refused whatever the mode.
 	q, _ := admissionCore(t, admit.ModeQueue)
-	r, _ = q.begin(chatOf(8000, "huge"), Chat, "", time.Now())
+	r, _ = q.begin(chatOf(8000, "huge"), Chat, "", time.Now(), false)
 	if e, _ := r.admit(context.Background()); e == nil || e.Status != 429 {
 		t.Fatalf("a 10k-token prompt with a 60 s SLO at 10 ms a token: %+v", e)
 	}
@@ -131,7 +131,7 @@ func TestAdmissionRefusesAndLetsAClientLeave(t *testing.T) {
 	// A client that leaves while held.
 	begin(t, q, chatOf(6000, "one"))
 	begin(t, q, chatOf(6000, "two"))
-	r, _ = q.begin(chatOf(10, "three"), Chat, "", time.Now())
+	r, _ = q.begin(chatOf(10, "three"), Chat, "", time.Now(), false)
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		for testutil.ToFloat64(q.cfg.Metrics.queue) != 1 {
@@ -167,7 +167,7 @@ func TestNothingIsHeldAfterShutdown(t *testing.T) {
 	cancel()
 	c.RunAdmission(ctx) // returns at once: shut down
 	begin(t, c, chatOf(6000, "one"))
-	r, _ := c.begin(chatOf(10, "two"), Chat, "", time.Now())
+	r, _ := c.begin(chatOf(10, "two"), Chat, "", time.Now(), false)
 	wait, stop := context.WithTimeout(context.Background(), time.Minute)
 	defer stop()
 	e, gone := r.admit(wait)

@@ -118,7 +118,7 @@ func (r *Request) record(status int, at time.Time, err error) {
 	if !r.first.IsZero() {
 		ttft = r.first.Sub(r.Received)
 	}
-	c.cfg.Metrics.ended(id, status, ttft, at.Sub(r.Received))
+	c.cfg.Metrics.ended(id, r.modelLabel, status, ttft, at.Sub(r.Received))
 	if c.cfg.Tap != nil && r.tapID != 0 {
 		c.cfg.Tap.Ended(r.tapID, id, status, max(ttft, 0), at.Sub(r.Received))
 	}
@@ -140,7 +140,7 @@ func (r *Request) record(status int, at time.Time, err error) {
 // recycles the Request.
 func (r *Request) reject(e *wire.Error) {
 	c := r.core
-	c.cfg.Metrics.ended("", e.Status, noTTFT, 0)
+	c.cfg.Metrics.ended("", r.modelLabel, e.Status, noTTFT, 0)
 	if c.cfg.Log != nil {
 		c.cfg.Log.Info("request", "replica", "", "status", e.Status, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
 			"attempts", r.attempts, "error", e.Message)
@@ -152,7 +152,7 @@ func (r *Request) reject(e *wire.Error) {
 // serving it.
 func (r *Request) abandon() {
 	r.free()
-	r.core.cfg.Metrics.ended(r.ticket.ID, statusClientGone, noTTFT, 0)
+	r.core.cfg.Metrics.ended(r.ticket.ID, r.modelLabel, statusClientGone, noTTFT, 0)
 	r.release()
 }
 

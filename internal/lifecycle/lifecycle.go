@@ -24,7 +24,9 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/prefix"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/wire"
@@ -35,11 +37,13 @@ import (
 const PrefixKeyTokens = 256
 
 // Health hears how replicas do: attempts that failed through a replica's
-// fault (it refused, hung, broke, or answered 5xx other than 503), and
-// requests it served.
+// fault (it refused, hung, broke, or answered 5xx other than 503),
+// requests it served, and a replica's 404 for a model it was believed to
+// serve (no failure: what it serves changed).
 type Health interface {
 	Failure(id string)
 	Success(id string)
+	ModelMissing(id, model string)
 }
 
 // Config configures a Core.
@@ -72,6 +76,9 @@ type Config struct {
 	Observer Observer
 	// Tap, if set, hears of every request's decision and end (a live view).
 	Tap Tap
+	// Aliases, if set, are the router's own model names (aliases and
+	// canary splits), resolved before a decision.
+	Aliases *models.Resolver
 }
 
 // Tap hears of each request's first decision (the chosen replica and the
@@ -181,6 +188,11 @@ type Request struct {
 
 	blocks  []uint64
 	spliced []byte
+	// rewritten is the client's body with the model an alias stood for
+	// (nil: not rewritten), in rewriteBuf; modelLabel the model of its
+	// metrics.
+	rewritten, rewriteBuf []byte
+	modelLabel            string
 }
 
 // Kind is what a request body is.
@@ -200,7 +212,7 @@ const (
 
 // begin reads a request body of the given kind; session is the client's
 // session header (empty if none). The Request owns body until its end.
-func (c *Core) begin(body []byte, kind Kind, session string, received time.Time) (*Request, *wire.Error) {
+func (c *Core) begin(body []byte, kind Kind, session string, received time.Time, dry bool) (*Request, *wire.Error) {
 	r, _ := c.pool.Get().(*Request)
 	if r == nil {
 		r = &Request{fbBuf: make([]router.Candidate, 0, c.cfg.Fallbacks)}
@@ -221,20 +233,28 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time)
 		return nil, badRequest(err)
 	}
 	est, text := c.cfg.Est, r.Parsed.Text
-	r.blocks = est.Blocks(text, c.cfg.BlockTokens, r.blocks[:0])
 	r.Route = policy.Request{
 		SessionKey:      session,
 		PrefixKey:       xxhash.Sum64(text[:min(len(text), est.Bytes(PrefixKeyTokens))]),
 		PromptTokens:    est.Tokens(text),
-		Blocks:          r.blocks,
 		MaxOutputTokens: max(r.Parsed.MaxTokens, 0),
 	}
 	if r.Route.SessionKey == "" {
 		r.Route.SessionKey = r.Parsed.User
 	}
+	if e := r.resolveModel(kind, body, dry); e != nil {
+		r.release()
+		return nil, e
+	}
+	// The index is keyed by model, as the engines' caches are.
+	r.blocks = prefix.Keyed(est.Blocks(text, c.cfg.BlockTokens, r.blocks[:0]), prefix.ModelKey(r.Route.Model))
+	r.Route.Blocks = r.blocks
 	r.Body = body
+	if r.rewritten != nil {
+		r.Body = r.rewritten
+	}
 	if r.Parsed.Stream && !r.Parsed.IncludeUsage && (kind == Chat || kind == Completion) {
-		r.spliced = prompt.WithIncludeUsage(body, r.spliced[:0])
+		r.spliced = prompt.WithIncludeUsage(r.Body, r.spliced[:0])
 		r.Body, r.HideUsage = r.spliced, true
 	}
 	return r, nil
@@ -242,7 +262,8 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time)
 
 func (r *Request) reset(c *Core, received time.Time) {
 	*r = Request{core: c, Parsed: prompt.Request{Text: r.Parsed.Text[:0], Model: r.Parsed.Model, User: r.Parsed.User},
-		fbBuf: r.fbBuf[:0], blocks: r.blocks[:0], spliced: r.spliced[:0], Received: received, cached: -1, held: r.held}
+		fbBuf: r.fbBuf[:0], blocks: r.blocks[:0], spliced: r.spliced[:0], Received: received, cached: -1, held: r.held,
+		rewriteBuf: r.rewriteBuf[:0]}
 }
 
 // Stream reports whether the client asked for a stream.
@@ -313,15 +334,20 @@ func (r *Request) Fallbacks() []router.Candidate { return r.fallbacks }
 func (r *Request) Replica() string { return r.ticket.ID }
 
 // failed records that the current attempt failed before anything reached
-// the client: the replica is free of it, and next may try another. broken
-// says the failure was the replica's fault (it counts against its health);
-// a busy replica (503, 429) is not broken.
-func (r *Request) failed(e *wire.Error, broken bool) {
+// the client: the replica is free of it, and next may try another. A
+// replica that broke it (it refused, hung, broke, answered 5xx) has it
+// count against its health; a busy one (503, 429) does not, and one that
+// said it does not serve the model loses the model.
+func (r *Request) failed(e *AttemptError) {
 	c := r.core
 	r.free()
-	r.last = e
+	r.last = &e.Error
 	c.cfg.Metrics.retried(r.ticket.ID)
-	if broken && c.cfg.Health != nil {
+	switch {
+	case c.cfg.Health == nil:
+	case e.ModelMissing:
+		c.cfg.Health.ModelMissing(r.ticket.ID, r.Route.Model)
+	case e.Broken:
 		c.cfg.Health.Failure(r.ticket.ID)
 	}
 }
@@ -426,8 +452,8 @@ const pooledBytes = 1 << 20
 
 func (r *Request) release() {
 	r.Body = nil
-	if cap(r.Parsed.Text) > pooledBytes || cap(r.spliced) > pooledBytes || cap(r.blocks) > pooledBytes/8 {
-		r.Parsed.Text, r.spliced, r.blocks = nil, nil, nil
+	if cap(r.Parsed.Text) > pooledBytes || cap(r.spliced) > pooledBytes || cap(r.blocks) > pooledBytes/8 || cap(r.rewriteBuf) > pooledBytes {
+		r.Parsed.Text, r.spliced, r.blocks, r.rewriteBuf = nil, nil, nil, nil
 	}
 	r.core.pool.Put(r)
 }

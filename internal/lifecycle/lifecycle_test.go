@@ -27,10 +27,11 @@ type learner struct {
 
 func (l *learner) Learn(tag int, o policy.Outcome) { l.outcomes = append(l.outcomes, o) }
 
-type health struct{ failures, successes []string }
+type health struct{ failures, successes, missing []string }
 
-func (h *health) Failure(id string) { h.failures = append(h.failures, id) }
-func (h *health) Success(id string) { h.successes = append(h.successes, id) }
+func (h *health) Failure(id string)             { h.failures = append(h.failures, id) }
+func (h *health) Success(id string)             { h.successes = append(h.successes, id) }
+func (h *health) ModelMissing(id, model string) { h.missing = append(h.missing, id+" "+model) }
 
 // setup is a core over replicas a (10 ms), b (20 ms), c (30 ms).
 func setup(t *testing.T) (*Core, *learner, *health, *prometheus.Registry) {
@@ -59,7 +60,7 @@ const chat = `{"model":"m","messages":[{"role":"user","content":"` + "a question
 func TestLifeOfAStreamedRequest(t *testing.T) {
 	c, l, h, reg := setup(t)
 	t0 := time.Unix(100, 0)
-	r, err := c.begin([]byte(chat), Chat, "session-1", t0)
+	r, err := c.begin([]byte(chat), Chat, "session-1", t0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 		t.Fatalf("fallbacks %+v", fb)
 	}
 	r.sent = t0
-	r.failed(&wire.Error{Status: 502, Message: "refused"}, true)
+	r.failed(&AttemptError{Error: wire.Error{Status: 502, Message: "refused"}, Broken: true})
 	if st, _ := c.cfg.Router.Replica("a"); st.InFlight != 0 {
 		t.Errorf("a failed attempt stays in a's ledger: %+v", st)
 	}
@@ -106,7 +107,7 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 		name   string
 		labels []string
 		want   float64
-	}{{"gorgo_requests_total", []string{"b", "200"}, 1}, {"gorgo_retries_total", []string{"a"}, 1}} {
+	}{{"gorgo_requests_total", []string{"b", "other", "200"}, 1}, {"gorgo_retries_total", []string{"a"}, 1}} {
 		var v float64
 		switch m.name {
 		case "gorgo_requests_total":
@@ -125,12 +126,12 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 // with no replica at all, a 503.
 func TestNoReplicaLeft(t *testing.T) {
 	c, _, _, _ := setup(t)
-	r, _ := c.begin([]byte(chat), Chat, "", time.Unix(1, 0))
+	r, _ := c.begin([]byte(chat), Chat, "", time.Unix(1, 0), false)
 	for range 3 {
 		if _, ok := r.next(); !ok {
 			t.Fatal("fewer than 3 attempts")
 		}
-		r.failed(&wire.Error{Status: 503, Type: "ServiceUnavailableError", Message: "busy", RetryAfter: "2"}, false)
+		r.failed(&AttemptError{Error: wire.Error{Status: 503, Type: "ServiceUnavailableError", Message: "busy", RetryAfter: "2"}})
 	}
 	if _, ok := r.next(); ok {
 		t.Fatal("a fourth attempt beyond MaxAttempts")
@@ -142,7 +143,7 @@ func TestNoReplicaLeft(t *testing.T) {
 	for _, id := range []string{"a", "b", "c"} {
 		c.cfg.Router.Drain(id)
 	}
-	r, _ = c.begin([]byte(chat), Chat, "", time.Unix(1, 0))
+	r, _ = c.begin([]byte(chat), Chat, "", time.Unix(1, 0), false)
 	if _, ok := r.next(); ok {
 		t.Fatal("routed with every replica drained")
 	}
@@ -165,7 +166,7 @@ func TestBeginRefusesBadBodies(t *testing.T) {
 		if strings.Contains(body, "messages") {
 			kind = Chat
 		}
-		r, err := c.begin([]byte(body), kind, "", time.Now())
+		r, err := c.begin([]byte(body), kind, "", time.Now(), false)
 		if want == "" {
 			// "user\n\n" is a prompt: a chat has its roles.
 			if err != nil {
@@ -186,14 +187,14 @@ func TestBeginRefusesBadBodies(t *testing.T) {
 func TestEndings(t *testing.T) {
 	c, l, h, _ := setup(t)
 	t0 := time.Unix(5, 0)
-	r, _ := c.begin([]byte(chat), Chat, "", t0)
+	r, _ := c.begin([]byte(chat), Chat, "", t0, false)
 	r.next()
 	r.sent = t0
 	r.accepted()
 	if s := r.end(Outcome{Status: 200, ClientGone: true}, t0.Add(time.Second)); s != 499 {
 		t.Errorf("client gone: %d", s)
 	}
-	r, _ = c.begin([]byte(chat), Chat, "", t0)
+	r, _ = c.begin([]byte(chat), Chat, "", t0, false)
 	r.next()
 	r.sent = t0
 	r.accepted()
@@ -214,7 +215,7 @@ func TestAccessLogLine(t *testing.T) {
 	c, _, _, _ := setup(t)
 	var buf bytes.Buffer
 	c.cfg.Log = slog.New(slog.NewTextHandler(&buf, nil))
-	r, _ := c.begin([]byte(strings.Replace(chat, `"stream":true`, `"stream":false`, 1)), Chat, "", time.Unix(0, 0))
+	r, _ := c.begin([]byte(strings.Replace(chat, `"stream":true`, `"stream":false`, 1)), Chat, "", time.Unix(0, 0), false)
 	r.next()
 	r.accepted()
 	r.Complete(wire.PeekBody([]byte(`{"usage":{"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":16}}}`)))
@@ -243,7 +244,7 @@ func BenchmarkLifecycle(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		now := time.Now()
-		r, err := c.begin(body, Chat, "", now)
+		r, err := c.begin(body, Chat, "", now, false)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -269,7 +270,7 @@ func BenchmarkBegin(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				r, err := c.begin(body, Chat, "", time.Time{})
+				r, err := c.begin(body, Chat, "", time.Time{}, false)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -48,6 +48,10 @@ type AttemptError struct {
 	// answered 5xx): it counts against its health. A busy replica (503,
 	// 429) is not broken.
 	Broken bool
+	// ModelMissing says the replica answered 404 for the model: it does
+	// not serve it (any more). Not broken: the replica loses the model,
+	// and the next fallback is tried.
+	ModelMissing bool
 }
 
 // Serve drives one request through its life: it reads the body, applies
@@ -59,7 +63,7 @@ type AttemptError struct {
 // answer began is a 499 that does not count against any replica. It
 // returns the status the request ended with.
 func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
-	r, e := c.begin(in.Body, in.Kind, in.Session, in.Received)
+	r, e := c.begin(in.Body, in.Kind, in.Session, in.Received, false)
 	if e != nil {
 		c.Refused(e)
 		fe.Refuse(e)
@@ -86,7 +90,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 				r.abandon()
 				return statusClientGone
 			}
-			r.failed(&aerr.Error, aerr.Broken)
+			r.failed(aerr)
 			continue
 		}
 		if status == statusOK {
@@ -103,11 +107,15 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 // Refused counts a request refused before it was read (its body was too
 // large or broke off), as Serve counts those it refuses.
 func (c *Core) Refused(e *wire.Error) {
-	c.cfg.Metrics.ended("", e.Status, noTTFT, 0)
+	model := ""
+	if e.Code == wire.CodeModelNotFound {
+		model = otherModel
+	}
+	c.cfg.Metrics.ended("", model, e.Status, noTTFT, 0)
 }
 
 // DryRun reads a chat request without serving it, to explain where it
 // would go (its Route); Discard it after.
 func (c *Core) DryRun(body []byte, session string) (*Request, *wire.Error) {
-	return c.begin(body, Chat, session, time.Now())
+	return c.begin(body, Chat, session, time.Now(), true)
 }

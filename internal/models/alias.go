@@ -2,6 +2,7 @@ package models
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -54,6 +55,26 @@ func (s *Spec) UnmarshalYAML(n *yaml.Node) error {
 		return nil
 	}
 	return fmt.Errorf("line %d: an alias is a served model's name or a map of names to weights", n.Line)
+}
+
+// UnmarshalJSON reads a string (one target, weight 1) or an object of
+// targets to weights, as UnmarshalYAML does.
+func (s *Spec) UnmarshalJSON(b []byte) error {
+	var name string
+	if err := json.Unmarshal(b, &name); err == nil {
+		*s = Spec{{Model: name, Weight: 1}}
+		return nil
+	}
+	var m map[string]float64
+	if err := json.Unmarshal(b, &m); err != nil {
+		return errors.New("an alias is a served model's name or an object of names to weights")
+	}
+	*s = (*s)[:0]
+	for k, w := range m {
+		*s = append(*s, Target{Model: k, Weight: w})
+	}
+	slices.SortFunc(*s, func(a, b Target) int { return cmp.Compare(a.Model, b.Model) })
+	return nil
 }
 
 // MaxAliases bounds the aliases a router keeps (each is a metrics label).
@@ -214,6 +235,30 @@ func (r *Resolver) Resolve(name, session string) (string, bool) {
 	t = s.rendezvous(session)
 	r.remember(k, t)
 	return t, true
+}
+
+// Peek returns what Resolve would, changing nothing (a dry run).
+func (r *Resolver) Peek(name, session string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s, ok := r.aliases[name]
+	if !ok {
+		return name, false
+	}
+	if session == "" {
+		c := *s
+		c.current = slices.Clone(s.current)
+		return c.next(), true
+	}
+	k := sessionKey{name, session}
+	t, ok := r.cur[k]
+	if !ok {
+		t, ok = r.old[k]
+	}
+	if ok && s.weight(t) > 0 {
+		return t, true
+	}
+	return s.rendezvous(session), true
 }
 
 func (r *Resolver) remember(k sessionKey, t string) {

@@ -2,6 +2,7 @@ package models
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -53,6 +54,9 @@ func ParseList(body []byte) (*Set, error) {
 		if !m.IsAdapter() {
 			bases[m.ID] = true
 		}
+	}
+	if len(ms) == 0 {
+		return nil, errors.New("models: the model list names no model")
 	}
 	ms = slices.DeleteFunc(ms, func(m Model) bool { return m.IsAdapter() && first == "" })
 	for i := range ms {

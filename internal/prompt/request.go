@@ -2,12 +2,14 @@ package prompt
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 	"sync"
+	"slices"
 	"unicode/utf8"
 	"unsafe"
 
@@ -784,4 +786,47 @@ func splice(dst, body []byte, from, to int, s string, comma bool) []byte {
 		dst = append(dst, ',')
 	}
 	return append(dst, body[to:]...)
+}
+
+// WithModel returns body with its model set to model, appended to dst[:0];
+// the rest of the body is byte-for-byte unchanged. Every top-level member
+// whose key ParseRequest reads as "model" (keys match case-insensitively)
+// gets the new value, and when none is spelled exactly "model" (as the
+// Python engines read it) one is inserted right after the opening brace.
+//
+// body must be a valid JSON object, as ParseRequest accepted it: it is not
+// validated again (for anything else the result means nothing, but
+// WithModel does not panic).
+func WithModel(body []byte, model string, dst []byte) []byte {
+	dst = dst[:0]
+	open := skipSpace(body, 0)
+	if open == len(body) || body[open] != '{' {
+		return append(dst, body...)
+	}
+	value, _ := json.Marshal(model) // a string always marshals
+	root := gjson.Parse(bytesString(body))
+	exact, members, prev := false, 0, 0
+	root.ForEach(func(key, v gjson.Result) bool {
+		members++
+		if !strings.EqualFold(key.Str, "model") || v.Index < prev || v.Index+len(v.Raw) > len(body) {
+			return true
+		}
+		exact = exact || key.Str == "model"
+		dst = append(dst, body[prev:v.Index]...)
+		dst = append(dst, value...)
+		prev = v.Index + len(v.Raw)
+		return true
+	})
+	dst = append(dst, body[prev:]...)
+	if exact {
+		return dst
+	}
+	// Insert "model" first: shift what was built after the brace.
+	ins := make([]byte, 0, len(value)+10)
+	ins = append(append(ins, `"model":`...), value...)
+	if members > 0 {
+		ins = append(ins, ',')
+	}
+	dst = slices.Insert(dst, open+1, ins...)
+	return dst
 }

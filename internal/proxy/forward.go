@@ -246,6 +246,14 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	if err != nil {
 		return fail(http.StatusBadGateway, true, "could not reach the replica", err.Error())
 	}
+	var pre []byte // the start of the body, read to judge a 404
+	if resp.StatusCode == http.StatusNotFound && req.Model() != "" {
+		var e *attemptError
+		if pre, e = modelMissing(resp, id, req.Model()); e != nil {
+			cancel()
+			return nil, e
+		}
+	}
 	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		resp.Body.Close()
@@ -256,6 +264,12 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	}
 	idle := cfg.StreamIdleTimeout
 	a := &answer{resp: resp, cancel: cancel, buf: httpapi.GetBuffer()}
+	if pre != nil {
+		*a.buf = append(*a.buf, pre...)
+		if len(pre) <= maxErrorPeek {
+			a.end = io.EOF // all of it
+		}
+	}
 	// The idle limit runs from now: a stream whose replica sends headers
 	// and then nothing is cut too (and tried elsewhere: nothing reached the
 	// client yet).
@@ -507,4 +521,25 @@ func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at tim
 	p := wire.PeekChunk(data)
 	req.Chunk(&p, at)
 	return req.HideUsage && p.Usage && !p.Token && !p.Finish
+}
+
+// maxErrorPeek bounds what is read of a 404 to judge it.
+const maxErrorPeek = 64 << 10
+
+// modelMissing reads a 404 to a request for model: if it says the model
+// is not there (an engine's "The model `x` does not exist.", or an
+// adapter not found), the attempt fails without blaming the replica, which
+// loses the model, and the next fallback is tried. Otherwise it returns
+// what it read of the body (all of it if at most maxErrorPeek bytes), to
+// be relayed.
+func modelMissing(resp *http.Response, id, model string) ([]byte, *attemptError) {
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorPeek+1))
+	msg := strings.ToLower(wire.ErrorMessage(data))
+	if len(data) > maxErrorPeek || !(strings.Contains(msg, "model") || strings.Contains(msg, "lora") || strings.Contains(msg, "adapter")) {
+		return data, nil
+	}
+	resp.Body.Close()
+	e := &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.ModelNotFound(model), ModelMissing: true},
+		cause: fmt.Sprintf("%s does not serve %s: %s", id, model, msg)}
+	return nil, e
 }

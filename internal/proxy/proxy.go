@@ -137,6 +137,8 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "POST", Pattern: "/v1/completions", Handler: api(lifecycle.Completion)},
 		{Method: "POST", Pattern: "/v1/embeddings", Handler: api(lifecycle.Input)},
 		{Method: "POST", Pattern: "/v1/responses", Handler: api(lifecycle.Input)},
+		{Method: "GET", Pattern: "/v1/models", Handler: s.guard(s.listModels)},
+		{Method: "GET", Pattern: "/v1/models/{id...}", Handler: s.guard(s.getModel)},
 		// Other OpenAI paths: POSTs routed by load, GETs answered by an
 		// available replica.
 		{Method: "POST", Pattern: "/v1/{rest...}", Handler: api(lifecycle.Opaque)},

@@ -408,7 +408,7 @@ func TestCompleteStreamIsNot499(t *testing.T) {
 	if line := logs.String(); !strings.Contains(line, "status=200") {
 		t.Errorf("a complete stream logged as %s", line)
 	}
-	if _, m := do(t, "GET", url+"/metrics", ""); !strings.Contains(m, `gorgo_e2e_seconds_count{replica="a"} 1`) || !strings.Contains(m, `gorgo_ttft_seconds_count{replica="a"} 1`) {
+	if _, m := do(t, "GET", url+"/metrics", ""); !strings.Contains(m, `gorgo_e2e_seconds_count{model="other",replica="a"} 1`) || !strings.Contains(m, `gorgo_ttft_seconds_count{model="other",replica="a"} 1`) {
 		t.Error("the complete stream is missing from gorgo_e2e_seconds or gorgo_ttft_seconds")
 	}
 }

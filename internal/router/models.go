@@ -19,6 +19,10 @@ type catalog struct {
 	served *models.Set
 	// unknown is how many replicas' models are unknown.
 	unknown int
+	// bases is how many base models the fleet serves; only is the one
+	// when there is one.
+	bases int
+	only  string
 }
 
 // Catalog returns every model a replica of the fleet serves, in any state,
@@ -39,7 +43,25 @@ func (r *Router) rebuildCatalog(f *fleet) {
 			unknown++
 		}
 	}
-	r.catalog.Store(&catalog{served: models.Union(sets...), unknown: unknown})
+	c := &catalog{served: models.Union(sets...), unknown: unknown}
+	for _, m := range c.served.Models() {
+		if !m.IsAdapter() {
+			c.bases++
+			c.only = m.ID
+		}
+	}
+	if c.bases != 1 {
+		c.only = ""
+	}
+	r.catalog.Store(c)
+}
+
+// DefaultModel is the base model a request that names none gets: the
+// fleet's only base model ("" if it serves several, or none is known), and
+// how many base models the fleet serves.
+func (r *Router) DefaultModel() (name string, bases int) {
+	c := r.catalog.Load()
+	return c.only, c.bases
 }
 
 // SetModels tells the router what a replica serves (nil: unknown, any

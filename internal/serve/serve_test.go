@@ -38,7 +38,7 @@ func TestAdminAndMetrics(t *testing.T) {
 	if body := get("/admin/replicas"); !strings.Contains(body, `"state": "active"`) || !strings.Contains(body, `"policy": "gorgo-e2e"`) {
 		t.Errorf("/admin/replicas: %s", body)
 	}
-	if body := get("/metrics"); !strings.Contains(body, `gorgo_requests_total{code="200",replica="a"} 1`) {
+	if body := get("/metrics"); !strings.Contains(body, `gorgo_requests_total{code="200",model="gorgo-emulated",replica="a"} 1`) {
 		t.Errorf("/metrics lacks the request: %s", body)
 	}
 	if body := get("/v1/models"); !strings.Contains(body, "gorgo-emulated") {

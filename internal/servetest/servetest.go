@@ -83,12 +83,17 @@ func StartReplica(t testing.TB, rtt time.Duration, faults emulator.Faults) *Repl
 }
 
 // Fake is an upstream of the test's own, counted like a Replica; it
-// answers /health itself (200), and everything else with h.
+// answers /health itself (200), GET /v1/models with 404 (it lists no
+// models: the router takes it to serve any), and everything else with h.
 func Fake(t testing.TB, h http.HandlerFunc) *Replica {
 	t.Helper()
 	rep := &Replica{}
 	url := Listen(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" {
+		switch {
+		case r.URL.Path == "/health":
+			return
+		case r.Method == http.MethodGet && r.URL.Path == "/v1/models":
+			http.NotFound(w, r)
 			return
 		}
 		if r.Method == http.MethodPost {

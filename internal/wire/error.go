@@ -14,6 +14,10 @@ type Error struct {
 	Type       string
 	Message    string
 	RetryAfter string
+	// Param names the request's parameter at fault and Code is OpenAI's
+	// code for the error ("model_not_found"); empty, the body has a null
+	// param and the status as its code.
+	Param, Code string
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -52,16 +56,40 @@ func TypeOf(status int) string {
 }
 
 // JSON is the error's body: {"error":{"message":...,"type":...,"param":null,"code":STATUS}}
-// and a newline.
+// (param and code strings when set) and a newline.
 func (e *Error) JSON() []byte {
 	msg, _ := json.Marshal(e.Message) // a string always marshals
 	typ, _ := json.Marshal(e.Type)
-	b := make([]byte, 0, 64+len(msg)+len(typ))
+	b := make([]byte, 0, 64+len(msg)+len(typ)+len(e.Param)+len(e.Code))
 	b = append(b, `{"error":{"message":`...)
 	b = append(b, msg...)
 	b = append(b, `,"type":`...)
 	b = append(b, typ...)
-	b = append(b, `,"param":null,"code":`...)
-	b = strconv.AppendInt(b, int64(e.Status), 10)
+	b = append(b, `,"param":`...)
+	if e.Param == "" {
+		b = append(b, "null"...)
+	} else {
+		p, _ := json.Marshal(e.Param)
+		b = append(b, p...)
+	}
+	b = append(b, `,"code":`...)
+	if e.Code == "" {
+		b = strconv.AppendInt(b, int64(e.Status), 10)
+	} else {
+		c, _ := json.Marshal(e.Code)
+		b = append(b, c...)
+	}
 	return append(b, "}}\n"...)
+}
+
+// CodeModelNotFound is OpenAI's code for a model it does not have.
+const CodeModelNotFound = "model_not_found"
+
+// ModelNotFound is OpenAI's answer to a request for a model it does not
+// have: 404, an invalid_request_error with param "model" and code
+// model_not_found.
+func ModelNotFound(name string) *Error {
+	e := Errorf(404, "The model `%s` does not exist.", name)
+	e.Type, e.Param, e.Code = "invalid_request_error", "model", CodeModelNotFound
+	return e
 }

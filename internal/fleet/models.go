@@ -1,0 +1,123 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/models"
+)
+
+// Models. A replica whose config does not say what it serves has its GET
+// /v1/models read with every probe (before its first probe makes it
+// available, so that it is never routed to on a guess): a change (an
+// adapter loaded or unloaded, a restart on another model) reaches routing
+// within a probe interval. A list that cannot be read leaves the last one
+// in place; a replica whose list was never read is taken to serve any
+// model. A replica that answers 404 for a model it was believed to serve
+// loses it at once (ModelMissing), and its list is read again.
+
+// ModelMissing records that a replica answered 404 for a model it was
+// believed to serve (lifecycle.Health): not a failure of the replica; the
+// router stops sending it that model, and the replica's list is read again.
+func (f *Fleet) ModelMissing(id, model string) {
+	if !f.rt.DropModel(id, model) {
+		return
+	}
+	f.log.Warn("replica does not serve a model it was believed to: its list is read again", "replica", id, "model", model)
+	if u := f.Upstream(id); u != nil {
+		select {
+		case u.refresh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// refreshModels reads what a replica serves from its GET /v1/models, unless
+// its config says. A first failure after successes, and the recovery, are
+// logged.
+func (f *Fleet) refreshModels(ctx context.Context, u *Upstream) {
+	if u.served != nil {
+		return
+	}
+	set, err := f.readModels(ctx, u)
+	if f.Upstream(u.cfg.ID) != u {
+		return // replaced meanwhile
+	}
+	if err != nil {
+		if ctx.Err() == nil && !u.modelsFailing.Swap(true) {
+			f.log.Warn("model list not read: the last one stands", "replica", u.cfg.ID, "error", err)
+		}
+		return
+	}
+	if u.modelsFailing.Swap(false) {
+		f.log.Info("model list read again", "replica", u.cfg.ID)
+	}
+	if changed, err := f.rt.SetModels(u.cfg.ID, set); err == nil && changed {
+		f.log.Info("replica models", "replica", u.cfg.ID, "models", set.String())
+	}
+}
+
+// maxModelsWait bounds the wait for a model list (a replica's first
+// probe waits for it).
+const maxModelsWait = 5 * time.Second
+
+func (f *Fleet) readModels(ctx context.Context, u *Upstream) (*models.Set, error) {
+	ctx, cancel := context.WithTimeout(ctx, min(max(f.Config().ProbeInterval, 2*timeoutFloor), maxModelsWait))
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.cfg.URL+"/v1/models", nil)
+	if err != nil {
+		return nil, err
+	}
+	if u.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+u.apiKey)
+	}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, models.MaxListBytes+1))
+	switch {
+	case err != nil:
+		return nil, err
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("GET /v1/models: status %d", resp.StatusCode)
+	case len(body) > models.MaxListBytes:
+		return nil, fmt.Errorf("GET /v1/models: an answer of more than %d bytes", models.MaxListBytes)
+	}
+	return models.ParseList(body)
+}
+
+// ModelList is what the router serves, as its GET /v1/models answers: every
+// name an available replica serves, each once, then the router's aliases.
+// ok is false when no available replica's models are known (the list is
+// then the replicas' own, as one of them answers it).
+func (f *Fleet) ModelList() (list models.List, ok bool) {
+	list.Object = "list"
+	var sets []*models.Set
+	for _, st := range f.rt.Replicas() {
+		if st.Available() && st.Models != nil {
+			sets = append(sets, st.Models)
+		}
+	}
+	if len(sets) == 0 {
+		return list, false
+	}
+	list.Data = []models.Card{}
+	served := models.Union(sets...)
+	for _, m := range served.Models() {
+		list.Data = append(list.Data, models.NewCard(m, f.start, ownedBy))
+	}
+	for _, a := range f.aliases.Aliases() {
+		if _, ok := served.Lookup(a.Name); !ok { // an alias over a served name is listed once
+			list.Data = append(list.Data, models.NewCard(models.Model{ID: a.Name}, f.start, ownedBy))
+		}
+	}
+	return list, true
+}
+
+// ownedBy is the owner the router's model list gives every model.
+const ownedBy = "gorgo"

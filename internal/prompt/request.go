@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"slices"
 	"unicode/utf8"
 	"unsafe"
 

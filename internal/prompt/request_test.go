@@ -655,3 +655,35 @@ func TestParseInput(t *testing.T) {
 		t.Errorf("chat with an input_text part: %q %v", r.Text, err)
 	}
 }
+
+// WithModel sets the model a body names, changing nothing else; the
+// result reads as the same request for the new model.
+func TestWithModel(t *testing.T) {
+	tests := []struct{ body, want string }{
+		{`{"model":"chat","messages":[{"role":"user","content":"hi"}]}`, `{"model":"llama-70b","messages":[{"role":"user","content":"hi"}]}`},
+		{` { "stream" : true , "model" : "chat" } `, ` { "stream" : true , "model" : "llama-70b" } `},
+		{`{"model":"a","model":"chat"}`, `{"model":"llama-70b","model":"llama-70b"}`},
+		{`{"Model":"chat"}`, `{"model":"llama-70b","Model":"llama-70b"}`},
+		{`{"model":null}`, `{"model":"llama-70b"}`},
+		{`{}`, `{"model":"llama-70b"}`},
+		{`{"messages":[{"role":"user","content":"\"model\":\"chat\""}],"model":"chat"}`, `{"messages":[{"role":"user","content":"\"model\":\"chat\""}],"model":"llama-70b"}`},
+		{`{"a":{"model":"x"},"model":"chat"}`, `{"a":{"model":"x"},"model":"llama-70b"}`},
+	}
+	for _, tt := range tests {
+		got := WithModel([]byte(tt.body), "llama-70b", nil)
+		if string(got) != tt.want {
+			t.Errorf("WithModel(%s) = %s, want %s", tt.body, got, tt.want)
+		}
+	}
+	// Names that need escaping are escaped; what is not an object comes back.
+	var r Request
+	body := WithModel([]byte(`{"model":"x","prompt":"p"}`), `we"ird\name`, nil)
+	if err := ParseRequest(body, false, &r); err != nil || r.Model != `we"ird\name` {
+		t.Errorf("%s: model %q, %v", body, r.Model, err)
+	}
+	for _, b := range []string{``, `[]`, `"x"`} {
+		if got := WithModel([]byte(b), "m", nil); string(got) != b {
+			t.Errorf("WithModel(%q) = %q", b, got)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prefix"
 )
@@ -114,5 +115,51 @@ func BenchmarkRoute(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkDecideWithAdapters is BenchmarkDecide's 16 replicas and 32k
+// tokens with models and adapters in play: every replica serves a base
+// model and 32 LoRA adapters on it, with 4 slots each, each slot's adapter
+// recently used there, and the request is for an adapter (its residency
+// and cost are looked up at every replica).
+func BenchmarkDecideWithAdapters(b *testing.B) {
+	for _, name := range []string{"gorgo", policy.DefaultName} {
+		b.Run("policy="+name+"/replicas=16/prompt=32k", func(b *testing.B) {
+			r, prompt := benchRouter(b, name, 16, 32<<10)
+			adapters := make([]string, 32)
+			for i := range adapters {
+				adapters[i] = fmt.Sprintf("lora-%d", i)
+			}
+			served, err := models.WithAdapters([]string{"llama"}, adapters)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i, m := range r.fleet.Load().members {
+				r.SetModels(m.id, served)
+				for k := range 4 {
+					m.adapters.start(adapters[(i+k)%len(adapters)], time.Duration(k))
+					m.adapters.end(adapters[(i+k)%len(adapters)])
+				}
+			}
+			// As in benchRouter, three replicas hold parts of the prompt,
+			// here under the adapter's key.
+			req := &policy.Request{PromptTokens: 32 << 10, Model: "lora-5"}
+			keyed := prefix.Keyed(prefix.Chain(prompt, benchBlockTokens*bytesPerToken, nil), prefix.ModelKey(req.Model))
+			for j, frac := range []float64{1, 0.5, 0.1} {
+				r.index.Insert(r.fleet.Load().members[j].slot, keyed[:int(frac*float64(len(keyed)))])
+			}
+			rng := rand.New(rand.NewPCG(3, 4))
+			buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
+			b.ReportAllocs()
+			b.SetBytes(int64(len(prompt)))
+			for b.Loop() {
+				buf = prefix.Keyed(prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0]), prefix.ModelKey(req.Model))
+				req.Blocks = buf
+				if _, err := r.Decide(0, req, rng); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

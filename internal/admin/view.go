@@ -68,6 +68,8 @@ type decision struct {
 	PromptTokens int         `json:"prompt_tokens"`
 	Expected     int         `json:"expected_output_tokens"`
 	Chosen       string      `json:"chosen"`
+	Model        string      `json:"model,omitempty"`
+	Adapter      string      `json:"adapter,omitempty"`
 	Candidates   []candidate `json:"candidates"`
 	TTFTMS       *float64    `json:"ttft_ms"`
 	Status       int         `json:"status,omitempty"`
@@ -87,7 +89,7 @@ func NewView() *View {
 // Decided records a request's decision (lifecycle.Tap).
 func (d *View) Decided(at time.Time, req *policy.Request, chosen *router.Ticket, fallbacks []router.Candidate) uint64 {
 	dec := decision{At: at, PromptTokens: req.PromptTokens, Expected: req.ExpectedOutputTokens, Chosen: chosen.ID,
-		Candidates: make([]candidate, 0, 1+len(fallbacks))}
+		Model: req.Model, Adapter: chosen.Adapter, Candidates: make([]candidate, 0, 1+len(fallbacks))}
 	dec.Candidates = append(dec.Candidates, candidate{ID: chosen.ID, Cached: chosen.EstCachedTokens, Terms: chosen.Terms})
 	for _, f := range fallbacks {
 		dec.Candidates = append(dec.Candidates, candidate{ID: f.ID, Cached: f.EstCachedTokens, Terms: f.Terms})
@@ -216,6 +218,10 @@ type uiReplica struct {
 	KVCap    int     `json:"kv_capacity_tokens"`
 	HitRate  float64 `json:"cache_hit_rate"`
 	Share    float64 `json:"share_1m"`
+	// Models it serves (adapters as NAME@BASE; empty while unknown), and
+	// the adapters believed resident there.
+	Models   string   `json:"models"`
+	Resident []string `json:"resident_adapters,omitempty"`
 }
 
 // snapshot is what the page gets: the fleet now, the history (whole on
@@ -242,7 +248,7 @@ func (s *Server) snapshot(since int64) map[string]any {
 	var reps []uiReplica
 	for _, st := range s.fleet.Router().Replicas() {
 		r := uiReplica{ID: st.ID, Region: st.Region, State: state(st), RTTMS: float64(st.RTT.Microseconds()) / 1000, InFlight: st.InFlight, Tokens: st.UnfinishedTokens,
-			Backlog: st.BacklogTokens, Decoding: st.Decoding, KVCap: st.KVCapacityTokens}
+			Backlog: st.BacklogTokens, Decoding: st.Decoding, KVCap: st.KVCapacityTokens, Models: st.Models.String(), Resident: st.Adapters.Resident}
 		if st.EngineKnown {
 			r.Running, r.Waiting, r.KVUsed, r.HitRate = st.Engine.Running, st.Engine.Waiting, st.Engine.KVUsedTokens, st.Engine.CacheHitRate
 		}

@@ -105,7 +105,7 @@
     if (reps.length > ROWS) rows = reps.slice().sort((a, b) => b.in_flight - a.in_flight).slice(0, ROWS);
     $("#fleet-note").textContent = reps.length > ROWS ? `(the ${ROWS} busiest of ${reps.length})` : `(${reps.length})`;
     $("#replicas tbody").innerHTML = rows.map((r) => `<tr data-id="${esc(r.id)}" class="${esc(r.state)}">
-      <td>${esc(r.id)}</td><td class="region">${esc(r.region)}</td><td class="state">${esc(r.state)}</td><td class="rtt">${f1(r.rtt_ms)}</td>
+      <td>${esc(r.id)}</td><td class="region">${esc(r.region)}</td><td class="models">${esc(r.models || "any")}${(r.resident_adapters || []).length ? `<br><small>resident: ${esc(r.resident_adapters.join(", "))}</small>` : ""}</td><td class="state">${esc(r.state)}</td><td class="rtt">${f1(r.rtt_ms)}</td>
       <td>${r.in_flight}</td><td>${f0(r.tokens)}</td><td>${f0(r.backlog)}</td><td>${r.decoding}</td><td>${r.running}</td><td>${r.waiting}</td>
       <td>${r.kv_capacity_tokens ? pct(r.kv_used_tokens / r.kv_capacity_tokens) : "–"}</td><td>${pct(r.cache_hit_rate)}</td><td>${pct(r.share_1m)}</td>
       <td>${r.state === "draining" ? `<button class="undrain" data-id="${esc(r.id)}">undrain</button>` : `<button class="drain" data-id="${esc(r.id)}">drain</button>`}</td></tr>`).join("");
@@ -113,8 +113,8 @@
 
   function drawDecisions(decs) {
     $("#decisions tbody").innerHTML = decs.slice().reverse().map((d) => `<tr class="decision">
-      <td>${new Date(d.at).toLocaleTimeString()}</td><td>${f0(d.prompt_tokens)}</td><td>${f0(d.expected_output_tokens)}</td><td>${esc(d.chosen)}</td>
-      <td class="terms">${d.candidates.map((c) => `${esc(c.id)} <small>(cached ${f0(c.cached_tokens)})</small> ${f0(c.terms.RTT)} + ${f0(c.terms.Prefill)} + ${f0(c.terms.Queue)} + ${f0(c.terms.Decode)} = <b>${f0(c.terms.Total)}</b>`).join("<br>")}</td>
+      <td>${new Date(d.at).toLocaleTimeString()}</td><td>${esc(d.model || "")}</td><td>${f0(d.prompt_tokens)}</td><td>${f0(d.expected_output_tokens)}</td><td>${esc(d.chosen)}</td>
+      <td class="terms">${d.candidates.map((c) => `${esc(c.id)} <small>(cached ${f0(c.cached_tokens)})</small> ${f0(c.terms.RTT)} + ${f0(c.terms.Prefill)} + ${f0(c.terms.Queue)} + ${f0(c.terms.Decode)}${c.terms.Adapter ? ` + ${f0(c.terms.Adapter)}` : ""} = <b>${f0(c.terms.Total)}</b>`).join("<br>")}</td>
       <td class="ttft">${f0(d.ttft_ms)}</td></tr>`).join("");
   }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -10,6 +11,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/engine"
@@ -23,13 +25,35 @@ Serves an emulated SGLang/vLLM replica: the engine model behind the OpenAI API
 /v1/models, /health, /metrics), with tokens coming out when the model says.
 --rtt and --jitter delay every byte both ways, as a far region would; POST
 /admin/network?rtt=D&jitter=J and /admin/speed?speedup=F&slowdown=F change
-the delay and the model's speed at runtime.`
+the delay and the model's speed at runtime.
 
-func runEngine(args []string, stdout, stderr io.Writer) error {
+Models: the base model is served under --model, or every name of
+--served-model-name (the first the primary one, as vLLM's); LoRA adapters
+on it are --lora-modules, and more are loaded and unloaded at runtime with
+vLLM's POST /v1/load_lora_adapter {"lora_name":..,"lora_path":..} and
+/v1/unload_lora_adapter {"lora_name":..}. A request names a served name (or
+none) for the base model, an adapter or SGLang's BASE:ADAPTER for an
+adapter; its prefix cache is the adapter's own. At most --max-loras adapters
+are resident (least recently used evicted), the running batch uses at most
+that many, and loading one stalls the step that needs it --lora-load-time.`
+
+// engineFlags is a parsed 'gorgo engine' command line.
+type engineFlags struct {
+	listen      string
+	rtt, jitter time.Duration
+	seed        uint64
+	cfg         emulator.Config
+}
+
+func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, error) {
 	fs := newFlagSet("engine", "engine [flags]", engineAbout, stderr)
 	listen := fs.String("listen", "127.0.0.1:8000", "`ADDR` to listen on")
 	profile := fs.String("profile", "paper", "engine profile: "+joinNames(engine.ProfileNames()))
-	model := fs.String("model", "gorgo-emulated", "served model `NAME`")
+	model := fs.String("model", "gorgo-emulated", "served model `NAME` (the primary one with --served-model-name)")
+	servedNames := fs.String("served-model-name", "", "comma-separated `NAMES` the base model is served under, the first the primary one unless --model is given (default: --model)")
+	loraModules := fs.String("lora-modules", "", "comma-separated LoRA `ADAPTERS` on the base model, each NAME or NAME=PATH")
+	maxLoRAs := fs.Int("max-loras", 0, "LoRA adapter slots: adapters resident at once, and in one batch (0: 4)")
+	loraLoad := fs.Duration("lora-load-time", 0, "model time loading an adapter adds to the step that needs it (a Go `DURATION`)")
 	metricsFormat := fs.String("metrics-format", "sglang", "/metrics names: sglang or vllm")
 	rtt := fs.Duration("rtt", 0, "injected round trip (half on the way in, half on the way out)")
 	jitter := fs.Duration("jitter", 0, "standard deviation of the injected round trip")
@@ -46,46 +70,78 @@ func runEngine(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "random seed (jitter, faults)")
 	spin := fs.Bool("spin", true, "spin the last stretch before each step ends for sub-millisecond token timing (costs up to a quarter of a core while busy)")
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+		return nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	prof, err := engine.LookupProfile(*profile)
 	if err != nil {
-		return fmt.Errorf("--profile: %w", err)
+		return nil, fmt.Errorf("--profile: %w", err)
+	}
+	served := splitList(*servedNames)
+	if *servedNames != "" && len(served) == 0 {
+		return nil, fmt.Errorf("--served-model-name names no model")
+	}
+	modelSet := false
+	fs.Visit(func(f *flag.Flag) { modelSet = modelSet || f.Name == "model" })
+	primary := *model
+	if len(served) > 0 && !modelSet {
+		primary = "" // the first served name
+	}
+	if *maxLoRAs < 0 {
+		return nil, fmt.Errorf("--max-loras must not be negative, got %d", *maxLoRAs)
+	}
+	if *loraLoad < 0 {
+		return nil, fmt.Errorf("--lora-load-time must not be negative, got %v", *loraLoad)
 	}
 	if !(*speedup > 0) || math.IsInf(*speedup, 0) {
-		return fmt.Errorf("--speedup must be a positive finite number, got %v", *speedup)
+		return nil, fmt.Errorf("--speedup must be a positive finite number, got %v", *speedup)
 	}
 	if *bpt < 1 {
-		return fmt.Errorf("--bytes-per-token must be at least 1")
+		return nil, fmt.Errorf("--bytes-per-token must be at least 1")
 	}
 	if *kv < 0 {
-		return fmt.Errorf("--kv-capacity must not be negative")
+		return nil, fmt.Errorf("--kv-capacity must not be negative")
 	}
 	if *kv > 0 {
 		prof.KVCapacityTokens = *kv
 	}
 	if *rtt < 0 || *jitter < 0 {
-		return fmt.Errorf("--rtt and --jitter must not be negative")
+		return nil, fmt.Errorf("--rtt and --jitter must not be negative")
 	}
-	link := netem.NewLink(*rtt, *jitter, *seed)
-	srv, err := emulator.New(emulator.Config{
-		Profile: prof, PageTokens: *page, Model: *model, MetricsFormat: *metricsFormat, Speedup: *speedup,
-		MaxWaiting: *maxWaiting, DefaultMaxTokens: *maxTokens, Seed: *seed, SetRTT: link.Set,
+	return &engineFlags{listen: *listen, rtt: *rtt, jitter: *jitter, seed: *seed, cfg: emulator.Config{
+		Profile: prof, PageTokens: *page, Model: primary, ServedNames: served, LoRAModules: splitList(*loraModules),
+		MaxLoRAs: *maxLoRAs, LoRALoadTime: *loraLoad, MetricsFormat: *metricsFormat, Speedup: *speedup,
+		MaxWaiting: *maxWaiting, DefaultMaxTokens: *maxTokens, Seed: *seed,
 		Estimator: prompt.Estimator{BytesPerToken: *bpt}, Spin: *spin,
 		Faults: emulator.Faults{FailFraction: *failFraction, HangAfter: *hangAfter, ExitAfter: *exitAfter, Slowdown: *slowdown},
-	})
+	}}, nil
+}
+
+func runEngine(args []string, stdout, stderr io.Writer) error {
+	f, err := parseEngineFlags(args, stderr)
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", *listen)
+	link := netem.NewLink(f.rtt, f.jitter, f.seed)
+	cfg := f.cfg
+	cfg.SetRTT = link.Set
+	srv, err := emulator.New(cfg)
 	if err != nil {
 		return err
+	}
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return err
+	}
+	bases, adapters := srv.Models()
+	names := strings.Join(bases, ",")
+	if len(adapters) > 0 {
+		names += " with adapters " + strings.Join(adapters, ",")
 	}
 	fmt.Fprintf(stdout, "gorgo engine: %s on http://%s (profile %s, rtt %v±%v, speedup %g, metrics %s)\n",
-		*model, ln.Addr(), prof.Name, *rtt, *jitter, *speedup, *metricsFormat)
+		names, ln.Addr(), cfg.Profile.Name, f.rtt, f.jitter, cfg.Speedup, cfg.MetricsFormat)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return serveAll(ctx, srv.Run, served{h: srv.Handler(), ln: link.Listener(ln)})

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,4 +67,74 @@ func TestEngineInjectedRTT(t *testing.T) {
 	}
 	resp.Body.Close()
 	check(200 * time.Millisecond)
+}
+
+// The model and LoRA flags reach the emulator's config: --model is the
+// primary name, or the first of --served-model-name unless given.
+func TestEngineModelFlags(t *testing.T) {
+	for _, c := range []struct {
+		args                 []string
+		model                string
+		served, loras, bases []string
+		maxLoRAs             int
+		load                 time.Duration
+	}{
+		{nil, "gorgo-emulated", nil, nil, []string{"gorgo-emulated"}, 0, 0},
+		{[]string{"--served-model-name", "llama, llama-chat"}, "", []string{"llama", "llama-chat"}, nil, []string{"llama", "llama-chat"}, 0, 0},
+		{[]string{"--served-model-name", "a,b", "--model", "b"}, "b", []string{"a", "b"}, nil, []string{"b", "a"}, 0, 0},
+		{[]string{"--lora-modules", "sql,code=/data/code", "--max-loras", "2", "--lora-load-time", "150ms"},
+			"gorgo-emulated", nil, []string{"sql", "code=/data/code"}, []string{"gorgo-emulated"}, 2, 150 * time.Millisecond},
+	} {
+		f, err := parseEngineFlags(c.args, &bytes.Buffer{})
+		if err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		cfg := f.cfg
+		if cfg.Model != c.model || !slices.Equal(cfg.ServedNames, c.served) || !slices.Equal(cfg.LoRAModules, c.loras) ||
+			cfg.MaxLoRAs != c.maxLoRAs || cfg.LoRALoadTime != c.load {
+			t.Errorf("%q: model %q served %q adapters %q max %d load %v", c.args, cfg.Model, cfg.ServedNames, cfg.LoRAModules, cfg.MaxLoRAs, cfg.LoRALoadTime)
+		}
+		srv, err := emulator.New(cfg)
+		if err != nil {
+			t.Errorf("%q: %v", c.args, err)
+			continue
+		}
+		if bases, _ := srv.Models(); !slices.Equal(bases, c.bases) {
+			t.Errorf("%q: serves %q, want %q", c.args, bases, c.bases)
+		}
+	}
+}
+
+// Bad values are a one-line error, before anything listens.
+func TestEngineModelFlagErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--served-model-name", " , "}, "--served-model-name names no model"},
+		{[]string{"--max-loras", "-1"}, "--max-loras must not be negative"},
+		{[]string{"--lora-load-time", "-1s"}, "--lora-load-time must not be negative"},
+		{[]string{"--lora-load-time", "soon"}, "invalid value"},
+		{[]string{"--max-loras", "many"}, "invalid value"},
+		{[]string{"--served-model-name", "a,a"}, "given twice"},
+		{[]string{"--served-model-name", "a", "--lora-modules", "a"}, "already served"},
+		{[]string{"--lora-modules", "x="}, "empty path"},
+	} {
+		var stderr bytes.Buffer
+		f, err := parseEngineFlags(c.args, &stderr)
+		if err == nil {
+			_, err = emulator.New(f.cfg)
+			if err == nil {
+				t.Errorf("%q: accepted", c.args)
+				continue
+			}
+		}
+		msg := err.Error()
+		if errors.Is(err, errUsage) {
+			msg = stderr.String() // parseFlags explained it
+		}
+		if !strings.Contains(msg, c.want) || strings.Contains(strings.TrimRight(msg, "\n"), "\n") {
+			t.Errorf("%q: %q; want one line with %q", c.args, msg, c.want)
+		}
+	}
 }

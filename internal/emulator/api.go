@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/prefix"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 )
 
@@ -38,6 +39,8 @@ func writeError(w http.ResponseWriter, status int, typ, format string, args ...a
 
 // job is a parsed request ready for the engine.
 type job struct {
+	model        string // the requested name (the primary one if none)
+	adapter      uint64 // the engine's Request.Adapter (0: the base model)
 	chat         bool
 	stream       bool
 	includeUsage bool
@@ -78,10 +81,18 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return nil, false
 	}
-	if !s.checkModel(w, req.Model) {
+	a, ok := s.models.Load().lookup(req.Model)
+	if !ok {
+		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", req.Model)
 		return nil, false
 	}
-	j := &job{chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage}
+	j := &job{model: req.Model, chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage}
+	if j.model == "" {
+		j.model = s.cfg.Model
+	}
+	if a != nil {
+		j.adapter = a.key
+	}
 	max := -1 // the default
 	if req.HasMaxTokens {
 		if max = req.MaxTokens; max < 1 {
@@ -100,7 +111,8 @@ func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byt
 		return false
 	}
 	j.promptTokens = s.est.Tokens(text)
-	j.blocks = s.est.Blocks(text, s.page, nil)
+	// An adapter's prefix cache is its own, as the engines key theirs.
+	j.blocks = prefix.Keyed(s.est.Blocks(text, s.page, nil), j.adapter)
 	j.outputTokens = s.cfg.DefaultMaxTokens
 	if max != -1 {
 		j.outputTokens = max
@@ -122,14 +134,6 @@ func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byt
 	return true
 }
 
-func (s *Server) checkModel(w http.ResponseWriter, model string) bool {
-	if model != "" && model != s.cfg.Model {
-		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", model)
-		return false
-	}
-	return true
-}
-
 func readBody(r *http.Request) ([]byte, error) {
 	var buf bytes.Buffer
 	_, err := buf.ReadFrom(http.MaxBytesReader(nil, r.Body, maxBody))
@@ -138,7 +142,7 @@ func readBody(r *http.Request) ([]byte, error) {
 
 // serve runs a parsed job through the engine and writes the response.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
-	st, id, err := s.drv.submit(engine.Request{PromptTokens: j.promptTokens, OutputTokens: j.outputTokens, Blocks: j.blocks})
+	st, id, err := s.drv.submit(engine.Request{PromptTokens: j.promptTokens, OutputTokens: j.outputTokens, Blocks: j.blocks, Adapter: j.adapter})
 	switch {
 	case errors.Is(err, engine.ErrQueueFull):
 		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "the server is overloaded: its waiting queue is full")
@@ -153,7 +157,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 			s.drv.cancel(id) // the client went away
 		}
 	}()
-	out := newWriter(w, s.cfg.Model, j, id)
+	out := newWriter(w, j.model, j, id)
 	var evs []engine.Event
 	for !finished {
 		evs, err = st.take(r.Context(), evs)

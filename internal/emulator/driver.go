@@ -151,18 +151,27 @@ func (d *driver) cancel(id uint64) {
 // gauges returns the engine's gauges now and its recent generation
 // throughput (tokens per model second).
 func (d *driver) gauges() (engine.Gauges, float64) {
+	g, tput, _, _ := d.snapshot(false)
+	return g, tput
+}
+
+// snapshot is gauges, and with adapters the distinct adapters of the
+// running and the waiting requests, all at one instant.
+func (d *driver) snapshot(adapters bool) (g engine.Gauges, tput float64, running, waiting []uint64) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.advanceLocked(d.clk.model(time.Now()))
-	g := d.eng.Gauges()
-	var tput float64
+	g = d.eng.Gauges()
+	if adapters {
+		running, waiting = d.eng.Adapters(nil, nil)
+	}
 	if n := len(d.samples); n > 1 {
 		a, b := d.samples[0], d.samples[n-1]
 		if dt := (b.at - a.at).Seconds(); dt > 0 {
 			tput = float64(b.generated-a.generated) / dt
 		}
 	}
-	return g, tput
+	return g, tput, running, waiting
 }
 
 // advanceLocked runs the model to now and hands out what it emitted.

@@ -1,7 +1,10 @@
 package emulator
 
 import (
+	"math"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,7 +26,27 @@ type metrics struct {
 	itl    prometheus.Histogram
 	// lastToken remembers each request's previous token time for ITL.
 	lastToken map[uint64]time.Duration
+
+	// LoRA (exposed while the server's LoRA is on): vLLM's
+	// lora_requests_info, an info gauge whose value is when its labels
+	// (the adapters of the running and waiting requests) were last true;
+	// as in vLLM, the label sets of earlier states linger, the most
+	// recent maxLoRAStates of them. SGLang's lora_pool_slots_* gauges.
+	maxLoRA   string
+	loraInfo  *prometheus.Desc
+	loraSlots []*prometheus.Desc // used, total, utilization
+	loraMu    sync.Mutex
+	loraSets  []loraState
 }
+
+// loraState is one label set of vllm:lora_requests_info and its value.
+type loraState struct {
+	running, waiting string
+	at               float64
+}
+
+// maxLoRAStates bounds the label sets of vllm:lora_requests_info kept.
+const maxLoRAStates = 16
 
 // Latency buckets (seconds), as SGLang's.
 var latencyBuckets = []float64{0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400}
@@ -73,6 +96,17 @@ func newMetrics(s *Server) *metrics {
 			labels = m.cacheConfigLabels()
 		}
 		m.descs[sp.name] = prometheus.NewDesc(ns+sp.name, sp.help, nil, labels)
+	}
+	m.maxLoRA = strconv.Itoa(s.drv.eng.MaxLoRAs())
+	if m.format == "vllm" {
+		m.loraInfo = prometheus.NewDesc("vllm:lora_requests_info", "Running stats on lora requests.",
+			[]string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"}, nil)
+	} else {
+		m.loraSlots = []*prometheus.Desc{
+			prometheus.NewDesc("sglang:lora_pool_slots_used", "Number of LoRA adapter slots in use by running requests.", nil, m.labels),
+			prometheus.NewDesc("sglang:lora_pool_slots_total", "Total number of LoRA adapter slots.", nil, m.labels),
+			prometheus.NewDesc("sglang:lora_pool_utilization", "LoRA adapter slot utilization ratio.", nil, m.labels),
+		}
 	}
 	histLabels := m.labels
 	if m.format == "sglang" {
@@ -126,6 +160,12 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range m.descs {
 		ch <- d
 	}
+	if m.loraInfo != nil {
+		ch <- m.loraInfo
+	}
+	for _, d := range m.loraSlots {
+		ch <- d
+	}
 	m.ttft.Describe(ch)
 	m.e2e.Describe(ch)
 	m.itl.Describe(ch)
@@ -133,7 +173,11 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
-	g, tput := m.s.drv.gauges()
+	lora := m.s.lora.Load()
+	g, tput, running, waiting := m.s.drv.snapshot(lora)
+	if lora {
+		m.collectLoRA(ch, running, waiting)
+	}
 	kvFrac := 0.0
 	if g.KVCapacityTokens > 0 {
 		kvFrac = float64(g.KVUsedTokens) / float64(g.KVCapacityTokens)
@@ -181,4 +225,46 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.ttft.Collect(ch)
 	m.e2e.Collect(ch)
 	m.itl.Collect(ch)
+}
+
+// collectLoRA exposes the adapters of the running and waiting requests.
+func (m *metrics) collectLoRA(ch chan<- prometheus.Metric, running, waiting []uint64) {
+	if m.format != "vllm" {
+		used, total := float64(len(running)), float64(m.s.drv.eng.MaxLoRAs())
+		ch <- prometheus.MustNewConstMetric(m.loraSlots[0], prometheus.GaugeValue, used)
+		ch <- prometheus.MustNewConstMetric(m.loraSlots[1], prometheus.GaugeValue, total)
+		ch <- prometheus.MustNewConstMetric(m.loraSlots[2], prometheus.GaugeValue, used/total)
+		return
+	}
+	c := m.s.models.Load()
+	now := loraState{running: strings.Join(c.adapterNames(running), ","), waiting: strings.Join(c.adapterNames(waiting), ",")}
+	m.loraMu.Lock()
+	defer m.loraMu.Unlock()
+	// The value is the time now, later than any before (vLLM's
+	// set_to_current_time), so that the current state is the greatest.
+	now.at = float64(time.Now().UnixNano()) / 1e9
+	i := -1
+	for k, st := range m.loraSets {
+		now.at = max(now.at, math.Nextafter(st.at, math.Inf(1)))
+		if st.running == now.running && st.waiting == now.waiting {
+			i = k
+		}
+	}
+	switch {
+	case i >= 0:
+		m.loraSets[i].at = now.at
+	case len(m.loraSets) < maxLoRAStates:
+		m.loraSets = append(m.loraSets, now)
+	default: // forget the oldest
+		oldest := 0
+		for k, st := range m.loraSets {
+			if st.at < m.loraSets[oldest].at {
+				oldest = k
+			}
+		}
+		m.loraSets[oldest] = now
+	}
+	for _, st := range m.loraSets {
+		ch <- prometheus.MustNewConstMetric(m.loraInfo, prometheus.GaugeValue, st.at, m.maxLoRA, st.running, st.waiting)
+	}
 }

@@ -8,7 +8,6 @@ package emulator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -32,8 +31,27 @@ type Config struct {
 	Profile engine.Profile
 	// PageTokens is the prefix cache's block size in tokens (default 16, vLLM's).
 	PageTokens int
-	// Model is the served model name (default "gorgo-emulated").
+	// Model is the served model's primary name: the default of a request
+	// that names none, and the model_name of the metrics (default the first
+	// of ServedNames, else "gorgo-emulated").
 	Model string
+	// ServedNames are every name the base model is served under, as
+	// vLLM's --served-model-name a b (empty: Model alone). Model is served
+	// whether listed or not, first.
+	ServedNames []string
+	// LoRAModules are the LoRA adapters on the base model at start, each
+	// NAME or NAME=PATH (vLLM's --lora-modules; the path is what
+	// /v1/models says, default /adapters/NAME). More can be loaded at
+	// runtime (POST /v1/load_lora_adapter). Names and adapters are at most
+	// 1024 in all.
+	LoRAModules []string
+	// MaxLoRAs is the engine's adapter slots (engine.Config.MaxLoRAs;
+	// default 4). LoRA is on, in /metrics, when it or LoRAModules is
+	// given, or once an adapter is loaded at runtime.
+	MaxLoRAs int
+	// LoRALoadTime is what loading an adapter adds to the engine step
+	// that needs it, in model time (engine.Config.LoRALoadTime).
+	LoRALoadTime time.Duration
 	// MetricsFormat is "sglang" (default) or "vllm".
 	MetricsFormat string
 	// Speedup runs the model this many times faster than real time (default 1).
@@ -95,15 +113,16 @@ type Server struct {
 	rng      *rand.Rand
 	speedup  float64
 	slowdown float64
+
+	models   atomic.Pointer[catalog] // what is served; swapped whole
+	modelsMu sync.Mutex              // serialises loads and unloads
+	lora     atomic.Bool             // LoRA is on: its metrics are exposed
 }
 
 // New builds a replica; Run starts its model.
 func New(cfg Config) (*Server, error) {
 	if cfg.PageTokens == 0 {
 		cfg.PageTokens = 16
-	}
-	if cfg.Model == "" {
-		cfg.Model = "gorgo-emulated"
 	}
 	if cfg.MetricsFormat == "" {
 		cfg.MetricsFormat = "sglang"
@@ -127,10 +146,16 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("speedup and slowdown must be positive and finite")
 	case !(cfg.Faults.FailFraction >= 0 && cfg.Faults.FailFraction <= 1):
 		return nil, fmt.Errorf("fail fraction must be in [0, 1], got %v", cfg.Faults.FailFraction)
-	case cfg.Faults.HangAfter < 0 || cfg.Faults.ExitAfter < 0 || cfg.PageTokens < 0 || cfg.MaxWaiting < 0 || cfg.DefaultMaxTokens < 0:
-		return nil, fmt.Errorf("counts and sizes must not be negative")
+	case cfg.Faults.HangAfter < 0 || cfg.Faults.ExitAfter < 0 || cfg.PageTokens < 0 || cfg.MaxWaiting < 0 || cfg.DefaultMaxTokens < 0 ||
+		cfg.MaxLoRAs < 0 || cfg.LoRALoadTime < 0:
+		return nil, fmt.Errorf("counts, sizes and times must not be negative")
 	}
-	eng, err := engine.New(engine.Config{Profile: cfg.Profile, PageTokens: cfg.PageTokens, MaxWaiting: cfg.MaxWaiting, TokenEvents: true})
+	cat, err := buildCatalog(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	eng, err := engine.New(engine.Config{Profile: cfg.Profile, PageTokens: cfg.PageTokens, MaxWaiting: cfg.MaxWaiting, TokenEvents: true,
+		MaxLoRAs: cfg.MaxLoRAs, LoRALoadTime: cfg.LoRALoadTime})
 	if err != nil {
 		return nil, err
 	}
@@ -142,6 +167,8 @@ func New(cfg Config) (*Server, error) {
 		rng:     rand.New(rand.NewPCG(cfg.Seed, 0x853c49e6748fea9b)),
 		speedup: cfg.Speedup, slowdown: cfg.Faults.Slowdown,
 	}
+	s.models.Store(cat)
+	s.lora.Store(len(cfg.LoRAModules) > 0 || cfg.MaxLoRAs > 0)
 	s.drv = newDriver(eng, s.clk)
 	s.drv.spin = cfg.Spin
 	m := newMetrics(s)
@@ -183,11 +210,9 @@ func (s *Server) routes() {
 			s.serve(w, r, j)
 		}
 	}))
-	s.mux.HandleFunc("GET /v1/models", s.guard(false, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": []any{map[string]any{
-			"id": s.cfg.Model, "object": "model", "created": 0, "owned_by": "gorgo", "max_model_len": s.prof.MaxContextTokens}}})
-	}))
+	s.mux.HandleFunc("GET /v1/models", s.guard(false, s.listModels))
+	s.mux.HandleFunc("POST /v1/load_lora_adapter", s.guard(false, s.loadAdapter))
+	s.mux.HandleFunc("POST /v1/unload_lora_adapter", s.guard(false, s.unloadAdapter))
 	s.mux.HandleFunc("GET /health", s.guard(false, func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 	}))

@@ -1,6 +1,7 @@
 // Package engine models one LLM engine replica (SGLang or vLLM): a prefix KV
-// cache of fixed-size blocks with LRU eviction, and continuous batching with
-// chunked prefill, timed by a step-latency Profile.
+// cache of fixed-size blocks with LRU eviction, continuous batching with
+// chunked prefill, timed by a step-latency Profile, and LoRA adapter slots
+// (see Config.MaxLoRAs and Request.Adapter).
 //
 // The model is advanced by explicit time: it never sleeps, never reads the
 // wall clock and draws no random numbers, so the simulator (virtual time) and
@@ -34,11 +35,13 @@ type Config struct {
 	TokenEvents bool
 	// MaxLoRAs is the LoRA adapter slots (vLLM's --max-loras, SGLang's
 	// --max-loras-per-batch): at most this many adapters are resident,
-	// and the running batch uses at most this many. Default 4.
+	// the least recently used unpinned one evicted for a new one, and the
+	// running batch uses at most this many. Default DefaultMaxLoRAs.
 	MaxLoRAs int
 	// LoRALoadTime is what loading an adapter that is not resident adds
-	// to the step that first needs it (the whole batch waits, as the
-	// engines load adapters synchronously). Default 0.
+	// to the step that admits its request, once per adapter loaded (the
+	// whole batch waits, as the engines load adapters synchronously).
+	// Default 0.
 	LoRALoadTime time.Duration
 }
 
@@ -55,7 +58,9 @@ type Request struct {
 	// slice until the request finishes; do not modify it meanwhile.
 	Blocks []uint64
 	// Adapter is the LoRA adapter the request runs with (0: the base
-	// model).
+	// model), any nonzero id (the emulator's is prefix.ModelKey of its
+	// name). Its prompt's Blocks should be keyed by it (prefix.Keyed), as
+	// engines key their prefix caches by adapter.
 	Adapter uint64
 }
 
@@ -131,6 +136,11 @@ type Engine struct {
 	tokenEvts  bool
 	kv         *cache
 
+	maxLoRAs int
+	loraLoad time.Duration
+	loras    []lora // resident adapters, least recently used first
+	loads    int    // adapters loaded by the step being formed
+
 	waiting []*seq // FCFS; waiting[wHead:] are queued
 	wHead   int
 	running []*seq // in admission order
@@ -164,8 +174,12 @@ func New(cfg Config) (*Engine, error) {
 	if page == 0 {
 		page = 512
 	}
-	if page < 0 || cfg.MaxWaiting < 0 {
-		return nil, fmt.Errorf("engine config: page tokens and max waiting must not be negative")
+	if page < 0 || cfg.MaxWaiting < 0 || cfg.MaxLoRAs < 0 || cfg.LoRALoadTime < 0 {
+		return nil, fmt.Errorf("engine config: page tokens, max waiting, max LoRAs and the LoRA load time must not be negative")
+	}
+	maxLoRAs := cfg.MaxLoRAs
+	if maxLoRAs == 0 {
+		maxLoRAs = DefaultMaxLoRAs
 	}
 	blocks := p.KVCapacityTokens / page
 	if blocks < 1 {
@@ -179,6 +193,8 @@ func New(cfg Config) (*Engine, error) {
 		maxWaiting: cfg.MaxWaiting,
 		tokenEvts:  cfg.TokenEvents,
 		kv:         newCache(blocks),
+		maxLoRAs:   maxLoRAs,
+		loraLoad:   cfg.LoRALoadTime,
 	}
 	e.g.KVCapacityTokens = blocks * page
 	return e, nil
@@ -310,10 +326,11 @@ func (e *Engine) blocksFor(tokens int) int { return (tokens + e.page - 1) / e.pa
 
 func (e *Engine) hasWork() bool { return len(e.running) > 0 || len(e.waiting) > e.wHead }
 
-// admit moves the head of the waiting queue into the running batch if the KV
-// cache can hold its prompt and output.
-func (e *Engine) admit() (*seq, bool) {
-	s := e.waiting[e.wHead]
+// admit moves the waiting request at i into the running batch if the KV
+// cache can hold its prompt and output, loading and pinning its adapter.
+// The requests before it in the queue keep their order.
+func (e *Engine) admit(i int) (*seq, bool) {
+	s := e.waiting[i]
 	m, idle := e.kv.match(s.Blocks)
 	need := e.blocksFor(s.PromptTokens+s.OutputTokens) - m
 	if need > e.kv.available()-idle {
@@ -327,7 +344,13 @@ func (e *Engine) admit() (*seq, bool) {
 	// An engine always computes at least the last prompt token.
 	s.cached = min(m*e.page, s.PromptTokens-1)
 	s.prefilled = s.cached
+	if s.Adapter != 0 {
+		e.useLoRA(s.Adapter)
+	}
 
+	if i > e.wHead { // skipped requests before it: shift them up one
+		copy(e.waiting[e.wHead+1:i+1], e.waiting[e.wHead:i])
+	}
 	e.waiting[e.wHead] = nil
 	e.wHead++
 	if e.wHead > 64 && e.wHead*2 > len(e.waiting) {
@@ -359,6 +382,7 @@ func (e *Engine) startStep(t time.Duration) {
 		s.chunk, s.decoding = 0, false
 	}
 	budget := e.chunk
+	e.loads = 0
 	var prefill, decodes, context int
 	if e.prof.Schedule == SchedulePrefillFirst {
 		if prefill, _ = e.schedulePrefill(budget); prefill == 0 {
@@ -369,7 +393,7 @@ func (e *Engine) startStep(t time.Duration) {
 		prefill, _ = e.schedulePrefill(budget)
 	}
 	e.stepping = true
-	e.stepEnd = t + e.prof.StepTime(prefill, decodes, context)
+	e.stepEnd = t + e.prof.StepTime(prefill, decodes, context) + time.Duration(e.loads)*e.loraLoad
 	e.g.Steps++
 }
 
@@ -391,8 +415,11 @@ func (e *Engine) scheduleDecodes(budget int) (decodes, context, left int) {
 }
 
 // schedulePrefill gives the budget to prefill chunks: partly prefilled
-// sequences first, then waiting requests admitted in FCFS order. It
-// returns the prefill tokens scheduled and the budget left.
+// sequences first, then waiting requests admitted in FCFS order. A
+// waiting request whose adapter cannot be made resident (every slot pinned
+// by the running batch) is skipped, keeping its place; one that does not
+// fit in the KV cache stops admission. It returns the prefill tokens
+// scheduled and the budget left.
 func (e *Engine) schedulePrefill(budget int) (prefill, left int) {
 	for _, s := range e.running {
 		if s.prefilled < s.PromptTokens && budget > 0 {
@@ -401,8 +428,14 @@ func (e *Engine) schedulePrefill(budget int) (prefill, left int) {
 			prefill += s.chunk
 		}
 	}
-	for budget > 0 && len(e.running) < e.maxRunning && len(e.waiting) > e.wHead {
-		s, ok := e.admit()
+	skipped := 0 // waiting[wHead:wHead+skipped] wait for an adapter slot
+	for budget > 0 && len(e.running) < e.maxRunning && len(e.waiting) > e.wHead+skipped {
+		i := e.wHead + skipped
+		if a := e.waiting[i].Adapter; a != 0 && !e.loraOK(a) {
+			skipped++
+			continue
+		}
+		s, ok := e.admit(i)
 		if !ok {
 			break
 		}
@@ -458,11 +491,14 @@ func (e *Engine) commit(s *seq) {
 	}
 }
 
-// free gives back everything a sequence holds.
+// free gives back everything a running sequence holds.
 func (e *Engine) free(s *seq) {
 	e.kv.release(s.slots)
 	e.kv.unreserve(s.private)
 	s.slots, s.private = nil, 0
+	if s.Adapter != 0 {
+		e.unpinLoRA(s.Adapter)
+	}
 }
 
 // Clone returns an independent copy of the engine, reusing dst's storage
@@ -472,10 +508,11 @@ func (e *Engine) Clone(dst *Engine) *Engine {
 	if dst == nil {
 		dst = &Engine{}
 	}
-	kv, waiting, running, pool := dst.kv, dst.waiting[:0], dst.running[:0], dst.pool[:0]
+	kv, waiting, running, pool, loras := dst.kv, dst.waiting[:0], dst.running[:0], dst.pool[:0], dst.loras[:0]
 	*dst = *e
 	dst.kv = e.kv.cloneInto(kv)
 	dst.pool = pool
+	dst.loras = append(loras, e.loras...)
 	copySeq := func(s *seq) *seq {
 		var c *seq
 		if k := len(dst.pool); k < cap(dst.pool) {

@@ -36,6 +36,18 @@ type Dialect struct {
 	// PromptTokens and GenerationTokens are cumulative token counters,
 	// Throughput a generated-tokens-per-second gauge.
 	PromptTokens, GenerationTokens, Throughput string
+	// LoRA adapters, in one of two ways. LoRAInfo is an info gauge whose
+	// labels name them (vLLM's lora_requests_info): its sample of greatest
+	// value is read (the value is when the engine set it, and the label
+	// sets of earlier states linger), the adapter slots from its
+	// LoRAMaxLabel, the adapters of the running and waiting requests from
+	// LoRARunningLabel and LoRAWaitingLabel, comma-separated.
+	// LoRASlotsTotal and LoRASlotsUsed are gauges of the slots and of the
+	// distinct adapters the running requests use (SGLang's
+	// lora_pool_slots_total and _used).
+	LoRAInfo                                         string
+	LoRAMaxLabel, LoRARunningLabel, LoRAWaitingLabel string
+	LoRASlotsTotal, LoRASlotsUsed                    string
 }
 
 // A Capacity rule reads the KV capacity from a family: a sample's value,
@@ -75,7 +87,8 @@ var Dialects = []Dialect{
 		Usage: []string{"sglang:token_usage"}, Used: "sglang:num_used_tokens",
 		HitRate:      "sglang:cache_hit_rate",
 		PromptTokens: "sglang:prompt_tokens_total", GenerationTokens: "sglang:generation_tokens_total",
-		Throughput: "sglang:gen_throughput",
+		Throughput:     "sglang:gen_throughput",
+		LoRASlotsTotal: "sglang:lora_pool_slots_total", LoRASlotsUsed: "sglang:lora_pool_slots_used",
 	},
 	{
 		Format: FormatVLLMV0, Engine: "vLLM",
@@ -86,6 +99,8 @@ var Dialects = []Dialect{
 		Usage:        []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 		HitRate:      "vllm:gpu_prefix_cache_hit_rate",
 		PromptTokens: "vllm:prompt_tokens_total", GenerationTokens: "vllm:generation_tokens_total",
+		LoRAInfo:     "vllm:lora_requests_info",
+		LoRAMaxLabel: "max_lora", LoRARunningLabel: "running_lora_adapters", LoRAWaitingLabel: "waiting_lora_adapters",
 	},
 	{
 		Format: FormatVLLM, Engine: "vLLM",
@@ -96,5 +111,7 @@ var Dialects = []Dialect{
 		Hits:         []string{"vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"},
 		Queries:      []string{"vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"},
 		PromptTokens: "vllm:prompt_tokens_total", GenerationTokens: "vllm:generation_tokens_total",
+		LoRAInfo:     "vllm:lora_requests_info",
+		LoRAMaxLabel: "max_lora", LoRARunningLabel: "running_lora_adapters", LoRAWaitingLabel: "waiting_lora_adapters",
 	},
 }

@@ -73,7 +73,35 @@ type Metrics struct {
 	// StartTime is the engine process's start (process_start_time_seconds,
 	// Unix seconds), 0 if not exposed: a change means a restart.
 	StartTime float64
+
+	// LoRAKnown says the engine reports LoRA enabled, with its adapters:
+	// vLLM's lora_requests_info with a positive max_lora or some adapter
+	// named (vLLM V0 exposes it with max_lora="0" when LoRA is off),
+	// SGLang's lora_pool_slots_total or _used positive (SGLang exposes
+	// them only with LoRA on). The fields below are 0 without it.
+	LoRAKnown bool
+	// MaxLoRAs is the engine's adapter slots: vLLM's max_lora label,
+	// SGLang's lora_pool_slots_total (the largest over label sets). 0 if
+	// not reported.
+	MaxLoRAs int
+	// RunningAdapters and WaitingAdapters are the adapters of the running
+	// and the waiting requests, as vLLM's lora_requests_info names them
+	// (its most recent label set), without duplicates, at most
+	// MaxAdapterNames names of at most MaxAdapterNameBytes bytes each
+	// (longer ones are left out). nil for SGLang.
+	RunningAdapters, WaitingAdapters []string
+	// RunningAdapterCount is how many distinct adapters the running
+	// requests use: len(RunningAdapters) for vLLM, SGLang's
+	// lora_pool_slots_used (the largest over label sets).
+	RunningAdapterCount int
 }
+
+// Bounds on the adapter names read from one exposition: a hostile replica
+// must not grow the router.
+const (
+	MaxAdapterNames     = 256
+	MaxAdapterNameBytes = 256
+)
 
 // maxCount bounds the integer fields: larger values (and the float sums
 // behind them) are not exact in a float64 anyway.
@@ -199,9 +227,62 @@ func (d *Dialect) read(fams map[string]*dto.MetricFamily) (Metrics, error) {
 	m.PromptTokensTotal = rd.sum(d.PromptTokens)
 	m.GenerationTokensTotal = rd.sum(d.GenerationTokens)
 	m.GenThroughput = rd.sum(d.Throughput)
+	rd.lora(d, &m)
 	m.Model = rd.model()
 	m.StartTime = rd.stat("process_start_time_seconds").max
 	return m, nil
+}
+
+// lora reads the dialect's LoRA families into m.
+func (rd *reader) lora(d *Dialect, m *Metrics) {
+	if d.LoRAInfo != "" {
+		// The sample of greatest value: the engine's latest state.
+		var latest *dto.Metric
+		best := math.Inf(-1)
+		rd.samples(d.LoRAInfo, func(s *dto.Metric, v float64) {
+			if v > best {
+				latest, best = s, v
+			}
+		})
+		if latest != nil {
+			if n, ok := labelCount(latest, d.LoRAMaxLabel); ok {
+				m.MaxLoRAs = count(n)
+			}
+			m.RunningAdapters = adapterList(label(latest, d.LoRARunningLabel))
+			m.WaitingAdapters = adapterList(label(latest, d.LoRAWaitingLabel))
+			m.RunningAdapterCount = len(m.RunningAdapters)
+			m.LoRAKnown = m.MaxLoRAs > 0 || m.RunningAdapters != nil || m.WaitingAdapters != nil
+			return
+		}
+	}
+	var total, used stat
+	if d.LoRASlotsTotal != "" {
+		total = rd.stat(d.LoRASlotsTotal)
+	}
+	if d.LoRASlotsUsed != "" {
+		used = rd.stat(d.LoRASlotsUsed)
+	}
+	m.MaxLoRAs = count(total.max)
+	m.RunningAdapterCount = count(used.max)
+	m.LoRAKnown = m.MaxLoRAs > 0 || m.RunningAdapterCount > 0
+}
+
+// adapterList splits a comma-separated list of adapter names: spaces
+// trimmed, empty names and duplicates dropped, names longer than
+// MaxAdapterNameBytes left out, at most MaxAdapterNames of them (the
+// rest of the label is not looked at).
+func adapterList(v string) []string {
+	var names []string
+	for v != "" && len(names) < MaxAdapterNames {
+		var name string
+		name, v, _ = strings.Cut(v, ",")
+		name = strings.TrimSpace(name)
+		if name == "" || len(name) > MaxAdapterNameBytes || slices.Contains(names, name) {
+			continue
+		}
+		names = append(names, strings.Clone(name)) // not the whole label's memory
+	}
+	return names
 }
 
 // capacity reads the KV capacity by the first of the dialect's rules that

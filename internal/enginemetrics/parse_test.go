@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -41,7 +42,7 @@ func parse(t *testing.T, text string) Metrics {
 
 func checkMetrics(t *testing.T, got, want Metrics) {
 	t.Helper()
-	if got != want {
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got  %+v\nwant %+v", got, want)
 	}
 }
@@ -365,6 +366,8 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("vllm:num_requests_running{engine=\"0\"} 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.1\n" +
 		"vllm:cache_config_info{engine=\"0\",block_size=\"16\",num_gpu_blocks=\"99\"} 1\n"))
 	f.Add([]byte("# TYPE x histogram\nx_bucket{le=\"1\"} 1\nx_count 1\n"))
+	f.Add([]byte(vllmBase + `vllm:lora_requests_info{max_lora="2",running_lora_adapters="a, b",waiting_lora_adapters=""} 5` + "\n"))
+	f.Add([]byte("sglang:num_running_reqs 1\nsglang:num_queue_reqs 2\nsglang:lora_pool_slots_total 8\nsglang:lora_pool_slots_used 3\n"))
 	for _, name := range []string{"sglang-2026-qwen3.5.txt", "vllm-0.29-v1.txt", "vllm-0.7-v0-excerpt.txt"} {
 		if b, err := os.ReadFile(filepath.Join(captureDir, name)); err == nil {
 			f.Add(b)
@@ -385,6 +388,14 @@ func FuzzParse(f *testing.F) {
 			t.Errorf("fractions out of [0, 1]: %+v", em)
 		case math.IsNaN(em.PromptTokensTotal) || em.PromptTokensTotal < 0 || math.IsNaN(em.GenThroughput) || em.GenThroughput < 0:
 			t.Errorf("totals: %+v", em)
+		case em.MaxLoRAs < 0 || em.MaxLoRAs > maxCount || em.RunningAdapterCount < 0 || em.RunningAdapterCount > maxCount,
+			len(em.RunningAdapters) > MaxAdapterNames || len(em.WaitingAdapters) > MaxAdapterNames:
+			t.Errorf("adapters out of range: %+v", em)
+		}
+		for _, n := range slices.Concat(em.RunningAdapters, em.WaitingAdapters) {
+			if n == "" || len(n) > MaxAdapterNameBytes || strings.Contains(n, ",") || strings.TrimSpace(n) != n {
+				t.Errorf("adapter name %q", n)
+			}
 		}
 	})
 }

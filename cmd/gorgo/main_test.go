@@ -66,6 +66,50 @@ func TestSimWritesComparisonAndJSON(t *testing.T) {
 	}
 }
 
+// A fleet of several models: --models mixes them into the workload, each
+// request is served by a replica of its model, and the lora topology's
+// table shows the adapter hit column (the others do not).
+func TestSimWithModels(t *testing.T) {
+	dir := t.TempDir()
+	recs := filepath.Join(dir, "recs.jsonl")
+	code, out, errs := gorgo(t, "sim", "--duration", "3m", "--topology", "../../examples/topologies/two-models.yaml",
+		"--models", "model-a:0.5,model-b:0.5", "--policy", "default,round-robin", "--records", recs, "--quiet")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if strings.Contains(out, "adapter") {
+		t.Errorf("a table without adapters shows them:\n%s", out)
+	}
+	for _, p := range []string{"gorgo-e2e", "round-robin"} {
+		data, err := os.ReadFile(insertBeforeExt(recs, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			var r struct {
+				Replica, Model string
+				Failed         bool
+			}
+			if err := json.Unmarshal([]byte(line), &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.Failed || r.Model == "" || !strings.HasSuffix(r.Replica, strings.TrimPrefix(r.Model, "model")) {
+				t.Fatalf("%s: record %s", p, line)
+			}
+		}
+	}
+	code, out, errs = gorgo(t, "sim", "--duration", "3m", "--topology", "../../examples/topologies/lora.yaml",
+		"--models", "base,lora-1,lora-2,lora-3,lora-4,lora-5,lora-6,lora-7,lora-8", "--policy", "round-robin")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, want := range []string{"adapter hit", "models base:1,lora-1:1", "base with 8 adapters, 2 slots, load 500ms"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
 func TestTraceGenThenStats(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "w.jsonl")
 	if code, _, errs := gorgo(t, "trace", "gen", "--preset", "chat", "--duration", "2m", "-o", path); code != 0 {
@@ -80,11 +124,24 @@ func TestTraceGenThenStats(t *testing.T) {
 			t.Errorf("stats output lacks %q:\n%s", want, out)
 		}
 	}
+	if strings.Contains(out, "models") {
+		t.Errorf("stats of a trace without models show models:\n%s", out)
+	}
+	if code, _, errs := gorgo(t, "trace", "gen", "--preset", "chat", "--duration", "2m", "--models", "m1:1,m2:1", "-o", path); code != 0 {
+		t.Fatalf("gen --models: exit %d: %s", code, errs)
+	}
+	if code, out, errs = gorgo(t, "trace", "stats", path); code != 0 || !strings.Contains(out, "models                 2") || !strings.Contains(out, "  m1 ") {
+		t.Errorf("stats of a trace with models: exit %d, %s\n%s", code, errs, out)
+	}
 }
 
 func TestBadInputGivesOneLineErrors(t *testing.T) {
 	empty := filepath.Join(t.TempDir(), "empty.jsonl")
 	if err := os.WriteFile(empty, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	noBase := filepath.Join(t.TempDir(), "nobase.yaml")
+	if err := os.WriteFile(noBase, []byte("router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: paper, adapters: [x]}]\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	bad := filepath.Join(t.TempDir(), "bad.jsonl")
@@ -112,6 +169,12 @@ func TestBadInputGivesOneLineErrors(t *testing.T) {
 		{[]string{"sim", "--json", "/nonexistent/dir/out.json"}, 1, "cannot write /nonexistent/dir/out.json"},
 		{[]string{"tune", "--out", "/nonexistent/dir/w.json"}, 1, "cannot write /nonexistent/dir/w.json"},
 		{[]string{"sim", "--trace", empty}, 1, empty + " has no requests"},
+		{[]string{"sim", "--models", "a:-1"}, 1, "--models: "},
+		{[]string{"sim", "--models", "a:1,a:2"}, 1, "a listed twice"},
+		{[]string{"sim", "--models", "a:0"}, 1, "weights add up to 0"},
+		{[]string{"eval", "--models", ":1", "--plots", "none"}, 1, "--models: "},
+		{[]string{"trace", "gen", "--models", ","}, 1, "--models: "},
+		{[]string{"sim", "--topology", noBase}, 1, "adapters need a base model"},
 	}
 	for _, c := range cases {
 		code, _, errs := gorgo(t, c.args...)

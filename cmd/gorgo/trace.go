@@ -14,11 +14,11 @@ import (
 )
 
 const traceAbout = `
-  gorgo trace gen [--preset artchat|chat|agent] [--duration D] [--seed N] [-o FILE]
+  gorgo trace gen [--preset artchat|chat|agent] [--duration D] [--seed N] [--models NAME:W,...] [-o FILE]
       writes a synthetic workload in gorgo's JSONL format (to stdout without -o).
   gorgo trace stats [--format F] [--window START,DURATION] [--time-scale S] [--json] FILE
       describes a workload: requests, rate, input and output lengths, sessions,
-      turns and prefix reuse.`
+      turns, prefix reuse, and the models' shares when requests name models.`
 
 func runTrace(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 || (args[0] != "gen" && args[0] != "stats") {
@@ -43,6 +43,7 @@ func runTraceGen(args []string, stdout, stderr io.Writer) error {
 	duration := fs.Duration("duration", 30*time.Minute, "length of the workload")
 	seed := fs.Uint64("seed", 1, "random seed")
 	rate := fs.Float64("rate", 0, "mean request rate in requests/s (0 = the preset's)")
+	mix := fs.String("models", "", "each session names one model, drawn by weight from `NAME:W,NAME:W,...` (written as \"model\")")
 	out := fs.String("o", "", "output `FILE` (default stdout)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -52,6 +53,13 @@ func runTraceGen(args []string, stdout, stderr io.Writer) error {
 	}
 	if *duration <= 0 {
 		return fmt.Errorf("--duration must be positive, got %v", *duration)
+	}
+	var weights []trace.ModelWeight
+	if *mix != "" {
+		var err error
+		if weights, err = trace.ParseModelWeights(*mix); err != nil {
+			return fmt.Errorf("--models: %w", err)
+		}
 	}
 	w := stdout
 	var f *os.File
@@ -66,6 +74,7 @@ func runTraceGen(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	trace.AssignModels(reqs, weights, *seed)
 	bw := bufio.NewWriterSize(w, 1<<16)
 	if err := trace.Write(bw, reqs); err != nil {
 		return err

@@ -19,6 +19,8 @@ type workloadFlags struct {
 	window    string
 	timeScale float64
 	seed      uint64
+	// models mixes models into the workload (see trace.AssignModels).
+	models string
 }
 
 // register defines the flags; eval defines its own repeatable --window, so
@@ -33,23 +35,43 @@ func (w *workloadFlags) register(fs *flag.FlagSet, withWindow bool) {
 	}
 	fs.Float64Var(&w.timeScale, "time-scale", 1, "multiply inter-arrival gaps by `F` (2 = half the request rate)")
 	fs.Uint64Var(&w.seed, "seed", 1, "random seed (synthetic workload, network jitter, policies, tuner)")
+	fs.StringVar(&w.models, "models", "", "mix models into the workload: each session names one model, drawn by weight from `NAME:W,NAME:W,...` (replacing the trace's models; a replica's models are its topology's models: and adapters:)")
 }
 
-// raw reads or generates the whole workload and describes its source.
+// raw reads or generates the whole workload, mixes models into it
+// (--models), and describes its source.
 func (w *workloadFlags) raw() ([]trace.Request, string, error) {
-	if w.file != "" {
-		f, err := trace.ParseFormat(w.format)
-		if err != nil {
-			return nil, "", fmt.Errorf("--format: %w", err)
+	var mix []trace.ModelWeight
+	if w.models != "" {
+		var err error
+		if mix, err = trace.ParseModelWeights(w.models); err != nil {
+			return nil, "", fmt.Errorf("--models: %w", err)
 		}
-		reqs, err := trace.ReadFile(w.file, f)
-		return reqs, w.file, err
 	}
-	if w.duration <= 0 {
-		return nil, "", fmt.Errorf("--duration must be positive, got %v", w.duration)
+	var (
+		reqs []trace.Request
+		src  string
+		err  error
+	)
+	if w.file != "" {
+		f, ferr := trace.ParseFormat(w.format)
+		if ferr != nil {
+			return nil, "", fmt.Errorf("--format: %w", ferr)
+		}
+		reqs, err = trace.ReadFile(w.file, f)
+		src = w.file
+	} else {
+		if w.duration <= 0 {
+			return nil, "", fmt.Errorf("--duration must be positive, got %v", w.duration)
+		}
+		reqs, err = trace.Generate(trace.GenConfig{Preset: w.preset, Seed: w.seed, Duration: w.duration})
+		src = fmt.Sprintf("synthetic %s (%v, seed %d)", w.preset, w.duration, w.seed)
 	}
-	reqs, err := trace.Generate(trace.GenConfig{Preset: w.preset, Seed: w.seed, Duration: w.duration})
-	return reqs, fmt.Sprintf("synthetic %s (%v, seed %d)", w.preset, w.duration, w.seed), err
+	if err != nil || mix == nil {
+		return reqs, src, err
+	}
+	trace.AssignModels(reqs, mix, w.seed)
+	return reqs, src + ", models " + trace.FormatModelWeights(mix), nil
 }
 
 // load reads or generates the workload and applies the window and time scale.
@@ -112,7 +134,7 @@ type fleetFlags struct {
 func (f *fleetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.topology, "topology", "paper", "fleet: "+joinNames(sim.TopologyNames())+", or a YAML `FILE`")
 	fs.IntVar(&f.maxInflight, "max-inflight", sim.DefaultMaxInflight, "client cap on requests in flight (0 = none); beyond it requests wait and the wait is recorded as slip")
-	fs.Var(&f.eventFlags, "fleet-event", "change the fleet during the run: `\"T drain|undrain|remove ID\"` or \"T add NAME region=R [profile=P] [speed=S]\" (repeatable; T a duration of the run)")
+	fs.Var(&f.eventFlags, "fleet-event", "change the fleet during the run: `\"T drain|undrain|remove ID\"` or \"T add NAME region=R [profile=P] [speed=S] [models=A,B] [adapters=X,Y] [max_loras=N] [lora_load_time=D]\" (repeatable; T a duration of the run)")
 }
 
 // load resolves the fleet and its events.
@@ -145,7 +167,26 @@ func (f *fleetFlags) load() (sim.Topology, []sim.Replica, error) {
 func describeFleet(t sim.Topology, reps []sim.Replica) string {
 	s := fmt.Sprintf("%s, router in %s:", t.Name, t.RouterRegion)
 	for _, r := range reps {
-		s += fmt.Sprintf(" %s (%s, rtt %v±%v)", r.ID, r.Profile.Name, r.RTT, r.Jitter)
+		s += fmt.Sprintf(" %s (%s, rtt %v±%v%s)", r.ID, r.Profile.Name, r.RTT, r.Jitter, describeModels(r))
+	}
+	return s
+}
+
+// describeModels says what a replica serves, or "" when it serves any
+// model.
+func describeModels(r sim.Replica) string {
+	if r.Models == nil {
+		return ""
+	}
+	s := ", " + strings.Join(r.Models.Bases(), "+")
+	if n := len(r.Models.Adapters()); n > 0 {
+		s += fmt.Sprintf(" with %d adapters", n)
+		if r.MaxLoRAs > 0 {
+			s += fmt.Sprintf(", %d slots", r.MaxLoRAs)
+		}
+		if r.LoRALoadTime > 0 {
+			s += fmt.Sprintf(", load %v", r.LoRALoadTime)
+		}
 	}
 	return s
 }
@@ -156,7 +197,7 @@ func describeEvents(evs []sim.FleetEvent) string {
 	for _, e := range evs {
 		id := e.ID
 		if e.Op == sim.OpAdd {
-			id = fmt.Sprintf("%s (%s, %s, rtt %v)", e.Replica.ID, e.Replica.Region, e.Replica.Profile.Name, e.Replica.RTT)
+			id = fmt.Sprintf("%s (%s, %s, rtt %v%s)", e.Replica.ID, e.Replica.Region, e.Replica.Profile.Name, e.Replica.RTT, describeModels(e.Replica))
 		}
 		fmt.Fprintf(&b, "fleet event: at %v %s %s\n", e.At, e.Op, id)
 	}

@@ -36,6 +36,8 @@ type Record struct {
 	// Status is the HTTP status of a live request; 0 when there was none
 	// (simulated, or the connection failed).
 	Status int `json:"status,omitempty"`
+	// Model is the model the request named ("" for none).
+	Model string `json:"model,omitempty"`
 }
 
 // Run summarises one policy's run over a workload.
@@ -62,6 +64,25 @@ type Run struct {
 	SLO     float64 `json:"ttft_slo_ms,omitempty"`
 	SLOMet  int     `json:"slo_met,omitempty"`
 	Goodput float64 `json:"goodput_rps,omitempty"`
+	// Models counts the requests naming each model (those naming none
+	// under ""), when any names one; nil otherwise.
+	Models map[string]int `json:"models,omitempty"`
+	// With LoRA adapters (see ScoreAdapters): the requests the engines ran
+	// with an adapter, and the share of them whose adapter was resident
+	// (no load); nil without adapter requests.
+	AdapterRequests int64    `json:"adapter_requests,omitempty"`
+	AdapterHitRatio *float64 `json:"adapter_hit_ratio,omitempty"`
+}
+
+// ScoreAdapters sets the adapter figures from the engines' counts over
+// the run: requests admitted with an adapter, and adapter loads they
+// needed. The hit ratio is 1 − loads/requests; nil without requests.
+func (r *Run) ScoreAdapters(requests, loads int64) {
+	r.AdapterRequests, r.AdapterHitRatio = requests, nil
+	if requests > 0 {
+		h := 1 - float64(min(max(loads, 0), requests))/float64(requests)
+		r.AdapterHitRatio = &h
+	}
 }
 
 // ScoreSLO counts the records that completed with a TTFT within sloMS, as
@@ -92,6 +113,9 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 	hasEst := false
 	for i := range recs {
 		rec := &recs[i]
+		if rec.Model != "" && r.Models == nil {
+			r.Models = map[string]int{}
+		}
 		slip = append(slip, rec.Slip)
 		if rec.Replica != "" {
 			r.ReplicaShare[rec.Replica]++
@@ -114,6 +138,11 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 		est += rec.EstCachedTokens
 		hasEst = hasEst || rec.Estimated
 	}
+	if r.Models != nil {
+		for i := range recs {
+			r.Models[recs[i].Model]++
+		}
+	}
 	for id := range r.ReplicaShare {
 		if len(recs) > 0 {
 			r.ReplicaShare[id] /= float64(len(recs))
@@ -130,11 +159,19 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 	return r
 }
 
-// WriteTable prints runs side by side, one row per policy.
+// WriteTable prints runs side by side, one row per policy. The adapter
+// hit column (the share of adapter requests whose adapter was resident)
+// shows only when some run had adapter requests, and the SLO columns only
+// when some run had an SLO.
 func WriteTable(w io.Writer, runs []Run) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	slo := slices.ContainsFunc(runs, func(r Run) bool { return r.SLO > 0 })
-	head := "policy\tdone\tfail\tTTFT p50\tp90\tp95\tp99\tmean\tE2E p50\tp95\tp99\tITL mean\tslip p99\thit\test\tshare\t"
+	adapters := slices.ContainsFunc(runs, func(r Run) bool { return r.AdapterHitRatio != nil })
+	head := "policy\tdone\tfail\tTTFT p50\tp90\tp95\tp99\tmean\tE2E p50\tp95\tp99\tITL mean\tslip p99\thit\test\t"
+	if adapters {
+		head += "adapter hit\t"
+	}
+	head += "share\t"
 	if slo {
 		head += "rej\tmet SLO\tgoodput/s\t"
 	}
@@ -144,11 +181,19 @@ func WriteTable(w io.Writer, runs []Run) error {
 		if r.EstCacheHitRatio != nil {
 			est = fmt.Sprintf("%.1f%%", 100**r.EstCacheHitRatio)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t%s\t",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t",
 			r.Policy, r.Completed, r.Failed,
 			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P95), ms(r.TTFT.P99), ms(r.TTFT.Mean),
 			ms(r.E2E.P50), ms(r.E2E.P95), ms(r.E2E.P99), ms(r.ITL.Mean), ms(r.Slip.P99),
-			100*r.CacheHitRatio, est, shares(r.ReplicaShare))
+			100*r.CacheHitRatio, est)
+		if adapters {
+			hit := "-"
+			if r.AdapterHitRatio != nil {
+				hit = fmt.Sprintf("%.1f%%", 100**r.AdapterHitRatio)
+			}
+			fmt.Fprintf(tw, "%s\t", hit)
+		}
+		fmt.Fprintf(tw, "%s\t", shares(r.ReplicaShare))
 		if slo {
 			fmt.Fprintf(tw, "%d\t%d\t%.2f\t", r.Rejected, r.SLOMet, r.Goodput)
 		}

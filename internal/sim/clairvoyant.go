@@ -71,10 +71,10 @@ func (c *clairvoyant) ttft(r int) time.Duration {
 		if at(j) > arrive {
 			break
 		}
-		c.submit(e, at(j), int(j))
+		c.submit(e, r, at(j), int(j))
 	}
 	e.Advance(arrive, nil)
-	c.submit(e, arrive, c.req)
+	c.submit(e, r, arrive, c.req)
 	for {
 		next, ok := e.Next()
 		if !ok {
@@ -90,10 +90,11 @@ func (c *clairvoyant) ttft(r int) time.Duration {
 	}
 }
 
-func (c *clairvoyant) submit(e *engine.Engine, at time.Duration, i int) {
-	tr := &c.s.cfg.Requests[i]
+// submit has engine e, a copy of replica r's, take request i at at, as r
+// would (its model's blocks, its adapter there).
+func (c *clairvoyant) submit(e *engine.Engine, r int, at time.Duration, i int) {
 	e.Advance(at, nil)
-	_ = e.Submit(at, engine.Request{ID: uint64(i), PromptTokens: tr.InputTokens, OutputTokens: tr.OutputTokens, Blocks: tr.HashIDs})
+	_ = e.Submit(at, c.s.engineRequest(i, r))
 }
 
 func init() {

@@ -19,6 +19,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/prefix"
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/trace"
@@ -179,6 +180,9 @@ type event struct {
 // scrape is gauges on their way from a replica to the router.
 type scrape struct {
 	gauges policy.EngineGauges
+	// adapters: what the engine says of its adapters (replicas serving
+	// adapters only).
+	adapters *router.AdapterGauges
 }
 
 // reqState is what the simulator tracks per request.
@@ -204,6 +208,7 @@ type reqState struct {
 type replicaState struct {
 	cfg       Replica
 	eng       *engine.Engine
+	lora      bool // serves adapters: its scrapes report them
 	scheduled bool
 	at        time.Duration
 	gen       uint32
@@ -235,6 +240,14 @@ type simulator struct {
 	oracle   *clairvoyant
 
 	scrapes []scrape // gauges in flight to the router, by event
+
+	// blocks are the requests' blocks keyed by their models (see
+	// blocksOf): nil for a request naming no model, whose blocks are the
+	// trace's as they are.
+	blocks [][]uint64
+	// adapterNames maps engine adapter keys back to names, for scrapes.
+	adapterNames map[uint64]string
+	adBuf        []uint64
 
 	gate *admit.Gate[int32] // nil without admission
 	now  time.Duration      // the event being handled, for release
@@ -289,6 +302,7 @@ func Run(cfg Config) (*Result, error) {
 	for i := range s.jit {
 		s.jit[i] = net.NormFloat64()
 	}
+	s.keyBlocks()
 	if err := s.buildSites(); err != nil {
 		return nil, err
 	}
@@ -384,10 +398,16 @@ func Run(cfg Config) (*Result, error) {
 			s.advance(ev.t, r)
 			s.reschedule(r)
 			g := s.reps[r].eng.Gauges()
-			s.scrapes = append(s.scrapes, scrape{gauges: policy.EngineGauges{Running: g.Running, Waiting: g.Waiting, KVUsedTokens: g.KVUsedTokens, CacheHitRate: g.CacheHitRate}})
+			s.scrapes = append(s.scrapes, scrape{gauges: policy.EngineGauges{Running: g.Running, Waiting: g.Waiting, KVUsedTokens: g.KVUsedTokens, CacheHitRate: g.CacheHitRate},
+				adapters: s.adapterGauges(r)})
 			s.push(event{t: ev.t + s.sites[ev.site].rtt[r]/2, kind: evScrapeBack, site: ev.site, rep: ev.rep, req: int32(len(s.scrapes) - 1)})
 		case evScrapeBack:
-			s.sites[ev.site].rt.ObserveEngine(s.reps[ev.rep].cfg.ID, s.scrapes[ev.req].gauges, ev.t)
+			id := s.reps[ev.rep].cfg.ID
+			sc := &s.scrapes[ev.req]
+			s.sites[ev.site].rt.ObserveEngine(id, sc.gauges, ev.t)
+			if sc.adapters != nil {
+				_ = s.sites[ev.site].rt.ObserveAdapters(id, *sc.adapters) // a replica removed meanwhile: nothing to tell
+			}
 		}
 	}
 	return s.result(), nil
@@ -395,7 +415,7 @@ func Run(cfg Config) (*Result, error) {
 
 // addReplica starts a replica's engine and adds it to the router's fleet.
 func (s *simulator) addReplica(r Replica) (int, error) {
-	eng, err := engine.New(engine.Config{Profile: r.Profile, PageTokens: trace.BlockTokens})
+	eng, err := engine.New(engine.Config{Profile: r.Profile, PageTokens: trace.BlockTokens, MaxLoRAs: r.MaxLoRAs, LoRALoadTime: r.LoRALoadTime})
 	if err != nil {
 		return 0, fmt.Errorf("sim: replica %s: %w", r.ID, err)
 	}
@@ -407,7 +427,7 @@ func (s *simulator) addReplica(r Replica) (int, error) {
 	}
 	rc := router.ReplicaConfig{ID: r.ID, Region: r.Region, KVCapacityTokens: eng.Gauges().KVCapacityTokens,
 		PrefillMSPerToken: prior.PrefillMSPerToken(), QueueMSPerToken: prior.QueueMSPerToken(),
-		ITLBaseMS: prior.ITLMS(), ITLSlopeMS: prior.ITLSlopeMS()}
+		ITLBaseMS: prior.ITLMS(), ITLSlopeMS: prior.ITLSlopeMS(), Models: r.Models, MaxLoRAs: r.MaxLoRAs}
 	for _, st := range s.sites {
 		rtt, jitter := r.RTT, r.Jitter
 		if m := s.cfg.Mesh; m != nil {
@@ -423,7 +443,7 @@ func (s *simulator) addReplica(r Replica) (int, error) {
 			return 0, fmt.Errorf("sim: %w", err)
 		}
 	}
-	s.reps = append(s.reps, replicaState{cfg: r, eng: eng})
+	s.reps = append(s.reps, replicaState{cfg: r, eng: eng, lora: len(r.Models.Adapters()) > 0})
 	s.byID[r.ID] = len(s.reps) - 1
 	return len(s.reps) - 1, nil
 }
@@ -553,7 +573,7 @@ func (s *simulator) release(now time.Duration) {
 // request fills s.rreq with request i's view.
 func (s *simulator) request(i int) {
 	tr := &s.cfg.Requests[i]
-	s.rreq = policy.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: tr.HashIDs, MaxOutputTokens: tr.OutputTokens}
+	s.rreq = policy.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: s.blocksOf(i), MaxOutputTokens: tr.OutputTokens, Model: tr.Model}
 	if s.cfg.HideMaxTokens {
 		s.rreq.MaxOutputTokens = 0
 	}
@@ -611,8 +631,7 @@ func (s *simulator) atEngine(now time.Duration, i int) {
 		}
 	}
 	s.advance(now, r)
-	tr := &s.cfg.Requests[i]
-	err := s.reps[r].eng.Submit(now, engine.Request{ID: uint64(i), PromptTokens: tr.InputTokens, OutputTokens: tr.OutputTokens, Blocks: tr.HashIDs})
+	err := s.reps[r].eng.Submit(now, s.engineRequest(i, r))
 	if err != nil {
 		st.failed, st.err = true, err.Error()
 		s.push(event{t: now + st.rtt/2, kind: evBack, req: int32(i)})
@@ -721,6 +740,7 @@ func (s *simulator) result() *Result {
 			Failed:       st.failed,
 			Rejected:     st.rejected,
 			Error:        st.err,
+			Model:        tr.Model,
 		}
 		if st.replica >= 0 {
 			rec.Replica = ids[st.replica]
@@ -740,6 +760,12 @@ func (s *simulator) result() *Result {
 		res.Records[i] = rec
 	}
 	res.Run = report.NewRun(res.Policy, res.Records, ids)
+	var adReqs, adLoads int64
+	for _, g := range res.Engines {
+		adReqs += g.AdapterRequests
+		adLoads += g.AdapterLoads
+	}
+	res.Run.ScoreAdapters(adReqs, adLoads)
 	if slo := s.cfg.GoodputSLO; slo > 0 && len(s.cfg.Requests) > 0 {
 		reqs := s.cfg.Requests
 		span := max(reqs[len(reqs)-1].Time-reqs[0].Time, time.Second)
@@ -749,3 +775,82 @@ func (s *simulator) result() *Result {
 }
 
 func toMS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// keyBlocks keys the blocks of every request naming a model by it, as
+// engines key their caches and the router its index (prefix.Keyed): a
+// prefix cached for one model is no hit for another. The trace's HashIDs
+// are shared between runs and never modified: keyed blocks are copies. A
+// request naming no model keeps the trace's blocks as they are.
+func (s *simulator) keyBlocks() {
+	reqs := s.cfg.Requests
+	n := 0
+	for i := range reqs {
+		if reqs[i].Model != "" {
+			n += len(reqs[i].HashIDs)
+		}
+	}
+	if n == 0 {
+		return
+	}
+	s.blocks = make([][]uint64, len(reqs))
+	arena := make([]uint64, 0, n)
+	keys := map[string]uint64{}
+	for i := range reqs {
+		tr := &reqs[i]
+		if tr.Model == "" {
+			continue
+		}
+		key, ok := keys[tr.Model]
+		if !ok {
+			key = prefix.ModelKey(tr.Model)
+			keys[tr.Model] = key
+		}
+		start := len(arena)
+		arena = append(arena, tr.HashIDs...)
+		s.blocks[i] = prefix.Keyed(arena[start:len(arena):len(arena)], key)
+	}
+}
+
+// blocksOf is request i's blocks: the trace's, keyed by its model.
+func (s *simulator) blocksOf(i int) []uint64 {
+	if s.blocks != nil && s.blocks[i] != nil {
+		return s.blocks[i]
+	}
+	return s.cfg.Requests[i].HashIDs
+}
+
+// engineRequest is request i as replica r's engine runs it: with its
+// model's blocks, and its adapter when the model is one of the adapters
+// the replica serves.
+func (s *simulator) engineRequest(i, r int) engine.Request {
+	tr := &s.cfg.Requests[i]
+	er := engine.Request{ID: uint64(i), PromptTokens: tr.InputTokens, OutputTokens: tr.OutputTokens, Blocks: s.blocksOf(i)}
+	if tr.Model == "" || !s.reps[r].lora {
+		return er
+	}
+	if m, ok := s.reps[r].cfg.Models.Lookup(tr.Model); ok && m.IsAdapter() {
+		er.Adapter = prefix.ModelKey(m.ID)
+		if s.adapterNames == nil {
+			s.adapterNames = map[uint64]string{}
+		}
+		s.adapterNames[er.Adapter] = m.ID
+	}
+	return er
+}
+
+// adapterGauges is what replica r's /metrics say of its adapters now, as
+// vLLM reports them (its slots, and the adapters its running requests
+// use); nil for a replica serving none.
+func (s *simulator) adapterGauges(r int) *router.AdapterGauges {
+	rs := &s.reps[r]
+	if !rs.lora {
+		return nil
+	}
+	g := &router.AdapterGauges{MaxLoRAs: rs.eng.MaxLoRAs()}
+	s.adBuf, _ = rs.eng.Adapters(s.adBuf[:0], nil)
+	for _, k := range s.adBuf {
+		g.Running = append(g.Running, s.adapterNames[k])
+	}
+	g.RunningCount = len(g.Running)
+	return g
+}

@@ -16,6 +16,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/models"
 )
 
 // Topology describes a fleet: regions, the router's region, the round trip
@@ -78,11 +79,12 @@ type EventSpec struct {
 
 // ParseEventSpec reads an event as the --fleet-event flag gives it:
 // "T drain ID", "T undrain ID", "T remove ID" or
-// "T add NAME region=R [profile=P] [speed=S]", T a Go duration.
+// "T add NAME region=R [profile=P] [speed=S] [models=A,B] [adapters=X,Y]
+// [max_loras=N] [lora_load_time=D]", T and D Go durations.
 func ParseEventSpec(s string) (EventSpec, error) {
 	f := strings.Fields(s)
 	bad := func(why string) (EventSpec, error) {
-		return EventSpec{}, fmt.Errorf("fleet event %q: %s (want \"T drain|undrain|remove ID\" or \"T add NAME region=R [profile=P] [speed=S]\")", s, why)
+		return EventSpec{}, fmt.Errorf("fleet event %q: %s (want \"T drain|undrain|remove ID\" or \"T add NAME region=R [profile=P] [speed=S] [models=A,B] [adapters=X,Y] [max_loras=N] [lora_load_time=D]\")", s, why)
 	}
 	if len(f) < 3 {
 		return bad("too few words")
@@ -119,6 +121,18 @@ func ParseEventSpec(s string) (EventSpec, error) {
 			case k == "speed":
 				if spec.Speed, err = strconv.ParseFloat(v, 64); err != nil {
 					return bad("speed is not a number")
+				}
+			case k == "models":
+				spec.Models = strings.Split(v, ",")
+			case k == "adapters":
+				spec.Adapters = strings.Split(v, ",")
+			case k == "max_loras":
+				if spec.MaxLoRAs, err = strconv.Atoi(v); err != nil {
+					return bad("max_loras is not an integer")
+				}
+			case k == "lora_load_time":
+				if spec.LoRALoadTime, err = time.ParseDuration(v); err != nil {
+					return bad("lora_load_time is not a Go duration")
 				}
 			default:
 				return bad(fmt.Sprintf("unknown key %q", k))
@@ -161,6 +175,17 @@ type ReplicaSpec struct {
 	ChunkTokens      int `yaml:"chunk_tokens"`
 	// Schedule overrides the profile's scheduler: mixed or prefill-first.
 	Schedule string `yaml:"schedule"`
+	// Models are the base models the replicas serve, Adapters the LoRA
+	// adapters they serve on the first of them. None given: the replicas
+	// serve any model (and the router knows nothing of their models).
+	Models   []string `yaml:"models"`
+	Adapters []string `yaml:"adapters"`
+	// MaxLoRAs is the engines' adapter slots (vLLM's --max-loras; default
+	// engine.DefaultMaxLoRAs), which the router is configured with too,
+	// and LoRALoadTime what loading an adapter adds to the step that needs
+	// it (a Go duration, e.g. 500ms; default 0). Both need adapters.
+	MaxLoRAs     int           `yaml:"max_loras"`
+	LoRALoadTime time.Duration `yaml:"lora_load_time"`
 }
 
 // Replica is one replica of a resolved fleet.
@@ -170,6 +195,14 @@ type Replica struct {
 	RTT     time.Duration // mean round trip from the router
 	Jitter  time.Duration // its standard deviation
 	Profile engine.Profile
+	// Models is what the replica serves: base models and the LoRA
+	// adapters on them; nil serves any model (a request naming a model the
+	// replica does not list never goes there).
+	Models *models.Set
+	// MaxLoRAs is its engine's adapter slots (0: the engine's default) and
+	// LoRALoadTime what loading an adapter there takes.
+	MaxLoRAs     int
+	LoRALoadTime time.Duration
 }
 
 func ptr(v float64) *float64 { return &v }
@@ -424,6 +457,31 @@ func (t Topology) replicas(nw network, s ReplicaSpec, seen map[string]bool) ([]R
 	if err := prof.Validate(); err != nil {
 		return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
 	}
+	var set *models.Set
+	switch {
+	case len(s.Models) > 0 || len(s.Adapters) > 0:
+		if len(s.Models) == 0 {
+			return nil, fmt.Errorf("topology %s: replica in %s: adapters need a base model to run on (give models:)", t.Name, s.Region)
+		}
+		seenModel := map[string]bool{}
+		for _, n := range append(slices.Clone(s.Models), s.Adapters...) {
+			if seenModel[n] {
+				return nil, fmt.Errorf("topology %s: replica in %s: model %q listed twice", t.Name, s.Region, n)
+			}
+			seenModel[n] = true
+		}
+		if set, err = models.WithAdapters(s.Models, s.Adapters); err != nil {
+			return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
+		}
+	}
+	switch {
+	case s.MaxLoRAs < 0:
+		return nil, fmt.Errorf("topology %s: replica in %s: max_loras must not be negative, got %d", t.Name, s.Region, s.MaxLoRAs)
+	case s.LoRALoadTime < 0:
+		return nil, fmt.Errorf("topology %s: replica in %s: lora_load_time must not be negative, got %v", t.Name, s.Region, s.LoRALoadTime)
+	case (s.MaxLoRAs > 0 || s.LoRALoadTime > 0) && len(s.Adapters) == 0:
+		return nil, fmt.Errorf("topology %s: replica in %s: max_loras and lora_load_time need adapters", t.Name, s.Region)
+	}
 	count := 1
 	if s.Count != nil {
 		if count = *s.Count; count < 1 {
@@ -445,11 +503,14 @@ func (t Topology) replicas(nw network, s ReplicaSpec, seen map[string]bool) ([]R
 		}
 		seen[id] = true
 		out = append(out, Replica{
-			ID:      id,
-			Region:  s.Region,
-			RTT:     msDuration(rtt[s.Region]),
-			Jitter:  msDuration(reg.JitterMS),
-			Profile: prof,
+			ID:           id,
+			Region:       s.Region,
+			RTT:          msDuration(rtt[s.Region]),
+			Jitter:       msDuration(reg.JitterMS),
+			Profile:      prof,
+			Models:       set,
+			MaxLoRAs:     s.MaxLoRAs,
+			LoRALoadTime: s.LoRALoadTime,
 		})
 	}
 	return out, nil

@@ -35,7 +35,8 @@ func (a *idArena) alloc(n int) []uint64 {
 
 // blockIndex numbers the distinct block ids of a trace densely (0, 1, … in
 // order of first appearance), so that per-block state can live in slices
-// instead of maps.
+// instead of maps. Blocks of requests for different models are distinct
+// even when their ids are equal (a cache holds a prefix for one model).
 type blockIndex struct {
 	// dense holds every request's block indexes back to back; request i's
 	// are dense[start[i]:start[i+1]].
@@ -51,15 +52,43 @@ func newBlockIndex(reqs []Request) blockIndex {
 		total += len(reqs[i].HashIDs)
 	}
 	bi := blockIndex{dense: make([]int32, total), start: make([]int, len(reqs)+1)}
-	ids := make(map[uint64]int32, total/2+16)
+	models := map[string]uint64{}
+	for i := range reqs {
+		if m := reqs[i].Model; m != "" {
+			if _, ok := models[m]; !ok {
+				models[m] = uint64(len(models) + 1)
+			}
+		}
+	}
+	if len(models) == 0 {
+		ids := make(map[uint64]int32, total/2+16)
+		k := 0
+		for i := range reqs {
+			bi.start[i] = k
+			for _, id := range reqs[i].HashIDs {
+				d, ok := ids[id]
+				if !ok {
+					d = int32(len(ids))
+					ids[id] = d
+				}
+				bi.dense[k] = d
+				k++
+			}
+		}
+		bi.start[len(reqs)] = k
+		bi.n = len(ids)
+		return bi
+	}
+	ids := make(map[[2]uint64]int32, total/2+16)
 	k := 0
 	for i := range reqs {
 		bi.start[i] = k
+		m := models[reqs[i].Model] // 0 for none
 		for _, id := range reqs[i].HashIDs {
-			d, ok := ids[id]
+			d, ok := ids[[2]uint64{m, id}]
 			if !ok {
 				d = int32(len(ids))
-				ids[id] = d
+				ids[[2]uint64{m, id}] = d
 			}
 			bi.dense[k] = d
 			k++

@@ -30,7 +30,9 @@ const (
 	FormatMooncake Format = "mooncake"
 	// FormatGorgo is gorgo's JSON Lines trace: Mooncake's four keys plus
 	// "session_id" (required, non-empty) and the optional "turn" (>= 1),
-	// "user_id" and "messages" ([{"role":..,"content":..}]).
+	// "user_id", "model" (the model the request names: a base model or a
+	// LoRA adapter; absent or "" = none) and "messages"
+	// ([{"role":..,"content":..}]).
 	FormatGorgo Format = "gorgo"
 	// FormatAzure is the Azure LLM inference trace CSV published with
 	// Splitwise (AzureLLMInferenceTrace_conv.csv and _code.csv) and DynamoLLM
@@ -111,6 +113,7 @@ type record struct {
 	SessionID    *string     `json:"session_id,omitempty"`
 	Turn         *int        `json:"turn,omitempty"`
 	UserID       string      `json:"user_id,omitempty"`
+	Model        string      `json:"model,omitempty"`
 	InputLength  *int        `json:"input_length"`
 	OutputLength *int        `json:"output_length"`
 	HashIDs      []uint64    `json:"hash_ids"`
@@ -154,6 +157,7 @@ func (rec *record) request(f Format) (Request, error) {
 			r.Turn = *rec.Turn
 		}
 		r.User = rec.UserID
+		r.Model = rec.Model
 		if len(rec.Messages) > 0 {
 			r.Messages = rec.Messages
 		}
@@ -241,8 +245,8 @@ func formatMillis(d time.Duration) string {
 
 // Write writes reqs as gorgo JSON Lines, one request per line, in the given
 // order: timestamp in ms (fractional when Time has sub-millisecond parts),
-// session_id, turn (omitted when 0), user_id and messages (omitted when
-// empty). Every request must have a Session (use DeriveSessions first for
+// session_id, turn (omitted when 0), user_id, model and messages (omitted
+// when empty). Every request must have a Session (use DeriveSessions first for
 // traces without one) and obey the rules Read enforces, including
 // non-decreasing times, so that Read gives the requests back.
 func Write(w io.Writer, reqs []Request) error {
@@ -266,6 +270,7 @@ func Write(w io.Writer, reqs []Request) error {
 			Timestamp: json.Number(formatMillis(r.Time)),
 			SessionID: &r.Session,
 			UserID:    r.User,
+			Model:     r.Model,
 			HashIDs:   r.HashIDs,
 			Messages:  r.Messages,
 		}

@@ -14,6 +14,8 @@ func FuzzRead(f *testing.F) {
 		`{"timestamp": 1.25, "input_length": 1, "output_length": 0, "hash_ids": [0]}` + "\n\n" +
 			`{"timestamp": 3, "input_length": 513, "output_length": 2, "hash_ids": [0, 5]}`,
 		`{"timestamp": 0.5, "session_id": "a", "turn": 2, "user_id": "u", "input_length": 2, "output_length": 1, "hash_ids": [9], "messages": [{"role": "user", "content": "x\ny"}]}`,
+		`{"timestamp": 0, "session_id": "s", "model": "base:lora-1", "input_length": 1, "output_length": 1, "hash_ids": [3]}` + "\n" +
+			`{"timestamp": 1, "session_id": "t", "model": "", "input_length": 1, "output_length": 1, "hash_ids": [3]}`,
 		`{"timestamp": 1e3, "input_length": 1, "output_length": 1, "hash_ids": [18446744073709551615]}`,
 		"{}\n[]\n",
 		`{"timestamp": "12", "input_length": 1, "output_length": 1, "hash_ids": [1]}`,
@@ -41,6 +43,37 @@ func FuzzRead(f *testing.F) {
 		}
 		if !reflect.DeepEqual(again, reqs) {
 			t.Fatalf("round trip changed the requests:\n%+v\n%+v", reqs, again)
+		}
+	})
+}
+
+// FuzzParseModelWeights checks that ParseModelWeights never panics, that
+// what it accepts is a valid mix that FormatModelWeights writes back
+// unchanged, and that AssignModels draws only its models of positive
+// weight.
+func FuzzParseModelWeights(f *testing.F) {
+	for _, s := range []string{"a:1,b:3", "a,b", "base:lora:2,base:x", "a:0,b:1", "a:-1", ":", "a:1e308,b:1e308", "a:NaN"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ws, err := ParseModelWeights(s)
+		if err != nil {
+			return
+		}
+		again, err := ParseModelWeights(FormatModelWeights(ws))
+		if err != nil || !reflect.DeepEqual(again, ws) {
+			t.Fatalf("%q: %v does not read back: %v, %v", s, ws, again, err)
+		}
+		weight := map[string]float64{}
+		for _, w := range ws {
+			weight[w.Name] = w.Weight
+		}
+		reqs := make([]Request, 16)
+		AssignModels(reqs, ws, 1)
+		for _, r := range reqs {
+			if !(weight[r.Model] > 0) {
+				t.Fatalf("%q: drew %q", s, r.Model)
+			}
 		}
 	})
 }

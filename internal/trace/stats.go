@@ -7,6 +7,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 )
 
@@ -26,7 +27,9 @@ type Dist struct {
 // (in tokens: min(blocks*BlockTokens, InputTokens)) it shares with any earlier
 // request; the intra-session prefix is the longest it shares with an earlier
 // request of its own session; cross-session = global - intra-session. The
-// user figures are the same with users in place of sessions.
+// user figures are the same with users in place of sessions. Requests for
+// different models share no prefix (engines key their caches by model and
+// adapter), so with models only requests for the same model count.
 type Reuse struct {
 	Global       float64 `json:"global"`
 	IntraSession float64 `json:"intra_session"`
@@ -79,6 +82,21 @@ type Stats struct {
 
 	// Reuse is the prefix reuse (see Reuse).
 	Reuse Reuse `json:"reuse"`
+
+	// Models are the models the requests name, most requested first (ties
+	// by name), when any request names one; requests naming none count as
+	// the model "". Nil when no request names a model.
+	Models []ModelShare `json:"models,omitempty"`
+}
+
+// ModelShare is one model's part of a workload.
+type ModelShare struct {
+	Name     string `json:"name"`
+	Requests int    `json:"requests"`
+	// Share is Requests over all requests.
+	Share float64 `json:"share"`
+	// Sessions counts the sessions with a request for the model.
+	Sessions int `json:"sessions"`
 }
 
 // ComputeStats describes reqs, which must be in time order (the reuse
@@ -140,7 +158,42 @@ func ComputeStats(reqs []Request) Stats {
 		st.TurnsPerMultiTurnSession = float64(turnSum) / float64(st.MultiTurnSessions)
 	}
 	st.Reuse = reuseOf(reqs, sessionOf, st.TotalInputTokens)
+	st.Models = modelsOf(reqs, sessionOf)
 	return st
+}
+
+// modelsOf counts the requests and sessions of each model, or returns nil
+// when no request names one.
+func modelsOf(reqs []Request, of []owners) []ModelShare {
+	if !slices.ContainsFunc(reqs, func(r Request) bool { return r.Model != "" }) {
+		return nil
+	}
+	idx := map[string]int{}
+	var out []ModelShare
+	seen := map[[2]int32]bool{}
+	for i, r := range reqs {
+		k, ok := idx[r.Model]
+		if !ok {
+			k = len(out)
+			idx[r.Model] = k
+			out = append(out, ModelShare{Name: r.Model})
+		}
+		out[k].Requests++
+		if key := [2]int32{int32(k), of[i].session}; !seen[key] {
+			seen[key] = true
+			out[k].Sessions++
+		}
+	}
+	for k := range out {
+		out[k].Share = float64(out[k].Requests) / float64(len(reqs))
+	}
+	slices.SortFunc(out, func(a, b ModelShare) int {
+		if a.Requests != b.Requests {
+			return b.Requests - a.Requests
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out
 }
 
 // owners are the dense session and user indexes of one request.
@@ -277,6 +330,16 @@ func (st Stats) WriteText(w io.Writer) error {
 	fmt.Fprintf(tw, "prefix reuse\t%s of input tokens\n", pct(st.Reuse.Global))
 	fmt.Fprintf(tw, "  intra/cross session\t%s / %s\n", pct(st.Reuse.IntraSession), pct(st.Reuse.CrossSession))
 	fmt.Fprintf(tw, "  intra/cross user\t%s / %s\n", pct(st.Reuse.IntraUser), pct(st.Reuse.CrossUser))
+	if len(st.Models) > 0 {
+		fmt.Fprintf(tw, "models\t%d\n", len(st.Models))
+		for _, m := range st.Models {
+			name := m.Name
+			if name == "" {
+				name = "(none)"
+			}
+			fmt.Fprintf(tw, "  %s\t%s (%d requests, %d sessions)\n", name, pct(m.Share), m.Requests, m.Sessions)
+		}
+	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("writing stats: %w", err)
 	}

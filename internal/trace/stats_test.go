@@ -3,6 +3,7 @@ package trace
 import (
 	"bytes"
 	"math"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -119,7 +120,7 @@ func TestComputeStatsTurns(t *testing.T) {
 				tt.share, tt.multi, tt.turns, tt.sessions, tt.users, tt.perSession)
 		}
 	}
-	if st := ComputeStats(nil); st != (Stats{}) {
+	if st := ComputeStats(nil); !reflect.DeepEqual(st, Stats{}) {
 		t.Errorf("ComputeStats(nil) = %+v, want zero", st)
 	}
 }

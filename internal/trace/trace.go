@@ -9,8 +9,8 @@
 //
 // Two JSON Lines formats are read (see Format): Mooncake's four-field records
 // (timestamp in ms, input_length, output_length, hash_ids) and gorgo's
-// superset, which adds a required session_id and optional turn, user_id and
-// messages. Two CSV formats without prefix information are read too, the
+// superset, which adds a required session_id and optional turn, user_id,
+// model and messages. Two CSV formats without prefix information are read too, the
 // Azure LLM inference traces and BurstGPT; their requests get blocks and
 // sessions of their own. Write emits the gorgo format.
 //
@@ -68,6 +68,10 @@ type Request struct {
 	HashIDs []uint64
 	// Messages is the prompt text as chat messages, when the trace carries it.
 	Messages []Message
+	// Model is the model the request names (a base model or a LoRA
+	// adapter, as a client would put it in its body's "model"). Empty: it
+	// names none, and any replica may serve it.
+	Model string
 }
 
 // Message is one chat message of a prompt.

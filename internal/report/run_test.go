@@ -1,0 +1,72 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestRunModels(t *testing.T) {
+	recs := []Record{
+		{Replica: "a", TTFT: 10, E2E: 20, PromptTokens: 100},
+		{Replica: "a", TTFT: 10, E2E: 20, PromptTokens: 100},
+	}
+	if r := NewRun("p", recs, []string{"a"}); r.Models != nil {
+		t.Errorf("records without models: Models = %v, want nil", r.Models)
+	}
+	recs[0].Model = "m"
+	r := NewRun("p", recs, []string{"a"})
+	if want := map[string]int{"m": 1, "": 1}; !reflect.DeepEqual(r.Models, want) {
+		t.Errorf("Models = %v, want %v", r.Models, want)
+	}
+}
+
+func TestScoreAdapters(t *testing.T) {
+	var r Run
+	r.ScoreAdapters(0, 0)
+	if r.AdapterHitRatio != nil || r.AdapterRequests != 0 {
+		t.Errorf("no adapter requests: %+v", r)
+	}
+	r.ScoreAdapters(200, 50)
+	if r.AdapterRequests != 200 || r.AdapterHitRatio == nil || *r.AdapterHitRatio != 0.75 {
+		t.Errorf("200 requests, 50 loads: %d, %v", r.AdapterRequests, r.AdapterHitRatio)
+	}
+	r.ScoreAdapters(10, 12) // more loads than requests (a request loaded twice): no hit, not negative
+	if *r.AdapterHitRatio != 0 {
+		t.Errorf("more loads than requests: hit %v", *r.AdapterHitRatio)
+	}
+}
+
+// TestWriteTableAdapterColumn: the adapter hit column shows only when a
+// run had adapter requests, so tables of runs without adapters are as
+// they were; the JSON of such runs has no adapter keys either.
+func TestWriteTableAdapterColumn(t *testing.T) {
+	recs := []Record{{Replica: "a", TTFT: 10, E2E: 20, PromptTokens: 100, CachedTokens: 50}}
+	plain := NewRun("p", recs, []string{"a"})
+	var b bytes.Buffer
+	if err := WriteTable(&b, []Run{plain}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(b.String(), "adapter") {
+		t.Errorf("a table without adapters shows them:\n%s", b.String())
+	}
+	js, _ := json.Marshal(plain)
+	if strings.Contains(string(js), "adapter") || strings.Contains(string(js), "models") {
+		t.Errorf("JSON of a run without adapters or models: %s", js)
+	}
+	lora := NewRun("q", recs, []string{"a"})
+	lora.ScoreAdapters(4, 1)
+	b.Reset()
+	if err := WriteTable(&b, []Run{plain, lora}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "adapter hit") {
+		t.Fatalf("table:\n%s", b.String())
+	}
+	if !strings.Contains(lines[1], " - ") || !strings.Contains(lines[2], "75.0%") {
+		t.Errorf("rows: want - for the run without adapters and 75.0%% for the other:\n%s", b.String())
+	}
+}

@@ -1,0 +1,123 @@
+package trace
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// ModelWeight is a model and its weight in a mix of models (see
+// AssignModels).
+type ModelWeight struct {
+	Name   string
+	Weight float64
+}
+
+// ParseModelWeights reads a mix of models, "NAME:W,NAME:W,...": each name
+// with a non-negative weight (weights are relative: 1,1 and 50,50 are the
+// same mix). A name alone weighs 1. The weight is what follows the last
+// colon when that is a number, so SGLang's BASE:ADAPTER names work
+// ("base:ad1:2"; "base:ad1" alone weighs 1). Names must be distinct, the
+// weights finite and not all zero.
+func ParseModelWeights(s string) ([]ModelWeight, error) {
+	var out []ModelWeight
+	seen := map[string]bool{}
+	total := 0.0
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		mw := ModelWeight{Name: part, Weight: 1}
+		if i := strings.LastIndexByte(part, ':'); i >= 0 {
+			if w, err := strconv.ParseFloat(strings.TrimSpace(part[i+1:]), 64); err == nil {
+				mw = ModelWeight{Name: strings.TrimSpace(part[:i]), Weight: w}
+			}
+		}
+		switch {
+		case mw.Name == "":
+			return nil, fmt.Errorf("models %q: %q has no name (want NAME:WEIGHT,...)", s, part)
+		case strings.ContainsAny(mw.Name, " \t\n"):
+			return nil, fmt.Errorf("models %q: name %q has a space (want NAME:WEIGHT,...)", s, mw.Name)
+		case math.IsNaN(mw.Weight) || math.IsInf(mw.Weight, 0) || mw.Weight < 0:
+			return nil, fmt.Errorf("models %q: %s's weight must be a finite non-negative number, got %v", s, mw.Name, mw.Weight)
+		case seen[mw.Name]:
+			return nil, fmt.Errorf("models %q: %s listed twice", s, mw.Name)
+		}
+		seen[mw.Name] = true
+		total += mw.Weight
+		out = append(out, mw)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("models: no model given (want NAME:WEIGHT,...)")
+	}
+	if !(total > 0) || math.IsInf(total, 0) {
+		return nil, fmt.Errorf("models %q: the weights add up to %v, want a positive finite total", s, total)
+	}
+	return out, nil
+}
+
+// FormatModelWeights writes a mix as ParseModelWeights reads it.
+func FormatModelWeights(ws []ModelWeight) string {
+	parts := make([]string, len(ws))
+	for i, w := range ws {
+		parts[i] = w.Name + ":" + strconv.FormatFloat(w.Weight, 'g', -1, 64)
+	}
+	return strings.Join(parts, ",")
+}
+
+// AssignModels gives every request of reqs a model drawn from weights, in
+// place: a session keeps one model, drawn by the weights with a draw that
+// depends only on the seed and the session's name (so the same session
+// gets the same model in any window of the trace, and every policy of a
+// comparison sees the same mix); a request without a session draws its
+// own, by its index. It replaces the models the requests named. weights
+// must be valid (see ParseModelWeights); with none, it does nothing.
+func AssignModels(reqs []Request, weights []ModelWeight, seed uint64) {
+	if len(weights) == 0 {
+		return
+	}
+	total := 0.0
+	for _, w := range weights {
+		total += w.Weight
+	}
+	bySession := map[string]string{}
+	var key []byte
+	for i := range reqs {
+		r := &reqs[i]
+		if m, ok := bySession[r.Session]; ok {
+			r.Model = m
+			continue
+		}
+		key = strconv.AppendUint(key[:0], seed, 10)
+		key = append(key, '/')
+		if r.Session != "" {
+			key = append(key, r.Session...)
+		} else {
+			key = append(key, '#')
+			key = strconv.AppendInt(key, int64(i), 10)
+		}
+		// 53 uniform bits from the hash: a draw in [0, total).
+		u := float64(xxhash.Sum64(key)>>11) / (1 << 53) * total
+		k := len(weights) - 1
+		for j, w := range weights {
+			if u < w.Weight {
+				k = j
+				break
+			}
+			u -= w.Weight
+		}
+		// A zero weight is never drawn, even at the end of the range.
+		for weights[k].Weight == 0 && k > 0 {
+			k--
+		}
+		r.Model = weights[k].Name
+		if r.Session != "" {
+			bySession[r.Session] = r.Model
+		}
+	}
+}

@@ -69,8 +69,9 @@ type Config struct {
 	// Target is the server's base URL, e.g. http://127.0.0.1:8080 (see
 	// ParseTarget).
 	Target string
-	// Model is the model named in every request. Empty: the first model
-	// the target lists at GET /v1/models, or DefaultModel when it lists none.
+	// Model is the model named in every request that the trace does not
+	// name one for. Empty: the first model the target lists at GET
+	// /v1/models, or DefaultModel when it lists none.
 	Model string
 	// Requests are the requests to send, at their Time (offset from the
 	// start of the replay); they need not be sorted. Each is sent with
@@ -153,7 +154,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 dispatch:
 	for _, i := range order {
 		r := &reqs[i]
-		body, err := encodeChat(res.Model, Messages(r), r.OutputTokens, r.Session)
+		model := res.Model
+		if r.Model != "" { // the trace names the request's model
+			model = r.Model
+		}
+		body, err := encodeChat(model, Messages(r), r.OutputTokens, r.Session)
 		if err != nil {
 			return nil, fmt.Errorf("request %d: %w", i, err)
 		}

@@ -51,11 +51,25 @@ func (r *Replica) Port() int {
 // until the test ends.
 func StartReplica(t testing.TB, rtt time.Duration, faults emulator.Faults) *Replica {
 	t.Helper()
+	return StartReplicaWith(t, rtt, emulator.Config{Faults: faults})
+}
+
+// StartReplicaWith runs an emulated replica of the given config rtt away
+// (the paper's profile and 20x real time unless it says otherwise), until
+// the test ends.
+func StartReplicaWith(t testing.TB, rtt time.Duration, cfg emulator.Config) *Replica {
+	t.Helper()
 	p, err := engine.LookupProfile("paper")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := emulator.New(emulator.Config{Profile: p, Speedup: 20, Faults: faults})
+	if cfg.Profile.Name == "" {
+		cfg.Profile = p
+	}
+	if cfg.Speedup == 0 {
+		cfg.Speedup = 20
+	}
+	srv, err := emulator.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,225 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/models"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
+)
+
+// modelFleet is three emulated vLLM replicas: a serves model-a, b serves
+// model-b (also as model-b-alias), c serves model-a with the adapter sql;
+// the router reads what each serves from its /v1/models.
+func modelFleet(t *testing.T, cfg testConfig) (*testRouter, string, []*replica) {
+	t.Helper()
+	a := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "model-a", MetricsFormat: "vllm", Speedup: 200})
+	b := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{ServedNames: []string{"model-b", "model-b-alias"}, MetricsFormat: "vllm", Speedup: 200})
+	c := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "model-a", LoRAModules: []string{"sql"}, MaxLoRAs: 2, MetricsFormat: "vllm", Speedup: 200})
+	s, url := startProxy(t, cfg, a, b, c)
+	return s, url, []*replica{a, b, c}
+}
+
+func modelChat(model, content string, stream bool) string {
+	m := ""
+	if model != "" {
+		m = fmt.Sprintf(`"model":%q,`, model)
+	}
+	return fmt.Sprintf(`{%s"messages":[{"role":"user","content":%q}],"max_tokens":2,"stream":%v}`, m, content, stream)
+}
+
+func served(reps []*replica) int64 {
+	n := int64(0)
+	for _, r := range reps {
+		n += r.Served()
+	}
+	return n
+}
+
+// Across 1,000 requests for mixed models through the proxy, none goes to a
+// replica that does not serve its model, and every one is served.
+func TestRequestsGoOnlyWhereTheirModelIs(t *testing.T) {
+	_, url, _ := modelFleet(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "round-robin"}})
+	serves := map[string][]string{"model-a": {"a", "c"}, "model-b": {"b"}, "model-b-alias": {"b"}, "sql": {"c"}, "model-a:sql": {"c"}}
+	names := slices.Sorted(func(yield func(string) bool) {
+		for k := range serves {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+	var mu sync.Mutex
+	wrong, count := 0, map[string]int{}
+	var wg sync.WaitGroup
+	work := make(chan int)
+	for range 8 {
+		wg.Go(func() {
+			for i := range work {
+				model := names[i%len(names)]
+				code, body, replica := post(t, url, modelChat(model, fmt.Sprint("request ", i), i%2 == 0))
+				mu.Lock()
+				if code != 200 || !slices.Contains(serves[model], replica) {
+					wrong++
+					if wrong < 5 {
+						t.Errorf("%s went to %q: %d %.200s", model, replica, code, body)
+					}
+				}
+				count[replica]++
+				mu.Unlock()
+			}
+		})
+	}
+	for i := range 1000 {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	if wrong > 0 || count["a"] == 0 || count["b"] == 0 || count["c"] == 0 {
+		t.Errorf("%d of 1,000 misrouted; per replica %v", wrong, count)
+	}
+}
+
+// post sends a chat body and returns the status, the body and the replica
+// that served it.
+func post(t testing.TB, url, body string) (int, string, string) {
+	t.Helper()
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return resp.StatusCode, b.String(), resp.Header.Get(ReplicaHeader)
+}
+
+// GET /v1/models is the union over the available replicas, each name once,
+// and the router's aliases; /v1/models/{id} one of them.
+func TestModelListIsTheUnion(t *testing.T) {
+	cfg := testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Models: map[string]models.Spec{"chat": {{Model: "model-a", Weight: 1}}}}}
+	s, url, _ := modelFleet(t, cfg)
+	ids := func() []string {
+		code, body := do(t, "GET", url+"/v1/models", "")
+		var list models.List
+		if err := json.Unmarshal([]byte(body), &list); code != 200 || err != nil || list.Object != "list" {
+			t.Fatalf("%d %v %s", code, err, body)
+		}
+		var out []string
+		for _, c := range list.Data {
+			out = append(out, c.ID)
+			if c.ID == "sql" && c.Parent != "model-a" {
+				t.Errorf("sql's parent %q", c.Parent)
+			}
+		}
+		return out
+	}
+	if got := strings.Join(ids(), ","); got != "model-a,model-b,model-b-alias,sql,chat" {
+		t.Errorf("models %s", got)
+	}
+	if code, body := do(t, "GET", url+"/v1/models/sql", ""); code != 200 || !strings.Contains(body, `"id": "sql"`) {
+		t.Errorf("/v1/models/sql: %d %s", code, body)
+	}
+	if code, body := do(t, "GET", url+"/v1/models/nope", ""); code != 404 || !strings.Contains(body, `"code":"model_not_found"`) {
+		t.Errorf("/v1/models/nope: %d %s", code, body)
+	}
+	// A drained replica's models leave the list (b serves model-b alone).
+	s.Drain("b")
+	if got := strings.Join(ids(), ","); got != "model-a,sql,chat" {
+		t.Errorf("with b drained: %s", got)
+	}
+}
+
+// A model no replica serves is a 404 at once, trying no replica; a known
+// model with no available replica a 503 with Retry-After; a request
+// without a model, where the fleet serves several, a 400 naming them.
+func TestModelErrors(t *testing.T) {
+	s, url, reps := modelFleet(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}})
+	before := served(reps)
+	code, body, replica := post(t, url, modelChat("gpt-5", "hi", false))
+	if code != 404 || replica != "" || !strings.Contains(body, `"code":"model_not_found"`) || !strings.Contains(body, `"param":"model"`) || strings.Contains(body, "127.0.0.1") {
+		t.Errorf("unknown model: %d %q %s", code, replica, body)
+	}
+	if n := served(reps) - before; n != 0 {
+		t.Errorf("an unknown model reached %d replicas", n)
+	}
+	code, body, _ = post(t, url, modelChat("", "hi", false))
+	if code != 400 || !strings.Contains(body, "model-a") || !strings.Contains(body, "model-b") {
+		t.Errorf("no model: %d %s", code, body)
+	}
+	s.Drain("b")
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(modelChat("model-b", "hi", false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("model-b with b drained: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// In a fleet of one model, a request without one is served.
+func TestNoModelInAFleetOfOne(t *testing.T) {
+	a := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "only", Speedup: 200})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a)
+	if code, body, _ := post(t, url, modelChat("", "hi", false)); code != 200 {
+		t.Errorf("no model: %d %s", code, body)
+	}
+}
+
+// A replica whose adapter was unloaded answers 404 for it: the request is
+// served by another replica, the first is not blamed (no failure, not
+// ejected) and loses the adapter; one loaded appears within a refresh.
+func TestReplicasOwn404IsNoFailure(t *testing.T) {
+	a := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"sql"}, MetricsFormat: "vllm", Speedup: 200})
+	b := servetest.StartReplicaWith(t, 20*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"sql"}, MetricsFormat: "vllm", Speedup: 200})
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 1, Policy: "gorgo-ms"}}, a, b)
+	// a is nearer: sql goes there while it serves it.
+	if code, _, replica := post(t, url, modelChat("sql", "first", false)); code != 200 || replica != "a" {
+		t.Fatalf("sql: %d from %q", code, replica)
+	}
+	if code, body := do(t, "POST", a.URL+"/v1/unload_lora_adapter", `{"lora_name":"sql"}`); code != 200 {
+		t.Fatalf("unload: %d %s", code, body)
+	}
+	for i := range 3 {
+		if code, body, replica := post(t, url, modelChat("sql", fmt.Sprint("after ", i), i%2 == 0)); code != 200 || replica != "b" {
+			t.Errorf("sql after the unload: %d from %q: %.200s", code, replica, body)
+		}
+	}
+	st := stateOr(s, "a")
+	failures, ejections, _ := s.Upstream("a").Health()
+	if !st.Available() || failures != 0 || ejections != 0 {
+		t.Errorf("a was blamed: %+v, %d failures, %d ejections", st, failures, ejections)
+	}
+	eventually(t, "a's list to be read again without sql", func() bool {
+		m := stateOr(s, "a").Models
+		_, ok := m.Lookup("sql")
+		return m != nil && !ok && m.Len() == 1
+	})
+	// The base model still goes to a.
+	if code, _, replica := post(t, url, modelChat("base", "base", false)); code != 200 || replica != "a" {
+		t.Errorf("base: %d from %q", code, replica)
+	}
+	// Loaded again, it is routed there once the list is read.
+	if code, body := do(t, "POST", a.URL+"/v1/load_lora_adapter", `{"lora_name":"sql","lora_path":"/adapters/sql"}`); code != 200 {
+		t.Fatalf("load: %d %s", code, body)
+	}
+	s.ProbeOnce(t.Context())
+	if _, ok := stateOr(s, "a").Models.Lookup("sql"); !ok {
+		t.Errorf("a probe did not bring sql back: %s", stateOr(s, "a").Models)
+	}
+}

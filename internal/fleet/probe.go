@@ -8,6 +8,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/enginemetrics"
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
 // timeoutFloor is half the least time a probe, a scrape or a model list
@@ -136,5 +137,8 @@ func (f *Fleet) scrape(ctx context.Context, u *Upstream, sc *enginemetrics.Scrap
 	}
 	f.rt.ObserveEngine(id, policy.EngineGauges{Running: em.Running, Waiting: em.Waiting, KVUsedTokens: em.KVUsedTokens, CacheHitRate: em.CacheHitRate}, f.Now())
 	f.rt.SetKVCapacity(id, em.KVCapacityTokens) // the engine knows its cache better than the config
+	if em.LoRAKnown {
+		f.rt.ObserveAdapters(id, router.AdapterGauges{MaxLoRAs: em.MaxLoRAs, Running: em.RunningAdapters, RunningCount: em.RunningAdapterCount})
+	}
 	return &em
 }

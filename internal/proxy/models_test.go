@@ -223,3 +223,24 @@ func TestReplicasOwn404IsNoFailure(t *testing.T) {
 		t.Errorf("a probe did not bring sql back: %s", stateOr(s, "a").Models)
 	}
 }
+
+// What an engine reports of its adapters (vLLM's lora_requests_info, or
+// SGLang's gauges) reaches the router with the scrape: its max_lora
+// becomes the slots the router respects.
+func TestScrapedAdapterSlots(t *testing.T) {
+	for _, dialect := range []string{"vllm", "sglang"} {
+		t.Run(dialect, func(t *testing.T) {
+			a := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"x", "y", "z"}, MaxLoRAs: 3, MetricsFormat: dialect, Speedup: 200})
+			s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond}}, a)
+			eventually(t, "the engine's max_lora to reach the router", func() bool {
+				return stateOr(s, "a").Adapters.Slots == 3
+			})
+			if code, _, _ := post(t, url, modelChat("y", "hello", false)); code != 200 {
+				t.Fatalf("y: %d", code)
+			}
+			if st := stateOr(s, "a").Adapters; !slices.Contains(st.Resident, "y") {
+				t.Errorf("y not resident after a request for it: %+v", st)
+			}
+		})
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/netem"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/replay"
@@ -31,7 +32,11 @@ and the replayer sending the embedded workload through it. The model and the
 network run --speedup times faster than real time, so a few minutes of traffic
 take seconds; times are reported back in real time (multiplied by the
 speedup). Each policy gets a fresh fleet, one after another, on the same
-workload; the simulator's prediction for the same runs is printed beside.`
+workload; the simulator's prediction for the same runs is printed beside.
+With --topology and --models, the fleet is a topology's (each replica serving
+its models and LoRA adapters, as gorgo engine does) and the workload a mix of
+models; with adapters, the tables give how often a request found its adapter
+resident.`
 
 func runDemo(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("demo", "demo [flags]", demoAbout, stderr)
@@ -40,6 +45,8 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	policies := fs.String("policy", "default,gorgo,simple-session-affinity,round-robin", "comma-separated `POLICIES` to run: "+joinNames(policy.Names()))
 	timeScale := fs.Float64("time-scale", 1, "multiply the workload's inter-arrival gaps by `F`")
 	seed := fs.Uint64("seed", 1, "random seed")
+	topology := fs.String("topology", "paper", "the emulated fleet: a built-in topology ("+strings.Join(sim.TopologyNames(), ", ")+") or a YAML file, e.g. examples/topologies/lora.yaml; each replica serves the models and adapters its topology gives")
+	models := fs.String("models", "", "mix models into the workload: each session names one model, drawn by weight from `NAME:W,NAME:W,...` (the names the topology's replicas serve)")
 	meshDemo := fs.Bool("mesh", false, "a router in every region instead: paper-mesh (clients 45/30/25% in the paper's three regions), central and region-local against the default policy in every region sharing state over NATS")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -51,6 +58,9 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--speedup must be between 1 and 50, got %v", *speedup)
 	}
 	if *meshDemo {
+		if *topology != "paper" || *models != "" {
+			return fmt.Errorf("--mesh runs its own fleet: --topology and --models are for the single-router demo")
+		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		return runDemoMesh(ctx, stdout, *duration, *speedup, *timeScale, *seed)
@@ -64,14 +74,20 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	if len(names) == 0 {
 		return fmt.Errorf("--policy: no policy given")
 	}
-	top, _ := sim.LoadTopology("paper")
+	top, err := sim.LoadTopology(*topology)
+	if err != nil {
+		return fmt.Errorf("--topology: %w", err)
+	}
 	reps, err := top.Resolve()
+	if err != nil {
+		return fmt.Errorf("--topology: %w", err)
+	}
+	wl := workloadFlags{preset: "artchat", duration: *duration, timeScale: *timeScale, seed: *seed, models: *models}
+	reqs, desc, err := wl.load()
 	if err != nil {
 		return err
 	}
-	wl := workloadFlags{preset: "artchat", duration: *duration, timeScale: *timeScale, seed: *seed}
-	reqs, desc, err := wl.load()
-	if err != nil {
+	if err := checkServed(reps, reqs); err != nil {
 		return err
 	}
 	// The replayer sends at wall-clock times: the trace compressed by the speedup.
@@ -117,16 +133,23 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 	defer cancel()
 	var cfg serve.Config
 	var servers []*http.Server
+	var ems []*emulator.Server
 	defer func() {
 		for _, s := range servers {
 			s.Close()
 		}
 	}()
 	for k, r := range reps {
-		em, err := emulator.New(emulator.Config{Profile: r.Profile, Speedup: speedup, Seed: seed})
+		ec := emulator.Config{Profile: r.Profile, Speedup: speedup, Seed: seed}
+		if r.Models != nil { // else it serves any model, as in the simulator
+			ec.ServedNames, ec.LoRAModules = r.Models.Bases(), r.Models.Adapters()
+			ec.MaxLoRAs, ec.LoRALoadTime = r.MaxLoRAs, r.LoRALoadTime
+		}
+		em, err := emulator.New(ec)
 		if err != nil {
 			return report.Run{}, err
 		}
+		ems = append(ems, em)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return report.Run{}, err
@@ -176,5 +199,32 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 		rec.Slip *= speedup
 		rec.Arrival *= speedup
 	}
-	return report.NewRun(policy.Canonical(name), out.Records, ids), nil
+	run := report.NewRun(policy.Canonical(name), out.Records, ids)
+	var adReqs, adLoads int64
+	for _, em := range ems {
+		g := em.Gauges()
+		adReqs += g.AdapterRequests
+		adLoads += g.AdapterLoads
+	}
+	run.ScoreAdapters(adReqs, adLoads)
+	return run, nil
+}
+
+// checkServed fails when a request names a model no replica serves: the
+// demo would only count 404s.
+func checkServed(reps []sim.Replica, reqs []trace.Request) error {
+	var all []*models.Set
+	for _, r := range reps {
+		if r.Models == nil {
+			return nil // it serves any model
+		}
+		all = append(all, r.Models)
+	}
+	served := models.Union(all...)
+	for _, q := range reqs {
+		if _, ok := served.Lookup(q.Model); q.Model != "" && !ok {
+			return fmt.Errorf("--models: no replica of the topology serves %q (they serve %s)", q.Model, served)
+		}
+	}
+	return nil
 }

@@ -295,6 +295,28 @@ func TestDemoRunsLive(t *testing.T) {
 	}
 }
 
+// The demo over a fleet of adapters: each emulated replica serves its
+// topology's base model and adapters, every request is served, and the
+// table says how often the adapter was resident, live and simulated.
+func TestDemoRunsAdapters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a live fleet for a few seconds")
+	}
+	code, out, errs := gorgo(t, "demo", "--duration", "15s", "--speedup", "20", "--policy", "default",
+		"--topology", "../../examples/topologies/lora.yaml", "--models", "base:1,lora-1:1,lora-2:1,lora-3:1")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if n := strings.Count(out, "adapter hit"); n != 2 {
+		t.Errorf("want an adapter hit column in both tables, got %d:\n%s", n, out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 10 && f[0] == "gorgo-e2e" && f[2] != "0" {
+			t.Errorf("failed requests: %s", line)
+		}
+	}
+}
+
 func TestServeBadInput(t *testing.T) {
 	cases := []struct {
 		args []string
@@ -310,6 +332,9 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"serve", "--config", "/nonexistent.yaml"}, "reading config"},
 		{[]string{"demo", "--speedup", "0"}, "--speedup"},
 		{[]string{"demo", "--policy", "fastest"}, `unknown policy "fastest"`},
+		{[]string{"demo", "--topology", "nowhere"}, `--topology: unknown topology "nowhere"`},
+		{[]string{"demo", "--mesh", "--models", "a:1"}, "--mesh runs its own fleet"},
+		{[]string{"demo", "--topology", "../../examples/topologies/two-models.yaml", "--models", "model-a:1,model-c:1"}, `no replica of the topology serves "model-c"`},
 	}
 	for _, c := range cases {
 		code, _, errs := gorgo(t, c.args...)

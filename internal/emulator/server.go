@@ -182,6 +182,14 @@ func New(cfg Config) (*Server, error) {
 // Handler is the replica's HTTP API.
 func (s *Server) Handler() http.Handler { return s.mux }
 
+// Gauges is the engine model's gauges and counters now (its queue, cache
+// and adapter counts), as a harness reads them beside the replica's
+// /metrics.
+func (s *Server) Gauges() engine.Gauges {
+	g, _ := s.drv.gauges()
+	return g
+}
+
 // Run drives the model until ctx ends (nil) or the exit fault fires.
 func (s *Server) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)

@@ -132,6 +132,8 @@ func TestCanarySplit(t *testing.T) {
 	if got := share(all); math.Abs(got-0.10) > 0.02 {
 		t.Errorf("the canary got %.3f of 10,000 requests, want 0.10 ± 0.02 (%.3f without sessions, %.3f with)", got, share(noSession), share(sessions))
 	}
+	t.Logf("90/10: the canary got %.2f%% of 10,000 requests (%.2f%% of 5,000 without a session, %.2f%% of 5,000 in 500 sessions)",
+		100*share(all), 100*share(noSession), 100*share(sessions))
 	first := map[string]string{}
 	sticky(sessions, first)
 	if old.Served()+new.Served() != 10_000 {
@@ -150,6 +152,8 @@ func TestCanarySplit(t *testing.T) {
 		t.Errorf("after the reload the canary got %.3f, want 0.50", got)
 	}
 	newSessions := send(4000, 1000, "t")
+	t.Logf("reloaded to 50/50: the canary got %.2f%% of 2,000 requests without a session, %.2f%% of 4,000 in 1,000 new sessions; the old sessions stayed",
+		100*share(fresh), 100*share(newSessions))
 	if got := share(newSessions); math.Abs(got-0.5) > 0.1 {
 		t.Errorf("after the reload new sessions' canary share is %.3f, want about 0.50", got)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -129,6 +130,14 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 // the workload through it, tears everything down and returns the run with
 // its times scaled back to real time.
 func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Replica, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
+	// A replica whose topology names no models serves every model the
+	// workload names.
+	var anyModel []string
+	for _, q := range reqs {
+		if q.Model != "" && !slices.Contains(anyModel, q.Model) {
+			anyModel = append(anyModel, q.Model)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var cfg serve.Config
@@ -141,9 +150,11 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 	}()
 	for k, r := range reps {
 		ec := emulator.Config{Profile: r.Profile, Speedup: speedup, Seed: seed}
-		if r.Models != nil { // else it serves any model, as in the simulator
+		if r.Models != nil {
 			ec.ServedNames, ec.LoRAModules = r.Models.Bases(), r.Models.Adapters()
 			ec.MaxLoRAs, ec.LoRALoadTime = r.MaxLoRAs, r.LoRALoadTime
+		} else {
+			ec.ServedNames = anyModel // it serves any model, as in the simulator
 		}
 		em, err := emulator.New(ec)
 		if err != nil {

@@ -213,6 +213,15 @@ func (r *Resolver) IsAlias(name string) bool {
 // Resolve returns the served name a request for name from session goes to
 // ("" for none), and whether name is an alias.
 func (r *Resolver) Resolve(name, session string) (string, bool) {
+	return r.resolve(name, session, false)
+}
+
+// Peek returns what Resolve would, changing nothing (a dry run).
+func (r *Resolver) Peek(name, session string) (string, bool) {
+	return r.resolve(name, session, true)
+}
+
+func (r *Resolver) resolve(name, session string, dry bool) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s, ok := r.aliases[name]
@@ -220,12 +229,17 @@ func (r *Resolver) Resolve(name, session string) (string, bool) {
 		return name, false
 	}
 	if session == "" {
+		if dry {
+			c := *s
+			c.current = slices.Clone(s.current)
+			s = &c
+		}
 		return s.next(), true
 	}
 	k := sessionKey{name, session}
 	t, ok := r.cur[k]
 	if !ok {
-		if t, ok = r.old[k]; ok {
+		if t, ok = r.old[k]; ok && !dry {
 			r.remember(k, t)
 		}
 	}
@@ -233,32 +247,10 @@ func (r *Resolver) Resolve(name, session string) (string, bool) {
 		return t, true
 	}
 	t = s.rendezvous(session)
-	r.remember(k, t)
+	if !dry {
+		r.remember(k, t)
+	}
 	return t, true
-}
-
-// Peek returns what Resolve would, changing nothing (a dry run).
-func (r *Resolver) Peek(name, session string) (string, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s, ok := r.aliases[name]
-	if !ok {
-		return name, false
-	}
-	if session == "" {
-		c := *s
-		c.current = slices.Clone(s.current)
-		return c.next(), true
-	}
-	k := sessionKey{name, session}
-	t, ok := r.cur[k]
-	if !ok {
-		t, ok = r.old[k]
-	}
-	if ok && s.weight(t) > 0 {
-		return t, true
-	}
-	return s.rendezvous(session), true
 }
 
 func (r *Resolver) remember(k sessionKey, t string) {

@@ -223,22 +223,6 @@ func TestDecideWithAdaptersDoesNotAllocate(t *testing.T) {
 			t.Fatal(err)
 		}
 		r.Finish(&tk)
-		if n := testing.AllocsPerRun(100, func() {
-			if _, err := r.Decide(0, req, rng); err != nil {
-				t.Fatal(err)
-			}
-		}); n != 0 {
-			t.Errorf("%s: %v allocations per decision", model, n)
-		}
-		fb := make([]Candidate, 0, 1)
-		if n := testing.AllocsPerRun(100, func() {
-			tk, _, err := r.Dispatch(0, req, rng, fb)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.Finish(&tk)
-		}); n != 0 {
-			t.Errorf("%s: %v allocations per dispatch", model, n)
-		}
+		checkNoAllocs(t, model, r, req, rng, 1)
 	}
 }

@@ -1,23 +1,32 @@
-// Package admit decides what a router does with a request it cannot serve
-// within its TTFT SLO: hold it in a bounded router-side queue until the
-// fleet can, or refuse it at once (HTTP 429 with Retry-After), instead of
-// letting it wait in an engine's queue for minutes. Like the router, it
-// reads no clock: times are arguments, so the simulator and the proxy
-// share it.
+// Package admit is the router's flow control: what it does with a request
+// the fleet cannot take now. Like the router, it reads no clock: times are
+// arguments, so the simulator and the proxy share it.
 //
-// The rule: a request whose best predicted TTFT (the router's, see
-// router.Predict) is within the SLO goes now. Otherwise, in ModeReject it
-// is refused; in ModeQueue it waits, and each time the fleet's state
-// changes the queue is released in order of predicted TTFT, least first
-// (the work most likely to meet its SLO goes first), as long as the
-// request at the head can still meet its deadline (arrival + SLO). A
-// request that could not meet it even on an idle replica (its floor: round
-// trip plus its own prefill) is refused, and so is one that finds the
-// queue full.
+// A request goes at once when the fleet can serve it within its TTFT SLO
+// (its own, or the gate's): its best predicted TTFT (the router's, see
+// router.Predict) is within the SLO, and, when Config.Saturation is set,
+// the predicted queue wait at that replica (the prediction minus its
+// floor, round trip plus its own prefill) is within Saturation: the
+// engines hold no more than that much queued work, whatever the SLOs. A
+// fleet that cannot take a request is saturated for it; the request then
+// waits in a bounded router-side queue, or is refused at once (HTTP 429
+// with Retry-After): in ModeReject, when it could not meet its SLO even on
+// an idle replica, when it is sheddable (priority below 0), or when the
+// queue is full of requests of its priority or above (a full queue makes
+// room by refusing its lowest-priority, latest arrival).
+//
+// The queue is flow control's: bands by priority, strict (a band is
+// released only when every band above it is empty, and a request does
+// not go ahead of waiting requests of its priority or above); within a
+// band, tenants share by weighted deficit round robin counted in tokens
+// (a tenant of weight w may send w × Quantum tokens a round); within a
+// tenant, earliest deadline (arrival + SLO) first. Each time the fleet
+// changes (Release), the heads are dispatched in that order while the
+// fleet can take them; a request that can no longer meet its deadline
+// even on an idle replica leaves with a refusal.
 package admit
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -35,15 +44,31 @@ const (
 	ModeReject Mode = "reject"
 )
 
-// Config configures admission. The zero SLO turns admission off.
+// Config configures flow control. The zero SLO turns it off for requests
+// that bring no SLO of their own.
 type Config struct {
-	// SLO is the TTFT a request should get, from its arrival at the router.
+	// SLO is the TTFT a request should get, from its arrival at the
+	// router, unless its Class gives its own.
 	SLO time.Duration
 	// Mode is ModeQueue (the default) or ModeReject.
 	Mode Mode
 	// MaxQueue bounds the queue (default 1024 requests).
 	MaxQueue int
+	// Saturation, when positive, is the predicted queue wait past which
+	// the fleet takes no more requests: they wait in the router-side queue
+	// in priority order, even those that would meet their SLO. Zero: the
+	// fleet is saturated for a request only when it would miss its SLO.
+	Saturation time.Duration
+	// Weights are the tenants' weights in fair shares (default 1; at
+	// least MinWeight).
+	Weights map[string]float64
+	// Quantum is the tokens a tenant of weight 1 may send per round
+	// (default 4096).
+	Quantum int
 }
+
+// MinWeight is the least weight a tenant can have.
+const MinWeight = 0.01
 
 // Validate reports a config that cannot work, and fills the defaults.
 func (c *Config) Validate() error {
@@ -61,6 +86,20 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxQueue < 0 {
 		return fmt.Errorf("admission: max_queue must be positive, got %d", c.MaxQueue)
+	}
+	if c.Saturation < 0 {
+		return fmt.Errorf("admission: saturation must not be negative, got %v", c.Saturation)
+	}
+	for name, w := range c.Weights {
+		if !(w >= MinWeight) || math.IsInf(w, 0) {
+			return fmt.Errorf("admission: tenant %s's weight must be a finite number of at least %v, got %v", name, MinWeight, w)
+		}
+	}
+	if c.Quantum == 0 {
+		c.Quantum = 4096
+	}
+	if c.Quantum < 0 {
+		return fmt.Errorf("admission: quantum must be positive, got %d", c.Quantum)
 	}
 	return nil
 }
@@ -82,8 +121,27 @@ const (
 	Go Verdict = iota
 	// Hold: the request is in the queue.
 	Hold
-	// Reject: refuse it (429).
+	// Reject: refuse it (429), for a Reason.
 	Reject
+)
+
+// Reason says why a request was refused.
+type Reason string
+
+const (
+	// ReasonSLO: it is predicted to miss its SLO (ModeReject), or would
+	// miss it even on an idle replica.
+	ReasonSLO Reason = "slo"
+	// ReasonExpired: it waited in the queue and can no longer meet its
+	// SLO.
+	ReasonExpired Reason = "expired"
+	// ReasonShed: it is sheddable and the fleet is saturated.
+	ReasonShed Reason = "shed"
+	// ReasonFull: the queue is full of requests of its priority or above.
+	ReasonFull Reason = "queue_full"
+	// ReasonEvicted: it waited and was pushed out of a full queue by a
+	// request of a higher priority.
+	ReasonEvicted Reason = "evicted"
 )
 
 // Prediction is the router's forecast of a request's TTFT now: Best on the
@@ -93,23 +151,27 @@ type Prediction struct {
 	Best, Floor time.Duration
 }
 
-// Gate is admission for one router. It is not safe for concurrent use.
+// Class is what flow control knows of a request besides its prediction.
+type Class struct {
+	// Tenant is whose request it is: the fairness id within a band.
+	Tenant string
+	// Priority orders the bands, higher first; below 0 the request is
+	// sheddable.
+	Priority int
+	// Tokens is what the request costs in its tenant's fair share: its
+	// prompt and expected completion tokens (at least 1 is counted).
+	Tokens int
+	// SLO is its own TTFT SLO (0: the gate's).
+	SLO time.Duration
+}
+
+// Gate is flow control for one router. It is not safe for concurrent use.
 type Gate[T any] struct {
 	cfg   Config
-	queue []held[T] // in order of arrival
-	cand  []cand    // Release's scratch
-}
-
-type held[T any] struct {
-	v        T
-	deadline time.Duration
-	sent     bool
-}
-
-// cand is a queued request that can meet its deadline now.
-type cand struct {
-	at   int
-	best time.Duration
+	n     int        // requests waiting
+	bands []*band[T] // highest priority first; none empty
+	seq   uint64     // arrivals, to order equal deadlines
+	pass  uint64     // Release calls, to mark tenants blocked in one
 }
 
 // New returns a gate; cfg must have passed Validate.
@@ -119,99 +181,224 @@ func New[T any](cfg Config) *Gate[T] { return &Gate[T]{cfg: cfg} }
 func (g *Gate[T]) Config() Config { return g.cfg }
 
 // Len returns how many requests wait.
-func (g *Gate[T]) Len() int { return len(g.queue) }
+func (g *Gate[T]) Len() int { return g.n }
 
-// Arrive decides for request v arriving at now with prediction p: Go
-// when it is predicted to meet its SLO, else Hold (v is queued) or Reject.
-// A request that can meet its SLO goes ahead of those waiting, which could
-// not meet theirs now: the queue's order is least predicted TTFT first.
-func (g *Gate[T]) Arrive(v T, now time.Duration, p Prediction) Verdict {
-	switch {
-	case g.cfg.SLO <= 0 || p.Best <= g.cfg.SLO:
-		return Go
-	case g.cfg.Mode == ModeReject || p.Floor > g.cfg.SLO || len(g.queue) >= g.cfg.MaxQueue:
-		return Reject
+// slo is a class's SLO.
+func (g *Gate[T]) slo(c Class) time.Duration {
+	if c.SLO > 0 {
+		return c.SLO
 	}
-	g.queue = append(g.queue, held[T]{v: v, deadline: now + g.cfg.SLO})
-	return Hold
+	return g.cfg.SLO
 }
 
-// Release goes through the queue at now: it refuses each request that
-// can no longer meet its deadline even on an idle replica, and dispatches
-// the others that can meet it now, least predicted TTFT first, asking
-// predict again just before each (the dispatches before it changed the
-// fleet's backlog). predict reports false when no replica is available;
-// then nothing is released. Its cost is one prediction per request
-// waiting plus one per request dispatched.
-func (g *Gate[T]) Release(now time.Duration, predict func(T) (Prediction, bool), dispatch, refuse func(T)) {
-	if len(g.queue) == 0 {
+// fits reports whether the fleet can take a request with prediction p and
+// wait left before its deadline.
+func (g *Gate[T]) fits(p Prediction, left time.Duration) bool {
+	return p.Best <= left && (g.cfg.Saturation <= 0 || p.Best-p.Floor <= g.cfg.Saturation)
+}
+
+// Arrive decides for request v of class c arriving at now with prediction
+// p: Go, Hold (v is queued: run Release soon, as requests of its priority
+// or above may wait that could go now too), or Reject with the reason. A
+// request that makes room in a full queue is handed to refuse with
+// ReasonEvicted.
+func (g *Gate[T]) Arrive(v T, c Class, now time.Duration, p Prediction, refuse func(T, Reason)) (Verdict, Reason) {
+	slo := g.slo(c)
+	if slo <= 0 {
+		return Go, ""
+	}
+	fits := g.fits(p, slo)
+	switch {
+	case fits && !g.waitingAtOrAbove(c.Priority):
+		return Go, ""
+	case p.Floor > slo:
+		return Reject, ReasonSLO
+	case !fits && c.Priority < 0:
+		return Reject, ReasonShed
+	case !fits && g.cfg.Mode == ModeReject:
+		return Reject, ReasonSLO
+	}
+	if g.n >= g.cfg.MaxQueue {
+		victim, ok := g.evict(c.Priority)
+		if !ok {
+			return Reject, ReasonFull
+		}
+		refuse(victim, ReasonEvicted)
+	}
+	g.seq++
+	g.bandOf(c.Priority).tenantOf(c.Tenant, g.weight(c.Tenant)).push(held[T]{v: v, deadline: now + slo, floor: p.Floor, cost: max(c.Tokens, 1), seq: g.seq})
+	g.n++
+	return Hold, ""
+}
+
+func (g *Gate[T]) weight(tenant string) float64 {
+	if w, ok := g.cfg.Weights[tenant]; ok {
+		return w
+	}
+	return 1
+}
+
+// Release goes through the queue at now: it refuses each request that can
+// no longer meet its deadline, then dispatches in flow control's order
+// (bands strictly, tenants by deficit round robin, deadlines) as long as
+// the fleet can take them, asking predict just before each (the dispatches
+// before it changed the fleet's backlog). When the fleet cannot take a
+// tenant's head, the next few of its requests are tried (a shorter one may
+// fit), then the tenant waits this time round; so does a tenant whose
+// head no replica can serve (predict reports false), without holding up
+// the others. A band in which the fleet could not take some tenant's
+// requests holds up the bands below it. Its cost is a pass over the
+// queue's deadlines plus a few predictions per tenant and one per request
+// dispatched.
+func (g *Gate[T]) Release(now time.Duration, predict func(T) (Prediction, bool), dispatch func(T), refuse func(T, Reason)) {
+	if g.n == 0 {
 		return
 	}
-	g.cand = g.cand[:0]
-	kept := g.queue[:0]
-	for _, h := range g.queue {
+	g.pass++
+	g.expire(now, refuse)
+	for _, b := range g.bands {
+		if !g.releaseBand(b, now, predict, dispatch, refuse) {
+			break
+		}
+	}
+	g.prune()
+}
+
+// releaseBand releases what it can of one band; it reports false when the
+// fleet could not take one of its tenants' requests (the bands below must
+// wait).
+func (g *Gate[T]) releaseBand(b *band[T], now time.Duration, predict func(T) (Prediction, bool), dispatch func(T), refuse func(T, Reason)) bool {
+	blocked := 0          // tenants passed over this pass: no replica, or the fleet full for them
+	var resume *tenant[T] // the first the fleet could not take: its turn goes on next time
+	for len(b.ring) > blocked {
+		b.next %= len(b.ring)
+		t := b.ring[b.next]
+		if t.blocked == g.pass {
+			b.next++
+			continue
+		}
+		h := t.queue[0]
+		if t.deficit < float64(h.cost) {
+			if resume != nil { // the fleet is full: no new round begins
+				t.blocked = g.pass
+				blocked++
+				b.next++
+				continue
+			}
+			t.deficit += t.weight * float64(g.cfg.Quantum)
+			b.next++
+			continue
+		}
 		p, ok := predict(h.v)
 		switch {
-		case !ok && now > h.deadline:
-			refuse(h.v) // no replica, and too late anyway
-			continue
 		case !ok:
-			kept = append(kept, h) // no replica now: it waits
+			t.blocked = g.pass
+			blocked++
+			b.next++
 			continue
 		case now+p.Floor > h.deadline:
-			refuse(h.v)
-			continue
-		}
-		kept = append(kept, h)
-		if now+p.Best <= h.deadline {
-			g.cand = append(g.cand, cand{at: len(kept) - 1, best: p.Best})
-		}
-	}
-	clear(g.queue[len(kept):])
-	g.queue = kept
-	if len(g.cand) == 0 {
-		return
-	}
-	slices.SortStableFunc(g.cand, func(a, b cand) int { return cmp.Compare(a.best, b.best) })
-	sent := 0
-	for _, c := range g.cand {
-		h := &g.queue[c.at]
-		if p, ok := predict(h.v); ok && now+p.Best <= h.deadline {
+			refuse(h.v, ReasonExpired)
+		case !g.fits(p, h.deadline-now):
+			// The fleet cannot take the head now; perhaps a request
+			// behind it, which needs less.
+			i := g.lookahead(t, now, predict)
+			if i < 0 {
+				t.blocked = g.pass
+				blocked++
+				if resume == nil {
+					resume = t
+				}
+				b.next++
+				continue
+			}
+			h = t.queue[i]
 			dispatch(h.v)
-			h.sent = true
-			sent++
+			t.deficit -= float64(h.cost)
+			t.remove(i)
+			g.n--
+			if len(t.queue) == 0 {
+				b.leave(b.next)
+			}
+			continue
+		default:
+			dispatch(h.v)
+			t.deficit -= float64(h.cost)
+		}
+		t.pop()
+		g.n--
+		if len(t.queue) == 0 {
+			b.leave(b.next)
 		}
 	}
-	if sent > 0 {
-		kept := g.queue[:0]
-		for _, h := range g.queue {
-			if !h.sent {
+	if resume == nil {
+		return true
+	}
+	b.next = slices.Index(b.ring, resume)
+	return false
+}
+
+// lookahead is how many requests behind a tenant's head Release tries
+// when the head cannot go.
+const lookahead = 8
+
+// lookahead returns the index of the first of the tenant's requests after
+// its head that the fleet can take now, or -1.
+func (g *Gate[T]) lookahead(t *tenant[T], now time.Duration, predict func(T) (Prediction, bool)) int {
+	for i := 1; i < min(len(t.queue), 1+lookahead); i++ {
+		h := t.queue[i]
+		if p, ok := predict(h.v); ok && g.fits(p, h.deadline-now) {
+			return i
+		}
+	}
+	return -1
+}
+
+// expire refuses every waiting request that can no longer meet its
+// deadline even on an idle replica, by the floor it was predicted at its
+// arrival (round trip and its own prefill change little meanwhile).
+func (g *Gate[T]) expire(now time.Duration, refuse func(T, Reason)) {
+	for _, b := range g.bands {
+		for k := 0; k < len(b.ring); {
+			t := b.ring[k]
+			kept := t.queue[:0]
+			for _, h := range t.queue {
+				if now+h.floor > h.deadline {
+					refuse(h.v, ReasonExpired)
+					g.n--
+					continue
+				}
 				kept = append(kept, h)
 			}
+			clear(t.queue[len(kept):])
+			t.queue = kept
+			if len(t.queue) == 0 {
+				b.leave(k)
+				continue
+			}
+			k++
 		}
-		clear(g.queue[len(kept):])
-		g.queue = kept
 	}
 }
 
 // Drop removes v from the queue (its client went away); eq tells requests
 // apart. It reports whether v was queued.
 func (g *Gate[T]) Drop(eq func(T) bool) bool {
-	for k := range g.queue {
-		if eq(g.queue[k].v) {
-			g.remove(k)
-			return true
+	for _, b := range g.bands {
+		for k, t := range b.ring {
+			for i, h := range t.queue {
+				if eq(h.v) {
+					t.remove(i)
+					g.n--
+					if len(t.queue) == 0 {
+						b.leave(k)
+					}
+					g.prune()
+					return true
+				}
+			}
 		}
 	}
 	return false
-}
-
-// remove deletes queue[k], keeping the order of arrival of the rest.
-func (g *Gate[T]) remove(k int) {
-	copy(g.queue[k:], g.queue[k+1:])
-	var zero held[T]
-	g.queue[len(g.queue)-1] = zero
-	g.queue = g.queue[:len(g.queue)-1]
 }
 
 // RetryAfter is how long a refused client should wait before trying again:
@@ -224,9 +411,12 @@ func RetryAfter(p Prediction, slo time.Duration) int {
 
 // Flush refuses every queued request (the router is shutting down).
 func (g *Gate[T]) Flush(refuse func(T)) {
-	for _, h := range g.queue {
-		refuse(h.v)
+	for _, b := range g.bands {
+		for _, t := range b.ring {
+			for _, h := range t.queue {
+				refuse(h.v)
+			}
+		}
 	}
-	clear(g.queue)
-	g.queue = g.queue[:0]
+	g.bands, g.n = nil, 0
 }

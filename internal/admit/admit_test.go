@@ -16,38 +16,47 @@ func gate(t *testing.T, c Config) *Gate[int] {
 	return New[int](c)
 }
 
+// arrive is a request of the default class.
+func arrive(g *Gate[int], v int, now time.Duration, p Prediction) Verdict {
+	verdict, _ := g.Arrive(v, Class{}, now, p, func(int, Reason) {})
+	return verdict
+}
+
 func TestArrive(t *testing.T) {
 	g := gate(t, Config{SLO: 1000 * ms, MaxQueue: 2})
-	if v := g.Arrive(1, 0, Prediction{Best: 900 * ms, Floor: 100 * ms}); v != Go {
+	if v := arrive(g, 1, 0, Prediction{Best: 900 * ms, Floor: 100 * ms}); v != Go {
 		t.Errorf("within the SLO: %v", v)
 	}
-	if v := g.Arrive(2, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms}); v != Hold {
+	if v := arrive(g, 2, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms}); v != Hold {
 		t.Errorf("over the SLO: %v", v)
 	}
-	if v := g.Arrive(3, 0, Prediction{Best: 3000 * ms, Floor: 1200 * ms}); v != Reject {
+	if v := arrive(g, 3, 0, Prediction{Best: 3000 * ms, Floor: 1200 * ms}); v != Reject {
 		t.Errorf("cannot make it even on an idle replica: %v", v)
 	}
-	g.Arrive(4, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms})
-	if v := g.Arrive(5, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms}); v != Reject || g.Len() != 2 {
+	arrive(g, 4, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms})
+	if v := arrive(g, 5, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms}); v != Reject || g.Len() != 2 {
 		t.Errorf("queue full: %v, %d waiting", v, g.Len())
 	}
-	// A request that can make it goes ahead of those waiting.
-	if v := g.Arrive(6, 0, Prediction{Best: 10 * ms, Floor: 10 * ms}); v != Go {
+	// A request that could make it does not jump the queue of its band:
+	// it waits for the Release that follows.
+	g = gate(t, Config{SLO: 1000 * ms})
+	arrive(g, 1, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms})
+	if v := arrive(g, 2, 0, Prediction{Best: 10 * ms, Floor: 10 * ms}); v != Hold {
 		t.Errorf("can make it with others waiting: %v", v)
 	}
 	r := gate(t, Config{SLO: 1000 * ms, Mode: ModeReject})
-	if v := r.Arrive(1, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms}); v != Reject || r.Len() != 0 {
+	if v := arrive(r, 1, 0, Prediction{Best: 3000 * ms, Floor: 100 * ms}); v != Reject || r.Len() != 0 {
 		t.Errorf("reject mode: %v", v)
 	}
 	off := gate(t, Config{})
-	if v := off.Arrive(1, 0, Prediction{Best: time.Hour}); v != Go {
+	if v := arrive(off, 1, 0, Prediction{Best: time.Hour}); v != Go {
 		t.Errorf("no SLO: %v", v)
 	}
 }
 
-// Release dispatches the requests that can meet their deadline, least
-// predicted TTFT first, predicting again after each dispatch, and refuses
-// those that no longer can.
+// Release dispatches the requests that can meet their deadline, earliest
+// deadline first, predicting again after each dispatch, and refuses those
+// that no longer can.
 func TestRelease(t *testing.T) {
 	g := gate(t, Config{SLO: 1000 * ms})
 	// Each request's own prefill (ms) and the shared backlog ahead.
@@ -58,27 +67,27 @@ func TestRelease(t *testing.T) {
 	}
 	for _, v := range []int{1, 2, 3, 4} {
 		p, _ := predict(v)
-		if g.Arrive(v, 0, p) != Hold {
+		if arrive(g, v, 0, p) != Hold {
 			t.Fatalf("%d not held", v)
 		}
 	}
 	var sent, refused []int
 	dispatch := func(v int) { sent = append(sent, v); backlog += own[v] }
-	refuse := func(v int) { refused = append(refused, v) }
+	refuse := func(v int, _ Reason) { refused = append(refused, v) }
 	g.Release(150*ms, predict, dispatch, refuse) // 4 needs 900 ms of the 850 left
 	if len(sent) != 0 || !slices.Equal(refused, []int{4}) {
 		t.Fatalf("backlog still high: sent %v, refused %v", sent, refused)
 	}
 	// The backlog drains: at 300 ms, 700 ms are left to each deadline.
-	// 2 (100 + 0) goes, then 3 (200 + 100), then 1 would need 300 + 300 = 600: goes.
+	// 1 (300 + 0) goes, then 2 (100 + 300), then 3 (200 + 400).
 	backlog = 0
 	g.Release(300*ms, predict, dispatch, refuse)
-	if !slices.Equal(sent, []int{2, 3, 1}) || g.Len() != 0 {
+	if !slices.Equal(sent, []int{1, 2, 3}) || g.Len() != 0 {
 		t.Errorf("released %v, %d left", sent, g.Len())
 	}
 	// The second one can no longer make it once the first is sent.
-	g.Arrive(5, 0, Prediction{Best: 2000 * ms, Floor: 10 * ms})
-	g.Arrive(6, 0, Prediction{Best: 2000 * ms, Floor: 10 * ms})
+	arrive(g, 5, 0, Prediction{Best: 2000 * ms, Floor: 10 * ms})
+	arrive(g, 6, 0, Prediction{Best: 2000 * ms, Floor: 10 * ms})
 	own[5], own[6] = 400*ms, 550*ms
 	sent, backlog = nil, 0
 	g.Release(100*ms, predict, dispatch, refuse)
@@ -117,16 +126,16 @@ func TestConfigAndRetryAfter(t *testing.T) {
 // (found in review: it stayed queued for ever, holding a queue slot).
 func TestNoReplicaStillExpires(t *testing.T) {
 	g := gate(t, Config{SLO: time.Second})
-	if g.Arrive(1, 0, Prediction{Best: 2 * time.Second, Floor: 100 * ms}) != Hold {
+	if arrive(g, 1, 0, Prediction{Best: 2 * time.Second, Floor: 100 * ms}) != Hold {
 		t.Fatal("not held")
 	}
 	none := func(int) (Prediction, bool) { return Prediction{}, false }
 	refused := 0
-	g.Release(500*ms, none, func(int) {}, func(int) { refused++ })
+	g.Release(500*ms, none, func(int) {}, func(int, Reason) { refused++ })
 	if refused != 0 || g.Len() != 1 {
 		t.Fatalf("refused before its deadline: %d, %d left", refused, g.Len())
 	}
-	g.Release(1001*ms, none, func(int) {}, func(int) { refused++ })
+	g.Release(1001*ms, none, func(int) {}, func(int, Reason) { refused++ })
 	if refused != 1 || g.Len() != 0 {
 		t.Errorf("past its deadline: %d refused, %d left", refused, g.Len())
 	}

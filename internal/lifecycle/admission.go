@@ -86,11 +86,14 @@ func (c *Core) release() {
 			r.ready = true
 			r.held <- verdict{ok: true}
 		},
-		func(r *Request) {
-			c.cfg.Metrics.admitted("expired")
-			r.held <- verdict{err: c.sloError(admit.Prediction{}, "the request waited in the admission queue and can no longer meet")}
-		})
+		c.refuseHeld)
 	c.cfg.Metrics.queued(a.gate.Len())
+}
+
+// refuseHeld answers a held request refused by flow control.
+func (c *Core) refuseHeld(r *Request, why admit.Reason) {
+	c.cfg.Metrics.admitted(string(why))
+	r.held <- verdict{err: c.sloError(admit.Prediction{}, "the request waited in the admission queue and can no longer meet")}
 }
 
 func (c *Core) predict(now time.Duration, r *Request) (admit.Prediction, bool) {
@@ -123,7 +126,7 @@ func (r *Request) admit(ctx context.Context) (*wire.Error, error) {
 		return nil, nil // no replica: Next says so
 	}
 	a.mu.Lock()
-	switch a.gate.Arrive(r, now, p) {
+	switch v, _ := a.gate.Arrive(r, r.class, now, p, c.refuseHeld); v {
 	case admit.Go:
 		a.mu.Unlock()
 		c.cfg.Metrics.admitted("go")
@@ -143,6 +146,7 @@ func (r *Request) admit(ctx context.Context) (*wire.Error, error) {
 	}
 	c.cfg.Metrics.queued(a.gate.Len())
 	a.mu.Unlock()
+	c.kickAdmission() // requests of its band wait: it goes when it may
 	c.cfg.Metrics.admitted("held")
 	select {
 	case v := <-r.held:

@@ -164,6 +164,9 @@ type Request struct {
 	HideUsage bool
 	// Received is when the request arrived.
 	Received time.Time
+	// class is what flow control knows of it: tenant, priority, tokens,
+	// SLO.
+	class admit.Class
 
 	ticket    router.Ticket
 	active    bool               // ticket is in a replica's ledger

@@ -38,6 +38,10 @@ type Record struct {
 	Status int `json:"status,omitempty"`
 	// Model is the model the request named ("" for none).
 	Model string `json:"model,omitempty"`
+	// Tenant and Priority are whose request it was and the priority it
+	// asked for ("" for none).
+	Tenant   string `json:"tenant,omitempty"`
+	Priority string `json:"priority,omitempty"`
 }
 
 // Run summarises one policy's run over a workload.

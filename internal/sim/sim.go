@@ -270,6 +270,13 @@ func Run(cfg Config) (*Result, error) {
 	if cfg.MaxInflight < 0 {
 		return nil, errors.New("sim: max in flight must not be negative")
 	}
+	for i := range cfg.Requests {
+		if p := cfg.Requests[i].Priority; p != "" {
+			if _, err := admit.ParsePriority(p); err != nil {
+				return nil, fmt.Errorf("sim: request %d: %w", i, err)
+			}
+		}
+	}
 	sig := cfg.Signals
 	if sig.ProbeInterval == 0 {
 		sig.ProbeInterval = DefaultInterval
@@ -526,13 +533,14 @@ func (s *simulator) arrive(now time.Duration, i int) {
 		s.dispatch(now, i) // no replica: dispatch fails it
 		return
 	}
-	switch s.gate.Arrive(int32(i), now, p) {
+	switch v, why := s.gate.Arrive(int32(i), s.class(i), now, p, s.refuse); v {
 	case admit.Go:
 		s.dispatch(now, i)
 	case admit.Reject:
-		s.refuse(int32(i))
+		s.refuse(int32(i), why)
 	case admit.Hold:
-		s.schedule(now)
+		// Requests of its priority or above wait: it goes in their order.
+		s.release(now)
 	}
 }
 
@@ -552,10 +560,21 @@ func (s *simulator) predict(i int32) (admit.Prediction, bool) {
 	return admit.Prediction{Best: best, Floor: floor}, err == nil
 }
 
+// class is what flow control knows of request i: its tenant and priority
+// (standard when the trace gives none), and its prompt and output tokens.
+func (s *simulator) class(i int) admit.Class {
+	tr := &s.cfg.Requests[i]
+	p := admit.Standard
+	if tr.Priority != "" {
+		p, _ = admit.ParsePriority(tr.Priority) // checked in New
+	}
+	return admit.Class{Tenant: tr.Tenant, Priority: p, Tokens: tr.InputTokens + tr.OutputTokens}
+}
+
 // refuse fails request i as admission's 429.
-func (s *simulator) refuse(i int32) {
+func (s *simulator) refuse(i int32, why admit.Reason) {
 	st := &s.reqs[i]
-	st.replica, st.failed, st.rejected, st.err = -1, true, true, "rejected: predicted to miss the TTFT SLO"
+	st.replica, st.failed, st.rejected, st.err = -1, true, true, "rejected by flow control: "+string(why)
 	s.push(event{t: s.now, kind: evBack, req: i})
 }
 
@@ -741,6 +760,8 @@ func (s *simulator) result() *Result {
 			Rejected:     st.rejected,
 			Error:        st.err,
 			Model:        tr.Model,
+			Tenant:       tr.Tenant,
+			Priority:     tr.Priority,
 		}
 		if st.replica >= 0 {
 			rec.Replica = ids[st.replica]

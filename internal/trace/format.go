@@ -114,6 +114,8 @@ type record struct {
 	Turn         *int        `json:"turn,omitempty"`
 	UserID       string      `json:"user_id,omitempty"`
 	Model        string      `json:"model,omitempty"`
+	Tenant       string      `json:"tenant,omitempty"`
+	Priority     string      `json:"priority,omitempty"`
 	InputLength  *int        `json:"input_length"`
 	OutputLength *int        `json:"output_length"`
 	HashIDs      []uint64    `json:"hash_ids"`
@@ -158,6 +160,7 @@ func (rec *record) request(f Format) (Request, error) {
 		}
 		r.User = rec.UserID
 		r.Model = rec.Model
+		r.Tenant, r.Priority = rec.Tenant, rec.Priority
 		if len(rec.Messages) > 0 {
 			r.Messages = rec.Messages
 		}
@@ -179,6 +182,11 @@ func validate(r *Request) error {
 	}
 	if r.OutputTokens < 0 {
 		return fmt.Errorf("output_length must be non-negative, got %d", r.OutputTokens)
+	}
+	if r.Tenant != "" || r.Priority != "" {
+		if err := checkTenant(r.Tenant, r.Priority); err != nil {
+			return err
+		}
 	}
 	if want := BlockCount(r.InputTokens); len(r.HashIDs) != want {
 		return fmt.Errorf("len(hash_ids)=%d does not match input_length %d (want ceil(%d/%d)=%d)",
@@ -271,6 +279,8 @@ func Write(w io.Writer, reqs []Request) error {
 			SessionID: &r.Session,
 			UserID:    r.User,
 			Model:     r.Model,
+			Tenant:    r.Tenant,
+			Priority:  r.Priority,
 			HashIDs:   r.HashIDs,
 			Messages:  r.Messages,
 		}

@@ -78,19 +78,32 @@ func FormatModelWeights(ws []ModelWeight) string {
 // own, by its index. It replaces the models the requests named. weights
 // must be valid (see ParseModelWeights); with none, it does nothing.
 func AssignModels(reqs []Request, weights []ModelWeight, seed uint64) {
+	ws := make([]float64, len(weights))
+	for i, w := range weights {
+		ws[i] = w.Weight
+	}
+	drawBySession(reqs, ws, seed, func(r *Request, k int) { r.Model = weights[k].Name })
+}
+
+// drawBySession draws an index into weights for every request of reqs and
+// hands it to set: one draw per session, depending only on the seed and
+// the session's name; a request without a session draws its own, by its
+// index. weights are non-negative, not all zero; with none it does
+// nothing.
+func drawBySession(reqs []Request, weights []float64, seed uint64, set func(*Request, int)) {
 	if len(weights) == 0 {
 		return
 	}
 	total := 0.0
 	for _, w := range weights {
-		total += w.Weight
+		total += w
 	}
-	bySession := map[string]string{}
+	bySession := map[string]int{}
 	var key []byte
 	for i := range reqs {
 		r := &reqs[i]
-		if m, ok := bySession[r.Session]; ok {
-			r.Model = m
+		if k, ok := bySession[r.Session]; ok {
+			set(r, k)
 			continue
 		}
 		key = strconv.AppendUint(key[:0], seed, 10)
@@ -105,19 +118,19 @@ func AssignModels(reqs []Request, weights []ModelWeight, seed uint64) {
 		u := float64(xxhash.Sum64(key)>>11) / (1 << 53) * total
 		k := len(weights) - 1
 		for j, w := range weights {
-			if u < w.Weight {
+			if u < w {
 				k = j
 				break
 			}
-			u -= w.Weight
+			u -= w
 		}
 		// A zero weight is never drawn, even at the end of the range.
-		for weights[k].Weight == 0 && k > 0 {
+		for weights[k] == 0 && k > 0 {
 			k--
 		}
-		r.Model = weights[k].Name
+		set(r, k)
 		if r.Session != "" {
-			bySession[r.Session] = r.Model
+			bySession[r.Session] = k
 		}
 	}
 }

@@ -174,3 +174,46 @@ func TestStatsModels(t *testing.T) {
 		t.Errorf("WriteText =\n%s\nwant it to end with\n%s", b.String(), tail)
 	}
 }
+
+func TestTenants(t *testing.T) {
+	mix, err := ParseTenants("chat:interactive:0.7, batch:batch:0.3")
+	if err != nil || FormatTenants(mix) != "chat:interactive:0.7,batch:batch:0.3" {
+		t.Fatalf("%v %v", mix, err)
+	}
+	for _, bad := range []string{"", "chat:urgent:1", "a:batch:-1", "a::1,a::2", "a b:batch:1", "a:batch:1:2", "a:batch:0"} {
+		if _, err := ParseTenants(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	reqs, err := Generate(GenConfig{Preset: "artchat", Duration: 10 * time.Minute, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	AssignTenants(reqs, mix, 1)
+	bySession, n := map[string]string{}, map[string]int{}
+	for _, r := range reqs {
+		if s, ok := bySession[r.Session]; ok && s != r.Tenant {
+			t.Fatalf("session %s has two tenants", r.Session)
+		}
+		bySession[r.Session] = r.Tenant
+		n[r.Tenant]++
+		if (r.Tenant == "chat") != (r.Priority == "interactive") {
+			t.Fatalf("%+v", r)
+		}
+	}
+	if share := float64(n["chat"]) / float64(len(reqs)); share < 0.6 || share > 0.8 {
+		t.Errorf("chat has %.2f of the requests, want about 0.7", share)
+	}
+	if solo := Tenant(reqs, "batch"); len(solo) != n["batch"] {
+		t.Errorf("Tenant: %d, want %d", len(solo), n["batch"])
+	}
+	// Written and read back, the tenants stay.
+	var buf bytes.Buffer
+	if err := Write(&buf, reqs[:5]); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Read(&buf, "t", FormatGorgo)
+	if err != nil || back[0].Tenant != reqs[0].Tenant || back[0].Priority != reqs[0].Priority {
+		t.Errorf("read back %+v, %v", back[0], err)
+	}
+}

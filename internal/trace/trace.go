@@ -72,6 +72,10 @@ type Request struct {
 	// adapter, as a client would put it in its body's "model"). Empty: it
 	// names none, and any replica may serve it.
 	Model string
+	// Tenant is whose request it is, and Priority the priority it asks
+	// for (a name or an integer, see admit.ParsePriority). Empty: the
+	// default tenant, and the tenant's default priority.
+	Tenant, Priority string
 }
 
 // Message is one chat message of a prompt.

@@ -1,0 +1,119 @@
+package trace
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+)
+
+// TenantShare is a tenant, the priority its requests ask for, and its
+// share of the sessions in a mix of tenants (see AssignTenants).
+type TenantShare struct {
+	Name     string
+	Priority string
+	Share    float64
+}
+
+// MaxTenantName bounds a tenant's name.
+const MaxTenantName = 64
+
+// checkTenant says why a tenant's name or priority cannot be.
+func checkTenant(name, priority string) error {
+	if len(name) > MaxTenantName || strings.ContainsAny(name, " \t\n,:") {
+		return fmt.Errorf("tenant %q: a name of at most %d bytes, without spaces, commas or colons", name, MaxTenantName)
+	}
+	if priority != "" {
+		if _, err := admit.ParsePriority(priority); err != nil {
+			return fmt.Errorf("tenant %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// ParseTenants reads a mix of tenants, "NAME:PRIORITY:SHARE,...": each
+// tenant with the priority its requests ask for (a name or an integer, see
+// admit.ParsePriority; empty: the tenant's default) and its share of the
+// sessions (relative, non-negative, not all zero; absent: 1).
+func ParseTenants(s string) ([]TenantShare, error) {
+	var out []TenantShare
+	seen := map[string]bool{}
+	total := 0.0
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		f := strings.Split(part, ":")
+		if len(f) > 3 || f[0] == "" {
+			return nil, fmt.Errorf("tenants %q: %q is not NAME:PRIORITY:SHARE", s, part)
+		}
+		ts := TenantShare{Name: f[0], Share: 1}
+		if len(f) > 1 {
+			ts.Priority = f[1]
+		}
+		if len(f) > 2 {
+			w, err := strconv.ParseFloat(f[2], 64)
+			if err != nil || math.IsNaN(w) || math.IsInf(w, 0) || w < 0 {
+				return nil, fmt.Errorf("tenants %q: %s's share must be a finite non-negative number, got %q", s, f[0], f[2])
+			}
+			ts.Share = w
+		}
+		if err := checkTenant(ts.Name, ts.Priority); err != nil {
+			return nil, fmt.Errorf("tenants %q: %w", s, err)
+		}
+		if seen[ts.Name] {
+			return nil, fmt.Errorf("tenants %q: %s listed twice", s, ts.Name)
+		}
+		seen[ts.Name] = true
+		total += ts.Share
+		out = append(out, ts)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("tenants: none given (want NAME:PRIORITY:SHARE,...)")
+	}
+	if !(total > 0) || math.IsInf(total, 0) {
+		return nil, fmt.Errorf("tenants %q: the shares add up to %v, want a positive finite total", s, total)
+	}
+	return out, nil
+}
+
+// FormatTenants writes a mix as ParseTenants reads it.
+func FormatTenants(ts []TenantShare) string {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = t.Name + ":" + t.Priority + ":" + strconv.FormatFloat(t.Share, 'g', -1, 64)
+	}
+	return strings.Join(parts, ",")
+}
+
+// tenantSalt keeps the draw of tenants apart from that of models.
+const tenantSalt = 0x7e4a47
+
+// AssignTenants gives every request of reqs a tenant and priority drawn
+// from the mix, in place, as AssignModels does models: one draw per
+// session, by the seed and the session's name.
+func AssignTenants(reqs []Request, mix []TenantShare, seed uint64) {
+	ws := make([]float64, len(mix))
+	for i, t := range mix {
+		ws[i] = t.Share
+	}
+	drawBySession(reqs, ws, seed^tenantSalt, func(r *Request, k int) {
+		r.Tenant, r.Priority = mix[k].Name, mix[k].Priority
+	})
+}
+
+// Tenant keeps only the requests of the named tenant (a tenant's solo
+// run), in order.
+func Tenant(reqs []Request, name string) []Request {
+	var out []Request
+	for _, r := range reqs {
+		if r.Tenant == name {
+			out = append(out, r)
+		}
+	}
+	return out
+}

@@ -144,6 +144,7 @@ func (r *Request) admit(ctx context.Context) (*wire.Error, error) {
 	if r.held == nil {
 		r.held = make(chan verdict, 1)
 	}
+	r.traceHold()
 	c.cfg.Metrics.queued(a.gate.Len())
 	a.mu.Unlock()
 	c.kickAdmission() // requests of its band wait: it goes when it may

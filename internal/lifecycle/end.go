@@ -33,6 +33,7 @@ func (r *Request) end(o Outcome, at time.Time) int {
 	if routed {
 		r.learn(status, at)
 	}
+	r.traceEnd(status, at, o.Err)
 	r.record(status, at, o.Err)
 	r.release()
 	return status
@@ -132,7 +133,7 @@ func (r *Request) record(status int, at time.Time, err error) {
 		if err != nil {
 			attrs = append(attrs, "error", err.Error())
 		}
-		c.cfg.Log.Info("request", attrs...)
+		c.cfg.Log.Info("request", r.traceLog(attrs...)...)
 	}
 }
 
@@ -140,10 +141,11 @@ func (r *Request) record(status int, at time.Time, err error) {
 // recycles the Request.
 func (r *Request) reject(e *wire.Error) {
 	c := r.core
+	r.traceEnd(e.Status, time.Now(), e)
 	c.cfg.Metrics.ended("", r.modelLabel, e.Status, noTTFT, 0)
 	if c.cfg.Log != nil {
-		c.cfg.Log.Info("request", "replica", "", "status", e.Status, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
-			"attempts", r.attempts, "error", e.Message)
+		c.cfg.Log.Info("request", r.traceLog("replica", "", "status", e.Status, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
+			"attempts", r.attempts, "error", e.Message)...)
 	}
 	r.release()
 }
@@ -152,6 +154,7 @@ func (r *Request) reject(e *wire.Error) {
 // serving it.
 func (r *Request) abandon() {
 	r.free()
+	r.traceEnd(statusClientGone, time.Now(), nil)
 	r.core.cfg.Metrics.ended(r.ticket.ID, r.modelLabel, statusClientGone, noTTFT, 0)
 	r.release()
 }

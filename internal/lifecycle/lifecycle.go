@@ -107,6 +107,7 @@ type Core struct {
 	pool sync.Pool
 	adm  *admission // nil without an SLO
 	ids  atomic.Uint64
+	trc  coreTracer // see tracing.go
 }
 
 // NewCore returns a Core.
@@ -196,6 +197,8 @@ type Request struct {
 	// metrics.
 	rewritten, rewriteBuf []byte
 	modelLabel            string
+
+	tr reqTrace // see tracing.go
 }
 
 // Kind is what a request body is.
@@ -321,6 +324,7 @@ func (r *Request) dispatch(now time.Duration, start time.Time) {
 	c := r.core
 	t, fb, err := c.cfg.Router.Dispatch(now, &r.Route, c.rng, r.fbBuf[:0])
 	c.cfg.Metrics.decisionTime(time.Since(start))
+	r.traceDecision(start, &t, fb, err)
 	if err != nil {
 		r.decideErr = err
 		return
@@ -418,6 +422,7 @@ func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 		if r.first.IsZero() {
 			c := r.core
 			r.first = at
+			r.traceFirstToken(at)
 			c.cfg.Router.FirstToken(&r.ticket, at.Sub(r.sent))
 			c.kickAdmission()
 			if r.attempt != 0 {

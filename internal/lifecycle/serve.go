@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -19,6 +21,9 @@ type Incoming struct {
 	// Allowed, if set, restricts the decision to the replicas it accepts (a
 	// gateway's subset hint).
 	Allowed func(id string) bool
+	// Parent is the client's trace context (a W3C traceparent), read by a
+	// front end when the core traces requests (Core.Tracing).
+	Parent trace.SpanContext
 }
 
 // A FrontEnd is what differs between gorgo's front ends: how an attempt
@@ -70,7 +75,10 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		return e.Status
 	}
 	r.Route.Allowed = in.Allowed
-	if e, gone := r.admit(ctx); gone != nil {
+	r.traceStart(ctx, in.Parent, in.Kind)
+	e, gone := r.admit(ctx)
+	r.traceQueue(e, gone)
+	if gone != nil {
 		r.abandon()
 		return statusClientGone
 	} else if e != nil {
@@ -84,7 +92,9 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 			break
 		}
 		r.sent = time.Now()
+		r.traceAttempt(id)
 		status, aerr := fe.Send(ctx, r, id)
+		r.traceSent(status, aerr)
 		if aerr != nil {
 			if ctx.Err() != nil { // the client left: not the replica's fault
 				r.abandon()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/netem"
@@ -88,6 +89,11 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	for _, r := range reps {
+		if r.Models != nil && len(r.Models.Bases()) > 1 {
+			return fmt.Errorf("--topology: replica %s serves %d base models; an emulated replica serves one (under several names, sharing one cache)", r.ID, len(r.Models.Bases()))
+		}
+	}
 	if err := checkServed(reps, reqs); err != nil {
 		return err
 	}
@@ -153,6 +159,9 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 		if r.Models != nil {
 			ec.ServedNames, ec.LoRAModules = r.Models.Bases(), r.Models.Adapters()
 			ec.MaxLoRAs, ec.LoRALoadTime = r.MaxLoRAs, r.LoRALoadTime
+			if ec.MaxLoRAs == 0 { // the simulator's engine default, not the emulated engine's
+				ec.MaxLoRAs = engine.DefaultMaxLoRAs
+			}
 		} else {
 			ec.ServedNames = anyModel // it serves any model, as in the simulator
 		}

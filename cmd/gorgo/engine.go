@@ -52,7 +52,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, error) {
 	model := fs.String("model", "gorgo-emulated", "served model `NAME` (the primary one with --served-model-name)")
 	servedNames := fs.String("served-model-name", "", "comma-separated `NAMES` the base model is served under, the first the primary one unless --model is given (default: --model)")
 	loraModules := fs.String("lora-modules", "", "comma-separated LoRA `ADAPTERS` on the base model, each NAME or NAME=PATH")
-	maxLoRAs := fs.Int("max-loras", 0, "LoRA adapter slots: adapters resident at once, and in one batch (0: 4)")
+	maxLoRAs := fs.Int("max-loras", 0, "LoRA adapter slots: adapters resident at once, and in one batch (0: the engine's default, 1 for vllm, 8 for sglang)")
 	loraLoad := fs.Duration("lora-load-time", 0, "model time loading an adapter adds to the step that needs it (a Go `DURATION`)")
 	metricsFormat := fs.String("metrics-format", "sglang", "/metrics names: sglang or vllm")
 	rtt := fs.Duration("rtt", 0, "injected round trip (half on the way in, half on the way out)")

@@ -118,7 +118,7 @@ func TestEngineModelFlagErrors(t *testing.T) {
 		{[]string{"--max-loras", "many"}, "invalid value"},
 		{[]string{"--served-model-name", "a,a"}, "given twice"},
 		{[]string{"--served-model-name", "a", "--lora-modules", "a"}, "already served"},
-		{[]string{"--lora-modules", "x="}, "empty path"},
+		{[]string{"--lora-modules", "x="}, "the path must be"},
 	} {
 		var stderr bytes.Buffer
 		f, err := parseEngineFlags(c.args, &stderr)

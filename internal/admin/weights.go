@@ -132,7 +132,8 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	out := map[string]any{"replica": c.ID, "prompt_tokens": req.Route.PromptTokens, "expected_output_tokens": req.Route.ExpectedOutputTokens,
 		"est_cached_tokens": c.EstCachedTokens, "policy": pol.Name(), "scores": scores, "model": req.Route.Model}
 	if c.Adapter != "" {
-		out["adapter"], out["adapter_load_ms"] = c.Adapter, s.fleet.Router().AdapterLoad(c.Adapter)
+		// What the decision priced there: 0 where the adapter is resident.
+		out["adapter"], out["adapter_load_ms"], out["adapter_wait_ms"] = c.Adapter, c.AdapterLoadMS, c.AdapterWaitMS
 	}
 	if best, floor, err := s.fleet.Router().Predict(now, &req.Route); err == nil {
 		out["predicted_ttft_ms"], out["predicted_ttft_idle_ms"] = float64(best.Microseconds())/1000, float64(floor.Microseconds())/1000

@@ -475,8 +475,24 @@ func TestLoRAMetricsOff(t *testing.T) {
 		if status, body := postText(t, url+"/v1/load_lora_adapter", `{"lora_name":"x","lora_path":"/p"}`); status != 200 {
 			t.Fatalf("load: %d %s", status, body)
 		}
-		if _, em := scrape(t, url); !em.LoRAKnown || em.MaxLoRAs != 4 {
+		if _, em := scrape(t, url); !em.LoRAKnown || em.MaxLoRAs != defaultMaxLoRAs[format] {
 			t.Errorf("%s after a load: %+v", format, em)
 		}
+	}
+}
+
+// Adapter names and paths JSON would escape are refused, so the model list
+// stays within what a router reads.
+func TestAdapterNamesArePlain(t *testing.T) {
+	for _, bad := range []string{"a<b", `a"b`, "a\\b", "é", "a&b"} {
+		if err := checkAdapterName(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+		if _, err := New(Config{LoRAModules: []string{"x=" + bad}}); err == nil {
+			t.Errorf("path %q accepted", bad)
+		}
+	}
+	if err := checkAdapterName("sql-lora_v2.1/x"); err != nil {
+		t.Error(err)
 	}
 }

@@ -174,9 +174,15 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	lora := m.s.lora.Load()
+	if lora {
+		// Scrapes at once (a router's, Prometheus') stamp their adapter
+		// states in the order they took them.
+		m.loraMu.Lock()
+	}
 	g, tput, running, waiting := m.s.drv.snapshot(lora)
 	if lora {
 		m.collectLoRA(ch, running, waiting)
+		m.loraMu.Unlock()
 	}
 	kvFrac := 0.0
 	if g.KVCapacityTokens > 0 {
@@ -228,6 +234,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 }
 
 // collectLoRA exposes the adapters of the running and waiting requests.
+// Call it with loraMu held.
 func (m *metrics) collectLoRA(ch chan<- prometheus.Metric, running, waiting []uint64) {
 	if m.format != "vllm" {
 		used, total := float64(len(running)), float64(m.s.drv.eng.MaxLoRAs())
@@ -238,8 +245,6 @@ func (m *metrics) collectLoRA(ch chan<- prometheus.Metric, running, waiting []ui
 	}
 	c := m.s.models.Load()
 	now := loraState{running: strings.Join(c.adapterNames(running), ","), waiting: strings.Join(c.adapterNames(waiting), ",")}
-	m.loraMu.Lock()
-	defer m.loraMu.Unlock()
 	// The value is the time now, later than any before (vLLM's
 	// set_to_current_time), so that the current state is the greatest.
 	now.at = float64(time.Now().UnixNano()) / 1e9

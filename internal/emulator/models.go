@@ -77,7 +77,8 @@ func (c *catalog) lookup(model string) (*adapter, bool) {
 
 // checkAdapterName says why a name cannot be an adapter's: empty, too
 // long, a comma (vLLM's metrics join adapter names with commas) or white
-// space.
+// space, or a character JSON would escape (the model list stays within
+// what a router reads of it: 1,024 names of 256 bytes and paths as long).
 func checkAdapterName(name string) error {
 	switch {
 	case name == "":
@@ -86,8 +87,21 @@ func checkAdapterName(name string) error {
 		return fmt.Errorf("an adapter name of %d bytes, longer than %d", len(name), maxNameBytes)
 	case strings.ContainsAny(name, ", \t\r\n"):
 		return fmt.Errorf("adapter name %q holds a comma or white space", name)
+	case !plain(name):
+		return fmt.Errorf("adapter name %q holds a character other than printable ASCII, or one of \" \\ < > &", name)
 	}
 	return nil
+}
+
+// plain reports whether s is printable ASCII without the characters JSON
+// escapes (" \ < > &).
+func plain(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || strings.IndexByte(`"\<>&`, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // buildCatalog checks and applies the config's names: Model (default the
@@ -126,8 +140,8 @@ func buildCatalog(cfg *Config) (*catalog, error) {
 		if err := checkAdapterName(name); err != nil {
 			return nil, fmt.Errorf("LoRA module %q: %v", m, err)
 		}
-		if hasPath && root == "" {
-			return nil, fmt.Errorf("LoRA module %q: an empty path", m)
+		if hasPath && (root == "" || len(root) > maxNameBytes || !plain(root)) {
+			return nil, fmt.Errorf("LoRA module %q: the path must be 1 to %d bytes of printable ASCII without \" \\ < > &", m, maxNameBytes)
 		}
 		if seen[name] {
 			return nil, fmt.Errorf("LoRA module %q: the name is already served", name)
@@ -234,8 +248,8 @@ func (s *Server) loadAdapter(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "InvalidUserInput", "%v", err)
 		return
 	}
-	if len(lr.Path) > maxNameBytes {
-		writeError(w, http.StatusBadRequest, "InvalidUserInput", "a LoRA path of %d bytes, longer than %d", len(lr.Path), maxNameBytes)
+	if len(lr.Path) > maxNameBytes || !plain(lr.Path) {
+		writeError(w, http.StatusBadRequest, "InvalidUserInput", "a LoRA path must be at most %d bytes of printable ASCII without \" \\ < > &", maxNameBytes)
 		return
 	}
 	s.modelsMu.Lock()

@@ -46,8 +46,9 @@ type Config struct {
 	// 1024 in all.
 	LoRAModules []string
 	// MaxLoRAs is the engine's adapter slots (engine.Config.MaxLoRAs;
-	// default 4). LoRA is on, in /metrics, when it or LoRAModules is
-	// given, or once an adapter is loaded at runtime.
+	// default the engine's own: 1 for vLLM's --max-loras, 8 for SGLang's
+	// --max-loras-per-batch). LoRA is on, in /metrics, when it or
+	// LoRAModules is given, or once an adapter is loaded at runtime.
 	MaxLoRAs int
 	// LoRALoadTime is what loading an adapter adds to the engine step
 	// that needs it, in model time (engine.Config.LoRALoadTime).
@@ -154,6 +155,10 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	loraOn := len(cfg.LoRAModules) > 0 || cfg.MaxLoRAs > 0
+	if cfg.MaxLoRAs == 0 {
+		cfg.MaxLoRAs = defaultMaxLoRAs[cfg.MetricsFormat]
+	}
 	eng, err := engine.New(engine.Config{Profile: cfg.Profile, PageTokens: cfg.PageTokens, MaxWaiting: cfg.MaxWaiting, TokenEvents: true,
 		MaxLoRAs: cfg.MaxLoRAs, LoRALoadTime: cfg.LoRALoadTime})
 	if err != nil {
@@ -168,7 +173,7 @@ func New(cfg Config) (*Server, error) {
 		speedup: cfg.Speedup, slowdown: cfg.Faults.Slowdown,
 	}
 	s.models.Store(cat)
-	s.lora.Store(len(cfg.LoRAModules) > 0 || cfg.MaxLoRAs > 0)
+	s.lora.Store(loraOn)
 	s.drv = newDriver(eng, s.clk)
 	s.drv.spin = cfg.Spin
 	m := newMetrics(s)
@@ -181,6 +186,9 @@ func New(cfg Config) (*Server, error) {
 
 // Handler is the replica's HTTP API.
 func (s *Server) Handler() http.Handler { return s.mux }
+
+// defaultMaxLoRAs are the engines' own default adapter slots.
+var defaultMaxLoRAs = map[string]int{"vllm": 1, "sglang": 8}
 
 // Gauges is the engine model's gauges and counters now (its queue, cache
 // and adapter counts), as a harness reads them beside the replica's

@@ -9,7 +9,10 @@ import "slices"
 // and the step that admits it waits for the load. A waiting request whose
 // adapter cannot be made resident (every slot pinned) is skipped, and
 // admission goes on with the requests behind it (vLLM V1's
-// skipped_waiting_requests).
+// skipped_waiting_requests). As in vLLM, it can wait as long as requests
+// for the resident adapters keep coming: a router that spreads an
+// adapter's requests over many replicas pays for it in such waits, beside
+// the loads.
 
 // DefaultMaxLoRAs is the adapter slots of a Config without MaxLoRAs.
 const DefaultMaxLoRAs = 4

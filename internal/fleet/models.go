@@ -12,21 +12,22 @@ import (
 
 // Models. A replica whose config does not say what it serves has its GET
 // /v1/models read with every probe (before its first probe makes it
-// available, so that it is never routed to on a guess): a change (an
-// adapter loaded or unloaded, a restart on another model) reaches routing
-// within a probe interval. A list that cannot be read leaves the last one
-// in place; a replica whose list was never read is taken to serve any
-// model. A replica that answers 404 for a model it was believed to serve
-// loses it at once (ModelMissing), and its list is read again.
+// available): a change (an adapter loaded or unloaded, a restart on
+// another model) reaches routing within a probe interval. A list that
+// cannot be read leaves the last one in place; a replica whose list was
+// never read is taken to serve any model. A replica that answers 404 for a
+// model it was believed to serve loses it at once (ModelMissing) and its
+// list is read again (at most once between two probes); one whose config
+// says what it serves gets the config's list back at its next probe.
 
 // ModelMissing records that a replica answered 404 for a model it was
 // believed to serve (lifecycle.Health): not a failure of the replica; the
 // router stops sending it that model, and the replica's list is read again.
 func (f *Fleet) ModelMissing(id, model string) {
-	if !f.rt.DropModel(id, model) {
-		return
+	if f.rt.DropModel(id, model) {
+		f.log.Warn("replica does not serve a model it was believed to: its list is read again", "replica", id, "model", model)
 	}
-	f.log.Warn("replica does not serve a model it was believed to: its list is read again", "replica", id, "model", model)
+	// Even when its list was never read: it may be readable now.
 	if u := f.Upstream(id); u != nil {
 		select {
 		case u.refresh <- struct{}{}:
@@ -35,11 +36,13 @@ func (f *Fleet) ModelMissing(id, model string) {
 	}
 }
 
-// refreshModels reads what a replica serves from its GET /v1/models, unless
-// its config says. A first failure after successes, and the recovery, are
+// refreshModels reads what a replica serves from its GET /v1/models, or
+// takes it from its config, which restores a model the replica once
+// answered 404 for. A first failure after successes, and the recovery, are
 // logged.
 func (f *Fleet) refreshModels(ctx context.Context, u *Upstream) {
 	if u.served != nil {
+		f.rt.SetModels(u.cfg.ID, u.served)
 		return
 	}
 	set, err := f.readModels(ctx, u)

@@ -40,13 +40,31 @@ func (f *Fleet) probeLoop(ctx context.Context, u *Upstream, now bool) {
 			f.probe(ctx, u)
 		}
 		now = true
+		if !f.waitProbe(ctx, u) {
+			return
+		}
+	}
+}
+
+// waitProbe waits a probe interval, reading the replica's models meanwhile
+// when asked, at most once: a replica that keeps answering 404 for a
+// model it lists neither delays its probes nor turns them into list
+// reads. It reports false when ctx ends.
+func (f *Fleet) waitProbe(ctx context.Context, u *Upstream) bool {
+	t := time.NewTimer(f.Config().ProbeInterval)
+	defer t.Stop()
+	refreshed := false
+	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-time.After(f.Config().ProbeInterval):
+			return false
+		case <-t.C:
+			return true
 		case <-u.refresh:
-			f.refreshModels(ctx, u)
-			now = false
+			if !refreshed {
+				refreshed = true
+				f.refreshModels(ctx, u)
+			}
 		}
 	}
 }

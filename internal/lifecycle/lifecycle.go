@@ -212,7 +212,8 @@ const (
 	// (embeddings, responses): routed on that text, or by load alone.
 	Input
 	// Opaque is a body gorgo does not read (an upload, an unknown
-	// endpoint): routed by load alone.
+	// endpoint) but for a JSON object's "model": routed by load alone,
+	// among the replicas of its model.
 	Opaque
 )
 
@@ -233,6 +234,8 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 		}
 	case Input:
 		err = prompt.ParseInput(body, &r.Parsed)
+	case Opaque:
+		r.Parsed.Model = prompt.Model(body) // routed by load, but only where its model is
 	}
 	if err != nil {
 		r.release()

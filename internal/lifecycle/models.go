@@ -22,12 +22,8 @@ const maxNamesListed = 20
 
 // resolveModel turns the client's model into the served name the request
 // is routed by, and rewrites the body if an alias stood for another name.
-// A body the lifecycle did not read (Opaque) is routed by load alone.
 // A dry run (dry) changes no alias's split.
 func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
-	if kind == Opaque {
-		return nil
-	}
 	c := r.core
 	name := r.Parsed.Model
 	target, alias := name, false

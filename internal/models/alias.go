@@ -2,6 +2,7 @@ package models
 
 import (
 	"cmp"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -159,12 +160,18 @@ type Resolver struct {
 	cur, old map[sessionKey]string
 }
 
-type sessionKey struct{ alias, session string }
+// sessionKey is an alias and a session's hash: a client's session id may
+// be long (the body's user), and is not kept.
+type sessionKey struct {
+	alias   string
+	session uint64
+}
 
 // sessionCap is how many sessions a generation of the sticky table holds.
 const sessionCap = 1 << 15
 
 type split struct {
+	name    string
 	targets []Target
 	current []float64 // smooth weighted round robin's state
 	total   float64
@@ -183,7 +190,7 @@ func NewResolver(aliases []Alias) *Resolver {
 func (r *Resolver) Set(aliases []Alias) {
 	m := make(map[string]*split, len(aliases))
 	for _, a := range aliases {
-		s := &split{targets: slices.Clone(a.Targets), current: make([]float64, len(a.Targets))}
+		s := &split{name: a.Name, targets: slices.Clone(a.Targets), current: make([]float64, len(a.Targets))}
 		for _, t := range a.Targets {
 			s.total += t.Weight
 		}
@@ -202,14 +209,6 @@ func (r *Resolver) Aliases() []Alias {
 	return slices.Clone(r.list)
 }
 
-// IsAlias reports whether name is one of the router's aliases.
-func (r *Resolver) IsAlias(name string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, ok := r.aliases[name]
-	return ok
-}
-
 // Resolve returns the served name a request for name from session goes to
 // ("" for none), and whether name is an alias.
 func (r *Resolver) Resolve(name, session string) (string, bool) {
@@ -222,6 +221,10 @@ func (r *Resolver) Peek(name, session string) (string, bool) {
 }
 
 func (r *Resolver) resolve(name, session string, dry bool) (string, bool) {
+	var h uint64
+	if session != "" {
+		h = xxhash.Sum64String(session) // outside the lock
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s, ok := r.aliases[name]
@@ -236,7 +239,7 @@ func (r *Resolver) resolve(name, session string, dry bool) (string, bool) {
 		}
 		return s.next(), true
 	}
-	k := sessionKey{name, session}
+	k := sessionKey{s.name, h}
 	t, ok := r.cur[k]
 	if !ok {
 		if t, ok = r.old[k]; ok && !dry {
@@ -246,7 +249,7 @@ func (r *Resolver) resolve(name, session string, dry bool) (string, bool) {
 	if ok && s.weight(t) > 0 {
 		return t, true
 	}
-	t = s.rendezvous(session)
+	t = s.rendezvous(h)
 	if !dry {
 		r.remember(k, t)
 	}
@@ -276,18 +279,19 @@ func (s *split) next() string {
 }
 
 // rendezvous places a session by weighted rendezvous hashing: the target
-// of least −ln(u)/w, u a uniform draw from the hash of the session and the
-// target's name.
-func (s *split) rendezvous(session string) string {
+// of least −ln(u)/w, u a uniform draw from the hash of the session's hash
+// and the target's name.
+func (s *split) rendezvous(session uint64) string {
 	best, bestScore := -1, math.Inf(1)
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], session)
 	for i, t := range s.targets {
 		if t.Weight <= 0 {
 			continue
 		}
 		var d xxhash.Digest
 		d.Reset()
-		_, _ = d.WriteString(session)
-		_, _ = d.WriteString("\x00")
+		_, _ = d.Write(b[:])
 		_, _ = d.WriteString(t.Model)
 		u := (float64(d.Sum64()>>11) + 0.5) / (1 << 53)
 		if score := -math.Log(u) / t.Weight; score < bestScore {

@@ -830,3 +830,20 @@ func WithModel(body []byte, model string, dst []byte) []byte {
 	dst = slices.Insert(dst, open+1, ins...)
 	return dst
 }
+
+// Model is the top-level "model" string of a JSON object body ("" when the
+// body is not a JSON object or names none): how a body gorgo does not
+// otherwise read is routed by model.
+func Model(body []byte) string {
+	i := 0
+	for i < len(body) && (body[i] == ' ' || body[i] == '\t' || body[i] == '\r' || body[i] == '\n') {
+		i++
+	}
+	if i == len(body) || body[i] != '{' {
+		return ""
+	}
+	if v := gjson.GetBytes(body, "model"); v.Type == gjson.String {
+		return v.String()
+	}
+	return ""
+}

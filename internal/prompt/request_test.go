@@ -687,3 +687,17 @@ func TestWithModel(t *testing.T) {
 		}
 	}
 }
+
+func TestModel(t *testing.T) {
+	for body, want := range map[string]string{
+		` {"query":"q","model":"m-1","x":{"model":"inner"}}`: "m-1",
+		`{"x":{"model":"inner"}}`:                            "",
+		`{"model":7}`:                                        "",
+		`--boundary\r\nmodel`:                                "",
+		``:                                                   "",
+	} {
+		if got := Model([]byte(body)); got != want {
+			t.Errorf("Model(%q) = %q, want %q", body, got, want)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -242,5 +243,33 @@ func TestScrapedAdapterSlots(t *testing.T) {
 				t.Errorf("y not resident after a request for it: %+v", st)
 			}
 		})
+	}
+}
+
+// A POST gorgo does not otherwise read (here /v1/rerank) is routed among
+// the replicas of the JSON body's model; an unknown one is a 404 at once.
+func TestOpaqueBodiesRouteByModel(t *testing.T) {
+	_, url, reps := modelFleet(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "round-robin"}})
+	send := func(body string) (int, string, string) {
+		resp, err := http.Post(url+"/v1/rerank", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b strings.Builder
+		_, _ = io.Copy(&b, resp.Body)
+		return resp.StatusCode, b.String(), resp.Header.Get(ReplicaHeader)
+	}
+	for i := range 6 {
+		if _, _, replica := send(fmt.Sprintf(`{"model":"model-b","query":"q%d","documents":["a"]}`, i)); replica != "b" {
+			t.Errorf("rerank for model-b went to %q", replica)
+		}
+	}
+	before := served(reps)
+	if code, body, _ := send(`{"model":"gpt-5","query":"q"}`); code != 404 || !strings.Contains(body, "model_not_found") {
+		t.Errorf("unknown model: %d %s", code, body)
+	}
+	if n := served(reps) - before; n != 0 {
+		t.Errorf("an unknown model reached %d replicas", n)
 	}
 }

@@ -96,7 +96,7 @@ type Result struct {
 	// Slip how much later it was sent, TTFT and E2E run from its sending to
 	// the first token and to the end of its stream.
 	Records []report.Record
-	// Model is the model the requests named.
+	// Model is the model named by the requests whose trace names none.
 	Model string
 	// Elapsed is the wall time from the start to the last response.
 	Elapsed time.Duration
@@ -223,6 +223,9 @@ func newRecord(i int, r *trace.Request, slip time.Duration, o *outcome) report.R
 		PromptTokens: r.InputTokens,
 		OutputTokens: o.tokenChunks,
 		Status:       o.status,
+		Model:        r.Model,
+		Tenant:       r.Tenant,
+		Priority:     r.Priority,
 	}
 	if u := o.usage; u != nil {
 		if u.PromptTokens > 0 {
@@ -234,6 +237,7 @@ func newRecord(i int, r *trace.Request, slip time.Duration, o *outcome) report.R
 	if o.err != nil {
 		rec.Failed = true
 		rec.Error = o.err.Error()
+		rec.Rejected = o.status == http.StatusTooManyRequests // refused by the router's flow control or limits
 	}
 	return rec
 }

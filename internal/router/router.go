@@ -450,7 +450,11 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 		return
 	}
 	t.m.observeBias(t.Sent+ttft, float64(ttft)/1e6-t.Predicted)
-	t.m.observeTTFT(t.uncached(), t.Backlog, float64(ttft-t.RTT-time.Duration((t.AdapterLoadMS+t.AdapterWaitMS)*1e6))/1e6)
+	if t.AdapterLoadMS == 0 && t.AdapterWaitMS == 0 {
+		// The prefill and queue rates learn from requests that paid no
+		// adapter cost: what one costs is a guess, which would skew them.
+		t.m.observeTTFT(t.uncached(), t.Backlog, float64(ttft-t.RTT)/1e6)
+	}
 	if t.AdapterLoadMS > 0 && t.AdapterWaitMS == 0 {
 		// A load alone: what the first token took past the model without it.
 		r.loads.observe(t.Adapter, float64(ttft)/1e6-(t.Predicted-t.AdapterLoadMS))

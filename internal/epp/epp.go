@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -28,11 +29,13 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
+	"github.com/gorgo-llm/gorgo/internal/tracing"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -101,6 +104,9 @@ type exchange struct {
 	decided    bool
 	atHeaders  bool // decided at the headers: the body, if any, is not read
 	trailers   bool // the request's trailers came with the decision: answer them after it
+	// traceparent and tracestate are the client's trace context, read
+	// when the core traces requests.
+	traceparent, tracestate string
 
 	// The attempt: routed once the destination went to the gateway;
 	// status and served from the response's headers (served: the endpoint
@@ -167,12 +173,17 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 			x.duplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 			x.respDuplex = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 		}
+		traced := x.s.fleet.Core().Tracing()
 		for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
-			switch strings.ToLower(h.GetKey()) {
-			case ":path":
+			switch key := strings.ToLower(h.GetKey()); {
+			case key == ":path":
 				x.path = value(h)
-			case SessionHeader:
+			case key == SessionHeader:
 				x.session = value(h)
+			case key == tracing.TraceparentHeader && traced:
+				x.traceparent = value(h)
+			case key == tracing.TracestateHeader && traced:
+				x.tracestate = value(h)
 			}
 		}
 		x.subset = subset(msg.GetMetadataContext())
@@ -238,7 +249,8 @@ func kind(path string) lifecycle.Kind {
 // no body, or one that is not read) or at the body's end.
 func (x *exchange) decide(atHeaders bool) error {
 	x.decided, x.atHeaders = true, atHeaders
-	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received}
+	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
+		Parent: tracing.Parent(x.traceparent, x.tracestate)}
 	if atHeaders {
 		in.Kind = lifecycle.Opaque
 	}
@@ -304,6 +316,7 @@ func (x *exchange) route(ep string, r *lifecycle.Request) error {
 		}}},
 		ClearRouteCache: true,
 	}
+	traceAttempt(common.HeaderMutation, r, ep)
 	md, _ := structpb.NewStruct(map[string]any{LBNamespace: map[string]any{DestinationHeader: list}})
 	// The body goes on as the client sent it, or with the served name an
 	// alias stood for.
@@ -351,6 +364,31 @@ func (x *exchange) route(ep string, r *lifecycle.Request) error {
 	}
 	return x.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestBody{
 		RequestBody: &extprocv3.BodyResponse{Response: common}}})
+}
+
+// traceAttempt has the gateway pass a traced attempt's trace context on to
+// the replica (a traceparent, and the tracestate, replacing the client's)
+// and names the endpoint on the attempt's span. A request not traced keeps
+// the client's trace headers as they came.
+func traceAttempt(hm *extprocv3.HeaderMutation, r *lifecycle.Request, ep string) {
+	sp := r.AttemptSpan()
+	tp, ts := tracing.Headers(sp.SpanContext())
+	if tp == "" {
+		return
+	}
+	hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: tracing.TraceparentHeader, RawValue: []byte(tp)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD})
+	if ts != "" {
+		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: tracing.TracestateHeader, RawValue: []byte(ts)},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD})
+	} else {
+		hm.RemoveHeaders = append(hm.RemoveHeaders, tracing.TracestateHeader)
+	}
+	if sp.IsRecording() {
+		host, port, _ := net.SplitHostPort(ep)
+		n, _ := strconv.Atoi(port)
+		sp.SetAttributes(attribute.String("server.address", host), attribute.Int("server.port", n))
+	}
 }
 
 // awaitResponse reads the stream up to the response's headers (answering

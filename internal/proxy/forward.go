@@ -16,9 +16,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/httpapi"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
+	"github.com/gorgo-llm/gorgo/internal/tracing"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -39,7 +42,11 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 			return
 		}
 		x := exchange{s: s, cfg: cfg, w: w, r: r}
-		status := core.Serve(r.Context(), lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received}, &x)
+		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received}
+		if core.Tracing() {
+			in.Parent = tracing.Parent(r.Header.Get("Traceparent"), strings.Join(r.Header.Values("Tracestate"), ","))
+		}
+		status := core.Serve(r.Context(), in, &x)
 		if status == http.StatusBadGateway && x.relayed && !x.clientGone {
 			panic(http.ErrAbortHandler) // headers are out: cut the stream, don't fake its end
 		}
@@ -229,6 +236,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	}
 	up.Header = forwardHeaders(r)
 	s.upstreamAuth(up.Header, u)
+	traceAttempt(up, req)
 	up.ContentLength = int64(len(req.Body))
 	// The transport may send the request again on a fresh connection when
 	// a kept-alive one turned out closed before anything was written.
@@ -305,6 +313,31 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
 	return a, nil
+}
+
+// traceAttempt passes a traced attempt's trace context on to the replica
+// (its traceparent and tracestate replace the client's: the replica's
+// spans are the attempt's children) and names the replica's address on the
+// attempt's span. A request not traced keeps the client's trace headers as
+// they came.
+func traceAttempt(up *http.Request, req *lifecycle.Request) {
+	sp := req.AttemptSpan()
+	sc := sp.SpanContext()
+	if !sc.IsValid() {
+		return
+	}
+	tp, ts := tracing.Headers(sc)
+	up.Header["Traceparent"] = []string{tp}
+	if ts != "" {
+		up.Header["Tracestate"] = []string{ts}
+	} else {
+		delete(up.Header, "Tracestate")
+	}
+	if sp.IsRecording() {
+		port, _ := strconv.Atoi(up.URL.Port())
+		sp.SetAttributes(attribute.String("server.address", up.URL.Hostname()), attribute.Int("server.port", port),
+			attribute.String("http.request.method", up.Method), attribute.String("url.path", up.URL.Path))
+	}
 }
 
 // isEventStream reports whether an answer is a server-sent event stream.

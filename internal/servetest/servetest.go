@@ -34,10 +34,28 @@ type Replica struct {
 	URL   string
 	Link  *netem.Link
 	posts atomic.Int64 // POST requests received
+	// header is the last POST request's headers.
+	header atomic.Pointer[http.Header]
 }
 
 // Served returns how many POST requests (completions) reached the replica.
 func (r *Replica) Served() int64 { return r.posts.Load() }
+
+// LastHeader returns the headers of the last POST request that reached the
+// replica (nil before any); do not modify them.
+func (r *Replica) LastHeader() http.Header {
+	if h := r.header.Load(); h != nil {
+		return *h
+	}
+	return nil
+}
+
+// post counts a POST request and keeps its headers.
+func (r *Replica) post(req *http.Request) {
+	h := req.Header
+	r.header.Store(&h)
+	r.posts.Add(1)
+}
 
 // Port is the replica's port.
 func (r *Replica) Port() int {
@@ -82,7 +100,7 @@ func StartReplicaWith(t testing.TB, rtt time.Duration, cfg emulator.Config) *Rep
 	h := srv.Handler()
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
-			rep.posts.Add(1)
+			rep.post(r)
 		}
 		h.ServeHTTP(w, r)
 	})}
@@ -111,7 +129,7 @@ func Fake(t testing.TB, h http.HandlerFunc) *Replica {
 			return
 		}
 		if r.Method == http.MethodPost {
-			rep.posts.Add(1)
+			rep.post(r)
 		}
 		h(w, r)
 	}))

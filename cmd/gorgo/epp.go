@@ -84,6 +84,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	if adminLn != nil {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", adminLn.Addr())
 	}
+	printTracing(stdout, cfg)
 	gs := grpc.NewServer()
 	picker := epp.New(srv.Fleet)
 	picker.Fallbacks = *fallbacks
@@ -94,7 +95,9 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 		hs.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
 	}
 	healthpb.RegisterHealthServer(gs, hs)
+	stopped := make(chan struct{}) // the gRPC server stopped (gracefully or not)
 	go func() {
+		defer close(stopped)
 		<-ctx.Done()
 		done := make(chan struct{})
 		go func() { gs.GracefulStop(); close(done) }()
@@ -109,5 +112,9 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	if adminLn != nil {
 		servers = append(servers, served{h: srv.Admin.Handler(), ln: adminLn})
 	}
-	return serveAll(ctx, srv.Run, servers...)
+	err = serveAll(ctx, srv.Run, servers...)
+	if ctx.Err() != nil {
+		<-stopped // the streams in flight ended their spans (bounded by the shutdown timeout)
+	}
+	return shutdown(err, srv, cfg)
 }

@@ -161,12 +161,31 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if admin != nil {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\nlive view: http://%s/admin/ui/\n", admin.Addr(), admin.Addr())
 	}
+	printTracing(stdout, cfg)
 	defer reloadOnHUP(ctx, srv)()
 	servers := []served{{h: px.Handler(), ln: ln, grace: cfg.Proxy.ShutdownTimeout, idle: cfg.Proxy.IdleTimeout, readHeader: cfg.Proxy.ReadHeaderTimeout}}
 	if admin != nil {
 		servers = append(servers, served{h: srv.Admin.Handler(), ln: admin})
 	}
-	return serveAll(ctx, srv.Run, servers...)
+	return shutdown(serveAll(ctx, srv.Run, servers...), srv, cfg)
+}
+
+// printTracing says where spans go, when tracing is on.
+func printTracing(stdout io.Writer, cfg serve.Config) {
+	if t := cfg.Tracing; t.Enabled() {
+		fmt.Fprintf(stdout, "tracing: OTLP/HTTP to %s, sampling ratio %v\n", t.Endpoint, t.Ratio())
+	}
+}
+
+// shutdown flushes the server's spans once serving ended (err is how it
+// ended), within the shutdown timeout.
+func shutdown(err error, srv *serve.Server, cfg serve.Config) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.Proxy.ShutdownTimeout)
+	defer cancel()
+	if ferr := srv.Shutdown(ctx); ferr != nil {
+		err = errors.Join(err, fmt.Errorf("tracing: flushing spans: %w", ferr))
+	}
+	return err
 }
 
 // reloadOnHUP reloads the server's config on SIGHUP until ctx ends; call

@@ -16,6 +16,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/tracing"
 )
 
 // Config is what gorgo serve and gorgo epp read from their YAML file: one
@@ -32,6 +33,9 @@ type Config struct {
 	// checked, and the file reloaded when it changed (default 5 s; negative:
 	// never; SIGHUP reloads it at any time).
 	ConfigPoll time.Duration `yaml:"config_poll"`
+	// Tracing exports OpenTelemetry spans of each request to an OTLP/HTTP
+	// collector (off without an endpoint; a change needs a restart).
+	Tracing tracing.Config `yaml:"tracing"`
 }
 
 // Defaults returns c with every zero field set to its default.
@@ -55,6 +59,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Admin.Validate(); err != nil {
+		return err
+	}
+	if err := c.Tracing.Validate(); err != nil {
 		return err
 	}
 	return c.Proxy.Validate()

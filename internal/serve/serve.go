@@ -23,6 +23,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/tracing"
 )
 
 // Options are what a Server is built with besides its config.
@@ -52,11 +53,14 @@ type Options struct {
 }
 
 // Server is a router: its fleet, its admin API and live view, and its
-// HTTP front end (nil without Options.Proxy).
+// HTTP front end (nil without Options.Proxy); and its tracing (see
+// Shutdown).
 type Server struct {
 	Fleet *fleet.Fleet
 	Admin *admin.Server
 	Proxy *proxy.Server
+
+	tracing *tracing.Tracing
 
 	o       Options
 	reloads *prometheus.CounterVec
@@ -88,8 +92,14 @@ func New(cfg Config, o Options) (*Server, error) {
 	if s.Admin, err = admin.New(f, view, cfg.Admin, o.Registry, o.Log); err == nil && o.Proxy {
 		s.Proxy, err = proxy.New(f, cfg.Proxy, o.Registry, o.Registry, o.Log)
 	}
+	if err == nil {
+		s.tracing, err = tracing.Start(cfg.Tracing, tracing.Options{Log: o.Log})
+	}
 	if err != nil {
 		return nil, errors.Join(err, f.Close())
+	}
+	if s.tracing.Enabled() {
+		f.Core().SetTracer(s.tracing.Tracer())
 	}
 	s.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_config_reloads_total",
 		Help: "Config reloads, by result (applied, unchanged, failed)."}, []string{"result"})
@@ -99,6 +109,11 @@ func New(cfg Config, o Options) (*Server, error) {
 	}
 	return s, nil
 }
+
+// Shutdown exports the spans that ended and stops the tracing's exporter,
+// within ctx: call it once the front ends have stopped serving (a no-op
+// without tracing).
+func (s *Server) Shutdown(ctx context.Context) error { return s.tracing.Shutdown(ctx) }
 
 // Config returns the running config.
 func (s *Server) Config() Config {
@@ -179,6 +194,10 @@ func (s *Server) apply(next Config) error {
 			return fail(err)
 		}
 		restart = append(restart, r...)
+	}
+	if !next.Tracing.Equal(cur.Tracing) {
+		restart = append(restart, "tracing")
+		next.Tracing = cur.Tracing
 	}
 	applyAdmin()
 	applyProxy()

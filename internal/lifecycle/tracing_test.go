@@ -16,6 +16,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -230,5 +232,42 @@ func TestUntracedServeAllocatesNothing(t *testing.T) {
 	serve()
 	if n := len(rec.Ended()); n != 3 {
 		t.Errorf("a traced request ended %d spans, want 3", n)
+	}
+}
+
+// discard is a span exporter that drops what it is given.
+type discard struct{}
+
+func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkServeTracing is one request's life through Serve (16 replicas,
+// a ~1k-token prompt, a two-token stream) without a tracer, and with the
+// SDK's (the batch processor's defaults, exporting to nothing), sampled
+// (ratio 1) and not (ratio 0): the tracing's own cost per request.
+func BenchmarkServeTracing(b *testing.B) {
+	for _, ratio := range []float64{-1, 1, 0} {
+		b.Run(map[float64]string{-1: "tracing=off", 1: "tracing=on/ratio=1", 0: "tracing=on/ratio=0"}[ratio], func(b *testing.B) {
+			g, _ := policy.New("gorgo", policy.Options{})
+			rt, _ := router.New(router.Config{Policy: g, BlockTokens: 64})
+			for i := range 16 {
+				id := string(rune('a' + i))
+				rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 0.1, QueueMSPerToken: 0.1})
+				rt.ObserveRTT(id, time.Duration(i+1)*time.Millisecond)
+			}
+			c := NewCore(Config{Router: rt, BlockTokens: 64, MaxAttempts: 3, Start: time.Now()})
+			if ratio >= 0 {
+				tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}), sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))))
+				defer tp.Shutdown(context.Background())
+				c.SetTracer(tp.Tracer("bench"))
+			}
+			fe := &zeroFrontEnd{tok: wire.PeekChunk([]byte(`{"choices":[{"delta":{"content":"hi"}}]}`))}
+			in := Incoming{Body: []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 800) + `"}]}`), Kind: Chat}
+			b.ReportAllocs()
+			for b.Loop() {
+				in.Received = time.Now()
+				c.Serve(context.Background(), in, fe)
+			}
+		})
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/sim"
+	"github.com/gorgo-llm/gorgo/internal/trace"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -143,6 +144,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "simulated %d policies in %v\n", len(pols), time.Since(start).Round(time.Millisecond))
 	}
 	if err := writeSplit(stdout, results, cuts); err != nil {
+		return err
+	}
+	if err := writeTenants(stdout, results, af.slo); err != nil {
 		return err
 	}
 	for _, p := range pols {
@@ -345,15 +349,19 @@ func writeSplit(w io.Writer, results []*sim.Result, cuts []time.Duration) error 
 
 // admissionFlags configure admission under a TTFT SLO.
 type admissionFlags struct {
-	slo      time.Duration
-	mode     string
-	maxQueue int
+	slo        time.Duration
+	mode       string
+	maxQueue   int
+	satWaiting int
+	weights    string
 }
 
 func (a *admissionFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&a.slo, "ttft-slo", 0, "TTFT SLO: a request predicted to miss it is held or refused (see --admission), and the table reports goodput, requests per second that met it (0: none)")
 	fs.StringVar(&a.mode, "admission", "", "what a request predicted to miss --ttft-slo gets: queue (held in a bounded router-side queue, the default), reject (429 at once) or none (only goodput is reported); a comma-separated list runs each policy under each")
 	fs.IntVar(&a.maxQueue, "admission-queue", 1024, "bound of the router-side queue, requests")
+	fs.IntVar(&a.satWaiting, "saturation-waiting", 0, "with --ttft-slo: the fleet is saturated for batch and sheddable requests when every replica has more than this many requests waiting for their first token; they then wait (sheddable ones are refused) and go only where no more wait (-1: held only when predicted to miss the SLO)")
+	fs.StringVar(&a.weights, "tenant-weights", "", "tenants' weights in fair shares within a band, `NAME:W,...` (default 1)")
 }
 
 // modes are the admission configs to run, one per listed mode.
@@ -381,9 +389,19 @@ func (a *admissionFlags) modes() ([]admit.Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--admission: %w (or none)", err)
 		}
-		c := admit.Config{SLO: a.slo, Mode: m, MaxQueue: a.maxQueue}
+		c := admit.Config{SLO: a.slo, Mode: m, MaxQueue: a.maxQueue, SaturationWaiting: a.satWaiting}
+		if a.weights != "" {
+			ws, err := trace.ParseModelWeights(a.weights) // the same NAME:W list
+			if err != nil {
+				return nil, fmt.Errorf("--tenant-weights: %w", err)
+			}
+			c.Weights = map[string]float64{}
+			for _, w := range ws {
+				c.Weights[w.Name] = w.Weight
+			}
+		}
 		if err := c.Validate(); err != nil {
-			return nil, fmt.Errorf("--admission-queue: %w", err)
+			return nil, fmt.Errorf("--admission-queue, --tenant-weights: %w", err)
 		}
 		out = append(out, c)
 	}
@@ -396,4 +414,19 @@ func (a *admissionFlags) label(policy string, c admit.Config) string {
 		return policy
 	}
 	return policy + "+" + string(c.Mode)
+}
+
+// writeTenants prints a table per run by tenant, when the workload has
+// tenants.
+func writeTenants(w io.Writer, results []*sim.Result, slo time.Duration) error {
+	if len(results) == 0 || !slices.ContainsFunc(results[0].Records, func(r report.Record) bool { return r.Tenant != "" }) {
+		return nil
+	}
+	fmt.Fprintln(w, "\nby tenant (token share: of the prompt and output tokens served):")
+	for _, r := range results {
+		if err := report.WriteTenants(w, r.Policy, report.ByTenant(r.Records, float64(slo)/1e6)); err != nil {
+			return err
+		}
+	}
+	return nil
 }

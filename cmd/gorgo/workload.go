@@ -19,8 +19,10 @@ type workloadFlags struct {
 	window    string
 	timeScale float64
 	seed      uint64
-	// models mixes models into the workload (see trace.AssignModels).
-	models string
+	// models mixes models into the workload (see trace.AssignModels);
+	// tenants mixes tenants and priorities (trace.AssignTenants); only
+	// keeps one tenant's requests (its solo run).
+	models, tenants, only string
 }
 
 // register defines the flags; eval defines its own repeatable --window, so
@@ -35,6 +37,8 @@ func (w *workloadFlags) register(fs *flag.FlagSet, withWindow bool) {
 	}
 	fs.Float64Var(&w.timeScale, "time-scale", 1, "multiply inter-arrival gaps by `F` (2 = half the request rate)")
 	fs.Uint64Var(&w.seed, "seed", 1, "random seed (synthetic workload, network jitter, policies, tuner)")
+	fs.StringVar(&w.tenants, "tenants", "", "mix tenants into the workload: each session belongs to one tenant, drawn by share from `NAME:PRIORITY:SHARE,...` (priority interactive, standard, batch, sheddable or an integer; e.g. chat:interactive:0.7,batch:batch:0.3)")
+	fs.StringVar(&w.only, "tenant-only", "", "keep only this `TENANT`'s requests (its solo run, to compare with the mixed one)")
 	fs.StringVar(&w.models, "models", "", "mix models into the workload: each session names one model, drawn by weight from `NAME:W,NAME:W,...` (replacing the trace's models; a replica's models are its topology's models: and adapters:)")
 }
 
@@ -46,6 +50,13 @@ func (w *workloadFlags) raw() ([]trace.Request, string, error) {
 		var err error
 		if mix, err = trace.ParseModelWeights(w.models); err != nil {
 			return nil, "", fmt.Errorf("--models: %w", err)
+		}
+	}
+	var tenants []trace.TenantShare
+	if w.tenants != "" {
+		var err error
+		if tenants, err = trace.ParseTenants(w.tenants); err != nil {
+			return nil, "", fmt.Errorf("--tenants: %w", err)
 		}
 	}
 	var (
@@ -67,11 +78,22 @@ func (w *workloadFlags) raw() ([]trace.Request, string, error) {
 		reqs, err = trace.Generate(trace.GenConfig{Preset: w.preset, Seed: w.seed, Duration: w.duration})
 		src = fmt.Sprintf("synthetic %s (%v, seed %d)", w.preset, w.duration, w.seed)
 	}
-	if err != nil || mix == nil {
-		return reqs, src, err
+	if err != nil {
+		return nil, "", err
 	}
-	trace.AssignModels(reqs, mix, w.seed)
-	return reqs, src + ", models " + trace.FormatModelWeights(mix), nil
+	if mix != nil {
+		trace.AssignModels(reqs, mix, w.seed)
+		src += ", models " + trace.FormatModelWeights(mix)
+	}
+	if tenants != nil {
+		trace.AssignTenants(reqs, tenants, w.seed)
+		src += ", tenants " + trace.FormatTenants(tenants)
+	}
+	if w.only != "" {
+		reqs = trace.Tenant(reqs, w.only)
+		src += ", tenant " + w.only + " alone"
+	}
+	return reqs, src, nil
 }
 
 // load reads or generates the workload and applies the window and time scale.

@@ -135,8 +135,9 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		// What the decision priced there: 0 where the adapter is resident.
 		out["adapter"], out["adapter_load_ms"], out["adapter_wait_ms"] = c.Adapter, c.AdapterLoadMS, c.AdapterWaitMS
 	}
-	if best, floor, err := s.fleet.Router().Predict(now, &req.Route); err == nil {
-		out["predicted_ttft_ms"], out["predicted_ttft_idle_ms"] = float64(best.Microseconds())/1000, float64(floor.Microseconds())/1000
+	if f, err := s.fleet.Router().Predict(now, &req.Route); err == nil {
+		out["predicted_ttft_ms"], out["predicted_ttft_idle_ms"] = float64(f.Best.Microseconds())/1000, float64(f.Floor.Microseconds())/1000
+		out["replicas_waiting_least"] = f.Waiting
 	}
 	httpapi.WriteJSON(w, http.StatusOK, out)
 }

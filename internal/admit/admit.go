@@ -4,26 +4,26 @@
 //
 // A request goes at once when the fleet can serve it within its TTFT SLO
 // (its own, or the gate's): its best predicted TTFT (the router's, see
-// router.Predict) is within the SLO, and, when Config.Saturation is set,
-// the predicted queue wait at that replica (the prediction minus its
-// floor, round trip plus its own prefill) is within Saturation: the
-// engines hold no more than that much queued work, whatever the SLOs. A
-// fleet that cannot take a request is saturated for it; the request then
-// waits in a bounded router-side queue, or is refused at once (HTTP 429
-// with Retry-After): in ModeReject, when it could not meet its SLO even on
-// an idle replica, when it is sheddable (priority below 0), or when the
-// queue is full of requests of its priority or above (a full queue makes
-// room by refusing its lowest-priority, latest arrival).
+// router.Predict) is within the SLO; and, for work below Standard
+// priority (batch, sheddable), some replica that can serve it has no more
+// than SaturationWaiting requests waiting for their first token: the
+// engines' own queues, as the router's ledger sees them. A fleet that
+// cannot take a request is saturated for it; the request then waits in a
+// bounded router-side queue, or is refused at once (HTTP 429 with
+// Retry-After): in ModeReject, when it could not meet its SLO even on an
+// idle replica, when it is sheddable (priority below 0), or when the queue
+// is full of requests of its priority or above (a full queue makes room by
+// refusing its lowest-priority, latest arrival).
 //
 // The queue is flow control's: bands by priority, strict (a band is
-// released only when every band above it is empty, and a request does
-// not go ahead of waiting requests of its priority or above); within a
-// band, tenants share by weighted deficit round robin counted in tokens
-// (a tenant of weight w may send w × Quantum tokens a round); within a
-// tenant, earliest deadline (arrival + SLO) first. Each time the fleet
-// changes (Release), the heads are dispatched in that order while the
-// fleet can take them; a request that can no longer meet its deadline
-// even on an idle replica leaves with a refusal.
+// released only when the fleet took what it could of every band above
+// it, and a request does not go ahead of waiting requests of its priority
+// or above); within a band, tenants share by weighted deficit round robin
+// counted in tokens (a tenant of weight w may send w × Quantum tokens a
+// round); within a tenant, earliest deadline (arrival + SLO) first. Each
+// time the fleet changes (Release), requests are dispatched in that order
+// while the fleet can take them; a request that can no longer meet its
+// deadline even on an idle replica leaves with a refusal.
 package admit
 
 import (
@@ -54,11 +54,17 @@ type Config struct {
 	Mode Mode
 	// MaxQueue bounds the queue (default 1024 requests).
 	MaxQueue int
-	// Saturation, when positive, is the predicted queue wait past which
-	// the fleet takes no more requests: they wait in the router-side queue
-	// in priority order, even those that would meet their SLO. Zero: the
-	// fleet is saturated for a request only when it would miss its SLO.
-	Saturation time.Duration
+	// SaturationWaiting says when the fleet is saturated for requests
+	// below Standard priority (batch, sheddable), even those that would
+	// meet their SLO: when every replica that could serve one has more
+	// than SaturationWaiting requests waiting for their first token (in
+	// its engine's queue or prefill). They then wait in the router-side
+	// queue (sheddable ones are refused), and go only to a replica with no
+	// more than that many waiting (policy.Request.WaitingCap), leaving the
+	// engines' queues to the requests above them. Negative: such requests
+	// are held only when they would miss their SLO, as the others are.
+	// Validate leaves 0 as it is: no request waiting.
+	SaturationWaiting int
 	// Weights are the tenants' weights in fair shares (default 1; at
 	// least MinWeight).
 	Weights map[string]float64
@@ -87,9 +93,6 @@ func (c *Config) Validate() error {
 	if c.MaxQueue < 0 {
 		return fmt.Errorf("admission: max_queue must be positive, got %d", c.MaxQueue)
 	}
-	if c.Saturation < 0 {
-		return fmt.Errorf("admission: saturation must not be negative, got %v", c.Saturation)
-	}
 	for name, w := range c.Weights {
 		if !(w >= MinWeight) || math.IsInf(w, 0) {
 			return fmt.Errorf("admission: tenant %s's weight must be a finite number of at least %v, got %v", name, MinWeight, w)
@@ -102,6 +105,17 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("admission: quantum must be positive, got %d", c.Quantum)
 	}
 	return nil
+}
+
+// WaitingCap is what flow control asks of the decision for a request of
+// priority prio (policy.Request.WaitingCap): below Standard, with
+// SaturationWaiting set, a replica with no more than SaturationWaiting
+// requests waiting for their first token.
+func (c *Config) WaitingCap(prio int) int {
+	if c.SLO <= 0 || prio >= Standard || c.SaturationWaiting < 0 {
+		return 0
+	}
+	return c.SaturationWaiting + 1
 }
 
 // ParseMode reads a mode name.
@@ -146,9 +160,12 @@ const (
 
 // Prediction is the router's forecast of a request's TTFT now: Best on the
 // replica where it is least, Floor what it would be there with no queue
-// (round trip plus its own prefill).
+// (round trip plus its own prefill); and Waiting, the fewest requests a
+// replica that can serve it has waiting for their first token (in its
+// engine's queue or prefill).
 type Prediction struct {
 	Best, Floor time.Duration
+	Waiting     int
 }
 
 // Class is what flow control knows of a request besides its prediction.
@@ -191,10 +208,10 @@ func (g *Gate[T]) slo(c Class) time.Duration {
 	return g.cfg.SLO
 }
 
-// fits reports whether the fleet can take a request with prediction p and
-// wait left before its deadline.
-func (g *Gate[T]) fits(p Prediction, left time.Duration) bool {
-	return p.Best <= left && (g.cfg.Saturation <= 0 || p.Best-p.Floor <= g.cfg.Saturation)
+// fits reports whether the fleet can take a request of priority prio with
+// prediction p and wait left before its deadline.
+func (g *Gate[T]) fits(prio int, p Prediction, left time.Duration) bool {
+	return p.Best <= left && (prio >= Standard || g.cfg.SaturationWaiting < 0 || p.Waiting <= g.cfg.SaturationWaiting)
 }
 
 // Arrive decides for request v of class c arriving at now with prediction
@@ -207,7 +224,7 @@ func (g *Gate[T]) Arrive(v T, c Class, now time.Duration, p Prediction, refuse f
 	if slo <= 0 {
 		return Go, ""
 	}
-	fits := g.fits(p, slo)
+	fits := g.fits(c.Priority, p, slo)
 	switch {
 	case fits && !g.waitingAtOrAbove(c.Priority):
 		return Go, ""
@@ -298,10 +315,10 @@ func (g *Gate[T]) releaseBand(b *band[T], now time.Duration, predict func(T) (Pr
 			continue
 		case now+p.Floor > h.deadline:
 			refuse(h.v, ReasonExpired)
-		case !g.fits(p, h.deadline-now):
+		case !g.fits(b.priority, p, h.deadline-now):
 			// The fleet cannot take the head now; perhaps a request
 			// behind it, which needs less.
-			i := g.lookahead(t, now, predict)
+			i := g.lookahead(b.priority, t, now, predict)
 			if i < 0 {
 				t.blocked = g.pass
 				blocked++
@@ -343,10 +360,10 @@ const lookahead = 8
 
 // lookahead returns the index of the first of the tenant's requests after
 // its head that the fleet can take now, or -1.
-func (g *Gate[T]) lookahead(t *tenant[T], now time.Duration, predict func(T) (Prediction, bool)) int {
+func (g *Gate[T]) lookahead(prio int, t *tenant[T], now time.Duration, predict func(T) (Prediction, bool)) int {
 	for i := 1; i < min(len(t.queue), 1+lookahead); i++ {
 		h := t.queue[i]
-		if p, ok := predict(h.v); ok && g.fits(p, h.deadline-now) {
+		if p, ok := predict(h.v); ok && g.fits(prio, p, h.deadline-now) {
 			return i
 		}
 	}

@@ -146,15 +146,31 @@ func TestShedding(t *testing.T) {
 	}
 }
 
-// Saturation holds a request the fleet could serve within its SLO once
-// the engines' predicted queue passes it.
+// Saturation holds batch work the fleet could serve within its SLO while
+// every replica has requests waiting for a first token; work of standard
+// priority and above goes on its SLO alone.
 func TestSaturation(t *testing.T) {
-	g := gate(t, Config{SLO: 5 * time.Second, Saturation: 200 * ms})
-	if v, _ := g.Arrive(1, Class{}, 0, Prediction{Best: 400 * ms, Floor: 300 * ms}, nil); v != Go {
-		t.Errorf("100 ms of queue: %v", v)
+	g := gate(t, Config{SLO: 5 * time.Second})
+	busy := Prediction{Best: 600 * ms, Floor: 300 * ms, Waiting: 1}
+	if v, _ := g.Arrive(1, Class{Priority: Standard}, 0, busy, nil); v != Go {
+		t.Errorf("standard, within its SLO, requests waiting: %v", v)
 	}
-	if v, _ := g.Arrive(2, Class{}, 0, Prediction{Best: 600 * ms, Floor: 300 * ms}, nil); v != Hold {
-		t.Errorf("300 ms of queue, within the SLO: %v, want held", v)
+	if v, _ := g.Arrive(2, Class{Priority: Batch}, 0, Prediction{Best: 600 * ms, Floor: 300 * ms}, nil); v != Go {
+		t.Errorf("batch, none waiting: %v", v)
+	}
+	if v, _ := g.Arrive(3, Class{Priority: Batch}, 0, busy, nil); v != Hold {
+		t.Errorf("batch, requests waiting: %v, want held", v)
+	}
+	if v, why := g.Arrive(4, Class{Priority: Sheddable}, 0, busy, nil); v != Reject || why != ReasonShed {
+		t.Errorf("sheddable, requests waiting: %v %s, want shed", v, why)
+	}
+	off := gate(t, Config{SLO: 5 * time.Second, SaturationWaiting: -1})
+	if v, _ := off.Arrive(1, Class{Priority: Batch}, 0, busy, nil); v != Go {
+		t.Errorf("batch with saturation off: %v", v)
+	}
+	c := Config{SLO: time.Second, SaturationWaiting: 2}
+	if c.WaitingCap(Batch) != 3 || c.WaitingCap(Standard) != 0 || (&Config{SLO: time.Second, SaturationWaiting: -1}).WaitingCap(Batch) != 0 {
+		t.Error("WaitingCap")
 	}
 }
 

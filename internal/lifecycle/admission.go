@@ -97,8 +97,8 @@ func (c *Core) refuseHeld(r *Request, why admit.Reason) {
 }
 
 func (c *Core) predict(now time.Duration, r *Request) (admit.Prediction, bool) {
-	best, floor, err := c.cfg.Router.Predict(now, &r.Route)
-	return admit.Prediction{Best: best, Floor: floor}, err == nil
+	f, err := c.cfg.Router.Predict(now, &r.Route)
+	return admit.Prediction{Best: f.Best, Floor: f.Floor, Waiting: f.Waiting}, err == nil
 }
 
 func (c *Core) sloError(p admit.Prediction, why string) *wire.Error {

@@ -40,6 +40,10 @@ type Request struct {
 	// Allowed, if set, restricts the decision to the replicas it accepts
 	// (a gateway's subset hint); nil allows every available replica.
 	Allowed func(id string) bool
+	// WaitingCap, if positive, keeps the decision off the replicas with
+	// that many requests or more waiting for their first token (flow
+	// control's saturation for batch work), unless every one has.
+	WaitingCap int
 	// Model is the served name the request is for (a base model or a LoRA
 	// adapter; an alias already resolved): the router shows a policy only
 	// the replicas that serve it. Empty: any replica.

@@ -66,7 +66,7 @@ func TestDecisionsSeeOnlyReplicasOfTheModel(t *testing.T) {
 	if _, err := r.Route(0, &req, rng); !errors.Is(err, policy.ErrNoReplica) {
 		t.Errorf("a model nobody serves: %v", err)
 	}
-	if _, _, err := r.Predict(0, &req); !errors.Is(err, policy.ErrNoReplica) {
+	if _, err := r.Predict(0, &req); !errors.Is(err, policy.ErrNoReplica) {
 		t.Errorf("predicted a model nobody serves: %v", err)
 	}
 	// A replica that said 404 for a model loses it (and its adapters).

@@ -267,6 +267,22 @@ func (r *Router) Redispatch(now time.Duration, c *Candidate, req *policy.Request
 	return r.enter(&fb, req)
 }
 
+// shelter drops from the candidates the replicas with limit requests or
+// more waiting for their first token, unless none would be left (flow
+// control let the request go on a forecast the fleet has changed since).
+func (r *Router) shelter(limit int) {
+	k := 0
+	for i, m := range r.cand {
+		if m.inflight.Load()-m.decoding.Load() < int64(limit) {
+			r.views[k], r.cand[k], r.adapter[k] = r.views[i], r.cand[i], r.adapter[i]
+			k++
+		}
+	}
+	if k > 0 {
+		r.views, r.cand, r.adapter = r.views[:k], r.cand[:k], r.adapter[:k]
+	}
+}
+
 // enter adds the request to the candidate's ledger unless the replica
 // stopped being active meanwhile (drained or being removed).
 func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
@@ -391,6 +407,9 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	}
 	if len(r.views) == 0 {
 		return dst, policy.ErrNoReplica
+	}
+	if req.WaitingCap > 0 {
+		r.shelter(req.WaitingCap)
 	}
 	r.dec.Tag, r.dec.ExactTies = 0, false
 	if err := pol.Decide(&r.dec, req, r.views, rng); err != nil {
@@ -624,16 +643,24 @@ func (r *Router) Rates(id string) (prefillMS, queueMS float64, err error) {
 	return p, q, nil
 }
 
+// Forecast is what Predict expects of a request.
+type Forecast struct {
+	// Best is its least predicted TTFT over the replicas that can serve
+	// it; Floor the least without queue (what an idle replica would give).
+	Best, Floor time.Duration
+	// Waiting is the fewest requests a replica that can serve it has in
+	// flight without a first token yet: in its engine's queue or prefill.
+	Waiting int
+}
+
 // Predict forecasts req's TTFT now, as gorgo-ms prices it with unit
 // weights: on each available replica its round trip, the prefill of its
 // uncached tokens and the prefill backlog ahead of it, corrected by how
 // much later than that model the replica's recent first tokens came (the
 // queueing it does not see: a saturated batch, a full KV cache; the
-// correction fades with a half-life of biasHalfLife). It returns the
-// least (best) and the least without backlog or correction (floor: what
-// an idle replica would give), for admission under a TTFT SLO. It records
+// correction fades with a half-life of biasHalfLife). It records
 // nothing.
-func (r *Router) Predict(now time.Duration, req *policy.Request) (best, floor time.Duration, err error) {
+func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
 	f := r.fleet.Load()
@@ -644,6 +671,7 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (best, floor ti
 	r.index.Match(req.Blocks, r.depth)
 	r.ixMu.RUnlock()
 	bestMS, floorMS := math.Inf(1), math.Inf(1)
+	waiting := math.MaxInt
 	e := r.ExpectedOutput(req.MaxOutputTokens)
 	for _, m := range f.members {
 		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
@@ -664,9 +692,10 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (best, floor ti
 		}
 		floorMS = min(floorMS, base)
 		bestMS = min(bestMS, base+max(float64(m.backlog.Load())*queue+m.lateness(now), 0))
+		waiting = min(waiting, int(m.inflight.Load()-m.decoding.Load()))
 	}
 	if math.IsInf(bestMS, 1) {
-		return 0, 0, policy.ErrNoReplica
+		return Forecast{}, policy.ErrNoReplica
 	}
-	return time.Duration(bestMS * 1e6), time.Duration(floorMS * 1e6), nil
+	return Forecast{Best: time.Duration(bestMS * 1e6), Floor: time.Duration(floorMS * 1e6), Waiting: waiting}, nil
 }

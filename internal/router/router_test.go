@@ -556,7 +556,8 @@ func TestPredictLearnsLateness(t *testing.T) {
 	r := newRouter(t, "gorgo-ms", 1, false) // a: 10 ms, 0.06 ms a token
 	rng := rand.New(rand.NewPCG(1, 1))
 	req := policy.Request{PromptTokens: 1000, Blocks: blocks(7, 4)}
-	best, floor, err := r.Predict(0, &req)
+	f, err := r.Predict(0, &req)
+	best, floor := f.Best, f.Floor
 	if err != nil || best != floor || math.Abs(float64(best)/1e6-70) > 1e-6 {
 		t.Fatalf("idle: best %v floor %v (%v), want 70 ms both", best, floor, err)
 	}
@@ -574,12 +575,60 @@ func TestPredictLearnsLateness(t *testing.T) {
 		r.Finish(&tk)
 		last = now + ttft
 	}
-	best, floor, _ = r.Predict(last, &req)
+	f, _ = r.Predict(last, &req)
+	best, floor = f.Best, f.Floor
 	if lag := float64(best-floor) / 1e6; lag < 1800 || lag > 2100 {
 		t.Errorf("after late first tokens: best − floor = %.0f ms, want ≈ 2000", lag)
 	}
-	best, floor, _ = r.Predict(last+biasHalfLife, &req)
+	f, _ = r.Predict(last+biasHalfLife, &req)
+	best, floor = f.Best, f.Floor
 	if lag := float64(best-floor) / 1e6; lag < 900 || lag > 1050 {
 		t.Errorf("a half-life later: %.0f ms, want ≈ 1000", lag)
+	}
+}
+
+// A request with a waiting cap (flow control's batch work) goes only to a
+// replica with fewer requests waiting for a first token, or anywhere when
+// none has; Predict reports the fewest waiting.
+func TestWaitingCap(t *testing.T) {
+	r := newRouter(t, "round-robin", 2, false)
+	rng := rand.New(rand.NewPCG(1, 1))
+	// Two requests waiting on the first replica, none on the second.
+	var held []Ticket
+	for len(held) < 2 {
+		tk, err := r.Route(0, &policy.Request{PromptTokens: 16, Blocks: blocks(9, 1)}, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tk.ID != id(0) {
+			r.Finish(&tk)
+			continue
+		}
+		held = append(held, tk)
+	}
+	req := &policy.Request{PromptTokens: 16, Blocks: blocks(1, 1), WaitingCap: 1}
+	if f, err := r.Predict(0, req); err != nil || f.Waiting != 0 {
+		t.Fatalf("Predict: %+v %v", f, err)
+	}
+	for range 6 {
+		tk, err := r.Route(0, req, rng)
+		if err != nil || tk.ID != id(1) {
+			t.Fatalf("capped request went to %s (%v)", tk.ID, err)
+		}
+		r.Finish(&tk)
+	}
+	// Both replicas with a request waiting: it still goes.
+	tk, _ := r.Route(0, &policy.Request{PromptTokens: 16, Blocks: blocks(2, 1)}, rng)
+	for tk.ID != id(1) {
+		r.Finish(&tk)
+		tk, _ = r.Route(0, &policy.Request{PromptTokens: 16, Blocks: blocks(2, 1)}, rng)
+	}
+	if f, _ := r.Predict(0, req); f.Waiting != 1 {
+		t.Errorf("Predict: %d waiting at least, want 1", f.Waiting)
+	}
+	if got, err := r.Route(0, req, rng); err != nil {
+		t.Errorf("capped request with every replica waiting: %v", err)
+	} else {
+		r.Finish(&got)
 	}
 }

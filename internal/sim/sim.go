@@ -556,8 +556,8 @@ func (s *simulator) schedule(now time.Duration) {
 // predict is the router's TTFT forecast for request i now.
 func (s *simulator) predict(i int32) (admit.Prediction, bool) {
 	s.request(int(i))
-	best, floor, err := s.sites[0].rt.Predict(s.now, &s.rreq)
-	return admit.Prediction{Best: best, Floor: floor}, err == nil
+	f, err := s.sites[0].rt.Predict(s.now, &s.rreq)
+	return admit.Prediction{Best: f.Best, Floor: f.Floor, Waiting: f.Waiting}, err == nil
 }
 
 // class is what flow control knows of request i: its tenant and priority
@@ -593,6 +593,10 @@ func (s *simulator) release(now time.Duration) {
 func (s *simulator) request(i int) {
 	tr := &s.cfg.Requests[i]
 	s.rreq = policy.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: s.blocksOf(i), MaxOutputTokens: tr.OutputTokens, Model: tr.Model}
+	if s.gate != nil {
+		prio := s.class(i).Priority
+		s.rreq.WaitingCap = s.cfg.Admission.WaitingCap(prio)
+	}
 	if s.cfg.HideMaxTokens {
 		s.rreq.MaxOutputTokens = 0
 	}

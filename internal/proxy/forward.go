@@ -254,36 +254,43 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	if err != nil {
 		return fail(http.StatusBadGateway, true, "could not reach the replica", err.Error())
 	}
+	// The idle limit runs from now: a replica that sends headers and then
+	// nothing is cut (and tried elsewhere: nothing reached the client
+	// yet), while its error body is read here too.
+	idle := cfg.StreamIdleTimeout
+	idleTimer := time.AfterFunc(math.MaxInt64, stop)
+	if idle > 0 {
+		idleTimer.Reset(idle)
+	}
 	var pre []byte // the start of the body, read to judge a 404
 	if resp.StatusCode == http.StatusNotFound && req.Model() != "" {
 		var e *attemptError
-		if pre, e = modelMissing(resp, id, req.Model()); e != nil {
+		var err error
+		if pre, e, err = modelMissing(resp, id, req.Model()); e != nil || err != nil {
+			idleTimer.Stop()
+			resp.Body.Close()
+			if err != nil {
+				return fail(http.StatusBadGateway, true, "the replica's 404 broke off", err.Error())
+			}
 			cancel()
 			return nil, e
 		}
 	}
 	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		idleTimer.Stop()
 		resp.Body.Close()
 		busy := resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests
 		a, e := fail(resp.StatusCode, !busy, wire.ErrorMessage(data))
 		e.RetryAfter = resp.Header.Get("Retry-After")
 		return a, e
 	}
-	idle := cfg.StreamIdleTimeout
-	a := &answer{resp: resp, cancel: cancel, buf: httpapi.GetBuffer()}
+	a := &answer{resp: resp, cancel: cancel, buf: httpapi.GetBuffer(), idle: idleTimer}
 	if pre != nil {
 		*a.buf = append(*a.buf, pre...)
 		if len(pre) <= maxErrorPeek {
 			a.end = io.EOF // all of it
 		}
-	}
-	// The idle limit runs from now: a stream whose replica sends headers
-	// and then nothing is cut too (and tried elsewhere: nothing reached the
-	// client yet).
-	a.idle = time.AfterFunc(math.MaxInt64, stop)
-	if idle > 0 {
-		a.idle.Reset(idle)
 	}
 	stream := resp.StatusCode == http.StatusOK && (req.Stream() || isEventStream(resp.Header))
 	a.stream = stream
@@ -564,15 +571,17 @@ const maxErrorPeek = 64 << 10
 // adapter not found), the attempt fails without blaming the replica, which
 // loses the model, and the next fallback is tried. Otherwise it returns
 // what it read of the body (all of it if at most maxErrorPeek bytes), to
-// be relayed.
-func modelMissing(resp *http.Response, id, model string) ([]byte, *attemptError) {
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorPeek+1))
+// be relayed; or the error that broke the body off.
+func modelMissing(resp *http.Response, id, model string) ([]byte, *attemptError, error) {
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorPeek+1))
+	if err != nil {
+		return nil, nil, err
+	}
 	msg := strings.ToLower(wire.ErrorMessage(data))
 	if len(data) > maxErrorPeek || !(strings.Contains(msg, "model") || strings.Contains(msg, "lora") || strings.Contains(msg, "adapter")) {
-		return data, nil
+		return data, nil, nil
 	}
-	resp.Body.Close()
 	e := &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.ModelNotFound(model), ModelMissing: true},
 		cause: fmt.Sprintf("%s does not serve %s: %s", id, model, msg)}
-	return nil, e
+	return nil, e, nil
 }

@@ -1,0 +1,143 @@
+package tenant
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// A bucket is a budget per minute: it refills at size per minute up to
+// size, and may go below zero (a request that used more than it was
+// charged when it arrived) or be given back what was charged too much.
+// golang.org/x/time/rate cannot give back a reservation once its time has
+// passed, which settling a request's usage needs.
+type bucket struct {
+	mu    sync.Mutex
+	size  float64
+	level float64
+	at    time.Time
+}
+
+func newBucket(perMinute int) *bucket {
+	return &bucket{size: float64(perMinute), level: float64(perMinute)}
+}
+
+// refill brings the level to now. Call with mu held.
+func (b *bucket) refill(now time.Time) {
+	if b.at.IsZero() || now.Before(b.at) {
+		b.at = now
+		return
+	}
+	b.level = min(b.size, b.level+now.Sub(b.at).Minutes()*b.size)
+	b.at = now
+}
+
+// take charges n at now if the level covers it, else reports how long
+// until it would.
+func (b *bucket) take(now time.Time, n float64) (time.Duration, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	if b.level >= n {
+		b.level -= n
+		return 0, true
+	}
+	return time.Duration((n - b.level) / b.size * float64(time.Minute)), false
+}
+
+// charge adds n to what was taken (less than zero: gives it back).
+func (b *bucket) charge(now time.Time, n float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	b.level = min(b.size, b.level-n)
+}
+
+// state is what is left at now (not below zero) and how long until the
+// bucket is full again.
+func (b *bucket) state(now time.Time) (left int, reset time.Duration) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	return int(math.Max(b.level, 0)), time.Duration((b.size - b.level) / b.size * float64(time.Minute))
+}
+
+// Grant is a request's charge to its tenant's budgets: Settle corrects it
+// when the request ends.
+type Grant struct {
+	t       *Tenant
+	charged int
+}
+
+// Refusal is a request over its tenant's budget: a 429 with Retry-After.
+type Refusal struct {
+	Message string
+	// RetryAfter is how long until the request could go (0: never, it is
+	// larger than the whole budget).
+	RetryAfter time.Duration
+}
+
+// Admit charges one request and tokens (its prompt's estimate) to the
+// tenant's budgets at now, or refuses it, charging nothing.
+func (t *Tenant) Admit(now time.Time, tokens int) (Grant, *Refusal) {
+	g := Grant{t: t}
+	if t.reqs != nil {
+		if wait, ok := t.reqs.take(now, 1); !ok {
+			return g, &Refusal{Message: fmt.Sprintf("tenant %s is over its budget of %d requests per minute: try again in %v", t.Name, t.RequestsPerMinute, roundUp(wait)), RetryAfter: wait}
+		}
+	}
+	if t.tokens != nil {
+		if tokens > t.TokensPerMinute {
+			t.reqs.giveBack(now)
+			return g, &Refusal{Message: fmt.Sprintf("this request of about %d prompt tokens is more than tenant %s's budget of %d tokens per minute", tokens, t.Name, t.TokensPerMinute)}
+		}
+		if wait, ok := t.tokens.take(now, float64(tokens)); !ok {
+			t.reqs.giveBack(now)
+			return g, &Refusal{Message: fmt.Sprintf("tenant %s is over its budget of %d tokens per minute: try again in %v", t.Name, t.TokensPerMinute, roundUp(wait)), RetryAfter: wait}
+		}
+		g.charged = tokens
+	}
+	return g, nil
+}
+
+// giveBack returns a request taken from a request budget (nil: none).
+func (b *bucket) giveBack(now time.Time) {
+	if b != nil {
+		b.charge(now, -1)
+	}
+}
+
+// Settle charges the tenant what the request used, tokens (its prompt and
+// completion), in place of what Admit charged.
+func (g Grant) Settle(now time.Time, tokens int) {
+	if g.t == nil || g.t.tokens == nil {
+		return
+	}
+	g.t.tokens.charge(now, float64(tokens-g.charged))
+}
+
+// Headers gives the tenant's budgets at now as OpenAI's API does
+// (x-ratelimit-limit-requests, -remaining-requests, -reset-requests, and
+// the same for tokens), through set; nothing for a budget it does not
+// have.
+func (t *Tenant) Headers(now time.Time, set func(name, value string)) {
+	if t.reqs != nil {
+		left, reset := t.reqs.state(now)
+		set("X-Ratelimit-Limit-Requests", strconv.Itoa(t.RequestsPerMinute))
+		set("X-Ratelimit-Remaining-Requests", strconv.Itoa(left))
+		set("X-Ratelimit-Reset-Requests", roundUp(reset).String())
+	}
+	if t.tokens != nil {
+		left, reset := t.tokens.state(now)
+		set("X-Ratelimit-Limit-Tokens", strconv.Itoa(t.TokensPerMinute))
+		set("X-Ratelimit-Remaining-Tokens", strconv.Itoa(left))
+		set("X-Ratelimit-Reset-Tokens", roundUp(reset).String())
+	}
+}
+
+// roundUp rounds a wait up to the millisecond.
+func roundUp(d time.Duration) time.Duration {
+	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
+}

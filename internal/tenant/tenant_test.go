@@ -1,0 +1,127 @@
+package tenant
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+)
+
+func set(t *testing.T, cfgs map[string]Config) *Set {
+	t.Helper()
+	s, err := New(cfgs, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestConfig(t *testing.T) {
+	s := set(t, map[string]Config{
+		"chat":  {Weight: 3, Priority: "interactive"},
+		"batch": {Priority: "batch", MaxPriority: "standard", TTFTSLO: time.Minute, MinTTFTSLO: 10 * time.Second},
+	})
+	if got := s.Names(); strings.Join(got, ",") != "batch,chat,default" {
+		t.Errorf("names %v", got)
+	}
+	if s.Lookup("nobody").Name != Default || s.Lookup("").Name != Default || s.Lookup("chat").Name != "chat" {
+		t.Error("Lookup")
+	}
+	if w := s.Weights(); w["chat"] != 3 || w["batch"] != 1 || w[Default] != 1 {
+		t.Errorf("weights %v", w)
+	}
+	for _, bad := range []map[string]Config{
+		{"a b": {}},
+		{"x": {Weight: -1}},
+		{"x": {Priority: "urgent"}},
+		{"x": {Priority: "interactive", MaxPriority: "batch"}},
+		{"x": {TTFTSLO: time.Second, MinTTFTSLO: 2 * time.Second}},
+		{"x": {TokensPerMinute: -5}},
+	} {
+		if _, err := New(bad, time.Second); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
+// A request's class: the tenant's priority and SLO, or what it asks within
+// what the tenant may; anything else is an error, never an upgrade.
+func TestClass(t *testing.T) {
+	s := set(t, map[string]Config{
+		"batch": {Priority: "batch", MaxPriority: "standard", TTFTSLO: time.Minute, MinTTFTSLO: 10 * time.Second, MinTPOTSLO: 20 * time.Millisecond},
+	})
+	b := s.Lookup("batch")
+	c, tpot, err := b.Class(Ask{}, 100)
+	if err != nil || c.Priority != admit.Batch || c.SLO != time.Minute || c.Tenant != "batch" || c.Tokens != 100 || tpot != 0 {
+		t.Fatalf("%+v %v %v", c, tpot, err)
+	}
+	c, tpot, err = b.Class(Ask{Priority: "standard", TTFTSLO: "15000", TPOTSLO: "25.5"}, 1)
+	if err != nil || c.Priority != admit.Standard || c.SLO != 15*time.Second || tpot != 25500*time.Microsecond {
+		t.Errorf("within bounds: %+v %v %v", c, tpot, err)
+	}
+	if c, _, err := b.Class(Ask{Priority: "sheddable"}, 1); err != nil || c.Priority != admit.Sheddable {
+		t.Errorf("asking for less: %+v %v", c, err)
+	}
+	for _, a := range []Ask{
+		{Priority: "interactive"}, {Priority: "urgent"}, {Priority: "99"},
+		{TTFTSLO: "500"}, {TTFTSLO: "abc"}, {TTFTSLO: "-1"}, {TTFTSLO: "NaN"}, {TTFTSLO: "1e30"}, {TTFTSLO: "700000"},
+		{TPOTSLO: "5"}, {TPOTSLO: "0"},
+	} {
+		if c, _, err := b.Class(a, 1); err == nil {
+			t.Errorf("%+v accepted: %+v", a, c)
+		}
+	}
+	if _, _, err := s.Lookup("x").Class(Ask{Priority: "batch"}, 1); err != nil {
+		t.Errorf("the default tenant asking for less: %v", err)
+	}
+}
+
+// Budgets: a tenant over its tokens per minute is refused with how long to
+// wait, gets through once the minute allows, and is charged what it used.
+func TestBudgets(t *testing.T) {
+	s := set(t, map[string]Config{"a": {TokensPerMinute: 6000, RequestsPerMinute: 3}})
+	a := s.Lookup("a")
+	t0 := time.Unix(1000, 0)
+	g, ref := a.Admit(t0, 4000)
+	if ref != nil {
+		t.Fatal(ref.Message)
+	}
+	g.Settle(t0, 5000) // it used 1,000 more than charged
+	h := http.Header{}
+	a.Headers(t0, h.Set)
+	if h.Get("X-Ratelimit-Limit-Tokens") != "6000" || h.Get("X-Ratelimit-Remaining-Tokens") != "1000" || h.Get("X-Ratelimit-Reset-Tokens") != "50s" ||
+		h.Get("X-Ratelimit-Limit-Requests") != "3" || h.Get("X-Ratelimit-Remaining-Requests") != "2" || h.Get("X-Ratelimit-Reset-Requests") != "20s" {
+		t.Errorf("headers %v", h)
+	}
+	_, ref = a.Admit(t0, 2000)
+	if ref == nil || ref.RetryAfter != 10*time.Second || !strings.Contains(ref.Message, "6000 tokens per minute") {
+		t.Fatalf("over budget: %+v", ref)
+	}
+	// The refusal charged nothing: 10 s later it goes.
+	if _, ref = a.Admit(t0.Add(10*time.Second), 2000); ref != nil {
+		t.Errorf("after 10 s: %s", ref.Message)
+	}
+	// A request larger than the whole budget never goes.
+	if _, ref = a.Admit(t0.Add(time.Hour), 7000); ref == nil || ref.RetryAfter != 0 {
+		t.Errorf("too large: %+v", ref)
+	}
+	// Three requests a minute.
+	b := set(t, map[string]Config{"b": {RequestsPerMinute: 3}}).Lookup("b")
+	for i := range 3 {
+		if _, ref := b.Admit(t0, 10); ref != nil {
+			t.Fatalf("request %d: %s", i, ref.Message)
+		}
+	}
+	if _, ref := b.Admit(t0, 10); ref == nil || ref.RetryAfter != 20*time.Second {
+		t.Errorf("fourth request: %+v", ref)
+	}
+	// Charged too much: given back.
+	c := set(t, map[string]Config{"c": {TokensPerMinute: 1000}}).Lookup("c")
+	g, _ = c.Admit(t0, 800)
+	g.Settle(t0, 300)
+	if left, _ := c.tokens.state(t0); left != 700 {
+		t.Errorf("after settling 300 of 800: %d left, want 700", left)
+	}
+}

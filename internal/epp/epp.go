@@ -35,6 +35,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/tracing"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
@@ -107,6 +108,11 @@ type exchange struct {
 	// traceparent and tracestate are the client's trace context, read
 	// when the core traces requests.
 	traceparent, tracestate string
+	// tenant and ask are the request's tenant and what it asks for, from
+	// the gateway's headers (the gateway authenticates its clients: its
+	// X-Gorgo-Tenant is trusted).
+	tenant string
+	ask    tenant.Ask
 
 	// The attempt: routed once the destination went to the gateway;
 	// status and served from the response's headers (served: the endpoint
@@ -184,6 +190,14 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 				x.traceparent = value(h)
 			case key == tracing.TracestateHeader && traced:
 				x.tracestate = value(h)
+			case key == tenantHeader:
+				x.tenant = value(h)
+			case key == priorityHeader:
+				x.ask.Priority = value(h)
+			case key == ttftSLOHeader:
+				x.ask.TTFTSLO = value(h)
+			case key == tpotSLOHeader:
+				x.ask.TPOTSLO = value(h)
 			}
 		}
 		x.subset = subset(msg.GetMetadataContext())
@@ -250,7 +264,7 @@ func kind(path string) lifecycle.Kind {
 func (x *exchange) decide(atHeaders bool) error {
 	x.decided, x.atHeaders = true, atHeaders
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
-		Parent: tracing.Parent(x.traceparent, x.tracestate)}
+		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: x.tenant, Ask: x.ask}
 	if atHeaders {
 		in.Kind = lifecycle.Opaque
 	}
@@ -639,3 +653,11 @@ func subset(md *corev3.Metadata) []string {
 	}
 	return out
 }
+
+// The request headers of tenants, lower-cased as ext_proc gives them.
+var (
+	tenantHeader   = strings.ToLower(tenant.TenantHeader)
+	priorityHeader = strings.ToLower(tenant.PriorityHeader)
+	ttftSLOHeader  = strings.ToLower(tenant.TTFTSLOHeader)
+	tpotSLOHeader  = strings.ToLower(tenant.TPOTSLOHeader)
+)

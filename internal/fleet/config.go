@@ -20,6 +20,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 // Config is the fleet's part of gorgo serve's (and gorgo epp's) config
@@ -86,6 +87,16 @@ type Config struct {
 	TTFTSLO        time.Duration `yaml:"ttft_slo"`
 	Admission      admit.Mode    `yaml:"admission"`
 	AdmissionQueue int           `yaml:"admission_queue"`
+	// SaturationWaiting is when the fleet is saturated for batch and
+	// sheddable work (see admit.Config.SaturationWaiting): every replica
+	// has more than this many requests waiting for a first token (default
+	// 0; -1: only when it would miss its SLO).
+	SaturationWaiting *int `yaml:"saturation_waiting"`
+	// Tenants are the teams sharing the fleet, by name (the API keys'
+	// names; see tenant.Config): their weights in fair shares, priorities,
+	// SLOs and budgets. Requests of a tenant not given are the "default"
+	// tenant's. Changing them needs a restart.
+	Tenants map[string]tenant.Config `yaml:"tenants"`
 	// Region is where this router runs: the region policies that prefer
 	// their own use (skywalker), and the default name on a mesh.
 	Region string `yaml:"region"`
@@ -365,7 +376,11 @@ func (c Config) Validate() error {
 	case math.IsNaN(c.TieMargin) || math.IsInf(c.TieMargin, 0):
 		return fmt.Errorf("config: tie_margin must be finite")
 	}
-	if _, err := c.admission(); err != nil {
+	ts, err := c.tenants()
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	if _, err := c.admission(ts); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
 	if m := c.Mesh; m != nil {
@@ -410,15 +425,29 @@ func (c *Config) PolicyOptions(name string) policy.Options {
 	return policy.Options{Params: c.Params[policy.Canonical(name)].Clone(), Region: c.Region}
 }
 
-// admission is the config's admission under a TTFT SLO (zero: off).
-func (c *Config) admission() (admit.Config, error) {
-	if c.TTFTSLO == 0 {
+// tenants are the config's tenants (nil without any).
+func (c *Config) tenants() (*tenant.Set, error) {
+	if len(c.Tenants) == 0 {
+		return nil, nil
+	}
+	return tenant.New(c.Tenants, c.TTFTSLO)
+}
+
+// admission is the config's flow control (zero SLO and no tenant's: off).
+func (c *Config) admission(ts *tenant.Set) (admit.Config, error) {
+	if c.TTFTSLO == 0 && (ts == nil || !ts.HasSLO()) {
 		if c.Admission != "" || c.AdmissionQueue != 0 {
 			return admit.Config{}, fmt.Errorf("admission and admission_queue need ttft_slo (--ttft-slo)")
 		}
 		return admit.Config{}, nil
 	}
 	a := admit.Config{SLO: c.TTFTSLO, MaxQueue: c.AdmissionQueue}
+	if c.SaturationWaiting != nil {
+		a.SaturationWaiting = *c.SaturationWaiting
+	}
+	if ts != nil {
+		a.Weights = ts.Weights()
+	}
 	if c.Admission != "" {
 		m, err := admit.ParseMode(string(c.Admission))
 		if err != nil {

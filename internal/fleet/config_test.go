@@ -9,7 +9,7 @@ import (
 func TestAdmissionConfig(t *testing.T) {
 	ok := Config{TTFTSLO: time.Second, Admission: "Reject", Replicas: []ReplicaConfig{{URL: "http://x"}}}
 	ok = ok.Defaults()
-	if a, err := ok.admission(); err != nil || a.Mode != "reject" {
+	if a, err := ok.admission(nil); err != nil || a.Mode != "reject" {
 		t.Errorf("admission: Reject: %+v %v", a, err)
 	}
 	for _, bad := range []Config{{TTFTSLO: time.Second, Admission: "later"}, {Admission: "queue"}, {TTFTSLO: -time.Second}} {

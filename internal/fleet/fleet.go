@@ -138,7 +138,8 @@ func New(cfg Config, o Options) (*Fleet, error) {
 	}}
 	f.m = newMetrics(o.Registry)
 	o.Registry.MustRegister(stateCollector{f})
-	adm, _ := cfg.admission() // validated
+	ts, _ := cfg.tenants()      // validated
+	adm, _ := cfg.admission(ts) // validated
 	var obs lifecycle.Observer
 	if cfg.Mesh != nil {
 		if err := f.joinMesh(*cfg.Mesh, cfg.Region); err != nil {
@@ -146,9 +147,13 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		}
 		obs = f.bus
 	}
+	lm := lifecycle.NewMetrics(o.Registry)
+	if ts != nil {
+		lm.SetTenants(ts.Names())
+	}
 	f.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken}, BlockTokens: cfg.BlockTokens,
-		MaxAttempts: cfg.MaxAttempts, Fallbacks: o.Fallbacks, Start: f.start, Health: f, Metrics: lifecycle.NewMetrics(o.Registry),
-		Log: o.AccessLog, Seed: cfg.Seed, Admission: adm, Observer: obs, Tap: o.Tap, Aliases: f.aliases})
+		MaxAttempts: cfg.MaxAttempts, Fallbacks: o.Fallbacks, Start: f.start, Health: f, Metrics: lm,
+		Log: o.AccessLog, Seed: cfg.Seed, Admission: adm, Observer: obs, Tap: o.Tap, Aliases: f.aliases, Tenants: ts})
 	if _, err := f.Want(SourceConfig, cfg.Replicas); err != nil {
 		f.leaveMesh()
 		return nil, err

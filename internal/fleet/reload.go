@@ -94,6 +94,8 @@ func fixed(cur, next *Config) []string {
 	keep("mesh", cur.Mesh, next.Mesh, func() { next.Mesh = cur.Mesh })
 	keep("admission", cur.Admission, next.Admission, func() { next.Admission = cur.Admission })
 	keep("admission_queue", cur.AdmissionQueue, next.AdmissionQueue, func() { next.AdmissionQueue = cur.AdmissionQueue })
+	keep("saturation_waiting", cur.SaturationWaiting, next.SaturationWaiting, func() { next.SaturationWaiting = cur.SaturationWaiting })
+	keep("tenants", cur.Tenants, next.Tenants, func() { next.Tenants = cur.Tenants })
 	keep("upstream_tls", cur.UpstreamTLS, next.UpstreamTLS, func() { next.UpstreamTLS = cur.UpstreamTLS })
 	keep("adapter_load_time", cur.AdapterLoadTime, next.AdapterLoadTime, func() { next.AdapterLoadTime = cur.AdapterLoadTime })
 	keep("adapter_load_times", cur.AdapterLoadTimes, next.AdapterLoadTimes, func() { next.AdapterLoadTimes = cur.AdapterLoadTimes })

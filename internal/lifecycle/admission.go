@@ -93,7 +93,29 @@ func (c *Core) release() {
 // refuseHeld answers a held request refused by flow control.
 func (c *Core) refuseHeld(r *Request, why admit.Reason) {
 	c.cfg.Metrics.admitted(string(why))
-	r.held <- verdict{err: c.sloError(admit.Prediction{}, "the request waited in the admission queue and can no longer meet")}
+	c.cfg.Metrics.tenantRefused(r.class.Tenant, r.class.Priority, string(why))
+	if why == admit.ReasonEvicted {
+		r.held <- verdict{err: c.refusal(r, admit.Prediction{}, why)}
+		return
+	}
+	r.held <- verdict{err: c.sloError(r, admit.Prediction{}, "the request waited in the admission queue and can no longer meet")}
+}
+
+// refusal is the 429 for a request flow control refused for why.
+func (c *Core) refusal(r *Request, p admit.Prediction, why admit.Reason) *wire.Error {
+	var e *wire.Error
+	switch why {
+	case admit.ReasonShed:
+		e = wire.Errorf(statusTooMany, "the fleet is saturated and the request is sheddable (priority %s)", admit.PriorityName(r.class.Priority))
+	case admit.ReasonFull:
+		e = wire.Errorf(statusTooMany, "the admission queue is full of requests of priority %s or above: the fleet is overloaded", admit.PriorityName(r.class.Priority))
+	case admit.ReasonEvicted:
+		e = wire.Errorf(statusTooMany, "the request waited in the admission queue and was pushed out by requests of a higher priority: the fleet is overloaded")
+	default:
+		return c.sloError(r, p, "the request is predicted to miss")
+	}
+	e.RetryAfter = "1"
+	return e
 }
 
 func (c *Core) predict(now time.Duration, r *Request) (admit.Prediction, bool) {
@@ -101,8 +123,11 @@ func (c *Core) predict(now time.Duration, r *Request) (admit.Prediction, bool) {
 	return admit.Prediction{Best: f.Best, Floor: f.Floor, Waiting: f.Waiting}, err == nil
 }
 
-func (c *Core) sloError(p admit.Prediction, why string) *wire.Error {
-	slo := c.adm.gate.Config().SLO
+func (c *Core) sloError(r *Request, p admit.Prediction, why string) *wire.Error {
+	slo := r.class.SLO
+	if slo <= 0 {
+		slo = c.adm.gate.Config().SLO
+	}
 	e := wire.Errorf(statusTooMany, "%s the TTFT SLO of %v: the fleet is overloaded", why, slo)
 	e.RetryAfter = strconv.Itoa(admit.RetryAfter(p, slo))
 	return e
@@ -126,15 +151,17 @@ func (r *Request) admit(ctx context.Context) (*wire.Error, error) {
 		return nil, nil // no replica: Next says so
 	}
 	a.mu.Lock()
-	switch v, _ := a.gate.Arrive(r, r.class, now, p, c.refuseHeld); v {
+	switch v, why := a.gate.Arrive(r, r.class, now, p, c.refuseHeld); v {
 	case admit.Go:
 		a.mu.Unlock()
 		c.cfg.Metrics.admitted("go")
+		c.cfg.Metrics.tenantVerdict(r.class.Tenant, r.class.Priority, "go")
 		return nil, nil
 	case admit.Reject:
 		a.mu.Unlock()
 		c.cfg.Metrics.admitted("rejected")
-		return c.sloError(p, "the request is predicted to miss"), nil
+		c.cfg.Metrics.tenantRefused(r.class.Tenant, r.class.Priority, string(why))
+		return c.refusal(r, p, why), nil
 	}
 	if a.closed { // nobody would release it
 		a.gate.Drop(func(q *Request) bool { return q == r })
@@ -149,8 +176,11 @@ func (r *Request) admit(ctx context.Context) (*wire.Error, error) {
 	a.mu.Unlock()
 	c.kickAdmission() // requests of its band wait: it goes when it may
 	c.cfg.Metrics.admitted("held")
+	c.cfg.Metrics.tenantVerdict(r.class.Tenant, r.class.Priority, "held")
+	held := time.Now()
 	select {
 	case v := <-r.held:
+		c.cfg.Metrics.tenantWaited(r.class.Tenant, r.class.Priority, time.Since(held))
 		return v.err, nil
 	case <-ctx.Done():
 	}

@@ -35,6 +35,7 @@ func (r *Request) end(o Outcome, at time.Time) int {
 	}
 	r.traceEnd(status, at, o.Err)
 	r.record(status, at, o.Err)
+	r.settleBudget(at)
 	r.release()
 	return status
 }
@@ -120,6 +121,9 @@ func (r *Request) record(status int, at time.Time, err error) {
 		ttft = r.first.Sub(r.Received)
 	}
 	c.cfg.Metrics.ended(id, r.modelLabel, status, ttft, at.Sub(r.Received))
+	if r.tenant != nil && status == statusOK {
+		c.cfg.Metrics.tenantServed(r.tenant.Name, r.class.Priority, ttft, at.Sub(r.Received))
+	}
 	if c.cfg.Tap != nil && r.tapID != 0 {
 		c.cfg.Tap.Ended(r.tapID, id, status, max(ttft, 0), at.Sub(r.Received))
 	}
@@ -141,6 +145,7 @@ func (r *Request) record(status int, at time.Time, err error) {
 // recycles the Request.
 func (r *Request) reject(e *wire.Error) {
 	c := r.core
+	r.grant.Settle(time.Now(), 0) // not served: its tenant is charged nothing
 	r.traceEnd(e.Status, time.Now(), e)
 	c.cfg.Metrics.ended("", r.modelLabel, e.Status, noTTFT, 0)
 	if c.cfg.Log != nil {
@@ -153,6 +158,7 @@ func (r *Request) reject(e *wire.Error) {
 // abandon closes a request whose client went away while no replica was
 // serving it.
 func (r *Request) abandon() {
+	r.settleBudget(time.Now()) // its prompt may have been read
 	r.free()
 	r.traceEnd(statusClientGone, time.Now(), nil)
 	r.core.cfg.Metrics.ended(r.ticket.ID, r.modelLabel, statusClientGone, noTTFT, 0)

@@ -29,6 +29,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/prefix"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -79,6 +80,9 @@ type Config struct {
 	// Aliases, if set, are the router's own model names (aliases and
 	// canary splits), resolved before a decision.
 	Aliases *models.Resolver
+	// Tenants, if set, are the teams sharing the fleet: each request's
+	// class and budgets (see tenants.go).
+	Tenants *tenant.Set
 }
 
 // Tap hears of each request's first decision (the chosen replica and the
@@ -117,7 +121,7 @@ func NewCore(cfg Config) *Core {
 		cfg.Fallbacks = cfg.MaxAttempts - 1
 	}
 	c := &Core{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x4f1bbcdcbfa53e0a))}
-	if cfg.Admission.SLO > 0 {
+	if cfg.Admission.SLO > 0 || cfg.Tenants != nil && cfg.Tenants.HasSLO() {
 		c.adm = &admission{gate: admit.New[*Request](cfg.Admission), kick: make(chan struct{}, 1)}
 	}
 	return c
@@ -166,8 +170,11 @@ type Request struct {
 	// Received is when the request arrived.
 	Received time.Time
 	// class is what flow control knows of it: tenant, priority, tokens,
-	// SLO.
-	class admit.Class
+	// SLO; tenant its tenant (nil without tenants), grant its charge to
+	// the tenant's budgets.
+	class  admit.Class
+	tenant *tenant.Tenant
+	grant  tenant.Grant
 
 	ticket    router.Ticket
 	active    bool               // ticket is in a replica's ledger

@@ -18,6 +18,7 @@ type Metrics struct {
 	admission *prometheus.CounterVec
 	queue     prometheus.Gauge
 	cost      *prometheus.HistogramVec
+	tm        *tenantMetrics
 
 	// labels are the model names the series are labelled with: the first
 	// maxModelLabels served or aliased names seen; others are "other".
@@ -56,6 +57,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}}, []string{"term"}),
 	}
 	reg.MustRegister(m.requests, m.retries, m.ttft, m.e2e, m.decision, m.admission, m.queue, m.cost)
+	m.tm = newTenantMetrics(reg)
 	m.labels = map[string]bool{}
 	return m
 }

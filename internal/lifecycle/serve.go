@@ -6,6 +6,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -24,6 +25,13 @@ type Incoming struct {
 	// Parent is the client's trace context (a W3C traceparent), read by a
 	// front end when the core traces requests (Core.Tracing).
 	Parent trace.SpanContext
+	// Tenant names whose request it is (an API key's name, a trusted
+	// gateway's header; "": the default tenant) and Ask is what it asks
+	// for in its headers. SetHeader, if set, puts a header on the answer
+	// or refusal (the tenant's x-ratelimit-* budgets).
+	Tenant    string
+	Ask       tenant.Ask
+	SetHeader func(name, value string)
 }
 
 // A FrontEnd is what differs between gorgo's front ends: how an attempt
@@ -75,6 +83,14 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		return e.Status
 	}
 	r.Route.Allowed = in.Allowed
+	if e := r.classify(&in, in.Received); e != nil {
+		if e.Status == statusBadRequest {
+			c.cfg.Metrics.tenantRefused(in.Tenant, r.class.Priority, "bad_request")
+		}
+		r.reject(e)
+		fe.Refuse(e)
+		return e.Status
+	}
 	r.traceStart(ctx, in.Parent, in.Kind)
 	e, gone := r.admit(ctx)
 	r.traceQueue(e, gone)

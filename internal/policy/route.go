@@ -44,6 +44,10 @@ type Request struct {
 	// that many requests or more waiting for their first token (flow
 	// control's saturation for batch work), unless every one has.
 	WaitingCap int
+	// TPOTSLOMS, if positive, is the time per output token the request
+	// asks for: the decision keeps off the replicas whose ITL model
+	// predicts more with it among their decodes, unless every one does.
+	TPOTSLOMS float64
 	// Model is the served name the request is for (a base model or a LoRA
 	// adapter; an alias already resolved): the router shows a policy only
 	// the replicas that serve it. Empty: any replica.

@@ -16,6 +16,12 @@ type Config struct {
 	// Auth configures client API keys; RateLimit limits request rates.
 	Auth      AuthConfig      `yaml:"auth"`
 	RateLimit RateLimitConfig `yaml:"rate_limit"`
+	// TenantHeader is what the listener does with a client's
+	// X-Gorgo-Tenant: "refuse" it with a 400 (the default: a client must
+	// not pick its tenant), "ignore" it, or "trust" it (the listener sits
+	// behind a gateway that sets it). Otherwise a request's tenant is its
+	// API key's name.
+	TenantHeader string `yaml:"tenant_header"`
 	// HeaderTimeout bounds waiting for a stream's response headers
 	// (default 30 s): SGLang and vLLM start a stream at once, even for a
 	// request they queue, so a replica that sends none is hung, and the
@@ -106,8 +112,20 @@ func (c Config) Validate() error {
 	if err := c.RateLimit.validate(); err != nil {
 		return err
 	}
+	switch c.TenantHeader {
+	case "", tenantRefuse, tenantIgnore, tenantTrust:
+	default:
+		return fmt.Errorf("config: tenant_header must be refuse, ignore or trust, got %q", c.TenantHeader)
+	}
 	if c.MaxBodyBytes < 1 || c.MaxAnswerBytes < 1 {
 		return fmt.Errorf("config: max_body_bytes and max_answer_bytes must be positive")
 	}
 	return nil
 }
+
+// What a listener does with a client's X-Gorgo-Tenant (Config.TenantHeader).
+const (
+	tenantRefuse = "refuse"
+	tenantIgnore = "ignore"
+	tenantTrust  = "trust"
+)

@@ -267,13 +267,17 @@ func (r *Router) Redispatch(now time.Duration, c *Candidate, req *policy.Request
 	return r.enter(&fb, req)
 }
 
-// shelter drops from the candidates the replicas with limit requests or
-// more waiting for their first token, unless none would be left (flow
-// control let the request go on a forecast the fleet has changed since).
-func (r *Router) shelter(limit int) {
+// shelter drops from the candidates the replicas with waiting requests
+// or more waiting for their first token (0: any number), and those whose
+// ITL model predicts more than tpotMS with the request among their decodes
+// (0: any), unless none would be left (flow control let the request go on
+// a forecast the fleet has changed since; no replica meets the TPOT).
+func (r *Router) shelter(waiting int, tpotMS float64) {
 	k := 0
 	for i, m := range r.cand {
-		if m.inflight.Load()-m.decoding.Load() < int64(limit) {
+		v := &r.views[i]
+		if (waiting <= 0 || m.inflight.Load()-m.decoding.Load() < int64(waiting)) &&
+			(tpotMS <= 0 || v.ITLBaseMS+v.ITLSlopeMS*float64(v.InFlight+1) <= tpotMS) {
 			r.views[k], r.cand[k], r.adapter[k] = r.views[i], r.cand[i], r.adapter[i]
 			k++
 		}
@@ -408,8 +412,8 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	if len(r.views) == 0 {
 		return dst, policy.ErrNoReplica
 	}
-	if req.WaitingCap > 0 {
-		r.shelter(req.WaitingCap)
+	if req.WaitingCap > 0 || req.TPOTSLOMS > 0 {
+		r.shelter(req.WaitingCap, req.TPOTSLOMS)
 	}
 	r.dec.Tag, r.dec.ExactTies = 0, false
 	if err := pol.Decide(&r.dec, req, r.views, rng); err != nil {

@@ -1,0 +1,169 @@
+package lifecycle
+
+import (
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// Tenants. A front end names a request's tenant (Incoming.Tenant) and
+// passes what it asks for (Incoming.Ask); classify turns them into its
+// class for flow control (tenant, priority, TTFT SLO, tokens), its TPOT
+// SLO for the decision, and a charge to its tenant's budgets, whose state
+// goes back to the client in OpenAI's x-ratelimit-* headers (on answers
+// and refusals alike). The charge is settled with the request's output
+// when it ends.
+
+// classify sets the request's class and charges its tenant's budgets, or
+// says why it is refused: a 400 for an ask out of bounds, a 429 over
+// budget.
+func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
+	c := r.core
+	r.class = admit.Class{Priority: admit.Standard, Tokens: r.Route.PromptTokens + c.cfg.Router.ExpectedOutput(r.Route.MaxOutputTokens)}
+	ts := c.cfg.Tenants
+	if ts == nil {
+		return nil
+	}
+	t := ts.Lookup(in.Tenant)
+	r.tenant = t
+	class, tpot, err := t.Class(in.Ask, r.class.Tokens)
+	if err != nil {
+		return wire.Errorf(statusBadRequest, "%v", err)
+	}
+	r.class = class
+	r.Route.TPOTSLOMS = float64(tpot) / 1e6
+	r.Route.WaitingCap = c.cfg.Admission.WaitingCap(class.Priority)
+	grant, refusal := t.Admit(now, r.Route.PromptTokens)
+	if in.SetHeader != nil {
+		t.Headers(now, in.SetHeader)
+	}
+	if refusal != nil {
+		e := wire.Errorf(statusTooMany, "%s", refusal.Message)
+		if refusal.RetryAfter > 0 {
+			e.RetryAfter = strconv.Itoa(max(1, int(math.Ceil(refusal.RetryAfter.Seconds()))))
+		}
+		c.cfg.Metrics.tenantRefused(t.Name, class.Priority, "budget")
+		return e
+	}
+	r.grant = grant
+	return nil
+}
+
+// settleBudget charges the tenant what the request used: its prompt's
+// estimate and the tokens it was answered with.
+func (r *Request) settleBudget(at time.Time) {
+	if r.tenant != nil {
+		r.grant.Settle(at, r.Route.PromptTokens+r.outputTokens())
+	}
+}
+
+// tenantMetrics are the series by tenant and priority: configured tenants
+// and named priorities only (others are "other").
+type tenantMetrics struct {
+	requests *prometheus.CounterVec
+	refused  *prometheus.CounterVec
+	wait     *prometheus.HistogramVec
+	ttft     *prometheus.HistogramVec
+	e2e      *prometheus.HistogramVec
+	known    map[string]bool // the tenants labelled by name
+}
+
+func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
+	labels := []string{"tenant", "priority"}
+	m := &tenantMetrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_tenant_requests_total",
+			Help: "Requests by tenant, priority and how flow control took them: go (at once), held (queued first), refused."}, append(labels, "verdict")),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_tenant_refused_total",
+			Help: "Requests refused by tenant, priority and reason: budget, slo (predicted to miss it), expired (waited past it), shed (sheddable, the fleet saturated), queue_full, evicted (pushed out by a higher priority), bad_request."}, append(labels, "reason")),
+		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gorgo_tenant_queue_wait_seconds",
+			Help: "Time held requests waited in the router-side queue, by tenant and priority.", Buckets: latencyBuckets}, labels),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gorgo_tenant_ttft_seconds",
+			Help: "TTFT of served requests by tenant and priority.", Buckets: latencyBuckets}, labels),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gorgo_tenant_e2e_seconds",
+			Help: "E2E of served requests by tenant and priority.", Buckets: latencyBuckets}, labels),
+	}
+	reg.MustRegister(m.requests, m.refused, m.wait, m.ttft, m.e2e)
+	return m
+}
+
+// SetTenants labels the series of these tenants by name; others are
+// "other".
+func (m *Metrics) SetTenants(names []string) {
+	if m == nil {
+		return
+	}
+	known := make(map[string]bool, len(names))
+	for _, n := range names {
+		known[n] = true
+	}
+	m.mu.Lock()
+	m.tm.known = known
+	m.mu.Unlock()
+}
+
+// tenantLabels are a request's tenant and priority labels; ok is false
+// without tenants (no series then).
+func (m *Metrics) tenantLabels(name string, prio int) (t, p string, ok bool) {
+	m.mu.Lock()
+	known, any := m.tm.known[name], m.tm.known != nil
+	m.mu.Unlock()
+	if !any {
+		return "", "", false
+	}
+	if !known {
+		name = tenant.Other
+	}
+	p = admit.PriorityName(prio)
+	if _, err := strconv.Atoi(p); err == nil {
+		p = tenant.Other
+	}
+	return name, p, true
+}
+
+func (m *Metrics) tenantVerdict(name string, prio int, verdict string) {
+	if m == nil {
+		return
+	}
+	if t, p, ok := m.tenantLabels(name, prio); ok {
+		m.tm.requests.WithLabelValues(t, p, verdict).Inc()
+	}
+}
+
+func (m *Metrics) tenantRefused(name string, prio int, reason string) {
+	if m == nil {
+		return
+	}
+	if t, p, ok := m.tenantLabels(name, prio); ok {
+		m.tm.requests.WithLabelValues(t, p, "refused").Inc()
+		m.tm.refused.WithLabelValues(t, p, reason).Inc()
+	}
+}
+
+func (m *Metrics) tenantWaited(name string, prio int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	if t, p, ok := m.tenantLabels(name, prio); ok {
+		m.tm.wait.WithLabelValues(t, p).Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) tenantServed(name string, prio int, ttft, e2e time.Duration) {
+	if m == nil {
+		return
+	}
+	t, p, ok := m.tenantLabels(name, prio)
+	if !ok {
+		return
+	}
+	if ttft != noTTFT {
+		m.tm.ttft.WithLabelValues(t, p).Observe(ttft.Seconds())
+	}
+	m.tm.e2e.WithLabelValues(t, p).Observe(e2e.Seconds())
+}

@@ -1,0 +1,109 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
+)
+
+// send posts a chat completion with the headers and returns the status,
+// the body and the answer's headers.
+func send(t *testing.T, url, body string, headers map[string]string) (int, string, http.Header) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header
+}
+
+// A tenant over its tokens per minute gets a 429 in OpenAI's shape with
+// Retry-After and the x-ratelimit-* headers (on answers too), and gets
+// through once the minute allows.
+func TestTenantTokenBudget(t *testing.T) {
+	a := startReplica(t, 5*time.Millisecond, emulator.Faults{})
+	_, url := startProxy(t, testConfig{
+		Fleet: fleet.Config{ProbeInterval: time.Hour, Tenants: map[string]tenant.Config{"a": {TokensPerMinute: 600}}},
+		Proxy: Config{TenantHeader: "trust"}}, a)
+	who := map[string]string{tenant.TenantHeader: "a"}
+	prompt := strings.Repeat("word ", 80) // about 100 estimated tokens
+	var h http.Header
+	var code int
+	var body string
+	served := 0
+	for range 20 {
+		if code, body, h = send(t, url, chatBody(prompt, 2, false), who); code != 200 {
+			break
+		}
+		served++
+		if h.Get("X-Ratelimit-Limit-Tokens") != "600" || h.Get("X-Ratelimit-Remaining-Tokens") == "" || h.Get("X-Ratelimit-Reset-Tokens") == "" {
+			t.Fatalf("an answer without the budget's headers: %v", h)
+		}
+	}
+	if code != 429 || served < 3 || served > 6 || !strings.Contains(body, `"type":"RateLimitError"`) || !strings.Contains(body, "600 tokens per minute") {
+		t.Fatalf("after %d served: %d %s", served, code, body)
+	}
+	retry, err := strconv.Atoi(h.Get("Retry-After"))
+	if err != nil || retry < 1 || retry > 60 || h.Get("X-Ratelimit-Limit-Tokens") != "600" {
+		t.Fatalf("refusal headers %v", h)
+	}
+	if left, _ := strconv.Atoi(h.Get("X-Ratelimit-Remaining-Tokens")); left >= 110 {
+		t.Errorf("refused with %d tokens left", left)
+	}
+	// Another tenant is not held back.
+	if code, body, _ := send(t, url, chatBody(prompt, 2, false), nil); code != 200 {
+		t.Errorf("the default tenant: %d %s", code, body)
+	}
+	time.Sleep(time.Duration(retry)*time.Second + 200*time.Millisecond)
+	if code, body, _ := send(t, url, chatBody(prompt, 2, false), who); code != 200 {
+		t.Errorf("after Retry-After: %d %s", code, body)
+	}
+}
+
+// What a client may not ask for is a 400 naming the header, never a
+// silent upgrade; a tenant header from a client the listener does not
+// trust is refused.
+func TestTenantAsksOutOfBounds(t *testing.T) {
+	a := startReplica(t, 5*time.Millisecond, emulator.Faults{})
+	before := a.Served()
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, TTFTSLO: 10 * time.Second,
+		Tenants: map[string]tenant.Config{"default": {Priority: "standard", MinTTFTSLO: time.Second, MinTPOTSLO: 10 * time.Millisecond}}}}, a)
+	for _, c := range []struct {
+		headers map[string]string
+		want    string
+	}{
+		{map[string]string{tenant.PriorityHeader: "interactive"}, "X-Gorgo-Priority: interactive is above"},
+		{map[string]string{tenant.PriorityHeader: "urgent"}, "unknown priority"},
+		{map[string]string{tenant.TTFTSLOHeader: "fast"}, "not a positive number"},
+		{map[string]string{tenant.TTFTSLOHeader: "100"}, "outside what tenant default may ask"},
+		{map[string]string{tenant.TPOTSLOHeader: "1"}, "tighter than tenant default may ask"},
+		{map[string]string{tenant.TenantHeader: "vip"}, "does not let clients name their tenant"},
+	} {
+		code, body, _ := send(t, url, chatBody("hi", 2, false), c.headers)
+		if code != 400 || !strings.Contains(body, c.want) {
+			t.Errorf("%v: %d %s", c.headers, code, body)
+		}
+	}
+	if n := a.Served() - before; n != 0 {
+		t.Errorf("%d refused requests reached the replica", n)
+	}
+	for _, ok := range []map[string]string{{tenant.PriorityHeader: "batch"}, {tenant.TTFTSLOHeader: "2000", tenant.TPOTSLOHeader: "50"}} {
+		if code, body, _ := send(t, url, chatBody("hi", 2, false), ok); code != 200 {
+			t.Errorf("%v: %d %s", ok, code, body)
+		}
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
@@ -23,6 +24,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/serve"
 	"github.com/gorgo-llm/gorgo/internal/sim"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -49,6 +51,11 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "random seed")
 	topology := fs.String("topology", "paper", "the emulated fleet: a built-in topology ("+strings.Join(sim.TopologyNames(), ", ")+") or a YAML file, e.g. examples/topologies/lora.yaml; each replica serves the models and adapters its topology gives")
 	models := fs.String("models", "", "mix models into the workload: each session names one model, drawn by weight from `NAME:W,NAME:W,...` (the names the topology's replicas serve)")
+	tenants := fs.String("tenants", "", "mix tenants into the workload, `NAME:PRIORITY:SHARE,...` (e.g. chat:interactive:0.25,batch:batch:0.75); the router trusts the replayer's X-Gorgo-Tenant and gives each tenant its priority")
+	only := fs.String("tenant-only", "", "keep only this `TENANT`'s requests (its solo run)")
+	var af admissionFlags
+	af.register(fs)
+	maxInflight := fs.Int("max-inflight", sim.DefaultMaxInflight, "the replayer's cap on requests in flight (0 = none)")
 	meshDemo := fs.Bool("mesh", false, "a router in every region instead: paper-mesh (clients 45/30/25% in the paper's three regions), central and region-local against the default policy in every region sharing state over NATS")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -60,8 +67,8 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--speedup must be between 1 and 50, got %v", *speedup)
 	}
 	if *meshDemo {
-		if *topology != "paper" || *models != "" {
-			return fmt.Errorf("--mesh runs its own fleet: --topology and --models are for the single-router demo")
+		if *topology != "paper" || *models != "" || *tenants != "" || af.slo != 0 {
+			return fmt.Errorf("--mesh runs its own fleet: --topology, --models, --tenants and --ttft-slo are for the single-router demo")
 		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
@@ -84,7 +91,20 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--topology: %w", err)
 	}
-	wl := workloadFlags{preset: "artchat", duration: *duration, timeScale: *timeScale, seed: *seed, models: *models}
+	modes, err := af.modes()
+	if err != nil {
+		return err
+	}
+	if len(modes) != 1 {
+		return fmt.Errorf("--admission: the demo runs one mode at a time")
+	}
+	flow := demoFlow{adm: modes[0], satWaiting: af.satWaiting, maxInflight: *maxInflight}
+	if *tenants != "" {
+		if flow.tenants, err = trace.ParseTenants(*tenants); err != nil {
+			return fmt.Errorf("--tenants: %w", err)
+		}
+	}
+	wl := workloadFlags{preset: "artchat", duration: *duration, timeScale: *timeScale, seed: *seed, models: *models, tenants: *tenants, only: *only}
 	reqs, desc, err := wl.load()
 	if err != nil {
 		return err
@@ -108,20 +128,23 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 
 	fmt.Fprintf(stdout, "workload: %s\nfleet: %s\nspeedup: %gx (model and network)\n\n", desc, describeFleet(top, reps), *speedup)
 	var live, predicted []report.Run
+	var liveRecs, simRecs [][]report.Record
 	for _, name := range names {
 		fmt.Fprintf(stdout, "%-24s ", policy.Canonical(name))
 		start := time.Now()
-		run, err := demoPolicy(ctx, stdout, name, reps, wall, *speedup, *seed)
+		run, recs, err := demoPolicy(ctx, stdout, name, reps, wall, *speedup, *seed, flow)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
 		live = append(live, run)
+		liveRecs = append(liveRecs, recs)
 		pol, _ := policy.New(name, policy.Options{})
-		res, err := sim.Run(sim.Config{Replicas: reps, Requests: reqs, Policy: pol, MaxInflight: sim.DefaultMaxInflight, Seed: *seed})
+		res, err := sim.Run(sim.Config{Replicas: reps, Requests: reqs, Policy: pol, MaxInflight: *maxInflight, Seed: *seed, Admission: flow.adm, GoodputSLO: flow.adm.SLO})
 		if err != nil {
 			return err
 		}
 		predicted = append(predicted, res.Run)
+		simRecs = append(simRecs, res.Records)
 		fmt.Fprintf(stdout, "%d requests in %v\n", run.Requests, time.Since(start).Round(100*time.Millisecond))
 	}
 	fmt.Fprintln(stdout, "\nlive (emulated replicas behind gorgo's proxy, times in real-time ms):")
@@ -129,13 +152,37 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(stdout, "\nsimulated (the same workload and fleet in `gorgo sim`):")
-	return report.WriteTable(stdout, predicted)
+	if err := report.WriteTable(stdout, predicted); err != nil {
+		return err
+	}
+	if flow.tenants == nil {
+		return nil
+	}
+	slo := float64(flow.adm.SLO) / 1e6
+	for k, pair := range [][][]report.Record{liveRecs, simRecs} {
+		fmt.Fprintf(stdout, "\nby tenant, %s:\n", [...]string{"live", "simulated"}[k])
+		for i, recs := range pair {
+			if err := report.WriteTenants(stdout, live[i].Policy, report.ByTenant(recs, slo)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// demoFlow is the demo's flow control: its admission, and the tenants the
+// router gives their priorities (nil: none).
+type demoFlow struct {
+	adm         admit.Config
+	satWaiting  int
+	tenants     []trace.TenantShare
+	maxInflight int
 }
 
 // demoPolicy brings up a fleet and a proxy with the named policy, replays
 // the workload through it, tears everything down and returns the run with
 // its times scaled back to real time.
-func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Replica, reqs []trace.Request, speedup float64, seed uint64) (report.Run, error) {
+func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Replica, reqs []trace.Request, speedup float64, seed uint64, flow demoFlow) (report.Run, []report.Record, error) {
 	// A replica whose topology names no models serves every model the
 	// workload names.
 	var anyModel []string
@@ -167,12 +214,12 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 		}
 		em, err := emulator.New(ec)
 		if err != nil {
-			return report.Run{}, err
+			return report.Run{}, nil, err
 		}
 		ems = append(ems, em)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return report.Run{}, err
+			return report.Run{}, nil, err
 		}
 		link := netem.NewLink(time.Duration(float64(r.RTT)/speedup), time.Duration(float64(r.Jitter)/speedup), seed+uint64(k))
 		hs := &http.Server{Handler: em.Handler()}
@@ -187,25 +234,39 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 	cfg.ProbeInterval = time.Duration(float64(30*time.Second) / speedup)
 	cfg.ScrapeInterval = cfg.ProbeInterval
 	cfg.Policy, cfg.Seed = name, seed
+	// Flow control, as in the simulator: the SLO in router time (the
+	// model runs speedup times faster), the tenants and their priorities.
+	if flow.adm.SLO > 0 {
+		cfg.TTFTSLO = time.Duration(float64(flow.adm.SLO) / speedup)
+		cfg.Admission, cfg.AdmissionQueue = flow.adm.Mode, flow.adm.MaxQueue
+		cfg.SaturationWaiting = &flow.satWaiting
+	}
+	if flow.tenants != nil {
+		cfg.Proxy.TenantHeader = "trust"
+		cfg.Tenants = map[string]tenant.Config{}
+		for _, t := range flow.tenants {
+			cfg.Tenants[t.Name] = tenant.Config{Priority: t.Priority, MaxPriority: t.Priority, Weight: flow.adm.Weights[t.Name]}
+		}
+	}
 	px, err := serve.New(cfg, serve.Options{Proxy: true})
 	if err != nil {
-		return report.Run{}, err
+		return report.Run{}, nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return report.Run{}, err
+		return report.Run{}, nil, err
 	}
 	px.Fleet.ProbeOnce(ctx)
 	// The live view of each run, on an admin listener of its own.
 	adminLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return report.Run{}, err
+		return report.Run{}, nil, err
 	}
 	fmt.Fprintf(view, "(live view: http://%s/admin/ui/) ", adminLn.Addr())
 	go serveAll(ctx, px.Run, served{h: px.Proxy.Handler(), ln: ln}, served{h: px.Admin.Handler(), ln: adminLn})
-	out, err := replay.Run(ctx, replay.Config{Target: "http://" + ln.Addr().String(), Requests: reqs, MaxInflight: sim.DefaultMaxInflight})
+	out, err := replay.Run(ctx, replay.Config{Target: "http://" + ln.Addr().String(), Requests: reqs, MaxInflight: flow.maxInflight})
 	if err != nil {
-		return report.Run{}, err
+		return report.Run{}, nil, err
 	}
 	ids := make([]string, len(reps))
 	for i, r := range reps {
@@ -227,7 +288,14 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 		adLoads += g.AdapterLoads
 	}
 	run.ScoreAdapters(adReqs, adLoads)
-	return run, nil
+	if flow.adm.SLO > 0 {
+		span := 0.0
+		for _, r := range out.Records {
+			span = max(span, r.Arrival/1000)
+		}
+		run.ScoreSLO(out.Records, float64(flow.adm.SLO)/1e6, span)
+	}
+	return run, out.Records, nil
 }
 
 // checkServed fails when a request names a model no replica serves: the

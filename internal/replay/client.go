@@ -1,8 +1,6 @@
 package replay
 
 import (
-	"github.com/gorgo-llm/gorgo/internal/wire"
-
 	"bytes"
 	"context"
 	"encoding/json"
@@ -17,6 +15,8 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/prompt"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
 const (
@@ -25,6 +25,10 @@ const (
 	DefaultModel = "default"
 	// SessionHeader carries the request's session id to the router.
 	SessionHeader = "X-Session-ID"
+	// TenantHeader and PriorityHeader carry the request's tenant and
+	// priority (tenant.TenantHeader, tenant.PriorityHeader).
+	TenantHeader   = "X-Gorgo-Tenant"
+	PriorityHeader = "X-Gorgo-Priority"
 	// ReplicaHeader is the response header in which gorgo's proxy names the
 	// replica that served a request.
 	ReplicaHeader = "X-Gorgo-Replica"
@@ -173,7 +177,7 @@ type sender struct {
 
 // send posts body and reads the stream to its end. sent is when the
 // request was handed to the client (on s.clock).
-func (s *sender) send(ctx context.Context, body []byte, session string, outputTokens int, sent time.Time) outcome {
+func (s *sender) send(ctx context.Context, body []byte, r *trace.Request, sent time.Time) outcome {
 	var o outcome
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
@@ -182,10 +186,18 @@ func (s *sender) send(ctx context.Context, body []byte, session string, outputTo
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
-	if session != "" {
-		req.Header.Set(SessionHeader, session)
+	if r.Session != "" {
+		req.Header.Set(SessionHeader, r.Session)
 	}
-	req.Header.Set(OutputTokensHeader, strconv.Itoa(max(outputTokens, 1)))
+	// The trace's tenant and priority, as a trusted gateway would name
+	// them (the router takes X-Gorgo-Tenant only where it trusts it).
+	if r.Tenant != "" {
+		req.Header.Set(TenantHeader, r.Tenant)
+	}
+	if r.Priority != "" {
+		req.Header.Set(PriorityHeader, r.Priority)
+	}
+	req.Header.Set(OutputTokensHeader, strconv.Itoa(max(r.OutputTokens, 1)))
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		o.e2e = s.clock.Now().Sub(sent)

@@ -181,7 +181,7 @@ dispatch:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := s.send(ctx, body, r.Session, r.OutputTokens, at)
+			o := s.send(ctx, body, r, at)
 			if sem != nil {
 				<-sem
 			}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/tenant"
@@ -36,7 +38,7 @@ func send(t *testing.T, url, body string, headers map[string]string) (int, strin
 // through once the minute allows.
 func TestTenantTokenBudget(t *testing.T) {
 	a := startReplica(t, 5*time.Millisecond, emulator.Faults{})
-	_, url := startProxy(t, testConfig{
+	s, url := startProxy(t, testConfig{
 		Fleet: fleet.Config{ProbeInterval: time.Hour, Tenants: map[string]tenant.Config{"a": {TokensPerMinute: 600}}},
 		Proxy: Config{TenantHeader: "trust"}}, a)
 	who := map[string]string{tenant.TenantHeader: "a"}
@@ -63,6 +65,9 @@ func TestTenantTokenBudget(t *testing.T) {
 	}
 	if left, _ := strconv.Atoi(h.Get("X-Ratelimit-Remaining-Tokens")); left >= 110 {
 		t.Errorf("refused with %d tokens left", left)
+	}
+	if n := counter(t, s.reg, "gorgo_tenant_refused_total", map[string]string{"tenant": "a", "priority": "standard", "reason": "budget"}); n != 1 {
+		t.Errorf("budget refusals counted: %v, want 1", n)
 	}
 	// Another tenant is not held back.
 	if code, body, _ := send(t, url, chatBody(prompt, 2, false), nil); code != 200 {
@@ -106,4 +111,29 @@ func TestTenantAsksOutOfBounds(t *testing.T) {
 			t.Errorf("%v: %d %s", ok, code, body)
 		}
 	}
+}
+
+// counter is the value of the counter name with the labels in reg (0 if
+// absent).
+func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	return 0
 }

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/sim"
+	"github.com/gorgo-llm/gorgo/internal/trace"
+)
+
+// Live, with emulated replicas behind the proxy: a batch tenant floods at
+// three times an interactive tenant's load. With flow control the
+// interactive tenant is never refused and keeps near its solo p95 TTFT;
+// without, the flood swamps it. The bounds are loose: the machine running
+// the test is shared.
+func TestFlowControlLive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a live fleet for about 20 s")
+	}
+	top, err := sim.LoadTopology("paper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := top.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mix, err := trace.ParseTenants("chat:interactive:0.25,batch:batch:0.75")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs, err := trace.Generate(trace.GenConfig{Preset: "artchat", Seed: 1, Duration: 8 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	trace.AssignTenants(reqs, mix, 1)
+	const speedup = 20
+	reqs = trace.Apply(reqs, trace.Window{}, 0.25/speedup) // 2 minutes of arrivals, in 6 s
+	p95 := func(reqs []trace.Request, slo time.Duration) report.TenantRun {
+		t.Helper()
+		adm := admit.Config{SLO: slo}
+		if slo > 0 {
+			if err := adm.Validate(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, recs, err := demoPolicy(context.Background(), io.Discard, "default", reps, reqs, speedup, 1, demoFlow{adm: adm, tenants: mix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range report.ByTenant(recs, 0) {
+			if r.Tenant == "chat" {
+				return r
+			}
+		}
+		t.Fatal("no chat requests")
+		return report.TenantRun{}
+	}
+	solo := p95(trace.Tenant(reqs, "chat"), 0)
+	with := p95(reqs, 5*time.Second)
+	without := p95(reqs, 0)
+	t.Logf("chat p95 TTFT: alone %.0f ms, flooded with flow control %.0f ms, without %.0f ms", solo.TTFT.P95, with.TTFT.P95, without.TTFT.P95)
+	if with.Rejected != 0 || with.Completed != solo.Completed {
+		t.Errorf("chat with flow control: %d of %d served, %d refused", with.Completed, solo.Completed, with.Rejected)
+	}
+	if with.TTFT.P95 > 2*solo.TTFT.P95 {
+		t.Errorf("chat's p95 under the flood %.0f ms, more than twice its solo %.0f ms", with.TTFT.P95, solo.TTFT.P95)
+	}
+	if without.TTFT.P95 < 5*with.TTFT.P95 {
+		t.Errorf("without flow control chat's p95 is %.0f ms, with %.0f: the flood should swamp it", without.TTFT.P95, with.TTFT.P95)
+	}
+}

@@ -162,7 +162,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	for k, pair := range [][][]report.Record{liveRecs, simRecs} {
 		fmt.Fprintf(stdout, "\nby tenant, %s:\n", [...]string{"live", "simulated"}[k])
 		for i, recs := range pair {
-			if err := report.WriteTenants(stdout, live[i].Policy, report.ByTenant(recs, slo)); err != nil {
+			if err := report.WriteTenants(stdout, live[i].Policy, report.ByTenant(recs, slo), slo); err != nil {
 				return err
 			}
 		}

@@ -3,6 +3,7 @@ package report
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -68,5 +69,27 @@ func TestWriteTableAdapterColumn(t *testing.T) {
 	}
 	if !strings.Contains(lines[1], " - ") || !strings.Contains(lines[2], "75.0%") {
 		t.Errorf("rows: want - for the run without adapters and 75.0%% for the other:\n%s", b.String())
+	}
+}
+
+func TestByTenant(t *testing.T) {
+	recs := []Record{
+		{Tenant: "a", PromptTokens: 100, OutputTokens: 50, TTFT: 100},
+		{Tenant: "a", PromptTokens: 100, OutputTokens: 50, TTFT: 900},
+		{Tenant: "b", PromptTokens: 90, OutputTokens: 10, TTFT: 200},
+		{Tenant: "b", Failed: true, Rejected: true, PromptTokens: 1000},
+		{PromptTokens: 100, TTFT: 50},
+	}
+	ts := ByTenant(recs, 500)
+	if len(ts) != 3 || ts[0].Tenant != "a" || ts[1].Tenant != "b" || ts[2].Tenant != "default" {
+		t.Fatalf("%+v", ts)
+	}
+	a, b := ts[0], ts[1]
+	if a.Tokens != 300 || b.Tokens != 100 || b.Rejected != 1 || b.Completed != 1 || a.SLOMet != 1 || math.Abs(a.Share-0.6) > 1e-9 {
+		t.Errorf("a %+v, b %+v", a, b)
+	}
+	var out strings.Builder
+	if err := WriteTenants(&out, "p", ts, 500); err != nil || !strings.Contains(out.String(), "met SLO") || !strings.Contains(out.String(), "60.0%") {
+		t.Errorf("%v\n%s", err, out.String())
 	}
 }

@@ -74,13 +74,22 @@ func ByTenant(recs []Record, sloMS float64) []TenantRun {
 	return out
 }
 
-// WriteTenants prints one row per tenant of a run.
-func WriteTenants(w io.Writer, policy string, ts []TenantRun) error {
+// WriteTenants prints one row per tenant of a run; with an SLO (sloMS as
+// ByTenant had it), how many of each tenant's requests met it.
+func WriteTenants(w io.Writer, policy string, ts []TenantRun, sloMS float64) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\ttenant\trequests\tdone\trefused\ttoken share\tTTFT p50\tp95\tp99\tE2E p50\tp95\t")
+	head := "policy\ttenant\trequests\tdone\trefused\ttoken share\tTTFT p50\tp95\tp99\tE2E p50\tp95\t"
+	if sloMS > 0 {
+		head += "met SLO\t"
+	}
+	fmt.Fprintln(tw, head)
 	for _, t := range ts {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.1f%%\t%s\t%s\t%s\t%s\t%s\t\n", policy, t.Tenant, t.Requests, t.Completed, t.Rejected,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.1f%%\t%s\t%s\t%s\t%s\t%s\t", policy, t.Tenant, t.Requests, t.Completed, t.Rejected,
 			100*t.Share, ms(t.TTFT.P50), ms(t.TTFT.P95), ms(t.TTFT.P99), ms(t.E2E.P50), ms(t.E2E.P95))
+		if sloMS > 0 {
+			fmt.Fprintf(tw, "%d\t", t.SLOMet)
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }

@@ -97,14 +97,7 @@ func TestLowLoadTTFTIsRTTPlusPrefill(t *testing.T) {
 }
 
 func TestSameSeedSameRun(t *testing.T) {
-	top, err := LoadTopology("paper")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reps, err := top.Resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
+	reps := paperFleet(t)
 	reqs := poisson(400, 4, 1)
 	run := func(seed uint64) *Result {
 		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "random"), Seed: seed, MaxInflight: 16})

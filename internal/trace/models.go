@@ -1,7 +1,6 @@
 package trace
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -52,13 +51,22 @@ func ParseModelWeights(s string) ([]ModelWeight, error) {
 		total += mw.Weight
 		out = append(out, mw)
 	}
-	if len(out) == 0 {
-		return nil, errors.New("models: no model given (want NAME:WEIGHT,...)")
-	}
-	if !(total > 0) || math.IsInf(total, 0) {
-		return nil, fmt.Errorf("models %q: the weights add up to %v, want a positive finite total", s, total)
+	if err := checkMix("models", "NAME:WEIGHT", s, len(out), total); err != nil {
+		return nil, err
 	}
 	return out, nil
+}
+
+// checkMix says why a mix of n parts whose weights add up to total cannot
+// be drawn from.
+func checkMix(what, form, s string, n int, total float64) error {
+	if n == 0 {
+		return fmt.Errorf("%s: none given (want %s,...)", what, form)
+	}
+	if !(total > 0) || math.IsInf(total, 0) {
+		return fmt.Errorf("%s %q: the weights add up to %v, want a positive finite total", what, s, total)
+	}
+	return nil
 }
 
 // FormatModelWeights writes a mix as ParseModelWeights reads it.

@@ -1,7 +1,6 @@
 package trace
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -72,11 +71,8 @@ func ParseTenants(s string) ([]TenantShare, error) {
 		total += ts.Share
 		out = append(out, ts)
 	}
-	if len(out) == 0 {
-		return nil, errors.New("tenants: none given (want NAME:PRIORITY:SHARE,...)")
-	}
-	if !(total > 0) || math.IsInf(total, 0) {
-		return nil, fmt.Errorf("tenants %q: the shares add up to %v, want a positive finite total", s, total)
+	if err := checkMix("tenants", "NAME:PRIORITY:SHARE", s, len(out), total); err != nil {
+		return nil, err
 	}
 	return out, nil
 }

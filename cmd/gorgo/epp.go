@@ -88,6 +88,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	gs := grpc.NewServer()
 	picker := epp.New(srv.Fleet)
 	picker.Fallbacks = *fallbacks
+	picker.TenantHeader = cfg.Proxy.TenantHeader
 	extprocv3.RegisterExternalProcessorServer(gs, picker)
 	// The protocol's health services.
 	hs := health.NewServer()

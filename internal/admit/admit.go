@@ -12,24 +12,24 @@
 // bounded router-side queue, or is refused at once (HTTP 429 with
 // Retry-After): in ModeReject, when it could not meet its SLO even on an
 // idle replica, when it is sheddable (priority below 0), or when the queue
-// is full of requests of its priority or above (a full queue makes room by
-// refusing its lowest-priority, latest arrival).
+// is full and no one in it holds more than this request's tenant.
 //
-// The queue is flow control's: bands by priority, strict (a band is
-// released only when the fleet took what it could of every band above
-// it, and a request does not go ahead of waiting requests of its priority
-// or above); within a band, tenants share by weighted deficit round robin
-// counted in tokens (a tenant of weight w may send w × Quantum tokens a
-// round); within a tenant, earliest deadline (arrival + SLO) first. Each
-// time the fleet changes (Release), requests are dispatched in that order
-// while the fleet can take them; a request that can no longer meet its
-// deadline even on an idle replica leaves with a refusal.
+// The queue is flow control's: bands by priority, the highest first (a
+// lower band gets what the fleet has left, and a request does not go
+// ahead of waiting requests of its priority or above); within a band,
+// tenants share by weighted deficit round robin counted in tokens (a
+// tenant of weight w may send w × Quantum tokens a round); within a
+// tenant, earliest deadline (arrival + SLO) first. Each time the fleet
+// changes (Release), requests are dispatched in that order while the fleet
+// can take them; a request that can no longer meet its deadline even on an
+// idle replica leaves with a refusal. A full queue makes room by refusing
+// the latest arrival of the tenant holding the most of its lowest band,
+// for its weight (see evict).
 package admit
 
 import (
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 	"time"
 )
@@ -108,11 +108,11 @@ func (c *Config) Validate() error {
 }
 
 // WaitingCap is what flow control asks of the decision for a request of
-// priority prio (policy.Request.WaitingCap): below Standard, with
-// SaturationWaiting set, a replica with no more than SaturationWaiting
-// requests waiting for their first token.
-func (c *Config) WaitingCap(prio int) int {
-	if c.SLO <= 0 || prio >= Standard || c.SaturationWaiting < 0 {
+// class c (policy.Request.WaitingCap): below Standard, under an SLO (its
+// own or the gate's), with SaturationWaiting set, a replica with no more
+// than SaturationWaiting requests waiting for their first token.
+func (c *Config) WaitingCap(cl Class) int {
+	if c.SLO <= 0 && cl.SLO <= 0 || cl.Priority >= Standard || c.SaturationWaiting < 0 {
 		return 0
 	}
 	return c.SaturationWaiting + 1
@@ -236,7 +236,7 @@ func (g *Gate[T]) Arrive(v T, c Class, now time.Duration, p Prediction, refuse f
 		return Reject, ReasonSLO
 	}
 	if g.n >= g.cfg.MaxQueue {
-		victim, ok := g.evict(c.Priority)
+		victim, ok := g.evict(c.Priority, c.Tenant, g.weight(c.Tenant))
 		if !ok {
 			return Reject, ReasonFull
 		}
@@ -257,16 +257,14 @@ func (g *Gate[T]) weight(tenant string) float64 {
 
 // Release goes through the queue at now: it refuses each request that can
 // no longer meet its deadline, then dispatches in flow control's order
-// (bands strictly, tenants by deficit round robin, deadlines) as long as
-// the fleet can take them, asking predict just before each (the dispatches
-// before it changed the fleet's backlog). When the fleet cannot take a
-// tenant's head, the next few of its requests are tried (a shorter one may
-// fit), then the tenant waits this time round; so does a tenant whose
-// head no replica can serve (predict reports false), without holding up
-// the others. A band in which the fleet could not take some tenant's
-// requests holds up the bands below it. Its cost is a pass over the
-// queue's deadlines plus a few predictions per tenant and one per request
-// dispatched.
+// (bands from the highest, tenants by deficit round robin, deadlines) what
+// the fleet can take, asking predict just before each (the dispatches
+// before it changed the fleet's backlog): a lower band gets what the
+// higher ones left. A tenant whose head the fleet cannot take tries the
+// few requests behind it, then waits; so does one whose head no replica
+// can serve (predict reports false), without holding up the others. Its
+// cost is a pass over the queue's deadlines plus a few predictions per
+// tenant and two per request dispatched.
 func (g *Gate[T]) Release(now time.Duration, predict func(T) (Prediction, bool), dispatch func(T), refuse func(T, Reason)) {
 	if g.n == 0 {
 		return
@@ -274,19 +272,19 @@ func (g *Gate[T]) Release(now time.Duration, predict func(T) (Prediction, bool),
 	g.pass++
 	g.expire(now, refuse)
 	for _, b := range g.bands {
-		if !g.releaseBand(b, now, predict, dispatch, refuse) {
-			break
-		}
+		g.releaseBand(b, now, predict, dispatch, refuse)
 	}
 	g.prune()
 }
 
-// releaseBand releases what it can of one band; it reports false when the
-// fleet could not take one of its tenants' requests (the bands below must
-// wait).
-func (g *Gate[T]) releaseBand(b *band[T], now time.Duration, predict func(T) (Prediction, bool), dispatch func(T), refuse func(T, Reason)) bool {
-	blocked := 0          // tenants passed over this pass: no replica, or the fleet full for them
-	var resume *tenant[T] // the first the fleet could not take: its turn goes on next time
+// releaseBand dispatches what the fleet can take of one band, its tenants
+// in deficit round robin: a tenant's turn goes on while its deficit
+// covers what it can send, and a tenant gets a new round's quantum only
+// when it has a request the fleet can take now (waiting earns nothing). A
+// tenant with nothing the fleet can take (no replica for its head, or no
+// room for it or the few behind it) waits this time round.
+func (g *Gate[T]) releaseBand(b *band[T], now time.Duration, predict func(T) (Prediction, bool), dispatch func(T), refuse func(T, Reason)) {
+	blocked := 0 // tenants passed over this time round
 	for len(b.ring) > blocked {
 		b.next %= len(b.ring)
 		t := b.ring[b.next]
@@ -294,64 +292,47 @@ func (g *Gate[T]) releaseBand(b *band[T], now time.Duration, predict func(T) (Pr
 			b.next++
 			continue
 		}
-		h := t.queue[0]
-		if t.deficit < float64(h.cost) {
-			if resume != nil { // the fleet is full: no new round begins
-				t.blocked = g.pass
-				blocked++
-				b.next++
-				continue
-			}
-			t.deficit += t.weight * float64(g.cfg.Quantum)
-			b.next++
-			continue
-		}
-		p, ok := predict(h.v)
+		i, expired := g.pick(b.priority, t, now, predict)
 		switch {
-		case !ok:
+		case expired:
+			refuse(t.queue[0].v, ReasonExpired)
+		case i < 0:
 			t.blocked = g.pass
 			blocked++
 			b.next++
 			continue
-		case now+p.Floor > h.deadline:
-			refuse(h.v, ReasonExpired)
-		case !g.fits(b.priority, p, h.deadline-now):
-			// The fleet cannot take the head now; perhaps a request
-			// behind it, which needs less.
-			i := g.lookahead(b.priority, t, now, predict)
-			if i < 0 {
-				t.blocked = g.pass
-				blocked++
-				if resume == nil {
-					resume = t
-				}
-				b.next++
-				continue
-			}
-			h = t.queue[i]
-			dispatch(h.v)
-			t.deficit -= float64(h.cost)
-			t.remove(i)
-			g.n--
-			if len(t.queue) == 0 {
-				b.leave(b.next)
-			}
+		case t.deficit < float64(t.queue[i].cost):
+			t.deficit += t.weight * float64(g.cfg.Quantum)
+			b.next++ // its turn ends: it sends on its next
 			continue
 		default:
-			dispatch(h.v)
-			t.deficit -= float64(h.cost)
+			dispatch(t.queue[i].v)
+			t.deficit -= float64(t.queue[i].cost)
 		}
-		t.pop()
+		t.remove(max(i, 0))
 		g.n--
 		if len(t.queue) == 0 {
 			b.leave(b.next)
 		}
 	}
-	if resume == nil {
-		return true
+}
+
+// pick is which of a tenant's requests the fleet can take now: its head,
+// or failing that one of the few behind it (a shorter one may fit); -1 for
+// none. expired says its head can no longer meet its deadline even on an
+// idle replica.
+func (g *Gate[T]) pick(prio int, t *tenant[T], now time.Duration, predict func(T) (Prediction, bool)) (int, bool) {
+	h := t.queue[0]
+	p, ok := predict(h.v)
+	switch {
+	case !ok:
+		return -1, false
+	case now+p.Floor > h.deadline:
+		return 0, true
+	case g.fits(prio, p, h.deadline-now):
+		return 0, false
 	}
-	b.next = slices.Index(b.ring, resume)
-	return false
+	return g.lookahead(prio, t, now, predict), false
 }
 
 // lookahead is how many requests behind a tenant's head Release tries

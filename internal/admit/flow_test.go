@@ -169,8 +169,13 @@ func TestSaturation(t *testing.T) {
 		t.Errorf("batch with saturation off: %v", v)
 	}
 	c := Config{SLO: time.Second, SaturationWaiting: 2}
-	if c.WaitingCap(Batch) != 3 || c.WaitingCap(Standard) != 0 || (&Config{SLO: time.Second, SaturationWaiting: -1}).WaitingCap(Batch) != 0 {
+	batch := Class{Priority: Batch}
+	if c.WaitingCap(batch) != 3 || c.WaitingCap(Class{Priority: Standard}) != 0 || (&Config{SLO: time.Second, SaturationWaiting: -1}).WaitingCap(batch) != 0 {
 		t.Error("WaitingCap")
+	}
+	// A tenant's own SLO is enough.
+	if (&Config{}).WaitingCap(batch) != 0 || (&Config{}).WaitingCap(Class{Priority: Batch, SLO: time.Minute}) != 1 {
+		t.Error("WaitingCap with the tenant's SLO")
 	}
 }
 
@@ -222,5 +227,49 @@ func TestPriorities(t *testing.T) {
 	}
 	if PriorityName(Standard) != "standard" || PriorityName(7) != "7" {
 		t.Error("PriorityName")
+	}
+}
+
+// A request the fleet cannot take (another model's replicas are full, or
+// its SLO is tight) holds up neither its band's other tenants nor the
+// bands below (found in review: they waited until they expired).
+func TestNoHeadOfLineBlocking(t *testing.T) {
+	g := gate(t, Config{SLO: time.Second})
+	f := newFleet()
+	stuck := func(v int) (Prediction, bool) {
+		if v == 1 {
+			return Prediction{Best: time.Hour, Floor: 10 * ms}, true
+		}
+		return f.predict(v)
+	}
+	hold(t, g, f, 1, Class{Tenant: "a", Priority: Interactive})
+	hold(t, g, f, 2, Class{Tenant: "b", Priority: Interactive})
+	hold(t, g, f, 3, Class{Tenant: "b", Priority: Interactive})
+	hold(t, g, f, 4, Class{Tenant: "c", Priority: Standard})
+	g.Release(ms, stuck, f.dispatch, f.refuse)
+	if !slices.Equal(f.sent, []int{2, 3, 4}) || g.Len() != 1 {
+		t.Errorf("released %v, %d left; want all but the stuck one", f.sent, g.Len())
+	}
+}
+
+// A tenant flooding its band cannot keep the queue from the others: a
+// full queue makes room for another tenant of the band by refusing the
+// flooder's latest arrival.
+func TestFullQueueIsShared(t *testing.T) {
+	g := gate(t, Config{SLO: time.Minute, MaxQueue: 4})
+	f := newFleet()
+	for v := range 4 {
+		hold(t, g, f, v, Class{Tenant: "flood"})
+	}
+	if v, why := g.Arrive(9, Class{Tenant: "flood"}, 0, Prediction{Best: time.Hour, Floor: ms}, f.refuse); v != Reject || why != ReasonFull {
+		t.Errorf("the flooder into its full queue: %v %s", v, why)
+	}
+	hold(t, g, f, 10, Class{Tenant: "other"})
+	if f.refused[3] != ReasonEvicted || len(f.refused) != 1 {
+		t.Errorf("refused %v: want the flooder's latest", f.refused)
+	}
+	hold(t, g, f, 11, Class{Tenant: "other"})
+	if v, why := g.Arrive(12, Class{Tenant: "other"}, 0, Prediction{Best: time.Hour, Floor: ms}, f.refuse); v != Reject || why != ReasonFull {
+		t.Errorf("past its share: %v %s", v, why)
 	}
 }

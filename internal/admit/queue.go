@@ -46,10 +46,8 @@ func (g *Gate[T]) bandOf(p int) *band[T] {
 // tenantOf returns the band's queue of the named tenant, joining the round
 // (last) if it had none.
 func (b *band[T]) tenantOf(name string, weight float64) *tenant[T] {
-	for _, t := range b.ring {
-		if t.name == name {
-			return t
-		}
+	if t := b.find(name); t != nil {
+		return t
 	}
 	t := &tenant[T]{name: name, weight: weight}
 	// Join just before the tenant whose turn it is: last in this round.
@@ -82,34 +80,61 @@ func (g *Gate[T]) waitingAtOrAbove(p int) bool {
 	return len(g.bands) > 0 && g.bands[0].priority >= p
 }
 
-// evict takes out of the queue the latest arrival of the lowest priority
-// below p, to make room for a request of priority p.
-func (g *Gate[T]) evict(p int) (T, bool) {
+// evict makes room in a full queue for a request of priority p from the
+// named tenant: it takes out the latest arrival of the tenant with the
+// most requests waiting for its weight in the lowest band, if that band
+// is below p, or is p's and that tenant holds more than its share against
+// the arriving one (a tenant flooding its band cannot hold the queue
+// against the others).
+func (g *Gate[T]) evict(p int, name string, weight float64) (T, bool) {
 	var zero T
 	if len(g.bands) == 0 {
 		return zero, false
 	}
 	b := g.bands[len(g.bands)-1]
-	if b.priority >= p {
+	if b.priority > p {
 		return zero, false
 	}
-	bk, bi := -1, -1
-	for k, t := range b.ring {
-		for i, h := range t.queue {
-			if bk < 0 || h.seq > b.ring[bk].queue[bi].seq {
-				bk, bi = k, i
-			}
+	k, most := -1, 0.0
+	for i, t := range b.ring {
+		if n := float64(len(t.queue)) / t.weight; k < 0 || n > most {
+			k, most = i, n
 		}
 	}
-	t := b.ring[bk]
-	v := t.queue[bi].v
-	t.remove(bi)
+	t := b.ring[k]
+	if b.priority == p {
+		mine := 1.0 / weight // the arriving one, counted
+		if bt := b.find(name); bt != nil {
+			mine = float64(len(bt.queue)+1) / bt.weight
+		}
+		if t.name == name || most <= mine {
+			return zero, false
+		}
+	}
+	last := 0
+	for i, h := range t.queue {
+		if h.seq > t.queue[last].seq {
+			last = i
+		}
+	}
+	v := t.queue[last].v
+	t.remove(last)
 	g.n--
 	if len(t.queue) == 0 {
-		b.leave(bk)
+		b.leave(k)
 		g.prune()
 	}
 	return v, true
+}
+
+// find is the band's queue of the named tenant (nil if none).
+func (b *band[T]) find(name string) *tenant[T] {
+	for _, t := range b.ring {
+		if t.name == name {
+			return t
+		}
+	}
+	return nil
 }
 
 // push queues h in deadline order (arrival order among equal deadlines).

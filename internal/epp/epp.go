@@ -81,6 +81,11 @@ type Server struct {
 	// the answer (default 0: the chosen endpoint alone, which Envoy's
 	// ORIGINAL_DST cluster needs: it reads the header as one address).
 	Fallbacks int
+	// TenantHeader is what the picker does with a request's
+	// X-Gorgo-Tenant, as gorgo serve's tenant_header: "refuse" it with a
+	// 400 (the default: the gateway must strip a client's, or set it and
+	// say trust), "ignore" it, or "trust" it.
+	TenantHeader string
 }
 
 // New returns a picker over the fleet.
@@ -113,6 +118,9 @@ type exchange struct {
 	// X-Gorgo-Tenant is trusted).
 	tenant string
 	ask    tenant.Ask
+	// replyHeaders are the tenant's x-ratelimit-* headers, sent with a
+	// refusal.
+	replyHeaders [][2]string
 
 	// The attempt: routed once the destination went to the gateway;
 	// status and served from the response's headers (served: the endpoint
@@ -263,8 +271,20 @@ func kind(path string) lifecycle.Kind {
 // no body, or one that is not read) or at the body's end.
 func (x *exchange) decide(atHeaders bool) error {
 	x.decided, x.atHeaders = true, atHeaders
+	if x.tenant != "" {
+		switch x.s.TenantHeader {
+		case "trust":
+		case "ignore":
+			x.tenant = ""
+		default:
+			e := wire.Errorf(http.StatusBadRequest, "%s: this gateway does not let clients name their tenant", tenant.TenantHeader)
+			x.s.fleet.Core().Refused(e)
+			return x.immediate(e)
+		}
+	}
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
-		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: x.tenant, Ask: x.ask}
+		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: x.tenant, Ask: x.ask,
+		SetHeader: func(name, value string) { x.replyHeaders = append(x.replyHeaders, [2]string{name, value}) }}
 	if atHeaders {
 		in.Kind = lifecycle.Opaque
 	}
@@ -549,6 +569,9 @@ func (x *exchange) immediate(e *wire.Error) error {
 		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")}}}}
 	if e.RetryAfter != "" {
 		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(e.RetryAfter)}})
+	}
+	for _, h := range x.replyHeaders {
+		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: strings.ToLower(h[0]), RawValue: []byte(h[1])}})
 	}
 	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{Status: &typev3.HttpStatus{Code: typev3.StatusCode(e.Status)}, Headers: hm, Body: e.JSON(), Details: e.Message}}})

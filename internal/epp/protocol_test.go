@@ -343,3 +343,20 @@ func TestServedByTheFallback(t *testing.T) {
 		t.Errorf("b keeps %d in flight", b.InFlight)
 	}
 }
+
+// A request naming its tenant is refused unless the picker is told the
+// gateway sets that header (found in review: any client could pick one).
+func TestTenantHeaderRefusedByDefault(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	s, err := picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false, "x-gorgo-tenant", "vip")}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
+	imm := recv(t, s).GetImmediateResponse()
+	if imm.GetStatus().GetCode() != 400 || !strings.Contains(string(imm.GetBody()), "tenant") {
+		t.Fatalf("a client's tenant header: %v", imm)
+	}
+}

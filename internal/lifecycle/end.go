@@ -145,7 +145,7 @@ func (r *Request) record(status int, at time.Time, err error) {
 // recycles the Request.
 func (r *Request) reject(e *wire.Error) {
 	c := r.core
-	r.grant.Settle(time.Now(), 0) // not served: its tenant is charged nothing
+	r.grant.Refund(time.Now()) // not served: its tenant is charged nothing
 	r.traceEnd(e.Status, time.Now(), e)
 	c.cfg.Metrics.ended("", r.modelLabel, e.Status, noTTFT, 0)
 	if c.cfg.Log != nil {
@@ -158,7 +158,11 @@ func (r *Request) reject(e *wire.Error) {
 // abandon closes a request whose client went away while no replica was
 // serving it.
 func (r *Request) abandon() {
-	r.settleBudget(time.Now()) // its prompt may have been read
+	if r.attempts > 0 || r.ready {
+		r.settleBudget(time.Now()) // a replica may have read its prompt
+	} else {
+		r.grant.Refund(time.Now()) // it left the queue: nothing was served
+	}
 	r.free()
 	r.traceEnd(statusClientGone, time.Now(), nil)
 	r.core.cfg.Metrics.ended(r.ticket.ID, r.modelLabel, statusClientGone, noTTFT, 0)

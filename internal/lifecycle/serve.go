@@ -83,9 +83,9 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		return e.Status
 	}
 	r.Route.Allowed = in.Allowed
-	if e := r.classify(&in, in.Received); e != nil {
-		if e.Status == statusBadRequest {
-			c.cfg.Metrics.tenantRefused(in.Tenant, r.class.Priority, "bad_request")
+	if e := r.classify(&in, time.Now()); e != nil {
+		if e.Status == statusBadRequest && r.tenant != nil {
+			c.cfg.Metrics.tenantRefused(r.tenant.Name, r.class.Priority, "bad_request")
 		}
 		r.reject(e)
 		fe.Refuse(e)

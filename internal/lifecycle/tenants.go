@@ -38,7 +38,7 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	}
 	r.class = class
 	r.Route.TPOTSLOMS = float64(tpot) / 1e6
-	r.Route.WaitingCap = c.cfg.Admission.WaitingCap(class.Priority)
+	r.Route.WaitingCap = c.cfg.Admission.WaitingCap(class)
 	grant, refusal := t.Admit(now, r.Route.PromptTokens)
 	if in.SetHeader != nil {
 		t.Headers(now, in.SetHeader)

@@ -268,16 +268,26 @@ func (r *Router) Redispatch(now time.Duration, c *Candidate, req *policy.Request
 }
 
 // shelter drops from the candidates the replicas with waiting requests
-// or more waiting for their first token (0: any number), and those whose
+// or more waiting for their first token (0: any number), then those whose
 // ITL model predicts more than tpotMS with the request among their decodes
-// (0: any), unless none would be left (flow control let the request go on
-// a forecast the fleet has changed since; no replica meets the TPOT).
+// (0: any); each filter is skipped when it would leave none (flow control
+// let the request go on a forecast the fleet has changed since; no
+// replica meets the TPOT), so that an impossible TPOT does not lift the
+// waiting cap.
 func (r *Router) shelter(waiting int, tpotMS float64) {
+	if waiting > 0 {
+		r.keep(func(i int) bool { m := r.cand[i]; return m.inflight.Load()-m.decoding.Load() < int64(waiting) })
+	}
+	if tpotMS > 0 {
+		r.keep(func(i int) bool { v := &r.views[i]; return v.ITLBaseMS+v.ITLSlopeMS*float64(v.InFlight+1) <= tpotMS })
+	}
+}
+
+// keep keeps the candidates ok accepts, unless it accepts none.
+func (r *Router) keep(ok func(i int) bool) {
 	k := 0
-	for i, m := range r.cand {
-		v := &r.views[i]
-		if (waiting <= 0 || m.inflight.Load()-m.decoding.Load() < int64(waiting)) &&
-			(tpotMS <= 0 || v.ITLBaseMS+v.ITLSlopeMS*float64(v.InFlight+1) <= tpotMS) {
+	for i := range r.cand {
+		if ok(i) {
 			r.views[k], r.cand[k], r.adapter[k] = r.views[i], r.cand[i], r.adapter[i]
 			k++
 		}

@@ -617,6 +617,21 @@ func TestWaitingCap(t *testing.T) {
 		}
 		r.Finish(&tk)
 	}
+	// An impossible TPOT does not lift the cap (found in review), and
+	// the filters allocate nothing.
+	tight := &policy.Request{PromptTokens: 16, Blocks: blocks(1, 1), WaitingCap: 1, TPOTSLOMS: 0.001}
+	if tk, err := r.Route(0, tight, rng); err != nil || tk.ID != id(1) {
+		t.Fatalf("capped request with an impossible TPOT went to %s (%v)", tk.ID, err)
+	} else {
+		r.Finish(&tk)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := r.Decide(0, tight, rng); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations per capped decision", n)
+	}
 	// Both replicas with a request waiting: it still goes.
 	tk, _ := r.Route(0, &policy.Request{PromptTokens: 16, Blocks: blocks(2, 1)}, rng)
 	for tk.ID != id(1) {

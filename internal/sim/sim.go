@@ -300,6 +300,10 @@ func Run(cfg Config) (*Result, error) {
 		s.oracle = c
 	}
 	if cfg.Admission.SLO > 0 {
+		if err := cfg.Admission.Validate(); err != nil { // fills the defaults of a config that skipped it
+			return nil, fmt.Errorf("sim: %w", err)
+		}
+		s.cfg.Admission = cfg.Admission
 		s.gate = admit.New[int32](cfg.Admission)
 	}
 	// Network jitter draws come from their own stream, indexed by request,
@@ -594,8 +598,7 @@ func (s *simulator) request(i int) {
 	tr := &s.cfg.Requests[i]
 	s.rreq = policy.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: s.blocksOf(i), MaxOutputTokens: tr.OutputTokens, Model: tr.Model}
 	if s.gate != nil {
-		prio := s.class(i).Priority
-		s.rreq.WaitingCap = s.cfg.Admission.WaitingCap(prio)
+		s.rreq.WaitingCap = s.cfg.Admission.WaitingCap(s.class(i))
 	}
 	if s.cfg.HideMaxTokens {
 		s.rreq.MaxOutputTokens = 0

@@ -24,10 +24,15 @@ func newBucket(perMinute int) *bucket {
 	return &bucket{size: float64(perMinute), level: float64(perMinute)}
 }
 
-// refill brings the level to now. Call with mu held.
+// refill brings the level to now; a time before the last one changes
+// nothing (callers' clocks race: the bucket never refills a stretch
+// twice). Call with mu held.
 func (b *bucket) refill(now time.Time) {
-	if b.at.IsZero() || now.Before(b.at) {
+	if b.at.IsZero() {
 		b.at = now
+		return
+	}
+	if now.Before(b.at) {
 		return
 	}
 	b.level = min(b.size, b.level+now.Sub(b.at).Minutes()*b.size)
@@ -116,6 +121,15 @@ func (g Grant) Settle(now time.Time, tokens int) {
 		return
 	}
 	g.t.tokens.charge(now, float64(tokens-g.charged))
+}
+
+// Refund gives back all Admit charged: the request was not served.
+func (g Grant) Refund(now time.Time) {
+	if g.t == nil {
+		return
+	}
+	g.t.reqs.giveBack(now)
+	g.Settle(now, 0)
 }
 
 // Headers gives the tenant's budgets at now as OpenAI's API does

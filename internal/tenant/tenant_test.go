@@ -125,3 +125,24 @@ func TestBudgets(t *testing.T) {
 		t.Errorf("after settling 300 of 800: %d left, want 700", left)
 	}
 }
+
+// Times out of order (a request's arrival, another's end) never refill a
+// stretch twice (found in review: a slow upload wound the clock back).
+func TestBudgetClockNeverRewinds(t *testing.T) {
+	a := set(t, map[string]Config{"a": {TokensPerMinute: 600}}).Lookup("a")
+	t0 := time.Unix(1000, 0)
+	if _, ref := a.Admit(t0.Add(50*time.Second), 590); ref != nil {
+		t.Fatal(ref.Message)
+	}
+	a.Admit(t0, 1) // an earlier time: refused or not, no rewind
+	if left, _ := a.tokens.state(t0.Add(51 * time.Second)); left > 20 {
+		t.Errorf("%d tokens left a second later, want about 10", left)
+	}
+	// A refund gives back the request and its tokens.
+	b := set(t, map[string]Config{"b": {TokensPerMinute: 600, RequestsPerMinute: 1}}).Lookup("b")
+	g, _ := b.Admit(t0, 300)
+	g.Refund(t0)
+	if _, ref := b.Admit(t0, 600); ref != nil {
+		t.Errorf("after a refund: %s", ref.Message)
+	}
+}

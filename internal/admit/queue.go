@@ -146,8 +146,6 @@ func (t *tenant[T]) push(h held[T]) {
 	t.queue = slices.Insert(t.queue, i, h)
 }
 
-func (t *tenant[T]) pop() { t.remove(0) }
-
 func (t *tenant[T]) remove(i int) {
 	t.queue = slices.Delete(t.queue, i, i+1)
 }

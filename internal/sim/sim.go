@@ -565,14 +565,20 @@ func (s *simulator) predict(i int32) (admit.Prediction, bool) {
 }
 
 // class is what flow control knows of request i: its tenant and priority
-// (standard when the trace gives none), and its prompt and output tokens.
+// (standard when the trace gives none), and its prompt and expected output
+// tokens, as the live router expects them (from max_tokens, unless
+// hidden, and the answers so far).
 func (s *simulator) class(i int) admit.Class {
 	tr := &s.cfg.Requests[i]
 	p := admit.Standard
 	if tr.Priority != "" {
-		p, _ = admit.ParsePriority(tr.Priority) // checked in New
+		p, _ = admit.ParsePriority(tr.Priority) // checked in Run
 	}
-	return admit.Class{Tenant: tr.Tenant, Priority: p, Tokens: tr.InputTokens + tr.OutputTokens}
+	maxTokens := tr.OutputTokens
+	if s.cfg.HideMaxTokens {
+		maxTokens = 0
+	}
+	return admit.Class{Tenant: tr.Tenant, Priority: p, Tokens: tr.InputTokens + s.sites[0].rt.ExpectedOutput(maxTokens)}
 }
 
 // refuse fails request i as admission's 429.

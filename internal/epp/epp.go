@@ -454,7 +454,7 @@ func (x *exchange) awaitResponse() {
 		}
 		x.answered = rh.ResponseHeaders.GetEndOfStream()
 		x.pending = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}}
+			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: x.budgetHeaders()}}}}
 		return
 	}
 }
@@ -563,6 +563,19 @@ func (x *exchange) event(r *lifecycle.Request, ev []byte, at time.Time) {
 	r.Chunk(&p, at)
 }
 
+// budgetHeaders are the tenant's x-ratelimit-* headers as a mutation of
+// the answer's (nil without a budget).
+func (x *exchange) budgetHeaders() *extprocv3.HeaderMutation {
+	if len(x.replyHeaders) == 0 {
+		return nil
+	}
+	hm := &extprocv3.HeaderMutation{}
+	for _, h := range x.replyHeaders {
+		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: strings.ToLower(h[0]), RawValue: []byte(h[1])}})
+	}
+	return hm
+}
+
 // immediate answers the client directly (an error in OpenAI's shape).
 func (x *exchange) immediate(e *wire.Error) error {
 	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
@@ -570,8 +583,8 @@ func (x *exchange) immediate(e *wire.Error) error {
 	if e.RetryAfter != "" {
 		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(e.RetryAfter)}})
 	}
-	for _, h := range x.replyHeaders {
-		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: strings.ToLower(h[0]), RawValue: []byte(h[1])}})
+	if b := x.budgetHeaders(); b != nil {
+		hm.SetHeaders = append(hm.SetHeaders, b.SetHeaders...)
 	}
 	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{Status: &typev3.HttpStatus{Code: typev3.StatusCode(e.Status)}, Headers: hm, Body: e.JSON(), Details: e.Message}}})

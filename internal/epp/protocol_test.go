@@ -18,6 +18,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 // fleet is a router over replicas a (10 ms away) and b (50 ms), at
@@ -44,6 +45,11 @@ func newFleet(t testing.TB, adm admit.Config) *fleet { return newTappedFleet(t, 
 
 // newTappedFleet is newFleet whose requests a tap hears of.
 func newTappedFleet(t testing.TB, adm admit.Config, tap lifecycle.Tap) *fleet {
+	return newTenantFleet(t, adm, tap, nil)
+}
+
+// newTenantFleet is newTappedFleet with tenants.
+func newTenantFleet(t testing.TB, adm admit.Config, tap lifecycle.Tap, ts *tenant.Set) *fleet {
 	t.Helper()
 	p, _ := policy.New(policy.DefaultName, policy.Options{})
 	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
@@ -54,7 +60,7 @@ func newTappedFleet(t testing.TB, adm admit.Config, tap lifecycle.Tap) *fleet {
 		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 0.06, QueueMSPerToken: 0.06})
 		rt.ObserveRTT(id, time.Duration(10+40*i)*time.Millisecond)
 	}
-	core := lifecycle.NewCore(lifecycle.Config{Router: rt, BlockTokens: 16, MaxAttempts: 2, Start: time.Now(), Seed: 1, Admission: adm, Tap: tap})
+	core := lifecycle.NewCore(lifecycle.Config{Router: rt, BlockTokens: 16, MaxAttempts: 2, Start: time.Now(), Seed: 1, Admission: adm, Tap: tap, Tenants: ts})
 	if adm.SLO > 0 {
 		ctx, cancel := context.WithCancel(context.Background())
 		t.Cleanup(cancel)
@@ -359,4 +365,32 @@ func TestTenantHeaderRefusedByDefault(t *testing.T) {
 	if imm.GetStatus().GetCode() != 400 || !strings.Contains(string(imm.GetBody()), "tenant") {
 		t.Fatalf("a client's tenant header: %v", imm)
 	}
+}
+
+// A tenant's budget reaches the client on the answer's headers, as gorgo
+// serve's does.
+func TestBudgetHeadersOnTheAnswer(t *testing.T) {
+	ts, err := tenant.New(map[string]tenant.Config{"default": {TokensPerMinute: 100000}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newTenantFleet(t, admit.Config{}, nil, ts)
+	s, err := picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+	got := map[string]string{}
+	for _, h := range recv(t, s).GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {
+		got[h.GetHeader().GetKey()] = string(h.GetHeader().GetRawValue())
+	}
+	if got["x-ratelimit-limit-tokens"] != "100000" || got["x-ratelimit-remaining-tokens"] == "" {
+		t.Errorf("the answer's header mutation: %v", got)
+	}
+	s.CloseSend()
 }

@@ -264,7 +264,10 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 	}
 	fmt.Fprintf(view, "(live view: http://%s/admin/ui/) ", adminLn.Addr())
 	go serveAll(ctx, px.Run, served{h: px.Proxy.Handler(), ln: ln}, served{h: px.Admin.Handler(), ln: adminLn})
-	out, err := replay.Run(ctx, replay.Config{Target: "http://" + ln.Addr().String(), Requests: reqs, MaxInflight: flow.maxInflight})
+	// The replayer's connections are opened first: the simulator does not
+	// model their setup.
+	out, err := replay.Run(ctx, replay.Config{Target: "http://" + ln.Addr().String(), Requests: reqs, MaxInflight: flow.maxInflight,
+		Warm: max(flow.maxInflight, replay.DefaultMaxInflight)})
 	if err != nil {
 		return report.Run{}, nil, err
 	}

@@ -210,7 +210,9 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 			continue
 		}
 		g.Go(func() error {
-			out, err := replay.Run(ctx, replay.Config{Target: targets[c], Requests: parts[c]})
+			// Connections opened first, over the client's leg: the
+			// simulator does not model their setup.
+			out, err := replay.Run(ctx, replay.Config{Target: targets[c], Requests: parts[c], Warm: replay.DefaultMaxInflight})
 			if err != nil {
 				return err
 			}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
@@ -166,6 +167,7 @@ type outcome struct {
 	usage       *wire.Usage // the last usage seen, merged
 	finished    bool        // [DONE] or a finish_reason was seen
 	err         error
+	newConn     bool // sent over a connection opened for it
 }
 
 // sender posts chat completions to one target and measures the streams.
@@ -179,6 +181,7 @@ type sender struct {
 // request was handed to the client (on s.clock).
 func (s *sender) send(ctx context.Context, body []byte, r *trace.Request, sent time.Time) outcome {
 	var o outcome
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { o.newConn = !info.Reused }})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
 		o.err = fmt.Errorf("building request: %w", err)

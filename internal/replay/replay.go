@@ -20,7 +20,9 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"sync"
 	"time"
@@ -86,6 +88,12 @@ type Config struct {
 	// Progress, when set, is called with 1 each time a request finishes,
 	// from the request's goroutine: several calls may run at once.
 	Progress func(finished int)
+	// Warm, if positive, opens this many connections to the target before
+	// the first request (GET /v1/models, all at once), so that requests
+	// find them open and their TTFT holds no connection setup, which the
+	// simulator does not model; the client must keep as many idle
+	// (NewHTTPClient keeps max(MaxInflight, 64)).
+	Warm int
 }
 
 // Result is what a replay measured.
@@ -134,6 +142,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		if len(ids) > 0 {
 			res.Model = ids[0]
 		}
+	}
+	if cfg.Warm > 0 {
+		warm(ctx, hc, target, cfg.Warm)
 	}
 	reqs := cfg.Requests
 	order := make([]int, len(reqs))
@@ -226,6 +237,7 @@ func newRecord(i int, r *trace.Request, slip time.Duration, o *outcome) report.R
 		Model:        r.Model,
 		Tenant:       r.Tenant,
 		Priority:     r.Priority,
+		NewConn:      o.newConn,
 	}
 	if u := o.usage; u != nil {
 		if u.PromptTokens > 0 {
@@ -244,3 +256,22 @@ func newRecord(i int, r *trace.Request, slip time.Duration, o *outcome) report.R
 
 // ms converts a duration to milliseconds.
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// warm opens n connections to the target at once (their answers are read
+// and dropped, leaving the connections idle for the replay).
+func warm(ctx context.Context, hc *http.Client, target *url.URL, n int) {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, target.JoinPath("v1", "models").String(), nil)
+			if err != nil {
+				return
+			}
+			if resp, err := hc.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+}

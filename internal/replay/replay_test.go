@@ -297,3 +297,41 @@ func TestInterruptCancelsInFlightAndKeepsRecords(t *testing.T) {
 		t.Errorf("in-flight record %+v", rec)
 	}
 }
+
+// Warm opens the connections before the replay: requests then find them
+// open and none pays for connection setup; without it, concurrent requests
+// open their own (and the records say so).
+func TestWarmConnections(t *testing.T) {
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) {
+		time.Sleep(20 * time.Millisecond) // requests overlap
+		s := startSSE(w)
+		s.content("tok ")
+		s.done()
+	})
+	var reqs []trace.Request
+	for range 8 {
+		reqs = append(reqs, request(0, "", 100, 1))
+	}
+	count := func(res *Result) (n int) {
+		for _, r := range res.Records {
+			if r.NewConn {
+				n++
+			}
+		}
+		return n
+	}
+	res, err := Run(context.Background(), Config{Target: srv.URL, Requests: reqs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(res); n < 2 {
+		t.Errorf("8 requests at once opened %d connections of their own", n)
+	}
+	res, err = Run(context.Background(), Config{Target: srv.URL, Requests: reqs, Warm: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := count(res); n != 0 {
+		t.Errorf("after warming, %d requests opened a connection", n)
+	}
+}

@@ -42,6 +42,10 @@ type Record struct {
 	// asked for ("" for none).
 	Tenant   string `json:"tenant,omitempty"`
 	Priority string `json:"priority,omitempty"`
+	// NewConn: a live request sent over a connection opened for it (its
+	// TTFT holds the connection's setup, one round trip of the client's
+	// leg or more).
+	NewConn bool `json:"new_conn,omitempty"`
 }
 
 // Run summarises one policy's run over a workload.

@@ -98,7 +98,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	if len(modes) != 1 {
 		return fmt.Errorf("--admission: the demo runs one mode at a time")
 	}
-	flow := demoFlow{adm: modes[0], satWaiting: af.satWaiting, maxInflight: *maxInflight}
+	flow := demoFlow{adm: modes[0], maxInflight: *maxInflight}
 	if *tenants != "" {
 		if flow.tenants, err = trace.ParseTenants(*tenants); err != nil {
 			return fmt.Errorf("--tenants: %w", err)
@@ -174,7 +174,6 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 // router gives their priorities (nil: none).
 type demoFlow struct {
 	adm         admit.Config
-	satWaiting  int
 	tenants     []trace.TenantShare
 	maxInflight int
 }
@@ -239,10 +238,10 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 	if flow.adm.SLO > 0 {
 		cfg.TTFTSLO = time.Duration(float64(flow.adm.SLO) / speedup)
 		cfg.Admission, cfg.AdmissionQueue = flow.adm.Mode, flow.adm.MaxQueue
-		cfg.SaturationWaiting = &flow.satWaiting
+		cfg.SaturationWaiting = flow.adm.SaturationWaiting
 	}
 	if flow.tenants != nil {
-		cfg.Proxy.TenantHeader = "trust"
+		cfg.Proxy.TenantHeader = tenant.HeaderTrust
 		cfg.Tenants = map[string]tenant.Config{}
 		for _, t := range flow.tenants {
 			cfg.Tenants[t.Name] = tenant.Config{Priority: t.Priority, MaxPriority: t.Priority, Weight: flow.adm.Weights[t.Name]}

@@ -85,7 +85,7 @@ type Server struct {
 	// X-Gorgo-Tenant, as gorgo serve's tenant_header: "refuse" it with a
 	// 400 (the default: the gateway must strip a client's, or set it and
 	// say trust), "ignore" it, or "trust" it.
-	TenantHeader string
+	TenantHeader tenant.HeaderRule
 }
 
 // New returns a picker over the fleet.
@@ -271,19 +271,14 @@ func kind(path string) lifecycle.Kind {
 // no body, or one that is not read) or at the body's end.
 func (x *exchange) decide(atHeaders bool) error {
 	x.decided, x.atHeaders = true, atHeaders
-	if x.tenant != "" {
-		switch x.s.TenantHeader {
-		case "trust":
-		case "ignore":
-			x.tenant = ""
-		default:
-			e := wire.Errorf(http.StatusBadRequest, "%s: this gateway does not let clients name their tenant", tenant.TenantHeader)
-			x.s.fleet.Core().Refused(e)
-			return x.immediate(e)
-		}
+	name, err := x.s.TenantHeader.Name("", x.tenant)
+	if err != nil {
+		e := wire.Errorf(http.StatusBadRequest, "%v", err)
+		x.s.fleet.Core().Refused(e)
+		return x.immediate(e)
 	}
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
-		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: x.tenant, Ask: x.ask,
+		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: name, Ask: x.ask,
 		SetHeader: func(name, value string) { x.replyHeaders = append(x.replyHeaders, [2]string{name, value}) }}
 	if atHeaders {
 		in.Kind = lifecycle.Opaque

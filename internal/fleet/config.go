@@ -91,7 +91,7 @@ type Config struct {
 	// sheddable work (see admit.Config.SaturationWaiting): every replica
 	// has more than this many requests waiting for a first token (default
 	// 0; -1: only when it would miss its SLO).
-	SaturationWaiting *int `yaml:"saturation_waiting"`
+	SaturationWaiting int `yaml:"saturation_waiting"`
 	// Tenants are the teams sharing the fleet, by name (the API keys'
 	// names; see tenant.Config): their weights in fair shares, priorities,
 	// SLOs and budgets. Requests of a tenant not given are the "default"
@@ -441,10 +441,7 @@ func (c *Config) admission(ts *tenant.Set) (admit.Config, error) {
 		}
 		return admit.Config{}, nil
 	}
-	a := admit.Config{SLO: c.TTFTSLO, MaxQueue: c.AdmissionQueue}
-	if c.SaturationWaiting != nil {
-		a.SaturationWaiting = *c.SaturationWaiting
-	}
+	a := admit.Config{SLO: c.TTFTSLO, MaxQueue: c.AdmissionQueue, SaturationWaiting: c.SaturationWaiting}
 	if ts != nil {
 		a.Weights = ts.Weights()
 	}

@@ -3,6 +3,8 @@ package proxy
 import (
 	"fmt"
 	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 // Config is the HTTP front end's part of gorgo serve's config file: the
@@ -21,7 +23,7 @@ type Config struct {
 	// not pick its tenant), "ignore" it, or "trust" it (the listener sits
 	// behind a gateway that sets it). Otherwise a request's tenant is its
 	// API key's name.
-	TenantHeader string `yaml:"tenant_header"`
+	TenantHeader tenant.HeaderRule `yaml:"tenant_header"`
 	// HeaderTimeout bounds waiting for a stream's response headers
 	// (default 30 s): SGLang and vLLM start a stream at once, even for a
 	// request they queue, so a replica that sends none is hung, and the
@@ -112,20 +114,11 @@ func (c Config) Validate() error {
 	if err := c.RateLimit.validate(); err != nil {
 		return err
 	}
-	switch c.TenantHeader {
-	case "", tenantRefuse, tenantIgnore, tenantTrust:
-	default:
-		return fmt.Errorf("config: tenant_header must be refuse, ignore or trust, got %q", c.TenantHeader)
+	if err := c.TenantHeader.Check(); err != nil {
+		return fmt.Errorf("config: %w", err)
 	}
 	if c.MaxBodyBytes < 1 || c.MaxAnswerBytes < 1 {
 		return fmt.Errorf("config: max_body_bytes and max_answer_bytes must be positive")
 	}
 	return nil
 }
-
-// What a listener does with a client's X-Gorgo-Tenant (Config.TenantHeader).
-const (
-	tenantRefuse = "refuse"
-	tenantIgnore = "ignore"
-	tenantTrust  = "trust"
-)

@@ -43,20 +43,15 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 			return
 		}
 		x := exchange{s: s, cfg: cfg, w: w, r: r}
-		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received, Tenant: clientKey(r),
+		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received,
 			Ask:       tenant.Ask{Priority: r.Header.Get(tenant.PriorityHeader), TTFTSLO: r.Header.Get(tenant.TTFTSLOHeader), TPOTSLO: r.Header.Get(tenant.TPOTSLOHeader)},
 			SetHeader: w.Header().Set}
-		if name := r.Header.Get(tenant.TenantHeader); name != "" {
-			switch cfg.TenantHeader {
-			case tenantTrust:
-				in.Tenant = name
-			case tenantIgnore:
-			default:
-				e := wire.Errorf(http.StatusBadRequest, "%s: this listener does not let clients name their tenant (its API key does)", tenant.TenantHeader)
-				core.Refused(e)
-				httpapi.WriteError(w, e)
-				return
-			}
+		var err error
+		if in.Tenant, err = cfg.TenantHeader.Name(clientKey(r), r.Header.Get(tenant.TenantHeader)); err != nil {
+			e := wire.Errorf(http.StatusBadRequest, "%v", err)
+			core.Refused(e)
+			httpapi.WriteError(w, e)
+			return
 		}
 		if core.Tracing() {
 			in.Parent = tracing.Parent(r.Header.Get("Traceparent"), strings.Join(r.Header.Values("Tracestate"), ","))

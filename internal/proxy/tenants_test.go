@@ -96,7 +96,7 @@ func TestTenantAsksOutOfBounds(t *testing.T) {
 		{map[string]string{tenant.TTFTSLOHeader: "fast"}, "not a positive number"},
 		{map[string]string{tenant.TTFTSLOHeader: "100"}, "outside what tenant default may ask"},
 		{map[string]string{tenant.TPOTSLOHeader: "1"}, "tighter than tenant default may ask"},
-		{map[string]string{tenant.TenantHeader: "vip"}, "does not let clients name their tenant"},
+		{map[string]string{tenant.TenantHeader: "vip"}, "may not name their tenant"},
 	} {
 		code, body, _ := send(t, url, chatBody("hi", 2, false), c.headers)
 		if code != 400 || !strings.Contains(body, c.want) {

@@ -96,9 +96,58 @@ func New(cfgs map[string]Config, fleetSLO time.Duration) (*Set, error) {
 	return s, nil
 }
 
+// MaxName bounds a tenant's name.
+const MaxName = 64
+
+// CheckName says why name cannot be a tenant's: empty, longer than
+// MaxName, or holding white space, a comma or a colon (the separators of
+// a mix of tenants, see trace.ParseTenants).
+func CheckName(name string) error {
+	if name == "" || len(name) > MaxName || strings.ContainsAny(name, " \t\r\n,:") {
+		return fmt.Errorf("%q is not a tenant name (1 to %d bytes, no spaces, commas or colons)", name, MaxName)
+	}
+	return nil
+}
+
+// HeaderRule is what a front end does with a client's X-Gorgo-Tenant:
+// "refuse" it (the default, ""), "ignore" it, or "trust" it (the front
+// end sits behind a gateway that sets it).
+type HeaderRule string
+
+// The header rules.
+const (
+	HeaderRefuse HeaderRule = "refuse"
+	HeaderIgnore HeaderRule = "ignore"
+	HeaderTrust  HeaderRule = "trust"
+)
+
+// Check says why the rule is not one of the rules.
+func (h HeaderRule) Check() error {
+	switch h {
+	case "", HeaderRefuse, HeaderIgnore, HeaderTrust:
+		return nil
+	}
+	return fmt.Errorf("tenant_header must be refuse, ignore or trust, got %q", string(h))
+}
+
+// Name is a request's tenant by the rule: header (its X-Gorgo-Tenant,
+// "" if none) where the rule trusts it, else key (its API key's name, ""
+// if none). A header the rule refuses is an error, for a 400.
+func (h HeaderRule) Name(key, header string) (string, error) {
+	switch {
+	case header == "":
+		return key, nil
+	case h == HeaderTrust:
+		return header, nil
+	case h == HeaderIgnore:
+		return key, nil
+	}
+	return "", fmt.Errorf("%s: clients here may not name their tenant (their API key does)", TenantHeader)
+}
+
 func newTenant(name string, c Config, fleetSLO time.Duration) (*Tenant, error) {
-	if name == "" || len(name) > 64 || strings.ContainsAny(name, " \t\r\n,:") {
-		return nil, fmt.Errorf("tenants: %q is not a tenant name (1 to 64 bytes, no spaces, commas or colons)", name)
+	if err := CheckName(name); err != nil {
+		return nil, fmt.Errorf("tenants: %w", err)
 	}
 	errf := func(format string, args ...any) error {
 		return fmt.Errorf("tenants: %s: "+format, append([]any{name}, args...)...)

@@ -146,3 +146,27 @@ func TestBudgetClockNeverRewinds(t *testing.T) {
 		t.Errorf("after a refund: %s", ref.Message)
 	}
 }
+
+func TestHeaderRule(t *testing.T) {
+	for _, c := range []struct {
+		rule        HeaderRule
+		key, header string
+		want        string
+		err         bool
+	}{
+		{"", "k", "", "k", false},
+		{"", "k", "vip", "", true},
+		{HeaderRefuse, "", "vip", "", true},
+		{HeaderIgnore, "k", "vip", "k", false},
+		{HeaderTrust, "k", "vip", "vip", false},
+		{HeaderTrust, "k", "", "k", false},
+	} {
+		got, err := c.rule.Name(c.key, c.header)
+		if got != c.want || (err != nil) != c.err {
+			t.Errorf("%q.Name(%q, %q) = %q, %v", c.rule, c.key, c.header, got, err)
+		}
+	}
+	if HeaderRule("sometimes").Check() == nil || HeaderTrust.Check() != nil {
+		t.Error("Check")
+	}
+}

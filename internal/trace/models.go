@@ -24,13 +24,7 @@ type ModelWeight struct {
 // weights finite and not all zero.
 func ParseModelWeights(s string) ([]ModelWeight, error) {
 	var out []ModelWeight
-	seen := map[string]bool{}
-	total := 0.0
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
+	err := parseMix("models", "NAME:WEIGHT", s, func(part string) (string, float64, error) {
 		mw := ModelWeight{Name: part, Weight: 1}
 		if i := strings.LastIndexByte(part, ':'); i >= 0 {
 			if w, err := strconv.ParseFloat(strings.TrimSpace(part[i+1:]), 64); err == nil {
@@ -39,22 +33,44 @@ func ParseModelWeights(s string) ([]ModelWeight, error) {
 		}
 		switch {
 		case mw.Name == "":
-			return nil, fmt.Errorf("models %q: %q has no name (want NAME:WEIGHT,...)", s, part)
+			return "", 0, fmt.Errorf("%q has no name", part)
 		case strings.ContainsAny(mw.Name, " \t\n"):
-			return nil, fmt.Errorf("models %q: name %q has a space (want NAME:WEIGHT,...)", s, mw.Name)
-		case math.IsNaN(mw.Weight) || math.IsInf(mw.Weight, 0) || mw.Weight < 0:
-			return nil, fmt.Errorf("models %q: %s's weight must be a finite non-negative number, got %v", s, mw.Name, mw.Weight)
-		case seen[mw.Name]:
-			return nil, fmt.Errorf("models %q: %s listed twice", s, mw.Name)
+			return "", 0, fmt.Errorf("name %q has a space", mw.Name)
 		}
-		seen[mw.Name] = true
-		total += mw.Weight
 		out = append(out, mw)
-	}
-	if err := checkMix("models", "NAME:WEIGHT", s, len(out), total); err != nil {
+		return mw.Name, mw.Weight, nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	return out, nil
+}
+
+// parseMix reads a comma-separated mix, "PART,PART,...", each part read by
+// one into its name and weight: names distinct, weights finite, not
+// negative and not all zero. what names the mix in errors, form its parts.
+func parseMix(what, form, s string, one func(part string) (name string, weight float64, err error)) error {
+	seen := map[string]bool{}
+	n, total := 0, 0.0
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, w, err := one(part)
+		switch {
+		case err != nil:
+			return fmt.Errorf("%s %q: %w (want %s,...)", what, s, err, form)
+		case math.IsNaN(w) || math.IsInf(w, 0) || w < 0:
+			return fmt.Errorf("%s %q: %s's weight must be a finite non-negative number, got %v", what, s, name, w)
+		case seen[name]:
+			return fmt.Errorf("%s %q: %s listed twice", what, s, name)
+		}
+		seen[name] = true
+		total += w
+		n++
+	}
+	return checkMix(what, form, s, n, total)
 }
 
 // checkMix says why a mix of n parts whose weights add up to total cannot

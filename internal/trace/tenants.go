@@ -2,11 +2,11 @@ package trace
 
 import (
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 // TenantShare is a tenant, the priority its requests ask for, and its
@@ -17,13 +17,10 @@ type TenantShare struct {
 	Share    float64
 }
 
-// MaxTenantName bounds a tenant's name.
-const MaxTenantName = 64
-
 // checkTenant says why a tenant's name or priority cannot be.
 func checkTenant(name, priority string) error {
-	if len(name) > MaxTenantName || strings.ContainsAny(name, " \t\n,:") {
-		return fmt.Errorf("tenant %q: a name of at most %d bytes, without spaces, commas or colons", name, MaxTenantName)
+	if err := tenant.CheckName(name); err != nil {
+		return err
 	}
 	if priority != "" {
 		if _, err := admit.ParsePriority(priority); err != nil {
@@ -39,16 +36,10 @@ func checkTenant(name, priority string) error {
 // sessions (relative, non-negative, not all zero; absent: 1).
 func ParseTenants(s string) ([]TenantShare, error) {
 	var out []TenantShare
-	seen := map[string]bool{}
-	total := 0.0
-	for _, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
+	err := parseMix("tenants", "NAME:PRIORITY:SHARE", s, func(part string) (string, float64, error) {
 		f := strings.Split(part, ":")
-		if len(f) > 3 || f[0] == "" {
-			return nil, fmt.Errorf("tenants %q: %q is not NAME:PRIORITY:SHARE", s, part)
+		if len(f) > 3 {
+			return "", 0, fmt.Errorf("%q has more than three fields", part)
 		}
 		ts := TenantShare{Name: f[0], Share: 1}
 		if len(f) > 1 {
@@ -56,22 +47,18 @@ func ParseTenants(s string) ([]TenantShare, error) {
 		}
 		if len(f) > 2 {
 			w, err := strconv.ParseFloat(f[2], 64)
-			if err != nil || math.IsNaN(w) || math.IsInf(w, 0) || w < 0 {
-				return nil, fmt.Errorf("tenants %q: %s's share must be a finite non-negative number, got %q", s, f[0], f[2])
+			if err != nil {
+				return "", 0, fmt.Errorf("%s's share %q is not a number", f[0], f[2])
 			}
 			ts.Share = w
 		}
 		if err := checkTenant(ts.Name, ts.Priority); err != nil {
-			return nil, fmt.Errorf("tenants %q: %w", s, err)
+			return "", 0, err
 		}
-		if seen[ts.Name] {
-			return nil, fmt.Errorf("tenants %q: %s listed twice", s, ts.Name)
-		}
-		seen[ts.Name] = true
-		total += ts.Share
 		out = append(out, ts)
-	}
-	if err := checkMix("tenants", "NAME:PRIORITY:SHARE", s, len(out), total); err != nil {
+		return ts.Name, ts.Share, nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	return out, nil

@@ -41,10 +41,18 @@ func ParsePriority(s string) (int, error) {
 
 // PriorityName is a priority's name, or its integer.
 func PriorityName(p int) string {
-	for _, n := range priorityNames {
-		if p == n.p {
-			return n.name
-		}
+	if name, ok := NamedPriority(p); ok {
+		return name
 	}
 	return strconv.Itoa(p)
+}
+
+// NamedPriority is a priority's name, if it has one.
+func NamedPriority(p int) (string, bool) {
+	for _, n := range priorityNames {
+		if p == n.p {
+			return n.name, true
+		}
+	}
+	return "", false
 }

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"math"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -71,7 +72,7 @@ type tenantMetrics struct {
 	wait     *prometheus.HistogramVec
 	ttft     *prometheus.HistogramVec
 	e2e      *prometheus.HistogramVec
-	known    map[string]bool // the tenants labelled by name
+	known    atomic.Pointer[map[string]bool] // the tenants labelled by name; nil: no tenants
 }
 
 func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
@@ -102,25 +103,21 @@ func (m *Metrics) SetTenants(names []string) {
 	for _, n := range names {
 		known[n] = true
 	}
-	m.mu.Lock()
-	m.tm.known = known
-	m.mu.Unlock()
+	m.tm.known.Store(&known)
 }
 
 // tenantLabels are a request's tenant and priority labels; ok is false
 // without tenants (no series then).
 func (m *Metrics) tenantLabels(name string, prio int) (t, p string, ok bool) {
-	m.mu.Lock()
-	known, any := m.tm.known[name], m.tm.known != nil
-	m.mu.Unlock()
-	if !any {
+	known := m.tm.known.Load()
+	if known == nil {
 		return "", "", false
 	}
-	if !known {
+	if !(*known)[name] {
 		name = tenant.Other
 	}
-	p = admit.PriorityName(prio)
-	if _, err := strconv.Atoi(p); err == nil {
+	p, named := admit.NamedPriority(prio)
+	if !named {
 		p = tenant.Other
 	}
 	return name, p, true

@@ -118,9 +118,9 @@ type exchange struct {
 	// X-Gorgo-Tenant is trusted).
 	tenant string
 	ask    tenant.Ask
-	// replyHeaders are the tenant's x-ratelimit-* headers, sent with a
-	// refusal.
-	replyHeaders [][2]string
+	// replyHeaders are the tenant's x-ratelimit-* headers, sent with the
+	// answer or the refusal.
+	replyHeaders replyHeaders
 
 	// The attempt: routed once the destination went to the gateway;
 	// status and served from the response's headers (served: the endpoint
@@ -279,7 +279,7 @@ func (x *exchange) decide(atHeaders bool) error {
 	}
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
 		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: name, Ask: x.ask,
-		SetHeader: func(name, value string) { x.replyHeaders = append(x.replyHeaders, [2]string{name, value}) }}
+		Header: &x.replyHeaders}
 	if atHeaders {
 		in.Kind = lifecycle.Opaque
 	}
@@ -692,3 +692,9 @@ var (
 	ttftSLOHeader  = strings.ToLower(tenant.TTFTSLOHeader)
 	tpotSLOHeader  = strings.ToLower(tenant.TPOTSLOHeader)
 )
+
+// replyHeaders are headers for the client, as the lifecycle sets them
+// (lifecycle.HeaderSetter).
+type replyHeaders [][2]string
+
+func (h *replyHeaders) Set(name, value string) { *h = append(*h, [2]string{name, value}) }

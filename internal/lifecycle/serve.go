@@ -27,11 +27,17 @@ type Incoming struct {
 	Parent trace.SpanContext
 	// Tenant names whose request it is (an API key's name, a trusted
 	// gateway's header; "": the default tenant) and Ask is what it asks
-	// for in its headers. SetHeader, if set, puts a header on the answer
-	// or refusal (the tenant's x-ratelimit-* budgets).
-	Tenant    string
-	Ask       tenant.Ask
-	SetHeader func(name, value string)
+	// for in its headers. Header, if set, takes headers for the answer or
+	// the refusal (the tenant's x-ratelimit-* budgets): a proxy's
+	// http.Header does.
+	Tenant string
+	Ask    tenant.Ask
+	Header HeaderSetter
+}
+
+// HeaderSetter takes a header for the client's answer.
+type HeaderSetter interface {
+	Set(name, value string)
 }
 
 // A FrontEnd is what differs between gorgo's front ends: how an attempt

@@ -41,8 +41,8 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	r.Route.TPOTSLOMS = float64(tpot) / 1e6
 	r.Route.WaitingCap = c.cfg.Admission.WaitingCap(class)
 	grant, refusal := t.Admit(now, r.Route.PromptTokens)
-	if in.SetHeader != nil {
-		t.Headers(now, in.SetHeader)
+	if in.Header != nil {
+		t.Headers(now, in.Header.Set)
 	}
 	if refusal != nil {
 		e := wire.Errorf(statusTooMany, "%s", refusal.Message)

@@ -44,8 +44,8 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 		}
 		x := exchange{s: s, cfg: cfg, w: w, r: r}
 		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received,
-			Ask:       tenant.Ask{Priority: r.Header.Get(tenant.PriorityHeader), TTFTSLO: r.Header.Get(tenant.TTFTSLOHeader), TPOTSLO: r.Header.Get(tenant.TPOTSLOHeader)},
-			SetHeader: w.Header().Set}
+			Ask:    tenant.Ask{Priority: r.Header.Get(tenant.PriorityHeader), TTFTSLO: r.Header.Get(tenant.TTFTSLOHeader), TPOTSLO: r.Header.Get(tenant.TPOTSLOHeader)},
+			Header: w.Header()}
 		var err error
 		if in.Tenant, err = cfg.TenantHeader.Name(clientKey(r), r.Header.Get(tenant.TenantHeader)); err != nil {
 			e := wire.Errorf(http.StatusBadRequest, "%v", err)

@@ -36,10 +36,11 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	fallbacks := fs.Int("fallbacks", 0, "ranked fallback endpoints after the chosen one in the answer, for gateways that follow the list (Envoy's ORIGINAL_DST reads one address: keep 0 there)")
 	adminListen := fs.String("admin-listen", "", "address of the admin API (default the config's, else 127.0.0.1:9091; off for none)")
 	var tf tuneFlags
-	tf.register(fs)
+	tf.registerLive(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	tf.given(fs)
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
@@ -56,6 +57,9 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	overrides := func(c *serve.Config) error {
 		if *adminListen != "" {
 			c.Admin.Listen = *adminListen
+		}
+		if tf.tune != nil {
+			c.Tune = tf.tune
 		}
 		return nil
 	}
@@ -80,7 +84,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	defer stop()
 	srv.Fleet.ProbeOnce(ctx)
 	defer reloadOnHUP(ctx, srv)()
-	fmt.Fprintf(stdout, "gorgo epp: ext_proc on %s, policy %s, %d replicas\n", ln.Addr(), cfg.Policy, len(cfg.Replicas))
+	fmt.Fprintf(stdout, "gorgo epp: ext_proc on %s, policy %s, %d replicas\n", ln.Addr(), describePolicy(srv.Fleet.Policy()), len(cfg.Replicas))
 	if adminLn != nil {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", adminLn.Addr())
 	}

@@ -127,7 +127,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 				ew.Window = "all"
 			}
 			evals = append(evals, ew)
-			cfgs = append(cfgs, pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Events: ff.events}))
+			cfgs = append(cfgs, pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Events: ff.events, ScoreFrom: ff.scoreFrom}))
 			for p := range names {
 				jobs = append(jobs, job{len(evals) - 1, p})
 			}

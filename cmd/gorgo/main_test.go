@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/serve"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -330,6 +332,7 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"serve", "--replica", "a=ftp://x"}, "not an http(s) URL"},
 		{[]string{"serve", "--replica", "a=http://x", "--policy", "fastest"}, `unknown policy "fastest"`},
 		{[]string{"serve", "--config", "/nonexistent.yaml"}, "reading config"},
+		{[]string{"serve", "--replica", "a=http://x", "--policy", "round-robin", "--tune=true"}, "policy round-robin has no parameters to tune"},
 		{[]string{"demo", "--speedup", "0"}, "--speedup"},
 		{[]string{"demo", "--policy", "fastest"}, `unknown policy "fastest"`},
 		{[]string{"demo", "--topology", "nowhere"}, `--topology: unknown topology "nowhere"`},
@@ -362,5 +365,59 @@ func TestServeOnlineTunerTakesMSWeights(t *testing.T) {
 	}
 	if p, _ := o.IncumbentPolicy(); p.Name() != "gorgo-ms" {
 		t.Errorf("explained with %s", p.Name())
+	}
+}
+
+// gorgo serve tunes the default policy online unless told not to: from the
+// config's e2e_weights, with the live settings (blocks of a minute) where
+// no flag gives them.
+func TestServeTunesTheDefaultPolicy(t *testing.T) {
+	parse := func(t *testing.T, args ...string) *tuneFlags {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		var tf tuneFlags
+		tf.registerLive(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		tf.given(fs)
+		return &tf
+	}
+	cfg, err := serve.ParseConfig([]byte("e2e_weights: {rtt: 2}\n"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := servePolicy(cfg.Defaults(), parse(t, "--window-requests", "64"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, ok := pol.(*tune.Online)
+	if !ok {
+		t.Fatalf("policy %T, want the online tuner", pol)
+	}
+	if w := o.Incumbent(); o.Base() != policy.DefaultName || w["rtt"] != 2 || w["decode"] != policy.DefaultE2EWeights.Decode {
+		t.Errorf("tuning %s from %v, want the default policy from rtt=2 and its default decode weight", o.Base(), w)
+	}
+	if c := o.Config(); c.Block != liveBlock || c.Window != 64 || o.Sigma() != liveSigma {
+		t.Errorf("block %v window %d sigma %v, want %v, 64 (the flag), %v", c.Block, c.Window, o.Sigma(), liveBlock, liveSigma)
+	}
+	for _, c := range []struct {
+		yaml string
+		args []string
+	}{
+		{"tune: false\n", nil},
+		{"seed: 1\n", []string{"--tune=false"}},
+		{"policy: gorgo-ms\n", nil},
+	} {
+		cfg, err := serve.ParseConfig([]byte(c.yaml), "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tf := parse(t, c.args...)
+		if tf.tune != nil {
+			cfg.Tune = tf.tune // as the command's overrides do
+		}
+		if pol, err := servePolicy(cfg.Defaults(), tf); err != nil || pol != nil {
+			t.Errorf("%q %v: policy %v (%v), want the config's own, untuned", c.yaml, c.args, pol, err)
+		}
 	}
 }

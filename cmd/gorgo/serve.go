@@ -59,10 +59,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	weights := fs.String("weights", "", "gorgo's weights, `rtt=X,queue=Y` or a JSON file (default the config's, else the paper's)")
 	accessLog := fs.Bool("access-log", true, "log one line per request to stderr")
 	var tf tuneFlags
-	tf.register(fs)
+	tf.registerLive(fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	tf.given(fs)
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
@@ -101,6 +102,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 		if *policyName != "" {
 			c.Policy = *policyName
+		}
+		if tf.tune != nil {
+			c.Tune = tf.tune
 		}
 		if flagWeights != nil {
 			if c.Params == nil {
@@ -150,7 +154,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 		slo = fmt.Sprintf(", TTFT SLO %v (%s)", cfg.TTFTSLO, mode)
 	}
-	fmt.Fprintf(stdout, "gorgo serve: %s://%s, policy %s%s, %d replicas:\n", scheme, ln.Addr(), cfg.Policy, slo, len(cfg.Replicas))
+	fmt.Fprintf(stdout, "gorgo serve: %s://%s, policy %s%s, %d replicas:\n", scheme, ln.Addr(), describePolicy(srv.Fleet.Policy()), slo, len(cfg.Replicas))
 	for _, st := range srv.Fleet.Router().Replicas() {
 		health := "up"
 		if !st.Available() {
@@ -225,18 +229,43 @@ func newServer(cfg serve.Config, tf *tuneFlags, o serve.Options, accessLog bool,
 	return serve.New(cfg, o)
 }
 
-// servePolicy builds the online tuner when the config asks for it (its
-// base's untuned parameters from the config's); nil means the fleet builds
-// the config's policy itself.
+// servePolicy builds the online tuner: over --base when the policy is
+// gorgo-online, over the config's policy when it is tuned (the default
+// policy, unless tune: false or --tune=false), each from the config's
+// parameters of the tuned policy; nil means the fleet builds the config's
+// policy itself.
 func servePolicy(cfg serve.Config, tf *tuneFlags) (policy.Policy, error) {
-	if cfg.Policy != tune.OnlineName {
-		return nil, nil
+	switch {
+	case cfg.Policy == tune.OnlineName:
+		c, err := tf.config(cfg.Seed)
+		if err != nil {
+			return nil, err
+		}
+		return tf.onlineWith(c, cfg.Params[policy.Canonical(tf.base)])
+	case cfg.Tuned():
+		if err := cfg.Validate(); err != nil { // a policy without parameters
+			return nil, err
+		}
+		oc, err := tf.liveConfig(cfg.Policy, cfg.Seed, cfg.Params[cfg.Policy])
+		if err != nil {
+			return nil, err
+		}
+		return tune.NewOnline(oc)
 	}
-	c, err := tf.config(cfg.Seed)
-	if err != nil {
-		return nil, err
+	return nil, nil
+}
+
+// describePolicy names the running policy, and what an online tuner tunes.
+func describePolicy(p policy.Policy) string {
+	o, ok := p.(*tune.Online)
+	if !ok {
+		return p.Name()
 	}
-	return tf.onlineWith(c, cfg.Params[policy.Canonical(tf.base)])
+	var names []string
+	for _, q := range o.ES().Config().Params {
+		names = append(names, q.Name)
+	}
+	return fmt.Sprintf("%s (tuning %s online; --tune=false for fixed weights)", o.Base(), strings.Join(names, ", "))
 }
 
 // served is a handler and the listener it serves on, how long a graceful

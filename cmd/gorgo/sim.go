@@ -115,6 +115,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 				Seed:        wl.seed,
 				Progress:    prog.add,
 				Events:      ff.events,
+				ScoreFrom:   ff.scoreFrom,
 				Admission:   runModes[i],
 				GoodputSLO:  af.slo,
 			}))
@@ -151,14 +152,11 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	}
 	for _, p := range pols {
 		if o, ok := p.(*tune.Online); ok {
-			steps := o.Steps()
-			won := 0
-			for _, s := range steps {
-				if s.Accepted {
-					won++
-				}
+			judged, won := o.Counts()
+			fmt.Fprintf(stdout, "%s: %d candidates judged, %d accepted; final weights %s\n", o.Name(), judged, won, policy.Format(o.Base(), o.Incumbent()))
+			if n, why := o.Resets(); n > 0 {
+				fmt.Fprintf(stdout, "%s: back to its starting weights %d times (the last: %s)\n", o.Name(), n, why)
 			}
-			fmt.Fprintf(stdout, "%s: %d candidates judged, %d accepted; final weights %s\n", o.Name(), len(steps), won, policy.Format(o.Base(), o.Incumbent()))
 		}
 	}
 	if *jsonOut != "" {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/tune"
@@ -21,6 +22,63 @@ type tuneFlags struct {
 	sigma     float64
 	window    int
 	hop       int
+	block     time.Duration
+	burn      time.Duration
+	// tune is gorgo serve's and gorgo epp's --tune (nil: not given); set
+	// names the flags given (liveConfig keeps them).
+	tune *bool
+	set  map[string]bool
+}
+
+// registerLive adds what gorgo serve and gorgo epp take besides: --tune.
+func (t *tuneFlags) registerLive(fs *flag.FlagSet) {
+	t.register(fs)
+	fs.Func("tune", "tune the policy's parameters online from the traffic it routes: `true` or false (default the config's tune, else on for the default policy; its settings are the block, burn, window-requests, sigma, objective, guard and param flags)", func(s string) error {
+		v, err := strconv.ParseBool(s)
+		if err != nil {
+			return fmt.Errorf("want true or false, got %q", s)
+		}
+		t.tune = &v
+		return nil
+	})
+}
+
+// given records which flags were given (call after parsing).
+func (t *tuneFlags) given(fs *flag.FlagSet) {
+	t.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { t.set[f.Name] = true })
+}
+
+// The live tuner's settings where no flag gives them: arms alternate in
+// one-minute blocks, the second half of each scored, 256 requests per arm
+// a judgement, steps of 0.3 in log space (docs/results.md, "Tuning
+// online"). The simulator's gorgo-online keeps the paper's hops of 32
+// requests unless told otherwise.
+const (
+	liveBlock  = time.Minute
+	liveWindow = 256
+	liveSigma  = 0.3
+)
+
+// liveConfig is the online tuner gorgo serve runs over base: the flags
+// given, and the live settings for those not.
+func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values) (tune.OnlineConfig, error) {
+	l := *t
+	l.base = base
+	if !t.set["block"] {
+		l.block = liveBlock
+	}
+	if !t.set["window-requests"] {
+		l.window = liveWindow
+	}
+	if !t.set["sigma"] {
+		l.sigma = liveSigma
+	}
+	es, err := l.config(seed)
+	if err != nil {
+		return tune.OnlineConfig{}, err
+	}
+	return tune.OnlineConfig{ES: es, Base: base, Window: l.window, Hop: l.hop, Block: l.block, Burn: l.burn, BaseParams: params}, nil
 }
 
 // listFlag is a repeatable string flag.
@@ -40,7 +98,9 @@ func (t *tuneFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&t.base, "base", "gorgo", "policy whose parameters are tuned: "+joinNames(policy.WithParams()))
 	fs.Float64Var(&t.sigma, "sigma", 0.5, "initial step size in log space")
 	fs.IntVar(&t.window, "window-requests", 128, "online: requests each arm is scored on")
-	fs.IntVar(&t.hop, "hop", 32, "online: consecutive requests one arm routes before the other")
+	fs.IntVar(&t.hop, "hop", 32, "online: consecutive requests one arm routes before the other (without --block)")
+	fs.DurationVar(&t.block, "block", 0, "online: the arms alternate in blocks of this much time instead of every --hop requests (0: by requests)")
+	fs.DurationVar(&t.burn, "burn", 0, "online, with --block: the start of each block whose requests are routed but not scored (default half the block)")
 }
 
 // config builds the strategy's configuration.
@@ -95,7 +155,7 @@ func (t *tuneFlags) online(seed uint64, pf *policyFlags) (*tune.Online, error) {
 
 // onlineWith builds a gorgo-online policy over the base's given values.
 func (t *tuneFlags) onlineWith(cfg tune.Config, base policy.Values) (*tune.Online, error) {
-	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, BaseParams: base})
+	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, Block: t.block, Burn: t.burn, BaseParams: base})
 }
 
 // tunedDefaults describes what each policy with parameters tunes by

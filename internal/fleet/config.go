@@ -42,6 +42,11 @@ type Config struct {
 	// weights: for gorgo's, ms_weights: for gorgo-ms's, e2e_weights: for
 	// the default policy's).
 	Params map[string]policy.Values `yaml:"params"`
+	// Tune runs the online tuner over the policy's parameters (gorgo serve
+	// and gorgo epp): on by default for the default policy, off for the
+	// others; false turns it off. The tuner starts from the parameters
+	// above.
+	Tune *bool `yaml:"tune"`
 	// TieMargin is the scoring policies' relative tie margin (default 0.01).
 	TieMargin float64 `yaml:"tie_margin"`
 	// BlockTokens is the prefix index's block size in estimated tokens
@@ -361,6 +366,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: unknown policy %q (valid: %s)", c.Policy, strings.Join(policy.LiveNames(), ", "))
 	} else if info.SimOnly {
 		return fmt.Errorf("config: policy %s runs only in the simulator (valid here: %s)", c.Policy, strings.Join(policy.LiveNames(), ", "))
+	} else if c.Tune != nil && *c.Tune && len(info.Params) == 0 {
+		return fmt.Errorf("config: tune: policy %s has no parameters to tune (these have: %s)", c.Policy, strings.Join(policy.WithParams(), ", "))
 	}
 	switch {
 	case c.BlockTokens < 1 || c.BytesPerToken < 1:
@@ -416,6 +423,15 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// Tuned reports whether the online tuner runs over the config's policy
+// (see Tune).
+func (c Config) Tuned() bool {
+	if c.Tune != nil {
+		return *c.Tune
+	}
+	return policy.Canonical(c.Policy) == policy.DefaultName || c.Policy == ""
 }
 
 // PolicyOptions are the options of a new instance of the named policy

@@ -19,3 +19,27 @@ func TestAdmissionConfig(t *testing.T) {
 		}
 	}
 }
+
+// The online tuner runs over the default policy unless tune: false, over
+// another policy only when asked, and never over one without parameters.
+func TestTuned(t *testing.T) {
+	on, off := true, false
+	for _, c := range []struct {
+		cfg  Config
+		want bool
+	}{
+		{Config{}, true},
+		{Config{Policy: "default"}, true},
+		{Config{Policy: "gorgo-e2e", Tune: &off}, false},
+		{Config{Policy: "gorgo-ms"}, false},
+		{Config{Policy: "gorgo-ms", Tune: &on}, true},
+	} {
+		if got := c.cfg.Defaults().Tuned(); got != c.want {
+			t.Errorf("%q tune %v: tuned %v, want %v", c.cfg.Policy, c.cfg.Tune, got, c.want)
+		}
+	}
+	bad := Config{Policy: "round-robin", Tune: &on, Replicas: []ReplicaConfig{{URL: "http://x"}}}
+	if err := bad.Defaults().Validate(); err == nil {
+		t.Error("tune: true over round-robin accepted")
+	}
+}

@@ -81,6 +81,7 @@ func fixed(cur, next *Config) []string {
 		}
 	}
 	keep("policy", cur.Policy, next.Policy, func() { next.Policy = cur.Policy })
+	keep("tune", cur.Tuned(), next.Tuned(), func() { next.Tune = cur.Tune })
 	keep("tie_margin", cur.TieMargin, next.TieMargin, func() { next.TieMargin = cur.TieMargin })
 	keep("block_tokens", cur.BlockTokens, next.BlockTokens, func() { next.BlockTokens = cur.BlockTokens })
 	keep("bytes_per_token", cur.BytesPerToken, next.BytesPerToken, func() { next.BytesPerToken = cur.BytesPerToken })

@@ -48,6 +48,9 @@ type Request struct {
 	// asks for: the decision keeps off the replicas whose ITL model
 	// predicts more with it among their decodes, unless every one does.
 	TPOTSLOMS float64
+	// Now is the router's time of the decision (the simulator's clock, or
+	// the proxy's since it started); the router sets it.
+	Now time.Duration
 	// Model is the served name the request is for (a base model or a LoRA
 	// adapter; an alias already resolved): the router shows a policy only
 	// the replicas that serve it. Empty: any replica.
@@ -153,6 +156,13 @@ type Outcome struct {
 type Learner interface {
 	Policy
 	Learn(tag int, o Outcome)
+}
+
+// A FleetWatcher is a policy whose learned state belongs to the fleet it
+// learned it on: the router tells it when that fleet changed (a replica
+// added or gone, a round trip that jumped), why in a few words.
+type FleetWatcher interface {
+	FleetChanged(why string)
 }
 
 // ErrNoReplica means no replica is available.

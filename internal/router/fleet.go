@@ -65,6 +65,14 @@ func validReplica(rc ReplicaConfig) error {
 // Nothing about the other replicas changes. It fails with ErrExists if the
 // id is taken (also by a replica still draining out).
 func (r *Router) Add(rc ReplicaConfig) error {
+	if err := r.add(rc); err != nil {
+		return err
+	}
+	r.fleetChanged("replica " + rc.ID + " added")
+	return nil
+}
+
+func (r *Router) add(rc ReplicaConfig) error {
 	if err := validReplica(rc); err != nil {
 		return err
 	}
@@ -181,6 +189,7 @@ func (r *Router) detach(f *fleet, m *member) {
 	r.fleet.Store(f)
 	r.rebuildCatalog(f)
 	r.fleetMu.Unlock()
+	r.fleetChanged("replica " + m.id + " left")
 	// Clear the slot in pieces so decisions (which take the index's read
 	// lock) are not held up by a large cache; it is nobody's meanwhile.
 	for {

@@ -97,10 +97,16 @@ type member struct {
 	bias   atomic.Uint64
 	biasTS atomic.Int64
 
-	mu    sync.Mutex // guards the estimators below
-	rtt   estimate.EWMA
-	rates *estimate.Rates // nil: the configured rates
-	itl   *estimate.ITL
+	mu  sync.Mutex // guards the estimators below
+	rtt estimate.EWMA
+	// rttRef is the round trip (ns) the fleet was last known at (0 until
+	// rttSettle probes came back): a smoothed estimate far from it for
+	// rttSettle probes in a row is a change of the fleet. rttProbes counts
+	// the probes, rttFar the latest run of far estimates.
+	rttRef            float64
+	rttProbes, rttFar int
+	rates             *estimate.Rates // nil: the configured rates
+	itl               *estimate.ITL
 	// Evidence of how far the index over-believes this replica's cache,
 	// since the last reset: estimated and missing (estimated − reported,
 	// when positive) cached tokens over the reports that carried them.
@@ -222,14 +228,47 @@ func (m *member) view(now time.Duration, cached int) policy.Replica {
 	return v
 }
 
-func (m *member) observeRTT(rtt time.Duration) {
+// observeRTT feeds a probe to the estimate. It reports the reference and
+// the new estimate when the estimate has stayed away from the reference,
+// by more than rttJump of it and more than rttJumpMin, for rttSettle
+// probes in a row; the estimate is then the reference.
+func (m *member) observeRTT(rtt time.Duration) (jumped bool, from, to time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rtt.Observe(float64(rtt))
 	v, _ := m.rtt.Value()
 	m.rttNS.Store(int64(v))
 	m.probed.Store(true)
+	ref := m.rttRef
+	switch m.rttProbes++; {
+	case m.rttProbes < rttSettle:
+		return false, 0, 0
+	case ref == 0:
+		m.rttRef = v
+		return false, 0, 0
+	}
+	if d := math.Abs(v - ref); d <= rttJump*ref || d <= float64(rttJumpMin) {
+		m.rttFar = 0
+		return false, 0, 0
+	}
+	if m.rttFar++; m.rttFar < rttSettle {
+		return false, 0, 0
+	}
+	m.rttRef, m.rttFar = v, 0
+	return true, time.Duration(ref), time.Duration(v)
 }
+
+// A smoothed round trip that stays more than half away from what it was,
+// and more than 25 ms, for three probes in a row is a change of the fleet
+// (a region rerouted, a replica moved): the jitter of a probe moves the
+// smoothed estimate (α 0.3) by a fraction of that, and not three times
+// running; queueing on the path to a near replica moves it by less than
+// 25 ms.
+const (
+	rttJump    = 0.5
+	rttJumpMin = 25 * time.Millisecond
+	rttSettle  = 3
+)
 
 // observeTTFT feeds a first token to the online rates.
 func (m *member) observeTTFT(uncached, backlog int, ms float64) {

@@ -178,7 +178,7 @@ func New(cfg Config) (*Router, error) {
 	r.fleet.Store(&fleet{byID: map[string]*member{}})
 	r.catalog.Store(&catalog{served: models.Union()})
 	for _, rc := range cfg.Replicas {
-		if err := r.Add(rc); err != nil {
+		if err := r.add(rc); err != nil {
 			return nil, err
 		}
 	}
@@ -400,6 +400,7 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	r.ixMu.RUnlock()
 	bt := r.cfg.BlockTokens
 	req.ExpectedOutputTokens = r.ExpectedOutput(req.MaxOutputTokens)
+	req.Now = now
 	r.views, r.cand, r.adapter = r.views[:0], r.cand[:0], r.adapter[:0]
 	for _, m := range f.members {
 		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
@@ -605,9 +606,19 @@ func (r *Router) IndexResets() int { return int(r.resets.Load()) }
 func (r *Router) ObserveRTT(id string, rtt time.Duration) error {
 	m, err := r.member(id)
 	if err == nil {
-		m.observeRTT(rtt)
+		if jumped, from, to := m.observeRTT(rtt); jumped {
+			r.fleetChanged(fmt.Sprintf("round trip to %s went from %v to %v", id, from.Round(time.Millisecond), to.Round(time.Millisecond)))
+		}
 	}
 	return err
+}
+
+// fleetChanged tells a policy that learns from the fleet (a
+// policy.FleetWatcher: the online tuner) that the fleet changed.
+func (r *Router) fleetChanged(why string) {
+	if w, ok := r.cfg.Policy.(policy.FleetWatcher); ok {
+		w.FleetChanged(why)
+	}
 }
 
 // ObserveEngine records a replica's engine gauges as scraped at time at.

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -645,5 +646,68 @@ func TestWaitingCap(t *testing.T) {
 		t.Errorf("capped request with every replica waiting: %v", err)
 	} else {
 		r.Finish(&got)
+	}
+}
+
+// watcher is a policy that records the fleet changes the router reports.
+type watcher struct {
+	policy.Policy
+	changes []string
+}
+
+func (w *watcher) FleetChanged(why string) { w.changes = append(w.changes, why) }
+
+// The router tells a FleetWatcher policy of replicas added and gone and of
+// a round trip that jumped and stayed, not of its initial fleet, a drain,
+// or probes' jitter.
+func TestFleetWatcherHearsOfChanges(t *testing.T) {
+	p, _ := policy.New("gorgo", policy.Options{})
+	w := &watcher{Policy: p}
+	r, err := New(Config{Replicas: []ReplicaConfig{replicaConfig(0), replicaConfig(1)}, Policy: w, BlockTokens: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Jitter of ±40% around 100 ms never moves the estimate (α 0.3) half
+	// away for three probes running.
+	for i := range 60 {
+		rtt := 100 * time.Millisecond
+		if i%2 == 0 {
+			rtt = 140 * time.Millisecond
+		} else if i%3 == 0 {
+			rtt = 60 * time.Millisecond
+		}
+		for _, id := range []string{"a", "b"} {
+			if err := r.ObserveRTT(id, rtt); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := r.Drain("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Undrain("a"); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.changes) != 0 {
+		t.Fatalf("changes %q before any", w.changes)
+	}
+	// b's path is rerouted: 100 ms → 400 ms.
+	for range 10 {
+		if err := r.ObserveRTT("b", 400*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(w.changes) != 1 || !strings.Contains(w.changes[0], "round trip to b went from") {
+		t.Fatalf("changes %q, want one jump of b's round trip", w.changes)
+	}
+	if err := r.Add(replicaConfig(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Remove("a"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"replica c added", "replica a left"}
+	if got := w.changes[1:]; !reflect.DeepEqual(got, want) {
+		t.Errorf("changes %q, want %q", got, want)
 	}
 }

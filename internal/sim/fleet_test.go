@@ -1,10 +1,12 @@
 package sim
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
 )
 
@@ -100,5 +102,42 @@ func TestEventSpecs(t *testing.T) {
 	evs, err := topo.ResolveEvents([]EventSpec{{At: time.Minute, Add: &ReplicaSpec{Name: "x", Region: "eu-frankfurt", Profile: "paper", Count: &two}}})
 	if err != nil || len(evs) != 2 || evs[1].Replica.ID != "x-2" || evs[0].Replica.RTT != 279*time.Millisecond {
 		t.Errorf("add of two: %+v %v", evs, err)
+	}
+}
+
+// watcher is a policy that records the fleet changes its router reports.
+type watcher struct {
+	policy.Policy
+	changes []string
+}
+
+func (w *watcher) FleetChanged(why string) { w.changes = append(w.changes, why) }
+
+// ScoreFrom leaves the requests that arrive before it out of the summary
+// (they are routed and recorded all the same), and a policy that learns
+// from the fleet hears of its changes from the simulated router as it
+// would live.
+func TestScoreFromAndFleetChanges(t *testing.T) {
+	p := profile(t, "paper")
+	reps := []Replica{{ID: "a", RTT: 20 * time.Millisecond, Profile: p}, {ID: "b", RTT: 40 * time.Millisecond, Profile: p}}
+	reqs := poisson(2000, 5, 1)
+	w := &watcher{Policy: newPolicy(t, policy.DefaultName)}
+	events := []FleetEvent{{At: 3 * time.Minute, Op: OpRemove, ID: "b"}}
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: w, MaxInflight: 64, Seed: 1, Events: events, ScoreFrom: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := 0
+	for _, r := range res.Records {
+		if r.Arrival >= 60_000 {
+			later++
+		}
+	}
+	if len(res.Records) != len(reqs) || res.Run.Requests != later || later == 0 || later == len(reqs) {
+		t.Errorf("%d records, %d scored; want %d and the %d that arrived from 1 minute", len(res.Records), res.Run.Requests, len(reqs), later)
+	}
+	want := []string{"replica a added", "replica b added", "replica b left"}
+	if !slices.Equal(w.changes, want) {
+		t.Errorf("changes %q, want %q", w.changes, want)
 	}
 }

@@ -53,6 +53,11 @@ type Config struct {
 	// (zero SLO: every request goes at once). It must have passed
 	// Validate.
 	Admission admit.Config
+	// ScoreFrom, if positive, leaves out of the run's summary (Result.Run)
+	// the requests that arrive earlier than this into the run: they are
+	// routed and warm the fleet and an online tuner; Result.Records keeps
+	// them.
+	ScoreFrom time.Duration
 	// GoodputSLO, if positive, scores the run's goodput against that TTFT
 	// SLO (see report.Run.ScoreSLO), with or without admission.
 	GoodputSLO time.Duration
@@ -793,7 +798,16 @@ func (s *simulator) result() *Result {
 		}
 		res.Records[i] = rec
 	}
-	res.Run = report.NewRun(res.Policy, res.Records, ids)
+	scored := res.Records
+	if from := s.cfg.ScoreFrom; from > 0 {
+		scored = nil
+		for _, rec := range res.Records {
+			if rec.Arrival >= toMS(from) {
+				scored = append(scored, rec)
+			}
+		}
+	}
+	res.Run = report.NewRun(res.Policy, scored, ids)
 	var adReqs, adLoads int64
 	for _, g := range res.Engines {
 		adReqs += g.AdapterRequests
@@ -802,8 +816,9 @@ func (s *simulator) result() *Result {
 	res.Run.ScoreAdapters(adReqs, adLoads)
 	if slo := s.cfg.GoodputSLO; slo > 0 && len(s.cfg.Requests) > 0 {
 		reqs := s.cfg.Requests
-		span := max(reqs[len(reqs)-1].Time-reqs[0].Time, time.Second)
-		res.Run.ScoreSLO(res.Records, toMS(slo), span.Seconds())
+		first := max(reqs[0].Time, s.cfg.ScoreFrom)
+		span := max(reqs[len(reqs)-1].Time-first, time.Second)
+		res.Run.ScoreSLO(scored, toMS(slo), span.Seconds())
 	}
 	return res
 }

@@ -129,6 +129,18 @@ func NewES(cfg Config) (*ES, error) {
 	return e, nil
 }
 
+// Reset makes every parameter's Init the incumbent again, with the first
+// step size and no drift; the random stream goes on.
+func (e *ES) Reset() {
+	for i, p := range e.cfg.Params {
+		e.inc[i] = p.Init
+	}
+	e.sigma = e.cfg.Sigma
+	for i := range e.drift {
+		e.drift[i] = 1
+	}
+}
+
 // Incumbent returns a copy of the best point so far.
 func (e *ES) Incumbent() Point { return slices.Clone(e.inc) }
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
 )
@@ -20,6 +21,15 @@ type OnlineConfig struct {
 	// (default 128, the paper's); Hop is how many consecutive requests one
 	// arm routes before the other takes over (default 32).
 	Window, Hop int
+	// Block, if positive, alternates the arms in blocks of router time
+	// instead of every Hop requests (a switchback experiment), and Burn is
+	// the start of each block whose requests are routed but not scored
+	// (default Block/2): requests of the other arm still in flight then
+	// shape what this arm's requests meet. Arms that alternate faster
+	// than requests finish share the replicas' load, and one that piles
+	// requests on a replica makes the other pay for it; blocks long enough
+	// for the load to turn over make each arm pay its own way.
+	Block, Burn time.Duration
 	// BaseParams holds the values of the parameters that are not tuned (a
 	// parameter not listed keeps its value here); the base policy's
 	// defaults where it has none.
@@ -49,6 +59,15 @@ type Online struct {
 	judged   int
 	accepted int
 	paused   bool
+	// from is the router time from which decisions are scored in block
+	// mode: a round starts scoring at the first block after it began.
+	from time.Duration
+	// resets counts fallbacks to the starting weights from elsewhere, why
+	// says why the last one; moved is whether a candidate was accepted
+	// since the start or the last fallback.
+	resets int
+	why    string
+	moved  bool
 }
 
 // OnlineName is the registered name of the online-tuned gorgo policy.
@@ -96,6 +115,12 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	}
 	if cfg.Window < 1 || cfg.Hop < 1 || cfg.History < 1 {
 		return nil, fmt.Errorf("online tuning: window, hop and history must be positive")
+	}
+	if cfg.Block > 0 && cfg.Burn == 0 {
+		cfg.Burn = cfg.Block / 2
+	}
+	if cfg.Block < 0 || cfg.Burn < 0 || cfg.Burn > 0 && cfg.Burn >= cfg.Block {
+		return nil, fmt.Errorf("online tuning: want 0 <= burn < block, got block %v, burn %v", cfg.Block, cfg.Burn)
 	}
 	es, err := NewES(cfg.ES)
 	if err != nil {
@@ -172,6 +197,7 @@ func (o *Online) next() error {
 	o.round++
 	o.routed = 0
 	o.samples[0], o.samples[1] = o.samples[0][:0], o.samples[1][:0]
+	o.from = -1 // set by the round's first decision
 	return nil
 }
 
@@ -179,7 +205,9 @@ func (o *Online) next() error {
 func (o *Online) Name() string { return OnlineName }
 
 // Decide routes with the arm whose turn it is and tags the decision; while
-// paused, with the incumbent, untagged.
+// paused, with the incumbent, untagged. In block mode a decision made in
+// a block's burn-in, or before the round's first whole block, is routed
+// by its arm but untagged (not scored).
 func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.Replica, rng *rand.Rand) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -187,13 +215,59 @@ func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.R
 		d.Tag = -1
 		return o.arms[0].Decide(d, req, reps, rng)
 	}
-	arm := (o.routed / o.cfg.Hop) % 2
-	o.routed++
+	tag := 0
+	var arm int
+	if b := o.cfg.Block; b > 0 {
+		start := req.Now - req.Now%b
+		if o.from < 0 {
+			o.from = start + b
+		}
+		arm = int(req.Now/b) % 2
+		tag = -1
+		if start >= o.from && req.Now-start >= o.cfg.Burn {
+			tag = 2*o.round + arm
+		}
+	} else {
+		arm = (o.routed / o.cfg.Hop) % 2
+		o.routed++
+		tag = 2*o.round + arm
+	}
 	if err := o.arms[arm].Decide(d, req, reps, rng); err != nil {
 		return err
 	}
-	d.Tag = 2*o.round + arm
+	d.Tag = tag
 	return nil
+}
+
+// FleetChanged implements policy.FleetWatcher: weights learned on another
+// fleet say little of this one, so the tuner falls back to its starting
+// weights (the base policy's defaults), its first step size and no drift,
+// and starts a new round.
+func (o *Online) FleetChanged(why string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.moved {
+		o.resets++
+		o.why = why
+		o.moved = false
+	}
+	o.es.Reset()
+	p, err := o.policy(o.es.Incumbent())
+	if err != nil {
+		return // cannot happen: the starting point was valid at NewOnline
+	}
+	o.arms[0] = p
+	if err := o.next(); err != nil {
+		o.arms[1] = o.arms[0]
+	}
+}
+
+// Resets returns how many times the fleet's changes sent the tuner back to
+// its starting weights from weights it had learned, and why the last time.
+func (o *Online) Resets() (n int, why string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.resets, o.why
 }
 
 // Learn records an outcome for its arm; outcomes of earlier rounds are
@@ -220,6 +294,7 @@ func (o *Online) Learn(tag int, s policy.Outcome) {
 	o.judged++
 	if out.Accepted {
 		o.accepted++
+		o.moved = true
 		o.arms[0] = o.arms[1]
 	}
 	if err := o.next(); err != nil {
@@ -249,6 +324,9 @@ func (o *Online) Counts() (judged, accepted int) {
 	defer o.mu.Unlock()
 	return o.judged, o.accepted
 }
+
+// Config returns the configuration, defaults filled in.
+func (o *Online) Config() OnlineConfig { return o.cfg }
 
 // Base returns the name of the tuned policy.
 func (o *Online) Base() string { return o.cfg.Base }
@@ -300,4 +378,7 @@ func (o *Online) Sigma() float64 {
 // its methods while the tuner is in use.
 func (o *Online) ES() *ES { return o.es }
 
-var _ policy.Tuner = (*Online)(nil)
+var (
+	_ policy.Tuner        = (*Online)(nil)
+	_ policy.FleetWatcher = (*Online)(nil)
+)

@@ -309,3 +309,103 @@ func TestTuneAPolicyOfOneFile(t *testing.T) {
 		t.Error("a parameter the policy does not have was accepted")
 	}
 }
+
+// In block mode the arms alternate by router time: a decision in a
+// block's burn-in, or before the round's first whole block, is routed but
+// not scored, so each arm is judged on requests that met the load it made.
+func TestOnlineBlocksScoreAfterTheBurnIn(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1}, Base: policy.DefaultName, Window: 2, Block: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	rng := rand.New(rand.NewPCG(1, 1))
+	tagAt := func(at time.Duration) int {
+		var d policy.Decision
+		if err := o.Decide(&d, &policy.Request{PromptTokens: 10, Now: at}, reps, rng); err != nil {
+			t.Fatal(err)
+		}
+		return d.Tag
+	}
+	// The round starts at 3 s: its first whole block starts at 10 s.
+	for _, c := range []struct {
+		at   time.Duration
+		want int
+	}{
+		{3 * time.Second, -1},  // before the first whole block
+		{8 * time.Second, -1},  // still before it, past a burn-in
+		{12 * time.Second, -1}, // arm 1's block, burn-in (default half)
+		{16 * time.Second, 3},  // arm 1, scored: round 1
+		{21 * time.Second, -1}, // arm 0's block, burn-in
+		{25 * time.Second, 2},  // arm 0, scored
+		{36 * time.Second, 3},
+	} {
+		if got := tagAt(c.at); got != c.want {
+			t.Errorf("tag at %v = %d, want %d", c.at, got, c.want)
+		}
+	}
+	// Two outcomes per arm judge the candidate; the next round scores
+	// from the block after its first decision.
+	for _, tag := range []int{2, 2, 3, 3} {
+		o.Learn(tag, policy.Outcome{TTFT: time.Second, E2E: time.Second})
+	}
+	if judged, _ := o.Counts(); judged != 1 {
+		t.Fatalf("%d judged, want 1", judged)
+	}
+	if got := tagAt(46 * time.Second); got != -1 {
+		t.Errorf("first decision of round 2 tagged %d, want unscored", got)
+	}
+	if got := tagAt(56 * time.Second); got != 5 {
+		t.Errorf("round 2 in its first whole block tagged %d, want 5", got)
+	}
+	if _, err := NewOnline(OnlineConfig{Block: time.Second, Burn: time.Second}); err == nil {
+		t.Error("a burn-in as long as the block was accepted")
+	}
+}
+
+// A change of the fleet sends the tuner back to its starting weights and
+// step size, and starts a new round; one that finds it there already is
+// not counted as a fallback.
+func TestOnlineFallsBackWhenTheFleetChanges(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 3}, Base: policy.DefaultName, Window: 1, Hop: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := o.Incumbent()
+	sigma := o.Sigma()
+	o.FleetChanged("replica x added")
+	if n, _ := o.Resets(); n != 0 {
+		t.Fatalf("a fallback from the starting weights counted: %d", n)
+	}
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	rng := rand.New(rand.NewPCG(1, 1))
+	var d policy.Decision
+	// The candidate (arm 1) always wins until one is accepted.
+	for i := 0; ; i++ {
+		if _, won := o.Counts(); won > 0 {
+			break
+		}
+		if i > 100 {
+			t.Fatal("no candidate accepted")
+		}
+		if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rng); err != nil {
+			t.Fatal(err)
+		}
+		ttft := 2 * time.Second
+		if d.Tag%2 == 1 {
+			ttft = time.Second
+		}
+		o.Learn(d.Tag, policy.Outcome{TTFT: ttft, E2E: time.Second})
+	}
+	if maps.Equal(o.Incumbent(), start) {
+		t.Fatal("the accepted candidate did not move the incumbent")
+	}
+	round := o.round
+	o.FleetChanged("replica b left")
+	if n, why := o.Resets(); n != 1 || why != "replica b left" {
+		t.Errorf("resets %d (%q), want 1 (replica b left)", n, why)
+	}
+	if !maps.Equal(o.Incumbent(), start) || o.Sigma() != sigma || o.round != round+1 {
+		t.Errorf("after the fallback: incumbent %v sigma %v round %d; want %v, %v, %d", o.Incumbent(), o.Sigma(), o.round, start, sigma, round+1)
+	}
+}

@@ -5,7 +5,12 @@
 # gorgo, gorgo-ms and the default policy (gorgo-e2e) are tuned on one window
 # at the busy load and evaluated, frozen, on a held-out window at every load,
 # against every other policy and clairvoyant. Then the admission study.
-# Writes docs/results/grid/. Usage: scripts/default-policy.sh [grid|admission|all]
+# Writes docs/results/grid/. `online` runs the grid again with the default
+# policy tuning itself online (gorgo-online over it, with gorgo serve's
+# settings) from its default weights, the first 10 minutes of each run a
+# warm-up left out of every policy's figures; it needs the grid's tuned
+# gorgo and gorgo-ms weights, and writes docs/results/grid-online/.
+# Usage: scripts/default-policy.sh [grid|admission|online|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/results/grid
@@ -57,6 +62,24 @@ if [[ $what == grid || $what == all ]]; then
 		done
 	done
 	go run ./scripts/grid $out/*-eval.json | tee $out/grid.md
+fi
+
+if [[ $what == online || $what == all ]]; then
+	on=docs/results/grid-online
+	mkdir -p "$on"
+	pols=default,gorgo-online,gorgo,gorgo-ms,simple-session-affinity,session-affinity,least-request,least-load,prefix-cache,round-robin,power-of-two,clairvoyant
+	for w in $workloads; do
+		for f in $fleets; do
+			tag=$w-$(basename $f .yaml)
+			$g eval --trace ${file[$w]} --topology $f --window ${test[$w]} --sweep time-scale=${loads[$w]} \
+				--weights $out/$tag-gorgo.json --ms-weights $out/$tag-gorgo-ms.json --policy $pols \
+				--base default --block 60s --window-requests 256 --sigma 0.3 --score-from 10m \
+				--json $on/$tag-eval.json --plots none >$on/$tag-eval.txt
+			echo "$tag done" >&2
+		done
+	done
+	go run ./scripts/grid -policy gorgo-online $on/*-eval.json | tee $on/grid.md
+	go run ./scripts/grid $on/*-eval.json >$on/grid-fixed.md
 fi
 
 if [[ $what == admission || $what == all ]]; then

@@ -15,6 +15,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/policy/policytest"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 // The admin API wants a token when one is configured; the client port
@@ -180,5 +181,23 @@ func TestReplicasAPI(t *testing.T) {
 	servetest.Eventually(t, "c to leave", func() bool { return !s.Router().Has("c") })
 	if _, body := do(t, "GET", s.adminURL+"/admin/replicas", ""); !strings.Contains(body, `"source": "config"`) || strings.Contains(body, `"id": "c"`) {
 		t.Errorf("replicas: %s", body)
+	}
+}
+
+// /admin/tuner shows the online tuner over the default policy, as gorgo
+// serve runs it: what it tunes from, its counts, and its fallbacks to the
+// starting weights when the fleet changed under weights it had learned.
+func TestTunerShowsFallbacks(t *testing.T) {
+	o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, Window: 256, Block: time.Minute, ES: tune.Config{Seed: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := startAdmin(t, testConfig{Policy: o}, startReplica(t, 2*time.Millisecond, emulator.Faults{})).adminURL
+	code, body := do(t, "GET", admin+"/admin/tuner", "")
+	if code != 200 || !strings.Contains(body, `"base": "gorgo-e2e"`) || !strings.Contains(body, `"fallbacks": 0`) || !strings.Contains(body, `"decode": 0.2`) {
+		t.Errorf("GET /admin/tuner: %d %s", code, body)
+	}
+	if code, body := do(t, "POST", admin+"/admin/tuner/pause", ""); code != 200 || !strings.Contains(body, `"paused": true`) {
+		t.Errorf("pause: %d %s", code, body)
 	}
 }

@@ -71,8 +71,9 @@ func (s *Server) tuner(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	judged, accepted := o.Counts()
+	resets, why := o.Resets()
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"base": o.Base(), "incumbent": o.Incumbent(), "sigma": o.Sigma(), "paused": o.Paused(),
-		"judged": judged, "accepted": accepted, "history": o.Steps()})
+		"judged": judged, "accepted": accepted, "history": o.Steps(), "fallbacks": resets, "last_fallback": why})
 }
 
 func (s *Server) pauseTuner(pause bool) http.HandlerFunc {

@@ -9,6 +9,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prefix"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 // Text prompts are hashed in blocks of benchBlockTokens estimated tokens
@@ -157,6 +158,36 @@ func BenchmarkDecideWithAdapters(b *testing.B) {
 				buf = prefix.Keyed(prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0]), prefix.ModelKey(req.Model))
 				req.Blocks = buf
 				if _, err := r.Decide(0, req, rng); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkDecideTuned is BenchmarkDecide's 16 replicas with the default
+// policy under the online tuner, as gorgo serve runs it: the tuner adds a
+// lock, an arm's turn and a tag to each decision. The router's clock moves
+// 1 ms a decision, so the arms take turns in blocks of a minute.
+func BenchmarkDecideTuned(b *testing.B) {
+	for _, tokens := range []int{2 << 10, 32 << 10} {
+		b.Run(fmt.Sprintf("replicas=16/prompt=%dk", tokens>>10), func(b *testing.B) {
+			r, prompt := benchRouter(b, policy.DefaultName, 16, tokens)
+			o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, Window: 256, Block: time.Minute, ES: tune.Config{Seed: 1, Sigma: 0.3}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			r.cfg.Policy = o
+			rng := rand.New(rand.NewPCG(3, 4))
+			buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
+			req := &policy.Request{PromptTokens: tokens}
+			var now time.Duration
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0])
+				req.Blocks = buf
+				now += time.Millisecond
+				if _, err := r.Decide(now, req, rng); err != nil {
 					b.Fatal(err)
 				}
 			}

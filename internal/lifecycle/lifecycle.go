@@ -21,8 +21,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
@@ -32,10 +30,6 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
-
-// PrefixKeyTokens is how many leading prompt tokens simple session affinity
-// hashes (the paper's 256).
-const PrefixKeyTokens = 256
 
 // Health hears how replicas do: attempts that failed through a replica's
 // fault (it refused, hung, broke, or answered 5xx other than 503),
@@ -251,7 +245,7 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 	est, text := c.cfg.Est, r.Parsed.Text
 	r.Route = policy.Request{
 		SessionKey:      session,
-		PrefixKey:       xxhash.Sum64(text[:min(len(text), est.Bytes(PrefixKeyTokens))]),
+		PrefixKey:       prompt.PrefixKey(text, est),
 		PromptTokens:    est.Tokens(text),
 		MaxOutputTokens: max(r.Parsed.MaxTokens, 0),
 	}

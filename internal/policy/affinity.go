@@ -10,15 +10,32 @@ import (
 
 // simpleAffinity is the paper's "session affinity": the hash of the
 // prompt's first 256 tokens (Request.PrefixKey) modulo the number of
-// available replicas. When that number changes (a replica is down or
-// drained) most sessions move, as with any modulo hash; session-affinity
-// (rendezvous hashing) is the one that moves only the lost replica's.
+// available replicas, which are counted in the order of their ids
+// (whatever order the router holds them in: the simulator and the proxy
+// split sessions alike); the fallbacks follow that order. When the number
+// changes (a replica is down or drained) most sessions move, as with any
+// modulo hash; session-affinity (rendezvous hashing) is the one that moves
+// only the lost replica's.
 type simpleAffinity struct{}
 
 func (simpleAffinity) Name() string { return "simple-session-affinity" }
 
 func (simpleAffinity) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Rand) error {
-	rotation(d, len(reps), int(req.PrefixKey%uint64(len(reps))))
+	n := len(reps)
+	start := int(req.PrefixKey % uint64(n))
+	d.Scores = d.Scores[:0]
+	for i := range reps {
+		rank := 0 // replicas whose ids sort before this one's
+		for j := range reps {
+			if reps[j].ID < reps[i].ID {
+				rank++
+			}
+		}
+		d.Scores = append(d.Scores, Terms{Total: float64((rank - start + n) % n)})
+		if rank == start {
+			d.Replica = i
+		}
+	}
 	return nil
 }
 

@@ -239,3 +239,25 @@ func TestParseWeights(t *testing.T) {
 		}
 	}
 }
+
+// Simple session affinity counts the replicas in the order of their ids,
+// whatever order the router holds them in (the simulator and the proxy
+// hold them differently): a prompt goes to the same replica either way.
+func TestSimpleAffinityIgnoresOrder(t *testing.T) {
+	p, err := New("simple-session-affinity", Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fwd := fleet(1, 1, 1, 1)
+	rev := []Replica{fwd[3], fwd[2], fwd[1], fwd[0]}
+	for key := range uint64(20) {
+		var a, b Decision
+		req := Request{PrefixKey: key}
+		if p.Decide(&a, &req, fwd, nil) != nil || p.Decide(&b, &req, rev, nil) != nil {
+			t.Fatal("decide")
+		}
+		if fwd[a.Replica].ID != rev[b.Replica].ID {
+			t.Errorf("key %d: %s in one order, %s in the other", key, fwd[a.Replica].ID, rev[b.Replica].ID)
+		}
+	}
+}

@@ -8,7 +8,11 @@
 // a block is BlockTokens estimated tokens of the canonical prompt bytes.
 package prompt
 
-import "github.com/gorgo-llm/gorgo/internal/prefix"
+import (
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/gorgo-llm/gorgo/internal/prefix"
+)
 
 // DefaultBytesPerToken is the estimator's default.
 const DefaultBytesPerToken = 4
@@ -60,4 +64,14 @@ func Chat(dst []byte, msgs []Message) []byte {
 		dst = append(dst, '\n')
 	}
 	return dst
+}
+
+// PrefixKeyTokens is how many leading prompt tokens the prefix key hashes
+// (simple session affinity's key: the paper's 256).
+const PrefixKeyTokens = 256
+
+// PrefixKey is the hash of a canonical prompt's first PrefixKeyTokens
+// tokens' bytes.
+func PrefixKey(text []byte, est Estimator) uint64 {
+	return xxhash.Sum64(text[:min(len(text), est.Bytes(PrefixKeyTokens))])
 }

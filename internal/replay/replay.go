@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/report"
+	"github.com/gorgo-llm/gorgo/internal/synth"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -169,7 +170,7 @@ dispatch:
 		if r.Model != "" { // the trace names the request's model
 			model = r.Model
 		}
-		body, err := encodeChat(model, Messages(r), r.OutputTokens, r.Session)
+		body, err := encodeChat(model, synth.Messages(r), r.OutputTokens, r.Session)
 		if err != nil {
 			return nil, fmt.Errorf("request %d: %w", i, err)
 		}

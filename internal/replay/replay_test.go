@@ -335,3 +335,16 @@ func TestWarmConnections(t *testing.T) {
 		t.Errorf("after warming, %d requests opened a connection", n)
 	}
 }
+
+// chain returns n block ids: the first shared of them common to every
+// tag, the rest the tag's own.
+func chain(n, shared int, tag uint64) []uint64 {
+	ids := make([]uint64, n)
+	for i := range ids {
+		ids[i] = uint64(i)
+		if i >= shared {
+			ids[i] |= tag << 32
+		}
+	}
+	return ids
+}

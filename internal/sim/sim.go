@@ -20,8 +20,10 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prefix"
+	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/synth"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -225,8 +227,11 @@ type simulator struct {
 	rng  *rand.Rand
 	jit  []float64 // per-request standard normal draw for the round trip
 	reqs []reqState
-	reps []replicaState // every replica that was ever in the fleet
-	byID map[string]int // the replicas' indexes in reps
+	// prefixKeys are the requests' prefix keys, as the live router reads
+	// them from the prompts the replayer sends (synth.PrefixKey).
+	prefixKeys []uint64
+	reps       []replicaState // every replica that was ever in the fleet
+	byID       map[string]int // the replicas' indexes in reps
 
 	events  eventHeap
 	seq     uint64
@@ -293,12 +298,16 @@ func Run(cfg Config) (*Result, error) {
 		return nil, errors.New("sim: probe and scrape intervals must be positive")
 	}
 	s := &simulator{
-		cfg:      cfg,
-		sig:      sig,
-		rng:      rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)),
-		probeRNG: rand.New(rand.NewPCG(cfg.Seed, 0x5851f42d4c957f2d)),
-		reqs:     make([]reqState, len(cfg.Requests)),
-		byID:     map[string]int{},
+		cfg:        cfg,
+		sig:        sig,
+		rng:        rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)),
+		probeRNG:   rand.New(rand.NewPCG(cfg.Seed, 0x5851f42d4c957f2d)),
+		reqs:       make([]reqState, len(cfg.Requests)),
+		prefixKeys: make([]uint64, len(cfg.Requests)),
+		byID:       map[string]int{},
+	}
+	for i := range cfg.Requests {
+		s.prefixKeys[i] = synth.PrefixKey(&cfg.Requests[i], prompt.Estimator{})
 	}
 	if c, ok := cfg.Policy.(*clairvoyant); ok {
 		c.s = s
@@ -614,9 +623,7 @@ func (s *simulator) request(i int) {
 	if s.cfg.HideMaxTokens {
 		s.rreq.MaxOutputTokens = 0
 	}
-	if len(tr.HashIDs) > 0 {
-		s.rreq.PrefixKey = tr.HashIDs[0]
-	}
+	s.rreq.PrefixKey = s.prefixKeys[i]
 }
 
 // dispatch sends request i from the router at now.

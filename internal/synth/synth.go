@@ -1,4 +1,10 @@
-package replay
+// Package synth is the prompt text gorgo makes up for a trace that has
+// none: readable words drawn from each block's id, so that two prompts
+// sharing their first blocks share their first bytes, and the canonical
+// prompt has exactly the trace's tokens by the estimator. The replayer
+// sends it; the simulator reads the same prefix key from it that the live
+// router would.
+package synth
 
 import (
 	"math/rand/v2"
@@ -151,4 +157,40 @@ var vocabulary = [...]string{
 	"open", "walk", "win", "offer", "remember", "love", "consider", "appear", "buy", "wait",
 	"serve", "die", "send", "expect", "build", "stay", "fall", "cut", "reach", "kill",
 	"remain", "suggest", "raise", "pass", "sell", "require", "report", "decide", "pull", "explain",
+}
+
+// PrefixKey is the prefix key the live router reads from the prompt the
+// replayer sends for r (prompt.PrefixKey of its canonical bytes): the
+// simulator routes by the same, so that simple session affinity splits
+// sessions alike in both.
+func PrefixKey(r *trace.Request, est prompt.Estimator) uint64 {
+	n := est.Bytes(prompt.PrefixKeyTokens)
+	var text []byte
+	if len(r.Messages) > 0 {
+		text = prompt.Chat(nil, Messages(r))
+	} else {
+		// "user\n", the content's first bytes and, if the content ends
+		// before n bytes, its "\n": only the first block can count.
+		text = append(make([]byte, 0, n+chatOverhead), "user\n"...)
+		first := r.HashIDs
+		if len(first) > 1 {
+			first = first[:1]
+		}
+		tokens := min(r.InputTokens, trace.BlockTokens)
+		var id uint64
+		if len(first) > 0 {
+			id = first[0]
+		} else {
+			id = mix64(1)
+		}
+		size := BlockBytes
+		if r.InputTokens <= trace.BlockTokens {
+			size = max(0, prompt.Estimator{}.Bytes(tokens)-chatOverhead)
+		}
+		text = AppendBlockText(text, id, min(size, n))
+		if r.InputTokens <= trace.BlockTokens && size < n {
+			text = append(text, '\n')
+		}
+	}
+	return prompt.PrefixKey(text, est)
 }

@@ -1,4 +1,4 @@
-package replay
+package synth
 
 import (
 	"bytes"
@@ -160,5 +160,23 @@ func BenchmarkAppendContent(b *testing.B) {
 	b.SetBytes(int64(60 * BlockBytes))
 	for b.Loop() {
 		buf = AppendContent(buf[:0], ids, 60*512)
+	}
+}
+
+// The simulator's prefix key is the one the live router reads from the
+// prompt the replayer sends, whatever the prompt's length.
+func TestPrefixKeyIsTheRoutersOwn(t *testing.T) {
+	est := prompt.Estimator{}
+	for _, n := range []int{1, 2, 5, 200, 254, 255, 256, 257, 258, 300, 511, 512, 513, 2000, 9000} {
+		for _, ids := range [][]uint64{chain(trace.BlockCount(n), 0, uint64(n)), nil} {
+			r := trace.Request{InputTokens: n, HashIDs: ids}
+			if got, want := PrefixKey(&r, est), prompt.PrefixKey(canonical(&r), est); got != want {
+				t.Errorf("%d tokens (%d ids): %x, the router reads %x", n, len(ids), got, want)
+			}
+		}
+	}
+	r := trace.Request{InputTokens: 3, Messages: []trace.Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}}}
+	if PrefixKey(&r, est) != prompt.PrefixKey(canonical(&r), est) {
+		t.Error("a trace with messages")
 	}
 }

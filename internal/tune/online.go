@@ -194,11 +194,16 @@ func (o *Online) next() error {
 		return err
 	}
 	o.arms[1] = p
+	o.restart()
+	return nil
+}
+
+// restart starts a new round with the arms as they are.
+func (o *Online) restart() {
 	o.round++
 	o.routed = 0
 	o.samples[0], o.samples[1] = o.samples[0][:0], o.samples[1][:0]
 	o.from = -1 // set by the round's first decision
-	return nil
 }
 
 // Name implements policy.Policy.
@@ -239,18 +244,21 @@ func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.R
 	return nil
 }
 
-// FleetChanged implements policy.FleetWatcher: weights learned on another
-// fleet say little of this one, so the tuner falls back to its starting
-// weights (the base policy's defaults), its first step size and no drift,
-// and starts a new round.
+// FleetChanged implements policy.FleetWatcher. Weights learned on another
+// fleet say little of this one: a tuner that has moved falls back to its
+// starting weights (the base policy's defaults), its first step size and
+// no drift, and draws a new candidate. Either way the round starts afresh,
+// its outcomes so far measured on the old fleet.
 func (o *Online) FleetChanged(why string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.moved {
-		o.resets++
-		o.why = why
-		o.moved = false
+	if !o.moved {
+		o.restart()
+		return
 	}
+	o.resets++
+	o.why = why
+	o.moved = false
 	o.es.Reset()
 	p, err := o.policy(o.es.Incumbent())
 	if err != nil {

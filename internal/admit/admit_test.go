@@ -140,3 +140,25 @@ func TestNoReplicaStillExpires(t *testing.T) {
 		t.Errorf("past its deadline: %d refused, %d left", refused, g.Len())
 	}
 }
+
+// A request's TTFT budget is its own SLO (else the gate's) less what it
+// has waited since it arrived, less the headroom; none without an SLO or once it has passed.
+func TestTTFTBudget(t *testing.T) {
+	c := Config{SLO: 2 * time.Second}
+	for _, k := range []struct {
+		cl           Class
+		arrived, now time.Duration
+		want         float64
+	}{
+		{Class{}, time.Second, 1500 * time.Millisecond, 1350},
+		{Class{SLO: 500 * time.Millisecond}, time.Second, 1200 * time.Millisecond, 270},
+		{Class{}, 0, 3 * time.Second, 0},
+	} {
+		if got := c.TTFTBudget(k.cl, k.arrived, k.now); got != k.want {
+			t.Errorf("%+v arrived %v, now %v: budget %v, want %v", k.cl, k.arrived, k.now, got, k.want)
+		}
+	}
+	if got := (&Config{}).TTFTBudget(Class{}, 0, 0); got != 0 {
+		t.Errorf("no SLO: budget %v", got)
+	}
+}

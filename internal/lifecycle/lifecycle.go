@@ -326,6 +326,9 @@ func (r *Request) next() (string, bool) {
 // the ticket of the chosen replica, and the ranked fallbacks.
 func (r *Request) dispatch(now time.Duration, start time.Time) {
 	c := r.core
+	if c.adm != nil {
+		r.Route.TTFTBudgetMS = c.cfg.Admission.TTFTBudget(r.class, c.Now(r.Received), now)
+	}
 	t, fb, err := c.cfg.Router.Dispatch(now, &r.Route, c.rng, r.fbBuf[:0])
 	c.cfg.Metrics.decisionTime(time.Since(start))
 	r.traceDecision(start, &t, fb, err)

@@ -48,6 +48,11 @@ type Request struct {
 	// asks for: the decision keeps off the replicas whose ITL model
 	// predicts more with it among their decodes, unless every one does.
 	TPOTSLOMS float64
+	// TTFTBudgetMS, if positive, is the time left before the request's
+	// first token is due (admission's TTFT SLO less what it waited): the
+	// decision keeps off the replicas where the router forecasts a later
+	// first token (router.Predict's model), unless every one does.
+	TTFTBudgetMS float64
 	// Now is the router's time of the decision (the simulator's clock, or
 	// the proxy's since it started); the router sets it.
 	Now time.Duration

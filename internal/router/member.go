@@ -78,6 +78,10 @@ type member struct {
 	// prompt tokens, their uncached tokens before the first token, and how
 	// many are past their first token.
 	inflight, unfin, backlog, decoding atomic.Int64
+	// waitSent is the sum of the dispatch times (ns of router time) of
+	// the requests awaiting their first token: with their count
+	// (inflight − decoding), how long they have waited on average.
+	waitSent atomic.Int64
 
 	// models is what the replica serves; nil: unknown, any model.
 	models   atomic.Pointer[models.Set]
@@ -379,6 +383,28 @@ func (m *member) lateness(now time.Duration) float64 {
 	}
 	age := max(now-time.Duration(m.biasTS.Load()), 0)
 	return b * math.Exp2(-float64(age)/float64(biasHalfLife))
+}
+
+// forecast is Predict's model of a request's TTFT at the replica, in ms:
+// floor on an idle replica (the round trip, the uncached prompt's prefill,
+// making its adapter ready), best with the prefill backlog ahead of it,
+// the lateness of recent first tokens, and no less than the requests
+// waiting there for their first token have waited on average.
+func (m *member) forecast(now, rtt time.Duration, uncached int, adapterMS float64) (floor, best float64) {
+	prefill, queue := m.ratesNow()
+	floor = float64(rtt)/1e6 + float64(max(uncached, 0))*prefill + adapterMS
+	wait := max(float64(m.backlog.Load())*queue+m.lateness(now), m.waited(now), 0)
+	return floor, floor + wait
+}
+
+// waited is how long, on average, the requests at the replica that await
+// their first token have waited so far at now (ms; 0 with none).
+func (m *member) waited(now time.Duration) float64 {
+	n := m.inflight.Load() - m.decoding.Load()
+	if n <= 0 {
+		return 0
+	}
+	return max(float64(now)-float64(m.waitSent.Load())/float64(n), 0) / 1e6
 }
 
 // observeBias folds in a first token at `at` that came lateMS later than

@@ -274,12 +274,19 @@ func (r *Router) Redispatch(now time.Duration, c *Candidate, req *policy.Request
 // let the request go on a forecast the fleet has changed since; no
 // replica meets the TPOT), so that an impossible TPOT does not lift the
 // waiting cap.
-func (r *Router) shelter(waiting int, tpotMS float64) {
-	if waiting > 0 {
+func (r *Router) shelter(now time.Duration, req *policy.Request) {
+	if waiting := req.WaitingCap; waiting > 0 {
 		r.keep(func(i int) bool { m := r.cand[i]; return m.inflight.Load()-m.decoding.Load() < int64(waiting) })
 	}
-	if tpotMS > 0 {
-		r.keep(func(i int) bool { v := &r.views[i]; return v.ITLBaseMS+v.ITLSlopeMS*float64(v.InFlight+1) <= tpotMS })
+	if tpot := req.TPOTSLOMS; tpot > 0 {
+		r.keep(func(i int) bool { v := &r.views[i]; return v.ITLBaseMS+v.ITLSlopeMS*float64(v.InFlight+1) <= tpot })
+	}
+	if budget := req.TTFTBudgetMS; budget > 0 {
+		r.keep(func(i int) bool {
+			v := &r.views[i]
+			_, best := r.cand[i].forecast(now, v.RTT, req.PromptTokens-v.CachedTokens, v.AdapterMS)
+			return best <= budget
+		})
 	}
 }
 
@@ -321,6 +328,7 @@ func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
 	prefill, queue := m.ratesNow()
 	t.Predicted = float64(t.RTT)/1e6 + float64(t.uncached())*prefill + float64(t.Backlog)*queue + t.AdapterLoadMS + t.AdapterWaitMS
 	t.Sent = c.at
+	m.waitSent.Add(int64(t.Sent))
 	return t, true
 }
 
@@ -423,8 +431,8 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	if len(r.views) == 0 {
 		return dst, policy.ErrNoReplica
 	}
-	if req.WaitingCap > 0 || req.TPOTSLOMS > 0 {
-		r.shelter(req.WaitingCap, req.TPOTSLOMS)
+	if req.WaitingCap > 0 || req.TPOTSLOMS > 0 || req.TTFTBudgetMS > 0 {
+		r.shelter(now, req)
 	}
 	r.dec.Tag, r.dec.ExactTies = 0, false
 	if err := pol.Decide(&r.dec, req, r.views, rng); err != nil {
@@ -479,6 +487,7 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 	}
 	t.first = true
 	t.m.backlog.Add(-int64(t.uncached()))
+	t.m.waitSent.Add(-int64(t.Sent))
 	t.m.decoding.Add(1)
 	if t.remote {
 		return
@@ -522,6 +531,7 @@ func (r *Router) Finish(t *Ticket) {
 	m.unfin.Add(-int64(t.PromptTokens))
 	if !t.first {
 		m.backlog.Add(-int64(t.uncached()))
+		m.waitSent.Add(-int64(t.Sent))
 	} else {
 		m.decoding.Add(-1)
 	}
@@ -707,16 +717,15 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 			continue
 		}
 		cached := min(r.depth[m.slot]*r.cfg.BlockTokens, req.PromptTokens)
-		prefill, queue := m.ratesNow()
-		base := float64(m.rttNS.Load())/1e6 + float64(max(req.PromptTokens-cached, 0))*prefill
+		var adapterMS float64
 		if adapter != "" {
 			v := policy.Replica{InFlight: int(m.inflight.Load())}
 			v.ITLBaseMS, v.ITLSlopeMS = m.itlNow()
 			c := r.adapterCost(m, adapter, &v, e)
-			base += c.load + c.wait
+			adapterMS = c.load + c.wait
 		}
-		floorMS = min(floorMS, base)
-		bestMS = min(bestMS, base+max(float64(m.backlog.Load())*queue+m.lateness(now), 0))
+		floor, best := m.forecast(now, time.Duration(m.rttNS.Load()), req.PromptTokens-cached, adapterMS)
+		floorMS, bestMS = min(floorMS, floor), min(bestMS, best)
 		waiting = min(waiting, int(m.inflight.Load()-m.decoding.Load()))
 	}
 	if math.IsInf(bestMS, 1) {

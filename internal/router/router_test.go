@@ -711,3 +711,49 @@ func TestFleetWatcherHearsOfChanges(t *testing.T) {
 		t.Errorf("changes %q, want %q", got, want)
 	}
 }
+
+// Predict counts how long the requests waiting for a first token have
+// waited on average, and a request with a TTFT budget goes only where the
+// forecast meets it (or anywhere when none does).
+func TestTTFTBudgetAndWaitedAge(t *testing.T) {
+	r := newRouter(t, "round-robin", 2, false) // a: 10 ms, b: 20 ms; 0.06 ms a token
+	rng := rand.New(rand.NewPCG(1, 1))
+	// A request sent to a at 0 has no first token 10 s later.
+	only := func(id string) func(string) bool { return func(x string) bool { return x == id } }
+	tk, err := r.Route(0, &policy.Request{PromptTokens: 16, Blocks: blocks(1, 1), Allowed: only("a")}, rng)
+	if err != nil || tk.ID != "a" {
+		t.Fatalf("%v %v", tk.ID, err)
+	}
+	req := policy.Request{PromptTokens: 1000, Blocks: blocks(2, 4)}
+	f, err := r.Predict(10*time.Second, &req)
+	if err != nil || math.Abs(float64(f.Best)/1e6-80) > 1e-6 {
+		t.Fatalf("best %v (%v), want b's 80 ms: a's requests have waited 10 s", f.Best, err)
+	}
+	// Round-robin would take turns; a budget of 1 s keeps every request off a.
+	for i := range 4 {
+		q := policy.Request{PromptTokens: 100, Blocks: blocks(uint64(10+i), 1), TTFTBudgetMS: 1000}
+		got, err := r.Route(10*time.Second, &q, rng)
+		if err != nil || got.ID != "b" {
+			t.Fatalf("request %d with 1 s left went to %s (%v), want b", i, got.ID, err)
+		}
+		r.Finish(&got)
+	}
+	// A budget no replica meets leaves the choice to the policy.
+	seen := map[string]bool{}
+	for i := range 4 {
+		q := policy.Request{PromptTokens: 100, Blocks: blocks(uint64(20+i), 1), TTFTBudgetMS: 1}
+		got, err := r.Route(10*time.Second, &q, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[got.ID] = true
+		r.Finish(&got)
+	}
+	if !seen["a"] || !seen["b"] {
+		t.Errorf("with a budget nobody meets, round-robin went to %v only", seen)
+	}
+	r.Finish(&tk) // it failed: nothing waits at a any more
+	if f, _ := r.Predict(10*time.Second, &req); math.Abs(float64(f.Best)/1e6-70) > 1e-6 {
+		t.Errorf("once a's request is gone: best %v, want a's 70 ms", f.Best)
+	}
+}

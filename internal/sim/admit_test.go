@@ -44,6 +44,10 @@ func TestAdmissionRaisesGoodputUnderOverload(t *testing.T) {
 		if r.Run.Completed+r.Run.Rejected != len(reqs) {
 			t.Errorf("%d completed + %d rejected of %d requests", r.Run.Completed, r.Run.Rejected, len(reqs))
 		}
+		// What is admitted goes where the forecast meets its SLO.
+		if met := float64(r.Run.SLOMet) / float64(r.Run.Completed); met < 0.95 {
+			t.Errorf("%v: %.1f%% of the admitted requests met the SLO, want 95%% or more", r.Policy, 100*met)
+		}
 	}
 	// Held requests count their wait: TTFT runs from arrival at the router.
 	for _, rec := range queue.Records {

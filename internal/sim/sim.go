@@ -618,7 +618,9 @@ func (s *simulator) request(i int) {
 	tr := &s.cfg.Requests[i]
 	s.rreq = policy.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: s.blocksOf(i), MaxOutputTokens: tr.OutputTokens, Model: tr.Model}
 	if s.gate != nil {
-		s.rreq.WaitingCap = s.cfg.Admission.WaitingCap(s.class(i))
+		cl := s.class(i)
+		s.rreq.WaitingCap = s.cfg.Admission.WaitingCap(cl)
+		s.rreq.TTFTBudgetMS = s.cfg.Admission.TTFTBudget(cl, s.reqs[i].arrived, s.now)
 	}
 	if s.cfg.HideMaxTokens {
 		s.rreq.MaxOutputTokens = 0

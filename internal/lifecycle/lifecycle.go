@@ -248,6 +248,7 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 		PrefixKey:       prompt.PrefixKey(text, est),
 		PromptTokens:    est.Tokens(text),
 		MaxOutputTokens: max(r.Parsed.MaxTokens, 0),
+		Unstreamed:      !r.Parsed.Stream,
 	}
 	if r.Route.SessionKey == "" {
 		r.Route.SessionKey = r.Parsed.User

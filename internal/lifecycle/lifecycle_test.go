@@ -64,9 +64,18 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !r.Stream() || !r.HideUsage || !bytes.Contains(r.Body, []byte(`"include_usage":true`)) || r.Route.SessionKey != "session-1" || r.Route.MaxOutputTokens != 8 {
+	if !r.Stream() || !r.HideUsage || !bytes.Contains(r.Body, []byte(`"include_usage":true`)) || r.Route.SessionKey != "session-1" || r.Route.MaxOutputTokens != 8 || r.Route.Unstreamed {
 		t.Fatalf("request %+v, body %s", r.Route, r.Body)
 	}
+	// The router is told when a request's answer will not be streamed.
+	plain, err := c.begin([]byte(strings.Replace(chat, `"stream":true`, `"stream":false`, 1)), Chat, "", t0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !plain.Route.Unstreamed {
+		t.Errorf("a non-streaming request: %+v", plain.Route)
+	}
+	plain.Discard()
 	id, ok := r.next()
 	if !ok || id != "a" {
 		t.Fatalf("first attempt on %q", id)

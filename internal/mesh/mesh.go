@@ -99,6 +99,9 @@ type event struct {
 	Replica   string   `json:"rep,omitempty"`
 	Prompt    int      `json:"p,omitempty"`
 	Blocks    []uint64 `json:"b,omitempty"`
+	// Unstreamed: no first-token event will follow (a non-streaming
+	// answer); the mirror leaves the backlog when its first token is due.
+	Unstreamed bool `json:"u,omitempty"`
 }
 
 type key struct {
@@ -223,7 +226,7 @@ func (b *Bus) Mirrors() int {
 
 // Dispatched tells the others that request attempt id went to replica.
 func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
-	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks})
+	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks, Unstreamed: req.Unstreamed})
 }
 
 // FirstToken tells the others that attempt id produced its first token.
@@ -273,7 +276,7 @@ func (b *Bus) receive(m *nats.Msg) {
 	k := key{e.Router, e.Boot, e.ID}
 	switch e.Kind {
 	case kindDispatch:
-		req := policy.Request{PromptTokens: e.Prompt, Blocks: e.Blocks}
+		req := policy.Request{PromptTokens: e.Prompt, Blocks: e.Blocks, Unstreamed: e.Unstreamed}
 		if _, dup := b.remote[k]; dup {
 			return
 		}

@@ -53,6 +53,10 @@ type Request struct {
 	// decision keeps off the replicas where the router forecasts a later
 	// first token (router.Predict's model), unless every one does.
 	TTFTBudgetMS float64
+	// Unstreamed says the answer will not be streamed: the router sees no
+	// first token, and releases the request from the replica's prefill
+	// backlog when its forecast first token is due.
+	Unstreamed bool
 	// Now is the router's time of the decision (the simulator's clock, or
 	// the proxy's since it started); the router sets it.
 	Now time.Duration

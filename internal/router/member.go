@@ -82,6 +82,9 @@ type member struct {
 	// the requests awaiting their first token: with their count
 	// (inflight − decoding), how long they have waited on average.
 	waitSent atomic.Int64
+	// unstreamed are the requests whose first token the router will not
+	// see, until their forecast first token is due.
+	unstreamed unstreamedQueue
 
 	// models is what the replica serves; nil: unknown, any model.
 	models   atomic.Pointer[models.Set]
@@ -125,6 +128,7 @@ type gaugeObs struct {
 
 func newMember(rc ReplicaConfig, slot int, alpha float64, online bool) *member {
 	m := &member{id: rc.ID, slot: slot, rtt: estimate.EWMA{Alpha: alpha}}
+	m.unstreamed.init()
 	m.region.Store(&rc.Region)
 	m.models.Store(rc.Models)
 	m.adapters.configured = max(rc.MaxLoRAs, 0)

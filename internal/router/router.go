@@ -89,6 +89,8 @@ type Ticket struct {
 
 	m                     *member
 	accepted, first, done bool
+	// unstreamed: the request's answer is not streamed (see releaseDue).
+	unstreamed *unstreamed
 	// remote: another router's request, mirrored here (see Enter); the
 	// router learns nothing from its timings.
 	remote bool
@@ -329,6 +331,10 @@ func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
 	t.Predicted = float64(t.RTT)/1e6 + float64(t.uncached())*prefill + float64(t.Backlog)*queue + t.AdapterLoadMS + t.AdapterWaitMS
 	t.Sent = c.at
 	m.waitSent.Add(int64(t.Sent))
+	if req.Unstreamed {
+		t.unstreamed = &unstreamed{due: t.Sent + time.Duration(t.Predicted*1e6), sent: t.Sent, tokens: int64(t.uncached())}
+		m.unstreamed.push(t.unstreamed)
+	}
 	return t, true
 }
 
@@ -418,6 +424,7 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 		if !ok {
 			continue
 		}
+		m.releaseDue(now)
 		v := m.view(now, min(r.depth[m.slot]*bt, req.PromptTokens))
 		var cost adapterCost
 		if adapter != "" {
@@ -482,7 +489,7 @@ func (t *Ticket) uncached() int { return t.PromptTokens - t.EstCachedTokens }
 // FirstToken folds in a request's time to first token as the router saw
 // it: the request leaves its replica's prefill backlog.
 func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
-	if t.first || t.done {
+	if t.first || t.done || t.unstreamed != nil {
 		return
 	}
 	t.first = true
@@ -529,7 +536,11 @@ func (r *Router) Finish(t *Ticket) {
 		m.adapters.end(t.Adapter)
 	}
 	m.unfin.Add(-int64(t.PromptTokens))
-	if !t.first {
+	first := t.first
+	if u := t.unstreamed; u != nil && !u.state.CompareAndSwap(pending, finished) {
+		first = true // released from the backlog when its first token was due
+	}
+	if !first {
 		m.backlog.Add(-int64(t.uncached()))
 		m.waitSent.Add(-int64(t.Sent))
 	} else {
@@ -716,6 +727,7 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 		if !ok {
 			continue
 		}
+		m.releaseDue(now)
 		cached := min(r.depth[m.slot]*r.cfg.BlockTokens, req.PromptTokens)
 		var adapterMS float64
 		if adapter != "" {

@@ -757,3 +757,49 @@ func TestTTFTBudgetAndWaitedAge(t *testing.T) {
 		t.Errorf("once a's request is gone: best %v, want a's 70 ms", f.Best)
 	}
 }
+
+// A request whose answer is not streamed leaves the prefill backlog when
+// its forecast first token is due, at the first decision after; one that
+// ends sooner leaves it then; the ledger comes back to zero either way.
+func TestUnstreamedLeavesTheBacklogWhenDue(t *testing.T) {
+	r := newRouter(t, "round-robin", 1, false) // a: 10 ms, 0.06 ms a token
+	rng := rand.New(rand.NewPCG(1, 1))
+	a := func() ReplicaState { return state(t, r, "a") }
+	// 1,000 uncached tokens: forecast 10 + 60 ms.
+	slow, err := r.Route(0, &policy.Request{PromptTokens: 1000, Blocks: blocks(1, 4), Unstreamed: true}, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	quick, err := r.Route(0, &policy.Request{PromptTokens: 1000, Blocks: blocks(2, 4), Unstreamed: true}, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := a(); s.BacklogTokens != 2000 {
+		t.Fatalf("backlog %d, want 2000", s.BacklogTokens)
+	}
+	r.FirstToken(&slow, 0) // no stream to read one from: ignored
+	r.Finish(&quick)       // ended before its first token was due
+	if s := a(); s.BacklogTokens != 1000 {
+		t.Fatalf("after one ended: backlog %d, want 1000", s.BacklogTokens)
+	}
+	probe := policy.Request{PromptTokens: 10, Blocks: blocks(3, 1)}
+	if _, err := r.Predict(50*time.Millisecond, &probe); err != nil {
+		t.Fatal(err)
+	}
+	if s := a(); s.BacklogTokens != 1000 {
+		t.Fatalf("before its first token is due: backlog %d, want 1000", s.BacklogTokens)
+	}
+	if _, err := r.Decide(2*time.Second, &probe, rng); err != nil {
+		t.Fatal(err)
+	}
+	if s := a(); s.BacklogTokens != 0 || s.InFlight != 1 {
+		t.Fatalf("once due: backlog %d, in flight %d; want 0 and 1", s.BacklogTokens, s.InFlight)
+	}
+	r.Finish(&slow)
+	if s := a(); s.BacklogTokens != 0 || s.InFlight != 0 {
+		t.Errorf("at the end: backlog %d, in flight %d", s.BacklogTokens, s.InFlight)
+	}
+	if n := r.fleet.Load().byID["a"].decoding.Load(); n != 0 {
+		t.Errorf("decoding %d at the end", n)
+	}
+}

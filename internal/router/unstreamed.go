@@ -1,0 +1,90 @@
+package router
+
+import (
+	"container/heap"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A request whose answer is not streamed (policy.Request.Unstreamed) never
+// tells the router of its first token: its headers come with its end. Left
+// alone, its prompt would stay in the replica's prefill backlog until then,
+// and the replica would look busier than it is for as long as the request
+// decodes. The router instead releases it from the backlog when its
+// forecast first token is due (Ticket.Sent + Ticket.Predicted), as if the
+// token had come, at the first decision or forecast after that time.
+
+// unstreamed is one such request at a replica.
+type unstreamed struct {
+	due    time.Duration
+	sent   time.Duration
+	tokens int64 // uncached prompt tokens in the backlog
+	// state: pending, released (its first token was due), or finished
+	// (it ended before that); whoever moves it from pending settles the
+	// ledger.
+	state atomic.Int32
+}
+
+const (
+	pending int32 = iota
+	released
+	finished
+)
+
+// unstreamedQueue holds a replica's unstreamed requests, earliest due
+// first. next is the earliest due time (math.MaxInt64 when empty), read
+// without the lock on every decision.
+type unstreamedQueue struct {
+	mu   sync.Mutex
+	h    dueHeap
+	next atomic.Int64
+}
+
+type dueHeap []*unstreamed
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].due < h[j].due }
+func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *dueHeap) Push(x any)        { *h = append(*h, x.(*unstreamed)) }
+func (h *dueHeap) Pop() any {
+	old := *h
+	u := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return u
+}
+
+func (q *unstreamedQueue) init() { q.next.Store(math.MaxInt64) }
+
+func (q *unstreamedQueue) push(u *unstreamed) {
+	q.mu.Lock()
+	heap.Push(&q.h, u)
+	q.next.Store(int64(q.h[0].due))
+	q.mu.Unlock()
+}
+
+// releaseDue moves the member's unstreamed requests whose first token is
+// due by now out of its prefill backlog and into its decoding count.
+func (m *member) releaseDue(now time.Duration) {
+	q := &m.unstreamed
+	if int64(now) < q.next.Load() {
+		return
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for len(q.h) > 0 && q.h[0].due <= now {
+		u := heap.Pop(&q.h).(*unstreamed)
+		if u.state.CompareAndSwap(pending, released) {
+			m.backlog.Add(-u.tokens)
+			m.waitSent.Add(-int64(u.sent))
+			m.decoding.Add(1)
+		}
+	}
+	next := int64(math.MaxInt64)
+	if len(q.h) > 0 {
+		next = int64(q.h[0].due)
+	}
+	q.next.Store(next)
+}

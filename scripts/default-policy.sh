@@ -87,6 +87,10 @@ if [[ $what == admission || $what == all ]]; then
 	# Overloaded cells, open loop (no client cap: overload shows as TTFT, not as requests held back).
 	[[ -f $moon ]] && $g sim --trace $moon --time-scale 1 --max-inflight 0 --policy $pols --ttft-slo 5s --admission none,queue,reject \
 		| tee $out/admission-mooncake.txt
+	# Past the trace's own rate: 1/0.7 and twice it.
+	[[ -f $moon ]] && for ts in 0.7 0.5; do
+		$g sim --trace $moon --time-scale $ts --max-inflight 0 --policy default,gorgo-ms,round-robin --ttft-slo 5s --admission none,queue,reject
+	done | tee $out/admission-mooncake-deep.txt
 	$g sim --trace ${file[artchat]} --window 30m,30m --time-scale 0.75 --max-inflight 0 --policy $pols --ttft-slo 3s --admission none,queue,reject \
 		| tee $out/admission-artchat.txt
 	# The Azure LLM inference trace (conversation, 2023), when present: bursty arrivals, no prefix reuse.

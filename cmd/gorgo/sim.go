@@ -49,6 +49,8 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	af.register(fs)
 	var mf meshFlags
 	mf.register(fs)
+	unstreamed := fs.Float64("unstreamed", 0, "share of requests whose answers are not streamed: the router sees no first token for them (0 to 1)")
+	untold := fs.Bool("unstreamed-untold", false, "with --unstreamed: the router is not told which answers are not streamed, and keeps their prefill in the backlog until they end (a router before issue 20)")
 	split := fs.String("split", "", "also print a table per part of the run, split at these comma-separated `TIMES` of arrival (e.g. 10m,15m: before, during and after a drain)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -75,6 +77,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		for range ps {
 			runModes = append(runModes, m)
 		}
+	}
+	if !(*unstreamed >= 0 && *unstreamed <= 1) {
+		return fmt.Errorf("--unstreamed must be between 0 and 1, got %v", *unstreamed)
 	}
 	cuts, err := parseCuts(*split)
 	if err != nil {
@@ -108,16 +113,18 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	for i, p := range pols {
 		g.Go(func() error {
 			res, err := sim.Run(pf.router(sim.Config{
-				Replicas:    reps,
-				Requests:    reqs,
-				Policy:      p,
-				MaxInflight: ff.maxInflight,
-				Seed:        wl.seed,
-				Progress:    prog.add,
-				Events:      ff.events,
-				ScoreFrom:   ff.scoreFrom,
-				Admission:   runModes[i],
-				GoodputSLO:  af.slo,
+				Replicas:         reps,
+				Requests:         reqs,
+				Policy:           p,
+				MaxInflight:      ff.maxInflight,
+				Seed:             wl.seed,
+				Progress:         prog.add,
+				Events:           ff.events,
+				ScoreFrom:        ff.scoreFrom,
+				Unstreamed:       *unstreamed,
+				UnstreamedUntold: *untold,
+				Admission:        runModes[i],
+				GoodputSLO:       af.slo,
 			}))
 			if err != nil {
 				return fmt.Errorf("policy %s: %w", p.Name(), err)

@@ -55,6 +55,14 @@ type Config struct {
 	// (zero SLO: every request goes at once). It must have passed
 	// Validate.
 	Admission admit.Config
+	// Unstreamed is the share of requests whose answers are not streamed
+	// (drawn by request, from the seed): the router sees no first token
+	// for them, and learns nothing from their TTFT, as live. It is told
+	// of them (policy.Request.Unstreamed) unless UnstreamedUntold, which
+	// shows what a router that is not told does: it keeps their prefill
+	// in the backlog until they end.
+	Unstreamed       float64
+	UnstreamedUntold bool
 	// ScoreFrom, if positive, leaves out of the run's summary (Result.Run)
 	// the requests that arrive earlier than this into the run: they are
 	// routed and warm the fleet and an online tuner; Result.Records keeps
@@ -388,10 +396,12 @@ func Run(cfg Config) (*Result, error) {
 		case evFirstBack:
 			st := &s.reqs[ev.req]
 			rt := s.sites[st.site].rt
-			rt.FirstToken(&st.ticket, ev.t-st.sent)
-			rt.CachedReport(&st.ticket, st.cached)
-			s.share(ev.t, int(ev.req), remoteFirst)
-			s.release(ev.t)
+			if !s.unstreamed(int(ev.req)) { // else it comes back with the answer
+				rt.FirstToken(&st.ticket, ev.t-st.sent)
+				rt.CachedReport(&st.ticket, st.cached)
+				s.share(ev.t, int(ev.req), remoteFirst)
+				s.release(ev.t)
+			}
 		case evBack:
 			s.back(ev.t, int(ev.req))
 			s.release(ev.t)
@@ -626,6 +636,20 @@ func (s *simulator) request(i int) {
 		s.rreq.MaxOutputTokens = 0
 	}
 	s.rreq.PrefixKey = s.prefixKeys[i]
+	s.rreq.Unstreamed = s.unstreamed(i) && !s.cfg.UnstreamedUntold
+}
+
+// unstreamed reports whether request i's answer is not streamed
+// (Config.Unstreamed): a draw by its index and the seed.
+func (s *simulator) unstreamed(i int) bool {
+	if s.cfg.Unstreamed <= 0 {
+		return false
+	}
+	z := uint64(i) ^ s.cfg.Seed*0x9e3779b97f4a7c15 // splitmix64
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return float64(z>>11)/(1<<53) < s.cfg.Unstreamed
 }
 
 // dispatch sends request i from the router at now.
@@ -720,12 +744,18 @@ func (s *simulator) back(now time.Duration, i int) {
 	st := &s.reqs[i]
 	if st.replica >= 0 {
 		site := s.sites[st.site]
+		unstreamed := s.unstreamed(i)
 		if !st.failed {
-			site.rt.Decoded(&st.ticket, st.output, st.done-st.first)
+			decode := st.done - st.first
+			if unstreamed {
+				decode = 0 // no token gaps seen: only the length
+				site.rt.CachedReport(&st.ticket, st.cached)
+			}
+			site.rt.Decoded(&st.ticket, st.output, decode)
 		}
 		site.rt.Finish(&st.ticket)
 		s.share(now, i, remoteFinish)
-		if site.learner != nil {
+		if site.learner != nil && !unstreamed {
 			o := policy.Outcome{Failed: st.failed}
 			if !st.failed {
 				o.TTFT, o.E2E = st.first-st.sent, st.done-st.sent

@@ -196,3 +196,31 @@ func TestBlindRouterLearnsHeterogeneousRates(t *testing.T) {
 		t.Errorf("Frankfurt prefill %.4f ms/token, Ashburn %.4f, prior %.4f: the fast replica was not recognised", fra, ash, paper)
 	}
 }
+
+// Requests whose answers are not streamed show the router no first token:
+// told of them, it releases their prefill when it is due and routes about
+// as well as with every first token seen; untold, it keeps their prefill
+// in the backlog until they end and sends load away from the busy near
+// replica long after its queue has drained.
+func TestUnstreamedAnswers(t *testing.T) {
+	p := profile(t, "paper")
+	reps := []Replica{{ID: "a", RTT: 20 * time.Millisecond, Profile: p}, {ID: "b", RTT: 200 * time.Millisecond, Profile: p}}
+	reqs := poisson(3000, 4, 1)
+	run := func(share float64, untold bool) *Result {
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "gorgo-ms"), MaxInflight: 64, Seed: 1, Unstreamed: share, UnstreamedUntold: untold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	streamed, told, untold := run(0, false), run(0.5, false), run(0.5, true)
+	t.Logf("p95 TTFT: all streamed %.0f, half unstreamed told %.0f, untold %.0f", streamed.Run.TTFT.P95, told.Run.TTFT.P95, untold.Run.TTFT.P95)
+	if !(told.Run.TTFT.P95 < untold.Run.TTFT.P95) {
+		t.Errorf("told p95 TTFT %.0f, untold %.0f: want told better", told.Run.TTFT.P95, untold.Run.TTFT.P95)
+	}
+	for _, r := range []*Result{told, untold} {
+		if r.Run.Failed != 0 || r.Run.Completed != len(reqs) {
+			t.Errorf("%d failed, %d completed", r.Run.Failed, r.Run.Completed)
+		}
+	}
+}

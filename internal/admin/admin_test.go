@@ -200,4 +200,7 @@ func TestTunerShowsFallbacks(t *testing.T) {
 	if code, body := do(t, "POST", admin+"/admin/tuner/pause", ""); code != 200 || !strings.Contains(body, `"paused": true`) {
 		t.Errorf("pause: %d %s", code, body)
 	}
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"decode":0.7}`); code != 409 || !strings.Contains(body, "tune: false") {
+		t.Errorf("setting weights the tuner sets: %d %s", code, body)
+	}
 }

@@ -31,7 +31,11 @@ func (s *Server) weights(w http.ResponseWriter, r *http.Request) {
 func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) {
 	p, ok := s.fleet.Policy().(policy.Tunable)
 	if !ok {
-		httpapi.Error(w, http.StatusConflict, "policy %s has no weights to set (an online tuner tunes its own)", s.fleet.Policy().Name())
+		if t, ok := s.fleet.Policy().(policy.Tuner); ok {
+			httpapi.Error(w, http.StatusConflict, "the online tuner sets %s's weights: pause it (POST /admin/tuner/pause) to hold them, or run with tune: false to set them", t.Base())
+			return
+		}
+		httpapi.Error(w, http.StatusConflict, "policy %s has no weights to set", s.fleet.Policy().Name())
 		return
 	}
 	var in map[string]*float64

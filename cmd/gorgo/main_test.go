@@ -382,7 +382,7 @@ func TestServeTunesTheDefaultPolicy(t *testing.T) {
 		tf.given(fs)
 		return &tf
 	}
-	cfg, err := serve.ParseConfig([]byte("e2e_weights: {rtt: 2}\n"), "test")
+	cfg, err := serve.ParseConfig([]byte("e2e_weights: {rtt: 2, decode: 0.3}\n"), "test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,8 +394,8 @@ func TestServeTunesTheDefaultPolicy(t *testing.T) {
 	if !ok {
 		t.Fatalf("policy %T, want the online tuner", pol)
 	}
-	if w := o.Incumbent(); o.Base() != policy.DefaultName || w["rtt"] != 2 || w["decode"] != policy.DefaultE2EWeights.Decode {
-		t.Errorf("tuning %s from %v, want the default policy from rtt=2 and its default decode weight", o.Base(), w)
+	if w := o.Incumbent(); o.Base() != policy.DefaultName || w["rtt"] != 2 || w["decode"] != 0.3 || w["itl"] != policy.DefaultE2EWeights.ITL {
+		t.Errorf("tuning %s from %v, want the default policy from the config's rtt=2 and decode=0.3, and its default itl", o.Base(), w)
 	}
 	if c := o.Config(); c.Block != liveBlock || c.Window != 64 || o.Sigma() != liveSigma {
 		t.Errorf("block %v window %d sigma %v, want %v, 64 (the flag), %v", c.Block, c.Window, o.Sigma(), liveBlock, liveSigma)

@@ -61,7 +61,8 @@ const (
 )
 
 // liveConfig is the online tuner gorgo serve runs over base: the flags
-// given, and the live settings for those not.
+// given, and the live settings for those not, starting from the config's
+// values of the base's parameters (params).
 func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values) (tune.OnlineConfig, error) {
 	l := *t
 	l.base = base
@@ -77,6 +78,16 @@ func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values) (
 	es, err := l.config(seed)
 	if err != nil {
 		return tune.OnlineConfig{}, err
+	}
+	if len(t.params) == 0 {
+		// The tuned parameters start from the config's values (within
+		// their bounds), as the others stay at them.
+		for i := range es.Params {
+			q := &es.Params[i]
+			if v, ok := params[q.Name]; ok {
+				q.Init = min(max(v, q.Min), q.Max)
+			}
+		}
 	}
 	return tune.OnlineConfig{ES: es, Base: base, Window: l.window, Hop: l.hop, Block: l.block, Burn: l.burn, BaseParams: params}, nil
 }

@@ -227,9 +227,10 @@ func (g *Gate[T]) slo(c Class) time.Duration {
 // Headroom is the share of the time left before a request's TTFT deadline
 // that its forecast must leave free for it to go: the forecast errs, and a
 // request released the moment its forecast just meets the deadline misses
-// it as often as not. (On the Mooncake trace past its own rate, 10% takes
-// the admitted requests that meet a 5 s SLO from 96% to 98% and goodput
-// up by 2–10%: docs/results.md, part 10.)
+// it as often as not. (On the Mooncake trace at 1/0.7 and twice its own
+// rate, with the TTFT budget in place, 10% takes the admitted requests
+// that meet a 5 s SLO from 96% to 99% and from 81% to 91%, and goodput up
+// by 2% and 13%: docs/results.md, part 10.)
 const Headroom = 0.1
 
 // fits reports whether the fleet can take a request of priority prio with

@@ -33,7 +33,10 @@ func (m *meshFlags) register(fs *flag.FlagSet) {
 
 // runMeshSim is sim on a mesh topology: --policy lists arrangements
 // (central, region-local, or a policy run by a router in every region).
-func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf *policyFlags, mf *meshFlags, policies, jsonOut string, quiet bool, fs *flag.FlagSet) error {
+func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf *policyFlags, mf *meshFlags, policies, jsonOut, records string, quiet bool, fs *flag.FlagSet) error {
+	if err := checkWritable(jsonOut, records); err != nil {
+		return err
+	}
 	if !isSet(fs, "policy") {
 		policies = strings.Join(meshArrangements, ",")
 	}
@@ -138,9 +141,11 @@ func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf 
 		fmt.Fprintf(stdout, "simulated %d arrangements in %v\n", len(runs), time.Since(start).Round(time.Millisecond))
 	}
 	if jsonOut != "" {
-		return writeJSON(jsonOut, map[string]any{"runs": out})
+		if err := writeJSON(jsonOut, map[string]any{"runs": out}); err != nil {
+			return err
+		}
 	}
-	return nil
+	return writeAllRecords(records, results)
 }
 
 func describeMesh(t sim.Topology, reps []sim.Replica) string {

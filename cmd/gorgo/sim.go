@@ -59,7 +59,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	if t, _ := sim.LoadTopology(ff.topology); t.IsMesh() {
-		return runMeshSim(stdout, stderr, &wl, &ff, &pf, &mf, *policies, *jsonOut, *quiet, fs)
+		return runMeshSim(stdout, stderr, &wl, &ff, &pf, &mf, *policies, *jsonOut, *records, *quiet, fs)
 	}
 	modes, err := af.modes()
 	if err != nil {
@@ -171,15 +171,23 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	if *records != "" {
-		for _, r := range results {
-			path := *records
-			if len(results) > 1 {
-				path = insertBeforeExt(path, r.Policy)
-			}
-			if err := writeRecords(path, r.Records); err != nil {
-				return err
-			}
+	return writeAllRecords(*records, results)
+}
+
+// writeAllRecords writes each run's per-request records to path (none
+// when empty), the run's name inserted before the extension when there
+// are several.
+func writeAllRecords(path string, results []*sim.Result) error {
+	if path == "" {
+		return nil
+	}
+	for _, r := range results {
+		p := path
+		if len(results) > 1 {
+			p = insertBeforeExt(path, r.Policy)
+		}
+		if err := writeRecords(p, r.Records); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -72,6 +72,7 @@ func (r *Request) report(status int) {
 			decode = r.lastTok.Sub(r.first)
 		}
 		rt.Decoded(&r.ticket, r.outputTokens(), decode)
+		r.endTokens, r.endDecode = r.outputTokens(), decode
 	}
 	t := r.ticket
 	r.free()

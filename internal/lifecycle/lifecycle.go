@@ -89,11 +89,13 @@ type Tap interface {
 
 // Observer hears of every attempt: Dispatched when the router sent it to a
 // replica (with the request's view), FirstToken, and Finished when it
-// ended, however. Its methods must not block.
+// ended, however; for a complete answer Finished carries its length and
+// the time from its first token to its last (as router.Decoded takes
+// them; zero otherwise). Its methods must not block.
 type Observer interface {
 	Dispatched(id uint64, replica string, req *policy.Request)
 	FirstToken(id uint64)
-	Finished(id uint64)
+	Finished(id uint64, outputTokens int, decode time.Duration)
 }
 
 // Core is what the requests of one router share, whichever front end they
@@ -188,8 +190,12 @@ type Request struct {
 
 	sent, first, lastTok time.Time
 	tokens, cached       int
-	completionTokens     int
-	done                 bool // the final event was relayed
+	// endTokens and endDecode are a complete answer's length and decode
+	// time, for the Observer's Finished.
+	endTokens        int
+	endDecode        time.Duration
+	completionTokens int
+	done             bool // the final event was relayed
 
 	blocks  []uint64
 	spliced []byte
@@ -416,11 +422,13 @@ func (r *Request) announce() {
 	}
 }
 
-// announceEnd tells the Observer that the announced attempt ended.
+// announceEnd tells the Observer that the announced attempt ended, with
+// the answer's length and decode time when it completed (see report).
 func (r *Request) announceEnd() {
 	if r.attempt != 0 {
-		r.core.cfg.Observer.Finished(r.attempt)
+		r.core.cfg.Observer.Finished(r.attempt, r.endTokens, r.endDecode)
 		r.attempt = 0
+		r.endTokens, r.endDecode = 0, 0
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -33,6 +34,15 @@ func (h *health) Failure(id string)             { h.failures = append(h.failures
 func (h *health) Success(id string)             { h.successes = append(h.successes, id) }
 func (h *health) ModelMissing(id, model string) { h.missing = append(h.missing, id+" "+model) }
 
+// observer records the ends an Observer hears of.
+type observer struct{ ends []string }
+
+func (*observer) Dispatched(uint64, string, *policy.Request) {}
+func (*observer) FirstToken(uint64)                          {}
+func (o *observer) Finished(_ uint64, n int, decode time.Duration) {
+	o.ends = append(o.ends, fmt.Sprintf("end %d %v", n, decode))
+}
+
 // setup is a core over replicas a (10 ms), b (20 ms), c (30 ms).
 func setup(t *testing.T) (*Core, *learner, *health, *prometheus.Registry) {
 	t.Helper()
@@ -59,6 +69,8 @@ const chat = `{"model":"m","messages":[{"role":"user","content":"` + "a question
 // metrics all hear of it.
 func TestLifeOfAStreamedRequest(t *testing.T) {
 	c, l, h, reg := setup(t)
+	obs := &observer{}
+	c.cfg.Observer = obs
 	t0 := time.Unix(100, 0)
 	r, err := c.begin([]byte(chat), Chat, "session-1", t0, false)
 	if err != nil {
@@ -108,6 +120,10 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 	}
 	if len(l.outcomes) != 1 || l.outcomes[0].TTFT != 60*time.Millisecond || l.outcomes[0].ITL != 10*time.Millisecond || l.outcomes[0].Failed {
 		t.Errorf("learned %+v", l.outcomes)
+	}
+	// The mesh hears of both attempts' ends, and of the answer's decode.
+	if want := []string{"end 0 0s", "end 2 10ms"}; !slices.Equal(obs.ends, want) {
+		t.Errorf("observer heard %q, want %q", obs.ends, want)
 	}
 	if len(h.failures) != 1 || h.failures[0] != "a" || len(h.successes) != 1 || h.successes[0] != "b" {
 		t.Errorf("health heard failures %v, successes %v", h.failures, h.successes)

@@ -38,7 +38,7 @@ func TestOriginBlipLeavesNoPhantomLoad(t *testing.T) {
 	cut.cut(true)
 	eventually(t, "us down", func() bool { return !a.Connected() })
 	for id := uint64(1); id <= 3; id++ {
-		a.Finished(id) // the requests end while us is off the bus: dropped
+		a.Finished(id, 0, 0) // the requests end while us is off the bus: dropped
 	}
 	cut.restore()
 	eventually(t, "us back", a.Connected)

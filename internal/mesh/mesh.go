@@ -102,6 +102,11 @@ type event struct {
 	// Unstreamed: no first-token event will follow (a non-streaming
 	// answer); the mirror leaves the backlog when its first token is due.
 	Unstreamed bool `json:"u,omitempty"`
+	// Out and DecodeUS are an end's answer length and the µs from its
+	// first token to its last, when it completed: every router learns the
+	// replica's ITL from them (router.Decoded).
+	Out      int   `json:"n,omitempty"`
+	DecodeUS int64 `json:"du,omitempty"`
 }
 
 type key struct {
@@ -233,7 +238,9 @@ func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 func (b *Bus) FirstToken(id uint64) { b.publish(event{Kind: kindFirst, ID: id}) }
 
 // Finished tells the others that attempt id ended.
-func (b *Bus) Finished(id uint64) { b.publish(event{Kind: kindEnd, ID: id}) }
+func (b *Bus) Finished(id uint64, outputTokens int, decode time.Duration) {
+	b.publish(event{Kind: kindEnd, ID: id, Out: outputTokens, DecodeUS: decode.Microseconds()})
+}
 
 // publish sends an event; it never blocks on the network. While the bus
 // reconnects the NATS client buffers what is published (up to 1 MiB); an
@@ -292,6 +299,9 @@ func (b *Bus) receive(m *nats.Msg) {
 		}
 	case kindEnd:
 		if mr := b.remote[k]; mr != nil {
+			if e.Out > 0 && e.DecodeUS > 0 {
+				b.rt.Decoded(&mr.t, e.Out, time.Duration(e.DecodeUS)*time.Microsecond)
+			}
 			b.rt.Finish(&mr.t)
 			delete(b.remote, k)
 		}

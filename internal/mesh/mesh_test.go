@@ -144,8 +144,13 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 	}
 	b1.FirstToken(7)
 	eventually(t, "the first token", func() bool { st, _ := r2.Replica("a"); return st.Decoding == 1 && st.BacklogTokens == 0 })
-	b1.Finished(7)
+	before, _ := r2.Replica("a")
+	b1.Finished(7, 41, 2*time.Second) // 40 gaps of 50 ms
 	eventually(t, "the end", func() bool { n, _ := inFlight(t, r2, "a"); return n == 0 })
+	// eu learns a's ITL from us's request too.
+	if after, _ := r2.Replica("a"); after.ITLSamples != before.ITLSamples+1 {
+		t.Errorf("ITL samples %d → %d, want one more from us's answer", before.ITLSamples, after.ITLSamples)
+	}
 	if b2.Mirrors() != 0 {
 		t.Errorf("%d mirrors left", b2.Mirrors())
 	}

@@ -553,9 +553,18 @@ func (r *Router) Finish(t *Ticket) {
 // produced outputTokens tokens (as counted or reported) over decode, the
 // time from its first token to its last. The token gap feeds the replica's
 // ITL model, the length the router's output estimate. Call it before
-// Finish, for requests that completed.
+// Finish, for requests that completed. Another router's request (Enter)
+// feeds the ITL model only: in a mesh each router then learns every
+// replica's ITL from all the requests it hears of, not only from its own,
+// which a router near a replica sends far more of than the others do.
 func (r *Router) Decoded(t *Ticket, outputTokens int, decode time.Duration) {
-	if t.done || t.m == nil || outputTokens < 1 || t.remote {
+	if t.done || t.m == nil || outputTokens < 1 {
+		return
+	}
+	if t.remote {
+		if outputTokens >= minITLTokens && decode > 0 {
+			t.m.observeITL(t.InFlight, float64(decode)/1e6/float64(outputTokens-1))
+		}
 		return
 	}
 	for {

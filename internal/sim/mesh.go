@@ -310,6 +310,9 @@ func (s *simulator) remote(now time.Duration, k, i, what int) {
 		}
 	case remoteFinish:
 		if t.ID != "" {
+			if !rs.failed {
+				st.rt.Decoded(t, rs.output, rs.done-rs.first)
+			}
 			st.rt.Finish(t)
 		}
 	}

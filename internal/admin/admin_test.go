@@ -203,4 +203,11 @@ func TestTunerShowsFallbacks(t *testing.T) {
 	if code, body := do(t, "PUT", admin+"/admin/weights", `{"decode":0.7}`); code != 409 || !strings.Contains(body, "tune: false") {
 		t.Errorf("setting weights the tuner sets: %d %s", code, body)
 	}
+	_, body = do(t, "GET", admin+"/metrics", "")
+	for _, want := range []string{"gorgo_tuner_judged_total 0", "gorgo_tuner_fallbacks_total 0", "gorgo_tuner_paused 1", "gorgo_tuner_step_size 0.5",
+		`gorgo_policy_weight{policy="gorgo-online",weight="decode"} 0.2`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 }

@@ -56,10 +56,25 @@ var (
 	descRTTEst   = prometheus.NewDesc("gorgo_replica_rtt_estimate_seconds", "The router's smoothed round-trip estimate to the replica (what decisions use).", []string{"replica"}, nil)
 	descITL      = prometheus.NewDesc("gorgo_replica_itl_seconds", "The replica's learned inter-token latency at its current load.", []string{"replica"}, nil)
 	descWeight   = prometheus.NewDesc("gorgo_policy_weight", "The routing policy's parameters (for the online tuner, its incumbent's).", []string{"policy", "weight"}, nil)
+
+	descTunerJudged    = prometheus.NewDesc("gorgo_tuner_judged_total", "Candidate weights the online tuner judged.", nil, nil)
+	descTunerAccepted  = prometheus.NewDesc("gorgo_tuner_accepted_total", "Candidate weights the online tuner accepted.", nil, nil)
+	descTunerFallbacks = prometheus.NewDesc("gorgo_tuner_fallbacks_total", "Times a change of the fleet sent the online tuner back to its starting weights.", nil, nil)
+	descTunerStep      = prometheus.NewDesc("gorgo_tuner_step_size", "The online tuner's step size (log space).", nil, nil)
+	descTunerPaused    = prometheus.NewDesc("gorgo_tuner_paused", "1 while the online tuner is paused.", nil, nil)
 )
 
+// tunerState is what the metrics read of an online tuner (tune.Online).
+type tunerState interface {
+	Counts() (judged, accepted int)
+	Resets() (int, string)
+	Sigma() float64
+	Paused() bool
+}
+
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInFlight, descTokens, descBacklog, descDecoding, descRTTEst, descITL, descWeight} {
+	for _, d := range []*prometheus.Desc{descInFlight, descTokens, descBacklog, descDecoding, descRTTEst, descITL, descWeight,
+		descTunerJudged, descTunerAccepted, descTunerFallbacks, descTunerStep, descTunerPaused} {
 		ch <- d
 	}
 }
@@ -80,6 +95,19 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 	name := c.f.policy.Name()
 	for _, k := range slices.Sorted(maps.Keys(w)) {
 		ch <- prometheus.MustNewConstMetric(descWeight, prometheus.GaugeValue, w[k], name, k)
+	}
+	if t, ok := c.f.policy.(tunerState); ok {
+		judged, accepted := t.Counts()
+		fallbacks, _ := t.Resets()
+		paused := 0.0
+		if t.Paused() {
+			paused = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descTunerJudged, prometheus.CounterValue, float64(judged))
+		ch <- prometheus.MustNewConstMetric(descTunerAccepted, prometheus.CounterValue, float64(accepted))
+		ch <- prometheus.MustNewConstMetric(descTunerFallbacks, prometheus.CounterValue, float64(fallbacks))
+		ch <- prometheus.MustNewConstMetric(descTunerStep, prometheus.GaugeValue, t.Sigma())
+		ch <- prometheus.MustNewConstMetric(descTunerPaused, prometheus.GaugeValue, paused)
 	}
 }
 

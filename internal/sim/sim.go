@@ -314,8 +314,9 @@ func Run(cfg Config) (*Result, error) {
 		prefixKeys: make([]uint64, len(cfg.Requests)),
 		byID:       map[string]int{},
 	}
+	keys := synth.NewKeys(prompt.Estimator{})
 	for i := range cfg.Requests {
-		s.prefixKeys[i] = synth.PrefixKey(&cfg.Requests[i], prompt.Estimator{})
+		s.prefixKeys[i] = keys.Of(&cfg.Requests[i])
 	}
 	if c, ok := cfg.Policy.(*clairvoyant); ok {
 		c.s = s

@@ -164,33 +164,78 @@ var vocabulary = [...]string{
 // simulator routes by the same, so that simple session affinity splits
 // sessions alike in both.
 func PrefixKey(r *trace.Request, est prompt.Estimator) uint64 {
+	return prompt.PrefixKey(appendPrefixText(nil, r, est), est)
+}
+
+// firstBlock is what the prefix key of a request without messages depends
+// on: its first block's id, how much of that block's text the key reads,
+// and whether the content ends there.
+type firstBlock struct {
+	id    uint64
+	size  int
+	ended bool
+}
+
+// firstBlockOf describes r's first block as PrefixKey reads it (r has no
+// messages).
+func firstBlockOf(r *trace.Request, est prompt.Estimator) firstBlock {
 	n := est.Bytes(prompt.PrefixKeyTokens)
-	var text []byte
-	if len(r.Messages) > 0 {
-		text = prompt.Chat(nil, Messages(r))
-	} else {
-		// "user\n", the content's first bytes and, if the content ends
-		// before n bytes, its "\n": only the first block can count.
-		text = append(make([]byte, 0, n+chatOverhead), "user\n"...)
-		first := r.HashIDs
-		if len(first) > 1 {
-			first = first[:1]
-		}
-		tokens := min(r.InputTokens, trace.BlockTokens)
-		var id uint64
-		if len(first) > 0 {
-			id = first[0]
-		} else {
-			id = mix64(1)
-		}
-		size := BlockBytes
-		if r.InputTokens <= trace.BlockTokens {
-			size = max(0, prompt.Estimator{}.Bytes(tokens)-chatOverhead)
-		}
-		text = AppendBlockText(text, id, min(size, n))
-		if r.InputTokens <= trace.BlockTokens && size < n {
-			text = append(text, '\n')
-		}
+	id := mix64(1)
+	if len(r.HashIDs) > 0 {
+		id = r.HashIDs[0]
 	}
-	return prompt.PrefixKey(text, est)
+	size := BlockBytes
+	if r.InputTokens <= trace.BlockTokens {
+		size = max(0, prompt.Estimator{}.Bytes(min(r.InputTokens, trace.BlockTokens))-chatOverhead)
+	}
+	return firstBlock{id: id, size: min(size, n), ended: r.InputTokens <= trace.BlockTokens && size < n}
+}
+
+// appendPrefixText appends the start of r's canonical prompt that its
+// prefix key reads.
+func appendPrefixText(dst []byte, r *trace.Request, est prompt.Estimator) []byte {
+	if len(r.Messages) > 0 {
+		return prompt.Chat(dst, Messages(r))
+	}
+	// "user\n", the content's first bytes and, if the content ends before
+	// the key's bytes, its "\n": only the first block can count.
+	b := firstBlockOf(r, est)
+	dst = append(dst, "user\n"...)
+	dst = AppendBlockText(dst, b.id, b.size)
+	if b.ended {
+		dst = append(dst, '\n')
+	}
+	return dst
+}
+
+// Keys gives many requests their PrefixKey, as the simulator wants them
+// all at the start of a run: it reuses one buffer, and a request without
+// messages whose first block it has seen costs a map lookup (a trace's
+// requests share their first blocks: a system prompt, a session's
+// history).
+type Keys struct {
+	est  prompt.Estimator
+	buf  []byte
+	seen map[firstBlock]uint64
+}
+
+// NewKeys returns Keys for prompts estimated by est.
+func NewKeys(est prompt.Estimator) *Keys {
+	return &Keys{est: est, seen: map[firstBlock]uint64{}}
+}
+
+// Of returns PrefixKey(r, est).
+func (k *Keys) Of(r *trace.Request) uint64 {
+	if len(r.Messages) > 0 {
+		k.buf = appendPrefixText(k.buf[:0], r, k.est)
+		return prompt.PrefixKey(k.buf, k.est)
+	}
+	b := firstBlockOf(r, k.est)
+	if key, ok := k.seen[b]; ok {
+		return key
+	}
+	k.buf = appendPrefixText(k.buf[:0], r, k.est)
+	key := prompt.PrefixKey(k.buf, k.est)
+	k.seen[b] = key
+	return key
 }

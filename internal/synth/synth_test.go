@@ -180,3 +180,26 @@ func TestPrefixKeyIsTheRoutersOwn(t *testing.T) {
 		t.Error("a trace with messages")
 	}
 }
+
+// Keys gives every request the key PrefixKey does, whether or not it has
+// seen the request's first block before.
+func TestKeysRemembersFirstBlocks(t *testing.T) {
+	est := prompt.Estimator{}
+	keys := NewKeys(est)
+	var reqs []trace.Request
+	for _, n := range []int{5, 256, 300, 511, 512, 513, 9000} {
+		for _, first := range []uint64{7, 8} { // shared first blocks, different lengths
+			ids := chain(trace.BlockCount(n), 0, uint64(n))
+			ids[0] = first
+			reqs = append(reqs, trace.Request{InputTokens: n, HashIDs: ids})
+		}
+	}
+	reqs = append(reqs, trace.Request{InputTokens: 3, Messages: []trace.Message{{Role: "user", Content: "hi"}}}, trace.Request{InputTokens: 9})
+	for pass := range 2 {
+		for i := range reqs {
+			if got, want := keys.Of(&reqs[i]), PrefixKey(&reqs[i], est); got != want {
+				t.Errorf("pass %d, request %d (%d tokens): %x, want %x", pass, i, reqs[i].InputTokens, got, want)
+			}
+		}
+	}
+}

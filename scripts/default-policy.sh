@@ -73,7 +73,7 @@ if [[ $what == online || $what == all ]]; then
 			tag=$w-$(basename $f .yaml)
 			$g eval --trace ${file[$w]} --topology $f --window ${test[$w]} --sweep time-scale=${loads[$w]} \
 				--weights $out/$tag-gorgo.json --ms-weights $out/$tag-gorgo-ms.json --policy $pols \
-				--base default --block 60s --window-requests 256 --sigma 0.3 --score-from 10m \
+				--base default --block 60s --window-requests 256 --sigma 0.3 --confirm --score-from 10m \
 				--json $on/$tag-eval.json --plots none >$on/$tag-eval.txt
 			echo "$tag done" >&2
 		done

@@ -16,7 +16,7 @@ agent=/tmp/grid-agent-60m.jsonl
 [[ -f $art ]] || $g trace gen --preset artchat --duration 90m --seed 1 -o $art >/dev/null
 [[ -f $agent ]] || $g trace gen --preset agent --duration 60m --seed 1 -o $agent >/dev/null
 hops="--hop 32 --window-requests 128"
-blocks="--block 60s --window-requests 256 --sigma 0.3"
+blocks="--block 60s --window-requests 256 --sigma 0.3 --confirm"
 
 # The paper's hack: gorgo tuned on p50 TTFT, w_queue allowed down to 0.001.
 free="--base gorgo --param rtt=0.05:8:0.5 --param queue=0.001:0.5:0.1 --objective p50-ttft --guard e2e-p95=1.05"

@@ -397,8 +397,8 @@ func TestServeTunesTheDefaultPolicy(t *testing.T) {
 	if w := o.Incumbent(); o.Base() != policy.DefaultName || w["rtt"] != 2 || w["decode"] != 0.3 || w["itl"] != policy.DefaultE2EWeights.ITL {
 		t.Errorf("tuning %s from %v, want the default policy from the config's rtt=2 and decode=0.3, and its default itl", o.Base(), w)
 	}
-	if c := o.Config(); c.Block != liveBlock || c.Window != 64 || o.Sigma() != liveSigma {
-		t.Errorf("block %v window %d sigma %v, want %v, 64 (the flag), %v", c.Block, c.Window, o.Sigma(), liveBlock, liveSigma)
+	if c := o.Config(); c.Block != liveBlock || c.Window != 64 || o.Sigma() != liveSigma || !c.Confirm {
+		t.Errorf("block %v window %d sigma %v confirm %v, want %v, 64 (the flag), %v, true", c.Block, c.Window, o.Sigma(), c.Confirm, liveBlock, liveSigma)
 	}
 	for _, c := range []struct {
 		yaml string

@@ -24,6 +24,7 @@ type tuneFlags struct {
 	hop       int
 	block     time.Duration
 	burn      time.Duration
+	confirm   bool
 	// tune is gorgo serve's and gorgo epp's --tune (nil: not given); set
 	// names the flags given (liveConfig keeps them).
 	tune *bool
@@ -51,9 +52,10 @@ func (t *tuneFlags) given(fs *flag.FlagSet) {
 
 // The live tuner's settings where no flag gives them: arms alternate in
 // one-minute blocks, the second half of each scored, 256 requests per arm
-// a judgement, steps of 0.3 in log space (docs/results.md, "Tuning
-// online"). The simulator's gorgo-online keeps the paper's hops of 32
-// requests unless told otherwise.
+// a judgement, steps of 0.3 in log space, and a winning candidate must
+// win twice (docs/results.md, part 10). The simulator's gorgo-online
+// keeps the paper's hops of 32 requests, judged once, unless told
+// otherwise.
 const (
 	liveBlock  = time.Minute
 	liveWindow = 256
@@ -75,6 +77,9 @@ func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values) (
 	if !t.set["sigma"] {
 		l.sigma = liveSigma
 	}
+	if !t.set["confirm"] {
+		l.confirm = true
+	}
 	es, err := l.config(seed)
 	if err != nil {
 		return tune.OnlineConfig{}, err
@@ -89,7 +94,7 @@ func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values) (
 			}
 		}
 	}
-	return tune.OnlineConfig{ES: es, Base: base, Window: l.window, Hop: l.hop, Block: l.block, Burn: l.burn, BaseParams: params}, nil
+	return tune.OnlineConfig{ES: es, Base: base, Window: l.window, Hop: l.hop, Block: l.block, Burn: l.burn, Confirm: l.confirm, BaseParams: params}, nil
 }
 
 // listFlag is a repeatable string flag.
@@ -111,6 +116,7 @@ func (t *tuneFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&t.window, "window-requests", 128, "online: requests each arm is scored on")
 	fs.IntVar(&t.hop, "hop", 32, "online: consecutive requests one arm routes before the other (without --block)")
 	fs.DurationVar(&t.block, "block", 0, "online: the arms alternate in blocks of this much time instead of every --hop requests (0: by requests)")
+	fs.BoolVar(&t.confirm, "confirm", false, "online: a candidate that wins its round must win a second one, measured afresh, to be accepted")
 	fs.DurationVar(&t.burn, "burn", 0, "online, with --block: the start of each block whose requests are routed but not scored (default half the block)")
 }
 
@@ -166,7 +172,7 @@ func (t *tuneFlags) online(seed uint64, pf *policyFlags) (*tune.Online, error) {
 
 // onlineWith builds a gorgo-online policy over the base's given values.
 func (t *tuneFlags) onlineWith(cfg tune.Config, base policy.Values) (*tune.Online, error) {
-	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, Block: t.block, Burn: t.burn, BaseParams: base})
+	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, Block: t.block, Burn: t.burn, Confirm: t.confirm, BaseParams: base})
 }
 
 // tunedDefaults describes what each policy with parameters tunes by

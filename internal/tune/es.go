@@ -169,6 +169,20 @@ func (e *ES) Propose() Point {
 // accepted steps, each measured against the incumbent of its step), so that
 // steps each within the allowance cannot compound beyond it.
 func (e *ES) Judge(cand Point, cm, im Metrics) Outcome {
+	o := e.Verdict(cand, cm, im)
+	if o.Accepted {
+		e.inc = slices.Clone(cand)
+		for i, g := range e.cfg.Guards {
+			e.drift[i] *= g.ratio(cm, im)
+		}
+	}
+	e.adapt(o.Accepted)
+	o.Sigma = e.sigma
+	return o
+}
+
+// Verdict is what Judge would decide, changing nothing.
+func (e *ES) Verdict(cand Point, cm, im Metrics) Outcome {
 	cs, _ := e.cfg.Objective.Of(cm)
 	is, _ := e.cfg.Objective.Of(im)
 	o := Outcome{Candidate: slices.Clone(cand), Score: cs, Incumbent: is}
@@ -186,13 +200,6 @@ func (e *ES) Judge(cand Point, cm, im Metrics) Outcome {
 			}
 		}
 	}
-	if o.Accepted {
-		e.inc = slices.Clone(cand)
-		for i, g := range e.cfg.Guards {
-			e.drift[i] *= g.ratio(cm, im)
-		}
-	}
-	e.adapt(o.Accepted)
 	o.Sigma = e.sigma
 	return o
 }

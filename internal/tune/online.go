@@ -36,6 +36,11 @@ type OnlineConfig struct {
 	BaseParams policy.Values
 	// History is how many of the latest verdicts Steps keeps (default 256).
 	History int
+	// Confirm makes a candidate that wins its round win a second round,
+	// measured afresh, before it is accepted: with a window of a few
+	// hundred requests a p95 is noisy, and a candidate accepted on one
+	// lucky window moves the weights at random (the winner's curse).
+	Confirm bool
 }
 
 // Online is a policy that tunes its own weights on the traffic it routes
@@ -68,6 +73,8 @@ type Online struct {
 	resets int
 	why    string
 	moved  bool
+	// confirming: the candidate won its first round and is measured again.
+	confirming bool
 }
 
 // OnlineName is the registered name of the online-tuned gorgo policy.
@@ -194,6 +201,7 @@ func (o *Online) next() error {
 		return err
 	}
 	o.arms[1] = p
+	o.confirming = false
 	o.restart()
 	return nil
 }
@@ -294,6 +302,12 @@ func (o *Online) Learn(tag int, s policy.Outcome) {
 	}
 	inc := Measure(o.samples[0][len(o.samples[0])-w:])
 	cand := Measure(o.samples[1][len(o.samples[1])-w:])
+	if o.cfg.Confirm && !o.confirming && o.es.Verdict(o.cand, cand, inc).Accepted {
+		o.confirming = true
+		o.restart() // the same candidate, measured again
+		return
+	}
+	o.confirming = false
 	out := o.es.Judge(o.cand, cand, inc)
 	if len(o.steps) == o.cfg.History {
 		o.steps = append(o.steps[:0], o.steps[1:]...)

@@ -409,3 +409,42 @@ func TestOnlineFallsBackWhenTheFleetChanges(t *testing.T) {
 		t.Errorf("after the fallback: incumbent %v sigma %v round %d; want %v, %v, %d", o.Incumbent(), o.Sigma(), o.round, start, sigma, round+1)
 	}
 }
+
+// With Confirm, a candidate that wins its round is measured again and
+// accepted only if it wins that round too; one lucky window moves nothing.
+func TestOnlineConfirmsAWin(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1}, Base: policy.DefaultName, Window: 2, Hop: 1, Confirm: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := o.Incumbent()
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	rng := rand.New(rand.NewPCG(1, 1))
+	// round plays one round: the candidate's TTFT is cand, the incumbent's 2 s.
+	round := func(cand time.Duration) {
+		var d policy.Decision
+		for range 4 {
+			if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rng); err != nil {
+				t.Fatal(err)
+			}
+			ttft := 2 * time.Second
+			if d.Tag%2 == 1 {
+				ttft = cand
+			}
+			o.Learn(d.Tag, policy.Outcome{TTFT: ttft, E2E: time.Second})
+		}
+	}
+	round(time.Second) // wins once
+	if judged, _ := o.Counts(); judged != 0 || !maps.Equal(o.Incumbent(), start) {
+		t.Fatalf("after one win: %d judged, incumbent %v; want none judged, the start", judged, o.Incumbent())
+	}
+	round(3 * time.Second) // loses the confirmation
+	if judged, won := o.Counts(); judged != 1 || won != 0 || !maps.Equal(o.Incumbent(), start) {
+		t.Fatalf("after a failed confirmation: %d judged, %d accepted", judged, won)
+	}
+	round(time.Second) // a new candidate wins twice
+	round(time.Second)
+	if judged, won := o.Counts(); judged != 2 || won != 1 || maps.Equal(o.Incumbent(), start) {
+		t.Errorf("after two wins: %d judged, %d accepted, incumbent %v", judged, won, o.Incumbent())
+	}
+}

@@ -50,6 +50,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	sweep := fs.String("sweep", "", "evaluate at several time scales: `time-scale=1,1.5,2,3` (overrides --time-scale)")
 	policies := fs.String("policy", strings.Join(policy.Compared(), ","), "comma-separated `POLICIES`")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
+	goodputSLO := fs.Duration("goodput-slo", 0, "also score goodput: requests per second whose TTFT (slip included) met this SLO (0: none)")
 	plots := fs.String("plots", "", "TTFT CDF plots go to `PREFIX`-N-tsS.png, one per window N and time scale S (default: beside --json, else eval-N-tsS.png here; \"none\" for none)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -64,6 +65,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if *goodputSLO < 0 {
+		return fmt.Errorf("--goodput-slo must not be negative")
 	}
 	scales := []float64{wl.timeScale}
 	if *sweep != "" {
@@ -127,7 +131,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 				ew.Window = "all"
 			}
 			evals = append(evals, ew)
-			cfgs = append(cfgs, pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Events: ff.events, ScoreFrom: ff.scoreFrom}))
+			cfgs = append(cfgs, pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Events: ff.events, ScoreFrom: ff.scoreFrom, GoodputSLO: *goodputSLO}))
 			for p := range names {
 				jobs = append(jobs, job{len(evals) - 1, p})
 			}

@@ -41,7 +41,9 @@ type run struct {
 	Slip struct {
 		P95 float64 `json:"p95"`
 	} `json:"slip_ms"`
-	Failed int `json:"failed"`
+	Failed  int     `json:"failed"`
+	Goodput float64 `json:"goodput_rps"`
+	SLO     float64 `json:"ttft_slo_ms"`
 }
 
 // comparable reports whether a run's TTFT means what it says.
@@ -62,23 +64,36 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: grid [-policy NAME] WORKLOAD-FLEET-eval.json...")
 		os.Exit(2)
 	}
-	fmt.Printf("| workload | fleet | time scale | %s p95 TTFT | best other (non-clairvoyant) | Δ | clairvoyant | Δ | %s p95 E2E | best other | Δ | goals | on the front |\n", def, def)
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-	var cells, ttftOK, e2eOK, cvOK, all, overloaded, front, metOrFront int
-	for _, path := range flag.Args() {
-		name := strings.TrimSuffix(filepath.Base(path), "-eval.json")
-		workload, fleet, _ := strings.Cut(name, "-")
+	files := make([]evalFile, flag.NArg())
+	scored := false // some runs were scored for SLO goodput
+	for k, path := range flag.Args() {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		var ef evalFile
-		if err := json.Unmarshal(data, &ef); err != nil {
+		if err := json.Unmarshal(data, &files[k]); err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", path, err)
 			os.Exit(1)
 		}
-		for _, w := range ef.Windows {
+		for _, w := range files[k].Windows {
+			for _, r := range w.Runs {
+				scored = scored || r.SLO > 0
+			}
+		}
+	}
+	header := fmt.Sprintf("| workload | fleet | time scale | %s p95 TTFT | best other (non-clairvoyant) | Δ | clairvoyant | Δ | %s p95 E2E | best other | Δ | goals | on the front |", def, def)
+	rule := "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+	if scored {
+		header, rule = header+" SLO goodput |", rule+"---|"
+	}
+	fmt.Println(header)
+	fmt.Println(rule)
+	var cells, ttftOK, e2eOK, cvOK, all, overloaded, front, metOrFront, goodBest, goodCells int
+	for k, path := range flag.Args() {
+		name := strings.TrimSuffix(filepath.Base(path), "-eval.json")
+		workload, fleet, _ := strings.Cut(name, "-")
+		for _, w := range files[k].Windows {
 			var d, c *run
 			bestT, bestE := (*run)(nil), (*run)(nil)
 			for i := range w.Runs {
@@ -157,13 +172,39 @@ func main() {
 			if ok || dom == nil && d.comparable() {
 				metOrFront++
 			}
-			fmt.Printf("| %s | %s | %v | %s | %s %s | %s | %s | %s | %s %s | %s | %s | %s |\n",
+			// SLO goodput, when the runs were scored for it: the policy's
+			// against the best other non-clairvoyant policy's.
+			good := ""
+			if scored {
+				good = " - |"
+			}
+			if d.SLO > 0 {
+				var bestG *run
+				for i := range w.Runs {
+					r := &w.Runs[i]
+					if r.Policy != def && r.Policy != cv && (bestG == nil || r.Goodput > bestG.Goodput) {
+						bestG = r
+					}
+				}
+				goodCells++
+				switch {
+				case bestG == nil || d.Goodput >= bestG.Goodput:
+					goodBest++
+					good = fmt.Sprintf(" best (%.2f/s, SLO %s ms) |", d.Goodput, ms(d.SLO))
+				default:
+					good = fmt.Sprintf(" %s (%s %.2f/s) |", pct(rel(d.Goodput, bestG.Goodput)), bestG.Policy, bestG.Goodput)
+				}
+			}
+			fmt.Printf("| %s | %s | %v | %s | %s %s | %s | %s | %s | %s %s | %s | %s | %s |%s\n",
 				workload, fleet, w.TimeScale, ms(d.TTFT.P95), bestT.Policy, ms(bestT.TTFT.P95), pct(dt), cvText,
-				ms(d.E2E.P95), bestE.Policy, ms(bestE.E2E.P95), pct(de), verdict, onFront)
+				ms(d.E2E.P95), bestE.Policy, ms(bestE.E2E.P95), pct(de), verdict, onFront, good)
 		}
 	}
 	fmt.Printf("\n%d cells: p95 TTFT within 3%% of the best other non-clairvoyant policy in %d, p95 E2E within 3%% of the best other policy in %d, p95 TTFT within 5%% of clairvoyant in %d (%d where clairvoyant itself is overloaded count as met); all three in %d; on the TTFT–E2E front in %d; all three met or on the front in %d.\n",
 		cells, ttftOK, e2eOK, cvOK, overloaded, all, front, metOrFront)
+	if goodCells > 0 {
+		fmt.Printf("SLO goodput the best of the non-clairvoyant policies (or tied) in %d of %d cells.\n", goodBest, goodCells)
+	}
 }
 
 func rel(a, b float64) float64 {

@@ -295,8 +295,14 @@ func (o *Online) Learn(tag int, s policy.Outcome) {
 		return
 	}
 	arm := tag % 2
-	o.samples[arm] = append(o.samples[arm], s)
 	w := o.cfg.Window
+	if len(o.samples[arm]) >= 2*w {
+		// Only the latest window is judged: an arm whose blocks get all
+		// the traffic (the other's get none) must not grow its samples
+		// without bound.
+		o.samples[arm] = append(o.samples[arm][:0], o.samples[arm][len(o.samples[arm])-w+1:]...)
+	}
+	o.samples[arm] = append(o.samples[arm], s)
 	if len(o.samples[0]) < w || len(o.samples[1]) < w {
 		return
 	}

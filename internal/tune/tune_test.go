@@ -448,3 +448,29 @@ func TestOnlineConfirmsAWin(t *testing.T) {
 		t.Errorf("after two wins: %d judged, %d accepted, incumbent %v", judged, won, o.Incumbent())
 	}
 }
+
+// An arm whose blocks get all the traffic keeps only its latest window of
+// outcomes while the other arm's blocks get none.
+func TestOnlineSamplesStayBounded(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1}, Base: policy.DefaultName, Window: 4, Block: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	rng := rand.New(rand.NewPCG(1, 1))
+	var d policy.Decision
+	for i := range 1000 {
+		// Traffic only in the scored half of even minutes: arm 0's.
+		now := time.Duration(2*i+2)*time.Minute + 45*time.Second
+		if err := o.Decide(&d, &policy.Request{PromptTokens: 10, Now: now}, reps, rng); err != nil {
+			t.Fatal(err)
+		}
+		o.Learn(d.Tag, policy.Outcome{TTFT: time.Second, E2E: time.Second})
+	}
+	if n := len(o.samples[0]); n > 8 || n < 4 {
+		t.Errorf("arm 0 holds %d outcomes, want its latest window (4) to twice that", n)
+	}
+	if judged, _ := o.Counts(); judged != 0 {
+		t.Errorf("%d judged without the other arm's outcomes", judged)
+	}
+}

@@ -420,11 +420,11 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
 			continue
 		}
+		m.releaseDue(now) // whatever the model: its ledger shows in metrics too
 		adapter, ok := m.serves(req.Model)
 		if !ok {
 			continue
 		}
-		m.releaseDue(now)
 		v := m.view(now, min(r.depth[m.slot]*bt, req.PromptTokens))
 		var cost adapterCost
 		if adapter != "" {
@@ -732,11 +732,11 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
 			continue
 		}
+		m.releaseDue(now)
 		adapter, ok := m.serves(req.Model)
 		if !ok {
 			continue
 		}
-		m.releaseDue(now)
 		cached := min(r.depth[m.slot]*r.cfg.BlockTokens, req.PromptTokens)
 		var adapterMS float64
 		if adapter != "" {

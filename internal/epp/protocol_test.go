@@ -124,6 +124,18 @@ func destination(t *testing.T, r *extprocv3.ProcessingResponse) (header, metadat
 	return header, metadata
 }
 
+// routeChat sends a chat request's headers (buffered body mode, with kv
+// as extra headers) and its body, and returns the answer to the body: the
+// picker's decision.
+func routeChat(t *testing.T, s extprocv3.ExternalProcessor_ProcessClient, kv ...string) *extprocv3.ProcessingResponse {
+	t.Helper()
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false, kv...)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
+	return recv(t, s)
+}
+
 func recv(t *testing.T, s extprocv3.ExternalProcessor_ProcessClient) *extprocv3.ProcessingResponse {
 	t.Helper()
 	r, err := s.Recv()
@@ -379,11 +391,7 @@ func TestBudgetHeadersOnTheAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}})
-	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
-	recv(t, s)
+	routeChat(t, s)
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
 	got := map[string]string{}
 	for _, h := range recv(t, s).GetResponseHeaders().GetResponse().GetHeaderMutation().GetSetHeaders() {

@@ -30,11 +30,7 @@ func (l lostA) Endpoint(id string) (string, bool) {
 func TestEndpointGoneIsFreed(t *testing.T) {
 	f := newFleet(t, admit.Config{})
 	s, _ := picker(t, lostA{f}).Process(context.Background())
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}})
-	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
-	if h, _ := destination(t, recv(t, s)); h != "10.0.0.2:8000" {
+	if h, _ := destination(t, routeChat(t, s)); h != "10.0.0.2:8000" {
 		t.Errorf("answered %q, want b", h)
 	}
 	s.CloseSend()
@@ -99,11 +95,7 @@ func TestCancelMidAnswerIsNotAServedRequest(t *testing.T) {
 	f := newTappedFleet(t, admit.Config{}, tap)
 	ctx, cancel := context.WithCancel(context.Background())
 	s, _ := picker(t, f).Process(ctx)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}})
-	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
-	recv(t, s)
+	routeChat(t, s)
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
 	recv(t, s)
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte("data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n")}}})

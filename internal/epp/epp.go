@@ -100,16 +100,17 @@ type exchange struct {
 	closed bool  // the stream ended
 	duplex bool  // request body in FULL_DUPLEX_STREAMED mode
 	// respDuplex: response body in FULL_DUPLEX_STREAMED mode (Envoy says
-	// so on the stream's first message only).
-	respDuplex bool
-	path       string
-	session    string
-	subset     []string
-	body       []byte
-	received   time.Time
-	decided    bool
-	atHeaders  bool // decided at the headers: the body, if any, is not read
-	trailers   bool // the request's trailers came with the decision: answer them after it
+	// so on the stream's first message only); respNone: Envoy said it
+	// sends no response body, so no first token will be seen.
+	respDuplex, respNone bool
+	path                 string
+	session              string
+	subset               []string
+	body                 []byte
+	received             time.Time
+	decided              bool
+	atHeaders            bool // decided at the headers: the body, if any, is not read
+	trailers             bool // the request's trailers came with the decision: answer them after it
 	// traceparent and tracestate are the client's trace context, read
 	// when the core traces requests.
 	traceparent, tracestate string
@@ -186,6 +187,7 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 		if pc := msg.GetProtocolConfig(); pc != nil {
 			x.duplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 			x.respDuplex = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+			x.respNone = pc.GetResponseBodyMode() == filterv3.ProcessingMode_NONE
 		}
 		traced := x.s.fleet.Core().Tracing()
 		for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
@@ -279,7 +281,7 @@ func (x *exchange) decide(atHeaders bool) error {
 	}
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
 		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: name, Ask: x.ask,
-		Header: &x.replyHeaders}
+		Header: &x.replyHeaders, Unseen: x.respNone}
 	if atHeaders {
 		in.Kind = lifecycle.Opaque
 	}

@@ -130,7 +130,7 @@ func destination(t *testing.T, r *extprocv3.ProcessingResponse) (header, metadat
 func routeChat(t *testing.T, s extprocv3.ExternalProcessor_ProcessClient, kv ...string) *extprocv3.ProcessingResponse {
 	t.Helper()
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false, kv...)},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}})
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
 	recv(t, s)
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
 	return recv(t, s)
@@ -160,7 +160,7 @@ func TestBufferedChatAndResponseEvents(t *testing.T) {
 		}
 	}
 	send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false, "x-session-id", "s1")},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}})
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
 	if _, ok := recv(t, s).Response.(*extprocv3.ProcessingResponse_RequestHeaders); !ok {
 		t.Fatal("the headers were not continued")
 	}
@@ -210,7 +210,7 @@ func TestDuplexSubsetAnd503(t *testing.T) {
 		}
 		defer s.CloseSend()
 		req := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers(path, false)},
-			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}}
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}}
 		if sub != nil {
 			vals := make([]any, len(sub))
 			for i, v := range sub {
@@ -308,7 +308,7 @@ func BenchmarkPick(b *testing.B) {
 	f := newFleet(b, admit.Config{})
 	c := picker(b, f)
 	hdr := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED}}
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}}
 	body := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -399,6 +399,38 @@ func TestBudgetHeadersOnTheAnswer(t *testing.T) {
 	}
 	if got["x-ratelimit-limit-tokens"] != "100000" || got["x-ratelimit-remaining-tokens"] == "" {
 		t.Errorf("the answer's header mutation: %v", got)
+	}
+	s.CloseSend()
+}
+
+// When Envoy says it sends no response body, the picker will see no first
+// token: the router releases the request's prefill backlog when its first
+// token is due, not when the stream ends.
+func TestNoResponseBodyReleasesTheBacklogWhenDue(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	s, err := picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_NONE}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
+	ep, _ := destination(t, recv(t, s))
+	id, ok := f.EndpointIDs()[strings.Split(ep, ",")[0]] // the chosen one, then the fallbacks
+	if !ok {
+		t.Fatalf("destination %q", ep)
+	}
+	rt := f.core.Router()
+	if st, _ := rt.Replica(id); st.InFlight != 1 || st.BacklogTokens == 0 {
+		t.Fatalf("after the decision: %+v", st)
+	}
+	// An hour later (router time) its first token is long due.
+	if _, err := rt.Predict(time.Hour, &policy.Request{PromptTokens: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := rt.Replica(id); st.InFlight != 1 || st.BacklogTokens != 0 {
+		t.Errorf("once its first token was due: %+v", st)
 	}
 	s.CloseSend()
 }

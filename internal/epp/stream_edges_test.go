@@ -45,7 +45,7 @@ func TestBodyInPiecesIsRoutedByLoad(t *testing.T) {
 		f := newFleet(t, admit.Config{})
 		s, _ := picker(t, f).Process(context.Background())
 		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
-			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode}})
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
 		recv(t, s)
 		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody[:40])}}})
 		r := recv(t, s)
@@ -65,7 +65,7 @@ func TestDuplexTrailersEndTheBody(t *testing.T) {
 	f := newFleet(t, admit.Config{})
 	s, _ := picker(t, f).Process(context.Background())
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}})
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody)}}})
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{}}})
 	r := recv(t, s)

@@ -33,6 +33,11 @@ type Incoming struct {
 	Tenant string
 	Ask    tenant.Ask
 	Header HeaderSetter
+	// Unseen says the front end will not see the answer's events (a
+	// gateway that sends no response body): the router then treats the
+	// answer as not streamed (policy.Request.Unstreamed), as for a body
+	// that asks for no stream.
+	Unseen bool
 }
 
 // HeaderSetter takes a header for the client's answer.
@@ -89,6 +94,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		return e.Status
 	}
 	r.Route.Allowed = in.Allowed
+	r.Route.Unstreamed = r.Route.Unstreamed || in.Unseen
 	if e := r.classify(&in, time.Now()); e != nil {
 		if e.Status == statusBadRequest && r.tenant != nil {
 			c.cfg.Metrics.tenantRefused(r.tenant.Name, r.class.Priority, "bad_request")

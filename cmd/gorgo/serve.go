@@ -243,8 +243,8 @@ func servePolicy(cfg serve.Config, tf *tuneFlags) (policy.Policy, error) {
 		}
 		return tf.onlineWith(c, cfg.Params[policy.Canonical(tf.base)])
 	case cfg.Tuned():
-		if err := cfg.Validate(); err != nil { // a policy without parameters
-			return nil, err
+		if info, ok := policy.Lookup(cfg.Policy); !ok || len(info.Params) == 0 {
+			return nil, nil // the config's validation says why
 		}
 		oc, err := tf.liveConfig(cfg.Policy, cfg.Seed, cfg.Params[cfg.Policy])
 		if err != nil {
@@ -262,7 +262,7 @@ func describePolicy(p policy.Policy) string {
 		return p.Name()
 	}
 	var names []string
-	for _, q := range o.ES().Config().Params {
+	for _, q := range o.Config().ES.Params {
 		names = append(names, q.Name)
 	}
 	return fmt.Sprintf("%s (tuning %s online; --tune=false for fixed weights)", o.Base(), strings.Join(names, ", "))

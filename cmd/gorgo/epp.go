@@ -58,9 +58,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 		if *adminListen != "" {
 			c.Admin.Listen = *adminListen
 		}
-		if tf.tune != nil {
-			c.Tune = tf.tune
-		}
+		tf.apply(c)
 		return nil
 	}
 	_ = overrides(&cfg)

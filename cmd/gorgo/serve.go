@@ -103,9 +103,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		if *policyName != "" {
 			c.Policy = *policyName
 		}
-		if tf.tune != nil {
-			c.Tune = tf.tune
-		}
+		tf.apply(c)
 		if flagWeights != nil {
 			if c.Params == nil {
 				c.Params = map[string]policy.Values{}

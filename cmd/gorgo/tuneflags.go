@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/serve"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -42,6 +43,14 @@ func (t *tuneFlags) registerLive(fs *flag.FlagSet) {
 		t.tune = &v
 		return nil
 	})
+}
+
+// apply puts --tune, if given, on the config (gorgo serve's and gorgo
+// epp's overrides, at start and on every reload).
+func (t *tuneFlags) apply(c *serve.Config) {
+	if t.tune != nil {
+		c.Tune = t.tune
+	}
 }
 
 // given records which flags were given (call after parsing).

@@ -413,9 +413,7 @@ func TestServeTunesTheDefaultPolicy(t *testing.T) {
 			t.Fatal(err)
 		}
 		tf := parse(t, c.args...)
-		if tf.tune != nil {
-			cfg.Tune = tf.tune // as the command's overrides do
-		}
+		tf.apply(&cfg) // as the command's overrides do
 		if pol, err := servePolicy(cfg.Defaults(), tf); err != nil || pol != nil {
 			t.Errorf("%q %v: policy %v (%v), want the config's own, untuned", c.yaml, c.args, pol, err)
 		}

@@ -803,3 +803,25 @@ func TestUnstreamedLeavesTheBacklogWhenDue(t *testing.T) {
 		t.Errorf("decoding %d at the end", n)
 	}
 }
+
+// Unstreamed requests that end long before their first token is due do
+// not pile up in the replica's due queue.
+func TestUnstreamedQueueStaysBounded(t *testing.T) {
+	r := newRouter(t, "round-robin", 1, false)
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := range 10_000 {
+		// A long prompt, so its first token is due far later than it ends.
+		tk, err := r.Route(0, &policy.Request{PromptTokens: 1 << 20, Blocks: blocks(uint64(i), 1), Unstreamed: true}, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Finish(&tk)
+	}
+	m := r.fleet.Load().byID["a"]
+	if n := len(m.unstreamed.h); n > 128 {
+		t.Errorf("%d requests, all ended, held in the due queue", n)
+	}
+	if st := state(t, r, "a"); st.BacklogTokens != 0 || st.InFlight != 0 {
+		t.Errorf("ledger %+v", st)
+	}
+}

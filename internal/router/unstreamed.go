@@ -3,6 +3,7 @@ package router
 import (
 	"container/heap"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,10 @@ type unstreamedQueue struct {
 	mu   sync.Mutex
 	h    dueHeap
 	next atomic.Int64
+	// compactAt is the length at which push drops the requests that
+	// ended before their first token was due: they would otherwise stay
+	// until then, and a forecast far in the future keeps them long.
+	compactAt int
 }
 
 type dueHeap []*unstreamed
@@ -60,6 +65,12 @@ func (q *unstreamedQueue) init() { q.next.Store(math.MaxInt64) }
 
 func (q *unstreamedQueue) push(u *unstreamed) {
 	q.mu.Lock()
+	if len(q.h) >= q.compactAt {
+		q.h = slices.DeleteFunc(q.h, func(v *unstreamed) bool { return v.state.Load() == finished })
+		clear(q.h[len(q.h):cap(q.h)])
+		heap.Init(&q.h)
+		q.compactAt = max(64, 2*len(q.h))
+	}
 	heap.Push(&q.h, u)
 	q.next.Store(int64(q.h[0].due))
 	q.mu.Unlock()

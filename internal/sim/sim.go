@@ -236,7 +236,7 @@ type simulator struct {
 	jit  []float64 // per-request standard normal draw for the round trip
 	reqs []reqState
 	// prefixKeys are the requests' prefix keys, as the live router reads
-	// them from the prompts the replayer sends (synth.PrefixKey).
+	// them from the prompts the replayer sends (synth.Keys).
 	prefixKeys []uint64
 	reps       []replicaState // every replica that was ever in the fleet
 	byID       map[string]int // the replicas' indexes in reps

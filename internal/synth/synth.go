@@ -159,14 +159,6 @@ var vocabulary = [...]string{
 	"remain", "suggest", "raise", "pass", "sell", "require", "report", "decide", "pull", "explain",
 }
 
-// PrefixKey is the prefix key the live router reads from the prompt the
-// replayer sends for r (prompt.PrefixKey of its canonical bytes): the
-// simulator routes by the same, so that simple session affinity splits
-// sessions alike in both.
-func PrefixKey(r *trace.Request, est prompt.Estimator) uint64 {
-	return prompt.PrefixKey(appendPrefixText(nil, r, est), est)
-}
-
 // firstBlock is what the prefix key of a request without messages depends
 // on: its first block's id, how much of that block's text the key reads,
 // and whether the content ends there.
@@ -176,8 +168,8 @@ type firstBlock struct {
 	ended bool
 }
 
-// firstBlockOf describes r's first block as PrefixKey reads it (r has no
-// messages).
+// firstBlockOf describes r's first block as the prefix key reads it (r
+// has no messages).
 func firstBlockOf(r *trace.Request, est prompt.Estimator) firstBlock {
 	n := est.Bytes(prompt.PrefixKeyTokens)
 	id := mix64(1)
@@ -208,11 +200,12 @@ func appendPrefixText(dst []byte, r *trace.Request, est prompt.Estimator) []byte
 	return dst
 }
 
-// Keys gives many requests their PrefixKey, as the simulator wants them
-// all at the start of a run: it reuses one buffer, and a request without
-// messages whose first block it has seen costs a map lookup (a trace's
-// requests share their first blocks: a system prompt, a session's
-// history).
+// Keys gives requests their prefix keys: the key the live router reads
+// (prompt.PrefixKey) from the prompt the replayer sends, so that the
+// simulator's simple session affinity splits sessions as the live proxy
+// does. It reuses one buffer, and a request without messages whose first
+// block it has seen costs a map lookup (a trace's requests share their
+// first blocks: a system prompt, a session's history).
 type Keys struct {
 	est  prompt.Estimator
 	buf  []byte
@@ -224,7 +217,7 @@ func NewKeys(est prompt.Estimator) *Keys {
 	return &Keys{est: est, seen: map[firstBlock]uint64{}}
 }
 
-// Of returns PrefixKey(r, est).
+// Of returns r's prefix key.
 func (k *Keys) Of(r *trace.Request) uint64 {
 	if len(r.Messages) > 0 {
 		k.buf = appendPrefixText(k.buf[:0], r, k.est)

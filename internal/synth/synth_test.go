@@ -170,19 +170,19 @@ func TestPrefixKeyIsTheRoutersOwn(t *testing.T) {
 	for _, n := range []int{1, 2, 5, 200, 254, 255, 256, 257, 258, 300, 511, 512, 513, 2000, 9000} {
 		for _, ids := range [][]uint64{chain(trace.BlockCount(n), 0, uint64(n)), nil} {
 			r := trace.Request{InputTokens: n, HashIDs: ids}
-			if got, want := PrefixKey(&r, est), prompt.PrefixKey(canonical(&r), est); got != want {
+			if got, want := NewKeys(est).Of(&r), prompt.PrefixKey(canonical(&r), est); got != want {
 				t.Errorf("%d tokens (%d ids): %x, the router reads %x", n, len(ids), got, want)
 			}
 		}
 	}
 	r := trace.Request{InputTokens: 3, Messages: []trace.Message{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}}}
-	if PrefixKey(&r, est) != prompt.PrefixKey(canonical(&r), est) {
+	if NewKeys(est).Of(&r) != prompt.PrefixKey(canonical(&r), est) {
 		t.Error("a trace with messages")
 	}
 }
 
-// Keys gives every request the key PrefixKey does, whether or not it has
-// seen the request's first block before.
+// Keys gives every request the router's key, whether or not it has seen
+// the request's first block before.
 func TestKeysRemembersFirstBlocks(t *testing.T) {
 	est := prompt.Estimator{}
 	keys := NewKeys(est)
@@ -197,7 +197,7 @@ func TestKeysRemembersFirstBlocks(t *testing.T) {
 	reqs = append(reqs, trace.Request{InputTokens: 3, Messages: []trace.Message{{Role: "user", Content: "hi"}}}, trace.Request{InputTokens: 9})
 	for pass := range 2 {
 		for i := range reqs {
-			if got, want := keys.Of(&reqs[i]), PrefixKey(&reqs[i], est); got != want {
+			if got, want := keys.Of(&reqs[i]), prompt.PrefixKey(canonical(&reqs[i]), est); got != want {
 				t.Errorf("pass %d, request %d (%d tokens): %x, want %x", pass, i, reqs[i].InputTokens, got, want)
 			}
 		}

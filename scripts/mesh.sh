@@ -23,6 +23,10 @@ for top in paper-mesh paper-mesh-2; do
 			# The trace spans 88 minutes at its own rate: one day over the run.
 			day=$(awk -v s=$ts 'BEGIN{printf "%dm", 89*s}')
 			$g sim --topology $top --trace $moon --time-scale $ts --day $day $all | tee $out/$top-mooncake-ts$ts-daily.txt
+			# The trace's arrivals are 3 s ticks, a dozen requests at one
+			# instant: the same runs with each tick spread over its gap.
+			$g sim --topology $top --trace $moon --spread-ticks --time-scale $ts $all | tee $out/$top-mooncake-spread-ts$ts.txt
+			$g sim --topology $top --trace $moon --spread-ticks --time-scale $ts --day $day $all | tee $out/$top-mooncake-spread-ts$ts-daily.txt
 		done
 	fi
 done

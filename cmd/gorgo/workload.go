@@ -23,6 +23,8 @@ type workloadFlags struct {
 	// tenants mixes tenants and priorities (trace.AssignTenants); only
 	// keeps one tenant's requests (its solo run).
 	models, tenants, only string
+	// spread moves requests that share an arrival time apart (trace.Spread).
+	spread bool
 }
 
 // register defines the flags; eval defines its own repeatable --window, so
@@ -39,6 +41,7 @@ func (w *workloadFlags) register(fs *flag.FlagSet, withWindow bool) {
 	fs.Uint64Var(&w.seed, "seed", 1, "random seed (synthetic workload, network jitter, policies, tuner)")
 	fs.StringVar(&w.tenants, "tenants", "", "mix tenants into the workload: each session belongs to one tenant, drawn by share from `NAME:PRIORITY:SHARE,...` (priority interactive, standard, batch, sheddable or an integer; e.g. chat:interactive:0.7,batch:batch:0.3)")
 	fs.StringVar(&w.only, "tenant-only", "", "keep only this `TENANT`'s requests (its solo run, to compare with the mixed one)")
+	fs.BoolVar(&w.spread, "spread-ticks", false, "spread the requests that share an arrival time at random over the gap to the next one, keeping their order: a trace recorded in coarse ticks (Mooncake's are 3 s) otherwise arrives in synchronised bursts ('gorgo trace stats' shows how many share)")
 	fs.StringVar(&w.models, "models", "", "mix models into the workload: each session names one model, drawn by weight from `NAME:W,NAME:W,...` (replacing the trace's models; a replica's models are its topology's models: and adapters:)")
 }
 
@@ -80,6 +83,10 @@ func (w *workloadFlags) raw() ([]trace.Request, string, error) {
 	}
 	if err != nil {
 		return nil, "", err
+	}
+	if w.spread {
+		reqs = trace.Spread(reqs, w.seed)
+		src += ", ticks spread"
 	}
 	if mix != nil {
 		trace.AssignModels(reqs, mix, w.seed)

@@ -51,6 +51,13 @@ type Stats struct {
 	// RatePerSecond is Requests / DurationSeconds (0 when that is 0), in
 	// requests per second.
 	RatePerSecond float64 `json:"rate_per_s"`
+	// DistinctArrivals counts the distinct arrival times; SimultaneousShare
+	// is the fraction of requests that share theirs with another, and
+	// LargestSimultaneous the most requests arriving at one instant: a
+	// trace recorded in coarse ticks (see Spread).
+	DistinctArrivals    int     `json:"distinct_arrivals"`
+	SimultaneousShare   float64 `json:"simultaneous_share"`
+	LargestSimultaneous int     `json:"largest_simultaneous"`
 	// InputTokens is the distribution of prompt lengths, in tokens.
 	InputTokens Dist `json:"input_tokens"`
 	// OutputTokens is the distribution of output lengths, in tokens.
@@ -111,6 +118,9 @@ func ComputeStats(reqs []Request) Stats {
 	if st.DurationSeconds > 0 {
 		st.RatePerSecond = float64(len(reqs)) / st.DurationSeconds
 	}
+	var shared int
+	st.DistinctArrivals, shared, st.LargestSimultaneous = simultaneity(reqs)
+	st.SimultaneousShare = float64(shared) / float64(len(reqs))
 	in := make([]float64, len(reqs))
 	out := make([]float64, len(reqs))
 	for i, r := range reqs {
@@ -318,6 +328,10 @@ func (st Stats) WriteText(w io.Writer) error {
 	fmt.Fprintf(tw, "requests\t%d\n", st.Requests)
 	fmt.Fprintf(tw, "duration\t%.1f s (first to last arrival)\n", st.DurationSeconds)
 	fmt.Fprintf(tw, "mean rate\t%.2f req/s\n", st.RatePerSecond)
+	if st.LargestSimultaneous > 1 {
+		fmt.Fprintf(tw, "arrival times\t%d distinct; %s of requests share theirs (at most %d at once)\n",
+			st.DistinctArrivals, pct(st.SimultaneousShare), st.LargestSimultaneous)
+	}
 	fmt.Fprintf(tw, "input tokens\t%s\n", dist(st.InputTokens))
 	fmt.Fprintf(tw, "output tokens\t%s\n", dist(st.OutputTokens))
 	fmt.Fprintf(tw, "sessions\t%d (requests per session: mean %.2f, p50 %.0f)\n",

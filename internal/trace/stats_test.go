@@ -165,6 +165,16 @@ func TestStatsMooncake(t *testing.T) {
 	if st.DurationSeconds != 3536.999 {
 		t.Errorf("duration = %v s, want 3536.999", st.DurationSeconds)
 	}
+	// Its arrivals are 3 s ticks: every request shares its instant.
+	if st.DistinctArrivals != 1180 || st.SimultaneousShare != 1 || st.LargestSimultaneous != 28 {
+		t.Errorf("arrivals: %d distinct, %.4f shared, at most %d at once; want 1180, 1, 28",
+			st.DistinctArrivals, st.SimultaneousShare, st.LargestSimultaneous)
+	}
+	spread := ComputeStats(Spread(reqs, 1))
+	if spread.DistinctArrivals != st.Requests || spread.Reuse != st.Reuse || spread.Sessions != st.Sessions {
+		t.Errorf("spread: %d distinct arrivals (want %d), reuse %+v (want %+v), %d sessions (want %d)",
+			spread.DistinctArrivals, st.Requests, spread.Reuse, st.Reuse, spread.Sessions, st.Sessions)
+	}
 }
 
 func BenchmarkStatsMooncake(b *testing.B) {

@@ -1,0 +1,74 @@
+package trace
+
+import (
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// Spread moves the requests that share an arrival time apart: each group of
+// requests arriving at the same instant is spread at random over the gap to
+// the next distinct arrival time (the last group over the median such gap),
+// keeping the requests' order. A trace recorded in coarse ticks (the
+// Mooncake conversation trace's are 3 s) otherwise replays as synchronised
+// bursts, a dozen requests in the same microsecond, which no fleet of
+// independent clients sends. reqs must be in time order; Spread changes
+// their times in place and returns them. The same seed spreads the same way.
+func Spread(reqs []Request, seed uint64) []Request {
+	var gaps []time.Duration
+	for i := 1; i < len(reqs); i++ {
+		if d := reqs[i].Time - reqs[i-1].Time; d > 0 {
+			gaps = append(gaps, d)
+		}
+	}
+	if len(gaps) == 0 {
+		return reqs // one instant, or none: nothing to spread over
+	}
+	slices.Sort(gaps)
+	last := gaps[len(gaps)/2]
+	rng := rand.New(rand.NewPCG(seed, 0x5eed5eed))
+	var offsets []float64
+	for i := 0; i < len(reqs); {
+		j := i + 1
+		for j < len(reqs) && reqs[j].Time == reqs[i].Time {
+			j++
+		}
+		if j-i > 1 {
+			gap := last
+			if j < len(reqs) {
+				gap = reqs[j].Time - reqs[i].Time
+			}
+			// The group's first request keeps its time; the others
+			// take sorted draws, so their order holds.
+			offsets = offsets[:0]
+			for range j - i - 1 {
+				offsets = append(offsets, rng.Float64())
+			}
+			slices.Sort(offsets)
+			t0 := reqs[i].Time
+			for k, u := range offsets {
+				reqs[i+1+k].Time = t0 + time.Duration(u*float64(gap))
+			}
+		}
+		i = j
+	}
+	return reqs
+}
+
+// simultaneity counts the distinct arrival times of reqs (in time order),
+// the requests that share theirs with another, and the largest such group.
+func simultaneity(reqs []Request) (distinct, shared, largest int) {
+	for i := 0; i < len(reqs); {
+		j := i + 1
+		for j < len(reqs) && reqs[j].Time == reqs[i].Time {
+			j++
+		}
+		distinct++
+		if n := j - i; n > 1 {
+			shared += n
+			largest = max(largest, n)
+		}
+		i = j
+	}
+	return distinct, shared, largest
+}

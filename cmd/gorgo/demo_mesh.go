@@ -170,6 +170,7 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 		cfg.ProbeInterval = scale(30 * time.Second)
 		cfg.ScrapeInterval = cfg.ProbeInterval
 		cfg.Policy, cfg.Seed, cfg.Admin.Listen, cfg.Region = st.Policy.Name(), seed, admin.Off, st.Region
+		cfg.Params = demoParams(cfg.Policy, speedup)
 		if busURL != "" {
 			cfg.Mesh = &mesh.Config{URL: busURL, Name: st.Region, Heartbeat: scale(2 * time.Second)}
 		}

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"io"
+	"math"
 	"testing"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
@@ -72,5 +74,21 @@ func TestFlowControlLive(t *testing.T) {
 	}
 	if without.TTFT.P95 < 5*with.TTFT.P95 {
 		t.Errorf("without flow control chat's p95 is %.0f ms, with %.0f: the flood should swamp it", without.TTFT.P95, with.TTFT.P95)
+	}
+}
+
+// The paper's cost adds tokens to w_rtt times the round trip in ms: in a
+// demo running speedup times faster, its live w_rtt is speedup times the
+// simulator's, so both weigh the network alike; costs in ms throughout
+// (their rates scaled with the model) are left alone.
+func TestDemoParamsScaleTheRoundTripWeight(t *testing.T) {
+	got := demoParams("gorgo", 5)["gorgo"]
+	if want := policy.PaperWeights.RTT * 5; math.Abs(got["rtt"]-want) > 1e-12 || got["queue"] != policy.PaperWeights.Queue {
+		t.Errorf("gorgo at 5x: %v, want rtt %v and queue %v", got, want, policy.PaperWeights.Queue)
+	}
+	for _, name := range []string{"default", "gorgo-ms", "round-robin", "simple-session-affinity"} {
+		if p := demoParams(name, 5); p != nil {
+			t.Errorf("%s at 5x: %v, want its own parameters", name, p)
+		}
 	}
 }

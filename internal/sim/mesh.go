@@ -67,7 +67,9 @@ const (
 	// the one-way delay between their regions.
 	ShareDelayed
 	// ShareInstant: as ShareDelayed, with no delay: the omniscient
-	// yardstick.
+	// yardstick. Each router hears of a dispatch as it is made, so requests
+	// reaching different routers at the same instant are routed one after
+	// the other, each seeing the ones before, as by one router.
 	ShareInstant
 )
 
@@ -280,12 +282,17 @@ func (s *simulator) share(now time.Duration, i, what int) {
 		if k == int(from) {
 			continue
 		}
-		var delay time.Duration
-		if m.Sharing == ShareDelayed {
-			rtt, _, _ := m.RTT(s.sites[from].region, s.sites[k].region) // checked at the start
-			delay = rtt / 2
+		if m.Sharing == ShareInstant {
+			// At once, not as an event of this instant: the requests
+			// reaching other routers at the same instant (a trace's
+			// burst) are then routed seeing this one, as one router
+			// would route them. (dispatch's scratch request, which
+			// remote overwrites, is not used after it shares.)
+			s.remote(now, k, i, what)
+			continue
 		}
-		s.push(event{t: now + delay, kind: evRemote, site: int16(k), req: int32(i), gen: uint32(what)})
+		rtt, _, _ := m.RTT(s.sites[from].region, s.sites[k].region) // checked at the start
+		s.push(event{t: now + rtt/2, kind: evRemote, site: int16(k), req: int32(i), gen: uint32(what)})
 	}
 }
 

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"sort"
 	"testing"
 	"time"
@@ -116,6 +117,7 @@ func TestMeshSharing(t *testing.T) {
 	local := meshRun(t, policy.DefaultName, ShareNone, reqs)
 	shared := meshRun(t, policy.DefaultName, ShareDelayed, reqs)
 	omni := meshRun(t, policy.DefaultName, ShareInstant, reqs)
+	t.Logf("%+v\n%+v", omni.Records[0], omni.Records[1])
 	gap := func(r *Result) float64 { return *r.Run.EstCacheHitRatio - r.Run.CacheHitRatio }
 	if gap(local) < 0.05 || gap(shared) > gap(local)/2 || gap(omni) > gap(local)/2 {
 		t.Errorf("belief minus truth of the hit ratio: local %.3f, shared %.3f, omniscient %.3f", gap(local), gap(shared), gap(omni))
@@ -169,5 +171,63 @@ func TestMeshClientCap(t *testing.T) {
 	}
 	if peak > cap {
 		t.Errorf("client cap %d exceeded: %d in flight at once", cap, peak)
+	}
+}
+
+// Omniscient routers hear of a dispatch as it is made, so requests that
+// reach different routers at the same instant are routed as by one
+// router, each seeing the ones before. Ashburn's and Frankfurt's replicas
+// are busy with a long prompt each; then one request reaches each of their
+// routers at the same instant, and the idle replica in Seoul is worth the
+// trip for one of them, not for both. Sharing with the delay between
+// regions, neither router has heard of the other's, and both go to Seoul.
+func TestOmniscientRoutersSeeTheSameInstant(t *testing.T) {
+	top, _ := LoadTopology("paper-mesh")
+	reps, _ := top.Resolve()
+	m, err := top.Arrangement(policy.DefaultName, reps, ShareInstant, 0, 0, func(name, region string) (policy.Policy, error) {
+		return policy.New(name, policy.Options{Region: region})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A session whose clients are in each of the two regions.
+	session := map[string]string{}
+	for k := 0; k < 100 && len(session) < 3; k++ {
+		name := fmt.Sprint("s", k)
+		in := assignIngress(m, []trace.Request{{Session: name}}, 1)[0]
+		if r := m.Ingress[in].Region; session[r] == "" {
+			session[r] = name
+		}
+	}
+	var reqs []trace.Request
+	for wave, at := range []time.Duration{0, 500 * time.Millisecond} {
+		for k, region := range []string{"us-ashburn", "eu-frankfurt"} {
+			if session[region] == "" {
+				t.Fatalf("no session in %s", region)
+			}
+			r := request(at, uint64(10*wave+k+1), 30000, 4) // 1.8 s of prefill
+			r.Session = session[region]
+			reqs = append(reqs, r)
+		}
+	}
+	second := func(res *Result) []string {
+		var out []string
+		for _, rec := range res.Records {
+			if rec.Failed {
+				t.Fatalf("request %d failed: %s", rec.Index, rec.Error)
+			}
+			out = append(out, rec.Replica)
+		}
+		if out[0] != "us-ashburn" || out[1] != "eu-frankfurt" {
+			t.Fatalf("the first two went to %v, want their own regions' replicas", out[:2])
+		}
+		sort.Strings(out[2:])
+		return out[2:]
+	}
+	if got := second(meshRun(t, policy.DefaultName, ShareInstant, reqs)); got[0] != "ap-seoul" || got[1] == "ap-seoul" {
+		t.Errorf("omniscient: the simultaneous pair went to %v, want one to ap-seoul and one at home", got)
+	}
+	if got := second(meshRun(t, policy.DefaultName, ShareDelayed, reqs)); got[0] != "ap-seoul" || got[1] != "ap-seoul" {
+		t.Errorf("sharing with delay: the simultaneous pair went to %v, want both to ap-seoul (neither knows of the other)", got)
 	}
 }

@@ -20,11 +20,14 @@ import (
 // the router forgets what it believed the replica held.
 func TestRestartedEngineIsForgotten(t *testing.T) {
 	var mu sync.Mutex
-	promptTotal := 5000
+	promptTotal, scraped := 5000, 0
 	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
 			mu.Lock()
 			defer mu.Unlock()
+			if promptTotal == 5000 {
+				scraped++
+			}
 			fmt.Fprintf(w, "sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\nsglang:max_total_num_tokens 983549\nsglang:prompt_tokens_total %d\n", promptTotal)
 			return
 		}
@@ -41,6 +44,9 @@ func TestRestartedEngineIsForgotten(t *testing.T) {
 	if n := stateOr(s, "a").IndexBlocks; n == 0 {
 		t.Fatal("nothing indexed")
 	}
+	// A second scrape is asked for once the first was read: the router
+	// has seen the counter before it goes back, however slow the machine.
+	eventually(t, "two scrapes", func() bool { mu.Lock(); defer mu.Unlock(); return scraped >= 2 })
 	mu.Lock()
 	promptTotal = 12 // the engine came back from a restart
 	mu.Unlock()

@@ -261,17 +261,25 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 // warm opens n connections to the target at once (their answers are read
 // and dropped, leaving the connections idle for the replay).
 func warm(ctx context.Context, hc *http.Client, target *url.URL, n int) {
-	var wg sync.WaitGroup
+	// Each request keeps its connection busy (its body unread) until all
+	// n have an answer, so none can reuse another's and n are opened
+	// however the goroutines happen to be scheduled.
+	var wg, held sync.WaitGroup
+	held.Add(n)
 	for range n {
 		wg.Go(func() {
+			var resp *http.Response
 			req, err := http.NewRequestWithContext(ctx, http.MethodGet, target.JoinPath("v1", "models").String(), nil)
+			if err == nil {
+				resp, err = hc.Do(req)
+			}
+			held.Done()
 			if err != nil {
 				return
 			}
-			if resp, err := hc.Do(req); err == nil {
-				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-				resp.Body.Close()
-			}
+			held.Wait()
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+			resp.Body.Close()
 		})
 	}
 	wg.Wait()

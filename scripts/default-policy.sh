@@ -66,9 +66,15 @@ fi
 
 if [[ $what == online || $what == all ]]; then
 	on=docs/results/grid-online
-	mkdir -p "$on"
 	# SLO goodput is scored against a TTFT SLO per workload: part 6's 3 s and 5 s for the embedded
-	# workload and Mooncake, 1 s for the interactive chat and agent presets.
+	# workload and Mooncake, 1 s for the interactive chat and agent presets. TPOT=50ms (say) also
+	# asks each request to keep its time per output token within it, and writes grid-online-tpot/.
+	tpot=()
+	if [[ -n ${TPOT:-} ]]; then
+		on=docs/results/grid-online-tpot
+		tpot=(--goodput-tpot "$TPOT")
+	fi
+	mkdir -p "$on"
 	declare -A slo=([artchat]=3s [chat]=1s [agent]=1s [mooncake]=5s)
 	pols=default,gorgo-online,gorgo,gorgo-ms,simple-session-affinity,session-affinity,least-request,least-load,prefix-cache,round-robin,power-of-two,clairvoyant
 	for w in $workloads; do
@@ -76,7 +82,7 @@ if [[ $what == online || $what == all ]]; then
 			tag=$w-$(basename $f .yaml)
 			$g eval --trace ${file[$w]} --topology $f --window ${test[$w]} --sweep time-scale=${loads[$w]} \
 				--weights $out/$tag-gorgo.json --ms-weights $out/$tag-gorgo-ms.json --policy $pols \
-				--base default --block 60s --window-requests 256 --sigma 0.3 --confirm --score-from 10m --goodput-slo ${slo[$w]} \
+				--base default --block 60s --window-requests 256 --sigma 0.3 --confirm --score-from 10m --goodput-slo ${slo[$w]} "${tpot[@]}" \
 				--json $on/$tag-eval.json --plots none >$on/$tag-eval.txt
 			echo "$tag done" >&2
 		done

@@ -314,7 +314,7 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 		for _, r := range out.Records {
 			span = max(span, r.Arrival/1000)
 		}
-		run.ScoreSLO(out.Records, float64(flow.adm.SLO)/1e6, span)
+		run.ScoreSLO(out.Records, float64(flow.adm.SLO)/1e6, 0, span)
 	}
 	return run, out.Records, nil
 }

@@ -51,6 +51,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	policies := fs.String("policy", strings.Join(policy.Compared(), ","), "comma-separated `POLICIES`")
 	jsonOut := fs.String("json", "", "write the results as JSON to `FILE`")
 	goodputSLO := fs.Duration("goodput-slo", 0, "also score goodput: requests per second whose TTFT (slip included) met this SLO (0: none)")
+	goodputTPOT := fs.Duration("goodput-tpot", 0, "with --goodput-slo: a request must also keep its time per output token (the mean gap between its tokens) within this `D` (0: no TPOT SLO)")
 	plots := fs.String("plots", "", "TTFT CDF plots go to `PREFIX`-N-tsS.png, one per window N and time scale S (default: beside --json, else eval-N-tsS.png here; \"none\" for none)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -68,6 +69,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	}
 	if *goodputSLO < 0 {
 		return fmt.Errorf("--goodput-slo must not be negative")
+	}
+	if *goodputTPOT < 0 || *goodputTPOT > 0 && *goodputSLO == 0 {
+		return fmt.Errorf("--goodput-tpot must be positive and come with --goodput-slo")
 	}
 	scales := []float64{wl.timeScale}
 	if *sweep != "" {
@@ -131,7 +135,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 				ew.Window = "all"
 			}
 			evals = append(evals, ew)
-			cfgs = append(cfgs, pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Events: ff.events, ScoreFrom: ff.scoreFrom, GoodputSLO: *goodputSLO}))
+			cfgs = append(cfgs, pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Events: ff.events, ScoreFrom: ff.scoreFrom, GoodputSLO: *goodputSLO, GoodputTPOT: *goodputTPOT}))
 			for p := range names {
 				jobs = append(jobs, job{len(evals) - 1, p})
 			}

@@ -67,9 +67,11 @@ type Run struct {
 	ReplicaShare map[string]float64 `json:"replica_share"`
 	// Rejected counts the failures that admission refused (429).
 	Rejected int `json:"rejected,omitempty"`
-	// With a TTFT SLO (see ScoreSLO): the SLO, how many requests completed
-	// within it, and those per second of the workload's span (goodput).
+	// With a TTFT SLO (see ScoreSLO): the SLO, the TPOT SLO if any, how
+	// many requests completed within them, and those per second of the
+	// workload's span (goodput).
 	SLO     float64 `json:"ttft_slo_ms,omitempty"`
+	TPOTSLO float64 `json:"tpot_slo_ms,omitempty"`
 	SLOMet  int     `json:"slo_met,omitempty"`
 	Goodput float64 `json:"goodput_rps,omitempty"`
 	// Models counts the requests naming each model (those naming none
@@ -95,12 +97,15 @@ func (r *Run) ScoreAdapters(requests, loads int64) {
 
 // ScoreSLO counts the records that completed with a TTFT within sloMS, as
 // the client sees it (from when it meant to send the request: slip plus
-// TTFT), and sets the goodput: those per second of spanS, the workload's
-// span (the same for every policy, so goodputs compare).
-func (r *Run) ScoreSLO(recs []Record, sloMS, spanS float64) {
-	r.SLO, r.SLOMet = sloMS, 0
+// TTFT), and, if tpotMS is positive, a time per output token (the mean
+// gap between its tokens, ITL) within tpotMS; and sets the goodput: those
+// per second of spanS, the workload's span (the same for every policy, so
+// goodputs compare). An answer of one token has no TPOT to miss.
+func (r *Run) ScoreSLO(recs []Record, sloMS, tpotMS, spanS float64) {
+	r.SLO, r.TPOTSLO, r.SLOMet = sloMS, max(tpotMS, 0), 0
 	for i := range recs {
-		if !recs[i].Failed && recs[i].Slip+recs[i].TTFT <= sloMS {
+		rec := &recs[i]
+		if !rec.Failed && rec.Slip+rec.TTFT <= sloMS && (tpotMS <= 0 || rec.OutputTokens < 2 || rec.ITL <= tpotMS) {
 			r.SLOMet++
 		}
 	}

@@ -93,3 +93,25 @@ func TestByTenant(t *testing.T) {
 		t.Errorf("%v\n%s", err, out.String())
 	}
 }
+
+// Goodput counts a request that met the TTFT SLO from when the client
+// meant to send it and, with a TPOT SLO, kept its mean gap between tokens
+// within it (a one-token answer has none to miss).
+func TestScoreSLOWithTPOT(t *testing.T) {
+	recs := []Record{
+		{TTFT: 900, ITL: 40, OutputTokens: 100},               // meets both
+		{TTFT: 900, ITL: 60, OutputTokens: 100},               // too slow a decode
+		{TTFT: 600, Slip: 500, ITL: 10, OutputTokens: 100},    // sent late: TTFT missed
+		{TTFT: 800, ITL: 0, OutputTokens: 1},                  // one token: no TPOT
+		{TTFT: 100, ITL: 10, OutputTokens: 100, Failed: true}, // failed
+	}
+	var r Run
+	r.ScoreSLO(recs, 1000, 0, 10)
+	if r.SLOMet != 3 || r.Goodput != 0.3 || r.TPOTSLO != 0 {
+		t.Errorf("TTFT only: met %d, goodput %v, TPOT SLO %v; want 3, 0.3, 0", r.SLOMet, r.Goodput, r.TPOTSLO)
+	}
+	r.ScoreSLO(recs, 1000, 50, 10)
+	if r.SLOMet != 2 || r.Goodput != 0.2 || r.TPOTSLO != 50 {
+		t.Errorf("TTFT and TPOT: met %d, goodput %v, TPOT SLO %v; want 2, 0.2, 50", r.SLOMet, r.Goodput, r.TPOTSLO)
+	}
+}

@@ -69,8 +69,10 @@ type Config struct {
 	// them.
 	ScoreFrom time.Duration
 	// GoodputSLO, if positive, scores the run's goodput against that TTFT
-	// SLO (see report.Run.ScoreSLO), with or without admission.
-	GoodputSLO time.Duration
+	// SLO (see report.Run.ScoreSLO), with or without admission; with
+	// GoodputTPOT positive, a request must also keep its time per output
+	// token within it.
+	GoodputSLO, GoodputTPOT time.Duration
 	// HideMaxTokens keeps each request's output length from the router.
 	// By default the router sees it as max_tokens, as it does live: the
 	// replayer asks for exactly the trace's output (max_tokens with
@@ -858,7 +860,7 @@ func (s *simulator) result() *Result {
 		reqs := s.cfg.Requests
 		first := max(reqs[0].Time, s.cfg.ScoreFrom)
 		span := max(reqs[len(reqs)-1].Time-first, time.Second)
-		res.Run.ScoreSLO(scored, toMS(slo), span.Seconds())
+		res.Run.ScoreSLO(scored, toMS(slo), toMS(s.cfg.GoodputTPOT), span.Seconds())
 	}
 	return res
 }

@@ -44,6 +44,7 @@ type run struct {
 	Failed  int     `json:"failed"`
 	Goodput float64 `json:"goodput_rps"`
 	SLO     float64 `json:"ttft_slo_ms"`
+	TPOTSLO float64 `json:"tpot_slo_ms"`
 }
 
 // comparable reports whether a run's TTFT means what it says.
@@ -190,7 +191,11 @@ func main() {
 				switch {
 				case bestG == nil || d.Goodput >= bestG.Goodput:
 					goodBest++
-					good = fmt.Sprintf(" best (%.2f/s, SLO %s ms) |", d.Goodput, ms(d.SLO))
+					slo := "SLO " + ms(d.SLO) + " ms"
+					if d.TPOTSLO > 0 {
+						slo = "SLO TTFT " + ms(d.SLO) + " ms, TPOT " + ms(d.TPOTSLO) + " ms"
+					}
+					good = fmt.Sprintf(" best (%.2f/s, %s) |", d.Goodput, slo)
 				default:
 					good = fmt.Sprintf(" %s (%s %.2f/s) |", pct(rel(d.Goodput, bestG.Goodput)), bestG.Policy, bestG.Goodput)
 				}

@@ -65,13 +65,16 @@ if [[ $what == grid || $what == all ]]; then
 fi
 
 if [[ $what == online || $what == all ]]; then
-	on=docs/results/grid-online
+	# ONLINE_FLAGS adds tuner flags (e.g. "--early-stop 1.25"), ONLINE_OUT
+	# writes elsewhere.
+	on=${ONLINE_OUT:-docs/results/grid-online}
+	read -ra extra <<<"${ONLINE_FLAGS:-}"
 	# SLO goodput is scored against a TTFT SLO per workload: part 6's 3 s and 5 s for the embedded
 	# workload and Mooncake, 1 s for the interactive chat and agent presets. TPOT=50ms (say) also
 	# asks each request to keep its time per output token within it, and writes grid-online-tpot/.
 	tpot=()
 	if [[ -n ${TPOT:-} ]]; then
-		on=docs/results/grid-online-tpot
+		on=${ONLINE_OUT:-docs/results/grid-online-tpot}
 		tpot=(--goodput-tpot "$TPOT")
 	fi
 	mkdir -p "$on"
@@ -82,7 +85,7 @@ if [[ $what == online || $what == all ]]; then
 			tag=$w-$(basename $f .yaml)
 			$g eval --trace ${file[$w]} --topology $f --window ${test[$w]} --sweep time-scale=${loads[$w]} \
 				--weights $out/$tag-gorgo.json --ms-weights $out/$tag-gorgo-ms.json --policy $pols \
-				--base default --block 60s --window-requests 256 --sigma 0.3 --confirm --score-from 10m --goodput-slo ${slo[$w]} "${tpot[@]}" \
+				--base default --block 60s --window-requests 256 --sigma 0.3 --confirm --early-stop 1.5 --score-from 10m --goodput-slo ${slo[$w]} "${tpot[@]}" "${extra[@]}" \
 				--json $on/$tag-eval.json --plots none >$on/$tag-eval.txt
 			echo "$tag done" >&2
 		done

@@ -397,8 +397,12 @@ func TestServeTunesTheDefaultPolicy(t *testing.T) {
 	if w := o.Incumbent(); o.Base() != policy.DefaultName || w["rtt"] != 2 || w["decode"] != 0.3 || w["itl"] != policy.DefaultE2EWeights.ITL {
 		t.Errorf("tuning %s from %v, want the default policy from the config's rtt=2 and decode=0.3, and its default itl", o.Base(), w)
 	}
-	if c := o.Config(); c.Block != liveBlock || c.Window != 64 || o.Sigma() != liveSigma || !c.Confirm {
-		t.Errorf("block %v window %d sigma %v confirm %v, want %v, 64 (the flag), %v, true", c.Block, c.Window, o.Sigma(), c.Confirm, liveBlock, liveSigma)
+	if c := o.Config(); c.Block != liveBlock || c.Window != 64 || o.Sigma() != liveSigma || !c.Confirm || c.EarlyStop != liveEarlyStop {
+		t.Errorf("block %v window %d sigma %v confirm %v early stop %v, want %v, 64 (the flag), %v, true, %v",
+			c.Block, c.Window, o.Sigma(), c.Confirm, c.EarlyStop, liveBlock, liveSigma, liveEarlyStop)
+	}
+	if _, err := servePolicy(cfg.Defaults(), parse(t, "--early-stop", "0.5")); err == nil {
+		t.Error("--early-stop 0.5 accepted: a candidate better than the incumbent would be dropped")
 	}
 	for _, c := range []struct {
 		yaml string

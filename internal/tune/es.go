@@ -181,6 +181,32 @@ func (e *ES) Judge(cand Point, cm, im Metrics) Outcome {
 	return o
 }
 
+// Losing says why a candidate measured cm is already clearly worse than
+// the incumbent measured im: its objective or a guarded metric more than
+// by times the incumbent's; "" if it is not.
+func (e *ES) Losing(cm, im Metrics, by float64) string {
+	cs, _ := e.cfg.Objective.Of(cm)
+	is, _ := e.cfg.Objective.Of(im)
+	if cs > by*is {
+		return fmt.Sprintf("%s %.0f against %.0f", e.cfg.Objective, cs, is)
+	}
+	for _, g := range e.cfg.Guards {
+		if r := g.ratio(cm, im); r > by {
+			return fmt.Sprintf("%s %.2f times the incumbent's", g.Metric, r)
+		}
+	}
+	return ""
+}
+
+// Drop rejects a candidate on a partial measurement, cm against im (see
+// OnlineConfig.EarlyStop): a failure for the step size, like any other.
+func (e *ES) Drop(cand Point, cm, im Metrics, reason string) Outcome {
+	e.adapt(false)
+	cs, _ := e.cfg.Objective.Of(cm)
+	is, _ := e.cfg.Objective.Of(im)
+	return Outcome{Candidate: slices.Clone(cand), Score: cs, Incumbent: is, Reason: reason, Sigma: e.sigma}
+}
+
 // Verdict is what Judge would decide, changing nothing.
 func (e *ES) Verdict(cand Point, cm, im Metrics) Outcome {
 	cs, _ := e.cfg.Objective.Of(cm)

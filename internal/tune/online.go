@@ -41,6 +41,14 @@ type OnlineConfig struct {
 	// hundred requests a p95 is noisy, and a candidate accepted on one
 	// lucky window moves the weights at random (the winner's curse).
 	Confirm bool
+	// EarlyStop, if above 1, drops a candidate before its window is full:
+	// once each arm has a quarter of a window of outcomes, a candidate
+	// whose objective, or a guarded metric, is already more than EarlyStop
+	// times the incumbent's is judged worse at once. Half the traffic
+	// routed by a bad candidate is the price of exploring; this bounds how
+	// long it is paid. A good candidate unlucky early is lost: the ES
+	// draws another.
+	EarlyStop float64
 }
 
 // Online is a policy that tunes its own weights on the traffic it routes
@@ -304,6 +312,12 @@ func (o *Online) Learn(tag int, s policy.Outcome) {
 	}
 	o.samples[arm] = append(o.samples[arm], s)
 	if len(o.samples[0]) < w || len(o.samples[1]) < w {
+		if o.cfg.EarlyStop > 1 && min(len(o.samples[0]), len(o.samples[1])) >= max(w/4, 1) {
+			cand, inc := Measure(o.samples[1]), Measure(o.samples[0])
+			if reason := o.es.Losing(cand, inc, o.cfg.EarlyStop); reason != "" {
+				o.verdict(o.es.Drop(o.cand, cand, inc, "dropped early: "+reason))
+			}
+		}
 		return
 	}
 	inc := Measure(o.samples[0][len(o.samples[0])-w:])
@@ -313,8 +327,13 @@ func (o *Online) Learn(tag int, s policy.Outcome) {
 		o.restart() // the same candidate, measured again
 		return
 	}
+	o.verdict(o.es.Judge(o.cand, cand, inc))
+}
+
+// verdict records the candidate's judgement, takes it as the incumbent if
+// accepted, and starts a round with a new candidate.
+func (o *Online) verdict(out Outcome) {
 	o.confirming = false
-	out := o.es.Judge(o.cand, cand, inc)
 	if len(o.steps) == o.cfg.History {
 		o.steps = append(o.steps[:0], o.steps[1:]...)
 	}

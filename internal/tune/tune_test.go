@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -472,5 +473,56 @@ func TestOnlineSamplesStayBounded(t *testing.T) {
 	}
 	if judged, _ := o.Counts(); judged != 0 {
 		t.Errorf("%d judged without the other arm's outcomes", judged)
+	}
+}
+
+// With EarlyStop, a candidate already far worse than the incumbent on a
+// quarter of its window is dropped then, as a failure for the step size;
+// one that is worse by less runs its whole window.
+func TestOnlineDropsAClearLoserEarly(t *testing.T) {
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	// play routes n requests, the incumbent's TTFT 2 s, the candidate's
+	// cand, and returns how many the tuner had judged.
+	play := func(o *Online, n int, cand time.Duration) int {
+		rng := rand.New(rand.NewPCG(1, 1))
+		var d policy.Decision
+		for range n {
+			if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rng); err != nil {
+				t.Fatal(err)
+			}
+			ttft := 2 * time.Second
+			if d.Tag%2 == 1 {
+				ttft = cand
+			}
+			o.Learn(d.Tag, policy.Outcome{TTFT: ttft, E2E: 5 * time.Second})
+		}
+		judged, _ := o.Counts()
+		return judged
+	}
+	newOnline := func() *Online {
+		o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1}, Base: policy.DefaultName, Window: 40, Hop: 1, EarlyStop: 1.5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	// A quarter of a window is 10 outcomes per arm: 20 requests, hops of 1.
+	o := newOnline()
+	sigma := o.Sigma()
+	if n := play(o, 19, 4*time.Second); n != 0 {
+		t.Fatalf("judged %d before a quarter window on each arm", n)
+	}
+	if n := play(o, 1, 4*time.Second); n != 1 {
+		t.Fatalf("a candidate at twice the incumbent's TTFT: %d judged after a quarter window, want 1", n)
+	}
+	if step := o.Steps()[0]; step.Accepted || !strings.HasPrefix(step.Reason, "dropped early: p95-ttft") || o.Sigma() >= sigma {
+		t.Errorf("verdict %+v, step size %v (was %v); want dropped early, a smaller step", step, o.Sigma(), sigma)
+	}
+	o = newOnline()
+	if n := play(o, 79, 2500*time.Millisecond); n != 0 {
+		t.Errorf("a candidate 25%% worse was judged before its window was full (%d)", n)
+	}
+	if n := play(o, 1, 2500*time.Millisecond); n != 1 {
+		t.Errorf("after a full window: %d judged, want 1", n)
 	}
 }

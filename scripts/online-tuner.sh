@@ -16,7 +16,7 @@ agent=/tmp/grid-agent-60m.jsonl
 [[ -f $art ]] || $g trace gen --preset artchat --duration 90m --seed 1 -o $art >/dev/null
 [[ -f $agent ]] || $g trace gen --preset agent --duration 60m --seed 1 -o $agent >/dev/null
 hops="--hop 32 --window-requests 128"
-blocks="--block 60s --window-requests 256 --sigma 0.3 --confirm"
+blocks="--block 60s --window-requests 256 --sigma 0.3 --confirm --early-stop 1.5"
 
 # The paper's hack: gorgo tuned on p50 TTFT, w_queue allowed down to 0.001.
 free="--base gorgo --param rtt=0.05:8:0.5 --param queue=0.001:0.5:0.1 --objective p50-ttft --guard e2e-p95=1.05"
@@ -43,3 +43,7 @@ $g sim --trace $agent --window 30m,10m --time-scale 6 --policy gorgo-online --ba
 # weights and tunes again on the new fleet.
 $g sim --trace $art --window 0s,60m --policy default,gorgo-online --base default $blocks \
 	--fleet-event "30m add us-ashburn-2 region=us-ashburn" --split 10m,20m,30m,40m,50m | tee $out/fleet-change.txt
+# The same without the early stop: this tuner has moved by the change, and
+# falls back.
+$g sim --trace $art --window 0s,60m --policy default,gorgo-online --base default $blocks --early-stop 0 \
+	--fleet-event "30m add us-ashburn-2 region=us-ashburn" --split 10m,20m,30m,40m,50m | tee $out/fleet-change-no-early-stop.txt

@@ -25,31 +25,68 @@ type Metrics struct {
 
 // Measure summarises samples. Failed requests count in N and Failed only.
 func Measure(samples []Sample) Metrics {
-	var ttft, e2e []float64
-	var itl, nitl float64
-	m := Metrics{N: len(samples)}
+	var t tally
+	t.rebuild(samples)
+	return t.metrics()
+}
+
+// tally is a measurement kept up to date outcome by outcome: the TTFTs
+// and E2Es sorted, so that its percentiles are read without sorting.
+type tally struct {
+	n, failed int
+	ttft, e2e []float64 // ms, sorted
+	itl       float64   // ms, summed over nitl outcomes
+	nitl      int
+}
+
+// add folds in one outcome: an insertion into each sorted slice.
+func (t *tally) add(s Sample) {
+	t.n++
+	if s.Failed {
+		t.failed++
+		return
+	}
+	t.ttft = insertSorted(t.ttft, ms(s.TTFT))
+	t.e2e = insertSorted(t.e2e, ms(s.E2E))
+	if s.ITL > 0 {
+		t.itl += ms(s.ITL)
+		t.nitl++
+	}
+}
+
+// rebuild makes the tally that of samples alone.
+func (t *tally) rebuild(samples []Sample) {
+	t.n, t.failed, t.ttft, t.e2e, t.itl, t.nitl = 0, 0, t.ttft[:0], t.e2e[:0], 0, 0
 	for _, s := range samples {
+		t.n++
 		if s.Failed {
-			m.Failed++
+			t.failed++
 			continue
 		}
-		ttft = append(ttft, ms(s.TTFT))
-		e2e = append(e2e, ms(s.E2E))
+		t.ttft = append(t.ttft, ms(s.TTFT))
+		t.e2e = append(t.e2e, ms(s.E2E))
 		if s.ITL > 0 {
-			itl += ms(s.ITL)
-			nitl++
+			t.itl += ms(s.ITL)
+			t.nitl++
 		}
 	}
-	slices.Sort(ttft)
-	slices.Sort(e2e)
-	m.TTFTP50 = report.Percentile(ttft, 0.50)
-	m.TTFTP95 = report.Percentile(ttft, 0.95)
-	m.TTFTP99 = report.Percentile(ttft, 0.99)
-	m.E2EP95 = report.Percentile(e2e, 0.95)
-	if nitl > 0 {
-		m.ITLMean = itl / nitl
+	slices.Sort(t.ttft)
+	slices.Sort(t.e2e)
+}
+
+func (t *tally) metrics() Metrics {
+	m := Metrics{N: t.n, Failed: t.failed,
+		TTFTP50: report.Percentile(t.ttft, 0.50), TTFTP95: report.Percentile(t.ttft, 0.95),
+		TTFTP99: report.Percentile(t.ttft, 0.99), E2EP95: report.Percentile(t.e2e, 0.95)}
+	if t.nitl > 0 {
+		m.ITLMean = t.itl / float64(t.nitl)
 	}
 	return m
+}
+
+func insertSorted(xs []float64, x float64) []float64 {
+	i, _ := slices.BinarySearch(xs, x)
+	return slices.Insert(xs, i, x)
 }
 
 // FromRun reads the metrics of a simulator or replay run summary.

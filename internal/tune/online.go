@@ -68,6 +68,8 @@ type Online struct {
 	round    int
 	routed   int
 	samples  [2][]Sample
+	// tallies measure each arm's samples as they come, for EarlyStop.
+	tallies [2]tally
 	steps    []Outcome // the latest cfg.History verdicts
 	judged   int
 	accepted int
@@ -219,6 +221,8 @@ func (o *Online) restart() {
 	o.round++
 	o.routed = 0
 	o.samples[0], o.samples[1] = o.samples[0][:0], o.samples[1][:0]
+	o.tallies[0].rebuild(nil)
+	o.tallies[1].rebuild(nil)
 	o.from = -1 // set by the round's first decision
 }
 
@@ -309,11 +313,13 @@ func (o *Online) Learn(tag int, s policy.Outcome) {
 		// the traffic (the other's get none) must not grow its samples
 		// without bound.
 		o.samples[arm] = append(o.samples[arm][:0], o.samples[arm][len(o.samples[arm])-w+1:]...)
+		o.tallies[arm].rebuild(o.samples[arm])
 	}
 	o.samples[arm] = append(o.samples[arm], s)
+	o.tallies[arm].add(s)
 	if len(o.samples[0]) < w || len(o.samples[1]) < w {
 		if o.cfg.EarlyStop > 1 && min(len(o.samples[0]), len(o.samples[1])) >= max(w/4, 1) {
-			cand, inc := Measure(o.samples[1]), Measure(o.samples[0])
+			cand, inc := o.tallies[1].metrics(), o.tallies[0].metrics()
 			if reason := o.es.Losing(cand, inc, o.cfg.EarlyStop); reason != "" {
 				o.verdict(o.es.Drop(o.cand, cand, inc, "dropped early: "+reason))
 			}

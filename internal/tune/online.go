@@ -60,16 +60,16 @@ type OnlineConfig struct {
 // both arms start afresh, so the incumbent is measured again every round.
 // Online is safe for concurrent use.
 type Online struct {
-	mu       sync.Mutex
-	cfg      OnlineConfig
-	es       *ES
-	arms     [2]policy.Policy // incumbent, candidate
-	cand     Point
-	round    int
-	routed   int
-	samples  [2][]Sample
+	mu      sync.Mutex
+	cfg     OnlineConfig
+	es      *ES
+	arms    [2]policy.Policy // incumbent, candidate
+	cand    Point
+	round   int
+	routed  int
+	samples [2][]Sample
 	// tallies measure each arm's samples as they come, for EarlyStop.
-	tallies [2]tally
+	tallies  [2]tally
 	steps    []Outcome // the latest cfg.History verdicts
 	judged   int
 	accepted int

@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"iter"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -28,47 +29,55 @@ func Spread(reqs []Request, seed uint64) []Request {
 	last := gaps[len(gaps)/2]
 	rng := rand.New(rand.NewPCG(seed, 0x5eed5eed))
 	var offsets []float64
-	for i := 0; i < len(reqs); {
-		j := i + 1
-		for j < len(reqs) && reqs[j].Time == reqs[i].Time {
-			j++
+	for i, j := range instants(reqs) {
+		if j-i < 2 {
+			continue
 		}
-		if j-i > 1 {
-			gap := last
-			if j < len(reqs) {
-				gap = reqs[j].Time - reqs[i].Time
-			}
-			// The group's first request keeps its time; the others
-			// take sorted draws, so their order holds.
-			offsets = offsets[:0]
-			for range j - i - 1 {
-				offsets = append(offsets, rng.Float64())
-			}
-			slices.Sort(offsets)
-			t0 := reqs[i].Time
-			for k, u := range offsets {
-				reqs[i+1+k].Time = t0 + time.Duration(u*float64(gap))
-			}
+		gap := last
+		if j < len(reqs) {
+			gap = reqs[j].Time - reqs[i].Time
 		}
-		i = j
+		// The instant's first request keeps its time; the others take
+		// sorted draws, so their order holds.
+		offsets = offsets[:0]
+		for range j - i - 1 {
+			offsets = append(offsets, rng.Float64())
+		}
+		slices.Sort(offsets)
+		t0 := reqs[i].Time
+		for k, u := range offsets {
+			reqs[i+1+k].Time = t0 + time.Duration(u*float64(gap))
+		}
 	}
 	return reqs
+}
+
+// instants yields, for reqs in time order, each run of requests that
+// arrive at the same instant as [i, j).
+func instants(reqs []Request) iter.Seq2[int, int] {
+	return func(yield func(int, int) bool) {
+		for i := 0; i < len(reqs); {
+			j := i + 1
+			for j < len(reqs) && reqs[j].Time == reqs[i].Time {
+				j++
+			}
+			if !yield(i, j) {
+				return
+			}
+			i = j
+		}
+	}
 }
 
 // simultaneity counts the distinct arrival times of reqs (in time order),
 // the requests that share theirs with another, and the largest such group.
 func simultaneity(reqs []Request) (distinct, shared, largest int) {
-	for i := 0; i < len(reqs); {
-		j := i + 1
-		for j < len(reqs) && reqs[j].Time == reqs[i].Time {
-			j++
-		}
+	for i, j := range instants(reqs) {
 		distinct++
 		if n := j - i; n > 1 {
 			shared += n
 			largest = max(largest, n)
 		}
-		i = j
 	}
 	return distinct, shared, largest
 }

@@ -39,18 +39,26 @@ type tally struct {
 	nitl      int
 }
 
-// add folds in one outcome: an insertion into each sorted slice.
-func (t *tally) add(s Sample) {
+// count counts an outcome and its ITL, and reports whether it completed
+// (a failure has no TTFT or E2E to sort in).
+func (t *tally) count(s Sample) bool {
 	t.n++
 	if s.Failed {
 		t.failed++
-		return
+		return false
 	}
-	t.ttft = insertSorted(t.ttft, ms(s.TTFT))
-	t.e2e = insertSorted(t.e2e, ms(s.E2E))
 	if s.ITL > 0 {
 		t.itl += ms(s.ITL)
 		t.nitl++
+	}
+	return true
+}
+
+// add folds in one outcome: an insertion into each sorted slice.
+func (t *tally) add(s Sample) {
+	if t.count(s) {
+		t.ttft = insertSorted(t.ttft, ms(s.TTFT))
+		t.e2e = insertSorted(t.e2e, ms(s.E2E))
 	}
 }
 
@@ -58,16 +66,9 @@ func (t *tally) add(s Sample) {
 func (t *tally) rebuild(samples []Sample) {
 	t.n, t.failed, t.ttft, t.e2e, t.itl, t.nitl = 0, 0, t.ttft[:0], t.e2e[:0], 0, 0
 	for _, s := range samples {
-		t.n++
-		if s.Failed {
-			t.failed++
-			continue
-		}
-		t.ttft = append(t.ttft, ms(s.TTFT))
-		t.e2e = append(t.e2e, ms(s.E2E))
-		if s.ITL > 0 {
-			t.itl += ms(s.ITL)
-			t.nitl++
+		if t.count(s) {
+			t.ttft = append(t.ttft, ms(s.TTFT))
+			t.e2e = append(t.e2e, ms(s.E2E))
 		}
 	}
 	slices.Sort(t.ttft)

@@ -68,7 +68,8 @@ type Online struct {
 	round   int
 	routed  int
 	samples [2][]Sample
-	// tallies measure each arm's samples as they come, for EarlyStop.
+	// tallies measure each arm's samples as they come, for EarlyStop
+	// (kept only with it).
 	tallies  [2]tally
 	steps    []Outcome // the latest cfg.History verdicts
 	judged   int
@@ -307,18 +308,22 @@ func (o *Online) Learn(tag int, s policy.Outcome) {
 		return
 	}
 	arm := tag % 2
-	w := o.cfg.Window
+	w, early := o.cfg.Window, o.cfg.EarlyStop > 1
 	if len(o.samples[arm]) >= 2*w {
 		// Only the latest window is judged: an arm whose blocks get all
 		// the traffic (the other's get none) must not grow its samples
 		// without bound.
 		o.samples[arm] = append(o.samples[arm][:0], o.samples[arm][len(o.samples[arm])-w+1:]...)
-		o.tallies[arm].rebuild(o.samples[arm])
+		if early {
+			o.tallies[arm].rebuild(o.samples[arm])
+		}
 	}
 	o.samples[arm] = append(o.samples[arm], s)
-	o.tallies[arm].add(s)
+	if early {
+		o.tallies[arm].add(s)
+	}
 	if len(o.samples[0]) < w || len(o.samples[1]) < w {
-		if o.cfg.EarlyStop > 1 && min(len(o.samples[0]), len(o.samples[1])) >= max(w/4, 1) {
+		if early && min(len(o.samples[0]), len(o.samples[1])) >= max(w/4, 1) {
 			cand, inc := o.tallies[1].metrics(), o.tallies[0].metrics()
 			if reason := o.es.Losing(cand, inc, o.cfg.EarlyStop); reason != "" {
 				o.verdict(o.es.Drop(o.cand, cand, inc, "dropped early: "+reason))

@@ -150,8 +150,8 @@ func TestTTFTBudget(t *testing.T) {
 		arrived, now time.Duration
 		want         float64
 	}{
-		{Class{}, time.Second, 1500 * time.Millisecond, 1350},
-		{Class{SLO: 500 * time.Millisecond}, time.Second, 1200 * time.Millisecond, 270},
+		{Class{}, time.Second, 1500 * time.Millisecond, 1425},
+		{Class{SLO: 500 * time.Millisecond}, time.Second, 1200 * time.Millisecond, 285},
 		{Class{}, 0, 3 * time.Second, 0},
 	} {
 		if got := c.TTFTBudget(k.cl, k.arrived, k.now); got != k.want {

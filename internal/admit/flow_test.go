@@ -273,3 +273,32 @@ func TestFullQueueIsShared(t *testing.T) {
 		t.Errorf("past its share: %v %s", v, why)
 	}
 }
+
+// Under a backlog that outlasts the oldest requests' deadlines, Release
+// sends the earliest request that can still make its deadline, however
+// far behind the head it waits, not none (the heads would hold the fleet
+// idle until they expired) and not the latest.
+func TestReleaseFindsTheEarliestThatFits(t *testing.T) {
+	g := gate(t, Config{SLO: time.Second})
+	var sent []int
+	refused := map[int]Reason{}
+	for i := range 40 {
+		if v, why := g.Arrive(i, Class{Tenant: "a"}, time.Duration(i)*20*ms, Prediction{Best: time.Hour, Floor: 10 * ms}, func(v int, r Reason) { refused[v] = r }); v != Hold {
+			t.Fatalf("%d: %v (%s)", i, v, why)
+		}
+	}
+	// At 500 ms request i has 500 + 20i ms left; the fleet forecasts 900 ms
+	// for any of them, which fits from i = 23 on (900 ≤ 0.95 × 960), and
+	// then takes no more.
+	full := false
+	predict := func(int) (Prediction, bool) {
+		if full {
+			return Prediction{Best: time.Hour, Floor: 10 * ms}, true
+		}
+		return Prediction{Best: 900 * ms, Floor: 10 * ms}, true
+	}
+	g.Release(500*ms, predict, func(v int) { sent = append(sent, v); full = true }, func(v int, r Reason) { refused[v] = r })
+	if !slices.Equal(sent, []int{23}) || len(refused) != 0 || g.Len() != 39 {
+		t.Errorf("sent %v, refused %v, %d left; want 23 alone", sent, refused, g.Len())
+	}
+}

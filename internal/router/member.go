@@ -103,6 +103,11 @@ type member struct {
 	// (a saturated decode batch, a full KV cache).
 	bias   atomic.Uint64
 	biasTS atomic.Int64
+	// margins are how much later than forecast (ms, float64 bits) the
+	// replica's first tokens come at the TailQuantile, by the forecast's
+	// size (estimate.MarginBin): what a forecast needs added to be met
+	// that often (0 while its bin has too few samples).
+	margins [estimate.MarginBins]atomic.Uint64
 
 	mu  sync.Mutex // guards the estimators below
 	rtt estimate.EWMA
@@ -112,7 +117,8 @@ type member struct {
 	// the probes, rttFar the latest run of far estimates.
 	rttRef            float64
 	rttProbes, rttFar int
-	rates             *estimate.Rates // nil: the configured rates
+	rates             *estimate.Rates  // nil: the configured rates
+	late              *estimate.Margin // first tokens' TTFT against their forecast, ms
 	itl               *estimate.ITL
 	// Evidence of how far the index over-believes this replica's cache,
 	// since the last reset: estimated and missing (estimated − reported,
@@ -144,6 +150,7 @@ func newMember(rc ReplicaConfig, slot int, alpha float64, online bool) *member {
 	}
 	m.itl = estimate.NewITL(base, max(rc.ITLSlopeMS, 0))
 	m.setITL(m.itl.Base(), m.itl.Slope())
+	m.late = estimate.NewMargin(TailQuantile, tailWindow)
 	return m
 }
 
@@ -376,6 +383,15 @@ func (m *member) snapshot(indexBlocks int) ReplicaState {
 // gets no requests (so no first tokens) is not shunned for ever.
 const biasHalfLife = 5 * time.Second
 
+// TailQuantile is how often a forecast with its margin should be met: the
+// share of first tokens that come no later than it (see member.forecast).
+// Flow control, holding requests to a TTFT SLO, keeps its word to as many.
+const TailQuantile = 0.95
+
+// tailWindow is how many recent first tokens a replica's margin is drawn
+// from.
+const tailWindow = 128
+
 // biasAlpha is the weight of a first token's lateness in the correction.
 const biasAlpha = 0.2
 
@@ -391,14 +407,16 @@ func (m *member) lateness(now time.Duration) float64 {
 
 // forecast is Predict's model of a request's TTFT at the replica, in ms:
 // floor on an idle replica (the round trip, the uncached prompt's prefill,
-// making its adapter ready), best with the prefill backlog ahead of it,
+// making its adapter ready), mean with the prefill backlog ahead of it,
 // the lateness of recent first tokens, and no less than the requests
-// waiting there for their first token have waited on average.
-func (m *member) forecast(now, rtt time.Duration, uncached int, adapterMS float64) (floor, best float64) {
+// waiting there for their first token have waited on average; and the
+// margin to add to mean for a forecast met at the TailQuantile.
+func (m *member) forecast(now, rtt time.Duration, uncached int, adapterMS float64) (floor, mean, margin float64) {
 	prefill, queue := m.ratesNow()
 	floor = float64(rtt)/1e6 + float64(max(uncached, 0))*prefill + adapterMS
 	wait := max(float64(m.backlog.Load())*queue+m.lateness(now), m.waited(now), 0)
-	return floor, floor + wait
+	mean = floor + wait
+	return floor, mean, math.Float64frombits(m.margins[estimate.MarginBin(mean)].Load())
 }
 
 // waited is how long, on average, the requests at the replica that await
@@ -411,10 +429,11 @@ func (m *member) waited(now time.Duration) float64 {
 	return max(float64(now)-float64(m.waitSent.Load())/float64(n), 0) / 1e6
 }
 
-// observeBias folds in a first token at `at` that came lateMS later than
-// Predict's model said (negative: earlier).
-func (m *member) observeBias(at time.Duration, lateMS float64) {
-	if math.IsNaN(lateMS) || math.IsInf(lateMS, 0) {
+// observeBias folds in a first token at `at` after ttftMS that came lateMS
+// later than Predict's model said (negative: earlier), against the whole
+// forecastMS (with the lateness and the wait) made at its dispatch.
+func (m *member) observeBias(at time.Duration, lateMS, ttftMS, forecastMS float64) {
+	if math.IsNaN(lateMS) || math.IsInf(lateMS, 0) || math.IsNaN(forecastMS) || math.IsInf(forecastMS, 0) {
 		return
 	}
 	m.mu.Lock()
@@ -423,4 +442,9 @@ func (m *member) observeBias(at time.Duration, lateMS float64) {
 	b += biasAlpha * (lateMS - b)
 	m.bias.Store(math.Float64bits(b))
 	m.biasTS.Store(int64(at))
+	m.late.Observe(forecastMS, ttftMS)
+	k := estimate.MarginBin(forecastMS)
+	if v, ok := m.late.Of(k); ok {
+		m.margins[k].Store(math.Float64bits(v))
+	}
 }

@@ -86,6 +86,9 @@ type Ticket struct {
 	// Predict's model gave it there (round trip, prefill, backlog), in ms.
 	Sent      time.Duration
 	Predicted float64
+	// Forecast is the whole of Predict's forecast there (ms): the model,
+	// the replica's lateness and its requests' wait, without the margin.
+	Forecast float64
 
 	m                     *member
 	accepted, first, done bool
@@ -286,8 +289,8 @@ func (r *Router) shelter(now time.Duration, req *policy.Request) {
 	if budget := req.TTFTBudgetMS; budget > 0 {
 		r.keep(func(i int) bool {
 			v := &r.views[i]
-			_, best := r.cand[i].forecast(now, v.RTT, req.PromptTokens-v.CachedTokens, v.AdapterMS)
-			return best <= budget
+			_, mean, margin := r.cand[i].forecast(now, v.RTT, req.PromptTokens-v.CachedTokens, v.AdapterMS)
+			return mean+margin <= budget
 		})
 	}
 }
@@ -312,6 +315,7 @@ func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
 	m := c.m
 	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m,
 		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS}
+	_, t.Forecast, _ = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.AdapterWaitMS)
 	t.InFlight = int(m.inflight.Add(1))
 	if State(m.state.Load()) != Active {
 		// Remove saw no request in flight, or is about to: back out. If
@@ -499,7 +503,7 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 	if t.remote {
 		return
 	}
-	t.m.observeBias(t.Sent+ttft, float64(ttft)/1e6-t.Predicted)
+	t.m.observeBias(t.Sent+ttft, float64(ttft)/1e6-t.Predicted, float64(ttft)/1e6, t.Forecast)
 	if t.AdapterLoadMS == 0 && t.AdapterWaitMS == 0 {
 		// The prefill and queue rates learn from requests that paid no
 		// adapter cost: what one costs is a guess, which would skew them.
@@ -701,8 +705,10 @@ func (r *Router) Rates(id string) (prefillMS, queueMS float64, err error) {
 // Forecast is what Predict expects of a request.
 type Forecast struct {
 	// Best is its least predicted TTFT over the replicas that can serve
-	// it; Floor the least without queue (what an idle replica would give).
-	Best, Floor time.Duration
+	// it, with the margin it needs to be met at TailQuantile (Margin, at
+	// the replica where Best is); Floor the least without queue (what an
+	// idle replica would give).
+	Best, Floor, Margin time.Duration
 	// Waiting is the fewest requests a replica that can serve it has in
 	// flight without a first token yet: in its engine's queue or prefill.
 	Waiting int
@@ -713,8 +719,10 @@ type Forecast struct {
 // uncached tokens and the prefill backlog ahead of it, corrected by how
 // much later than that model the replica's recent first tokens came (the
 // queueing it does not see: a saturated batch, a full KV cache; the
-// correction fades with a half-life of biasHalfLife). It records
-// nothing.
+// correction fades with a half-life of biasHalfLife), no less than its
+// waiting requests have waited, plus the margin by which the replica's
+// first tokens overran such forecasts, at TailQuantile, for forecasts of
+// that size. It records nothing.
 func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
@@ -725,7 +733,7 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 	}
 	r.index.Match(req.Blocks, r.depth)
 	r.ixMu.RUnlock()
-	bestMS, floorMS := math.Inf(1), math.Inf(1)
+	bestMS, floorMS, marginMS := math.Inf(1), math.Inf(1), 0.0
 	waiting := math.MaxInt
 	e := r.ExpectedOutput(req.MaxOutputTokens)
 	for _, m := range f.members {
@@ -745,12 +753,15 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 			c := r.adapterCost(m, adapter, &v, e)
 			adapterMS = c.load + c.wait
 		}
-		floor, best := m.forecast(now, time.Duration(m.rttNS.Load()), req.PromptTokens-cached, adapterMS)
-		floorMS, bestMS = min(floorMS, floor), min(bestMS, best)
+		floor, mean, margin := m.forecast(now, time.Duration(m.rttNS.Load()), req.PromptTokens-cached, adapterMS)
+		floorMS = min(floorMS, floor)
+		if mean+margin < bestMS {
+			bestMS, marginMS = mean+margin, margin
+		}
 		waiting = min(waiting, int(m.inflight.Load()-m.decoding.Load()))
 	}
 	if math.IsInf(bestMS, 1) {
 		return Forecast{}, policy.ErrNoReplica
 	}
-	return Forecast{Best: time.Duration(bestMS * 1e6), Floor: time.Duration(floorMS * 1e6), Waiting: waiting}, nil
+	return Forecast{Best: time.Duration(bestMS * 1e6), Floor: time.Duration(floorMS * 1e6), Margin: time.Duration(marginMS * 1e6), Waiting: waiting}, nil
 }

@@ -13,6 +13,13 @@
 // TTFT–E2E front: no other non-clairvoyant policy has both a lower p95
 // TTFT and a lower p95 E2E.
 //
+// The issue's rule (issue 20) is the last column: a cell is met when the
+// policy's p95 TTFT is within 3% of the best other non-clairvoyant
+// policy's and its p95 E2E within 3% of the best other policy's; or, when
+// no non-clairvoyant policy has both (the cell cannot have them), when the
+// policy is on the front and its SLO goodput is the best of the
+// non-clairvoyant policies' (or equal to it).
+//
 // Usage: go run ./scripts/grid [-policy NAME] docs/results/grid/*-eval.json
 // (-policy: the policy the grid is about, default gorgo-e2e; e.g.
 // gorgo-online for the default policy tuning itself online).
@@ -86,11 +93,12 @@ func main() {
 	header := fmt.Sprintf("| workload | fleet | time scale | %s p95 TTFT | best other (non-clairvoyant) | Δ | clairvoyant | Δ | %s p95 E2E | best other | Δ | goals | on the front |", def, def)
 	rule := "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 	if scored {
-		header, rule = header+" SLO goodput |", rule+"---|"
+		header, rule = header+" SLO goodput | the issue's rule |", rule+"---|---|"
 	}
 	fmt.Println(header)
 	fmt.Println(rule)
 	var cells, ttftOK, e2eOK, cvOK, all, overloaded, front, metOrFront, goodBest, goodCells int
+	var issueBoth, issueFront, issueCells int
 	for k, path := range flag.Args() {
 		name := strings.TrimSuffix(filepath.Base(path), "-eval.json")
 		workload, fleet, _ := strings.Cut(name, "-")
@@ -177,7 +185,7 @@ func main() {
 			// against the best other non-clairvoyant policy's.
 			good := ""
 			if scored {
-				good = " - |"
+				good = " - | - |"
 			}
 			if d.SLO > 0 {
 				var bestG *run
@@ -188,8 +196,9 @@ func main() {
 					}
 				}
 				goodCells++
+				isBest := bestG == nil || d.Goodput >= bestG.Goodput
 				switch {
-				case bestG == nil || d.Goodput >= bestG.Goodput:
+				case isBest:
 					goodBest++
 					slo := "SLO " + ms(d.SLO) + " ms"
 					if d.TPOTSLO > 0 {
@@ -199,6 +208,14 @@ func main() {
 				default:
 					good = fmt.Sprintf(" %s (%s %.2f/s) |", pct(rel(d.Goodput, bestG.Goodput)), bestG.Policy, bestG.Goodput)
 				}
+				issueCells++
+				verdict := issueRule(w.Runs, def, d, dom, isBest)
+				if verdict == "met: both" {
+					issueBoth++
+				} else if strings.HasPrefix(verdict, "met") {
+					issueFront++
+				}
+				good += " " + verdict + " |"
 			}
 			fmt.Printf("| %s | %s | %v | %s | %s %s | %s | %s | %s | %s %s | %s | %s | %s |%s\n",
 				workload, fleet, w.TimeScale, ms(d.TTFT.P95), bestT.Policy, ms(bestT.TTFT.P95), pct(dt), cvText,
@@ -210,6 +227,51 @@ func main() {
 	if goodCells > 0 {
 		fmt.Printf("SLO goodput the best of the non-clairvoyant policies (or tied) in %d of %d cells.\n", goodBest, goodCells)
 	}
+	if issueCells > 0 {
+		fmt.Printf("The issue's rule: met in %d of %d cells, %d with both tails within 3%% and %d where no policy has both, on the front with the best SLO goodput.\n",
+			issueBoth+issueFront, issueCells, issueBoth, issueFront)
+	}
+}
+
+// issueRule is the issue's verdict on a cell for policy d: "met: both"
+// when its p95 TTFT is within 3% of the best other non-clairvoyant
+// policy's and its p95 E2E within 3% of the best other policy's; else,
+// when no non-clairvoyant policy has both tails within 3% of the bests
+// (d included), "met: front and goodput" if d is on the front (dom nil)
+// with the best SLO goodput, or what it misses.
+func issueRule(runs []run, def string, d, dom *run, bestGoodput bool) string {
+	if !d.comparable() {
+		return "no: overloaded"
+	}
+	bestT, bestE := math.Inf(1), math.Inf(1) // over every comparable policy, d included
+	for i := range runs {
+		r := &runs[i]
+		if !r.comparable() {
+			continue
+		}
+		if r.Policy != cv {
+			bestT = min(bestT, r.TTFT.P95)
+		}
+		bestE = min(bestE, r.E2E.P95)
+	}
+	both := func(r *run) bool {
+		return r.comparable() && r.Policy != cv && rel(r.TTFT.P95, bestT) <= 0.03 && rel(r.E2E.P95, bestE) <= 0.03
+	}
+	if both(d) {
+		return "met: both"
+	}
+	for i := range runs {
+		if r := &runs[i]; r.Policy != def && both(r) {
+			return "no: " + r.Policy + " has both"
+		}
+	}
+	switch {
+	case dom != nil:
+		return "no: off the front"
+	case !bestGoodput:
+		return "no: goodput"
+	}
+	return "met: front and goodput"
 }
 
 func rel(a, b float64) float64 {

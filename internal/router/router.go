@@ -722,7 +722,9 @@ type Forecast struct {
 // correction fades with a half-life of biasHalfLife), no less than its
 // waiting requests have waited, plus the margin by which the replica's
 // first tokens overran such forecasts, at TailQuantile, for forecasts of
-// that size. It records nothing.
+// that size. With a waiting cap (req.WaitingCap) it forecasts over the
+// replicas within it, where the decision will send the request, if any
+// is. It records nothing.
 func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
@@ -734,6 +736,7 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 	r.index.Match(req.Blocks, r.depth)
 	r.ixMu.RUnlock()
 	bestMS, floorMS, marginMS := math.Inf(1), math.Inf(1), 0.0
+	capMS, capMarginMS := math.Inf(1), 0.0 // over the replicas within req.WaitingCap
 	waiting := math.MaxInt
 	e := r.ExpectedOutput(req.MaxOutputTokens)
 	for _, m := range f.members {
@@ -758,10 +761,19 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 		if mean+margin < bestMS {
 			bestMS, marginMS = mean+margin, margin
 		}
-		waiting = min(waiting, int(m.inflight.Load()-m.decoding.Load()))
+		w := int(m.inflight.Load() - m.decoding.Load())
+		if req.WaitingCap > 0 && w < req.WaitingCap && mean+margin < capMS {
+			capMS, capMarginMS = mean+margin, margin
+		}
+		waiting = min(waiting, w)
 	}
 	if math.IsInf(bestMS, 1) {
 		return Forecast{}, policy.ErrNoReplica
+	}
+	if !math.IsInf(capMS, 1) {
+		// The decision will keep to these replicas (shelter): forecast
+		// there, not where the request will not go.
+		bestMS, marginMS = capMS, capMarginMS
 	}
 	return Forecast{Best: time.Duration(bestMS * 1e6), Floor: time.Duration(floorMS * 1e6), Margin: time.Duration(marginMS * 1e6), Waiting: waiting}, nil
 }

@@ -24,7 +24,7 @@ type Tail struct {
 // window observations (at least 8).
 func NewTail(q float64, window int) *Tail {
 	window = max(window, 8)
-	return &Tail{q: min(max(q, 0), 1), ring: make([]float64, window), sorted: make([]float64, 0, window)}
+	return &Tail{q: min(max(q, 0), 1), ring: make([]float64, window)}
 }
 
 // Observe adds an observation.
@@ -60,9 +60,12 @@ func (t *Tail) Samples() int { return t.n }
 // forecasts (a queue of seconds is less certain than a round trip), and
 // not in proportion. Forecasts fall into bins doubling from 125 (ms, say):
 // below 125, 125–250, 250–500, … up to 16,000 and above; each bin keeps a
-// Tail of its forecasts' errors (outcome less forecast).
+// Tail of its forecasts' errors (outcome less forecast), made at its first
+// error (a replica's forecasts fill a few bins).
 type Margin struct {
-	bins [MarginBins]*Tail
+	q      float64
+	window int
+	bins   [MarginBins]*Tail
 }
 
 const (
@@ -73,13 +76,7 @@ const (
 
 // NewMargin returns a Margin at quantile q, each bin over a window of the
 // latest window errors.
-func NewMargin(q float64, window int) *Margin {
-	m := &Margin{}
-	for i := range m.bins {
-		m.bins[i] = NewTail(q, window)
-	}
-	return m
-}
+func NewMargin(q float64, window int) *Margin { return &Margin{q: q, window: window} }
 
 // MarginBin is the bin of a forecast.
 func MarginBin(forecast float64) int {
@@ -91,13 +88,20 @@ func MarginBin(forecast float64) int {
 
 // Observe folds in an outcome and what was forecast for it.
 func (m *Margin) Observe(forecast, outcome float64) {
-	m.bins[MarginBin(forecast)].Observe(outcome - forecast)
+	b := &m.bins[MarginBin(forecast)]
+	if *b == nil {
+		*b = NewTail(m.q, m.window)
+	}
+	(*b).Observe(outcome - forecast)
 }
 
 // Of returns the margin to add to a forecast in bin b for the outcome to
 // fall within it at the quantile, from the bin's errors (never below 0),
 // and false while the bin has too few of them.
 func (m *Margin) Of(b int) (float64, bool) {
+	if m.bins[b] == nil {
+		return 0, false
+	}
 	v, ok := m.bins[b].Value()
 	return max(v, 0), ok
 }

@@ -106,7 +106,7 @@ type member struct {
 	// margins are how much later than forecast (ms, float64 bits) the
 	// replica's first tokens come at the TailQuantile, by the forecast's
 	// size (estimate.MarginBin): what a forecast needs added to be met
-	// that often (0 while its bin has too few samples).
+	// that often (NaN while its bin has too few samples; see marginAt).
 	margins [estimate.MarginBins]atomic.Uint64
 
 	mu  sync.Mutex // guards the estimators below
@@ -151,6 +151,9 @@ func newMember(rc ReplicaConfig, slot int, alpha float64, online bool) *member {
 	m.itl = estimate.NewITL(base, max(rc.ITLSlopeMS, 0))
 	m.setITL(m.itl.Base(), m.itl.Slope())
 	m.late = estimate.NewMargin(TailQuantile, tailWindow)
+	for k := range m.margins {
+		m.margins[k].Store(math.Float64bits(math.NaN()))
+	}
 	return m
 }
 
@@ -416,7 +419,19 @@ func (m *member) forecast(now, rtt time.Duration, uncached int, adapterMS float6
 	floor = float64(rtt)/1e6 + float64(max(uncached, 0))*prefill + adapterMS
 	wait := max(float64(m.backlog.Load())*queue+m.lateness(now), m.waited(now), 0)
 	mean = floor + wait
-	return floor, mean, math.Float64frombits(m.margins[estimate.MarginBin(mean)].Load())
+	return floor, mean, m.marginAt(estimate.MarginBin(mean))
+}
+
+// marginAt is the margin of forecasts in bin k: its own once it has
+// enough samples, else that of the nearest smaller bin that has (errors
+// grow with the forecast, so that errs low, but less than none), else 0.
+func (m *member) marginAt(k int) float64 {
+	for ; k >= 0; k-- {
+		if v := math.Float64frombits(m.margins[k].Load()); !math.IsNaN(v) {
+			return v
+		}
+	}
+	return 0
 }
 
 // waited is how long, on average, the requests at the replica that await

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/estimate"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
@@ -625,6 +626,23 @@ func TestPredictLearnsItsMargin(t *testing.T) {
 	}
 	if share := float64(metMean) / float64(n); share > 0.75 {
 		t.Errorf("%.1f%% within Best less its margin: the margin is not what keeps them", 100*share)
+	}
+}
+
+// A forecast of a size the replica has not seen enough of takes the
+// margin of the nearest smaller size that it has, and none below that.
+func TestMarginOfAnUnseenSize(t *testing.T) {
+	r := newRouter(t, "gorgo-ms", 1, false)
+	m := r.fleet.Load().members[0]
+	for i := range tailWindow {
+		m.observeBias(time.Duration(i)*time.Millisecond, 0, 300+float64(i%10)*10, 300) // 250–500 ms: up to 90 ms late
+	}
+	for _, c := range []struct {
+		forecast, want float64
+	}{{100, 0}, {300, 90}, {3000, 90}} {
+		if got := m.marginAt(estimate.MarginBin(c.forecast)); got != c.want {
+			t.Errorf("forecast %v ms: margin %v, want %v", c.forecast, got, c.want)
+		}
 	}
 }
 

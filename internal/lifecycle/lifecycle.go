@@ -439,7 +439,9 @@ func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 			c := r.core
 			r.first = at
 			r.traceFirstToken(at)
-			c.cfg.Router.FirstToken(&r.ticket, at.Sub(r.sent))
+			ttft := at.Sub(r.sent)
+			c.cfg.Router.FirstToken(&r.ticket, ttft)
+			c.cfg.Metrics.forecast(r.ticket.ID, float64(ttft)/1e6 <= r.ticket.Forecast+r.ticket.Margin)
 			c.kickAdmission()
 			if r.attempt != 0 {
 				c.cfg.Observer.FirstToken(r.attempt)

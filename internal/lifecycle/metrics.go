@@ -18,6 +18,7 @@ type Metrics struct {
 	admission *prometheus.CounterVec
 	queue     prometheus.Gauge
 	cost      *prometheus.HistogramVec
+	forecasts *prometheus.CounterVec
 	tm        *tenantMetrics
 
 	// labels are the model names the series are labelled with: the first
@@ -56,7 +57,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "The chosen replica's cost terms at each decision (rtt, prefill, queue, decode, adapter), for scoring policies.",
 			Buckets: []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}}, []string{"term"}),
 	}
-	reg.MustRegister(m.requests, m.retries, m.ttft, m.e2e, m.decision, m.admission, m.queue, m.cost)
+	m.forecasts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_ttft_forecasts_total",
+		Help: "First tokens against the TTFT the router forecast at dispatch, with the margin admission adds (about 95 in 100 should be within): within or beyond, by replica."}, []string{"replica", "outcome"})
+	reg.MustRegister(m.requests, m.retries, m.ttft, m.e2e, m.decision, m.admission, m.queue, m.cost, m.forecasts)
 	m.tm = newTenantMetrics(reg)
 	m.labels = map[string]bool{}
 	return m
@@ -85,6 +88,20 @@ func (m *Metrics) forget(id string) {
 	m.retries.DeleteLabelValues(id)
 	m.ttft.DeletePartialMatch(prometheus.Labels{"replica": id})
 	m.e2e.DeletePartialMatch(prometheus.Labels{"replica": id})
+	m.forecasts.DeletePartialMatch(prometheus.Labels{"replica": id})
+}
+
+// forecast counts a first token on replica id within its forecast (with
+// the margin) or beyond it.
+func (m *Metrics) forecast(id string, within bool) {
+	if m == nil {
+		return
+	}
+	outcome := "beyond"
+	if within {
+		outcome = "within"
+	}
+	m.forecasts.WithLabelValues(id, outcome).Inc()
 }
 
 // ended counts a request for model that ended with status on replica id

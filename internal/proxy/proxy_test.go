@@ -410,5 +410,7 @@ func TestCompleteStreamIsNot499(t *testing.T) {
 	}
 	if _, m := do(t, "GET", url+"/metrics", ""); !strings.Contains(m, `gorgo_e2e_seconds_count{model="other",replica="a"} 1`) || !strings.Contains(m, `gorgo_ttft_seconds_count{model="other",replica="a"} 1`) {
 		t.Error("the complete stream is missing from gorgo_e2e_seconds or gorgo_ttft_seconds")
+	} else if !strings.Contains(m, `gorgo_ttft_forecasts_total{outcome="within",replica="a"} 1`) && !strings.Contains(m, `gorgo_ttft_forecasts_total{outcome="beyond",replica="a"} 1`) {
+		t.Error("its first token is missing from gorgo_ttft_forecasts_total")
 	}
 }

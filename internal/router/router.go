@@ -87,8 +87,9 @@ type Ticket struct {
 	Sent      time.Duration
 	Predicted float64
 	// Forecast is the whole of Predict's forecast there (ms): the model,
-	// the replica's lateness and its requests' wait, without the margin.
-	Forecast float64
+	// the replica's lateness and its requests' wait; Margin what Predict
+	// adds to it for a forecast met at TailQuantile.
+	Forecast, Margin float64
 
 	m                     *member
 	accepted, first, done bool
@@ -315,7 +316,7 @@ func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
 	m := c.m
 	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m,
 		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS}
-	_, t.Forecast, _ = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.AdapterWaitMS)
+	_, t.Forecast, t.Margin = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.AdapterWaitMS)
 	t.InFlight = int(m.inflight.Add(1))
 	if State(m.state.Load()) != Active {
 		// Remove saw no request in flight, or is about to: back out. If

@@ -57,6 +57,7 @@ func runDemoMesh(ctx context.Context, stdout io.Writer, duration time.Duration, 
 	fmt.Fprintf(stdout, "workload: %s\nmesh: %s: %s\nspeedup: %gx (model and network); TTFT and E2E from the client, its leg to its router included\n\n",
 		desc, top.Name, describeMesh(top, reps), speedup)
 	var live, predicted []report.Run
+	var spreads []report.Spread
 	for _, d := range demoMeshArrangements {
 		newPolicy := func(name, region string) (policy.Policy, error) {
 			return policy.New(name, policy.Options{Region: region})
@@ -73,16 +74,26 @@ func runDemoMesh(ctx context.Context, stdout io.Writer, duration time.Duration, 
 			return fmt.Errorf("%s: %w", d.label, err)
 		}
 		live = append(live, run)
-		// The simulator's prediction needs fresh policies.
-		if m, err = top.Arrangement(d.arrangement, reps, d.sharing, 0, 0, newPolicy); err != nil {
-			return err
+		// The simulator's prediction needs fresh policies, each time.
+		simulate := func(reqs []trace.Request) (report.Run, error) {
+			m, err := top.Arrangement(d.arrangement, reps, d.sharing, 0, 0, newPolicy)
+			if err != nil {
+				return report.Run{}, err
+			}
+			m.Label = d.label
+			res, err := sim.Run(sim.Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: seed})
+			return res.Run, err
 		}
-		m.Label = d.label
-		res, err := sim.Run(sim.Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: seed})
+		run0, err := simulate(reqs)
 		if err != nil {
 			return err
 		}
-		predicted = append(predicted, res.Run)
+		predicted = append(predicted, run0)
+		spread, err := perturbedSpread(run0, reqs, speedup, seed, simulate)
+		if err != nil {
+			return err
+		}
+		spreads = append(spreads, spread)
 		fmt.Fprintf(stdout, "%d requests in %v\n", run.Requests, time.Since(start).Round(100*time.Millisecond))
 	}
 	fmt.Fprintln(stdout, "\nlive (emulated replicas, a gorgo proxy per router region, a replayer per client region; real-time ms):")
@@ -90,7 +101,10 @@ func runDemoMesh(ctx context.Context, stdout io.Writer, duration time.Duration, 
 		return err
 	}
 	fmt.Fprintln(stdout, "\nsimulated (the same workload and mesh in `gorgo sim --topology paper-mesh`):")
-	return report.WriteTable(stdout, predicted)
+	if err := report.WriteTable(stdout, predicted); err != nil {
+		return err
+	}
+	return writeAgreement(stdout, live, predicted, spreads, speedup)
 }
 
 // demoMeshLive brings up the mesh m live: one emulator per replica, with a

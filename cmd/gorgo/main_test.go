@@ -290,7 +290,8 @@ func TestDemoRunsLive(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	for _, want := range []string{"live (emulated replicas", "simulated (the same workload", "gorgo", "round-robin"} {
+	for _, want := range []string{"live (emulated replicas", "simulated (the same workload", "gorgo", "round-robin",
+		"live against simulated", "simulated range"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}

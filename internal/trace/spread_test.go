@@ -74,3 +74,43 @@ func times(reqs []Request) []time.Duration {
 	}
 	return out
 }
+
+// Perturb moves every arrival by at most d, never before 0, returns the
+// requests in their new time order (close ones swap), leaves its input
+// alone, and does the same for the same seed.
+func TestPerturb(t *testing.T) {
+	var reqs []Request
+	for i := range 200 {
+		reqs = append(reqs, Request{Time: time.Duration(i) * 3 * time.Millisecond, InputTokens: i + 1})
+	}
+	const d = 5 * time.Millisecond
+	out := Perturb(reqs, d, 7)
+	same := func(a, b []Request) bool {
+		return slices.EqualFunc(a, b, func(x, y Request) bool { return x.Time == y.Time && x.InputTokens == y.InputTokens })
+	}
+	if !same(Perturb(reqs, d, 7), out) {
+		t.Error("the same seed moved them differently")
+	}
+	swapped := 0
+	for i, r := range out {
+		orig := reqs[r.InputTokens-1]
+		if r.Time < 0 || r.Time < orig.Time-d || r.Time > orig.Time+d {
+			t.Fatalf("request %d moved from %v to %v", r.InputTokens, orig.Time, r.Time)
+		}
+		if i > 0 && out[i-1].Time > r.Time {
+			t.Fatal("not in time order")
+		}
+		if r.InputTokens != i+1 {
+			swapped++
+		}
+	}
+	if swapped == 0 {
+		t.Error("no two requests 3 ms apart swapped under ±5 ms")
+	}
+	if reqs[10].Time != 30*time.Millisecond || len(out) != len(reqs) {
+		t.Error("the input changed, or requests were lost")
+	}
+	if got := Perturb(reqs, 0, 7); !same(got, reqs) {
+		t.Error("d = 0 moved requests")
+	}
+}

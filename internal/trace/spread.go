@@ -88,8 +88,8 @@ func simultaneity(reqs []Request) (distinct, shared, largest int) {
 // than 2d may swap. A live replay's arrivals differ from the trace's by
 // about the machine's scheduling noise, and a policy whose decisions
 // depend on the order or the timing of arrivals can amplify that into a
-// different run; simulating perturbed copies shows how far. reqs must be
-// in time order and is not changed. The same seed moves them the same way.
+// different run; simulating perturbed copies shows how far. reqs is not
+// changed. The same seed moves them the same way.
 func Perturb(reqs []Request, d time.Duration, seed uint64) []Request {
 	out := slices.Clone(reqs)
 	if d <= 0 {

@@ -66,8 +66,7 @@ func (q *unstreamedQueue) init() { q.next.Store(math.MaxInt64) }
 func (q *unstreamedQueue) push(u *unstreamed) {
 	q.mu.Lock()
 	if len(q.h) >= q.compactAt {
-		q.h = slices.DeleteFunc(q.h, func(v *unstreamed) bool { return v.state.Load() == finished })
-		clear(q.h[len(q.h):cap(q.h)])
+		q.h = slices.DeleteFunc(q.h, func(v *unstreamed) bool { return v.state.Load() == finished }) // zeroes the tail
 		heap.Init(&q.h)
 		q.compactAt = max(64, 2*len(q.h))
 	}

@@ -434,6 +434,19 @@ func (m *member) marginAt(k int) float64 {
 	return 0
 }
 
+// underWaitingCap and withinTPOT are shelter's tests of the replica for a
+// request, shared with Predict: fewer than limit requests waiting there
+// for their first token; an ITL, with the request among its decodes,
+// within tpotMS.
+func (m *member) underWaitingCap(limit int) bool {
+	return m.inflight.Load()-m.decoding.Load() < int64(limit)
+}
+
+func (m *member) withinTPOT(tpotMS float64) bool {
+	base, slope := m.itlNow()
+	return base+slope*float64(m.inflight.Load()+1) <= tpotMS
+}
+
 // waited is how long, on average, the requests at the replica that await
 // their first token have waited so far at now (ms; 0 with none).
 func (m *member) waited(now time.Duration) float64 {

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -133,6 +134,7 @@ type Router struct {
 	cand    []*member
 	adapter []adapterCost
 	depth   []int
+	fc      []forecastAt // Predict's
 	dec     policy.Decision
 	ranked  []bool
 	best    []Candidate
@@ -282,10 +284,10 @@ func (r *Router) Redispatch(now time.Duration, c *Candidate, req *policy.Request
 // waiting cap.
 func (r *Router) shelter(now time.Duration, req *policy.Request) {
 	if waiting := req.WaitingCap; waiting > 0 {
-		r.keep(func(i int) bool { m := r.cand[i]; return m.inflight.Load()-m.decoding.Load() < int64(waiting) })
+		r.keep(func(i int) bool { return r.cand[i].underWaitingCap(waiting) })
 	}
 	if tpot := req.TPOTSLOMS; tpot > 0 {
-		r.keep(func(i int) bool { v := &r.views[i]; return v.ITLBaseMS+v.ITLSlopeMS*float64(v.InFlight+1) <= tpot })
+		r.keep(func(i int) bool { return r.cand[i].withinTPOT(tpot) })
 	}
 	if budget := req.TTFTBudgetMS; budget > 0 {
 		r.keep(func(i int) bool {
@@ -723,9 +725,10 @@ type Forecast struct {
 // correction fades with a half-life of biasHalfLife), no less than its
 // waiting requests have waited, plus the margin by which the replica's
 // first tokens overran such forecasts, at TailQuantile, for forecasts of
-// that size. With a waiting cap (req.WaitingCap) it forecasts over the
-// replicas within it, where the decision will send the request, if any
-// is. It records nothing.
+// that size. Best is over the replicas the decision would keep for the
+// request (its waiting cap and TPOT SLO, each applied only when some
+// replica meets it, as shelter does), where it will go. It records
+// nothing.
 func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
@@ -736,9 +739,9 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 	}
 	r.index.Match(req.Blocks, r.depth)
 	r.ixMu.RUnlock()
-	bestMS, floorMS, marginMS := math.Inf(1), math.Inf(1), 0.0
-	capMS, capMarginMS := math.Inf(1), 0.0 // over the replicas within req.WaitingCap
+	floorMS := math.Inf(1)
 	waiting := math.MaxInt
+	r.fc = r.fc[:0]
 	e := r.ExpectedOutput(req.MaxOutputTokens)
 	for _, m := range f.members {
 		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
@@ -759,22 +762,35 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 		}
 		floor, mean, margin := m.forecast(now, time.Duration(m.rttNS.Load()), req.PromptTokens-cached, adapterMS)
 		floorMS = min(floorMS, floor)
-		if mean+margin < bestMS {
-			bestMS, marginMS = mean+margin, margin
-		}
-		w := int(m.inflight.Load() - m.decoding.Load())
-		if req.WaitingCap > 0 && w < req.WaitingCap && mean+margin < capMS {
-			capMS, capMarginMS = mean+margin, margin
-		}
-		waiting = min(waiting, w)
+		waiting = min(waiting, int(m.inflight.Load()-m.decoding.Load()))
+		r.fc = append(r.fc, forecastAt{ms: mean + margin, margin: margin,
+			waitOK: req.WaitingCap <= 0 || m.underWaitingCap(req.WaitingCap),
+			tpotOK: req.TPOTSLOMS <= 0 || m.withinTPOT(req.TPOTSLOMS)})
 	}
-	if math.IsInf(bestMS, 1) {
+	if len(r.fc) == 0 {
 		return Forecast{}, policy.ErrNoReplica
 	}
-	if !math.IsInf(capMS, 1) {
-		// The decision will keep to these replicas (shelter): forecast
-		// there, not where the request will not go.
-		bestMS, marginMS = capMS, capMarginMS
-	}
+	bestMS, marginMS := bestForecast(r.fc)
 	return Forecast{Best: time.Duration(bestMS * 1e6), Floor: time.Duration(floorMS * 1e6), Margin: time.Duration(marginMS * 1e6), Waiting: waiting}, nil
+}
+
+// forecastAt is Predict's forecast at one replica, with shelter's tests.
+type forecastAt struct {
+	ms, margin     float64 // the forecast with its margin, and the margin
+	waitOK, tpotOK bool
+}
+
+// bestForecast is the least forecast, and its margin, over the replicas
+// shelter would keep: those within the waiting cap if any is, then of
+// those, those within the TPOT SLO if any is.
+func bestForecast(fc []forecastAt) (ms, margin float64) {
+	useWait := slices.ContainsFunc(fc, func(f forecastAt) bool { return f.waitOK })
+	useTPOT := slices.ContainsFunc(fc, func(f forecastAt) bool { return f.tpotOK && (f.waitOK || !useWait) })
+	ms = math.Inf(1)
+	for _, f := range fc {
+		if (f.waitOK || !useWait) && (f.tpotOK || !useTPOT) && f.ms < ms {
+			ms, margin = f.ms, f.margin
+		}
+	}
+	return ms, margin
 }

@@ -688,6 +688,10 @@ func TestWaitingCap(t *testing.T) {
 	// An impossible TPOT does not lift the cap (found in review), and
 	// the filters allocate nothing.
 	tight := &policy.Request{PromptTokens: 16, Blocks: blocks(1, 1), WaitingCap: 1, TPOTSLOMS: 0.001}
+	capped, _ := r.Predict(0, req)
+	if ft, err := r.Predict(0, tight); err != nil || ft.Best != capped.Best {
+		t.Errorf("forecast with an impossible TPOT %v (%v), want the capped one, %v", ft.Best, err, capped.Best)
+	}
 	if tk, err := r.Route(0, tight, rng); err != nil || tk.ID != id(1) {
 		t.Fatalf("capped request with an impossible TPOT went to %s (%v)", tk.ID, err)
 	} else {

@@ -92,6 +92,9 @@ if [[ $what == online || $what == all ]]; then
 	done
 	go run ./scripts/grid -policy gorgo-online $on/*-eval.json | tee $on/grid.md
 	go run ./scripts/grid $on/*-eval.json >$on/grid-fixed.md
+	# The same two against the other policies alone (each without the other).
+	go run ./scripts/grid -policy gorgo-online -exclude gorgo-e2e $on/*-eval.json >$on/grid-others.md
+	go run ./scripts/grid -exclude gorgo-online $on/*-eval.json >$on/grid-fixed-others.md
 fi
 
 if [[ $what == admission || $what == all ]]; then

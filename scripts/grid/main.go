@@ -20,9 +20,12 @@
 // policy is on the front and its SLO goodput is the best of the
 // non-clairvoyant policies' (or equal to it).
 //
-// Usage: go run ./scripts/grid [-policy NAME] docs/results/grid/*-eval.json
+// Usage: go run ./scripts/grid [-policy NAME] [-exclude NAMES] docs/results/grid/*-eval.json
 // (-policy: the policy the grid is about, default gorgo-e2e; e.g.
-// gorgo-online for the default policy tuning itself online).
+// gorgo-online for the default policy tuning itself online. -exclude:
+// policies left out of the comparison, e.g. gorgo-e2e when the grid is
+// about gorgo-online, to compare the default policy, tuning itself, with
+// the other policies alone and not with itself at fixed weights).
 package main
 
 import (
@@ -32,6 +35,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -66,6 +70,7 @@ type evalFile struct {
 
 func main() {
 	defName := flag.String("policy", "gorgo-e2e", "the policy the grid is about")
+	exclude := flag.String("exclude", "", "comma-separated policies to leave out of the comparison")
 	flag.Parse()
 	def := *defName
 	if flag.NArg() < 1 {
@@ -83,6 +88,12 @@ func main() {
 		if err := json.Unmarshal(data, &files[k]); err != nil {
 			fmt.Fprintf(os.Stderr, "%s: %v\n", path, err)
 			os.Exit(1)
+		}
+		for i := range files[k].Windows {
+			w := &files[k].Windows[i]
+			w.Runs = slices.DeleteFunc(w.Runs, func(r run) bool {
+				return *exclude != "" && slices.Contains(strings.Split(*exclude, ","), r.Policy)
+			})
 		}
 		for _, w := range files[k].Windows {
 			for _, r := range w.Runs {

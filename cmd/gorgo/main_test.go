@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/serve"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -421,6 +423,22 @@ func TestServeTunesTheDefaultPolicy(t *testing.T) {
 		tf.apply(&cfg) // as the command's overrides do
 		if pol, err := servePolicy(cfg.Defaults(), tf); err != nil || pol != nil {
 			t.Errorf("%q %v: policy %v (%v), want the config's own, untuned", c.yaml, c.args, pol, err)
+		}
+	}
+}
+
+// serve's first lines tell a replica not yet reached (still starting, or
+// down) from one marked down after it was reached.
+func TestWriteReplicas(t *testing.T) {
+	var b strings.Builder
+	writeReplicas(&b, []router.ReplicaState{
+		{ID: "near", Region: "a", Healthy: true, Probed: true, RTT: 37 * time.Millisecond},
+		{ID: "starting", Region: "b", Healthy: true},
+		{ID: "sick", Region: "c", Probed: true, RTT: 279 * time.Millisecond},
+	})
+	for _, want := range []string{"near         a              rtt 37ms     up\n", "starting     b              rtt -        not reached yet (probing)\n", "sick         c              rtt 279ms    DOWN\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("want %q in:\n%s", want, b.String())
 		}
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/serve"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -153,13 +154,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		slo = fmt.Sprintf(", TTFT SLO %v (%s)", cfg.TTFTSLO, mode)
 	}
 	fmt.Fprintf(stdout, "gorgo serve: %s://%s, policy %s%s, %d replicas:\n", scheme, ln.Addr(), describePolicy(srv.Fleet.Policy()), slo, len(cfg.Replicas))
-	for _, st := range srv.Fleet.Router().Replicas() {
-		health := "up"
-		if !st.Available() {
-			health = "DOWN"
-		}
-		fmt.Fprintf(stdout, "  %-12s %-14s rtt %-8v %s\n", st.ID, st.Region, st.RTT.Round(time.Millisecond), health)
-	}
+	writeReplicas(stdout, srv.Fleet.Router().Replicas())
 	if admin != nil {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\nlive view: http://%s/admin/ui/\n", admin.Addr(), admin.Addr())
 	}
@@ -170,6 +165,23 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		servers = append(servers, served{h: srv.Admin.Handler(), ln: admin})
 	}
 	return shutdown(serveAll(ctx, srv.Run, servers...), srv, cfg)
+}
+
+// writeReplicas lists the replicas as serve starts: each one's round trip
+// and whether it takes requests.
+func writeReplicas(w io.Writer, reps []router.ReplicaState) {
+	for _, st := range reps {
+		health, rtt := "up", st.RTT.Round(time.Millisecond).String()
+		switch {
+		case !st.Probed:
+			// Its first probe failed: it may still be starting; the probe
+			// loop keeps trying, and it takes requests once reached.
+			health, rtt = "not reached yet (probing)", "-"
+		case !st.Available():
+			health = "DOWN"
+		}
+		fmt.Fprintf(w, "  %-12s %-14s rtt %-8s %s\n", st.ID, st.Region, rtt, health)
+	}
 }
 
 // printTracing says where spans go, when tracing is on.

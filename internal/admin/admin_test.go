@@ -3,6 +3,7 @@ package admin
 import (
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -197,6 +198,12 @@ func TestTunerShowsFallbacks(t *testing.T) {
 	if code != 200 || !strings.Contains(body, `"base": "gorgo-e2e"`) || !strings.Contains(body, `"fallbacks": 0`) || !strings.Contains(body, `"decode": 0.2`) {
 		t.Errorf("GET /admin/tuner: %d %s", code, body)
 	}
+	// The round under way, and no verdicts yet as an empty list.
+	for _, want := range []string{`"objective": "p95-ttft"`, `"window": 256`, `"incumbent": 0`, `"confirming": false`, `"history": []`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("GET /admin/tuner lacks %s: %s", want, body)
+		}
+	}
 	if code, body := do(t, "POST", admin+"/admin/tuner/pause", ""); code != 200 || !strings.Contains(body, `"paused": true`) {
 		t.Errorf("pause: %d %s", code, body)
 	}
@@ -209,5 +216,30 @@ func TestTunerShowsFallbacks(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// The tuner's verdicts name the parameters they tried.
+func TestTunerSteps(t *testing.T) {
+	o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, Window: 1, Hop: 1, ES: tune.Config{Seed: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	var d policy.Decision
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := range 4 {
+		if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rng); err != nil {
+			t.Fatal(err)
+		}
+		o.Learn(d.Tag, policy.Outcome{TTFT: time.Duration(1+i) * time.Second, E2E: time.Second})
+	}
+	steps := tunerSteps(o, 1)
+	if len(steps) != 1 || len(tunerSteps(o, 0)) != 2 {
+		t.Fatalf("steps %+v, want the last of 2", steps)
+	}
+	s := steps[0]
+	if _, ok := s.Candidate["itl"]; !ok || len(s.Candidate) != 2 || s.Score != 4000 || s.IncumbentScore != 3000 || s.Accepted || s.Reason != "worse" {
+		t.Errorf("step %+v: want decode and itl, 4 s against 3 s, rejected as worse", s)
 	}
 }

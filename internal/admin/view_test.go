@@ -20,8 +20,10 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/replay"
 	"github.com/gorgo-llm/gorgo/internal/trace"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 // chromium finds Debian's chromium (installed by .ci/run), or "".
@@ -43,7 +45,12 @@ func TestLiveViewInChromium(t *testing.T) {
 	if bin == "" {
 		t.Skip("chromium is not installed (.ci/run installs Debian's with apt-get): the live view is not checked in a browser")
 	}
-	s := startAdmin(t, testConfig{}, startReplica(t, 20*time.Millisecond, emulator.Faults{}), startReplica(t, 60*time.Millisecond, emulator.Faults{}))
+	// The default policy tuning itself, as gorgo serve runs it.
+	o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, Window: 256, Block: time.Minute, ES: tune.Config{Seed: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startAdmin(t, testConfig{Policy: o}, startReplica(t, 20*time.Millisecond, emulator.Faults{}), startReplica(t, 60*time.Millisecond, emulator.Faults{}))
 	url, admin := s.client, s.adminURL
 	// Traffic while the page watches: 40 requests over 8 s.
 	reqs, err := trace.Generate(trace.GenConfig{Preset: "artchat", Seed: 5, Duration: 2 * time.Minute})
@@ -114,6 +121,11 @@ func TestLiveViewInChromium(t *testing.T) {
 	var ttft string
 	if err := chromedp.Run(bctx, chromedp.Evaluate(`[...document.querySelectorAll("#decisions td.ttft")].map(td => td.textContent).find(v => v !== "–") || ""`, &ttft)); err != nil || ttft == "" {
 		t.Errorf("no decision shows its measured TTFT (%v)", err)
+	}
+	// The tuner's line: the candidate it is trying and how far its round is.
+	var tuner string
+	if err := chromedp.Run(bctx, chromedp.Text("#tuner-steps", &tuner, chromedp.ByQuery)); err != nil || !strings.Contains(tuner, "tuner running · trying ") || !strings.Contains(tuner, "/256") {
+		t.Errorf("the tuner's line reads %q (%v)", tuner, err)
 	}
 	// Drain b from the page: its state changes. (The table is redrawn
 	// every second: the button is clicked as the page holds it then.)

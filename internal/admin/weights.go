@@ -76,8 +76,35 @@ func (s *Server) tuner(w http.ResponseWriter, r *http.Request) {
 	}
 	judged, accepted := o.Counts()
 	resets, why := o.Resets()
-	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"base": o.Base(), "incumbent": o.Incumbent(), "sigma": o.Sigma(), "paused": o.Paused(),
-		"judged": judged, "accepted": accepted, "history": o.Steps(), "fallbacks": resets, "last_fallback": why})
+	round := o.Round()
+	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"base": o.Base(), "objective": o.Objective(), "incumbent": o.Incumbent(), "sigma": o.Sigma(), "paused": o.Paused(),
+		"round": map[string]any{"candidate": round.Candidate, "confirming": round.Confirming, "window": round.Window,
+			"scored": map[string]int{"incumbent": round.Scored[0], "candidate": round.Scored[1]}},
+		"judged": judged, "accepted": accepted, "history": tunerSteps(o, 0), "fallbacks": resets, "last_fallback": why})
+}
+
+// tunerStep is one verdict of the online tuner as the admin API shows it.
+type tunerStep struct {
+	Candidate      map[string]float64 `json:"candidate"` // the tuned parameters' values
+	Score          float64            `json:"score"`     // the objective's, the candidate's
+	IncumbentScore float64            `json:"incumbent_score"`
+	Accepted       bool               `json:"accepted"`
+	Reason         string             `json:"reason,omitempty"` // why not: worse, a guard, dropped early
+	Sigma          float64            `json:"sigma"`            // the step size after it
+}
+
+// tunerSteps returns the tuner's latest verdicts, at most last (0: all it
+// keeps), oldest first; never nil.
+func tunerSteps(o *tune.Online, last int) []tunerStep {
+	steps := o.Steps()
+	if last > 0 {
+		steps = steps[max(0, len(steps)-last):]
+	}
+	out := make([]tunerStep, len(steps))
+	for i, s := range steps {
+		out[i] = tunerStep{Candidate: o.Named(s.Candidate), Score: s.Score, IncumbentScore: s.Incumbent, Accepted: s.Accepted, Reason: s.Reason, Sigma: s.Sigma}
+	}
+	return out
 }
 
 func (s *Server) pauseTuner(pause bool) http.HandlerFunc {

@@ -376,6 +376,45 @@ func (o *Online) Steps() []Outcome {
 	return slices.Clone(o.steps)
 }
 
+// Round is the round under way, as an operator sees it.
+type Round struct {
+	// Candidate is the values of the base's parameters being tried.
+	Candidate policy.Values `json:"candidate"`
+	// Confirming: the candidate won a round and is measured again.
+	Confirming bool `json:"confirming"`
+	// Scored is how many outcomes each arm has (incumbent, candidate) of
+	// the Window that judge it.
+	Scored [2]int `json:"scored"`
+	Window int    `json:"window"`
+}
+
+// Round returns the round under way.
+func (o *Online) Round() Round {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	w := o.cfg.Window
+	return Round{Candidate: Apply(o.es, o.cand, o.cfg.BaseParams), Confirming: o.confirming,
+		Scored: [2]int{min(len(o.samples[0]), w), min(len(o.samples[1]), w)}, Window: w}
+}
+
+// Named returns the tuned parameters' values at p (a verdict's Candidate).
+// It and Objective read only the ES's configuration, which never changes.
+func (o *Online) Named(p Point) map[string]float64 { return o.es.Named(p) }
+
+// Objective describes what the tuner minimises and the guards a candidate
+// must keep, e.g. "p95-ttft, guards e2e-p95=1.05".
+func (o *Online) Objective() string {
+	c := o.es.Config()
+	if len(c.Guards) == 0 {
+		return string(c.Objective)
+	}
+	gs := make([]string, len(c.Guards))
+	for i, g := range c.Guards {
+		gs[i] = g.String()
+	}
+	return string(c.Objective) + ", guards " + strings.Join(gs, " ")
+}
+
 // Counts returns how many candidates were judged and accepted so far.
 func (o *Online) Counts() (judged, accepted int) {
 	o.mu.Lock()

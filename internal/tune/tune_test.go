@@ -248,6 +248,34 @@ func TestOnlineHistoryAndPause(t *testing.T) {
 	}
 }
 
+// Round shows the round under way: the candidate's values (the base's
+// other parameters as configured), and each arm's outcomes of its window.
+func TestOnlineRound(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1, Guards: []Guard{{Metric: "e2e-p95", MaxRatio: 1.05}}}, Base: policy.DefaultName, Window: 4, Hop: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := o.Round()
+	if r.Window != 4 || r.Scored != [2]int{} || r.Confirming || r.Candidate["rtt"] != 1 || r.Candidate["decode"] == 0.2 && r.Candidate["itl"] == 0.2 {
+		t.Fatalf("first round %+v: want a candidate moved in decode or itl, rtt at its default 1, nothing scored", r)
+	}
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	var d policy.Decision
+	rng := rand.New(rand.NewPCG(1, 1))
+	for range 3 {
+		if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rng); err != nil {
+			t.Fatal(err)
+		}
+		o.Learn(d.Tag, policy.Outcome{TTFT: time.Second, E2E: time.Second})
+	}
+	if got := o.Round().Scored; got != [2]int{2, 1} {
+		t.Errorf("scored %v after 3 outcomes alternating from the incumbent, want [2 1]", got)
+	}
+	if got := o.Objective(); got != "p95-ttft, guards e2e-p95=1.05" {
+		t.Errorf("objective %q", got)
+	}
+}
+
 // gorgo-online comes from the registry like any policy, its base's
 // untuned parameters from its config.
 func TestOnlineIsRegistered(t *testing.T) {

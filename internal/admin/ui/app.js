@@ -10,6 +10,7 @@
   const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
   const f0 = (v) => (v == null ? "–" : Math.round(v).toLocaleString("en"));
   const f1 = (v) => (v == null ? "–" : v.toFixed(1));
+  const f2 = (v) => (v == null ? "–" : Number(v.toPrecision(2)).toString());
   const pct = (v) => (v == null ? "–" : (100 * v).toFixed(0) + "%");
   const auth = () => (token ? { Authorization: "Bearer " + token } : {});
 
@@ -122,9 +123,13 @@
     const el = $("#tuner-steps");
     if (!tuner) { el.textContent = "the policy does not tune itself (gorgo-online does)"; return; }
     const steps = tuner.steps || [];
-    const acc = steps.filter((s) => s.Accepted).length;
-    el.innerHTML = `tuner ${tuner.paused ? "paused" : "running"} · last ${steps.length} candidates: ${acc} accepted, ${steps.length - acc} rejected · ` +
-      steps.slice(-12).map((s) => s.Accepted ? `<b title="score ${f1(s.Score)} vs ${f1(s.Incumbent)}">✓</b>` : `<span title="${esc(s.Reason)}">✗</span>`).join(" ");
+    const acc = steps.filter((s) => s.accepted).length;
+    const r = tuner.round;
+    const trying = tuner.paused || !r ? "" : `trying ${Object.entries(r.candidate).map(([k, v]) => `${esc(k)}=${f2(v)}`).join(" ")}` +
+      `${r.confirming ? " again" : ""} (scored ${r.scored[1]}/${r.window}, incumbent ${r.scored[0]}/${r.window}) · `;
+    const judged = steps.length ? `last ${steps.length} candidates: ${acc} accepted, ${steps.length - acc} rejected · ` : "no candidate judged yet";
+    el.innerHTML = `tuner ${tuner.paused ? "paused" : "running"} · ${trying}${judged}` +
+      steps.slice(-12).map((s) => s.accepted ? `<b title="score ${f1(s.score)} vs ${f1(s.incumbent_score)}">✓</b>` : `<span title="${esc(s.reason)}">✗</span>`).join(" ");
   }
 
   function apply(snap) {

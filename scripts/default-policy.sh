@@ -85,7 +85,7 @@ if [[ $what == online || $what == all ]]; then
 			tag=$w-$(basename $f .yaml)
 			$g eval --trace ${file[$w]} --topology $f --window ${test[$w]} --sweep time-scale=${loads[$w]} \
 				--weights $out/$tag-gorgo.json --ms-weights $out/$tag-gorgo-ms.json --policy $pols \
-				--base default --block 60s --window-requests 256 --sigma 0.3 --confirm --early-stop 1.5 --score-from 10m --goodput-slo ${slo[$w]} "${tpot[@]}" "${extra[@]}" \
+				--live-tuner --score-from 10m --goodput-slo ${slo[$w]} "${tpot[@]}" "${extra[@]}" \
 				--json $on/$tag-eval.json --plots none >$on/$tag-eval.txt
 			echo "$tag done" >&2
 		done

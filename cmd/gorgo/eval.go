@@ -44,7 +44,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	var pf policyFlags
 	pf.register(fs)
 	var tf tuneFlags
-	tf.register(fs)
+	tf.registerSim(fs)
 	var windows listFlag
 	fs.Var(&windows, "window", "held-out window `START,DURATION` (repeatable; default the whole workload)")
 	sweep := fs.String("sweep", "", "evaluate at several time scales: `time-scale=1,1.5,2,3` (overrides --time-scale)")
@@ -56,6 +56,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	tf.parsed(fs)
 	switch {
 	case *plots == "none":
 		*plots = ""

@@ -442,3 +442,33 @@ func TestWriteReplicas(t *testing.T) {
 		}
 	}
 }
+
+// gorgo sim's --live-tuner is gorgo serve's tuner: over the default policy
+// with the live settings, except where a flag is given.
+func TestSimLiveTuner(t *testing.T) {
+	parse := func(t *testing.T, args ...string) *tuneFlags {
+		fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+		var tf tuneFlags
+		tf.registerSim(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		tf.parsed(fs)
+		return &tf
+	}
+	o, err := parse(t, "--live-tuner", "--sigma", "0.2").online(1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.Config(); o.Base() != policy.DefaultName || c.Block != liveBlock || c.Window != liveWindow || o.Sigma() != 0.2 || !c.Confirm || c.EarlyStop != liveEarlyStop {
+		t.Errorf("%s, block %v window %d sigma %v confirm %v early stop %v: want the default policy, %v, %d, 0.2 (the flag), true, %v",
+			o.Base(), c.Block, c.Window, o.Sigma(), c.Confirm, c.EarlyStop, liveBlock, liveWindow, liveEarlyStop)
+	}
+	if o, err := parse(t, "--live-tuner", "--base", "gorgo").online(1, nil); err != nil || o.Base() != "gorgo" {
+		t.Errorf("--base gorgo with --live-tuner: %v", err)
+	}
+	// Without it, the paper's hops.
+	if o, err := parse(t).online(1, nil); err != nil || o.Base() != "gorgo" || o.Config().Block != 0 || o.Config().Hop != 32 {
+		t.Errorf("without --live-tuner: %v", err)
+	}
+}

@@ -41,7 +41,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	var pf policyFlags
 	pf.register(fs)
 	var tf tuneFlags
-	tf.register(fs)
+	tf.registerSim(fs)
 	jsonOut := fs.String("json", "", "write the run summaries as JSON to `FILE`")
 	records := fs.String("records", "", "write per-request records as JSONL to `FILE` (the policy name is inserted before the extension when several run)")
 	quiet := fs.Bool("quiet", false, "no progress or header lines")
@@ -55,6 +55,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	tf.parsed(fs)
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}

@@ -31,6 +31,27 @@ type tuneFlags struct {
 	// names the flags given (liveConfig keeps them).
 	tune *bool
 	set  map[string]bool
+	// asServed is gorgo sim's and gorgo eval's --live-tuner.
+	asServed bool
+}
+
+// registerSim adds what gorgo sim and gorgo eval take besides:
+// --live-tuner, gorgo serve's tuner in one flag.
+func (t *tuneFlags) registerSim(fs *flag.FlagSet) {
+	t.register(fs)
+	fs.BoolVar(&t.asServed, "live-tuner", false, "gorgo-online as gorgo serve runs it: over the default policy (unless --base), in one-minute blocks, 256 requests an arm, steps of 0.3, wins confirmed, early stop at 1.5 (flags given keep their values)")
+}
+
+// parsed finishes the flags once fs is parsed: with --live-tuner, gorgo
+// serve's settings for the flags not given.
+func (t *tuneFlags) parsed(fs *flag.FlagSet) {
+	t.given(fs)
+	if t.asServed {
+		if !t.set["base"] {
+			t.base = policy.DefaultName
+		}
+		*t = t.live()
+	}
 }
 
 // registerLive adds what gorgo serve and gorgo epp take besides: --tune.
@@ -66,7 +87,7 @@ func (t *tuneFlags) given(fs *flag.FlagSet) {
 // twice, and one already 1.5 times worse than the incumbent on a quarter
 // of its window is dropped then (docs/results.md, part 10). The
 // simulator's gorgo-online keeps the paper's hops of 32 requests, judged
-// once on full windows, unless told otherwise.
+// once on full windows, unless told otherwise (--live-tuner: these).
 const (
 	liveBlock     = time.Minute
 	liveWindow    = 256
@@ -78,23 +99,8 @@ const (
 // given, and the live settings for those not, starting from the config's
 // values of the base's parameters (params).
 func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values) (tune.OnlineConfig, error) {
-	l := *t
+	l := t.live()
 	l.base = base
-	if !t.set["block"] {
-		l.block = liveBlock
-	}
-	if !t.set["window-requests"] {
-		l.window = liveWindow
-	}
-	if !t.set["sigma"] {
-		l.sigma = liveSigma
-	}
-	if !t.set["confirm"] {
-		l.confirm = true
-	}
-	if !t.set["early-stop"] {
-		l.earlyStop = liveEarlyStop
-	}
 	es, err := l.config(seed)
 	if err != nil {
 		return tune.OnlineConfig{}, err
@@ -110,6 +116,27 @@ func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values) (
 		}
 	}
 	return tune.OnlineConfig{ES: es, Base: base, Window: l.window, Hop: l.hop, Block: l.block, Burn: l.burn, Confirm: l.confirm, EarlyStop: l.earlyStop, BaseParams: params}, nil
+}
+
+// live returns the flags with the live settings for those not given.
+func (t *tuneFlags) live() tuneFlags {
+	l := *t
+	if !t.set["block"] {
+		l.block = liveBlock
+	}
+	if !t.set["window-requests"] {
+		l.window = liveWindow
+	}
+	if !t.set["sigma"] {
+		l.sigma = liveSigma
+	}
+	if !t.set["confirm"] {
+		l.confirm = true
+	}
+	if !t.set["early-stop"] {
+		l.earlyStop = liveEarlyStop
+	}
+	return l
 }
 
 // listFlag is a repeatable string flag.

@@ -260,7 +260,7 @@ func (s *Server) snapshot(since int64) map[string]any {
 	sort.SliceStable(reps, func(i, j int) bool { return reps[i].Region < reps[j].Region })
 	out := map[string]any{"policy": s.fleet.Policy().Name(), "replicas": reps, "points": pts, "decisions": decs}
 	if o, ok := s.fleet.Policy().(*tune.Online); ok {
-		out["tuner"] = map[string]any{"paused": o.Paused(), "steps": tunerSteps(o, 50), "round": o.Round()}
+		out["tuner"] = map[string]any{"paused": o.Paused(), "steps": tunerSteps(o, 50), "round": roundOf(o)}
 	}
 	return out
 }

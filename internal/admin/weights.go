@@ -76,11 +76,28 @@ func (s *Server) tuner(w http.ResponseWriter, r *http.Request) {
 	}
 	judged, accepted := o.Counts()
 	resets, why := o.Resets()
-	round := o.Round()
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"base": o.Base(), "objective": o.Objective(), "incumbent": o.Incumbent(), "sigma": o.Sigma(), "paused": o.Paused(),
-		"round": map[string]any{"candidate": round.Candidate, "confirming": round.Confirming, "window": round.Window,
-			"scored": map[string]int{"incumbent": round.Scored[0], "candidate": round.Scored[1]}},
-		"judged": judged, "accepted": accepted, "history": tunerSteps(o, 0), "fallbacks": resets, "last_fallback": why})
+		"round": roundOf(o), "judged": judged, "accepted": accepted, "history": tunerSteps(o, 0), "fallbacks": resets, "last_fallback": why})
+}
+
+// tunerRound is the online tuner's round under way as the admin API shows
+// it.
+type tunerRound struct {
+	Candidate  policy.Values `json:"candidate"` // the base's parameters being tried
+	Confirming bool          `json:"confirming"`
+	Window     int           `json:"window"`
+	// Scored is how many outcomes each arm has of its window.
+	Scored struct {
+		Incumbent int `json:"incumbent"`
+		Candidate int `json:"candidate"`
+	} `json:"scored"`
+}
+
+func roundOf(o *tune.Online) tunerRound {
+	r := o.Round()
+	out := tunerRound{Candidate: r.Candidate, Confirming: r.Confirming, Window: r.Window}
+	out.Scored.Incumbent, out.Scored.Candidate = r.Scored[0], r.Scored[1]
+	return out
 }
 
 // tunerStep is one verdict of the online tuner as the admin API shows it.

@@ -379,13 +379,13 @@ func (o *Online) Steps() []Outcome {
 // Round is the round under way, as an operator sees it.
 type Round struct {
 	// Candidate is the values of the base's parameters being tried.
-	Candidate policy.Values `json:"candidate"`
+	Candidate policy.Values
 	// Confirming: the candidate won a round and is measured again.
-	Confirming bool `json:"confirming"`
+	Confirming bool
 	// Scored is how many outcomes each arm has (incumbent, candidate) of
 	// the Window that judge it.
-	Scored [2]int `json:"scored"`
-	Window int    `json:"window"`
+	Scored [2]int
+	Window int
 }
 
 // Round returns the round under way.

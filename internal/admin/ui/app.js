@@ -126,7 +126,7 @@
     const acc = steps.filter((s) => s.accepted).length;
     const r = tuner.round;
     const trying = tuner.paused || !r ? "" : `trying ${Object.entries(r.candidate).map(([k, v]) => `${esc(k)}=${f2(v)}`).join(" ")}` +
-      `${r.confirming ? " again" : ""} (scored ${r.scored[1]}/${r.window}, incumbent ${r.scored[0]}/${r.window}) · `;
+      `${r.confirming ? " again" : ""} (scored ${r.scored.candidate}/${r.window}, incumbent ${r.scored.incumbent}/${r.window}) · `;
     const judged = steps.length ? `last ${steps.length} candidates: ${acc} accepted, ${steps.length - acc} rejected · ` : "no candidate judged yet";
     el.innerHTML = `tuner ${tuner.paused ? "paused" : "running"} · ${trying}${judged}` +
       steps.slice(-12).map((s) => s.accepted ? `<b title="score ${f1(s.score)} vs ${f1(s.incumbent_score)}">✓</b>` : `<span title="${esc(s.reason)}">✗</span>`).join(" ");

@@ -393,7 +393,7 @@ func (c Config) Validate() error {
 	if m := c.Mesh; m != nil {
 		mc := *m
 		if mc.Name == "" {
-			mc.Name = c.Region
+			mc.Name = mesh.DefaultName(c.Region)
 		}
 		if mc.URL == "" && mc.Embed != "" {
 			mc.URL = "nats://" + mc.Embed // checked only for presence here

@@ -6,7 +6,7 @@ import "github.com/gorgo-llm/gorgo/internal/mesh"
 // first, if the config asks for one).
 func (f *Fleet) joinMesh(mc mesh.Config, region string) error {
 	if mc.Name == "" {
-		mc.Name = region
+		mc.Name = mesh.DefaultName(region)
 	}
 	if mc.Embed != "" {
 		url, stop, err := mesh.Serve(mc.Embed)

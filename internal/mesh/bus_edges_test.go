@@ -2,6 +2,11 @@ package mesh
 
 import (
 	"encoding/json"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,5 +104,64 @@ func TestQuietIsTheSendersHeartbeat(t *testing.T) {
 	time.Sleep(600 * time.Millisecond) // twelve of eu's beats, under one of us's
 	if b.Mirrors() != 1 {
 		t.Errorf("eu dropped the mirror of a router that is not quiet: %d left", b.Mirrors())
+	}
+}
+
+// Two routers under one name cannot tell each other's requests from their
+// own: each says so, once, and mirrors nothing of the other's.
+func TestTwoRoutersOfOneName(t *testing.T) {
+	url := natsServer(t)
+	var logA strings.Builder
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &logA, mu: &mu}, nil))
+	rA, rB := newRouter(t), newRouter(t)
+	now := func() time.Duration { return 0 }
+	a, err := Connect(Config{URL: url, Name: "us-ashburn"}, rA, now, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Connect(Config{URL: url, Name: "us-ashburn"}, rB, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2}}
+	for id := range uint64(3) {
+		b.Dispatched(id+1, "a", &req)
+	}
+	logged := func() string { mu.Lock(); defer mu.Unlock(); return logA.String() }
+	eventually(t, "a to say another router has its name", func() bool { return strings.Contains(logged(), "has this router's name") })
+	if err := a.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // the other events, if any were to be logged
+	if n := strings.Count(logged(), "has this router's name"); n != 1 {
+		t.Errorf("logged %d times, want once:\n%s", n, logged())
+	}
+	if n, _ := inFlight(t, rA, "a"); n != 0 {
+		t.Errorf("a mirrored %d of its namesake's requests", n)
+	}
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// Routers of one region get names of their own by default: the host's.
+func TestDefaultName(t *testing.T) {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		t.Skip("no host name here")
+	}
+	if got := DefaultName("us-ashburn"); got != "us-ashburn/"+h {
+		t.Errorf("DefaultName = %q, want us-ashburn/%s", got, h)
 	}
 }

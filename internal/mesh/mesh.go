@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -39,7 +40,9 @@ type Config struct {
 	// address (host:port), for a mesh on one machine or for the other
 	// routers to join (see Serve).
 	Embed string `yaml:"embed"`
-	// Name is this router's name, unique in the mesh (default the region).
+	// Name is this router's name, unique in the mesh (default
+	// DefaultName: the region and the host's name, so that several routers
+	// of one region, on several hosts or pods, are told apart).
 	Name string `yaml:"name"`
 	// Subject is the NATS subject the routers share (default gorgo.mesh).
 	Subject string `yaml:"subject"`
@@ -49,6 +52,21 @@ type Config struct {
 	// RemoteTTL drops a mirrored request whose end never came (default
 	// 10 min).
 	RemoteTTL time.Duration `yaml:"remote_ttl"`
+}
+
+// DefaultName is a router's name in the mesh when its config gives none:
+// "REGION/HOST" (the region alone if the host's name is unknown; none
+// without a region). Routers of one region behind a load balancer, each on
+// its own host or pod, get names of their own; two on one host need a name
+// each.
+func DefaultName(region string) string {
+	if region == "" {
+		return ""
+	}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		return region + "/" + h
+	}
+	return region
 }
 
 func (c *Config) defaults() {
@@ -69,7 +87,7 @@ func (c Config) Validate() error {
 	case c.URL == "":
 		return errors.New("mesh: url is required")
 	case c.Name == "":
-		return errors.New("mesh: name is required (default: the router's region)")
+		return errors.New("mesh: name is required (default: the router's region and host)")
 	case c.Heartbeat < 0 || c.RemoteTTL < 0:
 		return errors.New("mesh: heartbeat and remote_ttl must not be negative")
 	}
@@ -134,8 +152,11 @@ type Bus struct {
 	log *slog.Logger
 	nc  *nats.Conn
 
-	boot      uint64
-	lost      atomic.Bool // events were dropped while the bus was down
+	boot uint64
+	lost atomic.Bool // events were dropped while the bus was down
+	// namesake: another router was heard under this router's name (it is
+	// logged once).
+	namesake  atomic.Bool
 	mu        sync.Mutex
 	closed    bool
 	remote    map[key]*mirror
@@ -263,7 +284,15 @@ func (b *Bus) publish(e event) {
 
 func (b *Bus) receive(m *nats.Msg) {
 	var e event
-	if err := json.Unmarshal(m.Data, &e); err != nil || e.Router == "" || e.Router == b.cfg.Name {
+	if err := json.Unmarshal(m.Data, &e); err != nil || e.Router == "" {
+		return
+	}
+	if e.Router == b.cfg.Name {
+		if e.Boot != b.boot && b.namesake.CompareAndSwap(false, true) {
+			// Another router goes by this name: neither can tell the
+			// other's requests from its own, and both route as if alone.
+			b.log.Error("another router in the mesh has this router's name: give each a name of its own (mesh.name); its requests are ignored", "name", e.Router)
+		}
 		return
 	}
 	b.mu.Lock()

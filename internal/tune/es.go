@@ -185,8 +185,7 @@ func (e *ES) Judge(cand Point, cm, im Metrics) Outcome {
 // the incumbent measured im: its objective or a guarded metric more than
 // by times the incumbent's; "" if it is not.
 func (e *ES) Losing(cm, im Metrics, by float64) string {
-	cs, _ := e.cfg.Objective.Of(cm)
-	is, _ := e.cfg.Objective.Of(im)
+	cs, is := e.scores(cm, im)
 	if cs > by*is {
 		return fmt.Sprintf("%s %.0f against %.0f", e.cfg.Objective, cs, is)
 	}
@@ -202,15 +201,13 @@ func (e *ES) Losing(cm, im Metrics, by float64) string {
 // OnlineConfig.EarlyStop): a failure for the step size, like any other.
 func (e *ES) Drop(cand Point, cm, im Metrics, reason string) Outcome {
 	e.adapt(false)
-	cs, _ := e.cfg.Objective.Of(cm)
-	is, _ := e.cfg.Objective.Of(im)
+	cs, is := e.scores(cm, im)
 	return Outcome{Candidate: slices.Clone(cand), Score: cs, Incumbent: is, Reason: reason, Sigma: e.sigma}
 }
 
 // Verdict is what Judge would decide, changing nothing.
 func (e *ES) Verdict(cand Point, cm, im Metrics) Outcome {
-	cs, _ := e.cfg.Objective.Of(cm)
-	is, _ := e.cfg.Objective.Of(im)
+	cs, is := e.scores(cm, im)
 	o := Outcome{Candidate: slices.Clone(cand), Score: cs, Incumbent: is}
 	switch {
 	case cm.Failed > im.Failed:
@@ -228,6 +225,14 @@ func (e *ES) Verdict(cand Point, cm, im Metrics) Outcome {
 	}
 	o.Sigma = e.sigma
 	return o
+}
+
+// scores are the objective of the candidate's metrics and of the
+// incumbent's (NewES checked that the objective is known).
+func (e *ES) scores(cm, im Metrics) (cand, inc float64) {
+	cand, _ = e.cfg.Objective.Of(cm)
+	inc, _ = e.cfg.Objective.Of(im)
+	return cand, inc
 }
 
 // adapt is the 1/5 success rule in its per-step form: the step grows by

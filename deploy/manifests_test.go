@@ -67,7 +67,7 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 			t.Fatalf("document %d (%s): %v", i, head.Kind, err)
 		}
 	}
-	if len(cms) != 1 || len(deploys) != 1 || len(monitors) != 1 || len(svcs) != 2 || len(secrets) != 1 {
+	if len(cms) != 1 || len(deploys) != 2 || len(monitors) != 1 || len(svcs) != 3 || len(secrets) != 1 {
 		t.Fatalf("objects: %d ConfigMaps, %d Deployments, %d PodMonitors, %d Services, %d Secrets", len(cms), len(deploys), len(monitors), len(svcs), len(secrets))
 	}
 	// The config is gorgo's, and valid.
@@ -89,9 +89,37 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 	if headless == nil || len(cfg.Discover) == 0 || !strings.HasPrefix(cfg.Discover[0].DNS, headless.Name+".") {
 		t.Errorf("the config does not discover through the headless Service")
 	}
-	// The Deployment mounts the ConfigMap, reads the Secret, and is ready
-	// on /health of the port the config listens on.
-	d := deploys[0]
+	// Several gorgo pods share state through the mesh: its URL is a
+	// Service that selects the NATS Deployment's pods, on their client port.
+	byName := map[string]*appsv1.Deployment{}
+	for i := range deploys {
+		byName[deploys[i].Name] = &deploys[i]
+	}
+	d, bus := byName["gorgo"], byName["gorgo-nats"]
+	if d == nil || bus == nil {
+		t.Fatalf("Deployments %v, want gorgo and gorgo-nats", byName)
+	}
+	if *d.Spec.Replicas > 1 && (cfg.Mesh == nil || cfg.Region == "") {
+		t.Errorf("%d gorgo pods that do not share state (no mesh or no region)", *d.Spec.Replicas)
+	}
+	if cfg.Mesh != nil {
+		if cfg.Mesh.Name != "" {
+			t.Errorf("mesh name %q: every pod would have it; the default (region and pod name) is unique", cfg.Mesh.Name)
+		}
+		found := false
+		for _, svc := range svcs {
+			if cfg.Mesh.URL != "nats://"+svc.Name+":4222" {
+				continue
+			}
+			found = svc.Spec.Selector["app.kubernetes.io/name"] == bus.Spec.Template.Labels["app.kubernetes.io/name"] &&
+				svc.Spec.Ports[0].Port == 4222 && bus.Spec.Template.Spec.Containers[0].Ports[0].ContainerPort == 4222
+		}
+		if !found {
+			t.Errorf("mesh url %s is not a Service on port 4222 selecting the NATS pods", cfg.Mesh.URL)
+		}
+	}
+	// The gorgo Deployment mounts the ConfigMap, reads the Secret, and is
+	// ready on /health of the port the config listens on.
 	c := d.Spec.Template.Spec.Containers[0]
 	if v := d.Spec.Template.Spec.Volumes; len(v) != 1 || v[0].ConfigMap == nil || v[0].ConfigMap.Name != cms[0].Name {
 		t.Errorf("volumes %+v", v)

@@ -16,6 +16,7 @@ type metrics struct {
 	healthy, rtt *prometheus.GaugeVec
 	ejections    *prometheus.CounterVec
 	restarts     *prometheus.CounterVec
+	foreign      *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -30,8 +31,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Times a replica was ejected as an outlier (consecutive failures or a failure rate of half its recent requests)."}, []string{"replica"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_replica_restarts_total",
 			Help: "Engine restarts seen in a replica's metrics (its process start time changed or its counters went back)."}, []string{"replica"}),
+		foreign: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "gorgo_replica_foreign_requests",
+			Help: "Requests the replica's engine reported at the last scrape (running and waiting) beyond those this router, and its mesh peers, have in flight there: load from elsewhere that decisions do not count."}, []string{"replica"}),
 	}
-	reg.MustRegister(m.scrapeErrors, m.healthy, m.rtt, m.ejections, m.restarts)
+	reg.MustRegister(m.scrapeErrors, m.healthy, m.rtt, m.ejections, m.restarts, m.foreign)
 	return m
 }
 
@@ -42,6 +45,7 @@ func (m *metrics) forget(id string) {
 	m.rtt.DeleteLabelValues(id)
 	m.ejections.DeleteLabelValues(id)
 	m.restarts.DeleteLabelValues(id)
+	m.foreign.DeleteLabelValues(id)
 }
 
 // stateCollector exports the router's view of each replica and the

@@ -154,9 +154,50 @@ func (f *Fleet) scrape(ctx context.Context, u *Upstream, sc *enginemetrics.Scrap
 		f.log.Warn("replica restarted: the router clears what it believed its cache held", "replica", id)
 	}
 	f.rt.ObserveEngine(id, policy.EngineGauges{Running: em.Running, Waiting: em.Waiting, KVUsedTokens: em.KVUsedTokens, CacheHitRate: em.CacheHitRate}, f.Now())
+	f.noteForeign(u, em.Running+em.Waiting)
 	f.rt.SetKVCapacity(id, em.KVCapacityTokens) // the engine knows its cache better than the config
 	if em.LoRAKnown {
 		f.rt.ObserveAdapters(id, router.AdapterGauges{MaxLoRAs: em.MaxLoRAs, Running: em.RunningAdapters, RunningCount: em.RunningAdapterCount})
 	}
 	return &em
+}
+
+// foreignScrapes is how many scrapes in a row must show a replica serving
+// requests from elsewhere before the router says so, and how many must
+// show none before it says it no longer does.
+const foreignScrapes = 3
+
+// noteForeign compares the requests a replica's engine serves (running
+// and waiting, as scraped) with those this router, and its mesh peers,
+// have in flight there. The engine counts a request only between its
+// arrival and its last token, which the router's ledger spans, so more
+// there than in the ledger is load from elsewhere: another router that
+// does not share state, or clients that bypass the router. Decisions do
+// not count it, so the replica's queue is longer than they think; the
+// gauge shows it, and the log says so once it lasts. (A request whose
+// client left may linger at the engine after the router let it go, hence
+// the margin and the scrapes in a row.)
+func (f *Fleet) noteForeign(u *Upstream, engine int) {
+	id := u.cfg.ID
+	st, err := f.rt.Replica(id)
+	if err != nil {
+		return
+	}
+	foreign := max(engine-st.InFlight, 0)
+	f.m.foreign.WithLabelValues(id).Set(float64(foreign))
+	run := u.foreignRun.Load()
+	if foreign >= max(2, engine/10) {
+		run = max(run, 0) + 1
+	} else {
+		run = min(run, 0) - 1
+	}
+	run = min(max(run, -foreignScrapes), foreignScrapes)
+	u.foreignRun.Store(run)
+	switch {
+	case run == foreignScrapes && !u.foreignSaid.Swap(true):
+		f.log.Warn("replica serves requests this router did not send (another router that does not share state, or clients that bypass it): its queue is longer than decisions count; routers in front of one fleet should share state (mesh:)",
+			"replica", id, "engine", engine, "this router", st.InFlight)
+	case run == -foreignScrapes && u.foreignSaid.Swap(false):
+		f.log.Info("replica serves no more requests from elsewhere", "replica", id)
+	}
 }

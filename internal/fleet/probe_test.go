@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -75,4 +76,56 @@ func TestScrapedKVCapacitySizesTheIndex(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// A replica whose engine serves more requests than this router sent there
+// serves others' too (another router that does not share state, clients
+// that bypass it): the router shows how many, and says so once it lasts,
+// and again once it is over.
+func TestForeignLoadIsShown(t *testing.T) {
+	var mu sync.Mutex
+	running, waiting := 6, 4
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(w, "sglang:num_running_reqs %d\nsglang:num_queue_reqs %d\nsglang:max_total_num_tokens 983549\nsglang:prompt_tokens_total 10\n", running, waiting)
+			return
+		}
+		io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"completion_tokens":1}}`)
+	})
+	var logs syncBuffer
+	s, _ := startProxy(t, testConfig{Fleet: fleet.Config{ScrapeInterval: 10 * time.Millisecond}, Log: slog.New(slog.NewTextHandler(&logs, nil))}, up)
+	eventually(t, "10 requests from elsewhere shown", func() bool { return s.metric("gorgo_replica_foreign_requests", "a") == 10 })
+	eventually(t, "the router to say so", func() bool {
+		return strings.Contains(logs.String(), "replica serves requests this router did not send")
+	})
+	mu.Lock()
+	running, waiting = 0, 0
+	mu.Unlock()
+	eventually(t, "none shown", func() bool { return s.metric("gorgo_replica_foreign_requests", "a") == 0 })
+	eventually(t, "the router to say it is over", func() bool { return strings.Contains(logs.String(), "replica serves no more requests from elsewhere") })
+	if n := strings.Count(logs.String(), "replica serves requests this router did not send"); n != 1 {
+		t.Errorf("said %d times, want once:\n%s", n, logs.String())
+	}
+}
+
+// syncBuffer is a log's buffer, safe for the fleet's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

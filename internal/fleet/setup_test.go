@@ -36,6 +36,7 @@ type testConfig struct {
 	Fleet    fleet.Config
 	Proxy    proxy.Config
 	Resolver discover.Resolver
+	Log      *slog.Logger // default: discarded
 }
 
 // testRouter is a fleet and a front end over it, running until the test
@@ -87,7 +88,10 @@ func startProxy(t testing.TB, cfg testConfig, reps ...*replica) (*testRouter, st
 	t.Helper()
 	cfg.Fleet = servetest.FleetConfig(cfg.Fleet, reps...)
 	reg := prometheus.NewRegistry()
-	f, err := fleet.New(cfg.Fleet, fleet.Options{Registry: reg, Resolver: cfg.Resolver, Log: slog.New(slog.DiscardHandler)})
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	f, err := fleet.New(cfg.Fleet, fleet.Options{Registry: reg, Resolver: cfg.Resolver, Log: cfg.Log})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,6 +32,11 @@ type Upstream struct {
 	refresh       chan struct{}
 	scrapeFailing atomic.Bool
 	modelsFailing atomic.Bool
+	// foreignRun counts the scrapes in a row that showed requests from
+	// elsewhere (negative: that showed none), up to foreignScrapes;
+	// foreignSaid is whether the router said so.
+	foreignRun  atomic.Int32
+	foreignSaid atomic.Bool
 	// attemptLog limits the log lines of its failed attempts.
 	attemptLog rate.Sometimes
 }

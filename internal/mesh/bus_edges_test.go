@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"math/rand/v2"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -163,5 +165,49 @@ func TestDefaultName(t *testing.T) {
 	}
 	if got := DefaultName("us-ashburn"); got != "us-ashburn/"+h {
 		t.Errorf("DefaultName = %q, want us-ashburn/%s", got, h)
+	}
+}
+
+// A router whose bus is not up yet starts anyway, routes alone, and joins
+// the mesh once the server is there.
+func TestStartsBeforeTheBus(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // a free port, nothing listening yet
+	rA, rB := newRouter(t), newRouter(t)
+	now := func() time.Duration { return 0 }
+	a, err := Connect(Config{URL: "nats://" + addr, Name: "us"}, rA, now, nil)
+	if err != nil {
+		t.Fatalf("no bus yet: %v", err)
+	}
+	defer a.Close()
+	if a.Connected() {
+		t.Fatal("connected to nothing")
+	}
+	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2}}
+	if _, err := rA.Decide(0, &req, rand.New(rand.NewPCG(1, 1))); err != nil {
+		t.Fatalf("cannot route without the bus: %v", err)
+	}
+	url, stop, err := Serve(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	b, err := Connect(Config{URL: url, Name: "eu"}, rB, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	eventually(t, "us to reach the bus", a.Connected)
+	if err := a.Conn().Flush(); err != nil { // its subscription is in place
+		t.Fatal(err)
+	}
+	b.Dispatched(1, "a", &req)
+	eventually(t, "us to mirror eu's request", func() bool { n, _ := inFlight(t, rA, "a"); return n == 1 })
+	if _, err := Connect(Config{URL: "nats://[::1", Name: "x"}, newRouter(t), now, nil); err == nil {
+		t.Error("a URL that cannot work accepted")
 	}
 }

@@ -171,8 +171,11 @@ type Bus struct {
 
 // Connect joins the mesh: it mirrors the other routers' requests in rt
 // (whose clock is now) and tells them of this router's through the
-// methods of the lifecycle.Observer interface. It returns once the first
-// connection is up or fails; after that it reconnects on its own.
+// methods of the lifecycle.Observer interface. The bus is best-effort: if
+// the NATS server cannot be reached at first, Connect logs it and returns
+// a bus that keeps trying (the router routes on its own state until
+// then), so that a router does not fail to start, or crash-loop, for want
+// of its peers. A URL that cannot work is an error.
 func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.Logger) (*Bus, error) {
 	cfg.defaults()
 	if err := cfg.Validate(); err != nil {
@@ -184,7 +187,8 @@ func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.
 	b := &Bus{cfg: cfg, rt: rt, now: now, log: log, remote: map[key]*mirror{}, seen: map[string]heard{}, boots: map[string]uint64{},
 		stop: make(chan struct{}), boot: uint64(time.Now().UnixNano())}
 	nc, err := nats.Connect(cfg.URL, nats.Name("gorgo "+cfg.Name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
-		nats.ReconnectBufSize(1<<20),
+		nats.ReconnectBufSize(1<<20), nats.RetryOnFailedConnect(true),
+		nats.ConnectHandler(func(*nats.Conn) { log.Info("mesh bus up"); b.resetIfLost() }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			// What was mirrored will not be kept up to date: forget it,
 			// and route on this router's own signals until the bus is back.
@@ -192,14 +196,7 @@ func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.
 			log.Warn("mesh bus lost: routing on this router's own state", "error", err, "forgotten", n)
 		}),
 		nats.ClosedHandler(func(*nats.Conn) { b.forgetAll() }),
-		nats.ReconnectHandler(func(*nats.Conn) {
-			log.Info("mesh bus back")
-			if b.lost.Swap(false) {
-				// Some of this router's events never left: the others must
-				// not keep mirrors whose ends they will never hear of.
-				b.publish(event{Kind: kindReset})
-			}
-		}))
+		nats.ReconnectHandler(func(*nats.Conn) { log.Info("mesh bus back"); b.resetIfLost() }))
 	if err != nil {
 		return nil, fmt.Errorf("mesh: connecting to %s: %w", cfg.URL, err)
 	}
@@ -208,13 +205,25 @@ func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.
 		nc.Close()
 		return nil, fmt.Errorf("mesh: subscribing to %s: %w", cfg.Subject, err)
 	}
-	if err := nc.FlushTimeout(5 * time.Second); err != nil { // the subscription is in place
+	if !nc.IsConnected() {
+		// The subscription is made once the first connection is.
+		log.Warn("mesh bus not reachable yet: routing on this router's own state, and trying", "url", cfg.URL)
+	} else if err := nc.FlushTimeout(5 * time.Second); err != nil { // the subscription is in place
 		nc.Close()
 		return nil, fmt.Errorf("mesh: %s: %w", cfg.URL, err)
 	}
 	b.stopped.Add(1)
 	go b.housekeep()
 	return b, nil
+}
+
+// resetIfLost tells the others to forget this router's requests if some of
+// its events never left (the buffer kept while the bus was down filled):
+// they must not keep mirrors whose ends they will never hear of.
+func (b *Bus) resetIfLost() {
+	if b.lost.Swap(false) {
+		b.publish(event{Kind: kindReset})
+	}
 }
 
 // Close leaves the mesh, forgetting what was mirrored. Calling it again

@@ -283,6 +283,11 @@ func (r ReplicaConfig) Validate() error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("url %q is not an http(s) URL", r.URL)
 	}
+	if strings.HasSuffix(u.Path, "/v1") {
+		// An OpenAI client's base URL: the client's /v1/... path is
+		// forwarded as it came, after the replica's URL.
+		return fmt.Errorf("url %q ends in /v1: give the engine's address without it (requests go to URL/v1/..., probes to URL/health)", r.URL)
+	}
 	if r.ID == "" || strings.ContainsAny(r.ID, "/?#") || strings.TrimSpace(r.ID) != r.ID {
 		return fmt.Errorf("id %q: want a non-empty id without '/', '?', '#' or surrounding spaces", r.ID)
 	}

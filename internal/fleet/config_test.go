@@ -43,3 +43,26 @@ func TestTuned(t *testing.T) {
 		t.Error("tune: true over round-robin accepted")
 	}
 }
+
+// A replica's URL is the engine's address: an OpenAI client's base URL
+// (ending in /v1) would send every request to /v1/v1/...; a prefix of a
+// gateway in front of the engine is kept.
+func TestReplicaURL(t *testing.T) {
+	for _, c := range []struct {
+		url string
+		ok  bool
+	}{
+		{"http://h:8000", true},
+		{"http://h:8000/", true},
+		{"https://gateway/llama", true},
+		{"http://h:8000/v1", false},
+		{"http://h:8000/v1/", false},
+		{"https://gateway/llama/v1", false},
+		{"h:8000", false},
+	} {
+		err := ReplicaConfig{URL: c.url}.Defaults().Validate()
+		if (err == nil) != c.ok {
+			t.Errorf("%s: %v, want ok %v", c.url, err, c.ok)
+		}
+	}
+}

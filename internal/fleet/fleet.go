@@ -146,6 +146,12 @@ func New(cfg Config, o Options) (*Fleet, error) {
 			return nil, err
 		}
 		obs = f.bus
+		if ts != nil {
+			// A tenant's budgets are the mesh's: each router charges
+			// what the others charged.
+			ts.Share(f.bus.Charged)
+			f.bus.OnCharge(func(name string, requests, tokens float64) { ts.ChargeRemote(time.Now(), name, requests, tokens) })
+		}
 	}
 	lm := lifecycle.NewMetrics(o.Registry)
 	if ts != nil {

@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,6 +13,8 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 // Two routers over the same replicas share their requests over NATS; one
@@ -120,5 +123,45 @@ func TestMeshSharesWhileServing(t *testing.T) {
 		if peak.Load() == 0 {
 			t.Errorf("stream=%v: the request (%v) was never mirrored at eu", stream, took)
 		}
+	}
+}
+
+// A tenant's budget is the mesh's: what it spent at one router counts at
+// the others.
+func TestMeshSharesBudgets(t *testing.T) {
+	url, stop, err := mesh.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	a := startReplica(t, 2*time.Millisecond, emulator.Faults{})
+	cfg := func(region string) testConfig {
+		return testConfig{Fleet: fleet.Config{Region: region, Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond},
+			Tenants: map[string]tenant.Config{"team": {RequestsPerMinute: 2}}}, Proxy: proxy.Config{TenantHeader: "trust"}}
+	}
+	_, usURL := startProxy(t, cfg("us"), a)
+	eu, euURL := startProxy(t, cfg("eu"), a)
+	send := func(url string) int {
+		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(chatBody("one of the team's", 2, false)))
+		req.Header.Set(tenant.TenantHeader, "team")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := send(usURL); code != 200 {
+		t.Fatalf("the team's first request at us: %d", code)
+	}
+	// us told its charge before its dispatch: once eu mirrors the
+	// request it has the charge.
+	eventually(t, "eu to hear of us's request", func() bool { _, applied, _ := eu.Bus().Counts(); return applied >= 2 })
+	if code := send(euURL); code != 200 {
+		t.Fatalf("the team's second request, at eu: %d", code)
+	}
+	if code := send(euURL); code != 429 {
+		t.Errorf("the team's third request in the minute, at eu: %d, want 429", code)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -209,5 +210,44 @@ func TestStartsBeforeTheBus(t *testing.T) {
 	eventually(t, "us to mirror eu's request", func() bool { n, _ := inFlight(t, rA, "a"); return n == 1 })
 	if _, err := Connect(Config{URL: "nats://[::1", Name: "x"}, newRouter(t), now, nil); err == nil {
 		t.Error("a URL that cannot work accepted")
+	}
+}
+
+// A charge to a tenant's budgets made at one router is applied at the
+// others, not at itself.
+func TestChargesAreShared(t *testing.T) {
+	url := natsServer(t)
+	now := func() time.Duration { return 0 }
+	a, err := Connect(Config{URL: url, Name: "us"}, newRouter(t), now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Connect(Config{URL: url, Name: "eu"}, newRouter(t), now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	var mu sync.Mutex
+	got := map[string][]float64{}
+	record := func(who string) func(string, float64, float64) {
+		return func(tenant string, requests, tokens float64) {
+			mu.Lock()
+			defer mu.Unlock()
+			got[who] = append(got[who], requests, tokens)
+			if tenant != "team" {
+				t.Errorf("tenant %q", tenant)
+			}
+		}
+	}
+	a.OnCharge(record("us"))
+	b.OnCharge(record("eu"))
+	a.Charged("team", 1, 400)
+	a.Charged("team", 0, -150)
+	eventually(t, "eu to apply us's charges", func() bool { mu.Lock(); defer mu.Unlock(); return len(got["eu"]) == 4 })
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(got["eu"], []float64{1, 400, 0, -150}) || len(got["us"]) != 0 {
+		t.Errorf("applied %v", got)
 	}
 }

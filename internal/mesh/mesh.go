@@ -101,6 +101,7 @@ const (
 	kindEnd      = "e"
 	kindAlive    = "h"
 	kindReset    = "r" // forget every mirror of my requests: I lost some events
+	kindCharge   = "c" // a charge to a tenant's budgets
 )
 
 // event is what a router tells the others.
@@ -125,6 +126,11 @@ type event struct {
 	// replica's ITL from them (router.Decoded).
 	Out      int   `json:"n,omitempty"`
 	DecodeUS int64 `json:"du,omitempty"`
+	// Tenant, Requests and Tokens are a charge to a tenant's budgets
+	// (negative: given back).
+	Tenant   string  `json:"t,omitempty"`
+	Requests float64 `json:"rq,omitempty"`
+	Tokens   float64 `json:"tk,omitempty"`
 }
 
 type key struct {
@@ -167,6 +173,9 @@ type Bus struct {
 	closeOnce sync.Once
 
 	sent, applied, dropped atomic.Int64
+	// charge applies the others' charges to this router's tenants' budgets
+	// (OnCharge; nil: they are ignored).
+	charge atomic.Pointer[func(tenant string, requests, tokens float64)]
 }
 
 // Connect joins the mesh: it mirrors the other routers' requests in rt
@@ -267,6 +276,16 @@ func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 // FirstToken tells the others that attempt id produced its first token.
 func (b *Bus) FirstToken(id uint64) { b.publish(event{Kind: kindFirst, ID: id}) }
 
+// Charged tells the others of a charge to a tenant's budgets made here
+// (tenant.Set.Share).
+func (b *Bus) Charged(tenant string, requests, tokens float64) {
+	b.publish(event{Kind: kindCharge, Tenant: tenant, Requests: requests, Tokens: tokens})
+}
+
+// OnCharge has the others' charges to tenants' budgets applied by fn
+// (tenant.Set.ChargeRemote), so that a tenant's budget is the mesh's.
+func (b *Bus) OnCharge(fn func(tenant string, requests, tokens float64)) { b.charge.Store(&fn) }
+
 // Finished tells the others that attempt id ended.
 func (b *Bus) Finished(id uint64, outputTokens int, decode time.Duration) {
 	b.publish(event{Kind: kindEnd, ID: id, Out: outputTokens, DecodeUS: decode.Microseconds()})
@@ -345,6 +364,12 @@ func (b *Bus) receive(m *nats.Msg) {
 		}
 	case kindReset:
 		b.forgetRouter(e.Router)
+	case kindCharge:
+		fn := b.charge.Load()
+		if fn == nil || e.Tenant == "" {
+			return
+		}
+		(*fn)(e.Tenant, e.Requests, e.Tokens)
 	case kindAlive:
 		return
 	default:

@@ -104,7 +104,44 @@ func (t *Tenant) Admit(now time.Time, tokens int) (Grant, *Refusal) {
 		}
 		g.charged = tokens
 	}
+	if t.reqs != nil || t.tokens != nil {
+		t.told(1, float64(g.charged))
+	}
 	return g, nil
+}
+
+// told passes a charge made here (negative: given back) to share, if set.
+func (t *Tenant) told(requests, tokens float64) {
+	if t.share != nil && (requests != 0 || tokens != 0) {
+		t.share(t.Name, requests, tokens)
+	}
+}
+
+// Share has every charge made to the tenants' budgets here told to fn
+// (requests and tokens; negative: given back), so that the other routers
+// of a mesh charge their own (ChargeRemote): a tenant's budget is then the
+// fleet's, not each router's. Call it before the set is in use.
+func (s *Set) Share(fn func(tenant string, requests, tokens float64)) {
+	for _, t := range s.by {
+		t.share = fn
+	}
+}
+
+// ChargeRemote charges what another router charged to tenant at now: its
+// budgets may go below zero (the other router admitted on its own view),
+// and the requests here wait until they refill. A tenant not configured
+// here is ignored.
+func (s *Set) ChargeRemote(now time.Time, tenant string, requests, tokens float64) {
+	t := s.by[tenant]
+	if t == nil || math.IsNaN(requests) || math.IsNaN(tokens) || math.IsInf(requests, 0) || math.IsInf(tokens, 0) {
+		return
+	}
+	if t.reqs != nil && requests != 0 {
+		t.reqs.charge(now, requests)
+	}
+	if t.tokens != nil && tokens != 0 {
+		t.tokens.charge(now, tokens)
+	}
 }
 
 // giveBack returns a request taken from a request budget (nil: none).
@@ -120,7 +157,9 @@ func (g Grant) Settle(now time.Time, tokens int) {
 	if g.t == nil || g.t.tokens == nil {
 		return
 	}
-	g.t.tokens.charge(now, float64(tokens-g.charged))
+	d := float64(tokens - g.charged)
+	g.t.tokens.charge(now, d)
+	g.t.told(0, d)
 }
 
 // Refund gives back all Admit charged: the request was not served.
@@ -128,7 +167,10 @@ func (g Grant) Refund(now time.Time) {
 	if g.t == nil {
 		return
 	}
-	g.t.reqs.giveBack(now)
+	if g.t.reqs != nil {
+		g.t.reqs.giveBack(now)
+		g.t.told(-1, 0)
+	}
 	g.Settle(now, 0)
 }
 

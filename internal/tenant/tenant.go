@@ -68,6 +68,8 @@ type Tenant struct {
 	prio, maxPrio int
 	slo           time.Duration // TTFTSLO, or the router's
 	reqs, tokens  *bucket       // nil without a budget
+	// share hears of every charge made here (Set.Share; nil: none).
+	share func(tenant string, requests, tokens float64)
 }
 
 // Set is a router's tenants. It is safe for concurrent use.

@@ -1,7 +1,9 @@
 package tenant
 
 import (
+	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -123,6 +125,43 @@ func TestBudgets(t *testing.T) {
 	g.Settle(t0, 300)
 	if left, _ := c.tokens.state(t0); left != 700 {
 		t.Errorf("after settling 300 of 800: %d left, want 700", left)
+	}
+}
+
+// A tenant's budget is the fleet's: every charge made here is told (to
+// the other routers of a mesh), and theirs are charged here.
+func TestSharedBudgets(t *testing.T) {
+	s := set(t, map[string]Config{"a": {TokensPerMinute: 6000, RequestsPerMinute: 3}, "free": {}})
+	type charge struct {
+		tenant           string
+		requests, tokens float64
+	}
+	var told []charge
+	s.Share(func(tenant string, requests, tokens float64) { told = append(told, charge{tenant, requests, tokens}) })
+	a := s.Lookup("a")
+	t0 := time.Unix(1000, 0)
+	g, ref := a.Admit(t0, 400)
+	if ref != nil {
+		t.Fatal(ref.Message)
+	}
+	g.Settle(t0, 900)
+	g2, _ := a.Admit(t0, 100)
+	g2.Refund(t0)
+	s.Lookup("free").Admit(t0, 100) // no budget: nothing to tell
+	want := []charge{{"a", 1, 400}, {"a", 0, 500}, {"a", 1, 100}, {"a", -1, 0}, {"a", 0, -100}}
+	if !slices.Equal(told, want) {
+		t.Errorf("told %v, want %v", told, want)
+	}
+	// Another router's charges count here: after one of its requests and
+	// one of ours, one is left of three.
+	s.ChargeRemote(t0, "a", 1, 1000)
+	s.ChargeRemote(t0, "nobody", 5, 5)
+	s.ChargeRemote(t0, "a", math.NaN(), 0)
+	if _, ref := a.Admit(t0, 10); ref != nil {
+		t.Fatalf("the third request: %s", ref.Message)
+	}
+	if _, ref := a.Admit(t0, 10); ref == nil || !strings.Contains(ref.Message, "3 requests per minute") {
+		t.Errorf("a fourth request in the fleet's minute: %+v", ref)
 	}
 }
 

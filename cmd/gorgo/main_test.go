@@ -441,6 +441,10 @@ func TestWriteReplicas(t *testing.T) {
 			t.Errorf("want %q in:\n%s", want, b.String())
 		}
 	}
+	b.Reset()
+	if writeReplicas(&b, nil); !strings.Contains(b.String(), "none yet") {
+		t.Errorf("no replicas: %q", b.String())
+	}
 }
 
 // gorgo sim's --live-tuner is gorgo serve's tuner: over the default policy

@@ -170,6 +170,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 // writeReplicas lists the replicas as serve starts: each one's round trip
 // and whether it takes requests.
 func writeReplicas(w io.Writer, reps []router.ReplicaState) {
+	if len(reps) == 0 {
+		fmt.Fprintln(w, "  none yet: add them under replicas: or discover: in the config, or with POST /admin/replicas")
+	}
 	for _, st := range reps {
 		health, rtt := "up", st.RTT.Round(time.Millisecond).String()
 		switch {

@@ -476,3 +476,17 @@ func TestSimLiveTuner(t *testing.T) {
 		t.Errorf("without --live-tuner: %v", err)
 	}
 }
+
+// On a mesh topology every region's router runs gorgo-online as the tuner
+// flags say (they were ignored there: each ran the paper's tuner over
+// gorgo).
+func TestMeshSimTunesAsTold(t *testing.T) {
+	code, _, errs := gorgo(t, "sim", "--topology", "paper-mesh", "--duration", "1m", "--policy", "gorgo-online", "--base", "round-robin")
+	if code == 0 || !strings.Contains(errs, "base policy must have parameters") {
+		t.Errorf("--base round-robin on a mesh: exit %d, %s", code, errs)
+	}
+	code, out, errs := gorgo(t, "sim", "--topology", "paper-mesh", "--duration", "1m", "--policy", "gorgo-online", "--live-tuner", "--sharing", "shared", "--quiet")
+	if code != 0 || !strings.Contains(out, "gorgo-online") {
+		t.Errorf("--live-tuner on a mesh: exit %d, %s\n%s", code, errs, out)
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"runtime"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/sim"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 // meshArrangements are what sim compares on a mesh topology by default.
@@ -33,7 +35,7 @@ func (m *meshFlags) register(fs *flag.FlagSet) {
 
 // runMeshSim is sim on a mesh topology: --policy lists arrangements
 // (central, region-local, or a policy run by a router in every region).
-func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf *policyFlags, mf *meshFlags, policies, jsonOut, records string, quiet bool, fs *flag.FlagSet) error {
+func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf *policyFlags, tf *tuneFlags, mf *meshFlags, policies, jsonOut, records string, quiet bool, fs *flag.FlagSet) error {
 	if err := checkWritable(jsonOut, records); err != nil {
 		return err
 	}
@@ -58,6 +60,13 @@ func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf 
 		return err
 	}
 	newPolicy := func(name, region string) (policy.Policy, error) {
+		if name == tune.OnlineName {
+			// Each region's router tunes on its own, as live, with its
+			// own draws.
+			h := fnv.New64a()
+			h.Write([]byte(region))
+			return tf.online(wl.seed^h.Sum64(), pf)
+		}
 		params, err := pf.paramsOf(name)
 		if err != nil {
 			return nil, err

@@ -60,7 +60,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
 	if t, _ := sim.LoadTopology(ff.topology); t.IsMesh() {
-		return runMeshSim(stdout, stderr, &wl, &ff, &pf, &mf, *policies, *jsonOut, *records, *quiet, fs)
+		return runMeshSim(stdout, stderr, &wl, &ff, &pf, &tf, &mf, *policies, *jsonOut, *records, *quiet, fs)
 	}
 	modes, err := af.modes()
 	if err != nil {

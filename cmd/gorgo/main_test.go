@@ -489,4 +489,21 @@ func TestMeshSimTunesAsTold(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "gorgo-online") {
 		t.Errorf("--live-tuner on a mesh: exit %d, %s\n%s", code, errs, out)
 	}
+	// --score-from counts there too; what a mesh does not support is an
+	// error, not ignored.
+	var done [2]string
+	for i, from := range []string{"0s", "30s"} {
+		_, out, _ := gorgo(t, "sim", "--topology", "paper-mesh", "--duration", "1m", "--policy", "default", "--score-from", from, "--quiet")
+		k := strings.Index(out, "gorgo-e2e ")
+		if k < 0 {
+			t.Fatalf("no row for the default policy:\n%s", out)
+		}
+		done[i] = strings.Fields(out[k:])[1]
+	}
+	if done[0] == done[1] {
+		t.Errorf("--score-from 30s scored as many requests as 0s: %s", done[0])
+	}
+	if code, _, errs := gorgo(t, "sim", "--topology", "paper-mesh", "--duration", "1m", "--ttft-slo", "3s"); code == 0 || !strings.Contains(errs, "not supported on a mesh") {
+		t.Errorf("--ttft-slo on a mesh: exit %d, %s", code, errs)
+	}
 }

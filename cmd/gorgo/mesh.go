@@ -39,6 +39,11 @@ func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf 
 	if err := checkWritable(jsonOut, records); err != nil {
 		return err
 	}
+	for _, name := range []string{"ttft-slo", "admission", "admission-queue", "saturation-waiting", "tenant-weights", "unstreamed", "unstreamed-untold", "split"} {
+		if isSet(fs, name) {
+			return fmt.Errorf("--%s: not supported on a mesh topology yet", name)
+		}
+	}
 	if !isSet(fs, "policy") {
 		policies = strings.Join(meshArrangements, ",")
 	}
@@ -127,7 +132,7 @@ func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf 
 	for i, r := range runs {
 		g.Go(func() error {
 			res, err := sim.Run(pf.router(sim.Config{Replicas: reps, Requests: reqs, Mesh: r.mesh,
-				MaxInflight: ff.maxInflight, Seed: wl.seed, Progress: prog.add}))
+				MaxInflight: ff.maxInflight, Seed: wl.seed, ScoreFrom: ff.scoreFrom, Progress: prog.add}))
 			if err != nil {
 				return fmt.Errorf("%s: %w", r.label, err)
 			}

@@ -90,6 +90,9 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--topology: %w", err)
 	}
+	if top.IsMesh() {
+		return fmt.Errorf("--topology %s is a mesh (a router in several regions): gorgo demo --mesh runs paper-mesh live", top.Name)
+	}
 	reps, err := top.Resolve()
 	if err != nil {
 		return fmt.Errorf("--topology: %w", err)

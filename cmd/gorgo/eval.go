@@ -111,6 +111,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if t.IsMesh() {
+		return fmt.Errorf("--topology %s is a mesh (a router in several regions): gorgo eval runs one router; gorgo sim runs a mesh", t.Name)
+	}
 	raw, src, err := wl.raw()
 	if err != nil {
 		return err

@@ -506,4 +506,11 @@ func TestMeshSimTunesAsTold(t *testing.T) {
 	if code, _, errs := gorgo(t, "sim", "--topology", "paper-mesh", "--duration", "1m", "--ttft-slo", "3s"); code == 0 || !strings.Contains(errs, "not supported on a mesh") {
 		t.Errorf("--ttft-slo on a mesh: exit %d, %s", code, errs)
 	}
+	// The commands that run one router say so, instead of running the
+	// mesh's fleet behind one.
+	for _, args := range [][]string{{"eval"}, {"tune", "--out", filepath.Join(t.TempDir(), "w.json")}, {"demo"}} {
+		if code, _, errs := gorgo(t, append(args, "--topology", "paper-mesh", "--duration", "1m")...); code == 0 || !strings.Contains(errs, "is a mesh") {
+			t.Errorf("gorgo %s --topology paper-mesh: exit %d, %s", args[0], code, errs)
+		}
+	}
 }

@@ -84,6 +84,9 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if t.IsMesh() {
+		return fmt.Errorf("--topology %s is a mesh (a router in several regions): gorgo tune runs one router; gorgo sim runs a mesh", t.Name)
+	}
 	reqs, desc, err := wl.load()
 	if err != nil {
 		return err

@@ -506,6 +506,9 @@ func TestMeshSimTunesAsTold(t *testing.T) {
 	if code, _, errs := gorgo(t, "sim", "--topology", "paper-mesh", "--duration", "1m", "--ttft-slo", "3s"); code == 0 || !strings.Contains(errs, "not supported on a mesh") {
 		t.Errorf("--ttft-slo on a mesh: exit %d, %s", code, errs)
 	}
+	if code, _, errs := gorgo(t, "sim", "--duration", "1m", "--sharing", "shared"); code == 0 || !strings.Contains(errs, "is for a mesh topology") {
+		t.Errorf("--sharing without a mesh: exit %d, %s", code, errs)
+	}
 	// The commands that run one router say so, instead of running the
 	// mesh's fleet behind one.
 	for _, args := range [][]string{{"eval"}, {"tune", "--out", filepath.Join(t.TempDir(), "w.json")}, {"demo"}} {

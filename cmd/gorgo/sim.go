@@ -62,6 +62,11 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	if t, _ := sim.LoadTopology(ff.topology); t.IsMesh() {
 		return runMeshSim(stdout, stderr, &wl, &ff, &pf, &tf, &mf, *policies, *jsonOut, *records, *quiet, fs)
 	}
+	for _, name := range []string{"sharing", "day", "amplitude"} {
+		if isSet(fs, name) {
+			return fmt.Errorf("--%s is for a mesh topology (a router in several regions: paper-mesh, paper-mesh-2, or mesh: in a topology file)", name)
+		}
+	}
 	modes, err := af.modes()
 	if err != nil {
 		return err

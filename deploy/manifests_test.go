@@ -99,7 +99,7 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 	if d == nil || bus == nil {
 		t.Fatalf("Deployments %v, want gorgo and gorgo-nats", byName)
 	}
-	if *d.Spec.Replicas > 1 && (cfg.Mesh == nil || cfg.Region == "") {
+	if d.Spec.Replicas != nil && *d.Spec.Replicas > 1 && (cfg.Mesh == nil || cfg.Region == "") {
 		t.Errorf("%d gorgo pods that do not share state (no mesh or no region)", *d.Spec.Replicas)
 	}
 	if cfg.Mesh != nil {

@@ -375,16 +375,7 @@ func TestServeOnlineTunerTakesMSWeights(t *testing.T) {
 // config's e2e_weights, with the live settings (blocks of a minute) where
 // no flag gives them.
 func TestServeTunesTheDefaultPolicy(t *testing.T) {
-	parse := func(t *testing.T, args ...string) *tuneFlags {
-		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-		var tf tuneFlags
-		tf.registerLive(fs)
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		tf.given(fs)
-		return &tf
-	}
+	parse := func(t *testing.T, args ...string) *tuneFlags { return parseTuneFlags(t, true, args...) }
 	cfg, err := serve.ParseConfig([]byte("e2e_weights: {rtt: 2, decode: 0.3}\n"), "test")
 	if err != nil {
 		t.Fatal(err)
@@ -450,16 +441,7 @@ func TestWriteReplicas(t *testing.T) {
 // gorgo sim's --live-tuner is gorgo serve's tuner: over the default policy
 // with the live settings, except where a flag is given.
 func TestSimLiveTuner(t *testing.T) {
-	parse := func(t *testing.T, args ...string) *tuneFlags {
-		fs := flag.NewFlagSet("sim", flag.ContinueOnError)
-		var tf tuneFlags
-		tf.registerSim(fs)
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		tf.parsed(fs)
-		return &tf
-	}
+	parse := func(t *testing.T, args ...string) *tuneFlags { return parseTuneFlags(t, false, args...) }
 	o, err := parse(t, "--live-tuner", "--sigma", "0.2").online(1, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -516,4 +498,26 @@ func TestMeshSimTunesAsTold(t *testing.T) {
 			t.Errorf("gorgo %s --topology paper-mesh: exit %d, %s", args[0], code, errs)
 		}
 	}
+}
+
+// parseTuneFlags parses the tuner's flags as gorgo serve (live) or gorgo
+// sim reads them.
+func parseTuneFlags(t *testing.T, live bool, args ...string) *tuneFlags {
+	t.Helper()
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	var tf tuneFlags
+	if live {
+		tf.registerLive(fs)
+	} else {
+		tf.registerSim(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	if live {
+		tf.given(fs)
+	} else {
+		tf.parsed(fs)
+	}
+	return &tf
 }

@@ -83,9 +83,9 @@ func (s *Server) tuner(w http.ResponseWriter, r *http.Request) {
 // tunerRound is the online tuner's round under way as the admin API shows
 // it.
 type tunerRound struct {
-	Candidate  policy.Values `json:"candidate"` // the base's parameters being tried
-	Confirming bool          `json:"confirming"`
-	Window     int           `json:"window"`
+	Candidate  map[string]float64 `json:"candidate"` // the tuned parameters' values being tried
+	Confirming bool               `json:"confirming"`
+	Window     int                `json:"window"`
 	// Scored is how many outcomes each arm has of its window.
 	Scored struct {
 		Incumbent int `json:"incumbent"`

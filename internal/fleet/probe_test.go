@@ -15,6 +15,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
 )
 
 // An engine that restarted (its counters went back) has an empty cache:
@@ -96,7 +97,7 @@ func TestForeignLoadIsShown(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		io.WriteString(w, `{"choices":[{"message":{"content":"ok"}}],"usage":{"completion_tokens":1}}`)
 	})
-	var logs syncBuffer
+	var logs servetest.Log
 	s, _ := startProxy(t, testConfig{Fleet: fleet.Config{ScrapeInterval: 10 * time.Millisecond}, Log: slog.New(slog.NewTextHandler(&logs, nil))}, up)
 	eventually(t, "10 requests from elsewhere shown", func() bool { return s.metric("gorgo_replica_foreign_requests", "a") == 10 })
 	eventually(t, "the router to say so", func() bool {
@@ -110,22 +111,4 @@ func TestForeignLoadIsShown(t *testing.T) {
 	if n := strings.Count(logs.String(), "replica serves requests this router did not send"); n != 1 {
 		t.Errorf("said %d times, want once:\n%s", n, logs.String())
 	}
-}
-
-// syncBuffer is a log's buffer, safe for the fleet's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -378,8 +378,9 @@ func (o *Online) Steps() []Outcome {
 
 // Round is the round under way, as an operator sees it.
 type Round struct {
-	// Candidate is the values of the base's parameters being tried.
-	Candidate policy.Values
+	// Candidate is the tuned parameters' values being tried (as a
+	// verdict's, Named).
+	Candidate map[string]float64
 	// Confirming: the candidate won a round and is measured again.
 	Confirming bool
 	// Scored is how many outcomes each arm has (incumbent, candidate) of
@@ -393,7 +394,7 @@ func (o *Online) Round() Round {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	w := o.cfg.Window
-	return Round{Candidate: Apply(o.es, o.cand, o.cfg.BaseParams), Confirming: o.confirming,
+	return Round{Candidate: o.es.Named(o.cand), Confirming: o.confirming,
 		Scored: [2]int{min(len(o.samples[0]), w), min(len(o.samples[1]), w)}, Window: w}
 }
 

@@ -22,6 +22,7 @@ type policyFlags struct {
 	alpha         float64
 	rates         string
 	hideMaxTokens bool
+	outputs       string
 }
 
 // paramFlag is the flag of a policy's parameters: its config key, dashed.
@@ -41,6 +42,7 @@ func (p *policyFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&p.scrape, "scrape-interval", sim.DefaultInterval, "period of the router's engine metrics scrapes")
 	fs.Float64Var(&p.alpha, "rtt-alpha", 0.3, "EWMA weight of a new round-trip probe")
 	fs.BoolVar(&p.hideMaxTokens, "hide-max-tokens", false, "keep requests' output lengths from the router (by default it sees them as max_tokens, as live, where the replayer asks for exactly the trace's output)")
+	fs.StringVar(&p.outputs, "output-estimate", "keyed", "how the router expects an answer's length: keyed (the mean of all answers, moved toward those of its prompt's opening and of its conversation) or global (the mean of all)")
 	fs.StringVar(&p.rates, "ms-rates", "profile", "gorgo-ms's per-replica rates: profile (from each replica's engine profile), online (learned from observed TTFT, starting from the profile) or blind (learned, starting from the paper engine's for every replica)")
 }
 
@@ -86,6 +88,9 @@ func (p *policyFlags) check() error {
 			return err
 		}
 	}
+	if p.outputs != "keyed" && p.outputs != "global" {
+		return fmt.Errorf("--output-estimate must be keyed or global, got %q", p.outputs)
+	}
 	if math.IsNaN(p.tieMargin) || math.IsInf(p.tieMargin, 0) {
 		return fmt.Errorf("--tie-margin must be a finite number, got %v", p.tieMargin)
 	}
@@ -94,7 +99,7 @@ func (p *policyFlags) check() error {
 
 // router sets the simulated router's signals and tie margin in c.
 func (p *policyFlags) router(c sim.Config) sim.Config {
-	c.Signals = sim.Signals{ProbeInterval: p.probe, ScrapeInterval: p.scrape, RTTAlpha: p.alpha, OnlineRates: p.rates != "profile", BlindPrior: p.rates == "blind"}
+	c.Signals = sim.Signals{ProbeInterval: p.probe, ScrapeInterval: p.scrape, RTTAlpha: p.alpha, OnlineRates: p.rates != "profile", BlindPrior: p.rates == "blind", GlobalOutput: p.outputs == "global"}
 	c.TieMargin = p.tieMargin
 	c.HideMaxTokens = p.hideMaxTokens
 	if c.TieMargin == 0 {

@@ -190,7 +190,7 @@ func TestBufferedChatAndResponseEvents(t *testing.T) {
 	if st, _ := rt.Replica("a"); st.InFlight != 0 || st.Decoding != 0 || st.IndexBlocks == 0 {
 		t.Fatalf("after the end: %+v", st)
 	}
-	if e := rt.ExpectedOutput(0); e >= router.DefaultOutputTokens {
+	if e := rt.ExpectedOutput(&policy.Request{}); e >= router.DefaultOutputTokens {
 		t.Errorf("the answer's length was not learned: %d", e)
 	}
 	s.CloseSend()

@@ -140,7 +140,7 @@ func TestNonStreamedAnswerUsage(t *testing.T) {
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(answer[30:]), EndOfStream: true}}})
 	recv(t, s)
 	waitFor(t, "the ledger to be free", func() bool { st, _ := f.core.Router().Replica("a"); return st.InFlight == 0 })
-	if e := f.core.Router().ExpectedOutput(0); e >= router.DefaultOutputTokens {
+	if e := f.core.Router().ExpectedOutput(&policy.Request{}); e >= router.DefaultOutputTokens {
 		t.Errorf("the answer's 7 tokens were not read: expected output %d", e)
 	}
 }

@@ -26,7 +26,7 @@ import (
 // budget.
 func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	c := r.core
-	r.class = admit.Class{Priority: admit.Standard, Tokens: r.Route.PromptTokens + c.cfg.Router.ExpectedOutput(r.Route.MaxOutputTokens)}
+	r.class = admit.Class{Priority: admit.Standard, Tokens: r.Route.PromptTokens + c.cfg.Router.ExpectedOutput(&r.Route)}
 	ts := c.cfg.Tenants
 	if ts == nil {
 		return nil

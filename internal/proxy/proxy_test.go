@@ -15,6 +15,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
 	"github.com/gorgo-llm/gorgo/internal/tune"
@@ -349,7 +350,7 @@ func TestStreamsTeachTheDecodeModel(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if e := s.Router().ExpectedOutput(0); e >= router.DefaultOutputTokens || e < 24 {
+	if e := s.Router().ExpectedOutput(&policy.Request{}); e >= router.DefaultOutputTokens || e < 24 {
 		t.Errorf("expected output %d after answers of 24 tokens", e)
 	}
 }

@@ -28,6 +28,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/gorgo-llm/gorgo/internal/estimate"
 	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
@@ -56,6 +58,10 @@ type Config struct {
 	// adapters their own.
 	AdapterLoad  time.Duration
 	AdapterLoads map[string]time.Duration
+	// GlobalOutput makes the router expect every answer to be as long as
+	// the running mean of all answers, as it did before it kept means by
+	// application and conversation (see ExpectedOutput).
+	GlobalOutput bool
 }
 
 // Ticket is the router's record of one request dispatched to a replica,
@@ -99,6 +105,9 @@ type Ticket struct {
 	// remote: another router's request, mirrored here (see Enter); the
 	// router learns nothing from its timings.
 	remote bool
+	// outKeys are the keys its answer's length is learned under (see
+	// outputKeys).
+	outKeys [2]uint64
 }
 
 // Candidate is a replica a decision ranked, with what the router believed
@@ -143,19 +152,13 @@ type Router struct {
 	catalog atomic.Pointer[catalog]
 
 	resets atomic.Int64
-	// outEst is the running estimate of a request's output tokens (float64
-	// bits), and outN how many requests fed it.
-	outEst atomic.Uint64
-	outN   atomic.Int64
+	// outputs estimates answers' lengths.
+	outputs *estimate.Outputs
 }
 
 // DefaultOutputTokens is the output length the router expects before it
 // has seen any request finish.
 const DefaultOutputTokens = 256
-
-// outputAlpha is the weight of a finished request's output length in the
-// running estimate (a memory of about 50 requests).
-const outputAlpha = 0.02
 
 // New returns a router over the configured replicas, every one of them
 // active and healthy but not yet probed.
@@ -182,7 +185,7 @@ func New(cfg Config) (*Router, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	r := &Router{cfg: cfg, index: ix, loads: newAdapterLoads(cfg.AdapterLoad, cfg.AdapterLoads)}
-	r.outEst.Store(math.Float64bits(DefaultOutputTokens))
+	r.outputs = estimate.NewOutputs(DefaultOutputTokens, 0)
 	r.fleet.Store(&fleet{byID: map[string]*member{}})
 	r.catalog.Store(&catalog{served: models.Union()})
 	for _, rc := range cfg.Replicas {
@@ -317,7 +320,7 @@ func (r *Router) keep(ok func(i int) bool) {
 func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
 	m := c.m
 	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m,
-		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS}
+		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS, outKeys: r.outputKeys(req)}
 	_, t.Forecast, t.Margin = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.AdapterWaitMS)
 	t.InFlight = int(m.inflight.Add(1))
 	if State(m.state.Load()) != Active {
@@ -420,7 +423,7 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	r.index.Match(req.Blocks, r.depth)
 	r.ixMu.RUnlock()
 	bt := r.cfg.BlockTokens
-	req.ExpectedOutputTokens = r.ExpectedOutput(req.MaxOutputTokens)
+	req.ExpectedOutputTokens = r.ExpectedOutput(req)
 	req.Now = now
 	r.views, r.cand, r.adapter = r.views[:0], r.cand[:0], r.adapter[:0]
 	for _, m := range f.members {
@@ -574,15 +577,7 @@ func (r *Router) Decoded(t *Ticket, outputTokens int, decode time.Duration) {
 		}
 		return
 	}
-	for {
-		old := r.outEst.Load()
-		v := math.Float64frombits(old)
-		v += outputAlpha * (float64(outputTokens) - v)
-		if r.outEst.CompareAndSwap(old, math.Float64bits(v)) {
-			break
-		}
-	}
-	r.outN.Add(1)
+	r.outputs.Observe(outputTokens, t.outKeys[0], t.outKeys[1])
 	if outputTokens >= minITLTokens && decode > 0 {
 		t.m.observeITL(t.InFlight, float64(decode)/1e6/float64(outputTokens-1))
 	}
@@ -592,15 +587,38 @@ func (r *Router) Decoded(t *Ticket, outputTokens int, decode time.Duration) {
 // a mean over one or two gaps is mostly noise (one stall).
 const minITLTokens = 4
 
-// ExpectedOutput is the output length the router expects of a request with
-// that max_tokens (0: none given): its running estimate, capped by the
-// limit. The router never knows the true length.
-func (r *Router) ExpectedOutput(maxTokens int) int {
-	e := int(math.Round(math.Float64frombits(r.outEst.Load())))
-	if maxTokens > 0 {
-		e = min(e, maxTokens)
+// ExpectedOutput is the output length the router expects of req: the mean
+// length of the answers it has seen, moved toward the mean of those to
+// requests that opened with the same prompt (an application's system
+// prompt, or a conversation's first message) and then of those in the same
+// conversation, each as far as it has seen enough of them (estimate.Outputs);
+// capped by req's max_tokens. The router never knows the true length.
+func (r *Router) ExpectedOutput(req *policy.Request) int {
+	k := r.outputKeys(req)
+	e := int(math.Round(r.outputs.Expect(k[0], k[1])))
+	if req.MaxOutputTokens > 0 {
+		e = min(e, req.MaxOutputTokens)
 	}
 	return max(e, 1)
+}
+
+// outputKeys are the keys of req's answer length, broadest first: its
+// prompt's opening (PrefixKey), then its conversation (SessionKey); none
+// with GlobalOutput. Each is mixed with its own seed, so that the two never
+// share a key. A request whose opening is its conversation's (no system
+// prompt) is counted twice under one conversation: that is as it should be.
+func (r *Router) outputKeys(req *policy.Request) [2]uint64 {
+	if r.cfg.GlobalOutput {
+		return [2]uint64{}
+	}
+	var k [2]uint64
+	if req.PrefixKey != 0 {
+		k[0] = prefix.Fmix64(req.PrefixKey ^ 0x9e3779b97f4a7c15)
+	}
+	if req.SessionKey != "" {
+		k[1] = prefix.Fmix64(xxhash.Sum64String(req.SessionKey))
+	}
+	return k
 }
 
 // Replicas returns every replica's state, in the order they joined.
@@ -742,7 +760,7 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 	floorMS := math.Inf(1)
 	waiting := math.MaxInt
 	r.fc = r.fc[:0]
-	e := r.ExpectedOutput(req.MaxOutputTokens)
+	e := r.ExpectedOutput(req)
 	for _, m := range f.members {
 		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
 			continue

@@ -486,15 +486,70 @@ func TestDrainKeepsARemoval(t *testing.T) {
 	}
 }
 
+// The router expects an answer as long as those of the requests that opened
+// the same way (an application's system prompt) and of its conversation,
+// and the decision prices it so; with GlobalOutput, as long as any.
+func TestExpectedOutputByApplication(t *testing.T) {
+	for _, global := range []bool{false, true} {
+		r := newRouter(t, policy.DefaultName, 2, false)
+		r.cfg.GlobalOutput = global
+		rng := rand.New(rand.NewPCG(1, 1))
+		const tools, reports = 11, 22
+		for i := range 200 {
+			req := policy.Request{PromptTokens: 64, Blocks: blocks(uint64(i+1), 4), PrefixKey: tools, SessionKey: fmt.Sprint("t", i)}
+			out := 40
+			if i%2 == 1 {
+				req.PrefixKey, req.SessionKey, out = reports, fmt.Sprint("r", i), 800
+			}
+			tk, err := r.Route(0, &req, rng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.FirstToken(&tk, 50*time.Millisecond)
+			r.Decoded(&tk, out, time.Duration(out)*10*time.Millisecond)
+			r.Finish(&tk)
+		}
+		tool := policy.Request{PromptTokens: 64, PrefixKey: tools}
+		report := policy.Request{PromptTokens: 64, PrefixKey: reports}
+		et, er := r.ExpectedOutput(&tool), r.ExpectedOutput(&report)
+		if global {
+			if et != er {
+				t.Errorf("global: %d and %d, want one estimate", et, er)
+			}
+			continue
+		}
+		if et < 40 || et > 60 || er < 750 || er > 800 {
+			t.Errorf("expected tool calls at %d and reports at %d tokens, want about 40 and 800", et, er)
+		}
+		// A conversation of the report writer's whose answers were short.
+		for range 4 {
+			req := policy.Request{PromptTokens: 64, PrefixKey: reports, SessionKey: "terse"}
+			tk, err := r.Route(0, &req, rng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Decoded(&tk, 100, time.Second)
+			r.Finish(&tk)
+		}
+		terse := policy.Request{PromptTokens: 64, PrefixKey: reports, SessionKey: "terse", MaxOutputTokens: 1000}
+		if e := r.ExpectedOutput(&terse); e >= er || e < 100 {
+			t.Errorf("terse conversation expected at %d, want below the application's %d", e, er)
+		}
+		if _, err := r.Route(0, &terse, rng); err != nil || terse.ExpectedOutputTokens != r.ExpectedOutput(&terse) {
+			t.Errorf("the decision priced %d tokens (%v), want the estimate", terse.ExpectedOutputTokens, err)
+		}
+	}
+}
+
 // The router counts requests decoding, learns each replica's ITL from the
 // token gaps it sees, and the output length from what finished.
 func TestDecodeLedgerAndITL(t *testing.T) {
 	r := newRouter(t, policy.DefaultName, 2, false)
 	rng := rand.New(rand.NewPCG(1, 1))
-	if e := r.ExpectedOutput(0); e != DefaultOutputTokens {
+	if e := r.ExpectedOutput(&policy.Request{}); e != DefaultOutputTokens {
 		t.Fatalf("expected output before any request: %d", e)
 	}
-	if e := r.ExpectedOutput(40); e != 40 {
+	if e := r.ExpectedOutput(&policy.Request{MaxOutputTokens: 40}); e != 40 {
 		t.Fatalf("max_tokens must cap the estimate: %d", e)
 	}
 	// Replica a decodes at 10 ms + 1 ms per request in flight.
@@ -536,7 +591,7 @@ func TestDecodeLedgerAndITL(t *testing.T) {
 	if b.ITLSamples > 0 && (math.Abs(b.ITLBaseMS+b.ITLSlopeMS*2-30) > 1) {
 		t.Errorf("b: learned ITL %.2f + %.3f·n, want ≈ 30", b.ITLBaseMS, b.ITLSlopeMS)
 	}
-	if e := r.ExpectedOutput(0); e < 95 || e > 105 {
+	if e := r.ExpectedOutput(&policy.Request{}); e < 95 || e > 105 {
 		t.Errorf("expected output %d after requests of 101 tokens", e)
 	}
 	// A failed request (no Decoded) and a request before its first token

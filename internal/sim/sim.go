@@ -124,6 +124,9 @@ type Signals struct {
 	// BlindPrior starts every replica's online rates from the paper
 	// engine's, as a router that knows nothing of its fleet's hardware.
 	BlindPrior bool
+	// GlobalOutput: the router expects every answer to be as long as the
+	// mean of all (router.Config.GlobalOutput).
+	GlobalOutput bool
 }
 
 // DefaultInterval is the paper's probe and scrape period.
@@ -605,7 +608,8 @@ func (s *simulator) class(i int) admit.Class {
 	if s.cfg.HideMaxTokens {
 		maxTokens = 0
 	}
-	return admit.Class{Tenant: tr.Tenant, Priority: p, Tokens: tr.InputTokens + s.sites[0].rt.ExpectedOutput(maxTokens)}
+	req := policy.Request{SessionKey: tr.Session, PrefixKey: s.prefixKeys[i], MaxOutputTokens: maxTokens}
+	return admit.Class{Tenant: tr.Tenant, Priority: p, Tokens: tr.InputTokens + s.sites[0].rt.ExpectedOutput(&req)}
 }
 
 // refuse fails request i as admission's 429.

@@ -103,6 +103,7 @@ type genConv struct {
 	session string   // given at the first request in the window
 	turn    int      // turns sent so far
 	turns   int      // planned turns
+	verbose float64  // factor on its outputs (1 without the preset's verbosity)
 	ctx     int      // tokens so far: system prompt, messages and outputs
 	ids     []uint64 // ids of its own full blocks, after the tenant's
 }
@@ -196,7 +197,10 @@ func (g *generator) startConv(u *genUser) {
 	if g.rng.Float64() >= g.p.singleTurn {
 		turns, msg = max(2, g.p.turns.intn(g.rng)), g.p.firstMsg
 	}
-	u.conv = genConv{turns: turns, ctx: u.tenant.systemTokens}
+	u.conv = genConv{turns: turns, verbose: 1, ctx: u.tenant.systemTokens}
+	if s := g.p.verbosity; s > 0 {
+		u.conv.verbose = math.Exp(s * g.rng.NormFloat64())
+	}
 	room := g.p.maxContext - u.conv.ctx
 	u.nextMsg = min(max(1, msg.intn(g.rng)), room)
 }
@@ -207,7 +211,14 @@ func (g *generator) fire(u *genUser) bool {
 	p, c, t := g.p, &u.conv, u.next
 	c.turn++
 	prompt := c.ctx + u.nextMsg
-	out := max(1, p.output.intn(g.rng))
+	output := &p.output
+	if u.tenant.output != nil {
+		output = u.tenant.output
+	}
+	out := max(1, int(math.Round(c.verbose*output.sample(g.rng))))
+	if c.verbose != 1 {
+		out = min(out, int(output.hi))
+	}
 	if t >= 0 && t < g.end {
 		g.emit(u, t, prompt, out)
 	}

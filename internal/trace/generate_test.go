@@ -31,7 +31,7 @@ func TestGenerateErrors(t *testing.T) {
 		cfg  GenConfig
 		want string
 	}{
-		{GenConfig{Preset: "nope"}, `unknown workload preset "nope" (valid: agent, artchat, chat)`},
+		{GenConfig{Preset: "nope"}, `unknown workload preset "nope" (valid: agent, apps, artchat, chat)`},
 		{GenConfig{Duration: -time.Second}, "generating artchat: duration must be non-negative, got -1s"},
 		{GenConfig{Rate: -1}, "generating artchat: rate must be a finite number >= 0 (0 = preset default), got -1"},
 	}
@@ -41,7 +41,7 @@ func TestGenerateErrors(t *testing.T) {
 			t.Errorf("Generate(%+v) error = %v\nwant %s", tt.cfg, err, tt.want)
 		}
 	}
-	if got, want := Presets(), []string{"agent", "artchat", "chat"}; !reflect.DeepEqual(got, want) {
+	if got, want := Presets(), []string{"agent", "apps", "artchat", "chat"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Presets() = %v, want %v", got, want)
 	}
 	for _, p := range Presets() {

@@ -41,8 +41,13 @@ type preset struct {
 	// of a multi-turn conversation and of what is appended before each later
 	// turn (user message or tool result).
 	singleMsg, firstMsg, nextMsg dist
-	// output is the output tokens of a request (rounded, at least 1).
+	// output is the output tokens of a request (rounded, at least 1),
+	// unless its tenant has its own.
 	output dist
+	// verbosity is the sigma of a per-conversation lognormal factor, of
+	// median 1, that multiplies its outputs (a user who asked for short
+	// answers gets short answers all along); 0: none.
+	verbosity float64
 	// think is the time (s) from the end of a response to the next turn;
 	// convGap the time from the end of a conversation to the user's next
 	// (unused when userLife is 0).
@@ -61,6 +66,9 @@ type preset struct {
 type tenantSpec struct {
 	systemTokens int
 	weight       float64
+	// output, if set, is the tenant's own output length (an application
+	// whose answers are tool calls, or reports), instead of the preset's.
+	output *dist
 }
 
 // dist is a clamped lognormal (median, sigma) or, when uniform, a uniform
@@ -104,7 +112,7 @@ var presets = map[string]*preset{
 		userLife: 3 * 3600,
 		warmup:   2 * 3600,
 		tenants: []tenantSpec{
-			{1100, 0.75}, {700, 1}, {620, 1}, {540, 1}, {400, 1}, {300, 1}, {950, 1}, {200, 1},
+			{1100, 0.75, nil}, {700, 1, nil}, {620, 1, nil}, {540, 1, nil}, {400, 1, nil}, {300, 1, nil}, {950, 1, nil}, {200, 1, nil},
 		},
 		singleTurn: 0.91,
 		turns:      logn(31, 0.4, 2, 400),
@@ -127,7 +135,7 @@ var presets = map[string]*preset{
 		userRate: 2.3,
 		warmup:   3600,
 		tenants: []tenantSpec{
-			{0, 8}, {600, 0.7}, {900, 0.7}, {1300, 0.6},
+			{0, 8, nil}, {600, 0.7, nil}, {900, 0.7, nil}, {1300, 0.6, nil},
 		},
 		singleTurn: 0.45,
 		turns:      logn(3, 0.6, 2, 40),
@@ -150,7 +158,7 @@ var presets = map[string]*preset{
 		userRate: 11.25,
 		warmup:   600,
 		tenants: []tenantSpec{
-			{1600, 1}, {2100, 1}, {2500, 1}, {2900, 1}, {3400, 1}, {3900, 1},
+			{1600, 1, nil}, {2100, 1, nil}, {2500, 1, nil}, {2900, 1, nil}, {3400, 1, nil}, {3900, 1, nil},
 		},
 		singleTurn: 0,
 		turns:      unif(3.5, 12.5),
@@ -161,7 +169,40 @@ var presets = map[string]*preset{
 		tokenTime:  0.010,
 		maxContext: 131072,
 	},
+	// apps: several applications on one fleet, each with its system prompt
+	// and its own answer lengths: a tool-calling agent (short calls), two
+	// chat assistants, a report writer (long answers), and users with no
+	// system prompt; a conversation's answers share a verbosity. Prompts
+	// and turns are chat's. How long an answer will be is then told in
+	// part by the application and the conversation it belongs to.
+	"apps": {
+		name:     "apps",
+		summary:  "several applications on one fleet: tool calls (~40 tokens), chat (~250), reports (~700), each under its own system prompt; 2-3 turns",
+		rate:     5.7,
+		userRate: 2.3,
+		warmup:   3600,
+		tenants: []tenantSpec{
+			{1800, 1, &toolCalls}, {600, 1, &chatting}, {900, 1, &chatting}, {1300, 0.7, &reports}, {0, 2, nil},
+		},
+		singleTurn: 0.45,
+		turns:      logn(3, 0.6, 2, 40),
+		singleMsg:  logn(230, 1.2, 4, 32000),
+		firstMsg:   logn(230, 1.2, 4, 32000),
+		nextMsg:    logn(90, 1.2, 2, 16000),
+		output:     logn(250, 0.8, 1, 1024),
+		verbosity:  0.5,
+		think:      logn(40, 1.0, 2, 1800),
+		tokenTime:  0.010,
+		maxContext: 131072,
+	},
 }
+
+// The apps preset's answer lengths, by application.
+var (
+	toolCalls = logn(40, 0.8, 1, 256)
+	chatting  = logn(250, 0.8, 1, 1024)
+	reports   = logn(700, 0.5, 64, 2048)
+)
 
 // Presets returns the names of the built-in workload presets, sorted.
 func Presets() []string {

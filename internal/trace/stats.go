@@ -1,14 +1,18 @@
 package trace
 
 import (
-	"github.com/gorgo-llm/gorgo/internal/report"
-
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/gorgo-llm/gorgo/internal/estimate"
+	"github.com/gorgo-llm/gorgo/internal/report"
 )
 
 // Dist summarises a distribution of token counts. Percentiles interpolate
@@ -38,6 +42,42 @@ type Reuse struct {
 	CrossUser    float64 `json:"cross_user"`
 }
 
+// OutputError is the mean absolute error, in tokens, of estimates of each
+// answer's length from the answers before it (in arrival order): Global
+// from the running mean of all, Keyed from the same moved toward the means
+// of the answers whose prompts opened with the same block and of the same
+// session (estimate.Outputs: what the router's estimate learns, which keys
+// the opening by the prompt's first 256 tokens). Keyed below Global says a
+// request's application or conversation tells its answer's length.
+type OutputError struct {
+	Global float64 `json:"global"`
+	Keyed  float64 `json:"keyed"`
+}
+
+// outputError replays reqs' answers through the router's estimator.
+func outputError(reqs []Request, prior float64) OutputError {
+	global := estimate.NewOutputs(prior, 0)
+	keyed := estimate.NewOutputs(prior, 0)
+	var e OutputError
+	for _, r := range reqs {
+		var opening, session uint64
+		if len(r.HashIDs) > 0 {
+			opening = xxhash.Sum64String(r.Model) ^ (r.HashIDs[0]+1)*0x9e3779b97f4a7c15
+		}
+		if r.Session != "" {
+			session = xxhash.Sum64String(r.Session) | 1
+		}
+		x := float64(r.OutputTokens)
+		e.Global += math.Abs(x - global.Expect())
+		e.Keyed += math.Abs(x - keyed.Expect(opening, session))
+		global.Observe(r.OutputTokens)
+		keyed.Observe(r.OutputTokens, opening, session)
+	}
+	e.Global /= float64(len(reqs))
+	e.Keyed /= float64(len(reqs))
+	return e
+}
+
 // Stats describes a workload. A request's turn is its Turn field, or, when
 // that is 0 (unknown), its 1-based position among its session's requests in
 // the trace. A request with an empty Session is a session of its own; a
@@ -58,6 +98,9 @@ type Stats struct {
 	DistinctArrivals    int     `json:"distinct_arrivals"`
 	SimultaneousShare   float64 `json:"simultaneous_share"`
 	LargestSimultaneous int     `json:"largest_simultaneous"`
+	// OutputError is how well an answer's length is told by the answers
+	// before it.
+	OutputError OutputError `json:"output_error"`
 	// InputTokens is the distribution of prompt lengths, in tokens.
 	InputTokens Dist `json:"input_tokens"`
 	// OutputTokens is the distribution of output lengths, in tokens.
@@ -128,6 +171,7 @@ func ComputeStats(reqs []Request) Stats {
 		st.TotalInputTokens += int64(r.InputTokens)
 	}
 	st.InputTokens, st.OutputTokens = distOf(in), distOf(out)
+	st.OutputError = outputError(reqs, 256)
 
 	sessionOf, users := indexOwners(reqs)
 	sessionReqs := make([]int, 0, len(reqs))
@@ -334,6 +378,8 @@ func (st Stats) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(tw, "input tokens\t%s\n", dist(st.InputTokens))
 	fmt.Fprintf(tw, "output tokens\t%s\n", dist(st.OutputTokens))
+	fmt.Fprintf(tw, "  estimate error\t±%.0f from the running mean, ±%.0f keyed by opening and session\n",
+		st.OutputError.Global, st.OutputError.Keyed)
 	fmt.Fprintf(tw, "sessions\t%d (requests per session: mean %.2f, p50 %.0f)\n",
 		st.Sessions, st.RequestsPerSession, st.RequestsPerSessionP50)
 	fmt.Fprintf(tw, "multi-turn sessions\t%d (highest turn: mean %.1f)\n",

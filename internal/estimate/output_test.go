@@ -16,37 +16,63 @@ func TestOutputsPrior(t *testing.T) {
 	}
 }
 
-// Two applications, one answering in ~40 tokens and one in ~700: keyed by
-// application, each is expected near its own mean, and a conversation's
-// verbosity moves its requests further; the global mean is neither.
+// Two applications, one answering in ~40 tokens and one in ~700, and
+// conversations of their own verbosity: keyed by application and
+// conversation, each request is expected near its own mean; the global mean
+// is neither.
 func TestOutputsLearnsByKey(t *testing.T) {
 	o := NewOutputs(256, 0)
 	rng := rand.New(rand.NewPCG(1, 2))
 	const tools, reports = 1, 2
-	for i := range 2000 {
-		if i%2 == 0 {
-			o.Observe(int(40*math.Exp(0.3*rng.NormFloat64())), tools, 0)
-		} else {
-			o.Observe(int(700*math.Exp(0.3*rng.NormFloat64())), reports, 0)
+	verbosity := map[uint64]float64{}
+	for i := range 4000 {
+		app, median := uint64(tools), 40.0
+		if i%2 == 1 {
+			app, median = reports, 700
 		}
+		conv := 1000*app + uint64(rng.IntN(100)) // a conversation keeps to its application
+		if verbosity[conv] == 0 {
+			verbosity[conv] = math.Exp(0.5 * rng.NormFloat64())
+		}
+		o.Observe(int(median*verbosity[conv]*math.Exp(0.2*rng.NormFloat64())), app, conv)
 	}
-	if g := o.Global(); g < 300 || g > 450 {
-		t.Errorf("global mean %v, want about 380", g)
+	if d := o.Depth(); d != 2 {
+		t.Fatalf("keys used to depth %d, want 2 (application and conversation)", d)
 	}
-	if e := o.Expect(tools); e < 35 || e > 60 {
+	if g := o.Global(); g < 300 || g > 500 {
+		t.Errorf("global mean %v, want about 400", g)
+	}
+	// A new conversation of each application.
+	if e := o.Expect(tools, 9); e < 35 || e > 60 {
 		t.Errorf("tool calls expected at %v, want about 40", e)
 	}
-	if e := o.Expect(reports); e < 600 || e > 800 {
-		t.Errorf("reports expected at %v, want about 700", e)
+	r := o.Expect(reports, 9)
+	if r < 600 || r > 850 {
+		t.Errorf("reports expected at %v, want about 700", r)
 	}
-	// A terse conversation of the report writer.
+	// A terse conversation of the report writer's.
 	const terse = 3
 	for range 3 {
 		o.Observe(200, reports, terse)
 	}
-	e := o.Expect(reports, terse)
-	if r := o.Expect(reports); !(e < r && e > 200) {
+	if e := o.Expect(reports, terse); !(e < r && e > 200) {
 		t.Errorf("terse conversation expected at %v, want between 200 and the application's %v", e, r)
+	}
+}
+
+// Where the keys do not tell the length (every answer drawn alone), the
+// keyed means only add noise: the estimate is the global mean.
+func TestOutputsIgnoresKeysThatTellNothing(t *testing.T) {
+	o := NewOutputs(256, 0)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 4000 {
+		o.Observe(int(250*math.Exp(0.8*rng.NormFloat64())), uint64(1+rng.IntN(8)), uint64(10+rng.IntN(500)))
+	}
+	if d := o.Depth(); d != 0 {
+		t.Errorf("keys used to depth %d, want 0", d)
+	}
+	if e, g := o.Expect(3, 42), o.Global(); e != g {
+		t.Errorf("expected %v, want the global mean %v", e, g)
 	}
 }
 
@@ -54,12 +80,13 @@ func TestOutputsLearnsByKey(t *testing.T) {
 // requests' worth of the broader mean stay in it.
 func TestOutputsShrinks(t *testing.T) {
 	o := NewOutputs(100, 0)
-	o.Observe(100) // global stays 100
 	o.Observe(600, 5)
-	g := o.Global()
-	want := (600 + OutputPrior*g) / (1 + OutputPrior)
-	if e := o.Expect(5); math.Abs(e-want) > 1e-9 {
-		t.Errorf("one answer of 600 under a key: %v, want %v", e, want)
+	want := (600 + OutputPrior*77.0) / (1 + OutputPrior)
+	if e := o.shrink(77, 5); math.Abs(e-want) > 1e-9 {
+		t.Errorf("one answer of 600 under a key, from 77: %v, want %v", e, want)
+	}
+	if e := o.shrink(77, 6); e != 77 {
+		t.Errorf("an unknown key moved the estimate to %v", e)
 	}
 }
 
@@ -76,12 +103,11 @@ func TestOutputsBounded(t *testing.T) {
 	if len(o.order) != 64 || cap(o.order) != 64 {
 		t.Errorf("ring of %d (cap %d), want 64", len(o.order), cap(o.order))
 	}
-	g := o.Global()
-	if e := o.Expect(10_000); e == g {
-		t.Error("the newest key was forgotten")
+	if o.keys[10_000] == nil || o.keys[10_000-63] == nil {
+		t.Error("one of the newest keys was forgotten")
 	}
-	if e := o.Expect(1); e != g {
-		t.Errorf("the oldest key is still remembered: %v against the global %v", e, g)
+	if o.keys[1] != nil || o.keys[10_000-64] != nil {
+		t.Error("an old key is still remembered")
 	}
 }
 

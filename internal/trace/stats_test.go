@@ -126,8 +126,9 @@ func TestComputeStatsTurns(t *testing.T) {
 }
 
 // The estimate errors, worked by hand: the running mean misses the four
-// answers by 246, 231, 216 and 202 tokens; keyed by opening (all four share
-// block 1) and session, by 246, 183, 107 and 107.
+// answers by 246, 231, 216 and 202 tokens; keyed (all four open with block
+// 1), by 246 and 231 (no key has told better yet), then 139 (the opening's
+// mean has) and 107 (the session's too, though c's is new).
 func TestWriteText(t *testing.T) {
 	var b bytes.Buffer
 	if err := ComputeStats(statsTrace()).WriteText(&b); err != nil {
@@ -138,7 +139,7 @@ duration               4.0 s (first to last arrival)
 mean rate              1.00 req/s
 input tokens           p50 812  p90 1427  p95 1514  p99 1583  mean 881  max 1600
 output tokens          p50 25   p90 37    p95 38    p99 40    mean 25   max 40
-  estimate error       ±224 from the running mean, ±161 keyed by opening and session
+  estimate error       ±224 from the running mean, ±181 keyed by opening and session
 sessions               3 (requests per session: mean 1.33, p50 1)
 multi-turn sessions    1 (highest turn: mean 2.0)
 multi-turn requests    25.00% (turn >= 2)

@@ -591,7 +591,8 @@ const minITLTokens = 4
 // length of the answers it has seen, moved toward the mean of those to
 // requests that opened with the same prompt (an application's system
 // prompt, or a conversation's first message) and then of those in the same
-// conversation, each as far as it has seen enough of them (estimate.Outputs);
+// conversation, each as far as it has seen enough of them, and only as deep
+// as those keys have lately told answers' lengths better (estimate.Outputs);
 // capped by req's max_tokens. The router never knows the true length.
 func (r *Router) ExpectedOutput(req *policy.Request) int {
 	k := r.outputKeys(req)
@@ -603,17 +604,19 @@ func (r *Router) ExpectedOutput(req *policy.Request) int {
 }
 
 // outputKeys are the keys of req's answer length, broadest first: its
-// prompt's opening (PrefixKey), then its conversation (SessionKey); none
-// with GlobalOutput. Each is mixed with its own seed, so that the two never
-// share a key. A request whose opening is its conversation's (no system
-// prompt) is counted twice under one conversation: that is as it should be.
+// prompt's opening (PrefixKey) to its model (one system prompt may be
+// answered at other lengths by another model), then its conversation
+// (SessionKey); none with GlobalOutput. Each is mixed with its own seed, so
+// that the two never share a key. A request whose opening is its
+// conversation's (no system prompt) is counted twice under one conversation:
+// that is as it should be.
 func (r *Router) outputKeys(req *policy.Request) [2]uint64 {
 	if r.cfg.GlobalOutput {
 		return [2]uint64{}
 	}
 	var k [2]uint64
 	if req.PrefixKey != 0 {
-		k[0] = prefix.Fmix64(req.PrefixKey ^ 0x9e3779b97f4a7c15)
+		k[0] = prefix.Fmix64(req.PrefixKey ^ prefix.ModelKey(req.Model) ^ 0x9e3779b97f4a7c15)
 	}
 	if req.SessionKey != "" {
 		k[1] = prefix.Fmix64(xxhash.Sum64String(req.SessionKey))

@@ -538,6 +538,11 @@ func TestExpectedOutputByApplication(t *testing.T) {
 		if _, err := r.Route(0, &terse, rng); err != nil || terse.ExpectedOutputTokens != r.ExpectedOutput(&terse) {
 			t.Errorf("the decision priced %d tokens (%v), want the estimate", terse.ExpectedOutputTokens, err)
 		}
+		// The same system prompt to another model is another application.
+		other := policy.Request{PromptTokens: 64, PrefixKey: reports, Model: "other"}
+		if e, er := r.ExpectedOutput(&other), r.ExpectedOutput(&report); e >= er*3/4 {
+			t.Errorf("another model's reports expected at %d, want the overall mean, well below the model's %d", e, er)
+		}
 	}
 }
 

@@ -121,7 +121,7 @@ var DefaultE2EWeights = Weights{RTT: 1, Queue: 1, Decode: 0.2, ITL: 0.2}
 // gorgoE2E prices, in ms, both what a request will wait for its first
 // token and what its decode will cost, the others' and its own:
 //
-//	ttft  = w_rtt·rtt + uncached·prefill_ms + w_queue·backlog·queue_ms   (gorgo-ms)
+//	ttft  = w_rtt·rtt + uncached·prefill_ms + w_queue·(backlog·queue_ms + memory)
 //	stall = decoding·uncached·prefill_ms   its prefill stalls the requests decoding there
 //	own   = E·(base + slope·(n+1))         its decode: E tokens at the ITL it will see
 //	cost  = ttft + w_decode·stall + w_itl·own
@@ -131,6 +131,10 @@ var DefaultE2EWeights = Weights{RTT: 1, Queue: 1, Decode: 0.2, ITL: 0.2}
 // the output length (Request.ExpectedOutputTokens), base and slope the
 // replica's inter-token latency model, learned from the token gaps the
 // router observes (Replica.ITLBaseMS, ITLSlopeMS).
+//
+// memory is the wait for room in the replica's KV cache (kvWait): zero
+// while the requests in flight there and this one fit, so that without
+// decode weights, and with room, the policy is gorgo-ms.
 //
 // Where gorgo-ms piles requests on the nearest replica, whose decodes then
 // crawl, the stall term pushes back: while an engine prefills a prompt
@@ -166,9 +170,33 @@ func (p *gorgoE2E) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Ran
 				w.ITL*e*(r.ITLBaseMS+r.ITLSlopeMS*float64(r.InFlight+1)),
 			Adapter: r.AdapterMS,
 		}
+		t.Queue += w.Queue * kvWait(r, req, e)
 		t.Total = t.RTT + t.Prefill + t.Queue + t.Decode + t.Adapter
 		d.Scores = append(d.Scores, t)
 	}
 	d.Replica = ByScore
 	return nil
+}
+
+// kvWait is how long (ms) req would wait at r for room in its KV cache,
+// expecting e output tokens. The requests in flight hold their prompts and
+// the outputs decoded so far (half of e each, on average, for those
+// decoding); req needs its uncached prompt and its output. What does not
+// fit waits for sequences to finish, and a sequence lives about e tokens
+// at the ITL it sees there, so the resident tokens free at resident/life
+// per ms. An engine whose cache is full queues requests behind memory, not
+// behind prefill: the backlog term, priced at prefill speed, cannot see it.
+// Zero when the capacity is unknown.
+func kvWait(r *Replica, req *Request, e float64) float64 {
+	c := float64(r.KVCapacityTokens)
+	if c <= 0 {
+		return 0
+	}
+	resident := float64(r.UnfinishedTokens) + float64(r.Decoding)*e/2
+	deficit := resident + float64(max(req.PromptTokens-r.CachedTokens, 0)) + e - c
+	if deficit <= 0 || resident <= 0 {
+		return 0
+	}
+	life := e * (r.ITLBaseMS + r.ITLSlopeMS*float64(r.InFlight+1))
+	return deficit * life / resident
 }

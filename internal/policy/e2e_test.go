@@ -105,3 +105,40 @@ func TestPickSurvivesNaN(t *testing.T) {
 		}
 	}
 }
+
+// A replica whose KV cache cannot hold the request beside those in flight
+// makes it wait for sequences to finish: the wait is priced in the queue
+// term, and the request goes where it fits.
+func TestGorgoE2EWaitsForMemory(t *testing.T) {
+	reps := with(fleet(40, 40), func(r []Replica) {
+		for i := range r {
+			r[i].UnfinishedTokens, r[i].Decoding, r[i].InFlight = 8000, 4, 5
+			r[i].ITLBaseMS, r[i].ITLSlopeMS = 10, 0.5
+		}
+		r[0].KVCapacityTokens = 10000
+		r[1].KVCapacityTokens = 100000
+	})
+	req := Request{PromptTokens: 2000, ExpectedOutputTokens: 500}
+	reps[0].CachedTokens = 500
+	// a holds 8000 + 4·250 = 9000 tokens and needs 1500 + 500 more: 1000
+	// too many, freed at 9000 tokens per 500·(10 + 0.5·6) = 6500 ms.
+	want := 1000 * 6500.0 / 9000
+	if got := kvWait(&reps[0], &req, 500); math.Abs(got-want) > 1e-9 {
+		t.Errorf("wait for memory %v ms, want %v", got, want)
+	}
+	if got := kvWait(&reps[1], &req, 500); got != 0 {
+		t.Errorf("wait where it fits: %v ms", got)
+	}
+	reps[0].KVCapacityTokens = 0
+	if got := kvWait(&reps[0], &req, 500); got != 0 {
+		t.Errorf("wait where the capacity is unknown: %v ms", got)
+	}
+	reps[0].KVCapacityTokens = 10000
+	i, d := decide(t, "gorgo-e2e", Options{}, exact, req, reps, 1)
+	if i != 1 {
+		t.Errorf("chose %d (scores %+v), want the replica with room", i, d.Scores)
+	}
+	if q := d.Scores[0].Queue - d.Scores[1].Queue; math.Abs(q-want) > 1e-9 {
+		t.Errorf("queue terms differ by %v, want the wait %v", q, want)
+	}
+}

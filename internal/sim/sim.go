@@ -608,7 +608,7 @@ func (s *simulator) class(i int) admit.Class {
 	if s.cfg.HideMaxTokens {
 		maxTokens = 0
 	}
-	req := policy.Request{SessionKey: tr.Session, PrefixKey: s.prefixKeys[i], MaxOutputTokens: maxTokens}
+	req := policy.Request{SessionKey: tr.Session, PrefixKey: s.prefixKeys[i], MaxOutputTokens: maxTokens, Model: tr.Model}
 	return admit.Class{Tenant: tr.Tenant, Priority: p, Tokens: tr.InputTokens + s.sites[0].rt.ExpectedOutput(&req)}
 }
 

@@ -46,9 +46,10 @@ type Reuse struct {
 // answer's length from the answers before it (in arrival order): Global
 // from the running mean of all, Keyed from the same moved toward the means
 // of the answers whose prompts opened with the same block and of the same
-// session (estimate.Outputs: what the router's estimate learns, which keys
-// the opening by the prompt's first 256 tokens). Keyed below Global says a
-// request's application or conversation tells its answer's length.
+// session (estimate.Outputs, as the router's estimate learns; the router
+// keys the opening by the prompt's first tokens and its model, this by the
+// first block's hash and the model). Keyed below Global says a request's
+// application or conversation tells its answer's length.
 type OutputError struct {
 	Global float64 `json:"global"`
 	Keyed  float64 `json:"keyed"`

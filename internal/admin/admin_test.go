@@ -212,6 +212,7 @@ func TestTunerShowsFallbacks(t *testing.T) {
 	}
 	_, body = do(t, "GET", admin+"/metrics", "")
 	for _, want := range []string{"gorgo_tuner_judged_total 0", "gorgo_tuner_fallbacks_total 0", "gorgo_tuner_paused 1", "gorgo_tuner_step_size 0.5",
+		"gorgo_output_estimate_tokens 256", "gorgo_output_estimate_depth 0", "gorgo_output_estimate_keys 0",
 		`gorgo_policy_weight{policy="gorgo-online",weight="decode"} 0.2`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)

@@ -61,6 +61,9 @@ var (
 	descITL      = prometheus.NewDesc("gorgo_replica_itl_seconds", "The replica's learned inter-token latency at its current load.", []string{"replica"}, nil)
 	descWeight   = prometheus.NewDesc("gorgo_policy_weight", "The routing policy's parameters (for the online tuner, its incumbent's).", []string{"policy", "weight"}, nil)
 
+	descOutputMean     = prometheus.NewDesc("gorgo_output_estimate_tokens", "The running mean of answers' lengths, in tokens (the router's estimate before keys).", nil, nil)
+	descOutputDepth    = prometheus.NewDesc("gorgo_output_estimate_depth", "How many keys the estimate of an answer's length uses now: 0 the running mean alone, 1 the request's application (its prompt's opening) too, 2 and its conversation.", nil, nil)
+	descOutputKeys     = prometheus.NewDesc("gorgo_output_estimate_keys", "Applications and conversations the estimate of answers' lengths remembers (bounded).", nil, nil)
 	descTunerJudged    = prometheus.NewDesc("gorgo_tuner_judged_total", "Candidate weights the online tuner judged.", nil, nil)
 	descTunerAccepted  = prometheus.NewDesc("gorgo_tuner_accepted_total", "Candidate weights the online tuner accepted.", nil, nil)
 	descTunerFallbacks = prometheus.NewDesc("gorgo_tuner_fallbacks_total", "Times a change of the fleet sent the online tuner back to its starting weights.", nil, nil)
@@ -78,7 +81,7 @@ type tunerState interface {
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInFlight, descTokens, descBacklog, descDecoding, descRTTEst, descITL, descWeight,
-		descTunerJudged, descTunerAccepted, descTunerFallbacks, descTunerStep, descTunerPaused} {
+		descOutputMean, descOutputDepth, descOutputKeys, descTunerJudged, descTunerAccepted, descTunerFallbacks, descTunerStep, descTunerPaused} {
 		ch <- d
 	}
 }
@@ -95,6 +98,10 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		g(descRTTEst, st.RTT.Seconds())
 		g(descITL, (st.ITLBaseMS+st.ITLSlopeMS*float64(st.InFlight))/1000)
 	}
+	out := c.f.rt.Outputs()
+	ch <- prometheus.MustNewConstMetric(descOutputMean, prometheus.GaugeValue, out.Mean)
+	ch <- prometheus.MustNewConstMetric(descOutputDepth, prometheus.GaugeValue, float64(out.Depth))
+	ch <- prometheus.MustNewConstMetric(descOutputKeys, prometheus.GaugeValue, float64(out.Keys))
 	w := Params(c.f.policy)
 	name := c.f.policy.Name()
 	for _, k := range slices.Sorted(maps.Keys(w)) {

@@ -603,6 +603,24 @@ func (r *Router) ExpectedOutput(req *policy.Request) int {
 	return max(e, 1)
 }
 
+// OutputEstimate is the state of the router's estimate of answers' lengths,
+// as an operator sees it.
+type OutputEstimate struct {
+	// Mean is the running mean of all answers, in tokens.
+	Mean float64
+	// Depth is how many keys the estimate uses now: 0, the mean alone; 1,
+	// moved toward the request's application (its prompt's opening); 2,
+	// and toward its conversation.
+	Depth int
+	// Keys is how many applications and conversations it remembers.
+	Keys int
+}
+
+// Outputs returns the state of the estimate of answers' lengths.
+func (r *Router) Outputs() OutputEstimate {
+	return OutputEstimate{Mean: r.outputs.Global(), Depth: r.outputs.Depth(), Keys: r.outputs.Keys()}
+}
+
 // outputKeys are the keys of req's answer length, broadest first: its
 // prompt's opening (PrefixKey) to its model (one system prompt may be
 // answered at other lengths by another model), then its conversation

@@ -186,7 +186,10 @@ func (p *gorgoE2E) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Ran
 // at the ITL it sees there, so the resident tokens free at resident/life
 // per ms. An engine whose cache is full queues requests behind memory, not
 // behind prefill: the backlog term, priced at prefill speed, cannot see it.
-// Zero when the capacity is unknown.
+// Zero when the capacity is unknown. Prompts in flight that share a cached
+// prefix are each counted whole (the router does not know which blocks they
+// share), so where many share a long one the wait starts early.
+// Only this router's requests (and its mesh peers') are counted.
 func kvWait(r *Replica, req *Request, e float64) float64 {
 	c := float64(r.KVCapacityTokens)
 	if c <= 0 {

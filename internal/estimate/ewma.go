@@ -1,8 +1,9 @@
 // Package estimate turns raw observations into the estimates a router
 // routes on: an exponentially weighted moving average for round trips, an
-// online least-squares model of TTFT for per-replica rates, and one of a
-// replica's inter-token latency against its load. Nothing here reads a
-// clock; observations come with their values.
+// online least-squares model of TTFT for per-replica rates, one of a
+// replica's inter-token latency against its load, and the expected length
+// of an answer from those before it. Nothing here reads a clock;
+// observations come with their values.
 package estimate
 
 // EWMA is an exponentially weighted moving average. The zero value has no

@@ -13,18 +13,22 @@ import "sync"
 // them, the keyed means wander around the global one, and an estimate made
 // of them is worse than the global mean (and moves decisions for nothing).
 // So Outputs scores, on every answer, what each depth of keys would have
-// predicted (the global mean; shrunk toward the first key; toward both), and
-// answers with the deepest whose recent squared error is clearly below the
-// shallower ones' (by OutputEdge).
+// predicted (the global mean; shrunk toward the first key; toward both),
+// and answers with the deepest whose recent squared error is clearly below
+// (by OutputEdge) that of the best shallower depth.
 //
-// It remembers at most capacity keys, forgetting the oldest first, so that
-// clients inventing keys cannot grow it. It is safe for concurrent use.
+// It remembers at most capacity keys of each depth, so that clients
+// inventing keys cannot grow it; when full it forgets the oldest key not
+// used since the last time the search for one passed it (a second chance),
+// so that an application's key, used by every request, is not pushed out by
+// a stream of new conversations. It is safe for concurrent use.
 type Outputs struct {
 	mu     sync.Mutex
 	global float64 // running mean over all requests
 	keys   map[uint64]*outputMean
-	order  []uint64 // keys in the order they came, a ring once full
-	next   int      // the ring's oldest slot
+	// rings hold each depth's keys in the order they came (0: first keys,
+	// 1: second), as rings once full.
+	rings [maxOutputKeys]outputRing
 	// mse is the recent squared error of each depth's predictions (0: the
 	// global mean, 1: shrunk toward the first key, 2: toward both), and
 	// depth the one Expect uses.
@@ -38,6 +42,13 @@ const maxOutputKeys = 2
 type outputMean struct {
 	mean float64
 	n    int
+	used bool // observed since the eviction hand last passed it
+}
+
+// outputRing is one depth's keys, oldest at hand once full.
+type outputRing struct {
+	keys []uint64
+	hand int
 }
 
 // Output estimates' constants.
@@ -51,27 +62,33 @@ const (
 	// OutputPrior is how many requests' worth of weight the broader
 	// estimate carries against a key's mean.
 	OutputPrior = 4
-	// OutputKeys is the default number of keys remembered.
+	// OutputKeys is the default number of keys remembered of each depth.
 	OutputKeys = 1 << 14
 	// OutputScoreAlpha is the weight of an answer in each depth's squared
 	// error (a memory of about 200 answers).
 	OutputScoreAlpha = 0.005
 	// OutputEdge is how much lower a deeper estimate's squared error must be
-	// than each shallower one's for Expect to use it.
+	// than the best shallower one's for Expect to use it.
 	OutputEdge = 0.95
 )
 
 // NewOutputs returns an estimator that expects prior tokens before it has
-// seen an answer and remembers up to capacity keys (OutputKeys if 0).
+// seen an answer and remembers up to capacity keys of each depth
+// (OutputKeys if 0).
 func NewOutputs(prior float64, capacity int) *Outputs {
 	if capacity <= 0 {
 		capacity = OutputKeys
 	}
-	return &Outputs{global: prior, keys: make(map[uint64]*outputMean), order: make([]uint64, 0, capacity)}
+	o := &Outputs{global: prior, keys: make(map[uint64]*outputMean)}
+	for i := range o.rings {
+		o.rings[i].keys = make([]uint64, 0, capacity)
+	}
+	return o
 }
 
 // Observe records an answer of tokens tokens to a request with those keys,
-// broadest first (0: none; at most two).
+// broadest first (0: none; at most two). The keys of different depths must
+// differ (the router seeds them apart).
 func (o *Outputs) Observe(tokens int, keys ...uint64) {
 	x := float64(tokens)
 	keys = keys[:min(len(keys), maxOutputKeys)]
@@ -92,15 +109,16 @@ func (o *Outputs) Observe(tokens int, keys ...uint64) {
 		}
 	}
 	o.global += OutputGlobalAlpha * (x - o.global)
-	for _, k := range keys {
+	for i, k := range keys {
 		if k == 0 {
 			continue
 		}
 		m := o.keys[k]
 		if m == nil {
-			m = o.add(k)
+			m = o.add(&o.rings[i], k)
 		}
 		m.n++
+		m.used = true
 		m.mean += (x - m.mean) / float64(min(m.n, OutputKeyMemory))
 	}
 }
@@ -116,14 +134,24 @@ func (o *Outputs) shrink(e float64, k uint64) float64 {
 	return (n*m.mean + OutputPrior*e) / (n + OutputPrior)
 }
 
-// add remembers a new key, forgetting the oldest if full. Call with mu.
-func (o *Outputs) add(k uint64) *outputMean {
-	if len(o.order) < cap(o.order) {
-		o.order = append(o.order, k)
+// add remembers a new key in ring r, forgetting one if r is full: from the
+// hand on, the first key not used since the hand last passed it (each one
+// passed loses its mark; a full turn finds one). Call with mu.
+func (o *Outputs) add(r *outputRing, k uint64) *outputMean {
+	if len(r.keys) < cap(r.keys) {
+		r.keys = append(r.keys, k)
 	} else {
-		delete(o.keys, o.order[o.next])
-		o.order[o.next] = k
-		o.next = (o.next + 1) % len(o.order)
+		for {
+			old := o.keys[r.keys[r.hand]]
+			if !old.used {
+				break
+			}
+			old.used = false
+			r.hand = (r.hand + 1) % len(r.keys)
+		}
+		delete(o.keys, r.keys[r.hand])
+		r.keys[r.hand] = k
+		r.hand = (r.hand + 1) % len(r.keys)
 	}
 	m := &outputMean{}
 	o.keys[k] = m
@@ -144,11 +172,21 @@ func (o *Outputs) Expect(keys ...uint64) float64 {
 	return e
 }
 
-// Depth returns how many of a request's keys Expect uses now.
-func (o *Outputs) Depth() int {
+// OutputState is an estimator's state, as an operator sees it.
+type OutputState struct {
+	// Mean is the running mean of all answers, in tokens.
+	Mean float64
+	// Depth is how many of a request's keys Expect uses now.
+	Depth int
+	// Keys is how many keys it remembers, of all depths.
+	Keys int
+}
+
+// State returns the estimator's state, read at one instant.
+func (o *Outputs) State() OutputState {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.depth
+	return OutputState{Mean: o.global, Depth: o.depth, Keys: len(o.keys)}
 }
 
 // Global returns the mean answer length over all requests.
@@ -156,11 +194,4 @@ func (o *Outputs) Global() float64 {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.global
-}
-
-// Keys returns how many keys it remembers.
-func (o *Outputs) Keys() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return len(o.keys)
 }

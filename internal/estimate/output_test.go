@@ -36,7 +36,7 @@ func TestOutputsLearnsByKey(t *testing.T) {
 		}
 		o.Observe(int(median*verbosity[conv]*math.Exp(0.2*rng.NormFloat64())), app, conv)
 	}
-	if d := o.Depth(); d != 2 {
+	if d := o.State().Depth; d != 2 {
 		t.Fatalf("keys used to depth %d, want 2 (application and conversation)", d)
 	}
 	if g := o.Global(); g < 300 || g > 500 {
@@ -68,7 +68,7 @@ func TestOutputsIgnoresKeysThatTellNothing(t *testing.T) {
 	for range 4000 {
 		o.Observe(int(250*math.Exp(0.8*rng.NormFloat64())), uint64(1+rng.IntN(8)), uint64(10+rng.IntN(500)))
 	}
-	if d := o.Depth(); d != 0 {
+	if d := o.State().Depth; d != 0 {
 		t.Errorf("keys used to depth %d, want 0", d)
 	}
 	if e, g := o.Expect(3, 42), o.Global(); e != g {
@@ -90,24 +90,57 @@ func TestOutputsShrinks(t *testing.T) {
 	}
 }
 
-// Clients inventing keys cannot grow it past its capacity; the newest keys
-// are kept.
+// Clients inventing keys cannot grow it past its capacity of each depth;
+// the newest keys are kept.
 func TestOutputsBounded(t *testing.T) {
 	o := NewOutputs(256, 64)
 	for k := range uint64(10_000) {
-		o.Observe(10, k+1)
+		o.Observe(10, 1_000_000+k, k+1)
 	}
-	if n := o.Keys(); n != 64 {
-		t.Fatalf("%d keys remembered, want 64", n)
+	if n := o.State().Keys; n != 128 {
+		t.Fatalf("%d keys remembered, want 64 of each depth", n)
 	}
-	if len(o.order) != 64 || cap(o.order) != 64 {
-		t.Errorf("ring of %d (cap %d), want 64", len(o.order), cap(o.order))
+	for _, r := range o.rings {
+		if len(r.keys) != 64 || cap(r.keys) != 64 {
+			t.Errorf("ring of %d (cap %d), want 64", len(r.keys), cap(r.keys))
+		}
 	}
-	if o.keys[10_000] == nil || o.keys[10_000-63] == nil {
+	if o.keys[10_000] == nil || o.keys[10_000-63] == nil || o.keys[1_000_000+9_999] == nil {
 		t.Error("one of the newest keys was forgotten")
 	}
-	if o.keys[1] != nil || o.keys[10_000-64] != nil {
+	if o.keys[1] != nil || o.keys[10_000-64] != nil || o.keys[1_000_000] != nil {
 		t.Error("an old key is still remembered")
+	}
+}
+
+// An application's key, used by every request, outlives any number of new
+// conversations, and so does a conversation that goes on (once the ring has
+// turned: a second chance needs a use between two passes); one that ended
+// is forgotten.
+func TestOutputsKeepsKeysInUse(t *testing.T) {
+	o := NewOutputs(256, 64)
+	const app, long = 1, 2
+	var half int
+	for i := range uint64(10_000) {
+		o.Observe(40, app, 1000+i) // a new conversation each time
+		if i%8 == 0 {
+			o.Observe(40, app, long) // a conversation that goes on
+		}
+		if i == 5_000 {
+			half = o.keys[long].n
+		}
+	}
+	if m := o.keys[app]; m == nil || m.n != 10_000+1_250 {
+		t.Errorf("the application's key: %+v, want all 11,250 answers", m)
+	}
+	if m := o.keys[long]; m == nil || m.n-half != 624 {
+		t.Errorf("a conversation still in use: %+v (%d answers at the half), want the 624 since", m, half)
+	}
+	if o.keys[1000] != nil {
+		t.Error("the first, ended conversation is still remembered")
+	}
+	if n := o.State().Keys; n > 128 {
+		t.Errorf("%d keys remembered, want at most 64 of each depth", n)
 	}
 }
 

@@ -98,7 +98,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		g(descRTTEst, st.RTT.Seconds())
 		g(descITL, (st.ITLBaseMS+st.ITLSlopeMS*float64(st.InFlight))/1000)
 	}
-	out := c.f.rt.Outputs()
+	out := c.f.rt.OutputEstimate()
 	ch <- prometheus.MustNewConstMetric(descOutputMean, prometheus.GaugeValue, out.Mean)
 	ch <- prometheus.MustNewConstMetric(descOutputDepth, prometheus.GaugeValue, float64(out.Depth))
 	ch <- prometheus.MustNewConstMetric(descOutputKeys, prometheus.GaugeValue, float64(out.Keys))

@@ -170,7 +170,7 @@ func (p *gorgoE2E) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Ran
 				w.ITL*e*(r.ITLBaseMS+r.ITLSlopeMS*float64(r.InFlight+1)),
 			Adapter: r.AdapterMS,
 		}
-		t.Queue += w.Queue * kvWait(r, req, e)
+		t.Queue += w.Queue * kvWait(r, req)
 		t.Total = t.RTT + t.Prefill + t.Queue + t.Decode + t.Adapter
 		d.Scores = append(d.Scores, t)
 	}
@@ -178,28 +178,36 @@ func (p *gorgoE2E) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Ran
 	return nil
 }
 
-// kvWait is how long (ms) req would wait at r for room in its KV cache,
-// expecting e output tokens. The requests in flight hold their prompts and
-// the outputs decoded so far (half of e each, on average, for those
-// decoding); req needs its uncached prompt and its output. What does not
-// fit waits for sequences to finish, and a sequence lives about e tokens
-// at the ITL it sees there, so the resident tokens free at resident/life
-// per ms. An engine whose cache is full queues requests behind memory, not
-// behind prefill: the backlog term, priced at prefill speed, cannot see it.
-// Zero when the capacity is unknown. Prompts in flight that share a cached
-// prefix are each counted whole (the router does not know which blocks they
-// share), so where many share a long one the wait starts early.
-// Only this router's requests (and its mesh peers') are counted.
-func kvWait(r *Replica, req *Request, e float64) float64 {
+// kvWait is how long (ms) req would wait at r for room in its KV cache.
+// An engine whose cache is full queues requests behind memory, not behind
+// prefill: the backlog term, priced at prefill speed, cannot see it. The
+// requests in flight hold their prompts and the outputs decoded so far
+// (half the mean answer each, on average, for those decoding); req needs
+// its uncached prompt and its expected output. What does not fit waits for
+// sequences to finish, and a sequence lives about a mean answer's tokens at
+// the ITL it sees there, so the resident tokens free at resident/life per
+// ms. The others are priced at the mean answer, not at req's: how soon
+// memory frees does not depend on what req will say.
+//
+// Zero when the capacity is unknown, and for a request that would not fit
+// an empty cache (an engine refuses it anywhere). Prompts in flight that
+// share a cached prefix are each counted whole (the router does not know
+// which blocks they share), so where many share a long one the wait starts
+// early. Only this router's requests (and its mesh peers') are counted.
+func kvWait(r *Replica, req *Request) float64 {
 	c := float64(r.KVCapacityTokens)
 	if c <= 0 {
 		return 0
 	}
-	resident := float64(r.UnfinishedTokens) + float64(r.Decoding)*e/2
-	deficit := resident + float64(max(req.PromptTokens-r.CachedTokens, 0)) + e - c
+	mean := float64(req.MeanOutputTokens)
+	if mean <= 0 {
+		mean = float64(req.ExpectedOutputTokens)
+	}
+	resident := float64(r.UnfinishedTokens) + float64(r.Decoding)*mean/2
+	deficit := resident + float64(max(req.PromptTokens-r.CachedTokens, 0)) + float64(req.ExpectedOutputTokens) - c
 	if deficit <= 0 || resident <= 0 {
 		return 0
 	}
-	life := e * (r.ITLBaseMS + r.ITLSlopeMS*float64(r.InFlight+1))
+	life := mean * (r.ITLBaseMS + r.ITLSlopeMS*float64(r.InFlight+1))
 	return deficit * life / resident
 }

@@ -118,19 +118,25 @@ func TestGorgoE2EWaitsForMemory(t *testing.T) {
 		r[0].KVCapacityTokens = 10000
 		r[1].KVCapacityTokens = 100000
 	})
-	req := Request{PromptTokens: 2000, ExpectedOutputTokens: 500}
+	req := Request{PromptTokens: 2000, ExpectedOutputTokens: 500, MeanOutputTokens: 500}
 	reps[0].CachedTokens = 500
 	// a holds 8000 + 4·250 = 9000 tokens and needs 1500 + 500 more: 1000
 	// too many, freed at 9000 tokens per 500·(10 + 0.5·6) = 6500 ms.
 	want := 1000 * 6500.0 / 9000
-	if got := kvWait(&reps[0], &req, 500); math.Abs(got-want) > 1e-9 {
+	if got := kvWait(&reps[0], &req); math.Abs(got-want) > 1e-9 {
 		t.Errorf("wait for memory %v ms, want %v", got, want)
 	}
-	if got := kvWait(&reps[1], &req, 500); got != 0 {
+	// A short answer needs less room, but the others free it no sooner:
+	// 600 too many, at the same rate.
+	short := Request{PromptTokens: 2000, ExpectedOutputTokens: 100, MeanOutputTokens: 500}
+	if got, want := kvWait(&reps[0], &short), 600*6500.0/9000; math.Abs(got-want) > 1e-9 {
+		t.Errorf("wait for memory of a short answer %v ms, want %v", got, want)
+	}
+	if got := kvWait(&reps[1], &req); got != 0 {
 		t.Errorf("wait where it fits: %v ms", got)
 	}
 	reps[0].KVCapacityTokens = 0
-	if got := kvWait(&reps[0], &req, 500); got != 0 {
+	if got := kvWait(&reps[0], &req); got != 0 {
 		t.Errorf("wait where the capacity is unknown: %v ms", got)
 	}
 	reps[0].KVCapacityTokens = 10000

@@ -34,9 +34,12 @@ type Request struct {
 	// MaxOutputTokens is the request's output limit (or trace hint).
 	MaxOutputTokens int
 	// ExpectedOutputTokens is the router's estimate of the output length
-	// (its running estimate, capped by MaxOutputTokens): the router never
-	// knows the true length. The router sets it before a decision.
-	ExpectedOutputTokens int
+	// (from the answers before it, capped by MaxOutputTokens): the router
+	// never knows the true length. MeanOutputTokens is the mean length of
+	// all answers, what a request the router knows nothing of is expected
+	// to need (the others in flight at a replica). The router sets both
+	// before a decision.
+	ExpectedOutputTokens, MeanOutputTokens int
 	// Allowed, if set, restricts the decision to the replicas it accepts
 	// (a gateway's subset hint); nil allows every available replica.
 	Allowed func(id string) bool

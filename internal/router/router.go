@@ -59,8 +59,9 @@ type Config struct {
 	AdapterLoad  time.Duration
 	AdapterLoads map[string]time.Duration
 	// GlobalOutput makes the router expect every answer to be as long as
-	// the running mean of all answers, as it did before it kept means by
-	// application and conversation (see ExpectedOutput).
+	// the running mean of all answers, without the means of its
+	// application and conversation (see ExpectedOutput): the yardstick the
+	// keyed estimate is measured against.
 	GlobalOutput bool
 }
 
@@ -424,6 +425,7 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	r.ixMu.RUnlock()
 	bt := r.cfg.BlockTokens
 	req.ExpectedOutputTokens = r.ExpectedOutput(req)
+	req.MeanOutputTokens = max(int(math.Round(r.outputs.Global())), 1)
 	req.Now = now
 	r.views, r.cand, r.adapter = r.views[:0], r.cand[:0], r.adapter[:0]
 	for _, m := range f.members {
@@ -603,31 +605,20 @@ func (r *Router) ExpectedOutput(req *policy.Request) int {
 	return max(e, 1)
 }
 
-// OutputEstimate is the state of the router's estimate of answers' lengths,
-// as an operator sees it.
-type OutputEstimate struct {
-	// Mean is the running mean of all answers, in tokens.
-	Mean float64
-	// Depth is how many keys the estimate uses now: 0, the mean alone; 1,
-	// moved toward the request's application (its prompt's opening); 2,
-	// and toward its conversation.
-	Depth int
-	// Keys is how many applications and conversations it remembers.
-	Keys int
-}
-
-// Outputs returns the state of the estimate of answers' lengths.
-func (r *Router) Outputs() OutputEstimate {
-	return OutputEstimate{Mean: r.outputs.Global(), Depth: r.outputs.Depth(), Keys: r.outputs.Keys()}
-}
+// OutputEstimate returns the state of the router's estimate of answers'
+// lengths: the running mean of all answers, how many keys it uses now (0,
+// the mean alone; 1, moved toward the request's application, its prompt's
+// opening; 2, and toward its conversation), and how many it remembers.
+func (r *Router) OutputEstimate() estimate.OutputState { return r.outputs.State() }
 
 // outputKeys are the keys of req's answer length, broadest first: its
-// prompt's opening (PrefixKey) to its model (one system prompt may be
-// answered at other lengths by another model), then its conversation
-// (SessionKey); none with GlobalOutput. Each is mixed with its own seed, so
-// that the two never share a key. A request whose opening is its
-// conversation's (no system prompt) is counted twice under one conversation:
-// that is as it should be.
+// prompt's opening (PrefixKey: its first prompt.PrefixKeyTokens tokens) to
+// its model (one system prompt may be answered at other lengths by another
+// model), then its conversation (SessionKey); none with GlobalOutput. The
+// opening is mixed with a seed of its own, so that an opening and a
+// conversation do not share a key. An opening is an application's only where
+// its system prompt fills those tokens; a shorter one makes the opening the
+// conversation's first message, and the first key says what the second does.
 func (r *Router) outputKeys(req *policy.Request) [2]uint64 {
 	if r.cfg.GlobalOutput {
 		return [2]uint64{}

@@ -509,7 +509,7 @@ func TestExpectedOutputByApplication(t *testing.T) {
 			r.Decoded(&tk, out, time.Duration(out)*10*time.Millisecond)
 			r.Finish(&tk)
 		}
-		if st := r.Outputs(); global && (st.Depth != 0 || st.Keys != 0) || !global && (st.Depth == 0 || st.Keys != 202) || st.Mean < 40 || st.Mean > 800 {
+		if st := r.OutputEstimate(); global && (st.Depth != 0 || st.Keys != 0) || !global && (st.Depth == 0 || st.Keys != 202) || st.Mean < 40 || st.Mean > 800 {
 			t.Errorf("global %v: the estimate's state %+v, want depth 0 and no keys when global, else keys in use and 2 + 200 remembered", global, st)
 		}
 		tool := policy.Request{PromptTokens: 64, PrefixKey: tools}

@@ -217,7 +217,7 @@ func (g *generator) fire(u *genUser) bool {
 	}
 	out := max(1, int(math.Round(c.verbose*output.sample(g.rng))))
 	if c.verbose != 1 {
-		out = min(out, int(output.hi))
+		out = min(max(out, int(output.lo)), int(output.hi)) // still within the application's range
 	}
 	if t >= 0 && t < g.end {
 		g.emit(u, t, prompt, out)

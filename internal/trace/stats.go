@@ -49,7 +49,9 @@ type Reuse struct {
 // session (estimate.Outputs, as the router's estimate learns; the router
 // keys the opening by the prompt's first tokens and its model, this by the
 // first block's hash and the model). Keyed below Global says a request's
-// application or conversation tells its answer's length.
+// application or conversation tells its answer's length. Each answer is
+// learned as its request arrives; the router learns it when it ends, so it
+// knows a little less when it decides.
 type OutputError struct {
 	Global float64 `json:"global"`
 	Keyed  float64 `json:"keyed"`
@@ -74,8 +76,10 @@ func outputError(reqs []Request, prior float64) OutputError {
 		global.Observe(r.OutputTokens)
 		keyed.Observe(r.OutputTokens, opening, session)
 	}
-	e.Global /= float64(len(reqs))
-	e.Keyed /= float64(len(reqs))
+	if len(reqs) > 0 {
+		e.Global /= float64(len(reqs))
+		e.Keyed /= float64(len(reqs))
+	}
 	return e
 }
 

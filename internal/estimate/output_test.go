@@ -144,14 +144,21 @@ func TestOutputsKeepsKeysInUse(t *testing.T) {
 	}
 }
 
+// Expect at depth 2, the most it does: two keys looked up and shrunk.
 func BenchmarkOutputsExpect(b *testing.B) {
 	o := NewOutputs(256, 0)
-	for k := range uint64(1 << 14) {
-		o.Observe(int(k%500), k+1, k+2)
+	const convs = 1 << 14
+	for k := range uint64(4 * convs) {
+		app, conv := k%8+1, 1<<32+k%convs
+		o.Observe(int(40*app+conv%64), app, conv) // both keys tell the length
+	}
+	if d := o.State().Depth; d != 2 {
+		b.Fatalf("depth %d, want 2", d)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		o.Expect(uint64(i%(1<<14))+1, uint64(i%(1<<14))+2)
+		k := uint64(i)
+		o.Expect(k%8+1, 1<<32+k%convs)
 	}
 }

@@ -63,6 +63,11 @@ type Config struct {
 	RTTAlpha float64 `yaml:"rtt_alpha"`
 	// OnlineRates learns gorgo-ms's per-replica rates from observed TTFT.
 	OnlineRates bool `yaml:"online_rates"`
+	// OutputEstimate is how the router expects an answer's length: keyed
+	// (the default: the running mean of all answers, moved toward those of
+	// the request's application and conversation where they tell it) or
+	// global (the running mean alone).
+	OutputEstimate string `yaml:"output_estimate"`
 	// MaxAttempts bounds the replicas one request is tried on (default 3):
 	// a replica that refuses the connection or answers 5xx/429 before any
 	// byte reached the client is skipped and another chosen.
@@ -199,6 +204,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.TieMargin == 0 {
 		c.TieMargin = policy.DefaultTieMargin
+	}
+	if c.OutputEstimate == "" {
+		c.OutputEstimate = "keyed"
 	}
 	if c.BlockTokens == 0 {
 		c.BlockTokens = 64
@@ -387,6 +395,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: ejection_time must be positive and at most max_ejection_time")
 	case math.IsNaN(c.TieMargin) || math.IsInf(c.TieMargin, 0):
 		return fmt.Errorf("config: tie_margin must be finite")
+	case c.OutputEstimate != "keyed" && c.OutputEstimate != "global":
+		return fmt.Errorf("config: output_estimate must be keyed or global, got %q", c.OutputEstimate)
 	}
 	ts, err := c.tenants()
 	if err != nil {

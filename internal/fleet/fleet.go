@@ -113,7 +113,8 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		return nil, err
 	}
 	rt, err := router.New(router.Config{Policy: pol, BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha,
-		OnlineRates: cfg.OnlineRates, TieMargin: cfg.TieMargin, AdapterLoad: cfg.AdapterLoadTime, AdapterLoads: cfg.AdapterLoadTimes})
+		OnlineRates: cfg.OnlineRates, TieMargin: cfg.TieMargin, AdapterLoad: cfg.AdapterLoadTime, AdapterLoads: cfg.AdapterLoadTimes,
+		GlobalOutput: cfg.OutputEstimate == "global"})
 	if err != nil {
 		return nil, err
 	}

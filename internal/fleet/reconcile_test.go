@@ -289,3 +289,29 @@ func TestReloadSetsTheParamsOfThePolicy(t *testing.T) {
 		t.Errorf("an edit of another policy's parameters reset the running ones: %v", v)
 	}
 }
+
+// output_estimate: global keeps the router to the running mean of answers:
+// it learns no application or conversation.
+func TestOutputEstimateConfig(t *testing.T) {
+	for _, mode := range []string{"keyed", "global"} {
+		f, err := New(Config{Policy: "round-robin", ProbeInterval: time.Hour, ScrapeInterval: time.Hour, OutputEstimate: mode,
+			Replicas: []ReplicaConfig{rc("a", "http://127.0.0.1:1", "")}}, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt := f.Router()
+		if err := rt.ObserveRTT("a", time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		req := policy.Request{PromptTokens: 64, PrefixKey: 7, SessionKey: "s"}
+		tk, err := rt.Route(0, &req, rand.New(rand.NewPCG(1, 1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt.Decoded(&tk, 40, 400*time.Millisecond)
+		rt.Finish(&tk)
+		if n := rt.OutputEstimate().Keys; mode == "keyed" && n != 2 || mode == "global" && n != 0 {
+			t.Errorf("%s: %d keys learned", mode, n)
+		}
+	}
+}

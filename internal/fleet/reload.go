@@ -87,6 +87,7 @@ func fixed(cur, next *Config) []string {
 	keep("bytes_per_token", cur.BytesPerToken, next.BytesPerToken, func() { next.BytesPerToken = cur.BytesPerToken })
 	keep("rtt_alpha", cur.RTTAlpha, next.RTTAlpha, func() { next.RTTAlpha = cur.RTTAlpha })
 	keep("online_rates", cur.OnlineRates, next.OnlineRates, func() { next.OnlineRates = cur.OnlineRates })
+	keep("output_estimate", cur.OutputEstimate, next.OutputEstimate, func() { next.OutputEstimate = cur.OutputEstimate })
 	keep("max_attempts", cur.MaxAttempts, next.MaxAttempts, func() { next.MaxAttempts = cur.MaxAttempts })
 	keep("connect_timeout", cur.ConnectTimeout, next.ConnectTimeout, func() { next.ConnectTimeout = cur.ConnectTimeout })
 	keep("seed", cur.Seed, next.Seed, func() { next.Seed = cur.Seed })

@@ -66,6 +66,7 @@ func TestConfigErrors(t *testing.T) {
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x", Profile: "tpu"}}}},
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, RTTAlpha: 3}},
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, MaxAttempts: -1}},
+		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, OutputEstimate: "per-session"}},
 	}
 	for i, c := range cases {
 		if err := c.Defaults().Validate(); err == nil {

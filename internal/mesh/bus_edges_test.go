@@ -194,6 +194,11 @@ func TestStartsBeforeTheBus(t *testing.T) {
 	}
 	url, stop, err := Serve(addr)
 	if err != nil {
+		if probe, lerr := net.Listen("tcp", addr); lerr != nil {
+			t.Skipf("the free port %s was taken by another process meanwhile (%v): cannot start the bus where the router looks for it", addr, err)
+		} else {
+			probe.Close()
+		}
 		t.Fatal(err)
 	}
 	defer stop()

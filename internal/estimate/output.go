@@ -163,13 +163,19 @@ func (o *Outputs) add(r *outputRing, k uint64) *outputMean {
 // the global mean, shrunk toward each key's mean in turn as deep as the keys
 // have lately told answers' lengths better (see Outputs).
 func (o *Outputs) Expect(keys ...uint64) float64 {
+	e, _ := o.Estimate(keys...)
+	return e
+}
+
+// Estimate returns Expect's answer and the global mean, read at one instant.
+func (o *Outputs) Estimate(keys ...uint64) (expected, mean float64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	e := o.global
 	for _, k := range keys[:min(len(keys), o.depth)] {
 		e = o.shrink(e, k)
 	}
-	return e
+	return e, o.global
 }
 
 // OutputState is an estimator's state, as an operator sees it.

@@ -424,8 +424,7 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	r.index.Match(req.Blocks, r.depth)
 	r.ixMu.RUnlock()
 	bt := r.cfg.BlockTokens
-	req.ExpectedOutputTokens = r.ExpectedOutput(req)
-	req.MeanOutputTokens = max(int(math.Round(r.outputs.Global())), 1)
+	req.ExpectedOutputTokens, req.MeanOutputTokens = r.expect(req)
 	req.Now = now
 	r.views, r.cand, r.adapter = r.views[:0], r.cand[:0], r.adapter[:0]
 	for _, m := range f.members {
@@ -597,12 +596,20 @@ const minITLTokens = 4
 // as those keys have lately told answers' lengths better (estimate.Outputs);
 // capped by req's max_tokens. The router never knows the true length.
 func (r *Router) ExpectedOutput(req *policy.Request) int {
+	e, _ := r.expect(req)
+	return e
+}
+
+// expect returns ExpectedOutput and the mean length of all answers (for
+// the requests in flight the router knows nothing of), in one reading.
+func (r *Router) expect(req *policy.Request) (expected, mean int) {
 	k := r.outputKeys(req)
-	e := int(math.Round(r.outputs.Expect(k[0], k[1])))
+	e, m := r.outputs.Estimate(k[0], k[1])
+	expected = int(math.Round(e))
 	if req.MaxOutputTokens > 0 {
-		e = min(e, req.MaxOutputTokens)
+		expected = min(expected, req.MaxOutputTokens)
 	}
-	return max(e, 1)
+	return max(expected, 1), max(int(math.Round(m)), 1)
 }
 
 // OutputEstimate returns the state of the router's estimate of answers'

@@ -126,6 +126,11 @@ type event struct {
 	// replica's ITL from them (router.Decoded).
 	Out      int   `json:"n,omitempty"`
 	DecodeUS int64 `json:"du,omitempty"`
+	// App and Conversation are a dispatch's router.OutputKeys: the
+	// answer's length, at its end, feeds every router's estimate under
+	// them.
+	App          uint64 `json:"oa,omitempty"`
+	Conversation uint64 `json:"oc,omitempty"`
 	// Tenant, Requests and Tokens are a charge to a tenant's budgets
 	// (negative: given back).
 	Tenant   string  `json:"t,omitempty"`
@@ -270,7 +275,9 @@ func (b *Bus) Mirrors() int {
 
 // Dispatched tells the others that request attempt id went to replica.
 func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
-	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks, Unstreamed: req.Unstreamed})
+	k := b.rt.OutputKeys(req)
+	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks, Unstreamed: req.Unstreamed,
+		App: k[0], Conversation: k[1]})
 }
 
 // FirstToken tells the others that attempt id produced its first token.
@@ -344,7 +351,7 @@ func (b *Bus) receive(m *nats.Msg) {
 		if _, dup := b.remote[k]; dup {
 			return
 		}
-		t, ok := b.rt.Enter(b.now(), e.Replica, &req)
+		t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.App, e.Conversation})
 		if !ok {
 			return // a replica this router does not know, or not active
 		}

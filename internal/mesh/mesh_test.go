@@ -136,7 +136,7 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b2.Close()
-	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
+	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}, PrefixKey: 5, SessionKey: "conversation"}
 	b1.Dispatched(7, "a", &req)
 	eventually(t, "eu to mirror us's request", func() bool { n, blocks := inFlight(t, r2, "a"); return n == 1 && blocks == 4 })
 	if n, _ := inFlight(t, r1, "a"); n != 0 {
@@ -150,6 +150,11 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 	// eu learns a's ITL from us's request too.
 	if after, _ := r2.Replica("a"); after.ITLSamples != before.ITLSamples+1 {
 		t.Errorf("ITL samples %d → %d, want one more from us's answer", before.ITLSamples, after.ITLSamples)
+	}
+	// And the answer's length under its application's and conversation's
+	// keys, which eu could not compute from the event's blocks.
+	if st := r2.OutputEstimate(); st.Keys != 2 {
+		t.Errorf("eu's estimate remembers %d keys, want the application's and the conversation's", st.Keys)
 	}
 	if b2.Mirrors() != 0 {
 		t.Errorf("%d mirrors left", b2.Mirrors())

@@ -107,9 +107,14 @@ type Ticket struct {
 	// router learns nothing from its timings.
 	remote bool
 	// outKeys are the keys its answer's length is learned under (see
-	// outputKeys).
-	outKeys [2]uint64
+	// OutputKeys).
+	outKeys OutputKeys
 }
+
+// OutputKeys are the keys a request's answer length is learned under (see
+// Router.OutputKeys): its application's, then its conversation's; zero
+// where it has none.
+type OutputKeys [2]uint64
 
 // Candidate is a replica a decision ranked, with what the router believed
 // of it then.
@@ -229,7 +234,7 @@ func (r *Router) Dispatch(now time.Duration, req *policy.Request, rng *rand.Rand
 		return Ticket{}, fallbacks[:0], err
 	}
 	for k := range r.best {
-		if t, ok := r.enter(&r.best[k], req); ok {
+		if t, ok := r.enter(&r.best[k], req, r.OutputKeys(req)); ok {
 			return t, append(fallbacks[:0], r.best[k+1:]...), nil
 		}
 	}
@@ -242,9 +247,12 @@ func (r *Router) Dispatch(now time.Duration, req *policy.Request, rng *rand.Rand
 // prompt joins the replica's share of the prefix index; FirstToken and
 // Finish then follow it as the other router reports them. Routers that
 // share their ledgers and prefix inserts (a mesh) do this with each
-// other's requests. It reports false for a replica this router does not
-// have or that is not active.
-func (r *Router) Enter(now time.Duration, id string, req *policy.Request) (Ticket, bool) {
+// other's requests. keys are the request's OutputKeys, as the other
+// router computed them from what it alone was sent (the session, the
+// prompt's text): the answer, once Decoded, feeds this router's estimate
+// of answers' lengths too. It reports false for a replica this router
+// does not have or that is not active.
+func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys OutputKeys) (Ticket, bool) {
 	m, err := r.member(id)
 	if err != nil {
 		return Ticket{}, false
@@ -263,7 +271,10 @@ func (r *Router) Enter(now time.Duration, id string, req *policy.Request) (Ticke
 	r.decMu.Unlock()
 	c := Candidate{ID: id, EstCachedTokens: min(cached, req.PromptTokens), RTT: time.Duration(m.rttNS.Load()), m: m, at: now}
 	c.Adapter, _ = m.serves(req.Model)
-	t, ok := r.enter(&c, req)
+	if r.cfg.GlobalOutput {
+		keys = OutputKeys{}
+	}
+	t, ok := r.enter(&c, req, keys)
 	t.remote = true
 	return t, ok
 }
@@ -276,7 +287,7 @@ func (r *Router) Redispatch(now time.Duration, c *Candidate, req *policy.Request
 	}
 	fb := *c
 	fb.at = now
-	return r.enter(&fb, req)
+	return r.enter(&fb, req, r.OutputKeys(req))
 }
 
 // shelter drops from the candidates the replicas with waiting requests
@@ -318,10 +329,10 @@ func (r *Router) keep(ok func(i int) bool) {
 
 // enter adds the request to the candidate's ledger unless the replica
 // stopped being active meanwhile (drained or being removed).
-func (r *Router) enter(c *Candidate, req *policy.Request) (Ticket, bool) {
+func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Ticket, bool) {
 	m := c.m
 	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m,
-		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS, outKeys: r.outputKeys(req)}
+		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS, outKeys: keys}
 	_, t.Forecast, t.Margin = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.AdapterWaitMS)
 	t.InFlight = int(m.inflight.Add(1))
 	if State(m.state.Load()) != Active {
@@ -564,18 +575,14 @@ func (r *Router) Finish(t *Ticket) {
 // produced outputTokens tokens (as counted or reported) over decode, the
 // time from its first token to its last. The token gap feeds the replica's
 // ITL model, the length the router's output estimate. Call it before
-// Finish, for requests that completed. Another router's request (Enter)
-// feeds the ITL model only: in a mesh each router then learns every
-// replica's ITL from all the requests it hears of, not only from its own,
-// which a router near a replica sends far more of than the others do.
+// Finish, for requests that completed. Another router's requests (Enter)
+// feed both: in a mesh each router then learns every replica's ITL from
+// all the requests it hears of, not only from its own (a router near a
+// replica sends far more there than the others do), and answers' lengths
+// from every router's answers (behind a load balancer, a conversation's
+// turns reach different routers).
 func (r *Router) Decoded(t *Ticket, outputTokens int, decode time.Duration) {
 	if t.done || t.m == nil || outputTokens < 1 {
-		return
-	}
-	if t.remote {
-		if outputTokens >= minITLTokens && decode > 0 {
-			t.m.observeITL(t.InFlight, float64(decode)/1e6/float64(outputTokens-1))
-		}
 		return
 	}
 	r.outputs.Observe(outputTokens, t.outKeys[0], t.outKeys[1])
@@ -603,7 +610,7 @@ func (r *Router) ExpectedOutput(req *policy.Request) int {
 // expect returns ExpectedOutput and the mean length of all answers (for
 // the requests in flight the router knows nothing of), in one reading.
 func (r *Router) expect(req *policy.Request) (expected, mean int) {
-	k := r.outputKeys(req)
+	k := r.OutputKeys(req)
 	e, m := r.outputs.Estimate(k[0], k[1])
 	expected = int(math.Round(e))
 	if req.MaxOutputTokens > 0 {
@@ -618,7 +625,7 @@ func (r *Router) expect(req *policy.Request) (expected, mean int) {
 // opening; 2, and toward its conversation), and how many it remembers.
 func (r *Router) OutputEstimate() estimate.OutputState { return r.outputs.State() }
 
-// outputKeys are the keys of req's answer length, broadest first: its
+// OutputKeys are the keys of req's answer length, broadest first: its
 // prompt's opening (PrefixKey: its first prompt.PrefixKeyTokens tokens) to
 // its model (one system prompt may be answered at other lengths by another
 // model), then its conversation (SessionKey); none with GlobalOutput. The
@@ -626,11 +633,11 @@ func (r *Router) OutputEstimate() estimate.OutputState { return r.outputs.State(
 // conversation do not share a key. An opening is an application's only where
 // its system prompt fills those tokens; a shorter one makes the opening the
 // conversation's first message, and the first key says what the second does.
-func (r *Router) outputKeys(req *policy.Request) [2]uint64 {
+func (r *Router) OutputKeys(req *policy.Request) OutputKeys {
 	if r.cfg.GlobalOutput {
-		return [2]uint64{}
+		return OutputKeys{}
 	}
-	var k [2]uint64
+	var k OutputKeys
 	if req.PrefixKey != 0 {
 		k[0] = prefix.Fmix64(req.PrefixKey ^ prefix.ModelKey(req.Model) ^ 0x9e3779b97f4a7c15)
 	}

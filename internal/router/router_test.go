@@ -549,6 +549,46 @@ func TestExpectedOutputByApplication(t *testing.T) {
 	}
 }
 
+// Another router's answers (Enter, as a mesh relays them) teach this one
+// the lengths of their application's answers, under the keys the other
+// computed; a router that keeps to the running mean ignores the keys.
+func TestExpectedOutputFromTheOthers(t *testing.T) {
+	for _, global := range []bool{false, true} {
+		here := newRouter(t, policy.DefaultName, 2, false)
+		here.cfg.GlobalOutput = global
+		there := newRouter(t, policy.DefaultName, 2, false)
+		const reports = 22
+		for i := range 200 {
+			req := policy.Request{PromptTokens: 64, Blocks: blocks(uint64(i+1), 4), PrefixKey: 11}
+			out := 40
+			if i%2 == 1 {
+				req.PrefixKey, req.SessionKey, out = reports, fmt.Sprint("r", i), 800
+			}
+			// What the other router publishes: the prompt's size and
+			// blocks, and the keys it computed from what it was sent.
+			mirrored := policy.Request{PromptTokens: req.PromptTokens, Blocks: req.Blocks}
+			tk, ok := here.Enter(0, id(i%2), &mirrored, there.OutputKeys(&req))
+			if !ok {
+				t.Fatal("Enter refused a known replica")
+			}
+			here.FirstToken(&tk, 0)
+			here.Decoded(&tk, out, time.Duration(out)*10*time.Millisecond)
+			here.Finish(&tk)
+		}
+		report := policy.Request{PromptTokens: 64, PrefixKey: reports}
+		st, e := here.OutputEstimate(), here.ExpectedOutput(&report)
+		if global {
+			if st.Keys != 0 || e > 500 {
+				t.Errorf("global: %+v, reports expected at %d, want no keys and the running mean", st, e)
+			}
+			continue
+		}
+		if st.Keys != 102 || e < 750 || e > 800 {
+			t.Errorf("the others' reports: %+v, expected at %d, want 2 + 100 keys and about 800", st, e)
+		}
+	}
+}
+
 // The router counts requests decoding, learns each replica's ITL from the
 // token gaps it sees, and the output length from what finished.
 func TestDecodeLedgerAndITL(t *testing.T) {

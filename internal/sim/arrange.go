@@ -100,7 +100,7 @@ func (t Topology) Arrangement(name string, reps []Replica, sharing Sharing, day 
 			routers = append(routers, in.Region)
 		}
 	}
-	m := &Mesh{RTT: rtt, Sharing: sharing, Day: day, Amplitude: amplitude}
+	m := &Mesh{RTT: rtt, Sharing: sharing, Day: day, Amplitude: amplitude, SpreadSessions: ms.SpreadSessions}
 	switch name {
 	case ArrangeCentral:
 		central := ms.Central

@@ -22,8 +22,10 @@ type Mesh struct {
 	// Sites are the routers.
 	Sites []Site
 	// Ingress are the regions clients arrive in; each session stays in
-	// one, drawn by the regions' shares at its first request.
-	Ingress []Ingress
+	// one, drawn by the regions' shares at its first request, unless
+	// SpreadSessions: then each request is drawn.
+	Ingress        []Ingress
+	SpreadSessions bool
 	// RTT gives the mean round trip and its standard deviation between two
 	// regions (in either order; a region to itself too).
 	RTT func(a, b string) (mean, jitter time.Duration, err error)
@@ -148,7 +150,8 @@ func checkMesh(cfg *Config) error {
 // AssignIngress draws each request's ingress region (an index in
 // m.Ingress): a session's at its first request, by the regions' shares
 // then (their daily curves), with a draw that depends only on the session
-// and the seed. A run of the mesh with that seed places requests so.
+// and the seed (with m.SpreadSessions, each request's, on its index). A
+// run of the mesh with that seed places requests so.
 func AssignIngress(m *Mesh, reqs []trace.Request, seed uint64) []int16 {
 	return assignIngress(m, reqs, seed)
 }
@@ -159,7 +162,8 @@ func assignIngress(m *Mesh, reqs []trace.Request, seed uint64) []int16 {
 	w := make([]float64, len(m.Ingress))
 	for i := range reqs {
 		r := &reqs[i]
-		if k, ok := bySession[r.Session]; ok && r.Session != "" {
+		sticky := r.Session != "" && !m.SpreadSessions
+		if k, ok := bySession[r.Session]; ok && sticky {
 			out[i] = k
 			continue
 		}
@@ -173,7 +177,7 @@ func assignIngress(m *Mesh, reqs []trace.Request, seed uint64) []int16 {
 			total += w[c]
 		}
 		key := r.Session
-		if key == "" {
+		if !sticky {
 			key = fmt.Sprint("#", i)
 		}
 		u := float64(xxhash.Sum64String(fmt.Sprint(seed, "/", key))>>11) / (1 << 53) * total
@@ -186,7 +190,7 @@ func assignIngress(m *Mesh, reqs []trace.Request, seed uint64) []int16 {
 			u -= w[c]
 		}
 		out[i] = k
-		if r.Session != "" {
+		if sticky {
 			bySession[r.Session] = k
 		}
 	}
@@ -307,7 +311,7 @@ func (s *simulator) remote(now time.Duration, k, i, what int) {
 		}
 		s.request(i)
 		id := s.reps[rs.replica].cfg.ID
-		if tk, ok := st.rt.Enter(now, id, &s.rreq); ok {
+		if tk, ok := st.rt.Enter(now, id, &s.rreq, s.sites[rs.site].rt.OutputKeys(&s.rreq)); ok {
 			*t = tk
 			st.rt.Accepted(t, &s.rreq)
 		}

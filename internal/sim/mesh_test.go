@@ -63,8 +63,8 @@ func TestMeshCountsTheClientsLeg(t *testing.T) {
 	}
 }
 
-// Sessions stay in their region, the shares hold, and region-local
-// routers use only their region's replicas.
+// Sessions stay in their region (unless spread), the shares hold, and
+// region-local routers use only their region's replicas.
 func TestMeshIngressAndRegionLocal(t *testing.T) {
 	reqs, err := trace.Generate(trace.GenConfig{Preset: "artchat", Seed: 2, Duration: 10 * time.Minute})
 	if err != nil {
@@ -93,6 +93,25 @@ func TestMeshIngressAndRegionLocal(t *testing.T) {
 		if want := m.Ingress[k].Share; share < want-0.12 || share > want+0.12 {
 			t.Errorf("%s: %.2f of requests, share %.2f", m.Ingress[k].Region, share, want)
 		}
+	}
+	// Behind a load balancer without affinity a session's turns spread.
+	spread := *m
+	spread.SpreadSessions = true
+	sites := map[string]map[int16]bool{}
+	for i, k := range assignIngress(&spread, reqs, 1) {
+		if sites[reqs[i].Session] == nil {
+			sites[reqs[i].Session] = map[int16]bool{}
+		}
+		sites[reqs[i].Session][k] = true
+	}
+	moved := 0
+	for _, s := range sites {
+		if len(s) > 1 {
+			moved++
+		}
+	}
+	if moved < len(sites)/4 {
+		t.Errorf("spread: %d of %d sessions reached more than one region, want many", moved, len(sites))
 	}
 	res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: 1, MaxInflight: DefaultMaxInflight})
 	if err != nil {

@@ -57,6 +57,11 @@ type MeshSpec struct {
 	// JitterFraction is a round trip's standard deviation as a fraction of
 	// its mean (default 0.25, the paper's measurements' ratio).
 	JitterFraction *float64 `yaml:"jitter_fraction"`
+	// SpreadSessions draws every request's ingress region anew, by the
+	// shares, instead of keeping a session in the one of its first
+	// request: routers behind a load balancer without session affinity,
+	// where a conversation's turns reach different routers.
+	SpreadSessions bool `yaml:"spread_sessions"`
 }
 
 // IngressSpec is a region clients arrive in: its share of the traffic,

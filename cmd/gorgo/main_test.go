@@ -157,7 +157,7 @@ func TestBadInputGivesOneLineErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"sim", "--policy", "fastest"}, 1, `unknown policy "fastest" (valid: clairvoyant, gorgo, gorgo-e2e, gorgo-ms, gorgo-online, least-load`},
+		{[]string{"sim", "--policy", "fastest"}, 1, `unknown policy "fastest" (valid: clairvoyant, clairvoyant-engines, gorgo, gorgo-e2e, gorgo-ms, gorgo-online, least-load`},
 		{[]string{"sim", "--topology", "moon"}, 1, `unknown topology "moon" (valid: paper`},
 		{[]string{"sim", "--trace", bad}, 1, bad + ":2: invalid JSON"},
 		{[]string{"sim", "--time-scale", "0"}, 1, "--time-scale"},

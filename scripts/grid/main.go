@@ -20,6 +20,13 @@
 // policy is on the front and its SLO goodput is the best of the
 // non-clairvoyant policies' (or equal to it).
 //
+// At SLOs nearly every request of every policy meets, which policy's SLO
+// goodput is the best turns on a few requests. The summary also says in
+// how many of the cells missed on goodput alone the policy missed the SLO
+// with fewer requests more than the best than twice the standard error of
+// that difference (√ of the two counts of misses, as Poisson counts):
+// cells whose verdict a rerun could turn.
+//
 // Usage: go run ./scripts/grid [-policy NAME] [-exclude NAMES] docs/results/grid/*-eval.json
 // (-policy: the policy the grid is about, default gorgo-e2e; e.g.
 // gorgo-online for the default policy tuning itself online. -exclude:
@@ -54,8 +61,12 @@ type run struct {
 	} `json:"slip_ms"`
 	Failed  int     `json:"failed"`
 	Goodput float64 `json:"goodput_rps"`
-	SLO     float64 `json:"ttft_slo_ms"`
-	TPOTSLO float64 `json:"tpot_slo_ms"`
+	// Requests and SLOMet count the scored requests and those that met
+	// the SLO.
+	Requests int     `json:"requests"`
+	SLOMet   int     `json:"slo_met"`
+	SLO      float64 `json:"ttft_slo_ms"`
+	TPOTSLO  float64 `json:"tpot_slo_ms"`
 }
 
 // comparable reports whether a run's TTFT means what it says.
@@ -109,7 +120,7 @@ func main() {
 	fmt.Println(header)
 	fmt.Println(rule)
 	var cells, ttftOK, e2eOK, cvOK, all, overloaded, front, metOrFront, goodBest, goodCells int
-	var issueBoth, issueFront, issueCells int
+	var issueBoth, issueFront, issueCells, goodMiss, goodNoise int
 	for k, path := range flag.Args() {
 		name := strings.TrimSuffix(filepath.Base(path), "-eval.json")
 		workload, fleet, _ := strings.Cut(name, "-")
@@ -227,6 +238,12 @@ func main() {
 					issueFront++
 				}
 				good += " " + verdict + " |"
+				if verdict == "no: goodput" {
+					goodMiss++
+					if withinNoise(d, bestG) {
+						goodNoise++
+					}
+				}
 			}
 			fmt.Printf("| %s | %s | %v | %s | %s %s | %s | %s | %s | %s %s | %s | %s | %s |%s\n",
 				workload, fleet, w.TimeScale, ms(d.TTFT.P95), bestT.Policy, ms(bestT.TTFT.P95), pct(dt), cvText,
@@ -241,7 +258,16 @@ func main() {
 	if issueCells > 0 {
 		fmt.Printf("The issue's rule: met in %d of %d cells, %d with both tails within 3%% and %d where no policy has both, on the front with the best SLO goodput.\n",
 			issueBoth+issueFront, issueCells, issueBoth, issueFront)
+		fmt.Printf("Of the %d cells missed on SLO goodput alone, %d by fewer requests missing the SLO than twice the standard error of the difference.\n", goodMiss, goodNoise)
 	}
+}
+
+// withinNoise reports whether d missed the SLO with no more requests more
+// than best did than twice the standard error of that difference, the
+// counts of misses taken as Poisson counts.
+func withinNoise(d, best *run) bool {
+	md, mb := float64(d.Requests-d.SLOMet), float64(best.Requests-best.SLOMet)
+	return md-mb <= 2*math.Sqrt(md+mb)
 }
 
 // issueRule is the issue's verdict on a cell for policy d: "met: both"

@@ -122,14 +122,15 @@ type event struct {
 	// answer); the mirror leaves the backlog when its first token is due.
 	Unstreamed bool `json:"u,omitempty"`
 	// Out and DecodeUS are an end's answer length and the µs from its
-	// first token to its last, when it completed: every router learns the
-	// replica's ITL from them (router.Decoded).
+	// first token to its last (0 when not streamed), when it completed:
+	// every router learns the replica's ITL and answers' lengths from them
+	// (router.Decoded).
 	Out      int   `json:"n,omitempty"`
 	DecodeUS int64 `json:"du,omitempty"`
-	// App and Conversation are a dispatch's router.OutputKeys: the
+	// Opening and Conversation are a dispatch's router.OutputKeys: the
 	// answer's length, at its end, feeds every router's estimate under
 	// them.
-	App          uint64 `json:"oa,omitempty"`
+	Opening      uint64 `json:"oa,omitempty"`
 	Conversation uint64 `json:"oc,omitempty"`
 	// Tenant, Requests and Tokens are a charge to a tenant's budgets
 	// (negative: given back).
@@ -277,7 +278,7 @@ func (b *Bus) Mirrors() int {
 func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 	k := b.rt.OutputKeys(req)
 	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks, Unstreamed: req.Unstreamed,
-		App: k[0], Conversation: k[1]})
+		Opening: k[0], Conversation: k[1]})
 }
 
 // FirstToken tells the others that attempt id produced its first token.
@@ -351,7 +352,7 @@ func (b *Bus) receive(m *nats.Msg) {
 		if _, dup := b.remote[k]; dup {
 			return
 		}
-		t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.App, e.Conversation})
+		t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.Opening, e.Conversation})
 		if !ok {
 			return // a replica this router does not know, or not active
 		}
@@ -363,7 +364,7 @@ func (b *Bus) receive(m *nats.Msg) {
 		}
 	case kindEnd:
 		if mr := b.remote[k]; mr != nil {
-			if e.Out > 0 && e.DecodeUS > 0 {
+			if e.Out > 0 { // a completed answer (its decode is 0 when not streamed)
 				b.rt.Decoded(&mr.t, e.Out, time.Duration(e.DecodeUS)*time.Microsecond)
 			}
 			b.rt.Finish(&mr.t)

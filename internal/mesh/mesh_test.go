@@ -1,6 +1,7 @@
 package mesh
 
 import (
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -151,11 +152,6 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 	if after, _ := r2.Replica("a"); after.ITLSamples != before.ITLSamples+1 {
 		t.Errorf("ITL samples %d → %d, want one more from us's answer", before.ITLSamples, after.ITLSamples)
 	}
-	// And the answer's length under its application's and conversation's
-	// keys, which eu could not compute from the event's blocks.
-	if st := r2.OutputEstimate(); st.Keys != 2 {
-		t.Errorf("eu's estimate remembers %d keys, want the application's and the conversation's", st.Keys)
-	}
 	if b2.Mirrors() != 0 {
 		t.Errorf("%d mirrors left", b2.Mirrors())
 	}
@@ -181,4 +177,42 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 	// us goes quiet (its end never comes): eu drops its mirror.
 	b1.Close()
 	eventually(t, "eu to drop a quiet router's mirrors", func() bool { n, _ := inFlight(t, r2, "a"); return n == 0 })
+}
+
+// Every router learns answers' lengths from the others' answers, streamed
+// or not, under the keys the sender computed from what it alone was sent
+// (the prompt's opening, the conversation): eu, which sent none of these
+// requests, expects each application's answers at their own length.
+func TestLearnsTheOthersAnswers(t *testing.T) {
+	url := natsServer(t)
+	r1, r2 := newRouter(t), newRouter(t)
+	now := func() time.Duration { return 0 }
+	b1, err := Connect(Config{URL: url, Name: "us"}, r1, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b1.Close()
+	b2, err := Connect(Config{URL: url, Name: "eu"}, r2, now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	const tools, reports = 11, 22
+	for i := range uint64(200) {
+		req := policy.Request{PromptTokens: 64, Blocks: []uint64{i + 1}, PrefixKey: tools, SessionKey: fmt.Sprint("t", i)}
+		out := 40
+		if i%2 == 1 {
+			req.PrefixKey, req.SessionKey, out = reports, fmt.Sprint("r", i), 800
+		}
+		b1.Dispatched(i+1, "a", &req)
+		b1.Finished(i+1, out, 0) // not streamed: no decode time
+	}
+	eventually(t, "eu to hear every answer", func() bool {
+		n, _ := inFlight(t, r2, "a")
+		return n == 0 && b2.Mirrors() == 0 && r2.OutputEstimate().Keys == 202
+	})
+	tool, report := r2.ExpectedOutput(&policy.Request{PrefixKey: tools}), r2.ExpectedOutput(&policy.Request{PrefixKey: reports})
+	if tool < 40 || tool > 60 || report < 750 || report > 800 {
+		t.Errorf("eu expects tool calls at %d and reports at %d tokens, want about 40 and 800", tool, report)
+	}
 }

@@ -24,9 +24,9 @@ const (
 // router can get. Each instance serves one Run.
 func NewClairvoyant() policy.Policy { return &clairvoyant{} }
 
-// NewClairvoyantEngines returns clairvoyant knowing the network only as a
-// router can: each replica's mean round trip, not the request's draw of
-// its jitter. It still knows every engine's state exactly. What
+// NewClairvoyantEngines returns clairvoyant deciding on each replica's
+// mean round trip (which a router's probes estimate), not the request's
+// draw of its jitter. It still knows every engine's state exactly. What
 // clairvoyant wins over it is what it knows of the network's future.
 func NewClairvoyantEngines() policy.Policy { return &clairvoyant{meanRTT: true} }
 

@@ -95,10 +95,19 @@ func TestMeshIngressAndRegionLocal(t *testing.T) {
 		}
 	}
 	// Behind a load balancer without affinity a session's turns spread.
-	spread := *m
-	spread.SpreadSessions = true
+	ha, err := LoadTopology("../../examples/topologies/ha-spread.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	haReps, _ := ha.Resolve()
+	spread, err := ha.Arrangement(policy.DefaultName, haReps, ShareDelayed, 0, 0, func(name, region string) (policy.Policy, error) {
+		return policy.New(name, policy.Options{Region: region})
+	})
+	if err != nil || !spread.SpreadSessions {
+		t.Fatalf("ha-spread.yaml: %v, spread sessions %v", err, err == nil && spread.SpreadSessions)
+	}
 	sites := map[string]map[int16]bool{}
-	for i, k := range assignIngress(&spread, reqs, 1) {
+	for i, k := range assignIngress(spread, reqs, 1) {
 		if sites[reqs[i].Session] == nil {
 			sites[reqs[i].Session] = map[int16]bool{}
 		}

@@ -252,6 +252,7 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 	r.Route = policy.Request{
 		SessionKey:      session,
 		PrefixKey:       prompt.PrefixKey(text, est),
+		InstructionsKey: prompt.InstructionsKey(text, r.Parsed.Instructions, est),
 		PromptTokens:    est.Tokens(text),
 		MaxOutputTokens: max(r.Parsed.MaxTokens, 0),
 		Unstreamed:      !r.Parsed.Stream,

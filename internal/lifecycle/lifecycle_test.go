@@ -84,10 +84,25 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !plain.Route.Unstreamed {
-		t.Errorf("a non-streaming request: %+v", plain.Route)
+	if !plain.Route.Unstreamed || plain.Route.InstructionsKey != 0 {
+		t.Errorf("a non-streaming request without instructions: %+v", plain.Route)
 	}
 	plain.Discard()
+	// A system prompt is the application's instructions: its key is the
+	// same whatever the user writes after it.
+	var keys []uint64
+	for _, q := range []string{"one question", "another"} {
+		body := `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"` + q + `"}]}`
+		app, err := c.begin([]byte(body), Chat, "", t0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, app.Route.InstructionsKey, app.Route.PrefixKey)
+		app.Discard()
+	}
+	if keys[0] == 0 || keys[0] != keys[2] || keys[1] == keys[3] {
+		t.Errorf("instructions and prefix keys %x: want the instructions' the same, the openings apart", keys)
+	}
 	id, ok := r.next()
 	if !ok || id != "a" {
 		t.Fatalf("first attempt on %q", id)

@@ -27,6 +27,11 @@ type Request struct {
 	// PrefixKey is a hash of the prompt's first 256 tokens (in the
 	// simulator, of its first block): what simple session affinity hashes.
 	PrefixKey uint64
+	// InstructionsKey is a hash of a chat's opening system or developer
+	// messages (at most its first 256 tokens, so that instructions that
+	// fill them hash as PrefixKey); 0 without them. The router learns
+	// answers' lengths by application under it.
+	InstructionsKey uint64
 	// PromptTokens is the (estimated) prompt length in tokens.
 	PromptTokens int
 	// Blocks are the chained hashes of the prompt's blocks.

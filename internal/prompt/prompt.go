@@ -70,6 +70,18 @@ func Chat(dst []byte, msgs []Message) []byte {
 // (simple session affinity's key: the paper's 256).
 const PrefixKeyTokens = 256
 
+// InstructionsKey is the hash of the first instructions bytes of a
+// canonical prompt (Request.Instructions: a chat's opening system or
+// developer messages), at most PrefixKeyTokens tokens' worth, so that
+// instructions that fill those tokens hash as PrefixKey; 0 when
+// instructions is 0.
+func InstructionsKey(text []byte, instructions int, est Estimator) uint64 {
+	if instructions <= 0 {
+		return 0
+	}
+	return xxhash.Sum64(text[:min(instructions, len(text), est.Bytes(PrefixKeyTokens))])
+}
+
 // PrefixKey is the hash of a canonical prompt's first PrefixKeyTokens
 // tokens' bytes.
 func PrefixKey(text []byte, est Estimator) uint64 {

@@ -39,6 +39,10 @@ type Request struct {
 	IncludeUsage bool
 	// User is the "user" field.
 	User string
+	// Instructions is how many bytes of Text the chat's opening system or
+	// developer messages take: an application's instructions, which its
+	// users' messages follow. 0 when the first message is neither.
+	Instructions int
 }
 
 // Errors of ParseRequest that the old functions give too.
@@ -404,7 +408,7 @@ func (p *parser) streamOptions(includeUsage *bool) error {
 // key replaces what an earlier one gave.
 func (p *parser) readMessages(r *Request) error {
 	d := &p.dec
-	r.Text = r.Text[:0]
+	r.Text, r.Instructions = r.Text[:0], 0
 	switch d.PeekKind() {
 	case 'n':
 		p.messages = false
@@ -478,8 +482,12 @@ func (p *parser) readMessage(r *Request, i int) error {
 		}
 		return fmt.Errorf("messages[%d].role is required", i)
 	}
+	opening := r.Instructions == len(r.Text) // no other message before it
 	r.Text = append(append(r.Text, p.role...), '\n')
 	r.Text = append(append(r.Text, p.content...), '\n')
+	if opening && (string(p.role) == "system" || string(p.role) == "developer") {
+		r.Instructions = len(r.Text)
+	}
 	return nil
 }
 

@@ -44,6 +44,13 @@ func reference(body []byte, chat bool) (Request, error) {
 			return out, err
 		}
 		text, err = ChatRequestBytes(in.Messages)
+		n := 0 // the opening system or developer messages
+		for n < len(in.Messages) && (in.Messages[n].Role == "system" || in.Messages[n].Role == "developer") {
+			n++
+		}
+		if opening, err := ChatRequestBytes(in.Messages[:n]); n > 0 && err == nil {
+			out.Instructions = len(opening)
+		}
 		max = in.MaxTokens
 		if in.MaxCompletionTokens != nil {
 			max = in.MaxCompletionTokens
@@ -140,7 +147,13 @@ var requestCases = []struct {
 }{
 	{name: "chat basic", chat: true,
 		body: `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"max_tokens":7,"stream":true,"stream_options":{"include_usage":true},"user":"u1"}`,
-		want: Request{Text: []byte("system\nbe brief\nuser\nhi\n"), Model: "m", MaxTokens: 7, HasMaxTokens: true, Stream: true, IncludeUsage: true, User: "u1"}},
+		want: Request{Text: []byte("system\nbe brief\nuser\nhi\n"), Model: "m", MaxTokens: 7, HasMaxTokens: true, Stream: true, IncludeUsage: true, User: "u1", Instructions: 16}},
+	{name: "instructions", chat: true,
+		body: `{"messages":[{"role":"developer","content":"a"},{"role":"system","content":"b"},{"role":"user","content":"c"},{"role":"system","content":"d"}]}`,
+		want: Request{Text: []byte("developer\na\nsystem\nb\nuser\nc\nsystem\nd\n"), MaxTokens: -1, Instructions: 21}},
+	{name: "no opening instructions", chat: true,
+		body: `{"messages":[{"role":"user","content":"c"},{"role":"system","content":"d"}]}`,
+		want: Request{Text: []byte("user\nc\nsystem\nd\n"), MaxTokens: -1}},
 	{name: "content parts", chat: true,
 		body: `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},null,{"text":"b","type":"text"},{"type":"input_audio","text":"ignored"}]}]}`,
 		want: Request{Text: []byte("user\nab\n"), MaxTokens: -1}},

@@ -627,23 +627,34 @@ func (r *Router) expect(req *policy.Request) (expected, mean int) {
 func (r *Router) OutputEstimate() estimate.OutputState { return r.outputs.State() }
 
 // OutputKeys are the keys of req's answer length, broadest first: its
-// prompt's opening (PrefixKey: its first prompt.PrefixKeyTokens tokens) to
-// its model (one system prompt may be answered at other lengths by another
-// model), then its conversation (SessionKey); none with GlobalOutput. The
-// opening is mixed with a seed of its own, so that an opening and a
-// conversation do not share a key. An opening is an application's only where
-// its system prompt fills those tokens; a shorter one makes the opening the
-// conversation's first message, and the first key says what the second does.
+// application, then its conversation; none with GlobalOutput. Both are
+// mixed with its model (one system prompt may be answered at other lengths
+// by another model). The application is the chat's opening instructions
+// (InstructionsKey: its system or developer messages) where it has any,
+// else its prompt's opening (PrefixKey: its first prompt.PrefixKeyTokens
+// tokens, an application's where its system prompt fills them). The
+// conversation is SessionKey (a session header, or the user field); where
+// there is none but the instructions are shorter than the opening, the
+// opening, theirs and the conversation's first message, stands for it.
+// Each depth is mixed with a seed of its own, so that no two share a key.
 func (r *Router) OutputKeys(req *policy.Request) OutputKeys {
 	if r.cfg.GlobalOutput {
 		return OutputKeys{}
 	}
-	var k OutputKeys
-	if req.PrefixKey != 0 {
-		k[0] = prefix.Fmix64(req.PrefixKey ^ prefix.ModelKey(req.Model) ^ 0x9e3779b97f4a7c15)
+	model := prefix.ModelKey(req.Model)
+	app, opening := req.PrefixKey, uint64(0)
+	if req.InstructionsKey != 0 && req.InstructionsKey != req.PrefixKey {
+		app, opening = req.InstructionsKey, req.PrefixKey
 	}
-	if req.SessionKey != "" {
+	var k OutputKeys
+	if app != 0 {
+		k[0] = prefix.Fmix64(app ^ model ^ 0x9e3779b97f4a7c15)
+	}
+	switch {
+	case req.SessionKey != "":
 		k[1] = prefix.Fmix64(xxhash.Sum64String(req.SessionKey))
+	case opening != 0:
+		k[1] = prefix.Fmix64(opening ^ model ^ 0xc2b2ae3d27d4eb4f)
 	}
 	return k
 }

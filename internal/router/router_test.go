@@ -549,6 +549,55 @@ func TestExpectedOutputByApplication(t *testing.T) {
 	}
 }
 
+// A chat's application is its instructions, however short: requests with
+// one system prompt share the first key whatever their users write, and
+// without a session the opening (the instructions and the conversation's
+// first message) keys the conversation. Instructions that fill the
+// opening give the keys as before; another model is another application.
+func TestOutputKeysOfInstructions(t *testing.T) {
+	r := newRouter(t, policy.DefaultName, 2, false)
+	a1 := policy.Request{PrefixKey: 1, InstructionsKey: 10}
+	a2 := policy.Request{PrefixKey: 2, InstructionsKey: 10}
+	b := policy.Request{PrefixKey: 3, InstructionsKey: 11}
+	long, plain := policy.Request{PrefixKey: 4, InstructionsKey: 4}, policy.Request{PrefixKey: 4}
+	ka1, ka2, kb := r.OutputKeys(&a1), r.OutputKeys(&a2), r.OutputKeys(&b)
+	if ka1[0] != ka2[0] || ka1[0] == kb[0] || ka1[1] == 0 || ka1[1] == ka2[1] || ka1[1] == ka1[0] {
+		t.Errorf("keys %x %x %x: want one application for a1 and a2, another for b, and a conversation each", ka1, ka2, kb)
+	}
+	if kl, kp := r.OutputKeys(&long), r.OutputKeys(&plain); kl != kp || kp[1] != 0 {
+		t.Errorf("instructions filling the opening: %x, without: %x, want the same, with no conversation", kl, kp)
+	}
+	a1.SessionKey, plain.SessionKey = "s", "s"
+	if k, kp := r.OutputKeys(&a1), r.OutputKeys(&plain); k[1] != kp[1] || k[0] != ka1[0] {
+		t.Errorf("with a session: %x and %x, want the session's key second", k, kp)
+	}
+	a2.Model = "other"
+	if k := r.OutputKeys(&a2); k[0] == ka1[0] {
+		t.Error("another model's requests share the application's key")
+	}
+	// New conversations of two applications with short system prompts
+	// are expected at their application's length.
+	rng := rand.New(rand.NewPCG(1, 1))
+	for i := range 200 {
+		req := policy.Request{PromptTokens: 64, Blocks: blocks(uint64(i+1), 4), PrefixKey: uint64(1000 + i), InstructionsKey: 10}
+		out := 40
+		if i%2 == 1 {
+			req.InstructionsKey, out = 11, 800
+		}
+		tk, err := r.Route(0, &req, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Decoded(&tk, out, time.Duration(out)*10*time.Millisecond)
+		r.Finish(&tk)
+	}
+	tool := policy.Request{PromptTokens: 64, PrefixKey: 5000, InstructionsKey: 10}
+	report := policy.Request{PromptTokens: 64, PrefixKey: 5001, InstructionsKey: 11}
+	if et, er := r.ExpectedOutput(&tool), r.ExpectedOutput(&report); et < 40 || et > 60 || er < 750 || er > 800 {
+		t.Errorf("new conversations expected at %d and %d tokens, want about 40 and 800", et, er)
+	}
+}
+
 // Another router's answers (Enter, as a mesh relays them) teach this one
 // the lengths of their application's answers, under the keys the other
 // computed; a router that keeps to the running mean ignores the keys.

@@ -243,8 +243,11 @@ type simulator struct {
 	// prefixKeys are the requests' prefix keys, as the live router reads
 	// them from the prompts the replayer sends (synth.Keys).
 	prefixKeys []uint64
-	reps       []replicaState // every replica that was ever in the fleet
-	byID       map[string]int // the replicas' indexes in reps
+	// instrKeys are their instructions' keys (policy.Request's
+	// InstructionsKey), nil when no request carries instructions.
+	instrKeys []uint64
+	reps      []replicaState // every replica that was ever in the fleet
+	byID      map[string]int // the replicas' indexes in reps
 
 	events  eventHeap
 	seq     uint64
@@ -321,7 +324,14 @@ func Run(cfg Config) (*Result, error) {
 	}
 	keys := synth.NewKeys(prompt.Estimator{})
 	for i := range cfg.Requests {
-		s.prefixKeys[i] = keys.Of(&cfg.Requests[i])
+		r := &cfg.Requests[i]
+		s.prefixKeys[i] = keys.Of(r)
+		if k := keys.Instructions(r); k != 0 {
+			if s.instrKeys == nil {
+				s.instrKeys = make([]uint64, len(cfg.Requests))
+			}
+			s.instrKeys[i] = k
+		}
 	}
 	if c, ok := cfg.Policy.(*clairvoyant); ok {
 		c.s = s
@@ -608,7 +618,7 @@ func (s *simulator) class(i int) admit.Class {
 	if s.cfg.HideMaxTokens {
 		maxTokens = 0
 	}
-	req := policy.Request{SessionKey: tr.Session, PrefixKey: s.prefixKeys[i], MaxOutputTokens: maxTokens, Model: tr.Model}
+	req := policy.Request{SessionKey: tr.Session, PrefixKey: s.prefixKeys[i], InstructionsKey: s.instructionsKey(i), MaxOutputTokens: maxTokens, Model: tr.Model}
 	return admit.Class{Tenant: tr.Tenant, Priority: p, Tokens: tr.InputTokens + s.sites[0].rt.ExpectedOutput(&req)}
 }
 
@@ -630,6 +640,14 @@ func (s *simulator) release(now time.Duration) {
 	s.schedule(now)
 }
 
+// instructionsKey is request i's InstructionsKey.
+func (s *simulator) instructionsKey(i int) uint64 {
+	if s.instrKeys == nil {
+		return 0
+	}
+	return s.instrKeys[i]
+}
+
 // request fills s.rreq with request i's view.
 func (s *simulator) request(i int) {
 	tr := &s.cfg.Requests[i]
@@ -642,7 +660,7 @@ func (s *simulator) request(i int) {
 	if s.cfg.HideMaxTokens {
 		s.rreq.MaxOutputTokens = 0
 	}
-	s.rreq.PrefixKey = s.prefixKeys[i]
+	s.rreq.PrefixKey, s.rreq.InstructionsKey = s.prefixKeys[i], s.instructionsKey(i)
 	s.rreq.Unstreamed = s.unstreamed(i) && !s.cfg.UnstreamedUntold
 }
 

@@ -217,6 +217,26 @@ func NewKeys(est prompt.Estimator) *Keys {
 	return &Keys{est: est, seen: map[firstBlock]uint64{}}
 }
 
+// Instructions returns the key of r's instructions as the live router
+// reads it (prompt.InstructionsKey): its messages' opening system or
+// developer messages; 0 for a request without them (every request the
+// replayer makes up is one user message).
+func (k *Keys) Instructions(r *trace.Request) uint64 {
+	n := 0
+	for n < len(r.Messages) && (r.Messages[n].Role == "system" || r.Messages[n].Role == "developer") {
+		n++
+	}
+	if n == 0 {
+		return 0
+	}
+	msgs := make([]prompt.Message, n)
+	for i, m := range r.Messages[:n] {
+		msgs[i] = prompt.Message{Role: m.Role, Content: m.Content}
+	}
+	k.buf = prompt.Chat(k.buf[:0], msgs)
+	return prompt.InstructionsKey(k.buf, len(k.buf), k.est)
+}
+
 // Of returns r's prefix key.
 func (k *Keys) Of(r *trace.Request) uint64 {
 	if len(r.Messages) > 0 {

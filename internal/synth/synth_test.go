@@ -2,6 +2,7 @@ package synth
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -200,6 +201,38 @@ func TestKeysRemembersFirstBlocks(t *testing.T) {
 			if got, want := keys.Of(&reqs[i]), prompt.PrefixKey(canonical(&reqs[i]), est); got != want {
 				t.Errorf("pass %d, request %d (%d tokens): %x, want %x", pass, i, reqs[i].InputTokens, got, want)
 			}
+		}
+	}
+}
+
+// The simulator's key of a request's instructions is the one the live
+// router reads from the body the replayer sends.
+func TestKeysOfInstructions(t *testing.T) {
+	est := prompt.Estimator{}
+	keys := NewKeys(est)
+	long := string(bytes.Repeat([]byte("instructions "), 200)) // past the key's 256 tokens
+	for _, msgs := range [][]trace.Message{
+		{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}},
+		{{Role: "developer", Content: "a"}, {Role: "system", Content: "b"}, {Role: "user", Content: "c"}},
+		{{Role: "system", Content: long}, {Role: "user", Content: "hi"}},
+		{{Role: "user", Content: "hi"}, {Role: "system", Content: "late"}},
+		nil,
+	} {
+		r := trace.Request{InputTokens: 40, HashIDs: []uint64{1, 2, 3}, Messages: msgs}
+		body, err := json.Marshal(map[string]any{"messages": Messages(&r)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var parsed prompt.Request
+		if err := prompt.ParseRequest(body, true, &parsed); err != nil {
+			t.Fatal(err)
+		}
+		live := prompt.InstructionsKey(parsed.Text, parsed.Instructions, est)
+		if got := keys.Instructions(&r); got != live || (live == 0) != (len(msgs) == 0 || msgs[0].Role == "user") {
+			t.Errorf("%v: simulated %x, live %x", msgs, got, live)
+		}
+		if len(msgs) > 0 && msgs[0].Content == long && live != prompt.PrefixKey(parsed.Text, est) {
+			t.Error("instructions that fill the opening do not hash as the prefix key")
 		}
 	}
 }

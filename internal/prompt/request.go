@@ -613,7 +613,7 @@ func (p *parser) appendInput(r *Request) error {
 			}
 			r.Text = append(unquote(r.Text, v), '\n')
 		case '0': // token ids: the list's JSON stands for the text
-			r.Text = append(r.Text[:0], p.list...)
+			r.Text, r.Instructions = append(r.Text[:0], p.list...), 0
 			return nil
 		case '{', 'n':
 			if err := e.readMessage(r, i); err != nil {

@@ -714,3 +714,19 @@ func TestModel(t *testing.T) {
 		}
 	}
 }
+
+// A later "messages" key starts the instructions over, as it does the
+// text; an input list of token ids has none.
+func TestInstructionsStartOver(t *testing.T) {
+	var r Request
+	body := `{"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"}],"messages":[{"role":"user","content":"v"}]}`
+	if err := ParseRequest([]byte(body), true, &r); err != nil || r.Instructions != 0 || string(r.Text) != "user\nv\n" {
+		t.Errorf("%v: text %q, instructions %d, want the second messages' text and none", err, r.Text, r.Instructions)
+	}
+	if err := ParseInput([]byte(`{"input":[{"role":"system","content":"s"},1,2]}`), &r); err != nil || r.Instructions != 0 {
+		t.Errorf("%v: input of token ids: instructions %d, want 0", err, r.Instructions)
+	}
+	if err := ParseInput([]byte(`{"input":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}`), &r); err != nil || r.Instructions != len("system\ns\n") {
+		t.Errorf("%v: input messages: instructions %d, want the system message's", err, r.Instructions)
+	}
+}

@@ -627,16 +627,17 @@ func (r *Router) expect(req *policy.Request) (expected, mean int) {
 func (r *Router) OutputEstimate() estimate.OutputState { return r.outputs.State() }
 
 // OutputKeys are the keys of req's answer length, broadest first: its
-// application, then its conversation; none with GlobalOutput. Both are
-// mixed with its model (one system prompt may be answered at other lengths
-// by another model). The application is the chat's opening instructions
-// (InstructionsKey: its system or developer messages) where it has any,
-// else its prompt's opening (PrefixKey: its first prompt.PrefixKeyTokens
-// tokens, an application's where its system prompt fills them). The
-// conversation is SessionKey (a session header, or the user field); where
-// there is none but the instructions are shorter than the opening, the
-// opening, theirs and the conversation's first message, stands for it.
-// Each depth is mixed with a seed of its own, so that no two share a key.
+// application, then its conversation; none with GlobalOutput. The
+// application is the chat's opening instructions (InstructionsKey: its
+// system or developer messages) where it has any, else its prompt's
+// opening (PrefixKey: its first prompt.PrefixKeyTokens tokens, an
+// application's where its system prompt fills them), mixed with its model
+// (one system prompt may be answered at other lengths by another model).
+// The conversation is SessionKey (a session header, or the user field);
+// where there is none but the instructions are shorter than the opening,
+// the opening stands for it: the instructions and the conversation's
+// start, the same for each turn once the conversation fills it. Each depth
+// is mixed with a seed of its own, so that no two share a key.
 func (r *Router) OutputKeys(req *policy.Request) OutputKeys {
 	if r.cfg.GlobalOutput {
 		return OutputKeys{}

@@ -209,6 +209,7 @@ func appendPrefixText(dst []byte, r *trace.Request, est prompt.Estimator) []byte
 type Keys struct {
 	est  prompt.Estimator
 	buf  []byte
+	msgs []prompt.Message
 	seen map[firstBlock]uint64
 }
 
@@ -229,11 +230,11 @@ func (k *Keys) Instructions(r *trace.Request) uint64 {
 	if n == 0 {
 		return 0
 	}
-	msgs := make([]prompt.Message, n)
-	for i, m := range r.Messages[:n] {
-		msgs[i] = prompt.Message{Role: m.Role, Content: m.Content}
+	k.msgs = k.msgs[:0]
+	for _, m := range r.Messages[:n] {
+		k.msgs = append(k.msgs, prompt.Message{Role: m.Role, Content: m.Content})
 	}
-	k.buf = prompt.Chat(k.buf[:0], msgs)
+	k.buf = prompt.Chat(k.buf[:0], k.msgs)
 	return prompt.InstructionsKey(k.buf, len(k.buf), k.est)
 }
 

@@ -216,6 +216,7 @@ func TestKeysOfInstructions(t *testing.T) {
 		{{Role: "developer", Content: "a"}, {Role: "system", Content: "b"}, {Role: "user", Content: "c"}},
 		{{Role: "system", Content: long}, {Role: "user", Content: "hi"}},
 		{{Role: "user", Content: "hi"}, {Role: "system", Content: "late"}},
+		{{Role: "assistant", Content: "welcome"}, {Role: "system", Content: "late"}},
 		nil,
 	} {
 		r := trace.Request{InputTokens: 40, HashIDs: []uint64{1, 2, 3}, Messages: msgs}
@@ -228,7 +229,7 @@ func TestKeysOfInstructions(t *testing.T) {
 			t.Fatal(err)
 		}
 		live := prompt.InstructionsKey(parsed.Text, parsed.Instructions, est)
-		if got := keys.Instructions(&r); got != live || (live == 0) != (len(msgs) == 0 || msgs[0].Role == "user") {
+		if got := keys.Instructions(&r); got != live || (live == 0) != (len(msgs) == 0 || msgs[0].Role == "user" || msgs[0].Role == "assistant") {
 			t.Errorf("%v: simulated %x, live %x", msgs, got, live)
 		}
 		if len(msgs) > 0 && msgs[0].Content == long && live != prompt.PrefixKey(parsed.Text, est) {

@@ -130,7 +130,8 @@ func (r *Request) record(status int, at time.Time, err error) {
 	}
 	if c.cfg.Log != nil {
 		attrs := []any{"replica", id, "status", status, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
-			"est_cached_tokens", r.ticket.EstCachedTokens, "cached_tokens", r.cached, "output_tokens", r.outputTokens(),
+			"est_cached_tokens", r.ticket.EstCachedTokens, "cached_tokens", r.cached,
+			"expected_output_tokens", r.ticket.ExpectedOutputTokens, "output_tokens", r.outputTokens(),
 			"attempts", r.attempts, "e2e_ms", ms(at.Sub(r.Received))}
 		if ttft != noTTFT {
 			attrs = append(attrs, "ttft_ms", ms(ttft))

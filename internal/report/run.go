@@ -29,7 +29,10 @@ type Record struct {
 	EstCachedTokens int  `json:"est_cached_tokens,omitempty"`
 	Estimated       bool `json:"-"`
 	OutputTokens    int  `json:"output_tokens"`
-	Failed          bool `json:"failed,omitempty"`
+	// ExpectedOutputTokens is the answer length the router expected when it
+	// decided (0 when unknown: a live client's record).
+	ExpectedOutputTokens int  `json:"expected_output_tokens,omitempty"`
+	Failed               bool `json:"failed,omitempty"`
 	// Rejected: refused by admission (a 429), a kind of failure.
 	Rejected bool   `json:"rejected,omitempty"`
 	Error    string `json:"error,omitempty"`

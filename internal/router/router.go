@@ -76,6 +76,10 @@ type Ticket struct {
 	// replica had cached, and Backlog the prefill backlog ahead of it.
 	EstCachedTokens int
 	Backlog         int
+	// ExpectedOutputTokens is the answer length the router expected when it
+	// decided (policy.Request.ExpectedOutputTokens; 0 for another router's
+	// request).
+	ExpectedOutputTokens int
 	// Terms is the replica's cost, for scoring policies.
 	Terms policy.Terms
 	// RTT is the round-trip estimate the decision used.
@@ -332,7 +336,7 @@ func (r *Router) keep(ok func(i int) bool) {
 // stopped being active meanwhile (drained or being removed).
 func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Ticket, bool) {
 	m := c.m
-	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m,
+	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, ExpectedOutputTokens: req.ExpectedOutputTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m,
 		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS, outKeys: keys}
 	_, t.Forecast, t.Margin = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.AdapterWaitMS)
 	t.InFlight = int(m.inflight.Add(1))

@@ -848,7 +848,7 @@ func (s *simulator) result() *Result {
 		if st.replica >= 0 {
 			rec.Replica = ids[st.replica]
 			rec.RTT = toMS(st.rtt)
-			rec.EstCachedTokens = st.ticket.EstCachedTokens
+			rec.EstCachedTokens, rec.ExpectedOutputTokens = st.ticket.EstCachedTokens, st.ticket.ExpectedOutputTokens
 			rec.Estimated = true
 		}
 		if !st.failed {

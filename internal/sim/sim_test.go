@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -221,6 +222,33 @@ func TestUnstreamedAnswers(t *testing.T) {
 	for _, r := range []*Result{told, untold} {
 		if r.Run.Failed != 0 || r.Run.Completed != len(reqs) {
 			t.Errorf("%d failed, %d completed", r.Run.Failed, r.Run.Completed)
+		}
+	}
+}
+
+// The simulated router keys a trace's chat by its system prompt, as the
+// live one keys the bodies the replayer sends: new conversations of an
+// application with a one-line system prompt are expected at that
+// application's length (each request's record says what was expected).
+func TestExpectsAnApplicationsLength(t *testing.T) {
+	var reqs []trace.Request
+	for i := range 300 {
+		out, system := 40, "You call tools."
+		if i%2 == 1 {
+			out, system = 800, "You write reports."
+		}
+		r := request(time.Duration(i)*2*time.Second, uint64(i+1), 200, out)
+		r.Messages = []trace.Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprint("question ", i)}}
+		reqs = append(reqs, r)
+	}
+	res, err := Run(Config{Replicas: []Replica{{ID: "a", RTT: 10 * time.Millisecond, Profile: profile(t, "paper")}},
+		Requests: reqs, Policy: newPolicy(t, policy.DefaultName), Seed: 1, HideMaxTokens: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range res.Records[200:] {
+		if e := rec.ExpectedOutputTokens; rec.OutputTokens == 40 && e > 100 || rec.OutputTokens == 800 && e < 600 {
+			t.Fatalf("request %d (answer %d tokens) expected at %d: want its application's length", rec.Index, rec.OutputTokens, e)
 		}
 	}
 }

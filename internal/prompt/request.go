@@ -87,8 +87,10 @@ func ParseRequest(body []byte, chat bool, r *Request) error {
 // the input's text becomes r.Text: a string; a list of strings, each
 // followed by a newline; a list of token ids, whose JSON stands for the
 // text; or a list of messages ({"role", "content"}, content a string or
-// parts of type "text" or "input_text"), as a chat's. A body without
-// "input" gives an empty Text (the request is routed by load alone).
+// parts of type "text" or "input_text"), as a chat's; a responses
+// request's "instructions" (a string) come first, as a system message, as
+// the engine puts them. A body without either gives an empty Text (the
+// request is routed by load alone).
 func ParseInput(body []byte, r *Request) error { return parseMode(body, modeInput, r) }
 
 // What a body is read as.
@@ -117,6 +119,8 @@ type parser struct {
 	inputParts         bool   // "input_text" parts count as text (responses)
 	model, user        []byte
 	hasModel, hasUser  bool
+	instr              []byte // a responses request's "instructions"
+	hasInstr           bool
 	list               []byte // the completion prompt's raw value
 	listKind           jsontext.Kind
 	messages, hasMsgs  bool
@@ -138,6 +142,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	p.in.Reset(body)
 	p.dec.Reset(&p.in, decodeOptions...)
 	p.hasModel, p.hasUser, p.messages, p.hasMsgs, p.hasMax, p.hasMaxComp = false, false, false, false, false, false
+	p.hasInstr = false
 	p.listKind = 0
 	d := &p.dec
 	if d.PeekKind() != '{' {
@@ -161,6 +166,9 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 			err = p.readMessages(r)
 		case f == fPrompt && mode == modeCompletion, f == fInput && mode == modeInput:
 			err = p.readPrompt()
+		case f == fInstructions && mode == modeInput && d.PeekKind() == '"':
+			// A string; anything else (the engine's business) is skipped.
+			err = p.stringField(&p.instr, &p.hasInstr, "instructions")
 		case f == fMaxTokens:
 			p.maxTok, p.hasMax, err = p.intField("max_tokens")
 		case f == fMaxCompletionTokens && chat:
@@ -252,6 +260,7 @@ const (
 	fStreamOptions
 	fUser
 	fInput
+	fInstructions
 )
 
 var topNames = [...]string{
@@ -264,6 +273,7 @@ var topNames = [...]string{
 	fStreamOptions:       "stream_options",
 	fUser:                "user",
 	fInput:               "input",
+	fInstructions:        "instructions",
 }
 
 // field reads an object's next key and returns 1 + the index of the name
@@ -584,6 +594,11 @@ func (p *parser) readContent() error {
 
 // appendInput appends an "input" value's text (see ParseInput).
 func (p *parser) appendInput(r *Request) error {
+	if p.hasInstr {
+		// The engine puts them before the input as a system message.
+		r.Text = append(append(append(r.Text[:0], "system\n"...), p.instr...), '\n')
+		r.Instructions = len(r.Text)
+	}
 	switch p.listKind {
 	case 0, 'n':
 		return nil

@@ -652,6 +652,10 @@ func TestParseInput(t *testing.T) {
 		{`{"model":"e"}`, "", ""},
 		{`{"input":7}`, "", "input: want"},
 		{`{"input":"x"`, "", "malformed JSON"},
+		{`{"instructions":"be brief","input":"hi"}`, "system\nbe brief\nhi", ""},
+		{`{"input":[{"role":"user","content":"hi"}],"instructions":"be brief"}`, "system\nbe brief\nuser\nhi\n", ""},
+		{`{"instructions":"a","instructions":null,"input":"hi"}`, "system\na\nhi", ""},
+		{`{"instructions":[{"role":"system","content":"x"}],"input":"hi"}`, "hi", ""},
 	} {
 		var r Request
 		err := ParseInput([]byte(c.body), &r)
@@ -728,5 +732,16 @@ func TestInstructionsStartOver(t *testing.T) {
 	}
 	if err := ParseInput([]byte(`{"input":[{"role":"system","content":"s"},{"role":"user","content":"u"}]}`), &r); err != nil || r.Instructions != len("system\ns\n") {
 		t.Errorf("%v: input messages: instructions %d, want the system message's", err, r.Instructions)
+	}
+	// A responses request's instructions, then its input's system messages.
+	if err := ParseInput([]byte(`{"instructions":"i","input":[{"role":"developer","content":"d"},{"role":"user","content":"u"}]}`), &r); err != nil || r.Instructions != len("system\ni\ndeveloper\nd\n") {
+		t.Errorf("%v: instructions %d in %q, want the instructions' and the developer message's", err, r.Instructions, r.Text)
+	}
+	var chat Request
+	if err := ParseRequest([]byte(`{"messages":[{"role":"system","content":"i"},{"role":"user","content":"u"}]}`), true, &chat); err != nil {
+		t.Fatal(err)
+	}
+	if err := ParseInput([]byte(`{"instructions":"i","input":[{"role":"user","content":"u"}]}`), &r); err != nil || string(r.Text) != string(chat.Text) || r.Instructions != chat.Instructions {
+		t.Errorf("%v: a responses request %q (%d) reads unlike the same chat %q (%d)", err, r.Text, r.Instructions, chat.Text, chat.Instructions)
 	}
 }

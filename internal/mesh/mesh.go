@@ -127,10 +127,10 @@ type event struct {
 	// (router.Decoded).
 	Out      int   `json:"n,omitempty"`
 	DecodeUS int64 `json:"du,omitempty"`
-	// Opening and Conversation are a dispatch's router.OutputKeys: the
-	// answer's length, at its end, feeds every router's estimate under
-	// them.
-	Opening      uint64 `json:"oa,omitempty"`
+	// Application and Conversation are a dispatch's router.OutputKeys:
+	// the answer's length, at its end, feeds every router's estimate
+	// under them.
+	Application  uint64 `json:"oa,omitempty"`
 	Conversation uint64 `json:"oc,omitempty"`
 	// Tenant, Requests and Tokens are a charge to a tenant's budgets
 	// (negative: given back).
@@ -278,7 +278,7 @@ func (b *Bus) Mirrors() int {
 func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 	k := b.rt.OutputKeys(req)
 	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks, Unstreamed: req.Unstreamed,
-		Opening: k[0], Conversation: k[1]})
+		Application: k[0], Conversation: k[1]})
 }
 
 // FirstToken tells the others that attempt id produced its first token.
@@ -352,7 +352,7 @@ func (b *Bus) receive(m *nats.Msg) {
 		if _, dup := b.remote[k]; dup {
 			return
 		}
-		t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.Opening, e.Conversation})
+		t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.Application, e.Conversation})
 		if !ok {
 			return // a replica this router does not know, or not active
 		}

@@ -25,7 +25,8 @@ type Request struct {
 	// SessionKey identifies the conversation; empty when unknown.
 	SessionKey string
 	// PrefixKey is a hash of the prompt's first 256 tokens (in the
-	// simulator, of its first block): what simple session affinity hashes.
+	// simulator, of the text the replayer would send): what simple session
+	// affinity hashes.
 	PrefixKey uint64
 	// InstructionsKey is a hash of a chat's opening system or developer
 	// messages (at most its first 256 tokens, so that instructions that

@@ -116,9 +116,8 @@ type Ticket struct {
 }
 
 // OutputKeys are the keys a request's answer length is learned under (see
-// Router.OutputKeys): its prompt's opening's (an application's, where its
-// system prompt fills the opening), then its conversation's; zero where it
-// has none.
+// Router.OutputKeys): its application's, then its conversation's; zero
+// where it has none.
 type OutputKeys [2]uint64
 
 // Candidate is a replica a decision ranked, with what the router believed

@@ -264,8 +264,8 @@ func main() {
 	}
 }
 
-// withinNoise reports whether d missed the SLO with no more requests more
-// than best did than twice the standard error of that difference, the
+// withinNoise reports whether d's excess of requests missing the SLO over
+// best's is at most twice the standard error of that difference, the
 // counts of misses taken as Poisson counts.
 func withinNoise(d, best *run) bool {
 	if d.Requests == 0 || best.Requests == 0 {

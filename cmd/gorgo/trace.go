@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -109,6 +110,7 @@ func runTraceStats(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	st := trace.ComputeStats(reqs)
+	st.OutputError = sim.OutputError(reqs)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

@@ -645,6 +645,11 @@ func (r *Router) OutputKeys(req *policy.Request) OutputKeys {
 	if r.cfg.GlobalOutput {
 		return OutputKeys{}
 	}
+	return KeysOf(req)
+}
+
+// KeysOf are req's OutputKeys for a router that keys its estimate.
+func KeysOf(req *policy.Request) OutputKeys {
 	model := prefix.ModelKey(req.Model)
 	app, opening := req.PrefixKey, uint64(0)
 	if req.InstructionsKey != 0 && req.InstructionsKey != req.PrefixKey {

@@ -3,15 +3,11 @@ package trace
 import (
 	"fmt"
 	"io"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
-	"github.com/cespare/xxhash/v2"
-
-	"github.com/gorgo-llm/gorgo/internal/estimate"
 	"github.com/gorgo-llm/gorgo/internal/report"
 )
 
@@ -44,43 +40,14 @@ type Reuse struct {
 
 // OutputError is the mean absolute error, in tokens, of estimates of each
 // answer's length from the answers before it (in arrival order): Global
-// from the running mean of all, Keyed from the same moved toward the means
-// of the answers whose prompts opened with the same block and of the same
-// session (estimate.Outputs, as the router's estimate learns; the router
-// keys the opening by the prompt's first tokens and its model, this by the
-// first block's hash and the model). Keyed below Global says a request's
-// application or conversation tells its answer's length. Each answer is
-// learned as its request arrives; the router learns it when it ends, so it
-// knows a little less when it decides.
+// from the running mean of all, Keyed from the router's estimate keyed by
+// application and conversation. Keyed below Global says a request's
+// application or conversation tells its answer's length. ComputeStats
+// leaves it zero: replaying the router's estimator is the simulator's
+// (sim.OutputError), and gorgo trace stats fills it so.
 type OutputError struct {
 	Global float64 `json:"global"`
 	Keyed  float64 `json:"keyed"`
-}
-
-// outputError replays reqs' answers through the router's estimator.
-func outputError(reqs []Request, prior float64) OutputError {
-	global := estimate.NewOutputs(prior, 0)
-	keyed := estimate.NewOutputs(prior, 0)
-	var e OutputError
-	for _, r := range reqs {
-		var opening, session uint64
-		if len(r.HashIDs) > 0 {
-			opening = xxhash.Sum64String(r.Model) ^ (r.HashIDs[0]+1)*0x9e3779b97f4a7c15
-		}
-		if r.Session != "" {
-			session = xxhash.Sum64String(r.Session) | 1
-		}
-		x := float64(r.OutputTokens)
-		e.Global += math.Abs(x - global.Expect())
-		e.Keyed += math.Abs(x - keyed.Expect(opening, session))
-		global.Observe(r.OutputTokens)
-		keyed.Observe(r.OutputTokens, opening, session)
-	}
-	if len(reqs) > 0 {
-		e.Global /= float64(len(reqs))
-		e.Keyed /= float64(len(reqs))
-	}
-	return e
 }
 
 // Stats describes a workload. A request's turn is its Turn field, or, when
@@ -176,7 +143,6 @@ func ComputeStats(reqs []Request) Stats {
 		st.TotalInputTokens += int64(r.InputTokens)
 	}
 	st.InputTokens, st.OutputTokens = distOf(in), distOf(out)
-	st.OutputError = outputError(reqs, 256)
 
 	sessionOf, users := indexOwners(reqs)
 	sessionReqs := make([]int, 0, len(reqs))
@@ -383,8 +349,10 @@ func (st Stats) WriteText(w io.Writer) error {
 	}
 	fmt.Fprintf(tw, "input tokens\t%s\n", dist(st.InputTokens))
 	fmt.Fprintf(tw, "output tokens\t%s\n", dist(st.OutputTokens))
-	fmt.Fprintf(tw, "  estimate error\t±%.0f from the running mean, ±%.0f keyed by opening and session\n",
-		st.OutputError.Global, st.OutputError.Keyed)
+	if st.OutputError != (OutputError{}) {
+		fmt.Fprintf(tw, "  estimate error\t±%.0f from the running mean, ±%.0f keyed by application and conversation\n",
+			st.OutputError.Global, st.OutputError.Keyed)
+	}
 	fmt.Fprintf(tw, "sessions\t%d (requests per session: mean %.2f, p50 %.0f)\n",
 		st.Sessions, st.RequestsPerSession, st.RequestsPerSessionP50)
 	fmt.Fprintf(tw, "multi-turn sessions\t%d (highest turn: mean %.1f)\n",

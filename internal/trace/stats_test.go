@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -125,13 +126,13 @@ func TestComputeStatsTurns(t *testing.T) {
 	}
 }
 
-// The estimate errors, worked by hand: the running mean misses the four
-// answers by 246, 231, 216 and 202 tokens; keyed (all four open with block
-// 1), by 246 and 231 (no key has told better yet), then 139 (the opening's
-// mean has) and 107 (the session's too, though c's is new).
+// WriteText prints the statistics, and the estimate errors when filled
+// (sim.OutputError computes them).
 func TestWriteText(t *testing.T) {
 	var b bytes.Buffer
-	if err := ComputeStats(statsTrace()).WriteText(&b); err != nil {
+	st := ComputeStats(statsTrace())
+	st.OutputError = OutputError{Global: 224, Keyed: 181}
+	if err := st.WriteText(&b); err != nil {
 		t.Fatal(err)
 	}
 	want := `requests               4
@@ -139,7 +140,7 @@ duration               4.0 s (first to last arrival)
 mean rate              1.00 req/s
 input tokens           p50 812  p90 1427  p95 1514  p99 1583  mean 881  max 1600
 output tokens          p50 25   p90 37    p95 38    p99 40    mean 25   max 40
-  estimate error       ±224 from the running mean, ±181 keyed by opening and session
+  estimate error       ±224 from the running mean, ±181 keyed by application and conversation
 sessions               3 (requests per session: mean 1.33, p50 1)
 multi-turn sessions    1 (highest turn: mean 2.0)
 multi-turn requests    25.00% (turn >= 2)
@@ -150,6 +151,11 @@ prefix reuse           52.10% of input tokens
 `
 	if b.String() != want {
 		t.Errorf("WriteText =\n%s\nwant\n%s", b.String(), want)
+	}
+	b.Reset()
+	st.OutputError = OutputError{}
+	if err := st.WriteText(&b); err != nil || strings.Contains(b.String(), "estimate error") {
+		t.Errorf("without the estimate errors: %v\n%s", err, b.String())
 	}
 }
 

@@ -156,6 +156,7 @@ type Router struct {
 	fc      []forecastAt // Predict's
 	dec     policy.Decision
 	ranked  []bool
+	keys    OutputKeys // of the request rank last ranked
 	best    []Candidate
 
 	loads   *adapterLoads
@@ -238,7 +239,7 @@ func (r *Router) Dispatch(now time.Duration, req *policy.Request, rng *rand.Rand
 		return Ticket{}, fallbacks[:0], err
 	}
 	for k := range r.best {
-		if t, ok := r.enter(&r.best[k], req, r.OutputKeys(req)); ok {
+		if t, ok := r.enter(&r.best[k], req, r.keys); ok {
 			return t, append(fallbacks[:0], r.best[k+1:]...), nil
 		}
 	}
@@ -439,7 +440,8 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	r.index.Match(req.Blocks, r.depth)
 	r.ixMu.RUnlock()
 	bt := r.cfg.BlockTokens
-	req.ExpectedOutputTokens, req.MeanOutputTokens = r.expect(req)
+	r.keys = r.OutputKeys(req)
+	req.ExpectedOutputTokens, req.MeanOutputTokens = r.expect(req, r.keys)
 	req.Now = now
 	r.views, r.cand, r.adapter = r.views[:0], r.cand[:0], r.adapter[:0]
 	for _, m := range f.members {
@@ -601,20 +603,20 @@ const minITLTokens = 4
 
 // ExpectedOutput is the output length the router expects of req: the mean
 // length of the answers it has seen, moved toward the mean of those to
-// requests that opened with the same prompt (an application's system
-// prompt, or a conversation's first message) and then of those in the same
-// conversation, each as far as it has seen enough of them, and only as deep
-// as those keys have lately told answers' lengths better (estimate.Outputs);
-// capped by req's max_tokens. The router never knows the true length.
+// requests of the same application and then of those in the same
+// conversation (OutputKeys), each as far as it has seen enough of them,
+// and only as deep as those keys have lately told answers' lengths better
+// (estimate.Outputs); capped by req's max_tokens. The router never knows
+// the true length.
 func (r *Router) ExpectedOutput(req *policy.Request) int {
-	e, _ := r.expect(req)
+	e, _ := r.expect(req, r.OutputKeys(req))
 	return e
 }
 
-// expect returns ExpectedOutput and the mean length of all answers (for
-// the requests in flight the router knows nothing of), in one reading.
-func (r *Router) expect(req *policy.Request) (expected, mean int) {
-	k := r.OutputKeys(req)
+// expect returns ExpectedOutput, given req's keys k, and the mean length
+// of all answers (for the requests in flight the router knows nothing of),
+// in one reading.
+func (r *Router) expect(req *policy.Request, k OutputKeys) (expected, mean int) {
 	e, m := r.outputs.Estimate(k[0], k[1])
 	expected = int(math.Round(e))
 	if req.MaxOutputTokens > 0 {

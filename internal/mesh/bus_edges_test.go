@@ -135,15 +135,23 @@ func TestTwoRoutersOfOneName(t *testing.T) {
 	}
 	logged := func() string { mu.Lock(); defer mu.Unlock(); return logA.String() }
 	eventually(t, "a to say another router has its name", func() bool { return strings.Contains(logged(), "has this router's name") })
-	if err := a.Conn().Flush(); err != nil {
+	// A third router's request, sent once the server has the namesake's
+	// three, reaches a after them: once a mirrors it, a has read them all.
+	if err := b.Conn().Flush(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // the other events, if any were to be logged
+	c, err := Connect(Config{URL: url, Name: "us-ashburn-2"}, newRouter(t), now, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Dispatched(1, "a", &req)
+	eventually(t, "a to mirror the third router's request", func() bool { n, _ := inFlight(t, rA, "a"); return n == 1 })
 	if n := strings.Count(logged(), "has this router's name"); n != 1 {
 		t.Errorf("logged %d times, want once:\n%s", n, logged())
 	}
-	if n, _ := inFlight(t, rA, "a"); n != 0 {
-		t.Errorf("a mirrored %d of its namesake's requests", n)
+	if n, _ := inFlight(t, rA, "a"); n != 1 {
+		t.Errorf("a mirrored %d requests, want the third router's alone, none of its namesake's", n)
 	}
 }
 

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"testing"
 	"time"
@@ -257,5 +258,49 @@ func TestOmniscientRoutersSeeTheSameInstant(t *testing.T) {
 	}
 	if got := second(meshRun(t, policy.DefaultName, ShareDelayed, reqs)); got[0] != "ap-seoul" || got[1] != "ap-seoul" {
 		t.Errorf("sharing with delay: the simultaneous pair went to %v, want both to ap-seoul (neither knows of the other)", got)
+	}
+}
+
+// Routers sharing state learn answers' lengths from each other's answers:
+// behind a load balancer without affinity (ha-spread.yaml), each router
+// expects an application's answers at their length sooner than routers
+// that learn from their own alone.
+func TestMeshLearnsTheOthersAnswers(t *testing.T) {
+	var reqs []trace.Request
+	for i := range 60 {
+		out, system := 40, "You call tools."
+		if i%2 == 1 {
+			out, system = 800, "You write reports."
+		}
+		r := request(time.Duration(i)*20*time.Second, uint64(i+1), 200, out)
+		r.Messages = []trace.Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprint("question ", i)}}
+		reqs = append(reqs, r)
+	}
+	top, err := LoadTopology("../../examples/topologies/ha-spread.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, _ := top.Resolve()
+	miss := func(sharing Sharing) float64 {
+		m, err := top.Arrangement(policy.DefaultName, reps, sharing, 0, 0, func(name, region string) (policy.Policy, error) {
+			return policy.New(name, policy.Options{Region: region})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: 1, HideMaxTokens: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := 0.0
+		for _, rec := range res.Records[10:30] {
+			sum += math.Abs(float64(rec.ExpectedOutputTokens - rec.OutputTokens))
+		}
+		return sum / 20
+	}
+	alone, shared := miss(ShareNone), miss(ShareDelayed)
+	t.Logf("alone ±%.0f, shared ±%.0f", alone, shared)
+	if shared > alone*0.8 {
+		t.Errorf("requests 10-29 expected within ±%.0f tokens by routers sharing state, ±%.0f alone: want sharing closer", shared, alone)
 	}
 }

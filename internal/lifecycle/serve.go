@@ -93,7 +93,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		fe.Refuse(e)
 		return e.Status
 	}
-	r.Route.Allowed = in.Allowed
+	r.Route.Allowed, r.Route.Tenant = in.Allowed, in.Tenant
 	r.Route.Unstreamed = r.Route.Unstreamed || in.Unseen
 	if e := r.classify(&in, time.Now()); e != nil {
 		if e.Status == statusBadRequest && r.tenant != nil {

@@ -24,6 +24,10 @@ import (
 type Request struct {
 	// SessionKey identifies the conversation; empty when unknown.
 	SessionKey string
+	// Tenant is whose request it is ("" for none): two tenants' sessions
+	// of one id are two conversations to the router's estimate of answers'
+	// lengths.
+	Tenant string
 	// PrefixKey is a hash of the prompt's first 256 tokens (in the
 	// simulator, of the text the replayer would send): what simple session
 	// affinity hashes.

@@ -641,8 +641,10 @@ func (r *Router) OutputEstimate() estimate.OutputState { return r.outputs.State(
 // The conversation is SessionKey (a session header, or the user field);
 // where there is none but the instructions are shorter than the opening,
 // the opening stands for it: the instructions and the conversation's
-// start, the same for each turn once the conversation fills it. Each depth
-// is mixed with a seed of its own, so that no two share a key.
+// start, the same for each turn once the conversation fills it. A
+// conversation is its tenant's (policy.Request.Tenant); an application may
+// serve several. Each depth is mixed with a seed of its own, so that no two
+// share a key.
 func (r *Router) OutputKeys(req *policy.Request) OutputKeys {
 	if r.cfg.GlobalOutput {
 		return OutputKeys{}
@@ -661,11 +663,15 @@ func KeysOf(req *policy.Request) OutputKeys {
 	if app != 0 {
 		k[0] = prefix.Fmix64(app ^ model ^ 0x9e3779b97f4a7c15)
 	}
+	var tenant uint64 // a conversation is its tenant's
+	if req.Tenant != "" {
+		tenant = prefix.Fmix64(xxhash.Sum64String(req.Tenant) ^ 0x165667b19e3779f9)
+	}
 	switch {
 	case req.SessionKey != "":
-		k[1] = prefix.Fmix64(xxhash.Sum64String(req.SessionKey))
+		k[1] = prefix.Fmix64(xxhash.Sum64String(req.SessionKey) ^ tenant)
 	case opening != 0:
-		k[1] = prefix.Fmix64(opening ^ model ^ 0xc2b2ae3d27d4eb4f)
+		k[1] = prefix.Fmix64(opening ^ model ^ 0xc2b2ae3d27d4eb4f ^ tenant)
 	}
 	return k
 }

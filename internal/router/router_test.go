@@ -575,6 +575,16 @@ func TestOutputKeysOfInstructions(t *testing.T) {
 	if k := r.OutputKeys(&a2); k[0] == ka1[0] {
 		t.Error("another model's requests share the application's key")
 	}
+	// A conversation is its tenant's; an application is not.
+	x, y := a1, a1
+	x.Tenant, y.Tenant = "x", "y"
+	if kx, ky, k := r.OutputKeys(&x), r.OutputKeys(&y), r.OutputKeys(&a1); kx[1] == ky[1] || kx[1] == k[1] || kx[0] != k[0] {
+		t.Errorf("tenants x, y and none, one session id: %x %x %x, want three conversations of one application", kx, ky, k)
+	}
+	x.SessionKey, y.SessionKey = "", ""
+	if kx, ky := r.OutputKeys(&x), r.OutputKeys(&y); kx[1] == ky[1] {
+		t.Errorf("tenants x and y, one opening, no session: %x %x, want two conversations", kx, ky)
+	}
 	// New conversations of two applications with short system prompts
 	// are expected at their application's length.
 	rng := rand.New(rand.NewPCG(1, 1))

@@ -24,7 +24,7 @@ func OutputError(reqs []trace.Request) trace.OutputError {
 	var e trace.OutputError
 	for i := range reqs {
 		r := &reqs[i]
-		k := router.KeysOf(&policy.Request{SessionKey: r.Session, PrefixKey: keys.Of(r), InstructionsKey: keys.Instructions(r), Model: r.Model})
+		k := router.KeysOf(&policy.Request{SessionKey: r.Session, Tenant: r.Tenant, PrefixKey: keys.Of(r), InstructionsKey: keys.Instructions(r), Model: r.Model})
 		x := float64(r.OutputTokens)
 		e.Global += math.Abs(x - global.Expect())
 		e.Keyed += math.Abs(x - keyed.Expect(k[0], k[1]))

@@ -618,7 +618,7 @@ func (s *simulator) class(i int) admit.Class {
 	if s.cfg.HideMaxTokens {
 		maxTokens = 0
 	}
-	req := policy.Request{SessionKey: tr.Session, PrefixKey: s.prefixKeys[i], InstructionsKey: s.instructionsKey(i), MaxOutputTokens: maxTokens, Model: tr.Model}
+	req := policy.Request{SessionKey: tr.Session, Tenant: tr.Tenant, PrefixKey: s.prefixKeys[i], InstructionsKey: s.instructionsKey(i), MaxOutputTokens: maxTokens, Model: tr.Model}
 	return admit.Class{Tenant: tr.Tenant, Priority: p, Tokens: tr.InputTokens + s.sites[0].rt.ExpectedOutput(&req)}
 }
 
@@ -651,7 +651,7 @@ func (s *simulator) instructionsKey(i int) uint64 {
 // request fills s.rreq with request i's view.
 func (s *simulator) request(i int) {
 	tr := &s.cfg.Requests[i]
-	s.rreq = policy.Request{SessionKey: tr.Session, PromptTokens: tr.InputTokens, Blocks: s.blocksOf(i), MaxOutputTokens: tr.OutputTokens, Model: tr.Model}
+	s.rreq = policy.Request{SessionKey: tr.Session, Tenant: tr.Tenant, PromptTokens: tr.InputTokens, Blocks: s.blocksOf(i), MaxOutputTokens: tr.OutputTokens, Model: tr.Model}
 	if s.gate != nil {
 		cl := s.class(i)
 		s.rreq.WaitingCap = s.cfg.Admission.WaitingCap(cl)

@@ -4,8 +4,7 @@ import "sync"
 
 // Outputs estimates how many tokens a request's answer will have from the
 // answers that came before it: over all requests, and over the requests that
-// share a key with it (its prompt's opening: the application whose system
-// prompt it carries; its conversation). A key's mean is shrunk toward the
+// share a key with it (its application; its conversation). A key's mean is shrunk toward the
 // broader estimate by OutputPrior requests' worth, so a key seen once moves
 // the estimate a little and a key seen often stands for itself.
 //
@@ -193,11 +192,4 @@ func (o *Outputs) State() OutputState {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return OutputState{Mean: o.global, Depth: o.depth, Keys: len(o.keys)}
-}
-
-// Global returns the mean answer length over all requests.
-func (o *Outputs) Global() float64 {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.global
 }

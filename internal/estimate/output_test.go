@@ -39,7 +39,7 @@ func TestOutputsLearnsByKey(t *testing.T) {
 	if d := o.State().Depth; d != 2 {
 		t.Fatalf("keys used to depth %d, want 2 (application and conversation)", d)
 	}
-	if g := o.Global(); g < 300 || g > 500 {
+	if g := o.State().Mean; g < 300 || g > 500 {
 		t.Errorf("global mean %v, want about 400", g)
 	}
 	// A new conversation of each application.
@@ -71,7 +71,7 @@ func TestOutputsIgnoresKeysThatTellNothing(t *testing.T) {
 	if d := o.State().Depth; d != 0 {
 		t.Errorf("keys used to depth %d, want 0", d)
 	}
-	if e, g := o.Expect(3, 42), o.Global(); e != g {
+	if e, g := o.Expect(3, 42), o.State().Mean; e != g {
 		t.Errorf("expected %v, want the global mean %v", e, g)
 	}
 }

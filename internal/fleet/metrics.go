@@ -62,7 +62,7 @@ var (
 	descWeight   = prometheus.NewDesc("gorgo_policy_weight", "The routing policy's parameters (for the online tuner, its incumbent's).", []string{"policy", "weight"}, nil)
 
 	descOutputMean     = prometheus.NewDesc("gorgo_output_estimate_tokens", "The running mean of answers' lengths, in tokens (the router's estimate before keys).", nil, nil)
-	descOutputDepth    = prometheus.NewDesc("gorgo_output_estimate_depth", "How many keys the estimate of an answer's length uses now: 0 the running mean alone, 1 the request's application (its prompt's opening) too, 2 and its conversation.", nil, nil)
+	descOutputDepth    = prometheus.NewDesc("gorgo_output_estimate_depth", "How many keys the estimate of an answer's length uses now: 0 the running mean alone, 1 the request's application (its system prompt, or its prompt's first 256 tokens) too, 2 and its conversation.", nil, nil)
 	descOutputKeys     = prometheus.NewDesc("gorgo_output_estimate_keys", "Applications and conversations the estimate of answers' lengths remembers (bounded).", nil, nil)
 	descTunerJudged    = prometheus.NewDesc("gorgo_tuner_judged_total", "Candidate weights the online tuner judged.", nil, nil)
 	descTunerAccepted  = prometheus.NewDesc("gorgo_tuner_accepted_total", "Candidate weights the online tuner accepted.", nil, nil)

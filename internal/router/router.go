@@ -627,8 +627,8 @@ func (r *Router) expect(req *policy.Request, k OutputKeys) (expected, mean int) 
 
 // OutputEstimate returns the state of the router's estimate of answers'
 // lengths: the running mean of all answers, how many keys it uses now (0,
-// the mean alone; 1, moved toward the request's application, its prompt's
-// opening; 2, and toward its conversation), and how many it remembers.
+// the mean alone; 1, moved toward the request's application; 2, and
+// toward its conversation), and how many it remembers.
 func (r *Router) OutputEstimate() estimate.OutputState { return r.outputs.State() }
 
 // OutputKeys are the keys of req's answer length, broadest first: its

@@ -11,6 +11,19 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
+// arrange is top's arrangement name, each router's policy made for its
+// region.
+func arrange(t testing.TB, top Topology, reps []Replica, name string, sharing Sharing) *Mesh {
+	t.Helper()
+	m, err := top.Arrangement(name, reps, sharing, 0, 0, func(name, region string) (policy.Policy, error) {
+		return policy.New(name, policy.Options{Region: region})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 func meshRun(t *testing.T, arrangement string, sharing Sharing, reqs []trace.Request) *Result {
 	t.Helper()
 	top, err := LoadTopology("paper-mesh")
@@ -21,12 +34,7 @@ func meshRun(t *testing.T, arrangement string, sharing Sharing, reqs []trace.Req
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := top.Arrangement(arrangement, reps, sharing, 0, 0, func(name, region string) (policy.Policy, error) {
-		return policy.New(name, policy.Options{Region: region})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := arrange(t, top, reps, arrangement, sharing)
 	res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: 1, MaxInflight: DefaultMaxInflight})
 	if err != nil {
 		t.Fatal(err)
@@ -73,12 +81,7 @@ func TestMeshIngressAndRegionLocal(t *testing.T) {
 	}
 	top, _ := LoadTopology("paper-mesh")
 	reps, _ := top.Resolve()
-	m, err := top.Arrangement(ArrangeRegionLocal, reps, ShareNone, 0, 0, func(name, region string) (policy.Policy, error) {
-		return policy.New(name, policy.Options{Region: region})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := arrange(t, top, reps, ArrangeRegionLocal, ShareNone)
 	in := assignIngress(m, reqs, 1)
 	bySession := map[string]int16{}
 	count := make([]int, len(m.Ingress))
@@ -101,11 +104,9 @@ func TestMeshIngressAndRegionLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	haReps, _ := ha.Resolve()
-	spread, err := ha.Arrangement(policy.DefaultName, haReps, ShareDelayed, 0, 0, func(name, region string) (policy.Policy, error) {
-		return policy.New(name, policy.Options{Region: region})
-	})
-	if err != nil || !spread.SpreadSessions {
-		t.Fatalf("ha-spread.yaml: %v, spread sessions %v", err, err == nil && spread.SpreadSessions)
+	spread := arrange(t, ha, haReps, policy.DefaultName, ShareDelayed)
+	if !spread.SpreadSessions {
+		t.Fatal("ha-spread.yaml: sessions not spread")
 	}
 	sites := map[string]map[int16]bool{}
 	for i, k := range assignIngress(spread, reqs, 1) {
@@ -170,12 +171,7 @@ func TestMeshClientCap(t *testing.T) {
 	}
 	top, _ := LoadTopology("paper-mesh")
 	reps, _ := top.Resolve()
-	m, err := top.Arrangement(ArrangeCentral, reps, ShareNone, 0, 0, func(name, region string) (policy.Policy, error) {
-		return policy.New(name, policy.Options{Region: region})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := arrange(t, top, reps, ArrangeCentral, ShareNone)
 	const cap = 2
 	res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: 1, MaxInflight: cap})
 	if err != nil {
@@ -213,12 +209,7 @@ func TestMeshClientCap(t *testing.T) {
 func TestOmniscientRoutersSeeTheSameInstant(t *testing.T) {
 	top, _ := LoadTopology("paper-mesh")
 	reps, _ := top.Resolve()
-	m, err := top.Arrangement(policy.DefaultName, reps, ShareInstant, 0, 0, func(name, region string) (policy.Policy, error) {
-		return policy.New(name, policy.Options{Region: region})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := arrange(t, top, reps, policy.DefaultName, ShareInstant)
 	// A session whose clients are in each of the two regions.
 	session := map[string]string{}
 	for k := 0; k < 100 && len(session) < 3; k++ {
@@ -266,28 +257,14 @@ func TestOmniscientRoutersSeeTheSameInstant(t *testing.T) {
 // expects an application's answers at their length sooner than routers
 // that learn from their own alone.
 func TestMeshLearnsTheOthersAnswers(t *testing.T) {
-	var reqs []trace.Request
-	for i := range 60 {
-		out, system := 40, "You call tools."
-		if i%2 == 1 {
-			out, system = 800, "You write reports."
-		}
-		r := request(time.Duration(i)*20*time.Second, uint64(i+1), 200, out)
-		r.Messages = []trace.Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprint("question ", i)}}
-		reqs = append(reqs, r)
-	}
+	reqs := appsTrace(60, 20*time.Second)
 	top, err := LoadTopology("../../examples/topologies/ha-spread.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	reps, _ := top.Resolve()
 	miss := func(sharing Sharing) float64 {
-		m, err := top.Arrangement(policy.DefaultName, reps, sharing, 0, 0, func(name, region string) (policy.Policy, error) {
-			return policy.New(name, policy.Options{Region: region})
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		m := arrange(t, top, reps, policy.DefaultName, sharing)
 		res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: 1, HideMaxTokens: true})
 		if err != nil {
 			t.Fatal(err)

@@ -116,12 +116,7 @@ func TestMeshRespectsModels(t *testing.T) {
 	reqs := mixed(t, 5*time.Minute, "model-a,model-b")
 	for _, arr := range []string{ArrangeCentral, ArrangeRegionLocal, "gorgo-e2e"} {
 		for _, sharing := range []Sharing{ShareNone, ShareDelayed} {
-			m, err := top.Arrangement(arr, reps, sharing, 0, 0, func(name, region string) (policy.Policy, error) {
-				return policy.New(name, policy.Options{Region: region})
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			m := arrange(t, top, reps, arr, sharing)
 			res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: 1, MaxInflight: DefaultMaxInflight})
 			if err != nil {
 				t.Fatal(err)

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -12,17 +11,10 @@ import (
 // application's system prompt are estimated far better than by the
 // running mean; with one application for all, no better.
 func TestOutputError(t *testing.T) {
-	var apps, one []trace.Request
-	for i := range 400 {
-		out, system := 40, "You call tools."
-		if i%2 == 1 {
-			out, system = 800, "You write reports."
-		}
-		r := request(time.Duration(i)*time.Second, uint64(i+1), 200, out)
-		r.Messages = []trace.Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprint("question ", i)}}
-		apps = append(apps, r)
-		r.Messages = []trace.Message{{Role: "system", Content: "You help."}, {Role: "user", Content: fmt.Sprint("question ", i)}}
-		one = append(one, r)
+	apps := appsTrace(400, time.Second)
+	one := appsTrace(400, time.Second)
+	for i := range one {
+		one[i].Messages = []trace.Message{{Role: "system", Content: "You help."}, one[i].Messages[1]}
 	}
 	if e := OutputError(apps); e.Keyed > e.Global/4 {
 		t.Errorf("two applications: keyed ±%.0f, running mean ±%.0f: want the keys far better", e.Keyed, e.Global)

@@ -614,11 +614,7 @@ func (s *simulator) class(i int) admit.Class {
 	if tr.Priority != "" {
 		p, _ = admit.ParsePriority(tr.Priority) // checked in Run
 	}
-	maxTokens := tr.OutputTokens
-	if s.cfg.HideMaxTokens {
-		maxTokens = 0
-	}
-	req := policy.Request{SessionKey: tr.Session, Tenant: tr.Tenant, PrefixKey: s.prefixKeys[i], InstructionsKey: s.instructionsKey(i), MaxOutputTokens: maxTokens, Model: tr.Model}
+	req := s.keyed(i)
 	return admit.Class{Tenant: tr.Tenant, Priority: p, Tokens: tr.InputTokens + s.sites[0].rt.ExpectedOutput(&req)}
 }
 
@@ -640,27 +636,30 @@ func (s *simulator) release(now time.Duration) {
 	s.schedule(now)
 }
 
-// instructionsKey is request i's InstructionsKey.
-func (s *simulator) instructionsKey(i int) uint64 {
-	if s.instrKeys == nil {
-		return 0
+// keyed is what the router reads of request i before its prompt's
+// blocks: its conversation, tenant, keys, model and max_tokens (unless
+// hidden).
+func (s *simulator) keyed(i int) policy.Request {
+	tr := &s.cfg.Requests[i]
+	req := policy.Request{SessionKey: tr.Session, Tenant: tr.Tenant, PrefixKey: s.prefixKeys[i], MaxOutputTokens: tr.OutputTokens, Model: tr.Model}
+	if s.instrKeys != nil {
+		req.InstructionsKey = s.instrKeys[i]
 	}
-	return s.instrKeys[i]
+	if s.cfg.HideMaxTokens {
+		req.MaxOutputTokens = 0
+	}
+	return req
 }
 
 // request fills s.rreq with request i's view.
 func (s *simulator) request(i int) {
-	tr := &s.cfg.Requests[i]
-	s.rreq = policy.Request{SessionKey: tr.Session, Tenant: tr.Tenant, PromptTokens: tr.InputTokens, Blocks: s.blocksOf(i), MaxOutputTokens: tr.OutputTokens, Model: tr.Model}
+	s.rreq = s.keyed(i)
+	s.rreq.PromptTokens, s.rreq.Blocks = s.cfg.Requests[i].InputTokens, s.blocksOf(i)
 	if s.gate != nil {
 		cl := s.class(i)
 		s.rreq.WaitingCap = s.cfg.Admission.WaitingCap(cl)
 		s.rreq.TTFTBudgetMS = s.cfg.Admission.TTFTBudget(cl, s.reqs[i].arrived, s.now)
 	}
-	if s.cfg.HideMaxTokens {
-		s.rreq.MaxOutputTokens = 0
-	}
-	s.rreq.PrefixKey, s.rreq.InstructionsKey = s.prefixKeys[i], s.instructionsKey(i)
 	s.rreq.Unstreamed = s.unstreamed(i) && !s.cfg.UnstreamedUntold
 }
 

@@ -231,16 +231,7 @@ func TestUnstreamedAnswers(t *testing.T) {
 // application with a one-line system prompt are expected at that
 // application's length (each request's record says what was expected).
 func TestExpectsAnApplicationsLength(t *testing.T) {
-	var reqs []trace.Request
-	for i := range 300 {
-		out, system := 40, "You call tools."
-		if i%2 == 1 {
-			out, system = 800, "You write reports."
-		}
-		r := request(time.Duration(i)*2*time.Second, uint64(i+1), 200, out)
-		r.Messages = []trace.Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprint("question ", i)}}
-		reqs = append(reqs, r)
-	}
+	reqs := appsTrace(300, 2*time.Second)
 	res, err := Run(Config{Replicas: []Replica{{ID: "a", RTT: 10 * time.Millisecond, Profile: profile(t, "paper")}},
 		Requests: reqs, Policy: newPolicy(t, policy.DefaultName), Seed: 1, HideMaxTokens: true})
 	if err != nil {
@@ -251,4 +242,21 @@ func TestExpectsAnApplicationsLength(t *testing.T) {
 			t.Fatalf("request %d (answer %d tokens) expected at %d: want its application's length", rec.Index, rec.OutputTokens, e)
 		}
 	}
+}
+
+// appsTrace is n chats, gap apart, of two applications with one-line system
+// prompts, each a new conversation without a session: tool calls answered
+// in 40 tokens and reports in 800, alternately.
+func appsTrace(n int, gap time.Duration) []trace.Request {
+	var reqs []trace.Request
+	for i := range n {
+		out, system := 40, "You call tools."
+		if i%2 == 1 {
+			out, system = 800, "You write reports."
+		}
+		r := request(time.Duration(i)*gap, uint64(i+1), 200, out)
+		r.Messages = []trace.Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprint("question ", i)}}
+		reqs = append(reqs, r)
+	}
+	return reqs
 }

@@ -140,12 +140,7 @@ func TestTwoRoutersOfOneName(t *testing.T) {
 	if err := b.Conn().Flush(); err != nil {
 		t.Fatal(err)
 	}
-	c, err := Connect(Config{URL: url, Name: "us-ashburn-2"}, newRouter(t), now, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.Dispatched(1, "a", &req)
+	join(t, url, "us-ashburn-2", newRouter(t)).Dispatched(1, "a", &req)
 	eventually(t, "a to mirror the third router's request", func() bool { n, _ := inFlight(t, rA, "a"); return n == 1 })
 	if n := strings.Count(logged(), "has this router's name"); n != 1 {
 		t.Errorf("logged %d times, want once:\n%s", n, logged())

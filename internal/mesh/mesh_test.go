@@ -103,6 +103,18 @@ func newRouter(t testing.TB) *router.Router {
 	return rt
 }
 
+// join connects rt to the bus at url as name, on a clock that stands
+// still, until the test ends.
+func join(t *testing.T, url, name string, rt *router.Router) *Bus {
+	t.Helper()
+	b, err := Connect(Config{URL: url, Name: name}, rt, func() time.Duration { return 0 }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	return b
+}
+
 func eventually(t *testing.T, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -181,22 +193,12 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 
 // Every router learns answers' lengths from the others' answers, streamed
 // or not, under the keys the sender computed from what it alone was sent
-// (the prompt's opening, the conversation): eu, which sent none of these
+// (the application, the conversation): eu, which sent none of these
 // requests, expects each application's answers at their own length.
 func TestLearnsTheOthersAnswers(t *testing.T) {
 	url := natsServer(t)
-	r1, r2 := newRouter(t), newRouter(t)
-	now := func() time.Duration { return 0 }
-	b1, err := Connect(Config{URL: url, Name: "us"}, r1, now, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b1.Close()
-	b2, err := Connect(Config{URL: url, Name: "eu"}, r2, now, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b2.Close()
+	r2 := newRouter(t)
+	b1, b2 := join(t, url, "us", newRouter(t)), join(t, url, "eu", r2)
 	const tools, reports = 11, 22
 	for i := range uint64(200) {
 		req := policy.Request{PromptTokens: 64, Blocks: []uint64{i + 1}, PrefixKey: tools, SessionKey: fmt.Sprint("t", i)}

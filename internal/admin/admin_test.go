@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -240,7 +241,19 @@ func TestTunerSteps(t *testing.T) {
 		t.Fatalf("steps %+v, want the last of 2", steps)
 	}
 	s := steps[0]
-	if _, ok := s.Candidate["itl"]; !ok || len(s.Candidate) != 2 || s.Score != 4000 || s.IncumbentScore != 3000 || s.Accepted || s.Reason != "worse" {
+	if _, ok := s.Candidate["itl"]; !ok || len(s.Candidate) != 2 || s.Score == nil || *s.Score != 4000 || s.IncumbentScore == nil || *s.IncumbentScore != 3000 || s.Accepted || s.Reason != "worse" {
 		t.Errorf("step %+v: want decode and itl, 4 s against 3 s, rejected as worse", s)
+	}
+	// A window whose requests all failed has no objective: the verdict
+	// still encodes, its scores null.
+	for range 2 {
+		if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rng); err != nil {
+			t.Fatal(err)
+		}
+		o.Learn(d.Tag, policy.Outcome{Failed: true})
+	}
+	b, err := json.Marshal(tunerSteps(o, 1))
+	if err != nil || !strings.Contains(string(b), `"score":null`) {
+		t.Errorf("a verdict without scores: %s, %v; want null scores", b, err)
 	}
 }

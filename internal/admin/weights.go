@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"math"
 	"math/rand/v2"
 	"net/http"
 
@@ -103,8 +104,8 @@ func roundOf(o *tune.Online) tunerRound {
 // tunerStep is one verdict of the online tuner as the admin API shows it.
 type tunerStep struct {
 	Candidate      map[string]float64 `json:"candidate"` // the tuned parameters' values
-	Score          float64            `json:"score"`     // the objective's, the candidate's
-	IncumbentScore float64            `json:"incumbent_score"`
+	Score          *float64           `json:"score"`     // the objective's, the candidate's; null where undefined
+	IncumbentScore *float64           `json:"incumbent_score"`
 	Accepted       bool               `json:"accepted"`
 	Reason         string             `json:"reason,omitempty"` // why not: worse, a guard, dropped early
 	Sigma          float64            `json:"sigma"`            // the step size after it
@@ -119,9 +120,18 @@ func tunerSteps(o *tune.Online, last int) []tunerStep {
 	}
 	out := make([]tunerStep, len(steps))
 	for i, s := range steps {
-		out[i] = tunerStep{Candidate: o.Named(s.Candidate), Score: s.Score, IncumbentScore: s.Incumbent, Accepted: s.Accepted, Reason: s.Reason, Sigma: s.Sigma}
+		out[i] = tunerStep{Candidate: o.Named(s.Candidate), Score: finite(s.Score), IncumbentScore: finite(s.Incumbent), Accepted: s.Accepted, Reason: s.Reason, Sigma: s.Sigma}
 	}
 	return out
+}
+
+// finite is x, or nil where JSON cannot say it: an objective over a window
+// whose requests all failed, or in which none had an SLO, is NaN.
+func finite(x float64) *float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return nil
+	}
+	return &x
 }
 
 func (s *Server) pauseTuner(pause bool) http.HandlerFunc {

@@ -57,6 +57,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	tf.parsed(fs)
+	if tf.asServed {
+		tf.withSLOs(*goodputSLO > 0)
+	}
 	switch {
 	case *plots == "none":
 		*plots = ""

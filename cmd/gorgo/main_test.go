@@ -418,6 +418,36 @@ func TestServeTunesTheDefaultPolicy(t *testing.T) {
 	}
 }
 
+// Where requests are held to SLOs, the live tuner minimises how near they
+// come to missing them (slo-p95), unless --objective says otherwise.
+func TestServeTunesToTheSLOs(t *testing.T) {
+	for _, c := range []struct {
+		yaml string
+		args []string
+		want string
+	}{
+		{"seed: 1\n", nil, "p95-ttft"},
+		{"ttft_slo: 2s\n", nil, "slo-p95"},
+		{"tenants: {chat: {ttft_slo: 1s}}\n", nil, "slo-p95"},
+		{"ttft_slo: 2s\n", []string{"--objective", "p95-e2e"}, "p95-e2e"},
+	} {
+		cfg, err := serve.ParseConfig([]byte(c.yaml), "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pol, err := servePolicy(cfg.Defaults(), parseTuneFlags(t, true, c.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pol.(*tune.Online).Objective(); !strings.HasPrefix(got, c.want+",") {
+			t.Errorf("%q %v: objective %q, want %s", c.yaml, c.args, got, c.want)
+		}
+		if d := describePolicy(pol); !strings.Contains(d, "online for "+c.want+";") {
+			t.Errorf("%q %v: described as %q, without its objective", c.yaml, c.args, d)
+		}
+	}
+}
+
 // serve's first lines tell a replica not yet reached (still starting, or
 // down) from one marked down after it was reached.
 func TestWriteReplicas(t *testing.T) {

@@ -259,7 +259,7 @@ func servePolicy(cfg serve.Config, tf *tuneFlags) (policy.Policy, error) {
 		if info, ok := policy.Lookup(cfg.Policy); !ok || len(info.Params) == 0 {
 			return nil, nil // the config's validation says why
 		}
-		oc, err := tf.liveConfig(cfg.Policy, cfg.Seed, cfg.Params[cfg.Policy])
+		oc, err := tf.liveConfig(cfg.Policy, cfg.Seed, cfg.Params[cfg.Policy], cfg.HasSLO())
 		if err != nil {
 			return nil, err
 		}
@@ -278,7 +278,8 @@ func describePolicy(p policy.Policy) string {
 	for _, q := range o.Config().ES.Params {
 		names = append(names, q.Name)
 	}
-	return fmt.Sprintf("%s (tuning %s online; --tune=false for fixed weights)", o.Base(), strings.Join(names, ", "))
+	obj, _, _ := strings.Cut(o.Objective(), ",")
+	return fmt.Sprintf("%s (tuning %s online for %s; --tune=false for fixed weights)", o.Base(), strings.Join(names, ", "), obj)
 }
 
 // served is a handler and the listener it serves on, how long a graceful

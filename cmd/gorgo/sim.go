@@ -56,6 +56,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	tf.parsed(fs)
+	if tf.asServed {
+		tf.withSLOs(af.slo > 0)
+	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}

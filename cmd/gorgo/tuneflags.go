@@ -39,7 +39,18 @@ type tuneFlags struct {
 // --live-tuner, gorgo serve's tuner in one flag.
 func (t *tuneFlags) registerSim(fs *flag.FlagSet) {
 	t.register(fs)
-	fs.BoolVar(&t.asServed, "live-tuner", false, "gorgo-online as gorgo serve runs it: over the default policy (unless --base), in one-minute blocks, 256 requests an arm, steps of 0.3, wins confirmed, early stop at 1.5 (flags given keep their values)")
+	fs.BoolVar(&t.asServed, "live-tuner", false, "gorgo-online as gorgo serve runs it: over the default policy (unless --base), in one-minute blocks, 256 requests an arm, steps of 0.3, wins confirmed, early stop at 1.5, the objective slo-p95 where requests have SLOs (--ttft-slo, --goodput-slo) (flags given keep their values)")
+}
+
+// withSLOs makes the live tuner's objective slo-p95 where requests are held
+// to SLOs, unless --objective says otherwise: what an operator who sets
+// SLOs asks of the fleet is that requests meet them, and a p95 of raw TTFT
+// weighs a tenant with a loose SLO as much as one with a tight one, and
+// a time per output token not at all.
+func (t *tuneFlags) withSLOs(has bool) {
+	if has && !t.set["objective"] {
+		t.objective = string(tune.SLOP95)
+	}
 }
 
 // parsed finishes the flags once fs is parsed: with --live-tuner, gorgo
@@ -97,10 +108,12 @@ const (
 
 // liveConfig is the online tuner gorgo serve runs over base: the flags
 // given, and the live settings for those not, starting from the config's
-// values of the base's parameters (params).
-func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values) (tune.OnlineConfig, error) {
+// values of the base's parameters (params); slos says whether requests are
+// held to SLOs (see withSLOs).
+func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values, slos bool) (tune.OnlineConfig, error) {
 	l := t.live()
 	l.base = base
+	l.withSLOs(slos)
 	es, err := l.config(seed)
 	if err != nil {
 		return tune.OnlineConfig{}, err
@@ -150,7 +163,7 @@ func (t *tuneFlags) register(fs *flag.FlagSet) {
 	for _, o := range tune.Objectives() {
 		objs = append(objs, string(o))
 	}
-	fs.StringVar(&t.objective, "objective", string(tune.P95TTFT), "metric the tuner minimises: "+joinNames(objs))
+	fs.StringVar(&t.objective, "objective", string(tune.P95TTFT), "metric the tuner minimises: "+joinNames(objs)+" (slo-p95: the p95 of each request's TTFT over its TTFT SLO, or time per output token over its TPOT SLO, whichever is nearer missing; online, over requests with SLOs; the live tuner's default where they have them)")
 	fs.Var(&t.guards, "guard", "reject a candidate whose `METRIC=RATIO` exceeds RATIO times the incumbent's: e2e-p95=1.05 or itl-mean=1.1 (repeatable; default e2e-p95=1.05; \"none\" for no guard)")
 	fs.Var(&t.params, "param", "tuned parameter as `NAME=MIN:MAX:INIT`, NAME one of the base policy's (repeatable; default those it marks for tuning: "+tunedDefaults()+")")
 	fs.StringVar(&t.base, "base", "gorgo", "policy whose parameters are tuned: "+joinNames(policy.WithParams()))

@@ -440,6 +440,20 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// HasSLO reports whether requests are held to a TTFT SLO: the fleet's
+// ttft_slo, or a tenant's.
+func (c Config) HasSLO() bool {
+	if c.TTFTSLO > 0 {
+		return true
+	}
+	for _, t := range c.Tenants {
+		if t.TTFTSLO > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // Tuned reports whether the online tuner runs over the config's policy
 // (see Tune).
 func (c Config) Tuned() bool {

@@ -102,7 +102,11 @@ func (r *Request) learn(status int, at time.Time) {
 	if !isLearner || !r.Parsed.Stream || status == statusClientGone {
 		return
 	}
-	out := policy.Outcome{Failed: status != statusOK || r.first.IsZero()}
+	out := policy.Outcome{Failed: status != statusOK || r.first.IsZero(), TTFTSLO: r.class.SLO,
+		TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
+	if out.TTFTSLO <= 0 && r.core.adm != nil {
+		out.TTFTSLO = r.core.adm.gate.Config().SLO
+	}
 	if !out.Failed {
 		out.TTFT, out.E2E = r.first.Sub(r.sent), at.Sub(r.sent)
 		if r.tokens > 1 {

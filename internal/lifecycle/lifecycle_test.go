@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/router"
@@ -63,6 +64,46 @@ func setup(t *testing.T) (*Core, *learner, *health, *prometheus.Registry) {
 }
 
 const chat = `{"model":"m","messages":[{"role":"user","content":"` + "a question long enough to fill a few blocks of the prefix index" + `"}],"max_tokens":8,"stream":true}`
+
+// A learning policy hears of the SLOs a request was held to: the
+// admission's TTFT SLO where its class gives none, and its TPOT SLO.
+func TestLearnerHearsTheSLOs(t *testing.T) {
+	c, l, _, _ := setup(t)
+	a := admit.Config{SLO: 2 * time.Second}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.cfg
+	cfg.Admission = a
+	c = NewCore(cfg)
+	t0 := time.Unix(100, 0)
+	for _, tpot := range []float64{0, 50} {
+		r, err := c.begin([]byte(chat), Chat, "", t0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Route.TPOTSLOMS = tpot // as a tenant's request asking for it has
+		if _, ok := r.next(); !ok {
+			t.Fatal("not dispatched")
+		}
+		r.sent = t0
+		r.accepted()
+		tok := wire.PeekChunk([]byte(`{"choices":[{"delta":{"content":"hi"}}]}`))
+		r.Chunk(&tok, t0.Add(60*time.Millisecond))
+		r.Chunk(&tok, t0.Add(70*time.Millisecond))
+		r.Done()
+		r.end(Outcome{Status: 200}, t0.Add(80*time.Millisecond))
+	}
+	want := []time.Duration{0, 50 * time.Millisecond}
+	if len(l.outcomes) != 2 {
+		t.Fatalf("learned %+v", l.outcomes)
+	}
+	for i, o := range l.outcomes {
+		if o.TTFTSLO != 2*time.Second || o.TPOTSLO != want[i] {
+			t.Errorf("outcome %d: SLOs %v and %v, want 2s and %v", i, o.TTFTSLO, o.TPOTSLO, want[i])
+		}
+	}
+}
 
 // One request's life without any transport: the first replica fails, the
 // fallback serves; the ledger, the index, the learner, the health and the
@@ -133,7 +174,8 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 	if st.InFlight != 0 || st.BacklogTokens != 0 || st.IndexBlocks == 0 {
 		t.Errorf("b after the request: %+v", st)
 	}
-	if len(l.outcomes) != 1 || l.outcomes[0].TTFT != 60*time.Millisecond || l.outcomes[0].ITL != 10*time.Millisecond || l.outcomes[0].Failed {
+	if len(l.outcomes) != 1 || l.outcomes[0].TTFT != 60*time.Millisecond || l.outcomes[0].ITL != 10*time.Millisecond || l.outcomes[0].Failed ||
+		l.outcomes[0].TTFTSLO != 0 || l.outcomes[0].TPOTSLO != 0 {
 		t.Errorf("learned %+v", l.outcomes)
 	}
 	// The mesh hears of both attempts' ends, and of the answer's decode.

@@ -170,6 +170,27 @@ type Outcome struct {
 	// ITL is the mean inter-token latency; zero with fewer than two tokens.
 	ITL    time.Duration
 	Failed bool
+	// TTFTSLO and TPOTSLO are the service levels the request was held to:
+	// its first token within TTFTSLO, its time per output token (ITL)
+	// within TPOTSLO; zero where it had none.
+	TTFTSLO, TPOTSLO time.Duration
+}
+
+// SLORatio is how near the outcome came to missing its SLOs: the larger of
+// TTFT/TTFTSLO and ITL/TPOTSLO over the SLOs it has, above 1 when it
+// missed one; false for a failed request or one without SLOs.
+func (o Outcome) SLORatio() (float64, bool) {
+	if o.Failed || o.TTFTSLO <= 0 && o.TPOTSLO <= 0 {
+		return 0, false
+	}
+	var r float64
+	if o.TTFTSLO > 0 {
+		r = float64(o.TTFT) / float64(o.TTFTSLO)
+	}
+	if o.TPOTSLO > 0 {
+		r = max(r, float64(o.ITL)/float64(o.TPOTSLO))
+	}
+	return r, true
 }
 
 // A Learner is a policy that learns from outcomes: the caller hands back

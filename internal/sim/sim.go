@@ -71,7 +71,9 @@ type Config struct {
 	// GoodputSLO, if positive, scores the run's goodput against that TTFT
 	// SLO (see report.Run.ScoreSLO), with or without admission; with
 	// GoodputTPOT positive, a request must also keep its time per output
-	// token within it.
+	// token within it. A learning policy hears of them as each
+	// request's SLOs (policy.Outcome), the admission SLO before
+	// GoodputSLO.
 	GoodputSLO, GoodputTPOT time.Duration
 	// HideMaxTokens keeps each request's output length from the router.
 	// By default the router sees it as max_tokens, as it does live: the
@@ -780,7 +782,10 @@ func (s *simulator) back(now time.Duration, i int) {
 		site.rt.Finish(&st.ticket)
 		s.share(now, i, remoteFinish)
 		if site.learner != nil && !unstreamed {
-			o := policy.Outcome{Failed: st.failed}
+			o := policy.Outcome{Failed: st.failed, TTFTSLO: s.cfg.GoodputSLO, TPOTSLO: s.cfg.GoodputTPOT}
+			if a := s.cfg.Admission.SLO; a > 0 {
+				o.TTFTSLO = a
+			}
 			if !st.failed {
 				o.TTFT, o.E2E = st.first-st.sent, st.done-st.sent
 				if st.output > 1 {

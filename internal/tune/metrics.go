@@ -21,6 +21,11 @@ type Metrics struct {
 	TTFTP50, TTFTP95, TTFTP99 float64
 	E2EP95                    float64
 	ITLMean                   float64
+	// SLON is how many completed requests had SLOs, SLOP95 the p95 of
+	// their SLO ratios (policy.Outcome.SLORatio): at most 1 when 95% of
+	// them met their SLOs.
+	SLON   int
+	SLOP95 float64
 }
 
 // Measure summarises samples. Failed requests count in N and Failed only.
@@ -37,6 +42,7 @@ type tally struct {
 	ttft, e2e []float64 // ms, sorted
 	itl       float64   // ms, summed over nitl outcomes
 	nitl      int
+	slo       []float64 // SLO ratios of the outcomes that have them, sorted
 }
 
 // count counts an outcome and its ITL, and reports whether it completed
@@ -59,26 +65,34 @@ func (t *tally) add(s Sample) {
 	if t.count(s) {
 		t.ttft = insertSorted(t.ttft, ms(s.TTFT))
 		t.e2e = insertSorted(t.e2e, ms(s.E2E))
+		if r, ok := s.SLORatio(); ok {
+			t.slo = insertSorted(t.slo, r)
+		}
 	}
 }
 
 // rebuild makes the tally that of samples alone.
 func (t *tally) rebuild(samples []Sample) {
-	t.n, t.failed, t.ttft, t.e2e, t.itl, t.nitl = 0, 0, t.ttft[:0], t.e2e[:0], 0, 0
+	t.n, t.failed, t.ttft, t.e2e, t.itl, t.nitl, t.slo = 0, 0, t.ttft[:0], t.e2e[:0], 0, 0, t.slo[:0]
 	for _, s := range samples {
 		if t.count(s) {
 			t.ttft = append(t.ttft, ms(s.TTFT))
 			t.e2e = append(t.e2e, ms(s.E2E))
+			if r, ok := s.SLORatio(); ok {
+				t.slo = append(t.slo, r)
+			}
 		}
 	}
 	slices.Sort(t.ttft)
 	slices.Sort(t.e2e)
+	slices.Sort(t.slo)
 }
 
 func (t *tally) metrics() Metrics {
 	m := Metrics{N: t.n, Failed: t.failed,
 		TTFTP50: report.Percentile(t.ttft, 0.50), TTFTP95: report.Percentile(t.ttft, 0.95),
-		TTFTP99: report.Percentile(t.ttft, 0.99), E2EP95: report.Percentile(t.e2e, 0.95)}
+		TTFTP99: report.Percentile(t.ttft, 0.99), E2EP95: report.Percentile(t.e2e, 0.95),
+		SLON: len(t.slo), SLOP95: report.Percentile(t.slo, 0.95)}
 	if t.nitl > 0 {
 		m.ITLMean = t.itl / float64(t.nitl)
 	}
@@ -107,10 +121,19 @@ const (
 	P95TTFT Objective = "p95-ttft"
 	P99TTFT Objective = "p99-ttft"
 	P95E2E  Objective = "p95-e2e"
+	// SLOP95 is the p95 of the requests' SLO ratios (each request's TTFT
+	// over its TTFT SLO, or its time per output token over its TPOT SLO,
+	// whichever is nearer missing): at most 1 exactly when 95% of the
+	// requests with SLOs met them. It ranks arms where SLO goodput cannot:
+	// at a load where nearly every request meets its SLO both arms of a
+	// window of a few hundred requests miss none, yet one may come
+	// nearer. Only requests with SLOs count (online tuning; a window
+	// without any judges nothing).
+	SLOP95 Objective = "slo-p95"
 )
 
 // Objectives lists the valid objectives.
-func Objectives() []Objective { return []Objective{P50TTFT, P95TTFT, P99TTFT, P95E2E} }
+func Objectives() []Objective { return []Objective{P50TTFT, P95TTFT, P99TTFT, P95E2E, SLOP95} }
 
 // Of returns the objective's value over the completed requests (Judge
 // rejects a candidate that fails more requests than the incumbent).
@@ -125,8 +148,13 @@ func (o Objective) Of(m Metrics) (float64, error) {
 		v = m.TTFTP99
 	case P95E2E:
 		v = m.E2EP95
+	case SLOP95:
+		if m.SLON == 0 {
+			return math.NaN(), nil
+		}
+		v = m.SLOP95
 	default:
-		return 0, fmt.Errorf("unknown objective %q (valid: p50-ttft, p95-ttft, p99-ttft, p95-e2e)", string(o))
+		return 0, fmt.Errorf("unknown objective %q (valid: p50-ttft, p95-ttft, p99-ttft, p95-e2e, slo-p95)", string(o))
 	}
 	if m.N == m.Failed {
 		return math.NaN(), nil

@@ -554,3 +554,73 @@ func TestOnlineDropsAClearLoserEarly(t *testing.T) {
 		t.Errorf("after a full window: %d judged, want 1", n)
 	}
 }
+
+// A request's SLO ratio is the nearer of its SLOs to being missed; one
+// without SLOs, or failed, has none.
+func TestSLORatio(t *testing.T) {
+	for _, c := range []struct {
+		o    policy.Outcome
+		want float64
+		ok   bool
+	}{
+		{policy.Outcome{TTFT: time.Second}, 0, false},
+		{policy.Outcome{TTFT: time.Second, TTFTSLO: 2 * time.Second}, 0.5, true},
+		{policy.Outcome{TTFT: time.Second, TTFTSLO: 2 * time.Second, ITL: 60 * time.Millisecond, TPOTSLO: 50 * time.Millisecond}, 1.2, true},
+		{policy.Outcome{ITL: 25 * time.Millisecond, TPOTSLO: 50 * time.Millisecond}, 0.5, true},
+		{policy.Outcome{Failed: true, TTFTSLO: time.Second}, 0, false},
+	} {
+		got, ok := c.o.SLORatio()
+		if ok != c.ok || math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("%+v: ratio %v, %v; want %v, %v", c.o, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// With the slo-p95 objective the tuner ranks arms by how near their
+// requests came to their SLOs, not by raw TTFT: requests held to
+// different SLOs (a tenant's tight one, another's loose) weigh by their
+// own, and a time per output token past its SLO counts as much as a late
+// first token.
+func TestSLOObjective(t *testing.T) {
+	tight, loose := time.Second, 30*time.Second
+	// The incumbent serves the tight tenant at 900 ms and the loose one at
+	// 10 s; the candidate the tight one at 1.5 s (missing its SLO) and the
+	// loose one at 5 s. Raw p95 TTFT prefers the candidate; the SLOs do not.
+	arm := func(tightTTFT, looseTTFT time.Duration) []Sample {
+		var s []Sample
+		for i := range 100 {
+			if i%2 == 0 {
+				s = append(s, policy.Outcome{TTFT: tightTTFT, E2E: tightTTFT, TTFTSLO: tight})
+			} else {
+				s = append(s, policy.Outcome{TTFT: looseTTFT, E2E: looseTTFT, TTFTSLO: loose})
+			}
+		}
+		return s
+	}
+	inc, cand := Measure(arm(900*time.Millisecond, 10*time.Second)), Measure(arm(1500*time.Millisecond, 5*time.Second))
+	if inc.SLON != 100 || math.Abs(inc.SLOP95-0.9) > 1e-9 || math.Abs(cand.SLOP95-1.5) > 1e-9 {
+		t.Fatalf("SLO ratios: incumbent %d at p95 %v, candidate p95 %v; want 100, 0.9 and 1.5", inc.SLON, inc.SLOP95, cand.SLOP95)
+	}
+	for _, c := range []struct {
+		obj    Objective
+		accept bool
+	}{{P95TTFT, true}, {SLOP95, false}} {
+		es := newES(t, Config{Objective: c.obj, Params: []Param{{Name: "rtt", Min: 0.1, Max: 10, Init: 1}}})
+		if got := es.Verdict(es.Propose(), cand, inc).Accepted; got != c.accept {
+			t.Errorf("%s: accepted %v, want %v", c.obj, got, c.accept)
+		}
+	}
+	// Measured as the samples arrive (early stop's tally), the same.
+	var tl tally
+	for _, s := range arm(1500*time.Millisecond, 5*time.Second) {
+		tl.add(s)
+	}
+	if m := tl.metrics(); m.SLON != cand.SLON || m.SLOP95 != cand.SLOP95 {
+		t.Errorf("tally: %d at %v, want %d at %v", m.SLON, m.SLOP95, cand.SLON, cand.SLOP95)
+	}
+	// A window without SLOs has no slo-p95: no candidate wins on it.
+	none := Measure([]Sample{{TTFT: time.Second, E2E: time.Second}})
+	if v, err := SLOP95.Of(none); err != nil || !math.IsNaN(v) {
+		t.Errorf("slo-p95 of requests without SLOs: %v, %v; want NaN", v, err)
+	}
+}

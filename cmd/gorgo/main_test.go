@@ -489,6 +489,27 @@ func TestSimLiveTuner(t *testing.T) {
 	}
 }
 
+// With an SLO, gorgo sim's --live-tuner minimises slo-p95, as gorgo
+// serve's does (and gorgo eval's with --goodput-slo); --objective still
+// chooses.
+func TestSimLiveTunerTunesToTheSLO(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sim", "--live-tuner"}, "(p95-ttft,"},
+		{[]string{"sim", "--live-tuner", "--ttft-slo", "5s"}, "(slo-p95,"},
+		{[]string{"sim", "--ttft-slo", "5s"}, "(p95-ttft,"}, // the paper's tuner, as asked
+		{[]string{"sim", "--live-tuner", "--ttft-slo", "5s", "--objective", "p95-e2e"}, "(p95-e2e,"},
+	} {
+		args := append(c.args, "--duration", "1m", "--policy", "gorgo-online", "--quiet")
+		code, out, errs := gorgo(t, args...)
+		if code != 0 || !strings.Contains(out, "gorgo-online "+c.want) {
+			t.Errorf("%v: exit %d, %s\n%s; want the objective %s", c.args, code, errs, out, c.want)
+		}
+	}
+}
+
 // On a mesh topology every region's router runs gorgo-online as the tuner
 // flags say (they were ignored there: each ran the paper's tuner over
 // gorgo).

@@ -169,7 +169,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	for _, p := range pols {
 		if o, ok := p.(*tune.Online); ok {
 			judged, won := o.Counts()
-			fmt.Fprintf(stdout, "%s: %d candidates judged, %d accepted; final weights %s\n", o.Name(), judged, won, policy.Format(o.Base(), o.Incumbent()))
+			fmt.Fprintf(stdout, "%s (%s): %d candidates judged, %d accepted; final weights %s\n", o.Name(), o.Objective(), judged, won, policy.Format(o.Base(), o.Incumbent()))
 			if n, why := o.Resets(); n > 0 {
 				fmt.Fprintf(stdout, "%s: back to its starting weights %d times (the last: %s)\n", o.Name(), n, why)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 const evalAbout = `
@@ -58,7 +59,10 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	}
 	tf.parsed(fs)
 	if tf.asServed {
-		tf.withSLOs(*goodputSLO > 0)
+		tf.defaultToSLOP95(*goodputSLO > 0)
+	}
+	if err := tf.needSLOs(*goodputSLO > 0, "--goodput-slo"); err != nil {
+		return err
 	}
 	switch {
 	case *plots == "none":
@@ -107,7 +111,8 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if err := checkWritable(*jsonOut); err != nil {
 		return err
 	}
-	if _, err := pf.policies(*policies, &tf, wl.seed); err != nil { // validate once
+	checked, err := pf.policies(*policies, &tf, wl.seed) // validate once
+	if err != nil {
 		return err
 	}
 	t, reps, err := ff.load()
@@ -124,6 +129,12 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	params, err := pf.describeParams()
 	if err != nil {
 		return err
+	}
+	for _, p := range checked {
+		if o, ok := p.(*tune.Online); ok {
+			params += fmt.Sprintf("; %s tunes %s for %s", o.Name(), o.Base(), o.Objective())
+			break
+		}
 	}
 	fmt.Fprintf(stdout, "topology: %s\n%s\n", describeFleet(t, reps), params)
 

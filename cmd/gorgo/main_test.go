@@ -489,23 +489,35 @@ func TestSimLiveTuner(t *testing.T) {
 	}
 }
 
-// With an SLO, gorgo sim's --live-tuner minimises slo-p95, as gorgo
-// serve's does (and gorgo eval's with --goodput-slo); --objective still
-// chooses.
+// With an SLO, gorgo sim's and gorgo eval's --live-tuner minimise slo-p95,
+// as gorgo serve's does; --objective still chooses, and slo-p95 without
+// SLOs is refused.
 func TestSimLiveTunerTunesToTheSLO(t *testing.T) {
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"sim", "--live-tuner"}, "(p95-ttft,"},
-		{[]string{"sim", "--live-tuner", "--ttft-slo", "5s"}, "(slo-p95,"},
-		{[]string{"sim", "--ttft-slo", "5s"}, "(p95-ttft,"}, // the paper's tuner, as asked
-		{[]string{"sim", "--live-tuner", "--ttft-slo", "5s", "--objective", "p95-e2e"}, "(p95-e2e,"},
+		{[]string{"sim", "--live-tuner", "--quiet"}, "gorgo-online (p95-ttft,"},
+		{[]string{"sim", "--live-tuner", "--ttft-slo", "5s", "--quiet"}, "gorgo-online (slo-p95,"},
+		{[]string{"sim", "--ttft-slo", "5s", "--quiet"}, "gorgo-online (p95-ttft,"}, // the paper's tuner, as asked
+		{[]string{"sim", "--live-tuner", "--ttft-slo", "5s", "--objective", "p95-e2e", "--quiet"}, "gorgo-online (p95-e2e,"},
+		{[]string{"eval", "--live-tuner", "--goodput-slo", "5s", "--plots", "none"}, "gorgo-online tunes gorgo-e2e for slo-p95,"},
+		{[]string{"eval", "--live-tuner", "--plots", "none"}, "gorgo-online tunes gorgo-e2e for p95-ttft,"},
 	} {
-		args := append(c.args, "--duration", "1m", "--policy", "gorgo-online", "--quiet")
+		args := append(c.args, "--duration", "1m", "--policy", "gorgo-online")
 		code, out, errs := gorgo(t, args...)
-		if code != 0 || !strings.Contains(out, "gorgo-online "+c.want) {
-			t.Errorf("%v: exit %d, %s\n%s; want the objective %s", c.args, code, errs, out, c.want)
+		if code != 0 || !strings.Contains(out, c.want) {
+			t.Errorf("%v: exit %d, %s\n%s; want %q", c.args, code, errs, out, c.want)
+		}
+	}
+	for _, args := range [][]string{
+		{"sim", "--objective", "slo-p95"},
+		{"eval", "--live-tuner", "--objective", "slo-p95"},
+		{"tune", "--objective", "slo-p95", "--out", filepath.Join(t.TempDir(), "w.json")},
+	} {
+		code, _, errs := gorgo(t, append(args, "--duration", "1m")...)
+		if code != 1 || !strings.Contains(errs, "slo-p95 judges requests held to SLOs") {
+			t.Errorf("%v: exit %d, %s; want slo-p95 refused without SLOs", args, code, errs)
 		}
 	}
 }

@@ -57,7 +57,10 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	}
 	tf.parsed(fs)
 	if tf.asServed {
-		tf.withSLOs(af.slo > 0)
+		tf.defaultToSLOP95(af.slo > 0)
+	}
+	if err := tf.needSLOs(af.slo > 0, "--ttft-slo"); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))

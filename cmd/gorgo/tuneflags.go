@@ -42,15 +42,25 @@ func (t *tuneFlags) registerSim(fs *flag.FlagSet) {
 	fs.BoolVar(&t.asServed, "live-tuner", false, "gorgo-online as gorgo serve runs it: over the default policy (unless --base), in one-minute blocks, 256 requests an arm, steps of 0.3, wins confirmed, early stop at 1.5, the objective slo-p95 where requests have SLOs (--ttft-slo, --goodput-slo) (flags given keep their values)")
 }
 
-// withSLOs makes the live tuner's objective slo-p95 where requests are held
-// to SLOs, unless --objective says otherwise: what an operator who sets
-// SLOs asks of the fleet is that requests meet them, and a p95 of raw TTFT
-// weighs a tenant with a loose SLO as much as one with a tight one, and
-// a time per output token not at all.
-func (t *tuneFlags) withSLOs(has bool) {
+// defaultToSLOP95 makes the live tuner's objective slo-p95 where requests
+// are held to SLOs, unless --objective says otherwise: what an operator who
+// sets SLOs asks of the fleet is that requests meet them, and a p95 of raw
+// TTFT weighs a tenant with a loose SLO as much as one with a tight one,
+// and a time per output token not at all.
+func (t *tuneFlags) defaultToSLOP95(has bool) {
 	if has && !t.set["objective"] {
 		t.objective = string(tune.SLOP95)
 	}
+}
+
+// needSLOs refuses --objective slo-p95 where no request has an SLO (the
+// simulator's --ttft-slo, or gorgo eval's --goodput-slo): its tuner would
+// never judge a candidate. flag names the one that gives them.
+func (t *tuneFlags) needSLOs(has bool, flag string) error {
+	if t.objective == string(tune.SLOP95) && !has {
+		return fmt.Errorf("--objective %s judges requests held to SLOs: give them one with %s", tune.SLOP95, flag)
+	}
+	return nil
 }
 
 // parsed finishes the flags once fs is parsed: with --live-tuner, gorgo
@@ -109,11 +119,11 @@ const (
 // liveConfig is the online tuner gorgo serve runs over base: the flags
 // given, and the live settings for those not, starting from the config's
 // values of the base's parameters (params); slos says whether requests are
-// held to SLOs (see withSLOs).
+// held to SLOs (see defaultToSLOP95).
 func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values, slos bool) (tune.OnlineConfig, error) {
 	l := t.live()
 	l.base = base
-	l.withSLOs(slos)
+	l.defaultToSLOP95(slos)
 	es, err := l.config(seed)
 	if err != nil {
 		return tune.OnlineConfig{}, err

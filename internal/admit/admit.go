@@ -124,14 +124,20 @@ func (c *Config) WaitingCap(cl Class) int {
 // off the replicas forecast to miss it. Zero without an SLO or once it has
 // passed.
 func (c *Config) TTFTBudget(cl Class, arrived, now time.Duration) float64 {
-	slo := cl.SLO
-	if slo <= 0 {
-		slo = c.SLO
-	}
+	slo := c.SLOOf(cl)
 	if slo <= 0 {
 		return 0
 	}
 	return max((1-Headroom)*float64(arrived+slo-now)/1e6, 0)
+}
+
+// SLOOf is the TTFT SLO a request of class cl is held to: its class's,
+// else the config's; zero for none.
+func (c *Config) SLOOf(cl Class) time.Duration {
+	if cl.SLO > 0 {
+		return cl.SLO
+	}
+	return c.SLO
 }
 
 // ParseMode reads a mode name.
@@ -217,12 +223,7 @@ func (g *Gate[T]) Config() Config { return g.cfg }
 func (g *Gate[T]) Len() int { return g.n }
 
 // slo is a class's SLO.
-func (g *Gate[T]) slo(c Class) time.Duration {
-	if c.SLO > 0 {
-		return c.SLO
-	}
-	return g.cfg.SLO
-}
+func (g *Gate[T]) slo(c Class) time.Duration { return g.cfg.SLOOf(c) }
 
 // Headroom is the share of the time left before a request's TTFT deadline
 // that its forecast must leave free for it to go. The forecast already

@@ -124,10 +124,7 @@ func (c *Core) predict(now time.Duration, r *Request) (admit.Prediction, bool) {
 }
 
 func (c *Core) sloError(r *Request, p admit.Prediction, why string) *wire.Error {
-	slo := r.class.SLO
-	if slo <= 0 {
-		slo = c.adm.gate.Config().SLO
-	}
+	slo := c.cfg.Admission.SLOOf(r.class)
 	e := wire.Errorf(statusTooMany, "%s the TTFT SLO of %v: the fleet is overloaded", why, slo)
 	e.RetryAfter = strconv.Itoa(admit.RetryAfter(p, slo))
 	return e

@@ -102,15 +102,14 @@ func (r *Request) learn(status int, at time.Time) {
 	if !isLearner || !r.Parsed.Stream || status == statusClientGone {
 		return
 	}
-	out := policy.Outcome{Failed: status != statusOK || r.first.IsZero(), TTFTSLO: r.class.SLO,
-		TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
-	if out.TTFTSLO <= 0 && r.core.adm != nil {
-		out.TTFTSLO = r.core.adm.gate.Config().SLO
-	}
+	out := policy.Outcome{Failed: status != statusOK || r.first.IsZero(),
+		TTFTSLO: r.core.cfg.Admission.SLOOf(r.class), TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
 	if !out.Failed {
-		out.TTFT, out.E2E = r.first.Sub(r.sent), at.Sub(r.sent)
-		if r.tokens > 1 {
-			out.ITL = r.lastTok.Sub(r.first) / time.Duration(r.tokens-1)
+		out.TTFT, out.E2E, out.Queued = r.first.Sub(r.sent), at.Sub(r.sent), r.sent.Sub(r.Received)
+		// Per token, not per chunk: an engine may stream several tokens
+		// in one event (the usage, when it came, says how many).
+		if n := r.outputTokens(); r.tokens > 1 && n > 1 {
+			out.ITL = r.lastTok.Sub(r.first) / time.Duration(n-1)
 		}
 	}
 	l.Learn(r.ticket.Tag, out)

@@ -65,8 +65,9 @@ func setup(t *testing.T) (*Core, *learner, *health, *prometheus.Registry) {
 
 const chat = `{"model":"m","messages":[{"role":"user","content":"` + "a question long enough to fill a few blocks of the prefix index" + `"}],"max_tokens":8,"stream":true}`
 
-// A learning policy hears of the SLOs a request was held to: the
-// admission's TTFT SLO where its class gives none, and its TPOT SLO.
+// A learning policy hears of the SLOs a request was held to (its class's
+// TTFT SLO, else the admission's; its TPOT SLO), how long it waited before
+// the attempt that answered it, and its time per token, not per chunk.
 func TestLearnerHearsTheSLOs(t *testing.T) {
 	c, l, _, _ := setup(t)
 	a := admit.Config{SLO: 2 * time.Second}
@@ -77,30 +78,46 @@ func TestLearnerHearsTheSLOs(t *testing.T) {
 	cfg.Admission = a
 	c = NewCore(cfg)
 	t0 := time.Unix(100, 0)
-	for _, tpot := range []float64{0, 50} {
+	cases := []struct {
+		class, wait time.Duration
+		tpot        float64
+		tokens      int // the usage's completion tokens (0: none)
+		ttftSLO     time.Duration
+		itl         time.Duration
+	}{
+		{0, 0, 0, 0, 2 * time.Second, 10 * time.Millisecond},
+		{0, 300 * time.Millisecond, 50, 0, 2 * time.Second, 10 * time.Millisecond},
+		{500 * time.Millisecond, 0, 0, 3, 500 * time.Millisecond, 5 * time.Millisecond}, // two chunks, three tokens
+	}
+	for _, k := range cases {
 		r, err := c.begin([]byte(chat), Chat, "", t0, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.Route.TPOTSLOMS = tpot // as a tenant's request asking for it has
+		r.Route.TPOTSLOMS = k.tpot // as classify sets them from a tenant's ask
+		r.class.SLO = k.class
 		if _, ok := r.next(); !ok {
 			t.Fatal("not dispatched")
 		}
-		r.sent = t0
+		r.sent = t0.Add(k.wait)
 		r.accepted()
 		tok := wire.PeekChunk([]byte(`{"choices":[{"delta":{"content":"hi"}}]}`))
-		r.Chunk(&tok, t0.Add(60*time.Millisecond))
-		r.Chunk(&tok, t0.Add(70*time.Millisecond))
+		r.Chunk(&tok, r.sent.Add(60*time.Millisecond))
+		r.Chunk(&tok, r.sent.Add(70*time.Millisecond))
+		if k.tokens > 0 {
+			usage := wire.PeekChunk([]byte(fmt.Sprintf(`{"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":%d}}`, k.tokens)))
+			r.Chunk(&usage, r.sent.Add(71*time.Millisecond))
+		}
 		r.Done()
-		r.end(Outcome{Status: 200}, t0.Add(80*time.Millisecond))
+		r.end(Outcome{Status: 200}, r.sent.Add(80*time.Millisecond))
 	}
-	want := []time.Duration{0, 50 * time.Millisecond}
-	if len(l.outcomes) != 2 {
+	if len(l.outcomes) != len(cases) {
 		t.Fatalf("learned %+v", l.outcomes)
 	}
 	for i, o := range l.outcomes {
-		if o.TTFTSLO != 2*time.Second || o.TPOTSLO != want[i] {
-			t.Errorf("outcome %d: SLOs %v and %v, want 2s and %v", i, o.TTFTSLO, o.TPOTSLO, want[i])
+		k := cases[i]
+		if o.TTFTSLO != k.ttftSLO || o.TPOTSLO != time.Duration(k.tpot*1e6) || o.Queued != k.wait || o.TTFT != 60*time.Millisecond || o.ITL != k.itl {
+			t.Errorf("outcome %d: %+v; want SLOs %v and %vms, queued %v, TTFT 60ms, ITL %v", i, o, k.ttftSLO, k.tpot, k.wait, k.itl)
 		}
 	}
 }

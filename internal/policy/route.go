@@ -171,21 +171,28 @@ type Outcome struct {
 	ITL    time.Duration
 	Failed bool
 	// TTFTSLO and TPOTSLO are the service levels the request was held to:
-	// its first token within TTFTSLO, its time per output token (ITL)
-	// within TPOTSLO; zero where it had none.
+	// its first token within TTFTSLO of its arrival at the router, its
+	// time per output token (ITL) within TPOTSLO; zero where it had none.
 	TTFTSLO, TPOTSLO time.Duration
+	// Queued is how long the request was at the router before the
+	// attempt that answered it was sent (held by admission, earlier
+	// attempts): TTFT is counted from that send, its SLO from arrival.
+	Queued time.Duration
 }
 
+// HasSLO reports whether the request was held to an SLO.
+func (o Outcome) HasSLO() bool { return o.TTFTSLO > 0 || o.TPOTSLO > 0 }
+
 // SLORatio is how near the outcome came to missing its SLOs: the larger of
-// TTFT/TTFTSLO and ITL/TPOTSLO over the SLOs it has, above 1 when it
-// missed one; false for a failed request or one without SLOs.
+// (Queued+TTFT)/TTFTSLO and ITL/TPOTSLO over the SLOs it has, above 1 when
+// it missed one; false for a failed request or one without SLOs.
 func (o Outcome) SLORatio() (float64, bool) {
-	if o.Failed || o.TTFTSLO <= 0 && o.TPOTSLO <= 0 {
+	if o.Failed || !o.HasSLO() {
 		return 0, false
 	}
 	var r float64
 	if o.TTFTSLO > 0 {
-		r = float64(o.TTFT) / float64(o.TTFTSLO)
+		r = float64(o.Queued+o.TTFT) / float64(o.TTFTSLO)
 	}
 	if o.TPOTSLO > 0 {
 		r = max(r, float64(o.ITL)/float64(o.TPOTSLO))

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
@@ -101,5 +102,54 @@ func TestHeldRequestIsNotStranded(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("sim.Run did not return")
+	}
+}
+
+// recorder is a policy that learns: it records the outcomes it hears.
+type recorder struct {
+	policy.Policy
+	outcomes []policy.Outcome
+}
+
+func (r *recorder) Learn(_ int, o policy.Outcome) { r.outcomes = append(r.outcomes, o) }
+
+// A learning policy hears of each request's SLOs as the live router's
+// does: admission's TTFT SLO over the goodput's, the TPOT SLO, and how long
+// admission held the request (its TTFT SLO counts from arrival).
+func TestLearnerHearsTheSLOs(t *testing.T) {
+	p := profile(t, "paper")
+	reps := []Replica{{ID: "a", RTT: 40 * time.Millisecond, Profile: p}, {ID: "b", RTT: 100 * time.Millisecond, Profile: p}}
+	reqs := poisson(400, 10, 3) // overloaded: admission holds some
+	for _, c := range []struct {
+		adm  time.Duration
+		want time.Duration
+	}{{0, 10 * time.Second}, {3 * time.Second, 3 * time.Second}} {
+		a := admit.Config{SLO: c.adm}
+		if c.adm > 0 {
+			if err := a.Validate(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rec := &recorder{Policy: newPolicy(t, "gorgo-e2e")}
+		_, err := Run(Config{Replicas: reps, Requests: reqs, Policy: rec, Seed: 1, Admission: a,
+			GoodputSLO: 10 * time.Second, GoodputTPOT: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var held int
+		for _, o := range rec.outcomes {
+			if o.TTFTSLO != c.want || o.TPOTSLO != 50*time.Millisecond {
+				t.Fatalf("admission SLO %v: an outcome held to %v and %v, want %v and 50ms", c.adm, o.TTFTSLO, o.TPOTSLO, c.want)
+			}
+			if o.Queued > 0 {
+				held++
+				if r, ok := o.SLORatio(); ok && r < float64(o.Queued)/float64(o.TTFTSLO) {
+					t.Fatalf("held %v: SLO ratio %v leaves out the wait", o.Queued, r)
+				}
+			}
+		}
+		if len(rec.outcomes) == 0 || (held > 0) != (c.adm > 0) {
+			t.Errorf("admission SLO %v: %d outcomes, %d of them held; want some held only under admission", c.adm, len(rec.outcomes), held)
+		}
 	}
 }

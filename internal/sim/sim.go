@@ -787,7 +787,7 @@ func (s *simulator) back(now time.Duration, i int) {
 				o.TTFTSLO = a
 			}
 			if !st.failed {
-				o.TTFT, o.E2E = st.first-st.sent, st.done-st.sent
+				o.TTFT, o.E2E, o.Queued = st.first-st.sent, st.done-st.sent, st.sent-st.arrived
 				if st.output > 1 {
 					o.ITL = (st.done - st.first) / time.Duration(st.output-1)
 				}

@@ -187,7 +187,7 @@ func (e *ES) Judge(cand Point, cm, im Metrics) Outcome {
 func (e *ES) Losing(cm, im Metrics, by float64) string {
 	cs, is := e.scores(cm, im)
 	if cs > by*is {
-		return fmt.Sprintf("%s %.0f against %.0f", e.cfg.Objective, cs, is)
+		return fmt.Sprintf("%s %s against %s", e.cfg.Objective, e.cfg.Objective.Format(cs), e.cfg.Objective.Format(is))
 	}
 	for _, g := range e.cfg.Guards {
 		if r := g.ratio(cm, im); r > by {

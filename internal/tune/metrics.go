@@ -22,8 +22,8 @@ type Metrics struct {
 	E2EP95                    float64
 	ITLMean                   float64
 	// SLON is how many completed requests had SLOs, SLOP95 the p95 of
-	// their SLO ratios (policy.Outcome.SLORatio): at most 1 when 95% of
-	// them met their SLOs.
+	// their SLO ratios (policy.Outcome.SLORatio): about 1 when 95% of
+	// them met their SLOs, below when more did.
 	SLON   int
 	SLOP95 float64
 }
@@ -121,16 +121,26 @@ const (
 	P95TTFT Objective = "p95-ttft"
 	P99TTFT Objective = "p99-ttft"
 	P95E2E  Objective = "p95-e2e"
-	// SLOP95 is the p95 of the requests' SLO ratios (each request's TTFT
-	// over its TTFT SLO, or its time per output token over its TPOT SLO,
-	// whichever is nearer missing): at most 1 exactly when 95% of the
-	// requests with SLOs met them. It ranks arms where SLO goodput cannot:
-	// at a load where nearly every request meets its SLO both arms of a
-	// window of a few hundred requests miss none, yet one may come
-	// nearer. Only requests with SLOs count (online tuning; a window
-	// without any judges nothing).
+	// SLOP95 is the p95 of the requests' SLO ratios (each request's time
+	// to first token since it reached the router over its TTFT SLO, or
+	// its time per output token over its TPOT SLO, whichever is nearer
+	// missing): about 1 when 95% of the requests with SLOs met them,
+	// below when more did. It ranks arms where SLO goodput cannot: at a
+	// load where nearly every request meets its SLO both arms of a window
+	// of a few hundred requests miss none, yet one may come nearer. Only
+	// requests with SLOs count (online tuning only: Online judges windows
+	// of them).
 	SLOP95 Objective = "slo-p95"
 )
+
+// Format writes a value of the objective: ms to the ms, a ratio to the
+// thousandth.
+func (o Objective) Format(v float64) string {
+	if o == SLOP95 {
+		return strconv.FormatFloat(v, 'f', 3, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64)
+}
 
 // Objectives lists the valid objectives.
 func Objectives() []Objective { return []Objective{P50TTFT, P95TTFT, P99TTFT, P95E2E, SLOP95} }

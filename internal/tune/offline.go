@@ -50,6 +50,9 @@ func Offline(ctx context.Context, cfg OfflineConfig, eval EvalFunc, step func(Ou
 	if cfg.Generations < 0 || cfg.Workers < 0 || cfg.Patience < 0 {
 		return nil, fmt.Errorf("tune: generations, workers and patience must not be negative")
 	}
+	if cfg.ES.Objective == SLOP95 {
+		return nil, fmt.Errorf("tune: %s needs each request's SLOs, which whole runs' metrics do not carry: tune it online", SLOP95)
+	}
 	es, err := NewES(cfg.ES)
 	if err != nil {
 		return nil, err

@@ -86,6 +86,9 @@ type Online struct {
 	moved  bool
 	// confirming: the candidate won its first round and is measured again.
 	confirming bool
+	// sloOnly: the objective is slo-p95, which only requests with SLOs
+	// measure.
+	sloOnly bool
 }
 
 // OnlineName is the registered name of the online-tuned gorgo policy.
@@ -147,7 +150,7 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if err := CheckParams(cfg.Base, es.Config().Params); err != nil {
 		return nil, fmt.Errorf("online tuning: %w", err)
 	}
-	o := &Online{cfg: cfg, es: es}
+	o := &Online{cfg: cfg, es: es, sloOnly: es.Config().Objective == SLOP95}
 	if o.arms[0], err = o.policy(es.Incumbent()); err != nil {
 		return nil, err
 	}
@@ -300,11 +303,14 @@ func (o *Online) Resets() (n int, why string) {
 }
 
 // Learn records an outcome for its arm; outcomes of earlier rounds are
-// dropped. When both arms have a window of outcomes, the candidate is judged.
+// dropped, and under slo-p95 those of requests without SLOs (a window is
+// then a window of requests with SLOs: one without any never fills, and
+// judges nothing). When both arms have a window of outcomes, the
+// candidate is judged.
 func (o *Online) Learn(tag int, s policy.Outcome) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.paused || tag < 0 || tag/2 != o.round {
+	if o.paused || tag < 0 || tag/2 != o.round || o.sloOnly && !s.HasSLO() {
 		return
 	}
 	arm := tag % 2

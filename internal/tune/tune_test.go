@@ -618,9 +618,49 @@ func TestSLOObjective(t *testing.T) {
 	if m := tl.metrics(); m.SLON != cand.SLON || m.SLOP95 != cand.SLOP95 {
 		t.Errorf("tally: %d at %v, want %d at %v", m.SLON, m.SLOP95, cand.SLON, cand.SLOP95)
 	}
+	// Rebuilt from other samples, the tally forgets the ratios it had.
+	tl.rebuild([]Sample{{TTFT: time.Second, E2E: time.Second}})
+	if m := tl.metrics(); m.SLON != 0 || m.N != 1 {
+		t.Errorf("rebuilt tally: %d ratios of %d requests, want 0 of 1", m.SLON, m.N)
+	}
 	// A window without SLOs has no slo-p95: no candidate wins on it.
 	none := Measure([]Sample{{TTFT: time.Second, E2E: time.Second}})
 	if v, err := SLOP95.Of(none); err != nil || !math.IsNaN(v) {
 		t.Errorf("slo-p95 of requests without SLOs: %v, %v; want NaN", v, err)
+	}
+	if got := SLOP95.Format(0.8); got != "0.800" {
+		t.Errorf("a ratio formatted as %q", got)
+	}
+	if _, err := Offline(context.Background(), OfflineConfig{ES: Config{Objective: SLOP95, Params: []Param{{Name: "rtt", Min: 0.1, Max: 10, Init: 1}}}},
+		func(context.Context, Point) (Metrics, error) { return Metrics{}, nil }, nil); err == nil {
+		t.Error("offline tuning on slo-p95, which whole runs cannot measure: no error")
+	}
+}
+
+// Under slo-p95 the online tuner judges windows of requests with SLOs:
+// requests without them neither fill a window nor cost the step size.
+func TestOnlineJudgesRequestsWithSLOs(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1, Objective: SLOP95}, Window: 4, Hop: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	var d policy.Decision
+	learn := func(n int, slo time.Duration) {
+		for range n {
+			if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rand.New(rand.NewPCG(1, 1))); err != nil {
+				t.Fatal(err)
+			}
+			o.Learn(d.Tag, policy.Outcome{TTFT: time.Second, E2E: time.Second, TTFTSLO: slo})
+		}
+	}
+	sigma := o.Sigma()
+	learn(100, 0)
+	if judged, _ := o.Counts(); judged != 0 || o.Sigma() != sigma || o.Round().Scored != [2]int{} {
+		t.Fatalf("after requests without SLOs: %d judged, sigma %v, round %+v; want none, %v, nothing scored", judged, o.Sigma(), o.Round(), sigma)
+	}
+	learn(8, 2*time.Second)
+	if judged, _ := o.Counts(); judged != 1 {
+		t.Errorf("after a window of requests with SLOs each: %d judged, want 1", judged)
 	}
 }

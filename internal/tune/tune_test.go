@@ -565,6 +565,7 @@ func TestSLORatio(t *testing.T) {
 	}{
 		{policy.Outcome{TTFT: time.Second}, 0, false},
 		{policy.Outcome{TTFT: time.Second, TTFTSLO: 2 * time.Second}, 0.5, true},
+		{policy.Outcome{TTFT: time.Second, Queued: 500 * time.Millisecond, TTFTSLO: 2 * time.Second}, 0.75, true}, // its SLO runs from arrival
 		{policy.Outcome{TTFT: time.Second, TTFTSLO: 2 * time.Second, ITL: 60 * time.Millisecond, TPOTSLO: 50 * time.Millisecond}, 1.2, true},
 		{policy.Outcome{ITL: 25 * time.Millisecond, TPOTSLO: 50 * time.Millisecond}, 0.5, true},
 		{policy.Outcome{Failed: true, TTFTSLO: time.Second}, 0, false},

@@ -126,7 +126,7 @@ func tunerSteps(o *tune.Online, last int) []tunerStep {
 }
 
 // finite is x, or nil where JSON cannot say it: an objective over a window
-// whose requests all failed, or in which none had an SLO, is NaN.
+// whose requests all failed is NaN.
 func finite(x float64) *float64 {
 	if math.IsNaN(x) || math.IsInf(x, 0) {
 		return nil

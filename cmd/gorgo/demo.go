@@ -111,6 +111,9 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	wl := workloadFlags{preset: "artchat", duration: *duration, timeScale: *timeScale, seed: *seed, models: *models, tenants: *tenants, only: *only}
+	if err := wl.needSLO(af.slo > 0, "--ttft-slo"); err != nil {
+		return err
+	}
 	reqs, desc, err := wl.load()
 	if err != nil {
 		return err
@@ -285,7 +288,8 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 		cfg.Proxy.TenantHeader = tenant.HeaderTrust
 		cfg.Tenants = map[string]tenant.Config{}
 		for _, t := range flow.tenants {
-			cfg.Tenants[t.Name] = tenant.Config{Priority: t.Priority, MaxPriority: t.Priority, Weight: flow.adm.Weights[t.Name]}
+			cfg.Tenants[t.Name] = tenant.Config{Priority: t.Priority, MaxPriority: t.Priority, Weight: flow.adm.Weights[t.Name],
+				TTFTSLO: time.Duration(float64(t.SLO) / speedup)}
 		}
 	}
 	px, err := serve.New(cfg, serve.Options{Proxy: true})

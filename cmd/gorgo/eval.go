@@ -64,6 +64,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if err := tf.needSLOs(*goodputSLO > 0, "--goodput-slo"); err != nil {
 		return err
 	}
+	if err := wl.needSLO(*goodputSLO > 0, "--goodput-slo"); err != nil {
+		return err
+	}
 	switch {
 	case *plots == "none":
 		*plots = ""

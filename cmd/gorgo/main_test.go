@@ -520,6 +520,21 @@ func TestSimLiveTunerTunesToTheSLO(t *testing.T) {
 			t.Errorf("%v: exit %d, %s; want slo-p95 refused without SLOs", args, code, errs)
 		}
 	}
+	// A tenant's own SLO replaces the run's, which the others need.
+	for _, args := range [][]string{
+		{"sim", "--tenants", "chat:interactive:1:1s,batch:batch:1"},
+		{"eval", "--tenants", "chat:interactive:1:1s", "--plots", "none"},
+		{"demo", "--tenants", "chat:interactive:1:1s"},
+	} {
+		code, _, errs := gorgo(t, append(args, "--duration", "1m")...)
+		if code != 1 || !strings.Contains(errs, "tenant chat's TTFT SLO needs") {
+			t.Errorf("%v: exit %d, %s; want a tenant's SLO refused without the run's", args, code, errs)
+		}
+	}
+	code, out, errs := gorgo(t, "sim", "--tenants", "chat:interactive:1:1s,batch:batch:1", "--ttft-slo", "10s", "--admission", "none", "--duration", "1m", "--policy", "default", "--quiet")
+	if code != 0 || !strings.Contains(out, "batch") || !strings.Contains(out, "chat") {
+		t.Errorf("tenants with their own SLO: exit %d, %s\n%s", code, errs, out)
+	}
 }
 
 // On a mesh topology every region's router runs gorgo-online as the tuner

@@ -62,6 +62,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	if err := tf.needSLOs(af.slo > 0, "--ttft-slo"); err != nil {
 		return err
 	}
+	if err := wl.needSLO(af.slo > 0, "--ttft-slo"); err != nil {
+		return err
+	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}

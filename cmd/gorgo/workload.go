@@ -39,10 +39,29 @@ func (w *workloadFlags) register(fs *flag.FlagSet, withWindow bool) {
 	}
 	fs.Float64Var(&w.timeScale, "time-scale", 1, "multiply inter-arrival gaps by `F` (2 = half the request rate)")
 	fs.Uint64Var(&w.seed, "seed", 1, "random seed (synthetic workload, network jitter, policies, tuner)")
-	fs.StringVar(&w.tenants, "tenants", "", "mix tenants into the workload: each session belongs to one tenant, drawn by share from `NAME:PRIORITY:SHARE,...` (priority interactive, standard, batch, sheddable or an integer; e.g. chat:interactive:0.7,batch:batch:0.3)")
+	fs.StringVar(&w.tenants, "tenants", "", "mix tenants into the workload: each session belongs to one tenant, drawn by share from `NAME:PRIORITY:SHARE[:SLO],...` (priority interactive, standard, batch, sheddable or an integer; SLO the TTFT SLO the tenant's requests are held to instead of the run's; e.g. chat:interactive:0.7:1s,batch:batch:0.3)")
 	fs.StringVar(&w.only, "tenant-only", "", "keep only this `TENANT`'s requests (its solo run, to compare with the mixed one)")
 	fs.BoolVar(&w.spread, "spread-ticks", false, "spread the requests that share an arrival time at random over the gap to the next one, keeping their order: a trace recorded in coarse ticks (Mooncake's are 3 s) otherwise arrives in synchronised bursts ('gorgo trace stats' shows how many share)")
 	fs.StringVar(&w.models, "models", "", "mix models into the workload: each session names one model, drawn by weight from `NAME:W,NAME:W,...` (replacing the trace's models; a replica's models are its topology's models: and adapters:)")
+}
+
+// needSLO refuses tenants' own TTFT SLOs where nothing holds requests to
+// the run's (flag names what would): a tenant's SLO replaces it for its
+// requests, and the rest need one.
+func (w *workloadFlags) needSLO(has bool, flag string) error {
+	if w.tenants == "" || has {
+		return nil
+	}
+	mix, err := trace.ParseTenants(w.tenants)
+	if err != nil {
+		return fmt.Errorf("--tenants: %w", err)
+	}
+	for _, t := range mix {
+		if t.SLO > 0 {
+			return fmt.Errorf("--tenants: tenant %s's TTFT SLO needs %s, the SLO of the other tenants' requests", t.Name, flag)
+		}
+	}
+	return nil
 }
 
 // raw reads or generates the whole workload, mixes models into it

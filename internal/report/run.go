@@ -45,6 +45,9 @@ type Record struct {
 	// asked for ("" for none).
 	Tenant   string `json:"tenant,omitempty"`
 	Priority string `json:"priority,omitempty"`
+	// TTFTSLO is the TTFT SLO (ms) the request's tenant held it to, where
+	// it had its own (zero: the run's).
+	TTFTSLO float64 `json:"ttft_slo_ms,omitempty"`
 	// NewConn: a live request sent over a connection opened for it (its
 	// TTFT holds the connection's setup, one round trip of the client's
 	// leg or more).
@@ -98,9 +101,17 @@ func (r *Run) ScoreAdapters(requests, loads int64) {
 	}
 }
 
-// ScoreSLO counts the records that completed with a TTFT within sloMS, as
-// the client sees it (from when it meant to send the request: slip plus
-// TTFT), and, if tpotMS is positive, a time per output token (the mean
+// SLO is the TTFT SLO (ms) the record is held to: its own, else the run's.
+func (r *Record) SLO(runMS float64) float64 {
+	if r.TTFTSLO > 0 {
+		return r.TTFTSLO
+	}
+	return runMS
+}
+
+// ScoreSLO counts the records that completed with a TTFT within sloMS (or
+// the record's own TTFTSLO), as the client sees it (from when it meant to
+// send the request: slip plus TTFT), and, if tpotMS is positive, a time per output token (the mean
 // gap between its tokens, ITL) within tpotMS; and sets the goodput: those
 // per second of spanS, the workload's span (the same for every policy, so
 // goodputs compare). An answer of one token has no TPOT to miss.
@@ -108,7 +119,7 @@ func (r *Run) ScoreSLO(recs []Record, sloMS, tpotMS, spanS float64) {
 	r.SLO, r.TPOTSLO, r.SLOMet = sloMS, max(tpotMS, 0), 0
 	for i := range recs {
 		rec := &recs[i]
-		if !rec.Failed && rec.Slip+rec.TTFT <= sloMS && (tpotMS <= 0 || rec.OutputTokens < 2 || rec.ITL <= tpotMS) {
+		if !rec.Failed && rec.Slip+rec.TTFT <= rec.SLO(sloMS) && (tpotMS <= 0 || rec.OutputTokens < 2 || rec.ITL <= tpotMS) {
 			r.SLOMet++
 		}
 	}

@@ -115,3 +115,23 @@ func TestScoreSLOWithTPOT(t *testing.T) {
 		t.Errorf("TTFT and TPOT: met %d, goodput %v, TPOT SLO %v; want 2, 0.2, 50", r.SLOMet, r.Goodput, r.TPOTSLO)
 	}
 }
+
+// A record held to its tenant's own TTFT SLO is scored against it, in the
+// run's goodput and its tenant's table alike.
+func TestScoreSLOOfItsOwn(t *testing.T) {
+	recs := []Record{
+		{Tenant: "chat", TTFT: 800, TTFTSLO: 500},    // misses its own, though within the run's
+		{Tenant: "chat", TTFT: 400, TTFTSLO: 500},    // meets it
+		{Tenant: "batch", TTFT: 5000, TTFTSLO: 8000}, // meets its own, past the run's
+		{Tenant: "batch", TTFT: 900},                 // the run's
+	}
+	var r Run
+	r.ScoreSLO(recs, 1000, 0, 10)
+	if r.SLOMet != 3 {
+		t.Errorf("met %d, want 3", r.SLOMet)
+	}
+	ts := ByTenant(recs, 1000)
+	if len(ts) != 2 || ts[0].Tenant != "batch" || ts[0].SLOMet != 2 || ts[1].SLOMet != 1 {
+		t.Errorf("by tenant %+v: want batch 2 met, chat 1", ts)
+	}
+}

@@ -153,3 +153,46 @@ func TestLearnerHearsTheSLOs(t *testing.T) {
 		}
 	}
 }
+
+// A request whose tenant holds it to an SLO of its own is admitted, scored
+// and learned from against it, as the live router's tenants are.
+func TestTenantsOwnSLO(t *testing.T) {
+	p := profile(t, "paper")
+	reps := []Replica{{ID: "a", RTT: 40 * time.Millisecond, Profile: p}, {ID: "b", RTT: 100 * time.Millisecond, Profile: p}}
+	a := admit.Config{SLO: 3 * time.Second}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	run := func(own time.Duration) (*Result, *recorder) {
+		t.Helper()
+		reqs := poisson(400, 10, 3)
+		for i := range reqs {
+			reqs[i].Tenant, reqs[i].TTFTSLO = "chat", own
+		}
+		rec := &recorder{Policy: newPolicy(t, "gorgo-e2e")}
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: rec, Seed: 1, Admission: a, GoodputSLO: a.SLO})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res, rec
+	}
+	fleet, _ := run(0)
+	tight, rec := run(1500 * time.Millisecond)
+	for _, o := range rec.outcomes {
+		if o.TTFTSLO != 1500*time.Millisecond {
+			t.Fatalf("an outcome held to %v, want its tenant's 1.5s", o.TTFTSLO)
+		}
+	}
+	for _, r := range tight.Records {
+		if r.TTFTSLO != 1500 {
+			t.Fatalf("record %d: SLO %v ms, want 1500", r.Index, r.TTFTSLO)
+		}
+	}
+	// The tighter SLO refuses more, and what it admits meets it.
+	if tight.Run.Rejected <= fleet.Run.Rejected {
+		t.Errorf("refused %d under the tenant's 1.5 s SLO, %d under the fleet's 3 s: want more", tight.Run.Rejected, fleet.Run.Rejected)
+	}
+	if met := float64(tight.Run.SLOMet) / float64(tight.Run.Completed); met < 0.9 {
+		t.Errorf("%.1f%% of the admitted requests met their tenant's SLO", 100*met)
+	}
+}

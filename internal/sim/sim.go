@@ -71,9 +71,11 @@ type Config struct {
 	// GoodputSLO, if positive, scores the run's goodput against that TTFT
 	// SLO (see report.Run.ScoreSLO), with or without admission; with
 	// GoodputTPOT positive, a request must also keep its time per output
-	// token within it. A learning policy hears of them as each
-	// request's SLOs (policy.Outcome), the admission SLO before
-	// GoodputSLO.
+	// token within it. A request whose tenant holds it to a TTFT SLO of
+	// its own (trace.Request.TTFTSLO) is held to that instead, in
+	// admission and goodput alike. A learning policy hears of them as
+	// each request's SLOs (policy.Outcome): its own, else the admission
+	// SLO, else GoodputSLO.
 	GoodputSLO, GoodputTPOT time.Duration
 	// HideMaxTokens keeps each request's output length from the router.
 	// By default the router sees it as max_tokens, as it does live: the
@@ -617,7 +619,7 @@ func (s *simulator) class(i int) admit.Class {
 		p, _ = admit.ParsePriority(tr.Priority) // checked in Run
 	}
 	req := s.keyed(i)
-	return admit.Class{Tenant: tr.Tenant, Priority: p, Tokens: tr.InputTokens + s.sites[0].rt.ExpectedOutput(&req)}
+	return admit.Class{Tenant: tr.Tenant, Priority: p, SLO: tr.TTFTSLO, Tokens: tr.InputTokens + s.sites[0].rt.ExpectedOutput(&req)}
 }
 
 // refuse fails request i as admission's 429.
@@ -786,6 +788,9 @@ func (s *simulator) back(now time.Duration, i int) {
 			if a := s.cfg.Admission.SLO; a > 0 {
 				o.TTFTSLO = a
 			}
+			if own := s.cfg.Requests[i].TTFTSLO; own > 0 {
+				o.TTFTSLO = own
+			}
 			if !st.failed {
 				o.TTFT, o.E2E, o.Queued = st.first-st.sent, st.done-st.sent, st.sent-st.arrived
 				if st.output > 1 {
@@ -848,6 +853,7 @@ func (s *simulator) result() *Result {
 			Model:        tr.Model,
 			Tenant:       tr.Tenant,
 			Priority:     tr.Priority,
+			TTFTSLO:      toMS(tr.TTFTSLO),
 		}
 		if st.replica >= 0 {
 			rec.Replica = ids[st.replica]

@@ -176,11 +176,12 @@ func TestStatsModels(t *testing.T) {
 }
 
 func TestTenants(t *testing.T) {
-	mix, err := ParseTenants("chat:interactive:0.7, batch:batch:0.3")
-	if err != nil || FormatTenants(mix) != "chat:interactive:0.7,batch:batch:0.3" {
+	mix, err := ParseTenants("chat:interactive:0.7:1s, batch:batch:0.3")
+	if err != nil || FormatTenants(mix) != "chat:interactive:0.7:1s,batch:batch:0.3" || mix[0].SLO != time.Second || mix[1].SLO != 0 {
 		t.Fatalf("%v %v", mix, err)
 	}
-	for _, bad := range []string{"", "chat:urgent:1", "a:batch:-1", "a::1,a::2", "a b:batch:1", "a:batch:1:2", "a:batch:0"} {
+	for _, bad := range []string{"", "chat:urgent:1", "a:batch:-1", "a::1,a::2", "a b:batch:1", "a:batch:1:2", "a:batch:0",
+		"a:batch:1:0s", "a:batch:1:-1s", "a:batch:1:1s:x"} {
 		if _, err := ParseTenants(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -197,7 +198,7 @@ func TestTenants(t *testing.T) {
 		}
 		bySession[r.Session] = r.Tenant
 		n[r.Tenant]++
-		if (r.Tenant == "chat") != (r.Priority == "interactive") {
+		if (r.Tenant == "chat") != (r.Priority == "interactive") || (r.Tenant == "chat") != (r.TTFTSLO == time.Second) {
 			t.Fatalf("%+v", r)
 		}
 	}

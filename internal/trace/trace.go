@@ -76,6 +76,9 @@ type Request struct {
 	// for (a name or an integer, see admit.ParsePriority). Empty: the
 	// default tenant, and the tenant's default priority.
 	Tenant, Priority string
+	// TTFTSLO is the TTFT SLO its tenant holds it to (zero: the run's).
+	// AssignTenants sets it; trace files do not carry it.
+	TTFTSLO time.Duration
 }
 
 // Message is one chat message of a prompt.

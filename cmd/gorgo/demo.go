@@ -54,7 +54,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "random seed")
 	topology := fs.String("topology", "paper", "the emulated fleet: a built-in topology ("+strings.Join(sim.TopologyNames(), ", ")+") or a YAML file, e.g. examples/topologies/lora.yaml; each replica serves the models and adapters its topology gives")
 	models := fs.String("models", "", "mix models into the workload: each session names one model, drawn by weight from `NAME:W,NAME:W,...` (the names the topology's replicas serve)")
-	tenants := fs.String("tenants", "", "mix tenants into the workload, `NAME:PRIORITY:SHARE,...` (e.g. chat:interactive:0.25,batch:batch:0.75); the router trusts the replayer's X-Gorgo-Tenant and gives each tenant its priority")
+	tenants := fs.String("tenants", "", "mix tenants into the workload, `NAME:PRIORITY:SHARE[:SLO],...` (e.g. chat:interactive:0.25:1s,batch:batch:0.75); the router trusts the replayer's X-Gorgo-Tenant and gives each tenant its priority and, with --ttft-slo and admission, its own TTFT SLO")
 	only := fs.String("tenant-only", "", "keep only this `TENANT`'s requests (its solo run)")
 	var af admissionFlags
 	af.register(fs)
@@ -111,7 +111,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	wl := workloadFlags{preset: "artchat", duration: *duration, timeScale: *timeScale, seed: *seed, models: *models, tenants: *tenants, only: *only}
-	if err := wl.needSLO(af.slo > 0, "--ttft-slo"); err != nil {
+	if err := wl.needSLO(flow.adm.SLO > 0, "--ttft-slo with --admission queue or reject (the live router holds a tenant's requests to its SLO by admission)"); err != nil {
 		return err
 	}
 	reqs, desc, err := wl.load()
@@ -214,6 +214,21 @@ func demoParams(name string, speedup float64) map[string]policy.Values {
 	return map[string]policy.Values{info.Name: v}
 }
 
+// tenantConfigs are the live router's tenants: each one's priority, its
+// weight and, under admission, its own TTFT SLO in router time (the model
+// runs speedup times faster).
+func (f demoFlow) tenantConfigs(speedup float64) map[string]tenant.Config {
+	out := map[string]tenant.Config{}
+	for _, t := range f.tenants {
+		c := tenant.Config{Priority: t.Priority, MaxPriority: t.Priority, Weight: f.adm.Weights[t.Name]}
+		if f.adm.SLO > 0 {
+			c.TTFTSLO = time.Duration(float64(t.SLO) / speedup)
+		}
+		out[t.Name] = c
+	}
+	return out
+}
+
 // demoFlow is the demo's flow control: its admission, and the tenants the
 // router gives their priorities (nil: none).
 type demoFlow struct {
@@ -286,11 +301,7 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 	}
 	if flow.tenants != nil {
 		cfg.Proxy.TenantHeader = tenant.HeaderTrust
-		cfg.Tenants = map[string]tenant.Config{}
-		for _, t := range flow.tenants {
-			cfg.Tenants[t.Name] = tenant.Config{Priority: t.Priority, MaxPriority: t.Priority, Weight: flow.adm.Weights[t.Name],
-				TTFTSLO: time.Duration(float64(t.SLO) / speedup)}
-		}
+		cfg.Tenants = flow.tenantConfigs(speedup)
 	}
 	px, err := serve.New(cfg, serve.Options{Proxy: true})
 	if err != nil {

@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/serve"
+	"github.com/gorgo-llm/gorgo/internal/trace"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -520,20 +522,72 @@ func TestSimLiveTunerTunesToTheSLO(t *testing.T) {
 			t.Errorf("%v: exit %d, %s; want slo-p95 refused without SLOs", args, code, errs)
 		}
 	}
-	// A tenant's own SLO replaces the run's, which the others need.
-	for _, args := range [][]string{
-		{"sim", "--tenants", "chat:interactive:1:1s,batch:batch:1"},
-		{"eval", "--tenants", "chat:interactive:1:1s", "--plots", "none"},
-		{"demo", "--tenants", "chat:interactive:1:1s"},
+}
+
+// A tenant's own TTFT SLO replaces the run's for its requests, which the
+// other tenants' need; commands that hold requests to no SLO, and meshes,
+// refuse it.
+func TestTenantsOwnSLOFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sim", "--tenants", "chat:interactive:1:1s,batch:batch:1"}, "own TTFT SLO needs --ttft-slo"},
+		{[]string{"eval", "--tenants", "chat:interactive:1:1s", "--plots", "none"}, "own TTFT SLO needs --goodput-slo"},
+		{[]string{"demo", "--tenants", "chat:interactive:1:1s"}, "own TTFT SLO needs --ttft-slo with --admission"},
+		{[]string{"demo", "--tenants", "chat:interactive:1:1s", "--ttft-slo", "5s", "--admission", "none"}, "own TTFT SLO needs --ttft-slo with --admission"},
+		{[]string{"sim", "--topology", "paper-mesh", "--tenants", "chat:interactive:1:1s"}, "not supported on a mesh topology"},
+		{[]string{"tune", "--tenants", "chat:interactive:1:1s", "--out", filepath.Join(t.TempDir(), "w.json")}, "gorgo tune holds requests to none"},
+		{[]string{"replay", "--tenants", "chat:interactive:1:1s", "--target", "http://127.0.0.1:1"}, "gorgo replay"},
 	} {
-		code, _, errs := gorgo(t, append(args, "--duration", "1m")...)
-		if code != 1 || !strings.Contains(errs, "tenant chat's TTFT SLO needs") {
-			t.Errorf("%v: exit %d, %s; want a tenant's SLO refused without the run's", args, code, errs)
+		code, _, errs := gorgo(t, append(c.args, "--duration", "1m")...)
+		if code != 1 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, %s; want %q", c.args, code, errs, c.want)
 		}
 	}
-	code, out, errs := gorgo(t, "sim", "--tenants", "chat:interactive:1:1s,batch:batch:1", "--ttft-slo", "10s", "--admission", "none", "--duration", "1m", "--policy", "default", "--quiet")
-	if code != 0 || !strings.Contains(out, "batch") || !strings.Contains(out, "chat") {
-		t.Errorf("tenants with their own SLO: exit %d, %s\n%s", code, errs, out)
+	// Allowed, the records say which requests were held to their own.
+	recs := filepath.Join(t.TempDir(), "r.jsonl")
+	code, out, errs := gorgo(t, "sim", "--tenants", "chat:interactive:1:1s,batch:batch:1", "--ttft-slo", "10s", "--admission", "none",
+		"--duration", "1m", "--policy", "default", "--quiet", "--records", recs)
+	if code != 0 {
+		t.Fatalf("tenants with their own SLO: exit %d, %s\n%s", code, errs, out)
+	}
+	b, err := os.ReadFile(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r struct {
+			Tenant string  `json:"tenant"`
+			SLO    float64 `json:"ttft_slo_ms"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		if (r.Tenant == "chat") != (r.SLO == 1000) || r.Tenant == "batch" && r.SLO != 0 {
+			t.Fatalf("record %s: %s held to %v ms", line, r.Tenant, r.SLO)
+		}
+		n[r.Tenant]++
+	}
+	if n["chat"] == 0 || n["batch"] == 0 {
+		t.Errorf("records of chat and batch: %v", n)
+	}
+}
+
+// The demo gives the live router each tenant's own SLO in router time, and
+// only under admission (the live router's tenant SLO turns admission on).
+func TestDemoTenantsOwnSLO(t *testing.T) {
+	mix, err := trace.ParseTenants("chat:interactive:1:1s,batch:batch:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	on := demoFlow{adm: admit.Config{SLO: 5 * time.Second}, tenants: mix}.tenantConfigs(5)
+	if on["chat"].TTFTSLO != 200*time.Millisecond || on["batch"].TTFTSLO != 0 || on["chat"].Priority != "interactive" {
+		t.Errorf("under admission at 5x: %+v", on)
+	}
+	if off := (demoFlow{tenants: mix}).tenantConfigs(5); off["chat"].TTFTSLO != 0 {
+		t.Errorf("without admission: %+v", off)
 	}
 }
 

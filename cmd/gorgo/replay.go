@@ -63,6 +63,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if strings.TrimSpace(*label) == "" {
 		return fmt.Errorf("--label must not be empty")
 	}
+	if err := wl.noSLO("gorgo replay (its requests do not carry it to the router)"); err != nil {
+		return err
+	}
 	reqs, desc, err := wl.load()
 	if err != nil {
 		return err

@@ -73,6 +73,9 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := wl.noSLO("gorgo tune"); err != nil {
+		return err
+	}
 	if cfg.Objective == tune.SLOP95 {
 		return fmt.Errorf("--objective slo-p95 judges requests held to SLOs: tune it online (gorgo sim or gorgo eval with --live-tuner and --ttft-slo or --goodput-slo, or gorgo serve with ttft_slo)")
 	}

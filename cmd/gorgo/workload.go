@@ -45,23 +45,44 @@ func (w *workloadFlags) register(fs *flag.FlagSet, withWindow bool) {
 	fs.StringVar(&w.models, "models", "", "mix models into the workload: each session names one model, drawn by weight from `NAME:W,NAME:W,...` (replacing the trace's models; a replica's models are its topology's models: and adapters:)")
 }
 
-// needSLO refuses tenants' own TTFT SLOs where nothing holds requests to
-// the run's (flag names what would): a tenant's SLO replaces it for its
-// requests, and the rest need one.
-func (w *workloadFlags) needSLO(has bool, flag string) error {
-	if w.tenants == "" || has {
-		return nil
+// ownSLOs reports whether a tenant of --tenants has a TTFT SLO of its own
+// (a fourth field). Where one is held to its own, the other tenants'
+// requests need the run's; gorgo sim, eval and demo say which flag gives
+// it, and commands that hold requests to no SLO refuse the field.
+func (w *workloadFlags) ownSLOs() (bool, error) {
+	if w.tenants == "" {
+		return false, nil
 	}
 	mix, err := trace.ParseTenants(w.tenants)
 	if err != nil {
-		return fmt.Errorf("--tenants: %w", err)
+		return false, fmt.Errorf("--tenants: %w", err)
 	}
 	for _, t := range mix {
 		if t.SLO > 0 {
-			return fmt.Errorf("--tenants: tenant %s's TTFT SLO needs %s, the SLO of the other tenants' requests", t.Name, flag)
+			return true, nil
 		}
 	}
-	return nil
+	return false, nil
+}
+
+// needSLO refuses tenants' own TTFT SLOs unless has (what gives the run's
+// SLO, named by what, is set).
+func (w *workloadFlags) needSLO(has bool, what string) error {
+	own, err := w.ownSLOs()
+	if err != nil || !own || has {
+		return err
+	}
+	return fmt.Errorf("--tenants: a tenant's own TTFT SLO needs %s, the SLO of the run's other requests", what)
+}
+
+// noSLO refuses tenants' own TTFT SLOs in a command that holds requests to
+// none (cmd names it).
+func (w *workloadFlags) noSLO(cmd string) error {
+	own, err := w.ownSLOs()
+	if err != nil || !own {
+		return err
+	}
+	return fmt.Errorf("--tenants: a tenant's own TTFT SLO is for gorgo sim, eval and demo; %s holds requests to none", cmd)
 }
 
 // raw reads or generates the whole workload, mixes models into it

@@ -238,7 +238,7 @@ func newRecord(i int, r *trace.Request, slip time.Duration, o *outcome) report.R
 		Model:        r.Model,
 		Tenant:       r.Tenant,
 		Priority:     r.Priority,
-		TTFTSLO:      float64(r.TTFTSLO) / 1e6,
+		TTFTSLO:      ms(r.TTFTSLO),
 		NewConn:      o.newConn,
 	}
 	if u := o.usage; u != nil {

@@ -111,10 +111,11 @@ func (r *Record) SLO(runMS float64) float64 {
 
 // ScoreSLO counts the records that completed with a TTFT within sloMS (or
 // the record's own TTFTSLO), as the client sees it (from when it meant to
-// send the request: slip plus TTFT), and, if tpotMS is positive, a time per output token (the mean
-// gap between its tokens, ITL) within tpotMS; and sets the goodput: those
-// per second of spanS, the workload's span (the same for every policy, so
-// goodputs compare). An answer of one token has no TPOT to miss.
+// send the request: slip plus TTFT), and, if tpotMS is positive, a time
+// per output token (the mean gap between its tokens, ITL) within tpotMS;
+// and sets the goodput: those per second of spanS, the workload's span
+// (the same for every policy, so goodputs compare). An answer of one token
+// has no TPOT to miss.
 func (r *Run) ScoreSLO(recs []Record, sloMS, tpotMS, spanS float64) {
 	r.SLO, r.TPOTSLO, r.SLOMet = sloMS, max(tpotMS, 0), 0
 	for i := range recs {

@@ -73,9 +73,11 @@ type Config struct {
 	// GoodputTPOT positive, a request must also keep its time per output
 	// token within it. A request whose tenant holds it to a TTFT SLO of
 	// its own (trace.Request.TTFTSLO) is held to that instead, in
-	// admission and goodput alike. A learning policy hears of them as
-	// each request's SLOs (policy.Outcome): its own, else the admission
-	// SLO, else GoodputSLO.
+	// admission (when Admission has an SLO: unlike the live router's, a
+	// tenant's own SLO does not turn it on) and goodput (when GoodputSLO
+	// is set) alike. A learning policy hears of them as each request's
+	// SLOs (policy.Outcome): its own, else the admission SLO, else
+	// GoodputSLO.
 	GoodputSLO, GoodputTPOT time.Duration
 	// HideMaxTokens keeps each request's output length from the router.
 	// By default the router sees it as max_tokens, as it does live: the

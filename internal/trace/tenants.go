@@ -91,8 +91,8 @@ func FormatTenants(ts []TenantShare) string {
 const tenantSalt = 0x7e4a47
 
 // AssignTenants gives every request of reqs a tenant, its priority and its
-// TTFT SLO, drawn from the mix, in place, as AssignModels does models: one draw per
-// session, by the seed and the session's name.
+// TTFT SLO, drawn from the mix, in place, as AssignModels does models: one
+// draw per session, by the seed and the session's name.
 func AssignTenants(reqs []Request, mix []TenantShare, seed uint64) {
 	ws := make([]float64, len(mix))
 	for i, t := range mix {

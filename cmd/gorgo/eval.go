@@ -58,13 +58,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	tf.parsed(fs)
-	if tf.asServed {
-		tf.defaultToSLOP95(*goodputSLO > 0)
-	}
-	if err := tf.needSLOs(*goodputSLO > 0, "--goodput-slo"); err != nil {
-		return err
-	}
-	if err := wl.needSLO(*goodputSLO > 0, "--goodput-slo"); err != nil {
+	if err := tf.runSLO(&wl, *goodputSLO > 0, "--goodput-slo"); err != nil {
 		return err
 	}
 	switch {

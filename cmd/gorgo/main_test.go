@@ -343,6 +343,20 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"demo", "--topology", "nowhere"}, `--topology: unknown topology "nowhere"`},
 		{[]string{"demo", "--mesh", "--models", "a:1"}, "--mesh runs its own fleet"},
 		{[]string{"demo", "--topology", "../../examples/topologies/two-models.yaml", "--models", "model-a:1,model-c:1"}, `no replica of the topology serves "model-c"`},
+		// slo-p95 where no request has an SLO.
+		{[]string{"sim", "--objective", "slo-p95", "--duration", "1m"}, "slo-p95 judges requests held to SLOs"},
+		{[]string{"eval", "--live-tuner", "--objective", "slo-p95", "--duration", "1m"}, "slo-p95 judges requests held to SLOs"},
+		{[]string{"tune", "--objective", "slo-p95", "--duration", "1m", "--out", filepath.Join(t.TempDir(), "w.json")}, "slo-p95 judges requests held to SLOs"},
+		// A tenant's own TTFT SLO replaces the run's for its requests, which
+		// the other tenants' need; commands that hold requests to none, and
+		// meshes, refuse it.
+		{[]string{"sim", "--tenants", "chat:interactive:1:1s,batch:batch:1", "--duration", "1m"}, "own TTFT SLO needs --ttft-slo"},
+		{[]string{"eval", "--tenants", "chat:interactive:1:1s", "--plots", "none", "--duration", "1m"}, "own TTFT SLO needs --goodput-slo"},
+		{[]string{"demo", "--tenants", "chat:interactive:1:1s", "--duration", "1m"}, "own TTFT SLO needs --ttft-slo with --admission"},
+		{[]string{"demo", "--tenants", "chat:interactive:1:1s", "--ttft-slo", "5s", "--admission", "none", "--duration", "1m"}, "own TTFT SLO needs --ttft-slo with --admission"},
+		{[]string{"sim", "--topology", "paper-mesh", "--tenants", "chat:interactive:1:1s", "--duration", "1m"}, "not supported on a mesh topology"},
+		{[]string{"tune", "--tenants", "chat:interactive:1:1s", "--duration", "1m", "--out", filepath.Join(t.TempDir(), "w.json")}, "gorgo tune holds requests to none"},
+		{[]string{"replay", "--tenants", "chat:interactive:1:1s", "--target", "http://127.0.0.1:1", "--duration", "1m"}, "gorgo replay"},
 	}
 	for _, c := range cases {
 		code, _, errs := gorgo(t, c.args...)
@@ -492,8 +506,8 @@ func TestSimLiveTuner(t *testing.T) {
 }
 
 // With an SLO, gorgo sim's and gorgo eval's --live-tuner minimise slo-p95,
-// as gorgo serve's does; --objective still chooses, and slo-p95 without
-// SLOs is refused.
+// as gorgo serve's does; --objective still chooses (slo-p95 without SLOs is
+// refused: TestServeBadInput).
 func TestSimLiveTunerTunesToTheSLO(t *testing.T) {
 	for _, c := range []struct {
 		args []string
@@ -512,40 +526,11 @@ func TestSimLiveTunerTunesToTheSLO(t *testing.T) {
 			t.Errorf("%v: exit %d, %s\n%s; want %q", c.args, code, errs, out, c.want)
 		}
 	}
-	for _, args := range [][]string{
-		{"sim", "--objective", "slo-p95"},
-		{"eval", "--live-tuner", "--objective", "slo-p95"},
-		{"tune", "--objective", "slo-p95", "--out", filepath.Join(t.TempDir(), "w.json")},
-	} {
-		code, _, errs := gorgo(t, append(args, "--duration", "1m")...)
-		if code != 1 || !strings.Contains(errs, "slo-p95 judges requests held to SLOs") {
-			t.Errorf("%v: exit %d, %s; want slo-p95 refused without SLOs", args, code, errs)
-		}
-	}
 }
 
-// A tenant's own TTFT SLO replaces the run's for its requests, which the
-// other tenants' need; commands that hold requests to no SLO, and meshes,
-// refuse it.
-func TestTenantsOwnSLOFlags(t *testing.T) {
-	for _, c := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"sim", "--tenants", "chat:interactive:1:1s,batch:batch:1"}, "own TTFT SLO needs --ttft-slo"},
-		{[]string{"eval", "--tenants", "chat:interactive:1:1s", "--plots", "none"}, "own TTFT SLO needs --goodput-slo"},
-		{[]string{"demo", "--tenants", "chat:interactive:1:1s"}, "own TTFT SLO needs --ttft-slo with --admission"},
-		{[]string{"demo", "--tenants", "chat:interactive:1:1s", "--ttft-slo", "5s", "--admission", "none"}, "own TTFT SLO needs --ttft-slo with --admission"},
-		{[]string{"sim", "--topology", "paper-mesh", "--tenants", "chat:interactive:1:1s"}, "not supported on a mesh topology"},
-		{[]string{"tune", "--tenants", "chat:interactive:1:1s", "--out", filepath.Join(t.TempDir(), "w.json")}, "gorgo tune holds requests to none"},
-		{[]string{"replay", "--tenants", "chat:interactive:1:1s", "--target", "http://127.0.0.1:1"}, "gorgo replay"},
-	} {
-		code, _, errs := gorgo(t, append(c.args, "--duration", "1m")...)
-		if code != 1 || !strings.Contains(errs, c.want) {
-			t.Errorf("%v: exit %d, %s; want %q", c.args, code, errs, c.want)
-		}
-	}
-	// Allowed, the records say which requests were held to their own.
+// A request held to its tenant's own TTFT SLO says so in its record (the
+// flag's refusals: TestServeBadInput).
+func TestTenantsOwnSLORecords(t *testing.T) {
 	recs := filepath.Join(t.TempDir(), "r.jsonl")
 	code, out, errs := gorgo(t, "sim", "--tenants", "chat:interactive:1:1s,batch:batch:1", "--ttft-slo", "10s", "--admission", "none",
 		"--duration", "1m", "--policy", "default", "--quiet", "--records", recs)

@@ -56,27 +56,22 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	tf.parsed(fs)
-	if tf.asServed {
-		tf.defaultToSLOP95(af.slo > 0)
-	}
-	if err := tf.needSLOs(af.slo > 0, "--ttft-slo"); err != nil {
-		return err
-	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	if t, _ := sim.LoadTopology(ff.topology); t.IsMesh() {
-		own, err := wl.ownSLOs()
-		if err != nil {
-			return err
-		}
-		if own {
-			return fmt.Errorf("--tenants: a tenant's own TTFT SLO is not supported on a mesh topology yet")
-		}
-		return runMeshSim(stdout, stderr, &wl, &ff, &pf, &tf, &mf, *policies, *jsonOut, *records, *quiet, fs)
-	}
-	if err := wl.needSLO(af.slo > 0, "--ttft-slo"); err != nil {
+	t, _ := sim.LoadTopology(ff.topology)
+	own, err := wl.ownSLOs()
+	if err != nil {
 		return err
+	}
+	if own && t.IsMesh() {
+		return fmt.Errorf("--tenants: a tenant's own TTFT SLO is not supported on a mesh topology yet")
+	}
+	if err := tf.runSLO(&wl, af.slo > 0, "--ttft-slo"); err != nil {
+		return err
+	}
+	if t.IsMesh() {
+		return runMeshSim(stdout, stderr, &wl, &ff, &pf, &tf, &mf, *policies, *jsonOut, *records, *quiet, fs)
 	}
 	for _, name := range []string{"sharing", "day", "amplitude"} {
 		if isSet(fs, name) {

@@ -53,14 +53,20 @@ func (t *tuneFlags) defaultToSLOP95(has bool) {
 	}
 }
 
-// needSLOs refuses --objective slo-p95 where no request has an SLO (the
-// simulator's --ttft-slo, or gorgo eval's --goodput-slo): its tuner would
-// never judge a candidate. flag names the one that gives them.
-func (t *tuneFlags) needSLOs(has bool, flag string) error {
+// runSLO settles what the run's SLO (has: the flag named flag gives one,
+// gorgo sim's --ttft-slo or gorgo eval's --goodput-slo) means for the tuner
+// and the tenants, the same for both commands: with --live-tuner the
+// objective is slo-p95 where requests have SLOs; slo-p95 without any is
+// refused (its tuner would never judge a candidate), and so is a tenant's
+// own SLO (wl.needSLO).
+func (t *tuneFlags) runSLO(wl *workloadFlags, has bool, flag string) error {
+	if t.asServed {
+		t.defaultToSLOP95(has)
+	}
 	if t.objective == string(tune.SLOP95) && !has {
 		return fmt.Errorf("--objective %s judges requests held to SLOs: give them one with %s", tune.SLOP95, flag)
 	}
-	return nil
+	return wl.needSLO(has, flag)
 }
 
 // parsed finishes the flags once fs is parsed: with --live-tuner, gorgo

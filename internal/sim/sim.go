@@ -10,6 +10,7 @@
 package sim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -786,13 +787,10 @@ func (s *simulator) back(now time.Duration, i int) {
 		site.rt.Finish(&st.ticket)
 		s.share(now, i, remoteFinish)
 		if site.learner != nil && !unstreamed {
-			o := policy.Outcome{Failed: st.failed, TTFTSLO: s.cfg.GoodputSLO, TPOTSLO: s.cfg.GoodputTPOT}
-			if a := s.cfg.Admission.SLO; a > 0 {
-				o.TTFTSLO = a
-			}
-			if own := s.cfg.Requests[i].TTFTSLO; own > 0 {
-				o.TTFTSLO = own
-			}
+			// Held to its tenant's SLO, else admission's, as live
+			// (admit.Config.SLOOf); else the goodput's.
+			o := policy.Outcome{Failed: st.failed, TPOTSLO: s.cfg.GoodputTPOT,
+				TTFTSLO: cmp.Or(s.cfg.Admission.SLOOf(admit.Class{SLO: s.cfg.Requests[i].TTFTSLO}), s.cfg.GoodputSLO)}
 			if !st.failed {
 				o.TTFT, o.E2E, o.Queued = st.first-st.sent, st.done-st.sent, st.sent-st.arrived
 				if st.output > 1 {

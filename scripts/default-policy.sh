@@ -61,7 +61,7 @@ if [[ $what == grid || $what == all ]]; then
 			echo "$tag done" >&2
 		done
 	done
-	go run ./scripts/grid $out/*-eval.json | tee $out/grid.md
+	go run ./scripts/grid -plot $out $out/*-eval.json | tee $out/grid.md
 fi
 
 if [[ $what == online || $what == all ]]; then
@@ -90,7 +90,7 @@ if [[ $what == online || $what == all ]]; then
 			echo "$tag done" >&2
 		done
 	done
-	go run ./scripts/grid -policy gorgo-online $on/*-eval.json | tee $on/grid.md
+	go run ./scripts/grid -policy gorgo-online -plot $on $on/*-eval.json | tee $on/grid.md
 	go run ./scripts/grid $on/*-eval.json >$on/grid-fixed.md
 	# The same two against the other policies alone (each without the other).
 	go run ./scripts/grid -policy gorgo-online -exclude gorgo-e2e $on/*-eval.json >$on/grid-others.md

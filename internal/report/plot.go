@@ -177,16 +177,26 @@ func PlotCDF(path, title, xlabel string, series []Series) error {
 
 // savePanels draws plots stacked vertically into one PNG.
 func savePanels(path string, w, h vg.Length, plots ...*plot.Plot) error {
-	img := vgimg.New(w, h)
-	dc := draw.New(img)
-	tiles := draw.Tiles{Rows: len(plots), Cols: 1, PadY: vg.Points(8), PadTop: vg.Points(4), PadBottom: vg.Points(4), PadLeft: vg.Points(4), PadRight: vg.Points(8)}
 	grid := make([][]*plot.Plot, len(plots))
 	for i, p := range plots {
 		grid[i] = []*plot.Plot{p}
 	}
+	return saveGrid(path, w, h, grid)
+}
+
+// saveGrid draws a row-major grid of plots (nil leaves a tile empty)
+// into one PNG.
+func saveGrid(path string, w, h vg.Length, grid [][]*plot.Plot) error {
+	img := vgimg.New(w, h)
+	dc := draw.New(img)
+	tiles := draw.Tiles{Rows: len(grid), Cols: len(grid[0]), PadX: vg.Points(8), PadY: vg.Points(8), PadTop: vg.Points(4), PadBottom: vg.Points(4), PadLeft: vg.Points(4), PadRight: vg.Points(8)}
 	canvases := plot.Align(grid, tiles, dc)
-	for i, p := range plots {
-		p.Draw(canvases[i][0])
+	for i, row := range grid {
+		for j, p := range row {
+			if p != nil {
+				p.Draw(canvases[i][j])
+			}
+		}
 	}
 	f, err := os.Create(path)
 	if err != nil {

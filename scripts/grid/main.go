@@ -27,7 +27,12 @@
 // more than twice the standard error of the difference (√ of the two
 // counts, as Poisson counts). A rerun could turn their verdict.
 //
-// Usage: go run ./scripts/grid [-policy NAME] [-exclude NAMES] docs/results/grid/*-eval.json
+// With -plot DIR it also draws the fronts: DIR/front-WORKLOAD.png, a
+// panel for each fleet and load, every comparable policy's p95 TTFT
+// against its p95 E2E, the front as a line and the 3% margins dashed
+// (report.PlotFronts).
+//
+// Usage: go run ./scripts/grid [-policy NAME] [-exclude NAMES] [-plot DIR] docs/results/grid/*-eval.json
 // (-policy: the policy the grid is about, default gorgo-e2e; e.g.
 // gorgo-online for the default policy tuning itself online. -exclude:
 // policies left out of the comparison, e.g. gorgo-e2e when the grid is
@@ -44,6 +49,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/gorgo-llm/gorgo/internal/report"
 )
 
 const cv = "clairvoyant"
@@ -82,6 +89,7 @@ type evalFile struct {
 func main() {
 	defName := flag.String("policy", "gorgo-e2e", "the policy the grid is about")
 	exclude := flag.String("exclude", "", "comma-separated policies to leave out of the comparison")
+	plotDir := flag.String("plot", "", "a directory to draw each workload's fronts in (front-WORKLOAD.png)")
 	flag.Parse()
 	def := *defName
 	if flag.NArg() < 1 {
@@ -121,6 +129,12 @@ func main() {
 	}
 	fmt.Println(header)
 	fmt.Println(rule)
+	if *plotDir != "" {
+		if err := plotFronts(*plotDir, def, flag.Args(), files); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 	var cells, ttftOK, e2eOK, cvOK, all, overloaded, front, metOrFront, goodBest, goodCells int
 	var issueBoth, issueFront, issueCells, goodMiss, goodNoise int
 	for k, path := range flag.Args() {
@@ -262,6 +276,41 @@ func main() {
 			issueBoth+issueFront, issueCells, issueBoth, issueFront)
 		fmt.Printf("Of the %d cells missed on SLO goodput alone, %d are within the noise (their excess of requests missing the SLO over the best policy's at most twice its standard error).\n", goodMiss, goodNoise)
 	}
+}
+
+// plotFronts draws each workload's cells, a row for each of its fleets
+// (files) and a column for each load, into dir/front-WORKLOAD.png.
+func plotFronts(dir, def string, paths []string, files []evalFile) error {
+	byWorkload := map[string][]report.Cell{}
+	var workloads []string
+	cols := 1
+	for k, path := range paths {
+		name := strings.TrimSuffix(filepath.Base(path), "-eval.json")
+		workload, fleet, _ := strings.Cut(name, "-")
+		if !slices.Contains(workloads, workload) {
+			workloads = append(workloads, workload)
+		}
+		cols = max(cols, len(files[k].Windows))
+		for _, w := range files[k].Windows {
+			c := report.Cell{Title: fmt.Sprintf("%s, %s ×%v", workload, fleet, w.TimeScale)}
+			for _, r := range w.Runs {
+				if r.comparable() {
+					c.Runs = append(c.Runs, report.Tails{Policy: r.Policy, TTFT: r.TTFT.P95, E2E: r.E2E.P95, Yardstick: r.Policy == cv})
+				}
+			}
+			byWorkload[workload] = append(byWorkload[workload], c)
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, wl := range workloads {
+		title := wl + " (line: the front;\ndashed: 3% above the bests)"
+		if err := report.PlotFronts(filepath.Join(dir, "front-"+wl+".png"), title, cols, def, byWorkload[wl]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // withinNoise reports whether d's excess of requests missing the SLO over

@@ -1,0 +1,60 @@
+package report
+
+import (
+	"image/png"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestFront(t *testing.T) {
+	runs := []Tails{
+		{Policy: "fast-first", TTFT: 200, E2E: 900},
+		{Policy: "fast-end", TTFT: 400, E2E: 500},
+		{Policy: "between", TTFT: 300, E2E: 700},
+		{Policy: "beaten", TTFT: 450, E2E: 800},                  // by between and fast-end
+		{Policy: "tied-worse", TTFT: 400, E2E: 600},              // same TTFT as fast-end, worse E2E
+		{Policy: "oracle", TTFT: 100, E2E: 400, Yardstick: true}, // beats all, yet no router
+	}
+	var got []string
+	for _, r := range Front(runs) {
+		got = append(got, r.Policy)
+	}
+	want := []string{"fast-first", "between", "fast-end"}
+	if len(got) != len(want) {
+		t.Fatalf("front %v, want %v (by TTFT, the yardstick and the beaten left out)", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("front %v, want %v", got, want)
+		}
+	}
+}
+
+func TestPlotFronts(t *testing.T) {
+	cells := []Cell{
+		{Title: "a ×1", Runs: []Tails{{Policy: "p", TTFT: 200, E2E: 900}, {Policy: "q", TTFT: 400, E2E: 500}, {Policy: "oracle", TTFT: 150, E2E: 480, Yardstick: true}}},
+		{Title: "a ×2", Runs: []Tails{{Policy: "p", TTFT: 120, E2E: 300}, {Policy: "q", TTFT: 120, E2E: 300}}}, // all alike
+		{Title: "a ×3"}, // no comparable run: an empty panel, not an error
+	}
+	path := filepath.Join(t.TempDir(), "front.png")
+	if err := PlotFronts(path, "a", 2, "q", cells); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cfg, err := png.DecodeConfig(f)
+	if err != nil {
+		t.Fatalf("not a PNG: %v", err)
+	}
+	// Two rows of two panels and the legend's column, 3.6 by 3.4 inches each.
+	if cfg.Width <= cfg.Height {
+		t.Errorf("image %dx%d: want three tiles wide, two high", cfg.Width, cfg.Height)
+	}
+	if err := PlotFronts(path, "a", 2, "q", nil); err == nil {
+		t.Error("no cells: want an error")
+	}
+}

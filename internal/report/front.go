@@ -51,12 +51,14 @@ func Front(runs []Tails) []Tails {
 }
 
 // PlotFronts writes a PNG of cells, cols panels to a row: in each, every
-// policy's p95 TTFT against its p95 E2E (log axes, one colour per policy
-// across panels, the yardsticks hollow), the front as a line, and dashed
-// lines at 3% above the best non-yardstick p95 TTFT and the best p95
-// E2E: a policy inside that corner has both tails within 3% of the
-// bests. The policy named mark is drawn larger. The legend, titled
-// title, takes a tile at the end of the first row.
+// policy's p95 TTFT against its p95 E2E (a colour per policy, the same in
+// every panel; the yardsticks black rings), the front as a line, and
+// dashed lines at 3% above the best non-yardstick p95 TTFT and the best
+// p95 E2E: a policy inside that corner has both tails within 3% of the
+// bests. The policy named mark is drawn larger. A panel's view holds the
+// front, the marked policy, the yardsticks and the corner; policies far
+// behind them are left out of it and counted in its title. The legend,
+// titled title, takes a tile at the end of the first row.
 func PlotFronts(path, title string, cols int, mark string, cells []Cell) error {
 	var names []string // every policy
 	yardsticks := map[string]bool{}
@@ -74,7 +76,7 @@ func PlotFronts(path, title string, cols int, mark string, cells []Cell) error {
 		return cmp.Or(cmp.Compare(yardstickOrder(yardsticks[a]), yardstickOrder(yardsticks[b])), cmp.Compare(a, b))
 	})
 	if len(cells) == 0 || cols < 1 {
-		return fmt.Errorf("plotting fronts: no cells")
+		return fmt.Errorf("plotting fronts: %d cells in rows of %d", len(cells), cols)
 	}
 	// A row of cols panels, then the legend's tile at the first row's end.
 	rows := (len(cells) + cols - 1) / cols

@@ -10,7 +10,9 @@
 # settings) from its default weights, the first 10 minutes of each run a
 # warm-up left out of every policy's figures; it needs the grid's tuned
 # gorgo and gorgo-ms weights, and writes docs/results/grid-online/.
-# Usage: scripts/default-policy.sh [grid|admission|online|all]
+# `hindsight` (not part of `all`) runs the default policy at 36 fixed weight settings over the
+# online grid's cells (HS_SEED, HS_OUT; see below).
+# Usage: scripts/default-policy.sh [grid|admission|online|hindsight|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=docs/results/grid
@@ -95,6 +97,33 @@ if [[ $what == online || $what == all ]]; then
 	# The same two against the other policies alone (each without the other).
 	go run ./scripts/grid -policy gorgo-online -exclude gorgo-e2e $on/*-eval.json >$on/grid-others.md
 	go run ./scripts/grid -exclude gorgo-online $on/*-eval.json >$on/grid-fixed-others.md
+fi
+
+if [[ $what == hindsight ]]; then
+	# The default policy at fixed weights, decode × itl over {0, 0.05, 0.1, 0.2, 0.4, 0.8}, on
+	# every cell of the online grid at seed HS_SEED, beside the online grid's other policies at that
+	# seed: what weights chosen per cell with hindsight would meet (scripts/grid -hindsight).
+	# HS_OUT (relative to the repository; no ':' in it) gets base/ and sets/.
+	seed=${HS_SEED:-1}
+	hs=${HS_OUT:-/tmp/gorgo-hindsight-seed$seed}
+	TPOT= ONLINE_FLAGS="--seed $seed" ONLINE_OUT=$hs/base scripts/default-policy.sh online >/dev/null
+	declare -A slo=([artchat]=3s [chat]=1s [agent]=1s [mooncake]=5s)
+	for d in 0 0.05 0.1 0.2 0.4 0.8; do
+		for i in 0 0.05 0.1 0.2 0.4 0.8; do
+			set=$hs/sets/decode=$d,itl=$i
+			mkdir -p "$set"
+			for w in $workloads; do
+				for f in $fleets; do
+					tag=$w-$(basename $f .yaml)
+					$g eval --trace ${file[$w]} --topology $f --window ${test[$w]} --sweep time-scale=${loads[$w]} \
+						--policy default --e2e-weights rtt=1,queue=1,decode=$d,itl=$i --seed "$seed" \
+						--score-from 10m --goodput-slo ${slo[$w]} --json "$set/$tag-eval.json" --plots none >/dev/null
+				done
+			done
+			echo "decode=$d itl=$i done" >&2
+		done
+	done
+	go run ./scripts/grid -exclude gorgo-online -hindsight "$hs/base:$hs/sets"
 fi
 
 if [[ $what == admission || $what == all ]]; then

@@ -31,8 +31,9 @@ type Cell struct {
 	Runs  []Tails
 }
 
-// Front returns the runs no other non-yardstick run beats on both tails,
-// by TTFT: the policies' TTFT–E2E front, yardsticks left out.
+// Front returns the runs no other non-yardstick run beats on both tails
+// (strictly lower p95 TTFT and p95 E2E), by TTFT: the policies' TTFT–E2E
+// front, yardsticks left out, as scripts/grid's "on the front" reads it.
 func Front(runs []Tails) []Tails {
 	var front []Tails
 	for _, r := range runs {
@@ -40,20 +41,20 @@ func Front(runs []Tails) []Tails {
 			continue
 		}
 		dominated := slices.ContainsFunc(runs, func(o Tails) bool {
-			return !o.Yardstick && o.TTFT <= r.TTFT && o.E2E <= r.E2E && (o.TTFT < r.TTFT || o.E2E < r.E2E)
+			return !o.Yardstick && o.TTFT < r.TTFT && o.E2E < r.E2E
 		})
 		if !dominated {
 			front = append(front, r)
 		}
 	}
-	slices.SortFunc(front, func(a, b Tails) int { return cmp.Compare(a.TTFT, b.TTFT) })
+	slices.SortFunc(front, func(a, b Tails) int { return cmp.Or(cmp.Compare(a.TTFT, b.TTFT), cmp.Compare(b.E2E, a.E2E)) })
 	return front
 }
 
 // PlotFronts writes a PNG of cells, cols panels to a row: in each, every
 // policy's p95 TTFT against its p95 E2E (a colour per policy, the same in
 // every panel; the yardsticks black rings), the front as a line, and
-// dashed lines at 3% above the best non-yardstick p95 TTFT and the best
+// grey dashed lines at 3% above the best non-yardstick p95 TTFT and the best
 // p95 E2E: a policy inside that corner has both tails within 3% of the
 // bests. The policy named mark is drawn larger. A panel's view holds the
 // front, the marked policy, the yardsticks and the corner; policies far
@@ -100,6 +101,47 @@ func PlotFronts(path, title string, cols int, mark string, cells []Cell) error {
 	return saveGrid(path, vg.Length(cols+1)*3.6*vg.Inch, vg.Length(rows)*3.4*vg.Inch, grid)
 }
 
+// A panelView is what a panel shows: the bests, the axes' ranges and the
+// runs within them.
+type panelView struct {
+	bestT, bestE           float64 // the best non-yardstick p95 TTFT, the best p95 E2E
+	minT, maxT, minE, maxE float64
+	shown                  []Tails
+}
+
+// view is the panel's view of c: the front, the marked policy, the
+// yardsticks and the bests' 3% corner, with a margin; policies far behind
+// them all are left out (or they would squeeze the front into a corner).
+// ok is false when the cell has no run that is not a yardstick.
+func view(c Cell, mark string) (v panelView, ok bool) {
+	v.bestT, v.bestE = math.Inf(1), math.Inf(1)
+	for _, r := range c.Runs {
+		if !r.Yardstick {
+			v.bestT = min(v.bestT, r.TTFT)
+		}
+		v.bestE = min(v.bestE, r.E2E)
+	}
+	if math.IsInf(v.bestT, 1) {
+		return v, false
+	}
+	front := Front(c.Runs)
+	v.minT, v.maxT, v.minE, v.maxE = v.bestT, 1.03*v.bestT, v.bestE, 1.03*v.bestE
+	for _, r := range c.Runs {
+		if r.Yardstick || r.Policy == mark || slices.Contains(front, r) {
+			v.minT, v.maxT = min(v.minT, r.TTFT), max(v.maxT, r.TTFT)
+			v.minE, v.maxE = min(v.minE, r.E2E), max(v.maxE, r.E2E)
+		}
+	}
+	v.maxT += 0.25 * max(v.maxT-v.minT, 0.1*v.maxT)
+	v.maxE += 0.25 * max(v.maxE-v.minE, 0.1*v.maxE)
+	for _, r := range c.Runs {
+		if r.TTFT <= v.maxT && r.E2E <= v.maxE {
+			v.shown = append(v.shown, r)
+		}
+	}
+	return v, true
+}
+
 func frontPanel(c Cell, names []string, mark string) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = c.Title
@@ -107,41 +149,16 @@ func frontPanel(c Cell, names []string, mark string) (*plot.Plot, error) {
 	p.X.Label.Text = "p95 TTFT (ms)"
 	p.Y.Label.Text = "p95 E2E (ms)"
 	p.X.Tick.Marker, p.Y.Tick.Marker = wholeTicks, wholeTicks
-	bestT, bestE := math.Inf(1), math.Inf(1)
-	for _, r := range c.Runs {
-		if !r.Yardstick {
-			bestT = min(bestT, r.TTFT)
-		}
-		bestE = min(bestE, r.E2E)
-	}
-	if math.IsInf(bestT, 1) || math.IsInf(bestE, 1) {
+	v, ok := view(c, mark)
+	if !ok {
 		return p, nil
 	}
-	// The view: the front, the marked policy, the yardsticks and the
-	// bests' corner, with a margin; policies far behind them all are
-	// left out of it (and counted in the title), or they would squeeze
-	// the front into a corner.
-	front := Front(c.Runs)
-	minT, maxT, minE, maxE := bestT, 1.03*bestT, bestE, 1.03*bestE
-	for _, r := range c.Runs {
-		if r.Yardstick || r.Policy == mark || slices.Contains(front, r) {
-			minT, maxT = min(minT, r.TTFT), max(maxT, r.TTFT)
-			minE, maxE = min(minE, r.E2E), max(maxE, r.E2E)
-		}
-	}
-	maxT += 0.25 * max(maxT-minT, 0.1*maxT)
-	maxE += 0.25 * max(maxE-minE, 0.1*maxE)
-	var shown []Tails
-	for _, r := range c.Runs {
-		if r.TTFT <= maxT && r.E2E <= maxE {
-			shown = append(shown, r)
-		}
-	}
-	if n := len(c.Runs) - len(shown); n > 0 {
+	if n := len(c.Runs) - len(v.shown); n > 0 {
 		p.Title.Text += fmt.Sprintf(" (%d beyond the view)", n)
 	}
-	p.X.Min, p.X.Max = minT-0.06*(maxT-minT), maxT
-	p.Y.Min, p.Y.Max = minE-0.06*(maxE-minE), maxE
+	p.X.Min, p.X.Max = v.minT-0.06*(v.maxT-v.minT), v.maxT
+	p.Y.Min, p.Y.Max = v.minE-0.06*(v.maxE-v.minE), v.maxE
+	front := Front(c.Runs)
 	var line plotter.XYs
 	for _, r := range front {
 		line = append(line, plotter.XY{X: r.TTFT, Y: r.E2E})
@@ -157,7 +174,7 @@ func frontPanel(c Cell, names []string, mark string) (*plot.Plot, error) {
 	}
 	// The 3% corner: the margins' lines, drawn from the plot's lower
 	// edges to the corner.
-	corner := plotter.XY{X: 1.03 * bestT, Y: 1.03 * bestE}
+	corner := plotter.XY{X: 1.03 * v.bestT, Y: 1.03 * v.bestE}
 	for _, seg := range []plotter.XYs{
 		{{X: corner.X, Y: p.Y.Min}, corner},
 		{{X: p.X.Min, Y: corner.Y}, corner},
@@ -166,13 +183,13 @@ func frontPanel(c Cell, names []string, mark string) (*plot.Plot, error) {
 		if err != nil {
 			return nil, err
 		}
-		l.Color = color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff}
+		l.Color = color.Gray{Y: 0x40}
 		l.Dashes = []vg.Length{vg.Points(3), vg.Points(2)}
 		p.Add(l)
 	}
 	// The marked policy first, so that a point under its larger glyph
 	// still shows.
-	runs := shown
+	runs := v.shown
 	marked := func(r Tails) int {
 		if r.Policy == mark {
 			return 0

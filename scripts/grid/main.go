@@ -32,7 +32,11 @@
 // against its p95 E2E, the front as a line and the 3% margins dashed
 // (report.PlotFronts).
 //
+// With -hindsight it asks instead what the policy would meet with its
+// weights chosen per cell (see hindsight.go).
+//
 // Usage: go run ./scripts/grid [-policy NAME] [-exclude NAMES] [-plot DIR] docs/results/grid/*-eval.json
+// or: go run ./scripts/grid -hindsight BASE:SETS [-hindsight BASE:SETS...] [-exclude NAMES] [-reference SETTING]
 // (-policy: the policy the grid is about, default gorgo-e2e; e.g.
 // gorgo-online for the default policy tuning itself online. -exclude:
 // policies left out of the comparison, e.g. gorgo-e2e when the grid is
@@ -90,8 +94,25 @@ func main() {
 	defName := flag.String("policy", "gorgo-e2e", "the policy the grid is about")
 	exclude := flag.String("exclude", "", "comma-separated policies to leave out of the comparison")
 	plotDir := flag.String("plot", "", "a directory to draw each workload's fronts in (front-WORKLOAD.png)")
+	var groups []string
+	flag.Func("hindsight", "`BASE:SETS`: the policy at each weight setting of SETS against the other policies of BASE (repeat per seed; see hindsight.go)", func(s string) error {
+		groups = append(groups, s)
+		return nil
+	})
+	reference := flag.String("reference", "decode=0.2,itl=0.2", "with -hindsight: the setting of the policy's default weights")
 	flag.Parse()
 	def := *defName
+	if len(groups) > 0 {
+		var ex []string
+		if *exclude != "" {
+			ex = strings.Split(*exclude, ",")
+		}
+		if err := hindsight(groups, def, ex, *reference); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 	if flag.NArg() < 1 {
 		fmt.Fprintln(os.Stderr, "usage: grid [-policy NAME] WORKLOAD-FLEET-eval.json...")
 		os.Exit(2)
@@ -162,16 +183,7 @@ func main() {
 				fmt.Fprintf(os.Stderr, "%s at %v: the default policy, clairvoyant or a baseline is missing\n", path, w.TimeScale)
 				os.Exit(1)
 			}
-			// dominated by: another comparable non-clairvoyant policy
-			// better on both tails.
-			var dom *run
-			for i := range w.Runs {
-				r := &w.Runs[i]
-				if r.Policy != def && r.Policy != cv && r.comparable() && r.TTFT.P95 < d.TTFT.P95 && r.E2E.P95 < d.E2E.P95 {
-					dom = r
-					break
-				}
-			}
+			dom, bestG := rivals(w.Runs, def, d)
 			dt, dc, de := rel(d.TTFT.P95, bestT.TTFT.P95), rel(d.TTFT.P95, c.TTFT.P95), rel(d.E2E.P95, bestE.E2E.P95)
 			var goals []string
 			cells++
@@ -226,13 +238,6 @@ func main() {
 				good = " - | - |"
 			}
 			if d.SLO > 0 {
-				var bestG *run
-				for i := range w.Runs {
-					r := &w.Runs[i]
-					if r.Policy != def && r.Policy != cv && (bestG == nil || r.Goodput > bestG.Goodput) {
-						bestG = r
-					}
-				}
 				goodCells++
 				isBest := bestG == nil || d.Goodput >= bestG.Goodput
 				switch {
@@ -311,6 +316,25 @@ func plotFronts(dir, def string, paths []string, files []evalFile) error {
 		}
 	}
 	return nil
+}
+
+// rivals are, among the other non-clairvoyant policies, the first that
+// dominates d (comparable, and better on both tails) and the one with the
+// best SLO goodput (nil if none).
+func rivals(runs []run, def string, d *run) (dom, bestG *run) {
+	for i := range runs {
+		r := &runs[i]
+		if r.Policy == def || r.Policy == cv {
+			continue
+		}
+		if dom == nil && r.comparable() && r.TTFT.P95 < d.TTFT.P95 && r.E2E.P95 < d.E2E.P95 {
+			dom = r
+		}
+		if bestG == nil || r.Goodput > bestG.Goodput {
+			bestG = r
+		}
+	}
+	return dom, bestG
 }
 
 // withinNoise reports whether d's excess of requests missing the SLO over

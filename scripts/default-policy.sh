@@ -103,27 +103,38 @@ if [[ $what == hindsight ]]; then
 	# The default policy at fixed weights, decode × itl over {0, 0.05, 0.1, 0.2, 0.4, 0.8}, on
 	# every cell of the online grid at seed HS_SEED, beside the online grid's other policies at that
 	# seed: what weights chosen per cell with hindsight would meet (scripts/grid -hindsight).
-	# HS_OUT (relative to the repository; no ':' in it) gets base/ and sets/.
+	# HS_TRAIN=1 runs the settings on the tuning windows too, to choose there. HS_OUT (relative to
+	# the repository; no ':' in it) gets base/, sets/ and train-sets/; files already there are
+	# kept (remove HS_OUT to run again from scratch).
 	seed=${HS_SEED:-1}
 	hs=${HS_OUT:-/tmp/gorgo-hindsight-seed$seed}
-	TPOT= ONLINE_FLAGS="--seed $seed" ONLINE_OUT=$hs/base scripts/default-policy.sh online >/dev/null
+	[[ -d $hs/base ]] || TPOT= ONLINE_FLAGS="--seed $seed" ONLINE_OUT=$hs/base scripts/default-policy.sh online >/dev/null
 	declare -A slo=([artchat]=3s [chat]=1s [agent]=1s [mooncake]=5s)
-	for d in 0 0.05 0.1 0.2 0.4 0.8; do
-		for i in 0 0.05 0.1 0.2 0.4 0.8; do
-			set=$hs/sets/decode=$d,itl=$i
-			mkdir -p "$set"
-			for w in $workloads; do
-				for f in $fleets; do
-					tag=$w-$(basename $f .yaml)
-					$g eval --trace ${file[$w]} --topology $f --window ${test[$w]} --sweep time-scale=${loads[$w]} \
-						--policy default --e2e-weights rtt=1,queue=1,decode=$d,itl=$i --seed "$seed" \
-						--score-from 10m --goodput-slo ${slo[$w]} --json "$set/$tag-eval.json" --plots none >/dev/null
+	kinds=sets
+	[[ -n ${HS_TRAIN:-} ]] && kinds="sets train-sets"
+	for kind in $kinds; do
+		for d in 0 0.05 0.1 0.2 0.4 0.8; do
+			for i in 0 0.05 0.1 0.2 0.4 0.8; do
+				set=$hs/$kind/decode=$d,itl=$i
+				mkdir -p "$set"
+				for w in $workloads; do
+					window=${test[$w]}
+					[[ $kind == train-sets ]] && window=${train[$w]}
+					for f in $fleets; do
+						tag=$w-$(basename $f .yaml)
+						[[ -f $set/$tag-eval.json ]] && continue
+						$g eval --trace ${file[$w]} --topology $f --window $window --sweep time-scale=${loads[$w]} \
+							--policy default --e2e-weights rtt=1,queue=1,decode=$d,itl=$i --seed "$seed" \
+							--score-from 10m --goodput-slo ${slo[$w]} --json "$set/$tag-eval.json" --plots none >/dev/null
+					done
 				done
+				echo "$kind decode=$d itl=$i done" >&2
 			done
-			echo "decode=$d itl=$i done" >&2
 		done
 	done
-	go run ./scripts/grid -exclude gorgo-online -hindsight "$hs/base:$hs/sets"
+	groups=(-hindsight "$hs/base:$hs/sets")
+	[[ -n ${HS_TRAIN:-} ]] && groups+=(-hindsight ":$hs/train-sets")
+	go run ./scripts/grid -exclude gorgo-online "${groups[@]}"
 fi
 
 if [[ $what == admission || $what == all ]]; then

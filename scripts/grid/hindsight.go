@@ -24,12 +24,15 @@ import (
 // chosen), how many cells the choice meets at the same seed and at
 // another seed (chosen on one, scored on the other: what holds beyond the
 // noise). The reference setting must be BASE's own run of the policy:
-// that checks the two were run alike.
+// that checks the two were run alike. A group without BASE (:SETS) gives
+// figures to choose by and no verdicts: e.g. the settings run on the
+// grid's tuning windows, to choose there what is scored on the held-out
+// windows of another group (tuned on one window, scored on another).
 
 // hindsightCell is one cell's verdict and figures for every setting.
 type hindsightCell struct {
-	verdict map[string]string
-	fig     map[string]run // the setting's own run
+	verdict map[string]string // nil in a group without a base
+	fig     map[string]run    // the setting's own run
 }
 
 // hindsight reads the groups and prints the analysis.
@@ -57,6 +60,9 @@ func hindsight(groups []string, def string, exclude []string, reference string) 
 	}
 	met := func(v string) bool { return strings.HasPrefix(v, "met") }
 	for k, cells := range seeds {
+		if strings.HasPrefix(groups[k], ":") {
+			continue // figures only
+		}
 		fmt.Printf("group %d (%s): the issue's rule met by each setting, against the other policies:\n", k+1, groups[k])
 		best, hind := 0, 0
 		for _, s := range sets {
@@ -106,6 +112,9 @@ func hindsight(groups []string, def string, exclude []string, reference string) 
 		var parts []string
 		for i := range seeds {
 			for j := range seeds {
+				if strings.HasPrefix(groups[j], ":") {
+					continue // no verdicts to score by
+				}
 				n, of := 0, 0
 				for name, c := range seeds[i] {
 					if o := seeds[j][name]; o != nil {
@@ -152,9 +161,13 @@ func hindsightGroup(base, dir, def string, exclude []string, reference string) (
 	if len(sets) == 0 {
 		return nil, nil, fmt.Errorf("%s: no settings (a directory per setting)", dir)
 	}
-	paths, err := filepath.Glob(filepath.Join(base, "*-eval.json"))
+	from := base
+	if base == "" { // figures only: the reference setting's files name the cells
+		from = filepath.Join(dir, reference)
+	}
+	paths, err := filepath.Glob(filepath.Join(from, "*-eval.json"))
 	if err != nil || len(paths) == 0 {
-		return nil, nil, fmt.Errorf("%s: no *-eval.json files", base)
+		return nil, nil, fmt.Errorf("%s: no *-eval.json files", from)
 	}
 	cells := map[string]*hindsightCell{}
 	for _, path := range paths {
@@ -197,10 +210,16 @@ func hindsightGroup(base, dir, def string, exclude []string, reference string) (
 				cell := fmt.Sprintf("%s ×%v", name, w.TimeScale)
 				c := cells[cell]
 				if c == nil {
-					c = &hindsightCell{verdict: map[string]string{}, fig: map[string]run{}}
+					c = &hindsightCell{fig: map[string]run{}}
+					if base != "" {
+						c.verdict = map[string]string{}
+					}
 					cells[cell] = c
 				}
-				c.verdict[s], c.fig[s] = verdict(runs, def), mine
+				c.fig[s] = mine
+				if c.verdict != nil {
+					c.verdict[s] = verdict(runs, def)
+				}
 			}
 		}
 	}

@@ -36,7 +36,7 @@
 // weights chosen per cell (see hindsight.go).
 //
 // Usage: go run ./scripts/grid [-policy NAME] [-exclude NAMES] [-plot DIR] docs/results/grid/*-eval.json
-// or: go run ./scripts/grid -hindsight BASE:SETS [-hindsight BASE:SETS...] [-exclude NAMES] [-reference SETTING]
+// or: go run ./scripts/grid -hindsight BASE:SETS [-hindsight [BASE]:SETS...] [-exclude NAMES] [-reference SETTING]
 // (-policy: the policy the grid is about, default gorgo-e2e; e.g.
 // gorgo-online for the default policy tuning itself online. -exclude:
 // policies left out of the comparison, e.g. gorgo-e2e when the grid is
@@ -95,7 +95,7 @@ func main() {
 	exclude := flag.String("exclude", "", "comma-separated policies to leave out of the comparison")
 	plotDir := flag.String("plot", "", "a directory to draw each workload's fronts in (front-WORKLOAD.png)")
 	var groups []string
-	flag.Func("hindsight", "`BASE:SETS`: the policy at each weight setting of SETS against the other policies of BASE (repeat per seed; see hindsight.go)", func(s string) error {
+	flag.Func("hindsight", "`BASE:SETS`: the policy at each weight setting of SETS against the other policies of BASE (repeat per seed or window; :SETS for figures to choose by alone; see hindsight.go)", func(s string) error {
 		groups = append(groups, s)
 		return nil
 	})

@@ -10,7 +10,7 @@ import (
 	"strings"
 )
 
-// The hindsight mode (-hindsight BASE:SETS, once per seed) asks what the
+// The hindsight mode (-hindsight BASE:SETS, once per seed or window) asks what the
 // policy could meet with its weights chosen per cell with hindsight. SETS
 // holds a directory per weight setting (e.g. decode=0.2,itl=0.2), each
 // with the grid's WORKLOAD-FLEET-eval.json files of the policy alone at
@@ -37,7 +37,7 @@ type hindsightCell struct {
 
 // hindsight reads the groups and prints the analysis.
 func hindsight(groups []string, def string, exclude []string, reference string) error {
-	var seeds []map[string]*hindsightCell // per group: cell name → cell
+	var byGroup []map[string]*hindsightCell // per group: cell name → cell
 	var sets []string
 	for _, g := range groups {
 		base, dir, ok := strings.Cut(g, ":")
@@ -53,13 +53,13 @@ func hindsight(groups []string, def string, exclude []string, reference string) 
 		} else if !slices.Equal(sets, names) {
 			return fmt.Errorf("-hindsight %s: settings %v, not the first group's %v", dir, names, sets)
 		}
-		seeds = append(seeds, cells)
+		byGroup = append(byGroup, cells)
 	}
 	if !slices.Contains(sets, reference) {
 		return fmt.Errorf("-reference %q: no such setting (have %s)", reference, strings.Join(sets, " "))
 	}
 	met := func(v string) bool { return strings.HasPrefix(v, "met") }
-	for k, cells := range seeds {
+	for k, cells := range byGroup {
 		if strings.HasPrefix(groups[k], ":") {
 			continue // figures only
 		}
@@ -110,14 +110,14 @@ func hindsight(groups []string, def string, exclude []string, reference string) 
 	fmt.Println("\ncells met by the setting chosen per cell (chosen in group i, scored in group j):")
 	for _, ch := range choosers {
 		var parts []string
-		for i := range seeds {
-			for j := range seeds {
+		for i := range byGroup {
+			for j := range byGroup {
 				if strings.HasPrefix(groups[j], ":") {
 					continue // no verdicts to score by
 				}
 				n, of := 0, 0
-				for name, c := range seeds[i] {
-					if o := seeds[j][name]; o != nil {
+				for name, c := range byGroup[i] {
+					if o := byGroup[j][name]; o != nil {
 						of++
 						if met(o.verdict[ch.choose(c)]) {
 							n++

@@ -110,7 +110,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("--tenants: %w", err)
 		}
 	}
-	wl := workloadFlags{preset: "artchat", duration: *duration, timeScale: *timeScale, seed: *seed, models: *models, tenants: *tenants, only: *only}
+	wl := workloadFlags{preset: "artchat", duration: *duration, timeScale: *timeScale, seed: *seed, models: *models, tenants: *tenants, only: *only, mix: flow.tenants}
 	if err := wl.needSLO(flow.adm.SLO > 0, "--ttft-slo with --admission queue or reject (the live router holds a tenant's requests to its SLO by admission)"); err != nil {
 		return err
 	}

@@ -25,6 +25,20 @@ type workloadFlags struct {
 	models, tenants, only string
 	// spread moves requests that share an arrival time apart (trace.Spread).
 	spread bool
+	mix    []trace.TenantShare // tenants parsed (see tenantMix)
+}
+
+// tenantMix is --tenants parsed, once (nil without it).
+func (w *workloadFlags) tenantMix() ([]trace.TenantShare, error) {
+	if w.tenants == "" || w.mix != nil {
+		return w.mix, nil
+	}
+	mix, err := trace.ParseTenants(w.tenants)
+	if err != nil {
+		return nil, fmt.Errorf("--tenants: %w", err)
+	}
+	w.mix = mix
+	return mix, nil
 }
 
 // register defines the flags; eval defines its own repeatable --window, so
@@ -50,12 +64,9 @@ func (w *workloadFlags) register(fs *flag.FlagSet, withWindow bool) {
 // requests need the run's; gorgo sim, eval and demo say which flag gives
 // it, and commands that hold requests to no SLO refuse the field.
 func (w *workloadFlags) ownSLOs() (bool, error) {
-	if w.tenants == "" {
-		return false, nil
-	}
-	mix, err := trace.ParseTenants(w.tenants)
+	mix, err := w.tenantMix()
 	if err != nil {
-		return false, fmt.Errorf("--tenants: %w", err)
+		return false, err
 	}
 	for _, t := range mix {
 		if t.SLO > 0 {
@@ -95,17 +106,13 @@ func (w *workloadFlags) raw() ([]trace.Request, string, error) {
 			return nil, "", fmt.Errorf("--models: %w", err)
 		}
 	}
-	var tenants []trace.TenantShare
-	if w.tenants != "" {
-		var err error
-		if tenants, err = trace.ParseTenants(w.tenants); err != nil {
-			return nil, "", fmt.Errorf("--tenants: %w", err)
-		}
+	tenants, err := w.tenantMix()
+	if err != nil {
+		return nil, "", err
 	}
 	var (
 		reqs []trace.Request
 		src  string
-		err  error
 	)
 	if w.file != "" {
 		f, ferr := trace.ParseFormat(w.format)

@@ -222,9 +222,6 @@ func (g *Gate[T]) Config() Config { return g.cfg }
 // Len returns how many requests wait.
 func (g *Gate[T]) Len() int { return g.n }
 
-// slo is a class's SLO.
-func (g *Gate[T]) slo(c Class) time.Duration { return g.cfg.SLOOf(c) }
-
 // Headroom is the share of the time left before a request's TTFT deadline
 // that its forecast must leave free for it to go. The forecast already
 // carries the margin by which the replica's first tokens overran forecasts
@@ -249,7 +246,7 @@ func (g *Gate[T]) fits(prio int, p Prediction, left time.Duration) bool {
 // request that makes room in a full queue is handed to refuse with
 // ReasonEvicted.
 func (g *Gate[T]) Arrive(v T, c Class, now time.Duration, p Prediction, refuse func(T, Reason)) (Verdict, Reason) {
-	slo := g.slo(c)
+	slo := g.cfg.SLOOf(c)
 	if slo <= 0 {
 		return Go, ""
 	}

@@ -32,10 +32,13 @@
 // against its p95 E2E, the front as a line and the 3% margins dashed
 // (report.PlotFronts).
 //
+// With -pool it reads the grid at several seeds, files of one name (one a
+// seed) pooled into one cell (see pool.go).
+//
 // With -hindsight it asks instead what the policy would meet with its
 // weights chosen per cell (see hindsight.go).
 //
-// Usage: go run ./scripts/grid [-policy NAME] [-exclude NAMES] [-plot DIR] docs/results/grid/*-eval.json
+// Usage: go run ./scripts/grid [-policy NAME] [-exclude NAMES] [-plot DIR] [-pool] docs/results/grid/*-eval.json
 // or: go run ./scripts/grid -hindsight BASE:SETS [-hindsight [BASE]:SETS...] [-exclude NAMES] [-reference SETTING]
 // (-policy: the policy the grid is about, default gorgo-e2e; e.g.
 // gorgo-online for the default policy tuning itself online. -exclude:
@@ -78,22 +81,28 @@ type run struct {
 	SLOMet   int     `json:"slo_met"`
 	SLO      float64 `json:"ttft_slo_ms"`
 	TPOTSLO  float64 `json:"tpot_slo_ms"`
+	// heldBack says a pooled run was not comparable at some seed.
+	heldBack bool
 }
 
 // comparable reports whether a run's TTFT means what it says.
-func (r *run) comparable() bool { return r.Failed == 0 && r.Slip.P95 <= r.TTFT.P95 }
+func (r *run) comparable() bool { return r.Failed == 0 && r.Slip.P95 <= r.TTFT.P95 && !r.heldBack }
 
 type evalFile struct {
-	Windows []struct {
-		TimeScale float64 `json:"time_scale"`
-		Runs      []run   `json:"runs"`
-	} `json:"windows"`
+	Windows []window `json:"windows"`
+}
+
+// window is one load of a cell: every policy's run at that time scale.
+type window struct {
+	TimeScale float64 `json:"time_scale"`
+	Runs      []run   `json:"runs"`
 }
 
 func main() {
 	defName := flag.String("policy", "gorgo-e2e", "the policy the grid is about")
 	exclude := flag.String("exclude", "", "comma-separated policies to leave out of the comparison")
 	plotDir := flag.String("plot", "", "a directory to draw each workload's fronts in (front-WORKLOAD.png)")
+	pooled := flag.Bool("pool", false, "pool files of the same name (one a seed): each policy's p95s the mean of its seeds' (see pool.go)")
 	var groups []string
 	flag.Func("hindsight", "`BASE:SETS`: the policy at each weight setting of SETS against the other policies of BASE (repeat per seed or window; :SETS for figures to choose by alone; see hindsight.go)", func(s string) error {
 		groups = append(groups, s)
@@ -117,9 +126,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: grid [-policy NAME] WORKLOAD-FLEET-eval.json...")
 		os.Exit(2)
 	}
-	files := make([]evalFile, flag.NArg())
-	scored := false // some runs were scored for SLO goodput
-	for k, path := range flag.Args() {
+	paths := flag.Args()
+	files := make([]evalFile, len(paths))
+	for k, path := range paths {
 		data, err := os.ReadFile(path)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -137,7 +146,17 @@ func main() {
 				return strings.HasPrefix(r.Policy, cv+"-") || *exclude != "" && slices.Contains(strings.Split(*exclude, ","), r.Policy)
 			})
 		}
-		for _, w := range files[k].Windows {
+	}
+	if *pooled {
+		var err error
+		if paths, files, err = pool(paths, files); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	scored := false // some runs were scored for SLO goodput
+	for _, f := range files {
+		for _, w := range f.Windows {
 			for _, r := range w.Runs {
 				scored = scored || r.SLO > 0
 			}
@@ -151,14 +170,14 @@ func main() {
 	fmt.Println(header)
 	fmt.Println(rule)
 	if *plotDir != "" {
-		if err := plotFronts(*plotDir, def, flag.Args(), files); err != nil {
+		if err := plotFronts(*plotDir, def, paths, files); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 	}
 	var cells, ttftOK, e2eOK, cvOK, all, overloaded, front, metOrFront, goodBest, goodCells int
 	var issueBoth, issueFront, issueCells, goodMiss, goodNoise int
-	for k, path := range flag.Args() {
+	for k, path := range paths {
 		name := strings.TrimSuffix(filepath.Base(path), "-eval.json")
 		workload, fleet, _ := strings.Cut(name, "-")
 		for _, w := range files[k].Windows {

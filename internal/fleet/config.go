@@ -497,7 +497,10 @@ func (c *Config) admission(ts *tenant.Set) (admit.Config, error) {
 		}
 		a.Mode = m
 	}
-	return a, a.Validate()
+	// Validate fills the defaults into a: call it before a is read for
+	// the return (the spec leaves the order of the two unspecified).
+	err := a.Validate()
+	return a, err
 }
 
 // client returns the TLS config of connections to replicas (nil: Go's

@@ -48,7 +48,6 @@
 package main
 
 import (
-	"encoding/json"
 	"flag"
 	"fmt"
 	"math"
@@ -129,13 +128,8 @@ func main() {
 	paths := flag.Args()
 	files := make([]evalFile, len(paths))
 	for k, path := range paths {
-		data, err := os.ReadFile(path)
-		if err != nil {
+		if err := readJSON(path, &files[k]); err != nil {
 			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		if err := json.Unmarshal(data, &files[k]); err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %v\n", path, err)
 			os.Exit(1)
 		}
 		for i := range files[k].Windows {

@@ -61,3 +61,43 @@ func TestStalled404FailsOver(t *testing.T) {
 		}
 	}
 }
+
+// A stream that begins with an error event the replica owns (vLLM's 200,
+// then {"object":"error",...}, when its engine fails before the first
+// token) is served by another replica, and the replica is charged the
+// failure (found in review: the client got the error under a 200, and the
+// replica's failures in a row were reset). An error that blames the request
+// is relayed as it came: another replica would refuse it too.
+func TestStreamThatBeginsWithAnErrorFailsOver(t *testing.T) {
+	for _, tc := range []struct {
+		event   string
+		retried bool
+	}{
+		{`{"object":"error","message":"EngineCore encountered an issue","type":"InternalServerError","param":null,"code":500}`, true},
+		{`{"error":{"message":"engine dead","type":"server_error"}}`, true},
+		{`{"object":"error","message":"maximum context length is 8 tokens","type":"BadRequestError","param":null,"code":400}`, false},
+	} {
+		bad := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.ReadAll(r.Body)
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: "+tc.event+"\n\ndata: [DONE]\n\n")
+		})
+		good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
+		tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, bad, good)
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", 1, true)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		failures, _, _ := tr.Upstream("a").Health()
+		switch {
+		case tc.retried && (resp.StatusCode != 200 || resp.Header.Get(ReplicaHeader) != "b" || strings.Contains(string(body), "error")):
+			t.Errorf("%s: status %d from %q: %.200s; want b's answer", tc.event, resp.StatusCode, resp.Header.Get(ReplicaHeader), body)
+		case tc.retried && failures != 1:
+			t.Errorf("%s: a's failures in a row %d, want 1", tc.event, failures)
+		case !tc.retried && (resp.Header.Get(ReplicaHeader) != "a" || !strings.Contains(string(body), "maximum context length") || failures != 0):
+			t.Errorf("%s: status %d from %q, a's failures %d: %.200s; want a's error relayed, a not blamed", tc.event, resp.StatusCode, resp.Header.Get(ReplicaHeader), failures, body)
+		}
+	}
+}

@@ -329,7 +329,34 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		}
 		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
+	if stream {
+		if msg, failed := failedStream(*a.buf); failed {
+			a.close()
+			return nil, failure(id, http.StatusBadGateway, true, "its stream began with an error", msg)
+		}
+	}
 	return a, nil
+}
+
+// failedStream reports whether a stream whose first event is in buf began
+// with an error the replica owns (vLLM sends a 200, then an error event,
+// when its engine fails before the first token), with the error's message.
+// Nothing has reached the client: another replica may serve the request.
+// An error that blames the request (wire.RequestFault) is relayed as it is.
+func failedStream(buf []byte) (string, bool) {
+	ev, _, ok := wire.NextEvent(buf)
+	if !ok {
+		return "", false
+	}
+	var scratch []byte
+	data := wire.EventData(ev, &scratch)
+	if len(data) == 0 || wire.IsDone(data) {
+		return "", false
+	}
+	if p := wire.PeekChunk(data); !p.Error || p.Token || wire.RequestFault(data) {
+		return "", false
+	}
+	return wire.ErrorMessage(data), true
 }
 
 // traceAttempt passes a traced attempt's trace context on to the replica

@@ -122,3 +122,45 @@ func oneLine(s string) string {
 	}
 	return s[:cut] + "..."
 }
+
+// RequestFault reports whether an error body blames the request rather than
+// the server that sent it: a numeric code or status from 400 to 499 other
+// than 429, or an OpenAI- or vLLM-style type naming a bad request. Another
+// replica would refuse the same request; any other error (a 5xx, an
+// engine's failure, an error that says nothing of whose it is) is the
+// server's, and another replica may serve the request.
+func RequestFault(body []byte) bool {
+	var v struct {
+		errorFields
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(body), &v) != nil {
+		return false
+	}
+	if v.requestFault() {
+		return true
+	}
+	var nested errorFields
+	return len(v.Error) > 0 && json.Unmarshal(v.Error, &nested) == nil && nested.requestFault()
+}
+
+// errorFields are the members of an error object that say whose fault it
+// is: vLLM's and SGLang's numeric code, some servers' status, and its type.
+type errorFields struct {
+	Code   json.RawMessage `json:"code"`
+	Status json.RawMessage `json:"status"`
+	Type   string          `json:"type"`
+}
+
+func (e *errorFields) requestFault() bool {
+	for _, raw := range []json.RawMessage{e.Code, e.Status} {
+		if n, err := strconv.Atoi(strings.Trim(string(raw), `"`)); err == nil && n >= 400 && n < 500 && n != 429 {
+			return true
+		}
+	}
+	switch strings.ToLower(e.Type) {
+	case "invalid_request_error", "badrequesterror", "bad_request", "notfounderror", "not_found_error":
+		return true
+	}
+	return false
+}

@@ -63,3 +63,21 @@ func FuzzNextEvent(f *testing.F) {
 		}
 	})
 }
+
+func TestRequestFault(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"object":"error","message":"EngineCore encountered an issue","type":"InternalServerError","param":null,"code":500}`: false,
+		`{"error":{"message":"boom","type":"server_error","code":null}}`:                                                      false,
+		`{"error":{"message":"busy","code":429}}`:                                                                             false,
+		`{"error":"something broke"}`:                                                                                         false,
+		`not json`:                                                                                                            false,
+		`{"object":"error","message":"This model's maximum context length is 4096","type":"BadRequestError","code":400}`: true,
+		`{"error":{"message":"bad","type":"invalid_request_error","code":"context_length_exceeded"}}`:                    true,
+		`{"error":{"message":"no such model","code":"404"}}`:                                                             true,
+		`{"detail":"x","status":422}`: true,
+	} {
+		if got := RequestFault([]byte(body)); got != want {
+			t.Errorf("RequestFault(%s) = %v, want %v", body, got, want)
+		}
+	}
+}

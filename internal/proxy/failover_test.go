@@ -101,3 +101,36 @@ func TestStreamThatBeginsWithAnErrorFailsOver(t *testing.T) {
 		}
 	}
 }
+
+// A client that stops reading is not the replica's failure: while the
+// relay waits on the client, the replica's idle limit does not run (found
+// in review: it did, the relay cut the replica's answer as a stall, and
+// three slow clients ejected a healthy replica). The client that takes no
+// byte for the idle limit is cut itself.
+func TestSlowClientIsNotTheReplicasFailure(t *testing.T) {
+	event := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + strings.Repeat("x", 8000) + "\"}}]}\n\n"
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range 4000 { // 32 MB: more than the sockets between them hold
+			if _, err := io.WriteString(w, event); err != nil {
+				return
+			}
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: 300 * time.Millisecond}}, up)
+	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hi", 1, true)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the client is busy elsewhere
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil && n < 32<<20 {
+		t.Errorf("the client read %d bytes and no error: the stream ended short, as if whole", n)
+	}
+	if failures, _, _ := tr.Upstream("a").Health(); failures != 0 {
+		t.Errorf("the replica's failures in a row: %d, want 0 (the client was slow, not the replica)", failures)
+	}
+}

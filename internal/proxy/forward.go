@@ -467,6 +467,17 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	case !a.stream && a.resp.ContentLength >= 0: // passed through as it comes
 		h.Set("Content-Length", strconv.FormatInt(a.resp.ContentLength, 10))
 	}
+	// A client that takes no byte for the idle limit is cut, as a replica
+	// that sends none is: it would hold the handler, and the replica's
+	// answer, for ever. (Writers that cannot set deadlines go without.)
+	rc := http.NewResponseController(w)
+	deadline := func() {
+		if cfg.StreamIdleTimeout > 0 {
+			_ = rc.SetWriteDeadline(time.Now().Add(cfg.StreamIdleTimeout))
+		}
+	}
+	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
+	deadline()
 	w.WriteHeader(a.resp.StatusCode)
 	var clientErr error
 	if a.whole {
@@ -527,11 +538,18 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			*a.buf = (*a.buf)[:0]
 		}
 		if len(*out) > 0 {
+			// While the client takes the bytes, the replica cannot send
+			// more: its idle limit waits, and the client's runs.
+			a.idle.Stop()
+			deadline()
 			if _, clientErr = w.Write(*out); clientErr != nil {
 				break
 			}
 			if fl != nil {
 				fl.Flush()
+			}
+			if idle > 0 {
+				a.idle.Reset(idle)
 			}
 		}
 		if done || a.end == io.EOF {

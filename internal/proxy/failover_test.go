@@ -4,8 +4,11 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
@@ -132,5 +135,42 @@ func TestSlowClientIsNotTheReplicasFailure(t *testing.T) {
 	}
 	if failures, _, _ := tr.Upstream("a").Health(); failures != 0 {
 		t.Errorf("the replica's failures in a row: %d, want 0 (the client was slow, not the replica)", failures)
+	}
+}
+
+// A streamed tool call has a first token: its argument deltas are
+// generated tokens (found in review: the request stayed "waiting for its
+// first token" until it ended, no TTFT was recorded, and it was reported
+// to learning policies as failed).
+func TestToolCallStreamHasAFirstToken(t *testing.T) {
+	var mid atomic.Bool
+	release := make(chan struct{})
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fl := w.(http.Flusher)
+		send := func(s string) { _, _ = io.WriteString(w, "data: "+s+"\n\n"); fl.Flush() }
+		send(`{"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]},"finish_reason":null}]}`)
+		send(`{"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]},"finish_reason":null}]}`)
+		mid.Store(true)
+		<-release
+		send(`{"object":"chat.completion.chunk","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}`)
+		send(`{"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20}}`)
+		send(`[DONE]`)
+	})
+	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, up)
+	done := make(chan int)
+	go func() {
+		code, _ := do(t, "POST", url+"/v1/chat/completions", chatBody("weather?", 50, true))
+		done <- code
+	}()
+	eventually(t, "the stream to be mid-way", mid.Load)
+	eventually(t, "the request to be decoding", func() bool { return stateOr(tr, "a").Decoding == 1 })
+	close(release)
+	if code := <-done; code != 200 {
+		t.Fatalf("status %d", code)
+	}
+	if n := testutil.CollectAndCount(tr.reg, "gorgo_ttft_seconds"); n == 0 {
+		t.Error("no TTFT recorded for the tool call")
 	}
 }

@@ -13,8 +13,10 @@ import (
 // after "data:"), read without decoding the chunk.
 type Peek struct {
 	// Token: choices[0].delta.content, .reasoning_content or .reasoning is
-	// a non-empty string (Event.HasToken's rule), or, for a legacy
-	// completions chunk, choices[0].text is.
+	// a non-empty string, or .tool_calls a non-empty array, or, for a
+	// legacy completions chunk, choices[0].text is a non-empty string, or,
+	// for a Responses API event whose type ends in ".delta", its delta is
+	// (Event.HasToken's rule).
 	Token bool
 	// Finish: choices[0].finish_reason is a non-empty string.
 	Finish bool
@@ -49,7 +51,7 @@ func PeekChunk(data []byte) Peek {
 		root.ForEach(c.member)
 	}
 	return Peek{
-		Token:            c.content || c.reasoningContent || c.reasoning || c.text,
+		Token:            c.content || c.reasoningContent || c.reasoning || c.toolCalls || c.text || c.deltaType && c.delta,
 		Finish:           c.finish,
 		Usage:            c.hasUsage,
 		CompletionTokens: c.usage.completion,
@@ -65,8 +67,12 @@ func PeekChunk(data []byte) Peek {
 // "choices" array's first element, a second usage) is merged into the
 // first.
 type chunkPeek struct {
-	// choices[0]: whether each string is non-empty.
-	content, reasoningContent, reasoning, text, finish bool
+	// choices[0]: whether each string is non-empty (tool_calls: the
+	// array).
+	content, reasoningContent, reasoning, toolCalls, text, finish bool
+	// A Responses API event: its type ends in ".delta"; its delta is a
+	// non-empty string.
+	deltaType, delta bool
 	hasUsage                                           bool
 	usage                                              usagePeek
 	err, objectError                                   bool
@@ -100,6 +106,12 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 			c.hasUsage = true
 			c.usage.read(v)
 		}
+	case is(k, "type"):
+		if v.Type == gjson.String {
+			c.deltaType = strings.HasSuffix(v.Str, ".delta")
+		}
+	case is(k, "delta"): // held raw: null, or any value but a string, is no delta
+		c.delta = v.Type == gjson.String && len(v.Raw) > 2
 	case is(k, "error"):
 		c.err = v.Type != gjson.Null
 	case is(k, "object"):
@@ -113,7 +125,7 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 }
 
 func (c *chunkPeek) resetChoice() {
-	c.content, c.reasoningContent, c.reasoning, c.text, c.finish = false, false, false, false, false
+	c.content, c.reasoningContent, c.reasoning, c.toolCalls, c.text, c.finish = false, false, false, false, false, false
 }
 
 func (c *chunkPeek) choiceMember(key, v gjson.Result) bool {
@@ -138,6 +150,8 @@ func (c *chunkPeek) deltaMember(key, v gjson.Result) bool {
 		nonEmpty(v, &c.reasoningContent)
 	case is(k, "reasoning"):
 		nonEmpty(v, &c.reasoning)
+	case is(k, "tool_calls"):
+		c.toolCalls = isArray(v) && nonEmptyArray(json.RawMessage(v.Raw))
 	}
 	return true
 }

@@ -58,7 +58,18 @@ var peekCases = []struct {
 	{`{"choices":[{"delta":{"content":"\n"}}]}`, Peek{Token: true, CachedTokens: -1}},
 	{`{"choices":[{"delta":{"content":null,"reasoning_content":"hmm"}}]}`, Peek{Token: true, CachedTokens: -1}},
 	{`{"choices":[{"delta":{"reasoning":"so"}}]}`, Peek{Token: true, CachedTokens: -1}},
-	{`{"choices":[{"delta":{"reasoning":"","tool_calls":[{"function":{"arguments":"{\"a\""}}]}}]}`, Peek{CachedTokens: -1}},
+	// A tool call's deltas are generated tokens (found in review: a
+	// streamed tool call never had a first token).
+	{`{"choices":[{"delta":{"reasoning":"","tool_calls":[{"function":{"arguments":"{\"a\""}}]}}]}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"choices":[{"delta":{"content":null,"tool_calls":[]}}]}`, Peek{CachedTokens: -1}},
+	{`{"choices":[{"delta":{"tool_calls":[{}],"tool_calls":null}}]}`, Peek{CachedTokens: -1}},
+	// Responses API events.
+	{`{"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi"}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"{\""}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"type":"response.output_text.delta","delta":""}`, Peek{CachedTokens: -1}},
+	{`{"type":"response.output_text.delta","delta":"a","delta":null}`, Peek{CachedTokens: -1}},
+	{`{"type":"response.created","response":{"id":"resp_1","status":"in_progress"}}`, Peek{CachedTokens: -1}},
+	{`{"type":"response.output_text.done","delta":"x"}`, Peek{CachedTokens: -1}},
 	{`{"choices":[{"text":" fib","index":0,"logprobs":null,"finish_reason":null}],"usage":null}`, Peek{Token: true, CachedTokens: -1}},
 	{`{"choices":[{"text":"","finish_reason":"length"}]}`, Peek{Finish: true, CachedTokens: -1}},
 	{`{"choices":[{"delta":{"content":" serene"},"finish_reason":"length","stop_reason":null}]}`, Peek{Token: true, Finish: true, CachedTokens: -1}},
@@ -226,8 +237,9 @@ func FuzzPeekChunk(f *testing.F) {
 var (
 	recipeKeys = []string{`"choices"`, `"delta"`, `"content"`, `"reasoning_content"`, `"reasoning"`, `"text"`, `"finish_reason"`,
 		`"usage"`, `"completion_tokens"`, `"prompt_tokens_details"`, `"cached_tokens"`, `"error"`, `"object"`, `"message"`,
+		`"tool_calls"`, `"type"`, `"Tool_Calls"`,
 		`"CHOICES"`, `"Delta"`, `"Usage"`, `"\u0063ontent"`, `"ſtream"`, `"x"`, `"\ud800usage"`}
-	recipeScalars = []string{`"error"`, `"err\u006fr"`, `""`, `"\n"`, `"a"`, "\"\xff\"", `"\ud800"`,
+	recipeScalars = []string{`"response.output_text.delta"`, `"response.completed"`, `"error"`, `"err\u006fr"`, `""`, `"\n"`, `"a"`, "\"\xff\"", `"\ud800"`,
 		`0`, `1`, `-1`, `-0`, `7`, `1.0`, `1e3`, `9223372036854775807`, `9223372036854775808`, `true`, `false`, `null`}
 )
 

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 )
 
 // Event is one server-sent event of a streamed chat completion.
@@ -24,6 +25,15 @@ type Event struct {
 	// .reasoning (newer vLLM): tokens a reasoning model emits before its
 	// answer. Empty when absent or null.
 	Reasoning string
+	// ToolCall is set when choices[0].delta.tool_calls is a non-empty
+	// array: the model is writing a function call (its arguments are
+	// generated tokens too).
+	ToolCall bool
+	// Delta is, in a Responses API stream, the "delta" of an event whose
+	// "type" ends in ".delta" (response.output_text.delta,
+	// response.function_call_arguments.delta, response.reasoning_text.delta
+	// ...): generated text. Empty otherwise.
+	Delta string
 	// FinishReason is choices[0].finish_reason; empty while generating.
 	FinishReason string
 	// Usage is the chunk's usage, nil when the chunk has none (or null).
@@ -33,9 +43,12 @@ type Event struct {
 	Err string
 }
 
-// HasToken reports whether the event carries generated text: content or
-// reasoning. Tokens are timed from these events.
-func (e *Event) HasToken() bool { return e.Content != "" || e.Reasoning != "" }
+// HasToken reports whether the event carries generated tokens: content,
+// reasoning, a tool call's, or a Responses API delta. Tokens are timed
+// from these events.
+func (e *Event) HasToken() bool {
+	return e.Content != "" || e.Reasoning != "" || e.ToolCall || e.Delta != ""
+}
 
 // Usage is the token accounting of a completion.
 type Usage struct {
@@ -169,11 +182,14 @@ type chunk struct {
 	Object  string          `json:"object"`
 	Message string          `json:"message"`
 	Error   json.RawMessage `json:"error"`
+	Type    string          `json:"type"`  // a Responses API event's
+	Delta   json.RawMessage `json:"delta"` // a Responses API event's
 	Choices []struct {
 		Delta struct {
-			Content          string `json:"content"`
-			ReasoningContent string `json:"reasoning_content"`
-			Reasoning        string `json:"reasoning"`
+			Content          string          `json:"content"`
+			ReasoningContent string          `json:"reasoning_content"`
+			Reasoning        string          `json:"reasoning"`
+			ToolCalls        json.RawMessage `json:"tool_calls"`
 		} `json:"delta"`
 		Text         string `json:"text"` // legacy completions
 		FinishReason string `json:"finish_reason"`
@@ -199,7 +215,14 @@ func ParseChunk(data []byte) (Event, error) {
 		ch := &c.Choices[0]
 		ev.Content = ch.Delta.Content + ch.Text
 		ev.Reasoning = ch.Delta.ReasoningContent + ch.Delta.Reasoning
+		ev.ToolCall = nonEmptyArray(ch.Delta.ToolCalls)
 		ev.FinishReason = ch.FinishReason
+	}
+	if strings.HasSuffix(c.Type, ".delta") {
+		var d string
+		if json.Unmarshal(c.Delta, &d) == nil {
+			ev.Delta = d
+		}
 	}
 	if u := c.Usage; u != nil {
 		ev.Usage = &Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, CachedTokens: -1}
@@ -214,4 +237,14 @@ func ParseChunk(data []byte) (Event, error) {
 		ev.Err = ErrorMessage(data)
 	}
 	return ev, nil
+}
+
+// nonEmptyArray reports whether raw is a JSON array with an element.
+func nonEmptyArray(raw json.RawMessage) bool {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) < 2 || raw[0] != '[' {
+		return false
+	}
+	inner := bytes.TrimSpace(raw[1:])
+	return len(inner) > 0 && inner[0] != ']'
 }

@@ -73,9 +73,9 @@ type chunkPeek struct {
 	// A Responses API event: its type ends in ".delta"; its delta is a
 	// non-empty string.
 	deltaType, delta bool
-	hasUsage                                           bool
-	usage                                              usagePeek
-	err, objectError                                   bool
+	hasUsage         bool
+	usage            usagePeek
+	err, objectError bool
 }
 
 func (c *chunkPeek) member(key, v gjson.Result) bool {

@@ -449,7 +449,11 @@ func (x *exchange) awaitResponse() {
 				x.status, _ = strconv.Atoi(value(h))
 			}
 		}
-		x.answered = rh.ResponseHeaders.GetEndOfStream()
+		// Without a body to come (Envoy said it sends none), the headers
+		// are all the picker will see of the answer: it was served, with
+		// their status. Waiting on would only see the stream end (Envoy
+		// closes it once it has nothing more to send), and count a 499.
+		x.answered = rh.ResponseHeaders.GetEndOfStream() || x.respNone
 		x.pending = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
 			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: x.budgetHeaders()}}}}
 		return
@@ -484,8 +488,11 @@ func (x *exchange) Relay(r *lifecycle.Request) lifecycle.Outcome {
 	}
 	out := lifecycle.Outcome{Status: x.status}
 	switch {
-	case x.unobserved:
-		r.Done() // no response events: all the picker knows is the end
+	case x.unobserved, x.respNone && x.answered:
+		// No response events, or no body: all the picker knows is the
+		// end (or the status), so the answer counts as complete, with
+		// no tokens.
+		r.Done()
 	case !x.answered:
 		out.ClientGone = true // the stream ended mid-answer
 	}

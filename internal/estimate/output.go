@@ -69,6 +69,12 @@ const (
 	// OutputEdge is how much lower a deeper estimate's squared error must be
 	// than the best shallower one's for Expect to use it.
 	OutputEdge = 0.95
+	// MaxOutputTokens is the longest answer Observe learns from: longer
+	// than any model's context, so a longer one is a replica's or a
+	// peer's bad report, not an answer. One such report (2^40 tokens)
+	// would otherwise move the global mean by 2% of it, and the
+	// expectation of the next few hundred requests with it.
+	MaxOutputTokens = 1 << 20
 )
 
 // NewOutputs returns an estimator that expects prior tokens before it has
@@ -87,8 +93,13 @@ func NewOutputs(prior float64, capacity int) *Outputs {
 
 // Observe records an answer of tokens tokens to a request with those keys,
 // broadest first (0: none; at most two). The keys of different depths must
-// differ (the router seeds them apart).
+// differ (the router seeds them apart). A length below 0 or above
+// MaxOutputTokens is no answer's and is ignored: clamped, it would still
+// move the means by far more than any true answer.
 func (o *Outputs) Observe(tokens int, keys ...uint64) {
+	if tokens < 0 || tokens > MaxOutputTokens {
+		return
+	}
 	x := float64(tokens)
 	keys = keys[:min(len(keys), maxOutputKeys)]
 	o.mu.Lock()

@@ -162,3 +162,28 @@ func BenchmarkOutputsExpect(b *testing.B) {
 		o.Expect(k%8+1, 1<<32+k%convs)
 	}
 }
+
+// A replica's or a peer's bad report of an answer's length (2^40 tokens,
+// or a negative one) teaches nothing: it once moved the expected length
+// of the next few hundred requests from about 200 tokens to 10^10. The
+// longest real answer is still learned.
+func TestOutputsIgnoreImpossibleLengths(t *testing.T) {
+	o := NewOutputs(200, 0)
+	for range 100 {
+		o.Observe(200, 1, 2)
+	}
+	before := o.State()
+	for _, bad := range []int{1 << 40, MaxOutputTokens + 1, -1, -(1 << 40)} {
+		o.Observe(bad, 1, 2)
+	}
+	if e := o.Expect(1, 2); e != 200 {
+		t.Errorf("after impossible lengths, expected %v, want 200", e)
+	}
+	if st := o.State(); st != before {
+		t.Errorf("after impossible lengths, the state moved: %+v, was %+v", st, before)
+	}
+	o.Observe(MaxOutputTokens, 1, 2)
+	if e := o.Expect(); e <= 200 {
+		t.Errorf("the longest answer was not learned: expected %v", e)
+	}
+}

@@ -52,9 +52,9 @@ func (r *Rates) Observe(uncached, queued, ms float64) {
 	for i := range 3 {
 		k[i] = px[i] / den
 	}
-	pred := r.theta[0] + r.theta[1]*uncached + r.theta[2]*queued
+	err := r.residual(uncached, queued, ms)
 	for i := range 3 {
-		r.theta[i] += k[i] * (ms - pred)
+		r.theta[i] += k[i] * err
 	}
 	// Forget only while the fit is no looser than the prior: with inputs
 	// that barely vary, forgetting would grow the information matrix's
@@ -76,6 +76,26 @@ func (r *Rates) Observe(uncached, queued, ms float64) {
 	}
 	r.n++
 }
+
+// residual is how far a sample's ms lies from the fit's prediction, bound
+// as the ITL model bounds it: one request's TTFT can hold a long stall (a
+// preemption, a scheduler hiccup, a slow tokenizer) that says nothing of
+// the rates, and unbounded, a 5 s stall in a few hundred samples drives the
+// prefill rate to its clamp. So no sample moves the fit by more than
+// three times the TTFT it predicts (or the prior predicts, or
+// minResidualBoundMS, whichever is largest): a replica truly slower than
+// the fit still pulls it up, a few samples at a time.
+func (r *Rates) residual(uncached, queued, ms float64) float64 {
+	pred := r.theta[0] + r.theta[1]*uncached + r.theta[2]*queued
+	prior := r.prior[0] + r.prior[1]*uncached + r.prior[2]*queued
+	lim := 3 * max(pred, prior, minResidualBoundMS)
+	return min(max(ms-pred, -lim), lim)
+}
+
+// minResidualBoundMS floors the bound on a sample's residual, for a fit
+// that predicts about nothing (a prompt all cached, on a replica with no
+// queue): about an idle engine's step.
+const minResidualBoundMS = 10
 
 // Prefill returns the prefill rate, ms per uncached token.
 func (r *Rates) Prefill() float64 {

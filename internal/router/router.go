@@ -740,8 +740,17 @@ func (r *Router) ObserveEngine(id string, g policy.EngineGauges, at time.Duratio
 	return err
 }
 
+// maxIndexKVTokens bounds the KV capacity a replica's share of the prefix
+// index is sized for, whatever the replica reports: about ten times the
+// largest cache one engine holds today (a few million tokens), so that a
+// scrape gone wrong (a gauge of 2^53 tokens) cannot make the share never
+// evict and the index grow with every request sent there.
+const maxIndexKVTokens = 1 << 25
+
 // SetKVCapacity tells the router a replica's KV cache size (tokens, as its
-// engine reports it): its share of the prefix index is resized to match.
+// engine reports it): its share of the prefix index is resized to match,
+// up to maxIndexKVTokens. The capacity itself is kept as reported, for
+// the policy and the operator.
 func (r *Router) SetKVCapacity(id string, tokens int) error {
 	m, err := r.member(id)
 	if err != nil || tokens <= 0 {
@@ -754,7 +763,7 @@ func (r *Router) SetKVCapacity(id string, tokens int) error {
 		return nil
 	}
 	m.kvCap.Store(int64(tokens))
-	r.index.SetCapacity(m.slot, tokens/r.cfg.BlockTokens)
+	r.index.SetCapacity(m.slot, min(tokens, maxIndexKVTokens)/r.cfg.BlockTokens)
 	return nil
 }
 

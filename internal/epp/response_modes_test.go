@@ -1,0 +1,108 @@
+package epp
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+)
+
+// routeChatIn is routeChat with the response body mode Envoy announces; it
+// returns the id of the chosen replica.
+func routeChatIn(t *testing.T, f *fleet, s extprocv3.ExternalProcessor_ProcessClient, mode filterv3.ProcessingMode_BodySendMode) string {
+	t.Helper()
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: mode}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
+	ep, _ := destination(t, recv(t, s))
+	id, ok := f.EndpointIDs()[strings.Split(ep, ",")[0]]
+	if !ok {
+		t.Fatalf("destination %q", ep)
+	}
+	return id
+}
+
+// With response_header_mode SEND and response_body_mode NONE, Envoy sends
+// the response's headers and then ends the stream: the headers are the
+// answer, and the request was served with their status (it was once
+// counted a 499, so the tuner, the output estimate and the health counters
+// never heard of a served request). The ledger is free by the time Envoy
+// has the headers' answer, and later trailers are still answered.
+func TestHeadersWithoutBodyAreTheAnswer(t *testing.T) {
+	tap := &tapRec{}
+	f := newTappedFleet(t, admit.Config{}, tap)
+	s, err := picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := routeChatIn(t, f, s, filterv3.ProcessingMode_NONE)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+	if r := recv(t, s); r.GetResponseHeaders() == nil {
+		t.Fatalf("the headers' answer: %v", r)
+	}
+	tap.mu.Lock()
+	got := append([]int(nil), tap.statuses...)
+	tap.mu.Unlock()
+	if len(got) != 1 || got[0] != 200 {
+		t.Errorf("recorded once the headers were answered: %v, want [200]", got)
+	}
+	if st, _ := f.core.Router().Replica(id); st.InFlight != 0 {
+		t.Errorf("the replica's ledger after the answer: %+v", st)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{}}})
+	if r := recv(t, s); r.GetResponseTrailers() == nil {
+		t.Errorf("the trailers' answer: %v", r)
+	}
+	s.CloseSend()
+	if _, err := s.Recv(); err == nil {
+		t.Errorf("the stream goes on after its end")
+	}
+	tap.mu.Lock()
+	defer tap.mu.Unlock()
+	if len(tap.statuses) != 1 {
+		t.Errorf("statuses recorded: %v", tap.statuses)
+	}
+}
+
+// The other response modes keep their meaning: in a body mode, a stream
+// that ends after the headers ended mid-answer (499); a stream with no
+// response events at all (response_header_mode SKIP) was served.
+func TestStreamEndAfterHeadersByMode(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		mode    filterv3.ProcessingMode_BodySendMode
+		headers bool
+		want    int
+	}{
+		{"streamed, headers then end", filterv3.ProcessingMode_STREAMED, true, 499},
+		{"full duplex, headers then end", filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, true, 499},
+		{"none, no response events", filterv3.ProcessingMode_NONE, false, 200},
+		{"streamed, no response events", filterv3.ProcessingMode_STREAMED, false, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tap := &tapRec{}
+			f := newTappedFleet(t, admit.Config{}, tap)
+			s, err := picker(t, f).Process(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			routeChatIn(t, f, s, tc.mode)
+			if tc.headers {
+				s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+				recv(t, s)
+			}
+			s.CloseSend()
+			waitFor(t, "the request's end", func() bool { tap.mu.Lock(); defer tap.mu.Unlock(); return len(tap.statuses) == 1 })
+			tap.mu.Lock()
+			defer tap.mu.Unlock()
+			if tap.statuses[0] != tc.want {
+				t.Errorf("recorded %d, want %d", tap.statuses[0], tc.want)
+			}
+		})
+	}
+}

@@ -136,7 +136,12 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		ReadBufferSize:         64 << 10,
 		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 		TLSClientConfig:        upTLS,
-	}}
+	},
+		// A replica's redirect is not followed: the client's request (and
+		// headers) would go, as a GET, wherever the replica points. The
+		// proxy takes it as the replica's failure.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 	f.m = newMetrics(o.Registry)
 	o.Registry.MustRegister(stateCollector{f})
 	ts, _ := cfg.tenants()      // validated

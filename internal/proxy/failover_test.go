@@ -174,3 +174,34 @@ func TestToolCallStreamHasAFirstToken(t *testing.T) {
 		t.Error("no TTFT recorded for the tool call")
 	}
 }
+
+// A replica's redirect is not followed (found in review: the client's
+// request went, as a GET with its headers, wherever the replica pointed,
+// and that page came back as the answer): it is the replica's failure, and
+// another replica serves the request.
+func TestRedirectIsNotFollowed(t *testing.T) {
+	var followed atomic.Bool
+	elsewhere := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) { followed.Store(true) })
+	redirect := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.URL+"/latest/meta-data", http.StatusFound)
+	})
+	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
+	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, redirect, good)
+	for _, stream := range []bool{false, true} {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", 1, stream)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get(ReplicaHeader) != "b" {
+			t.Errorf("stream %v: status %d from %q: %.200s", stream, resp.StatusCode, resp.Header.Get(ReplicaHeader), body)
+		}
+	}
+	if followed.Load() {
+		t.Error("the redirect was followed")
+	}
+	if failures, _, _ := tr.Upstream("a").Health(); failures == 0 {
+		t.Error("the redirecting replica was not charged")
+	}
+}

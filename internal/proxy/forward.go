@@ -286,6 +286,11 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 			return nil, e
 		}
 	}
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		idleTimer.Stop()
+		resp.Body.Close()
+		return fail(http.StatusBadGateway, true, fmt.Sprintf("it answered %d, a redirect (to %q), which gorgo does not follow", resp.StatusCode, resp.Header.Get("Location")))
+	}
 	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		idleTimer.Stop()

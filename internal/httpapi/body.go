@@ -6,6 +6,9 @@ import (
 	"sync"
 )
 
+// preallocBytes is the most ReadBody allocates before the body comes.
+const preallocBytes = 64 << 10
+
 // buffers recycles request bodies and relay buffers.
 var buffers = sync.Pool{New: func() any { return new([]byte) }}
 
@@ -23,14 +26,17 @@ func PutBuffer(b *[]byte) {
 
 // ReadBody reads a request body into a pooled buffer, at most limit
 // bytes: a larger Content-Length is refused before anything is read (an
-// *http.MaxBytesError, as for a body that turns out larger).
+// *http.MaxBytesError, as for a body that turns out larger). The buffer
+// grows as the body comes, from at most preallocBytes: a Content-Length
+// is the client's word, and a client that promises 8 MiB and sends a byte
+// must not hold 8 MiB.
 func ReadBody(r *http.Request, buf *[]byte, limit int64) error {
 	if r.ContentLength > limit {
 		return &http.MaxBytesError{Limit: limit}
 	}
 	b := (*buf)[:0]
-	if n := r.ContentLength; n > 0 && int64(cap(b)) < n {
-		b = make([]byte, 0, n+1)
+	if n := min(r.ContentLength+1, preallocBytes); n > 1 && int64(cap(b)) < n {
+		b = make([]byte, 0, n)
 	}
 	body := http.MaxBytesReader(nil, r.Body, limit)
 	for {

@@ -8,6 +8,7 @@ package httpapi
 import (
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -99,6 +100,9 @@ func BodyError(err error) *wire.Error {
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
 		return wire.Errorf(http.StatusRequestEntityTooLarge, "the request body is larger than %d bytes", tooBig.Limit)
+	}
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		return wire.Errorf(http.StatusRequestTimeout, "the request body did not come in time")
 	}
 	return wire.Errorf(http.StatusBadRequest, "could not read the request body")
 }

@@ -44,6 +44,10 @@ type Config struct {
 	// longer to send its request headers (default 10 s: slowloris).
 	IdleTimeout       time.Duration `yaml:"idle_timeout"`
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// ReadBodyTimeout cuts a client that takes longer to send its request
+	// body (default 60 s; negative: never): a body sent a byte at a time
+	// would hold its in-flight slot for ever.
+	ReadBodyTimeout time.Duration `yaml:"read_body_timeout"`
 	// ShutdownTimeout is how long a shutdown (SIGTERM, SIGINT) lets the
 	// requests in flight finish, streams included, while new connections
 	// are refused (default 30 s).
@@ -77,6 +81,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.ReadHeaderTimeout == 0 {
 		c.ReadHeaderTimeout = 10 * time.Second
+	}
+	if c.ReadBodyTimeout == 0 {
+		c.ReadBodyTimeout = 60 * time.Second
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 30 * time.Second

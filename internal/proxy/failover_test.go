@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"bufio"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -203,5 +205,31 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 	}
 	if failures, _, _ := tr.Upstream("a").Health(); failures == 0 {
 		t.Error("the redirecting replica was not charged")
+	}
+}
+
+// A client that sends its body a byte at a time is cut after
+// read_body_timeout with a 408, and frees its in-flight slot (found in
+// review: with no deadline, 32 such clients held every slot for ever).
+func TestSlowBodyIsCut(t *testing.T) {
+	good := startReplica(t, 10*time.Millisecond, emulator.Faults{})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{MaxInFlight: 1, ReadBodyTimeout: 300 * time.Millisecond}}, good)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 8388608\r\n\r\n{")
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second)) // the failure would be a hang
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to the slow body: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestTimeout {
+		t.Errorf("the slow body got %d, want 408", resp.StatusCode)
+	}
+	if code, body := do(t, "POST", url+"/v1/chat/completions", chatBody("hi", 1, false)); code != 200 {
+		t.Errorf("the next request got %d: %.200s", code, body)
 	}
 }

@@ -36,6 +36,11 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 		core := s.fleet.Core()
 		body := httpapi.GetBuffer()
 		defer httpapi.PutBuffer(body)
+		if cfg.ReadBodyTimeout > 0 {
+			rc := http.NewResponseController(w)
+			_ = rc.SetReadDeadline(time.Now().Add(cfg.ReadBodyTimeout)) // writers that cannot go without
+			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+		}
 		if err := httpapi.ReadBody(r, body, cfg.MaxBodyBytes); err != nil {
 			e := httpapi.BodyError(err)
 			core.Refused(e)

@@ -9,7 +9,8 @@
 // mirrored and routes on its own signals until it is back; the others
 // forget a router they stop hearing from (heartbeats); a mirror whose end
 // never came is dropped after RemoteTTL. Nothing a router does for its own
-// requests waits on the bus.
+// requests waits on the bus, and nothing the others send grows what a
+// router keeps without bound (maxPeers, maxMirrorsPerPeer).
 package mesh
 
 import (
@@ -49,8 +50,8 @@ type Config struct {
 	// Heartbeat is how often a router says it is alive (default 2 s); a
 	// router not heard from for 5 heartbeats is forgotten.
 	Heartbeat time.Duration `yaml:"heartbeat"`
-	// RemoteTTL drops a mirrored request whose end never came (default
-	// 10 min).
+	// RemoteTTL drops a mirrored request whose end never came, and
+	// forgets a router not heard from for as long (default 10 min).
 	RemoteTTL time.Duration `yaml:"remote_ttl"`
 }
 
@@ -94,6 +95,23 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// Bounds on what the others' events make a router keep: names and ids
+// come from the bus, and a buggy or hostile publisher must not grow them
+// without end.
+const (
+	// maxPeers is how many other routers are tracked at once. A mesh is a
+	// few regions of a few routers each; pods rolled out under new names
+	// take the places of quiet ones (see hear), and a router that finds
+	// the table full of routers still heard from is not mirrored.
+	maxPeers = 256
+	// maxMirrorsPerPeer is how many of one router's requests are mirrored
+	// at once: far above what one router keeps in flight (a replica runs a
+	// few hundred requests at a time), so that only a router that leaks
+	// or invents requests reaches it; its further requests are not
+	// mirrored until some end. With maxPeers, at most about 2M tickets.
+	maxMirrorsPerPeer = 8192
+)
+
 // Event kinds.
 const (
 	kindDispatch = "d"
@@ -112,12 +130,16 @@ type event struct {
 	Boot uint64 `json:"o"`
 	// Heartbeat is the sender's heartbeat period (ms): it is quiet after
 	// five of its own, whatever the receiver's period.
-	Heartbeat int64    `json:"hb,omitempty"`
-	Kind      string   `json:"k"`
-	ID        uint64   `json:"i,omitempty"`
-	Replica   string   `json:"rep,omitempty"`
-	Prompt    int      `json:"p,omitempty"`
-	Blocks    []uint64 `json:"b,omitempty"`
+	Heartbeat int64 `json:"hb,omitempty"`
+	// Mark, on a heartbeat, is the sender's resync epoch: when it hears
+	// its own mark back, every event queued for it before is behind it
+	// (see unsync). Other routers ignore it.
+	Mark    uint64   `json:"m,omitempty"`
+	Kind    string   `json:"k"`
+	ID      uint64   `json:"i,omitempty"`
+	Replica string   `json:"rep,omitempty"`
+	Prompt  int      `json:"p,omitempty"`
+	Blocks  []uint64 `json:"b,omitempty"`
 	// Unstreamed: no first-token event will follow (a non-streaming
 	// answer); the mirror leaves the backlog when its first token is due.
 	Unstreamed bool `json:"u,omitempty"`
@@ -139,21 +161,24 @@ type event struct {
 	Tokens   float64 `json:"tk,omitempty"`
 }
 
-type key struct {
-	router string
-	boot   uint64
-	id     uint64
+// peer is another router, as heard from.
+type peer struct {
+	boot      uint64             // its current run
+	at        time.Time          // when it was last heard from
+	heartbeat time.Duration      // its heartbeat period
+	mirrors   map[uint64]*mirror // its requests in flight, by attempt id
 }
 
-// heard is when another router was last heard from, and its heartbeat.
-type heard struct {
-	at        time.Time
-	heartbeat time.Duration
-}
+// quiet reports whether the router has missed five of its heartbeats.
+func (p *peer) quiet(now time.Time) bool { return now.Sub(p.at) > 5*p.heartbeat }
 
+// mirror is another router's request, entered in this router's ledger.
 type mirror struct {
 	t  router.Ticket
 	at time.Time
+	// blocks are its prompt's, for the prefix index once its router says
+	// the replica took it (nil after).
+	blocks []uint64
 }
 
 // Bus is one router's connection to the mesh.
@@ -168,12 +193,20 @@ type Bus struct {
 	lost atomic.Bool // events were dropped while the bus was down
 	// namesake: another router was heard under this router's name (it is
 	// logged once).
-	namesake  atomic.Bool
-	mu        sync.Mutex
-	closed    bool
-	remote    map[key]*mirror
-	seen      map[string]heard  // other routers, when last heard from
-	boots     map[string]uint64 // other routers' current runs
+	namesake atomic.Bool
+	// slow, crowded, busy and failing say that a slow consumer, a full
+	// table of routers, a router at maxMirrorsPerPeer and another error of
+	// the NATS client were logged (each is, once).
+	slow, crowded, busy, failing atomic.Bool
+	mu                           sync.Mutex
+	closed                       bool
+	peers                        map[string]*peer
+	// stale: events may have been lost (a disconnect, a slow consumer),
+	// and those still queued for this router may be older than the loss:
+	// no dispatch is mirrored until this router hears its own mark of
+	// epoch back (see unsync).
+	stale     bool
+	epoch     uint64
 	stop      chan struct{}
 	stopped   sync.WaitGroup
 	closeOnce sync.Once
@@ -199,19 +232,14 @@ func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	b := &Bus{cfg: cfg, rt: rt, now: now, log: log, remote: map[key]*mirror{}, seen: map[string]heard{}, boots: map[string]uint64{},
-		stop: make(chan struct{}), boot: uint64(time.Now().UnixNano())}
+	b := newBus(cfg, rt, now, log)
 	nc, err := nats.Connect(cfg.URL, nats.Name("gorgo "+cfg.Name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
 		nats.ReconnectBufSize(1<<20), nats.RetryOnFailedConnect(true),
 		nats.ConnectHandler(func(*nats.Conn) { log.Info("mesh bus up"); b.resetIfLost() }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			// What was mirrored will not be kept up to date: forget it,
-			// and route on this router's own signals until the bus is back.
-			n := b.forgetAll()
-			log.Warn("mesh bus lost: routing on this router's own state", "error", err, "forgotten", n)
-		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { b.disconnected(err) }),
 		nats.ClosedHandler(func(*nats.Conn) { b.forgetAll() }),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Info("mesh bus back"); b.resetIfLost() }))
+		nats.ReconnectHandler(func(*nats.Conn) { b.reconnected() }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { b.asyncError(err) }))
 	if err != nil {
 		return nil, fmt.Errorf("mesh: connecting to %s: %w", cfg.URL, err)
 	}
@@ -230,6 +258,77 @@ func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.
 	b.stopped.Add(1)
 	go b.housekeep()
 	return b, nil
+}
+
+func newBus(cfg Config, rt *router.Router, now func() time.Duration, log *slog.Logger) *Bus {
+	return &Bus{cfg: cfg, rt: rt, now: now, log: log, peers: map[string]*peer{},
+		stop: make(chan struct{}), boot: uint64(time.Now().UnixNano())}
+}
+
+// disconnected: what was mirrored will not be kept up to date, so it is
+// forgotten, and the router routes on its own signals until the bus is
+// back.
+func (b *Bus) disconnected(err error) {
+	n := b.unsync()
+	b.log.Warn("mesh bus lost: routing on this router's own state", "error", err, "forgotten", n)
+}
+
+func (b *Bus) reconnected() {
+	b.log.Info("mesh bus back")
+	b.resetIfLost()
+	b.heartbeat() // the mark that ends the resync
+}
+
+// asyncError handles the NATS client's errors. On a slow consumer the
+// client dropped some of the others' events, ends among them: what was
+// mirrored is forgotten, as on a disconnect.
+func (b *Bus) asyncError(err error) {
+	if !errors.Is(err, nats.ErrSlowConsumer) {
+		if b.failing.CompareAndSwap(false, true) {
+			b.log.Warn("mesh bus error (logged once)", "error", err)
+		}
+		return
+	}
+	n := b.unsync()
+	b.heartbeat()
+	if b.slow.CompareAndSwap(false, true) {
+		b.log.Warn("mesh bus: this router fell behind the others' events and some were dropped; it forgot what it mirrored (logged once)",
+			"forgotten", n)
+	}
+}
+
+// unsync forgets every mirror after events were lost, and mirrors no
+// dispatch until this router hears its own mark of the new epoch back (a
+// heartbeat carries it while stale): the events still queued for it,
+// received before the loss and delivered after this, include dispatches
+// whose ends it will never hear of, and all of them come before the mark.
+// It returns how many mirrors were forgotten.
+func (b *Bus) unsync() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.epoch++
+	b.stale = true
+	return b.forgetAllLocked()
+}
+
+// heartbeat says this router is alive, with its mark while it is stale.
+func (b *Bus) heartbeat() {
+	b.mu.Lock()
+	var mark uint64
+	if b.stale {
+		mark = b.epoch
+	}
+	b.mu.Unlock()
+	b.publish(event{Kind: kindAlive, Mark: mark})
+}
+
+// marked: this router heard its own mark back.
+func (b *Bus) marked(epoch uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.stale && epoch == b.epoch {
+		b.stale = false
+	}
 }
 
 // resetIfLost tells the others to forget this router's requests if some of
@@ -271,7 +370,11 @@ func (b *Bus) Counts() (sent, applied, dropped int64) {
 func (b *Bus) Mirrors() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return len(b.remote)
+	n := 0
+	for _, p := range b.peers {
+		n += len(p.mirrors)
+	}
+	return n
 }
 
 // Dispatched tells the others that request attempt id went to replica.
@@ -324,54 +427,58 @@ func (b *Bus) receive(m *nats.Msg) {
 		return
 	}
 	if e.Router == b.cfg.Name {
-		if e.Boot != b.boot && b.namesake.CompareAndSwap(false, true) {
-			// Another router goes by this name: neither can tell the
-			// other's requests from its own, and both route as if alone.
-			b.log.Error("another router in the mesh has this router's name: give each a name of its own (mesh.name); its requests are ignored", "name", e.Router)
-		}
+		b.own(&e)
 		return
 	}
+	b.apply(&e, time.Now())
+}
+
+// own handles an event under this router's name: its own, or a namesake's.
+func (b *Bus) own(e *event) {
+	switch {
+	case e.Boot == b.boot:
+		if e.Mark != 0 {
+			b.marked(e.Mark)
+		}
+	case b.namesake.CompareAndSwap(false, true):
+		// Another router goes by this name: neither can tell the
+		// other's requests from its own, and both route as if alone.
+		b.log.Error("another router in the mesh has this router's name: give each a name of its own (mesh.name); its requests are ignored", "name", e.Router)
+	}
+}
+
+// apply applies another router's event, received at now.
+func (b *Bus) apply(e *event, now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return
 	}
-	hb := time.Duration(e.Heartbeat) * time.Millisecond
-	if hb <= 0 {
-		hb = b.cfg.Heartbeat
+	p := b.hear(e, now)
+	if p == nil {
+		return
 	}
-	b.seen[e.Router] = heard{at: time.Now(), heartbeat: hb}
-	if old, ok := b.boots[e.Router]; ok && old != e.Boot {
-		b.forgetRouter(e.Router) // it restarted: its old requests are gone
-	}
-	b.boots[e.Router] = e.Boot
-	k := key{e.Router, e.Boot, e.ID}
 	switch e.Kind {
 	case kindDispatch:
-		req := policy.Request{PromptTokens: e.Prompt, Blocks: e.Blocks, Unstreamed: e.Unstreamed}
-		if _, dup := b.remote[k]; dup {
+		if !b.enter(p, e, now) {
 			return
 		}
-		t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.Application, e.Conversation})
-		if !ok {
-			return // a replica this router does not know, or not active
-		}
-		b.rt.Accepted(&t, &req)
-		b.remote[k] = &mirror{t: t, at: time.Now()}
 	case kindFirst:
-		if mr := b.remote[k]; mr != nil {
+		if mr := p.mirrors[e.ID]; mr != nil {
+			b.credit(mr) // the replica is answering: it took the request
 			b.rt.FirstToken(&mr.t, 0)
 		}
 	case kindEnd:
-		if mr := b.remote[k]; mr != nil {
+		if mr := p.mirrors[e.ID]; mr != nil {
 			if e.Out > 0 { // a completed answer (its decode is 0 when not streamed)
+				b.credit(mr)
 				b.rt.Decoded(&mr.t, e.Out, time.Duration(e.DecodeUS)*time.Microsecond)
 			}
 			b.rt.Finish(&mr.t)
-			delete(b.remote, k)
+			delete(p.mirrors, e.ID)
 		}
 	case kindReset:
-		b.forgetRouter(e.Router)
+		b.forgetMirrors(p)
 	case kindCharge:
 		fn := b.charge.Load()
 		if fn == nil || e.Tenant == "" {
@@ -386,6 +493,90 @@ func (b *Bus) receive(m *nats.Msg) {
 	b.applied.Add(1)
 }
 
+// hear records that the sender of e was heard from at now, and returns it;
+// nil if it is new and the table of routers is full of routers still heard
+// from. Call it with b.mu.
+func (b *Bus) hear(e *event, now time.Time) *peer {
+	p := b.peers[e.Router]
+	switch {
+	case p == nil:
+		if len(b.peers) >= maxPeers && !b.evictQuietest(now) {
+			if b.crowded.CompareAndSwap(false, true) {
+				b.log.Warn("mesh: too many routers heard from at once: the newest are not mirrored (logged once)",
+					"max", maxPeers, "router", e.Router)
+			}
+			return nil
+		}
+		p = &peer{boot: e.Boot}
+		b.peers[e.Router] = p
+	case p.boot != e.Boot:
+		b.forgetMirrors(p) // it restarted: its old requests are gone
+		p.boot = e.Boot
+	}
+	p.at, p.heartbeat = now, time.Duration(e.Heartbeat)*time.Millisecond
+	if p.heartbeat <= 0 {
+		p.heartbeat = b.cfg.Heartbeat
+	}
+	return p
+}
+
+// evictQuietest makes room for a new router by forgetting the quiet one
+// heard from longest ago (a pod rolled out, say); a router still heard
+// from is never pushed out by a newer one. Call it with b.mu.
+func (b *Bus) evictQuietest(now time.Time) bool {
+	var oldest string
+	for name, p := range b.peers {
+		if p.quiet(now) && (oldest == "" || p.at.Before(b.peers[oldest].at)) {
+			oldest = name
+		}
+	}
+	if oldest == "" {
+		return false
+	}
+	b.forgetMirrors(b.peers[oldest])
+	delete(b.peers, oldest)
+	return true
+}
+
+// enter mirrors p's dispatch e, and reports whether it did. While stale a
+// dispatch may be one whose end was lost: it is not mirrored. Call it with
+// b.mu.
+func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
+	if b.stale || p.mirrors[e.ID] != nil {
+		return false
+	}
+	if len(p.mirrors) >= maxMirrorsPerPeer {
+		if b.busy.CompareAndSwap(false, true) {
+			b.log.Warn("mesh: a router has too many requests in flight to mirror them all: its newest are not mirrored (logged once)",
+				"router", e.Router, "max", maxMirrorsPerPeer)
+		}
+		return false
+	}
+	req := policy.Request{PromptTokens: e.Prompt, Blocks: e.Blocks, Unstreamed: e.Unstreamed}
+	t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.Application, e.Conversation})
+	if !ok {
+		return false // a replica this router does not know, or not active
+	}
+	if p.mirrors == nil {
+		p.mirrors = map[uint64]*mirror{}
+	}
+	p.mirrors[e.ID] = &mirror{t: t, at: now, blocks: e.Blocks}
+	return true
+}
+
+// credit enters a mirrored request's prompt in its replica's share of the
+// prefix index once its router reported that the replica took it (a
+// first token, a complete answer), as a router does for its own requests
+// at the replica's 200 (Router.Accepted): an attempt the replica refused
+// leaves no blocks behind.
+func (b *Bus) credit(mr *mirror) {
+	if mr.blocks == nil {
+		return
+	}
+	b.rt.Accepted(&mr.t, &policy.Request{Blocks: mr.blocks})
+	mr.blocks = nil
+}
+
 // housekeep says this router is alive, and drops the mirrors of routers
 // gone quiet and of requests whose end never came.
 func (b *Bus) housekeep() {
@@ -398,45 +589,59 @@ func (b *Bus) housekeep() {
 			return
 		case <-tick.C:
 		}
-		b.publish(event{Kind: kindAlive})
+		b.heartbeat()
 		b.sweep(time.Now())
 	}
 }
 
+// sweep drops the mirrors of routers gone quiet and of requests whose end
+// never came, and forgets the routers not heard from for RemoteTTL.
 func (b *Bus) sweep(now time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for k, mr := range b.remote {
-		if seen, ok := b.seen[k.router]; !ok || now.Sub(seen.at) > 5*seen.heartbeat || now.Sub(mr.at) > b.cfg.RemoteTTL {
-			b.rt.Finish(&mr.t)
-			delete(b.remote, k)
-			b.dropped.Add(1)
+	for name, p := range b.peers {
+		switch {
+		case now.Sub(p.at) > b.cfg.RemoteTTL:
+			b.forgetMirrors(p)
+			delete(b.peers, name)
+		case p.quiet(now):
+			b.forgetMirrors(p)
+		default:
+			for id, mr := range p.mirrors {
+				if now.Sub(mr.at) > b.cfg.RemoteTTL {
+					b.rt.Finish(&mr.t)
+					delete(p.mirrors, id)
+					b.dropped.Add(1)
+				}
+			}
 		}
 	}
 }
 
-// forgetRouter drops every mirror of one router's requests; call it with
+// forgetMirrors drops every mirror of one router's requests; call it with
 // b.mu.
-func (b *Bus) forgetRouter(name string) {
-	for k, mr := range b.remote {
-		if k.router == name {
-			b.rt.Finish(&mr.t)
-			delete(b.remote, k)
-			b.dropped.Add(1)
-		}
+func (b *Bus) forgetMirrors(p *peer) int {
+	n := len(p.mirrors)
+	for _, mr := range p.mirrors {
+		b.rt.Finish(&mr.t)
 	}
+	p.mirrors = nil
+	b.dropped.Add(int64(n))
+	return n
 }
 
 // forgetAll drops every mirror.
 func (b *Bus) forgetAll() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n := len(b.remote)
-	for k, mr := range b.remote {
-		b.rt.Finish(&mr.t)
-		delete(b.remote, k)
+	return b.forgetAllLocked()
+}
+
+func (b *Bus) forgetAllLocked() int {
+	n := 0
+	for _, p := range b.peers {
+		n += b.forgetMirrors(p)
 	}
-	b.dropped.Add(int64(n))
 	return n
 }
 

@@ -59,8 +59,24 @@ func begin(t *testing.T, c *Core, body []byte) *Request {
 	return r
 }
 
+// tapRec records what a Tap hears: the decisions' replicas and the ends'
+// ids (the admission tests run it from one goroutine at a time).
+type tapRec struct {
+	decided []string
+	ended   []uint64
+}
+
+func (r *tapRec) Decided(_ time.Time, _ *policy.Request, chosen *router.Ticket, _ []router.Candidate) uint64 {
+	r.decided = append(r.decided, chosen.ID)
+	return uint64(len(r.decided))
+}
+
+func (r *tapRec) Ended(id uint64, _ string, _ int, _, _ time.Duration) { r.ended = append(r.ended, id) }
+
 func TestAdmissionHoldsUntilTheBacklogClears(t *testing.T) {
 	c, reg := admissionCore(t, admit.ModeQueue)
+	tap := &tapRec{}
+	c.cfg.Tap = tap
 	// Two 7.5k-token prompts: 75 s of backlog on each replica.
 	big := []*Request{begin(t, c, chatOf(6000, "one")), begin(t, c, chatOf(6000, "two"))}
 	if big[0].Replica() == big[1].Replica() {
@@ -107,6 +123,11 @@ func TestAdmissionHoldsUntilTheBacklogClears(t *testing.T) {
 	}
 	for _, r := range append(big, small) {
 		r.end(Outcome{Status: 200}, time.Now())
+	}
+	// The live view saw the held request's decision and end too (found in
+	// review: a request admission dispatched never reached it).
+	if len(tap.decided) != 3 || tap.decided[2] != id || len(tap.ended) != 3 {
+		t.Errorf("the tap heard decisions %v and ends %v, want the three requests'", tap.decided, tap.ended)
 	}
 	_ = reg
 }

@@ -183,6 +183,8 @@ type Request struct {
 	// admission dispatched it (Next hands the decision on).
 	held  chan verdict
 	ready bool
+	// decided is when the router made the request's decision.
+	decided time.Time
 	// attempt is the Observer's id of the attempt a replica took (0: none
 	// announced); tapID the Tap's of the request's decision.
 	attempt uint64
@@ -298,6 +300,7 @@ func (r *Request) next() (string, bool) {
 			return "", false
 		}
 		r.announce()
+		r.tap()
 		return r.ticket.ID, true
 	}
 	c := r.core
@@ -311,9 +314,7 @@ func (r *Request) next() (string, bool) {
 			return "", false
 		}
 		r.announce()
-		if c.cfg.Tap != nil {
-			r.tapID = c.cfg.Tap.Decided(start, &r.Route, &r.ticket, r.fallbacks)
-		}
+		r.tap()
 		return r.ticket.ID, true
 	}
 	for len(r.fallbacks) > 0 {
@@ -330,6 +331,14 @@ func (r *Request) next() (string, bool) {
 	return "", false
 }
 
+// tap shows the request's decision to the Tap (the live view), if any,
+// whether admission dispatched it or the request's first attempt did.
+func (r *Request) tap() {
+	if t := r.core.cfg.Tap; t != nil {
+		r.tapID = t.Decided(r.decided, &r.Route, &r.ticket, r.fallbacks)
+	}
+}
+
 // dispatch makes the router's decision at now (start on the wall clock):
 // the ticket of the chosen replica, and the ranked fallbacks.
 func (r *Request) dispatch(now time.Duration, start time.Time) {
@@ -339,6 +348,7 @@ func (r *Request) dispatch(now time.Duration, start time.Time) {
 	}
 	t, fb, err := c.cfg.Router.Dispatch(now, &r.Route, c.rng, r.fbBuf[:0])
 	c.cfg.Metrics.decisionTime(time.Since(start))
+	r.decided = start
 	r.traceDecision(start, &t, fb, err)
 	if err != nil {
 		r.decideErr = err

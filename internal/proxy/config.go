@@ -32,12 +32,15 @@ type Config struct {
 	HeaderTimeout time.Duration `yaml:"header_timeout"`
 	// FirstByteTimeout bounds waiting for a non-streaming answer (which
 	// comes whole, when generation ends; default 5 min; negative: no
-	// limit): a replica that sends nothing by then is given up on and the
-	// request tried elsewhere.
+	// limit), and a stream's first event after its headers (the request's
+	// wait in the engine's queue; StreamIdleTimeout if that is longer): a
+	// replica that sends nothing by then is given up on and the request
+	// tried elsewhere.
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	// StreamIdleTimeout cuts an answer whose replica sends nothing for this
-	// long (default 60 s; negative: never), which frees the client and
-	// counts against the replica.
+	// long once it has begun (default 60 s; negative: never), which frees
+	// the client and counts against the replica; and a client that takes
+	// no byte of its answer for as long.
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// IdleTimeout closes a client's keep-alive connection idle this long
 	// (default 75 s, nginx's); ReadHeaderTimeout cuts a client that takes

@@ -17,8 +17,8 @@ import (
 )
 
 // A stream whose replica sends its headers and then nothing is given up on
-// after the idle limit, and served by another replica (nothing reached the
-// client yet).
+// after first_byte_timeout (the idle limit, if longer), and served by
+// another replica (nothing reached the client yet).
 func TestStallBeforeTheFirstEventFailsOver(t *testing.T) {
 	stall := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
@@ -27,7 +27,7 @@ func TestStallBeforeTheFirstEventFailsOver(t *testing.T) {
 		<-r.Context().Done()
 	})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
-	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: 200 * time.Millisecond}}, stall, good)
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: 200 * time.Millisecond, FirstByteTimeout: 200 * time.Millisecond}}, stall, good)
 	client := &http.Client{Timeout: 20 * time.Second} // the failure would be a hang
 	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", 1, true)))
 	if err != nil {
@@ -231,5 +231,29 @@ func TestSlowBodyIsCut(t *testing.T) {
 	}
 	if code, body := do(t, "POST", url+"/v1/chat/completions", chatBody("hi", 1, false)); code != 200 {
 		t.Errorf("the next request got %d: %.200s", code, body)
+	}
+}
+
+// A stream's first event may wait in the engine's queue longer than the
+// idle limit between events: it has first_byte_timeout, as a non-streaming
+// answer's headers have (found in review: a stream queued past the idle
+// limit was cut, retried from the back of another queue, and its busy
+// replica charged a failure).
+func TestQueuedStreamIsNotCut(t *testing.T) {
+	queued := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		time.Sleep(600 * time.Millisecond) // queued behind others
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+	})
+	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: 200 * time.Millisecond, FirstByteTimeout: time.Minute}}, queued)
+	code, body := do(t, "POST", url+"/v1/chat/completions", chatBody("x", 1, true))
+	if code != 200 || !strings.Contains(body, "[DONE]") {
+		t.Errorf("status %d: %.200s", code, body)
+	}
+	if failures, _, _ := tr.Upstream("a").Health(); failures != 0 {
+		t.Errorf("the queued replica's failures in a row: %d, want 0", failures)
 	}
 }

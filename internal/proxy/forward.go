@@ -271,7 +271,10 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	}
 	// The idle limit runs from now: a replica that sends headers and then
 	// nothing is cut (and tried elsewhere: nothing reached the client
-	// yet), while its error body is read here too.
+	// yet), while its error body is read here too. Until a stream's first
+	// event it is first_byte_timeout, if longer: an engine sends a
+	// stream's headers at once and its first event after the request's
+	// wait in its queue, which a non-streaming answer's headers get too.
 	idle := cfg.StreamIdleTimeout
 	idleTimer := time.AfterFunc(math.MaxInt64, stop)
 	if idle > 0 {
@@ -317,10 +320,15 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	// Hold at most one event's peek, or MaxAnswerBytes of a whole answer:
 	// past it the answer has begun, and is passed through as it comes.
 	hold := int(cfg.MaxAnswerBytes)
+	wait := idle
 	if stream {
 		hold = maxEventPeek
+		if idle > 0 && cfg.FirstByteTimeout > idle {
+			wait = cfg.FirstByteTimeout
+			idleTimer.Reset(wait)
+		}
 	}
-	for a.end == nil && a.fill(idle, hold) {
+	for a.end == nil && a.fill(wait, hold) {
 		if stream {
 			if _, _, ok := wire.NextEvent(*a.buf); ok {
 				break

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -13,12 +14,19 @@ import (
 // LimitListener caps the client connections open at once: past max, a new
 // connection is answered at once with a 503 (Retry-After: 1, in OpenAI's
 // error shape) and closed, instead of waiting in the accept queue or
-// exhausting the process's file descriptors. max ≤ 0 means no cap.
+// exhausting the process's file descriptors. max ≤ 0 means no cap. ln is
+// the raw listener, under the TLS one when the server serves TLS: the
+// refusal is then sent over TLS (a client over the cap gets a 503, not
+// bytes it cannot read).
 func (s *Server) LimitListener(ln net.Listener, max int) net.Listener {
 	if max <= 0 {
 		return ln
 	}
-	return &limitListener{Listener: ln, max: int64(max), s: s}
+	l := &limitListener{Listener: ln, max: int64(max), s: s}
+	if s.ServesTLS() {
+		l.tls = s.TLSConfig()
+	}
+	return l
 }
 
 type limitListener struct {
@@ -26,6 +34,7 @@ type limitListener struct {
 	max  int64
 	open atomic.Int64
 	s    *Server
+	tls  *tls.Config // nil: plaintext
 }
 
 // refusal is what a connection over the cap reads.
@@ -46,9 +55,12 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		l.open.Add(-1)
 		l.s.m.refused.WithLabelValues("max_connections").Inc()
 		go func() { // do not hold up Accept for a slow client
-			c.SetWriteDeadline(time.Now().Add(time.Second))
-			c.Write(refusal)
-			c.Close()
+			if l.tls != nil {
+				c = tls.Server(c, l.tls)
+			}
+			_ = c.SetDeadline(time.Now().Add(time.Second)) // the handshake reads too
+			_, _ = c.Write(refusal)
+			_ = c.Close()
 		}()
 	}
 }

@@ -116,3 +116,40 @@ func TestTLS(t *testing.T) {
 		t.Error("a reload turned TLS off")
 	}
 }
+
+// Past max_connections, a TLS listener's refusal is a 503 over TLS (found
+// in review: it was written in plaintext before the handshake, and the
+// client read "server gave HTTP response to HTTPS client").
+func TestConnectionRefusalOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, cert := selfSigned(t, dir, "gorgo")
+	tr, _ := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{TLS: TLSConfig{CertFile: certFile, KeyFile: keyFile}}}, fakeUpstream(t, func(http.ResponseWriter, *http.Request) {}))
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := tls.NewListener(tr.proxy.LimitListener(raw, 1), tr.proxy.TLSConfig()) // as gorgo serve stacks them
+	hs := &http.Server{Handler: tr.proxy.Handler()}
+	go hs.Serve(ln)
+	defer hs.Close()
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	conf := &tls.Config{RootCAs: pool}
+	first, err := tls.Dial("tcp", raw.Addr().String(), conf) // holds the one connection
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	if err := first.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: conf}, Timeout: 20 * time.Second}
+	resp, err := client.Get("https://" + raw.Addr().String() + "/health")
+	if err != nil {
+		t.Fatalf("the connection over the cap: %v, want a 503 over TLS", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("status %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}

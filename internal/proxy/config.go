@@ -61,7 +61,7 @@ type Config struct {
 	// non-streaming answer is held before the client gets any of it
 	// (default 1 MiB): an answer that fits and breaks off is tried on
 	// another replica; a longer one is passed through as it comes, its
-	// usage unread. (A stream's events are held up to 64 KiB each, to be
+	// usage read from its last bytes (wire.PeekTail). (A stream's events are held up to 64 KiB each, to be
 	// peeked at; a longer event is passed through unpeeked.)
 	MaxBodyBytes   int64 `yaml:"max_body_bytes"`
 	MaxAnswerBytes int64 `yaml:"max_answer_bytes"`

@@ -517,6 +517,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	// until its blank line; prev holds the last bytes passed of it.
 	over := !a.stream // an answer too long to hold is passed through whole
 	var prev []byte
+	var tail []byte // the last tailBytes of an answer passed through whole
 	for {
 		rest := *a.buf
 		*out = (*out)[:0]
@@ -569,10 +570,14 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			if idle > 0 {
 				a.idle.Reset(idle)
 			}
+			if !a.stream {
+				tail = keepTail(tail, *out)
+			}
 		}
 		if done || a.end == io.EOF {
 			if !a.stream && ok {
-				req.Complete(0, -1) // too long to hold: its usage is not read
+				// Too long to hold: its usage is read from its last bytes.
+				req.Complete(wire.PeekTail(tail))
 			}
 			req.Done() // the final event reached the client: the answer is complete
 			a.end = io.EOF
@@ -590,6 +595,23 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		}
 	}
 	return lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil, Err: upErr}
+}
+
+// tailBytes is how much of the end of a non-streaming answer too long to
+// hold is kept, to read its usage (wire.PeekTail): a usage object with its
+// details is a few hundred bytes.
+const tailBytes = 4 << 10
+
+// keepTail appends b to tail and keeps the last tailBytes of them.
+func keepTail(tail, b []byte) []byte {
+	if len(b) >= tailBytes {
+		return append(tail[:0], b[len(b)-tailBytes:]...)
+	}
+	tail = append(tail, b...)
+	if over := len(tail) - tailBytes; over > 0 {
+		tail = tail[:copy(tail, tail[over:])]
+	}
+	return tail
 }
 
 // eventEnd returns how many bytes of b end the SSE event being passed

@@ -137,3 +137,28 @@ func counter(t *testing.T, reg *prometheus.Registry, name string, labels map[str
 	}
 	return 0
 }
+
+// A non-streaming answer too long to hold is passed through, and its usage
+// read from its last bytes: its completion tokens are charged to the
+// tenant's budget (found in review: only the prompt was, so long answers,
+// large logprobs, escaped the budget).
+func TestLongAnswerIsCharged(t *testing.T) {
+	long := `{"choices":[{"message":{"content":"` + strings.Repeat("x", 8000) + `"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":900}}`
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, long)
+	})
+	_, url := startProxy(t, testConfig{
+		Fleet: fleet.Config{ProbeInterval: time.Hour, Tenants: map[string]tenant.Config{"a": {TokensPerMinute: 1000}}},
+		Proxy: Config{TenantHeader: "trust", MaxAnswerBytes: 1024}}, up)
+	who := map[string]string{tenant.TenantHeader: "a"}
+	if code, body, _ := send(t, url, chatBody("hi", 1, false), who); code != 200 || body != long {
+		t.Fatalf("the long answer: %d, %d bytes", code, len(body))
+	}
+	code, _, h := send(t, url, chatBody("hi", 1, false), who)
+	left, err := strconv.Atoi(h.Get("X-Ratelimit-Remaining-Tokens"))
+	if code != 200 || err != nil || left > 100 {
+		t.Errorf("after an answer of 900 tokens: %d, %q tokens left; want at most 100", code, h.Get("X-Ratelimit-Remaining-Tokens"))
+	}
+}

@@ -308,3 +308,63 @@ func valid(data []byte) bool {
 	}
 	return json.Valid(data)
 }
+
+// PeekTail reads the usage of a non-streaming answer too long to hold
+// from its last bytes: the last "usage" member whose value is a whole
+// JSON object in tail (OpenAI-compatible servers write usage after the
+// choices, at the end). It gives (0, -1) when tail holds none. Unlike
+// PeekBody it cannot check the body is valid JSON, nor that the member is
+// the top-level usage: a long answer's string that ends in a usage-like
+// object could fool it, which costs a budget's accuracy, not its bound.
+func PeekTail(tail []byte) (completionTokens, cachedTokens int) {
+	for end := len(tail); end > 0; {
+		i := bytes.LastIndex(tail[:end], []byte(`"usage"`))
+		if i < 0 {
+			break
+		}
+		end = i
+		rest := bytes.TrimLeft(tail[i+len(`"usage"`):], " \t\r\n")
+		if len(rest) == 0 || rest[0] != ':' {
+			continue
+		}
+		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
+		n := objectEnd(rest)
+		if n < 0 || !valid(rest[:n]) {
+			continue
+		}
+		v := gjson.Parse(bytesString(rest[:n]))
+		var u usagePeek
+		u.reset()
+		u.read(v)
+		if u.ok {
+			return u.completion, u.cached
+		}
+	}
+	return 0, -1
+}
+
+// objectEnd returns the length of the JSON object b begins with (through
+// its closing brace), or -1 if b does not begin with one or it is not
+// whole. Braces inside strings do not count.
+func objectEnd(b []byte) int {
+	if len(b) == 0 || b[0] != '{' {
+		return -1
+	}
+	depth, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString && c == '\\':
+			i++ // the escaped character
+		case c == '"':
+			inString = !inString
+		case inString:
+		case c == '{' || c == '[':
+			depth++
+		case c == '}' || c == ']':
+			if depth--; depth == 0 {
+				return i + 1
+			}
+		}
+	}
+	return -1
+}

@@ -394,3 +394,18 @@ func BenchmarkPeekBody(b *testing.B) {
 		}
 	})
 }
+
+func TestPeekTail(t *testing.T) {
+	for tail, want := range map[string][2]int{
+		`...very long content"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":4000,"prompt_tokens_details":{"cached_tokens":8}}}`: {4000, 8},
+		`"logprobs":{"content":[]}}],"usage": {"completion_tokens": 12}}` + "\n":                                                                            {12, -1},
+		`xx","usage":{"completion_tokens":3`: {0, -1}, // cut: not whole
+		`no usage here`:                      {0, -1},
+		`{"usage":{"completion_tokens":5}},"usage":{"completion_tokens":"x"}}`:                              {5, -1}, // the last whole, well-typed one
+		`"content":"he said \"usage\": {}"}],"usage":{"completion_tokens":7,"prompt_tokens_details":null}}`: {7, -1},
+	} {
+		if c, k := PeekTail([]byte(tail)); c != want[0] || k != want[1] {
+			t.Errorf("PeekTail(%s) = %d, %d; want %d, %d", tail, c, k, want[0], want[1])
+		}
+	}
+}

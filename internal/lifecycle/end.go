@@ -96,10 +96,12 @@ func (r *Request) judge(status int, broken bool) {
 
 // learn hands a stream's outcome to a learning policy. Only a stream says
 // when its first token came: a non-streaming answer is timed by its end,
-// which is no TTFT.
+// which is no TTFT. A stream served in full without a token seen (an
+// empty answer; a gateway that shows the picker no body) says nothing of
+// the replica's speed: it is not learned from, not counted as failed.
 func (r *Request) learn(status int, at time.Time) {
 	l, isLearner := r.core.cfg.Router.Policy().(policy.Learner)
-	if !isLearner || !r.Parsed.Stream || status == statusClientGone {
+	if !isLearner || !r.Parsed.Stream || status == statusClientGone || status == statusOK && r.first.IsZero() {
 		return
 	}
 	out := policy.Outcome{Failed: status != statusOK || r.first.IsZero(),

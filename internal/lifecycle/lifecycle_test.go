@@ -122,6 +122,31 @@ func TestLearnerHearsTheSLOs(t *testing.T) {
 	}
 }
 
+// A stream served in full whose tokens the router did not see (a gateway
+// that shows the picker no body, an empty answer) is not learned from: it
+// once counted as a failure for the tuner. A failed one still is.
+func TestLearnerHearsNothingOfAnUnseenAnswer(t *testing.T) {
+	c, l, _, _ := setup(t)
+	for _, status := range []int{200, 502} {
+		r, err := c.begin([]byte(chat), Chat, "", time.Unix(100, 0), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := r.next(); !ok {
+			t.Fatal("not dispatched")
+		}
+		r.sent = time.Unix(100, 0)
+		r.accepted()
+		if status == 200 {
+			r.Done()
+		}
+		r.end(Outcome{Status: status}, time.Unix(101, 0))
+	}
+	if len(l.outcomes) != 1 || !l.outcomes[0].Failed {
+		t.Errorf("learned %+v; want the failed request's outcome alone", l.outcomes)
+	}
+}
+
 // One request's life without any transport: the first replica fails, the
 // fallback serves; the ledger, the index, the learner, the health and the
 // metrics all hear of it.

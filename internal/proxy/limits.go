@@ -1,8 +1,11 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -59,9 +62,26 @@ func (l *limitListener) Accept() (net.Conn, error) {
 				c = tls.Server(c, l.tls)
 			}
 			_ = c.SetDeadline(time.Now().Add(time.Second)) // the handshake reads too
+			// Read the request's head first (for a second at most): an
+			// answer that comes before the request is one a client's
+			// connection pool discards.
+			readHead(c)
+			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 			_, _ = c.Write(refusal)
 			_ = c.Close()
 		}()
+	}
+}
+
+// readHead reads, and drops, what a client sends up to the blank line
+// that ends its request's head, at most 16 KiB of it, until c's deadline.
+func readHead(c net.Conn) {
+	r := bufio.NewReaderSize(io.LimitReader(c, 16<<10), 4<<10)
+	for {
+		line, err := r.ReadSlice('\n')
+		if err != nil || len(bytes.TrimRight(line, "\r\n")) == 0 {
+			return
+		}
 	}
 }
 

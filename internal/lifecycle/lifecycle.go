@@ -94,6 +94,10 @@ type Tap interface {
 // them; zero otherwise). Its methods must not block.
 type Observer interface {
 	Dispatched(id uint64, replica string, req *policy.Request)
+	// Accepted: the replica took the attempt (its 200; a non-streaming
+	// answer's comes with its end). From then its prompt is in the
+	// replica's cache, as this router's prefix index says.
+	Accepted(id uint64)
 	FirstToken(id uint64)
 	Finished(id uint64, outputTokens int, decode time.Duration)
 }
@@ -407,6 +411,9 @@ func (r *Request) accepted() {
 	c := r.core
 	c.cfg.Router.Accepted(&r.ticket, &r.Route)
 	c.cfg.Metrics.decided(r.ticket.Terms)
+	if c.cfg.Observer != nil && r.attempt != 0 {
+		c.cfg.Observer.Accepted(r.attempt)
+	}
 }
 
 // free takes the current attempt out of the replica's ledger (it failed,

@@ -35,10 +35,11 @@ func (h *health) Failure(id string)             { h.failures = append(h.failures
 func (h *health) Success(id string)             { h.successes = append(h.successes, id) }
 func (h *health) ModelMissing(id, model string) { h.missing = append(h.missing, id+" "+model) }
 
-// observer records the ends an Observer hears of.
+// observer records the acceptances and ends an Observer hears of.
 type observer struct{ ends []string }
 
 func (*observer) Dispatched(uint64, string, *policy.Request) {}
+func (o *observer) Accepted(id uint64)                       { o.ends = append(o.ends, fmt.Sprintf("accepted %d", id)) }
 func (*observer) FirstToken(uint64)                          {}
 func (o *observer) Finished(_ uint64, n int, decode time.Duration) {
 	o.ends = append(o.ends, fmt.Sprintf("end %d %v", n, decode))
@@ -220,8 +221,10 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 		l.outcomes[0].TTFTSLO != 0 || l.outcomes[0].TPOTSLO != 0 {
 		t.Errorf("learned %+v", l.outcomes)
 	}
-	// The mesh hears of both attempts' ends, and of the answer's decode.
-	if want := []string{"end 0 0s", "end 2 10ms"}; !slices.Equal(obs.ends, want) {
+	// The mesh hears of both attempts' ends, of the second's acceptance
+	// (the first failed before its replica took it), and of the answer's
+	// decode.
+	if want := []string{"end 0 0s", "accepted 2", "end 2 10ms"}; !slices.Equal(obs.ends, want) {
 		t.Errorf("observer heard %q, want %q", obs.ends, want)
 	}
 	if len(h.failures) != 1 || h.failures[0] != "a" || len(h.successes) != 1 || h.successes[0] != "b" {

@@ -120,6 +120,7 @@ const (
 	kindAlive    = "h"
 	kindReset    = "r" // forget every mirror of my requests: I lost some events
 	kindCharge   = "c" // a charge to a tenant's budgets
+	kindAccepted = "a" // the replica took the request: its prompt is cached there
 )
 
 // event is what a router tells the others.
@@ -387,6 +388,10 @@ func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 // FirstToken tells the others that attempt id produced its first token.
 func (b *Bus) FirstToken(id uint64) { b.publish(event{Kind: kindFirst, ID: id}) }
 
+// Accepted tells the others that the replica took attempt id: they enter
+// its prompt in their prefix index, as this router did.
+func (b *Bus) Accepted(id uint64) { b.publish(event{Kind: kindAccepted, ID: id}) }
+
 // Charged tells the others of a charge to a tenant's budgets made here
 // (tenant.Set.Share).
 func (b *Bus) Charged(tenant string, requests, tokens float64) {
@@ -463,9 +468,13 @@ func (b *Bus) apply(e *event, now time.Time) {
 		if !b.enter(p, e, now) {
 			return
 		}
+	case kindAccepted:
+		if mr := p.mirrors[e.ID]; mr != nil {
+			b.credit(mr)
+		}
 	case kindFirst:
 		if mr := p.mirrors[e.ID]; mr != nil {
-			b.credit(mr) // the replica is answering: it took the request
+			b.credit(mr) // the replica is answering: it took the request (a router that sends no accepted event)
 			b.rt.FirstToken(&mr.t, 0)
 		}
 	case kindEnd:
@@ -565,10 +574,11 @@ func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
 }
 
 // credit enters a mirrored request's prompt in its replica's share of the
-// prefix index once its router reported that the replica took it (a
-// first token, a complete answer), as a router does for its own requests
-// at the replica's 200 (Router.Accepted): an attempt the replica refused
-// leaves no blocks behind.
+// prefix index once its router reported that the replica took it (its
+// accepted event, sent at the replica's 200; from a router that sends
+// none, a first token or a complete answer), as a router does for its own
+// requests at the replica's 200 (Router.Accepted): an attempt the replica
+// refused leaves no blocks behind.
 func (b *Bus) credit(mr *mirror) {
 	if mr.blocks == nil {
 		return

@@ -163,11 +163,13 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 	if n, _ := inFlight(t, r1, "a"); n != 0 {
 		t.Errorf("us mirrored its own request: %d in flight", n)
 	}
-	// The replica's first token says it took the prompt: only then is it
-	// in eu's prefix index.
+	// The replica's 200 says it took the prompt: only then is it in eu's
+	// prefix index.
 	if _, blocks := inFlight(t, r2, "a"); blocks != 0 {
 		t.Errorf("a credited with %d blocks before it took the request", blocks)
 	}
+	b1.Accepted(7)
+	eventually(t, "the prompt in eu's index", func() bool { _, blocks := inFlight(t, r2, "a"); return blocks == 4 })
 	b1.FirstToken(7)
 	eventually(t, "the first token", func() bool {
 		st, _ := r2.Replica("a")

@@ -146,14 +146,25 @@ func TestOnlyAcceptedAttemptsEnterThePrefixIndex(t *testing.T) {
 		t.Errorf("after a refused attempt: a has %d in flight, %d blocks in the index; want none", n, blocks)
 	}
 
-	// Streamed: credited at its first token.
+	// Taken: credited when its router says the replica took it (the 200).
 	send(event{Kind: kindDispatch, ID: 2, Replica: "a", Prompt: 64, Blocks: []uint64{21, 22, 23, 24}})
 	if _, blocks := inFlight(t, rt, "a"); blocks != 0 {
 		t.Errorf("credited at dispatch: %d blocks", blocks)
 	}
-	send(event{Kind: kindFirst, ID: 2})
+	send(event{Kind: kindAccepted, ID: 2})
+	if _, blocks := inFlight(t, rt, "a"); blocks != 4 {
+		t.Errorf("after the replica took it: %d blocks, want 4", blocks)
+	}
+	send(event{Kind: kindFirst, ID: 2}) // credited once
 	if _, blocks := inFlight(t, rt, "a"); blocks != 4 {
 		t.Errorf("after the first token: %d blocks, want 4", blocks)
+	}
+
+	// From a router that sends no accepted event: at its first token.
+	send(event{Kind: kindDispatch, ID: 4, Replica: "a", Prompt: 64, Blocks: []uint64{41, 42}})
+	send(event{Kind: kindFirst, ID: 4})
+	if _, blocks := inFlight(t, rt, "a"); blocks != 6 {
+		t.Errorf("after the first token: %d blocks, want 6", blocks)
 	}
 
 	// Not streamed: credited when its complete answer is reported.

@@ -46,18 +46,25 @@ type Peek struct {
 func PeekChunk(data []byte) Peek {
 	var c chunkPeek
 	c.usage.reset()
+	c.responseUsage.reset()
 	root := gjson.Parse(bytesString(data))
 	if isObject(root) {
 		root.ForEach(c.member)
 	}
-	return Peek{
-		Token:            c.content || c.reasoningContent || c.reasoning || c.toolCalls || c.text || c.deltaType && c.delta,
-		Finish:           c.finish,
-		Usage:            c.hasUsage,
-		CompletionTokens: c.usage.completion,
-		CachedTokens:     c.usage.cached,
-		Error:            c.err || c.objectError,
+	p := Peek{
+		Token:        c.content || c.reasoningContent || c.reasoning || c.toolCalls || c.text || c.deltaType && c.delta,
+		Finish:       c.finish,
+		Usage:        c.hasUsage || c.hasResponseUsage,
+		CachedTokens: -1,
+		Error:        c.err || c.objectError,
 	}
+	switch {
+	case c.hasUsage:
+		p.CompletionTokens, p.CachedTokens = c.usage.tokens()
+	case c.hasResponseUsage: // a Responses API stream's response.completed
+		p.CompletionTokens, p.CachedTokens = c.responseUsage.tokens()
+	}
+	return p
 }
 
 // chunkPeek is what PeekChunk has read so far. It mirrors how
@@ -75,6 +82,9 @@ type chunkPeek struct {
 	deltaType, delta bool
 	hasUsage         bool
 	usage            usagePeek
+	// A Responses API event's response.usage.
+	hasResponseUsage bool
+	responseUsage    usagePeek
 	err, objectError bool
 }
 
@@ -112,6 +122,26 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 		}
 	case is(k, "delta"): // held raw: null, or any value but a string, is no delta
 		c.delta = v.Type == gjson.String && len(v.Raw) > 2
+	case is(k, "response"):
+		switch {
+		case v.Type == gjson.Null: // the pointer is set back to nil
+			c.hasResponseUsage = false
+			c.responseUsage.reset()
+		case isObject(v):
+			v.ForEach(func(key, v gjson.Result) bool {
+				if is(key.Str, "usage") {
+					switch {
+					case v.Type == gjson.Null:
+						c.hasResponseUsage = false
+						c.responseUsage.reset()
+					case isObject(v):
+						c.hasResponseUsage = true
+						c.responseUsage.read(v)
+					}
+				}
+				return true
+			})
+		}
 	case is(k, "error"):
 		c.err = v.Type != gjson.Null
 	case is(k, "object"):
@@ -156,13 +186,37 @@ func (c *chunkPeek) deltaMember(key, v gjson.Result) bool {
 	return true
 }
 
-// usagePeek is what is read of a usage object.
+// usagePeek is what is read of a usage object: Chat Completions'
+// (completion_tokens, prompt_tokens_details) or the Responses API's
+// (output_tokens, input_tokens_details).
 type usagePeek struct {
-	completion, cached int
-	ok                 bool // every field read has the type encoding/json wants
+	completion, output  int
+	cached, inputCached cachedPeek
+	ok                  bool // every field read has the type encoding/json wants
 }
 
-func (u *usagePeek) reset() { *u = usagePeek{cached: -1, ok: true} }
+// cachedPeek is a details object's cached_tokens: set when not absent or
+// null (encoding/json's *int).
+type cachedPeek struct {
+	n   int
+	set bool
+}
+
+func (u *usagePeek) reset() { *u = usagePeek{ok: true} }
+
+// tokens are the answer's tokens (completion_tokens, or output_tokens: a
+// server sends one of them) and the cached prompt tokens (-1: none said).
+func (u *usagePeek) tokens() (completion, cached int) {
+	switch {
+	case u.cached.set:
+		cached = u.cached.n
+	case u.inputCached.set:
+		cached = u.inputCached.n
+	default:
+		cached = -1
+	}
+	return u.completion + u.output, cached
+}
 
 // read merges the usage object v into u, as encoding/json merges a
 // duplicate into the struct a pointer already points to.
@@ -171,27 +225,38 @@ func (u *usagePeek) read(v gjson.Result) {
 		switch k := key.Str; {
 		case is(k, "completion_tokens"):
 			u.ok = intValue(v, &u.completion) && u.ok
+		case is(k, "output_tokens"):
+			u.ok = intValue(v, &u.output) && u.ok
 		case is(k, "prompt_tokens_details"):
-			switch {
-			case v.Type == gjson.Null:
-				u.cached = -1
-			case isObject(v):
-				v.ForEach(func(key, v gjson.Result) bool {
-					if is(key.Str, "cached_tokens") {
-						if v.Type == gjson.Null {
-							u.cached = -1
-						} else {
-							u.ok = intValue(v, &u.cached) && u.ok
-						}
-					}
-					return true
-				})
-			default:
-				u.ok = false
-			}
+			u.details(v, &u.cached)
+		case is(k, "input_tokens_details"):
+			u.details(v, &u.inputCached)
 		}
 		return true
 	})
+}
+
+// details reads a usage's details object v: its cached_tokens into
+// *cached (null: not set).
+func (u *usagePeek) details(v gjson.Result, cached *cachedPeek) {
+	switch {
+	case v.Type == gjson.Null:
+		*cached = cachedPeek{}
+	case isObject(v):
+		v.ForEach(func(key, v gjson.Result) bool {
+			if is(key.Str, "cached_tokens") {
+				if v.Type == gjson.Null {
+					*cached = cachedPeek{}
+				} else {
+					cached.set = true
+					u.ok = intValue(v, &cached.n) && u.ok
+				}
+			}
+			return true
+		})
+	default:
+		u.ok = false
+	}
 }
 
 // PeekBody reads a non-streaming response body's usage: its completion
@@ -230,7 +295,7 @@ func PeekBody(data []byte) (completionTokens, cachedTokens int) {
 	if !u.ok || !has {
 		return 0, -1
 	}
-	return u.completion, u.cached
+	return u.tokens()
 }
 
 // nonEmpty sets *dst to whether the string v is non-empty (its literal is
@@ -337,7 +402,7 @@ func PeekTail(tail []byte) (completionTokens, cachedTokens int) {
 		u.reset()
 		u.read(v)
 		if u.ok {
-			return u.completion, u.cached
+			return u.tokens()
 		}
 	}
 	return 0, -1

@@ -70,6 +70,11 @@ var peekCases = []struct {
 	{`{"type":"response.output_text.delta","delta":"a","delta":null}`, Peek{CachedTokens: -1}},
 	{`{"type":"response.created","response":{"id":"resp_1","status":"in_progress"}}`, Peek{CachedTokens: -1}},
 	{`{"type":"response.output_text.done","delta":"x"}`, Peek{CachedTokens: -1}},
+	{`{"type":"response.completed","response":{"id":"resp_1","status":"completed","usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":8},"output_tokens":40,"total_tokens":49}}}`,
+		Peek{Usage: true, CompletionTokens: 40, CachedTokens: 8}},
+	{`{"type":"response.completed","response":{"usage":{"output_tokens":4}},"response":null}`, Peek{CachedTokens: -1}},
+	{`{"usage":{"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":-1}},"response":{"usage":{"output_tokens":4,"input_tokens_details":{"cached_tokens":3}}}}`,
+		Peek{Usage: true, CompletionTokens: 2, CachedTokens: -1}},
 	{`{"choices":[{"text":" fib","index":0,"logprobs":null,"finish_reason":null}],"usage":null}`, Peek{Token: true, CachedTokens: -1}},
 	{`{"choices":[{"text":"","finish_reason":"length"}]}`, Peek{Finish: true, CachedTokens: -1}},
 	{`{"choices":[{"delta":{"content":" serene"},"finish_reason":"length","stop_reason":null}]}`, Peek{Token: true, Finish: true, CachedTokens: -1}},
@@ -237,7 +242,7 @@ func FuzzPeekChunk(f *testing.F) {
 var (
 	recipeKeys = []string{`"choices"`, `"delta"`, `"content"`, `"reasoning_content"`, `"reasoning"`, `"text"`, `"finish_reason"`,
 		`"usage"`, `"completion_tokens"`, `"prompt_tokens_details"`, `"cached_tokens"`, `"error"`, `"object"`, `"message"`,
-		`"tool_calls"`, `"type"`, `"Tool_Calls"`,
+		`"tool_calls"`, `"type"`, `"Tool_Calls"`, `"response"`, `"output_tokens"`, `"input_tokens_details"`, `"input_tokens"`,
 		`"CHOICES"`, `"Delta"`, `"Usage"`, `"\u0063ontent"`, `"ſtream"`, `"x"`, `"\ud800usage"`}
 	recipeScalars = []string{`"response.output_text.delta"`, `"response.completed"`, `"error"`, `"err\u006fr"`, `""`, `"\n"`, `"a"`, "\"\xff\"", `"\ud800"`,
 		`0`, `1`, `-1`, `-0`, `7`, `1.0`, `1e3`, `9223372036854775807`, `9223372036854775808`, `true`, `false`, `null`}
@@ -253,22 +258,29 @@ func recipe(data []byte) []byte {
 // scanBody is the proxy's reading of a non-streaming body's usage that
 // PeekBody replaces.
 func scanBody(data []byte) (tokens, cached int) {
-	cached = -1
+	type details *struct {
+		Cached *int `json:"cached_tokens"`
+	}
 	var v struct {
 		Usage *struct {
-			CompletionTokens int `json:"completion_tokens"`
-			Details          *struct {
-				Cached *int `json:"cached_tokens"`
-			} `json:"prompt_tokens_details"`
+			CompletionTokens int     `json:"completion_tokens"`
+			OutputTokens     int     `json:"output_tokens"`
+			Details          details `json:"prompt_tokens_details"`
+			InputDetails     details `json:"input_tokens_details"`
 		} `json:"usage"`
 	}
-	if json.Unmarshal(data, &v) == nil && v.Usage != nil {
-		tokens = v.Usage.CompletionTokens
-		if v.Usage.Details != nil && v.Usage.Details.Cached != nil {
-			cached = *v.Usage.Details.Cached
-		}
+	if json.Unmarshal(data, &v) != nil || v.Usage == nil {
+		return 0, -1
 	}
-	return tokens, cached
+	u := v.Usage
+	cached = -1
+	switch {
+	case u.Details != nil && u.Details.Cached != nil:
+		cached = *u.Details.Cached
+	case u.InputDetails != nil && u.InputDetails.Cached != nil:
+		cached = *u.InputDetails.Cached
+	}
+	return u.CompletionTokens + u.OutputTokens, cached
 }
 
 func checkBody(t *testing.T, data []byte) (int, int) {
@@ -301,6 +313,10 @@ var bodyCases = []struct {
 	{`{"Usage":{"Completion_Tokens":4},"usage":{"prompt_tokens_details":{"cached_tokens":2}}}`, 4, 2},
 	{`{"usage":{"completion_tokens":4},"usage":null,"usage":{"prompt_tokens_details":{"cached_tokens":2}}}`, 0, 2},
 	{`{"choices":` + strings.Repeat("[", 20000) + `}`, 0, -1},
+	// The Responses API's usage.
+	{`{"id":"resp_1","object":"response","output":[],"usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":8},"output_tokens":40}}`, 40, 8},
+	{`{"usage":{"output_tokens":40,"input_tokens_details":null}}`, 40, -1},
+	{`{"usage":{"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":-1},"input_tokens_details":{"cached_tokens":3}}}`, 5, -1},
 }
 
 func TestPeekBody(t *testing.T) {

@@ -194,13 +194,37 @@ type chunk struct {
 		Text         string `json:"text"` // legacy completions
 		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		CompletionTokens    int `json:"completion_tokens"`
-		PromptTokensDetails *struct {
-			CachedTokens *int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
+	Usage    *chunkUsage `json:"usage"`
+	Response *struct {
+		Usage *chunkUsage `json:"usage"`
+	} `json:"response"` // a Responses API event's (response.completed)
+}
+
+// chunkUsage is a usage object: Chat Completions' fields or the Responses
+// API's (a server sends one set).
+type chunkUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens *int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+	InputTokens        int `json:"input_tokens"`
+	OutputTokens       int `json:"output_tokens"`
+	InputTokensDetails *struct {
+		CachedTokens *int `json:"cached_tokens"`
+	} `json:"input_tokens_details"`
+}
+
+// usage is u as the Event says it.
+func (u *chunkUsage) usage() *Usage {
+	v := &Usage{PromptTokens: u.PromptTokens + u.InputTokens, CompletionTokens: u.CompletionTokens + u.OutputTokens, CachedTokens: -1}
+	switch d, in := u.PromptTokensDetails, u.InputTokensDetails; {
+	case d != nil && d.CachedTokens != nil:
+		v.CachedTokens = *d.CachedTokens
+	case in != nil && in.CachedTokens != nil:
+		v.CachedTokens = *in.CachedTokens
+	}
+	return v
 }
 
 // ParseChunk decodes the data of one streamed event (a JSON chunk, not
@@ -224,11 +248,11 @@ func ParseChunk(data []byte) (Event, error) {
 			ev.Delta = d
 		}
 	}
-	if u := c.Usage; u != nil {
-		ev.Usage = &Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, CachedTokens: -1}
-		if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
-			ev.Usage.CachedTokens = *d.CachedTokens
-		}
+	switch {
+	case c.Usage != nil:
+		ev.Usage = c.Usage.usage()
+	case c.Response != nil && c.Response.Usage != nil:
+		ev.Usage = c.Response.Usage.usage()
 	}
 	switch {
 	case len(c.Error) > 0 && string(c.Error) != "null":

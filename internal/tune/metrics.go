@@ -189,13 +189,17 @@ var guardMetrics = map[string]func(Metrics) float64{
 // ratio is the guarded metric of the candidate over the incumbent's.
 func (g Guard) ratio(cand, inc Metrics) float64 {
 	f := guardMetrics[g.Metric]
-	if f(inc) <= 0 {
-		if f(cand) <= 0 {
-			return 1
-		}
+	switch c, i := f(cand), f(inc); {
+	case c <= 0 || math.IsNaN(c):
+		// The candidate's window measured none of it (no streamed answer
+		// of several tokens, say): no evidence either way. A ratio of 0
+		// would zero the guard's drift, and switch the guard off for good.
+		return 1
+	case i <= 0 || math.IsNaN(i):
 		return math.Inf(1)
+	default:
+		return c / i
 	}
-	return f(cand) / f(inc)
 }
 
 // String formats the guard as ParseGuard reads it.

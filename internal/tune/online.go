@@ -277,6 +277,9 @@ func (o *Online) FleetChanged(why string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if !o.moved {
+		// The candidate stays, but a win it had on the old fleet confirms
+		// nothing on this one.
+		o.confirming = false
 		o.restart()
 		return
 	}

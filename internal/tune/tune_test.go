@@ -130,6 +130,25 @@ func TestGuardRejectsTTFTWinThatWrecksE2E(t *testing.T) {
 	}
 }
 
+// A candidate whose window measured none of a guarded metric (no streamed
+// answer of several tokens: ITL 0) leaves the guard's drift as it was
+// (found in review: the drift became 0, and the guard never refused again,
+// not even a candidate with ten times the ITL).
+func TestGuardWithoutEvidenceKeepsItsDrift(t *testing.T) {
+	g, err := ParseGuard("itl-mean=1.05")
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := newES(t, Config{Seed: 4, Guards: []Guard{g}})
+	inc := Metrics{N: 100, TTFTP95: 1000, ITLMean: 20}
+	if out := es.Judge(es.Propose(), Metrics{N: 100, TTFTP95: 900}, inc); !out.Accepted {
+		t.Fatalf("a TTFT win without an ITL: %+v", out)
+	}
+	if out := es.Judge(es.Propose(), Metrics{N: 100, TTFTP95: 800, ITLMean: 200}, inc); out.Accepted || out.Reason != "guard itl-mean=1.05" {
+		t.Errorf("ten times the ITL: %+v", out)
+	}
+}
+
 // bowl is a noise-free objective with its minimum at rtt=0.3, queue=0.2.
 func bowl(_ context.Context, p Point) (Metrics, error) {
 	d := math.Pow(math.Log(p[0]/0.3), 2) + math.Pow(math.Log(p[1]/0.2), 2)
@@ -436,6 +455,33 @@ func TestOnlineFallsBackWhenTheFleetChanges(t *testing.T) {
 	}
 	if !maps.Equal(o.Incumbent(), start) || o.Sigma() != sigma || o.round != round+1 {
 		t.Errorf("after the fallback: incumbent %v sigma %v round %d; want %v, %v, %d", o.Incumbent(), o.Sigma(), o.round, start, sigma, round+1)
+	}
+}
+
+// A candidate that won its first round on the old fleet must win twice on
+// the new one (found in review: its win was kept across the change, and
+// one window of the new fleet accepted it).
+func TestFleetChangeForgetsAWinToConfirm(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1}, Base: policy.DefaultName, Window: 2, Hop: 1, Confirm: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	rng := rand.New(rand.NewPCG(1, 1))
+	var d policy.Decision
+	for !o.confirming {
+		if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rng); err != nil {
+			t.Fatal(err)
+		}
+		ttft := 2 * time.Second
+		if d.Tag%2 == 1 {
+			ttft = time.Second // the candidate wins
+		}
+		o.Learn(d.Tag, policy.Outcome{TTFT: ttft, E2E: time.Second})
+	}
+	o.FleetChanged("replica x added")
+	if o.confirming {
+		t.Error("a win on the old fleet is still to be confirmed on the new one")
 	}
 }
 

@@ -80,8 +80,10 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv.Fleet.ProbeOnce(ctx)
+	// SIGHUP reloads from now: before it is caught, its default action
+	// would end the process (a config reloader signalling at start).
 	defer reloadOnHUP(ctx, srv)()
+	srv.Fleet.ProbeOnce(ctx)
 	fmt.Fprintf(stdout, "gorgo epp: ext_proc on %s, policy %s, %d replicas\n", ln.Addr(), describePolicy(srv.Fleet.Policy()), len(cfg.Replicas))
 	if adminLn != nil {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", adminLn.Addr())

@@ -144,6 +144,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// SIGHUP reloads from now: before it is caught, its default action
+	// would end the process (a config reloader signalling at start).
+	defer reloadOnHUP(ctx, srv)()
 	srv.Fleet.ProbeOnce(ctx)
 	slo := ""
 	if cfg.TTFTSLO > 0 {
@@ -159,7 +162,6 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\nlive view: http://%s/admin/ui/\n", admin.Addr(), admin.Addr())
 	}
 	printTracing(stdout, cfg)
-	defer reloadOnHUP(ctx, srv)()
 	servers := []served{{h: px.Handler(), ln: ln, grace: cfg.Proxy.ShutdownTimeout, idle: cfg.Proxy.IdleTimeout, readHeader: cfg.Proxy.ReadHeaderTimeout}}
 	if admin != nil {
 		servers = append(servers, served{h: srv.Admin.Handler(), ln: admin})

@@ -130,3 +130,21 @@ func TestReloadKeepsTheAdminLocked(t *testing.T) {
 		}
 	}
 }
+
+// config_poll turned off by a reload (negative: never) waits, looking at
+// nothing, and polling comes back when a reload sets it again (found in
+// review: the loop spun, and a router started with it off never polled).
+func TestPollWait(t *testing.T) {
+	for every, want := range map[time.Duration]struct {
+		wait time.Duration
+		look bool
+	}{
+		-time.Second:          {pollOffCheck, false},
+		0:                     {pollOffCheck, false},
+		20 * time.Millisecond: {20 * time.Millisecond, true},
+	} {
+		if wait, look := pollWait(every); wait != want.wait || look != want.look {
+			t.Errorf("pollWait(%v) = %v, %v; want %v, %v", every, wait, look, want.wait, want.look)
+		}
+	}
+}

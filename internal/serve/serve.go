@@ -129,7 +129,7 @@ func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.Fleet.Run(ctx) })
 	g.Go(func() error { return s.Admin.Run(ctx) })
-	if s.o.Path != "" && s.Config().ConfigPoll > 0 {
+	if s.o.Path != "" {
 		g.Go(func() error { s.pollConfig(ctx); return nil })
 	}
 	return g.Wait()
@@ -225,13 +225,19 @@ func (s *Server) apply(next Config) error {
 	return nil
 }
 
-// pollConfig reloads the config file when its modification time changes.
+// pollConfig reloads the config file when its modification time changes,
+// every config_poll. While that is negative (never) it only looks again
+// every pollOffCheck whether a reload (SIGHUP, the admin API) set it.
 func (s *Server) pollConfig(ctx context.Context) {
 	for {
+		wait, look := pollWait(s.Config().ConfigPoll)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(s.Config().ConfigPoll):
+		case <-time.After(wait):
+		}
+		if !look {
+			continue
 		}
 		s.mu.Lock()
 		changed := !s.fileMod.Equal(modTime(s.o.Path))
@@ -240,6 +246,20 @@ func (s *Server) pollConfig(ctx context.Context) {
 			_ = s.Reload()
 		}
 	}
+}
+
+// pollOffCheck is how often pollConfig looks whether polling was turned
+// back on while it is off.
+const pollOffCheck = 5 * time.Second
+
+// pollWait is how long pollConfig waits at config_poll every, and whether
+// it then looks at the file. Never zero: a negative config_poll (never),
+// set by a reload, once spun the loop (time.After fires at once).
+func pollWait(every time.Duration) (time.Duration, bool) {
+	if every <= 0 {
+		return pollOffCheck, false
+	}
+	return every, true
 }
 
 func modTime(path string) time.Time {

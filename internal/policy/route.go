@@ -183,9 +183,17 @@ type Outcome struct {
 // HasSLO reports whether the request was held to an SLO.
 func (o Outcome) HasSLO() bool { return o.TTFTSLO > 0 || o.TPOTSLO > 0 }
 
+// MaxSLORatio bounds SLORatio: a request ten times over its SLO has missed
+// it, however far. Unbounded, the few requests whose clients ask for a
+// TPOT no engine gives (x-gorgo-tpot-slo-ms) would make the p95 of the
+// ratios theirs, and steer a tuner minimising it; bounded, they can only
+// hold it still.
+const MaxSLORatio = 10
+
 // SLORatio is how near the outcome came to missing its SLOs: the larger of
 // (Queued+TTFT)/TTFTSLO and ITL/TPOTSLO over the SLOs it has, above 1 when
-// it missed one; false for a failed request or one without SLOs.
+// it missed one, at most MaxSLORatio; false for a failed request or one
+// without SLOs.
 func (o Outcome) SLORatio() (float64, bool) {
 	if o.Failed || !o.HasSLO() {
 		return 0, false
@@ -197,7 +205,7 @@ func (o Outcome) SLORatio() (float64, bool) {
 	if o.TPOTSLO > 0 {
 		r = max(r, float64(o.ITL)/float64(o.TPOTSLO))
 	}
-	return r, true
+	return min(r, MaxSLORatio), true
 }
 
 // A Learner is a policy that learns from outcomes: the caller hands back

@@ -48,7 +48,9 @@ type Config struct {
 	MinTTFTSLO time.Duration `yaml:"min_ttft_slo" json:"min_ttft_slo"`
 	MaxTTFTSLO time.Duration `yaml:"max_ttft_slo" json:"max_ttft_slo"`
 	// MinTPOTSLO is the tightest time per output token a request may ask
-	// for with x-gorgo-tpot-slo-ms (0: any).
+	// for with x-gorgo-tpot-slo-ms (default 5 ms: no engine decodes a
+	// token much faster; tighter asks would only skew what the tuner
+	// minimises where requests have SLOs).
 	MinTPOTSLO time.Duration `yaml:"min_tpot_slo" json:"min_tpot_slo"`
 	// RequestsPerMinute and TokensPerMinute are its budgets (0: none):
 	// prompt and completion tokens, the prompt estimated when a request
@@ -56,6 +58,10 @@ type Config struct {
 	RequestsPerMinute int `yaml:"requests_per_minute" json:"requests_per_minute"`
 	TokensPerMinute   int `yaml:"tokens_per_minute" json:"tokens_per_minute"`
 }
+
+// defaultMinTPOTSLO is the tightest TPOT SLO a request may ask for unless
+// its tenant says otherwise.
+const defaultMinTPOTSLO = 5 * time.Millisecond
 
 // defaultMaxTTFTSLO is the loosest TTFT SLO a request may ask for unless
 // its tenant says.
@@ -189,6 +195,9 @@ func newTenant(name string, c Config, fleetSLO time.Duration) (*Tenant, error) {
 	}
 	if t.MaxTTFTSLO == 0 {
 		t.MaxTTFTSLO = max(defaultMaxTTFTSLO, t.slo)
+	}
+	if t.MinTPOTSLO == 0 {
+		t.MinTPOTSLO = defaultMinTPOTSLO
 	}
 	if t.MinTTFTSLO > t.MaxTTFTSLO || t.slo > 0 && (t.slo < t.MinTTFTSLO || t.slo > t.MaxTTFTSLO) {
 		return nil, errf("ttft_slo %v must lie within min_ttft_slo %v and max_ttft_slo %v", t.slo, t.MinTTFTSLO, t.MaxTTFTSLO)

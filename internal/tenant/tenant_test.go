@@ -78,6 +78,13 @@ func TestClass(t *testing.T) {
 	if _, _, err := s.Lookup("x").Class(Ask{Priority: "batch"}, 1); err != nil {
 		t.Errorf("the default tenant asking for less: %v", err)
 	}
+	// A tenant that sets no floor on TPOT asks has the default's, 5 ms.
+	if _, _, err := s.Lookup("x").Class(Ask{TPOTSLO: "0.001"}, 1); err == nil {
+		t.Error("a TPOT of 1 µs asked for and accepted")
+	}
+	if _, tpot, err := s.Lookup("x").Class(Ask{TPOTSLO: "5"}, 1); err != nil || tpot != 5*time.Millisecond {
+		t.Errorf("a TPOT of 5 ms: %v %v", tpot, err)
+	}
 }
 
 // Budgets: a tenant over its tokens per minute is refused with how long to

@@ -615,6 +615,10 @@ func TestSLORatio(t *testing.T) {
 		{policy.Outcome{TTFT: time.Second, TTFTSLO: 2 * time.Second, ITL: 60 * time.Millisecond, TPOTSLO: 50 * time.Millisecond}, 1.2, true},
 		{policy.Outcome{ITL: 25 * time.Millisecond, TPOTSLO: 50 * time.Millisecond}, 0.5, true},
 		{policy.Outcome{Failed: true, TTFTSLO: time.Second}, 0, false},
+		// Bounded: a client's TPOT ask no engine gives cannot make the
+		// p95 of the ratios its own (found in review: 0.001 ms made it
+		// 20,000 whatever everyone's TTFT).
+		{policy.Outcome{TTFT: time.Second, TTFTSLO: 2 * time.Second, ITL: 20 * time.Millisecond, TPOTSLO: time.Microsecond}, policy.MaxSLORatio, true},
 	} {
 		got, ok := c.o.SLORatio()
 		if ok != c.ok || math.Abs(got-c.want) > 1e-9 {

@@ -16,7 +16,8 @@ import (
 // Tenants. A front end names a request's tenant (Incoming.Tenant) and
 // passes what it asks for (Incoming.Ask); classify turns them into its
 // class for flow control (tenant, priority, TTFT SLO, tokens), its TPOT
-// SLO for the decision, and a charge to its tenant's budgets, whose state
+// SLO for the decision, and a charge to its tenant's budgets (its prompt
+// and the answer the router expects of it), whose state
 // goes back to the client in OpenAI's x-ratelimit-* headers (on answers
 // and refusals alike). The charge is settled with the request's output
 // when it ends.
@@ -40,7 +41,7 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	r.class = class
 	r.Route.TPOTSLOMS = float64(tpot) / 1e6
 	r.Route.WaitingCap = c.cfg.Admission.WaitingCap(class)
-	grant, refusal := t.Admit(now, r.Route.PromptTokens)
+	grant, refusal := t.Admit(now, r.Route.PromptTokens, r.class.Tokens-r.Route.PromptTokens)
 	if in.Header != nil {
 		t.Headers(now, in.Header.Set)
 	}

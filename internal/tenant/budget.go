@@ -84,9 +84,16 @@ type Refusal struct {
 	RetryAfter time.Duration
 }
 
-// Admit charges one request and tokens (its prompt's estimate) to the
-// tenant's budgets at now, or refuses it, charging nothing.
-func (t *Tenant) Admit(now time.Time, tokens int) (Grant, *Refusal) {
+// Admit charges one request and its tokens to the tenant's budgets at now,
+// or refuses it, charging nothing: its prompt's estimate and the answer
+// it is expected to need (expected), at most the whole budget, settled
+// with what it used when it ends (Grant.Settle). Charging the answer up
+// front, as OpenAI charges max_tokens, keeps a burst of requests from
+// spending many times the budget before the first of them ends; a
+// request is refused for good only when its prompt alone is larger than
+// the budget.
+func (t *Tenant) Admit(now time.Time, prompt, expected int) (Grant, *Refusal) {
+	tokens := prompt + max(expected, 0)
 	g := Grant{t: t}
 	if t.reqs != nil {
 		if wait, ok := t.reqs.take(now, 1); !ok {
@@ -94,10 +101,11 @@ func (t *Tenant) Admit(now time.Time, tokens int) (Grant, *Refusal) {
 		}
 	}
 	if t.tokens != nil {
-		if tokens > t.TokensPerMinute {
+		if prompt > t.TokensPerMinute {
 			t.reqs.giveBack(now)
-			return g, &Refusal{Message: fmt.Sprintf("this request of about %d prompt tokens is more than tenant %s's budget of %d tokens per minute", tokens, t.Name, t.TokensPerMinute)}
+			return g, &Refusal{Message: fmt.Sprintf("this request of about %d prompt tokens is more than tenant %s's budget of %d tokens per minute", prompt, t.Name, t.TokensPerMinute)}
 		}
+		tokens = min(tokens, t.TokensPerMinute)
 		if wait, ok := t.tokens.take(now, float64(tokens)); !ok {
 			t.reqs.giveBack(now)
 			return g, &Refusal{Message: fmt.Sprintf("tenant %s is over its budget of %d tokens per minute: try again in %v", t.Name, t.TokensPerMinute, roundUp(wait)), RetryAfter: wait}

@@ -53,8 +53,9 @@ type Config struct {
 	// minimises where requests have SLOs).
 	MinTPOTSLO time.Duration `yaml:"min_tpot_slo" json:"min_tpot_slo"`
 	// RequestsPerMinute and TokensPerMinute are its budgets (0: none):
-	// prompt and completion tokens, the prompt estimated when a request
-	// arrives and the count corrected from its usage when it ends.
+	// prompt and completion tokens, the prompt estimated and the answer
+	// expected charged when a request arrives, and the count corrected
+	// from its usage when it ends.
 	RequestsPerMinute int `yaml:"requests_per_minute" json:"requests_per_minute"`
 	TokensPerMinute   int `yaml:"tokens_per_minute" json:"tokens_per_minute"`
 }

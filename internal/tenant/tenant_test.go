@@ -93,7 +93,7 @@ func TestBudgets(t *testing.T) {
 	s := set(t, map[string]Config{"a": {TokensPerMinute: 6000, RequestsPerMinute: 3}})
 	a := s.Lookup("a")
 	t0 := time.Unix(1000, 0)
-	g, ref := a.Admit(t0, 4000)
+	g, ref := a.Admit(t0, 4000, 0)
 	if ref != nil {
 		t.Fatal(ref.Message)
 	}
@@ -104,31 +104,49 @@ func TestBudgets(t *testing.T) {
 		h.Get("X-Ratelimit-Limit-Requests") != "3" || h.Get("X-Ratelimit-Remaining-Requests") != "2" || h.Get("X-Ratelimit-Reset-Requests") != "20s" {
 		t.Errorf("headers %v", h)
 	}
-	_, ref = a.Admit(t0, 2000)
+	_, ref = a.Admit(t0, 2000, 0)
 	if ref == nil || ref.RetryAfter != 10*time.Second || !strings.Contains(ref.Message, "6000 tokens per minute") {
 		t.Fatalf("over budget: %+v", ref)
 	}
 	// The refusal charged nothing: 10 s later it goes.
-	if _, ref = a.Admit(t0.Add(10*time.Second), 2000); ref != nil {
+	if _, ref = a.Admit(t0.Add(10*time.Second), 2000, 0); ref != nil {
 		t.Errorf("after 10 s: %s", ref.Message)
 	}
 	// A request larger than the whole budget never goes.
-	if _, ref = a.Admit(t0.Add(time.Hour), 7000); ref == nil || ref.RetryAfter != 0 {
+	if _, ref = a.Admit(t0.Add(time.Hour), 7000, 0); ref == nil || ref.RetryAfter != 0 {
 		t.Errorf("too large: %+v", ref)
+	}
+	// The answer expected is charged up front, so a burst cannot spend many
+	// times the budget before its first request ends (found in review: 100
+	// requests of 100-token prompts and 4,000-token answers all went at
+	// once against 10,000 tokens a minute); a prompt that fits the budget
+	// with an answer that would not still goes, charged the whole budget.
+	burst := set(t, map[string]Config{"burst": {TokensPerMinute: 10000}}).Lookup("burst")
+	went := 0
+	for range 100 {
+		if _, ref := burst.Admit(t0, 100, 4000); ref == nil {
+			went++
+		}
+	}
+	if went != 2 {
+		t.Errorf("%d of a burst of 100 went, want 2 (of 4,100 tokens each against 10,000)", went)
+	}
+	if g, ref := set(t, map[string]Config{"big": {TokensPerMinute: 1000}}).Lookup("big").Admit(t0, 500, 4000); ref != nil || g.charged != 1000 {
+		t.Errorf("a 500-token prompt expecting 4,000 more against 1,000 a minute: charged %d, %+v", g.charged, ref)
 	}
 	// Three requests a minute.
 	b := set(t, map[string]Config{"b": {RequestsPerMinute: 3}}).Lookup("b")
 	for i := range 3 {
-		if _, ref := b.Admit(t0, 10); ref != nil {
+		if _, ref := b.Admit(t0, 10, 0); ref != nil {
 			t.Fatalf("request %d: %s", i, ref.Message)
 		}
 	}
-	if _, ref := b.Admit(t0, 10); ref == nil || ref.RetryAfter != 20*time.Second {
+	if _, ref := b.Admit(t0, 10, 0); ref == nil || ref.RetryAfter != 20*time.Second {
 		t.Errorf("fourth request: %+v", ref)
 	}
 	// Charged too much: given back.
 	c := set(t, map[string]Config{"c": {TokensPerMinute: 1000}}).Lookup("c")
-	g, _ = c.Admit(t0, 800)
+	g, _ = c.Admit(t0, 800, 0)
 	g.Settle(t0, 300)
 	if left, _ := c.tokens.state(t0); left != 700 {
 		t.Errorf("after settling 300 of 800: %d left, want 700", left)
@@ -147,14 +165,14 @@ func TestSharedBudgets(t *testing.T) {
 	s.Share(func(tenant string, requests, tokens float64) { told = append(told, charge{tenant, requests, tokens}) })
 	a := s.Lookup("a")
 	t0 := time.Unix(1000, 0)
-	g, ref := a.Admit(t0, 400)
+	g, ref := a.Admit(t0, 400, 0)
 	if ref != nil {
 		t.Fatal(ref.Message)
 	}
 	g.Settle(t0, 900)
-	g2, _ := a.Admit(t0, 100)
+	g2, _ := a.Admit(t0, 100, 0)
 	g2.Refund(t0)
-	s.Lookup("free").Admit(t0, 100) // no budget: nothing to tell
+	s.Lookup("free").Admit(t0, 100, 0) // no budget: nothing to tell
 	want := []charge{{"a", 1, 400}, {"a", 0, 500}, {"a", 1, 100}, {"a", -1, 0}, {"a", 0, -100}}
 	if !slices.Equal(told, want) {
 		t.Errorf("told %v, want %v", told, want)
@@ -164,10 +182,10 @@ func TestSharedBudgets(t *testing.T) {
 	s.ChargeRemote(t0, "a", 1, 1000)
 	s.ChargeRemote(t0, "nobody", 5, 5)
 	s.ChargeRemote(t0, "a", math.NaN(), 0)
-	if _, ref := a.Admit(t0, 10); ref != nil {
+	if _, ref := a.Admit(t0, 10, 0); ref != nil {
 		t.Fatalf("the third request: %s", ref.Message)
 	}
-	if _, ref := a.Admit(t0, 10); ref == nil || !strings.Contains(ref.Message, "3 requests per minute") {
+	if _, ref := a.Admit(t0, 10, 0); ref == nil || !strings.Contains(ref.Message, "3 requests per minute") {
 		t.Errorf("a fourth request in the fleet's minute: %+v", ref)
 	}
 }
@@ -177,18 +195,18 @@ func TestSharedBudgets(t *testing.T) {
 func TestBudgetClockNeverRewinds(t *testing.T) {
 	a := set(t, map[string]Config{"a": {TokensPerMinute: 600}}).Lookup("a")
 	t0 := time.Unix(1000, 0)
-	if _, ref := a.Admit(t0.Add(50*time.Second), 590); ref != nil {
+	if _, ref := a.Admit(t0.Add(50*time.Second), 590, 0); ref != nil {
 		t.Fatal(ref.Message)
 	}
-	a.Admit(t0, 1) // an earlier time: refused or not, no rewind
+	a.Admit(t0, 1, 0) // an earlier time: refused or not, no rewind
 	if left, _ := a.tokens.state(t0.Add(51 * time.Second)); left > 20 {
 		t.Errorf("%d tokens left a second later, want about 10", left)
 	}
 	// A refund gives back the request and its tokens.
 	b := set(t, map[string]Config{"b": {TokensPerMinute: 600, RequestsPerMinute: 1}}).Lookup("b")
-	g, _ := b.Admit(t0, 300)
+	g, _ := b.Admit(t0, 300, 0)
 	g.Refund(t0)
-	if _, ref := b.Admit(t0, 600); ref != nil {
+	if _, ref := b.Admit(t0, 600, 0); ref != nil {
 		t.Errorf("after a refund: %s", ref.Message)
 	}
 }

@@ -50,6 +50,23 @@ type Dialect struct {
 	LoRASlotsTotal, LoRASlotsUsed                    string
 }
 
+// families calls add with each family the dialect reads (latest for one
+// of which only the sample of greatest value is read). A field read from
+// an exposition must be named here: Parse hands the text parser only
+// these families.
+func (d *Dialect) families(add func(name string, latest bool)) {
+	for _, n := range [][]string{{d.Marker, d.Running, d.Waiting, d.Used, d.HitRate, d.PromptTokens, d.GenerationTokens,
+		d.Throughput, d.LoRASlotsTotal, d.LoRASlotsUsed}, d.When, d.Usage, d.Hits, d.Queries} {
+		for _, name := range n {
+			add(name, false)
+		}
+	}
+	for _, c := range d.Capacity {
+		add(c.Family, false)
+	}
+	add(d.LoRAInfo, true)
+}
+
 // A Capacity rule reads the KV capacity from a family: a sample's value,
 // or, for an info metric, the product of the first of Labels' lists of
 // labels that all hold positive whole numbers (num_pages × page_size).

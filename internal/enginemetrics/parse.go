@@ -68,7 +68,8 @@ type Metrics struct {
 	// GenerationTokensTotal.
 	GenThroughput float64
 	// Model is the model_name label of the series read; several distinct
-	// names are sorted and joined with ",". Empty if there is none.
+	// names are sorted and joined with ",": the first MaxModelNames met,
+	// names longer than MaxModelNameBytes left out. Empty if there is none.
 	Model string
 	// StartTime is the engine process's start (process_start_time_seconds,
 	// Unix seconds), 0 if not exposed: a change means a restart.
@@ -101,6 +102,8 @@ type Metrics struct {
 const (
 	MaxAdapterNames     = 256
 	MaxAdapterNameBytes = 256
+	MaxModelNames       = 16
+	MaxModelNameBytes   = 256
 )
 
 // maxCount bounds the integer fields: larger values (and the float sums
@@ -113,19 +116,35 @@ const maxCount = 1 << 53
 // constants). The request gauges (running and waiting) are required; every
 // other field is 0 when its metrics are absent.
 //
+// Only the families the dialects read are parsed (see MaxReadBytes): the
+// others' lines are skipped once their name is read, so a malformed line
+// of theirs goes unnoticed, and their label sets cost no memory. The
+// families read are bounded: more than MaxSeries label sets of one, or
+// more than MaxReadBytes of their lines, are an error.
+//
 // Samples that are NaN, infinite or negative are ignored (vLLM V0 exports
 // −1 for a hit rate it has not computed). A malformed exposition is an
-// error wrapping the parser's expfmt.ParseError; one with no dialect's
-// names wraps ErrUnknownEngine. A missing final newline is tolerated (the
-// last line is taken as complete). The text format has no end marker, so an
-// exposition cut at a line boundary parses: what was cut off reads as absent.
+// error wrapping the parser's expfmt.ParseError (its line the
+// exposition's); one with no dialect's names wraps ErrUnknownEngine. A
+// missing final newline is tolerated (the last line is taken as complete).
+// The text format has no end marker, so an exposition cut at a line
+// boundary parses: what was cut off reads as absent.
 func Parse(r io.Reader) (Metrics, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(&newlineTerminated{r: r})
+	kept, err := filter(r, wanted())
 	if err != nil {
 		return Metrics{}, fmt.Errorf("parse metrics exposition: %w", err)
 	}
-	d, err := detect(fams)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(&kept.text)
+	if err != nil {
+		// The line of the exposition, not of the lines kept.
+		if pe := (expfmt.ParseError{}); errors.As(err, &pe) && pe.Line >= 1 && pe.Line <= len(kept.lines) {
+			pe.Line = kept.lines[pe.Line-1]
+			err = pe
+		}
+		return Metrics{}, fmt.Errorf("parse metrics exposition: %w", err)
+	}
+	d, err := detect(fams, &kept.names)
 	if err != nil {
 		return Metrics{}, err
 	}
@@ -134,7 +153,7 @@ func Parse(r io.Reader) (Metrics, error) {
 
 // detect returns the dialect of an exposition: the first of Dialects whose
 // marker (and refinement) it has. Two engines' markers are an error.
-func detect(fams map[string]*dto.MetricFamily) (*Dialect, error) {
+func detect(fams map[string]*dto.MetricFamily, names *familyNames) (*Dialect, error) {
 	var found *Dialect
 	for i := range Dialects {
 		d := &Dialects[i]
@@ -147,7 +166,7 @@ func detect(fams map[string]*dto.MetricFamily) (*Dialect, error) {
 		}
 	}
 	if found == nil {
-		return nil, unknownEngine(fams)
+		return nil, unknownEngine(names)
 	}
 	return found, nil
 }
@@ -330,20 +349,20 @@ next:
 }
 
 // unknownEngine says what was expected and what was found instead.
-func unknownEngine(fams map[string]*dto.MetricFamily) error {
-	names := make([]string, 0, len(fams))
-	for n := range fams {
-		names = append(names, n)
-	}
-	slices.Sort(names)
+func unknownEngine(fams *familyNames) error {
+	names := fams.sorted()
 	found := "an empty exposition"
 	if len(names) > 0 {
 		noun := "families"
-		if len(names) == 1 {
+		if len(names) == 1 && !fams.more {
 			noun = "family"
 		}
-		found = fmt.Sprintf("%d metric %s (%s", len(names), noun, strings.Join(names[:min(len(names), 3)], ", "))
-		if len(names) > 3 {
+		count := fmt.Sprint(len(names))
+		if fams.more {
+			count = "more than " + count
+		}
+		found = fmt.Sprintf("%s metric %s (%s", count, noun, strings.Join(names[:min(len(names), 3)], ", "))
+		if len(names) > 3 || fams.more {
 			found += ", ..."
 		}
 		found += ")"
@@ -408,7 +427,7 @@ func (rd *reader) samples(name string, f func(m *dto.Metric, v float64)) bool {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
 			continue
 		}
-		if mn := label(m, "model_name"); mn != "" {
+		if mn := label(m, "model_name"); mn != "" && len(mn) <= MaxModelNameBytes && len(rd.models) < MaxModelNames {
 			rd.models[mn] = true
 		}
 		f(m, v)
@@ -488,39 +507,4 @@ func fraction(x float64) float64 {
 		return 0
 	}
 	return min(x, 1)
-}
-
-// newlineTerminated passes a reader through and adds a final newline if
-// the input is not empty and does not end with one (the text parser rejects
-// a last line without it).
-type newlineTerminated struct {
-	r      io.Reader
-	seen   bool // some input was read
-	lastNL bool // the last byte read was a newline
-	eof    bool
-}
-
-func (n *newlineTerminated) Read(p []byte) (int, error) {
-	if n.eof {
-		return 0, io.EOF
-	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	k, err := n.r.Read(p)
-	if k > 0 {
-		n.seen, n.lastNL = true, p[k-1] == '\n'
-	}
-	if err != io.EOF {
-		return k, err
-	}
-	if n.seen && !n.lastNL {
-		if k == len(p) {
-			return k, nil // no room: the newline comes with the next call
-		}
-		p[k] = '\n'
-		k++
-	}
-	n.eof = true
-	return k, nil
 }

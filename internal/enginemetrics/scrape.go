@@ -12,9 +12,11 @@ import (
 	"unicode/utf8"
 )
 
-// MaxExpositionBytes bounds the body a Scraper reads (32 MiB); a larger
-// one is an error. Real engine expositions are tens of kilobytes.
-const MaxExpositionBytes = 32 << 20
+// MaxExpositionBytes bounds the body a Scraper reads (8 MiB); a larger
+// one is an error. Real engine expositions are tens of kilobytes (well
+// under 1 MiB with many LoRA adapters); Parse bounds what it keeps of
+// them further.
+const MaxExpositionBytes = 8 << 20
 
 // scrapeAccept asks for the classic text format (0.0.4) that
 // Parse reads, rather than protobuf or OpenMetrics.

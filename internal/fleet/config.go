@@ -78,9 +78,14 @@ type Config struct {
 	// EjectionTime (default 30 s) times the number of its ejections, at
 	// most MaxEjectionTime (default 5 min); then a successful probe brings
 	// it back. Staying up for MaxEjectionTime resets its count.
-	FailureThreshold int           `yaml:"failure_threshold"`
-	EjectionTime     time.Duration `yaml:"ejection_time"`
-	MaxEjectionTime  time.Duration `yaml:"max_ejection_time"`
+	// MaxEjectionPercent (default 50) caps the ejections requests cause,
+	// as Envoy's max_ejection_percent: while that share of the replicas
+	// (rounded down, at least one) is ejected, failed requests eject no
+	// more. Failing probes eject a replica whatever the share.
+	FailureThreshold   int           `yaml:"failure_threshold"`
+	EjectionTime       time.Duration `yaml:"ejection_time"`
+	MaxEjectionTime    time.Duration `yaml:"max_ejection_time"`
+	MaxEjectionPercent int           `yaml:"max_ejection_percent"`
 	// ConnectTimeout bounds connecting to a replica (default 5 s).
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	// UpstreamTLS is TLS to https replicas.
@@ -235,6 +240,9 @@ func (c Config) Defaults() Config {
 	if c.MaxEjectionTime == 0 {
 		c.MaxEjectionTime = 5 * time.Minute
 	}
+	if c.MaxEjectionPercent == 0 {
+		c.MaxEjectionPercent = 50
+	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 5 * time.Second
 	}
@@ -285,7 +293,8 @@ func (r ReplicaConfig) Defaults() ReplicaConfig {
 	return r
 }
 
-// Validate reports the first problem of a defaulted replica.
+// Validate reports the first problem of a defaulted replica, its API key's
+// environment variable unset among them.
 func (r ReplicaConfig) Validate() error {
 	u, err := url.Parse(r.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -325,6 +334,11 @@ func (r ReplicaConfig) Validate() error {
 	}
 	if _, err := r.served(); err != nil {
 		return err
+	}
+	// A replica without its key is refused here, so that a reload naming
+	// it is refused whole, as a start is.
+	if r.APIKeyEnv != "" && os.Getenv(r.APIKeyEnv) == "" {
+		return fmt.Errorf("api_key_env: $%s is unset or empty", r.APIKeyEnv)
 	}
 	return nil
 }
@@ -393,6 +407,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: max_attempts and failure_threshold must be at least 1")
 	case c.EjectionTime < 0 || c.MaxEjectionTime < c.EjectionTime:
 		return fmt.Errorf("config: ejection_time must be positive and at most max_ejection_time")
+	case c.MaxEjectionPercent < 1 || c.MaxEjectionPercent > 100:
+		return fmt.Errorf("config: max_ejection_percent must be in [1, 100], got %d", c.MaxEjectionPercent)
 	case math.IsNaN(c.TieMargin) || math.IsInf(c.TieMargin, 0):
 		return fmt.Errorf("config: tie_margin must be finite")
 	case c.OutputEstimate != "keyed" && c.OutputEstimate != "global":

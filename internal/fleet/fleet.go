@@ -55,6 +55,13 @@ type Fleet struct {
 	sources map[string]*running                 // watching sources, by name
 	run     context.Context                     // Run's, nil when not running
 	loops   sync.WaitGroup
+	// intervals is closed (and replaced) when a reload changes the probe
+	// or scrape interval: the loops waiting on the old one wake up.
+	intervals atomic.Pointer[chan struct{}]
+	// ejectMu serialises ejections caused by requests against the share
+	// of the fleet ejected (max_ejection_percent); taken under an
+	// Upstream's mu.
+	ejectMu sync.Mutex
 
 	resolver discover.Resolver
 	// aliases are the router's own model names (the config's models:).
@@ -123,6 +130,8 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		wishes: map[string]map[string]ReplicaConfig{}, sources: map[string]*running{}}
 	f.cfg.Store(&cfg)
 	f.ups.Store(&map[string]*Upstream{})
+	wake := make(chan struct{})
+	f.intervals.Store(&wake)
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	f.client = &http.Client{Transport: &http.Transport{
 		DialContext:         dialer.DialContext,
@@ -293,5 +302,48 @@ func (f *Fleet) Aliases() *models.Resolver { return f.aliases }
 // Drain stops new requests to a replica; its requests in flight finish.
 func (f *Fleet) Drain(id string) error { return f.rt.Drain(id) }
 
-// Undrain makes a draining (or leaving) replica active again.
-func (f *Fleet) Undrain(id string) error { return f.rt.Undrain(id) }
+// Undrain makes a draining (or leaving) replica active again. One that was
+// leaving (Remove, or its source no longer wanted it) is its source's
+// again, back in that source's wish: a later Add does not take it out
+// again, and its source may still let it go (a reload of a config file
+// without it, a DNS group's next change); one whose source is gone (a DNS
+// group no longer in the config) becomes the admin API's.
+func (f *Fleet) Undrain(id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st, err := f.rt.Replica(id)
+	if err != nil {
+		return err
+	}
+	if err := f.rt.Undrain(id); err != nil {
+		return err
+	}
+	if u := f.Upstream(id); u != nil && st.State == router.Removing {
+		f.adopt(u)
+	}
+	return nil
+}
+
+// adopt puts an undrained replica back in its source's wish, or in the
+// admin API's if its source is gone. Call with f.mu held.
+func (f *Fleet) adopt(u *Upstream) {
+	id, source := u.cfg.ID, u.source
+	if source != SourceConfig && source != SourceAdmin && f.sources[source] == nil {
+		nu, err := newUpstream(u.cfg, SourceAdmin)
+		if err != nil {
+			f.log.Error("undrained replica left to its gone source", "replica", id, "source", source, "error", err)
+			return
+		}
+		u.stopLoops()
+		nu.health = u.takeHealth()
+		nu.ejectedUntil.Store(nu.health.until.UnixNano())
+		f.setUpstream(id, nu)
+		f.startLoops(nu, true)
+		f.log.Info("undrained replica's source is gone: the replica is the admin API's now", "replica", id, "source", source)
+		source = SourceAdmin
+	}
+	if f.wishes[source] == nil {
+		f.wishes[source] = map[string]ReplicaConfig{}
+	}
+	f.wishes[source][id] = u.cfg
+}

@@ -15,6 +15,13 @@ import (
 // after it, the next successful probe does. A replica that stays up for
 // max_ejection_time has its count of ejections reset.
 //
+// As Envoy's max_ejection_percent, the ejections caused by requests stop
+// while max_ejection_percent of the fleet's replicas (at least one) are
+// ejected, whatever ejected them: a wave of failures that is no replica's
+// fault (a poison request retried across the fleet, an overload that times
+// every replica out) cannot take the whole fleet out. A replica whose
+// probes fail is down, and is ejected whatever the share.
+//
 // Attempts waiting for a replica's first byte are cut when it is ejected
 // (Upstream.Watch) and tried elsewhere at once: nothing has reached their
 // clients yet.
@@ -91,22 +98,36 @@ func (f *Fleet) outcome(id string, failed, probe bool) {
 	}
 	why := ""
 	switch {
-	case h.failures >= cfg.FailureThreshold:
-		why = "requests failing in a row"
 	case h.probeFail >= cfg.FailureThreshold:
 		why = "probes failing in a row"
+	case h.failures >= cfg.FailureThreshold:
+		why = "requests failing in a row"
 	case h.failureRate() >= 0.5:
 		why = "failure rate"
 	default:
 		return
 	}
+	// The share is judged and the ejection made under ejectMu, so that
+	// failures on several replicas at once cannot all pass the cap.
+	f.ejectMu.Lock()
+	defer f.ejectMu.Unlock()
 	now := time.Now()
+	if h.probeFail < cfg.FailureThreshold {
+		if n, ejected := f.ejectedShare(now); ejected >= maxEjected(n, cfg.MaxEjectionPercent) {
+			u.capLog.Do(func() {
+				f.log.Warn("replica not ejected: max_ejection_percent of the fleet is ejected already", "replica", id, "why", why,
+					"ejected", ejected, "replicas", n, "max_ejection_percent", cfg.MaxEjectionPercent)
+			})
+			return
+		}
+	}
 	if !h.upSince.IsZero() && now.Sub(h.upSince) >= cfg.MaxEjectionTime {
 		h.ejections = 0 // up long enough: a fresh start
 	}
 	h.ejections++
 	d := min(time.Duration(h.ejections)*cfg.EjectionTime, cfg.MaxEjectionTime)
 	h.until, h.upSince = now.Add(d), time.Time{}
+	u.ejectedUntil.Store(h.until.UnixNano())
 	h.seen, h.at = 0, 0
 	// Under u.mu, so that a racing probe's success cannot undo it.
 	f.rt.SetHealthy(id, false)
@@ -116,6 +137,24 @@ func (f *Fleet) outcome(id string, failed, probe bool) {
 		(*cancel)(ErrEjected)
 	}
 	f.log.Warn("replica ejected", "replica", id, "why", why, "for", d, "ejections", h.ejections)
+}
+
+// ejectedShare counts the fleet's replicas and those of them ejected at
+// now. Call with ejectMu held.
+func (f *Fleet) ejectedShare(now time.Time) (replicas, ejected int) {
+	for _, u := range f.upstreams() {
+		replicas++
+		if now.UnixNano() < u.ejectedUntil.Load() {
+			ejected++
+		}
+	}
+	return replicas, ejected
+}
+
+// maxEjected is how many of n replicas requests may have ejected at once:
+// percent of them, rounded down, at least one.
+func maxEjected(n, percent int) int {
+	return max(1, n*percent/100)
 }
 
 // probed records a successful probe: it brings the replica back unless it

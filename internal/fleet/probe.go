@@ -30,7 +30,7 @@ func (f *Fleet) gone(u *Upstream) bool {
 }
 
 // probeLoop probes a replica's round trip every ProbeInterval, the first
-// at once if now.
+// at once if now; a reload's new interval applies to the wait under way.
 func (f *Fleet) probeLoop(ctx context.Context, u *Upstream, now bool) {
 	for {
 		if f.gone(u) {
@@ -51,22 +51,48 @@ func (f *Fleet) probeLoop(ctx context.Context, u *Upstream, now bool) {
 // model it lists neither delays its probes nor turns them into list
 // reads. It reports false when ctx ends.
 func (f *Fleet) waitProbe(ctx context.Context, u *Upstream) bool {
-	t := time.NewTimer(f.Config().ProbeInterval)
-	defer t.Stop()
 	refreshed := false
+	return f.wait(ctx, func(c *Config) time.Duration { return c.ProbeInterval }, u.refresh, func() {
+		if !refreshed {
+			refreshed = true
+			f.refreshModels(ctx, u)
+		}
+	})
+}
+
+// wait waits the interval the config gives from now on, calling on for
+// each value from ch meanwhile. A reload that changes the intervals makes
+// it wait the new one's, from the same start (not at all if it has passed
+// already). It reports false when ctx ends.
+func (f *Fleet) wait(ctx context.Context, interval func(*Config) time.Duration, ch <-chan struct{}, on func()) bool {
+	start := time.Now()
+	changed := f.intervalChange() // before the config is read: a reload after is seen
+	t := time.NewTimer(interval(f.cfg.Load()))
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case <-t.C:
 			return true
-		case <-u.refresh:
-			if !refreshed {
-				refreshed = true
-				f.refreshModels(ctx, u)
-			}
+		case <-changed:
+			changed = f.intervalChange()
+			t.Reset(time.Until(start.Add(interval(f.cfg.Load()))))
+		case <-ch:
+			on()
 		}
 	}
+}
+
+// intervalChange is closed by the next reload that changes the probe or
+// scrape interval.
+func (f *Fleet) intervalChange() <-chan struct{} { return *f.intervals.Load() }
+
+// intervalsChanged wakes the loops waiting out the old intervals. Call
+// after the new config is stored.
+func (f *Fleet) intervalsChanged() {
+	next := make(chan struct{})
+	close(*f.intervals.Swap(&next))
 }
 
 // probe times GET /health on a replica: a success feeds the RTT estimate
@@ -109,7 +135,7 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 }
 
 // scrapeLoop reads a replica's engine metrics every ScrapeInterval, the
-// first at once.
+// first at once; a reload's new interval applies to the wait under way.
 func (f *Fleet) scrapeLoop(ctx context.Context, u *Upstream) {
 	sc := &enginemetrics.Scraper{Client: f.client, URL: u.cfg.URL + u.cfg.MetricsPath}
 	var last *enginemetrics.Metrics
@@ -118,10 +144,8 @@ func (f *Fleet) scrapeLoop(ctx context.Context, u *Upstream) {
 			return
 		}
 		last = f.scrape(ctx, u, sc, last)
-		select {
-		case <-ctx.Done():
+		if !f.wait(ctx, func(c *Config) time.Duration { return c.ScrapeInterval }, nil, nil) {
 			return
-		case <-time.After(f.Config().ScrapeInterval):
 		}
 	}
 }

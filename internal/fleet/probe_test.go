@@ -112,3 +112,33 @@ func TestForeignLoadIsShown(t *testing.T) {
 		t.Errorf("said %d times, want once:\n%s", n, logs.String())
 	}
 }
+
+// A reload that shortens the probe and scrape intervals takes effect at
+// once: the loops do not wait out the old interval (an hour here).
+func TestReloadShortensIntervalsAtOnce(t *testing.T) {
+	var mu sync.Mutex
+	probes, scrapes := 0, 0
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch r.URL.Path {
+		case "/health":
+			probes++
+		case "/metrics":
+			scrapes++
+			io.WriteString(w, "sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\n")
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(hs.Close) // after the router's end
+	up := fakeReplica(hs.URL)
+	count := func() (int, int) { mu.Lock(); defer mu.Unlock(); return probes, scrapes }
+	s, _ := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, ScrapeInterval: time.Hour}}, up)
+	eventually(t, "the first probe and scrape", func() bool { p, sc := count(); return p >= 1 && sc >= 1 })
+	p0, s0 := count()
+	cfg := s.Config()
+	cfg.ProbeInterval, cfg.ScrapeInterval = 20*time.Millisecond, 20*time.Millisecond
+	apply(t, s, cfg)
+	eventually(t, "probes and scrapes at the new interval", func() bool { p, sc := count(); return p >= p0+3 && sc >= s0+3 })
+}

@@ -15,8 +15,9 @@ import (
 // them. A config that fails to validate is an error and changes nothing;
 // otherwise apply makes it the running config: the config's replicas are
 // reconciled (Want), the DNS groups re-read, the policy's parameters, the
-// intervals, the failure threshold and the ejection times take effect at
-// once.
+// intervals (a probe or scrape waiting out the old interval is made once
+// the new one has passed since the last), the failure threshold, the
+// ejection times and max_ejection_percent take effect at once.
 func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []string, err error) {
 	next = next.Defaults()
 	cur := f.Config()
@@ -62,6 +63,9 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 			f.aliases.Set(aliases)
 		}
 		f.cfg.Store(&next)
+		if next.ProbeInterval != cur.ProbeInterval || next.ScrapeInterval != cur.ScrapeInterval {
+			f.intervalsChanged()
+		}
 		ch, err := f.Want(SourceConfig, next.Replicas)
 		if sources {
 			f.setSources(dnsSources(next.Discover, f.resolver, f.log))

@@ -25,6 +25,9 @@ type Upstream struct {
 	health  health
 	stop    context.CancelFunc // ends its probe and scrape loops
 	stopped bool
+	// ejectedUntil is health.until in Unix nanoseconds, set under the
+	// fleet's ejectMu too, for the share of the fleet ejected.
+	ejectedUntil atomic.Int64
 
 	// served is what the config says the replica serves (nil: its GET
 	// /v1/models is read); refresh asks for the list to be read again.
@@ -37,8 +40,9 @@ type Upstream struct {
 	// foreignSaid is whether the router said so.
 	foreignRun  atomic.Int32
 	foreignSaid atomic.Bool
-	// attemptLog limits the log lines of its failed attempts.
-	attemptLog rate.Sometimes
+	// attemptLog limits the log lines of its failed attempts; capLog those
+	// of ejections held back by max_ejection_percent.
+	attemptLog, capLog rate.Sometimes
 }
 
 func newUpstream(rc ReplicaConfig, source string) (*Upstream, error) {
@@ -51,7 +55,7 @@ func newUpstream(rc ReplicaConfig, source string) (*Upstream, error) {
 		return nil, err
 	}
 	return &Upstream{cfg: rc, source: source, apiKey: key, served: served, refresh: make(chan struct{}, 1),
-		attemptLog: rate.Sometimes{First: 3, Interval: 10 * time.Second}}, nil
+		attemptLog: rate.Sometimes{First: 3, Interval: 10 * time.Second}, capLog: rate.Sometimes{First: 1, Interval: 10 * time.Second}}, nil
 }
 
 // ID is the replica's id.

@@ -7,10 +7,14 @@
 // router.Predict) is within the SLO; and, for work below Standard
 // priority (batch, sheddable), some replica that can serve it has no more
 // than SaturationWaiting requests waiting for their first token: the
-// engines' own queues, as the router's ledger sees them. A fleet that
-// cannot take a request is saturated for it; the request then waits in a
-// bounded router-side queue, or is refused at once (HTTP 429 with
-// Retry-After): in ModeReject, when it could not meet its SLO even on an
+// engines' own queues, as the router's ledger sees them; and it leaves the
+// room that the recent arrivals of the bands above it, and of the other
+// tenants of its band, need (see roomFor: a lower band or a laxer tenant
+// does not fill the engines' queues so deep that the others' next requests
+// could not meet their SLOs). A fleet that cannot take a request is
+// saturated for it; the request then waits in a bounded router-side queue,
+// or is refused at once (HTTP 429 with Retry-After): in ModeReject, when it
+// is predicted to miss its SLO, when it could not meet its SLO even on an
 // idle replica, when it is sheddable (priority below 0), or when the queue
 // is full and no one in it holds more than this request's tenant.
 //
@@ -21,15 +25,17 @@
 // tenant of weight w may send w × Quantum tokens a round); within a
 // tenant, earliest deadline (arrival + SLO) first. Each time the fleet
 // changes (Release), requests are dispatched in that order while the fleet
-// can take them; a request that can no longer meet its deadline even on an
-// idle replica leaves with a refusal. A full queue makes room by refusing
-// the latest arrival of the tenant holding the most of its lowest band,
-// for its weight (see evict).
+// can take them; a head that waits only for the fleet's load to fall holds
+// back what comes after it in that order (see Release); a request that can
+// no longer meet its deadline even on an idle replica leaves with a
+// refusal. A full queue makes room by refusing the latest arrival of the
+// tenant holding the most of its lowest band, for its weight (see evict).
 package admit
 
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 )
@@ -208,9 +214,10 @@ type Class struct {
 type Gate[T any] struct {
 	cfg   Config
 	n     int        // requests waiting
-	bands []*band[T] // highest priority first; none empty
+	bands []*band[T] // highest priority first; each with tenants waiting or remembered
 	seq   uint64     // arrivals, to order equal deadlines
 	pass  uint64     // Release calls, to mark tenants blocked in one
+	epoch uint64     // Release calls and changes to the queue in them (see short)
 }
 
 // New returns a gate; cfg must have passed Validate.
@@ -235,8 +242,16 @@ func (g *Gate[T]) Len() int { return g.n }
 const Headroom = 0.05
 
 // fits reports whether the fleet can take a request of priority prio with
-// prediction p and wait left before its deadline, with Headroom to spare.
-func (g *Gate[T]) fits(prio int, p Prediction, left time.Duration) bool {
+// prediction p and wait left before its deadline, with Headroom to spare,
+// leaving room for others (see roomFor).
+func (g *Gate[T]) fits(prio int, p Prediction, left, room time.Duration) bool {
+	return g.meets(prio, p, left) && (p.Best <= room || p.Best <= 2*p.Floor)
+}
+
+// meets reports whether a request of priority prio with prediction p
+// would meet its deadline, wait left away, with Headroom to spare (and,
+// below Standard, find a replica not saturated).
+func (g *Gate[T]) meets(prio int, p Prediction, left time.Duration) bool {
 	return float64(p.Best) <= (1-Headroom)*float64(left) && (prio >= Standard || g.cfg.SaturationWaiting < 0 || p.Waiting <= g.cfg.SaturationWaiting)
 }
 
@@ -250,15 +265,17 @@ func (g *Gate[T]) Arrive(v T, c Class, now time.Duration, p Prediction, refuse f
 	if slo <= 0 {
 		return Go, ""
 	}
-	fits := g.fits(c.Priority, p, slo)
+	meets := g.meets(c.Priority, p, slo)
+	fits := meets && g.fits(c.Priority, p, slo, g.roomFor(c.Priority, c.Tenant, now))
 	switch {
 	case fits && !g.waitingAtOrAbove(c.Priority):
+		g.note(c, slo, p.Floor, now, nil)
 		return Go, ""
 	case p.Floor > slo:
 		return Reject, ReasonSLO
 	case !fits && c.Priority < 0:
 		return Reject, ReasonShed
-	case !fits && g.cfg.Mode == ModeReject:
+	case !meets && g.cfg.Mode == ModeReject:
 		return Reject, ReasonSLO
 	}
 	if g.n >= g.cfg.MaxQueue {
@@ -268,10 +285,75 @@ func (g *Gate[T]) Arrive(v T, c Class, now time.Duration, p Prediction, refuse f
 		}
 		refuse(victim, ReasonEvicted)
 	}
+	t := g.bandOf(c.Priority).tenantOf(c.Tenant, g.weight(c.Tenant), max(c.Tokens, 1))
+	g.note(c, slo, p.Floor, now, t)
 	g.seq++
-	g.bandOf(c.Priority).tenantOf(c.Tenant, g.weight(c.Tenant)).push(held[T]{v: v, deadline: now + slo, floor: p.Floor, cost: max(c.Tokens, 1), seq: g.seq})
+	t.push(held[T]{v: v, deadline: now + slo, floor: p.Floor, cost: max(c.Tokens, 1), seq: g.seq})
 	g.n++
 	return Hold, ""
+}
+
+// ReserveFor is how long a tenant's last arrival keeps room for its next
+// (see note) after it.
+const ReserveFor = time.Minute
+
+// note notes an arrival of class c, held to slo, whose floor is floor,
+// queued in t (nil: it went at once, and its band remembers its tenant).
+// Its tenant's next request, if like it, will need room: the fleet's
+// forecast, when it arrives, must be at most (1 − Headroom) × its SLO less
+// its own floor. Until ReserveFor has passed, the bands below, and the
+// other tenants of its band, leave it that room (see roomFor). A request
+// that could not meet its SLO even on an idle replica reserves nothing.
+func (g *Gate[T]) note(c Class, slo, floor, now time.Duration, t *tenant[T]) {
+	if t == nil {
+		b := g.bandOf(c.Priority)
+		if t = b.recall(c.Tenant); t == nil {
+			t = &tenant[T]{name: c.Tenant, weight: g.weight(c.Tenant)}
+		}
+		b.remember(t)
+	}
+	t.room = time.Duration((1-Headroom)*float64(slo)) - floor
+	if t.room <= 0 {
+		t.room = time.Duration(math.MaxInt64)
+	}
+	t.last = now
+}
+
+// roomFor is how far a request of the named tenant, at priority prio, may
+// push the fleet's forecast: the least room that the recent arrivals of
+// the bands above it need, and of the other tenants of its band, whether
+// requests of theirs wait or not. A band does not fill the engines' queues
+// so deep that the work above it, arriving next, could not meet its SLO;
+// and a tenant not so deep that another's next request, needing more room
+// (a tighter SLO, a longer prompt), could not: who goes first is still
+// flow control's order. No limit without any; and a request whose forecast
+// is at most twice its floor (the fleet about as free as it gets for it)
+// is not held to it (see fits).
+func (g *Gate[T]) roomFor(prio int, name string, now time.Duration) time.Duration {
+	room := time.Duration(math.MaxInt64)
+	for _, b := range g.bands {
+		switch {
+		case b.priority > prio:
+			room = min(room, b.room(now, ""))
+		case b.priority == prio:
+			room = min(room, b.room(now, name))
+		}
+	}
+	return room
+}
+
+// room is the least room the band's tenants other than the named one need
+// (see Gate.note), of those that arrived within ReserveFor of now.
+func (b *band[T]) room(now time.Duration, name string) time.Duration {
+	room := time.Duration(math.MaxInt64)
+	for _, ts := range [][]*tenant[T]{b.ring, b.gone} {
+		for _, u := range ts {
+			if u.name != name && now-u.last <= ReserveFor {
+				room = min(room, u.room)
+			}
+		}
+	}
+	return room
 }
 
 func (g *Gate[T]) weight(tenant string) float64 {
@@ -285,67 +367,250 @@ func (g *Gate[T]) weight(tenant string) float64 {
 // no longer meet its deadline, then dispatches in flow control's order
 // (bands from the highest, tenants by deficit round robin, deadlines) what
 // the fleet can take, asking predict just before each (the dispatches
-// before it changed the fleet's backlog): a lower band gets what the
-// higher ones left. A tenant whose head the fleet cannot take tries the
-// few requests behind it, then waits; so does one whose head no replica
-// can serve (predict reports false), without holding up the others. Its
-// cost is a pass over the queue's deadlines plus a few predictions per
-// tenant and two per request dispatched.
+// before it changed the fleet's backlog).
+//
+// A head the fleet cannot take now but could on an emptier fleet (it waits
+// for load) holds back what comes after it in that order: the bands below
+// and, once its tenant's deficit covers it, the tenants after it in the
+// round, so that it goes first when the fleet frees (a lower band gets
+// only what the higher ones leave, a tenant its share whatever its
+// requests need). It holds them only if they compete with it for
+// replicas: until that is known, they go on, and after each request they
+// send the held heads are predicted again; one whose forecast worsened
+// stops the release there, and its tenant then holds the others at once
+// for Reprobe. A head the fleet could not take even idle (no replica
+// serves it: predict reports false; or it cannot meet its deadline, with
+// the headroom, even on an idle replica) holds no one up, and its tenant
+// earns nothing meanwhile; such a head is refused once it cannot meet its
+// deadline at all, so no head holds the others for longer than its SLO.
+//
+// Its cost is a pass over the queue's deadlines plus, per request
+// dispatched, a few predictions per tenant of its band and one per held
+// head (at most maxHeld): rounds in which no tenant could send are taken
+// at once, whatever the weights and the sizes of the requests.
 func (g *Gate[T]) Release(now time.Duration, predict func(T) (Prediction, bool), dispatch func(T), refuse func(T, Reason)) {
 	if g.n == 0 {
 		return
 	}
 	g.pass++
 	g.expire(now, refuse)
+	g.epoch++
+	r := releaser[T]{g: g, now: now, predict: predict, dispatch: dispatch, refuse: refuse}
+	above := time.Duration(math.MaxInt64)
 	for _, b := range g.bands {
-		g.releaseBand(b, now, predict, dispatch, refuse)
+		b.above = above
+		above = min(above, b.room(now, ""))
 	}
-	g.prune()
+	for _, b := range g.bands {
+		if r.stop {
+			break
+		}
+		if len(b.ring) > 0 {
+			r.band(b)
+		}
+	}
+	g.forget(now)
 }
 
-// releaseBand dispatches what the fleet can take of one band, its tenants
-// in deficit round robin: a tenant's turn goes on while its deficit
-// covers what it can send, and a tenant gets a new round's quantum only
-// when it has a request the fleet can take now (waiting earns nothing). A
-// tenant with nothing the fleet can take (no replica for its head, or no
-// room for it or the few behind it) waits this time round.
-func (g *Gate[T]) releaseBand(b *band[T], now time.Duration, predict func(T) (Prediction, bool), dispatch func(T), refuse func(T, Reason)) {
-	blocked := 0 // tenants passed over this time round
+// Reprobe is how long a tenant whose held head was found to compete with
+// the requests sent past it holds the others back without trying again
+// (one request then goes past it, to see).
+const Reprobe = time.Second
+
+// maxHeld bounds the heads held in one Release whose competition with the
+// others is not known; past it, Release stops.
+const maxHeld = 8
+
+// releaser is one Release's state.
+type releaser[T any] struct {
+	g        *Gate[T]
+	now      time.Duration
+	predict  func(T) (Prediction, bool)
+	dispatch func(T)
+	refuse   func(T, Reason)
+	held     []heldHead[T] // heads held for load, not known to compete
+	stop     bool          // a held head competes: nothing more goes
+}
+
+// heldHead is a tenant whose head waits for load: the request it waits
+// for, and its forecast then.
+type heldHead[T any] struct {
+	b *band[T]
+	t *tenant[T]
+	v T
+	p Prediction
+}
+
+// band dispatches what the fleet can take of one band, its tenants in
+// deficit round robin: a tenant's turn starts with a round's quantum (once
+// a round) and goes on while its deficit covers what it can send. A tenant
+// whose head waits for load earns its quantum at its turn as the others
+// do, and once its deficit covers its head it holds the turn (see
+// Release); one with nothing the fleet could take earns nothing and waits
+// this time round. Rounds in which no tenant could send are taken at once.
+func (r *releaser[T]) band(b *band[T]) {
+	g := r.g
+	q := float64(g.cfg.Quantum)
+	blocked := 0         // tenants passed over this time round
+	var first *tenant[T] // the first held this pass, while nothing went after it
 	for len(b.ring) > blocked {
-		b.next %= len(b.ring)
+		if b.next >= len(b.ring) {
+			b.next = 0
+			if first == nil { // a held head's turn has not ended
+				b.round++
+			}
+		}
 		t := b.ring[b.next]
 		if t.blocked == g.pass {
 			b.next++
 			continue
 		}
-		i, expired := g.pick(b.priority, t, now, predict)
-		switch {
-		case expired:
-			refuse(t.queue[0].v, ReasonExpired)
-		case i < 0:
+		i, st, p := g.pick(b, t, r.now, r.predict)
+		switch st {
+		case headExpired:
+			r.refuse(t.queue[0].v, ReasonExpired)
+			r.remove(b, t, 0)
+			continue
+		case headUnservable:
 			t.blocked = g.pass
 			blocked++
 			b.next++
 			continue
-		case t.deficit < float64(t.queue[i].cost):
-			t.deficit += t.weight * float64(g.cfg.Quantum)
-			b.next++ // its turn ends: it sends on its next
+		}
+		cost := float64(t.queue[i].cost)
+		if t.deficit < cost && t.turn != b.round && (st != headLoaded || first == nil) {
+			// Its turn starts.
+			t.deficit += t.weight * q
+			t.turn = b.round
+		}
+		if st == headLoaded && (t.deficit >= cost || first != nil) {
+			// Owed its head; or past another held head, where its turn
+			// does not start.
+			if t.contended > r.now || len(r.held) == maxHeld {
+				r.halt(b, t, first)
+				return
+			}
+			r.held = append(r.held, heldHead[T]{b, t, t.queue[i].v, p})
+			if first == nil {
+				first = t
+			}
+			t.blocked = g.pass
+			blocked++
+			b.next++
 			continue
-		default:
-			dispatch(t.queue[i].v)
-			t.deficit -= float64(t.queue[i].cost)
 		}
-		t.remove(max(i, 0))
-		g.n--
-		if len(t.queue) == 0 {
-			b.leave(b.next)
+		if t.deficit < cost {
+			if first != nil {
+				// Short, and no new round before the held head's turn ends.
+				t.blocked = g.pass
+				blocked++
+			} else {
+				r.short(b, t, cost)
+			}
+			b.next++ // its turn ends
+			continue
 		}
+		r.dispatch(t.queue[i].v)
+		t.deficit -= cost
+		first = nil
+		r.remove(b, t, i)
+		if r.probe() {
+			return
+		}
+	}
+	if k := slices.Index(b.ring, first); k >= 0 {
+		// Nothing went after it: the turn is still its own.
+		b.next = k
 	}
 }
 
+// halt stops the release at t, the turn back to first if one is held.
+func (r *releaser[T]) halt(b *band[T], t, first *tenant[T]) {
+	r.stop = true
+	if first != nil {
+		t = first
+	}
+	b.next = slices.Index(b.ring, t)
+}
+
+// remove takes t's request i out of the queue; t is ring[b.next].
+func (r *releaser[T]) remove(b *band[T], t *tenant[T], i int) {
+	t.remove(i)
+	r.g.n--
+	r.g.epoch++
+	if len(t.queue) == 0 {
+		b.leave(b.next, float64(r.g.cfg.Quantum))
+	}
+}
+
+// short ends t's turn, its deficit short of cost. When every tenant of
+// the band still in play has ended its turn so since the queue last
+// changed, the rounds to come are alike until one can send: the next one
+// gives each its quantum, and the ones before it are taken at once, each
+// tenant given that many quanta.
+func (r *releaser[T]) short(b *band[T], t *tenant[T], cost float64) {
+	g := r.g
+	q := float64(g.cfg.Quantum)
+	t.need, t.earned = cost-t.deficit, g.epoch
+	k := math.Inf(1)
+	for _, u := range b.ring {
+		if u.blocked == g.pass {
+			continue
+		}
+		if u.earned != g.epoch {
+			return
+		}
+		k = min(k, math.Ceil(u.need/(u.weight*q)))
+	}
+	if k--; k <= 0 || math.IsInf(k, 0) {
+		return
+	}
+	for _, u := range b.ring {
+		if u.blocked != g.pass {
+			u.deficit += k * u.weight * q
+		}
+	}
+	b.round += uint64(k)
+	g.epoch++
+}
+
+// probe predicts the held heads again after a dispatch; it reports whether
+// one's forecast worsened: the request sent competes with it, its tenant is
+// marked so, and the release stops with the turn back to it.
+func (r *releaser[T]) probe() bool {
+	for _, h := range r.held {
+		p, ok := r.predict(h.v)
+		if ok && (p.Best > h.p.Best || p.Waiting > h.p.Waiting) {
+			h.t.contended = r.now + Reprobe
+			r.halt(h.b, h.t, nil)
+			return true
+		}
+	}
+	return false
+}
+
+// headState is what pick found of a tenant's requests.
+type headState int
+
+const (
+	// headFits: the request picked fits now.
+	headFits headState = iota
+	// headExpired: the head can no longer meet its deadline even on an
+	// idle replica.
+	headExpired
+	// headUnservable: no replica serves the head, or none of the
+	// tenant's requests fits now or would on an idle replica.
+	headUnservable
+	// headLoaded: none fits now, but the request picked would on an
+	// emptier fleet: it waits for load.
+	headLoaded
+)
+
 // pick is which of a tenant's requests the fleet can take now: the one
-// with the earliest deadline that it can take, or -1 for none. expired
-// says its head can no longer meet its deadline even on an idle replica.
+// with the earliest deadline that it can take (headFits); else the
+// earliest that would fit on an idle replica (headLoaded: it waits for
+// load), or -1 for none; with the prediction of the one picked (of the
+// head for none).
 //
 // Whether a request fits depends mostly on how much time it has left, so
 // under a backlog that outlasts the heads' deadlines the requests that fit
@@ -355,33 +620,37 @@ func (g *Gate[T]) releaseBand(b *band[T], now time.Duration, predict func(T) (Pr
 // longer fit would hold the fleet idle until they expired, and the
 // requests behind them would spend their time in the queue (on the Azure
 // trace at ten times its rate, the queue's goodput was 40% below refusing
-// at once).
-func (g *Gate[T]) pick(prio int, t *tenant[T], now time.Duration, predict func(T) (Prediction, bool)) (int, bool) {
+// at once). A head too close to its deadline to fit even on an idle
+// replica does not make its tenant's later requests stop waiting for load:
+// the request waited for is the earliest that would fit there, by the
+// floor predicted at its arrival.
+func (g *Gate[T]) pick(b *band[T], t *tenant[T], now time.Duration, predict func(T) (Prediction, bool)) (int, headState, Prediction) {
+	prio, room := b.priority, min(b.above, b.room(now, t.name))
 	h := t.queue[0]
 	p, ok := predict(h.v)
 	switch {
 	case !ok:
-		return -1, false
+		return -1, headUnservable, p
 	case now+p.Floor > h.deadline:
-		return 0, true
+		return 0, headExpired, p
 	}
 	fits := func(i int) bool {
 		h := t.queue[i]
 		p, ok := predict(h.v)
-		return ok && g.fits(prio, p, h.deadline-now)
+		return ok && g.fits(prio, p, h.deadline-now, room)
 	}
-	if g.fits(prio, p, h.deadline-now) {
-		return 0, false
+	if g.fits(prio, p, h.deadline-now, room) {
+		return 0, headFits, p
 	}
 	near := min(len(t.queue), 1+lookahead)
 	for i := 1; i < near; i++ {
 		if fits(i) {
-			return i, false
+			return i, headFits, p
 		}
 	}
 	last := len(t.queue) - 1
 	if last < near || !fits(last) {
-		return -1, false
+		return g.waited(prio, t, now, p, predict)
 	}
 	// queue[near-1] does not fit and queue[last] does: the earliest that
 	// fits, taking fitting to hold from some point on.
@@ -394,7 +663,28 @@ func (g *Gate[T]) pick(prio int, t *tenant[T], now time.Duration, predict func(T
 			lo = mid
 		}
 	}
-	return hi, false
+	return hi, headFits, p
+}
+
+// waited is the earliest of t's requests, none of which fits now, that
+// would fit on an idle replica (headLoaded), with its prediction, or
+// headUnservable; p is the head's prediction.
+func (g *Gate[T]) waited(prio int, t *tenant[T], now time.Duration, p Prediction, predict func(T) (Prediction, bool)) (int, headState, Prediction) {
+	idle := func(floor, deadline time.Duration) bool {
+		return g.meets(prio, Prediction{Best: floor}, deadline-now)
+	}
+	if idle(p.Floor, t.queue[0].deadline) {
+		return 0, headLoaded, p
+	}
+	for i := 1; i < len(t.queue); i++ {
+		if h := t.queue[i]; idle(h.floor, h.deadline) {
+			if q, ok := predict(h.v); ok {
+				return i, headLoaded, q
+			}
+			break
+		}
+	}
+	return -1, headUnservable, p
 }
 
 // lookahead is how many requests behind a tenant's head Release tries one
@@ -420,7 +710,7 @@ func (g *Gate[T]) expire(now time.Duration, refuse func(T, Reason)) {
 			clear(t.queue[len(kept):])
 			t.queue = kept
 			if len(t.queue) == 0 {
-				b.leave(k)
+				b.leave(k, float64(g.cfg.Quantum))
 				continue
 			}
 			k++
@@ -438,7 +728,7 @@ func (g *Gate[T]) Drop(eq func(T) bool) bool {
 					t.remove(i)
 					g.n--
 					if len(t.queue) == 0 {
-						b.leave(k)
+						b.leave(k, float64(g.cfg.Quantum))
 					}
 					g.prune()
 					return true

@@ -7,11 +7,16 @@ import (
 )
 
 // band is the requests of one priority: its tenants with requests
-// waiting, in round-robin order.
+// waiting, in round-robin order, and those without, remembered (what is
+// left of their deficit, the room their next request needs: see Gate.note)
+// until ReserveFor after their last arrival.
 type band[T any] struct {
 	priority int
 	ring     []*tenant[T]
-	next     int // the tenant whose turn it is
+	gone     []*tenant[T]  // oldest first
+	next     int           // the tenant whose turn it is
+	round    uint64        // rounds of the ring so far (from 1)
+	above    time.Duration // in a Release, the room the bands above need (see Gate.roomFor)
 }
 
 // tenant is one tenant's requests in a band, earliest deadline first, and
@@ -21,7 +26,16 @@ type tenant[T any] struct {
 	weight  float64
 	deficit float64
 	queue   []held[T]
-	blocked uint64 // the Release pass in which no replica could take its head
+	blocked uint64 // the Release pass in which it was passed over
+	// contended is until when its head, waiting for load, holds the others
+	// back at once (it was found to compete with the requests sent past it).
+	contended time.Duration
+	turn      uint64  // the round in which its last turn started
+	need      float64 // what its deficit lacked at its last turn's end
+	earned    uint64  // the Gate's epoch then
+	// room is the room its next request will need, going by its last
+	// arrival, at last (see Gate.note).
+	room, last time.Duration
 }
 
 type held[T any] struct {
@@ -38,46 +52,107 @@ func (g *Gate[T]) bandOf(p int) *band[T] {
 	if i < len(g.bands) && g.bands[i].priority == p {
 		return g.bands[i]
 	}
-	b := &band[T]{priority: p}
+	b := &band[T]{priority: p, round: 1}
 	g.bands = slices.Insert(g.bands, i, b)
 	return b
 }
 
 // tenantOf returns the band's queue of the named tenant, joining the round
-// (last) if it had none.
-func (b *band[T]) tenantOf(name string, weight float64) *tenant[T] {
+// if it had none, for a request of cost cost: its turn comes at once if it
+// has not had one this round, or if what is left of its deficit covers the
+// request (a tenant that comes back does not wait for the turns of others,
+// which under load last as long as the fleet takes to serve their quanta,
+// to send what this round owes it); else last in this round.
+func (b *band[T]) tenantOf(name string, weight float64, cost int) *tenant[T] {
 	if t := b.find(name); t != nil {
 		return t
 	}
-	t := &tenant[T]{name: name, weight: weight}
-	// Join just before the tenant whose turn it is: last in this round.
+	t := b.recall(name)
+	if t == nil {
+		t = &tenant[T]{name: name}
+	}
+	t.weight = weight
+	// Join just before the tenant whose turn it is: its turn now, or, had
+	// it one this round, last in the round.
 	b.ring = slices.Insert(b.ring, b.next, t)
-	b.next++
+	if t.turn == b.round && t.deficit < float64(cost) {
+		b.next++
+	}
 	return t
 }
 
-// leave takes the (empty) tenant at ring[k] out of the round; its deficit
-// goes with it, as deficit round robin has it.
-func (b *band[T]) leave(k int) {
+// recall takes the named tenant out of those remembered (nil if not).
+func (b *band[T]) recall(name string) *tenant[T] {
+	for k, t := range b.gone {
+		if t.name == name {
+			b.gone = slices.Delete(b.gone, k, k+1)
+			return t
+		}
+	}
+	return nil
+}
+
+// maxGone bounds the tenants a band remembers.
+const maxGone = 256
+
+// leave takes the (empty) tenant at ring[k] out of the round and remembers
+// it, with what is left of its deficit up to a round's quantum (quantum per
+// unit of weight): no more than deficit round robin would have let it send
+// had it stayed.
+func (b *band[T]) leave(k int, quantum float64) {
+	t := b.ring[k]
 	b.ring = slices.Delete(b.ring, k, k+1)
 	if k < b.next {
 		b.next--
 	}
-	if len(b.ring) > 0 {
-		b.next %= len(b.ring)
-	} else {
-		b.next = 0
-	}
+	t.deficit = min(t.deficit, t.weight*quantum)
+	b.remember(t)
 }
 
-// prune drops the empty bands.
+// remember adds t to the tenants remembered, forgetting the oldest past
+// maxGone.
+func (b *band[T]) remember(t *tenant[T]) {
+	if len(b.gone) == maxGone {
+		b.gone = slices.Delete(b.gone, 0, 1)
+	}
+	b.gone = append(b.gone, t)
+}
+
+// prune drops the bands with nothing waiting and nothing remembered.
 func (g *Gate[T]) prune() {
-	g.bands = slices.DeleteFunc(g.bands, func(b *band[T]) bool { return len(b.ring) == 0 })
+	g.bands = slices.DeleteFunc(g.bands, func(b *band[T]) bool { return len(b.ring) == 0 && len(b.gone) == 0 })
+}
+
+// forget drops the tenants remembered whose last arrival is more than
+// ReserveFor before now, then the bands left empty.
+func (g *Gate[T]) forget(now time.Duration) {
+	for _, b := range g.bands {
+		b.gone = slices.DeleteFunc(b.gone, func(t *tenant[T]) bool { return now-t.last > ReserveFor })
+	}
+	g.prune()
 }
 
 // waitingAtOrAbove reports whether requests of priority p or higher wait.
 func (g *Gate[T]) waitingAtOrAbove(p int) bool {
-	return len(g.bands) > 0 && g.bands[0].priority >= p
+	for _, b := range g.bands {
+		if b.priority < p {
+			break
+		}
+		if len(b.ring) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// lowest is the lowest band with requests waiting (nil if none).
+func (g *Gate[T]) lowest() *band[T] {
+	for i := len(g.bands) - 1; i >= 0; i-- {
+		if len(g.bands[i].ring) > 0 {
+			return g.bands[i]
+		}
+	}
+	return nil
 }
 
 // evict makes room in a full queue for a request of priority p from the
@@ -88,11 +163,8 @@ func (g *Gate[T]) waitingAtOrAbove(p int) bool {
 // against the others).
 func (g *Gate[T]) evict(p int, name string, weight float64) (T, bool) {
 	var zero T
-	if len(g.bands) == 0 {
-		return zero, false
-	}
-	b := g.bands[len(g.bands)-1]
-	if b.priority > p {
+	b := g.lowest()
+	if b == nil || b.priority > p {
 		return zero, false
 	}
 	k, most := -1, 0.0
@@ -121,8 +193,7 @@ func (g *Gate[T]) evict(p int, name string, weight float64) (T, bool) {
 	t.remove(last)
 	g.n--
 	if len(t.queue) == 0 {
-		b.leave(k)
-		g.prune()
+		b.leave(k, float64(g.cfg.Quantum))
 	}
 	return v, true
 }

@@ -38,12 +38,15 @@ type Fleet struct {
 	rt     *router.Router
 	policy policy.Policy
 	core   *lifecycle.Core
-	client *http.Client
-	start  time.Time
-	bus    *mesh.Bus // nil off a mesh
-	nats   func()    // stops the embedded NATS server, if any
-	m      *metrics
-	log    *slog.Logger
+	client *http.Client // probes, scrapes, model lists
+	// forward is the client of clients' requests: it shares client's
+	// connections and follows no redirect.
+	forward *http.Client
+	start   time.Time
+	bus     *mesh.Bus // nil off a mesh
+	nats    func()    // stops the embedded NATS server, if any
+	m       *metrics
+	log     *slog.Logger
 
 	// ups maps replica ids to upstreams; it changes under mu and is read
 	// through the atomic pointer.
@@ -133,7 +136,7 @@ func New(cfg Config, o Options) (*Fleet, error) {
 	wake := make(chan struct{})
 	f.intervals.Store(&wake)
 	dialer := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
-	f.client = &http.Client{Transport: &http.Transport{
+	tr := &http.Transport{
 		DialContext:         dialer.DialContext,
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
@@ -145,7 +148,12 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		ReadBufferSize:         64 << 10,
 		MaxResponseHeaderBytes: maxResponseHeaderBytes,
 		TLSClientConfig:        upTLS,
-	},
+	}
+	// Probes, scrapes and model lists follow redirects (an ingress in
+	// front of a replica may send them); clients' requests do not (see
+	// Client).
+	f.client = &http.Client{Transport: tr}
+	f.forward = &http.Client{Transport: tr,
 		// A replica's redirect is not followed: the client's request (and
 		// headers) would go, as a GET, wherever the replica points. The
 		// proxy takes it as the replica's failure.
@@ -262,7 +270,7 @@ func (f *Fleet) Policy() policy.Policy { return f.policy }
 func (f *Fleet) Config() Config { return *f.cfg.Load() }
 
 // Client is the transport to the replicas.
-func (f *Fleet) Client() *http.Client { return f.client }
+func (f *Fleet) Client() *http.Client { return f.forward }
 
 // Bus is the mesh bus (nil off a mesh).
 func (f *Fleet) Bus() *mesh.Bus { return f.bus }

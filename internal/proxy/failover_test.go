@@ -183,14 +183,21 @@ func TestToolCallStreamHasAFirstToken(t *testing.T) {
 // another replica serves the request.
 func TestRedirectIsNotFollowed(t *testing.T) {
 	var followed atomic.Bool
-	elsewhere := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) { followed.Store(true) })
+	elsewhere := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Client") != "" { // a client's request, not a probe (probes follow redirects)
+			followed.Store(true)
+		}
+	})
 	redirect := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, elsewhere.URL+"/latest/meta-data", http.StatusFound)
 	})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
 	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, redirect, good)
 	for _, stream := range []bool{false, true} {
-		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", 1, stream)))
+		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(chatBody("x", 1, stream)))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Client", "1")
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -255,5 +262,27 @@ func TestQueuedStreamIsNotCut(t *testing.T) {
 	}
 	if failures, _, _ := tr.Upstream("a").Health(); failures != 0 {
 		t.Errorf("the queued replica's failures in a row: %d, want 0", failures)
+	}
+}
+
+// The body's deadline covers the body alone: an answer that takes longer
+// than read_body_timeout is served. (A review feared the deadline, left
+// set while the answer ran, would cancel the request through the server's
+// background read; with Go 1.26 it does not, but the deadline is lifted
+// as soon as the body is in, and this test keeps it so.)
+func TestLongAnswerOutlivesTheBodyTimeout(t *testing.T) {
+	slow := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		time.Sleep(time.Second) // longer than the body's timeout
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+	})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{ReadBodyTimeout: 200 * time.Millisecond}}, slow)
+	for _, stream := range []bool{true, false} {
+		if code, body := do(t, "POST", url+"/v1/chat/completions", chatBody("x", 1, stream)); code != 200 || !strings.Contains(body, "hi") {
+			t.Errorf("stream %v: %d %.200s", stream, code, body)
+		}
 	}
 }

@@ -36,12 +36,7 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 		core := s.fleet.Core()
 		body := httpapi.GetBuffer()
 		defer httpapi.PutBuffer(body)
-		if cfg.ReadBodyTimeout > 0 {
-			rc := http.NewResponseController(w)
-			_ = rc.SetReadDeadline(time.Now().Add(cfg.ReadBodyTimeout)) // writers that cannot go without
-			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
-		}
-		if err := httpapi.ReadBody(r, body, cfg.MaxBodyBytes); err != nil {
+		if err := readBody(w, r, body, cfg); err != nil {
 			e := httpapi.BodyError(err)
 			core.Refused(e)
 			httpapi.WriteError(w, e)
@@ -66,6 +61,18 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 			panic(http.ErrAbortHandler) // headers are out: cut the stream, don't fake its end
 		}
 	}
+}
+
+// readBody reads the request's body into body within read_body_timeout;
+// the deadline covers the body alone, lifted as soon as it is read (the
+// answer may take far longer).
+func readBody(w http.ResponseWriter, r *http.Request, body *[]byte, cfg *Config) error {
+	if cfg.ReadBodyTimeout > 0 {
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Now().Add(cfg.ReadBodyTimeout)) // writers that cannot go without
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
+	return httpapi.ReadBody(r, body, cfg.MaxBodyBytes)
 }
 
 // exchange is one client request as the lifecycle sees this front end

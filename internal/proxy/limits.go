@@ -38,6 +38,8 @@ type limitListener struct {
 	open atomic.Int64
 	s    *Server
 	tls  *tls.Config // nil: plaintext
+	// refusing counts the connections past the cap being answered.
+	refusing atomic.Int64
 }
 
 // refusal is what a connection over the cap reads.
@@ -57,20 +59,45 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		l.open.Add(-1)
 		l.s.m.refused.WithLabelValues("max_connections").Inc()
-		go func() { // do not hold up Accept for a slow client
-			if l.tls != nil {
-				c = tls.Server(c, l.tls)
-			}
-			_ = c.SetDeadline(time.Now().Add(time.Second)) // the handshake reads too
-			// Read the request's head first (for a second at most): an
-			// answer that comes before the request is one a client's
-			// connection pool discards.
-			readHead(c)
-			_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-			_, _ = c.Write(refusal)
+		if l.refusing.Add(1) > maxRefusing {
+			// A flood: no answer, so that refusing costs no more than
+			// the cap saves.
+			l.refusing.Add(-1)
 			_ = c.Close()
+			continue
+		}
+		go func() { // do not hold up Accept for a slow client
+			defer l.refusing.Add(-1)
+			l.refuse(c)
 		}()
 	}
+}
+
+// maxRefusing bounds the connections past the cap being answered at once
+// (each for at most a few seconds); past it they are closed unanswered.
+const maxRefusing = 256
+
+// refuse answers a connection over the cap with a 503 over TLS when the
+// server serves it: after the request's head (an answer that comes before
+// the request is one a client's connection pool discards), then closing
+// its side first and reading what is left of the request for a moment,
+// so that the close does not reset the connection under the answer.
+func (l *limitListener) refuse(c net.Conn) {
+	if l.tls != nil {
+		c = tls.Server(c, l.tls)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second)) // the handshake reads too
+	readHead(c)
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write(refusal); err != nil {
+		return
+	}
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c, 256<<10))
 }
 
 // readHead reads, and drops, what a client sends up to the blank line

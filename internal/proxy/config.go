@@ -40,7 +40,8 @@ type Config struct {
 	// StreamIdleTimeout cuts an answer whose replica sends nothing for this
 	// long once it has begun (default 60 s; negative: never), which frees
 	// the client and counts against the replica; and a client that takes
-	// no byte of its answer for as long.
+	// no byte of its answer for as long (each write gets it, and a
+	// millisecond more per byte written).
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// IdleTimeout closes a client's keep-alive connection idle this long
 	// (default 75 s, nginx's); ReadHeaderTimeout cuts a client that takes

@@ -492,17 +492,20 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	case !a.stream && a.resp.ContentLength >= 0: // passed through as it comes
 		h.Set("Content-Length", strconv.FormatInt(a.resp.ContentLength, 10))
 	}
-	// A client that takes no byte for the idle limit is cut, as a replica
-	// that sends none is: it would hold the handler, and the replica's
-	// answer, for ever. (Writers that cannot set deadlines go without.)
+	// A client that stops taking its answer is cut, as a replica that
+	// stops sending is: it would hold the handler, and the replica's
+	// answer, for ever. Each write has the idle limit, and a millisecond
+	// more per byte (a client taking a held answer of a megabyte at a
+	// kilobyte a second is slow, not gone). (Writers that cannot set
+	// deadlines go without.)
 	rc := http.NewResponseController(w)
-	deadline := func() {
+	deadline := func(n int) {
 		if cfg.StreamIdleTimeout > 0 {
-			_ = rc.SetWriteDeadline(time.Now().Add(cfg.StreamIdleTimeout))
+			_ = rc.SetWriteDeadline(time.Now().Add(cfg.StreamIdleTimeout + time.Duration(n)*time.Millisecond))
 		}
 	}
 	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
-	deadline()
+	deadline(len(*a.buf))
 	w.WriteHeader(a.resp.StatusCode)
 	var clientErr error
 	if a.whole {
@@ -567,7 +570,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			// While the client takes the bytes, the replica cannot send
 			// more: its idle limit waits, and the client's runs.
 			a.idle.Stop()
-			deadline()
+			deadline(len(*out))
 			if _, clientErr = w.Write(*out); clientErr != nil {
 				break
 			}

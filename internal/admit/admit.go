@@ -299,9 +299,12 @@ const ReserveFor = time.Minute
 
 // note notes an arrival of class c, held to slo, whose floor is floor,
 // queued in t (nil: it went at once, and its band remembers its tenant).
-// Its tenant's next request, if like it, will need room: the fleet's
-// forecast, when it arrives, must be at most (1 − Headroom) × its SLO less
-// its own floor. Until ReserveFor has passed, the bands below, and the
+// Its tenant's next request, if like its recent ones, will need room: the
+// fleet's forecast, when it arrives, must be at most (1 − Headroom) × its
+// SLO less its floor, the floors of the tenant's arrivals averaged (a
+// fifth of the way to each new one: one long prompt, whose floor nearly
+// fills its SLO, must not hold the fleet's queues near empty for
+// ReserveFor). Until ReserveFor has passed, the bands below, and the
 // other tenants of its band, leave it that room (see roomFor). A request
 // that could not meet its SLO even on an idle replica reserves nothing.
 func (g *Gate[T]) note(c Class, slo, floor, now time.Duration, t *tenant[T]) {
@@ -312,7 +315,12 @@ func (g *Gate[T]) note(c Class, slo, floor, now time.Duration, t *tenant[T]) {
 		}
 		b.remember(t)
 	}
-	t.room = time.Duration((1-Headroom)*float64(slo)) - floor
+	if t.last == 0 && t.floor == 0 {
+		t.floor = floor
+	} else {
+		t.floor += (floor - t.floor) / 5
+	}
+	t.room = time.Duration((1-Headroom)*float64(slo)) - t.floor
 	if t.room <= 0 {
 		t.room = time.Duration(math.MaxInt64)
 	}

@@ -33,9 +33,10 @@ type tenant[T any] struct {
 	turn      uint64  // the round in which its last turn started
 	need      float64 // what its deficit lacked at its last turn's end
 	earned    uint64  // the Gate's epoch then
-	// room is the room its next request will need, going by its last
-	// arrival, at last (see Gate.note).
-	room, last time.Duration
+	// room is the room its next request will need, going by its recent
+	// arrivals, at last (see Gate.note); floor is their floors' moving
+	// average.
+	room, last, floor time.Duration
 }
 
 type held[T any] struct {

@@ -330,3 +330,24 @@ func TestRoomForTheBandsAbove(t *testing.T) {
 		t.Errorf("a minute after chat's last: %v, want go", v)
 	}
 }
+
+// The room a tenant's next request needs goes by its recent arrivals'
+// floors, averaged: one long prompt, whose floor nearly fills its SLO,
+// does not hold the others to near-empty queues for a minute (found in
+// review: the last arrival alone set the room).
+func TestOneLongPromptReservesLittle(t *testing.T) {
+	g := gate(t, Config{SLO: 10 * time.Second})
+	chat := Class{Tenant: "chat", Priority: Interactive, SLO: time.Second}
+	for i := range 5 {
+		if v, _ := g.Arrive(i, chat, time.Duration(i)*ms, Prediction{Best: 200 * ms, Floor: 100 * ms}, nil); v != Go {
+			t.Fatalf("chat %d: %v", i, v)
+		}
+	}
+	if v, _ := g.Arrive(5, chat, 5*ms, Prediction{Best: 920 * ms, Floor: 900 * ms}, nil); v != Go {
+		t.Fatalf("chat's long prompt: %v", v)
+	}
+	// The room is 950 − (100 + 800/5) = 690 ms, not 950 − 900 = 50 ms.
+	if room := g.roomFor(Standard, "etl", 6*ms); room != 690*ms {
+		t.Errorf("room left for chat's next: %v, want 690ms", room)
+	}
+}

@@ -133,7 +133,8 @@ func TestReloadKeepsTheAdminLocked(t *testing.T) {
 
 // config_poll turned off by a reload (negative: never) waits, looking at
 // nothing, and polling comes back when a reload sets it again (found in
-// review: the loop spun, and a router started with it off never polled).
+// review: the loop spun). (That a router started with it off runs the loop
+// at all, to poll once a reload sets it, is Run's; not tested here.)
 func TestPollWait(t *testing.T) {
 	for every, want := range map[time.Duration]struct {
 		wait time.Duration

@@ -34,6 +34,15 @@ func pool(paths []string, files []evalFile) ([]string, []evalFile, error) {
 	for _, n := range names {
 		ks := byName[n]
 		first := files[ks[0]]
+		for _, k := range ks[1:] { // every seed's policies are the first's: none dropped unseen
+			for wi, w := range files[k].Windows {
+				for _, r := range w.Runs {
+					if wi >= len(first.Windows) || !slices.ContainsFunc(first.Windows[wi].Runs, func(o run) bool { return o.Policy == r.Policy }) {
+						return nil, nil, fmt.Errorf("%s: %s, not in %s", paths[k], r.Policy, paths[ks[0]])
+					}
+				}
+			}
+		}
 		merged := evalFile{}
 		for wi, w := range first.Windows {
 			mw := w

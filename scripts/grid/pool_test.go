@@ -47,6 +47,7 @@ func TestPool(t *testing.T) {
 	// Seeds that do not match are refused, not pooled.
 	for name, f := range map[string]evalFile{
 		"a policy missing": cell(1, tails("a", 1, 1, 0, 1, 1)),
+		"a policy more":    cell(1, tails("a", 1, 1, 0, 1, 1), tails("b", 1, 1, 0, 1, 1), tails("c", 1, 1, 0, 1, 1)),
 		"another load":     cell(2, tails("a", 1, 1, 0, 1, 1), tails("b", 1, 1, 0, 1, 1)),
 	} {
 		if _, _, err := pool(paths[:3], []evalFile{files[0], files[1], f}); err == nil {

@@ -269,7 +269,8 @@ func (f *Fleet) Policy() policy.Policy { return f.policy }
 // Config returns the running config.
 func (f *Fleet) Config() Config { return *f.cfg.Load() }
 
-// Client is the transport to the replicas.
+// Client is the client of clients' requests to the replicas: it follows no
+// redirect (see fleet.New).
 func (f *Fleet) Client() *http.Client { return f.forward }
 
 // Bus is the mesh bus (nil off a mesh).

@@ -345,7 +345,7 @@ func (f *Fleet) adopt(u *Upstream) {
 		}
 		u.stopLoops()
 		nu.health = u.takeHealth()
-		nu.ejectedUntil.Store(nu.health.until.UnixNano())
+		nu.out.Store(nu.health.isOut())
 		f.setUpstream(id, nu)
 		f.startLoops(nu, true)
 		f.log.Info("undrained replica's source is gone: the replica is the admin API's now", "replica", id, "source", source)

@@ -113,7 +113,7 @@ func (f *Fleet) outcome(id string, failed, probe bool) {
 	defer f.ejectMu.Unlock()
 	now := time.Now()
 	if h.probeFail < cfg.FailureThreshold {
-		if n, ejected := f.ejectedShare(now); ejected >= maxEjected(n, cfg.MaxEjectionPercent) {
+		if n, ejected := f.ejectedShare(); ejected >= maxEjected(n, cfg.MaxEjectionPercent) {
 			u.capLog.Do(func() {
 				f.log.Warn("replica not ejected: max_ejection_percent of the fleet is ejected already", "replica", id, "why", why,
 					"ejected", ejected, "replicas", n, "max_ejection_percent", cfg.MaxEjectionPercent)
@@ -127,7 +127,7 @@ func (f *Fleet) outcome(id string, failed, probe bool) {
 	h.ejections++
 	d := min(time.Duration(h.ejections)*cfg.EjectionTime, cfg.MaxEjectionTime)
 	h.until, h.upSince = now.Add(d), time.Time{}
-	u.ejectedUntil.Store(h.until.UnixNano())
+	u.out.Store(true)
 	h.seen, h.at = 0, 0
 	// Under u.mu, so that a racing probe's success cannot undo it.
 	f.rt.SetHealthy(id, false)
@@ -139,12 +139,12 @@ func (f *Fleet) outcome(id string, failed, probe bool) {
 	f.log.Warn("replica ejected", "replica", id, "why", why, "for", d, "ejections", h.ejections)
 }
 
-// ejectedShare counts the fleet's replicas and those of them ejected at
-// now. Call with ejectMu held.
-func (f *Fleet) ejectedShare(now time.Time) (replicas, ejected int) {
+// ejectedShare counts the fleet's replicas and those of them out: ejected,
+// or not yet brought back by a probe since. Call with ejectMu held.
+func (f *Fleet) ejectedShare() (replicas, ejected int) {
 	for _, u := range f.upstreams() {
 		replicas++
-		if now.UnixNano() < u.ejectedUntil.Load() {
+		if u.out.Load() {
 			ejected++
 		}
 	}
@@ -175,6 +175,7 @@ func (f *Fleet) probed(u *Upstream) {
 			f.log.Info("replica back", "replica", u.cfg.ID, "ejections", h.ejections)
 		}
 	}
+	u.out.Store(false)
 	f.rt.SetHealthy(u.cfg.ID, true)
 	f.m.healthy.WithLabelValues(u.cfg.ID).Set(1)
 }

@@ -204,7 +204,7 @@ func (f *Fleet) reconfigure(old *Upstream, rc ReplicaConfig) error {
 	}
 	old.stopLoops()
 	u.health = old.takeHealth()
-	u.ejectedUntil.Store(u.health.until.UnixNano())
+	u.out.Store(u.health.isOut())
 	f.setUpstream(rc.ID, u)
 	f.startLoops(u, true)
 	return nil

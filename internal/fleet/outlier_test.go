@@ -102,6 +102,29 @@ func TestEjectionsByRequestsAreCapped(t *testing.T) {
 	if n := available(f); n != 2 {
 		t.Errorf("%d replicas available, want b and c", n)
 	}
+
+	// A replica whose ejection is over but that no probe has brought back
+	// yet is still out: it counts in the share (found in review: only the
+	// ejection's window counted, so more than the share could be out for
+	// up to a probe interval).
+	f = upFleet(t, Config{EjectionTime: time.Nanosecond, MaxEjectionTime: time.Nanosecond}, "a", "b", "c")
+	for range 3 {
+		f.Failure("a")
+	}
+	time.Sleep(time.Millisecond) // a's window is over; no probe since
+	for range 3 {
+		f.Failure("b")
+	}
+	if n := available(f); n != 2 {
+		t.Errorf("%d replicas available with a not yet back, want 2 (b not ejected)", n)
+	}
+	f.probed(f.Upstream("a"))
+	for range 3 {
+		f.Failure("b")
+	}
+	if n := available(f); n != 2 {
+		t.Errorf("%d replicas available once a is back and b failed, want 2 (a and c)", n)
+	}
 }
 
 // An operator removes admin replica x while it is busy (it is leaving),

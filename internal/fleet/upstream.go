@@ -25,9 +25,10 @@ type Upstream struct {
 	health  health
 	stop    context.CancelFunc // ends its probe and scrape loops
 	stopped bool
-	// ejectedUntil is health.until in Unix nanoseconds, set under the
-	// fleet's ejectMu too, for the share of the fleet ejected.
-	ejectedUntil atomic.Int64
+	// out says the replica is ejected, or its ejection is over and no
+	// probe has brought it back yet (set at an ejection under the fleet's
+	// ejectMu): the share of the fleet out, for max_ejection_percent.
+	out atomic.Bool
 
 	// served is what the config says the replica serves (nil: its GET
 	// /v1/models is read); refresh asks for the list to be read again.
@@ -117,3 +118,7 @@ func (u *Upstream) stopLoops() {
 		u.stop()
 	}
 }
+
+// isOut reports whether h says the replica is out: ejected, and not yet
+// back (see Upstream.out).
+func (h *health) isOut() bool { return !h.until.IsZero() && h.upSince.IsZero() }

@@ -54,15 +54,15 @@ func PeekChunk(data []byte) Peek {
 	p := Peek{
 		Token:        c.content || c.reasoningContent || c.reasoning || c.toolCalls || c.text || c.deltaType && c.delta,
 		Finish:       c.finish,
-		Usage:        c.hasUsage || c.hasResponseUsage,
+		Usage:        c.usage.set || c.responseUsage.set,
 		CachedTokens: -1,
 		Error:        c.err || c.objectError,
 	}
 	switch {
-	case c.hasUsage:
-		p.CompletionTokens, p.CachedTokens = c.usage.tokens()
-	case c.hasResponseUsage: // a Responses API stream's response.completed
-		p.CompletionTokens, p.CachedTokens = c.responseUsage.tokens()
+	case c.usage.set:
+		p.CompletionTokens, p.CachedTokens = c.usage.u.tokens()
+	case c.responseUsage.set: // a Responses API stream's response.completed
+		p.CompletionTokens, p.CachedTokens = c.responseUsage.u.tokens()
 	}
 	return p
 }
@@ -80,12 +80,9 @@ type chunkPeek struct {
 	// A Responses API event: its type ends in ".delta"; its delta is a
 	// non-empty string.
 	deltaType, delta bool
-	hasUsage         bool
-	usage            usagePeek
-	// A Responses API event's response.usage.
-	hasResponseUsage bool
-	responseUsage    usagePeek
-	err, objectError bool
+	// usage, and a Responses API event's response.usage.
+	usage, responseUsage usageMember
+	err, objectError     bool
 }
 
 func (c *chunkPeek) member(key, v gjson.Result) bool {
@@ -108,14 +105,7 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 			}
 		}
 	case is(k, "usage"):
-		switch {
-		case v.Type == gjson.Null:
-			c.hasUsage = false
-			c.usage.reset()
-		case isObject(v):
-			c.hasUsage = true
-			c.usage.read(v)
-		}
+		c.usage.member(v)
 	case is(k, "type"):
 		if v.Type == gjson.String {
 			c.deltaType = strings.HasSuffix(v.Str, ".delta")
@@ -125,19 +115,11 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 	case is(k, "response"):
 		switch {
 		case v.Type == gjson.Null: // the pointer is set back to nil
-			c.hasResponseUsage = false
 			c.responseUsage.reset()
 		case isObject(v):
 			v.ForEach(func(key, v gjson.Result) bool {
 				if is(key.Str, "usage") {
-					switch {
-					case v.Type == gjson.Null:
-						c.hasResponseUsage = false
-						c.responseUsage.reset()
-					case isObject(v):
-						c.hasResponseUsage = true
-						c.responseUsage.read(v)
-					}
+					c.responseUsage.member(v)
 				}
 				return true
 			})
@@ -184,6 +166,29 @@ func (c *chunkPeek) deltaMember(key, v gjson.Result) bool {
 		c.toolCalls = isArray(v) && nonEmptyArray(json.RawMessage(v.Raw))
 	}
 	return true
+}
+
+// usageMember is a "usage" member as encoding/json fills a pointer to a
+// usage struct: null sets it back to nil, an object is merged into what
+// it points to.
+type usageMember struct {
+	set bool
+	u   usagePeek
+}
+
+func (m *usageMember) reset() { m.set = false; m.u.reset() }
+
+// member reads the member's value v.
+func (m *usageMember) member(v gjson.Result) {
+	switch {
+	case v.Type == gjson.Null:
+		m.reset()
+	case isObject(v):
+		m.set = true
+		m.u.read(v)
+	default:
+		m.u.ok = false // encoding/json refuses it
+	}
 }
 
 // usagePeek is what is read of a usage object: Chat Completions'
@@ -274,28 +279,18 @@ func PeekBody(data []byte) (completionTokens, cachedTokens int) {
 	if !isObject(root) {
 		return 0, -1
 	}
-	var u usagePeek
-	u.reset()
-	has := false
+	var m usageMember
+	m.reset()
 	root.ForEach(func(key, v gjson.Result) bool {
 		if is(key.Str, "usage") {
-			switch {
-			case v.Type == gjson.Null:
-				has = false
-				u.reset()
-			case isObject(v):
-				has = true
-				u.read(v)
-			default:
-				u.ok = false
-			}
+			m.member(v)
 		}
-		return u.ok
+		return m.u.ok // a wrong type fails the whole body, as it does encoding/json's
 	})
-	if !u.ok || !has {
+	if !m.u.ok || !m.set {
 		return 0, -1
 	}
-	return u.tokens()
+	return m.u.tokens()
 }
 
 // nonEmpty sets *dst to whether the string v is non-empty (its literal is

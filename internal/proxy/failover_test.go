@@ -28,15 +28,8 @@ func TestStallBeforeTheFirstEventFailsOver(t *testing.T) {
 	})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: 200 * time.Millisecond, FirstByteTimeout: 200 * time.Millisecond}}, stall, good)
-	client := &http.Client{Timeout: 20 * time.Second} // the failure would be a hang
-	resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", 1, true)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(ReplicaHeader) != "b" || !strings.Contains(string(body), "[DONE]") {
-		t.Errorf("status %d from %q: %.200s", resp.StatusCode, resp.Header.Get(ReplicaHeader), body)
+	if code, body, replica := post(t, url, chatBody("x", 1, true)); code != 200 || replica != "b" || !strings.Contains(body, "[DONE]") {
+		t.Errorf("status %d from %q: %.200s", code, replica, body)
 	}
 }
 
@@ -53,16 +46,9 @@ func TestStalled404FailsOver(t *testing.T) {
 	})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: 200 * time.Millisecond}}, stall, good)
-	client := &http.Client{Timeout: 20 * time.Second} // the failure would be a hang
 	for _, stream := range []bool{false, true} {
-		resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", 1, stream)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || resp.Header.Get(ReplicaHeader) != "b" {
-			t.Errorf("stream %v: status %d from %q: %.200s", stream, resp.StatusCode, resp.Header.Get(ReplicaHeader), body)
+		if code, body, replica := post(t, url, chatBody("x", 1, stream)); code != 200 || replica != "b" {
+			t.Errorf("stream %v: status %d from %q: %.200s", stream, code, replica, body)
 		}
 	}
 }
@@ -89,20 +75,15 @@ func TestStreamThatBeginsWithAnErrorFailsOver(t *testing.T) {
 		})
 		good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
 		tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, bad, good)
-		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("x", 1, true)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		code, body, replica := post(t, url, chatBody("x", 1, true))
 		failures, _, _ := tr.Upstream("a").Health()
 		switch {
-		case tc.retried && (resp.StatusCode != 200 || resp.Header.Get(ReplicaHeader) != "b" || strings.Contains(string(body), "error")):
-			t.Errorf("%s: status %d from %q: %.200s; want b's answer", tc.event, resp.StatusCode, resp.Header.Get(ReplicaHeader), body)
+		case tc.retried && (code != 200 || replica != "b" || strings.Contains(body, "error")):
+			t.Errorf("%s: status %d from %q: %.200s; want b's answer", tc.event, code, replica, body)
 		case tc.retried && failures != 1:
 			t.Errorf("%s: a's failures in a row %d, want 1", tc.event, failures)
-		case !tc.retried && (resp.Header.Get(ReplicaHeader) != "a" || !strings.Contains(string(body), "maximum context length") || failures != 0):
-			t.Errorf("%s: status %d from %q, a's failures %d: %.200s; want a's error relayed, a not blamed", tc.event, resp.StatusCode, resp.Header.Get(ReplicaHeader), failures, body)
+		case !tc.retried && (replica != "a" || !strings.Contains(body, "maximum context length") || failures != 0):
+			t.Errorf("%s: status %d from %q, a's failures %d: %.200s; want a's error relayed, a not blamed", tc.event, code, replica, failures, body)
 		}
 	}
 }
@@ -194,17 +175,8 @@ func TestRedirectIsNotFollowed(t *testing.T) {
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
 	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, redirect, good)
 	for _, stream := range []bool{false, true} {
-		req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(chatBody("x", 1, stream)))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("X-Client", "1")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || resp.Header.Get(ReplicaHeader) != "b" {
-			t.Errorf("stream %v: status %d from %q: %.200s", stream, resp.StatusCode, resp.Header.Get(ReplicaHeader), body)
+		if code, body, replica := post(t, url, chatBody("x", 1, stream), "X-Client", "1"); code != 200 || replica != "b" {
+			t.Errorf("stream %v: status %d from %q: %.200s", stream, code, replica, body)
 		}
 	}
 	if followed.Load() {

@@ -88,11 +88,17 @@ func TestRequestsGoOnlyWhereTheirModelIs(t *testing.T) {
 	}
 }
 
-// post sends a chat body and returns the status, the body and the replica
-// that served it.
-func post(t testing.TB, url, body string) (int, string, string) {
+// post sends a chat body, with headers given as name, value pairs, and
+// returns the status, the body and the replica that served it. Its client
+// gives up after 20 s (a test's failure may be a hang).
+func post(t testing.TB, url, body string, header ...string) (int, string, string) {
 	t.Helper()
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := (&http.Client{Timeout: 20 * time.Second}).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

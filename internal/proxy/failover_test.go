@@ -27,7 +27,7 @@ func TestStallBeforeTheFirstEventFailsOver(t *testing.T) {
 		<-r.Context().Done()
 	})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
-	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: 200 * time.Millisecond, FirstByteTimeout: 200 * time.Millisecond}}, stall, good)
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: 500 * time.Millisecond, FirstByteTimeout: 500 * time.Millisecond}}, stall, good)
 	if code, body, replica := post(t, url, chatBody("x", 1, true)); code != 200 || replica != "b" || !strings.Contains(body, "[DONE]") {
 		t.Errorf("status %d from %q: %.200s", code, replica, body)
 	}
@@ -105,12 +105,12 @@ func TestSlowClientIsNotTheReplicasFailure(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, "data: [DONE]\n\n")
 	})
-	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: 300 * time.Millisecond}}, up)
+	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: time.Second}}, up)
 	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hi", 1, true)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second) // the client is busy elsewhere
+	time.Sleep(3 * time.Second) // the client is busy elsewhere
 	n, err := io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if whole := int64(4000*len(event) + len("data: [DONE]\n\n")); err == nil && n != whole {

@@ -217,7 +217,9 @@ type Gate[T any] struct {
 	bands []*band[T] // highest priority first; each with tenants waiting or remembered
 	seq   uint64     // arrivals, to order equal deadlines
 	pass  uint64     // Release calls, to mark tenants blocked in one
-	epoch uint64     // Release calls and changes to the queue in them (see short)
+	// forgot is when Arrive last forgot old reservations.
+	forgot time.Duration
+	epoch  uint64 // Release calls and changes to the queue in them (see short)
 }
 
 // New returns a gate; cfg must have passed Validate.
@@ -245,7 +247,14 @@ const Headroom = 0.05
 // prediction p and wait left before its deadline, with Headroom to spare,
 // leaving room for others (see roomFor).
 func (g *Gate[T]) fits(prio int, p Prediction, left, room time.Duration) bool {
-	return g.meets(prio, p, left) && (p.Best <= room || p.Best <= 2*p.Floor)
+	return g.meets(prio, p, left) && roomy(p, room)
+}
+
+// roomy reports whether a request with prediction p leaves the others
+// room: its forecast is within room, or at most twice its own floor (the
+// fleet about as free as it gets for it).
+func roomy(p Prediction, room time.Duration) bool {
+	return p.Best <= room || p.Best <= 2*p.Floor
 }
 
 // meets reports whether a request of priority prio with prediction p
@@ -265,8 +274,15 @@ func (g *Gate[T]) Arrive(v T, c Class, now time.Duration, p Prediction, refuse f
 	if slo <= 0 {
 		return Go, ""
 	}
+	if now-g.forgot >= time.Second {
+		// Release forgets old reservations only while requests wait: an
+		// idle queue forgets them here, or the bands of every priority
+		// asked for would stay, and roomFor walk them all.
+		g.forget(now)
+		g.forgot = now
+	}
 	meets := g.meets(c.Priority, p, slo)
-	fits := meets && g.fits(c.Priority, p, slo, g.roomFor(c.Priority, c.Tenant, now))
+	fits := meets && roomy(p, g.roomFor(c.Priority, c.Tenant, now))
 	switch {
 	case fits && !g.waitingAtOrAbove(c.Priority):
 		g.note(c, slo, p.Floor, now, nil)
@@ -339,12 +355,14 @@ func (g *Gate[T]) note(c Class, slo, floor, now time.Duration, t *tenant[T]) {
 // is not held to it (see fits).
 func (g *Gate[T]) roomFor(prio int, name string, now time.Duration) time.Duration {
 	room := time.Duration(math.MaxInt64)
-	for _, b := range g.bands {
+	for _, b := range g.bands { // highest first
 		switch {
 		case b.priority > prio:
 			room = min(room, b.room(now, ""))
 		case b.priority == prio:
 			room = min(room, b.room(now, name))
+		default:
+			return room
 		}
 	}
 	return room

@@ -351,3 +351,23 @@ func TestOneLongPromptReservesLittle(t *testing.T) {
 		t.Errorf("room left for chat's next: %v, want 690ms", room)
 	}
 }
+
+// The bands of the priorities clients asked for are forgotten a minute
+// after their last arrival, while nothing waits too (found in review:
+// only Release forgot them, and it returns at once with an empty queue, so
+// every priority ever asked kept a band for roomFor to walk).
+func TestIdleQueueForgetsBands(t *testing.T) {
+	g := gate(t, Config{SLO: 10 * time.Second})
+	for p := range 50 {
+		if v, _ := g.Arrive(p, Class{Tenant: "x", Priority: -p}, 0, Prediction{Best: ms, Floor: ms}, nil); v != Go {
+			t.Fatalf("priority %d: %v", -p, v)
+		}
+	}
+	if len(g.bands) != 50 {
+		t.Fatalf("%d bands, want 50 remembered", len(g.bands))
+	}
+	g.Arrive(50, Class{Tenant: "x"}, ReserveFor+time.Second, Prediction{Best: ms, Floor: ms}, nil)
+	if len(g.bands) > 1 {
+		t.Errorf("%d bands a minute later, want the new arrival's alone", len(g.bands))
+	}
+}

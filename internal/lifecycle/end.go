@@ -104,7 +104,7 @@ func (r *Request) learn(status int, at time.Time) {
 	if !isLearner || !r.Parsed.Stream || status == statusClientGone || status == statusOK && r.first.IsZero() {
 		return
 	}
-	out := policy.Outcome{Failed: status != statusOK || r.first.IsZero(),
+	out := policy.Outcome{Failed: status != statusOK, // served, it had a first token (above)
 		TTFTSLO: r.core.cfg.Admission.SLOOf(r.class), TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
 	if !out.Failed {
 		out.TTFT, out.E2E, out.Queued = r.first.Sub(r.sent), at.Sub(r.sent), r.sent.Sub(r.Received)

@@ -27,7 +27,8 @@ import (
 // budget.
 func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	c := r.core
-	r.class = admit.Class{Priority: admit.Standard, Tokens: r.Route.PromptTokens + c.cfg.Router.ExpectedOutput(&r.Route)}
+	expected := c.cfg.Router.ExpectedOutput(&r.Route)
+	r.class = admit.Class{Priority: admit.Standard, Tokens: r.Route.PromptTokens + expected}
 	ts := c.cfg.Tenants
 	if ts == nil {
 		return nil
@@ -41,7 +42,7 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	r.class = class
 	r.Route.TPOTSLOMS = float64(tpot) / 1e6
 	r.Route.WaitingCap = c.cfg.Admission.WaitingCap(class)
-	grant, refusal := t.Admit(now, r.Route.PromptTokens, r.class.Tokens-r.Route.PromptTokens)
+	grant, refusal := t.Admit(now, r.Route.PromptTokens, expected)
 	if in.Header != nil {
 		t.Headers(now, in.Header.Set)
 	}

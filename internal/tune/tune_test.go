@@ -469,7 +469,10 @@ func TestFleetChangeForgetsAWinToConfirm(t *testing.T) {
 	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
 	rng := rand.New(rand.NewPCG(1, 1))
 	var d policy.Decision
-	for !o.confirming {
+	for i := 0; !o.confirming; i++ {
+		if i > 1000 {
+			t.Fatal("no candidate won its first round")
+		}
 		if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rng); err != nil {
 			t.Fatal(err)
 		}

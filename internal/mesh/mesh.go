@@ -10,7 +10,7 @@
 // forget a router they stop hearing from (heartbeats); a mirror whose end
 // never came is dropped after RemoteTTL. Nothing a router does for its own
 // requests waits on the bus, and nothing the others send grows what a
-// router keeps without bound (maxPeers, maxMirrorsPerPeer).
+// router keeps without bound (maxPeers, maxMirrorsPerPeer, maxHeldBlocks).
 package mesh
 
 import (
@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -110,6 +111,13 @@ const (
 	// or invents requests reaches it; its further requests are not
 	// mirrored until some end. With maxPeers, at most about 2M tickets.
 	maxMirrorsPerPeer = 8192
+	// maxMirrorBlocks is how many of a mirrored prompt's blocks are kept
+	// until its replica takes it (a prompt of 128k tokens at 16 a block),
+	// and maxHeldBlocks how many all mirrors keep (32 MiB): past it a
+	// mirror is counted in its replica's ledger but not credited in the
+	// prefix index.
+	maxMirrorBlocks = 1 << 13
+	maxHeldBlocks   = 1 << 22
 )
 
 // Event kinds.
@@ -202,6 +210,7 @@ type Bus struct {
 	mu                           sync.Mutex
 	closed                       bool
 	peers                        map[string]*peer
+	heldBlocks                   int // the mirrors' blocks kept (see hold)
 	// stale: events may have been lost (a disconnect, a slow consumer),
 	// and those still queued for this router may be older than the loss:
 	// no dispatch is mirrored until this router hears its own mark of
@@ -484,6 +493,7 @@ func (b *Bus) apply(e *event, now time.Time) {
 				b.rt.Decoded(&mr.t, e.Out, time.Duration(e.DecodeUS)*time.Microsecond)
 			}
 			b.rt.Finish(&mr.t)
+			b.let(mr)
 			delete(p.mirrors, e.ID)
 		}
 	case kindReset:
@@ -569,8 +579,29 @@ func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
 	if p.mirrors == nil {
 		p.mirrors = map[uint64]*mirror{}
 	}
-	p.mirrors[e.ID] = &mirror{t: t, at: now, blocks: e.Blocks}
+	p.mirrors[e.ID] = &mirror{t: t, at: now, blocks: b.hold(e.Blocks)}
 	return true
+}
+
+// hold returns the blocks a mirror keeps until its replica takes it: the
+// prompt's first maxMirrorBlocks (what later requests share), none once
+// the mirrors hold maxHeldBlocks in all (it is then not credited). Call
+// it, and let, with b.mu.
+func (b *Bus) hold(blocks []uint64) []uint64 {
+	if len(blocks) > maxMirrorBlocks {
+		blocks = slices.Clone(blocks[:maxMirrorBlocks]) // not the whole decoded array
+	}
+	if b.heldBlocks+len(blocks) > maxHeldBlocks {
+		return nil
+	}
+	b.heldBlocks += len(blocks)
+	return blocks
+}
+
+// let lets go of a mirror's blocks.
+func (b *Bus) let(mr *mirror) {
+	b.heldBlocks -= len(mr.blocks)
+	mr.blocks = nil
 }
 
 // credit enters a mirrored request's prompt in its replica's share of the
@@ -584,7 +615,7 @@ func (b *Bus) credit(mr *mirror) {
 		return
 	}
 	b.rt.Accepted(&mr.t, &policy.Request{Blocks: mr.blocks})
-	mr.blocks = nil
+	b.let(mr)
 }
 
 // housekeep says this router is alive, and drops the mirrors of routers
@@ -620,6 +651,7 @@ func (b *Bus) sweep(now time.Time) {
 			for id, mr := range p.mirrors {
 				if now.Sub(mr.at) > b.cfg.RemoteTTL {
 					b.rt.Finish(&mr.t)
+					b.let(mr)
 					delete(p.mirrors, id)
 					b.dropped.Add(1)
 				}
@@ -634,6 +666,7 @@ func (b *Bus) forgetMirrors(p *peer) int {
 	n := len(p.mirrors)
 	for _, mr := range p.mirrors {
 		b.rt.Finish(&mr.t)
+		b.let(mr)
 	}
 	p.mirrors = nil
 	b.dropped.Add(int64(n))

@@ -107,7 +107,13 @@ func newRouter(t testing.TB) *router.Router {
 // still, until the test ends.
 func join(t *testing.T, url, name string, rt *router.Router) *Bus {
 	t.Helper()
-	b, err := Connect(Config{URL: url, Name: name}, rt, func() time.Duration { return 0 }, nil)
+	return joinWith(t, Config{URL: url, Name: name}, rt)
+}
+
+// joinWith connects a router to the bus with cfg.
+func joinWith(t *testing.T, cfg Config, rt *router.Router) *Bus {
+	t.Helper()
+	b, err := Connect(cfg, rt, func() time.Duration { return 0 }, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

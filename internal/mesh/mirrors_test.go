@@ -54,7 +54,9 @@ func bareBus(t *testing.T, log *slog.Logger) (*Bus, *router.Router) {
 func TestEventsQueuedBeforeADisconnectAreNotMirrored(t *testing.T) {
 	url := natsServer(t)
 	rB := newRouter(t)
-	us, eu := join(t, url, "us", newRouter(t)), join(t, url, "eu", rB)
+	// eu's heartbeats, which carry its mark while it is stale, only when
+	// the test sends them (a timer's could end the resync too soon).
+	us, eu := join(t, url, "us", newRouter(t)), joinWith(t, Config{URL: url, Name: "eu", Heartbeat: time.Hour}, rB)
 	var charges atomic.Int64
 	eu.OnCharge(func(string, float64, float64) { charges.Add(1) })
 	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
@@ -251,5 +253,42 @@ func TestMirrorsPerRouterAreBounded(t *testing.T) {
 	dispatch("eu", 1)
 	if n, _ := inFlight(t, rt, "a"); n != maxMirrorsPerPeer+1 {
 		t.Errorf("%d in flight at a, want %d", n, maxMirrorsPerPeer+1)
+	}
+}
+
+// A mirror keeps at most maxMirrorBlocks of its prompt's blocks until its
+// replica takes it, and all mirrors at most maxHeldBlocks (found in review:
+// a peer's dispatches of huge prompts, never accepted, kept their blocks
+// for remote_ttl, whatever their number).
+func TestMirroredBlocksAreBounded(t *testing.T) {
+	b, rt := bareBus(t, nil)
+	at := time.Now()
+	huge := make([]uint64, 2*maxMirrorBlocks)
+	for i := range huge {
+		huge[i] = uint64(i + 1)
+	}
+	n := maxHeldBlocks/maxMirrorBlocks + 3
+	for id := range uint64(n) {
+		b.apply(&event{Router: "us", Boot: 1, Kind: kindDispatch, ID: id + 1, Replica: "a", Prompt: len(huge) * 16, Blocks: huge}, at)
+	}
+	b.mu.Lock()
+	held := b.heldBlocks
+	b.mu.Unlock()
+	if held != maxHeldBlocks {
+		t.Errorf("the mirrors hold %d blocks, want the bound %d", held, maxHeldBlocks)
+	}
+	if m, _ := inFlight(t, rt, "a"); m != n {
+		t.Errorf("%d mirrors in a's ledger, want all %d (the blocks are bounded, not the mirrors)", m, n)
+	}
+	b.apply(&event{Router: "us", Boot: 1, Kind: kindAccepted, ID: 1}, at)
+	if _, blocks := inFlight(t, rt, "a"); blocks == 0 || blocks > maxMirrorBlocks { // its share of the index may hold fewer
+		t.Errorf("a credited with %d blocks, want some of the first %d", blocks, maxMirrorBlocks)
+	}
+	b.apply(&event{Router: "us", Boot: 1, Kind: kindReset}, at)
+	b.mu.Lock()
+	held = b.heldBlocks
+	b.mu.Unlock()
+	if held != 0 {
+		t.Errorf("%d blocks held after the mirrors were forgotten", held)
 	}
 }

@@ -337,10 +337,8 @@ func (r ReplicaConfig) Validate() error {
 	}
 	// A replica without its key is refused here, so that a reload naming
 	// it is refused whole, as a start is.
-	if r.APIKeyEnv != "" && os.Getenv(r.APIKeyEnv) == "" {
-		return fmt.Errorf("api_key_env: $%s is unset or empty", r.APIKeyEnv)
-	}
-	return nil
+	_, err = r.apiKey()
+	return err
 }
 
 // apiKey reads a replica's API key from its environment variable.

@@ -343,11 +343,7 @@ func (f *Fleet) adopt(u *Upstream) {
 			f.log.Error("undrained replica left to its gone source", "replica", id, "source", source, "error", err)
 			return
 		}
-		u.stopLoops()
-		nu.health = u.takeHealth()
-		nu.out.Store(nu.health.isOut())
-		f.setUpstream(id, nu)
-		f.startLoops(nu, true)
+		f.swap(u, nu)
 		f.log.Info("undrained replica's source is gone: the replica is the admin API's now", "replica", id, "source", source)
 		source = SourceAdmin
 	}

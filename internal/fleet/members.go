@@ -202,12 +202,18 @@ func (f *Fleet) reconfigure(old *Upstream, rc ReplicaConfig) error {
 	if err := f.rt.Reconfigure(routerConfig(rc)); err != nil {
 		return err
 	}
-	old.stopLoops()
-	u.health = old.takeHealth()
-	u.out.Store(u.health.isOut())
-	f.setUpstream(rc.ID, u)
-	f.startLoops(u, true)
+	f.swap(old, u)
 	return nil
+}
+
+// swap puts nu in old's place (the same replica, its config or its owner
+// changed): old's loops stop, nu takes its health and starts its own.
+func (f *Fleet) swap(old, nu *Upstream) {
+	old.stopLoops()
+	nu.health = old.takeHealth()
+	nu.out.Store(nu.health.isOut())
+	f.setUpstream(nu.cfg.ID, nu)
+	f.startLoops(nu, true)
 }
 
 // leave drains a replica for removal: it leaves the router once its last

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 )
 
@@ -41,7 +42,13 @@ func ReadBody(r *http.Request, buf *[]byte, limit int64) error {
 	body := http.MaxBytesReader(nil, r.Body, limit)
 	for {
 		if len(b) == cap(b) {
-			b = append(b, 0)[:len(b)]
+			// Double what came, up to the promised length: a few copies
+			// for a large body, never more than twice what arrived.
+			grow := max(cap(b), 512)
+			if n := r.ContentLength + 1; n > int64(cap(b)) {
+				grow = int(min(n-int64(cap(b)), int64(grow)))
+			}
+			b = slices.Grow(b, grow)
 		}
 		n, err := body.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]

@@ -304,7 +304,8 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
 		idleTimer.Stop()
 		resp.Body.Close()
-		return fail(http.StatusBadGateway, true, fmt.Sprintf("it answered %d, a redirect (to %q), which gorgo does not follow", resp.StatusCode, resp.Header.Get("Location")))
+		// Where it points stays in the log: it may name an internal host.
+		return fail(http.StatusBadGateway, true, fmt.Sprintf("it answered %d, a redirect, which gorgo does not follow", resp.StatusCode), "to "+resp.Header.Get("Location"))
 	}
 	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
@@ -330,7 +331,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	wait := idle
 	if stream {
 		hold = maxEventPeek
-		if idle > 0 && cfg.FirstByteTimeout > idle {
+		if cfg.FirstByteTimeout > 0 && (idle <= 0 || cfg.FirstByteTimeout > idle) {
 			wait = cfg.FirstByteTimeout
 			idleTimer.Reset(wait)
 		}
@@ -341,6 +342,9 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 				break
 			}
 		}
+	}
+	if idle <= 0 {
+		idleTimer.Stop() // first_byte_timeout's, armed above: no idle limit from here
 	}
 	a.whole = !stream && a.end == io.EOF
 	if a.end != nil && a.end != io.EOF || len(*a.buf) == 0 && resp.StatusCode == http.StatusOK {
@@ -509,7 +513,12 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	w.WriteHeader(a.resp.StatusCode)
 	var clientErr error
 	if a.whole {
-		_, clientErr = w.Write(*a.buf)
+		if _, clientErr = w.Write(*a.buf); clientErr == nil {
+			// Under the deadline, not after the handler returns.
+			if err := rc.Flush(); !errors.Is(err, http.ErrNotSupported) {
+				clientErr = err
+			}
+		}
 		if ok && clientErr == nil {
 			req.Complete(wire.PeekBody(*a.buf))
 		}

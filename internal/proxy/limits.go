@@ -15,8 +15,9 @@ import (
 )
 
 // LimitListener caps the client connections open at once: past max, a new
-// connection is answered at once with a 503 (Retry-After: 1, in OpenAI's
-// error shape) and closed, instead of waiting in the accept queue or
+// connection is answered with a 503 (Retry-After: 1, in OpenAI's error
+// shape) once its request's head is in (within a second), and closed; in a
+// flood, past maxRefusing such answers at once, it is closed unanswered; instead of waiting in the accept queue or
 // exhausting the process's file descriptors. max ≤ 0 means no cap. ln is
 // the raw listener, under the TLS one when the server serves TLS: the
 // refusal is then sent over TLS (a client over the cap gets a 503, not

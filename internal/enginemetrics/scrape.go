@@ -1,7 +1,6 @@
 package enginemetrics
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -66,17 +65,17 @@ func (s *Scraper) Scrape(ctx context.Context) (Metrics, error) {
 	if ct := resp.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/vnd.google.protobuf") {
 		return Metrics{}, fmt.Errorf("scrape %s: protobuf exposition (%s) not supported", s.URL, ct)
 	}
-	// Read the whole body first, so that a body cut off in transit is a
-	// read error rather than a shorter exposition.
-	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxExpositionBytes+1))
-	if err != nil {
-		return Metrics{}, fmt.Errorf("scrape %s: read body: %w", s.URL, err)
-	}
-	if len(body) > MaxExpositionBytes {
+	// Parsed as it comes (Parse keeps only the families read): a body cut
+	// off in transit, or past MaxExpositionBytes, is a read error rather
+	// than a shorter exposition.
+	body := &readErr{r: http.MaxBytesReader(nil, resp.Body, MaxExpositionBytes)}
+	em, err := Parse(body)
+	switch tooBig := (*http.MaxBytesError)(nil); {
+	case errors.As(body.err, &tooBig):
 		return Metrics{}, fmt.Errorf("scrape %s: body larger than %d bytes", s.URL, MaxExpositionBytes)
-	}
-	em, err := Parse(bytes.NewReader(body))
-	if err != nil {
+	case body.err != nil:
+		return Metrics{}, fmt.Errorf("scrape %s: read body: %w", s.URL, body.err)
+	case err != nil:
 		return Metrics{}, fmt.Errorf("scrape %s: %w", s.URL, err)
 	}
 	return em, nil
@@ -102,4 +101,18 @@ func (e *StatusError) Error() string {
 func printable(b []byte) string {
 	s := strings.TrimSpace(strings.ToValidUTF8(string(b), string(utf8.RuneError)))
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// readErr remembers the error, other than io.EOF, its reader returned.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErr) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && err != io.EOF {
+		r.err = err
+	}
+	return n, err
 }

@@ -6,7 +6,11 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -111,5 +115,74 @@ func TestIdleAndSlowClientsAreCut(t *testing.T) {
 			t.Errorf("%s: the connection is still open", c.name)
 		}
 		conn.Close()
+	}
+}
+
+// A SIGHUP that comes while serve probes its replicas at start (a config
+// reloader signalling as soon as the process is up) does not end the
+// process: it is caught from before the first probes. The command runs in
+// a child process (this test binary, run again), which the test signals.
+func TestHangupDuringTheFirstProbes(t *testing.T) {
+	if args := os.Getenv("GORGO_TEST_CHILD_ARGS"); args != "" {
+		os.Exit(run(strings.Fields(args), os.Stdout, os.Stderr))
+	}
+	probed, release := make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			select {
+			case probed <- struct{}{}:
+			default:
+			}
+			<-release // the first probes wait for the signal to land
+		}
+	}))
+	defer up.Close()
+	defer once.Do(func() { close(release) })
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHangupDuringTheFirstProbes$")
+	cmd.Env = append(os.Environ(), "GORGO_TEST_CHILD_ARGS=serve --replica a="+up.URL+
+		" --listen 127.0.0.1:0 --admin-listen off --tune=false")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() {
+		io.Copy(io.Discard, stdout) // drained before Wait, as Wait requires
+		exited <- cmd.Wait()
+	}()
+	select {
+	case <-probed:
+	case err := <-exited:
+		t.Fatalf("serve ended before probing: %v; stderr:\n%s", err, stderr.String())
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("serve did not probe its replica within a minute")
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("a SIGHUP during the first probes ended serve: %v; stderr:\n%s", err, stderr.String())
+	case <-time.After(500 * time.Millisecond): // the signal's delivery, had it killed
+	}
+	once.Do(func() { close(release) })
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("serve, stopped by SIGTERM: %v; stderr:\n%s", err, stderr.String())
+		}
+	case <-time.After(time.Minute):
+		cmd.Process.Kill()
+		t.Fatal("serve did not stop within a minute of SIGTERM")
 	}
 }

@@ -24,39 +24,63 @@ func ErrorMessage(body []byte) string {
 	if len(body) == 0 {
 		return ""
 	}
-	var v struct {
-		Error   json.RawMessage `json:"error"`
-		Message string          `json:"message"`
-		Detail  json.RawMessage `json:"detail"`
-	}
-	if json.Unmarshal(body, &v) == nil {
-		if len(v.Error) > 0 && string(v.Error) != "null" {
-			var nested struct {
-				Message string `json:"message"`
-			}
-			if json.Unmarshal(v.Error, &nested) == nil && nested.Message != "" {
-				return oneLine(nested.Message)
-			}
-			var s string
-			if json.Unmarshal(v.Error, &s) == nil && s != "" {
+	if e, ok := decodeError(body); ok {
+		if e.nested != nil && e.nested.Message != "" {
+			return oneLine(e.nested.Message)
+		}
+		var s string
+		if len(e.Error) > 0 && json.Unmarshal(e.Error, &s) == nil && s != "" {
+			return oneLine(s)
+		}
+		if e.Message != "" {
+			return oneLine(e.Message)
+		}
+		if len(e.Detail) > 0 && string(e.Detail) != "null" {
+			if json.Unmarshal(e.Detail, &s) == nil {
 				return oneLine(s)
 			}
-		}
-		if v.Message != "" {
-			return oneLine(v.Message)
-		}
-		if len(v.Detail) > 0 && string(v.Detail) != "null" {
-			var s string
-			if json.Unmarshal(v.Detail, &s) == nil {
-				return oneLine(s)
-			}
-			return oneLine(string(v.Detail))
+			return oneLine(string(e.Detail))
 		}
 	}
 	if m, ok := scanMessage(body); ok {
 		return oneLine(m)
 	}
 	return oneLine(string(body))
+}
+
+// errorObject is an error's members: its message, and those that say
+// whose fault it is (vLLM's and SGLang's numeric code, some servers'
+// status, its type).
+type errorObject struct {
+	Message string          `json:"message"`
+	Code    json.RawMessage `json:"code"`
+	Status  json.RawMessage `json:"status"`
+	Type    json.RawMessage `json:"type"` // a string; raw, so that another kind loses nothing else
+}
+
+// errorBody is an error body in any of the shapes ErrorMessage accepts:
+// flat, with its members at the top, or nested under "error" (an object,
+// then also decoded into nested, or a string); FastAPI's under "detail".
+type errorBody struct {
+	errorObject
+	Error  json.RawMessage `json:"error"`
+	Detail json.RawMessage `json:"detail"`
+	nested *errorObject
+}
+
+// decodeError decodes an error body; false if it is not a JSON object.
+func decodeError(body []byte) (errorBody, bool) {
+	var e errorBody
+	if json.Unmarshal(body, &e) != nil {
+		return e, false
+	}
+	if len(e.Error) > 0 && e.Error[0] == '{' {
+		var n errorObject
+		if json.Unmarshal(e.Error, &n) == nil {
+			e.nested = &n
+		}
+	}
+	return e, true
 }
 
 // scanMessage finds "message": "..." in a body that is not valid JSON and
@@ -130,35 +154,17 @@ func oneLine(s string) string {
 // engine's failure, an error that says nothing of whose it is) is the
 // server's, and another replica may serve the request.
 func RequestFault(body []byte) bool {
-	var v struct {
-		errorFields
-		Error json.RawMessage `json:"error"`
-	}
-	if json.Unmarshal(bytes.TrimSpace(body), &v) != nil {
-		return false
-	}
-	if v.requestFault() {
-		return true
-	}
-	var nested errorFields
-	return len(v.Error) > 0 && json.Unmarshal(v.Error, &nested) == nil && nested.requestFault()
+	e, ok := decodeError(bytes.TrimSpace(body))
+	return ok && (e.requestFault() || e.nested != nil && e.nested.requestFault())
 }
 
-// errorFields are the members of an error object that say whose fault it
-// is: vLLM's and SGLang's numeric code, some servers' status, and its type.
-type errorFields struct {
-	Code   json.RawMessage `json:"code"`
-	Status json.RawMessage `json:"status"`
-	Type   string          `json:"type"`
-}
-
-func (e *errorFields) requestFault() bool {
+func (e *errorObject) requestFault() bool {
 	for _, raw := range []json.RawMessage{e.Code, e.Status} {
 		if n, err := strconv.Atoi(strings.Trim(string(raw), `"`)); err == nil && n >= 400 && n < 500 && n != 429 {
 			return true
 		}
 	}
-	switch strings.ToLower(e.Type) {
+	switch strings.ToLower(strings.Trim(string(e.Type), `"`)) {
 	case "invalid_request_error", "badrequesterror", "bad_request", "notfounderror", "not_found_error":
 		return true
 	}

@@ -81,3 +81,19 @@ func TestRequestFault(t *testing.T) {
 		}
 	}
 }
+
+// An error whose type is not a string still gives its message, nested or
+// flat, and a code that blames the request still says so.
+func TestErrorWithAnOddType(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"error":{"message":"bad prompt","type":7,"code":400}}`:           "bad prompt",
+		`{"object":"error","message":"bad prompt","type":null,"code":400}`: "bad prompt",
+	} {
+		if got := ErrorMessage([]byte(body)); got != want {
+			t.Errorf("ErrorMessage(%s) = %q, want %q", body, got, want)
+		}
+		if !RequestFault([]byte(body)) {
+			t.Errorf("RequestFault(%s) = false, want true", body)
+		}
+	}
+}

@@ -53,7 +53,7 @@ func (f *Fleet) probeLoop(ctx context.Context, u *Upstream, now bool) {
 func (f *Fleet) waitProbe(ctx context.Context, u *Upstream) bool {
 	refreshed := false
 	return f.wait(ctx, func(c *Config) time.Duration { return c.ProbeInterval }, u.refresh, func() {
-		if !refreshed {
+		if !refreshed && u.served == nil { // a config's list comes back at the next probe
 			refreshed = true
 			f.refreshModels(ctx, u)
 		}

@@ -58,8 +58,8 @@ func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
 			return wire.ModelNotFound(name)
 		}
 		// SGLang's BASE:ADAPTER is the adapter's own name to every engine.
+		r.Route.Model = target // BASE:ADAPTER stays: each replica's own set checks the base
 		target = m.ID
-		r.Route.Model = target
 	}
 	switch {
 	case known, target == "" && r.Route.Model != "":

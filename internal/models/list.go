@@ -16,8 +16,9 @@ const MaxListBytes = 1 << 20
 // a LoRA adapter is an entry whose "parent" names the base model it runs on
 // (vLLM; SGLang likewise lists its adapters with their base as parent). An
 // adapter whose parent is not listed as a base runs on the first base
-// listed. Entries without an id are skipped; more than MaxPerReplica
-// names is an error.
+// listed. Entries without an id, or with one longer than MaxNameBytes, are
+// skipped (an adapter on a parent that long runs on the first base); more than
+// MaxPerReplica names is an error.
 func ParseList(body []byte) (*Set, error) {
 	var list struct {
 		Data []struct {
@@ -35,8 +36,8 @@ func ParseList(body []byte) (*Set, error) {
 	ms := make([]Model, 0, len(list.Data))
 	first := ""
 	for _, d := range list.Data {
-		if d.ID == "" {
-			continue
+		if d.ID == "" || len(d.ID) > MaxNameBytes {
+			continue // one bad entry does not cost the replica its whole list
 		}
 		m := Model{ID: d.ID}
 		if d.Root != nil {

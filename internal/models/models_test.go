@@ -69,8 +69,17 @@ func TestParseListRefusesWhatWouldGrowTheRouter(t *testing.T) {
 	if _, err := ParseList([]byte(b.String())); err == nil {
 		t.Error("a list of more names than a replica may list was taken")
 	}
-	if _, err := ParseList([]byte(`{"data":[{"id":"` + strings.Repeat("x", MaxNameBytes+1) + `"}]}`)); err == nil {
+	long := strings.Repeat("x", MaxNameBytes+1)
+	if _, err := ParseList([]byte(`{"data":[{"id":"` + long + `"}]}`)); err == nil {
 		t.Error("a name longer than the limit was taken")
+	}
+	// One such entry costs the replica that entry, not its whole list
+	// (which would leave its models unknown: it would be sent every
+	// model's requests); an adapter on an overlong parent runs on the
+	// first base.
+	s, err := ParseList([]byte(`{"data":[{"id":"m2"},{"id":"` + long + `","parent":"m2"},{"id":"y","parent":"` + long + `"}]}`))
+	if err != nil || s.String() != "m2,y@m2" {
+		t.Errorf("a list with an overlong name: %v %v", s, err)
 	}
 	for _, bad := range []string{``, `[]`, `{"data":{}}`, `{"data":[1]}`} {
 		if _, err := ParseList([]byte(bad)); err == nil {

@@ -217,18 +217,30 @@ func (s *Set) String() string {
 }
 
 // Union is every name any of the sets serves, each once (the first set's
-// entry for a name listed by several): a fleet's catalog. Nil sets are
-// skipped. Unlike a replica's set it has no size limit but the sets'.
+// entry for a name listed by several): a fleet's catalog. Its Lookup of
+// SGLang's BASE:ADAPTER finds that base's adapter, whichever set listed
+// the adapter's name first. Nil sets are skipped. Unlike a replica's set
+// it has no size limit but the sets'.
 func Union(sets ...*Set) *Set {
 	u := &Set{byID: map[string]Model{}}
 	for _, s := range sets {
 		for _, m := range s.Models() {
-			if _, ok := u.byID[m.ID]; !ok {
+			if !u.has(m.ID) {
 				u.byID[m.ID] = m
 				u.list = append(u.list, m)
+			}
+			if m.IsAdapter() { // BASE:ADAPTER finds each base's adapter of the name
+				if k := m.Parent + ":" + m.ID; !u.has(k) {
+					u.byID[k] = m
+				}
 			}
 		}
 	}
 	slices.SortFunc(u.list, func(a, b Model) int { return cmp.Compare(a.ID, b.ID) })
 	return u
+}
+
+func (s *Set) has(name string) bool {
+	_, ok := s.byID[name]
+	return ok
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -277,5 +278,53 @@ func TestOpaqueBodiesRouteByModel(t *testing.T) {
 	}
 	if n := served(reps) - before; n != 0 {
 		t.Errorf("an unknown model reached %d replicas", n)
+	}
+}
+
+// Two bases, each with its own LoRA adapter named "sql": SGLang's
+// BASE:ADAPTER names which one, and the request goes to a replica of that
+// base (the body naming the adapter alone), not to whichever base's "sql"
+// the fleet's catalog lists first, nor a 404 for the other.
+func TestBaseAdapterFormRoutesToItsBase(t *testing.T) {
+	a := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "model-a", LoRAModules: []string{"sql"}, MaxLoRAs: 2, MetricsFormat: "vllm", Speedup: 200})
+	b := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "model-b", LoRAModules: []string{"sql"}, MaxLoRAs: 2, MetricsFormat: "vllm", Speedup: 200})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "round-robin"}}, a, b)
+	want := map[string]string{"model-a:sql": "a", "model-b:sql": "b"}
+	for i := range 10 {
+		for model, rep := range want {
+			code, body, got := post(t, url, modelChat(model, fmt.Sprint("q", i), false))
+			if code != 200 || got != rep {
+				t.Errorf("%s: %d from %q, want 200 from %q: %.150s", model, code, got, rep, body)
+			}
+		}
+	}
+}
+
+// A replica whose config says it serves m1 but that answers 404 for it
+// loses m1 until its next probe (architecture.md, "Models"): with an hour
+// between probes it is sent m1 once, not again at once.
+func TestConfiguredModelComesBackAtTheNextProbe(t *testing.T) {
+	good := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "m1", MetricsFormat: "vllm", Speedup: 200})
+	var bad404 atomic.Int64
+	badURL := servetest.Listen(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			bad404.Add(1)
+			w.WriteHeader(404)
+			fmt.Fprint(w, `{"error":{"message":"The model m1 does not exist.","code":404}}`)
+		}
+	}))
+	cfg := fleet.Config{ProbeInterval: time.Hour, ScrapeInterval: time.Hour, Policy: "round-robin", Replicas: []fleet.ReplicaConfig{
+		{ID: "good", URL: good.URL, Region: "r", Profile: "paper"},
+		{ID: "bad", URL: badURL, Region: "r", Profile: "paper", Models: []string{"m1"}},
+	}}
+	_, url := startProxy(t, testConfig{Fleet: cfg})
+	for i := range 10 {
+		if code, body, rep := post(t, url, modelChat("m1", fmt.Sprint("q", i), false)); code != 200 || rep != "good" {
+			t.Errorf("m1: %d from %q: %.100s", code, rep, body)
+		}
+		time.Sleep(20 * time.Millisecond) // time for a refresh the 404 asked for, had it been made
+	}
+	if n := bad404.Load(); n > 1 {
+		t.Errorf("bad answered 404 for m1 %d times within one probe interval", n)
 	}
 }

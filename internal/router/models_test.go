@@ -226,3 +226,31 @@ func TestDecideWithAdaptersDoesNotAllocate(t *testing.T) {
 		checkNoAllocs(t, model, r, req, rng, 1)
 	}
 }
+
+// A fallback ranked when the request was dispatched may, by the time it is
+// tried (after a header or first-byte timeout: up to minutes), no longer
+// serve the request's model: its list was read again without it, or it
+// answered 404 for it to another request. Redispatch skips it, as it skips
+// one no longer available.
+func TestRedispatchSkipsAFallbackThatLostTheModel(t *testing.T) {
+	r := newRouter(t, "round-robin", 3, false)
+	for _, id := range []string{"a", "b", "c"} {
+		r.SetModels(id, set(t, []string{"m1"}))
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	req := policy.Request{PromptTokens: 16, Blocks: blocks(1, 1), Model: "m1"}
+	tk, fbs, err := r.Dispatch(0, &req, rng, make([]Candidate, 0, 2))
+	if err != nil || len(fbs) != 2 {
+		t.Fatalf("dispatch: %v, %d fallbacks", err, len(fbs))
+	}
+	r.Finish(&tk) // the first attempt failed
+	for i := range fbs {
+		r.SetModels(fbs[i].ID, set(t, []string{"m2"}))
+	}
+	for i := range fbs {
+		if t2, ok := r.Redispatch(0, &fbs[i], &req); ok {
+			t.Errorf("m1 redispatched to %s, which the router knows serves only m2", t2.ID)
+			r.Finish(&t2)
+		}
+	}
+}

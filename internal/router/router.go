@@ -290,6 +290,9 @@ func (r *Router) Redispatch(now time.Duration, c *Candidate, req *policy.Request
 	if !c.m.available() {
 		return Ticket{}, false
 	}
+	if _, ok := c.m.serves(req.Model); !ok {
+		return Ticket{}, false // lost the model since the decision
+	}
 	fb := *c
 	fb.at = now
 	return r.enter(&fb, req, r.OutputKeys(req))

@@ -328,3 +328,13 @@ func TestConfiguredModelComesBackAtTheNextProbe(t *testing.T) {
 		t.Errorf("bad answered 404 for m1 %d times within one probe interval", n)
 	}
 }
+
+// A fleet serving one base under two names (vLLM's --served-model-name m
+// m-alias) takes a request that names no model, as vLLM itself does.
+func TestOneBaseUnderTwoNamesNeedsNoModel(t *testing.T) {
+	a := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{ServedNames: []string{"m", "m-alias"}, MetricsFormat: "vllm", Speedup: 200})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a)
+	if code, body, _ := post(t, url, modelChat("", "hi", false)); code != 200 {
+		t.Errorf("no model: %d %s", code, body)
+	}
+}

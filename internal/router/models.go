@@ -19,8 +19,8 @@ type catalog struct {
 	served *models.Set
 	// unknown is how many replicas' models are unknown.
 	unknown int
-	// bases is how many base models the fleet serves; only is the one
-	// when there is one.
+	// bases is how many base models the fleet serves (names with one
+	// root are one); only is the name of the one when there is one.
 	bases int
 	only  string
 }
@@ -44,11 +44,34 @@ func (r *Router) rebuildCatalog(f *fleet) {
 		}
 	}
 	c := &catalog{served: models.Union(sets...), unknown: unknown}
-	for _, m := range c.served.Models() {
-		if !m.IsAdapter() {
-			c.bases++
-			c.only = m.ID
+	// A base served under several names (vLLM's --served-model-name a b)
+	// lists them with one root: they are one base, and a request naming
+	// none gets the name most replicas list (the first by name on a tie).
+	listed := map[string]int{}
+	for _, s := range sets {
+		for _, m := range s.Models() {
+			listed[m.ID]++
 		}
+	}
+	byRoot := map[string]string{}
+	for _, m := range c.served.Models() { // by name
+		if m.IsAdapter() {
+			continue
+		}
+		if m.Root != "" {
+			if name, ok := byRoot[m.Root]; ok {
+				if listed[m.ID] > listed[name] {
+					byRoot[m.Root] = m.ID
+					if c.only == name {
+						c.only = m.ID
+					}
+				}
+				continue
+			}
+			byRoot[m.Root] = m.ID
+		}
+		c.bases++
+		c.only = m.ID
 	}
 	if c.bases != 1 {
 		c.only = ""

@@ -254,3 +254,32 @@ func TestRedispatchSkipsAFallbackThatLostTheModel(t *testing.T) {
 		}
 	}
 }
+
+// One base served under two names (vLLM's --served-model-name m m-alias,
+// each listed with the same root) is one base: a request naming no model
+// gets the name the most replicas serve. Names with different roots, or
+// none (a config's), are different bases.
+func TestOneBaseUnderTwoNames(t *testing.T) {
+	r := newRouter(t, "round-robin", 2, false)
+	ab, err := models.NewSet([]models.Model{{ID: "m", Root: "/w"}, {ID: "m-alias", Root: "/w"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := models.NewSet([]models.Model{{ID: "m-alias", Root: "/w"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetModels("a", ab)
+	r.SetModels("b", b)
+	if name, bases := r.DefaultModel(); name != "m-alias" || bases != 1 {
+		t.Errorf("default model %q of %d bases, want m-alias of 1", name, bases)
+	}
+	r.SetModels("b", ab)
+	if name, bases := r.DefaultModel(); name != "m" || bases != 1 {
+		t.Errorf("default model %q of %d bases, want m of 1", name, bases)
+	}
+	r.SetModels("b", set(t, []string{"m2"}))
+	if name, bases := r.DefaultModel(); name != "" || bases != 2 {
+		t.Errorf("default model %q of %d bases, want none of 2", name, bases)
+	}
+}

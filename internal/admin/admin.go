@@ -63,8 +63,18 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// loopbackHost reports whether a request's Host names a loopback address
+// (with or without a port).
+func loopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	return loopback(strings.Trim(host, "[]"))
+}
+
 func loopback(host string) bool {
-	if host == "localhost" {
+	if strings.EqualFold(host, "localhost") {
 		return true
 	}
 	ip := net.ParseIP(host)
@@ -165,10 +175,23 @@ func (s *Server) Run(ctx context.Context) error {
 
 // Handler serves /admin/*, the profiler and /metrics, behind the bearer
 // tokens if any are configured (the live view's page files need none: they
-// hold no data).
+// hold no data). A web page the operator opens must not drive the API from
+// the browser: requests a browser marks as cross-origin are refused unless
+// they are reads (http.CrossOriginProtection), and a listener without
+// tokens (a loopback one) answers only requests addressed to a loopback
+// name, so that a name an attacker rebinds to 127.0.0.1 reads nothing.
 func (s *Server) Handler() http.Handler {
 	auth, assets := s.authenticated(s.mux), uiAssets()
+	xorigin := http.NewCrossOriginProtection()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := xorigin.Check(r); err != nil {
+			httpapi.Error(w, http.StatusForbidden, "a cross-origin request to the admin API: %v", err)
+			return
+		}
+		if len(*s.tokens.Load()) == 0 && !loopbackHost(r.Host) {
+			httpapi.Error(w, http.StatusForbidden, "host %q: this admin listener has no tokens and answers only at a loopback address", r.Host)
+			return
+		}
 		switch {
 		case r.URL.Path == "/admin/ui":
 			http.Redirect(w, r, "/admin/ui/", http.StatusFound)

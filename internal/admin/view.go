@@ -265,11 +265,14 @@ func (s *Server) snapshot(since int64) map[string]any {
 	return out
 }
 
+// viewWriteTimeout is how long a live view's client may take to take one
+// snapshot.
+var viewWriteTimeout = 10 * time.Second
+
 // uiStream pushes a snapshot to the page every second, as Server-Sent
 // Events (read with fetch, so that it carries the admin token).
 func (s *Server) uiStream(w http.ResponseWriter, r *http.Request) {
-	fl, ok := w.(http.Flusher)
-	if !ok || s.view == nil {
+	if _, ok := w.(http.Flusher); !ok || s.view == nil {
 		httpapi.Error(w, http.StatusNotFound, "no live view here")
 		return
 	}
@@ -285,6 +288,7 @@ func (s *Server) uiStream(w http.ResponseWriter, r *http.Request) {
 		s.view.mu.Unlock()
 	}()
 	var since int64
+	rc := http.NewResponseController(w)
 	send := func() bool {
 		snap := s.snapshot(since)
 		if pts, _ := snap["points"].([]point); len(pts) > 0 {
@@ -294,11 +298,13 @@ func (s *Server) uiStream(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return false
 		}
+		// A client that takes none of a snapshot within viewWriteTimeout
+		// (it stopped reading) is dropped, not waited for with it in hand.
+		_ = rc.SetWriteDeadline(time.Now().Add(viewWriteTimeout))
 		if _, err := w.Write(append(append([]byte("data: "), data...), '\n', '\n')); err != nil {
 			return false
 		}
-		fl.Flush()
-		return true
+		return rc.Flush() == nil
 	}
 	if !send() {
 		return

@@ -8,6 +8,7 @@ package httpapi
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -42,7 +43,8 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // DecodeJSON reads a JSON body of at most limit bytes into v, unknown
-// fields refused; it answers the error itself and reports false on one.
+// fields and anything after the value refused; it answers the error itself
+// (413 for a body over the limit, said or found) and reports false on one.
 func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64) bool {
 	if r.ContentLength > limit {
 		Error(w, http.StatusRequestEntityTooLarge, "the body is larger than %d bytes", limit)
@@ -50,7 +52,20 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any, limit int64) bool
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	err := dec.Decode(v)
+	if err == nil {
+		if _, next := dec.Token(); next != io.EOF {
+			err = errors.New("more after the JSON value")
+			if _, ok := errors.AsType[*http.MaxBytesError](next); ok {
+				err = next
+			}
+		}
+	}
+	switch _, tooLarge := errors.AsType[*http.MaxBytesError](err); {
+	case tooLarge:
+		Error(w, http.StatusRequestEntityTooLarge, "the body is larger than %d bytes", limit)
+		return false
+	case err != nil:
 		Error(w, http.StatusBadRequest, "malformed JSON: %v", err)
 		return false
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
@@ -26,6 +27,9 @@ const maxNamesListed = 20
 func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
 	c := r.core
 	name := r.Parsed.Model
+	if len(name) > models.MaxNameBytes { // no replica's, and not to be carried into labels, spans or the live view
+		return wire.Errorf(statusBadRequest, "model: a name of %d bytes; no model's is longer than %d", len(name), models.MaxNameBytes)
+	}
 	target, alias := name, false
 	switch {
 	case name == "" || c.cfg.Aliases == nil:

@@ -161,7 +161,12 @@ func Start(cfg Config, o Options) (*Tracing, error) {
 		log := o.Log
 		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("tracing", "error", err) }))
 	}
+	// A client's strings (its model's name, a tenant header) must not make
+	// the span queue, which is bounded in spans, unbounded in bytes.
+	limits := sdktrace.NewSpanLimits()
+	limits.AttributeValueLengthLimit = MaxAttributeLen
 	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithSpanLimits(limits),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.Ratio()))),
 		sdktrace.WithResource(res),
 		sdktrace.WithSpanProcessor(sdktrace.NewBatchSpanProcessor(exp,
@@ -170,6 +175,10 @@ func Start(cfg Config, o Options) (*Tracing, error) {
 	)
 	return &Tracing{provider: tp, tracer: tp.Tracer(scope)}, nil
 }
+
+// MaxAttributeLen is the longest string attribute a span keeps, in bytes
+// (the SDK cuts longer ones).
+const MaxAttributeLen = 256
 
 // scope is the instrumentation scope of gorgo's spans.
 const scope = "github.com/gorgo-llm/gorgo"

@@ -113,7 +113,11 @@ func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byt
 	j.promptTokens = s.est.Tokens(text)
 	// An adapter's prefix cache is its own, as the engines key theirs.
 	j.blocks = prefix.Keyed(s.est.Blocks(text, s.page, nil), j.adapter)
-	j.outputTokens = s.cfg.DefaultMaxTokens
+	limit := s.prof.MaxContextTokens
+	// Without max_tokens the engines cap the answer at the context left
+	// (max_model_len − prompt); the emulator answers DefaultMaxTokens at
+	// most.
+	j.outputTokens = min(s.cfg.DefaultMaxTokens, limit-j.promptTokens)
 	if max != -1 {
 		j.outputTokens = max
 	}
@@ -125,10 +129,10 @@ func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byt
 		}
 		j.outputTokens = n
 	}
-	if limit := s.prof.MaxContextTokens; j.promptTokens+j.outputTokens > limit {
+	if j.promptTokens >= limit || j.outputTokens > limit-j.promptTokens { // not added: a huge output would wrap the sum
 		writeError(w, http.StatusBadRequest, "BadRequestError",
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			limit, j.promptTokens+j.outputTokens, j.promptTokens, j.outputTokens)
+			limit, j.promptTokens+min(j.outputTokens, limit), j.promptTokens, j.outputTokens)
 		return false
 	}
 	return true

@@ -2,6 +2,7 @@ package emulator
 
 import (
 	"context"
+	"math"
 	"runtime"
 	"sync"
 	"time"
@@ -26,21 +27,31 @@ func newClock(now time.Time, speed float64) *clock {
 func (c *clock) model(t time.Time) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.anchorModel + time.Duration(float64(t.Sub(c.anchorWall))*c.speed)
+	return c.anchorModel + scale(t.Sub(c.anchorWall), c.speed)
 }
 
 // wall returns the wall time at which the model reaches m.
 func (c *clock) wall(m time.Duration) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.anchorWall.Add(time.Duration(float64(m-c.anchorModel) / c.speed))
+	return c.anchorWall.Add(scale(m-c.anchorModel, 1/c.speed))
 }
+
+// scale is d times f, held within ±maxScaled: a conversion past int64
+// would wrap, and a wall time due centuries ahead would come at once.
+func scale(d time.Duration, f float64) time.Duration {
+	return time.Duration(math.Max(-maxScaled, math.Min(maxScaled, float64(d)*f)))
+}
+
+// maxScaled is about 146 years, half what a Duration holds: sums of two
+// stay in range.
+const maxScaled = float64(math.MaxInt64 / 2)
 
 // setSpeed changes the speed from wall time now on.
 func (c *clock) setSpeed(now time.Time, speed float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.anchorModel += time.Duration(float64(now.Sub(c.anchorWall)) * c.speed)
+	c.anchorModel += scale(now.Sub(c.anchorWall), c.speed)
 	c.anchorWall = now
 	c.speed = speed
 }

@@ -143,8 +143,8 @@ func New(cfg Config) (*Server, error) {
 	switch {
 	case cfg.MetricsFormat != "sglang" && cfg.MetricsFormat != "vllm":
 		return nil, fmt.Errorf("metrics format must be sglang or vllm, got %q", cfg.MetricsFormat)
-	case !(cfg.Speedup > 0) || !(cfg.Faults.Slowdown > 0) || math.IsInf(cfg.Speedup, 0) || math.IsInf(cfg.Faults.Slowdown, 0):
-		return nil, fmt.Errorf("speedup and slowdown must be positive and finite")
+	case checkSpeed(cfg.Speedup, cfg.Faults.Slowdown) != nil:
+		return nil, checkSpeed(cfg.Speedup, cfg.Faults.Slowdown)
 	case !(cfg.Faults.FailFraction >= 0 && cfg.Faults.FailFraction <= 1):
 		return nil, fmt.Errorf("fail fraction must be in [0, 1], got %v", cfg.Faults.FailFraction)
 	case cfg.Faults.HangAfter < 0 || cfg.Faults.ExitAfter < 0 || cfg.PageTokens < 0 || cfg.MaxWaiting < 0 || cfg.DefaultMaxTokens < 0 ||
@@ -298,6 +298,27 @@ func (s *Server) adminNetwork(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// Bounds of the model's speed against the wall clock (speedup over
+// slowdown). Tests stall a replica with a slowdown of 1e9 (a 9 ms step
+// lasts 104 days); the clock holds its conversions in range whatever the
+// speed (see scale), so these bounds only keep the ratio a number.
+const (
+	minSpeed = 1e-12
+	maxSpeed = 1e12
+)
+
+// checkSpeed refuses a speedup and slowdown that are not positive and
+// finite, or whose ratio is out of [minSpeed, maxSpeed].
+func checkSpeed(speedup, slowdown float64) error {
+	if !(speedup > 0) || !(slowdown > 0) || math.IsInf(speedup, 0) || math.IsInf(slowdown, 0) {
+		return fmt.Errorf("speedup and slowdown must be positive and finite, got %v and %v", speedup, slowdown)
+	}
+	if r := speedup / slowdown; !(r >= minSpeed && r <= maxSpeed) {
+		return fmt.Errorf("speedup over slowdown must be within [%g, %g], got %g", minSpeed, maxSpeed, r)
+	}
+	return nil
+}
+
 // adminSpeed changes the model's speed: POST /admin/speed?speedup=10&slowdown=2.
 func (s *Server) adminSpeed(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
@@ -312,6 +333,10 @@ func (s *Server) adminSpeed(w http.ResponseWriter, r *http.Request) {
 			}
 			*p = f
 		}
+	}
+	if err := checkSpeed(up, down); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
+		return
 	}
 	s.speedup, s.slowdown = up, down
 	s.drv.mu.Lock()

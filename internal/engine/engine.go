@@ -218,7 +218,10 @@ func (e *Engine) Submit(now time.Duration, r Request) error {
 	if r.OutputTokens < 1 {
 		r.OutputTokens = 1
 	}
-	if total := r.PromptTokens + r.OutputTokens; total > e.prof.MaxContextTokens || e.blocksFor(total) > e.kv.capacity {
+	// Compared without adding them first: an output of 2^63 tokens would
+	// wrap the sum below the context.
+	if r.PromptTokens > e.prof.MaxContextTokens || r.OutputTokens > e.prof.MaxContextTokens-r.PromptTokens ||
+		e.blocksFor(r.PromptTokens+r.OutputTokens) > e.kv.capacity {
 		e.g.Rejected++
 		return fmt.Errorf("%w: %d prompt + %d output tokens (context %d, KV cache %d tokens)",
 			ErrTooLarge, r.PromptTokens, r.OutputTokens, e.prof.MaxContextTokens, e.g.KVCapacityTokens)

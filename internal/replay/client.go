@@ -270,7 +270,14 @@ func (s *sender) read(ctx context.Context, resp *http.Response, sent time.Time, 
 			}
 			last = now
 		}
-		if ev.FinishReason != "" {
+		switch ev.FinishReason {
+		case "":
+		case "abort", "error": // vLLM's: the engine gave up on the request
+			o.finished = true
+			if o.err == nil {
+				o.err = fmt.Errorf("stream ended with finish_reason %q", ev.FinishReason)
+			}
+		default:
 			o.finished = true
 		}
 		if u := ev.Usage; u != nil {
@@ -283,6 +290,11 @@ func (s *sender) read(ctx context.Context, resp *http.Response, sent time.Time, 
 			}
 		}
 		o.e2e = now.Sub(sent)
+	}
+	if o.err == nil && o.tokenChunks == 0 {
+		// Every replayed request asks for a token at least (ignore_eos):
+		// an answer without one has no time to first token to record.
+		o.err = errors.New("stream finished without a generated token")
 	}
 	if o.tokenChunks >= 2 {
 		o.itl = last.Sub(first) / time.Duration(o.tokenChunks-1)

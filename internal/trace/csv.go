@@ -19,9 +19,11 @@ var (
 	burstGPTHeader = []string{"Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type"}
 )
 
-// maxCSVInputTokens bounds the prompt length of a CSV row: the reader makes
-// its block ids, so a huge count would allocate without bound.
-const maxCSVInputTokens = 1 << 24
+// MaxTokens bounds a request's output length in a trace (the simulator
+// and the emulators would run one of 2^63 tokens for ever), and a CSV
+// row's prompt length (the reader makes its block ids: a huge count would
+// allocate without bound). No model's context is near it.
+const MaxTokens = 1 << 24
 
 // maxTraceTime is the latest request time a trace may have (about 146
 // years): what fits a Duration with room to spare, as maxTimestampMs.
@@ -171,12 +173,15 @@ func readCSV(r io.Reader, name string, f Format, headerLine int) ([]Request, err
 		if err != nil {
 			return nil, fieldErr(inCol, err)
 		}
-		if in > maxCSVInputTokens {
-			return nil, fieldErr(inCol, fmt.Errorf("%s %d is more than the limit of %d", cols[inCol], in, maxCSVInputTokens))
+		if in > MaxTokens {
+			return nil, fieldErr(inCol, fmt.Errorf("%s %d is more than the limit of %d", cols[inCol], in, MaxTokens))
 		}
 		out, err := parseTokens(rec[outCol], cols[outCol])
 		if err != nil {
 			return nil, fieldErr(outCol, err)
+		}
+		if out > MaxTokens {
+			return nil, fieldErr(outCol, fmt.Errorf("%s %d is more than the limit of %d", cols[outCol], out, MaxTokens))
 		}
 		if in == 0 {
 			continue // nothing to prefill: not a request to route

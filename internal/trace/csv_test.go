@@ -220,6 +220,8 @@ func TestReadCSVErrors(t *testing.T) {
 			"t.csv:3: GeneratedTokens must be non-negative, got -1"},
 		{"context over the limit", FormatAuto, azureHead + "2023-11-16 18:15:46,16777217,1\n",
 			"t.csv:2: ContextTokens 16777217 is more than the limit of 16777216"},
+		{"generated over the limit", FormatAuto, azureHead + "2023-11-16 18:15:46,3,16777217\n",
+			"t.csv:2: GeneratedTokens 16777217 is more than the limit of 16777216"},
 		{"bad burstgpt timestamp", FormatAuto, burstHead + b0 + "1:00,ChatGPT,1,1,2,API log\n",
 			`t.csv:3: invalid Timestamp "1:00" (want seconds from the start of the trace)`},
 		{"NaN timestamp", FormatAuto, burstHead + "NaN,ChatGPT,1,1,2,API log\n",

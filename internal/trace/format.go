@@ -183,6 +183,9 @@ func validate(r *Request) error {
 	if r.OutputTokens < 0 {
 		return fmt.Errorf("output_length must be non-negative, got %d", r.OutputTokens)
 	}
+	if r.OutputTokens > MaxTokens {
+		return fmt.Errorf("output_length %d is more than the limit of %d", r.OutputTokens, MaxTokens)
+	}
 	if r.Tenant != "" || r.Priority != "" {
 		if err := checkTenant(r.Tenant, r.Priority); err != nil {
 			return err

@@ -139,6 +139,8 @@ func TestReadErrors(t *testing.T) {
 			"t.jsonl:2: len(hash_ids)=3 does not match input_length 4000 (want ceil(4000/512)=8)"},
 		{"negative output", FormatAuto, `{"timestamp": 6, "input_length": 1, "output_length": -1, "hash_ids": [1]}`,
 			"t.jsonl:1: output_length must be non-negative, got -1"},
+		{"huge output", FormatAuto, `{"timestamp": 6, "input_length": 1, "output_length": 9223372036854775807, "hash_ids": [1]}`,
+			"t.jsonl:1: output_length 9223372036854775807 is more than the limit of 16777216"},
 		{"backwards", FormatAuto, ok + ok + `{"timestamp": 4.5, "input_length": 1, "output_length": 1, "hash_ids": [1]}`,
 			"t.jsonl:3: timestamp 4.5 ms is before the previous line's 5 ms (traces must be time-ordered)"},
 		{"negative timestamp", FormatAuto, `{"timestamp": -1, "input_length": 1, "output_length": 1, "hash_ids": [1]}`,

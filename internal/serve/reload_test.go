@@ -15,11 +15,18 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/servetest"
 )
 
-// writeConfig writes a config file of replicas id=url.
+// writeConfig writes a config file of replicas id=url, polled every 20 ms.
 func writeConfig(t *testing.T, path string, extra string, reps map[string]*replica) {
 	t.Helper()
+	writePolledConfig(t, path, "20ms", extra, reps)
+}
+
+// writePolledConfig writes a config file of replicas id=url, polled every
+// poll.
+func writePolledConfig(t *testing.T, path, poll, extra string, reps map[string]*replica) {
+	t.Helper()
 	var b strings.Builder
-	b.WriteString("probe_interval: 1h\nconfig_poll: 20ms\nadmin: {listen: \"off\"}\n" + extra + "replicas:\n")
+	b.WriteString("probe_interval: 1h\nconfig_poll: " + poll + "\nadmin: {listen: \"off\"}\n" + extra + "replicas:\n")
 	for _, id := range []string{"a", "b", "c", "d"} {
 		if r := reps[id]; r != nil {
 			fmt.Fprintf(&b, "  - {id: %s, url: %q, region: r%s, profile: paper}\n", id, r.URL, id)
@@ -131,21 +138,28 @@ func TestReloadKeepsTheAdminLocked(t *testing.T) {
 	}
 }
 
-// config_poll turned off by a reload (negative: never) waits, looking at
-// nothing, and polling comes back when a reload sets it again (found in
-// review: the loop spun). (That a router started with it off runs the loop
-// at all, to poll once a reload sets it, is Run's; not tested here.)
-func TestPollWait(t *testing.T) {
-	for every, want := range map[time.Duration]struct {
-		wait time.Duration
-		look bool
-	}{
-		-time.Second:          {pollOffCheck, false},
-		0:                     {pollOffCheck, false},
-		20 * time.Millisecond: {20 * time.Millisecond, true},
-	} {
-		if wait, look := pollWait(every); wait != want.wait || look != want.look {
-			t.Errorf("pollWait(%v) = %v, %v; want %v, %v", every, wait, look, want.wait, want.look)
-		}
+// config_poll turned off by a reload (negative: never) stops the polling
+// (found in review: the loop spun), and a reload that sets it again (a
+// SIGHUP) starts it at once, at the new interval.
+func TestPollingTurnedOffAndOn(t *testing.T) {
+	a, b, c := startReplica(t, 2*time.Millisecond, emulator.Faults{}), startReplica(t, 2*time.Millisecond, emulator.Faults{}),
+		startReplica(t, 2*time.Millisecond, emulator.Faults{})
+	path := filepath.Join(t.TempDir(), "serve.yaml")
+	writeConfig(t, path, "", map[string]*replica{"a": a})
+	s, _ := startFromFile(t, path)
+	writePolledConfig(t, path, "-1s", "", map[string]*replica{"a": a}) // polled: turns it off
+	eventually(t, "config_poll off", func() bool { return s.Config().ConfigPoll < 0 })
+	writePolledConfig(t, path, "20ms", "", map[string]*replica{"a": a, "b": b})
+	time.Sleep(300 * time.Millisecond) // fifteen of the old intervals
+	if s.Fleet.Router().Has("b") {
+		t.Fatal("the file was read again with polling off")
 	}
+	if err := s.Reload(); err != nil { // SIGHUP
+		t.Fatal(err)
+	}
+	if !s.Fleet.Router().Has("b") || s.Config().ConfigPoll != 20*time.Millisecond {
+		t.Fatalf("the reload did not apply the file: b %v, config_poll %v", s.Fleet.Router().Has("b"), s.Config().ConfigPoll)
+	}
+	writeConfig(t, path, "", map[string]*replica{"a": a, "b": b, "c": c})
+	eventually(t, "c to join through the poll", func() bool { return s.Fleet.Router().Has("c") })
 }

@@ -65,9 +65,12 @@ type Server struct {
 	o       Options
 	reloads *prometheus.CounterVec
 	log     *slog.Logger
-	mu      sync.Mutex // serialises reloads; guards cfg and fileMod
+	mu      sync.Mutex // serialises reloads; guards cfg, fileMod and pollChanged
 	cfg     Config     // the running config
 	fileMod time.Time
+	// pollChanged is closed, and replaced, when a reload changes
+	// config_poll: the poll loop then waits the new interval.
+	pollChanged chan struct{}
 }
 
 // New builds a router from a config (its defaults applied here).
@@ -88,7 +91,7 @@ func New(cfg Config, o Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{Fleet: f, o: o, log: o.Log, cfg: cfg}
+	s := &Server{Fleet: f, o: o, log: o.Log, cfg: cfg, pollChanged: make(chan struct{})}
 	if s.Admin, err = admin.New(f, view, cfg.Admin, o.Registry, o.Log); err == nil && o.Proxy {
 		s.Proxy, err = proxy.New(f, cfg.Proxy, o.Registry, o.Registry, o.Log)
 	}
@@ -209,6 +212,10 @@ func (s *Server) apply(next Config) error {
 		next.Proxy = s.Proxy.Config()
 	}
 	s.cfg = next
+	if next.ConfigPoll != cur.ConfigPoll {
+		close(s.pollChanged)
+		s.pollChanged = make(chan struct{})
+	}
 	result := "applied"
 	if ch.Empty() && reflect.DeepEqual(cur, next) {
 		result = "unchanged"
@@ -226,40 +233,46 @@ func (s *Server) apply(next Config) error {
 }
 
 // pollConfig reloads the config file when its modification time changes,
-// every config_poll. While that is negative (never) it only looks again
-// every pollOffCheck whether a reload (SIGHUP, the admin API) set it.
+// every config_poll. While that is negative (never) it waits for a reload
+// (SIGHUP, the admin API) to set it; a reload that changes it starts the
+// new interval at once.
 func (s *Server) pollConfig(ctx context.Context) {
 	for {
-		wait, look := pollWait(s.Config().ConfigPoll)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
-		if !look {
+		s.mu.Lock()
+		every, changed := s.cfg.ConfigPoll, s.pollChanged
+		s.mu.Unlock()
+		if !waitPoll(ctx, every, changed) {
+			if ctx.Err() != nil {
+				return
+			}
 			continue
 		}
 		s.mu.Lock()
-		changed := !s.fileMod.Equal(modTime(s.o.Path))
+		mod := !s.fileMod.Equal(modTime(s.o.Path))
 		s.mu.Unlock()
-		if changed {
+		if mod {
 			_ = s.Reload()
 		}
 	}
 }
 
-// pollOffCheck is how often pollConfig looks whether polling was turned
-// back on while it is off.
-const pollOffCheck = 5 * time.Second
-
-// pollWait is how long pollConfig waits at config_poll every, and whether
-// it then looks at the file. Never zero: a negative config_poll (never),
-// set by a reload, once spun the loop (time.After fires at once).
-func pollWait(every time.Duration) (time.Duration, bool) {
-	if every <= 0 {
-		return pollOffCheck, false
+// waitPoll waits every (for ever if it is not positive) and reports
+// true, or reports false when changed is closed or ctx ends first.
+func waitPoll(ctx context.Context, every time.Duration, changed <-chan struct{}) bool {
+	var tick <-chan time.Time
+	if every > 0 {
+		t := time.NewTimer(every)
+		defer t.Stop()
+		tick = t.C
 	}
-	return every, true
+	select {
+	case <-ctx.Done():
+		return false
+	case <-changed:
+		return false
+	case <-tick:
+		return true
+	}
 }
 
 func modTime(path string) time.Time {

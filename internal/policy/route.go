@@ -281,7 +281,10 @@ func within(scores []Terms, margin float64, rng *rand.Rand) int {
 	if math.IsInf(best, 1) {
 		return rng.IntN(len(scores))
 	}
-	limit := best + margin*math.Abs(best)
+	limit := best // -Inf: only the -Inf scores tie (margin·Inf would make it NaN)
+	if !math.IsInf(best, -1) {
+		limit = best + margin*math.Abs(best)
+	}
 	chosen, n := -1, 0
 	for i := range scores {
 		if scores[i].Total <= limit {
@@ -300,6 +303,8 @@ func argmin(scores []Terms, rng *rand.Rand) int {
 	best, ties := -1, 0
 	for i := range scores {
 		switch {
+		case math.IsNaN(scores[i].Total):
+			continue // never wins
 		case best < 0 || scores[i].Total < scores[best].Total:
 			best, ties = i, 1
 		case scores[i].Total == scores[best].Total:
@@ -308,6 +313,9 @@ func argmin(scores []Terms, rng *rand.Rand) int {
 				best = i
 			}
 		}
+	}
+	if best < 0 { // every score NaN
+		return rng.IntN(len(scores))
 	}
 	return best
 }

@@ -38,12 +38,13 @@ func (p *skyWalker) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Ra
 	// Score: local replicas under the threshold first (by prefix, then
 	// pending), then every replica by pending work, prefix holders first.
 	bestLocal, bestHolder, minLocal := -1, -1, -1
+	local := func(r *Replica) bool { return p.region != "" && r.Region == p.region }
 	for i := range reps {
 		r := &reps[i]
-		if r.Region == p.region && (minLocal < 0 || pending(r) < minLocal) {
+		if local(r) && (minLocal < 0 || pending(r) < minLocal) {
 			minLocal = pending(r)
 		}
-		if r.Region == p.region && pending(r) < SkyWalkerThreshold {
+		if local(r) && pending(r) < SkyWalkerThreshold {
 			if bestLocal < 0 || r.CachedTokens > reps[bestLocal].CachedTokens ||
 				r.CachedTokens == reps[bestLocal].CachedTokens && pending(r) < pending(&reps[bestLocal]) {
 				bestLocal = i
@@ -63,7 +64,7 @@ func (p *skyWalker) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Ra
 			t.Total = -1
 		default:
 			t.Total = t.Queue
-			if r.Region == p.region {
+			if local(r) {
 				t.Total -= 0.5 // stay local on a tie
 			}
 		}

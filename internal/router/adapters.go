@@ -108,7 +108,7 @@ func (t *adapterTable) state(name string) (resident, full bool) {
 }
 
 // start records a request for the adapter entering the replica at now.
-func (t *adapterTable) start(name string, now time.Duration) {
+func (t *adapterTable) start(name string, now time.Duration) (followed bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	i := t.find(name)
@@ -124,13 +124,14 @@ func (t *adapterTable) start(name string, now time.Duration) {
 				}
 			}
 			if i < 0 {
-				return // every one busy: this one goes unfollowed
+				return false // every one busy: this one goes unfollowed
 			}
 		}
 		t.uses[i] = adapterUse{name: name}
 	}
 	t.uses[i].inflight++
 	t.uses[i].last = now
+	return true
 }
 
 // end records a request for the adapter leaving the replica. (Its

@@ -454,7 +454,10 @@ func (m *member) waited(now time.Duration) float64 {
 	if n <= 0 {
 		return 0
 	}
-	return max(float64(now)-float64(m.waitSent.Load())/float64(n), 0) / 1e6
+	// Σ(now − sent) in wrapping int64 arithmetic: exact even when the sum
+	// of the dispatch times itself has wrapped (long uptimes, long queues).
+	total := n*int64(now) - m.waitSent.Load()
+	return max(float64(total)/float64(n), 0) / 1e6
 }
 
 // observeBias folds in a first token at `at` after ttftMS that came lateMS

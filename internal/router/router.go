@@ -105,6 +105,8 @@ type Ticket struct {
 
 	m                     *member
 	accepted, first, done bool
+	// adapterFollowed: the replica's adapter table counts this request.
+	adapterFollowed bool
 	// unstreamed: the request's answer is not streamed (see releaseDue).
 	unstreamed *unstreamed
 	// remote: another router's request, mirrored here (see Enter); the
@@ -355,7 +357,7 @@ func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Tick
 	m.unfin.Add(int64(req.PromptTokens))
 	t.Backlog = int(m.backlog.Add(int64(t.uncached()))) - t.uncached()
 	if t.Adapter != "" {
-		m.adapters.start(t.Adapter, c.at)
+		t.adapterFollowed = m.adapters.start(t.Adapter, c.at)
 	}
 	prefill, queue := m.ratesNow()
 	t.Predicted = float64(t.RTT)/1e6 + float64(t.uncached())*prefill + float64(t.Backlog)*queue + t.AdapterLoadMS + t.AdapterWaitMS
@@ -494,7 +496,7 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	for len(dst) < n && len(dst) < len(r.views) {
 		best := -1
 		for j := range r.views {
-			if !r.ranked[j] && (best < 0 || r.dec.Scores[j].Total < r.dec.Scores[best].Total) {
+			if !r.ranked[j] && (best < 0 || ranksBefore(r.dec.Scores[j].Total, r.dec.Scores[best].Total)) {
 				best = j
 			}
 		}
@@ -563,7 +565,7 @@ func (r *Router) Finish(t *Ticket) {
 	}
 	t.done = true
 	m := t.m
-	if t.Adapter != "" {
+	if t.adapterFollowed {
 		m.adapters.end(t.Adapter)
 	}
 	m.unfin.Add(-int64(t.PromptTokens))
@@ -879,3 +881,6 @@ func bestForecast(fc []forecastAt) (ms, margin float64) {
 	}
 	return ms, margin
 }
+
+// ranksBefore orders fallbacks by score, a NaN score last.
+func ranksBefore(a, b float64) bool { return a < b || math.IsNaN(b) && !math.IsNaN(a) }

@@ -31,6 +31,7 @@ const DefaultInterval = 10 * time.Second
 //	discover:
 //	  - dns: vllm-headless.ns.svc.cluster.local    # A/AAAA lookup
 //	    port: 8000
+//	    ip_family: v4_preferred                    # the default
 //	    region: us-ashburn
 //	    profile: paper
 //	    interval: 10s
@@ -39,6 +40,13 @@ const DefaultInterval = 10 * time.Second
 type Group struct {
 	// DNS is a name whose A and AAAA records are the replicas' addresses.
 	DNS string `yaml:"dns"`
+	// IPFamily says which of a DNS name's addresses are replicas, as
+	// Envoy's dns_lookup_family: v4_preferred (the default: its IPv4
+	// addresses, or its IPv6 ones if it has none), v6_preferred, or all.
+	// A dual-stack Service lists every pod under both families: taking
+	// all would count each pod twice, splitting its load and its cache
+	// between two replicas.
+	IPFamily string `yaml:"ip_family"`
 	// SRV is a name whose SRV records give the replicas' host names and
 	// ports. It is looked up as written (no service or proto is added).
 	SRV string `yaml:"srv"`
@@ -104,8 +112,18 @@ func (g Group) Defaults() Group {
 	if g.Interval == 0 {
 		g.Interval = DefaultInterval
 	}
+	if g.IPFamily == "" && g.DNS != "" {
+		g.IPFamily = V4Preferred
+	}
 	return g
 }
+
+// The values of Group.IPFamily.
+const (
+	V4Preferred = "v4_preferred"
+	V6Preferred = "v6_preferred"
+	AllFamilies = "all"
+)
 
 // Validate checks g with its defaults applied: exactly one of dns and srv,
 // a valid DNS name, a port in 1..65535 with dns and none with srv, an http
@@ -127,6 +145,12 @@ func (g Group) Validate() error {
 	}
 	if g.SRV != "" && g.Port != 0 {
 		return fmt.Errorf("discover: %s: port is taken from the SRV records and must not be set", name)
+	}
+	switch {
+	case g.SRV != "" && g.IPFamily != "":
+		return fmt.Errorf("discover: %s: ip_family is for dns (SRV targets are host names)", name)
+	case g.DNS != "" && g.IPFamily != V4Preferred && g.IPFamily != V6Preferred && g.IPFamily != AllFamilies:
+		return fmt.Errorf("discover: %s: ip_family must be %s, %s or %s, not %q", name, V4Preferred, V6Preferred, AllFamilies, g.IPFamily)
 	}
 	if g.Scheme != "http" && g.Scheme != "https" {
 		return fmt.Errorf("discover: %s: scheme must be http or https, not %q", name, g.Scheme)
@@ -167,6 +191,7 @@ func Resolve(ctx context.Context, r Resolver, g Group) ([]Endpoint, error) {
 			return notFound(err)
 		}
 		port := strconv.Itoa(g.Port)
+		addrs = oneFamily(addrs, g.IPFamily)
 		for _, a := range addrs {
 			if a.IP == nil || a.IP.IsUnspecified() {
 				continue
@@ -193,6 +218,24 @@ func Resolve(ctx context.Context, r Resolver, g Group) ([]Endpoint, error) {
 	}
 	slices.SortFunc(eps, func(a, b Endpoint) int { return strings.Compare(a.ID, b.ID) })
 	return slices.CompactFunc(eps, func(a, b Endpoint) bool { return a.ID == b.ID }), nil
+}
+
+// oneFamily keeps the addresses of the family asked for (see
+// Group.IPFamily): with a preferred family, its addresses if there are
+// any, else the others.
+func oneFamily(addrs []net.IPAddr, family string) []net.IPAddr {
+	if family == AllFamilies {
+		return addrs
+	}
+	v4 := slices.DeleteFunc(slices.Clone(addrs), func(a net.IPAddr) bool { return a.IP.To4() == nil })
+	v6 := slices.DeleteFunc(slices.Clone(addrs), func(a net.IPAddr) bool { return a.IP.To4() != nil })
+	if family == V6Preferred {
+		v4, v6 = v6, v4
+	}
+	if len(v4) > 0 {
+		return v4
+	}
+	return v6
 }
 
 // notFound turns a definite "no such host" into an empty set and passes

@@ -188,6 +188,7 @@ func ids(eps []Endpoint) []string {
 func TestResolve(t *testing.T) {
 	f := newFake()
 	f.ips["V.ns.svc."] = ips("10.0.0.2", "10.0.0.1", "fd00::1", "10.0.0.1", "::ffff:10.0.0.3")
+	f.ips["six.ns.svc"] = ips("fd00::2", "fd00::1")
 	f.ips["gone.ns.svc"] = nil
 	f.errs["gone.ns.svc"] = errNotFound
 	f.errs["flaky.ns.svc"] = errServFail
@@ -211,12 +212,28 @@ func TestResolve(t *testing.T) {
 		err  bool
 	}{
 		// The name is looked up as written; the id uses its canonical form.
-		{"a and aaaa", Group{DNS: "V.ns.svc.", Port: 8000, Region: "r", Profile: "p"}, []Endpoint{
+		{"a and aaaa", Group{DNS: "V.ns.svc.", Port: 8000, Region: "r", Profile: "p", IPFamily: AllFamilies}, []Endpoint{
 			{ID: "v.ns.svc@10.0.0.1:8000", URL: "http://10.0.0.1:8000", Region: "r", Profile: "p"},
 			{ID: "v.ns.svc@10.0.0.2:8000", URL: "http://10.0.0.2:8000", Region: "r", Profile: "p"},
 			{ID: "v.ns.svc@10.0.0.3:8000", URL: "http://10.0.0.3:8000", Region: "r", Profile: "p"},
 			{ID: "v.ns.svc@[fd00::1]:8000", URL: "http://[fd00::1]:8000", Region: "r", Profile: "p"},
 		}, false},
+		// A dual-stack name lists each pod under both families: by default
+		// its IPv4 addresses alone are replicas, or its IPv6 ones without.
+		{"v4 preferred", Group{DNS: "V.ns.svc.", Port: 8000}, []Endpoint{
+			{ID: "v.ns.svc@10.0.0.1:8000", URL: "http://10.0.0.1:8000"},
+			{ID: "v.ns.svc@10.0.0.2:8000", URL: "http://10.0.0.2:8000"},
+			{ID: "v.ns.svc@10.0.0.3:8000", URL: "http://10.0.0.3:8000"},
+		}, false},
+		{"v6 preferred", Group{DNS: "V.ns.svc.", Port: 8000, IPFamily: V6Preferred}, []Endpoint{
+			{ID: "v.ns.svc@[fd00::1]:8000", URL: "http://[fd00::1]:8000"},
+		}, false},
+		{"v4 preferred, v6 only", Group{DNS: "six.ns.svc", Port: 8000}, []Endpoint{
+			{ID: "six.ns.svc@[fd00::1]:8000", URL: "http://[fd00::1]:8000"},
+			{ID: "six.ns.svc@[fd00::2]:8000", URL: "http://[fd00::2]:8000"},
+		}, false},
+		{"bad family", Group{DNS: "V.ns.svc.", Port: 8000, IPFamily: "ipv5"}, nil, true},
+		{"family with srv", Group{SRV: "_http._tcp.s.ns.svc", IPFamily: AllFamilies}, nil, true},
 		{"srv", Group{SRV: "_http._tcp.s.ns.svc", Scheme: "https", Region: "eu"}, []Endpoint{
 			{ID: "_http._tcp.s.ns.svc@s-0.s.ns.svc:30000", URL: "https://s-0.s.ns.svc:30000", Region: "eu"},
 			{ID: "_http._tcp.s.ns.svc@s-1.s.ns.svc:30000", URL: "https://s-1.s.ns.svc:30000", Region: "eu"},
@@ -611,7 +628,7 @@ func TestEndToEndDNS(t *testing.T) {
 	var got sync.Map // group -> latest []Endpoint
 	onChange := func(g int, eps []Endpoint) { got.Store(g, eps); rec.onChange(g, eps) }
 	w, err := NewWatcher([]Group{
-		{DNS: "vllm.ns.svc.test", Port: 8000, Region: "us-ashburn", Profile: "paper", Interval: 20 * time.Millisecond},
+		{DNS: "vllm.ns.svc.test", Port: 8000, Region: "us-ashburn", Profile: "paper", Interval: 20 * time.Millisecond, IPFamily: AllFamilies},
 		{SRV: "_http._tcp.sglang.ns.svc.test", Region: "eu-frankfurt", Interval: 20 * time.Millisecond},
 	}, s.resolver(), onChange, slog.New(slog.NewTextHandler(t.Output(), nil)))
 	if err != nil {

@@ -49,7 +49,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	// behind the simulator by more than timing noise (docs/results.md,
 	// part 10).
 	speedup := fs.Float64("speedup", 5, "run model and network this many times faster than real time")
-	policies := fs.String("policy", "default,gorgo,simple-session-affinity,round-robin", "comma-separated `POLICIES` to run: "+joinNames(policy.Names()))
+	policies := fs.String("policy", "default,gorgo,simple-session-affinity,round-robin", "comma-separated `POLICIES` to run: "+joinNames(policy.LiveNames()))
 	timeScale := fs.Float64("time-scale", 1, "multiply the workload's inter-arrival gaps by `F`")
 	seed := fs.Uint64("seed", 1, "random seed")
 	topology := fs.String("topology", "paper", "the emulated fleet: a built-in topology ("+strings.Join(sim.TopologyNames(), ", ")+") or a YAML file, e.g. examples/topologies/lora.yaml; each replica serves the models and adapters its topology gives")
@@ -81,6 +81,10 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	for _, n := range names {
 		if _, err := policy.New(n, policy.Options{}); err != nil {
 			return fmt.Errorf("--policy: %w", err)
+		}
+		if info, _ := policy.Lookup(n); info.SimOnly {
+			// Refused now, not after the policies before it have run.
+			return fmt.Errorf("--policy: %s runs only in the simulator (valid here: %s)", n, joinNames(policy.LiveNames()))
 		}
 	}
 	if len(names) == 0 {

@@ -84,7 +84,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	// would end the process (a config reloader signalling at start).
 	defer reloadOnHUP(ctx, srv)()
 	srv.Fleet.ProbeOnce(ctx)
-	fmt.Fprintf(stdout, "gorgo epp: ext_proc on %s, policy %s, %d replicas\n", ln.Addr(), describePolicy(srv.Fleet.Policy()), len(cfg.Replicas))
+	fmt.Fprintf(stdout, "gorgo epp: ext_proc on %s, policy %s, %d replicas\n", ln.Addr(), describePolicy(srv.Fleet.Policy(), cfg.Policy), len(cfg.Replicas))
 	if adminLn != nil {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\n", adminLn.Addr())
 	}

@@ -340,6 +340,7 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"serve", "--replica", "a=http://x", "--policy", "round-robin", "--tune=true"}, "policy round-robin has no parameters to tune"},
 		{[]string{"demo", "--speedup", "0"}, "--speedup"},
 		{[]string{"demo", "--policy", "fastest"}, `unknown policy "fastest"`},
+		{[]string{"demo", "--policy", "default,clairvoyant"}, "clairvoyant runs only in the simulator"},
 		{[]string{"demo", "--topology", "nowhere"}, `--topology: unknown topology "nowhere"`},
 		{[]string{"demo", "--mesh", "--models", "a:1"}, "--mesh runs its own fleet"},
 		{[]string{"demo", "--topology", "../../examples/topologies/two-models.yaml", "--models", "model-a:1,model-c:1"}, `no replica of the topology serves "model-c"`},
@@ -458,7 +459,7 @@ func TestServeTunesToTheSLOs(t *testing.T) {
 		if got := pol.(*tune.Online).Objective(); !strings.HasPrefix(got, c.want+",") {
 			t.Errorf("%q %v: objective %q, want %s", c.yaml, c.args, got, c.want)
 		}
-		if d := describePolicy(pol); !strings.Contains(d, "online for "+c.want+";") {
+		if d := describePolicy(pol, policy.DefaultName); !strings.Contains(d, "online for "+c.want+";") {
 			t.Errorf("%q %v: described as %q, without its objective", c.yaml, c.args, d)
 		}
 	}

@@ -121,6 +121,10 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if !*quiet {
 		fmt.Fprintf(stdout, "replayed %d of %d requests in %v\n", len(res.Records), len(reqs), res.Elapsed.Round(time.Millisecond))
 	}
+	failed, why := failures(res.Records)
+	if failed > 0 && !*quiet {
+		fmt.Fprintf(stdout, "%d failed; the most common error: %s\n", failed, why)
+	}
 	if *jsonOut != "" {
 		if err := writeJSON(*jsonOut, map[string]any{"runs": []report.Run{run}}); err != nil {
 			return err
@@ -131,7 +135,27 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	if runErr == nil && failed > 0 && failed == len(res.Records) {
+		return fmt.Errorf("every request failed: %s", why)
+	}
 	return runErr
+}
+
+// failures counts the failed records and names their most common error.
+func failures(recs []report.Record) (n int, common string) {
+	count := map[string]int{}
+	for i := range recs {
+		if recs[i].Failed {
+			n++
+			count[recs[i].Error]++
+		}
+	}
+	for e, c := range count {
+		if c > count[common] || c == count[common] && e < common {
+			common = e
+		}
+	}
+	return n, common
 }
 
 // replayReplicas lists the replicas named in the records (from the proxy's

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -161,5 +162,31 @@ func TestReplayCommandBadInput(t *testing.T) {
 	var out, errb bytes.Buffer
 	if err := runReplay([]string{"--no-such-flag"}, &out, &errb); err != errUsage {
 		t.Errorf("bad flag: %v, want errUsage", err)
+	}
+}
+
+// A replay whose every request fails (a model the target does not serve)
+// says why and exits with an error, rather than a table of failures and
+// exit 0; the records are still written.
+func TestReplayCommandSaysWhyEveryRequestFailed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `{"error":{"message":"The model nope does not exist.","type":"NotFoundError","code":404}}`)
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	tr := writeTinyTrace(t, dir)
+	recs := filepath.Join(dir, "recs.jsonl")
+	var out, errb bytes.Buffer
+	err := runReplay([]string{"--target", srv.URL, "--trace", tr, "--model", "nope", "--records", recs}, &out, &errb)
+	if err == nil || !strings.Contains(err.Error(), "every request failed") || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("runReplay: %v; want every request failed, and why", err)
+	}
+	if !strings.Contains(out.String(), "3 failed; the most common error:") {
+		t.Errorf("output lacks the failures:\n%s", out.String())
+	}
+	if _, err := os.Stat(recs); err != nil {
+		t.Errorf("records not written: %v", err)
 	}
 }

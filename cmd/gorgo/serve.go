@@ -34,8 +34,9 @@ import (
 const serveAbout = `
 Runs the OpenAI-compatible proxy in front of SGLang/vLLM replicas (or gorgo
 engine emulators): each chat or completion request goes to the replica the
-policy picks (gorgo by default: lowest estimated TTFT from round trip, uncached
-prompt tokens and queue), streams back as it comes, and is tried on another
+policy picks (the default policy, gorgo-e2e: the least cost in ms of the time to
+first token, from round trip, uncached prompt tokens and queue, and of decode,
+its weights tuned online), streams back as it comes, and is tried on another
 replica if the first fails before any byte reached the client. The proxy
 probes round trips (GET /health), scrapes /metrics, and serves its own
 /metrics and /health to clients; the admin API (/admin/replicas, weights,
@@ -156,7 +157,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 		slo = fmt.Sprintf(", TTFT SLO %v (%s)", cfg.TTFTSLO, mode)
 	}
-	fmt.Fprintf(stdout, "gorgo serve: %s://%s, policy %s%s, %d replicas:\n", scheme, ln.Addr(), describePolicy(srv.Fleet.Policy()), slo, len(cfg.Replicas))
+	fmt.Fprintf(stdout, "gorgo serve: %s://%s, policy %s%s, %d replicas:\n", scheme, ln.Addr(), describePolicy(srv.Fleet.Policy(), cfg.Policy), slo, len(cfg.Replicas))
 	writeReplicas(stdout, srv.Fleet.Router().Replicas())
 	if admin != nil {
 		fmt.Fprintf(stdout, "admin API: http://%s/admin/replicas\nlive view: http://%s/admin/ui/\n", admin.Addr(), admin.Addr())
@@ -270,8 +271,9 @@ func servePolicy(cfg serve.Config, tf *tuneFlags) (policy.Policy, error) {
 	return nil, nil
 }
 
-// describePolicy names the running policy, and what an online tuner tunes.
-func describePolicy(p policy.Policy) string {
+// describePolicy names the running policy, and what an online tuner tunes
+// (configured: the config's policy).
+func describePolicy(p policy.Policy, configured string) string {
 	o, ok := p.(*tune.Online)
 	if !ok {
 		return p.Name()
@@ -281,7 +283,11 @@ func describePolicy(p policy.Policy) string {
 		names = append(names, q.Name)
 	}
 	obj, _, _ := strings.Cut(o.Objective(), ",")
-	return fmt.Sprintf("%s (tuning %s online for %s; --tune=false for fixed weights)", o.Base(), strings.Join(names, ", "), obj)
+	fixed := "; --tune=false for fixed weights"
+	if configured == tune.OnlineName {
+		fixed = "; its base policy alone for fixed weights"
+	}
+	return fmt.Sprintf("%s (tuning %s online for %s%s)", o.Base(), strings.Join(names, ", "), obj, fixed)
 }
 
 // served is a handler and the listener it serves on, how long a graceful

@@ -84,7 +84,7 @@ func (t *tuneFlags) parsed(fs *flag.FlagSet) {
 // registerLive adds what gorgo serve and gorgo epp take besides: --tune.
 func (t *tuneFlags) registerLive(fs *flag.FlagSet) {
 	t.register(fs)
-	fs.Func("tune", "tune the policy's parameters online from the traffic it routes: `true` or false (default the config's tune, else on for the default policy; its settings are the block, burn, window-requests, sigma, objective, guard and param flags)", func(s string) error {
+	fs.Func("tune", "tune the policy's parameters online from the traffic it routes: `true` or false (default the config's tune, else on for the default policy). Its settings are the block, burn, window-requests, sigma, objective, guard and param flags; those not given take the live tuner's values, not the defaults shown: one-minute blocks, 256 requests an arm, sigma 0.3, wins confirmed, early stop at 1.5 (the shown defaults are --policy gorgo-online's)", func(s string) error {
 		v, err := strconv.ParseBool(s)
 		if err != nil {
 			return fmt.Errorf("want true or false, got %q", s)

@@ -391,7 +391,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: unknown policy %q (valid: %s)", c.Policy, strings.Join(policy.LiveNames(), ", "))
 	} else if info.SimOnly {
 		return fmt.Errorf("config: policy %s runs only in the simulator (valid here: %s)", c.Policy, strings.Join(policy.LiveNames(), ", "))
-	} else if c.Tune != nil && *c.Tune && len(info.Params) == 0 {
+	} else if c.Tune != nil && *c.Tune && len(info.Params) == 0 && !info.Tuner {
 		return fmt.Errorf("config: tune: policy %s has no parameters to tune (these have: %s)", c.Policy, strings.Join(policy.WithParams(), ", "))
 	}
 	switch {

@@ -336,6 +336,9 @@ type Info struct {
 	// ConfigKey is the config file's key for the policy's parameters
 	// beside params.<name> ("weights" for gorgo's); empty for none.
 	ConfigKey string
+	// Tuner marks a policy that tunes another's parameters online
+	// (gorgo-online): tune: true is what it does.
+	Tuner bool
 	// Rank places the policy in the comparison gorgo sim and gorgo eval run
 	// when no policy is named, lowest first; 0 leaves it out.
 	Rank int

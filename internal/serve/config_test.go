@@ -8,6 +8,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/admin"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/policy/policytest"
 )
 
@@ -22,6 +23,22 @@ func TestExampleConfigsLoad(t *testing.T) {
 	}
 	if len(cfg.Replicas) != 3 || cfg.Params["gorgo"]["queue"] != 0.5 || cfg.Params["gorgo-e2e"]["decode"] != 0.2 || cfg.ProbeInterval != 5*time.Second || cfg.Admin.Listen != "127.0.0.1:9091" {
 		t.Errorf("config %+v", cfg)
+	}
+	// Its comment offers any policy in place of its own (--policy): each
+	// one validates with the rest of the file, gorgo-online (a tuner)
+	// with tune on.
+	for _, name := range append([]string{"gorgo-online"}, policy.LiveNames()...) {
+		c := cfg
+		c.Policy = name
+		if err := c.Validate(); err != nil {
+			t.Errorf("examples/serve.yaml with policy %s: %v", name, err)
+		}
+	}
+	on := true
+	c := cfg
+	c.Policy, c.Tune = "gorgo-online", &on
+	if err := c.Validate(); err != nil {
+		t.Errorf("gorgo-online with tune: true: %v", err)
 	}
 	if cfg, err = LoadConfig("../../examples/serve-k8s.yaml"); err != nil {
 		t.Fatal(err)

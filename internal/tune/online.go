@@ -95,7 +95,7 @@ type Online struct {
 const OnlineName = "gorgo-online"
 
 func init() {
-	policy.Register(policy.Info{Name: OnlineName, New: func(o policy.Options) (policy.Policy, error) {
+	policy.Register(policy.Info{Name: OnlineName, Tuner: true, New: func(o policy.Options) (policy.Policy, error) {
 		var cfg OnlineConfig
 		if o.Config != nil {
 			c, ok := o.Config.(OnlineConfig)

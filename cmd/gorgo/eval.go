@@ -174,7 +174,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 			ew := evals[j.w]
 			ew.Runs[j.p] = res.Run
 			s := report.Series{Name: names[j.p]}
-			for _, r := range res.Records {
+			for _, r := range res.Scored {
 				if !r.Failed {
 					s.Values = append(s.Values, r.TTFT)
 				}

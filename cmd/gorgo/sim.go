@@ -454,7 +454,7 @@ func writeTenants(w io.Writer, results []*sim.Result, slo time.Duration) error {
 	}
 	fmt.Fprintln(w, "\nby tenant (token share: of the prompt and output tokens served):")
 	for _, r := range results {
-		if err := report.WriteTenants(w, r.Policy, report.ByTenant(r.Records, float64(slo)/1e6), float64(slo)/1e6); err != nil {
+		if err := report.WriteTenants(w, r.Policy, report.ByTenant(r.Scored, float64(slo)/1e6), float64(slo)/1e6); err != nil {
 			return err
 		}
 	}

@@ -99,7 +99,7 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "workload: %s\ntopology: %s\n", desc, describeFleet(t, reps))
 	fmt.Fprint(stdout, describeEvents(ff.events))
-	base := pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Events: ff.events})
+	base := pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Events: ff.events, ScoreFrom: ff.scoreFrom})
 
 	start := time.Now()
 	var res tuneResult

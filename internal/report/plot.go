@@ -69,7 +69,9 @@ func PlotConvergence(path string, c Convergence) error {
 		if c.Accepted[i] {
 			best = c.Candidate[i]
 		}
-		inc = append(inc, plotter.XY{X: x, Y: best})
+		if !math.IsInf(best, 0) && !math.IsNaN(best) {
+			inc = append(inc, plotter.XY{X: x, Y: best})
+		}
 	}
 	if len(cand) > 0 {
 		s, err := plotter.NewScatter(cand)

@@ -143,7 +143,10 @@ const DefaultInterval = 30 * time.Second
 type Result struct {
 	Policy  string
 	Records []report.Record
-	Run     report.Run
+	// Scored are the records Run summarises: those of the requests that
+	// arrived at Config.ScoreFrom or later (all of Records without it).
+	Scored []report.Record
+	Run    report.Run
 	// Events is the number of simulation events processed, Steps the
 	// number of engine steps taken, both for speed measurements.
 	Events, Steps int64
@@ -881,6 +884,7 @@ func (s *simulator) result() *Result {
 			}
 		}
 	}
+	res.Scored = scored
 	res.Run = report.NewRun(res.Policy, scored, ids)
 	var adReqs, adLoads int64
 	for _, g := range res.Engines {

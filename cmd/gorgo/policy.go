@@ -123,8 +123,8 @@ func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]polic
 	if p.rates != "profile" && p.rates != "online" && p.rates != "blind" {
 		return nil, fmt.Errorf("--ms-rates: want profile, online or blind, got %q", p.rates)
 	}
-	if p.probe <= 0 || p.scrape <= 0 {
-		return nil, fmt.Errorf("--probe-interval and --scrape-interval must be positive")
+	if p.probe < sim.MinInterval || p.scrape < sim.MinInterval {
+		return nil, fmt.Errorf("--probe-interval and --scrape-interval must be at least %v", sim.MinInterval)
 	}
 	if !(p.alpha > 0 && p.alpha <= 1) {
 		return nil, fmt.Errorf("--rtt-alpha must be in (0, 1], got %v", p.alpha)

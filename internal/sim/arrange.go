@@ -52,15 +52,15 @@ func (t Topology) MeshRTT() (func(a, b string) (time.Duration, time.Duration, er
 	if t.Mesh.LocalRTTMS != nil {
 		local, ok = *t.Mesh.LocalRTTMS, true
 	}
-	if !ok || !finiteNonNegative(local) {
+	if !ok || !validRTTMS(local) {
 		return nil, fmt.Errorf("topology %s: mesh needs local_rtt_ms (or router_region among its regions)", t.Name)
 	}
 	jf := 0.25
 	if t.Mesh.JitterFraction != nil {
 		jf = *t.Mesh.JitterFraction
 	}
-	if !finiteNonNegative(jf) {
-		return nil, fmt.Errorf("topology %s: jitter_fraction must be finite and non-negative", t.Name)
+	if !(jf >= 0 && jf <= 10) {
+		return nil, fmt.Errorf("topology %s: jitter_fraction must be in [0, 10], got %v", t.Name, jf)
 	}
 	return func(a, b string) (time.Duration, time.Duration, error) {
 		var ms float64
@@ -77,6 +77,9 @@ func (t Topology) MeshRTT() (func(a, b string) (time.Duration, time.Duration, er
 			ms = matrix[b][a]
 		default:
 			return 0, 0, fmt.Errorf("topology %s: no round trip between %s and %s", t.Name, a, b)
+		}
+		if !validRTTMS(ms) {
+			return 0, 0, fmt.Errorf("topology %s: the round trip between %s and %s, %v ms, is not within 0 to %v ms", t.Name, a, b, ms, maxRTTMS)
 		}
 		return msDuration(ms), msDuration(ms * jf), nil
 	}, nil

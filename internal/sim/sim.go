@@ -139,6 +139,10 @@ type Signals struct {
 // DefaultInterval is the paper's probe and scrape period.
 const DefaultInterval = 30 * time.Second
 
+// MinInterval is the shortest probe or scrape interval: each scrape is
+// kept for the run, and a microsecond's would hang it and take gigabytes.
+const MinInterval = 100 * time.Millisecond
+
 // Result is what a run measured.
 type Result struct {
 	Policy  string
@@ -320,8 +324,8 @@ func Run(cfg Config) (*Result, error) {
 	if sig.ScrapeInterval == 0 {
 		sig.ScrapeInterval = DefaultInterval
 	}
-	if sig.ProbeInterval < 0 || sig.ScrapeInterval < 0 {
-		return nil, errors.New("sim: probe and scrape intervals must be positive")
+	if sig.ProbeInterval < MinInterval || sig.ScrapeInterval < MinInterval {
+		return nil, fmt.Errorf("sim: probe and scrape intervals must be at least %v", MinInterval)
 	}
 	s := &simulator{
 		cfg:        cfg,

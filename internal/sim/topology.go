@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/models"
+	"github.com/gorgo-llm/gorgo/internal/prefix"
 )
 
 // Topology describes a fleet: regions, the router's region, the round trip
@@ -422,8 +423,8 @@ func (t Topology) network() (network, error) {
 		default:
 			return network{}, fmt.Errorf("topology %s: region %q has no round trip from router region %q (set rtt_ms or give a matrix)", t.Name, r.Name, t.RouterRegion)
 		}
-		if !finiteNonNegative(rtt[r.Name]) || !finiteNonNegative(r.JitterMS) {
-			return network{}, fmt.Errorf("topology %s: region %q: round trip and jitter must be finite and non-negative", t.Name, r.Name)
+		if !validRTTMS(rtt[r.Name]) || !validRTTMS(r.JitterMS) {
+			return network{}, fmt.Errorf("topology %s: region %q: round trip and jitter must be non-negative and at most %v ms", t.Name, r.Name, maxRTTMS)
 		}
 	}
 	return network{regions: regions, rtt: rtt}, nil
@@ -493,6 +494,9 @@ func (t Topology) replicas(nw network, s ReplicaSpec, seen map[string]bool) ([]R
 			return nil, fmt.Errorf("topology %s: replica in %s: count must be at least 1, got %d", t.Name, s.Region, count)
 		}
 	}
+	if len(seen)+count > prefix.MaxReplicas { // checked before any is built
+		return nil, fmt.Errorf("topology %s: more than %d replicas, the most a router holds", t.Name, prefix.MaxReplicas)
+	}
 	name := s.Name
 	if name == "" {
 		name = s.Region
@@ -523,7 +527,14 @@ func (t Topology) replicas(nw network, s ReplicaSpec, seen map[string]bool) ([]R
 
 func hasKey(m map[string]float64, k string) bool { _, ok := m[k]; return ok }
 
-func finiteNonNegative(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }
+// maxRTTMS is the longest round trip (and jitter) a topology may give, in
+// ms: an hour. Past some 10^11 ms the conversion to a Duration wraps to a
+// negative round trip, whose runs look valid but are not.
+const maxRTTMS = 3.6e6
+
+// validRTTMS reports whether v is a round trip or jitter a topology may
+// give: not negative, at most maxRTTMS.
+func validRTTMS(v float64) bool { return v >= 0 && v <= maxRTTMS }
 
 func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }
 
@@ -553,8 +564,8 @@ func readRTTCSV(path string) (map[string]map[string]float64, error) {
 				continue
 			}
 			v, err := strconv.ParseFloat(cell, 64)
-			if err == nil && !finiteNonNegative(v) {
-				err = fmt.Errorf("%v is not a finite non-negative round trip", v)
+			if err == nil && !validRTTMS(v) {
+				err = fmt.Errorf("%v is not a round trip of 0 to %v ms", v, maxRTTMS)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("RTT matrix %s:%d: column %q: %w", path, i+2, rows[0][j], err)

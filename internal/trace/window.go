@@ -58,14 +58,21 @@ func ParseWindow(s string) (Window, error) {
 	return w, nil
 }
 
-// ValidateScale reports whether timeScale is a valid Apply time scale: a
-// finite number > 0.
+// ValidateScale reports whether timeScale is a valid Apply time scale:
+// from MinScale to MaxScale (a trace stretched a million-fold is centuries
+// of probes for the simulator, and past about 10^12 its times saturate).
 func ValidateScale(timeScale float64) error {
-	if !(timeScale > 0) || math.IsInf(timeScale, 0) {
-		return fmt.Errorf("time scale must be a finite number > 0, got %v", timeScale)
+	if !(timeScale >= MinScale && timeScale <= MaxScale) {
+		return fmt.Errorf("time scale must be from %v to %v, got %v", MinScale, MaxScale, timeScale)
 	}
 	return nil
 }
+
+// The bounds of a time scale.
+const (
+	MinScale = 0.001
+	MaxScale = 1000
+)
 
 // Apply returns the requests of reqs (time-ordered) that lie in w, with their
 // times rebased to the window start (Time-Start) and then multiplied by

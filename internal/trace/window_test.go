@@ -95,12 +95,12 @@ func TestApply(t *testing.T) {
 }
 
 func TestValidateScale(t *testing.T) {
-	for _, s := range []float64{1, 0.5, 3, 1e-9} {
+	for _, s := range []float64{1, 0.5, 3, MinScale, MaxScale} {
 		if err := ValidateScale(s); err != nil {
 			t.Errorf("ValidateScale(%v) = %v", s, err)
 		}
 	}
-	for _, s := range []float64{0, -1, math.NaN(), math.Inf(1)} {
+	for _, s := range []float64{0, -1, math.NaN(), math.Inf(1), 1e-9, 1e12} { // 1e12: hours of simulated probes for a minute of trace
 		if err := ValidateScale(s); err == nil {
 			t.Errorf("ValidateScale(%v) = nil, want an error", s)
 		}

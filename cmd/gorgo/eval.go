@@ -37,7 +37,7 @@ type evalWindow struct {
 }
 
 func runEval(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("eval", "eval --weights FILE --window A --window B ... [flags]", evalAbout, stderr)
+	fs := newFlagSet("eval", "eval [--weights FILE] --window A --window B ... [flags]", evalAbout, stderr)
 	var wl workloadFlags
 	wl.register(fs, false)
 	var ff fleetFlags
@@ -216,7 +216,7 @@ func parseSweep(s string) ([]float64, error) {
 	for _, f := range splitList(v) {
 		x, err := strconv.ParseFloat(f, 64)
 		if err != nil {
-			return nil, fmt.Errorf("--sweep: %w", err)
+			return nil, fmt.Errorf("--sweep: time scale %q is not a number", f)
 		}
 		out = append(out, x)
 	}

@@ -15,9 +15,9 @@ import (
 )
 
 const traceAbout = `
-  gorgo trace gen [--preset artchat|chat|agent] [--duration D] [--seed N] [--models NAME:W,...] [-o FILE]
+  gorgo trace gen [--preset artchat|chat|agent|apps] [--duration D] [--rate R] [--seed N] [--models NAME:W,...] [-o FILE]
       writes a synthetic workload in gorgo's JSONL format (to stdout without -o).
-  gorgo trace stats [--format F] [--window START,DURATION] [--time-scale S] [--json] FILE
+  gorgo trace stats [--format F] [--window START,DURATION] [--time-scale S] [--json] FILE   (flags before FILE)
       describes a workload: requests, rate, input and output lengths, sessions,
       turns, prefix reuse, and the models' shares when requests name models.`
 
@@ -102,7 +102,7 @@ func runTraceStats(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if fs.NArg() != 1 {
-		return errors.New("want one trace FILE (run 'gorgo trace stats -h')")
+		return errors.New("want one trace FILE, after the flags (run 'gorgo trace stats -h')")
 	}
 	wl := workloadFlags{file: fs.Arg(0), format: *format, window: *window, timeScale: *scale}
 	reqs, _, err := wl.load()

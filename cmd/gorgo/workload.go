@@ -212,7 +212,7 @@ func (f *fleetFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.topology, "topology", "paper", "fleet: "+joinNames(sim.TopologyNames())+", or a YAML `FILE`")
 	fs.IntVar(&f.maxInflight, "max-inflight", sim.DefaultMaxInflight, "client cap on requests in flight (0 = none); beyond it requests wait and the wait is recorded as slip")
 	fs.Var(&f.eventFlags, "fleet-event", "change the fleet during the run: `\"T drain|undrain|remove ID\"` or \"T add NAME region=R [profile=P] [speed=S] [models=A,B] [adapters=X,Y] [max_loras=N] [lora_load_time=D]\" (repeatable; T a duration of the run)")
-	fs.DurationVar(&f.scoreFrom, "score-from", 0, "score only the requests that arrive this long into the run or later; the earlier ones are routed and warm the fleet and any online tuner, unscored (0: all)")
+	fs.DurationVar(&f.scoreFrom, "score-from", 0, "score only the requests that arrive this long into the run or later (run time: after --time-scale, so each scale of a --sweep scores from the same time, not the same requests); the earlier ones are routed and warm the fleet and any online tuner, unscored (0: all)")
 }
 
 // load resolves the fleet and its events.

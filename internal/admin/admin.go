@@ -64,13 +64,17 @@ func (c Config) Validate() error {
 }
 
 // loopbackHost reports whether a request's Host names a loopback address
-// (with or without a port).
+// (with or without a port, a trailing dot), or is absent (HTTP/1.0 health
+// checkers send none; a browser always does, and rebinding needs a name).
 func loopbackHost(hostport string) bool {
+	if hostport == "" {
+		return true
+	}
 	host, _, err := net.SplitHostPort(hostport)
 	if err != nil {
 		host = hostport
 	}
-	return loopback(strings.Trim(host, "[]"))
+	return loopback(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
 }
 
 func loopback(host string) bool {

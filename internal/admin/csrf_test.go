@@ -1,6 +1,9 @@
 package admin
 
 import (
+	"bufio"
+	"fmt"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -53,7 +56,7 @@ func TestAdminRefusesCrossSiteRequests(t *testing.T) {
 	if resp.StatusCode < 400 {
 		t.Errorf("GET /admin/replicas with Host %s: %d", req.Host, resp.StatusCode)
 	}
-	for _, host := range []string{"localhost:9091", "LOCALHOST", "[::1]:9091", "127.0.0.1"} {
+	for _, host := range []string{"localhost:9091", "LOCALHOST", "localhost.:9091", "[::1]:9091", "127.0.0.1"} {
 		req, _ := http.NewRequest("GET", s.adminURL+"/admin/replicas", nil)
 		req.Host = host
 		resp, err := http.DefaultClient.Do(req)
@@ -70,5 +73,16 @@ func TestAdminRefusesCrossSiteRequests(t *testing.T) {
 	}
 	if code := post("/admin/replicas/a/undrain", "", nil); code != 200 {
 		t.Errorf("a script's POST: %d", code)
+	}
+	// An HTTP/1.0 health checker sends no Host at all.
+	c, err := net.Dial("tcp", strings.TrimPrefix(s.adminURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprint(c, "GET /metrics HTTP/1.0\r\n\r\n")
+	status, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || !strings.Contains(status, " 200 ") {
+		t.Errorf("GET /metrics over HTTP/1.0 without a Host: %q, %v", status, err)
 	}
 }

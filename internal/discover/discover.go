@@ -38,7 +38,8 @@ const DefaultInterval = 10 * time.Second
 //	  - srv: _http._tcp.sglang.ns.svc.cluster.local # SRV: targets and ports from the records
 //	    region: eu-frankfurt
 type Group struct {
-	// DNS is a name whose A and AAAA records are the replicas' addresses.
+	// DNS is a name whose A and AAAA records are the replicas' addresses
+	// (those of one family: see IPFamily).
 	DNS string `yaml:"dns"`
 	// IPFamily says which of a DNS name's addresses are replicas, as
 	// Envoy's dns_lookup_family: v4_preferred (the default: its IPv4

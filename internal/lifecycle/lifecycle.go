@@ -207,9 +207,10 @@ type Request struct {
 	spliced []byte
 	// rewritten is the client's body with the model an alias stood for
 	// (nil: not rewritten), in rewriteBuf; modelLabel the model of its
-	// metrics.
-	rewritten, rewriteBuf []byte
-	modelLabel            string
+	// metrics; cacheModel the model its prompt's blocks are keyed by (an
+	// adapter as BASE:ADAPTER, however the client named it).
+	rewritten, rewriteBuf  []byte
+	modelLabel, cacheModel string
 
 	tr reqTrace // see tracing.go
 }
@@ -271,7 +272,7 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 		return nil, e
 	}
 	// The index is keyed by model, as the engines' caches are.
-	r.blocks = prefix.Keyed(est.Blocks(text, c.cfg.BlockTokens, r.blocks[:0]), prefix.ModelKey(r.Route.Model))
+	r.blocks = prefix.Keyed(est.Blocks(text, c.cfg.BlockTokens, r.blocks[:0]), prefix.ModelKey(r.cacheModel))
 	r.Route.Blocks = r.blocks
 	r.Body = body
 	if r.rewritten != nil {

@@ -27,8 +27,10 @@ const maxNamesListed = 20
 func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
 	c := r.core
 	name := r.Parsed.Model
-	if len(name) > models.MaxNameBytes { // no replica's, and not to be carried into labels, spans or the live view
-		return wire.Errorf(statusBadRequest, "model: a name of %d bytes; no model's is longer than %d", len(name), models.MaxNameBytes)
+	// No replica's name is longer (BASE:ADAPTER is two names), and so
+	// long a name is not to be carried into labels, spans or the live view.
+	if maxName := 2*models.MaxNameBytes + 1; len(name) > maxName {
+		return wire.Errorf(statusBadRequest, "model: a name of %d bytes; no model's is longer than %d", len(name), maxName)
 	}
 	target, alias := name, false
 	switch {
@@ -64,10 +66,16 @@ func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
 		// SGLang's BASE:ADAPTER is the adapter's own name to every engine.
 		r.Route.Model = target // BASE:ADAPTER stays: each replica's own set checks the base
 		target = m.ID
+		if m.IsAdapter() { // one key and label for an adapter, named alone or with its base
+			r.cacheModel = m.Parent + ":" + m.ID
+		}
+	}
+	if r.cacheModel == "" {
+		r.cacheModel = r.Route.Model
 	}
 	switch {
 	case known, target == "" && r.Route.Model != "":
-		r.modelLabel = r.Route.Model
+		r.modelLabel = r.cacheModel
 	case target != "":
 		r.modelLabel = otherModel // a name no replica is known to serve: not a label of its own
 	}

@@ -247,3 +247,32 @@ func TestSessionsBounded(t *testing.T) {
 		t.Errorf("%d sessions kept", n)
 	}
 }
+
+// The catalog's Lookup of BASE:ADAPTER finds each base's adapter of the
+// name, but a base really named so is that base, whichever set lists it.
+func TestUnionBaseAdapterNames(t *testing.T) {
+	a, err := WithAdapters([]string{"model-a"}, []string{"sql"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := WithAdapters([]string{"model-b"}, []string{"sql"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := Union(a, b)
+	for name, parent := range map[string]string{"model-a:sql": "model-a", "model-b:sql": "model-b"} {
+		if m, ok := u.Lookup(name); !ok || m.ID != "sql" || m.Parent != parent {
+			t.Errorf("Lookup(%s) = %+v, %v; want sql on %s", name, m, ok, parent)
+		}
+	}
+	real, err := Names("model-a:sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := Union(a, real).Lookup("model-a:sql"); !ok || m.IsAdapter() {
+		t.Errorf("a base named model-a:sql resolved to %+v, %v", m, ok)
+	}
+	if got := Union(a, real).Len(); got != 3 {
+		t.Errorf("catalog of %d names, want 3", got)
+	}
+}

@@ -229,10 +229,14 @@ func Union(sets ...*Set) *Set {
 				u.byID[m.ID] = m
 				u.list = append(u.list, m)
 			}
-			if m.IsAdapter() { // BASE:ADAPTER finds each base's adapter of the name
-				if k := m.Parent + ":" + m.ID; !u.has(k) {
-					u.byID[k] = m
-				}
+		}
+	}
+	// BASE:ADAPTER finds each base's adapter of the name, unless a base is
+	// really so named (every real name is in before any of these).
+	for _, s := range sets {
+		for _, m := range s.Models() {
+			if k := m.Parent + ":" + m.ID; m.IsAdapter() && !u.has(k) {
+				u.byID[k] = m
 			}
 		}
 	}

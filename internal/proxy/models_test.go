@@ -338,3 +338,35 @@ func TestOneBaseUnderTwoNamesNeedsNoModel(t *testing.T) {
 		t.Errorf("no model: %d %s", code, body)
 	}
 }
+
+// BASE:ADAPTER is two names, each up to 256 bytes: a long base's adapter
+// is served, not refused as an overlong name.
+func TestLongBaseAdapterName(t *testing.T) {
+	base := strings.Repeat("b", 248)
+	a := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: base, LoRAModules: []string{"sql-adapter-v2"}, MaxLoRAs: 2, MetricsFormat: "vllm", Speedup: 200})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a)
+	if code, body, _ := post(t, url, modelChat(base+":sql-adapter-v2", "hi", false)); code != 200 {
+		t.Errorf("a %d-byte BASE:ADAPTER: %d %.200s", len(base)+15, code, body)
+	}
+}
+
+// An adapter named alone or with its base is one engine cache: its
+// prompts' blocks are keyed alike, so a prompt sent as model-a:sql and
+// then as sql goes back to the replica that cached it.
+func TestAdapterNamesShareTheCache(t *testing.T) {
+	var reps []*replica
+	for range 2 {
+		reps = append(reps, servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "model-a", LoRAModules: []string{"sql"}, MaxLoRAs: 2, MetricsFormat: "vllm", Speedup: 200}))
+	}
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "prefix-cache"}}, reps...)
+	for i := range 10 {
+		prompt := fmt.Sprintf("prompt %d %s", i, strings.Repeat("words to cache ", 200))
+		code, body, first := post(t, url, modelChat("model-a:sql", prompt, false))
+		if code != 200 {
+			t.Fatalf("%d %.200s", code, body)
+		}
+		if code, body, again := post(t, url, modelChat("sql", prompt, false)); code != 200 || again != first {
+			t.Errorf("prompt %d: %d from %q after model-a:sql went to %q: %.100s", i, code, again, first, body)
+		}
+	}
+}

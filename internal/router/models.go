@@ -45,33 +45,48 @@ func (r *Router) rebuildCatalog(f *fleet) {
 	}
 	c := &catalog{served: models.Union(sets...), unknown: unknown}
 	// A base served under several names (vLLM's --served-model-name a b)
-	// lists them with one root: they are one base, and a request naming
-	// none gets the name most replicas list (the first by name on a tie).
+	// is listed by its replica with one root: names one replica lists
+	// with one root are one base (only on one replica: many charts mount
+	// every model at the same path), and a request naming none gets the
+	// name most replicas list (the first by name on a tie).
 	listed := map[string]int{}
+	same := map[string]string{} // a base name → another of its base, towards the group's first
+	find := func(n string) string {
+		for same[n] != "" {
+			n = same[n]
+		}
+		return n
+	}
 	for _, s := range sets {
+		byRoot := map[string]string{}
 		for _, m := range s.Models() {
+			if m.IsAdapter() {
+				continue
+			}
 			listed[m.ID]++
+			if m.Root == "" {
+				continue
+			}
+			if first, ok := byRoot[m.Root]; !ok {
+				byRoot[m.Root] = m.ID
+			} else if a, b := find(first), find(m.ID); a != b {
+				same[max(a, b)] = min(a, b)
+			}
 		}
 	}
-	byRoot := map[string]string{}
+	best := map[string]string{}           // a group's first name → its most listed
 	for _, m := range c.served.Models() { // by name
 		if m.IsAdapter() {
 			continue
 		}
-		if m.Root != "" {
-			if name, ok := byRoot[m.Root]; ok {
-				if listed[m.ID] > listed[name] {
-					byRoot[m.Root] = m.ID
-					if c.only == name {
-						c.only = m.ID
-					}
-				}
-				continue
-			}
-			byRoot[m.Root] = m.ID
+		g := find(m.ID)
+		if b, ok := best[g]; !ok || listed[m.ID] > listed[b] {
+			best[g] = m.ID
 		}
-		c.bases++
-		c.only = m.ID
+	}
+	c.bases = len(best)
+	for _, name := range best {
+		c.only = name
 	}
 	if c.bases != 1 {
 		c.only = ""

@@ -282,4 +282,19 @@ func TestOneBaseUnderTwoNames(t *testing.T) {
 	if name, bases := r.DefaultModel(); name != "" || bases != 2 {
 		t.Errorf("default model %q of %d bases, want none of 2", name, bases)
 	}
+	// Different models mounted at one path on different replicas (as
+	// KServe and many charts do) are different bases.
+	llama, err := models.NewSet([]models.Model{{ID: "llama-8b", Root: "/mnt/models"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	qwen, err := models.NewSet([]models.Model{{ID: "qwen-7b", Root: "/mnt/models"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetModels("a", llama)
+	r.SetModels("b", qwen)
+	if name, bases := r.DefaultModel(); name != "" || bases != 2 {
+		t.Errorf("two models at one path on two replicas: default %q of %d bases, want none of 2", name, bases)
+	}
 }

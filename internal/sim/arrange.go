@@ -52,8 +52,11 @@ func (t Topology) MeshRTT() (func(a, b string) (time.Duration, time.Duration, er
 	if t.Mesh.LocalRTTMS != nil {
 		local, ok = *t.Mesh.LocalRTTMS, true
 	}
-	if !ok || !validRTTMS(local) {
+	if !ok {
 		return nil, fmt.Errorf("topology %s: mesh needs local_rtt_ms (or router_region among its regions)", t.Name)
+	}
+	if !validRTTMS(local) {
+		return nil, fmt.Errorf("topology %s: local_rtt_ms must be from 0 to %v ms, got %v", t.Name, maxRTTMS, local)
 	}
 	jf := 0.25
 	if t.Mesh.JitterFraction != nil {

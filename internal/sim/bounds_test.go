@@ -35,6 +35,8 @@ func TestTopologyBounds(t *testing.T) {
 			"more than 4096 replicas"},
 		{"name: big\nrouter_region: r\nregions:\n  - {name: r, rtt_ms: 10, jitter_ms: 1}\nreplicas:\n  - {region: r, name: a, profile: paper, count: 4000}\n  - {region: r, name: b, profile: paper, count: 97}\n",
 			"more than 4096 replicas"},
+		{"name: big\nrouter_region: r\nregions:\n  - {name: r, rtt_ms: 10, jitter_ms: 1}\nreplicas:\n  - {region: r, name: a, profile: paper}\n  - {region: r, name: b, profile: paper, count: 9223372036854775807}\n",
+			"more than 4096 replicas"},
 	} {
 		_, err := loadTopologyText(t, c.yaml).Resolve()
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -494,7 +494,7 @@ func (t Topology) replicas(nw network, s ReplicaSpec, seen map[string]bool) ([]R
 			return nil, fmt.Errorf("topology %s: replica in %s: count must be at least 1, got %d", t.Name, s.Region, count)
 		}
 	}
-	if len(seen)+count > prefix.MaxReplicas { // checked before any is built
+	if count > prefix.MaxReplicas-len(seen) { // checked before any is built (and without a sum that wraps)
 		return nil, fmt.Errorf("topology %s: more than %d replicas, the most a router holds", t.Name, prefix.MaxReplicas)
 	}
 	name := s.Name

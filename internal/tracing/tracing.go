@@ -166,7 +166,7 @@ func Start(cfg Config, o Options) (*Tracing, error) {
 	limits := sdktrace.NewSpanLimits()
 	limits.AttributeValueLengthLimit = MaxAttributeLen
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithSpanLimits(limits),
+		sdktrace.WithRawSpanLimits(limits),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(cfg.Ratio()))),
 		sdktrace.WithResource(res),
 		sdktrace.WithSpanProcessor(sdktrace.NewBatchSpanProcessor(exp,

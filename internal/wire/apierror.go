@@ -25,15 +25,15 @@ func ErrorMessage(body []byte) string {
 		return ""
 	}
 	if e, ok := decodeError(body); ok {
-		if e.nested != nil && e.nested.Message != "" {
-			return oneLine(e.nested.Message)
-		}
 		var s string
+		if e.nested != nil && json.Unmarshal(e.nested.Message, &s) == nil && s != "" {
+			return oneLine(s)
+		}
 		if len(e.Error) > 0 && json.Unmarshal(e.Error, &s) == nil && s != "" {
 			return oneLine(s)
 		}
-		if e.Message != "" {
-			return oneLine(e.Message)
+		if json.Unmarshal(e.Message, &s) == nil && s != "" {
+			return oneLine(s)
 		}
 		if len(e.Detail) > 0 && string(e.Detail) != "null" {
 			if json.Unmarshal(e.Detail, &s) == nil {
@@ -52,7 +52,7 @@ func ErrorMessage(body []byte) string {
 // whose fault it is (vLLM's and SGLang's numeric code, some servers'
 // status, its type).
 type errorObject struct {
-	Message string          `json:"message"`
+	Message json.RawMessage `json:"message"` // a string; raw, so that another kind loses nothing else
 	Code    json.RawMessage `json:"code"`
 	Status  json.RawMessage `json:"status"`
 	Type    json.RawMessage `json:"type"` // a string; raw, so that another kind loses nothing else

@@ -96,4 +96,7 @@ func TestErrorWithAnOddType(t *testing.T) {
 			t.Errorf("RequestFault(%s) = false, want true", body)
 		}
 	}
+	if body := `{"error":{"message":["bad","prompt"],"code":400}}`; !RequestFault([]byte(body)) {
+		t.Errorf("RequestFault(%s) = false, want true: a message of another kind hid the code", body)
+	}
 }

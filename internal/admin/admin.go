@@ -193,7 +193,7 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		if len(*s.tokens.Load()) == 0 && !loopbackHost(r.Host) {
-			httpapi.Error(w, http.StatusForbidden, "host %q: this admin listener has no tokens and answers only at a loopback address", r.Host)
+			httpapi.Error(w, http.StatusForbidden, "this admin listener has no tokens and answers only requests addressed to a loopback name")
 			return
 		}
 		switch {

@@ -261,14 +261,7 @@ func TestRedispatchSkipsAFallbackThatLostTheModel(t *testing.T) {
 // none (a config's), are different bases.
 func TestOneBaseUnderTwoNames(t *testing.T) {
 	r := newRouter(t, "round-robin", 2, false)
-	ab, err := models.NewSet([]models.Model{{ID: "m", Root: "/w"}, {ID: "m-alias", Root: "/w"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := models.NewSet([]models.Model{{ID: "m-alias", Root: "/w"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ab, b := rooted(t, "/w", "m", "m-alias"), rooted(t, "/w", "m-alias")
 	r.SetModels("a", ab)
 	r.SetModels("b", b)
 	if name, bases := r.DefaultModel(); name != "m-alias" || bases != 1 {
@@ -284,17 +277,24 @@ func TestOneBaseUnderTwoNames(t *testing.T) {
 	}
 	// Different models mounted at one path on different replicas (as
 	// KServe and many charts do) are different bases.
-	llama, err := models.NewSet([]models.Model{{ID: "llama-8b", Root: "/mnt/models"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	qwen, err := models.NewSet([]models.Model{{ID: "qwen-7b", Root: "/mnt/models"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.SetModels("a", llama)
-	r.SetModels("b", qwen)
+	r.SetModels("a", rooted(t, "/mnt/models", "llama-8b"))
+	r.SetModels("b", rooted(t, "/mnt/models", "qwen-7b"))
 	if name, bases := r.DefaultModel(); name != "" || bases != 2 {
 		t.Errorf("two models at one path on two replicas: default %q of %d bases, want none of 2", name, bases)
 	}
+}
+
+// rooted is a set of base models listed with one root, as an engine lists
+// the names it serves one model under.
+func rooted(t *testing.T, root string, names ...string) *models.Set {
+	t.Helper()
+	ms := make([]models.Model, len(names))
+	for i, n := range names {
+		ms[i] = models.Model{ID: n, Root: root}
+	}
+	s, err := models.NewSet(ms)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -115,6 +115,15 @@ func TestTopologyErrors(t *testing.T) {
 		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: tpu}]\n", "unknown engine profile \"tpu\" (valid:"},
 		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\n", "no replicas"},
 		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: paper}, {region: a, profile: paper}]\n", "used twice"},
+		// A round trip past an hour is refused, not converted to a Duration
+		// that wraps negative (runs of negative TTFTs that looked valid); so
+		// is a count of replicas more than a router holds, before any is
+		// built (300 million ran the machine out of memory), however it is
+		// reached.
+		{"router_region: a\nregions: [{name: a, rtt_ms: 1}, {name: far, rtt_ms: 1e300}]\nreplicas: [{region: far, profile: paper}]\n", "at most 3.6e+06 ms"},
+		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: paper, count: 300000000}]\n", "more than 4096 replicas"},
+		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{name: x, region: a, profile: paper, count: 4000}, {name: y, region: a, profile: paper, count: 97}]\n", "more than 4096 replicas"},
+		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{name: x, region: a, profile: paper}, {name: y, region: a, profile: paper, count: 9223372036854775807}]\n", "more than 4096 replicas"},
 	}
 	for _, c := range cases {
 		path := writeFile(t, "t.yaml", c.yaml)

@@ -208,7 +208,8 @@ type Request struct {
 	// rewritten is the client's body with the model an alias stood for
 	// (nil: not rewritten), in rewriteBuf; modelLabel the model of its
 	// metrics; cacheModel the model its prompt's blocks are keyed by (an
-	// adapter as BASE:ADAPTER, however the client named it).
+	// adapter as BASE:ADAPTER, a base by its first name, however the
+	// client named it).
 	rewritten, rewriteBuf  []byte
 	modelLabel, cacheModel string
 

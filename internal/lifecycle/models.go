@@ -67,11 +67,11 @@ func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
 		r.Route.Model = target // BASE:ADAPTER stays: each replica's own set checks the base
 		target = m.ID
 		if m.IsAdapter() { // one key and label for an adapter, named alone or with its base
-			r.cacheModel = m.Parent + ":" + m.ID
+			r.cacheModel = c.cfg.Router.BaseName(m.Parent) + ":" + m.ID
 		}
 	}
-	if r.cacheModel == "" {
-		r.cacheModel = r.Route.Model
+	if r.cacheModel == "" { // one key and label for a base, under any of its names
+		r.cacheModel = c.cfg.Router.BaseName(r.Route.Model)
 	}
 	switch {
 	case known, target == "" && r.Route.Model != "":

@@ -370,3 +370,24 @@ func TestAdapterNamesShareTheCache(t *testing.T) {
 		}
 	}
 }
+
+// A base served under two names (vLLM's --served-model-name m m-alias) is
+// one engine cache: a prompt sent as m and then as m-alias goes back to
+// the replica that cached it.
+func TestBaseNamesShareTheCache(t *testing.T) {
+	var reps []*replica
+	for range 2 {
+		reps = append(reps, servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{ServedNames: []string{"m", "m-alias"}, MetricsFormat: "vllm", Speedup: 200}))
+	}
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "prefix-cache"}}, reps...)
+	for i := range 10 {
+		prompt := fmt.Sprintf("prompt %d %s", i, strings.Repeat("words to cache ", 200))
+		code, body, first := post(t, url, modelChat("m", prompt, false))
+		if code != 200 {
+			t.Fatalf("%d %.200s", code, body)
+		}
+		if code, body, again := post(t, url, modelChat("m-alias", prompt, false)); code != 200 || again != first {
+			t.Errorf("prompt %d: %d from %q after m went to %q: %.100s", i, code, again, first, body)
+		}
+	}
+}

@@ -23,6 +23,9 @@ type catalog struct {
 	// root are one); only is the name of the one when there is one.
 	bases int
 	only  string
+	// base maps a name of a base served under several names to the
+	// group's first name (names with no other are not in it).
+	base map[string]string
 }
 
 // Catalog returns every model a replica of the fleet serves, in any state,
@@ -84,6 +87,17 @@ func (r *Router) rebuildCatalog(f *fleet) {
 			best[g] = m.ID
 		}
 	}
+	for _, m := range c.served.Models() {
+		if m.IsAdapter() {
+			continue
+		}
+		if g := find(m.ID); g != m.ID {
+			if c.base == nil {
+				c.base = map[string]string{}
+			}
+			c.base[m.ID] = g
+		}
+	}
 	c.bases = len(best)
 	for _, name := range best {
 		c.only = name
@@ -100,6 +114,17 @@ func (r *Router) rebuildCatalog(f *fleet) {
 func (r *Router) DefaultModel() (name string, bases int) {
 	c := r.catalog.Load()
 	return c.only, c.bases
+}
+
+// BaseName is the one name of the base model that model is a name of: a
+// base served under several names (vLLM's --served-model-name m m-alias)
+// is one engine and one prefix cache, whichever name a request uses. Any
+// other name is its own.
+func (r *Router) BaseName(model string) string {
+	if b, ok := r.catalog.Load().base[model]; ok {
+		return b
+	}
+	return model
 }
 
 // SetModels tells the router what a replica serves (nil: unknown, any

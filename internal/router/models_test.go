@@ -271,6 +271,12 @@ func TestOneBaseUnderTwoNames(t *testing.T) {
 	if name, bases := r.DefaultModel(); name != "m" || bases != 1 {
 		t.Errorf("default model %q of %d bases, want m of 1", name, bases)
 	}
+	if got := r.BaseName("m-alias"); got != "m" {
+		t.Errorf("BaseName(m-alias) = %q, want m: one cache key for a base's names", got)
+	}
+	if got := r.BaseName("other"); got != "other" {
+		t.Errorf("BaseName(other) = %q, want itself", got)
+	}
 	r.SetModels("b", set(t, []string{"m2"}))
 	if name, bases := r.DefaultModel(); name != "" || bases != 2 {
 		t.Errorf("default model %q of %d bases, want none of 2", name, bases)

@@ -45,9 +45,15 @@ type job struct {
 	stream       bool
 	includeUsage bool
 	promptTokens int
-	outputTokens int
-	blocks       []uint64
+	outputTokens int // per answer
+	// answers is how many the client gets (n) of the seqs the engine
+	// generates (best_of, when larger).
+	answers, seqs int
+	blocks        []uint64
 }
+
+// maxSeqs bounds the sequences one request may have the engine generate.
+const maxSeqs = 128
 
 func (s *Server) parseChat(w http.ResponseWriter, r *http.Request) (*job, bool) {
 	return s.parse(w, r, true)
@@ -86,7 +92,11 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", req.Model)
 		return nil, false
 	}
-	j := &job{model: req.Model, chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage}
+	j := &job{model: req.Model, chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage, answers: req.N, seqs: req.Choices()}
+	if j.seqs > maxSeqs {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "n and best_of must be at most %d, got %d", maxSeqs, j.seqs)
+		return nil, false
+	}
 	if j.model == "" {
 		j.model = s.cfg.Model
 	}
@@ -146,7 +156,7 @@ func readBody(r *http.Request) ([]byte, error) {
 
 // serve runs a parsed job through the engine and writes the response.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
-	st, id, err := s.drv.submit(engine.Request{PromptTokens: j.promptTokens, OutputTokens: j.outputTokens, Blocks: j.blocks, Adapter: j.adapter})
+	st, first, err := s.drv.submit(engine.Request{PromptTokens: j.promptTokens, OutputTokens: j.outputTokens, Blocks: j.blocks, Adapter: j.adapter}, j.seqs)
 	switch {
 	case errors.Is(err, engine.ErrQueueFull):
 		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "the server is overloaded: its waiting queue is full")
@@ -155,27 +165,30 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return
 	}
-	finished := false
+	left := j.seqs // sequences not finished
 	defer func() {
-		if !finished {
-			s.drv.cancel(id) // the client went away
+		if left > 0 {
+			s.drv.cancel(first, j.seqs) // the client went away
 		}
 	}()
-	out := newWriter(w, j.model, j, id)
+	out := newWriter(w, j.model, j, first)
 	var evs []engine.Event
-	for !finished {
+	for left > 0 {
 		evs, err = st.take(r.Context(), evs)
 		if err != nil {
 			return
 		}
 		for _, ev := range evs {
+			i := int(ev.ID - first)
 			switch ev.Kind {
 			case engine.EventFirstToken, engine.EventToken:
-				out.token(ev)
+				out.token(i, ev)
 			case engine.EventFinish:
-				out.token(ev)
-				out.finish(ev)
-				finished = true
+				out.token(i, ev)
+				out.ended(i, ev)
+				if left--; left == 0 {
+					out.finish()
+				}
 			}
 		}
 	}
@@ -190,17 +203,23 @@ type writer struct {
 	id      string
 	model   string
 	created int64
-	sent    int // tokens written
-	content strings.Builder
-	buf     bytes.Buffer
-	head    []byte // the start of every token chunk
+	sent    []int // tokens written, per answer
+	content []strings.Builder
+	// generated and cached are the usage's: every sequence's tokens, and
+	// the first's cached prompt tokens.
+	generated, cached int
+	buf               bytes.Buffer
+	head              []byte // the start of every token chunk, to its choice's index
 }
 
 // newWriter starts a response; its id carries the engine's request id
 // ("chatcmpl-<engine id>-<start time>"), which ties a client's stream to
 // the model's events when measuring the emulator.
 func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *writer {
-	out := &writer{w: w, j: j, model: model, created: time.Now().Unix()}
+	out := &writer{w: w, j: j, model: model, created: time.Now().Unix(), sent: make([]int, j.seqs)}
+	if !j.stream {
+		out.content = make([]strings.Builder, j.answers)
+	}
 	out.fl, _ = w.(http.Flusher)
 	prefix := "cmpl-"
 	if j.chat {
@@ -225,27 +244,41 @@ var startedAt = time.Now().UnixNano()
 // words make the filler text, one per token.
 var words = strings.Fields("the quick brown fox jumps over a lazy dog while seven wise owls watch from an old oak tree near the quiet river bank")
 
-func (o *writer) token(ev engine.Event) {
-	for o.sent < ev.Generated {
-		word := " " + words[o.sent%len(words)]
-		o.sent++
+// token writes answer i's tokens up to ev's. The sequences past the n
+// answers (best_of's) are generated, not shown.
+func (o *writer) token(i int, ev engine.Event) {
+	if i >= o.j.answers {
+		o.sent[i] = ev.Generated
+		return
+	}
+	for o.sent[i] < ev.Generated {
+		word := " " + words[o.sent[i]%len(words)]
+		o.sent[i]++
 		if !o.j.stream {
-			o.content.WriteString(word)
+			o.content[i].WriteString(word)
 			continue
 		}
 		o.buf.Reset()
-		if o.sent == 1 && o.j.chat {
-			o.chunk(map[string]any{"index": 0, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)
+		if o.sent[i] == 1 && o.j.chat {
+			o.chunk(map[string]any{"index": i, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)
 		}
-		o.tokenChunk(word, o.sent == o.j.outputTokens)
+		o.tokenChunk(i, word, o.sent[i] == o.j.outputTokens)
 		o.flush()
+	}
+}
+
+// ended counts sequence i's finish in the usage.
+func (o *writer) ended(i int, ev engine.Event) {
+	o.generated += ev.Generated
+	if i == 0 {
+		o.cached = ev.CachedTokens
 	}
 }
 
 // tokenChunk appends the SSE event of one token without going through
 // encoding/json: it is the hot path (one per token per stream), and the
 // filler words need no escaping.
-func (o *writer) tokenChunk(word string, last bool) {
+func (o *writer) tokenChunk(i int, word string, last bool) {
 	if o.head == nil {
 		object := "text_completion"
 		if o.j.chat {
@@ -253,9 +286,11 @@ func (o *writer) tokenChunk(word string, last bool) {
 		}
 		id, _ := json.Marshal(o.id)
 		model, _ := json.Marshal(o.model)
-		o.head = fmt.Appendf(nil, `data: {"id":%s,"object":%q,"created":%d,"model":%s,"choices":[{"index":0,`, id, object, o.created, model)
+		o.head = fmt.Appendf(nil, `data: {"id":%s,"object":%q,"created":%d,"model":%s,"choices":[{"index":`, id, object, o.created, model)
 	}
 	o.buf.Write(o.head)
+	o.buf.Write(strconv.AppendInt(o.buf.AvailableBuffer(), int64(i), 10))
+	o.buf.WriteByte(',')
 	if o.j.chat {
 		o.buf.WriteString(`"delta":{"content":"`)
 		o.buf.WriteString(word)
@@ -272,35 +307,39 @@ func (o *writer) tokenChunk(word string, last bool) {
 	}
 }
 
-func (o *writer) usage(ev engine.Event) map[string]any {
+// usage counts the prompt once and every sequence's tokens, as vLLM does.
+func (o *writer) usage() map[string]any {
 	return map[string]any{
 		"prompt_tokens":         o.j.promptTokens,
-		"completion_tokens":     ev.Generated,
-		"total_tokens":          o.j.promptTokens + ev.Generated,
-		"prompt_tokens_details": map[string]any{"cached_tokens": ev.CachedTokens},
+		"completion_tokens":     o.generated,
+		"total_tokens":          o.j.promptTokens + o.generated,
+		"prompt_tokens_details": map[string]any{"cached_tokens": o.cached},
 	}
 }
 
-func (o *writer) finish(ev engine.Event) {
+// finish ends the response when every sequence has.
+func (o *writer) finish() {
 	if !o.j.stream {
 		o.w.Header().Set("Content-Type", "application/json")
-		var choice map[string]any
-		if o.j.chat {
-			choice = map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": o.content.String()}, "logprobs": nil, "finish_reason": "length"}
-		} else {
-			choice = map[string]any{"index": 0, "text": o.content.String(), "logprobs": nil, "finish_reason": "length"}
+		choices := make([]any, len(o.content))
+		for i := range o.content {
+			if o.j.chat {
+				choices[i] = map[string]any{"index": i, "message": map[string]any{"role": "assistant", "content": o.content[i].String()}, "logprobs": nil, "finish_reason": "length"}
+			} else {
+				choices[i] = map[string]any{"index": i, "text": o.content[i].String(), "logprobs": nil, "finish_reason": "length"}
+			}
 		}
 		object := "text_completion"
 		if o.j.chat {
 			object = "chat.completion"
 		}
 		_ = json.NewEncoder(o.w).Encode(map[string]any{"id": o.id, "object": object, "created": o.created, "model": o.model,
-			"choices": []any{choice}, "usage": o.usage(ev)})
+			"choices": choices, "usage": o.usage()})
 		return
 	}
 	o.buf.Reset()
 	if o.j.includeUsage {
-		o.chunk(nil, o.usage(ev))
+		o.chunk(nil, o.usage())
 	}
 	o.buf.WriteString("data: [DONE]\n\n")
 	o.flush()

@@ -125,36 +125,49 @@ func newDriver(eng *engine.Engine, clk *clock) *driver {
 	return &driver{eng: eng, clk: clk, streams: make(map[uint64]*stream), kick: make(chan struct{}, 1)}
 }
 
-// submit enters a request (its ID is assigned here) and returns its stream.
-func (d *driver) submit(r engine.Request) (*stream, uint64, error) {
+// submit enters n copies of a request (the sequences of a request's n
+// answers, as vLLM fans one out; their IDs, first to first+n-1, are
+// assigned here) and returns the stream of all their events.
+func (d *driver) submit(r engine.Request, n int) (s *stream, first uint64, err error) {
 	d.mu.Lock()
 	now := d.clk.model(time.Now())
 	d.advanceLocked(now)
-	d.nextID++
-	r.ID = d.nextID
-	if err := d.eng.Submit(now, r); err != nil {
-		d.mu.Unlock()
-		return nil, 0, err
+	s = &stream{notify: make(chan struct{}, 1), at: now}
+	first = d.nextID + 1
+	for i := range n {
+		d.nextID++
+		r.ID = d.nextID
+		if err := d.eng.Submit(now, r); err != nil {
+			d.cancelLocked(first, i)
+			d.mu.Unlock()
+			return nil, 0, err
+		}
+		d.streams[r.ID] = s
 	}
-	s := &stream{notify: make(chan struct{}, 1), at: now}
-	d.streams[r.ID] = s
 	d.mu.Unlock()
 	select {
 	case d.kick <- struct{}{}:
 	default:
 	}
-	return s, r.ID, nil
+	return s, first, nil
 }
 
-// cancel removes a request whose client went away.
-func (d *driver) cancel(id uint64) {
+// cancel removes the n sequences from first of a request whose client
+// went away.
+func (d *driver) cancel(first uint64, n int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if _, ok := d.streams[id]; ok {
-		d.eng.Cancel(id)
-		delete(d.streams, id)
-		if d.forget != nil {
-			d.forget(id)
+	d.cancelLocked(first, n)
+}
+
+func (d *driver) cancelLocked(first uint64, n int) {
+	for id := first; id < first+uint64(n); id++ {
+		if _, ok := d.streams[id]; ok {
+			d.eng.Cancel(id)
+			delete(d.streams, id)
+			if d.forget != nil {
+				d.forget(id)
+			}
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -64,6 +65,7 @@ func post(t *testing.T, url, body string, header ...string) *http.Response {
 type chunk struct {
 	Object  string `json:"object"`
 	Choices []struct {
+		Index int `json:"index"`
 		Delta struct {
 			Role    string `json:"role"`
 			Content string `json:"content"`
@@ -192,6 +194,70 @@ func TestNonStreamingAndCompletions(t *testing.T) {
 	resp.Body.Close()
 	if len(chunks) != 4 || chunks[0].Object != "text_completion" || chunks[0].Choices[0].Text == "" {
 		t.Errorf("completion chunks %+v", chunks)
+	}
+}
+
+// A request for n answers gets n, each max_tokens long, in one stream
+// (each chunk one choice, by its index) or one body; its usage counts the
+// prompt once and every answer's tokens. A completion's best_of has the
+// engine generate more than it answers with, as vLLM does.
+func TestManyAnswers(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50})
+	resp := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"n":3,"stream":true,"stream_options":{"include_usage":true}}`)
+	chunks := readSSE(t, resp.Body)
+	resp.Body.Close()
+	tokens, roles, finished := map[int]int{}, map[int]int{}, map[int]int{}
+	var usage *chunk
+	for i, c := range chunks {
+		if c.Usage != nil {
+			usage = &chunks[i]
+			continue
+		}
+		if len(c.Choices) != 1 {
+			t.Fatalf("chunk %d has %d choices", i, len(c.Choices))
+		}
+		ch := c.Choices[0]
+		if ch.Delta.Content != "" {
+			tokens[ch.Index]++
+		}
+		if ch.Delta.Role == "assistant" {
+			roles[ch.Index]++
+		}
+		if ch.FinishReason != nil {
+			finished[ch.Index]++
+		}
+	}
+	for i := range 3 {
+		if tokens[i] != 4 || roles[i] != 1 || finished[i] != 1 {
+			t.Errorf("answer %d: %d tokens, %d role chunks, %d finishes; want 4, 1, 1", i, tokens[i], roles[i], finished[i])
+		}
+	}
+	if len(tokens) != 3 || usage == nil || usage.Usage.CompletionTokens != 12 {
+		t.Errorf("answers %v, usage %+v; want 3 answers and 12 completion tokens", tokens, usage)
+	}
+
+	resp = post(t, url+"/v1/completions", `{"prompt":"once upon a time","max_tokens":3,"n":2,"best_of":4}`)
+	var body struct {
+		Choices []struct {
+			Index int    `json:"index"`
+			Text  string `json:"text"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("status %d, %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	if len(body.Choices) != 2 || body.Choices[1].Index != 1 || len(strings.Fields(body.Choices[1].Text)) != 3 || body.Usage.CompletionTokens != 12 {
+		t.Errorf("best_of 4, n 2: %+v; want 2 answers of 3 tokens, 12 generated", body)
+	}
+
+	resp = post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"n":1000}`)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("n 1000: status %d, want 400", resp.StatusCode)
 	}
 }
 
@@ -344,9 +410,18 @@ func TestFaults(t *testing.T) {
 }
 
 func TestClientDisconnectFreesTheEngine(t *testing.T) {
+	for _, n := range []int{1, 3} {
+		t.Run(fmt.Sprint("n=", n), func(t *testing.T) { testClientDisconnect(t, n) })
+	}
+}
+
+// testClientDisconnect: a client asking for n answers goes away; the
+// engine lets go of all n.
+func testClientDisconnect(t *testing.T, n int) {
 	s, url := start(t, Config{})
 	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(chat("a long story please", 5000)))
+	body := strings.Replace(chat("a long story please", 5000), `"stream":true`, `"stream":true,"n":`+itoa(n), 1)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

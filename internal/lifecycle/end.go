@@ -71,8 +71,8 @@ func (r *Request) report(status int) {
 		if r.tokens > 1 {
 			decode = r.lastTok.Sub(r.first)
 		}
-		rt.Decoded(&r.ticket, r.outputTokens(), decode)
-		r.endTokens, r.endDecode = r.outputTokens(), decode
+		rt.Decoded(&r.ticket, r.answerTokens(), decode)
+		r.endTokens, r.endDecode = r.answerTokens(), decode
 	}
 	t := r.ticket
 	r.free()
@@ -110,7 +110,7 @@ func (r *Request) learn(status int, at time.Time) {
 		out.TTFT, out.E2E, out.Queued = r.first.Sub(r.sent), at.Sub(r.sent), r.sent.Sub(r.Received)
 		// Per token, not per chunk: an engine may stream several tokens
 		// in one event (the usage, when it came, says how many).
-		if n := r.outputTokens(); r.tokens > 1 && n > 1 {
+		if n := r.answerTokens(); r.tokens > 1 && n > 1 {
 			out.ITL = r.lastTok.Sub(r.first) / time.Duration(n-1)
 		}
 	}
@@ -179,6 +179,20 @@ func (r *Request) abandon() {
 // noTTFT stands for the TTFT of a request that had no first token.
 const noTTFT = time.Duration(-1)
 
+// answerTokens is the length of one of the request's answers (n of them
+// decode side by side, each its own tokens; the usage, or the events
+// counted, are all of theirs): what the output estimate and the token
+// gaps are learned from.
+func (r *Request) answerTokens() int {
+	n := r.outputTokens()
+	if c := r.Route.Choices; c > 1 {
+		n = (n + c - 1) / c
+	}
+	return n
+}
+
+// outputTokens is the tokens the request was answered with, all its
+// answers': the usage's count, else the token events relayed.
 func (r *Request) outputTokens() int {
 	if r.completionTokens > 0 {
 		return r.completionTokens

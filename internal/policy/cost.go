@@ -183,7 +183,8 @@ func (p *gorgoE2E) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Ran
 // prefill: the backlog term, priced at prefill speed, cannot see it. The
 // requests in flight hold their prompts and the outputs decoded so far
 // (half the mean answer each, on average, for those decoding); req needs
-// its uncached prompt and its expected output. What does not fit waits for
+// its uncached prompt and its expected output (for each of its answers:
+// they share the prompt). What does not fit waits for
 // sequences to finish, and a sequence lives about a mean answer's tokens at
 // the ITL it sees there, so the resident tokens free at resident/life per
 // ms. The others are priced at the mean answer, not at req's: how soon
@@ -204,7 +205,7 @@ func kvWait(r *Replica, req *Request) float64 {
 		mean = float64(req.ExpectedOutputTokens)
 	}
 	resident := float64(r.UnfinishedTokens) + float64(r.Decoding)*mean/2
-	deficit := resident + float64(max(req.PromptTokens-r.CachedTokens, 0)) + float64(req.ExpectedOutputTokens) - c
+	deficit := resident + float64(max(req.PromptTokens-r.CachedTokens, 0)) + float64(req.ExpectedOutputTokens*max(req.Choices, 1)) - c
 	if deficit <= 0 || resident <= 0 {
 		return 0
 	}

@@ -41,8 +41,13 @@ type Request struct {
 	PromptTokens int
 	// Blocks are the chained hashes of the prompt's blocks.
 	Blocks []uint64
-	// MaxOutputTokens is the request's output limit (or trace hint).
+	// MaxOutputTokens is the request's output limit (or trace hint), per
+	// answer.
 	MaxOutputTokens int
+	// Choices is how many answers the engine generates for it (a request's
+	// n); 0 means one. Output lengths (MaxOutputTokens, the estimates
+	// below) are per answer: the answers decode side by side.
+	Choices int
 	// ExpectedOutputTokens is the router's estimate of the output length
 	// (from the answers before it, capped by MaxOutputTokens): the router
 	// never knows the true length. MeanOutputTokens is the mean length of

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,7 +44,17 @@ type Request struct {
 	// developer messages take: an application's instructions, which its
 	// users' messages follow. 0 when the first message is neither.
 	Instructions int
+	// N is how many answers a chat or a completion asks for (n), and
+	// BestOf how many a completion has the engine generate to answer with
+	// the best N of (best_of), each up to MaxTokens long. Each is 1 when
+	// absent, null, less than 1 or not a whole number: a hint for the
+	// router, which leaves refusing them to the engine.
+	N, BestOf int
 }
+
+// Choices is how many answers the engine generates for the request: N, or
+// BestOf when larger.
+func (r *Request) Choices() int { return max(r.N, r.BestOf, 1) }
 
 // Errors of ParseRequest that the old functions give too.
 var (
@@ -126,6 +137,7 @@ type parser struct {
 	messages, hasMsgs  bool
 	maxTok, maxCompTok int64
 	hasMax, hasMaxComp bool
+	n, bestOf          int
 }
 
 var parsers = sync.Pool{New: func() any { return new(parser) }}
@@ -139,6 +151,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	p.inputParts = false
 	model, user := r.Model, r.User
 	*r = Request{Text: r.Text[:0], MaxTokens: -1}
+	p.n, p.bestOf = 1, 1
 	p.in.Reset(body)
 	p.dec.Reset(&p.in, decodeOptions...)
 	p.hasModel, p.hasUser, p.messages, p.hasMsgs, p.hasMax, p.hasMaxComp = false, false, false, false, false, false
@@ -177,6 +190,10 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 			err = p.boolField(&r.Stream, "stream")
 		case f == fStreamOptions:
 			err = p.streamOptions(&r.IncludeUsage)
+		case f == fN && mode != modeInput:
+			p.n, err = p.countField()
+		case f == fBestOf && mode == modeCompletion:
+			p.bestOf, err = p.countField()
 		default:
 			err = d.SkipValue()
 		}
@@ -199,6 +216,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	case p.hasMax:
 		r.MaxTokens, r.HasMaxTokens = int(p.maxTok), true
 	}
+	r.N, r.BestOf = p.n, p.bestOf
 	r.Model = keep(p.model, p.hasModel, model)
 	r.User = keep(p.user, p.hasUser, user)
 	switch mode {
@@ -261,6 +279,8 @@ const (
 	fUser
 	fInput
 	fInstructions
+	fN
+	fBestOf
 )
 
 var topNames = [...]string{
@@ -274,6 +294,8 @@ var topNames = [...]string{
 	fUser:                "user",
 	fInput:               "input",
 	fInstructions:        "instructions",
+	fN:                   "n",
+	fBestOf:              "best_of",
 }
 
 // field reads an object's next key and returns 1 + the index of the name
@@ -359,6 +381,25 @@ func (p *parser) intField(name string) (int64, bool, error) {
 		}
 	}
 	return -1, false, fmt.Errorf("%s must be an integer", name)
+}
+
+// maxChoices bounds Choices: no engine generates more answers for one
+// request (vLLM caps n far lower).
+const maxChoices = 1 << 16
+
+// countField reads a count the router only takes as a hint (n, best_of):
+// a whole number from 1 to maxChoices, else (null included) 1.
+func (p *parser) countField() (int, error) {
+	kind := p.dec.PeekKind()
+	raw, err := p.dec.ReadValue()
+	if err != nil || kind != '0' {
+		return 1, err
+	}
+	f, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil || f != math.Trunc(f) || f < 1 || f > maxChoices {
+		return 1, nil
+	}
+	return int(f), nil
 }
 
 // boolField reads a boolean; null leaves it as it was.

@@ -32,13 +32,14 @@ func reference(body []byte, chat bool) (Request, error) {
 	)
 	if chat {
 		var in struct {
-			Model               string        `json:"model"`
-			Messages            []WireMessage `json:"messages"`
-			MaxTokens           *int          `json:"max_tokens"`
-			MaxCompletionTokens *int          `json:"max_completion_tokens"`
-			Stream              bool          `json:"stream"`
-			StreamOptions       *options      `json:"stream_options"`
-			User                string        `json:"user"`
+			Model               string          `json:"model"`
+			Messages            []WireMessage   `json:"messages"`
+			MaxTokens           *int            `json:"max_tokens"`
+			MaxCompletionTokens *int            `json:"max_completion_tokens"`
+			Stream              bool            `json:"stream"`
+			StreamOptions       *options        `json:"stream_options"`
+			User                string          `json:"user"`
+			N                   json.RawMessage `json:"n"`
 		}
 		if err := json.Unmarshal(body, &in); err != nil {
 			return out, err
@@ -56,6 +57,7 @@ func reference(body []byte, chat bool) (Request, error) {
 			max = in.MaxCompletionTokens
 		}
 		out.Model, out.User, stream, opts = in.Model, in.User, in.Stream, in.StreamOptions
+		out.N = choicesOf(in.N)
 	} else {
 		var in struct {
 			Model         string          `json:"model"`
@@ -64,6 +66,8 @@ func reference(body []byte, chat bool) (Request, error) {
 			Stream        bool            `json:"stream"`
 			StreamOptions *options        `json:"stream_options"`
 			User          string          `json:"user"`
+			N             json.RawMessage `json:"n"`
+			BestOf        json.RawMessage `json:"best_of"`
 		}
 		if err := json.Unmarshal(body, &in); err != nil {
 			return out, err
@@ -71,6 +75,7 @@ func reference(body []byte, chat bool) (Request, error) {
 		text, err = CompletionBytes(in.Prompt)
 		max = in.MaxTokens
 		out.Model, out.User, stream, opts = in.Model, in.User, in.Stream, in.StreamOptions
+		out.N, out.BestOf = choicesOf(in.N), choicesOf(in.BestOf)
 	}
 	if err != nil {
 		return out, err
@@ -84,7 +89,23 @@ func reference(body []byte, chat bool) (Request, error) {
 }
 
 // same reports how got and want differ ("" if they do not).
+// choicesOf is what N or BestOf take from an n or best_of: a whole number
+// from 1 to 2^16, else 1.
+func choicesOf(raw json.RawMessage) int {
+	var f float64
+	if json.Unmarshal(raw, &f) != nil || f != float64(int(f)) || f < 1 || f > 1<<16 {
+		return 1
+	}
+	return int(f)
+}
+
 func same(got, want Request) string {
+	if want.N == 0 {
+		want.N = 1 // the cases leave it out
+	}
+	if want.BestOf == 0 {
+		want.BestOf = 1
+	}
 	if !bytes.Equal(got.Text, want.Text) {
 		return fmt.Sprintf("text %q, want %q", got.Text, want.Text)
 	}
@@ -215,6 +236,21 @@ var requestCases = []struct {
 		want: Request{MaxTokens: -1}},
 	{name: "completion ignores max_completion_tokens and messages", body: `{"prompt":"p","max_completion_tokens":"x","messages":3}`,
 		want: Request{Text: []byte("p"), MaxTokens: -1}},
+
+	{name: "chat n", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":4,"best_of":9}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, N: 4}},
+	{name: "chat n a whole float", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":4.0}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, N: 4}},
+	{name: "chat n null after a count", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":4,"N":null}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "chat n not a count", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":"4"}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "chat n fractional, zero, huge", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":2.5,"n":0,"n":1e300}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "completion best_of", body: `{"prompt":"p","n":2,"best_of":5}`,
+		want: Request{Text: []byte("p"), MaxTokens: -1, N: 2, BestOf: 5}},
+	{name: "completion n", body: `{"prompt":"p","n":3,"best_of":null}`,
+		want: Request{Text: []byte("p"), MaxTokens: -1, N: 3}},
 
 	{name: "invalid JSON", chat: true, body: `{"messages": [`, err: "malformed JSON"},
 	{name: "trailing data", chat: true, body: `{"messages":[{"role":"user","content":"x"}]} {}`, err: "malformed JSON"},

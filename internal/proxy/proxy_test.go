@@ -355,6 +355,46 @@ func TestStreamsTeachTheDecodeModel(t *testing.T) {
 	}
 }
 
+// A request for n answers streams n answers' tokens side by side: the
+// router learns one answer's length and token gap from it, as from a
+// request for one, not n times the length and an n-th of the gap.
+func TestManyAnswersTeachOneAnswersLength(t *testing.T) {
+	learned := func(n int) (expected int, itl float64) {
+		// In real time: the ITL model keeps at least a quarter of the
+		// profile's gap, which a faster replica's would be under.
+		s, url := startProxy(t, testConfig{}, servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Speedup: 1}))
+		for i := range 6 {
+			body := fmt.Sprintf(`{"messages":[{"role":"user","content":"story %d"}],"max_tokens":24,"n":%d,"stream":true}`, i, n)
+			if code, out, _ := post(t, url, body); code != 200 || strings.Count(out, `"content":" `) != 24*n {
+				t.Fatalf("n=%d: %d, %d tokens: %.300s", n, code, strings.Count(out, `"content":" `), out)
+			}
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st, err := s.Router().Replica("a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.ITLSamples == 6 && st.InFlight == 0 {
+				return s.Router().ExpectedOutput(&policy.Request{}), st.ITLBaseMS + st.ITLSlopeMS
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("n=%d: %d ITL samples, %d in flight", n, st.ITLSamples, st.InFlight)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	e1, itl1 := learned(1)
+	e4, itl4 := learned(4)
+	if e4 != e1 {
+		t.Errorf("expected output %d after answers of 24 tokens four at a time, %d one at a time", e4, e1)
+	}
+	// The gaps are timed: within a factor of two (an n-th would be 4x).
+	if itl4 < itl1/2 || itl4 > itl1*2 {
+		t.Errorf("token gap learned %.3f ms from answers four at a time, %.3f one at a time", itl4, itl1)
+	}
+}
+
 // A request that cannot make the TTFT SLO gets an OpenAI-style 429 with
 // Retry-After; one that can is served.
 func TestTTFTSLORefusesWhatCannotMakeIt(t *testing.T) {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -76,6 +77,32 @@ func TestTenantTokenBudget(t *testing.T) {
 	time.Sleep(time.Duration(retry)*time.Second + 200*time.Millisecond)
 	if code, body, _ := send(t, url, chatBody(prompt, 2, false), who); code != 200 {
 		t.Errorf("after Retry-After: %d %s", code, body)
+	}
+}
+
+// A request for n answers is charged, until it is settled, the prompt and
+// n answers of the length the router expects (here max_tokens, 100).
+func TestTenantChargedForEveryAnswer(t *testing.T) {
+	a := startReplica(t, 5*time.Millisecond, emulator.Faults{})
+	_, url := startProxy(t, testConfig{
+		Fleet: fleet.Config{ProbeInterval: time.Hour, Tenants: map[string]tenant.Config{"a": {TokensPerMinute: 10000}, "b": {TokensPerMinute: 10000}}},
+		Proxy: Config{TenantHeader: "trust"}}, a)
+	prompt := strings.Repeat("word ", 80) // about 100 estimated tokens
+	left := func(tenantName string, n int) int {
+		body := strings.Replace(chatBody(prompt, 100, false), `"max_tokens"`, fmt.Sprintf(`"n":%d,"max_tokens"`, n), 1)
+		code, out, h := send(t, url, body, map[string]string{tenant.TenantHeader: tenantName})
+		if code != 200 {
+			t.Fatalf("n=%d: %d %s", n, code, out)
+		}
+		left, err := strconv.Atoi(h.Get("X-Ratelimit-Remaining-Tokens"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return left
+	}
+	one, four := left("a", 1), left("b", 4)
+	if charged := one - four; charged < 250 || charged > 350 {
+		t.Errorf("charged %d tokens more for four answers than for one, want 300", charged)
 	}
 }
 

@@ -296,8 +296,13 @@ func (s *sender) read(ctx context.Context, resp *http.Response, sent time.Time, 
 		// an answer without one has no time to first token to record.
 		o.err = errors.New("stream finished without a generated token")
 	}
-	if o.tokenChunks >= 2 {
-		o.itl = last.Sub(first) / time.Duration(o.tokenChunks-1)
+	// Per token, not per event: an engine may stream several tokens in one
+	// event, and the usage, when it came, says how many there were.
+	if tokens := o.tokenChunks; tokens >= 2 {
+		if o.usage != nil && o.usage.CompletionTokens > tokens {
+			tokens = o.usage.CompletionTokens
+		}
+		o.itl = last.Sub(first) / time.Duration(tokens-1)
 	}
 }
 

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"strings"
@@ -189,6 +191,13 @@ func TestCacheIsPerModel(t *testing.T) {
 	}
 }
 
+func fmtRatio(h *float64) string {
+	if h == nil {
+		return "none"
+	}
+	return fmt.Sprint(*h)
+}
+
 // Adapter requests run with their adapter on the replica's engine, and
 // the run counts how many found it resident: one base, a, b, a again on
 // one slot: b evicts a, so a loads again.
@@ -215,6 +224,15 @@ func TestAdapterHitRatio(t *testing.T) {
 	}
 	if h := res.Run.AdapterHitRatio; h == nil || *h != 0.25 || res.Run.AdapterRequests != 4 {
 		t.Errorf("run: %d adapter requests, hit %v; want 4, 0.25", res.Run.AdapterRequests, h)
+	}
+	// Scored from the third request (the warm-up's first a, a load, not
+	// counted): a resident, then b and a, both loads.
+	scored, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "round-robin"), ScoreFrom: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := scored.Run.AdapterHitRatio; h == nil || math.Abs(*h-1.0/3) > 1e-9 || scored.Run.AdapterRequests != 3 {
+		t.Errorf("scored from 20 s: %d adapter requests, hit %v; want 3, 1/3", scored.Run.AdapterRequests, fmtRatio(h))
 	}
 	// A load adds its time to the first token: a's first request (a load)
 	// against its second (resident).

@@ -288,6 +288,11 @@ type simulator struct {
 	// adapterNames maps engine adapter keys back to names, for scrapes.
 	adapterNames map[uint64]string
 	adBuf        []uint64
+	// adWarm is the engines' adapter requests and loads before the first
+	// scored request reached one (the warm-up's, not scored); adMarked
+	// says they were counted.
+	adWarm   [2]int64
+	adMarked bool
 
 	gate *admit.Gate[int32] // nil without admission
 	now  time.Duration      // the event being handled, for release
@@ -738,6 +743,14 @@ func (s *simulator) atEngine(now time.Duration, i int) {
 			break
 		}
 	}
+	if !s.adMarked && s.cfg.ScoreFrom > 0 && s.cfg.Requests[i].Time >= s.cfg.ScoreFrom {
+		s.adMarked = true
+		for k := range s.reps {
+			g := s.reps[k].eng.Gauges()
+			s.adWarm[0] += g.AdapterRequests
+			s.adWarm[1] += g.AdapterLoads
+		}
+	}
 	s.advance(now, r)
 	err := s.reps[r].eng.Submit(now, s.engineRequest(i, r))
 	if err != nil {
@@ -890,7 +903,7 @@ func (s *simulator) result() *Result {
 	}
 	res.Scored = scored
 	res.Run = report.NewRun(res.Policy, scored, ids)
-	var adReqs, adLoads int64
+	adReqs, adLoads := -s.adWarm[0], -s.adWarm[1] // the scored requests' only
 	for _, g := range res.Engines {
 		adReqs += g.AdapterRequests
 		adLoads += g.AdapterLoads

@@ -98,6 +98,19 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, error) {
 	if !(*speedup > 0) || math.IsInf(*speedup, 0) {
 		return nil, fmt.Errorf("--speedup must be a positive finite number, got %v", *speedup)
 	}
+	if !(*slowdown > 0) || math.IsInf(*slowdown, 0) {
+		return nil, fmt.Errorf("--slowdown must be a positive finite number, got %v", *slowdown)
+	}
+	// The emulator's config takes a zero for its default: a flag's zero
+	// is a mistake, not a wish for the default.
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"--page-tokens", *page}, {"--max-waiting", *maxWaiting}, {"--default-max-tokens", *maxTokens}} {
+		if f.v < 1 {
+			return nil, fmt.Errorf("%s must be at least 1, got %d", f.name, f.v)
+		}
+	}
 	if *bpt < 1 {
 		return nil, fmt.Errorf("--bytes-per-token must be at least 1")
 	}

@@ -119,6 +119,10 @@ func TestEngineModelFlagErrors(t *testing.T) {
 		{[]string{"--served-model-name", "a,a"}, "given twice"},
 		{[]string{"--served-model-name", "a", "--lora-modules", "a"}, "already served"},
 		{[]string{"--lora-modules", "x="}, "the path must be"},
+		{[]string{"--page-tokens", "0"}, "--page-tokens must be at least 1"},
+		{[]string{"--max-waiting", "0"}, "--max-waiting must be at least 1"},
+		{[]string{"--default-max-tokens", "0"}, "--default-max-tokens must be at least 1"},
+		{[]string{"--slowdown", "0"}, "--slowdown must be a positive finite number"},
 	} {
 		var stderr bytes.Buffer
 		f, err := parseEngineFlags(c.args, &stderr)

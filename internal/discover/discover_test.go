@@ -458,6 +458,36 @@ func TestWatcherEmptyFirstAnswer(t *testing.T) {
 	}
 }
 
+// deadlineResolver records the time each lookup is given.
+type deadlineResolver struct {
+	*fakeResolver
+	given chan time.Duration
+}
+
+func (d *deadlineResolver) LookupIPAddr(ctx context.Context, host string) ([]net.IPAddr, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		select {
+		case d.given <- time.Until(dl):
+		default:
+		}
+	}
+	return ips("127.0.0.1"), nil
+}
+
+// A lookup has time for Go's resolver to ask a second nameserver after
+// the first's 5 s timeout, however short the group's interval.
+func TestLookupOutlastsOneDeadNameserver(t *testing.T) {
+	d := &deadlineResolver{fakeResolver: newFake(), given: make(chan time.Duration, 1)}
+	w, err := NewWatcher([]Group{{DNS: "a.b", Port: 1, Interval: time.Second}}, d, func(int, []Endpoint) {}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, w)
+	if got := <-d.given; got < 10*time.Second {
+		t.Errorf("a lookup given %v: a dead first nameserver takes 5 s of it", got)
+	}
+}
+
 func TestWatcherLifecycle(t *testing.T) {
 	if _, err := NewWatcher([]Group{{DNS: "a.b"}}, nil, func(int, []Endpoint) {}, nil); err == nil {
 		t.Fatal("NewWatcher accepted a group without a port")

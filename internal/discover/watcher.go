@@ -12,13 +12,12 @@ import (
 	"time"
 )
 
-// Lookup timeouts: each lookup gets its group's interval, but at least
-// minLookupTimeout (so a short interval does not starve a slow DNS server)
-// and at most maxLookupTimeout.
-const (
-	minLookupTimeout = time.Second
-	maxLookupTimeout = 5 * time.Second
-)
+// lookupTimeout bounds each lookup, whatever the group's interval: long
+// enough for Go's resolver, which waits 5 s for a nameserver that does not
+// answer (resolv.conf's default timeout) before it asks the next, to hear
+// the second. A slow lookup only delays the next; the group keeps its last
+// set meanwhile.
+const lookupTimeout = 12 * time.Second
 
 // Watcher re-resolves groups and reports their endpoint sets.
 //
@@ -27,8 +26,7 @@ const (
 // set, and is logged once per streak of failures, not every interval; a
 // definite "no such host" or an empty answer replaces the set with an
 // empty one (the service scaled to zero or is gone; onChange gets a nil
-// slice), which is logged. Each lookup is bounded by the group's interval,
-// clamped to 1..5 s.
+// slice), which is logged. Each lookup is bounded by lookupTimeout (12 s).
 //
 // Concurrency: NewWatcher starts nothing. Run starts one goroutine per
 // group and returns only after all of them have ended, so onChange is
@@ -91,7 +89,6 @@ func (w *Watcher) Run(ctx context.Context) error {
 func (w *Watcher) watch(ctx context.Context, i int) {
 	g := w.groups[i]
 	log := w.log.With("group", i, "name", g.Name())
-	timeout := min(max(g.Interval, minLookupTimeout), maxLookupTimeout)
 	var (
 		last    []Endpoint
 		known   bool // last holds a definite answer
@@ -105,7 +102,7 @@ func (w *Watcher) watch(ctx context.Context, i int) {
 			return
 		case <-t.C:
 		}
-		lctx, cancel := context.WithTimeout(ctx, timeout)
+		lctx, cancel := context.WithTimeout(ctx, lookupTimeout)
 		eps, err := Resolve(lctx, w.r, g)
 		cancel()
 		if ctx.Err() != nil {

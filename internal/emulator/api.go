@@ -44,12 +44,31 @@ type job struct {
 	chat         bool
 	stream       bool
 	includeUsage bool
-	promptTokens int
+	// prompts are the request's: one, or a completion's batch, which the
+	// engine answers as so many requests.
+	prompts []jobPrompt
+	// answers is how many the client gets per prompt (n) of the perPrompt
+	// sequences the engine generates for it (best_of, when larger); seqs
+	// is every prompt's.
+	answers, perPrompt, seqs int
+}
+
+// jobPrompt is one prompt of a job.
+type jobPrompt struct {
+	tokens       int
 	outputTokens int // per answer
-	// answers is how many the client gets (n) of the seqs the engine
-	// generates (best_of, when larger).
-	answers, seqs int
-	blocks        []uint64
+	blocks       []uint64
+}
+
+// sequence returns the prompt of the job's sequence i and the index of
+// its choice in the response, or -1 for a sequence generated, not shown
+// (best_of's).
+func (j *job) sequence(i int) (p *jobPrompt, choice int) {
+	k, a := i/j.perPrompt, i%j.perPrompt
+	if a >= j.answers {
+		return &j.prompts[k], -1
+	}
+	return &j.prompts[k], k*j.answers + a
 }
 
 // maxSeqs bounds the sequences one request may have the engine generate.
@@ -92,9 +111,10 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", req.Model)
 		return nil, false
 	}
-	j := &job{model: req.Model, chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage, answers: req.N, seqs: req.Choices()}
+	j := &job{model: req.Model, chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage,
+		answers: req.N, perPrompt: max(req.N, req.BestOf), seqs: req.Choices()}
 	if j.seqs > maxSeqs {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "n and best_of must be at most %d, got %d", maxSeqs, j.seqs)
+		writeError(w, http.StatusBadRequest, "BadRequestError", "n and best_of times the prompts must be at most %d, got %d", maxSeqs, j.seqs)
 		return nil, false
 	}
 	if j.model == "" {
@@ -110,39 +130,62 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 			return nil, false
 		}
 	}
-	return j, s.fill(w, r, j, req.Text, max)
+	return j, s.fill(w, r, j, req, max)
 }
 
-// fill estimates the prompt, decides the output length (max, or the
+// fill estimates the prompts, decides the output length (max, or the
 // default when max is -1) and checks the context length.
-func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, text []byte, max int) bool {
-	if len(text) == 0 {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "the prompt is empty")
-		return false
-	}
-	j.promptTokens = s.est.Tokens(text)
-	// An adapter's prefix cache is its own, as the engines key theirs.
-	j.blocks = prefix.Keyed(s.est.Blocks(text, s.page, nil), j.adapter)
-	limit := s.prof.MaxContextTokens
-	// Without max_tokens the engines cap the answer at the context left
-	// (max_model_len − prompt); the emulator answers DefaultMaxTokens at
-	// most.
-	j.outputTokens = min(s.cfg.DefaultMaxTokens, limit-j.promptTokens)
-	if max != -1 {
-		j.outputTokens = max
-	}
+func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, req *prompt.Request, max int) bool {
+	output := -1
 	if h := r.Header.Get(OutputTokensHeader); h != "" {
 		n, err := strconv.Atoi(h)
 		if err != nil || n < 1 {
 			writeError(w, http.StatusBadRequest, "BadRequestError", "%s must be a positive integer, got %q", OutputTokensHeader, h)
 			return false
 		}
-		j.outputTokens = n
+		output = n
 	}
-	if j.promptTokens >= limit || j.outputTokens > limit-j.promptTokens { // not added: a huge output would wrap the sum
+	j.prompts = make([]jobPrompt, req.Prompts())
+	start := 0
+	for k := range j.prompts {
+		end := len(req.Text)
+		if len(req.PromptEnds) > 0 {
+			end = req.PromptEnds[k]
+		}
+		if !s.fillPrompt(w, j, &j.prompts[k], req.Text[start:end], max, output) {
+			return false
+		}
+		start = end + 1 // past the newline that ends it
+	}
+	return true
+}
+
+// fillPrompt estimates one prompt of j and its answers' length: output
+// when set (the header's), else max, else the default.
+func (s *Server) fillPrompt(w http.ResponseWriter, j *job, p *jobPrompt, text []byte, max, output int) bool {
+	if len(text) == 0 {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "the prompt is empty")
+		return false
+	}
+	p.tokens = s.est.Tokens(text)
+	// An adapter's prefix cache is its own, as the engines key theirs.
+	p.blocks = prefix.Keyed(s.est.Blocks(text, s.page, nil), j.adapter)
+	limit := s.prof.MaxContextTokens
+	// Without max_tokens the engines cap the answer at the context left
+	// (max_model_len − prompt); the emulator answers DefaultMaxTokens at
+	// most.
+	switch {
+	case output != -1:
+		p.outputTokens = output
+	case max != -1:
+		p.outputTokens = max
+	default:
+		p.outputTokens = min(s.cfg.DefaultMaxTokens, limit-p.tokens)
+	}
+	if p.tokens >= limit || p.outputTokens > limit-p.tokens { // not added: a huge output would wrap the sum
 		writeError(w, http.StatusBadRequest, "BadRequestError",
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			limit, j.promptTokens+min(j.outputTokens, limit), j.promptTokens, j.outputTokens)
+			limit, p.tokens+min(p.outputTokens, limit), p.tokens, p.outputTokens)
 		return false
 	}
 	return true
@@ -156,7 +199,13 @@ func readBody(r *http.Request) ([]byte, error) {
 
 // serve runs a parsed job through the engine and writes the response.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
-	st, first, err := s.drv.submit(engine.Request{PromptTokens: j.promptTokens, OutputTokens: j.outputTokens, Blocks: j.blocks, Adapter: j.adapter}, j.seqs)
+	reqs := make([]engine.Request, 0, j.seqs)
+	for _, p := range j.prompts {
+		for range j.perPrompt {
+			reqs = append(reqs, engine.Request{PromptTokens: p.tokens, OutputTokens: p.outputTokens, Blocks: p.blocks, Adapter: j.adapter})
+		}
+	}
+	st, first, err := s.drv.submit(reqs)
 	switch {
 	case errors.Is(err, engine.ErrQueueFull):
 		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "the server is overloaded: its waiting queue is full")
@@ -203,10 +252,10 @@ type writer struct {
 	id      string
 	model   string
 	created int64
-	sent    []int // tokens written, per answer
-	content []strings.Builder
+	sent    []int             // tokens written, per sequence
+	content []strings.Builder // per choice
 	// generated and cached are the usage's: every sequence's tokens, and
-	// the first's cached prompt tokens.
+	// each prompt's cached tokens (its first sequence's).
 	generated, cached int
 	buf               bytes.Buffer
 	head              []byte // the start of every token chunk, to its choice's index
@@ -218,7 +267,7 @@ type writer struct {
 func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *writer {
 	out := &writer{w: w, j: j, model: model, created: time.Now().Unix(), sent: make([]int, j.seqs)}
 	if !j.stream {
-		out.content = make([]strings.Builder, j.answers)
+		out.content = make([]strings.Builder, j.answers*len(j.prompts))
 	}
 	out.fl, _ = w.(http.Flusher)
 	prefix := "cmpl-"
@@ -244,10 +293,11 @@ var startedAt = time.Now().UnixNano()
 // words make the filler text, one per token.
 var words = strings.Fields("the quick brown fox jumps over a lazy dog while seven wise owls watch from an old oak tree near the quiet river bank")
 
-// token writes answer i's tokens up to ev's. The sequences past the n
-// answers (best_of's) are generated, not shown.
+// token writes sequence i's tokens up to ev's. The sequences past the n
+// answers of a prompt (best_of's) are generated, not shown.
 func (o *writer) token(i int, ev engine.Event) {
-	if i >= o.j.answers {
+	p, choice := o.j.sequence(i)
+	if choice < 0 {
 		o.sent[i] = ev.Generated
 		return
 	}
@@ -255,23 +305,24 @@ func (o *writer) token(i int, ev engine.Event) {
 		word := " " + words[o.sent[i]%len(words)]
 		o.sent[i]++
 		if !o.j.stream {
-			o.content[i].WriteString(word)
+			o.content[choice].WriteString(word)
 			continue
 		}
 		o.buf.Reset()
 		if o.sent[i] == 1 && o.j.chat {
-			o.chunk(map[string]any{"index": i, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)
+			o.chunk(map[string]any{"index": choice, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)
 		}
-		o.tokenChunk(i, word, o.sent[i] == o.j.outputTokens)
+		o.tokenChunk(choice, word, o.sent[i] == p.outputTokens)
 		o.flush()
 	}
 }
 
-// ended counts sequence i's finish in the usage.
+// ended counts sequence i's finish in the usage: its tokens, and for the
+// first sequence of each prompt the prompt's cached tokens.
 func (o *writer) ended(i int, ev engine.Event) {
 	o.generated += ev.Generated
-	if i == 0 {
-		o.cached = ev.CachedTokens
+	if i%o.j.perPrompt == 0 {
+		o.cached += ev.CachedTokens
 	}
 }
 
@@ -307,12 +358,17 @@ func (o *writer) tokenChunk(i int, word string, last bool) {
 	}
 }
 
-// usage counts the prompt once and every sequence's tokens, as vLLM does.
+// usage counts each prompt once and every sequence's tokens, as vLLM
+// does.
 func (o *writer) usage() map[string]any {
+	prompt := 0
+	for _, p := range o.j.prompts {
+		prompt += p.tokens
+	}
 	return map[string]any{
-		"prompt_tokens":         o.j.promptTokens,
+		"prompt_tokens":         prompt,
 		"completion_tokens":     o.generated,
-		"total_tokens":          o.j.promptTokens + o.generated,
+		"total_tokens":          prompt + o.generated,
 		"prompt_tokens_details": map[string]any{"cached_tokens": o.cached},
 	}
 }

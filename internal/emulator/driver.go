@@ -125,16 +125,16 @@ func newDriver(eng *engine.Engine, clk *clock) *driver {
 	return &driver{eng: eng, clk: clk, streams: make(map[uint64]*stream), kick: make(chan struct{}, 1)}
 }
 
-// submit enters n copies of a request (the sequences of a request's n
-// answers, as vLLM fans one out; their IDs, first to first+n-1, are
+// submit enters a request's sequences (its n answers, as vLLM fans one
+// out, for each of its prompts; their IDs, first to first+len(rs)-1, are
 // assigned here) and returns the stream of all their events.
-func (d *driver) submit(r engine.Request, n int) (s *stream, first uint64, err error) {
+func (d *driver) submit(rs []engine.Request) (s *stream, first uint64, err error) {
 	d.mu.Lock()
 	now := d.clk.model(time.Now())
 	d.advanceLocked(now)
 	s = &stream{notify: make(chan struct{}, 1), at: now}
 	first = d.nextID + 1
-	for i := range n {
+	for i, r := range rs {
 		d.nextID++
 		r.ID = d.nextID
 		if err := d.eng.Submit(now, r); err != nil {

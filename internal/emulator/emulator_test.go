@@ -261,6 +261,78 @@ func TestManyAnswers(t *testing.T) {
 	}
 }
 
+// A completion of several prompts is answered as so many requests: each
+// prompt its own sequences, prompt tokens and cache, its choices indexed
+// prompt by prompt, as vLLM does.
+func TestBatchOfPrompts(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50})
+	usageOf := func(body string) (prompt, cached int) {
+		t.Helper()
+		resp := post(t, url+"/v1/completions", body)
+		chunks := readSSE(t, resp.Body)
+		resp.Body.Close()
+		for _, c := range chunks {
+			if c.Usage != nil {
+				return c.Usage.PromptTokens, c.Usage.PromptTokensDetails.CachedTokens
+			}
+		}
+		t.Fatalf("%s: no usage", body)
+		return 0, 0
+	}
+	long := strings.Repeat("a long and winding shared story ", 40)
+	const opts = `,"max_tokens":1,"stream":true,"stream_options":{"include_usage":true}}`
+	short, _ := usageOf(`{"prompt":"hello there"` + opts)
+	longTokens, _ := usageOf(`{"prompt":"` + long + `"` + opts)
+
+	resp := post(t, url+"/v1/completions", `{"prompt":["hello there","`+long+`"],"n":2,"max_tokens":3,"stream":true,"stream_options":{"include_usage":true}}`)
+	chunks := readSSE(t, resp.Body)
+	resp.Body.Close()
+	tokens, finished := map[int]int{}, map[int]int{}
+	var usage *chunk
+	for i, c := range chunks {
+		if c.Usage != nil {
+			usage = &chunks[i]
+			continue
+		}
+		for _, ch := range c.Choices {
+			if ch.Text != "" {
+				tokens[ch.Index]++
+			}
+			if ch.FinishReason != nil {
+				finished[ch.Index]++
+			}
+		}
+	}
+	for i := range 4 {
+		if tokens[i] != 3 || finished[i] != 1 {
+			t.Errorf("choice %d: %d tokens, %d finishes; want 3, 1", i, tokens[i], finished[i])
+		}
+	}
+	if len(tokens) != 4 || usage == nil {
+		t.Fatalf("choices %v, usage %+v; want 4 choices and a usage", tokens, usage)
+	}
+	u := usage.Usage
+	if u.PromptTokens != short+longTokens || u.CompletionTokens != 12 {
+		t.Errorf("usage %+v; want %d prompt tokens (%d and %d) and 12 completion tokens", *u, short+longTokens, short, longTokens)
+	}
+	// The long prompt was served before: its blocks are cached, as its
+	// own, not as a suffix of the short one.
+	if u.PromptTokensDetails.CachedTokens == 0 {
+		t.Errorf("cached tokens 0; want the long prompt's blocks served before")
+	}
+
+	resp = post(t, url+"/v1/completions", `{"prompt":["hello",""],"max_tokens":3}`)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("a batch with an empty prompt: status %d, want 400", resp.StatusCode)
+	}
+	resp = post(t, url+"/v1/completions", `{"prompt":["a","b","c"],"n":50,"max_tokens":3}`)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("3 prompts of 50 answers: status %d, want 400 (over %d sequences)", resp.StatusCode, maxSeqs)
+	}
+}
+
 func TestErrorsAreOpenAIShaped(t *testing.T) {
 	p, _ := engine.LookupProfile("paper")
 	p.MaxContextTokens = 1000

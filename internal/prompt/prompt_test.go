@@ -45,13 +45,13 @@ func TestRequestBytes(t *testing.T) {
 			t.Errorf("chat %v accepted", bad)
 		}
 	}
-	for raw, want := range map[string]string{`"once"`: "once", `["once"]`: "once", `[1,2,3]`: "[1,2,3]"} {
-		if got, err := CompletionBytes([]byte(raw)); err != nil || string(got) != want {
+	for raw, want := range map[string]string{`"once"`: "once", `["once"]`: "once", `[1,2,3]`: "[1,2,3]", `["a","b"]`: "a\nb\n", `[[1,2],[3]]`: "[1,2]\n[3]\n", `[[1,2]]`: "[1,2]"} {
+		if got, _, err := CompletionBytes([]byte(raw)); err != nil || string(got) != want {
 			t.Errorf("completion %s: %q, %v", raw, got, err)
 		}
 	}
-	for _, raw := range []string{`["a","b"]`, `[]`, `3`, `null`} {
-		if _, err := CompletionBytes([]byte(raw)); err == nil {
+	for _, raw := range []string{`[]`, `3`, `null`, `[[]]`, `[[1],"a"]`, `[[1.5]]`} {
+		if _, _, err := CompletionBytes([]byte(raw)); err == nil {
 			t.Errorf("completion %s accepted", raw)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -39,21 +40,42 @@ func ChatRequestBytes(msgs []WireMessage) ([]byte, error) {
 // CompletionBytes returns the bytes of a completions request's prompt: a
 // string, a list of one string, or a list of token ids (whose JSON then
 // stands in for the text; a caller that needs the exact token count reads
-// the list's length). Several prompts in one request are refused.
-func CompletionBytes(raw json.RawMessage) ([]byte, error) {
+// the list's length); for a batch (a list of several strings, or a list of
+// lists of token ids), each prompt followed by a newline, and where each
+// ends (nil for one).
+func CompletionBytes(raw json.RawMessage) (text []byte, ends []int, err error) {
 	var one string
 	var list []string
 	var ids []int64
+	var lists [][]int64
 	switch {
 	case len(raw) == 0 || string(raw) == "null":
 	case json.Unmarshal(raw, &one) == nil:
-		return []byte(one), nil
+		return []byte(one), nil, nil
 	case json.Unmarshal(raw, &list) == nil && len(list) == 1:
-		return []byte(list[0]), nil
+		return []byte(list[0]), nil, nil
+	case json.Unmarshal(raw, &list) == nil && len(list) > 1:
+		for _, p := range list {
+			text = append(text, p...)
+			ends = append(ends, len(text))
+			text = append(text, '\n')
+		}
+		return text, ends, nil
 	case json.Unmarshal(raw, &ids) == nil && len(ids) > 0:
-		return raw, nil
+		return raw, nil, nil
+	case json.Unmarshal(raw, &lists) == nil && len(lists) > 0 && !slices.ContainsFunc(lists, func(l []int64) bool { return len(l) == 0 }):
+		var elems []json.RawMessage
+		_ = json.Unmarshal(raw, &elems)
+		for _, e := range elems {
+			text = append(text, e...)
+			if len(elems) > 1 {
+				ends = append(ends, len(text))
+				text = append(text, '\n')
+			}
+		}
+		return text, ends, nil
 	}
-	return nil, errors.New("prompt: one prompt is required: a string, a list of one string, or a list of token ids")
+	return nil, nil, errors.New("prompt: want a string, a list of token ids, or a batch of them: a non-empty list of strings or of lists of token ids")
 }
 
 // ContentText returns the text of a chat message's content as an OpenAI

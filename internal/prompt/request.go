@@ -50,17 +50,25 @@ type Request struct {
 	// absent, null, less than 1 or not a whole number: a hint for the
 	// router, which leaves refusing them to the engine.
 	N, BestOf int
+	// PromptEnds is, for a completion of several prompts (a batch, which
+	// the engine answers as so many requests), where each ends in Text;
+	// empty for one prompt.
+	PromptEnds []int
 }
 
+// Prompts is how many prompts the request carries: a completion's batch,
+// else 1.
+func (r *Request) Prompts() int { return max(len(r.PromptEnds), 1) }
+
 // Choices is how many answers the engine generates for the request: N, or
-// BestOf when larger.
-func (r *Request) Choices() int { return max(r.N, r.BestOf, 1) }
+// BestOf when larger, for each of its prompts.
+func (r *Request) Choices() int { return max(r.N, r.BestOf, 1) * r.Prompts() }
 
 // Errors of ParseRequest that the old functions give too.
 var (
 	errNoMessages = errors.New("messages: at least one message is required")
 	errContent    = errors.New("content must be a string or an array of content parts")
-	errPrompt     = errors.New("prompt: one prompt is required: a string, a list of one string, or a list of token ids")
+	errPrompt     = errors.New("prompt: want a string, a list of token ids, or a batch of them: a non-empty list of strings or of lists of token ids")
 	errInput      = errors.New("input: want a string, a list of strings, a list of token ids, or a list of messages")
 )
 
@@ -138,6 +146,20 @@ type parser struct {
 	maxTok, maxCompTok int64
 	hasMax, hasMaxComp bool
 	n, bestOf          int
+	batch, item        decoder // re-read a completion prompt's list, and one of its items
+}
+
+// decoder is a JSON decoder over a byte slice, kept for reuse.
+type decoder struct {
+	in  bytes.Reader
+	dec jsontext.Decoder
+}
+
+// reset points the decoder at v and returns it.
+func (s *decoder) reset(v []byte) *jsontext.Decoder {
+	s.in.Reset(v)
+	s.dec.Reset(&s.in, decodeOptions...)
+	return &s.dec
 }
 
 var parsers = sync.Pool{New: func() any { return new(parser) }}
@@ -150,7 +172,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	chat := mode == modeChat
 	p.inputParts = false
 	model, user := r.Model, r.User
-	*r = Request{Text: r.Text[:0], MaxTokens: -1}
+	*r = Request{Text: r.Text[:0], PromptEnds: r.PromptEnds[:0], MaxTokens: -1}
 	p.n, p.bestOf = 1, 1
 	p.in.Reset(body)
 	p.dec.Reset(&p.in, decodeOptions...)
@@ -493,7 +515,9 @@ func (p *parser) readMessage(r *Request, i int) error {
 	hasRole := false
 	switch d.PeekKind() {
 	case 'n': // a zero message: no role
-		d.ReadToken()
+		if _, err := d.ReadToken(); err != nil {
+			return err
+		}
 	case '{':
 		d.ReadToken()
 		for d.PeekKind() != '}' {
@@ -583,7 +607,9 @@ func (p *parser) readContent() error {
 	for d.PeekKind() != ']' {
 		switch d.PeekKind() {
 		case 'n':
-			d.ReadToken()
+			if _, err := d.ReadToken(); err != nil {
+				return err // "nul", say: PeekKind saw only its first byte
+			}
 			continue
 		case '{':
 		default:
@@ -690,9 +716,11 @@ func (p *parser) readPrompt() error {
 	return err
 }
 
-// appendPrompt appends a completion request's prompt: a string, a list of
-// one string, or a non-empty list of token ids, whose JSON stands for the
-// text. As with encoding/json, a null in a list reads as "" or 0.
+// appendPrompt appends a completion request's prompt: a string, or a
+// non-empty list of token ids, whose JSON stands for the text; or a batch
+// of several: a list of strings, or of lists of token ids, each followed
+// by a newline, where each ends recorded (a list of one string is that
+// string). As with encoding/json, a null in a list reads as "" or 0.
 func (p *parser) appendPrompt(r *Request) error {
 	switch p.listKind {
 	case '"':
@@ -702,48 +730,87 @@ func (p *parser) appendPrompt(r *Request) error {
 	default:
 		return errPrompt
 	}
-	var e parser
-	e.in.Reset(p.list)
-	e.dec.Reset(&e.in, decodeOptions...)
-	d := &e.dec
+	d := p.batch.reset(p.list)
 	d.ReadToken()
-	n, strs, ids := 0, true, true
-	var first jsontext.Value
-	firstKind := jsontext.Kind(0)
+	n, strs, ids, lists := 0, true, true, true
 	for d.PeekKind() != ']' {
 		kind := d.PeekKind()
 		v, err := d.ReadValue()
 		if err != nil {
 			return err
 		}
-		if n == 0 {
-			first, firstKind = append(first, v...), kind
-		}
 		n++
 		switch kind {
 		case 'n':
+			lists = false
 		case '"':
-			ids = false
+			ids, lists = false, false
 		case '0':
-			strs = false
+			strs, lists = false, false
 			if _, err := strconv.ParseInt(string(v), 10, 64); err != nil {
 				ids = false
 			}
-		default:
+		case '[':
 			strs, ids = false, false
+			lists = lists && p.isIDList(v)
+		default:
+			strs, ids, lists = false, false, false
 		}
 	}
 	switch {
-	case strs && n == 1:
-		if firstKind == '"' {
-			r.Text = unquote(r.Text, first)
-		}
-		return nil
-	case ids && n > 0:
+	case n == 0:
+	case ids && !strs: // a list of nulls is of strings, as encoding/json reads it first
 		r.Text = append(r.Text, p.list...)
+		return nil
+	case strs, lists:
+		d = p.batch.reset(p.list)
+		d.ReadToken()
+		for d.PeekKind() != ']' {
+			kind := d.PeekKind()
+			v, err := d.ReadValue() // read once above
+			if err != nil {
+				return err
+			}
+			switch kind {
+			case '"':
+				r.Text = unquote(r.Text, v)
+			case '[':
+				r.Text = append(r.Text, v...)
+			}
+			if n > 1 {
+				r.PromptEnds = append(r.PromptEnds, len(r.Text))
+				r.Text = append(r.Text, '\n')
+			}
+		}
 		return nil
 	}
 	return errPrompt
+}
+
+// isIDList reports whether v is a non-empty list of token ids (a null
+// reads as 0).
+func (p *parser) isIDList(v jsontext.Value) bool {
+	d := p.item.reset(v)
+	d.ReadToken()
+	n := 0
+	for d.PeekKind() != ']' {
+		kind := d.PeekKind()
+		raw, err := d.ReadValue()
+		if err != nil {
+			return false
+		}
+		switch kind {
+		case 'n':
+		case '0':
+			if _, err := strconv.ParseInt(string(raw), 10, 64); err != nil {
+				return false
+			}
+		default:
+			return false
+		}
+		n++
+	}
+	return n > 0
 }
 
 func isObject(v gjson.Result) bool { return v.Type == gjson.JSON && v.Raw[0] == '{' }

@@ -72,7 +72,7 @@ func reference(body []byte, chat bool) (Request, error) {
 		if err := json.Unmarshal(body, &in); err != nil {
 			return out, err
 		}
-		text, err = CompletionBytes(in.Prompt)
+		text, out.PromptEnds, err = CompletionBytes(in.Prompt)
 		max = in.MaxTokens
 		out.Model, out.User, stream, opts = in.Model, in.User, in.Stream, in.StreamOptions
 		out.N, out.BestOf = choicesOf(in.N), choicesOf(in.BestOf)
@@ -105,6 +105,9 @@ func same(got, want Request) string {
 	}
 	if want.BestOf == 0 {
 		want.BestOf = 1
+	}
+	if len(got.PromptEnds) == 0 && len(want.PromptEnds) == 0 {
+		got.PromptEnds, want.PromptEnds = nil, nil // a reused buffer, or none
 	}
 	if !bytes.Equal(got.Text, want.Text) {
 		return fmt.Sprintf("text %q, want %q", got.Text, want.Text)
@@ -247,6 +250,14 @@ var requestCases = []struct {
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
 	{name: "chat n fractional, zero, huge", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":2.5,"n":0,"n":1e300}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "completion batch of strings", body: `{"prompt":["a","bc"],"n":2}`,
+		want: Request{Text: []byte("a\nbc\n"), MaxTokens: -1, N: 2, PromptEnds: []int{1, 4}}},
+	{name: "completion batch of token id lists", body: `{"prompt":[[1,2], [3,null]]}`,
+		want: Request{Text: []byte("[1,2]\n[3,null]\n"), MaxTokens: -1, PromptEnds: []int{5, 14}}},
+	{name: "completion batch of one token id list", body: `{"prompt":[[1,2]]}`,
+		want: Request{Text: []byte("[1,2]"), MaxTokens: -1}},
+	{name: "completion batch of nulls", body: `{"prompt":[null,null]}`,
+		want: Request{Text: []byte("\n\n"), MaxTokens: -1, PromptEnds: []int{0, 1}}},
 	{name: "completion best_of", body: `{"prompt":"p","n":2,"best_of":5}`,
 		want: Request{Text: []byte("p"), MaxTokens: -1, N: 2, BestOf: 5}},
 	{name: "completion n", body: `{"prompt":"p","n":3,"best_of":null}`,
@@ -255,6 +266,9 @@ var requestCases = []struct {
 	{name: "invalid JSON", chat: true, body: `{"messages": [`, err: "malformed JSON"},
 	{name: "trailing data", chat: true, body: `{"messages":[{"role":"user","content":"x"}]} {}`, err: "malformed JSON"},
 	{name: "empty body", chat: true, body: ``, err: "malformed JSON"},
+	// A literal cut short where a null may stand: this once spun forever.
+	{name: "part nul", chat: true, body: `{"messages":[{"role":"user","content":[nul,{"type":"text","text":"x"}]}]}`, err: "malformed JSON"},
+	{name: "message nul", chat: true, body: `{"messages":[nul]}`, err: "malformed JSON"},
 	{name: "not an object", chat: true, body: `[{"role":"user","content":"x"}]`, err: "JSON object"},
 	{name: "null body", chat: true, body: `null`, err: "JSON object"},
 	{name: "no messages", chat: true, body: `{}`, err: "messages: at least one message is required"},
@@ -282,13 +296,13 @@ var requestCases = []struct {
 	{name: "stream_options not an object", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"stream_options":true}`, err: "stream_options must be an object or null"},
 	{name: "include_usage not a bool", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}}`, err: "stream_options.include_usage must be a boolean"},
 	{name: "deep nesting", chat: true, body: `{"x":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `,"messages":[{"role":"user","content":"x"}]}`, err: "malformed JSON"},
-	{name: "completion no prompt", body: `{"prompt":null}`, err: "prompt: one prompt is required"},
-	{name: "completion number", body: `{"prompt":3}`, err: "prompt: one prompt is required"},
-	{name: "completion two strings", body: `{"prompt":["a","b"]}`, err: "prompt: one prompt is required"},
-	{name: "completion empty list", body: `{"prompt":[]}`, err: "prompt: one prompt is required"},
-	{name: "completion mixed list", body: `{"prompt":[1,"a"]}`, err: "prompt: one prompt is required"},
-	{name: "completion float ids", body: `{"prompt":[1.5]}`, err: "prompt: one prompt is required"},
-	{name: "completion nested ids", body: `{"prompt":[[1,2]]}`, err: "prompt: one prompt is required"},
+	{name: "completion no prompt", body: `{"prompt":null}`, err: "prompt: want a string"},
+	{name: "completion number", body: `{"prompt":3}`, err: "prompt: want a string"},
+
+	{name: "completion empty list", body: `{"prompt":[]}`, err: "prompt: want a string"},
+	{name: "completion mixed list", body: `{"prompt":[1,"a"]}`, err: "prompt: want a string"},
+	{name: "completion float ids", body: `{"prompt":[1.5]}`, err: "prompt: want a string"},
+	{name: "completion nested ids", body: `{"prompt":[[1,[2]]]}`, err: "prompt: want a string"},
 }
 
 func TestParseRequest(t *testing.T) {
@@ -674,6 +688,12 @@ func TestParseRequestAllocs(t *testing.T) {
 	plain := []byte(`{"model":"gorgo","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"hello"}]}],"max_tokens":9,"stream":true,"stream_options":{"include_usage":true},"user":"alice"}`)
 	if allocs := testing.AllocsPerRun(20, func() { _ = ParseRequest(plain, true, &r) }); allocs != 0 {
 		t.Errorf("%v allocations per parse of a body without escapes, want 0", allocs)
+	}
+	for _, prompt := range []string{`[1,2,3]`, `["a","b"]`, `[[1,2],[3]]`} {
+		body := []byte(`{"model":"m","prompt":` + prompt + `}`)
+		if allocs := testing.AllocsPerRun(20, func() { _ = ParseRequest(body, false, &r) }); allocs != 0 {
+			t.Errorf("%v allocations per parse of the prompt %s, want 0", allocs, prompt)
+		}
 	}
 }
 

@@ -359,14 +359,21 @@ func TestStreamsTeachTheDecodeModel(t *testing.T) {
 // router learns one answer's length and token gap from it, as from a
 // request for one, not n times the length and an n-th of the gap.
 func TestManyAnswersTeachOneAnswersLength(t *testing.T) {
-	learned := func(n int) (expected int, itl float64) {
+	// learned serves 6 requests of answers of 24 tokens each, sent to path
+	// with the body body(i).
+	learned := func(name, path string, answers int, body func(i int) string) (expected int, itl float64) {
 		// In real time: the ITL model keeps at least a quarter of the
 		// profile's gap, which a faster replica's would be under.
 		s, url := startProxy(t, testConfig{}, servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Speedup: 1}))
 		for i := range 6 {
-			body := fmt.Sprintf(`{"messages":[{"role":"user","content":"story %d"}],"max_tokens":24,"n":%d,"stream":true}`, i, n)
-			if code, out, _ := post(t, url, body); code != 200 || strings.Count(out, `"content":" `) != 24*n {
-				t.Fatalf("n=%d: %d, %d tokens: %.300s", n, code, strings.Count(out, `"content":" `), out)
+			resp, err := http.Post(url+path, "application/json", strings.NewReader(body(i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if n := strings.Count(string(out), `":" `); resp.StatusCode != 200 || n != 24*answers {
+				t.Fatalf("%s: %d, %d tokens: %.300s", name, resp.StatusCode, n, out)
 			}
 		}
 		deadline := time.Now().Add(10 * time.Second)
@@ -379,19 +386,34 @@ func TestManyAnswersTeachOneAnswersLength(t *testing.T) {
 				return s.Router().ExpectedOutput(&policy.Request{}), st.ITLBaseMS + st.ITLSlopeMS
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("n=%d: %d ITL samples, %d in flight", n, st.ITLSamples, st.InFlight)
+				t.Fatalf("%s: %d ITL samples, %d in flight", name, st.ITLSamples, st.InFlight)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	e1, itl1 := learned(1)
-	e4, itl4 := learned(4)
-	if e4 != e1 {
-		t.Errorf("expected output %d after answers of 24 tokens four at a time, %d one at a time", e4, e1)
+	chat := func(n int) func(int) string {
+		return func(i int) string {
+			return fmt.Sprintf(`{"messages":[{"role":"user","content":"story %d"}],"max_tokens":24,"n":%d,"stream":true}`, i, n)
+		}
 	}
-	// The gaps are timed: within a factor of two (an n-th would be 4x).
-	if itl4 < itl1/2 || itl4 > itl1*2 {
-		t.Errorf("token gap learned %.3f ms from answers four at a time, %.3f one at a time", itl4, itl1)
+	e1, itl1 := learned("n=1", "/v1/chat/completions", 1, chat(1))
+	e4, itl4 := learned("n=4", "/v1/chat/completions", 4, chat(4))
+	// A batch of two prompts, two answers each: four answers too.
+	eb, itlb := learned("batch", "/v1/completions", 4, func(i int) string {
+		return fmt.Sprintf(`{"prompt":["story %d","tale %d"],"max_tokens":24,"n":2,"stream":true}`, i, i)
+	})
+	for _, c := range []struct {
+		name     string
+		expected int
+		itl      float64
+	}{{"four at a time", e4, itl4}, {"a batch of two prompts, two each", eb, itlb}} {
+		if c.expected != e1 {
+			t.Errorf("expected output %d after answers of 24 tokens %s, %d one at a time", c.expected, c.name, e1)
+		}
+		// The gaps are timed: within a factor of two (an n-th would be 4x).
+		if c.itl < itl1/2 || c.itl > itl1*2 {
+			t.Errorf("token gap learned %.3f ms from answers %s, %.3f one at a time", c.itl, c.name, itl1)
+		}
 	}
 }
 

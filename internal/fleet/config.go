@@ -494,7 +494,7 @@ func (c *Config) tenants() (*tenant.Set, error) {
 
 // admission is the config's flow control (zero SLO and no tenant's: off).
 func (c *Config) admission(ts *tenant.Set) (admit.Config, error) {
-	if c.TTFTSLO == 0 && (ts == nil || !ts.HasSLO()) { // a negative SLO goes on, to be refused
+	if c.TTFTSLO == 0 && !c.HasSLO() { // a negative SLO goes on, to be refused
 		if c.Admission != "" || c.AdmissionQueue != 0 {
 			return admit.Config{}, fmt.Errorf("admission and admission_queue need ttft_slo (--ttft-slo)")
 		}

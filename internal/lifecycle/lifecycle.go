@@ -263,6 +263,7 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 		InstructionsKey: prompt.InstructionsKey(text, r.Parsed.Instructions, est),
 		PromptTokens:    est.Tokens(text),
 		MaxOutputTokens: max(r.Parsed.MaxTokens, 0),
+		MinOutputTokens: r.Parsed.MinTokens,
 		Choices:         r.Parsed.Choices(),
 		Unstreamed:      !r.Parsed.Stream,
 	}

@@ -172,6 +172,16 @@ func TestLifeOfAStreamedRequest(t *testing.T) {
 		t.Errorf("a non-streaming request without instructions: %+v", plain.Route)
 	}
 	plain.Discard()
+	// An answer's least length (min_tokens) is the router's to know, not
+	// ignore_eos (see prompt.Request.MinTokens).
+	forced, err := c.begin([]byte(strings.Replace(chat, `"stream":true`, `"stream":true,"ignore_eos":true,"min_tokens":5`, 1)), Chat, "", t0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if forced.Route.MinOutputTokens != 5 {
+		t.Errorf("min_tokens 5 and ignore_eos, max_tokens 8: %+v, want MinOutputTokens 5", forced.Route)
+	}
+	forced.Discard()
 	// A system prompt is the application's instructions: its key is the
 	// same whatever the user writes after it.
 	var keys []uint64

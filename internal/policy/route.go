@@ -42,18 +42,19 @@ type Request struct {
 	// Blocks are the chained hashes of the prompt's blocks.
 	Blocks []uint64
 	// MaxOutputTokens is the request's output limit (or trace hint), per
-	// answer.
-	MaxOutputTokens int
+	// answer; MinOutputTokens the least it asks for (min_tokens), 0 when
+	// it does not.
+	MaxOutputTokens, MinOutputTokens int
 	// Choices is how many answers the engine generates for it (a request's
 	// n); 0 means one. Output lengths (MaxOutputTokens, the estimates
 	// below) are per answer: the answers decode side by side.
 	Choices int
 	// ExpectedOutputTokens is the router's estimate of the output length
-	// (from the answers before it, capped by MaxOutputTokens): the router
-	// never knows the true length. MeanOutputTokens is the mean length of
-	// all answers, what a request the router knows nothing of is expected
-	// to need (the others in flight at a replica). The router sets both
-	// before a decision.
+	// (from the answers before it, within MinOutputTokens and
+	// MaxOutputTokens): the router never knows the true length.
+	// MeanOutputTokens is the mean length of all answers, what a request
+	// the router knows nothing of is expected to need (the others in
+	// flight at a replica). The router sets both before a decision.
 	ExpectedOutputTokens, MeanOutputTokens int
 	// Allowed, if set, restricts the decision to the replicas it accepts
 	// (a gateway's subset hint); nil allows every available replica.

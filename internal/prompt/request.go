@@ -50,6 +50,12 @@ type Request struct {
 	// absent, null, less than 1 or not a whole number: a hint for the
 	// router, which leaves refusing them to the engine.
 	N, BestOf int
+	// MinTokens is the least an answer will run to: min_tokens (vLLM's and
+	// SGLang's), a whole number, else 0: a hint, as N. ignore_eos is not
+	// read: load generators (gorgo replay among them) set it to reproduce
+	// a trace's lengths, and a router that took it would know every
+	// benchmark's answers' lengths, as it never does in production.
+	MinTokens int
 	// PromptEnds is, for a completion of several prompts (a batch, which
 	// the engine answers as so many requests), where each ends in Text;
 	// empty for one prompt.
@@ -79,7 +85,8 @@ var (
 // else is decoded and no tree is built. It reads what encoding/json would
 // read into the structs the emulator and the proxy used (model, messages or
 // prompt, max_tokens, max_completion_tokens for chat, stream,
-// stream_options, user), with the same rules: keys match
+// stream_options, user; and as hints, never refused: n, best_of for
+// completions, min_tokens), with the same rules: keys match
 // case-insensitively, a later duplicate key wins (null leaves a string or
 // bool as it was, and sets a pointer field back to absent), other fields
 // are ignored whatever their type, a field of the wrong type is an error,
@@ -146,6 +153,7 @@ type parser struct {
 	maxTok, maxCompTok int64
 	hasMax, hasMaxComp bool
 	n, bestOf          int
+	minTok             int
 	batch, item        decoder // re-read a completion prompt's list, and one of its items
 }
 
@@ -174,6 +182,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	model, user := r.Model, r.User
 	*r = Request{Text: r.Text[:0], PromptEnds: r.PromptEnds[:0], MaxTokens: -1}
 	p.n, p.bestOf = 1, 1
+	p.minTok = 0
 	p.in.Reset(body)
 	p.dec.Reset(&p.in, decodeOptions...)
 	p.hasModel, p.hasUser, p.messages, p.hasMsgs, p.hasMax, p.hasMaxComp = false, false, false, false, false, false
@@ -216,6 +225,8 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 			p.n, err = p.countField()
 		case f == fBestOf && mode == modeCompletion:
 			p.bestOf, err = p.countField()
+		case f == fMinTokens && mode != modeInput:
+			p.minTok, err = p.wholeHint(0, maxHintTokens, 0)
 		default:
 			err = d.SkipValue()
 		}
@@ -239,6 +250,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 		r.MaxTokens, r.HasMaxTokens = int(p.maxTok), true
 	}
 	r.N, r.BestOf = p.n, p.bestOf
+	r.MinTokens = p.minTok
 	r.Model = keep(p.model, p.hasModel, model)
 	r.User = keep(p.user, p.hasUser, user)
 	switch mode {
@@ -303,6 +315,7 @@ const (
 	fInstructions
 	fN
 	fBestOf
+	fMinTokens
 )
 
 var topNames = [...]string{
@@ -318,6 +331,7 @@ var topNames = [...]string{
 	fInstructions:        "instructions",
 	fN:                   "n",
 	fBestOf:              "best_of",
+	fMinTokens:           "min_tokens",
 }
 
 // field reads an object's next key and returns 1 + the index of the name
@@ -411,15 +425,22 @@ const maxChoices = 1 << 16
 
 // countField reads a count the router only takes as a hint (n, best_of):
 // a whole number from 1 to maxChoices, else (null included) 1.
-func (p *parser) countField() (int, error) {
+func (p *parser) countField() (int, error) { return p.wholeHint(1, maxChoices, 1) }
+
+// maxHintTokens bounds MinTokens: more than any context.
+const maxHintTokens = 1 << 24
+
+// wholeHint reads a number the router only takes as a hint: a whole number
+// from lo to hi, else (null and any other type included) def.
+func (p *parser) wholeHint(lo, hi, def int) (int, error) {
 	kind := p.dec.PeekKind()
 	raw, err := p.dec.ReadValue()
 	if err != nil || kind != '0' {
-		return 1, err
+		return def, err
 	}
 	f, err := strconv.ParseFloat(string(raw), 64)
-	if err != nil || f != math.Trunc(f) || f < 1 || f > maxChoices {
-		return 1, nil
+	if err != nil || f != math.Trunc(f) || f < float64(lo) || f > float64(hi) {
+		return def, nil
 	}
 	return int(f), nil
 }

@@ -24,11 +24,12 @@ func reference(body []byte, chat bool) (Request, error) {
 	}
 	out := Request{MaxTokens: -1}
 	var (
-		text   []byte
-		err    error
-		max    *int
-		opts   *options
-		stream bool
+		text      []byte
+		err       error
+		max       *int
+		opts      *options
+		stream    bool
+		minTokens json.RawMessage // a hint
 	)
 	if chat {
 		var in struct {
@@ -40,6 +41,7 @@ func reference(body []byte, chat bool) (Request, error) {
 			StreamOptions       *options        `json:"stream_options"`
 			User                string          `json:"user"`
 			N                   json.RawMessage `json:"n"`
+			MinTokens           json.RawMessage `json:"min_tokens"`
 		}
 		if err := json.Unmarshal(body, &in); err != nil {
 			return out, err
@@ -58,6 +60,7 @@ func reference(body []byte, chat bool) (Request, error) {
 		}
 		out.Model, out.User, stream, opts = in.Model, in.User, in.Stream, in.StreamOptions
 		out.N = choicesOf(in.N)
+		minTokens = in.MinTokens
 	} else {
 		var in struct {
 			Model         string          `json:"model"`
@@ -68,6 +71,7 @@ func reference(body []byte, chat bool) (Request, error) {
 			User          string          `json:"user"`
 			N             json.RawMessage `json:"n"`
 			BestOf        json.RawMessage `json:"best_of"`
+			MinTokens     json.RawMessage `json:"min_tokens"`
 		}
 		if err := json.Unmarshal(body, &in); err != nil {
 			return out, err
@@ -76,6 +80,7 @@ func reference(body []byte, chat bool) (Request, error) {
 		max = in.MaxTokens
 		out.Model, out.User, stream, opts = in.Model, in.User, in.Stream, in.StreamOptions
 		out.N, out.BestOf = choicesOf(in.N), choicesOf(in.BestOf)
+		minTokens = in.MinTokens
 	}
 	if err != nil {
 		return out, err
@@ -85,10 +90,13 @@ func reference(body []byte, chat bool) (Request, error) {
 	if max != nil {
 		out.MaxTokens, out.HasMaxTokens = *max, true
 	}
+	var least float64
+	if json.Unmarshal(minTokens, &least) == nil && least == float64(int(least)) && least >= 0 && least <= 1<<24 {
+		out.MinTokens = int(least)
+	}
 	return out, nil
 }
 
-// same reports how got and want differ ("" if they do not).
 // choicesOf is what N or BestOf take from an n or best_of: a whole number
 // from 1 to 2^16, else 1.
 func choicesOf(raw json.RawMessage) int {
@@ -99,6 +107,7 @@ func choicesOf(raw json.RawMessage) int {
 	return int(f)
 }
 
+// same reports how got and want differ ("" if they do not).
 func same(got, want Request) string {
 	if want.N == 0 {
 		want.N = 1 // the cases leave it out
@@ -258,6 +267,15 @@ var requestCases = []struct {
 		want: Request{Text: []byte("[1,2]"), MaxTokens: -1}},
 	{name: "completion batch of nulls", body: `{"prompt":[null,null]}`,
 		want: Request{Text: []byte("\n\n"), MaxTokens: -1, PromptEnds: []int{0, 1}}},
+	{name: "chat min_tokens", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"min_tokens":12,"max_tokens":40}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: 40, HasMaxTokens: true, MinTokens: 12}},
+	// ignore_eos is not read (see MinTokens).
+	{name: "completion min_tokens, ignore_eos", body: `{"prompt":"p","ignore_eos":true,"min_tokens":3,"max_tokens":40}`,
+		want: Request{Text: []byte("p"), MaxTokens: 40, HasMaxTokens: true, MinTokens: 3}},
+	{name: "min_tokens of other types", body: `{"prompt":"p","min_tokens":2.5,"max_tokens":9}`,
+		want: Request{Text: []byte("p"), MaxTokens: 9, HasMaxTokens: true}},
+	{name: "min_tokens a string", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"min_tokens":"7"}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
 	{name: "completion best_of", body: `{"prompt":"p","n":2,"best_of":5}`,
 		want: Request{Text: []byte("p"), MaxTokens: -1, N: 2, BestOf: 5}},
 	{name: "completion n", body: `{"prompt":"p","n":3,"best_of":null}`,
@@ -436,7 +454,7 @@ func FuzzParseRequest(f *testing.F) {
 }
 
 var (
-	recipeKeys = []string{`"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
+	recipeKeys = []string{`"min_tokens"`, `"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
 		`"stream_options"`, `"include_usage"`, `"user"`, `"role"`, `"content"`, `"type"`, `"text"`, `"MESSAGES"`, `"Role"`,
 		`"ſtream"`, `"max_to\u212Aens"`, `"te\u0078t"`, `"Content"`, `"x"`, `"in\u0063lude_usage"`, `"\ud800role"`}
 	recipeScalars = []string{`"user"`, `"text"`, `""`, `"a\nb"`, `"\u00e9\ud83d\ude00"`, `"\ud800\u0041"`, "\"\xff\"", `"te\u0078t"`,
@@ -727,6 +745,27 @@ func TestParseInput(t *testing.T) {
 	if err := ParseRequest([]byte(`{"messages":[{"role":"user","content":[{"type":"input_text","text":"no"}]}]}`), true, &r); err != nil || string(r.Text) != "user\n\n" {
 		t.Errorf("chat with an input_text part: %q %v", r.Text, err)
 	}
+}
+
+// FuzzParseInput: ParseInput ends on any body, never panics, refuses
+// what is not JSON, and reads a body as it read it before.
+func FuzzParseInput(f *testing.F) {
+	for _, b := range []string{`{"input":"hello"}`, `{"input":["a",null,"b"]}`, `{"input":[1,2]}`,
+		`{"input":[{"role":"user","content":[{"type":"input_text","text":"x"},null]},null]}`,
+		`{"instructions":"be brief","input":[{"type":"function_call_output","output":"42"}]}`} {
+		f.Add([]byte(b))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var r Request
+		err := ParseInput(body, &r)
+		if err == nil && !json.Valid(body) {
+			t.Fatalf("%q: accepted, but it is not JSON", body)
+		}
+		text := string(r.Text)
+		if err2 := ParseInput(body, &r); (err == nil) != (err2 == nil) || string(r.Text) != text {
+			t.Fatalf("%q: read twice, %q %v then %q %v", body, text, err, r.Text, err2)
+		}
+	})
 }
 
 // WithModel sets the model a body names, changing nothing else; the

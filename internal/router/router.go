@@ -611,8 +611,8 @@ const minITLTokens = 4
 // requests of the same application and then of those in the same
 // conversation (OutputKeys), each as far as it has seen enough of them,
 // and only as deep as those keys have lately told answers' lengths better
-// (estimate.Outputs); capped by req's max_tokens. The router never knows
-// the true length.
+// (estimate.Outputs); at least req's min_tokens and at most its
+// max_tokens. The router never knows the true length.
 func (r *Router) ExpectedOutput(req *policy.Request) int {
 	e, _ := r.expect(req, r.OutputKeys(req))
 	return e
@@ -623,7 +623,7 @@ func (r *Router) ExpectedOutput(req *policy.Request) int {
 // in one reading.
 func (r *Router) expect(req *policy.Request, k OutputKeys) (expected, mean int) {
 	e, m := r.outputs.Estimate(k[0], k[1])
-	expected = int(math.Round(e))
+	expected = max(int(math.Round(e)), req.MinOutputTokens)
 	if req.MaxOutputTokens > 0 {
 		expected = min(expected, req.MaxOutputTokens)
 	}

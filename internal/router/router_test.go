@@ -659,6 +659,12 @@ func TestDecodeLedgerAndITL(t *testing.T) {
 	if e := r.ExpectedOutput(&policy.Request{MaxOutputTokens: 40}); e != 40 {
 		t.Fatalf("max_tokens must cap the estimate: %d", e)
 	}
+	if e := r.ExpectedOutput(&policy.Request{MinOutputTokens: 2 * DefaultOutputTokens}); e != 2*DefaultOutputTokens {
+		t.Fatalf("min_tokens must floor the estimate: %d, want %d", e, 2*DefaultOutputTokens)
+	}
+	if e := r.ExpectedOutput(&policy.Request{MinOutputTokens: 900, MaxOutputTokens: 40}); e != 40 {
+		t.Fatalf("max_tokens must cap the estimate under a larger min_tokens: %d", e)
+	}
 	// Replica a decodes at 10 ms + 1 ms per request in flight.
 	var open []Ticket
 	for i := range 600 {

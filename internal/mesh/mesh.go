@@ -152,6 +152,10 @@ type event struct {
 	// Unstreamed: no first-token event will follow (a non-streaming
 	// answer); the mirror leaves the backlog when its first token is due.
 	Unstreamed bool `json:"u,omitempty"`
+	// Choices is a dispatch's count of answers (policy.Request.Choices;
+	// omitted for one): the others count its sequences in flight as this
+	// router does.
+	Choices int `json:"c,omitempty"`
 	// Out and DecodeUS are an end's answer length and the µs from its
 	// first token to its last (0 when not streamed), when it completed:
 	// every router learns the replica's ITL and answers' lengths from them
@@ -391,7 +395,7 @@ func (b *Bus) Mirrors() int {
 func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 	k := b.rt.OutputKeys(req)
 	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks, Unstreamed: req.Unstreamed,
-		Application: k[0], Conversation: k[1]})
+		Choices: req.Choices, Application: k[0], Conversation: k[1]})
 }
 
 // FirstToken tells the others that attempt id produced its first token.
@@ -571,7 +575,7 @@ func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
 		}
 		return false
 	}
-	req := policy.Request{PromptTokens: e.Prompt, Blocks: e.Blocks, Unstreamed: e.Unstreamed}
+	req := policy.Request{PromptTokens: e.Prompt, Blocks: e.Blocks, Unstreamed: e.Unstreamed, Choices: e.Choices}
 	t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.Application, e.Conversation})
 	if !ok {
 		return false // a replica this router does not know, or not active

@@ -208,9 +208,18 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 	eventually(t, "eu to hear its own mark: what was queued before the cut is behind it", func() bool { return !stale(b2) })
 	b1.Dispatched(10, "a", &req)
 	eventually(t, "a mirror after the reconnect", func() bool { n, _ := inFlight(t, r2, "a"); return n == 1 })
+	// A request for three answers is three sequences in eu's ledger too.
+	three := req
+	three.Choices = 3
+	b1.Dispatched(11, "b", &three)
+	eventually(t, "the three answers' sequences", func() bool { n, _ := inFlight(t, r2, "b"); return n == 3 })
 	// us goes quiet (its end never comes): eu drops its mirror.
 	b1.Close()
-	eventually(t, "eu to drop a quiet router's mirrors", func() bool { n, _ := inFlight(t, r2, "a"); return n == 0 })
+	eventually(t, "eu to drop a quiet router's mirrors", func() bool {
+		n, _ := inFlight(t, r2, "a")
+		m, _ := inFlight(t, r2, "b")
+		return n == 0 && m == 0
+	})
 }
 
 // Every router learns answers' lengths from the others' answers, streamed

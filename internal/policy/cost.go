@@ -167,7 +167,7 @@ func (p *gorgoE2E) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Ran
 			Prefill: prefill,
 			Queue:   w.Queue * float64(r.BacklogTokens) * r.QueueMSPerToken,
 			Decode: w.Decode*float64(r.Decoding)*prefill +
-				w.ITL*e*(r.ITLBaseMS+r.ITLSlopeMS*float64(r.InFlight+1)),
+				w.ITL*e*(r.ITLBaseMS+r.ITLSlopeMS*float64(r.InFlight+max(req.Choices, 1))),
 			Adapter: r.AdapterMS,
 		}
 		t.Queue += w.Queue * kvWait(r, req)
@@ -209,6 +209,6 @@ func kvWait(r *Replica, req *Request) float64 {
 	if deficit <= 0 || resident <= 0 {
 		return 0
 	}
-	life := mean * (r.ITLBaseMS + r.ITLSlopeMS*float64(r.InFlight+1))
+	life := mean * (r.ITLBaseMS + r.ITLSlopeMS*float64(r.InFlight+max(req.Choices, 1)))
 	return deficit * life / resident
 }

@@ -101,8 +101,9 @@ type Replica struct {
 	Region string
 	// RTT is the router's estimate of the round trip to the replica.
 	RTT time.Duration
-	// InFlight is the number of requests this router sent to the replica
-	// that have not finished.
+	// InFlight is the number of sequences this router sent to the replica
+	// that have not finished: a request for n answers is n, as the engines
+	// count them (Request.Choices).
 	InFlight int
 	// UnfinishedTokens is the prompt tokens of those requests (the paper's
 	// queued tokens: raw prompt lengths, released when a request finishes).
@@ -125,7 +126,7 @@ type Replica struct {
 	// token and QueueMSPerToken the TTFT each backlog token ahead adds, both
 	// in ms (configured, from the profile, or estimated online).
 	PrefillMSPerToken, QueueMSPerToken float64
-	// Decoding is how many of this router's requests at the replica are
+	// Decoding is how many of this router's sequences at the replica are
 	// past their first token and not finished.
 	Decoding int
 	// ITLBaseMS and ITLSlopeMS are the replica's inter-token latency model,

@@ -74,12 +74,13 @@ type member struct {
 	healthy atomic.Bool
 	gone    atomic.Bool // left the fleet
 
-	// Ledger of this router's requests to the replica: in flight, their
-	// prompt tokens, their uncached tokens before the first token, and how
-	// many are past their first token.
+	// Ledger of this router's requests to the replica: their sequences in
+	// flight (a request for n answers is n, as the engine counts them),
+	// their prompt tokens, their uncached tokens before the first token,
+	// and how many sequences are past their first token.
 	inflight, unfin, backlog, decoding atomic.Int64
 	// waitSent is the sum of the dispatch times (ns of router time) of
-	// the requests awaiting their first token: with their count
+	// the sequences awaiting their first token: with their count
 	// (inflight − decoding), how long they have waited on average.
 	waitSent atomic.Int64
 	// unstreamed are the requests whose first token the router will not
@@ -435,16 +436,16 @@ func (m *member) marginAt(k int) float64 {
 }
 
 // underWaitingCap and withinTPOT are shelter's tests of the replica for a
-// request, shared with Predict: fewer than limit requests waiting there
-// for their first token; an ITL, with the request among its decodes,
-// within tpotMS.
+// request, shared with Predict: fewer than limit sequences waiting there
+// for their first token; an ITL, with the request's answers (choices; 0
+// is one) among its decodes, within tpotMS.
 func (m *member) underWaitingCap(limit int) bool {
 	return m.inflight.Load()-m.decoding.Load() < int64(limit)
 }
 
-func (m *member) withinTPOT(tpotMS float64) bool {
+func (m *member) withinTPOT(tpotMS float64, choices int) bool {
 	base, slope := m.itlNow()
-	return base+slope*float64(m.inflight.Load()+1) <= tpotMS
+	return base+slope*float64(m.inflight.Load()+int64(max(choices, 1))) <= tpotMS
 }
 
 // waited is how long, on average, the requests at the replica that await

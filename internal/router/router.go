@@ -91,8 +91,9 @@ type Ticket struct {
 	// making it ready would cost (its load, the wait for a slot), in ms.
 	Adapter                      string
 	AdapterLoadMS, AdapterWaitMS float64
-	// InFlight is how many of the router's requests were at the replica
-	// once this one joined them (itself included).
+	// InFlight is how many of the router's sequences were at the replica
+	// once this request's joined them (its own included): a request for n
+	// answers is n sequences, decoded side by side.
 	InFlight int
 	// Sent is the router time of the dispatch and Predicted the TTFT
 	// Predict's model gave it there (round trip, prefill, backlog), in ms.
@@ -104,6 +105,7 @@ type Ticket struct {
 	Forecast, Margin float64
 
 	m                     *member
+	seqs                  int64 // the request's answers (policy.Request.Choices), at least 1
 	accepted, first, done bool
 	// adapterFollowed: the replica's adapter table counts this request.
 	adapterFollowed bool
@@ -312,7 +314,7 @@ func (r *Router) shelter(now time.Duration, req *policy.Request) {
 		r.keep(func(i int) bool { return r.cand[i].underWaitingCap(waiting) })
 	}
 	if tpot := req.TPOTSLOMS; tpot > 0 {
-		r.keep(func(i int) bool { return r.cand[i].withinTPOT(tpot) })
+		r.keep(func(i int) bool { return r.cand[i].withinTPOT(tpot, req.Choices) })
 	}
 	if budget := req.TTFTBudgetMS; budget > 0 {
 		r.keep(func(i int) bool {
@@ -337,6 +339,12 @@ func (r *Router) keep(ok func(i int) bool) {
 	}
 }
 
+// maxSeqs is the most sequences one request is counted for in a ledger:
+// more than any replica decodes at once, and few enough that a client's
+// (or a peer's) count cannot overflow the sum of the waiting sequences'
+// dispatch times.
+const maxSeqs = 1 << 16
+
 // enter adds the request to the candidate's ledger unless the replica
 // stopped being active meanwhile (drained or being removed).
 func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Ticket, bool) {
@@ -344,12 +352,13 @@ func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Tick
 	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, ExpectedOutputTokens: req.ExpectedOutputTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m,
 		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS, outKeys: keys}
 	_, t.Forecast, t.Margin = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.AdapterWaitMS)
-	t.InFlight = int(m.inflight.Add(1))
+	t.seqs = int64(min(max(req.Choices, 1), maxSeqs))
+	t.InFlight = int(m.inflight.Add(t.seqs))
 	if State(m.state.Load()) != Active {
 		// Remove saw no request in flight, or is about to: back out. If
 		// that leaves a removing replica idle, it leaves apart from this
 		// decision, which must not wait for its index to be cleared.
-		if m.inflight.Add(-1) == 0 && State(m.state.Load()) == Removing {
+		if m.inflight.Add(-t.seqs) == 0 && State(m.state.Load()) == Removing {
 			go r.leave(m)
 		}
 		return Ticket{}, false
@@ -362,18 +371,18 @@ func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Tick
 	prefill, queue := m.ratesNow()
 	t.Predicted = float64(t.RTT)/1e6 + float64(t.uncached())*prefill + float64(t.Backlog)*queue + t.AdapterLoadMS + t.AdapterWaitMS
 	t.Sent = c.at
-	m.waitSent.Add(int64(t.Sent))
+	m.waitSent.Add(int64(t.Sent) * t.seqs)
 	if req.Unstreamed {
-		t.unstreamed = &unstreamed{due: t.Sent + time.Duration(t.Predicted*1e6), sent: t.Sent, tokens: int64(t.uncached())}
+		t.unstreamed = &unstreamed{due: t.Sent + time.Duration(t.Predicted*1e6), sent: t.Sent, tokens: int64(t.uncached()), seqs: t.seqs}
 		m.unstreamed.push(t.unstreamed)
 	}
 	return t, true
 }
 
-// finished drops one request from a replica's count; a removing replica
-// leaves once nothing is left in flight.
-func (r *Router) finished(m *member) {
-	if m.inflight.Add(-1) == 0 && State(m.state.Load()) == Removing {
+// finished drops a request's seqs sequences from a replica's count; a
+// removing replica leaves once nothing is left in flight.
+func (r *Router) finished(m *member, seqs int64) {
+	if m.inflight.Add(-seqs) == 0 && State(m.state.Load()) == Removing {
 		r.leave(m)
 	}
 }
@@ -527,8 +536,8 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 	}
 	t.first = true
 	t.m.backlog.Add(-int64(t.uncached()))
-	t.m.waitSent.Add(-int64(t.Sent))
-	t.m.decoding.Add(1)
+	t.m.waitSent.Add(-int64(t.Sent) * t.seqs)
+	t.m.decoding.Add(t.seqs)
 	if t.remote {
 		return
 	}
@@ -575,11 +584,11 @@ func (r *Router) Finish(t *Ticket) {
 	}
 	if !first {
 		m.backlog.Add(-int64(t.uncached()))
-		m.waitSent.Add(-int64(t.Sent))
+		m.waitSent.Add(-int64(t.Sent) * t.seqs)
 	} else {
-		m.decoding.Add(-1)
+		m.decoding.Add(-t.seqs)
 	}
-	r.finished(m)
+	r.finished(m, t.seqs)
 }
 
 // Decoded folds in how a request's answer went after its first token: it
@@ -852,7 +861,7 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 		waiting = min(waiting, int(m.inflight.Load()-m.decoding.Load()))
 		r.fc = append(r.fc, forecastAt{ms: mean + margin, margin: margin,
 			waitOK: req.WaitingCap <= 0 || m.underWaitingCap(req.WaitingCap),
-			tpotOK: req.TPOTSLOMS <= 0 || m.withinTPOT(req.TPOTSLOMS)})
+			tpotOK: req.TPOTSLOMS <= 0 || m.withinTPOT(req.TPOTSLOMS, req.Choices)})
 	}
 	if len(r.fc) == 0 {
 		return Forecast{}, policy.ErrNoReplica

@@ -1064,3 +1064,72 @@ func TestUnstreamedQueueStaysBounded(t *testing.T) {
 		t.Errorf("ledger %+v", st)
 	}
 }
+
+// A request for n answers is n sequences in the ledger, as the engine
+// counts them: in flight, waiting, decoding, and in the waiting
+// sequences' average age; streamed or not, it gives all of them back.
+func TestManyAnswersAreManySequences(t *testing.T) {
+	r := newRouter(t, "round-robin", 1, false) // a: 10 ms, 0.06 ms a token
+	rng := rand.New(rand.NewPCG(1, 1))
+	a := func() ReplicaState { return state(t, r, "a") }
+	m := r.fleet.Load().byID["a"]
+	one, err := r.Route(0, &policy.Request{PromptTokens: 100, Blocks: blocks(1, 1)}, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	four, err := r.Route(time.Second, &policy.Request{PromptTokens: 100, Blocks: blocks(2, 1), Choices: 4}, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := a(); s.InFlight != 5 || four.InFlight != 5 {
+		t.Fatalf("in flight %d (the ticket saw %d), want 5: one request and four answers", s.InFlight, four.InFlight)
+	}
+	probe := policy.Request{PromptTokens: 10, Blocks: blocks(3, 1)}
+	if f, err := r.Predict(10*time.Second, &probe); err != nil || f.Waiting != 5 {
+		t.Fatalf("waiting %d (%v), want 5", f.Waiting, err)
+	}
+	// One has waited 10 s, the four answers 9 s each: 9.2 s on average.
+	if got := m.waited(10 * time.Second); math.Abs(got-9200) > 1e-6 {
+		t.Errorf("average wait %v ms, want 9200", got)
+	}
+	if !m.underWaitingCap(6) || m.underWaitingCap(5) {
+		t.Errorf("five sequences waiting: a cap of 6 must admit, one of 5 must not")
+	}
+	r.FirstToken(&four, 50*time.Millisecond)
+	if s := a(); s.Decoding != 4 || s.InFlight != 5 {
+		t.Fatalf("after the four's first token: decoding %d, in flight %d; want 4 and 5", s.Decoding, s.InFlight)
+	}
+	if got := m.waited(10 * time.Second); math.Abs(got-10000) > 1e-6 {
+		t.Errorf("average wait %v ms once only the one waits, want 10000", got)
+	}
+	r.Finish(&four)
+	r.Finish(&one)
+	// Not streamed: its four sequences move to decoding when its first
+	// token is due.
+	un, err := r.Route(20*time.Second, &policy.Request{PromptTokens: 100, Blocks: blocks(4, 1), Choices: 4, Unstreamed: true}, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Decide(30*time.Second, &probe, rng); err != nil {
+		t.Fatal(err)
+	}
+	if s := a(); s.Decoding != 4 || s.InFlight != 4 || s.BacklogTokens != 0 {
+		t.Fatalf("once due: decoding %d, in flight %d, backlog %d; want 4, 4, 0", s.Decoding, s.InFlight, s.BacklogTokens)
+	}
+	r.Finish(&un)
+	if s := a(); s.Decoding != 0 || s.InFlight != 0 || m.waitSent.Load() != 0 {
+		t.Errorf("at the end: decoding %d, in flight %d, dispatch sum %d", s.Decoding, s.InFlight, m.waitSent.Load())
+	}
+	// A count past any engine's is bounded, not an overflow.
+	huge, err := r.Route(40*time.Second, &policy.Request{PromptTokens: 100, Blocks: blocks(5, 1), Choices: math.MaxInt}, rng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := a(); s.InFlight != maxSeqs {
+		t.Errorf("in flight %d for a count of MaxInt, want %d", s.InFlight, maxSeqs)
+	}
+	r.Finish(&huge)
+	if s := a(); s.InFlight != 0 {
+		t.Errorf("in flight %d after the huge request", s.InFlight)
+	}
+}

@@ -22,6 +22,7 @@ type unstreamed struct {
 	due    time.Duration
 	sent   time.Duration
 	tokens int64 // uncached prompt tokens in the backlog
+	seqs   int64 // its answers' sequences (Ticket.seqs)
 	// state: pending, released (its first token was due), or finished
 	// (it ended before that); whoever moves it from pending settles the
 	// ledger.
@@ -88,8 +89,8 @@ func (m *member) releaseDue(now time.Duration) {
 		u := heap.Pop(&q.h).(*unstreamed)
 		if u.state.CompareAndSwap(pending, released) {
 			m.backlog.Add(-u.tokens)
-			m.waitSent.Add(-int64(u.sent))
-			m.decoding.Add(1)
+			m.waitSent.Add(-int64(u.sent) * u.seqs)
+			m.decoding.Add(u.seqs)
 		}
 	}
 	next := int64(math.MaxInt64)

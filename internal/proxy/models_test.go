@@ -350,44 +350,36 @@ func TestLongBaseAdapterName(t *testing.T) {
 	}
 }
 
-// An adapter named alone or with its base is one engine cache: its
-// prompts' blocks are keyed alike, so a prompt sent as model-a:sql and
-// then as sql goes back to the replica that cached it.
-func TestAdapterNamesShareTheCache(t *testing.T) {
-	var reps []*replica
-	for range 2 {
-		reps = append(reps, servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "model-a", LoRAModules: []string{"sql"}, MaxLoRAs: 2, MetricsFormat: "vllm", Speedup: 200}))
-	}
-	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "prefix-cache"}}, reps...)
-	for i := range 10 {
-		prompt := fmt.Sprintf("prompt %d %s", i, strings.Repeat("words to cache ", 200))
-		code, body, first := post(t, url, modelChat("model-a:sql", prompt, false))
-		if code != 200 {
-			t.Fatalf("%d %.200s", code, body)
-		}
-		if code, body, again := post(t, url, modelChat("sql", prompt, false)); code != 200 || again != first {
-			t.Errorf("prompt %d: %d from %q after model-a:sql went to %q: %.100s", i, code, again, first, body)
-		}
-	}
-}
-
-// A base served under two names (vLLM's --served-model-name m m-alias) is
-// one engine cache: a prompt sent as m and then as m-alias goes back to
-// the replica that cached it.
-func TestBaseNamesShareTheCache(t *testing.T) {
-	var reps []*replica
-	for range 2 {
-		reps = append(reps, servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{ServedNames: []string{"m", "m-alias"}, MetricsFormat: "vllm", Speedup: 200}))
-	}
-	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "prefix-cache"}}, reps...)
-	for i := range 10 {
-		prompt := fmt.Sprintf("prompt %d %s", i, strings.Repeat("words to cache ", 200))
-		code, body, first := post(t, url, modelChat("m", prompt, false))
-		if code != 200 {
-			t.Fatalf("%d %.200s", code, body)
-		}
-		if code, body, again := post(t, url, modelChat("m-alias", prompt, false)); code != 200 || again != first {
-			t.Errorf("prompt %d: %d from %q after m went to %q: %.100s", i, code, again, first, body)
-		}
+// Two names of one engine cache key a prompt's blocks alike: an adapter
+// named alone or with its base (sql, model-a:sql), and a base served under
+// two names (vLLM's --served-model-name m m-alias). A prompt sent under
+// one name and then the other goes back to the replica that cached it.
+func TestNamesOfOneCacheShareIt(t *testing.T) {
+	for _, c := range []struct {
+		what          string
+		engine        emulator.Config
+		first, second string
+	}{
+		{"adapter", emulator.Config{Model: "model-a", LoRAModules: []string{"sql"}, MaxLoRAs: 2}, "model-a:sql", "sql"},
+		{"base", emulator.Config{ServedNames: []string{"m", "m-alias"}}, "m", "m-alias"},
+	} {
+		t.Run(c.what, func(t *testing.T) {
+			c.engine.MetricsFormat, c.engine.Speedup = "vllm", 200
+			var reps []*replica
+			for range 2 {
+				reps = append(reps, servetest.StartReplicaWith(t, 5*time.Millisecond, c.engine))
+			}
+			_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "prefix-cache"}}, reps...)
+			for i := range 10 {
+				prompt := fmt.Sprintf("prompt %d %s", i, strings.Repeat("words to cache ", 200))
+				code, body, first := post(t, url, modelChat(c.first, prompt, false))
+				if code != 200 {
+					t.Fatalf("%d %.200s", code, body)
+				}
+				if code, body, again := post(t, url, modelChat(c.second, prompt, false)); code != 200 || again != first {
+					t.Errorf("prompt %d: %d from %q as %s after %s went to %q: %.100s", i, code, again, c.second, c.first, first, body)
+				}
+			}
+		})
 	}
 }

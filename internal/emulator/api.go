@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -106,6 +107,10 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return nil, false
 	}
+	if err := checkSampling(body, chat, req); err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
+		return nil, false
+	}
 	a, ok := s.models.Load().lookup(req.Model)
 	if !ok {
 		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", req.Model)
@@ -133,6 +138,59 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 	return j, s.fill(w, r, j, req, max)
 }
 
+// checkSampling refuses the sampling parameters the router reads only as
+// hints (prompt.Request's N, BestOf, MinTokens) where vLLM's
+// SamplingParams refuses them: n and best_of not whole numbers of at least
+// 1, best_of less than n, min_tokens not a whole number of at least 0, or
+// more than max_tokens.
+func checkSampling(body []byte, chat bool, req *prompt.Request) error {
+	var in struct {
+		N         json.RawMessage `json:"n"`
+		BestOf    json.RawMessage `json:"best_of"`
+		MinTokens json.RawMessage `json:"min_tokens"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		return err // ParseRequest took it: not reached
+	}
+	n, err := whole(in.N, "n", 1, 1)
+	if err != nil {
+		return err
+	}
+	if !chat {
+		bestOf, err := whole(in.BestOf, "best_of", 1, n)
+		if err != nil {
+			return err
+		}
+		if bestOf < n {
+			return fmt.Errorf("best_of must be greater than or equal to n, got n=%d and best_of=%d", n, bestOf)
+		}
+	}
+	least, err := whole(in.MinTokens, "min_tokens", 0, 0)
+	if err != nil {
+		return err
+	}
+	if req.HasMaxTokens && least > req.MaxTokens {
+		return fmt.Errorf("min_tokens must be less than or equal to max_tokens=%d, got %d", req.MaxTokens, least)
+	}
+	return nil
+}
+
+// whole reads a parameter that must be a whole number of at least lo (def
+// when absent or null), held under 2^30.
+func whole(raw json.RawMessage, name string, lo, def int) (int, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return def, nil
+	}
+	var f float64
+	if err := json.Unmarshal(raw, &f); err != nil || f != math.Trunc(f) {
+		return 0, fmt.Errorf("%s must be an integer, got %s", name, raw)
+	}
+	if f < float64(lo) {
+		return 0, fmt.Errorf("%s must be at least %d, got %s", name, lo, raw)
+	}
+	return int(min(f, 1<<30)), nil
+}
+
 // fill estimates the prompts, decides the output length (max, or the
 // default when max is -1) and checks the context length.
 func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, req *prompt.Request, max int) bool {
@@ -152,7 +210,7 @@ func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, req *promp
 		if len(req.PromptEnds) > 0 {
 			end = req.PromptEnds[k]
 		}
-		if !s.fillPrompt(w, j, &j.prompts[k], req.Text[start:end], max, output) {
+		if !s.fillPrompt(w, j, &j.prompts[k], req.Text[start:end], max, output, req.MinTokens) {
 			return false
 		}
 		start = end + 1 // past the newline that ends it
@@ -161,8 +219,9 @@ func (s *Server) fill(w http.ResponseWriter, r *http.Request, j *job, req *promp
 }
 
 // fillPrompt estimates one prompt of j and its answers' length: output
-// when set (the header's), else max, else the default.
-func (s *Server) fillPrompt(w http.ResponseWriter, j *job, p *jobPrompt, text []byte, max, output int) bool {
+// when set (the header's), else max, else the default (at least least,
+// min_tokens).
+func (s *Server) fillPrompt(w http.ResponseWriter, j *job, p *jobPrompt, text []byte, max, output, least int) bool {
 	if len(text) == 0 {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "the prompt is empty")
 		return false
@@ -173,7 +232,7 @@ func (s *Server) fillPrompt(w http.ResponseWriter, j *job, p *jobPrompt, text []
 	limit := s.prof.MaxContextTokens
 	// Without max_tokens the engines cap the answer at the context left
 	// (max_model_len − prompt); the emulator answers DefaultMaxTokens at
-	// most.
+	// most, or min_tokens when more.
 	switch {
 	case output != -1:
 		p.outputTokens = output
@@ -181,6 +240,9 @@ func (s *Server) fillPrompt(w http.ResponseWriter, j *job, p *jobPrompt, text []
 		p.outputTokens = max
 	default:
 		p.outputTokens = min(s.cfg.DefaultMaxTokens, limit-p.tokens)
+		if least > p.outputTokens {
+			p.outputTokens = min(least, limit-p.tokens)
+		}
 	}
 	if p.tokens >= limit || p.outputTokens > limit-p.tokens { // not added: a huge output would wrap the sum
 		writeError(w, http.StatusBadRequest, "BadRequestError",
@@ -205,7 +267,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 			reqs = append(reqs, engine.Request{PromptTokens: p.tokens, OutputTokens: p.outputTokens, Blocks: p.blocks, Adapter: j.adapter})
 		}
 	}
-	st, first, err := s.drv.submit(reqs)
+	st, first, err := s.drv.submit(reqs, j.perPrompt)
 	switch {
 	case errors.Is(err, engine.ErrQueueFull):
 		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "the server is overloaded: its waiting queue is full")
@@ -254,8 +316,9 @@ type writer struct {
 	created int64
 	sent    []int             // tokens written, per sequence
 	content []strings.Builder // per choice
-	// generated and cached are the usage's: every sequence's tokens, and
-	// each prompt's cached tokens (its first sequence's).
+	// generated and cached are the usage's: the answers' tokens (not
+	// best_of's others), and the last prompt's cached tokens (its first
+	// sequence's), as vLLM reports them.
 	generated, cached int
 	buf               bytes.Buffer
 	head              []byte // the start of every token chunk, to its choice's index
@@ -317,12 +380,14 @@ func (o *writer) token(i int, ev engine.Event) {
 	}
 }
 
-// ended counts sequence i's finish in the usage: its tokens, and for the
-// first sequence of each prompt the prompt's cached tokens.
+// ended counts sequence i's finish in the usage: an answer's tokens, and
+// for the first sequence of the last prompt the prompt's cached tokens.
 func (o *writer) ended(i int, ev engine.Event) {
-	o.generated += ev.Generated
-	if i%o.j.perPrompt == 0 {
-		o.cached += ev.CachedTokens
+	if _, choice := o.j.sequence(i); choice >= 0 {
+		o.generated += ev.Generated
+	}
+	if i == (len(o.j.prompts)-1)*o.j.perPrompt {
+		o.cached = ev.CachedTokens
 	}
 }
 
@@ -358,8 +423,7 @@ func (o *writer) tokenChunk(i int, word string, last bool) {
 	}
 }
 
-// usage counts each prompt once and every sequence's tokens, as vLLM
-// does.
+// usage counts each prompt once and every answer's tokens, as vLLM does.
 func (o *writer) usage() map[string]any {
 	prompt := 0
 	for _, p := range o.j.prompts {

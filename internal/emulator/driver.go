@@ -2,8 +2,10 @@ package emulator
 
 import (
 	"context"
+	"errors"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -104,6 +106,11 @@ type driver struct {
 	nextID  uint64
 	kick    chan struct{}
 	evs     []engine.Event
+	// held are the sequences that wait for the first token of their
+	// prompt's first sequence, by its ID (see submit); ready those whose
+	// wait is over, entered into the engine as its queue takes them.
+	held  map[uint64][]engine.Request
+	ready []engine.Request
 	// observe is called, under the driver's lock, for each event with the
 	// request's entry time (for latency histograms).
 	observe func(ev engine.Event, entered time.Duration)
@@ -122,13 +129,19 @@ type sample struct {
 }
 
 func newDriver(eng *engine.Engine, clk *clock) *driver {
-	return &driver{eng: eng, clk: clk, streams: make(map[uint64]*stream), kick: make(chan struct{}, 1)}
+	return &driver{eng: eng, clk: clk, streams: make(map[uint64]*stream), held: make(map[uint64][]engine.Request), kick: make(chan struct{}, 1)}
 }
 
 // submit enters a request's sequences (its n answers, as vLLM fans one
 // out, for each of its prompts; their IDs, first to first+len(rs)-1, are
-// assigned here) and returns the stream of all their events.
-func (d *driver) submit(rs []engine.Request) (s *stream, first uint64, err error) {
+// assigned here) and returns the stream of all their events. Each run of
+// group sequences shares one prompt: the first is entered now, the others
+// once it has its first token, so that they find the prompt in the cache
+// and the engine computes it once (SGLang prefills such a prompt alone
+// first; vLLM's siblings share its blocks). Every sequence's length is
+// the same, so nothing waits on a later sibling.
+func (d *driver) submit(rs []engine.Request, group int) (s *stream, first uint64, err error) {
+	group = max(group, 1)
 	d.mu.Lock()
 	now := d.clk.model(time.Now())
 	d.advanceLocked(now)
@@ -137,7 +150,10 @@ func (d *driver) submit(rs []engine.Request) (s *stream, first uint64, err error
 	for i, r := range rs {
 		d.nextID++
 		r.ID = d.nextID
-		if err := d.eng.Submit(now, r); err != nil {
+		if k := i % group; k > 0 {
+			leader := r.ID - uint64(k)
+			d.held[leader] = append(d.held[leader], r)
+		} else if err := d.eng.Submit(now, r); err != nil {
 			d.cancelLocked(first, i)
 			d.mu.Unlock()
 			return nil, 0, err
@@ -161,7 +177,10 @@ func (d *driver) cancel(first uint64, n int) {
 }
 
 func (d *driver) cancelLocked(first uint64, n int) {
-	for id := first; id < first+uint64(n); id++ {
+	last := first + uint64(n)
+	d.ready = slices.DeleteFunc(d.ready, func(r engine.Request) bool { return r.ID >= first && r.ID < last })
+	for id := first; id < last; id++ {
+		delete(d.held, id)
 		if _, ok := d.streams[id]; ok {
 			d.eng.Cancel(id)
 			delete(d.streams, id)
@@ -213,7 +232,29 @@ func (d *driver) advanceLocked(now time.Duration) {
 		if ev.Kind == engine.EventFinish {
 			delete(d.streams, ev.ID)
 		}
+		if ev.Kind == engine.EventFirstToken {
+			if rs, ok := d.held[ev.ID]; ok {
+				d.ready = append(d.ready, rs...)
+				delete(d.held, ev.ID)
+			}
+		}
 	}
+	// The siblings whose prompt is now cached; a full queue takes them
+	// later, in order.
+	k := 0
+	for ; k < len(d.ready); k++ {
+		if err := d.eng.Submit(now, d.ready[k]); errors.Is(err, engine.ErrQueueFull) {
+			break
+		} else if err != nil {
+			// Its first sibling was taken with the same request: not
+			// reached. Ended, so that its client is not left waiting.
+			if st := d.streams[d.ready[k].ID]; st != nil {
+				st.push(engine.Event{Kind: engine.EventFinish, ID: d.ready[k].ID, Time: now})
+				delete(d.streams, d.ready[k].ID)
+			}
+		}
+	}
+	d.ready = append(d.ready[:0], d.ready[k:]...)
 	// Keep about 10 s of model time of throughput samples, one per 100 ms.
 	gen := d.eng.Gauges().GeneratedTokens
 	if n := len(d.samples); n == 0 || now-d.samples[n-1].at >= 100*time.Millisecond {

@@ -200,9 +200,11 @@ func TestNonStreamingAndCompletions(t *testing.T) {
 // A request for n answers gets n, each max_tokens long, in one stream
 // (each chunk one choice, by its index) or one body; its usage counts the
 // prompt once and every answer's tokens. A completion's best_of has the
-// engine generate more than it answers with, as vLLM does.
+// engine generate more than it answers with, and the usage count the
+// answers' tokens alone, as vLLM does. The engine computes the prompt
+// once: its siblings find it in the cache.
 func TestManyAnswers(t *testing.T) {
-	_, url := start(t, Config{Speedup: 50})
+	s, url := start(t, Config{Speedup: 50})
 	resp := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"n":3,"stream":true,"stream_options":{"include_usage":true}}`)
 	chunks := readSSE(t, resp.Body)
 	resp.Body.Close()
@@ -250,8 +252,21 @@ func TestManyAnswers(t *testing.T) {
 		t.Fatalf("status %d, %v", resp.StatusCode, err)
 	}
 	resp.Body.Close()
-	if len(body.Choices) != 2 || body.Choices[1].Index != 1 || len(strings.Fields(body.Choices[1].Text)) != 3 || body.Usage.CompletionTokens != 12 {
-		t.Errorf("best_of 4, n 2: %+v; want 2 answers of 3 tokens, 12 generated", body)
+	if len(body.Choices) != 2 || body.Choices[1].Index != 1 || len(strings.Fields(body.Choices[1].Text)) != 3 || body.Usage.CompletionTokens != 6 {
+		t.Errorf("best_of 4, n 2: %+v; want 2 answers of 3 tokens, 6 in the usage", body)
+	}
+	if g, _ := s.drv.gauges(); g.GeneratedTokens != 12+12 {
+		t.Errorf("the engine generated %d tokens, want 24: three answers of 4, four sequences of 3", g.GeneratedTokens)
+	}
+
+	long := strings.Repeat("a long prompt that the four answers share ", 50)
+	before, _ := s.drv.gauges()
+	resp = post(t, url+"/v1/completions", `{"prompt":"`+long+`","max_tokens":2,"n":4}`)
+	resp.Body.Close()
+	after, _ := s.drv.gauges()
+	prompt, cached := after.PromptTokens-before.PromptTokens, after.CachedTokens-before.CachedTokens
+	if resp.StatusCode != 200 || prompt-cached > prompt/4+int64(s.page) {
+		t.Errorf("n 4: status %d, the engine computed %d of the %d prompt tokens of four sequences; want one prompt's", resp.StatusCode, prompt-cached, prompt)
 	}
 
 	resp = post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"n":1000}`)
@@ -349,6 +364,15 @@ func TestErrorsAreOpenAIShaped(t *testing.T) {
 		{"/v1/chat/completions", `{"messages": [{"role":"user","content":"` + strings.Repeat("x", 5000) + `"}]}`, 400, "maximum context length is 1000"},
 		{"/v1/chat/completions", `{"messages": [{"role":"user","content":"x"}], "max_tokens": 0}`, 400, "max_tokens"},
 		{"/v1/completions", `{"prompt": 3}`, 400, "prompt"},
+		// The sampling parameters the router reads only as hints are
+		// checked as vLLM checks them.
+		{"/v1/completions", `{"prompt":"x","n":3,"best_of":2}`, 400, "best_of must be greater than or equal to n"},
+		{"/v1/completions", `{"prompt":"x","n":0}`, 400, "n must be at least 1"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":2.5}`, 400, "n must be an integer"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":"2"}`, 400, "n must be an integer"},
+		{"/v1/completions", `{"prompt":"x","n":70000}`, 400, "at most"},
+		{"/v1/completions", `{"prompt":"x","min_tokens":-1}`, 400, "min_tokens must be at least 0"},
+		{"/v1/completions", `{"prompt":"x","min_tokens":9,"max_tokens":8}`, 400, "min_tokens must be less than or equal to max_tokens=8"},
 		{"/v2/everything", `{}`, 404, "no route"},
 	}
 	for _, c := range cases {
@@ -507,14 +531,59 @@ func testClientDisconnect(t *testing.T, n int) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		g, _ := s.drv.gauges()
-		if g.Running == 0 && g.Waiting == 0 {
+		if g.Running == 0 && g.Waiting == 0 && driverHolds(s.drv) == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("engine still holds the request: %+v", g)
+			t.Fatalf("engine still holds the request: %+v; the driver %d sequences or streams", g, driverHolds(s.drv))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// driverHolds counts what the driver keeps for requests: streams, and
+// sequences waiting for their prompt.
+func driverHolds(d *driver) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.streams) + len(d.held) + len(d.ready)
+}
+
+// A request's later sequences wait for its first's first token; a client
+// gone before that leaves nothing behind, held or running.
+func TestSiblingsLeaveWithTheirClient(t *testing.T) {
+	s, _ := start(t, Config{})
+	blocks := make([]uint64, (20000+s.page-1)/s.page)
+	for i := range blocks {
+		blocks[i] = uint64(i + 1)
+	}
+	r := engine.Request{PromptTokens: 20000, OutputTokens: 4, Blocks: blocks}
+	_, first, err := s.drv.submit([]engine.Request{r, r, r, r, r, r}, 3) // two prompts of three
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, _ := s.drv.gauges(); g.Running+g.Waiting != 2 {
+		t.Errorf("%d sequences in the engine, want 2: each prompt's first", g.Running+g.Waiting)
+	}
+	s.drv.cancel(first, 6)
+	if g, _ := s.drv.gauges(); g.Running+g.Waiting != 0 || driverHolds(s.drv) != 0 {
+		t.Errorf("after the client left: %d sequences in the engine, %d in the driver", g.Running+g.Waiting, driverHolds(s.drv))
+	}
+}
+
+// min_tokens lengthens an answer that has no max_tokens past the default.
+func TestMinTokensLengthensTheDefault(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50, DefaultMaxTokens: 4})
+	resp := post(t, url+"/v1/completions", `{"prompt":"x","min_tokens":7,"n":null,"best_of":null}`)
+	var body struct {
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != 200 || body.Usage.CompletionTokens != 7 {
+		t.Errorf("min_tokens 7 over a default of 4: status %d, %d tokens (%v); want 7", resp.StatusCode, body.Usage.CompletionTokens, err)
+	}
+	resp.Body.Close()
 }
 
 // Token chunks are written by hand: they must stay valid JSON whatever the

@@ -85,6 +85,10 @@ type Event struct {
 	Generated int
 	// CachedTokens is the number of prompt tokens served from the prefix cache.
 	CachedTokens int
+	// OnAdapter and AdapterLoaded, on a first token: the request runs with
+	// a LoRA adapter, and the adapter was loaded for it (it was not
+	// resident when the request was admitted).
+	OnAdapter, AdapterLoaded bool
 }
 
 // Errors returned by Submit.
@@ -123,7 +127,8 @@ type seq struct {
 	chunk     int  // prompt tokens prefilled in the current step
 	decoding  bool // decodes a token in the current step
 	slots     []int32
-	private   int // private blocks held
+	private   int  // private blocks held
+	loaded    bool // its adapter was loaded for it
 }
 
 // Engine is one replica's model.
@@ -348,7 +353,7 @@ func (e *Engine) admit(i int) (*seq, bool) {
 	s.cached = min(m*e.page, s.PromptTokens-1)
 	s.prefilled = s.cached
 	if s.Adapter != 0 {
-		e.useLoRA(s.Adapter)
+		s.loaded = e.useLoRA(s.Adapter)
 	}
 
 	if i > e.wHead { // skipped requests before it: shift them up one
@@ -463,7 +468,8 @@ func (e *Engine) finishStep(t time.Duration, out []Event) []Event {
 				e.commit(s)
 				s.generated = 1
 				e.g.GeneratedTokens++
-				out = append(out, Event{Kind: EventFirstToken, ID: s.ID, Time: t, Generated: 1, CachedTokens: s.cached})
+				out = append(out, Event{Kind: EventFirstToken, ID: s.ID, Time: t, Generated: 1, CachedTokens: s.cached,
+					OnAdapter: s.Adapter != 0, AdapterLoaded: s.loaded})
 			}
 		case s.decoding:
 			s.decoding = false

@@ -38,15 +38,16 @@ func (e *Engine) loraOK(id uint64) bool {
 }
 
 // useLoRA pins an admitted request's adapter, loading it first if it is
-// not resident (loraOK must have said it can be). e.loras is kept least
-// recently used first: the adapter moves to its end.
-func (e *Engine) useLoRA(id uint64) {
+// not resident (loraOK must have said it can be), and reports whether it
+// loaded it. e.loras is kept least recently used first: the adapter moves
+// to its end.
+func (e *Engine) useLoRA(id uint64) (loaded bool) {
 	e.g.AdapterRequests++
 	if i := e.findLoRA(id); i >= 0 {
 		l := e.loras[i]
 		l.pins++
 		e.touchLoRA(i, l)
-		return
+		return false
 	}
 	e.g.AdapterLoads++
 	e.loads++
@@ -58,6 +59,7 @@ func (e *Engine) useLoRA(id uint64) {
 		e.loras = slices.Delete(e.loras, victim, victim+1)
 	}
 	e.loras = append(e.loras, lora{id: id, pins: 1})
+	return true
 }
 
 // unpinLoRA is a running request with the adapter leaving: the adapter

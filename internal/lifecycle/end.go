@@ -65,10 +65,11 @@ func (r *Request) report(status int) {
 	}
 	rt := r.core.cfg.Router
 	if status == statusOK && r.done {
-		// The token gap only from a stream of at least two token events;
-		// the length from any complete answer.
+		// The token gap only from a stream of one answer and at least two
+		// token events (several answers end with the longest, whose length
+		// the usage does not give); the length from any complete answer.
 		var decode time.Duration
-		if r.tokens > 1 {
+		if r.tokens > 1 && r.Parsed.Answers() == 1 {
 			decode = r.lastTok.Sub(r.first)
 		}
 		rt.Decoded(&r.ticket, r.answerTokens(), decode)
@@ -76,7 +77,9 @@ func (r *Request) report(status int) {
 	}
 	t := r.ticket
 	r.free()
-	if r.cached >= 0 && status == statusOK {
+	// A batch's usage gives one prompt's cached tokens (vLLM's: the last
+	// prompt's), not those of the whole the router estimated.
+	if r.cached >= 0 && status == statusOK && r.Parsed.Prompts() == 1 {
 		rt.CachedReport(&t, r.cached)
 	}
 }
@@ -109,8 +112,9 @@ func (r *Request) learn(status int, at time.Time) {
 	if !out.Failed {
 		out.TTFT, out.E2E, out.Queued = r.first.Sub(r.sent), at.Sub(r.sent), r.sent.Sub(r.Received)
 		// Per token, not per chunk: an engine may stream several tokens
-		// in one event (the usage, when it came, says how many).
-		if n := r.answerTokens(); r.tokens > 1 && n > 1 {
+		// in one event (the usage, when it came, says how many). Not for
+		// several answers (see report).
+		if n := r.answerTokens(); r.tokens > 1 && n > 1 && r.Parsed.Answers() == 1 {
 			out.ITL = r.lastTok.Sub(r.first) / time.Duration(n-1)
 		}
 	}
@@ -179,14 +183,15 @@ func (r *Request) abandon() {
 // noTTFT stands for the TTFT of a request that had no first token.
 const noTTFT = time.Duration(-1)
 
-// answerTokens is the length of one of the request's answers (n of them
-// decode side by side, each its own tokens; the usage, or the events
-// counted, are all of theirs): what the output estimate and the token
-// gaps are learned from.
+// answerTokens is the mean length of the request's answers (n of them
+// for each prompt decode side by side, each its own tokens; the usage, or
+// the events counted, are all of theirs, best_of's hidden ones not
+// among them): what the output estimate and the token gap are learned
+// from.
 func (r *Request) answerTokens() int {
 	n := r.outputTokens()
-	if c := r.Route.Choices; c > 1 {
-		n = (n + c - 1) / c
+	if a := r.Parsed.Answers(); a > 1 {
+		n = (n + a - 1) / a
 	}
 	return n
 }

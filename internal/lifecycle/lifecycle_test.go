@@ -416,3 +416,41 @@ func BenchmarkBegin(b *testing.B) {
 		})
 	}
 }
+
+// A batch's usage reports one prompt's cached tokens (vLLM's, the last
+// prompt's), not the whole batch's the router estimated: it is no
+// evidence that the replica forgot its cache. A single prompt's is.
+func TestBatchCachedReportIsNotEvidence(t *testing.T) {
+	long := strings.Repeat("a prompt long enough to fill many blocks of the prefix index ", 8)
+	for _, c := range []struct {
+		name, prompt string
+		resets       bool
+	}{
+		{"one prompt", `"` + long + `"`, true},
+		{"a batch", `["` + long + `","` + long + `"]`, false},
+	} {
+		core, _, _, _ := setup(t)
+		t0 := time.Unix(100, 0)
+		body := []byte(`{"model":"m","prompt":` + c.prompt + `,"max_tokens":8,"stream":true}`)
+		for range 40 {
+			r, err := core.begin(body, Completion, "", t0, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := r.next(); !ok {
+				t.Fatal("not dispatched")
+			}
+			r.sent = t0
+			r.accepted()
+			tok := wire.PeekChunk([]byte(`{"choices":[{"text":"hi"}]}`))
+			r.Chunk(&tok, t0.Add(10*time.Millisecond))
+			usage := wire.PeekChunk([]byte(`{"choices":[],"usage":{"prompt_tokens":200,"completion_tokens":8,"prompt_tokens_details":{"cached_tokens":0}}}`))
+			r.Chunk(&usage, t0.Add(20*time.Millisecond))
+			r.Done()
+			r.end(Outcome{Status: 200}, t0.Add(30*time.Millisecond))
+		}
+		if got := core.Router().IndexResets() > 0; got != c.resets {
+			t.Errorf("%s: the index reset %d times after 40 answers reporting no cached tokens; want a reset: %v", c.name, core.Router().IndexResets(), c.resets)
+		}
+	}
+}

@@ -47,11 +47,12 @@ type Request struct {
 	// N is how many answers a chat or a completion asks for (n), and
 	// BestOf how many a completion has the engine generate to answer with
 	// the best N of (best_of), each up to MaxTokens long. Each is 1 when
-	// absent, null, less than 1 or not a whole number: a hint for the
-	// router, which leaves refusing them to the engine.
+	// absent, null, less than 1 or not a whole number, and 2^16 when more:
+	// a hint for the router, which leaves refusing them to the engine.
 	N, BestOf int
 	// MinTokens is the least an answer will run to: min_tokens (vLLM's and
-	// SGLang's), a whole number, else 0: a hint, as N. ignore_eos is not
+	// SGLang's), a whole number up to 2^24, else 0 (2^24 when more): a
+	// hint, as N. ignore_eos is not
 	// read: load generators (gorgo replay among them) set it to reproduce
 	// a trace's lengths, and a router that took it would know every
 	// benchmark's answers' lengths, as it never does in production.
@@ -66,9 +67,14 @@ type Request struct {
 // else 1.
 func (r *Request) Prompts() int { return max(len(r.PromptEnds), 1) }
 
-// Choices is how many answers the engine generates for the request: N, or
-// BestOf when larger, for each of its prompts.
-func (r *Request) Choices() int { return max(r.N, r.BestOf, 1) * r.Prompts() }
+// Choices is how many sequences the engine generates for the request: N,
+// or BestOf when larger, for each of its prompts (at most 2^16).
+func (r *Request) Choices() int { return min(max(r.N, r.BestOf, 1)*r.Prompts(), maxChoices) }
+
+// Answers is how many answers the request gets back, and its usage counts:
+// N for each of its prompts (at most 2^16). BestOf's other sequences are
+// generated, not shown, and not counted (vLLM's usage).
+func (r *Request) Answers() int { return min(max(r.N, 1)*r.Prompts(), maxChoices) }
 
 // Errors of ParseRequest that the old functions give too.
 var (
@@ -419,19 +425,22 @@ func (p *parser) intField(name string) (int64, bool, error) {
 	return -1, false, fmt.Errorf("%s must be an integer", name)
 }
 
-// maxChoices bounds Choices: no engine generates more answers for one
-// request (vLLM caps n far lower).
+// maxChoices bounds Choices and Answers: no engine generates more answers
+// for one request (vLLM caps n far lower), and what they are multiplied
+// by (an answer's expected length) cannot overflow.
 const maxChoices = 1 << 16
 
 // countField reads a count the router only takes as a hint (n, best_of):
-// a whole number from 1 to maxChoices, else (null included) 1.
+// a whole number from 1 to maxChoices (maxChoices when more), else (null
+// included) 1.
 func (p *parser) countField() (int, error) { return p.wholeHint(1, maxChoices, 1) }
 
 // maxHintTokens bounds MinTokens: more than any context.
 const maxHintTokens = 1 << 24
 
 // wholeHint reads a number the router only takes as a hint: a whole number
-// from lo to hi, else (null and any other type included) def.
+// from lo to hi (hi when more), else (null and any other type included)
+// def.
 func (p *parser) wholeHint(lo, hi, def int) (int, error) {
 	kind := p.dec.PeekKind()
 	raw, err := p.dec.ReadValue()
@@ -439,10 +448,10 @@ func (p *parser) wholeHint(lo, hi, def int) (int, error) {
 		return def, err
 	}
 	f, err := strconv.ParseFloat(string(raw), 64)
-	if err != nil || f != math.Trunc(f) || f < float64(lo) || f > float64(hi) {
+	if err != nil || f != math.Trunc(f) || f < float64(lo) {
 		return def, nil
 	}
-	return int(f), nil
+	return int(min(f, float64(hi))), nil
 }
 
 // boolField reads a boolean; null leaves it as it was.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -91,20 +92,20 @@ func reference(body []byte, chat bool) (Request, error) {
 		out.MaxTokens, out.HasMaxTokens = *max, true
 	}
 	var least float64
-	if json.Unmarshal(minTokens, &least) == nil && least == float64(int(least)) && least >= 0 && least <= 1<<24 {
-		out.MinTokens = int(least)
+	if json.Unmarshal(minTokens, &least) == nil && least == math.Trunc(least) && least >= 0 {
+		out.MinTokens = int(min(least, 1<<24))
 	}
 	return out, nil
 }
 
 // choicesOf is what N or BestOf take from an n or best_of: a whole number
-// from 1 to 2^16, else 1.
+// from 1 to 2^16 (2^16 when more), else 1.
 func choicesOf(raw json.RawMessage) int {
 	var f float64
-	if json.Unmarshal(raw, &f) != nil || f != float64(int(f)) || f < 1 || f > 1<<16 {
+	if json.Unmarshal(raw, &f) != nil || f != math.Trunc(f) || f < 1 {
 		return 1
 	}
-	return int(f)
+	return int(min(f, 1<<16))
 }
 
 // same reports how got and want differ ("" if they do not).
@@ -258,7 +259,13 @@ var requestCases = []struct {
 	{name: "chat n not a count", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":"4"}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
 	{name: "chat n fractional, zero, huge", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":2.5,"n":0,"n":1e300}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, N: 1 << 16}},
+	{name: "chat n zero", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":0}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "chat n fractional", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":2.5}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "huge min_tokens", body: `{"prompt":"p","min_tokens":1e30}`,
+		want: Request{Text: []byte("p"), MaxTokens: -1, MinTokens: 1 << 24}},
 	{name: "completion batch of strings", body: `{"prompt":["a","bc"],"n":2}`,
 		want: Request{Text: []byte("a\nbc\n"), MaxTokens: -1, N: 2, PromptEnds: []int{1, 4}}},
 	{name: "completion batch of token id lists", body: `{"prompt":[[1,2], [3,null]]}`,
@@ -838,5 +845,29 @@ func TestInstructionsStartOver(t *testing.T) {
 	}
 	if err := ParseInput([]byte(`{"instructions":"i","input":[{"role":"user","content":"u"}]}`), &r); err != nil || string(r.Text) != string(chat.Text) || r.Instructions != chat.Instructions {
 		t.Errorf("%v: a responses request %q (%d) reads unlike the same chat %q (%d)", err, r.Text, r.Instructions, chat.Text, chat.Instructions)
+	}
+}
+
+// Choices counts the sequences an engine generates (best_of's hidden ones
+// too), Answers those it shows and its usage counts; both are bounded, so
+// that an answer's length times either cannot overflow.
+func TestChoicesAndAnswers(t *testing.T) {
+	for _, c := range []struct {
+		body             string
+		choices, answers int
+	}{
+		{`{"prompt":"p"}`, 1, 1},
+		{`{"prompt":"p","n":2,"best_of":5}`, 5, 2},
+		{`{"prompt":"p","best_of":3}`, 3, 1},
+		{`{"prompt":["a","b","c"],"n":2}`, 6, 6},
+		{`{"prompt":["a","b","c"],"n":70000}`, 1 << 16, 1 << 16},
+	} {
+		var r Request
+		if err := ParseRequest([]byte(c.body), false, &r); err != nil {
+			t.Fatalf("%s: %v", c.body, err)
+		}
+		if r.Choices() != c.choices || r.Answers() != c.answers {
+			t.Errorf("%s: %d sequences, %d answers; want %d and %d", c.body, r.Choices(), r.Answers(), c.choices, c.answers)
+		}
 	}
 }

@@ -242,6 +242,35 @@ func TestAdapterHitRatio(t *testing.T) {
 	}
 }
 
+// A warm-up request still waiting for an adapter slot when the scored
+// part begins is the warm-up's, not scored, whenever it runs.
+func TestAdapterHitRatioOfAQueuedWarmUp(t *testing.T) {
+	p := profile(t, "paper")
+	set, err := models.WithAdapters([]string{"base"}, []string{"a", "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []Replica{{ID: "r", RTT: 10 * time.Millisecond, Profile: p, Models: set, MaxLoRAs: 1, LoRALoadTime: 300 * time.Millisecond}}
+	var reqs []trace.Request
+	// a's long answer holds the one slot; b waits for it past 5 s.
+	for k, c := range []struct {
+		at     time.Duration
+		model  string
+		output int
+	}{{0, "a", 3000}, {time.Second, "b", 5}, {5 * time.Second, "base", 5}, {6 * time.Second, "base", 5}} {
+		r := request(c.at, uint64(k+1), 1000, c.output)
+		r.Model = c.model
+		reqs = append(reqs, r)
+	}
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "round-robin"), ScoreFrom: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Run.AdapterRequests != 0 || res.Run.AdapterHitRatio != nil {
+		t.Errorf("scored from 5 s, base requests only: %d adapter requests counted (hit %s); want none", res.Run.AdapterRequests, fmtRatio(res.Run.AdapterHitRatio))
+	}
+}
+
 // The scrape tells the router what a real vLLM's /metrics would: the
 // engine's slots and the adapters of its running requests, by name.
 func TestScrapeReportsRunningAdapters(t *testing.T) {

@@ -288,11 +288,9 @@ type simulator struct {
 	// adapterNames maps engine adapter keys back to names, for scrapes.
 	adapterNames map[uint64]string
 	adBuf        []uint64
-	// adWarm is the engines' adapter requests and loads before the first
-	// scored request reached one (the warm-up's, not scored); adMarked
-	// says they were counted.
-	adWarm   [2]int64
-	adMarked bool
+	// adapters is the scored requests' that ran with an adapter, and the
+	// adapter loads they caused.
+	adapters [2]int64
 
 	gate *admit.Gate[int32] // nil without admission
 	now  time.Duration      // the event being handled, for release
@@ -743,14 +741,6 @@ func (s *simulator) atEngine(now time.Duration, i int) {
 			break
 		}
 	}
-	if !s.adMarked && s.cfg.ScoreFrom > 0 && s.cfg.Requests[i].Time >= s.cfg.ScoreFrom {
-		s.adMarked = true
-		for k := range s.reps {
-			g := s.reps[k].eng.Gauges()
-			s.adWarm[0] += g.AdapterRequests
-			s.adWarm[1] += g.AdapterLoads
-		}
-	}
 	s.advance(now, r)
 	err := s.reps[r].eng.Submit(now, s.engineRequest(i, r))
 	if err != nil {
@@ -770,6 +760,12 @@ func (s *simulator) advance(now time.Duration, r int) {
 		case engine.EventFirstToken:
 			st.first = back
 			st.cached = ev.CachedTokens
+			if ev.OnAdapter && s.cfg.Requests[ev.ID].Time >= s.cfg.ScoreFrom {
+				s.adapters[0]++
+				if ev.AdapterLoaded {
+					s.adapters[1]++
+				}
+			}
 			s.push(event{t: back, kind: evFirstBack, req: int32(ev.ID)})
 		case engine.EventFinish:
 			st.done = back
@@ -903,12 +899,7 @@ func (s *simulator) result() *Result {
 	}
 	res.Scored = scored
 	res.Run = report.NewRun(res.Policy, scored, ids)
-	adReqs, adLoads := -s.adWarm[0], -s.adWarm[1] // the scored requests' only
-	for _, g := range res.Engines {
-		adReqs += g.AdapterRequests
-		adLoads += g.AdapterLoads
-	}
-	res.Run.ScoreAdapters(adReqs, adLoads)
+	res.Run.ScoreAdapters(s.adapters[0], s.adapters[1])
 	if slo := s.cfg.GoodputSLO; slo > 0 && len(s.cfg.Requests) > 0 {
 		reqs := s.cfg.Requests
 		first := max(reqs[0].Time, s.cfg.ScoreFrom)

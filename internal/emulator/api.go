@@ -99,7 +99,7 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 	}
 	req := requests.Get().(*prompt.Request)
 	defer func() {
-		if cap(req.Text) <= 1<<20 {
+		if cap(req.Text) <= 1<<20 && cap(req.PromptEnds) <= 1<<12 {
 			requests.Put(req)
 		}
 	}()

@@ -234,25 +234,10 @@ func TestAdapterHitRatio(t *testing.T) {
 	if h := scored.Run.AdapterHitRatio; h == nil || math.Abs(*h-1.0/3) > 1e-9 || scored.Run.AdapterRequests != 3 {
 		t.Errorf("scored from 20 s: %d adapter requests, hit %v; want 3, 1/3", scored.Run.AdapterRequests, fmtRatio(h))
 	}
-	// A load adds its time to the first token: a's first request (a load)
-	// against its second (resident).
-	if d := res.Records[1].TTFT - res.Records[2].TTFT; d < 250 {
-		t.Errorf("TTFT of a load %.0f ms, of a resident adapter %.0f ms: want the load's 300 ms between them",
-			res.Records[1].TTFT, res.Records[2].TTFT)
-	}
-}
-
-// A warm-up request still waiting for an adapter slot when the scored
-// part begins is the warm-up's, not scored, whenever it runs.
-func TestAdapterHitRatioOfAQueuedWarmUp(t *testing.T) {
-	p := profile(t, "paper")
-	set, err := models.WithAdapters([]string{"base"}, []string{"a", "b"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reps := []Replica{{ID: "r", RTT: 10 * time.Millisecond, Profile: p, Models: set, MaxLoRAs: 1, LoRALoadTime: 300 * time.Millisecond}}
-	var reqs []trace.Request
-	// a's long answer holds the one slot; b waits for it past 5 s.
+	// A warm-up request still waiting for the slot when the scored part
+	// begins is the warm-up's, whenever it runs: a's long answer holds the
+	// slot, b waits for it past 5 s, base requests alone are scored.
+	var queued []trace.Request
 	for k, c := range []struct {
 		at     time.Duration
 		model  string
@@ -260,14 +245,20 @@ func TestAdapterHitRatioOfAQueuedWarmUp(t *testing.T) {
 	}{{0, "a", 3000}, {time.Second, "b", 5}, {5 * time.Second, "base", 5}, {6 * time.Second, "base", 5}} {
 		r := request(c.at, uint64(k+1), 1000, c.output)
 		r.Model = c.model
-		reqs = append(reqs, r)
+		queued = append(queued, r)
 	}
-	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: newPolicy(t, "round-robin"), ScoreFrom: 5 * time.Second})
+	q, err := Run(Config{Replicas: reps, Requests: queued, Policy: newPolicy(t, "round-robin"), ScoreFrom: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Run.AdapterRequests != 0 || res.Run.AdapterHitRatio != nil {
-		t.Errorf("scored from 5 s, base requests only: %d adapter requests counted (hit %s); want none", res.Run.AdapterRequests, fmtRatio(res.Run.AdapterHitRatio))
+	if q.Run.AdapterRequests != 0 || q.Run.AdapterHitRatio != nil {
+		t.Errorf("a queued warm-up: %d adapter requests scored (hit %s); want none", q.Run.AdapterRequests, fmtRatio(q.Run.AdapterHitRatio))
+	}
+	// A load adds its time to the first token: a's first request (a load)
+	// against its second (resident).
+	if d := res.Records[1].TTFT - res.Records[2].TTFT; d < 250 {
+		t.Errorf("TTFT of a load %.0f ms, of a resident adapter %.0f ms: want the load's 300 ms between them",
+			res.Records[1].TTFT, res.Records[2].TTFT)
 	}
 }
 

@@ -330,10 +330,26 @@ func TestBatchOfPrompts(t *testing.T) {
 	if u.PromptTokens != short+longTokens || u.CompletionTokens != 12 {
 		t.Errorf("usage %+v; want %d prompt tokens (%d and %d) and 12 completion tokens", *u, short+longTokens, short, longTokens)
 	}
-	// The long prompt was served before: its blocks are cached, as its
-	// own, not as a suffix of the short one.
+	// The long prompt, last, was served before: its blocks are cached, as
+	// its own, not as a suffix of the short one. The usage gives the last
+	// prompt's cached tokens, as vLLM's does, not the batch's sum.
 	if u.PromptTokensDetails.CachedTokens == 0 {
 		t.Errorf("cached tokens 0; want the long prompt's blocks served before")
+	}
+	resp = post(t, url+"/v1/completions", `{"prompt":["`+long+`","`+long+`"],"max_tokens":1}`)
+	var twice struct {
+		Usage struct {
+			PromptTokensDetails struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&twice); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if c := twice.Usage.PromptTokensDetails.CachedTokens; c == 0 || c >= longTokens {
+		t.Errorf("a batch of the cached prompt twice: %d cached tokens, want the last prompt's, under its %d", c, longTokens)
 	}
 
 	resp = post(t, url+"/v1/completions", `{"prompt":["hello",""],"max_tokens":3}`)
@@ -566,6 +582,48 @@ func TestSiblingsLeaveWithTheirClient(t *testing.T) {
 		t.Errorf("%d sequences in the engine, want 2: each prompt's first", g.Running+g.Waiting)
 	}
 	s.drv.cancel(first, 6)
+	if g, _ := s.drv.gauges(); g.Running+g.Waiting != 0 || driverHolds(s.drv) != 0 {
+		t.Errorf("after the client left: %d sequences in the engine, %d in the driver", g.Running+g.Waiting, driverHolds(s.drv))
+	}
+}
+
+// Siblings the engine's queue cannot take yet wait in the driver, in
+// order, and enter as it frees: one running and one waiting at most, three
+// answers all come. A client gone while one waits leaves nothing behind.
+func TestSiblingsWaitForRoomInTheQueue(t *testing.T) {
+	p, _ := engine.LookupProfile("paper")
+	p.MaxRunning = 1
+	s, url := start(t, Config{Profile: p, Speedup: 50, MaxWaiting: 1})
+	client := &http.Client{Timeout: 20 * time.Second} // a sibling dropped would hang the answer
+	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"once upon a time","max_tokens":3,"n":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body struct{ Choices []struct{ Text string } }
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != 200 || len(body.Choices) != 3 {
+		t.Fatalf("status %d, %d answers (%v); want 3", resp.StatusCode, len(body.Choices), err)
+	}
+	resp.Body.Close()
+
+	r := engine.Request{PromptTokens: 16, OutputTokens: 5000, Blocks: []uint64{7}}
+	_, first, err := s.drv.submit([]engine.Request{r, r, r}, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.drv.mu.Lock()
+		ready := len(s.drv.ready)
+		s.drv.mu.Unlock()
+		if ready == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d siblings waiting for room, want 1", ready)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	s.drv.cancel(first, 3)
 	if g, _ := s.drv.gauges(); g.Running+g.Waiting != 0 || driverHolds(s.drv) != 0 {
 		t.Errorf("after the client left: %d sequences in the engine, %d in the driver", g.Running+g.Waiting, driverHolds(s.drv))
 	}

@@ -27,7 +27,7 @@ import (
 // budget.
 func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	c := r.core
-	expected := c.cfg.Router.ExpectedOutput(&r.Route) * max(r.Route.Choices, 1) // every sequence's
+	expected := c.cfg.Router.ExpectedOutput(&r.Route) * r.Route.Sequences() // every sequence's
 	r.class = admit.Class{Priority: admit.Standard, Tokens: r.Route.PromptTokens + expected}
 	ts := c.cfg.Tenants
 	if ts == nil {

@@ -167,7 +167,7 @@ func (p *gorgoE2E) Decide(d *Decision, req *Request, reps []Replica, _ *rand.Ran
 			Prefill: prefill,
 			Queue:   w.Queue * float64(r.BacklogTokens) * r.QueueMSPerToken,
 			Decode: w.Decode*float64(r.Decoding)*prefill +
-				w.ITL*e*(r.ITLBaseMS+r.ITLSlopeMS*float64(r.InFlight+max(req.Choices, 1))),
+				w.ITL*e*(r.ITLBaseMS+r.ITLSlopeMS*float64(r.InFlight+req.Sequences())),
 			Adapter: r.AdapterMS,
 		}
 		t.Queue += w.Queue * kvWait(r, req)
@@ -205,10 +205,10 @@ func kvWait(r *Replica, req *Request) float64 {
 		mean = float64(req.ExpectedOutputTokens)
 	}
 	resident := float64(r.UnfinishedTokens) + float64(r.Decoding)*mean/2
-	deficit := resident + float64(max(req.PromptTokens-r.CachedTokens, 0)) + float64(req.ExpectedOutputTokens*max(req.Choices, 1)) - c
+	deficit := resident + float64(max(req.PromptTokens-r.CachedTokens, 0)) + float64(req.ExpectedOutputTokens*req.Sequences()) - c
 	if deficit <= 0 || resident <= 0 {
 		return 0
 	}
-	life := mean * (r.ITLBaseMS + r.ITLSlopeMS*float64(r.InFlight+max(req.Choices, 1)))
+	life := mean * (r.ITLBaseMS + r.ITLSlopeMS*float64(r.InFlight+req.Sequences()))
 	return deficit * life / resident
 }

@@ -34,6 +34,13 @@ func TestGorgoE2ETerms(t *testing.T) {
 			}
 		}
 	}
+	// A request for four answers decodes them beside the 12 in flight:
+	// own 0.1·100·(10 + 0.5·16) = 180 at a.
+	four := req
+	four.Choices = 4
+	if _, d := decide(t, "gorgo-e2e", Options{Params: w}, exact, four, reps, 1); math.Abs(d.Scores[0].Decode-780) > 1e-9 {
+		t.Errorf("four answers at a: decode term %v, want 780", d.Scores[0].Decode)
+	}
 	// With zero decode weights it is gorgo-ms.
 	ms := Values{"rtt": 1, "queue": 1}
 	zeroDecode := Values{"rtt": 1, "queue": 1, "decode": 0, "itl": 0}

@@ -46,8 +46,8 @@ type Request struct {
 	// it does not.
 	MaxOutputTokens, MinOutputTokens int
 	// Choices is how many answers the engine generates for it (a request's
-	// n); 0 means one. Output lengths (MaxOutputTokens, the estimates
-	// below) are per answer: the answers decode side by side.
+	// n); 0 means one (see Sequences). Output lengths (MaxOutputTokens,
+	// the estimates below) are per answer: the answers decode side by side.
 	Choices int
 	// ExpectedOutputTokens is the router's estimate of the output length
 	// (from the answers before it, within MinOutputTokens and
@@ -84,6 +84,15 @@ type Request struct {
 	// the replicas that serve it. Empty: any replica.
 	Model string
 }
+
+// MaxSequences is the most sequences a request is counted for: more than
+// any replica decodes at once, and few enough that a count times a
+// length, or added to a replica's count, cannot overflow.
+const MaxSequences = 1 << 16
+
+// Sequences is how many sequences the engine decodes for the request side
+// by side: Choices, at least 1 and at most MaxSequences.
+func (r *Request) Sequences() int { return min(max(r.Choices, 1), MaxSequences) }
 
 // EngineGauges are the engine-reported figures the router last scraped.
 type EngineGauges struct {

@@ -437,15 +437,15 @@ func (m *member) marginAt(k int) float64 {
 
 // underWaitingCap and withinTPOT are shelter's tests of the replica for a
 // request, shared with Predict: fewer than limit sequences waiting there
-// for their first token; an ITL, with the request's answers (choices; 0
-// is one) among its decodes, within tpotMS.
+// for their first token; an ITL, with the request's seqs sequences
+// (policy.Request.Sequences) among its decodes, within tpotMS.
 func (m *member) underWaitingCap(limit int) bool {
 	return m.inflight.Load()-m.decoding.Load() < int64(limit)
 }
 
-func (m *member) withinTPOT(tpotMS float64, choices int) bool {
+func (m *member) withinTPOT(tpotMS float64, seqs int) bool {
 	base, slope := m.itlNow()
-	return base+slope*float64(m.inflight.Load()+int64(max(choices, 1))) <= tpotMS
+	return base+slope*float64(m.inflight.Load()+int64(seqs)) <= tpotMS
 }
 
 // waited is how long, on average, the requests at the replica that await

@@ -314,7 +314,7 @@ func (r *Router) shelter(now time.Duration, req *policy.Request) {
 		r.keep(func(i int) bool { return r.cand[i].underWaitingCap(waiting) })
 	}
 	if tpot := req.TPOTSLOMS; tpot > 0 {
-		r.keep(func(i int) bool { return r.cand[i].withinTPOT(tpot, req.Choices) })
+		r.keep(func(i int) bool { return r.cand[i].withinTPOT(tpot, req.Sequences()) })
 	}
 	if budget := req.TTFTBudgetMS; budget > 0 {
 		r.keep(func(i int) bool {
@@ -339,12 +339,6 @@ func (r *Router) keep(ok func(i int) bool) {
 	}
 }
 
-// maxSeqs is the most sequences one request is counted for in a ledger:
-// more than any replica decodes at once, and few enough that a client's
-// (or a peer's) count cannot overflow the sum of the waiting sequences'
-// dispatch times.
-const maxSeqs = 1 << 16
-
 // enter adds the request to the candidate's ledger unless the replica
 // stopped being active meanwhile (drained or being removed).
 func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Ticket, bool) {
@@ -352,7 +346,7 @@ func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Tick
 	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, ExpectedOutputTokens: req.ExpectedOutputTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m,
 		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS, outKeys: keys}
 	_, t.Forecast, t.Margin = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.AdapterWaitMS)
-	t.seqs = int64(min(max(req.Choices, 1), maxSeqs))
+	t.seqs = int64(req.Sequences()) // bounded: a client's or a peer's count cannot overflow the ledger
 	t.InFlight = int(m.inflight.Add(t.seqs))
 	if State(m.state.Load()) != Active {
 		// Remove saw no request in flight, or is about to: back out. If
@@ -861,7 +855,7 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 		waiting = min(waiting, int(m.inflight.Load()-m.decoding.Load()))
 		r.fc = append(r.fc, forecastAt{ms: mean + margin, margin: margin,
 			waitOK: req.WaitingCap <= 0 || m.underWaitingCap(req.WaitingCap),
-			tpotOK: req.TPOTSLOMS <= 0 || m.withinTPOT(req.TPOTSLOMS, req.Choices)})
+			tpotOK: req.TPOTSLOMS <= 0 || m.withinTPOT(req.TPOTSLOMS, req.Sequences())})
 	}
 	if len(r.fc) == 0 {
 		return Forecast{}, policy.ErrNoReplica

@@ -1120,13 +1120,35 @@ func TestManyAnswersAreManySequences(t *testing.T) {
 	if s := a(); s.Decoding != 0 || s.InFlight != 0 || m.waitSent.Load() != 0 {
 		t.Errorf("at the end: decoding %d, in flight %d, dispatch sum %d", s.Decoding, s.InFlight, m.waitSent.Load())
 	}
+	// The TPOT filter counts the request's own sequences: with one in
+	// flight at a (ITL 10 + 0.5 a sequence), two more make 11.5 ms, over
+	// a TPOT SLO of 11.2; alone at b they make 11.
+	r2 := newRouter(t, "round-robin", 2, false)
+	for _, id := range []string{"a", "b"} {
+		r2.fleet.Load().byID[id].setITL(10, 0.5)
+	}
+	busy, err := r2.Route(0, &policy.Request{PromptTokens: 10, Blocks: blocks(6, 1), Allowed: func(id string) bool { return id == "a" }}, rng)
+	if err != nil || busy.ID != "a" {
+		t.Fatalf("%v %v", busy.ID, err)
+	}
+	for i := range 4 {
+		tk, err := r2.Route(0, &policy.Request{PromptTokens: 10, Blocks: blocks(uint64(10+i), 1), Choices: 2, TPOTSLOMS: 11.2}, rng)
+		if err != nil || tk.ID != "b" {
+			t.Fatalf("two answers with a TPOT SLO of 11.2 ms went to %s (%v), want b", tk.ID, err)
+		}
+		r2.Finish(&tk)
+	}
+	if r2.fleet.Load().byID["a"].withinTPOT(50, (&policy.Request{Choices: math.MaxInt}).Sequences()) {
+		t.Error("MaxInt answers within a TPOT of 50 ms: the count wrapped")
+	}
+	r2.Finish(&busy)
 	// A count past any engine's is bounded, not an overflow.
 	huge, err := r.Route(40*time.Second, &policy.Request{PromptTokens: 100, Blocks: blocks(5, 1), Choices: math.MaxInt}, rng)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s := a(); s.InFlight != maxSeqs {
-		t.Errorf("in flight %d for a count of MaxInt, want %d", s.InFlight, maxSeqs)
+	if s := a(); s.InFlight != policy.MaxSequences {
+		t.Errorf("in flight %d for a count of MaxInt, want %d", s.InFlight, policy.MaxSequences)
 	}
 	r.Finish(&huge)
 	if s := a(); s.InFlight != 0 {

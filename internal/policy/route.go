@@ -112,7 +112,7 @@ type Replica struct {
 	RTT time.Duration
 	// InFlight is the number of sequences this router sent to the replica
 	// that have not finished: a request for n answers is n, as the engines
-	// count them (Request.Choices).
+	// count them (Request.Sequences).
 	InFlight int
 	// UnfinishedTokens is the prompt tokens of those requests (the paper's
 	// queued tokens: raw prompt lengths, released when a request finishes).

@@ -105,7 +105,7 @@ type Ticket struct {
 	Forecast, Margin float64
 
 	m                     *member
-	seqs                  int64 // the request's answers (policy.Request.Choices), at least 1
+	seqs                  int64 // the request's sequences (policy.Request.Sequences)
 	accepted, first, done bool
 	// adapterFollowed: the replica's adapter table counts this request.
 	adapterFollowed bool
@@ -802,7 +802,7 @@ type Forecast struct {
 	// the replica where Best is); Floor the least without queue (what an
 	// idle replica would give).
 	Best, Floor, Margin time.Duration
-	// Waiting is the fewest requests a replica that can serve it has in
+	// Waiting is the fewest sequences a replica that can serve it has in
 	// flight without a first token yet: in its engine's queue or prefill.
 	Waiting int
 }

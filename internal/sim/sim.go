@@ -288,8 +288,8 @@ type simulator struct {
 	// adapterNames maps engine adapter keys back to names, for scrapes.
 	adapterNames map[uint64]string
 	adBuf        []uint64
-	// adapters is the scored requests' that ran with an adapter, and the
-	// adapter loads they caused.
+	// adapters counts the scored requests that ran with an adapter, and
+	// the adapter loads they caused.
 	adapters [2]int64
 
 	gate *admit.Gate[int32] // nil without admission

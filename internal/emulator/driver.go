@@ -205,6 +205,12 @@ func (d *driver) snapshot(adapters bool) (g engine.Gauges, tput float64, running
 	defer d.mu.Unlock()
 	d.advanceLocked(d.clk.model(time.Now()))
 	g = d.eng.Gauges()
+	// Sequences held for their prompt wait too, as the engines count a
+	// request's n at once.
+	g.Waiting += len(d.ready)
+	for _, rs := range d.held {
+		g.Waiting += len(rs)
+	}
 	if adapters {
 		running, waiting = d.eng.Adapters(nil, nil)
 	}

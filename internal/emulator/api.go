@@ -176,13 +176,21 @@ func checkSampling(body []byte, chat bool, req *prompt.Request) error {
 }
 
 // whole reads a parameter that must be a whole number of at least lo (def
-// when absent or null), held under 2^30.
+// when absent or null), or a string of one (pydantic's lax mode, which
+// vLLM's and SGLang's request models use), held under 2^30.
 func whole(raw json.RawMessage, name string, lo, def int) (int, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return def, nil
 	}
 	var f float64
-	if err := json.Unmarshal(raw, &f); err != nil || f != math.Trunc(f) {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s must be an integer, got %s", name, raw)
+		}
+		f = float64(n)
+	} else if err := json.Unmarshal(raw, &f); err != nil || f != math.Trunc(f) {
 		return 0, fmt.Errorf("%s must be an integer, got %s", name, raw)
 	}
 	if f < float64(lo) {

@@ -46,9 +46,11 @@ type Request struct {
 	Instructions int
 	// N is how many answers a chat or a completion asks for (n), and
 	// BestOf how many a completion has the engine generate to answer with
-	// the best N of (best_of), each up to MaxTokens long. Each is 1 when
-	// absent, null, less than 1 or not a whole number, and 2^16 when more:
-	// a hint for the router, which leaves refusing them to the engine.
+	// the best N of (best_of), each up to MaxTokens long: a whole number or
+	// a string of one (as vLLM's and SGLang's pydantic models read them);
+	// 1 when absent, null, less than 1 or anything else, and 2^16 when
+	// more: a hint for the router, which leaves refusing them to the
+	// engine.
 	N, BestOf int
 	// MinTokens is the least an answer will run to: min_tokens (vLLM's and
 	// SGLang's), a whole number up to 2^24, else 0 (2^24 when more): a
@@ -439,13 +441,29 @@ func (p *parser) countField() (int, error) { return p.wholeHint(1, maxChoices, 1
 const maxHintTokens = 1 << 24
 
 // wholeHint reads a number the router only takes as a hint: a whole number
-// from lo to hi (hi when more), else (null and any other type included)
-// def.
+// from lo to hi (hi when more), or a string of one (vLLM's and SGLang's
+// pydantic models take "2" for 2), else (null and any other type
+// included) def.
 func (p *parser) wholeHint(lo, hi, def int) (int, error) {
 	kind := p.dec.PeekKind()
 	raw, err := p.dec.ReadValue()
-	if err != nil || kind != '0' {
+	if err != nil {
 		return def, err
+	}
+	switch kind {
+	case '0':
+	case '"':
+		text, err := jsontext.AppendUnquote(nil, raw)
+		if err != nil {
+			return def, nil
+		}
+		n, err := strconv.ParseInt(string(text), 10, 64)
+		if err != nil || n < int64(lo) {
+			return def, nil
+		}
+		return int(min(n, int64(hi))), nil
+	default:
+		return def, nil
 	}
 	f, err := strconv.ParseFloat(string(raw), 64)
 	if err != nil || f != math.Trunc(f) || f < float64(lo) {

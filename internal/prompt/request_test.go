@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -92,15 +93,28 @@ func reference(body []byte, chat bool) (Request, error) {
 		out.MaxTokens, out.HasMaxTokens = *max, true
 	}
 	var least float64
-	if json.Unmarshal(minTokens, &least) == nil && least == math.Trunc(least) && least >= 0 {
+	var s string
+	if json.Unmarshal(minTokens, &s) == nil {
+		if n, err := strconv.ParseInt(s, 10, 64); err == nil && n >= 0 {
+			out.MinTokens = int(min(n, 1<<24))
+		}
+	} else if json.Unmarshal(minTokens, &least) == nil && least == math.Trunc(least) && least >= 0 {
 		out.MinTokens = int(min(least, 1<<24))
 	}
 	return out, nil
 }
 
 // choicesOf is what N or BestOf take from an n or best_of: a whole number
-// from 1 to 2^16 (2^16 when more), else 1.
+// from 1 to 2^16 (2^16 when more), or a string of one, else 1.
 func choicesOf(raw json.RawMessage) int {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 1 {
+			return 1
+		}
+		return int(min(n, 1<<16))
+	}
 	var f float64
 	if json.Unmarshal(raw, &f) != nil || f != math.Trunc(f) || f < 1 {
 		return 1
@@ -256,8 +270,12 @@ var requestCases = []struct {
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, N: 4}},
 	{name: "chat n null after a count", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":4,"N":null}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
-	{name: "chat n not a count", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":"4"}`,
+	{name: "chat n a string of a count", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":"4"}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, N: 4}},
+	{name: "chat n a string of no count", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":"4.5"}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "chat n an escaped string", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":"\u0034"}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, N: 4}},
 	{name: "chat n fractional, zero, huge", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":2.5,"n":0,"n":1e300}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, N: 1 << 16}},
 	{name: "chat n zero", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":0}`,
@@ -282,7 +300,7 @@ var requestCases = []struct {
 	{name: "min_tokens of other types", body: `{"prompt":"p","min_tokens":2.5,"max_tokens":9}`,
 		want: Request{Text: []byte("p"), MaxTokens: 9, HasMaxTokens: true}},
 	{name: "min_tokens a string", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"min_tokens":"7"}`,
-		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, MinTokens: 7}},
 	{name: "completion best_of", body: `{"prompt":"p","n":2,"best_of":5}`,
 		want: Request{Text: []byte("p"), MaxTokens: -1, N: 2, BestOf: 5}},
 	{name: "completion n", body: `{"prompt":"p","n":3,"best_of":null}`,

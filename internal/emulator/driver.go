@@ -139,7 +139,9 @@ func newDriver(eng *engine.Engine, clk *clock) *driver {
 // once it has its first token, so that they find the prompt in the cache
 // and the engine computes it once (SGLang prefills such a prompt alone
 // first; vLLM's siblings share its blocks). Every sequence's length is
-// the same, so nothing waits on a later sibling.
+// the same, so nothing waits on a later sibling. A request refused for a
+// full queue is refused whole; once its first prompt is in, its later
+// prompts wait for room, as a batch in an engine's own queue would.
 func (d *driver) submit(rs []engine.Request, group int) (s *stream, first uint64, err error) {
 	group = max(group, 1)
 	d.mu.Lock()
@@ -147,13 +149,19 @@ func (d *driver) submit(rs []engine.Request, group int) (s *stream, first uint64
 	d.advanceLocked(now)
 	s = &stream{notify: make(chan struct{}, 1), at: now}
 	first = d.nextID + 1
+	full := false // a later prompt found the queue full: it and the rest wait their turn
 	for i, r := range rs {
 		d.nextID++
 		r.ID = d.nextID
 		if k := i % group; k > 0 {
 			leader := r.ID - uint64(k)
 			d.held[leader] = append(d.held[leader], r)
-		} else if err := d.eng.Submit(now, r); err != nil {
+		} else if full {
+			d.ready = append(d.ready, r)
+		} else if err := d.eng.Submit(now, r); errors.Is(err, engine.ErrQueueFull) && i > 0 {
+			full = true
+			d.ready = append(d.ready, r)
+		} else if err != nil {
 			d.cancelLocked(first, i)
 			d.mu.Unlock()
 			return nil, 0, err

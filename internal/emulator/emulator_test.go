@@ -597,8 +597,9 @@ func TestSiblingsLeaveWithTheirClient(t *testing.T) {
 }
 
 // Siblings the engine's queue cannot take yet wait in the driver, in
-// order, and enter as it frees: one running and one waiting at most, three
-// answers all come. A client gone while one waits leaves nothing behind.
+// order, and enter as it frees, as do a batch's later prompts: one running
+// and one waiting at most, three answers all come. A client gone while one
+// waits leaves nothing behind.
 func TestSiblingsWaitForRoomInTheQueue(t *testing.T) {
 	p, _ := engine.LookupProfile("paper")
 	p.MaxRunning = 1
@@ -611,6 +612,16 @@ func TestSiblingsWaitForRoomInTheQueue(t *testing.T) {
 	var body struct{ Choices []struct{ Text string } }
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != 200 || len(body.Choices) != 3 {
 		t.Fatalf("status %d, %d answers (%v); want 3", resp.StatusCode, len(body.Choices), err)
+	}
+	resp.Body.Close()
+	// A batch's later prompts wait their turn as well: the request is
+	// refused only when its first cannot get in.
+	resp, err = client.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":["once","upon","a time"],"max_tokens":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != 200 || len(body.Choices) != 3 {
+		t.Fatalf("a batch of three: status %d, %d answers (%v); want 3", resp.StatusCode, len(body.Choices), err)
 	}
 	resp.Body.Close()
 

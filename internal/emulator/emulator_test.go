@@ -620,8 +620,9 @@ func TestSiblingsWaitForRoomInTheQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != 200 || len(body.Choices) != 3 {
-		t.Fatalf("a batch of three: status %d, %d answers (%v); want 3", resp.StatusCode, len(body.Choices), err)
+	var batch struct{ Choices []struct{ Text string } }
+	if err := json.NewDecoder(resp.Body).Decode(&batch); err != nil || resp.StatusCode != 200 || len(batch.Choices) != 3 {
+		t.Fatalf("a batch of three: status %d, %d answers (%v); want 3", resp.StatusCode, len(batch.Choices), err)
 	}
 	resp.Body.Close()
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -107,7 +106,7 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return nil, false
 	}
-	if err := checkSampling(body, chat, req); err != nil {
+	if err := checkSampling(chat, req); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return nil, false
 	}
@@ -138,65 +137,27 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 	return j, s.fill(w, r, j, req, max)
 }
 
-// checkSampling refuses the sampling parameters the router reads only as
-// hints (prompt.Request's N, BestOf, MinTokens) where vLLM's
-// SamplingParams refuses them: n and best_of not whole numbers of at least
-// 1, best_of less than n, min_tokens not a whole number of at least 0, or
-// more than max_tokens.
-func checkSampling(body []byte, chat bool, req *prompt.Request) error {
-	var in struct {
-		N         json.RawMessage `json:"n"`
-		BestOf    json.RawMessage `json:"best_of"`
-		MinTokens json.RawMessage `json:"min_tokens"`
+// checkSampling refuses what vLLM's SamplingParams refuses of the sampling
+// parameters the router reads only as hints (prompt.Request.Odd): n or
+// best_of not a whole number of at least 1, best_of less than n,
+// min_tokens not a whole number of at least 0, or more than max_tokens.
+func checkSampling(chat bool, req *prompt.Request) error {
+	switch {
+	case req.Odd&prompt.HintN != 0:
+		return errors.New("n must be an integer of at least 1")
+	case chat:
+	case req.Odd&prompt.HintBestOf != 0:
+		return errors.New("best_of must be an integer of at least 1")
+	case req.BestOf != 0 && req.BestOf < req.N:
+		return fmt.Errorf("best_of must be greater than or equal to n, got n=%d and best_of=%d", req.N, req.BestOf)
 	}
-	if err := json.Unmarshal(body, &in); err != nil {
-		return err // ParseRequest took it: not reached
-	}
-	n, err := whole(in.N, "n", 1, 1)
-	if err != nil {
-		return err
-	}
-	if !chat {
-		bestOf, err := whole(in.BestOf, "best_of", 1, n)
-		if err != nil {
-			return err
-		}
-		if bestOf < n {
-			return fmt.Errorf("best_of must be greater than or equal to n, got n=%d and best_of=%d", n, bestOf)
-		}
-	}
-	least, err := whole(in.MinTokens, "min_tokens", 0, 0)
-	if err != nil {
-		return err
-	}
-	if req.HasMaxTokens && least > req.MaxTokens {
-		return fmt.Errorf("min_tokens must be less than or equal to max_tokens=%d, got %d", req.MaxTokens, least)
+	switch {
+	case req.Odd&prompt.HintMinTokens != 0:
+		return errors.New("min_tokens must be an integer of at least 0")
+	case req.HasMaxTokens && req.MinTokens > req.MaxTokens:
+		return fmt.Errorf("min_tokens must be less than or equal to max_tokens=%d, got %d", req.MaxTokens, req.MinTokens)
 	}
 	return nil
-}
-
-// whole reads a parameter that must be a whole number of at least lo (def
-// when absent or null), or a string of one (pydantic's lax mode, which
-// vLLM's and SGLang's request models use), held under 2^30.
-func whole(raw json.RawMessage, name string, lo, def int) (int, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return def, nil
-	}
-	var f float64
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s must be an integer, got %s", name, raw)
-		}
-		f = float64(n)
-	} else if err := json.Unmarshal(raw, &f); err != nil || f != math.Trunc(f) {
-		return 0, fmt.Errorf("%s must be an integer, got %s", name, raw)
-	}
-	if f < float64(lo) {
-		return 0, fmt.Errorf("%s must be at least %d, got %s", name, lo, raw)
-	}
-	return int(min(f, 1<<30)), nil
 }
 
 // fill estimates the prompts, decides the output length (max, or the

@@ -383,12 +383,12 @@ func TestErrorsAreOpenAIShaped(t *testing.T) {
 		// The sampling parameters the router reads only as hints are
 		// checked as vLLM checks them.
 		{"/v1/completions", `{"prompt":"x","n":3,"best_of":2}`, 400, "best_of must be greater than or equal to n"},
-		{"/v1/completions", `{"prompt":"x","n":0}`, 400, "n must be at least 1"},
+		{"/v1/completions", `{"prompt":"x","n":0}`, 400, "n must be an integer of at least 1"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":2.5}`, 400, "n must be an integer"},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"n":"two"}`, 400, "n must be an integer"},
 		{"/v1/completions", `{"prompt":"x","n":"3","best_of":"2"}`, 400, "best_of must be greater than or equal to n, got n=3 and best_of=2"},
 		{"/v1/completions", `{"prompt":"x","n":70000}`, 400, "at most"},
-		{"/v1/completions", `{"prompt":"x","min_tokens":-1}`, 400, "min_tokens must be at least 0"},
+		{"/v1/completions", `{"prompt":"x","min_tokens":-1}`, 400, "min_tokens must be an integer of at least 0"},
 		{"/v1/completions", `{"prompt":"x","min_tokens":9,"max_tokens":8}`, 400, "min_tokens must be less than or equal to max_tokens=8"},
 		{"/v2/everything", `{}`, 404, "no route"},
 	}
@@ -569,7 +569,7 @@ func driverHolds(d *driver) int {
 // A request's later sequences wait for its first's first token; a client
 // gone before that leaves nothing behind, held or running.
 func TestSiblingsLeaveWithTheirClient(t *testing.T) {
-	s, _ := start(t, Config{})
+	s, _ := start(t, Config{Speedup: 0.001}) // no first token while the test looks
 	blocks := make([]uint64, (20000+s.page-1)/s.page)
 	for i := range blocks {
 		blocks[i] = uint64(i + 1)
@@ -604,29 +604,32 @@ func TestSiblingsWaitForRoomInTheQueue(t *testing.T) {
 	p, _ := engine.LookupProfile("paper")
 	p.MaxRunning = 1
 	s, url := start(t, Config{Profile: p, Speedup: 50, MaxWaiting: 1})
-	client := &http.Client{Timeout: 20 * time.Second} // a sibling dropped would hang the answer
-	resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"once upon a time","max_tokens":3,"n":3}`))
-	if err != nil {
-		t.Fatal(err)
+	client := &http.Client{Timeout: time.Minute} // a sibling dropped would hang the answer
+	answers := func(body string) int {
+		t.Helper()
+		resp, err := client.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out struct{ Choices []struct{ Text string } }
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: status %d (%v)", body, resp.StatusCode, err)
+		}
+		return len(out.Choices)
 	}
-	var body struct{ Choices []struct{ Text string } }
-	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != 200 || len(body.Choices) != 3 {
-		t.Fatalf("status %d, %d answers (%v); want 3", resp.StatusCode, len(body.Choices), err)
+	if n := answers(`{"prompt":"once upon a time","max_tokens":3,"n":3}`); n != 3 {
+		t.Errorf("%d answers, want 3", n)
 	}
-	resp.Body.Close()
 	// A batch's later prompts wait their turn as well: the request is
 	// refused only when its first cannot get in.
-	resp, err = client.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"prompt":["once","upon","a time"],"max_tokens":3}`))
-	if err != nil {
-		t.Fatal(err)
+	if n := answers(`{"prompt":["once","upon","a time"],"max_tokens":3}`); n != 3 {
+		t.Errorf("a batch of three: %d answers, want 3", n)
 	}
-	var batch struct{ Choices []struct{ Text string } }
-	if err := json.NewDecoder(resp.Body).Decode(&batch); err != nil || resp.StatusCode != 200 || len(batch.Choices) != 3 {
-		t.Fatalf("a batch of three: status %d, %d answers (%v); want 3", resp.StatusCode, len(batch.Choices), err)
-	}
-	resp.Body.Close()
 
-	r := engine.Request{PromptTokens: 16, OutputTokens: 5000, Blocks: []uint64{7}}
+	// A leader that runs for minutes of the model's time holds the one
+	// running slot while the test looks.
+	r := engine.Request{PromptTokens: 16, OutputTokens: 100000, Blocks: []uint64{7}}
 	_, first, err := s.drv.submit([]engine.Request{r, r, r}, 3)
 	if err != nil {
 		t.Fatal(err)

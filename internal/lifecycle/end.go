@@ -65,11 +65,10 @@ func (r *Request) report(status int) {
 	}
 	rt := r.core.cfg.Router
 	if status == statusOK && r.done {
-		// The token gap only from a stream of one answer and at least two
-		// token events (several answers end with the longest, whose length
-		// the usage does not give); the length from any complete answer.
+		// The token gap only where it was timed (gapTimed); the length
+		// from any complete answer.
 		var decode time.Duration
-		if r.tokens > 1 && r.Parsed.Answers() == 1 {
+		if r.gapTimed() {
 			decode = r.lastTok.Sub(r.first)
 		}
 		rt.Decoded(&r.ticket, r.answerTokens(), decode)
@@ -112,9 +111,8 @@ func (r *Request) learn(status int, at time.Time) {
 	if !out.Failed {
 		out.TTFT, out.E2E, out.Queued = r.first.Sub(r.sent), at.Sub(r.sent), r.sent.Sub(r.Received)
 		// Per token, not per chunk: an engine may stream several tokens
-		// in one event (the usage, when it came, says how many). Not for
-		// several answers (see report).
-		if n := r.answerTokens(); r.tokens > 1 && n > 1 && r.Parsed.Answers() == 1 {
+		// in one event (the usage, when it came, says how many).
+		if n := r.answerTokens(); n > 1 && r.gapTimed() {
 			out.ITL = r.lastTok.Sub(r.first) / time.Duration(n-1)
 		}
 	}
@@ -182,6 +180,11 @@ func (r *Request) abandon() {
 
 // noTTFT stands for the TTFT of a request that had no first token.
 const noTTFT = time.Duration(-1)
+
+// gapTimed reports whether the stream timed its answer's token gap: one
+// answer (several end with the longest, whose length the usage does not
+// give) in at least two token events.
+func (r *Request) gapTimed() bool { return r.tokens > 1 && r.Parsed.Answers() == 1 }
 
 // answerTokens is the mean length of the request's answers (n of them
 // for each prompt decode side by side, each its own tokens; the usage, or

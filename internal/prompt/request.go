@@ -47,10 +47,10 @@ type Request struct {
 	// N is how many answers a chat or a completion asks for (n), and
 	// BestOf how many a completion has the engine generate to answer with
 	// the best N of (best_of), each up to MaxTokens long: a whole number or
-	// a string of one (as vLLM's and SGLang's pydantic models read them);
-	// 1 when absent, null, less than 1 or anything else, and 2^16 when
-	// more: a hint for the router, which leaves refusing them to the
-	// engine.
+	// a string of one (as vLLM's and SGLang's pydantic models read them),
+	// 2^16 when more; else N is 1 and BestOf 0 (as many as N). They are
+	// hints for the router, which leaves refusing them to the engine (see
+	// Odd).
 	N, BestOf int
 	// MinTokens is the least an answer will run to: min_tokens (vLLM's and
 	// SGLang's), a whole number up to 2^24, else 0 (2^24 when more): a
@@ -63,6 +63,11 @@ type Request struct {
 	// the engine answers as so many requests), where each ends in Text;
 	// empty for one prompt.
 	PromptEnds []int
+	// Odd marks the hints (n, best_of, min_tokens) given a value that is
+	// not a count (not a whole number or a string of one; less than 1, or
+	// 0 for min_tokens): the router reads them as absent, and an engine
+	// refuses the request (the emulator does).
+	Odd Hints
 }
 
 // Prompts is how many prompts the request carries: a completion's batch,
@@ -70,13 +75,22 @@ type Request struct {
 func (r *Request) Prompts() int { return max(len(r.PromptEnds), 1) }
 
 // Choices is how many sequences the engine generates for the request: N,
-// or BestOf when larger, for each of its prompts (at most 2^16).
-func (r *Request) Choices() int { return min(max(r.N, r.BestOf, 1)*r.Prompts(), maxChoices) }
+// or BestOf when larger, for each of its prompts.
+func (r *Request) Choices() int { return max(r.N, r.BestOf, 1) * r.Prompts() }
 
 // Answers is how many answers the request gets back, and its usage counts:
-// N for each of its prompts (at most 2^16). BestOf's other sequences are
-// generated, not shown, and not counted (vLLM's usage).
-func (r *Request) Answers() int { return min(max(r.N, 1)*r.Prompts(), maxChoices) }
+// N for each of its prompts. BestOf's other sequences are generated, not
+// shown, and not counted (vLLM's usage).
+func (r *Request) Answers() int { return max(r.N, 1) * r.Prompts() }
+
+// Hints names the fields the router reads only as hints (Request.Odd).
+type Hints uint8
+
+const (
+	HintN Hints = 1 << iota
+	HintBestOf
+	HintMinTokens
+)
 
 // Errors of ParseRequest that the old functions give too.
 var (
@@ -162,6 +176,7 @@ type parser struct {
 	hasMax, hasMaxComp bool
 	n, bestOf          int
 	minTok             int
+	odd                Hints
 	batch, item        decoder // re-read a completion prompt's list, and one of its items
 }
 
@@ -189,8 +204,8 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	p.inputParts = false
 	model, user := r.Model, r.User
 	*r = Request{Text: r.Text[:0], PromptEnds: r.PromptEnds[:0], MaxTokens: -1}
-	p.n, p.bestOf = 1, 1
-	p.minTok = 0
+	p.n, p.bestOf = 1, 0
+	p.minTok, p.odd = 0, 0
 	p.in.Reset(body)
 	p.dec.Reset(&p.in, decodeOptions...)
 	p.hasModel, p.hasUser, p.messages, p.hasMsgs, p.hasMax, p.hasMaxComp = false, false, false, false, false, false
@@ -230,11 +245,11 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 		case f == fStreamOptions:
 			err = p.streamOptions(&r.IncludeUsage)
 		case f == fN && mode != modeInput:
-			p.n, err = p.countField()
+			p.n, err = p.hint(HintN, 1, maxChoices, 1)
 		case f == fBestOf && mode == modeCompletion:
-			p.bestOf, err = p.countField()
+			p.bestOf, err = p.hint(HintBestOf, 1, maxChoices, 0)
 		case f == fMinTokens && mode != modeInput:
-			p.minTok, err = p.wholeHint(0, maxHintTokens, 0)
+			p.minTok, err = p.hint(HintMinTokens, 0, maxHintTokens, 0)
 		default:
 			err = d.SkipValue()
 		}
@@ -258,7 +273,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 		r.MaxTokens, r.HasMaxTokens = int(p.maxTok), true
 	}
 	r.N, r.BestOf = p.n, p.bestOf
-	r.MinTokens = p.minTok
+	r.MinTokens, r.Odd = p.minTok, p.odd
 	r.Model = keep(p.model, p.hasModel, model)
 	r.User = keep(p.user, p.hasUser, user)
 	switch mode {
@@ -427,49 +442,42 @@ func (p *parser) intField(name string) (int64, bool, error) {
 	return -1, false, fmt.Errorf("%s must be an integer", name)
 }
 
-// maxChoices bounds Choices and Answers: no engine generates more answers
-// for one request (vLLM caps n far lower), and what they are multiplied
-// by (an answer's expected length) cannot overflow.
+// maxChoices bounds N and BestOf: no engine generates more answers for
+// one request (vLLM caps n far lower).
 const maxChoices = 1 << 16
-
-// countField reads a count the router only takes as a hint (n, best_of):
-// a whole number from 1 to maxChoices (maxChoices when more), else (null
-// included) 1.
-func (p *parser) countField() (int, error) { return p.wholeHint(1, maxChoices, 1) }
 
 // maxHintTokens bounds MinTokens: more than any context.
 const maxHintTokens = 1 << 24
 
-// wholeHint reads a number the router only takes as a hint: a whole number
-// from lo to hi (hi when more), or a string of one (vLLM's and SGLang's
-// pydantic models take "2" for 2), else (null and any other type
-// included) def.
-func (p *parser) wholeHint(lo, hi, def int) (int, error) {
+// hint reads a number the router only takes as a hint (the field h): a
+// whole number from lo to hi (hi when more), or a string of one (vLLM's
+// and SGLang's pydantic models take "2" for 2), else def; a value other
+// than null that is none of these marks h in p.odd (the last value of a
+// repeated field counts, as it does for the engines).
+func (p *parser) hint(h Hints, lo, hi, def int) (int, error) {
 	kind := p.dec.PeekKind()
 	raw, err := p.dec.ReadValue()
 	if err != nil {
 		return def, err
 	}
+	p.odd &^= h
+	v, ok := def, kind == 'n'
 	switch kind {
 	case '0':
+		if f, err := strconv.ParseFloat(string(raw), 64); err == nil && f == math.Trunc(f) && f >= float64(lo) {
+			v, ok = int(min(f, float64(hi))), true
+		}
 	case '"':
-		text, err := jsontext.AppendUnquote(nil, raw)
-		if err != nil {
-			return def, nil
+		if text, err := jsontext.AppendUnquote(nil, raw); err == nil {
+			if n, err := strconv.ParseInt(string(text), 10, 64); err == nil && n >= int64(lo) {
+				v, ok = int(min(n, int64(hi))), true
+			}
 		}
-		n, err := strconv.ParseInt(string(text), 10, 64)
-		if err != nil || n < int64(lo) {
-			return def, nil
-		}
-		return int(min(n, int64(hi))), nil
-	default:
-		return def, nil
 	}
-	f, err := strconv.ParseFloat(string(raw), 64)
-	if err != nil || f != math.Trunc(f) || f < float64(lo) {
-		return def, nil
+	if !ok {
+		p.odd |= h
 	}
-	return int(min(f, float64(hi))), nil
+	return v, nil
 }
 
 // boolField reads a boolean; null leaves it as it was.

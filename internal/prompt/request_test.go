@@ -61,7 +61,7 @@ func reference(body []byte, chat bool) (Request, error) {
 			max = in.MaxCompletionTokens
 		}
 		out.Model, out.User, stream, opts = in.Model, in.User, in.Stream, in.StreamOptions
-		out.N = choicesOf(in.N)
+		out.N = hintOf(in.N, HintN, 1, 1<<16, 1, &out.Odd)
 		minTokens = in.MinTokens
 	} else {
 		var in struct {
@@ -81,7 +81,8 @@ func reference(body []byte, chat bool) (Request, error) {
 		text, out.PromptEnds, err = CompletionBytes(in.Prompt)
 		max = in.MaxTokens
 		out.Model, out.User, stream, opts = in.Model, in.User, in.Stream, in.StreamOptions
-		out.N, out.BestOf = choicesOf(in.N), choicesOf(in.BestOf)
+		out.N = hintOf(in.N, HintN, 1, 1<<16, 1, &out.Odd)
+		out.BestOf = hintOf(in.BestOf, HintBestOf, 1, 1<<16, 0, &out.Odd)
 		minTokens = in.MinTokens
 	}
 	if err != nil {
@@ -92,43 +93,33 @@ func reference(body []byte, chat bool) (Request, error) {
 	if max != nil {
 		out.MaxTokens, out.HasMaxTokens = *max, true
 	}
-	var least float64
-	var s string
-	if json.Unmarshal(minTokens, &s) == nil {
-		if n, err := strconv.ParseInt(s, 10, 64); err == nil && n >= 0 {
-			out.MinTokens = int(min(n, 1<<24))
-		}
-	} else if json.Unmarshal(minTokens, &least) == nil && least == math.Trunc(least) && least >= 0 {
-		out.MinTokens = int(min(least, 1<<24))
-	}
+	out.MinTokens = hintOf(minTokens, HintMinTokens, 0, 1<<24, 0, &out.Odd)
 	return out, nil
 }
 
-// choicesOf is what N or BestOf take from an n or best_of: a whole number
-// from 1 to 2^16 (2^16 when more), or a string of one, else 1.
-func choicesOf(raw json.RawMessage) int {
+// hintOf is what a hint takes from its raw value: a whole number from lo
+// to hi (hi when more), or a string of one; else def, and, unless the
+// value is absent or null, h marked in odd.
+func hintOf(raw json.RawMessage, h Hints, lo, hi, def int, odd *Hints) int {
+	if len(raw) == 0 || string(raw) == "null" {
+		return def
+	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || n < 1 {
-			return 1
+		if n, err := strconv.ParseInt(s, 10, 64); err == nil && n >= int64(lo) {
+			return int(min(n, int64(hi)))
 		}
-		return int(min(n, 1<<16))
+	} else if f := 0.0; json.Unmarshal(raw, &f) == nil && f == math.Trunc(f) && f >= float64(lo) {
+		return int(min(f, float64(hi)))
 	}
-	var f float64
-	if json.Unmarshal(raw, &f) != nil || f != math.Trunc(f) || f < 1 {
-		return 1
-	}
-	return int(min(f, 1<<16))
+	*odd |= h
+	return def
 }
 
 // same reports how got and want differ ("" if they do not).
 func same(got, want Request) string {
 	if want.N == 0 {
 		want.N = 1 // the cases leave it out
-	}
-	if want.BestOf == 0 {
-		want.BestOf = 1
 	}
 	if len(got.PromptEnds) == 0 && len(want.PromptEnds) == 0 {
 		got.PromptEnds, want.PromptEnds = nil, nil // a reused buffer, or none
@@ -273,15 +264,17 @@ var requestCases = []struct {
 	{name: "chat n a string of a count", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":"4"}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, N: 4}},
 	{name: "chat n a string of no count", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":"4.5"}`,
-		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, Odd: HintN}},
 	{name: "chat n an escaped string", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":"\u0034"}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, N: 4}},
 	{name: "chat n fractional, zero, huge", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":2.5,"n":0,"n":1e300}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, N: 1 << 16}},
 	{name: "chat n zero", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":0}`,
-		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, Odd: HintN}},
 	{name: "chat n fractional", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"n":2.5}`,
-		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, Odd: HintN}},
+	{name: "completion best_of odd, min_tokens negative", body: `{"prompt":"p","best_of":true,"min_tokens":-1}`,
+		want: Request{Text: []byte("p"), MaxTokens: -1, Odd: HintBestOf | HintMinTokens}},
 	{name: "huge min_tokens", body: `{"prompt":"p","min_tokens":1e30}`,
 		want: Request{Text: []byte("p"), MaxTokens: -1, MinTokens: 1 << 24}},
 	{name: "completion batch of strings", body: `{"prompt":["a","bc"],"n":2}`,
@@ -298,7 +291,7 @@ var requestCases = []struct {
 	{name: "completion min_tokens, ignore_eos", body: `{"prompt":"p","ignore_eos":true,"min_tokens":3,"max_tokens":40}`,
 		want: Request{Text: []byte("p"), MaxTokens: 40, HasMaxTokens: true, MinTokens: 3}},
 	{name: "min_tokens of other types", body: `{"prompt":"p","min_tokens":2.5,"max_tokens":9}`,
-		want: Request{Text: []byte("p"), MaxTokens: 9, HasMaxTokens: true}},
+		want: Request{Text: []byte("p"), MaxTokens: 9, HasMaxTokens: true, Odd: HintMinTokens}},
 	{name: "min_tokens a string", chat: true, body: `{"messages":[{"role":"user","content":"x"}],"min_tokens":"7"}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1, MinTokens: 7}},
 	{name: "completion best_of", body: `{"prompt":"p","n":2,"best_of":5}`,
@@ -867,8 +860,7 @@ func TestInstructionsStartOver(t *testing.T) {
 }
 
 // Choices counts the sequences an engine generates (best_of's hidden ones
-// too), Answers those it shows and its usage counts; both are bounded, so
-// that an answer's length times either cannot overflow.
+// too), Answers those it shows and its usage counts.
 func TestChoicesAndAnswers(t *testing.T) {
 	for _, c := range []struct {
 		body             string
@@ -878,7 +870,7 @@ func TestChoicesAndAnswers(t *testing.T) {
 		{`{"prompt":"p","n":2,"best_of":5}`, 5, 2},
 		{`{"prompt":"p","best_of":3}`, 3, 1},
 		{`{"prompt":["a","b","c"],"n":2}`, 6, 6},
-		{`{"prompt":["a","b","c"],"n":70000}`, 1 << 16, 1 << 16},
+		{`{"prompt":["a","b","c"],"n":70000,"best_of":2}`, 3 << 16, 3 << 16},
 	} {
 		var r Request
 		if err := ParseRequest([]byte(c.body), false, &r); err != nil {

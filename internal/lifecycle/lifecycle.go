@@ -203,8 +203,9 @@ type Request struct {
 	completionTokens int
 	done             bool // the final event was relayed
 
-	blocks  []uint64
-	spliced []byte
+	blocks    []uint64
+	blockEnds []int // a batch's chains' ends in blocks (policy.Request.BlockEnds)
+	spliced   []byte
 	// rewritten is the client's body with the model an alias stood for
 	// (nil: not rewritten), in rewriteBuf; modelLabel the model of its
 	// metrics; cacheModel the model its prompt's blocks are keyed by (an
@@ -275,8 +276,20 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 		return nil, e
 	}
 	// The index is keyed by model, as the engines' caches are.
-	r.blocks = prefix.Keyed(est.Blocks(text, c.cfg.BlockTokens, r.blocks[:0]), prefix.ModelKey(r.cacheModel))
-	r.Route.Blocks = r.blocks
+	// A batch's prompts are cached apart, each its own chain, as the
+	// engine runs them: so many requests.
+	r.blocks, r.blockEnds = r.blocks[:0], r.blockEnds[:0]
+	start := 0
+	for _, end := range r.Parsed.PromptEnds {
+		r.blocks = est.Blocks(text[start:end], c.cfg.BlockTokens, r.blocks)
+		r.blockEnds = append(r.blockEnds, len(r.blocks))
+		start = end + 1 // past the newline that ends it
+	}
+	if len(r.blockEnds) == 0 {
+		r.blocks = est.Blocks(text, c.cfg.BlockTokens, r.blocks)
+	}
+	r.blocks = prefix.Keyed(r.blocks, prefix.ModelKey(r.cacheModel))
+	r.Route.Blocks, r.Route.BlockEnds = r.blocks, r.blockEnds
 	r.Body = body
 	if r.rewritten != nil {
 		r.Body = r.rewritten
@@ -290,7 +303,7 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 
 func (r *Request) reset(c *Core, received time.Time) {
 	*r = Request{core: c, Parsed: prompt.Request{Text: r.Parsed.Text[:0], Model: r.Parsed.Model, User: r.Parsed.User},
-		fbBuf: r.fbBuf[:0], blocks: r.blocks[:0], spliced: r.spliced[:0], Received: received, cached: -1, held: r.held,
+		fbBuf: r.fbBuf[:0], blocks: r.blocks[:0], blockEnds: r.blockEnds[:0], spliced: r.spliced[:0], Received: received, cached: -1, held: r.held,
 		rewriteBuf: r.rewriteBuf[:0]}
 }
 
@@ -500,8 +513,8 @@ const pooledBytes = 1 << 20
 
 func (r *Request) release() {
 	r.Body = nil
-	if cap(r.Parsed.Text) > pooledBytes || cap(r.spliced) > pooledBytes || cap(r.blocks) > pooledBytes/8 || cap(r.rewriteBuf) > pooledBytes {
-		r.Parsed.Text, r.spliced, r.blocks, r.rewriteBuf = nil, nil, nil, nil
+	if cap(r.Parsed.Text) > pooledBytes || cap(r.spliced) > pooledBytes || cap(r.blocks) > pooledBytes/8 || cap(r.blockEnds) > pooledBytes/8 || cap(r.rewriteBuf) > pooledBytes {
+		r.Parsed.Text, r.spliced, r.blocks, r.blockEnds, r.rewriteBuf = nil, nil, nil, nil, nil
 	}
 	r.core.pool.Put(r)
 }

@@ -454,3 +454,50 @@ func TestBatchCachedReportIsNotEvidence(t *testing.T) {
 		}
 	}
 }
+
+// A batch's prompts are cached apart, as the engine runs them: a prompt
+// sent alone after a batch finds its blocks where the batch went, and a
+// batch's later prompt is credited the blocks it shares with an earlier
+// one, which the replica computes once.
+func TestBatchPromptsAreCachedApart(t *testing.T) {
+	p := strings.Repeat("the first prompt of the batch, long enough for blocks ", 6)
+	q := strings.Repeat("another prompt that shares nothing with the first one ", 6)
+	batch := func(prompts ...string) []byte {
+		return []byte(`{"model":"m","prompt":["` + strings.Join(prompts, `","`) + `"],"max_tokens":8}`)
+	}
+	core, _, _, _ := setup(t)
+	est := core.cfg.Est
+	t0 := time.Unix(100, 0)
+	send := func(body []byte) router.Ticket {
+		t.Helper()
+		r, err := core.begin(body, Completion, "", t0, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := r.next(); !ok {
+			t.Fatal("not dispatched")
+		}
+		tk := r.ticket
+		r.sent = t0
+		r.accepted()
+		r.Done()
+		r.end(Outcome{Status: 200}, t0.Add(30*time.Millisecond))
+		return tk
+	}
+	first := send(batch(p, q))
+	if first.EstCachedTokens != 0 {
+		t.Fatalf("a fresh batch of two unrelated prompts is estimated %d tokens cached", first.EstCachedTokens)
+	}
+	alone := send([]byte(`{"model":"m","prompt":"` + q + `","max_tokens":8}`))
+	full := est.Tokens([]byte(q)) / 16 * 16
+	if alone.ID != first.ID || alone.EstCachedTokens < full {
+		t.Errorf("the batch's second prompt alone: %s with %d tokens cached; want %s with at least %d", alone.ID, alone.EstCachedTokens, first.ID, full)
+	}
+	// A fresh batch whose prompts share a long opening: its second prompt
+	// finds the opening the first computed, wherever the batch goes.
+	shared := strings.Repeat("shared instructions of an evaluation's few shots ", 8)
+	sb := send(batch(shared+"question one", shared+"question two"))
+	if min := est.Tokens([]byte(shared)) / 16 * 16; sb.EstCachedTokens < min-16 {
+		t.Errorf("a batch sharing a %d-token opening is estimated %d tokens cached", est.Tokens([]byte(shared)), sb.EstCachedTokens)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
 // A short bus blip at the router whose requests are mirrored: the events it
@@ -257,5 +258,35 @@ func TestChargesAreShared(t *testing.T) {
 	defer mu.Unlock()
 	if !slices.Equal(got["eu"], []float64{1, 400, 0, -150}) || len(got["us"]) != 0 {
 		t.Errorf("applied %v", got)
+	}
+}
+
+// A batch's dispatch carries where its prompts' chains end: the mirror
+// credits each prompt's cached blocks, as its router did. Ends that are
+// not a batch's are read as one prompt's.
+func TestBatchDispatchCarriesItsChains(t *testing.T) {
+	url := natsServer(t)
+	rB := newRouter(t)
+	b := join(t, url, "eu", rB)
+	held := policy.Request{PromptTokens: 32, Blocks: []uint64{10, 11}}
+	tk, _ := rB.Enter(0, "a", &held, router.OutputKeys{})
+	rB.Accepted(&tk, &held)
+	rB.Finish(&tk)
+	for i, c := range []struct {
+		ends    []int
+		backlog int
+	}{
+		{[]int{2, 4}, 64 - 32}, // the second prompt is held at a
+		{[]int{2, 9}, 64},      // past the blocks: one prompt, held nowhere
+		{[]int{3, 2, 4}, 64},   // decreasing
+	} {
+		data, _ := json.Marshal(event{Router: "us", Kind: kindDispatch, ID: uint64(i + 1), Replica: "a", Prompt: 64, Blocks: []uint64{1, 2, 10, 11}, BlockEnds: c.ends})
+		b.receive(&nats.Msg{Data: data})
+		st, _ := rB.Replica("a")
+		if st.BacklogTokens != c.backlog {
+			t.Errorf("ends %v: mirror's backlog %d tokens, want %d", c.ends, st.BacklogTokens, c.backlog)
+		}
+		end, _ := json.Marshal(event{Router: "us", Kind: kindEnd, ID: uint64(i + 1)})
+		b.receive(&nats.Msg{Data: end})
 	}
 }

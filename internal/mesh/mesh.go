@@ -149,6 +149,9 @@ type event struct {
 	Replica string   `json:"rep,omitempty"`
 	Prompt  int      `json:"p,omitempty"`
 	Blocks  []uint64 `json:"b,omitempty"`
+	// BlockEnds is a batch's policy.Request.BlockEnds: where each of its
+	// prompts' chains ends in Blocks.
+	BlockEnds []int `json:"be,omitempty"`
 	// Unstreamed: no first-token event will follow (a non-streaming
 	// answer); the mirror leaves the backlog when its first token is due.
 	Unstreamed bool `json:"u,omitempty"`
@@ -394,7 +397,7 @@ func (b *Bus) Mirrors() int {
 // Dispatched tells the others that request attempt id went to replica.
 func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 	k := b.rt.OutputKeys(req)
-	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks, Unstreamed: req.Unstreamed,
+	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks, BlockEnds: req.BlockEnds, Unstreamed: req.Unstreamed,
 		Choices: req.Choices, Application: k[0], Conversation: k[1]})
 }
 
@@ -576,6 +579,9 @@ func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
 		return false
 	}
 	req := policy.Request{PromptTokens: e.Prompt, Blocks: e.Blocks, Unstreamed: e.Unstreamed, Choices: e.Choices}
+	if chains(e.BlockEnds, len(e.Blocks)) {
+		req.BlockEnds = e.BlockEnds
+	}
 	t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.Application, e.Conversation})
 	if !ok {
 		return false // a replica this router does not know, or not active
@@ -585,6 +591,20 @@ func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
 	}
 	p.mirrors[e.ID] = &mirror{t: t, at: now, blocks: b.hold(e.Blocks)}
 	return true
+}
+
+// chains reports whether ends marks where a batch's chains end in n
+// blocks: not decreasing, the last n. A peer's that does not is read as
+// one prompt's.
+func chains(ends []int, n int) bool {
+	prev := 0
+	for _, e := range ends {
+		if e < prev {
+			return false
+		}
+		prev = e
+	}
+	return len(ends) > 0 && prev == n
 }
 
 // hold returns the blocks a mirror keeps until its replica takes it: the

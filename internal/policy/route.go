@@ -39,8 +39,13 @@ type Request struct {
 	InstructionsKey uint64
 	// PromptTokens is the (estimated) prompt length in tokens.
 	PromptTokens int
-	// Blocks are the chained hashes of the prompt's blocks.
+	// Blocks are the chained hashes of the prompt's blocks: for a batch of
+	// prompts (a completion's list, which the engine runs as so many
+	// requests), each prompt's chain, end to end.
 	Blocks []uint64
+	// BlockEnds is, for a batch, where each prompt's chain ends in Blocks
+	// (increasing, the last len(Blocks)); nil for one prompt.
+	BlockEnds []int
 	// MaxOutputTokens is the request's output limit (or trace hint), per
 	// answer; MinOutputTokens the least it asks for (min_tokens), 0 when
 	// it does not.

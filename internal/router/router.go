@@ -157,6 +157,7 @@ type Router struct {
 	cand    []*member
 	adapter []adapterCost
 	depth   []int
+	chain   []int        // one prompt's depths, for a batch (match)
 	fc      []forecastAt // Predict's
 	dec     policy.Decision
 	ranked  []bool
@@ -229,6 +230,61 @@ func (r *Router) Route(now time.Duration, req *policy.Request, rng *rand.Rand) (
 	return t, err
 }
 
+// maxBatchChains is how many prompts of a batch match writes depths for;
+// the later ones count as held nowhere.
+const maxBatchChains = 64
+
+// match writes into r.depth how many of req's prompt blocks each slot's
+// replica is believed to hold. For a batch of prompts it sums, over the
+// first maxBatchChains, the blocks of each prompt that the replica holds
+// or that an earlier prompt of the batch shares, which the replica
+// computes once, for the earlier one. Call with decMu and ixMu (read).
+func (r *Router) match(req *policy.Request) {
+	k := r.index.Slots()
+	if len(r.depth) < k {
+		r.depth, r.chain = make([]int, k), make([]int, k)
+	}
+	if len(req.BlockEnds) == 0 {
+		r.index.Match(req.Blocks, r.depth)
+		return
+	}
+	clear(r.depth)
+	ends := req.BlockEnds[:min(len(req.BlockEnds), maxBatchChains)]
+	start := 0
+	for i, end := range ends {
+		if end < start || end > len(req.Blocks) {
+			return // not a batch's chains (a peer's event is checked before)
+		}
+		chain := req.Blocks[start:end]
+		shared, prev := 0, 0
+		for _, e := range ends[:i] {
+			shared = max(shared, commonPrefix(chain, req.Blocks[prev:e]))
+			prev = e
+		}
+		r.index.Match(chain, r.chain)
+		for slot, d := range r.chain[:k] {
+			r.depth[slot] += max(d, shared)
+		}
+		start = end
+	}
+}
+
+// commonPrefix is how many leading blocks two chains share: a chain's hash
+// depends on every block before it, so they agree up to some block and
+// differ from it on, and a binary search finds where.
+func commonPrefix(a, b []uint64) int {
+	lo, hi := 0, min(len(a), len(b)) // a[:lo] == b[:lo]; they differ at hi-1 or hi is the end
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if a[mid-1] == b[mid-1] {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
+}
+
 // Dispatch decides for req at time now and enters the request in the chosen
 // replica's ledger, but not its prompt in the prefix index: call Accepted
 // once the replica took the request, or Finish if it did not. The
@@ -268,10 +324,7 @@ func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys O
 	}
 	r.decMu.Lock() // guards the depth scratch
 	r.ixMu.RLock()
-	if k := r.index.Slots(); len(r.depth) < k {
-		r.depth = make([]int, k)
-	}
-	r.index.Match(req.Blocks, r.depth)
+	r.match(req)
 	cached := 0
 	if !m.gone.Load() {
 		cached = r.depth[m.slot] * r.cfg.BlockTokens
@@ -442,10 +495,7 @@ func (r *Router) Explain(now time.Duration, req *policy.Request, policy policy.P
 func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy, rng *rand.Rand, dst []Candidate, n int) ([]Candidate, error) {
 	f := r.fleet.Load()
 	r.ixMu.RLock()
-	if k := r.index.Slots(); len(r.depth) < k {
-		r.depth = make([]int, k)
-	}
-	r.index.Match(req.Blocks, r.depth)
+	r.match(req)
 	r.ixMu.RUnlock()
 	bt := r.cfg.BlockTokens
 	r.keys = r.OutputKeys(req)
@@ -824,10 +874,7 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 	defer r.decMu.Unlock()
 	f := r.fleet.Load()
 	r.ixMu.RLock()
-	if k := r.index.Slots(); len(r.depth) < k {
-		r.depth = make([]int, k)
-	}
-	r.index.Match(req.Blocks, r.depth)
+	r.match(req)
 	r.ixMu.RUnlock()
 	floorMS := math.Inf(1)
 	waiting := math.MaxInt

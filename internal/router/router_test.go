@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -97,6 +98,84 @@ func TestLedgerAndIndex(t *testing.T) {
 	r.Finish(&t2) // failed before its first token
 	if s := state(t, r, "a"); s.InFlight != 0 || s.UnfinishedTokens != 0 || s.BacklogTokens != 0 || s.IndexBlocks != 10 {
 		t.Errorf("ledger not empty or index lost: %+v", s)
+	}
+}
+
+// A batch's prompts are matched apart, each against the index and
+// against the batch's earlier prompts (the replica computes a shared
+// opening once), and its blocks join the index as each prompt's.
+func TestBatchMatchesEachPrompt(t *testing.T) {
+	r := newRouter(t, "gorgo", 2, false)
+	hold := func(id string, b []uint64) {
+		t.Helper()
+		req := policy.Request{PromptTokens: 16 * len(b), Blocks: b}
+		tk, ok := r.Enter(0, id, &req, OutputKeys{})
+		if !ok {
+			t.Fatal("not entered")
+		}
+		r.Accepted(&tk, &req)
+		r.Finish(&tk)
+	}
+	x, y := blocks(1, 10), blocks(2, 5)
+	hold("b", x)
+	hold("a", y)
+	// z shares x's first three blocks (a chain's hashes are equal up to
+	// where two prompts first differ) and differs from them on.
+	z := append(blocks(1, 3), blocks(3, 4)...)
+	batch := policy.Request{PromptTokens: 16 * 30, Blocks: slices.Concat(x, y, z), BlockEnds: []int{10, 15, 22}}
+	for _, c := range []struct {
+		id     string
+		cached int
+	}{
+		{"a", 16 * (0 + 5 + 3)},  // y held; z's opening shared with x, computed here first
+		{"b", 16 * (10 + 0 + 3)}, // x held, z's opening held
+	} {
+		tk, ok := r.Enter(0, c.id, &batch, OutputKeys{})
+		if !ok {
+			t.Fatal("not entered")
+		}
+		if tk.EstCachedTokens != c.cached {
+			t.Errorf("%s: batch estimated %d tokens cached, want %d", c.id, tk.EstCachedTokens, c.cached)
+		}
+		if c.id == "a" {
+			r.Accepted(&tk, &batch)
+		}
+		r.Finish(&tk)
+	}
+	// Accepted at a: each of its prompts is there now, whole.
+	for _, b := range [][]uint64{x, z} {
+		req := policy.Request{PromptTokens: 16 * len(b), Blocks: b}
+		tk, _ := r.Enter(0, "a", &req, OutputKeys{})
+		if tk.EstCachedTokens != 16*len(b) {
+			t.Errorf("a prompt of the batch alone: %d tokens cached at a, want %d", tk.EstCachedTokens, 16*len(b))
+		}
+		r.Finish(&tk)
+	}
+	// Ends that are not a batch's (a peer's bad event, say) match nothing.
+	bad := policy.Request{PromptTokens: 16 * 15, Blocks: slices.Concat(x, y), BlockEnds: []int{10, 99}}
+	tk, _ := r.Enter(0, "b", &bad, OutputKeys{})
+	if tk.EstCachedTokens > 16*10 {
+		t.Errorf("ends past the blocks: %d tokens cached", tk.EstCachedTokens)
+	}
+	r.Finish(&tk)
+}
+
+func TestCommonPrefix(t *testing.T) {
+	for _, c := range []struct {
+		a, b []uint64
+		want int
+	}{
+		{nil, nil, 0},
+		{blocks(1, 4), nil, 0},
+		{blocks(1, 4), blocks(1, 4), 4},
+		{blocks(1, 4), blocks(1, 7), 4},
+		{blocks(1, 7), append(blocks(1, 5), blocks(2, 2)...), 5},
+		{blocks(1, 7), blocks(2, 7), 0},
+		{blocks(1, 1), append(blocks(1, 1), 9), 1},
+	} {
+		if got := commonPrefix(c.a, c.b); got != c.want {
+			t.Errorf("commonPrefix(%v, %v) = %d, want %d", c.a, c.b, got, c.want)
+		}
 	}
 }
 

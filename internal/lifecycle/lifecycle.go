@@ -258,10 +258,15 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 		return nil, badRequest(err)
 	}
 	est, text := c.cfg.Est, r.Parsed.Text
+	// A chat's tools open its prompt and name its application; the keys
+	// of its opening (simple session affinity's, the conversation's) are
+	// its messages'.
+	msgs := text[r.Parsed.Tools:]
 	r.Route = policy.Request{
 		SessionKey:      session,
-		PrefixKey:       prompt.PrefixKey(text, est),
-		InstructionsKey: prompt.InstructionsKey(text, r.Parsed.Instructions, est),
+		PrefixKey:       prompt.PrefixKey(msgs, est),
+		InstructionsKey: prompt.InstructionsKey(msgs, r.Parsed.Instructions, est),
+		ToolsKey:        prompt.ToolsKey(text, r.Parsed.Tools),
 		PromptTokens:    est.Tokens(text),
 		MaxOutputTokens: max(r.Parsed.MaxTokens, 0),
 		MinOutputTokens: r.Parsed.MinTokens,

@@ -501,3 +501,45 @@ func TestBatchPromptsAreCachedApart(t *testing.T) {
 		t.Errorf("a batch sharing a %d-token opening is estimated %d tokens cached", est.Tokens([]byte(shared)), sb.EstCachedTokens)
 	}
 }
+
+// A chat's tools are prompt tokens (the engine's chat template renders
+// them, most at the prompt's start) and part of its application's key;
+// the opening simple session affinity and the conversation's key hash is
+// its messages'.
+func TestToolsArePartOfThePrompt(t *testing.T) {
+	core, _, _, _ := setup(t)
+	tools := `[{"type":"function","function":{"name":"lookup","description":"` + strings.Repeat("looks a thing up ", 40) + `","parameters":{"type":"object"}}}]`
+	body := func(tools string) []byte {
+		b := `{"model":"m","messages":[{"role":"system","content":"you are an agent"},{"role":"user","content":"find it"}]`
+		if tools != "" {
+			b += `,"tools":` + tools
+		}
+		return []byte(b + `}`)
+	}
+	route := func(tools string) policy.Request {
+		t.Helper()
+		r, err := core.begin(body(tools), Chat, "", time.Unix(100, 0), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.release()
+		req := r.Route
+		req.Blocks = slices.Clone(req.Blocks)
+		return req
+	}
+	without, with := route(""), route(tools)
+	other := route(strings.Replace(tools, "lookup", "search", 1))
+	if got, want := with.PromptTokens-without.PromptTokens, core.cfg.Est.Tokens([]byte(tools)); got < want {
+		t.Errorf("tools of ~%d tokens add %d prompt tokens", want, got)
+	}
+	if with.PrefixKey != without.PrefixKey || with.InstructionsKey != without.InstructionsKey {
+		t.Error("the tools changed the messages' opening keys")
+	}
+	if with.Blocks[0] == without.Blocks[0] || with.Blocks[0] == other.Blocks[0] {
+		t.Error("the tools are not the prompt's first block")
+	}
+	a, b, c := router.KeysOf(&without), router.KeysOf(&with), router.KeysOf(&other)
+	if a[0] == b[0] || b[0] == c[0] {
+		t.Errorf("application keys without tools, with them and with others: %x %x %x", a[0], b[0], c[0])
+	}
+}

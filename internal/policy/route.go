@@ -37,6 +37,11 @@ type Request struct {
 	// fill them hash as PrefixKey); 0 without them. The router learns
 	// answers' lengths by application under it.
 	InstructionsKey uint64
+	// ToolsKey is a hash of the tools a chat offers the model (which its
+	// chat template renders into the prompt); 0 without. They are part of
+	// its application: the router's estimate of answers' lengths keys
+	// the application by them too.
+	ToolsKey uint64
 	// PromptTokens is the (estimated) prompt length in tokens.
 	PromptTokens int
 	// Blocks are the chained hashes of the prompt's blocks: for a batch of

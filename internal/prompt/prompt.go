@@ -82,6 +82,15 @@ func InstructionsKey(text []byte, instructions int, est Estimator) uint64 {
 	return xxhash.Sum64(text[:min(instructions, len(text), est.Bytes(PrefixKeyTokens))])
 }
 
+// ToolsKey is the hash of a chat's tools, the first tools bytes of its
+// canonical prompt (Request.Tools); 0 for none.
+func ToolsKey(text []byte, tools int) uint64 {
+	if tools <= 0 {
+		return 0
+	}
+	return xxhash.Sum64(text[:min(tools, len(text))])
+}
+
 // PrefixKey is the hash of a canonical prompt's first PrefixKeyTokens
 // tokens' bytes.
 func PrefixKey(text []byte, est Estimator) uint64 {

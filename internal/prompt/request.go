@@ -40,10 +40,18 @@ type Request struct {
 	IncludeUsage bool
 	// User is the "user" field.
 	User string
-	// Instructions is how many bytes of Text the chat's opening system or
-	// developer messages take: an application's instructions, which its
-	// users' messages follow. 0 when the first message is neither.
+	// Instructions is how many bytes of Text, after the tools, the chat's
+	// opening system or developer messages take: an application's
+	// instructions, which its users' messages follow. 0 when the first
+	// message is neither.
 	Instructions int
+	// Tools is how many bytes at the start of Text a chat's tools take:
+	// "tools", a newline, the "tools" array as the client wrote it and a
+	// newline; 0 without tools (absent, null or empty). The engines' chat
+	// templates render the tools into the prompt, most of them at its
+	// start (with the system prompt), so they count as prompt tokens and
+	// as the prompt's first cached blocks.
+	Tools int
 	// N is how many answers a chat or a completion asks for (n), and
 	// BestOf how many a completion has the engine generate to answer with
 	// the best N of (best_of), each up to MaxTokens long: a whole number or
@@ -169,6 +177,8 @@ type parser struct {
 	hasModel, hasUser  bool
 	instr              []byte // a responses request's "instructions"
 	hasInstr           bool
+	tools              []byte // a chat's "tools" array, raw
+	hasTools           bool
 	list               []byte // the completion prompt's raw value
 	listKind           jsontext.Kind
 	messages, hasMsgs  bool
@@ -209,7 +219,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	p.in.Reset(body)
 	p.dec.Reset(&p.in, decodeOptions...)
 	p.hasModel, p.hasUser, p.messages, p.hasMsgs, p.hasMax, p.hasMaxComp = false, false, false, false, false, false
-	p.hasInstr = false
+	p.hasInstr, p.hasTools = false, false
 	p.listKind = 0
 	d := &p.dec
 	if d.PeekKind() != '{' {
@@ -236,6 +246,8 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 		case f == fInstructions && mode == modeInput && d.PeekKind() == '"':
 			// A string; anything else (the engine's business) is skipped.
 			err = p.stringField(&p.instr, &p.hasInstr, "instructions")
+		case f == fTools && chat:
+			err = p.readTools()
 		case f == fMaxTokens:
 			p.maxTok, p.hasMax, err = p.intField("max_tokens")
 		case f == fMaxCompletionTokens && chat:
@@ -280,6 +292,9 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	case modeChat:
 		if !p.messages {
 			return errNoMessages
+		}
+		if p.hasTools {
+			r.Text, r.Tools = prependTools(r.Text, p.tools), len(toolsHead)+len(p.tools)+1
 		}
 		return nil
 	case modeInput:
@@ -339,6 +354,7 @@ const (
 	fN
 	fBestOf
 	fMinTokens
+	fTools
 )
 
 var topNames = [...]string{
@@ -355,6 +371,7 @@ var topNames = [...]string{
 	fN:                   "n",
 	fBestOf:              "best_of",
 	fMinTokens:           "min_tokens",
+	fTools:               "tools",
 }
 
 // field reads an object's next key and returns 1 + the index of the name
@@ -530,6 +547,46 @@ func (p *parser) streamOptions(includeUsage *bool) error {
 	}
 	_, err := d.ReadToken()
 	return err
+}
+
+// readTools reads a chat's "tools": an array, kept raw (the last of
+// duplicated keys wins); null or an empty array is none.
+func (p *parser) readTools() error {
+	d := &p.dec
+	switch d.PeekKind() {
+	case 'n':
+		p.hasTools = false
+		_, err := d.ReadToken()
+		return err
+	case '[':
+	default:
+		if err := d.SkipValue(); err != nil {
+			return err
+		}
+		return errors.New("tools must be an array")
+	}
+	raw, err := d.ReadValue()
+	if err != nil {
+		return err
+	}
+	p.tools = append(p.tools[:0], raw...)
+	p.hasTools = len(bytes.TrimSpace(raw[1:len(raw)-1])) > 0
+	return nil
+}
+
+// toolsHead opens a chat's tools in its canonical bytes.
+const toolsHead = "tools\n"
+
+// prependTools puts a chat's tools (toolsHead, the raw array, a newline)
+// before its messages in text, in text's own storage when it has room.
+func prependTools(text, tools []byte) []byte {
+	n := len(toolsHead) + len(tools) + 1
+	text = slices.Grow(text, n)[:len(text)+n]
+	copy(text[n:], text[:len(text)-n])
+	copy(text, toolsHead)
+	copy(text[len(toolsHead):], tools)
+	text[n-1] = '\n'
+	return text
 }
 
 // readMessages reads the messages array into r.Text: every message as its

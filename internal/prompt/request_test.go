@@ -44,11 +44,22 @@ func reference(body []byte, chat bool) (Request, error) {
 			User                string          `json:"user"`
 			N                   json.RawMessage `json:"n"`
 			MinTokens           json.RawMessage `json:"min_tokens"`
+			Tools               json.RawMessage `json:"tools"`
 		}
 		if err := json.Unmarshal(body, &in); err != nil {
 			return out, err
 		}
 		text, err = ChatRequestBytes(in.Messages)
+		if t := bytes.TrimSpace(in.Tools); len(t) > 0 && string(t) != "null" {
+			var tools []json.RawMessage
+			if e := json.Unmarshal(t, &tools); e != nil {
+				return out, e
+			}
+			if len(tools) > 0 && err == nil {
+				text = append(append(append([]byte("tools\n"), t...), '\n'), text...)
+				out.Tools = len(t) + len("tools\n\n")
+			}
+		}
 		n := 0 // the opening system or developer messages
 		for n < len(in.Messages) && (in.Messages[n].Role == "system" || in.Messages[n].Role == "developer") {
 			n++
@@ -233,8 +244,28 @@ var requestCases = []struct {
 		body: `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true},"stream_options":null}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
 	{name: "other fields of any type", chat: true,
-		body: `{"messages":[{"role":"user","content":"x","name":5,"tool_calls":[{}]}],"temperature":0.5,"tools":[{"type":"function"}],"prompt":7,"n":null}`,
+		body: `{"messages":[{"role":"user","content":"x","name":5,"tool_calls":[{}]}],"temperature":0.5,"tool_choice":{"a":[1]},"prompt":7,"n":null}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	// The engines' chat templates render a chat's tools into the prompt,
+	// most at its start: they come first, raw, wherever the body has them.
+	{name: "tools", chat: true,
+		body: `{"messages":[{"role":"system","content":"s"},{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}]}`,
+		want: Request{Text: []byte("tools\n[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]\nsystem\ns\nuser\nx\n"), MaxTokens: -1, Instructions: 9, Tools: 68}},
+	{name: "tools first", chat: true,
+		body: `{"Tools": [ {"type":"function"} ] ,"messages":[{"role":"user","content":"x"}]}`,
+		want: Request{Text: []byte("tools\n[ {\"type\":\"function\"} ]\nuser\nx\n"), MaxTokens: -1, Tools: 30}},
+	{name: "tools null or empty", chat: true,
+		body: `{"tools":[{"type":"function"}],"messages":[{"role":"user","content":"x"}],"tools":null}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "tools empty", chat: true,
+		body: `{"tools":[ ],"messages":[{"role":"user","content":"x"}]}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
+	{name: "tools of a completion", chat: false,
+		body: `{"prompt":"p","tools":5}`,
+		want: Request{Text: []byte("p"), MaxTokens: -1}},
+	{name: "tools not an array", chat: true,
+		body: `{"messages":[{"role":"user","content":"x"}],"tools":{"type":"function"}}`,
+		err:  "tools must be an array"},
 	{name: "white space", chat: true,
 		body: " \n{ \"messages\" :\t[ { \"role\" : \"user\" , \"content\" : [ { \"type\" : \"text\" , \"text\" : \"x\" } ] } ] } \r\n",
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
@@ -472,7 +503,7 @@ func FuzzParseRequest(f *testing.F) {
 }
 
 var (
-	recipeKeys = []string{`"min_tokens"`, `"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
+	recipeKeys = []string{`"min_tokens"`, `"tools"`, `"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
 		`"stream_options"`, `"include_usage"`, `"user"`, `"role"`, `"content"`, `"type"`, `"text"`, `"MESSAGES"`, `"Role"`,
 		`"ſtream"`, `"max_to\u212Aens"`, `"te\u0078t"`, `"Content"`, `"x"`, `"in\u0063lude_usage"`, `"\ud800role"`}
 	recipeScalars = []string{`"user"`, `"text"`, `""`, `"a\nb"`, `"\u00e9\ud83d\ude00"`, `"\ud800\u0041"`, "\"\xff\"", `"te\u0078t"`,

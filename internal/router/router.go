@@ -696,7 +696,8 @@ func (r *Router) OutputEstimate() estimate.OutputState { return r.outputs.State(
 // opening (PrefixKey: its first prompt.PrefixKeyTokens tokens, an
 // application's where its system prompt fills them), mixed with its model
 // (one system prompt may be answered at other lengths by another model).
-// The conversation is SessionKey (a session header, or the user field);
+// A chat's tools (ToolsKey) are part of its application. The
+// conversation is SessionKey (a session header, or the user field);
 // where there is none but the instructions are shorter than the opening,
 // the opening stands for it: the instructions and the conversation's
 // start, the same for each turn once the conversation fills it. A
@@ -718,8 +719,8 @@ func KeysOf(req *policy.Request) OutputKeys {
 		app, opening = req.InstructionsKey, req.PrefixKey
 	}
 	var k OutputKeys
-	if app != 0 {
-		k[0] = prefix.Fmix64(app ^ model ^ 0x9e3779b97f4a7c15)
+	if app != 0 || req.ToolsKey != 0 {
+		k[0] = prefix.Fmix64(app ^ model ^ 0x9e3779b97f4a7c15 ^ prefix.Fmix64(req.ToolsKey))
 	}
 	var tenant uint64 // a conversation is its tenant's
 	if req.Tenant != "" {

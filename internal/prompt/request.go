@@ -45,9 +45,10 @@ type Request struct {
 	// instructions, which its users' messages follow. 0 when the first
 	// message is neither.
 	Instructions int
-	// Tools is how many bytes at the start of Text a chat's tools take:
-	// "tools", a newline, the "tools" array as the client wrote it and a
-	// newline; 0 without tools (absent, null or empty). The engines' chat
+	// Tools is how many bytes at the start of Text a chat's (or a
+	// responses request's) tools take: "tools", a newline, the "tools"
+	// array as the client wrote it and a newline; 0 without tools (absent,
+	// null or empty). The engines' chat
 	// templates render the tools into the prompt, most of them at its
 	// start (with the system prompt), so they count as prompt tokens and
 	// as the prompt's first cached blocks.
@@ -145,7 +146,7 @@ func ParseRequest(body []byte, chat bool, r *Request) error {
 // text; or a list of messages ({"role", "content"}, content a string or
 // parts of type "text" or "input_text"), as a chat's; a responses
 // request's "instructions" (a string) come first, as a system message, as
-// the engine puts them. A body without either gives an empty Text (the
+// the engine puts them, and its "tools" before them, as a chat's. A body without either gives an empty Text (the
 // request is routed by load alone).
 func ParseInput(body []byte, r *Request) error { return parseMode(body, modeInput, r) }
 
@@ -177,7 +178,7 @@ type parser struct {
 	hasModel, hasUser  bool
 	instr              []byte // a responses request's "instructions"
 	hasInstr           bool
-	tools              []byte // a chat's "tools" array, raw
+	tools              []byte // a chat's or a responses request's "tools" array, raw
 	hasTools           bool
 	list               []byte // the completion prompt's raw value
 	listKind           jsontext.Kind
@@ -246,7 +247,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 		case f == fInstructions && mode == modeInput && d.PeekKind() == '"':
 			// A string; anything else (the engine's business) is skipped.
 			err = p.stringField(&p.instr, &p.hasInstr, "instructions")
-		case f == fTools && chat:
+		case f == fTools && mode != modeCompletion:
 			err = p.readTools()
 		case f == fMaxTokens:
 			p.maxTok, p.hasMax, err = p.intField("max_tokens")
@@ -293,12 +294,14 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 		if !p.messages {
 			return errNoMessages
 		}
-		if p.hasTools {
-			r.Text, r.Tools = prependTools(r.Text, p.tools), len(toolsHead)+len(p.tools)+1
-		}
+		p.prependTools(r)
 		return nil
 	case modeInput:
-		return p.appendInput(r)
+		if err := p.appendInput(r); err != nil {
+			return err
+		}
+		p.prependTools(r)
+		return nil
 	}
 	return p.appendPrompt(r)
 }
@@ -549,7 +552,7 @@ func (p *parser) streamOptions(includeUsage *bool) error {
 	return err
 }
 
-// readTools reads a chat's "tools": an array, kept raw (the last of
+// readTools reads a chat's or a responses request's "tools": an array, kept raw (the last of
 // duplicated keys wins); null or an empty array is none.
 func (p *parser) readTools() error {
 	d := &p.dec
@@ -577,16 +580,20 @@ func (p *parser) readTools() error {
 // toolsHead opens a chat's tools in its canonical bytes.
 const toolsHead = "tools\n"
 
-// prependTools puts a chat's tools (toolsHead, the raw array, a newline)
-// before its messages in text, in text's own storage when it has room.
-func prependTools(text, tools []byte) []byte {
-	n := len(toolsHead) + len(tools) + 1
-	text = slices.Grow(text, n)[:len(text)+n]
+// prependTools puts the tools read (toolsHead, the raw array, a newline)
+// before the rest of r.Text, in its own storage when it has room, and
+// sets r.Tools. A request whose Text is empty (routed by load) stays so.
+func (p *parser) prependTools(r *Request) {
+	if !p.hasTools || len(r.Text) == 0 {
+		return
+	}
+	n := len(toolsHead) + len(p.tools) + 1
+	text := slices.Grow(r.Text, n)[:len(r.Text)+n]
 	copy(text[n:], text[:len(text)-n])
 	copy(text, toolsHead)
-	copy(text[len(toolsHead):], tools)
+	copy(text[len(toolsHead):], p.tools)
 	text[n-1] = '\n'
-	return text
+	r.Text, r.Tools = text, n
 }
 
 // readMessages reads the messages array into r.Text: every message as its

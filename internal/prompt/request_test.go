@@ -779,6 +779,10 @@ func TestParseInput(t *testing.T) {
 		{`{"input":[{"role":"user","content":"hi"}],"instructions":"be brief"}`, "system\nbe brief\nuser\nhi\n", ""},
 		{`{"instructions":"a","instructions":null,"input":"hi"}`, "system\na\nhi", ""},
 		{`{"instructions":[{"role":"system","content":"x"}],"input":"hi"}`, "hi", ""},
+		// A responses request's tools open its prompt, as a chat's.
+		{`{"input":"hi","tools":[{"type":"function","name":"f"}],"instructions":"be brief"}`, "tools\n[{\"type\":\"function\",\"name\":\"f\"}]\nsystem\nbe brief\nhi", ""},
+		{`{"tools":[{"type":"function","name":"f"}]}`, "", ""},
+		{`{"input":"hi","tools":"f"}`, "", "tools must be an array"},
 	} {
 		var r Request
 		err := ParseInput([]byte(c.body), &r)

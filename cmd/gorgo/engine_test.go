@@ -123,6 +123,8 @@ func TestEngineModelFlagErrors(t *testing.T) {
 		{[]string{"--max-waiting", "0"}, "--max-waiting must be at least 1"},
 		{[]string{"--default-max-tokens", "0"}, "--default-max-tokens must be at least 1"},
 		{[]string{"--slowdown", "0"}, "--slowdown must be a positive finite number"},
+		{[]string{"--image-tokens", "0"}, "--image-tokens must be from 1 to 65536"},
+		{[]string{"--image-tokens", "100000"}, "--image-tokens must be from 1 to 65536"},
 	} {
 		var stderr bytes.Buffer
 		f, err := parseEngineFlags(c.args, &stderr)

@@ -102,7 +102,7 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 			requests.Put(req)
 		}
 	}()
-	if err := prompt.ParseRequest(body, chat, req); err != nil {
+	if err := s.est.ParseRequest(body, chat, req); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return nil, false
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
@@ -51,9 +52,13 @@ type Config struct {
 	TieMargin float64 `yaml:"tie_margin"`
 	// BlockTokens is the prefix index's block size in estimated tokens
 	// (default 64); BytesPerToken the token estimator's (default 4, as the
-	// emulator's).
+	// emulator's); ImageTokens the prompt tokens an image of a chat stands
+	// for (default 1,024, prompt.DefaultImageTokens; the served model's
+	// vision encoder's: 256 for Gemma 3, 576 for LLaVA 1.5, about 1,300
+	// for a megapixel on Qwen2.5-VL).
 	BlockTokens   int `yaml:"block_tokens"`
 	BytesPerToken int `yaml:"bytes_per_token"`
+	ImageTokens   int `yaml:"image_tokens"`
 	// ProbeInterval is the period of round-trip probes (GET /health,
 	// default 5 s); ScrapeInterval of /metrics scrapes (default 5 s); both
 	// the paper used 30 s.
@@ -218,6 +223,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.BytesPerToken == 0 {
 		c.BytesPerToken = 4
+	}
+	if c.ImageTokens == 0 {
+		c.ImageTokens = prompt.DefaultImageTokens
 	}
 	if c.ProbeInterval == 0 {
 		c.ProbeInterval = 5 * time.Second
@@ -397,6 +405,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.BlockTokens < 1 || c.BytesPerToken < 1:
 		return fmt.Errorf("config: block_tokens and bytes_per_token must be at least 1")
+	case c.ImageTokens < 1 || c.ImageTokens > prompt.MaxImageTokens:
+		return fmt.Errorf("config: image_tokens must be from 1 to %d, got %d", prompt.MaxImageTokens, c.ImageTokens)
 	case c.ProbeInterval <= 0 || c.ScrapeInterval <= 0 || c.ConnectTimeout <= 0:
 		return fmt.Errorf("config: intervals and timeouts must be positive")
 	case !(c.RTTAlpha > 0 && c.RTTAlpha <= 1):

@@ -244,12 +244,12 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 	var err error
 	switch kind {
 	case Chat, Completion:
-		err = prompt.ParseRequest(body, kind == Chat, &r.Parsed)
+		err = c.cfg.Est.ParseRequest(body, kind == Chat, &r.Parsed)
 		if err == nil && len(r.Parsed.Text) == 0 {
 			err = errors.New("the prompt is empty")
 		}
 	case Input:
-		err = prompt.ParseInput(body, &r.Parsed)
+		err = c.cfg.Est.ParseInput(body, &r.Parsed)
 	case Opaque:
 		r.Parsed.Model = prompt.Model(body) // routed by load, but only where its model is
 	}

@@ -543,3 +543,38 @@ func TestToolsArePartOfThePrompt(t *testing.T) {
 		t.Errorf("application keys without tools, with them and with others: %x %x %x", a[0], b[0], c[0])
 	}
 }
+
+// An image is prompt tokens (its vision encoder's, the estimator's
+// ImageTokens) and cached blocks of its own: the same question about
+// another image shares only what comes before it, and is no cache hit.
+func TestImagesArePartOfThePrompt(t *testing.T) {
+	core, _, _, _ := setup(t)
+	core.cfg.Est.ImageTokens = 512
+	body := func(url string) []byte {
+		return []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"` + url +
+			`"}},{"type":"text","text":"what is in this picture? describe it in a few words, please"}]}]}`)
+	}
+	route := func(url string) policy.Request {
+		t.Helper()
+		r, err := core.begin(body(url), Chat, "", time.Unix(100, 0), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.release()
+		req := r.Route
+		req.Blocks = slices.Clone(req.Blocks)
+		return req
+	}
+	cat, dog, cat2 := route("https://img/cat.png"), route("https://img/dog.png"), route("https://img/cat.png")
+	if cat.PromptTokens < 512 {
+		t.Errorf("a picture and a question: %d prompt tokens, want at least the image's 512", cat.PromptTokens)
+	}
+	if !slices.Equal(cat.Blocks, cat2.Blocks) {
+		t.Error("one image, two chains")
+	}
+	// The first block holds the role and the image's name: it differs, and
+	// so does every block after it.
+	if cat.Blocks[0] == dog.Blocks[0] {
+		t.Error("two images, one first block")
+	}
+}

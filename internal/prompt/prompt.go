@@ -23,10 +23,34 @@ type Message struct {
 	Content string
 }
 
+// DefaultImageTokens is how many prompt tokens an image stands for by
+// default: vision encoders give from 256 (Gemma 3) and 576 (LLaVA 1.5) to
+// over a thousand for a megapixel (Qwen2.5-VL, one per 28×28 patch;
+// InternVL's 256 per 448-pixel tile).
+const DefaultImageTokens = 1024
+
+// MaxImageTokens bounds Estimator.ImageTokens.
+const MaxImageTokens = 1 << 16
+
 // Estimator estimates tokens from bytes. The zero value uses
-// DefaultBytesPerToken.
+// DefaultBytesPerToken and DefaultImageTokens.
 type Estimator struct {
 	BytesPerToken int
+	// ImageTokens is how many prompt tokens each image of a chat (an
+	// "image_url" part; a responses request's "input_image") stands for:
+	// its vision encoder's, which depends on the model and the image.
+	// The parser writes ImageBytes in its place.
+	ImageTokens int
+}
+
+// ImageBytes is how many bytes of a canonical prompt stand for an image:
+// ImageTokens' worth.
+func (e Estimator) ImageBytes() int {
+	n := e.ImageTokens
+	if n <= 0 {
+		n = DefaultImageTokens
+	}
+	return e.Bytes(min(n, MaxImageTokens))
 }
 
 func (e Estimator) bpt() int {

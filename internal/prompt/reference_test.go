@@ -8,7 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // WireMessage is a chat message as an OpenAI request carries it.
@@ -24,11 +25,12 @@ func ChatRequestBytes(msgs []WireMessage) ([]byte, error) {
 		return nil, errors.New("messages: at least one message is required")
 	}
 	out := make([]Message, len(msgs))
+	imageLeft := maxImageBytes
 	for i, m := range msgs {
 		if m.Role == "" {
 			return nil, fmt.Errorf("messages[%d].role is required", i)
 		}
-		text, err := ContentText(m.Content)
+		text, err := ContentText(m.Content, &imageLeft)
 		if err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
@@ -80,8 +82,10 @@ func CompletionBytes(raw json.RawMessage) (text []byte, ends []int, err error) {
 
 // ContentText returns the text of a chat message's content as an OpenAI
 // request carries it: a string, null, or an array of content parts whose
-// "text" parts are concatenated (other parts, such as images, are ignored).
-func ContentText(raw json.RawMessage) (string, error) {
+// "text" parts are concatenated, and its "image_url" parts stand for
+// their images (appendImage, while imageLeft lasts); other parts are
+// ignored.
+func ContentText(raw json.RawMessage, imageLeft *int) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
 	}
@@ -90,17 +94,25 @@ func ContentText(raw json.RawMessage) (string, error) {
 		return s, nil
 	}
 	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
+		Type     string          `json:"type"`
+		Text     string          `json:"text"`
+		ImageURL json.RawMessage `json:"image_url"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
 		return "", errors.New("content must be a string or an array of content parts")
 	}
-	var b strings.Builder
+	var b []byte
 	for _, p := range parts {
-		if p.Type == "text" {
-			b.WriteString(p.Text)
+		switch {
+		case p.Type == "text":
+			b = append(b, p.Text...)
+		case p.Type == "image_url" && len(p.ImageURL) > 0 && (p.ImageURL[0] == '"' || p.ImageURL[0] == '{'):
+			size := 0
+			if full := (Estimator{}).ImageBytes(); *imageLeft >= full {
+				size, *imageLeft = full, *imageLeft-full
+			}
+			b = appendImage(b, xxhash.Sum64(p.ImageURL)|1, size)
 		}
 	}
-	return b.String(), nil
+	return string(b), nil
 }

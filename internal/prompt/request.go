@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/go-json-experiment/json/jsontext"
 	"github.com/tidwall/gjson"
 )
@@ -132,11 +133,17 @@ var (
 // Model and User do not alias body. With a reused r whose Model and User do
 // not change, parsing allocates nothing.
 func ParseRequest(body []byte, chat bool, r *Request) error {
+	return Estimator{}.ParseRequest(body, chat, r)
+}
+
+// ParseRequest is the package's ParseRequest, each image standing for
+// e.ImageBytes bytes of the prompt.
+func (e Estimator) ParseRequest(body []byte, chat bool, r *Request) error {
 	mode := modeCompletion
 	if chat {
 		mode = modeChat
 	}
-	return parseMode(body, mode, r)
+	return parseMode(body, mode, e.ImageBytes(), r)
 }
 
 // ParseInput reads the body of another OpenAI request that carries its
@@ -148,7 +155,13 @@ func ParseRequest(body []byte, chat bool, r *Request) error {
 // request's "instructions" (a string) come first, as a system message, as
 // the engine puts them, and its "tools" before them, as a chat's. A body without either gives an empty Text (the
 // request is routed by load alone).
-func ParseInput(body []byte, r *Request) error { return parseMode(body, modeInput, r) }
+func ParseInput(body []byte, r *Request) error { return Estimator{}.ParseInput(body, r) }
+
+// ParseInput is the package's ParseInput, each image standing for
+// e.ImageBytes bytes of the prompt.
+func (e Estimator) ParseInput(body []byte, r *Request) error {
+	return parseMode(body, modeInput, e.ImageBytes(), r)
+}
 
 // What a body is read as.
 const (
@@ -157,8 +170,9 @@ const (
 	modeInput
 )
 
-func parseMode(body []byte, mode int, r *Request) error {
+func parseMode(body []byte, mode, imageBytes int, r *Request) error {
 	p := parsers.Get().(*parser)
+	p.imageBytes = imageBytes
 	err := p.parse(body, mode, r)
 	if len(body) <= 1<<20 { // a parser that read a huge body keeps huge buffers
 		parsers.Put(p)
@@ -174,6 +188,8 @@ type parser struct {
 	role, content      []byte // scratch: a message's
 	text               []byte // scratch: a content part's text
 	inputParts         bool   // "input_text" parts count as text (responses)
+	imageBytes         int    // what an image stands for (Estimator.ImageBytes)
+	imageLeft          int    // the bytes images may still take (maxImageBytes)
 	model, user        []byte
 	hasModel, hasUser  bool
 	instr              []byte // a responses request's "instructions"
@@ -602,6 +618,7 @@ func (p *parser) prependTools(r *Request) {
 func (p *parser) readMessages(r *Request) error {
 	d := &p.dec
 	r.Text, r.Instructions = r.Text[:0], 0
+	p.imageLeft = maxImageBytes
 	switch d.PeekKind() {
 	case 'n':
 		p.messages = false
@@ -696,7 +713,7 @@ func syntaxOr2(err, fieldErr error) error {
 }
 
 var (
-	partFields   = []string{"type", "text"}
+	partFields   = []string{"type", "text", "image_url"}
 	optionFields = []string{"include_usage"}
 )
 
@@ -740,6 +757,7 @@ func (p *parser) readContent() error {
 		}
 		d.ReadToken()
 		isText, hasText, start := false, false, len(p.content)
+		isImage, image := false, uint64(0) // image: its value's hash, 0 for none
 		p.text = p.text[:0]
 		for d.PeekKind() != '}' {
 			f, err := p.field(partFields)
@@ -754,6 +772,7 @@ func (p *parser) readContent() error {
 				}
 				if ok {
 					isText = string(p.key) == "text" || p.inputParts && string(p.key) == "input_text"
+					isImage = string(p.key) == "image_url" || p.inputParts && string(p.key) == "input_image"
 				}
 			case 2:
 				ok, err := p.stringValue(&p.str, "text")
@@ -763,6 +782,16 @@ func (p *parser) readContent() error {
 				if ok {
 					p.text, hasText = append(p.text[:0], p.str...), true
 				}
+			case 3:
+				kind := d.PeekKind()
+				raw, err := d.ReadValue()
+				if err != nil {
+					return err
+				}
+				image = 0
+				if kind == '"' || kind == '{' { // a URL, or {"url": …} (else the engine's to refuse)
+					image = xxhash.Sum64(raw) | 1
+				}
 			default:
 				if err := d.SkipValue(); err != nil {
 					return err
@@ -771,12 +800,43 @@ func (p *parser) readContent() error {
 		}
 		d.ReadToken()
 		p.content = p.content[:start]
-		if isText && hasText {
+		switch {
+		case isText && hasText:
 			p.content = append(p.content, p.text...)
+		case isImage && image != 0:
+			size := 0 // past the request's allowance, the image's line alone
+			if p.imageLeft >= p.imageBytes {
+				size, p.imageLeft = p.imageBytes, p.imageLeft-p.imageBytes
+			}
+			p.content = appendImage(p.content, image, size)
 		}
 	}
 	_, err := d.ReadToken()
 	return err
+}
+
+// maxImageBytes bounds the bytes a request's images stand for in its
+// canonical prompt, so that a body of many small image parts cannot grow
+// it a thousandfold; past it an image is its line alone.
+const maxImageBytes = 1 << 20
+
+// appendImage appends what stands for an image in a canonical prompt: a
+// line naming it by its hash (of its part's "image_url" value: its URL or
+// its data, so that the same image gives the same blocks and another
+// image others), padded with spaces to size bytes in all (its tokens'
+// worth).
+func appendImage(dst []byte, hash uint64, size int) []byte {
+	start := len(dst)
+	dst = append(dst, "image "...)
+	dst = strconv.AppendUint(dst, hash, 16)
+	dst = append(dst, '\n')
+	if pad := size - (len(dst) - start); pad > 0 {
+		dst = slices.Grow(dst, pad)
+		for range pad {
+			dst = append(dst, ' ')
+		}
+	}
+	return dst
 }
 
 // appendInput appends an "input" value's text (see ParseInput).
@@ -802,6 +862,7 @@ func (p *parser) appendInput(r *Request) error {
 		parsers.Put(e)
 	}()
 	e.inputParts = true
+	e.imageBytes, e.imageLeft = p.imageBytes, maxImageBytes
 	e.in.Reset(p.list)
 	e.dec.Reset(&e.in, decodeOptions...)
 	d := &e.dec

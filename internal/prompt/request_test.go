@@ -8,10 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/cespare/xxhash/v2"
 	"gopkg.in/yaml.v3"
 
 	"github.com/gorgo-llm/gorgo/internal/jsonrecipe"
@@ -127,6 +129,11 @@ func hintOf(raw json.RawMessage, h Hints, lo, hi, def int, odd *Hints) int {
 	return def
 }
 
+// imageOf is what stands for an image part whose "image_url" is v.
+func imageOf(v string) []byte {
+	return appendImage(nil, xxhash.Sum64String(v)|1, Estimator{}.ImageBytes())
+}
+
 // same reports how got and want differ ("" if they do not).
 func same(got, want Request) string {
 	if want.N == 0 {
@@ -206,7 +213,12 @@ var requestCases = []struct {
 		want: Request{Text: []byte("user\nc\nsystem\nd\n"), MaxTokens: -1}},
 	{name: "content parts", chat: true,
 		body: `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},null,{"text":"b","type":"text"},{"type":"input_audio","text":"ignored"}]}]}`,
-		want: Request{Text: []byte("user\nab\n"), MaxTokens: -1}},
+		want: Request{Text: slices.Concat([]byte("user\na"), imageOf(`{"url":"x"}`), []byte("b\n")), MaxTokens: -1}},
+	// An image stands for its tokens, named by its value's hash: the
+	// same image gives the same bytes, another image others.
+	{name: "images", chat: true,
+		body: `{"messages":[{"role":"user","content":[{"image_url":"data:image/png;base64,AAAA","type":"image_url"},{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}},{"type":"image_url","image_url":null},{"type":"image_url"},{"type":"image_url","image_url":7}]}]}`,
+		want: Request{Text: slices.Concat([]byte("user\n"), imageOf(`"data:image/png;base64,AAAA"`), imageOf(`{"url":"https://x/y.png","detail":"low"}`), []byte("\n")), MaxTokens: -1}},
 	{name: "null and absent content, empty parts", chat: true,
 		body: `{"messages":[{"role":"a","content":null},{"role":"b"},{"role":"c","content":[]},{"role":"d","content":""}]}`,
 		want: Request{Text: []byte("a\n\nb\n\nc\n\nd\n\n"), MaxTokens: -1}},
@@ -503,10 +515,10 @@ func FuzzParseRequest(f *testing.F) {
 }
 
 var (
-	recipeKeys = []string{`"min_tokens"`, `"tools"`, `"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
+	recipeKeys = []string{`"min_tokens"`, `"tools"`, `"image_url"`, `"url"`, `"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
 		`"stream_options"`, `"include_usage"`, `"user"`, `"role"`, `"content"`, `"type"`, `"text"`, `"MESSAGES"`, `"Role"`,
 		`"ſtream"`, `"max_to\u212Aens"`, `"te\u0078t"`, `"Content"`, `"x"`, `"in\u0063lude_usage"`, `"\ud800role"`}
-	recipeScalars = []string{`"user"`, `"text"`, `""`, `"a\nb"`, `"\u00e9\ud83d\ude00"`, `"\ud800\u0041"`, "\"\xff\"", `"te\u0078t"`,
+	recipeScalars = []string{`"user"`, `"text"`, `"image_url"`, `""`, `"a\nb"`, `"\u00e9\ud83d\ude00"`, `"\ud800\u0041"`, "\"\xff\"", `"te\u0078t"`,
 		`0`, `1`, `-1`, `-0`, `7`, `1.0`, `1e3`, `9223372036854775807`, `9223372036854775808`, `true`, `false`, `null`}
 )
 
@@ -914,5 +926,36 @@ func TestChoicesAndAnswers(t *testing.T) {
 		if r.Choices() != c.choices || r.Answers() != c.answers {
 			t.Errorf("%s: %d sequences, %d answers; want %d and %d", c.body, r.Choices(), r.Answers(), c.choices, c.answers)
 		}
+	}
+}
+
+// An image stands for the estimator's tokens per image; a body of many
+// small image parts cannot grow the prompt past maxImageBytes of them.
+func TestImagesAreBounded(t *testing.T) {
+	one := `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`
+	var r Request
+	est := Estimator{ImageTokens: 300}
+	if err := est.ParseRequest([]byte(one), true, &r); err != nil || len(r.Text) != len("user\n")+300*4+1 {
+		t.Errorf("one image of 300 tokens: %d bytes of text, %v", len(r.Text), err)
+	}
+	var b strings.Builder
+	b.WriteString(`{"messages":[{"role":"user","content":[`)
+	const n = 3000
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"type":"image_url","image_url":"%d"}`, i)
+	}
+	b.WriteString(`]}]}`)
+	if err := ParseRequest([]byte(b.String()), true, &r); err != nil {
+		t.Fatal(err)
+	}
+	full := maxImageBytes / Estimator{}.ImageBytes()
+	if max := maxImageBytes + n*len("image 0123456789abcdef\n"); len(r.Text) > max || full >= n {
+		t.Errorf("%d images: %d bytes of text, want at most %d", n, len(r.Text), max)
+	}
+	if got := bytes.Count(r.Text, []byte("image ")); got != n {
+		t.Errorf("%d images named, want %d", got, n)
 	}
 }

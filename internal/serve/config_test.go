@@ -84,6 +84,8 @@ func TestConfigErrors(t *testing.T) {
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, RTTAlpha: 3}},
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, MaxAttempts: -1}},
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, OutputEstimate: "per-session"}},
+		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, ImageTokens: -1}},
+		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, ImageTokens: 1 << 20}},
 	}
 	for i, c := range cases {
 		if err := c.Defaults().Validate(); err == nil {

@@ -14,12 +14,14 @@ import (
 
 // WireMessage is a chat message as an OpenAI request carries it.
 type WireMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	ToolCalls json.RawMessage `json:"tool_calls"`
 }
 
 // ChatRequestBytes returns the canonical bytes of a chat request's
-// messages: at least one, each with a role and textual content.
+// messages: at least one, each with a role and textual content, and an
+// assistant's tool calls on a line of their own.
 func ChatRequestBytes(msgs []WireMessage) ([]byte, error) {
 	if len(msgs) == 0 {
 		return nil, errors.New("messages: at least one message is required")
@@ -33,6 +35,10 @@ func ChatRequestBytes(msgs []WireMessage) ([]byte, error) {
 		text, err := ContentText(m.Content, &imageLeft)
 		if err != nil {
 			return nil, fmt.Errorf("messages[%d]: %w", i, err)
+		}
+		var calls []json.RawMessage
+		if len(m.ToolCalls) > 0 && m.ToolCalls[0] == '[' && json.Unmarshal(m.ToolCalls, &calls) == nil && len(calls) > 0 {
+			text += "\n" + string(m.ToolCalls) // its own line, raw
 		}
 		out[i] = Message{Role: m.Role, Content: text}
 	}

@@ -186,6 +186,7 @@ type parser struct {
 	in                 bytes.Reader
 	key, str           []byte // scratch: an object key, a string value
 	role, content      []byte // scratch: a message's
+	calls              []byte // scratch: a message's tool calls, raw
 	text               []byte // scratch: a content part's text
 	inputParts         bool   // "input_text" parts count as text (responses)
 	imageBytes         int    // what an image stands for (Estimator.ImageBytes)
@@ -643,12 +644,12 @@ func (p *parser) readMessages(r *Request) error {
 	return err
 }
 
-var messageFields = []string{"role", "content"}
+var messageFields = []string{"role", "content", "tool_calls"}
 
 // readMessage reads message i and appends it to r.Text.
 func (p *parser) readMessage(r *Request, i int) error {
 	d := &p.dec
-	p.role, p.content = p.role[:0], p.content[:0]
+	p.role, p.content, p.calls = p.role[:0], p.content[:0], p.calls[:0]
 	hasRole := false
 	switch d.PeekKind() {
 	case 'n': // a zero message: no role
@@ -675,6 +676,19 @@ func (p *parser) readMessage(r *Request, i int) error {
 				if err := p.readContent(); err != nil {
 					return syntaxOr2(err, fmt.Errorf("messages[%d]: %w", i, err))
 				}
+			case 3:
+				// An assistant's tool calls, which the chat template
+				// renders after its content: kept raw (a non-empty
+				// array; anything else is the engine's to refuse).
+				kind := d.PeekKind()
+				raw, err := d.ReadValue()
+				if err != nil {
+					return err
+				}
+				p.calls = p.calls[:0]
+				if kind == '[' && len(bytes.TrimSpace(raw[1:len(raw)-1])) > 0 {
+					p.calls = append(p.calls, raw...)
+				}
 			default:
 				if err := d.SkipValue(); err != nil {
 					return err
@@ -697,6 +711,9 @@ func (p *parser) readMessage(r *Request, i int) error {
 	opening := r.Instructions == len(r.Text) // no other message before it
 	r.Text = append(append(r.Text, p.role...), '\n')
 	r.Text = append(append(r.Text, p.content...), '\n')
+	if len(p.calls) > 0 {
+		r.Text = append(append(r.Text, p.calls...), '\n')
+	}
 	if opening && (string(p.role) == "system" || string(p.role) == "developer") {
 		r.Instructions = len(r.Text)
 	}

@@ -219,6 +219,10 @@ var requestCases = []struct {
 	{name: "images", chat: true,
 		body: `{"messages":[{"role":"user","content":[{"image_url":"data:image/png;base64,AAAA","type":"image_url"},{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}},{"type":"image_url","image_url":null},{"type":"image_url"},{"type":"image_url","image_url":7}]}]}`,
 		want: Request{Text: slices.Concat([]byte("user\n"), imageOf(`"data:image/png;base64,AAAA"`), imageOf(`{"url":"https://x/y.png","detail":"low"}`), []byte("\n")), MaxTokens: -1}},
+	// An assistant's tool calls are its prompt too, on a line of their own.
+	{name: "tool calls", chat: true,
+		body: `{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"},{"role":"assistant","content":"y","tool_calls":[]}]}`,
+		want: Request{Text: []byte("user\nx\nassistant\n\n[{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]\ntool\n42\nassistant\ny\n"), MaxTokens: -1}},
 	{name: "null and absent content, empty parts", chat: true,
 		body: `{"messages":[{"role":"a","content":null},{"role":"b"},{"role":"c","content":[]},{"role":"d","content":""}]}`,
 		want: Request{Text: []byte("a\n\nb\n\nc\n\nd\n\n"), MaxTokens: -1}},
@@ -256,7 +260,7 @@ var requestCases = []struct {
 		body: `{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true},"stream_options":null}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
 	{name: "other fields of any type", chat: true,
-		body: `{"messages":[{"role":"user","content":"x","name":5,"tool_calls":[{}]}],"temperature":0.5,"tool_choice":{"a":[1]},"prompt":7,"n":null}`,
+		body: `{"messages":[{"role":"user","content":"x","name":5,"tool_calls":7}],"temperature":0.5,"tool_choice":{"a":[1]},"prompt":7,"n":null}`,
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
 	// The engines' chat templates render a chat's tools into the prompt,
 	// most at its start: they come first, raw, wherever the body has them.
@@ -515,7 +519,7 @@ func FuzzParseRequest(f *testing.F) {
 }
 
 var (
-	recipeKeys = []string{`"min_tokens"`, `"tools"`, `"image_url"`, `"url"`, `"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
+	recipeKeys = []string{`"min_tokens"`, `"tools"`, `"tool_calls"`, `"image_url"`, `"url"`, `"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
 		`"stream_options"`, `"include_usage"`, `"user"`, `"role"`, `"content"`, `"type"`, `"text"`, `"MESSAGES"`, `"Role"`,
 		`"ſtream"`, `"max_to\u212Aens"`, `"te\u0078t"`, `"Content"`, `"x"`, `"in\u0063lude_usage"`, `"\ud800role"`}
 	recipeScalars = []string{`"user"`, `"text"`, `"image_url"`, `""`, `"a\nb"`, `"\u00e9\ud83d\ude00"`, `"\ud800\u0041"`, "\"\xff\"", `"te\u0078t"`,

@@ -276,7 +276,7 @@ func TestBatchDispatchCarriesItsChains(t *testing.T) {
 		ends    []int
 		backlog int
 	}{
-		{[]int{2, 4}, 64 - 32}, // the second prompt is held at a
+		{[]int{2, 4}, 64 - 16}, // the second prompt's full block is held at a
 		{[]int{2, 9}, 64},      // past the blocks: one prompt, held nowhere
 		{[]int{3, 2, 4}, 64},   // decreasing
 	} {

@@ -30,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/prefix"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -579,7 +580,7 @@ func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
 		return false
 	}
 	req := policy.Request{PromptTokens: e.Prompt, Blocks: e.Blocks, Unstreamed: e.Unstreamed, Choices: e.Choices}
-	if chains(e.BlockEnds, len(e.Blocks)) {
+	if prefix.ValidEnds(e.BlockEnds, len(e.Blocks)) {
 		req.BlockEnds = e.BlockEnds
 	}
 	t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.Application, e.Conversation})
@@ -591,20 +592,6 @@ func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
 	}
 	p.mirrors[e.ID] = &mirror{t: t, at: now, blocks: b.hold(e.Blocks)}
 	return true
-}
-
-// chains reports whether ends marks where a batch's chains end in n
-// blocks: not decreasing, the last n. A peer's that does not is read as
-// one prompt's.
-func chains(ends []int, n int) bool {
-	prev := 0
-	for _, e := range ends {
-		if e < prev {
-			return false
-		}
-		prev = e
-	}
-	return len(ends) > 0 && prev == n
 }
 
 // hold returns the blocks a mirror keeps until its replica takes it: the

@@ -69,3 +69,33 @@ func Keyed(blocks []uint64, key uint64) []uint64 {
 	}
 	return blocks
 }
+
+// CommonPrefix is how many leading blocks two chains share: a chain's hash
+// depends on every block before it, so they agree up to some block and
+// differ from it on, and a binary search finds where.
+func CommonPrefix(a, b []uint64) int {
+	lo, hi := 0, min(len(a), len(b)) // a[:lo] == b[:lo]; they differ before hi, or hi is the end
+	for lo < hi {
+		mid := lo + (hi-lo+1)/2
+		if a[mid-1] == b[mid-1] {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
+}
+
+// ValidEnds reports whether ends marks where a batch's chains end in n
+// blocks, laid end to end: not decreasing (an empty prompt has no
+// blocks), the last n.
+func ValidEnds(ends []int, n int) bool {
+	prev := 0
+	for _, e := range ends {
+		if e < prev {
+			return false
+		}
+		prev = e
+	}
+	return len(ends) > 0 && prev == n
+}

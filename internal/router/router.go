@@ -236,15 +236,19 @@ const maxBatchChains = 64
 
 // match writes into r.depth how many of req's prompt blocks each slot's
 // replica is believed to hold. For a batch of prompts it sums, over the
-// first maxBatchChains, the blocks of each prompt that the replica holds
-// or that an earlier prompt of the batch shares, which the replica
-// computes once, for the earlier one. Call with decMu and ixMu (read).
+// first maxBatchChains, the full blocks of each prompt (all but its last,
+// which may be partly filled: engines cache full blocks only) that the
+// replica holds or that an earlier prompt of the batch shares, which the
+// replica computes once, for the earlier one (vLLM caches a block once it
+// is full; SGLang holds a prompt that shares with an earlier one back
+// until the earlier is computed). Ends that are not a batch's are read as
+// one prompt's. Call with decMu and ixMu (read).
 func (r *Router) match(req *policy.Request) {
 	k := r.index.Slots()
 	if len(r.depth) < k {
 		r.depth, r.chain = make([]int, k), make([]int, k)
 	}
-	if len(req.BlockEnds) == 0 {
+	if len(req.BlockEnds) == 0 || !prefix.ValidEnds(req.BlockEnds, len(req.Blocks)) {
 		r.index.Match(req.Blocks, r.depth)
 		return
 	}
@@ -252,37 +256,19 @@ func (r *Router) match(req *policy.Request) {
 	ends := req.BlockEnds[:min(len(req.BlockEnds), maxBatchChains)]
 	start := 0
 	for i, end := range ends {
-		if end < start || end > len(req.Blocks) {
-			return // not a batch's chains (a peer's event is checked before)
-		}
 		chain := req.Blocks[start:end]
+		full := max(len(chain)-1, 0)
 		shared, prev := 0, 0
 		for _, e := range ends[:i] {
-			shared = max(shared, commonPrefix(chain, req.Blocks[prev:e]))
+			shared = max(shared, prefix.CommonPrefix(chain, req.Blocks[prev:e]))
 			prev = e
 		}
 		r.index.Match(chain, r.chain)
 		for slot, d := range r.chain[:k] {
-			r.depth[slot] += max(d, shared)
+			r.depth[slot] += min(max(d, shared), full)
 		}
 		start = end
 	}
-}
-
-// commonPrefix is how many leading blocks two chains share: a chain's hash
-// depends on every block before it, so they agree up to some block and
-// differ from it on, and a binary search finds where.
-func commonPrefix(a, b []uint64) int {
-	lo, hi := 0, min(len(a), len(b)) // a[:lo] == b[:lo]; they differ at hi-1 or hi is the end
-	for lo < hi {
-		mid := lo + (hi-lo+1)/2
-		if a[mid-1] == b[mid-1] {
-			lo = mid
-		} else {
-			hi = mid - 1
-		}
-	}
-	return lo
 }
 
 // Dispatch decides for req at time now and enters the request in the chosen

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/estimate"
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/prefix"
 )
 
 // id is the id of the i-th test replica: a, b, c...
@@ -127,8 +128,10 @@ func TestBatchMatchesEachPrompt(t *testing.T) {
 		id     string
 		cached int
 	}{
-		{"a", 16 * (0 + 5 + 3)},  // y held; z's opening shared with x, computed here first
-		{"b", 16 * (10 + 0 + 3)}, // x held, z's opening held
+		// Each prompt's last block may be partly filled, and engines
+		// cache full blocks only: a prompt is credited all but its last.
+		{"a", 16 * (0 + 4 + 3)}, // y held; z's opening shared with x, computed here first
+		{"b", 16 * (9 + 0 + 3)}, // x held, z's opening held
 	} {
 		tk, ok := r.Enter(0, c.id, &batch, OutputKeys{})
 		if !ok {
@@ -151,16 +154,29 @@ func TestBatchMatchesEachPrompt(t *testing.T) {
 		}
 		r.Finish(&tk)
 	}
-	// Ends that are not a batch's (a peer's bad event, say) match nothing.
+	// Thirty copies of a one-block prompt: each block may be partly
+	// filled, which no engine caches, so none is credited.
+	var copies policy.Request
+	for i := range 30 {
+		copies.Blocks = append(copies.Blocks, 7)
+		copies.BlockEnds = append(copies.BlockEnds, i+1)
+	}
+	copies.PromptTokens = 30 * 3
+	tk, _ := r.Enter(0, "a", &copies, OutputKeys{})
+	if tk.EstCachedTokens != 0 {
+		t.Errorf("thirty copies of a short prompt: %d tokens cached", tk.EstCachedTokens)
+	}
+	r.Finish(&tk)
+	// Ends that are not a batch's (a peer's bad event, say) are one prompt's.
 	bad := policy.Request{PromptTokens: 16 * 15, Blocks: slices.Concat(x, y), BlockEnds: []int{10, 99}}
-	tk, _ := r.Enter(0, "b", &bad, OutputKeys{})
+	tk, _ = r.Enter(0, "b", &bad, OutputKeys{})
 	if tk.EstCachedTokens > 16*10 {
 		t.Errorf("ends past the blocks: %d tokens cached", tk.EstCachedTokens)
 	}
 	r.Finish(&tk)
 }
 
-func TestCommonPrefix(t *testing.T) {
+func TestCommonPrefixOfChains(t *testing.T) {
 	for _, c := range []struct {
 		a, b []uint64
 		want int
@@ -173,7 +189,7 @@ func TestCommonPrefix(t *testing.T) {
 		{blocks(1, 7), blocks(2, 7), 0},
 		{blocks(1, 1), append(blocks(1, 1), 9), 1},
 	} {
-		if got := commonPrefix(c.a, c.b); got != c.want {
+		if got := prefix.CommonPrefix(c.a, c.b); got != c.want {
 			t.Errorf("commonPrefix(%v, %v) = %d, want %d", c.a, c.b, got, c.want)
 		}
 	}

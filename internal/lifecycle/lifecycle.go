@@ -260,12 +260,12 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 	est, text := c.cfg.Est, r.Parsed.Text
 	// A chat's tools open its prompt and name its application; the keys
 	// of its opening (simple session affinity's, the conversation's) are
-	// its messages'.
-	msgs := text[r.Parsed.Tools:]
+	// its messages', images left out.
+	opening, instructions := prompt.OpeningKeys(&r.Parsed, est)
 	r.Route = policy.Request{
 		SessionKey:      session,
-		PrefixKey:       prompt.PrefixKey(msgs, est),
-		InstructionsKey: prompt.InstructionsKey(msgs, r.Parsed.Instructions, est),
+		PrefixKey:       opening,
+		InstructionsKey: instructions,
 		ToolsKey:        prompt.ToolsKey(text, r.Parsed.Tools),
 		PromptTokens:    est.Tokens(text),
 		MaxOutputTokens: max(r.Parsed.MaxTokens, 0),

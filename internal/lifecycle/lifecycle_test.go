@@ -577,4 +577,9 @@ func TestImagesArePartOfThePrompt(t *testing.T) {
 	if cat.Blocks[0] == dog.Blocks[0] {
 		t.Error("two images, one first block")
 	}
+	// The same question about another picture is the same application's
+	// and opens the same way.
+	if router.KeysOf(&cat) != router.KeysOf(&dog) || cat.PrefixKey != dog.PrefixKey {
+		t.Errorf("one question about two pictures: keys %x and %x", router.KeysOf(&cat), router.KeysOf(&dog))
+	}
 }

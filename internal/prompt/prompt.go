@@ -44,13 +44,13 @@ type Estimator struct {
 }
 
 // ImageBytes is how many bytes of a canonical prompt stand for an image:
-// ImageTokens' worth.
+// ImageTokens' worth, at most maxImageBytes (a request's whole allowance).
 func (e Estimator) ImageBytes() int {
 	n := e.ImageTokens
 	if n <= 0 {
 		n = DefaultImageTokens
 	}
-	return e.Bytes(min(n, MaxImageTokens))
+	return min(e.Bytes(min(n, MaxImageTokens)), maxImageBytes)
 }
 
 func (e Estimator) bpt() int {
@@ -113,6 +113,48 @@ func ToolsKey(text []byte, tools int) uint64 {
 		return 0
 	}
 	return xxhash.Sum64(text[:min(tools, len(text))])
+}
+
+// OpeningKeys are a parsed request's PrefixKey and InstructionsKey, of
+// its messages (after its tools) with their images left out: an image is
+// blocks of the prompt of its own, not what names a conversation or an
+// application (the same question about another picture is the same
+// application's). For a request without tools or images they are
+// PrefixKey(r.Text) and InstructionsKey(r.Text, r.Instructions).
+func OpeningKeys(r *Request, est Estimator) (prefixKey, instructionsKey uint64) {
+	limit := est.Bytes(PrefixKeyTokens)
+	prefixKey = hashSkipping(r.Text, r.Images, r.Tools, len(r.Text), limit)
+	if r.Instructions > 0 {
+		instructionsKey = hashSkipping(r.Text, r.Images, r.Tools, min(r.Tools+r.Instructions, len(r.Text)), limit)
+	}
+	return prefixKey, instructionsKey
+}
+
+// hashSkipping hashes the first limit bytes of text[from:to] outside the
+// spans (pairs of offsets into text, in order).
+func hashSkipping(text []byte, spans []int, from, to, limit int) uint64 {
+	if len(spans) == 0 {
+		return xxhash.Sum64(text[from:min(to, from+limit)])
+	}
+	var d xxhash.Digest
+	d.Reset()
+	at := from
+	for i := 0; i+1 < len(spans) && limit > 0 && at < to; i += 2 {
+		if spans[i+1] <= at {
+			continue
+		}
+		end := min(spans[i], to)
+		if end > at {
+			n := min(end-at, limit)
+			d.Write(text[at : at+n])
+			limit -= n
+		}
+		at = max(at, spans[i+1])
+	}
+	if limit > 0 && at < to {
+		d.Write(text[at:min(to, at+limit)])
+	}
+	return d.Sum64()
 }
 
 // PrefixKey is the hash of a canonical prompt's first PrefixKeyTokens

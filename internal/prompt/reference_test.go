@@ -23,26 +23,40 @@ type WireMessage struct {
 // messages: at least one, each with a role and textual content, and an
 // assistant's tool calls on a line of their own.
 func ChatRequestBytes(msgs []WireMessage) ([]byte, error) {
+	text, _, err := chatRequestBytes(msgs)
+	return text, err
+}
+
+// chatRequestBytes is ChatRequestBytes, and where its images stand
+// (Request.Images).
+func chatRequestBytes(msgs []WireMessage) ([]byte, []int, error) {
 	if len(msgs) == 0 {
-		return nil, errors.New("messages: at least one message is required")
+		return nil, nil, errors.New("messages: at least one message is required")
 	}
 	out := make([]Message, len(msgs))
 	imageLeft := maxImageBytes
+	var images []int
+	at := 0 // where the message's content starts
 	for i, m := range msgs {
 		if m.Role == "" {
-			return nil, fmt.Errorf("messages[%d].role is required", i)
+			return nil, nil, fmt.Errorf("messages[%d].role is required", i)
 		}
-		text, err := ContentText(m.Content, &imageLeft)
+		text, spans, err := ContentText(m.Content, &imageLeft)
 		if err != nil {
-			return nil, fmt.Errorf("messages[%d]: %w", i, err)
+			return nil, nil, fmt.Errorf("messages[%d]: %w", i, err)
+		}
+		at += len(m.Role) + 1
+		for _, s := range spans {
+			images = append(images, at+s)
 		}
 		var calls []json.RawMessage
 		if len(m.ToolCalls) > 0 && m.ToolCalls[0] == '[' && json.Unmarshal(m.ToolCalls, &calls) == nil && len(calls) > 0 {
 			text += "\n" + string(m.ToolCalls) // its own line, raw
 		}
+		at += len(text) + 1
 		out[i] = Message{Role: m.Role, Content: text}
 	}
-	return Chat(nil, out), nil
+	return Chat(nil, out), images, nil
 }
 
 // CompletionBytes returns the bytes of a completions request's prompt: a
@@ -89,15 +103,15 @@ func CompletionBytes(raw json.RawMessage) (text []byte, ends []int, err error) {
 // ContentText returns the text of a chat message's content as an OpenAI
 // request carries it: a string, null, or an array of content parts whose
 // "text" parts are concatenated, and its "image_url" parts stand for
-// their images (appendImage, while imageLeft lasts); other parts are
-// ignored.
-func ContentText(raw json.RawMessage, imageLeft *int) (string, error) {
+// their images (appendImage, while imageLeft lasts; where they stand in
+// the text, pairs of offsets); other parts are ignored.
+func ContentText(raw json.RawMessage, imageLeft *int) (string, []int, error) {
 	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
+		return "", nil, nil
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
-		return s, nil
+		return s, nil, nil
 	}
 	var parts []struct {
 		Type     string          `json:"type"`
@@ -105,9 +119,10 @@ func ContentText(raw json.RawMessage, imageLeft *int) (string, error) {
 		ImageURL json.RawMessage `json:"image_url"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("content must be a string or an array of content parts")
+		return "", nil, errors.New("content must be a string or an array of content parts")
 	}
 	var b []byte
+	var spans []int
 	for _, p := range parts {
 		switch {
 		case p.Type == "text":
@@ -117,8 +132,10 @@ func ContentText(raw json.RawMessage, imageLeft *int) (string, error) {
 			if full := (Estimator{}).ImageBytes(); *imageLeft >= full {
 				size, *imageLeft = full, *imageLeft-full
 			}
+			spans = append(spans, len(b))
 			b = appendImage(b, xxhash.Sum64(p.ImageURL)|1, size)
+			spans = append(spans, len(b))
 		}
 	}
-	return string(b), nil
+	return string(b), spans, nil
 }

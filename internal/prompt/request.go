@@ -69,6 +69,10 @@ type Request struct {
 	// a trace's lengths, and a router that took it would know every
 	// benchmark's answers' lengths, as it never does in production.
 	MinTokens int
+	// Images are where each image of a chat stands in Text: pairs of
+	// offsets, its line's start and its padding's end (see ImageBytes).
+	// The keys of a prompt's opening leave them out (OpeningKeys).
+	Images []int
 	// PromptEnds is, for a completion of several prompts (a batch, which
 	// the engine answers as so many requests), where each ends in Text;
 	// empty for one prompt.
@@ -191,6 +195,8 @@ type parser struct {
 	inputParts         bool   // "input_text" parts count as text (responses)
 	imageBytes         int    // what an image stands for (Estimator.ImageBytes)
 	imageLeft          int    // the bytes images may still take (maxImageBytes)
+	contentImages      int    // of which the message's content read so far took
+	spans              []int  // its images, as Request.Images, in p.content
 	model, user        []byte
 	hasModel, hasUser  bool
 	instr              []byte // a responses request's "instructions"
@@ -231,7 +237,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	chat := mode == modeChat
 	p.inputParts = false
 	model, user := r.Model, r.User
-	*r = Request{Text: r.Text[:0], PromptEnds: r.PromptEnds[:0], MaxTokens: -1}
+	*r = Request{Text: r.Text[:0], PromptEnds: r.PromptEnds[:0], Images: r.Images[:0], MaxTokens: -1}
 	p.n, p.bestOf = 1, 0
 	p.minTok, p.odd = 0, 0
 	p.in.Reset(body)
@@ -570,7 +576,7 @@ func (p *parser) streamOptions(includeUsage *bool) error {
 }
 
 // readTools reads a chat's or a responses request's "tools": an array, kept raw (the last of
-// duplicated keys wins); null or an empty array is none.
+// duplicated keys wins); null, an empty array or another value is none.
 func (p *parser) readTools() error {
 	d := &p.dec
 	switch d.PeekKind() {
@@ -579,11 +585,9 @@ func (p *parser) readTools() error {
 		_, err := d.ReadToken()
 		return err
 	case '[':
-	default:
-		if err := d.SkipValue(); err != nil {
-			return err
-		}
-		return errors.New("tools must be an array")
+	default: // the engine's to refuse (an embeddings body's to ignore)
+		p.hasTools = false
+		return d.SkipValue()
 	}
 	raw, err := d.ReadValue()
 	if err != nil {
@@ -611,6 +615,9 @@ func (p *parser) prependTools(r *Request) {
 	copy(text[len(toolsHead):], p.tools)
 	text[n-1] = '\n'
 	r.Text, r.Tools = text, n
+	for i := range r.Images {
+		r.Images[i] += n
+	}
 }
 
 // readMessages reads the messages array into r.Text: every message as its
@@ -618,7 +625,7 @@ func (p *parser) prependTools(r *Request) {
 // key replaces what an earlier one gave.
 func (p *parser) readMessages(r *Request) error {
 	d := &p.dec
-	r.Text, r.Instructions = r.Text[:0], 0
+	r.Text, r.Instructions, r.Images = r.Text[:0], 0, r.Images[:0]
 	p.imageLeft = maxImageBytes
 	switch d.PeekKind() {
 	case 'n':
@@ -649,7 +656,8 @@ var messageFields = []string{"role", "content", "tool_calls"}
 // readMessage reads message i and appends it to r.Text.
 func (p *parser) readMessage(r *Request, i int) error {
 	d := &p.dec
-	p.role, p.content, p.calls = p.role[:0], p.content[:0], p.calls[:0]
+	p.role, p.content, p.calls, p.spans = p.role[:0], p.content[:0], p.calls[:0], p.spans[:0]
+	p.contentImages = 0
 	hasRole := false
 	switch d.PeekKind() {
 	case 'n': // a zero message: no role
@@ -704,12 +712,16 @@ func (p *parser) readMessage(r *Request, i int) error {
 	}
 	if !hasRole || len(p.role) == 0 {
 		if p.inputParts {
+			p.imageLeft += p.contentImages
 			return nil // an input item that is not a message (a tool call's output, say)
 		}
 		return fmt.Errorf("messages[%d].role is required", i)
 	}
 	opening := r.Instructions == len(r.Text) // no other message before it
 	r.Text = append(append(r.Text, p.role...), '\n')
+	for _, at := range p.spans {
+		r.Images = append(r.Images, len(r.Text)+at)
+	}
 	r.Text = append(append(r.Text, p.content...), '\n')
 	if len(p.calls) > 0 {
 		r.Text = append(append(r.Text, p.calls...), '\n')
@@ -738,7 +750,11 @@ var (
 // or an array of parts whose "text" parts' texts are concatenated.
 func (p *parser) readContent() error {
 	d := &p.dec
-	p.content = p.content[:0]
+	// A later "content" key replaces an earlier one: its images' bytes
+	// are given back.
+	p.content, p.spans = p.content[:0], p.spans[:0]
+	p.imageLeft += p.contentImages
+	p.contentImages = 0
 	switch d.PeekKind() {
 	case 'n':
 		_, err := d.ReadToken()
@@ -824,8 +840,11 @@ func (p *parser) readContent() error {
 			size := 0 // past the request's allowance, the image's line alone
 			if p.imageLeft >= p.imageBytes {
 				size, p.imageLeft = p.imageBytes, p.imageLeft-p.imageBytes
+				p.contentImages += size
 			}
+			p.spans = append(p.spans, len(p.content))
 			p.content = appendImage(p.content, image, size)
+			p.spans = append(p.spans, len(p.content))
 		}
 	}
 	_, err := d.ReadToken()

@@ -51,15 +51,14 @@ func reference(body []byte, chat bool) (Request, error) {
 		if err := json.Unmarshal(body, &in); err != nil {
 			return out, err
 		}
-		text, err = ChatRequestBytes(in.Messages)
-		if t := bytes.TrimSpace(in.Tools); len(t) > 0 && string(t) != "null" {
-			var tools []json.RawMessage
-			if e := json.Unmarshal(t, &tools); e != nil {
-				return out, e
-			}
-			if len(tools) > 0 && err == nil {
-				text = append(append(append([]byte("tools\n"), t...), '\n'), text...)
-				out.Tools = len(t) + len("tools\n\n")
+		text, out.Images, err = chatRequestBytes(in.Messages)
+		// Tools: a non-empty array (anything else is none), raw, first.
+		var tools []json.RawMessage
+		if t := bytes.TrimSpace(in.Tools); len(t) > 0 && t[0] == '[' && json.Unmarshal(t, &tools) == nil && len(tools) > 0 && err == nil {
+			text = append(append(append([]byte("tools\n"), t...), '\n'), text...)
+			out.Tools = len(t) + len("tools\n\n")
+			for i := range out.Images {
+				out.Images[i] += out.Tools
 			}
 		}
 		n := 0 // the opening system or developer messages
@@ -142,6 +141,9 @@ func same(got, want Request) string {
 	if len(got.PromptEnds) == 0 && len(want.PromptEnds) == 0 {
 		got.PromptEnds, want.PromptEnds = nil, nil // a reused buffer, or none
 	}
+	if len(got.Images) == 0 && len(want.Images) == 0 {
+		got.Images, want.Images = nil, nil
+	}
 	if !bytes.Equal(got.Text, want.Text) {
 		return fmt.Sprintf("text %q, want %q", got.Text, want.Text)
 	}
@@ -213,12 +215,13 @@ var requestCases = []struct {
 		want: Request{Text: []byte("user\nc\nsystem\nd\n"), MaxTokens: -1}},
 	{name: "content parts", chat: true,
 		body: `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},null,{"text":"b","type":"text"},{"type":"input_audio","text":"ignored"}]}]}`,
-		want: Request{Text: slices.Concat([]byte("user\na"), imageOf(`{"url":"x"}`), []byte("b\n")), MaxTokens: -1}},
+		want: Request{Text: slices.Concat([]byte("user\na"), imageOf(`{"url":"x"}`), []byte("b\n")), MaxTokens: -1, Images: []int{6, 6 + 4096}}},
 	// An image stands for its tokens, named by its value's hash: the
 	// same image gives the same bytes, another image others.
 	{name: "images", chat: true,
 		body: `{"messages":[{"role":"user","content":[{"image_url":"data:image/png;base64,AAAA","type":"image_url"},{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}},{"type":"image_url","image_url":null},{"type":"image_url"},{"type":"image_url","image_url":7}]}]}`,
-		want: Request{Text: slices.Concat([]byte("user\n"), imageOf(`"data:image/png;base64,AAAA"`), imageOf(`{"url":"https://x/y.png","detail":"low"}`), []byte("\n")), MaxTokens: -1}},
+		want: Request{Text: slices.Concat([]byte("user\n"), imageOf(`"data:image/png;base64,AAAA"`), imageOf(`{"url":"https://x/y.png","detail":"low"}`), []byte("\n")), MaxTokens: -1,
+			Images: []int{5, 5 + 4096, 5 + 4096, 5 + 2*4096}}},
 	// An assistant's tool calls are its prompt too, on a line of their own.
 	{name: "tool calls", chat: true,
 		body: `{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"},{"role":"assistant","content":"y","tool_calls":[]}]}`,
@@ -280,8 +283,8 @@ var requestCases = []struct {
 		body: `{"prompt":"p","tools":5}`,
 		want: Request{Text: []byte("p"), MaxTokens: -1}},
 	{name: "tools not an array", chat: true,
-		body: `{"messages":[{"role":"user","content":"x"}],"tools":{"type":"function"}}`,
-		err:  "tools must be an array"},
+		body: `{"messages":[{"role":"user","content":"x"}],"tools":{"type":"function"},"tools":5}`,
+		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
 	{name: "white space", chat: true,
 		body: " \n{ \"messages\" :\t[ { \"role\" : \"user\" , \"content\" : [ { \"type\" : \"text\" , \"text\" : \"x\" } ] } ] } \r\n",
 		want: Request{Text: []byte("user\nx\n"), MaxTokens: -1}},
@@ -798,7 +801,7 @@ func TestParseInput(t *testing.T) {
 		// A responses request's tools open its prompt, as a chat's.
 		{`{"input":"hi","tools":[{"type":"function","name":"f"}],"instructions":"be brief"}`, "tools\n[{\"type\":\"function\",\"name\":\"f\"}]\nsystem\nbe brief\nhi", ""},
 		{`{"tools":[{"type":"function","name":"f"}]}`, "", ""},
-		{`{"input":"hi","tools":"f"}`, "", "tools must be an array"},
+		{`{"input":"hi","tools":"f"}`, "hi", ""},
 	} {
 		var r Request
 		err := ParseInput([]byte(c.body), &r)
@@ -961,5 +964,55 @@ func TestImagesAreBounded(t *testing.T) {
 	}
 	if got := bytes.Count(r.Text, []byte("image ")); got != n {
 		t.Errorf("%d images named, want %d", got, n)
+	}
+}
+
+// A later "content" key gives back the image allowance the one it
+// replaces took; tools before images move where the images stand.
+func TestImageAllowanceAndSpans(t *testing.T) {
+	var parts strings.Builder
+	for i := range maxImageBytes / (Estimator{}).ImageBytes() {
+		if i > 0 {
+			parts.WriteByte(',')
+		}
+		fmt.Fprintf(&parts, `{"type":"image_url","image_url":"%d"}`, i)
+	}
+	check(t, []byte(`{"messages":[{"role":"user","content":[`+parts.String()+`],"content":"x"},{"role":"user","content":[{"type":"image_url","image_url":"v"}]}]}`), true)
+	check(t, []byte(`{"messages":[{"role":"user","content":["x",{"type":"image_url","image_url":"v"}]}],"tools":[{"type":"function"}]}`), true)
+	check(t, []byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image_url","image_url":"v"}]}],"tools":[{"type":"function"}]}`), true)
+	var r Request
+	if err := ParseRequest([]byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image_url","image_url":"v"}]}],"tools":[{"type":"function"}]}`), true, &r); err != nil ||
+		len(r.Images) != 2 || !bytes.HasPrefix(r.Text[r.Images[0]:], []byte("image ")) || r.Images[1] != r.Images[0]+(Estimator{}).ImageBytes() {
+		t.Errorf("images at %v in %d bytes (tools %d), %v", r.Images, len(r.Text), r.Tools, err)
+	}
+}
+
+// The keys of a prompt's opening leave its tools and images out: the same
+// question about another picture keys as it does about none.
+func TestOpeningKeys(t *testing.T) {
+	var est Estimator
+	keys := func(body string) (uint64, uint64) {
+		t.Helper()
+		var r Request
+		if err := ParseRequest([]byte(body), true, &r); err != nil {
+			t.Fatal(err)
+		}
+		return OpeningKeys(&r, est)
+	}
+	long := strings.Repeat("a long question about the picture, ", 40)
+	plain := `{"messages":[{"role":"system","content":"sys"},{"role":"user","content":"` + long + `"}]}`
+	var r Request
+	if err := ParseRequest([]byte(plain), true, &r); err != nil {
+		t.Fatal(err)
+	}
+	p0, i0 := keys(plain)
+	if p0 != PrefixKey(r.Text, est) || i0 != InstructionsKey(r.Text, r.Instructions, est) {
+		t.Error("without tools or images the keys are not PrefixKey's and InstructionsKey's")
+	}
+	for _, url := range []string{"cat", "dog"} {
+		body := `{"tools":[{"type":"function"}],"messages":[{"role":"system","content":"sys"},{"role":"user","content":[{"type":"image_url","image_url":"` + url + `"},{"type":"text","text":"` + long + `"}]}]}`
+		if p, i := keys(body); p != p0 || i != i0 {
+			t.Errorf("image %s: keys %x %x, want %x %x", url, p, i, p0, i0)
+		}
 	}
 }

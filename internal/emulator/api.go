@@ -222,6 +222,26 @@ func (s *Server) fillPrompt(w http.ResponseWriter, j *job, p *jobPrompt, text []
 	return true
 }
 
+// maxBatchShare is how many earlier prompts of a batch a prompt's
+// opening is compared with (sharedWith).
+const maxBatchShare = 64
+
+// sharedWith returns the earlier prompt of a batch (among the
+// maxBatchShare before it) that shares the most full blocks with prompt k
+// (a prompt's last block may be partly filled, and is never shared), the
+// first of them on a tie, or -1 for none: prompt k enters once it has its
+// first token, and finds those blocks cached.
+func sharedWith(prompts []jobPrompt, k int) int {
+	best, most := -1, 0
+	for j := max(k-maxBatchShare, 0); j < k; j++ {
+		a, b := prompts[k].blocks, prompts[j].blocks
+		if n := min(prefix.CommonPrefix(a, b), len(a)-1, len(b)-1); n > most {
+			best, most = j, n
+		}
+	}
+	return best
+}
+
 func readBody(r *http.Request) ([]byte, error) {
 	var buf bytes.Buffer
 	_, err := buf.ReadFrom(http.MaxBytesReader(nil, r.Body, maxBody))
@@ -231,12 +251,20 @@ func readBody(r *http.Request) ([]byte, error) {
 // serve runs a parsed job through the engine and writes the response.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 	reqs := make([]engine.Request, 0, j.seqs)
-	for _, p := range j.prompts {
+	after := make([]int, 0, j.seqs) // what each sequence enters after (driver.submit)
+	for k, p := range j.prompts {
+		wait := -1
+		if e := sharedWith(j.prompts, k); e >= 0 {
+			wait = e * j.perPrompt // the earlier prompt's first answer
+		}
+		leader := len(reqs)
 		for range j.perPrompt {
 			reqs = append(reqs, engine.Request{PromptTokens: p.tokens, OutputTokens: p.outputTokens, Blocks: p.blocks, Adapter: j.adapter})
+			after = append(after, wait)
+			wait = leader // the prompt's other answers, its first
 		}
 	}
-	st, first, err := s.drv.submit(reqs, j.perPrompt)
+	st, first, err := s.drv.submit(reqs, after)
 	switch {
 	case errors.Is(err, engine.ErrQueueFull):
 		writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "the server is overloaded: its waiting queue is full")

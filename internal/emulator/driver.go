@@ -134,27 +134,30 @@ func newDriver(eng *engine.Engine, clk *clock) *driver {
 
 // submit enters a request's sequences (its n answers, as vLLM fans one
 // out, for each of its prompts; their IDs, first to first+len(rs)-1, are
-// assigned here) and returns the stream of all their events. Each run of
-// group sequences shares one prompt: the first is entered now, the others
-// once it has its first token, so that they find the prompt in the cache
-// and the engine computes it once (SGLang prefills such a prompt alone
-// first; vLLM's siblings share its blocks). Every sequence's length is
-// the same, so nothing waits on a later sibling. A request refused for a
-// full queue is refused whole; once its first prompt is in, its later
-// prompts wait for room, as a batch in an engine's own queue would.
-func (d *driver) submit(rs []engine.Request, group int) (s *stream, first uint64, err error) {
-	group = max(group, 1)
+// assigned here) and returns the stream of all their events. Sequence i
+// enters once sequence after[i] (an earlier one) has its first token, or
+// at once where after[i] is negative (after nil: all at once): an
+// n-answer prompt's siblings wait for its first sequence, so that they
+// find the prompt in the cache and the engine computes it once (SGLang
+// prefills such a prompt alone first; vLLM's siblings share its blocks),
+// and a batch's prompt that shares its opening with an earlier one waits
+// for it, as SGLang holds it back (vLLM caches each block as it fills).
+// Every sequence's length is the same, so nothing waits on a later
+// sibling. A request refused for a full queue is refused whole; once its
+// first sequence is in, its later ones wait for room, as a batch in an
+// engine's own queue would.
+func (d *driver) submit(rs []engine.Request, after []int) (s *stream, first uint64, err error) {
 	d.mu.Lock()
 	now := d.clk.model(time.Now())
 	d.advanceLocked(now)
 	s = &stream{notify: make(chan struct{}, 1), at: now}
 	first = d.nextID + 1
-	full := false // a later prompt found the queue full: it and the rest wait their turn
+	full := false // a later sequence found the queue full: it and the rest wait their turn
 	for i, r := range rs {
 		d.nextID++
 		r.ID = d.nextID
-		if k := i % group; k > 0 {
-			leader := r.ID - uint64(k)
+		if i < len(after) && after[i] >= 0 {
+			leader := first + uint64(after[i])
 			d.held[leader] = append(d.held[leader], r)
 		} else if full {
 			d.ready = append(d.ready, r)

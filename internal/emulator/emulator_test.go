@@ -575,7 +575,7 @@ func TestSiblingsLeaveWithTheirClient(t *testing.T) {
 		blocks[i] = uint64(i + 1)
 	}
 	r := engine.Request{PromptTokens: 20000, OutputTokens: 4, Blocks: blocks}
-	_, first, err := s.drv.submit([]engine.Request{r, r, r, r, r, r}, 3) // two prompts of three
+	_, first, err := s.drv.submit([]engine.Request{r, r, r, r, r, r}, []int{-1, 0, 0, -1, 3, 3}) // two prompts of three
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -630,7 +630,7 @@ func TestSiblingsWaitForRoomInTheQueue(t *testing.T) {
 	// A leader that runs for minutes of the model's time holds the one
 	// running slot while the test looks.
 	r := engine.Request{PromptTokens: 16, OutputTokens: 100000, Blocks: []uint64{7}}
-	_, first, err := s.drv.submit([]engine.Request{r, r, r}, 3)
+	_, first, err := s.drv.submit([]engine.Request{r, r, r}, []int{-1, 0, 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -678,5 +678,26 @@ func TestTokenChunksAreValidJSONForAnyModelName(t *testing.T) {
 	chunks := readSSE(t, resp.Body) // fails on invalid JSON
 	if len(chunks) != 4 {
 		t.Errorf("%d chunks, want a role chunk and 3 tokens", len(chunks))
+	}
+}
+
+// A batch's prompt that shares its opening with an earlier one finds the
+// opening cached: it enters once the earlier has its first token, as
+// SGLang holds it back (vLLM caches each block as it fills); the engine
+// computes the opening once.
+func TestBatchSharesItsOpening(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50})
+	shared := strings.Repeat("shared instructions of an evaluation's few shots ", 20)
+	resp := post(t, url+"/v1/completions", `{"prompt":["`+shared+`question one","`+shared+`question two"],"max_tokens":1,"stream":true,"stream_options":{"include_usage":true}}`)
+	chunks := readSSE(t, resp.Body)
+	resp.Body.Close()
+	cached := -1
+	for _, c := range chunks {
+		if c.Usage != nil {
+			cached = c.Usage.PromptTokensDetails.CachedTokens
+		}
+	}
+	if opening := len(shared) / 4; cached < opening/2 {
+		t.Fatalf("a fresh batch sharing a %d-token opening: %d cached tokens in its usage; want the last prompt to find most of it cached", opening, cached)
 	}
 }

@@ -28,9 +28,10 @@ type Request struct {
 	// of one id are two conversations to the router's estimate of answers'
 	// lengths.
 	Tenant string
-	// PrefixKey is a hash of the prompt's first 256 tokens (in the
-	// simulator, of the text the replayer would send): what simple session
-	// affinity hashes.
+	// PrefixKey is a hash of the first 256 tokens of the prompt's messages
+	// (after a chat's tools, its images left out: prompt.OpeningKeys; in
+	// the simulator, of the text the replayer would send): what simple
+	// session affinity hashes.
 	PrefixKey uint64
 	// InstructionsKey is a hash of a chat's opening system or developer
 	// messages (at most its first 256 tokens, so that instructions that
@@ -49,7 +50,8 @@ type Request struct {
 	// requests), each prompt's chain, end to end.
 	Blocks []uint64
 	// BlockEnds is, for a batch, where each prompt's chain ends in Blocks
-	// (increasing, the last len(Blocks)); nil for one prompt.
+	// (not decreasing: an empty prompt has none; the last len(Blocks));
+	// nil for one prompt.
 	BlockEnds []int
 	// MaxOutputTokens is the request's output limit (or trace hint), per
 	// answer; MinOutputTokens the least it asks for (min_tokens), 0 when

@@ -49,10 +49,12 @@ type Request struct {
 	// Tools is how many bytes at the start of Text a chat's (or a
 	// responses request's) tools take: "tools", a newline, the "tools"
 	// array as the client wrote it and a newline; 0 without tools (absent,
-	// null or empty). The engines' chat
-	// templates render the tools into the prompt, most of them at its
-	// start (with the system prompt), so they count as prompt tokens and
-	// as the prompt's first cached blocks.
+	// null, empty, or not an array). The engines' chat templates render
+	// the tools into the prompt, near its start in most (Qwen's and
+	// DeepSeek's in the system turn, after its content; Llama 3.1's in the
+	// first user message; Mistral's before the last user message): here
+	// they count as prompt tokens and as the prompt's first cached blocks,
+	// which for one application's fixed tools gives the same reuse.
 	Tools int
 	// N is how many answers a chat or a completion asks for (n), and
 	// BestOf how many a completion has the engine generate to answer with

@@ -159,7 +159,11 @@ func (e Estimator) ParseRequest(body []byte, chat bool, r *Request) error {
 // text; or a list of messages ({"role", "content"}, content a string or
 // parts of type "text" or "input_text"), as a chat's; a responses
 // request's "instructions" (a string) come first, as a system message, as
-// the engine puts them, and its "tools" before them, as a chat's. A body without either gives an empty Text (the
+// the engine puts them, and its "tools" before them, as a chat's; its
+// "function_call" items are an assistant's tool call (the function's name
+// and arguments on a line after an empty content) and its
+// "function_call_output" items a tool's message, as the engine renders
+// them; other items that are not messages add nothing. A body without either gives an empty Text (the
 // request is routed by load alone).
 func ParseInput(body []byte, r *Request) error { return Estimator{}.ParseInput(body, r) }
 
@@ -193,6 +197,8 @@ type parser struct {
 	key, str           []byte // scratch: an object key, a string value
 	role, content      []byte // scratch: a message's
 	calls              []byte // scratch: a message's tool calls, raw
+	itemType, fname    []byte // scratch: a responses input item's type, function name,
+	args, output       []byte // arguments and output
 	text               []byte // scratch: a content part's text
 	inputParts         bool   // "input_text" parts count as text (responses)
 	imageBytes         int    // what an image stands for (Estimator.ImageBytes)
@@ -653,13 +659,16 @@ func (p *parser) readMessages(r *Request) error {
 	return err
 }
 
-var messageFields = []string{"role", "content", "tool_calls"}
+// messageFields are a message's fields read; the last four only in a
+// responses request's input items (a function call and its output).
+var messageFields = []string{"role", "content", "tool_calls", "type", "name", "arguments", "output"}
 
 // readMessage reads message i and appends it to r.Text.
 func (p *parser) readMessage(r *Request, i int) error {
 	d := &p.dec
 	p.role, p.content, p.calls, p.spans = p.role[:0], p.content[:0], p.calls[:0], p.spans[:0]
 	p.contentImages = 0
+	p.itemType, p.fname, p.args, p.output = p.itemType[:0], p.fname[:0], p.args[:0], p.output[:0]
 	hasRole := false
 	switch d.PeekKind() {
 	case 'n': // a zero message: no role
@@ -699,6 +708,17 @@ func (p *parser) readMessage(r *Request, i int) error {
 				if kind == '[' && len(bytes.TrimSpace(raw[1:len(raw)-1])) > 0 {
 					p.calls = append(p.calls, raw...)
 				}
+			case 4, 5, 6, 7:
+				if !p.inputParts || d.PeekKind() != '"' { // a chat's, or not a string: the engine's
+					if err := d.SkipValue(); err != nil {
+						return err
+					}
+					continue
+				}
+				dst := [...]*[]byte{&p.itemType, &p.fname, &p.args, &p.output}[f-4]
+				if _, err := p.stringValue(dst, messageFields[f-1]); err != nil {
+					return err
+				}
 			default:
 				if err := d.SkipValue(); err != nil {
 					return err
@@ -712,11 +732,24 @@ func (p *parser) readMessage(r *Request, i int) error {
 		}
 		return fmt.Errorf("messages[%d] must be an object", i)
 	}
-	if !hasRole || len(p.role) == 0 {
-		if p.inputParts {
-			p.imageLeft += p.contentImages
-			return nil // an input item that is not a message (a tool call's output, say)
+	if (!hasRole || len(p.role) == 0) && p.inputParts {
+		// A responses request's function call and its output are an
+		// assistant's tool call and a tool's message, as the engine
+		// renders them; another item that is not a message adds nothing.
+		p.imageLeft += p.contentImages
+		p.content, p.spans, p.calls = p.content[:0], p.spans[:0], p.calls[:0]
+		switch string(p.itemType) {
+		case "function_call":
+			p.role, hasRole = append(p.role[:0], "assistant"...), true
+			p.calls = append(append(append(p.calls, p.fname...), ' '), p.args...)
+		case "function_call_output":
+			p.role, hasRole = append(p.role[:0], "tool"...), true
+			p.content = append(p.content, p.output...)
+		default:
+			return nil
 		}
+	}
+	if !hasRole || len(p.role) == 0 {
 		return fmt.Errorf("messages[%d].role is required", i)
 	}
 	opening := r.Instructions == len(r.Text) // no other message before it
@@ -914,7 +947,7 @@ func (p *parser) appendInput(r *Request) error {
 			}
 			r.Text = append(unquote(r.Text, v), '\n')
 		case '0': // token ids: the list's JSON stands for the text
-			r.Text, r.Instructions = append(r.Text[:0], p.list...), 0
+			r.Text, r.Instructions, r.Images = append(r.Text[:0], p.list...), 0, r.Images[:0]
 			return nil
 		case '{', 'n':
 			if err := e.readMessage(r, i); err != nil {

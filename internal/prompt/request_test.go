@@ -790,7 +790,10 @@ func TestParseInput(t *testing.T) {
 		{`{"model":"e","input":"hello"}`, "hello", ""},
 		{`{"input":["a","b"]}`, "a\nb\n", ""},
 		{`{"input":[1,2,3]}`, "[1,2,3]", ""},
-		{`{"input":[{"role":"user","content":"hi"},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"x"},{"type":"input_text","text":"yo"}]},{"type":"function_call_output","output":"42"}]}`, "user\nhi\nassistant\nyo\n", ""},
+		{`{"input":[{"role":"user","content":"hi"},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"x"},{"type":"input_text","text":"yo"}]},{"type":"function_call_output","output":"42"}]}`, "user\nhi\nassistant\nyo\ntool\n42\n", ""},
+		// A function call and its output are an assistant's tool call and
+		// a tool's message; other items that are not messages add nothing.
+		{`{"input":[{"role":"user","content":"hi"},{"type":"function_call","call_id":"c","name":"f","arguments":"{\"a\":1}"},{"type":"reasoning","summary":[]},{"type":"function_call_output","call_id":"c","output":"42"},{"type":"function_call","name":7}]}`, "user\nhi\nassistant\n\nf {\"a\":1}\ntool\n42\nassistant\n\n \n", ""},
 		{`{"model":"e"}`, "", ""},
 		{`{"input":7}`, "", "input: want"},
 		{`{"input":"x"`, "", "malformed JSON"},

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/prefix"
 )
 
 // clock maps wall time to model time. The model runs speed times faster
@@ -156,7 +157,14 @@ func (d *driver) submit(rs []engine.Request, after []int) (s *stream, first uint
 	for i, r := range rs {
 		d.nextID++
 		r.ID = d.nextID
-		if i < len(after) && after[i] >= 0 {
+		if i < len(after) && after[i] >= 0 && !d.cachedLocked(r, rs[after[i]]) {
+			// Refused now if the engine would refuse it, not when its
+			// turn comes: the request is refused whole.
+			if err := d.eng.Check(r); err != nil {
+				d.cancelLocked(first, i)
+				d.mu.Unlock()
+				return nil, 0, err
+			}
 			leader := first + uint64(after[i])
 			d.held[leader] = append(d.held[leader], r)
 		} else if full {
@@ -177,6 +185,14 @@ func (d *driver) submit(rs []engine.Request, after []int) (s *stream, first uint
 	default:
 	}
 	return s, first, nil
+}
+
+// cachedLocked reports whether the engine already holds the full blocks r
+// shares with the sequence it would wait for (a prompt seen before): it
+// need not wait. Call with d.mu.
+func (d *driver) cachedLocked(r, leader engine.Request) bool {
+	shared := min(prefix.CommonPrefix(r.Blocks, leader.Blocks), len(r.Blocks)-1)
+	return d.eng.CachedBlocks(r.Blocks) >= shared
 }
 
 // cancel removes the n sequences from first of a request whose client

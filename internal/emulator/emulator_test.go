@@ -701,3 +701,38 @@ func TestBatchSharesItsOpening(t *testing.T) {
 		t.Fatalf("a fresh batch sharing a %d-token opening: %d cached tokens in its usage; want the last prompt to find most of it cached", opening, cached)
 	}
 }
+
+// A batch's prompt the engine would refuse (too large for its KV cache)
+// refuses the request whole, with a 400, whether or not it waits for an
+// earlier prompt whose opening it shares: it does not leave the client
+// waiting for a prompt that never enters, nor answer it empty.
+func TestBatchWithARefusedPromptIsRefused(t *testing.T) {
+	p, err := engine.LookupProfile("paper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.KVCapacityTokens = 2000
+	_, url := start(t, Config{Profile: p, Speedup: 50})
+	shared := strings.Repeat("shared instructions of an evaluation's few shots ", 20)
+	long := strings.Repeat("x", 12000)
+	for _, n := range []string{"1", "2"} {
+		for _, first := range []string{"another opening " + shared, shared + "question one"} {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions",
+				strings.NewReader(`{"prompt":["`+first+`","`+shared+long+`"],"max_tokens":4,"n":`+n+`}`))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Errorf("n %s, first %.20q: %v", n, first, err)
+				cancel()
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			cancel()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("n %s, first %.20q: %d %.200s; want a 400, the prompt too large for the KV cache", n, first, resp.StatusCode, b)
+			}
+		}
+	}
+}

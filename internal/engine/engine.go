@@ -214,31 +214,43 @@ func (e *Engine) PageTokens() int { return e.page }
 // Submit queues a request arriving at now. now must not be earlier than the
 // time of the last Advance.
 func (e *Engine) Submit(now time.Duration, r Request) error {
+	if err := e.Check(r); err != nil {
+		return err
+	}
+	if e.maxWaiting > 0 && len(e.waiting)-e.wHead >= e.maxWaiting {
+		e.g.Rejected++
+		return ErrQueueFull
+	}
+	if r.OutputTokens < 1 {
+		r.OutputTokens = 1
+	}
+	e.waiting = append(e.waiting, &seq{Request: r, arrived: now})
+	e.g.WaitingTokens += r.PromptTokens
+	if !e.stepping && !e.hasWake {
+		e.wake, e.hasWake = now, true
+	}
+	return nil
+}
+
+// Check reports whether Submit would refuse r for what it is: invalid
+// (ErrInvalid), or too large for the context or the KV cache
+// (ErrTooLarge, counted as a refusal, as Submit counts it). Whether the
+// waiting queue has room is not checked.
+func (e *Engine) Check(r Request) error {
 	if r.PromptTokens < 1 {
 		return fmt.Errorf("%w: prompt of %d tokens", ErrInvalid, r.PromptTokens)
 	}
 	if want := (r.PromptTokens + e.page - 1) / e.page; len(r.Blocks) != want {
 		return fmt.Errorf("%w: %d blocks for a %d-token prompt (want %d of %d tokens)", ErrInvalid, len(r.Blocks), r.PromptTokens, want, e.page)
 	}
-	if r.OutputTokens < 1 {
-		r.OutputTokens = 1
-	}
+	out := max(r.OutputTokens, 1)
 	// Compared without adding them first: an output of 2^63 tokens would
 	// wrap the sum below the context.
-	if r.PromptTokens > e.prof.MaxContextTokens || r.OutputTokens > e.prof.MaxContextTokens-r.PromptTokens ||
-		e.blocksFor(r.PromptTokens+r.OutputTokens) > e.kv.capacity {
+	if r.PromptTokens > e.prof.MaxContextTokens || out > e.prof.MaxContextTokens-r.PromptTokens ||
+		e.blocksFor(r.PromptTokens+out) > e.kv.capacity {
 		e.g.Rejected++
 		return fmt.Errorf("%w: %d prompt + %d output tokens (context %d, KV cache %d tokens)",
-			ErrTooLarge, r.PromptTokens, r.OutputTokens, e.prof.MaxContextTokens, e.g.KVCapacityTokens)
-	}
-	if e.maxWaiting > 0 && len(e.waiting)-e.wHead >= e.maxWaiting {
-		e.g.Rejected++
-		return ErrQueueFull
-	}
-	e.waiting = append(e.waiting, &seq{Request: r, arrived: now})
-	e.g.WaitingTokens += r.PromptTokens
-	if !e.stepping && !e.hasWake {
-		e.wake, e.hasWake = now, true
+			ErrTooLarge, r.PromptTokens, out, e.prof.MaxContextTokens, e.g.KVCapacityTokens)
 	}
 	return nil
 }
@@ -321,6 +333,13 @@ func (e *Engine) Gauges() Gauges {
 		g.CacheHitRate = float64(g.CachedTokens) / float64(g.PromptTokens)
 	}
 	return g
+}
+
+// CachedBlocks returns how many leading blocks of a prompt the cache holds
+// now.
+func (e *Engine) CachedBlocks(blocks []uint64) int {
+	n, _ := e.kv.match(blocks)
+	return n
 }
 
 // CachedPrefix returns how many prompt tokens of a prompt with these blocks

@@ -583,3 +583,26 @@ func TestImagesArePartOfThePrompt(t *testing.T) {
 		t.Errorf("one question about two pictures: keys %x and %x", router.KeysOf(&cat), router.KeysOf(&dog))
 	}
 }
+
+// A pooled request keeps its images' and a batch's offsets: reading one
+// allocates no more than reading a plain chat.
+func TestPooledRequestKeepsItsOffsets(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	core, _, _, _ := setup(t)
+	allocs := func(body string) float64 {
+		return testing.AllocsPerRun(200, func() {
+			r, err := core.begin([]byte(body), Chat, "", time.Unix(100, 0), false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Discard()
+		})
+	}
+	plain := allocs(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	image := allocs(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"u"}}]}]}`)
+	if image > plain {
+		t.Errorf("a chat with an image: %v allocations a request, a plain chat %v", image, plain)
+	}
+}

@@ -516,17 +516,7 @@ func TestToolsArePartOfThePrompt(t *testing.T) {
 		}
 		return []byte(b + `}`)
 	}
-	route := func(tools string) policy.Request {
-		t.Helper()
-		r, err := core.begin(body(tools), Chat, "", time.Unix(100, 0), false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.release()
-		req := r.Route
-		req.Blocks = slices.Clone(req.Blocks)
-		return req
-	}
+	route := func(tools string) policy.Request { return routeOf(t, core, body(tools)) }
 	without, with := route(""), route(tools)
 	other := route(strings.Replace(tools, "lookup", "search", 1))
 	if got, want := with.PromptTokens-without.PromptTokens, core.cfg.Est.Tokens([]byte(tools)); got < want {
@@ -554,17 +544,7 @@ func TestImagesArePartOfThePrompt(t *testing.T) {
 		return []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"` + url +
 			`"}},{"type":"text","text":"what is in this picture? describe it in a few words, please"}]}]}`)
 	}
-	route := func(url string) policy.Request {
-		t.Helper()
-		r, err := core.begin(body(url), Chat, "", time.Unix(100, 0), false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer r.release()
-		req := r.Route
-		req.Blocks = slices.Clone(req.Blocks)
-		return req
-	}
+	route := func(url string) policy.Request { return routeOf(t, core, body(url)) }
 	cat, dog, cat2 := route("https://img/cat.png"), route("https://img/dog.png"), route("https://img/cat.png")
 	if cat.PromptTokens < 512 {
 		t.Errorf("a picture and a question: %d prompt tokens, want at least the image's 512", cat.PromptTokens)
@@ -605,4 +585,18 @@ func TestPooledRequestKeepsItsOffsets(t *testing.T) {
 	if image > plain {
 		t.Errorf("a chat with an image: %v allocations a request, a plain chat %v", image, plain)
 	}
+}
+
+// routeOf is what the router is told of a chat body: its policy.Request,
+// its blocks its own.
+func routeOf(t *testing.T, core *Core, body []byte) policy.Request {
+	t.Helper()
+	r, err := core.begin(body, Chat, "", time.Unix(100, 0), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.release()
+	req := r.Route
+	req.Blocks = slices.Clone(req.Blocks)
+	return req
 }

@@ -602,9 +602,12 @@ func (p *parser) readTools() error {
 		return err
 	}
 	p.tools = append(p.tools[:0], raw...)
-	p.hasTools = len(bytes.TrimSpace(raw[1:len(raw)-1])) > 0
+	p.hasTools = !emptyArray(raw)
 	return nil
 }
+
+// emptyArray reports whether raw, a JSON array, has no elements.
+func emptyArray(raw []byte) bool { return len(bytes.TrimSpace(raw[1:len(raw)-1])) == 0 }
 
 // toolsHead opens a chat's tools in its canonical bytes.
 const toolsHead = "tools\n"
@@ -705,7 +708,7 @@ func (p *parser) readMessage(r *Request, i int) error {
 					return err
 				}
 				p.calls = p.calls[:0]
-				if kind == '[' && len(bytes.TrimSpace(raw[1:len(raw)-1])) > 0 {
+				if kind == '[' && !emptyArray(raw) {
 					p.calls = append(p.calls, raw...)
 				}
 			case 4, 5, 6, 7:

@@ -55,7 +55,9 @@ func main() {
 			sc := bufio.NewScanner(resp.Body)
 			first := time.Duration(0)
 			for sc.Scan() {
-				if first == 0 && strings.Contains(sc.Text(), `"content"`) {
+				// The first token: content that is not empty (a role
+				// chunk may come before it with "content":"").
+				if line := sc.Text(); first == 0 && strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`) {
 					first = time.Since(t0)
 				}
 			}

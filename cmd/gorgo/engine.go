@@ -61,6 +61,8 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, error) {
 	page := fs.Int("page-tokens", 16, "prefix cache block size in tokens")
 	bpt := fs.Int("bytes-per-token", prompt.DefaultBytesPerToken, "token estimator: prompt bytes per token (the router and the replayer use the same)")
 	imageTokens := fs.Int("image-tokens", prompt.DefaultImageTokens, "prompt tokens an image of a chat stands for (the router's image_tokens)")
+	audioTokens := fs.Int("audio-tokens-per-second", prompt.DefaultAudioTokensPerSecond, "prompt tokens a second of a chat's audio stands for (the router's audio_tokens_per_second)")
+	videoTokens := fs.Int("video-tokens", prompt.DefaultVideoTokens, "prompt tokens a video of a chat stands for (the router's video_tokens)")
 	kv := fs.Int("kv-capacity", 0, "KV cache capacity in tokens (0: the profile's)")
 	maxWaiting := fs.Int("max-waiting", 4096, "waiting queue cap; beyond it requests get 503")
 	maxTokens := fs.Int("default-max-tokens", 128, "output tokens of a request without max_tokens")
@@ -115,8 +117,14 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, error) {
 	if *bpt < 1 {
 		return nil, fmt.Errorf("--bytes-per-token must be at least 1")
 	}
-	if *imageTokens < 1 || *imageTokens > prompt.MaxImageTokens {
-		return nil, fmt.Errorf("--image-tokens must be from 1 to %d, got %d", prompt.MaxImageTokens, *imageTokens)
+	if *imageTokens < 1 || *imageTokens > prompt.MaxMediaTokens {
+		return nil, fmt.Errorf("--image-tokens must be from 1 to %d, got %d", prompt.MaxMediaTokens, *imageTokens)
+	}
+	if *audioTokens < 1 || *audioTokens > prompt.MaxAudioTokensPerSecond {
+		return nil, fmt.Errorf("--audio-tokens-per-second must be from 1 to %d, got %d", prompt.MaxAudioTokensPerSecond, *audioTokens)
+	}
+	if *videoTokens < 1 || *videoTokens > prompt.MaxMediaTokens {
+		return nil, fmt.Errorf("--video-tokens must be from 1 to %d, got %d", prompt.MaxMediaTokens, *videoTokens)
 	}
 	if *kv < 0 {
 		return nil, fmt.Errorf("--kv-capacity must not be negative")
@@ -131,7 +139,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, error) {
 		Profile: prof, PageTokens: *page, Model: primary, ServedNames: served, LoRAModules: splitList(*loraModules),
 		MaxLoRAs: *maxLoRAs, LoRALoadTime: *loraLoad, MetricsFormat: *metricsFormat, Speedup: *speedup,
 		MaxWaiting: *maxWaiting, DefaultMaxTokens: *maxTokens, Seed: *seed,
-		Estimator: prompt.Estimator{BytesPerToken: *bpt, ImageTokens: *imageTokens}, Spin: *spin,
+		Estimator: prompt.Estimator{BytesPerToken: *bpt, ImageTokens: *imageTokens, AudioTokensPerSecond: *audioTokens, VideoTokens: *videoTokens}, Spin: *spin,
 		Faults: emulator.Faults{FailFraction: *failFraction, HangAfter: *hangAfter, ExitAfter: *exitAfter, Slowdown: *slowdown},
 	}}, nil
 }

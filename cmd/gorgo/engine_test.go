@@ -125,6 +125,8 @@ func TestEngineModelFlagErrors(t *testing.T) {
 		{[]string{"--slowdown", "0"}, "--slowdown must be a positive finite number"},
 		{[]string{"--image-tokens", "0"}, "--image-tokens must be from 1 to 65536"},
 		{[]string{"--image-tokens", "100000"}, "--image-tokens must be from 1 to 65536"},
+		{[]string{"--audio-tokens-per-second", "0"}, "--audio-tokens-per-second must be from 1 to 1000"},
+		{[]string{"--video-tokens", "70000"}, "--video-tokens must be from 1 to 65536"},
 	} {
 		var stderr bytes.Buffer
 		f, err := parseEngineFlags(c.args, &stderr)

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/prompt"
 )
 
 // start runs an emulated replica of the paper's engine on loopback.
@@ -734,5 +735,24 @@ func TestBatchWithARefusedPromptIsRefused(t *testing.T) {
 				t.Errorf("n %s, first %.20q: %d %.200s; want a 400, the prompt too large for the KV cache", n, first, resp.StatusCode, b)
 			}
 		}
+	}
+}
+
+// The emulator counts a chat's media as the router does: an audio clip its
+// seconds' tokens, a video its tokens, from the same estimator.
+func TestMediaArePromptTokens(t *testing.T) {
+	_, url := start(t, Config{Speedup: 100, Estimator: prompt.Estimator{AudioTokensPerSecond: 20, VideoTokens: 700}})
+	body := `{"model":"gorgo-emulated","max_tokens":2,"stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":[` +
+		`{"type":"audio_url","audio_url":{"url":"https://x/a.wav"}},{"type":"video_url","video_url":"https://x/v.mp4"},{"type":"text","text":"and?"}]}]}`
+	resp := post(t, url+"/v1/chat/completions", body)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	chunks := readSSE(t, resp.Body)
+	u := chunks[len(chunks)-1].Usage
+	// user, a newline, 10 s of audio at 20 a second, the video's 700, "and?", a newline.
+	if want := (len("user\n") + 200*4 + 700*4 + len("and?\n") + 3) / 4; u == nil || u.PromptTokens != want {
+		t.Errorf("usage %+v, want %d prompt tokens", u, want)
 	}
 }

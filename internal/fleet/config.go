@@ -55,10 +55,15 @@ type Config struct {
 	// emulator's); ImageTokens the prompt tokens an image of a chat stands
 	// for (default 1,024, prompt.DefaultImageTokens; the served model's
 	// vision encoder's: 256 for Gemma 3, 576 for LLaVA 1.5, about 1,300
-	// for a megapixel on Qwen2.5-VL).
-	BlockTokens   int `yaml:"block_tokens"`
-	BytesPerToken int `yaml:"bytes_per_token"`
-	ImageTokens   int `yaml:"image_tokens"`
+	// for a megapixel on Qwen2.5-VL); AudioTokensPerSecond those a second
+	// of audio stands for (default 25, Qwen2-Audio's; 12.5 for Voxtral,
+	// 6.25 for Ultravox, rounded up); VideoTokens those a video stands
+	// for (default 4,096).
+	BlockTokens          int `yaml:"block_tokens"`
+	BytesPerToken        int `yaml:"bytes_per_token"`
+	ImageTokens          int `yaml:"image_tokens"`
+	AudioTokensPerSecond int `yaml:"audio_tokens_per_second"`
+	VideoTokens          int `yaml:"video_tokens"`
 	// ProbeInterval is the period of round-trip probes (GET /health,
 	// default 5 s); ScrapeInterval of /metrics scrapes (default 5 s); both
 	// the paper used 30 s.
@@ -226,6 +231,12 @@ func (c Config) Defaults() Config {
 	}
 	if c.ImageTokens == 0 {
 		c.ImageTokens = prompt.DefaultImageTokens
+	}
+	if c.AudioTokensPerSecond == 0 {
+		c.AudioTokensPerSecond = prompt.DefaultAudioTokensPerSecond
+	}
+	if c.VideoTokens == 0 {
+		c.VideoTokens = prompt.DefaultVideoTokens
 	}
 	if c.ProbeInterval == 0 {
 		c.ProbeInterval = 5 * time.Second
@@ -405,8 +416,12 @@ func (c Config) Validate() error {
 	switch {
 	case c.BlockTokens < 1 || c.BytesPerToken < 1:
 		return fmt.Errorf("config: block_tokens and bytes_per_token must be at least 1")
-	case c.ImageTokens < 1 || c.ImageTokens > prompt.MaxImageTokens:
-		return fmt.Errorf("config: image_tokens must be from 1 to %d, got %d", prompt.MaxImageTokens, c.ImageTokens)
+	case c.ImageTokens < 1 || c.ImageTokens > prompt.MaxMediaTokens:
+		return fmt.Errorf("config: image_tokens must be from 1 to %d, got %d", prompt.MaxMediaTokens, c.ImageTokens)
+	case c.AudioTokensPerSecond < 1 || c.AudioTokensPerSecond > prompt.MaxAudioTokensPerSecond:
+		return fmt.Errorf("config: audio_tokens_per_second must be from 1 to %d, got %d", prompt.MaxAudioTokensPerSecond, c.AudioTokensPerSecond)
+	case c.VideoTokens < 1 || c.VideoTokens > prompt.MaxMediaTokens:
+		return fmt.Errorf("config: video_tokens must be from 1 to %d, got %d", prompt.MaxMediaTokens, c.VideoTokens)
 	case c.ProbeInterval <= 0 || c.ScrapeInterval <= 0 || c.ConnectTimeout <= 0:
 		return fmt.Errorf("config: intervals and timeouts must be positive")
 	case !(c.RTTAlpha > 0 && c.RTTAlpha <= 1):
@@ -555,4 +570,11 @@ func (t UpstreamTLSConfig) client() (*tls.Config, error) {
 		return nil, errors.New("config: upstream_tls needs both cert_file and key_file for a client certificate")
 	}
 	return c, nil
+}
+
+// Estimator is the token estimator the config gives: its bytes per token
+// and what a chat's media stand for.
+func (c Config) Estimator() prompt.Estimator {
+	return prompt.Estimator{BytesPerToken: c.BytesPerToken, ImageTokens: c.ImageTokens,
+		AudioTokensPerSecond: c.AudioTokensPerSecond, VideoTokens: c.VideoTokens}
 }

@@ -27,7 +27,6 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
-	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -180,7 +179,7 @@ func New(cfg Config, o Options) (*Fleet, error) {
 	if ts != nil {
 		lm.SetTenants(ts.Names())
 	}
-	f.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: prompt.Estimator{BytesPerToken: cfg.BytesPerToken, ImageTokens: cfg.ImageTokens}, BlockTokens: cfg.BlockTokens,
+	f.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: cfg.Estimator(), BlockTokens: cfg.BlockTokens,
 		MaxAttempts: cfg.MaxAttempts, Fallbacks: o.Fallbacks, Start: f.start, Health: f, Metrics: lm,
 		Log: o.AccessLog, Seed: cfg.Seed, Admission: adm, Observer: obs, Tap: o.Tap, Aliases: f.aliases, Tenants: ts})
 	if _, err := f.Want(SourceConfig, cfg.Replicas); err != nil {

@@ -90,6 +90,8 @@ func fixed(cur, next *Config) []string {
 	keep("block_tokens", cur.BlockTokens, next.BlockTokens, func() { next.BlockTokens = cur.BlockTokens })
 	keep("bytes_per_token", cur.BytesPerToken, next.BytesPerToken, func() { next.BytesPerToken = cur.BytesPerToken })
 	keep("image_tokens", cur.ImageTokens, next.ImageTokens, func() { next.ImageTokens = cur.ImageTokens })
+	keep("audio_tokens_per_second", cur.AudioTokensPerSecond, next.AudioTokensPerSecond, func() { next.AudioTokensPerSecond = cur.AudioTokensPerSecond })
+	keep("video_tokens", cur.VideoTokens, next.VideoTokens, func() { next.VideoTokens = cur.VideoTokens })
 	keep("rtt_alpha", cur.RTTAlpha, next.RTTAlpha, func() { next.RTTAlpha = cur.RTTAlpha })
 	keep("online_rates", cur.OnlineRates, next.OnlineRates, func() { next.OnlineRates = cur.OnlineRates })
 	keep("output_estimate", cur.OutputEstimate, next.OutputEstimate, func() { next.OutputEstimate = cur.OutputEstimate })

@@ -308,7 +308,7 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 
 func (r *Request) reset(c *Core, received time.Time) {
 	*r = Request{core: c, Parsed: prompt.Request{Text: r.Parsed.Text[:0], Model: r.Parsed.Model, User: r.Parsed.User,
-		Images: r.Parsed.Images[:0], PromptEnds: r.Parsed.PromptEnds[:0]},
+		Media: r.Parsed.Media[:0], PromptEnds: r.Parsed.PromptEnds[:0]},
 		fbBuf: r.fbBuf[:0], blocks: r.blocks[:0], blockEnds: r.blockEnds[:0], spliced: r.spliced[:0], Received: received, cached: -1, held: r.held,
 		rewriteBuf: r.rewriteBuf[:0]}
 }
@@ -520,9 +520,9 @@ const pooledBytes = 1 << 20
 func (r *Request) release() {
 	r.Body = nil
 	if cap(r.Parsed.Text) > pooledBytes || cap(r.spliced) > pooledBytes || cap(r.blocks) > pooledBytes/8 || cap(r.blockEnds) > pooledBytes/8 || cap(r.rewriteBuf) > pooledBytes ||
-		cap(r.Parsed.Images) > pooledBytes/8 || cap(r.Parsed.PromptEnds) > pooledBytes/8 {
+		cap(r.Parsed.Media) > pooledBytes/8 || cap(r.Parsed.PromptEnds) > pooledBytes/8 {
 		r.Parsed.Text, r.spliced, r.blocks, r.blockEnds, r.rewriteBuf = nil, nil, nil, nil, nil
-		r.Parsed.Images, r.Parsed.PromptEnds = nil, nil
+		r.Parsed.Media, r.Parsed.PromptEnds = nil, nil
 	}
 	r.core.pool.Put(r)
 }

@@ -534,37 +534,46 @@ func TestToolsArePartOfThePrompt(t *testing.T) {
 	}
 }
 
-// An image is prompt tokens (its vision encoder's, the estimator's
-// ImageTokens) and cached blocks of its own: the same question about
-// another image shares only what comes before it, and is no cache hit.
-func TestImagesArePartOfThePrompt(t *testing.T) {
+// An image, an audio clip or a video is prompt tokens (its encoder's, as
+// the estimator says) and cached blocks of its own: the same question
+// about another one shares only what comes before it, and is no cache hit.
+func TestMediaArePartOfThePrompt(t *testing.T) {
 	core, _, _, _ := setup(t)
-	core.cfg.Est.ImageTokens = 512
-	body := func(url string) []byte {
-		return []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"` + url +
-			`"}},{"type":"text","text":"what is in this picture? describe it in a few words, please"}]}]}`)
-	}
-	route := func(url string) policy.Request { return routeOf(t, core, body(url)) }
-	cat, dog, cat2 := route("https://img/cat.png"), route("https://img/dog.png"), route("https://img/cat.png")
-	if cat.PromptTokens < 512 {
-		t.Errorf("a picture and a question: %d prompt tokens, want at least the image's 512", cat.PromptTokens)
-	}
-	if !slices.Equal(cat.Blocks, cat2.Blocks) {
-		t.Error("one image, two chains")
-	}
-	// The first block holds the role and the image's name: it differs, and
-	// so does every block after it.
-	if cat.Blocks[0] == dog.Blocks[0] {
-		t.Error("two images, one first block")
-	}
-	// The same question about another picture is the same application's
-	// and opens the same way.
-	if router.KeysOf(&cat) != router.KeysOf(&dog) || cat.PrefixKey != dog.PrefixKey {
-		t.Errorf("one question about two pictures: keys %x and %x", router.KeysOf(&cat), router.KeysOf(&dog))
+	core.cfg.Est.ImageTokens, core.cfg.Est.AudioTokensPerSecond, core.cfg.Est.VideoTokens = 512, 30, 2000
+	for _, tt := range []struct {
+		part   string
+		tokens int
+	}{
+		{"image_url", 512},
+		{"audio_url", 300}, // a fetched clip: ten seconds
+		{"video_url", 2000},
+	} {
+		body := func(url string) []byte {
+			return []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"` + tt.part + `","` + tt.part + `":{"url":"` + url +
+				`"}},{"type":"text","text":"what is in this one? describe it in a few words, please"}]}]}`)
+		}
+		route := func(url string) policy.Request { return routeOf(t, core, body(url)) }
+		cat, dog, cat2 := route("https://media/cat"), route("https://media/dog"), route("https://media/cat")
+		if cat.PromptTokens < tt.tokens || cat.PromptTokens > tt.tokens+40 {
+			t.Errorf("%s and a question: %d prompt tokens, want the media's %d and the question's", tt.part, cat.PromptTokens, tt.tokens)
+		}
+		if !slices.Equal(cat.Blocks, cat2.Blocks) {
+			t.Errorf("%s: one medium, two chains", tt.part)
+		}
+		// The first block holds the role and the medium's name: it
+		// differs, and so does every block after it.
+		if cat.Blocks[0] == dog.Blocks[0] {
+			t.Errorf("%s: two media, one first block", tt.part)
+		}
+		// The same question about another one is the same application's
+		// and opens the same way.
+		if router.KeysOf(&cat) != router.KeysOf(&dog) || cat.PrefixKey != dog.PrefixKey {
+			t.Errorf("%s: one question about two media: keys %x and %x", tt.part, router.KeysOf(&cat), router.KeysOf(&dog))
+		}
 	}
 }
 
-// A pooled request keeps its images' and a batch's offsets: reading one
+// A pooled request keeps its media's and a batch's offsets: reading one
 // allocates no more than reading a plain chat.
 func TestPooledRequestKeepsItsOffsets(t *testing.T) {
 	if raceEnabled {

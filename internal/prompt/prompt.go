@@ -9,6 +9,9 @@
 package prompt
 
 import (
+	"math"
+	"time"
+
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/gorgo-llm/gorgo/internal/prefix"
@@ -29,28 +32,80 @@ type Message struct {
 // InternVL's 256 per 448-pixel tile).
 const DefaultImageTokens = 1024
 
-// MaxImageTokens bounds Estimator.ImageTokens.
-const MaxImageTokens = 1 << 16
+// DefaultAudioTokensPerSecond is how many prompt tokens a second of audio
+// stands for by default: Qwen2-Audio's and Qwen2.5-Omni's encoders give
+// one per 40 ms (Voxtral's and Phi-4-multimodal's one per 80 ms,
+// Ultravox's and Gemma 3n's one per 160 ms).
+const DefaultAudioTokensPerSecond = 25
+
+// DefaultVideoTokens is how many prompt tokens a video stands for by
+// default: a few seconds' frames (Qwen2.5-VL samples two a second, each
+// pair up to 768 tokens; LLaVA-OneVision gives 196 a frame, InternVL 256).
+const DefaultVideoTokens = 4096
+
+// MaxMediaTokens bounds Estimator.ImageTokens and VideoTokens, and the
+// tokens an audio clip stands for.
+const MaxMediaTokens = 1 << 16
+
+// MaxAudioTokensPerSecond bounds Estimator.AudioTokensPerSecond.
+const MaxAudioTokensPerSecond = 1000
 
 // Estimator estimates tokens from bytes. The zero value uses
-// DefaultBytesPerToken and DefaultImageTokens.
+// DefaultBytesPerToken and the media defaults.
+//
+// An image, an audio clip or a video in a chat (or a responses request)
+// stands for its encoder's tokens, which depend on the model and the
+// media: the parser writes that many tokens' worth of bytes in its place,
+// naming it by its hash, so that the same media gives the same cached
+// blocks and other media others.
 type Estimator struct {
 	BytesPerToken int
-	// ImageTokens is how many prompt tokens each image of a chat (an
-	// "image_url" part; a responses request's "input_image") stands for:
-	// its vision encoder's, which depends on the model and the image.
-	// The parser writes ImageBytes in its place.
+	// ImageTokens is how many prompt tokens each image ("image_url"
+	// parts; a responses request's "input_image") stands for.
 	ImageTokens int
+	// AudioTokensPerSecond is how many prompt tokens a second of audio
+	// ("input_audio" and "audio_url" parts) stands for. A clip's length
+	// is read from its data when the request carries it (a WAV header's
+	// byte rate, else 16 kB a second, an MP3's at 128 kbit/s); a clip
+	// the engine fetches counts as audioURLSeconds.
+	AudioTokensPerSecond int
+	// VideoTokens is how many prompt tokens each video ("video_url"
+	// parts) stands for.
+	VideoTokens int
 }
 
 // ImageBytes is how many bytes of a canonical prompt stand for an image:
-// ImageTokens' worth, at most maxImageBytes (a request's whole allowance).
-func (e Estimator) ImageBytes() int {
-	n := e.ImageTokens
-	if n <= 0 {
-		n = DefaultImageTokens
+// ImageTokens' worth, at most maxMediaBytes (a request's whole allowance).
+func (e Estimator) ImageBytes() int { return e.mediaBytes(e.ImageTokens, DefaultImageTokens) }
+
+// VideoBytes is how many bytes of a canonical prompt stand for a video:
+// VideoTokens' worth, at most maxMediaBytes.
+func (e Estimator) VideoBytes() int { return e.mediaBytes(e.VideoTokens, DefaultVideoTokens) }
+
+// audioURLSeconds is how long an audio clip the engine fetches (a URL
+// that is not a data URL) counts as: a spoken question's length.
+const audioURLSeconds = 10
+
+// AudioBytes is how many bytes of a canonical prompt stand for an audio
+// clip of the given length (the tokens of AudioTokensPerSecond, at least
+// one), at most maxMediaBytes.
+func (e Estimator) AudioBytes(d time.Duration) int {
+	rate := e.AudioTokensPerSecond
+	if rate <= 0 {
+		rate = DefaultAudioTokensPerSecond
 	}
-	return min(e.Bytes(min(n, MaxImageTokens)), maxImageBytes)
+	rate = min(rate, MaxAudioTokensPerSecond)
+	secs := min(max(d.Seconds(), 0), MaxMediaTokens) // not NaN: a Duration
+	return e.mediaBytes(max(int(math.Ceil(secs*float64(rate))), 1), 1)
+}
+
+// mediaBytes is n tokens' worth of bytes (def when n is not positive,
+// at most MaxMediaTokens), at most maxMediaBytes.
+func (e Estimator) mediaBytes(n, def int) int {
+	if n <= 0 {
+		n = def
+	}
+	return min(e.Bytes(min(n, MaxMediaTokens)), maxMediaBytes)
 }
 
 func (e Estimator) bpt() int {
@@ -116,16 +171,17 @@ func ToolsKey(text []byte, tools int) uint64 {
 }
 
 // OpeningKeys are a parsed request's PrefixKey and InstructionsKey, of
-// its messages (after its tools) with their images left out: an image is
-// blocks of the prompt of its own, not what names a conversation or an
-// application (the same question about another picture is the same
-// application's). For a request without tools or images they are
+// its messages (after its tools) with their media left out: an image (an
+// audio clip, a video) is blocks of the prompt of its own, not what names
+// a conversation or an application (the same question about another
+// picture is the same application's). For a request without tools or
+// media they are
 // PrefixKey(r.Text) and InstructionsKey(r.Text, r.Instructions).
 func OpeningKeys(r *Request, est Estimator) (prefixKey, instructionsKey uint64) {
 	limit := est.Bytes(PrefixKeyTokens)
-	prefixKey = hashSkipping(r.Text, r.Images, r.Tools, len(r.Text), limit)
+	prefixKey = hashSkipping(r.Text, r.Media, r.Tools, len(r.Text), limit)
 	if r.Instructions > 0 {
-		instructionsKey = hashSkipping(r.Text, r.Images, r.Tools, min(r.Tools+r.Instructions, len(r.Text)), limit)
+		instructionsKey = hashSkipping(r.Text, r.Media, r.Tools, min(r.Tools+r.Instructions, len(r.Text)), limit)
 	}
 	return prefixKey, instructionsKey
 }

@@ -4,10 +4,12 @@ package prompt
 // replaced: the reference its tests and fuzzers hold it to.
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -27,21 +29,21 @@ func ChatRequestBytes(msgs []WireMessage) ([]byte, error) {
 	return text, err
 }
 
-// chatRequestBytes is ChatRequestBytes, and where its images stand
-// (Request.Images).
+// chatRequestBytes is ChatRequestBytes, and where its media stand
+// (Request.Media).
 func chatRequestBytes(msgs []WireMessage) ([]byte, []int, error) {
 	if len(msgs) == 0 {
 		return nil, nil, errors.New("messages: at least one message is required")
 	}
 	out := make([]Message, len(msgs))
-	imageLeft := maxImageBytes
+	mediaLeft := maxMediaBytes
 	var images []int
 	at := 0 // where the message's content starts
 	for i, m := range msgs {
 		if m.Role == "" {
 			return nil, nil, fmt.Errorf("messages[%d].role is required", i)
 		}
-		text, spans, err := ContentText(m.Content, &imageLeft)
+		text, spans, err := ContentText(m.Content, &mediaLeft)
 		if err != nil {
 			return nil, nil, fmt.Errorf("messages[%d]: %w", i, err)
 		}
@@ -102,10 +104,11 @@ func CompletionBytes(raw json.RawMessage) (text []byte, ends []int, err error) {
 
 // ContentText returns the text of a chat message's content as an OpenAI
 // request carries it: a string, null, or an array of content parts whose
-// "text" parts are concatenated, and its "image_url" parts stand for
-// their images (appendImage, while imageLeft lasts; where they stand in
-// the text, pairs of offsets); other parts are ignored.
-func ContentText(raw json.RawMessage, imageLeft *int) (string, []int, error) {
+// "text" parts are concatenated, and whose "image_url", "input_audio",
+// "audio_url" and "video_url" parts stand for their media (appendMedia,
+// while mediaLeft lasts; where they stand in the text, pairs of offsets);
+// other parts are ignored.
+func ContentText(raw json.RawMessage, mediaLeft *int) (string, []int, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil, nil
 	}
@@ -114,28 +117,89 @@ func ContentText(raw json.RawMessage, imageLeft *int) (string, []int, error) {
 		return s, nil, nil
 	}
 	var parts []struct {
-		Type     string          `json:"type"`
-		Text     string          `json:"text"`
-		ImageURL json.RawMessage `json:"image_url"`
+		Type       string          `json:"type"`
+		Text       string          `json:"text"`
+		ImageURL   json.RawMessage `json:"image_url"`
+		InputAudio json.RawMessage `json:"input_audio"`
+		AudioURL   json.RawMessage `json:"audio_url"`
+		VideoURL   json.RawMessage `json:"video_url"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
 		return "", nil, errors.New("content must be a string or an array of content parts")
 	}
+	var est Estimator
 	var b []byte
 	var spans []int
 	for _, p := range parts {
-		switch {
-		case p.Type == "text":
+		var name string
+		var value json.RawMessage
+		full := 0
+		switch p.Type {
+		case "text":
 			b = append(b, p.Text...)
-		case p.Type == "image_url" && len(p.ImageURL) > 0 && (p.ImageURL[0] == '"' || p.ImageURL[0] == '{'):
-			size := 0
-			if full := (Estimator{}).ImageBytes(); *imageLeft >= full {
-				size, *imageLeft = full, *imageLeft-full
+			continue
+		case "image_url":
+			name, value, full = "image", p.ImageURL, est.ImageBytes()
+		case "input_audio", "audio_url":
+			name, value = "audio", p.InputAudio
+			if p.Type == "audio_url" {
+				value = p.AudioURL
 			}
-			spans = append(spans, len(b))
-			b = appendImage(b, xxhash.Sum64(p.ImageURL)|1, size)
-			spans = append(spans, len(b))
+			if len(value) > 0 {
+				full = est.AudioBytes(referenceAudioLength(value))
+			}
+		case "video_url":
+			name, value, full = "video", p.VideoURL, est.VideoBytes()
 		}
+		if len(value) == 0 || value[0] != '"' && value[0] != '{' {
+			continue
+		}
+		size := 0
+		if *mediaLeft >= full {
+			size, *mediaLeft = full, *mediaLeft-full
+		}
+		spans = append(spans, len(b))
+		b = appendMedia(b, name, xxhash.Sum64(value)|1, size)
+		spans = append(spans, len(b))
 	}
 	return string(b), spans, nil
 }
+
+// referenceAudioLength is audioLength read with encoding/json: a URL's
+// length (urlLength), or the last of an object's "data" (clipLength) and
+// "url" members that are strings, as they come; audioURLSeconds for none.
+func referenceAudioLength(v json.RawMessage) time.Duration {
+	var s string
+	if json.Unmarshal(v, &s) == nil {
+		return urlLength(rawString(v))
+	}
+	length := audioURLSeconds * time.Second
+	d := json.NewDecoder(bytes.NewReader(v))
+	if _, err := d.Token(); err != nil {
+		return length
+	}
+	for d.More() {
+		k, err := d.Token()
+		if err != nil {
+			return length
+		}
+		var m json.RawMessage
+		if err := d.Decode(&m); err != nil {
+			return length
+		}
+		if m[0] != '"' {
+			continue
+		}
+		switch k {
+		case "data":
+			length = clipLength(rawString(m))
+		case "url":
+			length = urlLength(rawString(m))
+		}
+	}
+	return length
+}
+
+// rawString is a JSON string's bytes between its quotes, escapes and all
+// (the base64 data a request carries is read so).
+func rawString(v json.RawMessage) []byte { return bytes.TrimSpace(v)[1 : len(bytes.TrimSpace(v))-1] }

@@ -71,10 +71,11 @@ type Request struct {
 	// a trace's lengths, and a router that took it would know every
 	// benchmark's answers' lengths, as it never does in production.
 	MinTokens int
-	// Images are where each image of a chat stands in Text: pairs of
-	// offsets, its line's start and its padding's end (see ImageBytes).
-	// The keys of a prompt's opening leave them out (OpeningKeys).
-	Images []int
+	// Media are where each image, audio clip and video of a chat stands
+	// in Text: pairs of offsets, its line's start and its padding's end
+	// (see Estimator). The keys of a prompt's opening leave them out
+	// (OpeningKeys).
+	Media []int
 	// PromptEnds is, for a completion of several prompts (a batch, which
 	// the engine answers as so many requests), where each ends in Text;
 	// empty for one prompt.
@@ -142,14 +143,14 @@ func ParseRequest(body []byte, chat bool, r *Request) error {
 	return Estimator{}.ParseRequest(body, chat, r)
 }
 
-// ParseRequest is the package's ParseRequest, each image standing for
-// e.ImageBytes bytes of the prompt.
+// ParseRequest is the package's ParseRequest, each image, audio clip and
+// video standing for as many bytes of the prompt as e says.
 func (e Estimator) ParseRequest(body []byte, chat bool, r *Request) error {
 	mode := modeCompletion
 	if chat {
 		mode = modeChat
 	}
-	return parseMode(body, mode, e.ImageBytes(), r)
+	return parseMode(body, mode, e, r)
 }
 
 // ParseInput reads the body of another OpenAI request that carries its
@@ -167,10 +168,10 @@ func (e Estimator) ParseRequest(body []byte, chat bool, r *Request) error {
 // request is routed by load alone).
 func ParseInput(body []byte, r *Request) error { return Estimator{}.ParseInput(body, r) }
 
-// ParseInput is the package's ParseInput, each image standing for
-// e.ImageBytes bytes of the prompt.
+// ParseInput is the package's ParseInput, each image, audio clip and
+// video standing for as many bytes of the prompt as e says.
 func (e Estimator) ParseInput(body []byte, r *Request) error {
-	return parseMode(body, modeInput, e.ImageBytes(), r)
+	return parseMode(body, modeInput, e, r)
 }
 
 // What a body is read as.
@@ -180,9 +181,9 @@ const (
 	modeInput
 )
 
-func parseMode(body []byte, mode, imageBytes int, r *Request) error {
+func parseMode(body []byte, mode int, e Estimator, r *Request) error {
 	p := parsers.Get().(*parser)
-	p.imageBytes = imageBytes
+	p.est, p.imageBytes, p.videoBytes = e, e.ImageBytes(), e.VideoBytes()
 	err := p.parse(body, mode, r)
 	if len(body) <= 1<<20 { // a parser that read a huge body keeps huge buffers
 		parsers.Put(p)
@@ -201,10 +202,13 @@ type parser struct {
 	args, output       []byte // arguments and output
 	text               []byte // scratch: a content part's text
 	inputParts         bool   // "input_text" parts count as text (responses)
-	imageBytes         int    // what an image stands for (Estimator.ImageBytes)
-	imageLeft          int    // the bytes images may still take (maxImageBytes)
-	contentImages      int    // of which the message's content read so far took
-	spans              []int  // its images, as Request.Images, in p.content
+	est                Estimator
+	imageBytes         int     // what an image stands for (Estimator.ImageBytes)
+	videoBytes         int     // and a video (Estimator.VideoBytes)
+	mediaLeft          int     // the bytes media may still take (maxMediaBytes)
+	contentMedia       int     // of which the message's content read so far took
+	spans              []int   // its media, as Request.Media, in p.content
+	media              decoder // re-read an audio part's value
 	model, user        []byte
 	hasModel, hasUser  bool
 	instr              []byte // a responses request's "instructions"
@@ -245,7 +249,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	chat := mode == modeChat
 	p.inputParts = false
 	model, user := r.Model, r.User
-	*r = Request{Text: r.Text[:0], PromptEnds: r.PromptEnds[:0], Images: r.Images[:0], MaxTokens: -1}
+	*r = Request{Text: r.Text[:0], PromptEnds: r.PromptEnds[:0], Media: r.Media[:0], MaxTokens: -1}
 	p.n, p.bestOf = 1, 0
 	p.minTok, p.odd = 0, 0
 	p.in.Reset(body)
@@ -626,8 +630,8 @@ func (p *parser) prependTools(r *Request) {
 	copy(text[len(toolsHead):], p.tools)
 	text[n-1] = '\n'
 	r.Text, r.Tools = text, n
-	for i := range r.Images {
-		r.Images[i] += n
+	for i := range r.Media {
+		r.Media[i] += n
 	}
 }
 
@@ -636,8 +640,8 @@ func (p *parser) prependTools(r *Request) {
 // key replaces what an earlier one gave.
 func (p *parser) readMessages(r *Request) error {
 	d := &p.dec
-	r.Text, r.Instructions, r.Images = r.Text[:0], 0, r.Images[:0]
-	p.imageLeft = maxImageBytes
+	r.Text, r.Instructions, r.Media = r.Text[:0], 0, r.Media[:0]
+	p.mediaLeft = maxMediaBytes
 	switch d.PeekKind() {
 	case 'n':
 		p.messages = false
@@ -670,7 +674,7 @@ var messageFields = []string{"role", "content", "tool_calls", "type", "name", "a
 func (p *parser) readMessage(r *Request, i int) error {
 	d := &p.dec
 	p.role, p.content, p.calls, p.spans = p.role[:0], p.content[:0], p.calls[:0], p.spans[:0]
-	p.contentImages = 0
+	p.contentMedia = 0
 	p.itemType, p.fname, p.args, p.output = p.itemType[:0], p.fname[:0], p.args[:0], p.output[:0]
 	hasRole := false
 	switch d.PeekKind() {
@@ -739,7 +743,7 @@ func (p *parser) readMessage(r *Request, i int) error {
 		// A responses request's function call and its output are an
 		// assistant's tool call and a tool's message, as the engine
 		// renders them; another item that is not a message adds nothing.
-		p.imageLeft += p.contentImages
+		p.mediaLeft += p.contentMedia
 		p.content, p.spans, p.calls = p.content[:0], p.spans[:0], p.calls[:0]
 		switch string(p.itemType) {
 		case "function_call":
@@ -758,7 +762,7 @@ func (p *parser) readMessage(r *Request, i int) error {
 	opening := r.Instructions == len(r.Text) // no other message before it
 	r.Text = append(append(r.Text, p.role...), '\n')
 	for _, at := range p.spans {
-		r.Images = append(r.Images, len(r.Text)+at)
+		r.Media = append(r.Media, len(r.Text)+at)
 	}
 	r.Text = append(append(r.Text, p.content...), '\n')
 	if len(p.calls) > 0 {
@@ -780,19 +784,21 @@ func syntaxOr2(err, fieldErr error) error {
 }
 
 var (
-	partFields   = []string{"type", "text", "image_url"}
+	partFields   = []string{"type", "text", "image_url", "input_audio", "audio_url", "video_url"}
 	optionFields = []string{"include_usage"}
 )
 
 // readContent reads a message's content into p.content: a string, null,
-// or an array of parts whose "text" parts' texts are concatenated.
+// or an array of parts whose "text" parts' texts are concatenated and
+// whose images, audio clips and videos stand for their tokens (see
+// appendMedia).
 func (p *parser) readContent() error {
 	d := &p.dec
-	// A later "content" key replaces an earlier one: its images' bytes
+	// A later "content" key replaces an earlier one: its media's bytes
 	// are given back.
 	p.content, p.spans = p.content[:0], p.spans[:0]
-	p.imageLeft += p.contentImages
-	p.contentImages = 0
+	p.mediaLeft += p.contentMedia
+	p.contentMedia = 0
 	switch d.PeekKind() {
 	case 'n':
 		_, err := d.ReadToken()
@@ -828,7 +834,11 @@ func (p *parser) readContent() error {
 		}
 		d.ReadToken()
 		isText, hasText, start := false, false, len(p.content)
-		isImage, image := false, uint64(0) // image: its value's hash, 0 for none
+		kind := 0 // the part's type: 0 text or other, else a media field's number
+		// Each media field's value: its hash (0 for none) and, for an
+		// audio clip, the bytes it stands for.
+		var hashes [4]uint64
+		var audio [4]int
 		p.text = p.text[:0]
 		for d.PeekKind() != '}' {
 			f, err := p.field(partFields)
@@ -843,7 +853,7 @@ func (p *parser) readContent() error {
 				}
 				if ok {
 					isText = string(p.key) == "text" || p.inputParts && string(p.key) == "input_text"
-					isImage = string(p.key) == "image_url" || p.inputParts && string(p.key) == "input_image"
+					kind = mediaKind(p.key, p.inputParts)
 				}
 			case 2:
 				ok, err := p.stringValue(&p.str, "text")
@@ -853,15 +863,18 @@ func (p *parser) readContent() error {
 				if ok {
 					p.text, hasText = append(p.text[:0], p.str...), true
 				}
-			case 3:
-				kind := d.PeekKind()
+			case 3, 4, 5, 6:
+				vk := d.PeekKind()
 				raw, err := d.ReadValue()
 				if err != nil {
 					return err
 				}
-				image = 0
-				if kind == '"' || kind == '{' { // a URL, or {"url": …} (else the engine's to refuse)
-					image = xxhash.Sum64(raw) | 1
+				hashes[f-3], audio[f-3] = 0, 0
+				if vk == '"' || vk == '{' { // a URL, or {"url": …} (else the engine's to refuse)
+					hashes[f-3] = xxhash.Sum64(raw) | 1
+					if f == 4 || f == 5 {
+						audio[f-3] = p.est.AudioBytes(audioLength(raw, &p.media))
+					}
 				}
 			default:
 				if err := d.SkipValue(); err != nil {
@@ -874,43 +887,20 @@ func (p *parser) readContent() error {
 		switch {
 		case isText && hasText:
 			p.content = append(p.content, p.text...)
-		case isImage && image != 0:
-			size := 0 // past the request's allowance, the image's line alone
-			if p.imageLeft >= p.imageBytes {
-				size, p.imageLeft = p.imageBytes, p.imageLeft-p.imageBytes
-				p.contentImages += size
+		case kind != 0 && hashes[kind-3] != 0:
+			full := [...]int{p.imageBytes, audio[1], audio[2], p.videoBytes}[kind-3]
+			size := 0 // past the request's allowance, the media's line alone
+			if p.mediaLeft >= full {
+				size, p.mediaLeft = full, p.mediaLeft-full
+				p.contentMedia += size
 			}
 			p.spans = append(p.spans, len(p.content))
-			p.content = appendImage(p.content, image, size)
+			p.content = appendMedia(p.content, mediaNames[kind-3], hashes[kind-3], size)
 			p.spans = append(p.spans, len(p.content))
 		}
 	}
 	_, err := d.ReadToken()
 	return err
-}
-
-// maxImageBytes bounds the bytes a request's images stand for in its
-// canonical prompt, so that a body of many small image parts cannot grow
-// it a thousandfold; past it an image is its line alone.
-const maxImageBytes = 1 << 20
-
-// appendImage appends what stands for an image in a canonical prompt: a
-// line naming it by its hash (of its part's "image_url" value: its URL or
-// its data, so that the same image gives the same blocks and another
-// image others), padded with spaces to size bytes in all (its tokens'
-// worth).
-func appendImage(dst []byte, hash uint64, size int) []byte {
-	start := len(dst)
-	dst = append(dst, "image "...)
-	dst = strconv.AppendUint(dst, hash, 16)
-	dst = append(dst, '\n')
-	if pad := size - (len(dst) - start); pad > 0 {
-		dst = slices.Grow(dst, pad)
-		for range pad {
-			dst = append(dst, ' ')
-		}
-	}
-	return dst
 }
 
 // appendInput appends an "input" value's text (see ParseInput).
@@ -936,7 +926,7 @@ func (p *parser) appendInput(r *Request) error {
 		parsers.Put(e)
 	}()
 	e.inputParts = true
-	e.imageBytes, e.imageLeft = p.imageBytes, maxImageBytes
+	e.est, e.imageBytes, e.videoBytes, e.mediaLeft = p.est, p.imageBytes, p.videoBytes, maxMediaBytes
 	e.in.Reset(p.list)
 	e.dec.Reset(&e.in, decodeOptions...)
 	d := &e.dec
@@ -950,7 +940,7 @@ func (p *parser) appendInput(r *Request) error {
 			}
 			r.Text = append(unquote(r.Text, v), '\n')
 		case '0': // token ids: the list's JSON stands for the text
-			r.Text, r.Instructions, r.Images = append(r.Text[:0], p.list...), 0, r.Images[:0]
+			r.Text, r.Instructions, r.Media = append(r.Text[:0], p.list...), 0, r.Media[:0]
 			return nil
 		case '{', 'n':
 			if err := e.readMessage(r, i); err != nil {

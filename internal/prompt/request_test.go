@@ -51,14 +51,14 @@ func reference(body []byte, chat bool) (Request, error) {
 		if err := json.Unmarshal(body, &in); err != nil {
 			return out, err
 		}
-		text, out.Images, err = chatRequestBytes(in.Messages)
+		text, out.Media, err = chatRequestBytes(in.Messages)
 		// Tools: a non-empty array (anything else is none), raw, first.
 		var tools []json.RawMessage
 		if t := bytes.TrimSpace(in.Tools); len(t) > 0 && t[0] == '[' && json.Unmarshal(t, &tools) == nil && len(tools) > 0 && err == nil {
 			text = append(append(append([]byte("tools\n"), t...), '\n'), text...)
 			out.Tools = len(t) + len("tools\n\n")
-			for i := range out.Images {
-				out.Images[i] += out.Tools
+			for i := range out.Media {
+				out.Media[i] += out.Tools
 			}
 		}
 		n := 0 // the opening system or developer messages
@@ -130,7 +130,7 @@ func hintOf(raw json.RawMessage, h Hints, lo, hi, def int, odd *Hints) int {
 
 // imageOf is what stands for an image part whose "image_url" is v.
 func imageOf(v string) []byte {
-	return appendImage(nil, xxhash.Sum64String(v)|1, Estimator{}.ImageBytes())
+	return appendMedia(nil, "image", xxhash.Sum64String(v)|1, Estimator{}.ImageBytes())
 }
 
 // same reports how got and want differ ("" if they do not).
@@ -141,8 +141,8 @@ func same(got, want Request) string {
 	if len(got.PromptEnds) == 0 && len(want.PromptEnds) == 0 {
 		got.PromptEnds, want.PromptEnds = nil, nil // a reused buffer, or none
 	}
-	if len(got.Images) == 0 && len(want.Images) == 0 {
-		got.Images, want.Images = nil, nil
+	if len(got.Media) == 0 && len(want.Media) == 0 {
+		got.Media, want.Media = nil, nil
 	}
 	if !bytes.Equal(got.Text, want.Text) {
 		return fmt.Sprintf("text %q, want %q", got.Text, want.Text)
@@ -215,13 +215,13 @@ var requestCases = []struct {
 		want: Request{Text: []byte("user\nc\nsystem\nd\n"), MaxTokens: -1}},
 	{name: "content parts", chat: true,
 		body: `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},null,{"text":"b","type":"text"},{"type":"input_audio","text":"ignored"}]}]}`,
-		want: Request{Text: slices.Concat([]byte("user\na"), imageOf(`{"url":"x"}`), []byte("b\n")), MaxTokens: -1, Images: []int{6, 6 + 4096}}},
+		want: Request{Text: slices.Concat([]byte("user\na"), imageOf(`{"url":"x"}`), []byte("b\n")), MaxTokens: -1, Media: []int{6, 6 + 4096}}},
 	// An image stands for its tokens, named by its value's hash: the
 	// same image gives the same bytes, another image others.
 	{name: "images", chat: true,
 		body: `{"messages":[{"role":"user","content":[{"image_url":"data:image/png;base64,AAAA","type":"image_url"},{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}},{"type":"image_url","image_url":null},{"type":"image_url"},{"type":"image_url","image_url":7}]}]}`,
 		want: Request{Text: slices.Concat([]byte("user\n"), imageOf(`"data:image/png;base64,AAAA"`), imageOf(`{"url":"https://x/y.png","detail":"low"}`), []byte("\n")), MaxTokens: -1,
-			Images: []int{5, 5 + 4096, 5 + 4096, 5 + 2*4096}}},
+			Media: []int{5, 5 + 4096, 5 + 4096, 5 + 2*4096}}},
 	// An assistant's tool calls are its prompt too, on a line of their own.
 	{name: "tool calls", chat: true,
 		body: `{"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"42"},{"role":"assistant","content":"y","tool_calls":[]}]}`,
@@ -522,10 +522,10 @@ func FuzzParseRequest(f *testing.F) {
 }
 
 var (
-	recipeKeys = []string{`"min_tokens"`, `"tools"`, `"tool_calls"`, `"image_url"`, `"url"`, `"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
+	recipeKeys = []string{`"min_tokens"`, `"tools"`, `"tool_calls"`, `"image_url"`, `"url"`, `"input_audio"`, `"audio_url"`, `"video_url"`, `"data"`, `"model"`, `"messages"`, `"prompt"`, `"max_tokens"`, `"max_completion_tokens"`, `"stream"`,
 		`"stream_options"`, `"include_usage"`, `"user"`, `"role"`, `"content"`, `"type"`, `"text"`, `"MESSAGES"`, `"Role"`,
 		`"ſtream"`, `"max_to\u212Aens"`, `"te\u0078t"`, `"Content"`, `"x"`, `"in\u0063lude_usage"`, `"\ud800role"`}
-	recipeScalars = []string{`"user"`, `"text"`, `"image_url"`, `""`, `"a\nb"`, `"\u00e9\ud83d\ude00"`, `"\ud800\u0041"`, "\"\xff\"", `"te\u0078t"`,
+	recipeScalars = []string{`"user"`, `"text"`, `"image_url"`, `"input_audio"`, `"audio_url"`, `"video_url"`, `"data:audio/wav;base64,UklGRiQAAABXQVZFZm10IBAAAAABAAEAgD4AAAB9AAACABAAZGF0YQAAAAA="`, `""`, `"a\nb"`, `"\u00e9\ud83d\ude00"`, `"\ud800\u0041"`, "\"\xff\"", `"te\u0078t"`,
 		`0`, `1`, `-1`, `-0`, `7`, `1.0`, `1e3`, `9223372036854775807`, `9223372036854775808`, `true`, `false`, `null`}
 )
 
@@ -940,7 +940,7 @@ func TestChoicesAndAnswers(t *testing.T) {
 }
 
 // An image stands for the estimator's tokens per image; a body of many
-// small image parts cannot grow the prompt past maxImageBytes of them.
+// small image parts cannot grow the prompt past maxMediaBytes of them.
 func TestImagesAreBounded(t *testing.T) {
 	one := `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}`
 	var r Request
@@ -961,8 +961,8 @@ func TestImagesAreBounded(t *testing.T) {
 	if err := ParseRequest([]byte(b.String()), true, &r); err != nil {
 		t.Fatal(err)
 	}
-	full := maxImageBytes / Estimator{}.ImageBytes()
-	if max := maxImageBytes + n*len("image 0123456789abcdef\n"); len(r.Text) > max || full >= n {
+	full := maxMediaBytes / Estimator{}.ImageBytes()
+	if max := maxMediaBytes + n*len("image 0123456789abcdef\n"); len(r.Text) > max || full >= n {
 		t.Errorf("%d images: %d bytes of text, want at most %d", n, len(r.Text), max)
 	}
 	if got := bytes.Count(r.Text, []byte("image ")); got != n {
@@ -974,7 +974,7 @@ func TestImagesAreBounded(t *testing.T) {
 // replaces took; tools before images move where the images stand.
 func TestImageAllowanceAndSpans(t *testing.T) {
 	var parts strings.Builder
-	for i := range maxImageBytes / (Estimator{}).ImageBytes() {
+	for i := range maxMediaBytes / (Estimator{}).ImageBytes() {
 		if i > 0 {
 			parts.WriteByte(',')
 		}
@@ -985,8 +985,8 @@ func TestImageAllowanceAndSpans(t *testing.T) {
 	check(t, []byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image_url","image_url":"v"}]}],"tools":[{"type":"function"}]}`), true)
 	var r Request
 	if err := ParseRequest([]byte(`{"messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":"image_url","image_url":"v"}]}],"tools":[{"type":"function"}]}`), true, &r); err != nil ||
-		len(r.Images) != 2 || !bytes.HasPrefix(r.Text[r.Images[0]:], []byte("image ")) || r.Images[1] != r.Images[0]+(Estimator{}).ImageBytes() {
-		t.Errorf("images at %v in %d bytes (tools %d), %v", r.Images, len(r.Text), r.Tools, err)
+		len(r.Media) != 2 || !bytes.HasPrefix(r.Text[r.Media[0]:], []byte("image ")) || r.Media[1] != r.Media[0]+(Estimator{}).ImageBytes() {
+		t.Errorf("images at %v in %d bytes (tools %d), %v", r.Media, len(r.Text), r.Tools, err)
 	}
 }
 

@@ -86,6 +86,10 @@ func TestConfigErrors(t *testing.T) {
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, OutputEstimate: "per-session"}},
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, ImageTokens: -1}},
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, ImageTokens: 1 << 20}},
+		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, AudioTokensPerSecond: -1}},
+		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, AudioTokensPerSecond: 5000}},
+		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, VideoTokens: -1}},
+		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, VideoTokens: 1 << 20}},
 	}
 	for i, c := range cases {
 		if err := c.Defaults().Validate(); err == nil {

@@ -1,7 +1,8 @@
-// Command vision sends a vision workload to an OpenAI-compatible server:
-// each request a new image (its own URL) and the same question, at Poisson
-// arrivals, streamed; it prints how many were answered and their TTFT and
-// E2E percentiles in ms (scripts/vision.sh runs it through gorgo serve).
+// Command vision sends a multimodal workload to an OpenAI-compatible
+// server: each request a new image (its own URL; or an audio clip, or a
+// video, with --media) and the same question, at Poisson arrivals,
+// streamed; it prints how many were answered and their TTFT and E2E
+// percentiles in ms (scripts/vision.sh runs it through gorgo serve).
 package main
 
 import (
@@ -22,8 +23,14 @@ func main() {
 	target := flag.String("target", "http://127.0.0.1:8080", "the server's base URL")
 	n := flag.Int("n", 400, "requests")
 	rate := flag.Float64("rate", 10, "requests per second")
-	seed := flag.Uint64("seed", 1, "random seed (arrivals, image URLs)")
+	seed := flag.Uint64("seed", 1, "random seed (arrivals, media URLs)")
+	media := flag.String("media", "image", "what each request asks about: image, audio or video")
 	flag.Parse()
+	part := map[string]string{"image": "image_url", "audio": "audio_url", "video": "video_url"}[*media]
+	if part == "" {
+		fmt.Fprintf(os.Stderr, "vision: --media must be image, audio or video, got %q\n", *media)
+		os.Exit(2)
+	}
 	rng := rand.New(rand.NewPCG(*seed, 1))
 	question := strings.Repeat("You are a careful assistant that describes pictures for a catalogue. ", 10) + "What is in this picture? Answer in one sentence."
 	var mu sync.Mutex
@@ -36,7 +43,7 @@ func main() {
 	for i := range *n {
 		at += rng.ExpFloat64() / *rate
 		time.Sleep(time.Until(start.Add(time.Duration(at * float64(time.Second)))))
-		body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":32,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"https://img.example/%d-%d.png"}},{"type":"text","text":%q}]}]}`, *seed, i, question)
+		body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":32,"messages":[{"role":"user","content":[{"type":"%s","%s":{"url":"https://media.example/%d-%d"}},{"type":"text","text":%q}]}]}`, part, part, *seed, i, question)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

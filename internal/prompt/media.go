@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // A chat's media: its images, audio clips and videos. The engines encode
@@ -64,40 +66,53 @@ func appendMedia(dst []byte, name string, hash uint64, size int) []byte {
 	return dst
 }
 
-// audioLength is how long the audio clip of a part's value (raw JSON, a
-// string or an object) lasts, read from its data where the request
-// carries it: a data URL's, or an "input_audio" part's base64 "data" (the
-// last of them). A clip the engine fetches counts as audioURLSeconds.
-func audioLength(raw []byte, dec *decoder) time.Duration {
-	if raw[0] == '"' {
-		return urlLength(raw[1 : len(raw)-1])
+// mediaKey reads a media part's value (raw JSON, a string or an object):
+// what names the medium, its URL (the string; an object's "url", or an
+// "input_audio" part's base64 "data": the last that is a string, else the
+// whole object), as a hash, so that the same URL names the same medium
+// whatever else the part says ("detail", "format"); and, for an audio clip,
+// how long it lasts, read from its data where the request carries it (a
+// data URL's, or the "data"), else audioURLSeconds for a clip the engine
+// fetches.
+func mediaKey(raw []byte, dec *decoder, audio bool) (hash uint64, length time.Duration) {
+	name := func(v []byte) {
+		hash = xxhash.Sum64(v) | 1
+		if audio {
+			length = urlLength(v[1 : len(v)-1])
+		}
 	}
-	length := audioURLSeconds * time.Second
+	if raw[0] == '"' {
+		name(raw)
+		return hash, length
+	}
+	hash, length = xxhash.Sum64(raw)|1, audioURLSeconds*time.Second
 	d := dec.reset(raw)
 	if _, err := d.ReadToken(); err != nil {
-		return length
+		return hash, length
 	}
 	for d.PeekKind() == '"' {
 		k, err := d.ReadValue()
 		if err != nil {
-			return length
+			break
 		}
-		data := string(k) == `"data"` // before the value's read reuses k's bytes
-		url := string(k) == `"url"`
+		dec.key = unquote(dec.key[:0], k) // before the value's read reuses k's bytes
 		kind := d.PeekKind()
 		v, err := d.ReadValue()
 		if err != nil {
-			return length
+			break
 		}
 		switch {
 		case kind != '"':
-		case data:
-			length = clipLength(v[1 : len(v)-1])
-		case url:
-			length = urlLength(v[1 : len(v)-1])
+		case string(dec.key) == "url":
+			name(v)
+		case string(dec.key) == "data":
+			hash = xxhash.Sum64(v) | 1
+			if audio {
+				length = clipLength(v[1 : len(v)-1])
+			}
 		}
 	}
-	return length
+	return hash, length
 }
 
 // urlLength is how long the audio clip at url lasts: its data's length

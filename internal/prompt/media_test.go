@@ -32,7 +32,7 @@ func wavBase64(rate, channels int, length time.Duration) string {
 	return base64.StdEncoding.EncodeToString(append(h, make([]byte, n)...))
 }
 
-func TestAudioLength(t *testing.T) {
+func TestAudioLength(t *testing.T) { // and TestMediaKey below
 	wav3 := wavBase64(16000, 1, 3*time.Second)
 	wav2 := wavBase64(44100, 2, 2*time.Second)
 	mp3 := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0xff, 0xfb, 0x90}, 16000)) // 48,000 bytes, not WAV
@@ -53,14 +53,14 @@ func TestAudioLength(t *testing.T) {
 		{"escaped header: at 16 kB a second", `{"data":"` + strings.Replace(wav3, "V", `\u0056`, 1) + `"}`, 0},
 	} {
 		var d decoder
-		got := audioLength([]byte(tt.value), &d)
+		_, got := mediaKey([]byte(tt.value), &d, true)
 		if tt.want == 0 { // an estimate: within a few percent of the data's size at 16 kB/s
 			tt.want = time.Duration(float64(len(wav3)) * 3 / 4 / 16000 * float64(time.Second))
 		}
 		if diff := got - tt.want; diff < -10*time.Millisecond || diff > 10*time.Millisecond {
 			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
 		}
-		if ref := referenceAudioLength([]byte(tt.value)); ref != got {
+		if _, ref := referenceMediaKey([]byte(tt.value)); ref != got {
 			t.Errorf("%s: %v, the reference's %v", tt.name, got, ref)
 		}
 	}
@@ -83,10 +83,10 @@ func TestAudioAndVideoArePartOfThePrompt(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []byte("user\n")
-	want = appendMedia(want, "audio", xxhash.Sum64String(audio)|1, 40*4)
+	want = appendMedia(want, "audio", xxhash.Sum64String(`"`+wav+`"`)|1, 40*4)
 	want = append(want, "what is said?"...)
-	want = appendMedia(want, "audio", xxhash.Sum64String(`{"url":"https://x/a.mp3"}`)|1, audioURLSeconds*10*4)
-	want = appendMedia(want, "video", xxhash.Sum64String(`{"url":"https://x/v.mp4"}`)|1, 300*4)
+	want = appendMedia(want, "audio", xxhash.Sum64String(`"https://x/a.mp3"`)|1, audioURLSeconds*10*4)
+	want = appendMedia(want, "video", xxhash.Sum64String(`"https://x/v.mp4"`)|1, 300*4)
 	want = append(want, '\n')
 	if !bytes.Equal(r.Text, want) {
 		t.Fatalf("text\n%q\nwant\n%q", r.Text, want)
@@ -116,7 +116,7 @@ func TestAudioAndVideoArePartOfThePrompt(t *testing.T) {
 	if err := est.ParseInput([]byte(`{"input":[{"role":"user","content":[{"type":"input_audio","input_audio":`+audio+`}]}]}`), &in); err != nil {
 		t.Fatal(err)
 	}
-	if want := appendMedia([]byte("user\n"), "audio", xxhash.Sum64String(audio)|1, 160); !bytes.Equal(in.Text, append(want, '\n')) {
+	if want := appendMedia([]byte("user\n"), "audio", xxhash.Sum64String(`"`+wav+`"`)|1, 160); !bytes.Equal(in.Text, append(want, '\n')) {
 		t.Errorf("input: %q", in.Text)
 	}
 }
@@ -161,5 +161,30 @@ func TestAudioBytes(t *testing.T) {
 		if got := tt.est.AudioBytes(tt.d); got != tt.want {
 			t.Errorf("%+v %v: %d bytes, want %d", tt.est, tt.d, got, tt.want)
 		}
+	}
+}
+
+// A medium is named by its URL (or its data), not by what else its part
+// says: the engines key it by its content, which the same URL gives.
+func TestMediaKey(t *testing.T) {
+	same := []string{`"https://x/cat.png"`, `{"url":"https://x/cat.png"}`, `{"url":"https://x/cat.png","detail":"low"}`,
+		`{"detail":"high","url":"https://x/cat.png"}`, `{ "u\u0072l" : "https://x/cat.png" }`, `{"url":"https://x/dog.png","url":"https://x/cat.png"}`}
+	var d decoder
+	want, _ := mediaKey([]byte(same[0]), &d, false)
+	for _, v := range same {
+		if got, _ := mediaKey([]byte(v), &d, false); got != want {
+			t.Errorf("%s: %x, want %x (the URL's)", v, got, want)
+		}
+		if got, _ := referenceMediaKey([]byte(v)); got != want {
+			t.Errorf("reference %s: %x, want %x", v, got, want)
+		}
+	}
+	for _, v := range []string{`"https://x/dog.png"`, `{"url":"https://x/cat.png","url":"https://x/dog.png"}`, `{"url":7}`, `{}`} {
+		if got, _ := mediaKey([]byte(v), &d, false); got == want {
+			t.Errorf("%s: named as the cat", v)
+		}
+	}
+	if a, _ := mediaKey([]byte(`{"data":"AAAA","format":"wav"}`), &d, true); a != xxhash.Sum64String(`"AAAA"`)|1 {
+		t.Error("an input_audio part is not named by its data")
 	}
 }

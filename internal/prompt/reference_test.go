@@ -133,71 +133,69 @@ func ContentText(raw json.RawMessage, mediaLeft *int) (string, []int, error) {
 	for _, p := range parts {
 		var name string
 		var value json.RawMessage
-		full := 0
 		switch p.Type {
 		case "text":
 			b = append(b, p.Text...)
 			continue
 		case "image_url":
-			name, value, full = "image", p.ImageURL, est.ImageBytes()
-		case "input_audio", "audio_url":
+			name, value = "image", p.ImageURL
+		case "input_audio":
 			name, value = "audio", p.InputAudio
-			if p.Type == "audio_url" {
-				value = p.AudioURL
-			}
-			if len(value) > 0 {
-				full = est.AudioBytes(referenceAudioLength(value))
-			}
+		case "audio_url":
+			name, value = "audio", p.AudioURL
 		case "video_url":
-			name, value, full = "video", p.VideoURL, est.VideoBytes()
+			name, value = "video", p.VideoURL
 		}
 		if len(value) == 0 || value[0] != '"' && value[0] != '{' {
 			continue
 		}
+		hash, length := referenceMediaKey(value)
+		full := map[string]int{"image": est.ImageBytes(), "audio": est.AudioBytes(length), "video": est.VideoBytes()}[name]
 		size := 0
 		if *mediaLeft >= full {
 			size, *mediaLeft = full, *mediaLeft-full
 		}
 		spans = append(spans, len(b))
-		b = appendMedia(b, name, xxhash.Sum64(value)|1, size)
+		b = appendMedia(b, name, hash, size)
 		spans = append(spans, len(b))
 	}
 	return string(b), spans, nil
 }
 
-// referenceAudioLength is audioLength read with encoding/json: a URL's
-// length (urlLength), or the last of an object's "data" (clipLength) and
-// "url" members that are strings, as they come; audioURLSeconds for none.
-func referenceAudioLength(v json.RawMessage) time.Duration {
+// referenceMediaKey is mediaKey read with encoding/json: a string's hash
+// and, as an audio clip's URL, its length (urlLength); an object's last
+// "url" (the same) or "data" (its hash, clipLength) member that is a
+// string, as they come; else the whole object's hash and audioURLSeconds.
+func referenceMediaKey(v json.RawMessage) (uint64, time.Duration) {
 	var s string
 	if json.Unmarshal(v, &s) == nil {
-		return urlLength(rawString(v))
+		return xxhash.Sum64(v) | 1, urlLength(rawString(v))
 	}
-	length := audioURLSeconds * time.Second
+	hash, length := xxhash.Sum64(v)|1, audioURLSeconds*time.Second
 	d := json.NewDecoder(bytes.NewReader(v))
 	if _, err := d.Token(); err != nil {
-		return length
+		return hash, length
 	}
 	for d.More() {
 		k, err := d.Token()
 		if err != nil {
-			return length
+			break
 		}
 		var m json.RawMessage
 		if err := d.Decode(&m); err != nil {
-			return length
+			break
 		}
 		if m[0] != '"' {
 			continue
 		}
 		switch k {
-		case "data":
-			length = clipLength(rawString(m))
 		case "url":
-			length = urlLength(rawString(m))
+			hash, length = xxhash.Sum64(m)|1, urlLength(rawString(m))
+		case "data":
+			hash, length = xxhash.Sum64(m)|1, clipLength(rawString(m))
 		}
 	}
-	return length
+	return hash, length
 }
 
 // rawString is a JSON string's bytes between its quotes, escapes and all

@@ -14,7 +14,6 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/go-json-experiment/json/jsontext"
 	"github.com/tidwall/gjson"
 )
@@ -208,7 +207,7 @@ type parser struct {
 	mediaLeft          int     // the bytes media may still take (maxMediaBytes)
 	contentMedia       int     // of which the message's content read so far took
 	spans              []int   // its media, as Request.Media, in p.content
-	media              decoder // re-read an audio part's value
+	media              decoder // re-read a media part's value
 	model, user        []byte
 	hasModel, hasUser  bool
 	instr              []byte // a responses request's "instructions"
@@ -230,6 +229,7 @@ type parser struct {
 type decoder struct {
 	in  bytes.Reader
 	dec jsontext.Decoder
+	key []byte // scratch: an object's key, unquoted
 }
 
 // reset points the decoder at v and returns it.
@@ -871,9 +871,11 @@ func (p *parser) readContent() error {
 				}
 				hashes[f-3], audio[f-3] = 0, 0
 				if vk == '"' || vk == '{' { // a URL, or {"url": …} (else the engine's to refuse)
-					hashes[f-3] = xxhash.Sum64(raw) | 1
-					if f == 4 || f == 5 {
-						audio[f-3] = p.est.AudioBytes(audioLength(raw, &p.media))
+					isAudio := f == 4 || f == 5
+					h, length := mediaKey(raw, &p.media, isAudio)
+					hashes[f-3] = h
+					if isAudio {
+						audio[f-3] = p.est.AudioBytes(length)
 					}
 				}
 			default:

@@ -215,12 +215,12 @@ var requestCases = []struct {
 		want: Request{Text: []byte("user\nc\nsystem\nd\n"), MaxTokens: -1}},
 	{name: "content parts", chat: true,
 		body: `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}},null,{"text":"b","type":"text"},{"type":"input_audio","text":"ignored"}]}]}`,
-		want: Request{Text: slices.Concat([]byte("user\na"), imageOf(`{"url":"x"}`), []byte("b\n")), MaxTokens: -1, Media: []int{6, 6 + 4096}}},
+		want: Request{Text: slices.Concat([]byte("user\na"), imageOf(`"x"`), []byte("b\n")), MaxTokens: -1, Media: []int{6, 6 + 4096}}},
 	// An image stands for its tokens, named by its value's hash: the
 	// same image gives the same bytes, another image others.
 	{name: "images", chat: true,
 		body: `{"messages":[{"role":"user","content":[{"image_url":"data:image/png;base64,AAAA","type":"image_url"},{"type":"image_url","image_url":{"url":"https://x/y.png","detail":"low"}},{"type":"image_url","image_url":null},{"type":"image_url"},{"type":"image_url","image_url":7}]}]}`,
-		want: Request{Text: slices.Concat([]byte("user\n"), imageOf(`"data:image/png;base64,AAAA"`), imageOf(`{"url":"https://x/y.png","detail":"low"}`), []byte("\n")), MaxTokens: -1,
+		want: Request{Text: slices.Concat([]byte("user\n"), imageOf(`"data:image/png;base64,AAAA"`), imageOf(`"https://x/y.png"`), []byte("\n")), MaxTokens: -1,
 			Media: []int{5, 5 + 4096, 5 + 4096, 5 + 2*4096}}},
 	// An assistant's tool calls are its prompt too, on a line of their own.
 	{name: "tool calls", chat: true,

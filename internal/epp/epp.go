@@ -104,6 +104,7 @@ type exchange struct {
 	// sends no response body, so no first token will be seen.
 	respDuplex, respNone bool
 	path                 string
+	head                 bool // a whole JSON answer's first bytes were read
 	session              string
 	subset               []string
 	body                 []byte
@@ -281,7 +282,7 @@ func (x *exchange) decide(atHeaders bool) error {
 	}
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
 		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: name, Ask: x.ask,
-		Header: &x.replyHeaders, Unseen: x.respNone}
+		Header: &x.replyHeaders, Unseen: x.respNone, Stored: wire.StoredID(x.path)}
 	if atHeaders {
 		in.Kind = lifecycle.Opaque
 	}
@@ -520,7 +521,14 @@ func (x *exchange) Refuse(e *wire.Error) {
 func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 	if !r.Stream() {
 		// A whole JSON answer: keep its tail (the usage comes last), not
-		// the whole of a large answer, and read it at the end.
+		// the whole of a large answer, and read it at the end; its first
+		// bytes say which stored response it is, if one.
+		if !x.head && len(body) > 0 {
+			x.head = true
+			if x.status == http.StatusOK && r.Stores() {
+				r.StoredAs(wire.ResponseID(body))
+			}
+		}
 		x.sse = append(x.sse, body...)
 		if n := len(x.sse); n > maxTail {
 			x.sse = x.sse[:copy(x.sse, x.sse[n-maxTail:])]

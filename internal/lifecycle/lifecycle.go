@@ -17,6 +17,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,6 +101,9 @@ type Observer interface {
 	Accepted(id uint64)
 	FirstToken(id uint64)
 	Finished(id uint64, outputTokens int, decode time.Duration)
+	// Stored: replica answered the Responses API response responseID,
+	// and stores it (Request.StoredAs).
+	Stored(responseID, replica string)
 }
 
 // Core is what the requests of one router share, whichever front end they
@@ -213,6 +217,13 @@ type Request struct {
 	// client named it).
 	rewritten, rewriteBuf  []byte
 	modelLabel, cacheModel string
+	// pinned is the replica that stored the response the request names
+	// (its previous_response_id, a path's id), which its first attempt
+	// goes to; unpinned is what the decision allowed without it.
+	pinned   string
+	unpinned func(id string) bool
+	storedID bool // StoredAs was told the answer's id
+	kind     Kind
 
 	tr reqTrace // see tracing.go
 }
@@ -241,6 +252,7 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 		r = &Request{fbBuf: make([]router.Candidate, 0, c.cfg.Fallbacks)}
 	}
 	r.reset(c, received)
+	r.kind = kind
 	var err error
 	switch kind {
 	case Chat, Completion:
@@ -355,7 +367,54 @@ func (r *Request) next() (string, bool) {
 			return t.ID, true
 		}
 	}
+	if r.pinned != "" {
+		// The replica that stored the response failed: another may hold
+		// it too (a store the replicas share), or answer that it does not.
+		failed, allowed := r.pinned, r.unpinned
+		r.pinned = ""
+		r.Route.Allowed = func(id string) bool { return id != failed && (allowed == nil || allowed(id)) }
+		attempts, start := r.attempts, time.Now()
+		r.dispatch(c.Now(start), start)
+		if r.decideErr != nil {
+			return "", false
+		}
+		r.attempts = attempts + 1
+		r.announce()
+		return r.ticket.ID, true
+	}
 	return "", false
+}
+
+// pin sends the request's first attempt to the replica that stored the
+// response stored (a responses request's previous_response_id, or the id
+// in its path), if the router knows it and it is available and allowed;
+// else the request goes where the policy sends it. allowed is what the
+// decision allows otherwise (nil: any replica).
+func (r *Request) pin(stored string, allowed func(id string) bool) {
+	if stored == "" {
+		return
+	}
+	id, ok := r.core.cfg.Router.Holder(stored)
+	if !ok || allowed != nil && !allowed(id) {
+		return
+	}
+	r.pinned, r.unpinned = id, allowed
+	r.Route.Allowed = func(x string) bool { return x == id }
+}
+
+// StoredAs records that the answer is the response id, which its replica
+// stores: a follow-up that names it goes there (Router.Stored), this
+// router's and, through the Observer, the others'. The first id of an
+// answer counts.
+func (r *Request) StoredAs(id string) {
+	if id == "" || r.storedID || r.ticket.ID == "" {
+		return
+	}
+	r.storedID = true
+	r.core.cfg.Router.Stored(id, r.ticket.ID)
+	if o := r.core.cfg.Observer; o != nil {
+		o.Stored(id, r.ticket.ID)
+	}
 }
 
 // tap shows the request's decision to the Tap (the live view), if any,
@@ -374,6 +433,10 @@ func (r *Request) dispatch(now time.Duration, start time.Time) {
 		r.Route.TTFTBudgetMS = c.cfg.Admission.TTFTBudget(r.class, c.Now(r.Received), now)
 	}
 	t, fb, err := c.cfg.Router.Dispatch(now, &r.Route, c.rng, r.fbBuf[:0])
+	if err != nil && r.pinned != "" { // its holder left since: wherever the policy says
+		r.pinned, r.Route.Allowed = "", r.unpinned
+		t, fb, err = c.cfg.Router.Dispatch(now, &r.Route, c.rng, r.fbBuf[:0])
+	}
 	c.cfg.Metrics.decisionTime(time.Since(start))
 	r.decided = start
 	r.traceDecision(start, &t, fb, err)
@@ -497,7 +560,15 @@ func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 			r.cached = p.CachedTokens
 		}
 	}
+	if p.ResponseID != "" && !r.storedID {
+		r.StoredAs(strings.Clone(p.ResponseID))
+	}
 }
+
+// Stores reports whether the answer may be a Responses API response an
+// engine stores (a request with its text in "input"): a front end reads a
+// non-streaming answer's id for StoredAs (wire.ResponseID) only then.
+func (r *Request) Stores() bool { return r.kind == Input }
 
 // Done records that the stream's final event ([DONE]) was relayed: the
 // request is complete whatever the client does next.

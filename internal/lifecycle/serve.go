@@ -22,6 +22,11 @@ type Incoming struct {
 	// Allowed, if set, restricts the decision to the replicas it accepts (a
 	// gateway's subset hint).
 	Allowed func(id string) bool
+	// Stored is the id of the Responses API response the request is about,
+	// named in its path (/v1/responses/{id}/cancel): its first attempt
+	// goes to the replica that stored it, as a responses request's
+	// previous_response_id's does.
+	Stored string
 	// Parent is the client's trace context (a W3C traceparent), read by a
 	// front end when the core traces requests (Core.Tracing).
 	Parent trace.SpanContext
@@ -94,6 +99,11 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		return e.Status
 	}
 	r.Route.Allowed, r.Route.Tenant = in.Allowed, in.Tenant
+	stored := r.Parsed.PreviousResponseID
+	if stored == "" {
+		stored = in.Stored
+	}
+	r.pin(stored, in.Allowed)
 	r.Route.Unstreamed = r.Route.Unstreamed || in.Unseen
 	if e := r.classify(&in, time.Now()); e != nil {
 		if e.Status == statusBadRequest && r.tenant != nil {

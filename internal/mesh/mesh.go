@@ -130,6 +130,7 @@ const (
 	kindReset    = "r" // forget every mirror of my requests: I lost some events
 	kindCharge   = "c" // a charge to a tenant's budgets
 	kindAccepted = "a" // the replica took the request: its prompt is cached there
+	kindStored   = "s" // the replica answered (and stores) a Responses API response
 )
 
 // event is what a router tells the others.
@@ -176,6 +177,9 @@ type event struct {
 	Tenant   string  `json:"t,omitempty"`
 	Requests float64 `json:"rq,omitempty"`
 	Tokens   float64 `json:"tk,omitempty"`
+	// Response is a stored event's response id: a follow-up that names
+	// it, sent to any router, goes to the event's Replica.
+	Response string `json:"rs,omitempty"`
 }
 
 // peer is another router, as heard from.
@@ -419,6 +423,12 @@ func (b *Bus) Charged(tenant string, requests, tokens float64) {
 // (tenant.Set.ChargeRemote), so that a tenant's budget is the mesh's.
 func (b *Bus) OnCharge(fn func(tenant string, requests, tokens float64)) { b.charge.Store(&fn) }
 
+// Stored tells the others that replica answered, and stores, the
+// Responses API response responseID (router.Router.Stored).
+func (b *Bus) Stored(responseID, replica string) {
+	b.publish(event{Kind: kindStored, Response: responseID, Replica: replica})
+}
+
 // Finished tells the others that attempt id ended.
 func (b *Bus) Finished(id uint64, outputTokens int, decode time.Duration) {
 	b.publish(event{Kind: kindEnd, ID: id, Out: outputTokens, DecodeUS: decode.Microseconds()})
@@ -504,6 +514,8 @@ func (b *Bus) apply(e *event, now time.Time) {
 			b.let(mr)
 			delete(p.mirrors, e.ID)
 		}
+	case kindStored:
+		b.rt.Stored(e.Response, e.Replica)
 	case kindReset:
 		b.forgetMirrors(p)
 	case kindCharge:

@@ -249,3 +249,18 @@ func TestLearnsTheOthersAnswers(t *testing.T) {
 		t.Errorf("eu expects tool calls at %d and reports at %d tokens, want about 40 and 800", tool, report)
 	}
 }
+
+// A response stored at a replica is known to every router: a follow-up
+// that names it, sent to another region's router, goes there too. A
+// replica the receiver does not have is not recorded.
+func TestRoutersShareStoredResponses(t *testing.T) {
+	url := natsServer(t)
+	rt := newRouter(t)
+	us, _ := join(t, url, "us", newRouter(t)), join(t, url, "eu", rt)
+	us.Stored("resp_1", "b")
+	us.Stored("resp_2", "nowhere")
+	eventually(t, "eu to learn where resp_1 is stored", func() bool { id, ok := rt.Holder("resp_1"); return ok && id == "b" })
+	if id, ok := rt.Holder("resp_2"); ok {
+		t.Errorf("resp_2 recorded at %s, a replica eu does not have", id)
+	}
+}

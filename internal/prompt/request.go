@@ -40,6 +40,10 @@ type Request struct {
 	IncludeUsage bool
 	// User is the "user" field.
 	User string
+	// PreviousResponseID is a responses request's previous_response_id
+	// (a string; else ""): the stored response it continues, which the
+	// engine that stored it prepends to its input.
+	PreviousResponseID string
 	// Instructions is how many bytes of Text, after the tools, the chat's
 	// opening system or developer messages take: an application's
 	// instructions, which its users' messages follow. 0 when the first
@@ -136,8 +140,9 @@ var (
 // The body must be one valid JSON object (nothing after it); nesting
 // deeper than 10000 levels is refused.
 //
-// Model and User do not alias body. With a reused r whose Model and User do
-// not change, parsing allocates nothing.
+// Model, User and PreviousResponseID do not alias body. With a reused r
+// whose Model, User and PreviousResponseID do not change, parsing
+// allocates nothing.
 func ParseRequest(body []byte, chat bool, r *Request) error {
 	return Estimator{}.ParseRequest(body, chat, r)
 }
@@ -164,7 +169,9 @@ func (e Estimator) ParseRequest(body []byte, chat bool, r *Request) error {
 // and arguments on a line after an empty content) and its
 // "function_call_output" items a tool's message, as the engine renders
 // them; other items that are not messages add nothing. A body without either gives an empty Text (the
-// request is routed by load alone).
+// request is routed by load alone). A responses request's
+// max_output_tokens is its MaxTokens, and its previous_response_id (a
+// string) its PreviousResponseID.
 func ParseInput(body []byte, r *Request) error { return Estimator{}.ParseInput(body, r) }
 
 // ParseInput is the package's ParseInput, each image, audio clip and
@@ -208,8 +215,9 @@ type parser struct {
 	contentMedia       int     // of which the message's content read so far took
 	spans              []int   // its media, as Request.Media, in p.content
 	media              decoder // re-read a media part's value
-	model, user        []byte
+	model, user, prev  []byte
 	hasModel, hasUser  bool
+	hasPrev            bool
 	instr              []byte // a responses request's "instructions"
 	hasInstr           bool
 	tools              []byte // a chat's or a responses request's "tools" array, raw
@@ -248,14 +256,14 @@ var decodeOptions = []jsontext.Options{jsontext.AllowDuplicateNames(true), jsont
 func (p *parser) parse(body []byte, mode int, r *Request) error {
 	chat := mode == modeChat
 	p.inputParts = false
-	model, user := r.Model, r.User
+	model, user, prev := r.Model, r.User, r.PreviousResponseID
 	*r = Request{Text: r.Text[:0], PromptEnds: r.PromptEnds[:0], Media: r.Media[:0], MaxTokens: -1}
 	p.n, p.bestOf = 1, 0
 	p.minTok, p.odd = 0, 0
 	p.in.Reset(body)
 	p.dec.Reset(&p.in, decodeOptions...)
 	p.hasModel, p.hasUser, p.messages, p.hasMsgs, p.hasMax, p.hasMaxComp = false, false, false, false, false, false
-	p.hasInstr, p.hasTools = false, false
+	p.hasInstr, p.hasTools, p.hasPrev = false, false, false
 	p.listKind = 0
 	d := &p.dec
 	if d.PeekKind() != '{' {
@@ -288,6 +296,11 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 			p.maxTok, p.hasMax, err = p.intField("max_tokens")
 		case f == fMaxCompletionTokens && chat:
 			p.maxCompTok, p.hasMaxComp, err = p.intField("max_completion_tokens")
+		case f == fMaxOutputTokens && mode == modeInput:
+			p.maxTok, p.hasMax, err = p.intField("max_output_tokens")
+		case f == fPreviousResponseID && mode == modeInput && d.PeekKind() == '"':
+			// A string; anything else (the engine's business) is skipped.
+			err = p.stringField(&p.prev, &p.hasPrev, "previous_response_id")
 		case f == fStream:
 			err = p.boolField(&r.Stream, "stream")
 		case f == fStreamOptions:
@@ -324,6 +337,7 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 	r.MinTokens, r.Odd = p.minTok, p.odd
 	r.Model = keep(p.model, p.hasModel, model)
 	r.User = keep(p.user, p.hasUser, user)
+	r.PreviousResponseID = keep(p.prev, p.hasPrev, prev)
 	switch mode {
 	case modeChat:
 		if !p.messages {
@@ -393,6 +407,8 @@ const (
 	fBestOf
 	fMinTokens
 	fTools
+	fMaxOutputTokens
+	fPreviousResponseID
 )
 
 var topNames = [...]string{
@@ -410,6 +426,8 @@ var topNames = [...]string{
 	fBestOf:              "best_of",
 	fMinTokens:           "min_tokens",
 	fTools:               "tools",
+	fMaxOutputTokens:     "max_output_tokens",
+	fPreviousResponseID:  "previous_response_id",
 }
 
 // field reads an object's next key and returns 1 + the index of the name

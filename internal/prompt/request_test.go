@@ -815,6 +815,27 @@ func TestParseInput(t *testing.T) {
 			t.Errorf("%s: %q, %v; want %q", c.body, r.Text, err, c.text)
 		}
 	}
+	// A responses request's output limit and the stored response it
+	// continues (a string: else the engine's to refuse).
+	for _, c := range []struct {
+		body, prev string
+		max        int
+	}{
+		{`{"input":"hi","max_output_tokens":50,"previous_response_id":"resp_1"}`, "resp_1", 50},
+		{`{"input":"hi","previous_response_id":7,"max_tokens":9}`, "", 9},
+		{`{"input":"hi","previous_response_id":"resp_1","previous_response_id":null}`, "resp_1", -1},
+		{`{"input":"hi","Previous_Response_ID":"resp_2"}`, "resp_2", -1},
+	} {
+		var r Request
+		if err := ParseInput([]byte(c.body), &r); err != nil || r.PreviousResponseID != c.prev || r.MaxTokens != c.max {
+			t.Errorf("%s: previous %q, max %d, %v; want %q, %d", c.body, r.PreviousResponseID, r.MaxTokens, err, c.prev, c.max)
+		}
+	}
+	var chatPrev Request
+	if err := ParseRequest([]byte(`{"messages":[{"role":"user","content":"x"}],"previous_response_id":"resp_1","max_output_tokens":5}`), true, &chatPrev); err != nil ||
+		chatPrev.PreviousResponseID != "" || chatPrev.MaxTokens != -1 {
+		t.Errorf("a chat read a responses request's fields: %+v", chatPrev)
+	}
 	// "input_text" parts are a responses-API thing: a chat does not count them.
 	var r Request
 	if err := ParseRequest([]byte(`{"messages":[{"role":"user","content":[{"type":"input_text","text":"no"}]}]}`), true, &r); err != nil || string(r.Text) != "user\n\n" {

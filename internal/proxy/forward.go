@@ -43,7 +43,7 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 			return
 		}
 		x := exchange{s: s, cfg: cfg, w: w, r: r}
-		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received,
+		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received, Stored: wire.StoredID(r.URL.Path),
 			Ask:    tenant.Ask{Priority: r.Header.Get(tenant.PriorityHeader), TTFTSLO: r.Header.Get(tenant.TTFTSLOHeader), TPOTSLO: r.Header.Get(tenant.TPOTSLOHeader)},
 			Header: w.Header()}
 		var err error
@@ -522,6 +522,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if ok && clientErr == nil {
 			req.Complete(wire.PeekBody(*a.buf))
 		}
+		if ok && req.Stores() { // stored by the replica, whether the client took it or not
+			req.StoredAs(wire.ResponseID(*a.buf))
+		}
 		return lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil}
 	}
 	fl, _ := w.(http.Flusher)
@@ -590,6 +593,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				a.idle.Reset(idle)
 			}
 			if !a.stream {
+				if tail == nil && ok && req.Stores() { // the answer's first bytes: its id
+					req.StoredAs(wire.ResponseID(*out))
+				}
 				tail = keepTail(tail, *out)
 			}
 		}

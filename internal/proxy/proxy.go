@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +23,8 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/httpapi"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
+	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
 // Headers the proxy reads and sets.
@@ -161,9 +164,20 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 }
 
 // handleGet answers a GET (/v1/models, and any other GET under /v1) from
-// the first available replica that answers.
+// the first available replica that answers; a stored response's
+// (/v1/responses/{id}...) from the replica that stored it, else from the
+// first that holds it.
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
-	for _, st := range s.fleet.Router().Replicas() {
+	reps := s.fleet.Router().Replicas()
+	stored := wire.StoredID(r.URL.Path)
+	if holder, ok := s.fleet.Router().Holder(stored); ok {
+		// The replica that stored the response first.
+		if i := slices.IndexFunc(reps, func(st router.ReplicaState) bool { return st.ID == holder }); i > 0 {
+			reps[0], reps[i] = reps[i], reps[0]
+		}
+	}
+	last := -1 // the last replica that answered 404 for a stored response
+	for i, st := range reps {
 		u := s.fleet.Upstream(st.ID)
 		if !st.Available() || u == nil {
 			continue
@@ -184,12 +198,24 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 			cancel()
 			continue
 		}
+		if stored != "" && resp.StatusCode == http.StatusNotFound && i < len(reps)-1 {
+			// Not stored there: another replica may hold it (the router
+			// did not see its answer: it restarted, or forgot it).
+			resp.Body.Close()
+			cancel()
+			last = i
+			continue
+		}
 		copyHeaders(w.Header(), resp.Header)
 		w.Header().Set(ReplicaHeader, st.ID)
 		w.WriteHeader(resp.StatusCode)
 		_, _ = io.Copy(w, resp.Body)
 		resp.Body.Close()
 		cancel()
+		return
+	}
+	if last >= 0 {
+		httpapi.Error(w, http.StatusNotFound, "no replica holds response %q", stored)
 		return
 	}
 	httpapi.Error(w, http.StatusServiceUnavailable, "no available replica")

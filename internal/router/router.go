@@ -170,6 +170,8 @@ type Router struct {
 	resets atomic.Int64
 	// outputs estimates answers' lengths.
 	outputs *estimate.Outputs
+	// stored is which replica stored each response (stored.go).
+	stored storedResponses
 }
 
 // DefaultOutputTokens is the output length the router expects before it

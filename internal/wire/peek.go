@@ -30,6 +30,9 @@ type Peek struct {
 	// Error: the chunk has an "error" member that is not null, or is
 	// {"object":"error",...}.
 	Error bool
+	// ResponseID is a Responses API event's response.id (Event's): it
+	// aliases the chunk's data, to be copied if kept.
+	ResponseID string
 }
 
 // PeekChunk reads one streamed chunk's data (not [DONE]) as ParseChunk
@@ -57,6 +60,7 @@ func PeekChunk(data []byte) Peek {
 		Usage:        c.usage.set || c.responseUsage.set,
 		CachedTokens: -1,
 		Error:        c.err || c.objectError,
+		ResponseID:   c.responseID,
 	}
 	switch {
 	case c.usage.set:
@@ -80,8 +84,9 @@ type chunkPeek struct {
 	// A Responses API event: its type ends in ".delta"; its delta is a
 	// non-empty string.
 	deltaType, delta bool
-	// usage, and a Responses API event's response.usage.
+	// usage, and a Responses API event's response.usage and response.id.
 	usage, responseUsage usageMember
+	responseID           string
 	err, objectError     bool
 }
 
@@ -116,10 +121,14 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 		switch {
 		case v.Type == gjson.Null: // the pointer is set back to nil
 			c.responseUsage.reset()
+			c.responseID = ""
 		case isObject(v):
 			v.ForEach(func(key, v gjson.Result) bool {
-				if is(key.Str, "usage") {
+				switch {
+				case is(key.Str, "usage"):
 					c.responseUsage.member(v)
+				case is(key.Str, "id") && v.Type == gjson.String:
+					c.responseID = v.Str
 				}
 				return true
 			})
@@ -427,4 +436,45 @@ func objectEnd(b []byte) int {
 		}
 	}
 	return -1
+}
+
+// ResponseID is the id of the Responses API response a non-streaming
+// answer's body holds (its top-level "id" where its "object" is
+// "response"; another answer, an embedding's say, has an id but is not
+// stored), or "" for none. It reads as far as it can in a body cut short
+// (the first bytes of an answer too long to hold: the engines write the id
+// and the object first). The id does not alias body.
+func ResponseID(body []byte) string {
+	root := gjson.Parse(bytesString(body))
+	if !isObject(root) {
+		return ""
+	}
+	var id string
+	response := false
+	root.ForEach(func(key, v gjson.Result) bool {
+		switch {
+		case is(key.Str, "id") && v.Type == gjson.String:
+			id = v.Str
+		case is(key.Str, "object") && v.Type == gjson.String:
+			response = v.Str == "response"
+		}
+		return !(response && id != "")
+	})
+	if !response {
+		return ""
+	}
+	return strings.Clone(id)
+}
+
+// StoredID is the id of the Responses API response a request's path names
+// (/v1/responses/{id}, and its /cancel and /input_items), "" for another
+// path; a query is not part of it.
+func StoredID(path string) string {
+	path, _, _ = strings.Cut(path, "?")
+	rest, ok := strings.CutPrefix(path, "/v1/responses/")
+	if !ok {
+		return ""
+	}
+	id, _, _ := strings.Cut(rest, "/")
+	return id
 }

@@ -16,7 +16,7 @@ import (
 // fromEvent is the Peek that ParseChunk's reading of data implies.
 func fromEvent(t *testing.T, data []byte, ev Event) Peek {
 	t.Helper()
-	p := Peek{Token: ev.HasToken(), Finish: ev.FinishReason != "", Usage: ev.Usage != nil, CachedTokens: -1}
+	p := Peek{Token: ev.HasToken(), Finish: ev.FinishReason != "", Usage: ev.Usage != nil, CachedTokens: -1, ResponseID: ev.ResponseID}
 	if u := ev.Usage; u != nil {
 		p.CompletionTokens, p.CachedTokens = u.CompletionTokens, u.CachedTokens
 	}
@@ -68,10 +68,14 @@ var peekCases = []struct {
 	{`{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"{\""}`, Peek{Token: true, CachedTokens: -1}},
 	{`{"type":"response.output_text.delta","delta":""}`, Peek{CachedTokens: -1}},
 	{`{"type":"response.output_text.delta","delta":"a","delta":null}`, Peek{CachedTokens: -1}},
-	{`{"type":"response.created","response":{"id":"resp_1","status":"in_progress"}}`, Peek{CachedTokens: -1}},
+	{`{"type":"response.created","response":{"id":"resp_1","status":"in_progress"}}`, Peek{CachedTokens: -1, ResponseID: "resp_1"}},
+	{`{"type":"response.created","response":{"id":"resp_1","ID":"resp_2"}}`, Peek{CachedTokens: -1, ResponseID: "resp_2"}},
+	{`{"type":"response.created","response":{"id":"resp_1"},"response":null}`, Peek{CachedTokens: -1}},
+	{`{"type":"response.created","response":{"id":"resp_1","id":null}}`, Peek{CachedTokens: -1, ResponseID: "resp_1"}},
+	{`{"type":"response.output_item.added","item":{"id":"msg_1","type":"message"}}`, Peek{CachedTokens: -1}},
 	{`{"type":"response.output_text.done","delta":"x"}`, Peek{CachedTokens: -1}},
 	{`{"type":"response.completed","response":{"id":"resp_1","status":"completed","usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":8},"output_tokens":40,"total_tokens":49}}}`,
-		Peek{Usage: true, CompletionTokens: 40, CachedTokens: 8}},
+		Peek{Usage: true, CompletionTokens: 40, CachedTokens: 8, ResponseID: "resp_1"}},
 	{`{"type":"response.completed","response":{"usage":{"output_tokens":4}},"response":null}`, Peek{CachedTokens: -1}},
 	{`{"usage":{"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":-1}},"response":{"usage":{"output_tokens":4,"input_tokens_details":{"cached_tokens":3}}}}`,
 		Peek{Usage: true, CompletionTokens: 2, CachedTokens: -1}},
@@ -422,6 +426,24 @@ func TestPeekTail(t *testing.T) {
 	} {
 		if c, k := PeekTail([]byte(tail)); c != want[0] || k != want[1] {
 			t.Errorf("PeekTail(%s) = %d, %d; want %d, %d", tail, c, k, want[0], want[1])
+		}
+	}
+}
+
+func TestResponseID(t *testing.T) {
+	for _, c := range []struct{ body, want string }{
+		{`{"id":"resp_1","created_at":1,"model":"m","object":"response","output":[],"usage":{"output_tokens":4}}`, "resp_1"},
+		{`{"object":"response","id":"resp_2"}`, "resp_2"},
+		{`{"id":"resp_3","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"a long answer cut sh`, "resp_3"},
+		{`{"id":"embd-1","object":"list","data":[]}`, ""},
+		{`{"id":"chatcmpl-1","object":"chat.completion","choices":[]}`, ""},
+		{`{"id":"resp_4"}`, ""},
+		{`{"id":7,"object":"response"}`, ""},
+		{`[{"id":"resp_5","object":"response"}]`, ""},
+		{``, ""},
+	} {
+		if got := ResponseID([]byte(c.body)); got != c.want {
+			t.Errorf("%s: %q, want %q", c.body, got, c.want)
 		}
 	}
 }

@@ -41,6 +41,10 @@ type Event struct {
 	// Err is the message of an error the server sent inside the stream
 	// (for example {"error":{"message":...}}); empty otherwise.
 	Err string
+	// ResponseID is, in a Responses API stream, the id of the response an
+	// event carries (response.created, .in_progress, .completed): the
+	// engine stores the response under it. Empty otherwise.
+	ResponseID string
 }
 
 // HasToken reports whether the event carries generated tokens: content,
@@ -196,8 +200,9 @@ type chunk struct {
 	} `json:"choices"`
 	Usage    *chunkUsage `json:"usage"`
 	Response *struct {
+		ID    string      `json:"id"`
 		Usage *chunkUsage `json:"usage"`
-	} `json:"response"` // a Responses API event's (response.completed)
+	} `json:"response"` // a Responses API event's (response.created, .completed)
 }
 
 // chunkUsage is a usage object: Chat Completions' fields or the Responses
@@ -253,6 +258,9 @@ func ParseChunk(data []byte) (Event, error) {
 		ev.Usage = c.Usage.usage()
 	case c.Response != nil && c.Response.Usage != nil:
 		ev.Usage = c.Response.Usage.usage()
+	}
+	if c.Response != nil {
+		ev.ResponseID = c.Response.ID
 	}
 	switch {
 	case len(c.Error) > 0 && string(c.Error) != "null":

@@ -25,6 +25,12 @@ type Dialect struct {
 	// with its engine's capacity. Without it, the usage of the fullest
 	// label set scales the whole capacity.
 	EngineLabel string
+	// RankLabels are labels that tell apart copies of one engine's
+	// figures: SGLang's schedulers of one tensor- or pipeline-parallel
+	// group each write the group's batch under their own rank
+	// (--enable-metrics-for-all-schedulers). Of samples that differ only
+	// in them, the one of greatest value is read.
+	RankLabels []string
 	// Usage is the fraction of the KV cache in use; Used, if the engine
 	// reports it, the tokens in use (summed), else derived from Usage.
 	Usage []string
@@ -99,6 +105,7 @@ var Dialects = []Dialect{
 		Format: FormatSGLang, Engine: "SGLang",
 		Marker:  "sglang:num_running_reqs",
 		Running: "sglang:num_running_reqs", Waiting: "sglang:num_queue_reqs",
+		RankLabels: []string{"tp_rank", "pp_rank", "moe_ep_rank", "pid"},
 		Capacity: []Capacity{{Family: "sglang:max_total_num_tokens"},
 			{Family: "sglang:cache_config_info", Labels: [][]string{{"num_pages", "page_size"}}}},
 		Usage: []string{"sglang:token_usage"}, Used: "sglang:num_used_tokens",

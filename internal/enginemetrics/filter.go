@@ -176,12 +176,12 @@ func (f *filtered) line(line []byte, no int, want map[string]bool) error {
 		if name, end, ok = metricName(line, i); !ok || line[i] == '"' {
 			return f.odd(line, no)
 		}
-		switch line[end] {
-		case '{':
-			if end, labels, ok = labelsEnd(line, end+1); !ok {
+		switch b := skipBlank(line, end); {
+		case line[b] == '{': // the text parser allows blanks before the labels
+			if end, labels, ok = labelsEnd(line, b+1); !ok {
 				return f.odd(line, no)
 			}
-		case ' ', '\t':
+		case b > end:
 		default:
 			return f.odd(line, no)
 		}

@@ -183,7 +183,7 @@ func firstPresent(fams map[string]*dto.MetricFamily, names []string) string {
 
 // read reads an exposition in the dialect.
 func (d *Dialect) read(fams map[string]*dto.MetricFamily) (Metrics, error) {
-	rd := &reader{fams: fams, models: map[string]bool{}}
+	rd := &reader{fams: fams, models: map[string]bool{}, ranks: d.RankLabels}
 	for _, n := range []string{d.Running, d.Waiting} {
 		if fams[n] == nil {
 			return Metrics{}, fmt.Errorf("parse engine metrics: %s exposition lacks %s", d.Format, n)
@@ -320,9 +320,21 @@ func (rd *reader) capacity(d *Dialect) (map[string]float64, float64) {
 			if d.EngineLabel != "" {
 				key = label(s, d.EngineLabel)
 			}
+			if len(rule.Labels) > 0 && d.EngineLabel != "" {
+				// vLLM writes the front end's CacheConfig, whose
+				// num_gpu_blocks is summed over its DP engines, under
+				// every engine label: the replica's total, once.
+				by[key], total = 0, max(total, v)
+				return
+			}
 			by[key] += v
 			total += v
 		})
+		if len(rule.Labels) > 0 && d.EngineLabel != "" && len(by) > 0 {
+			for k := range by {
+				by[k] = total / float64(len(by))
+			}
+		}
 		if total > 0 {
 			return by, total
 		}
@@ -402,6 +414,7 @@ func (s stat) mean() float64 {
 type reader struct {
 	fams   map[string]*dto.MetricFamily
 	models map[string]bool
+	ranks  []string // Dialect.RankLabels
 }
 
 // samples calls f with each usable sample of the named family: gauge,
@@ -412,19 +425,9 @@ func (rd *reader) samples(name string, f func(m *dto.Metric, v float64)) bool {
 	if mf == nil {
 		return false
 	}
-	for _, m := range mf.GetMetric() {
-		var v float64
-		switch {
-		case m.GetGauge() != nil:
-			v = m.GetGauge().GetValue()
-		case m.GetCounter() != nil:
-			v = m.GetCounter().GetValue()
-		case m.GetUntyped() != nil:
-			v = m.GetUntyped().GetValue()
-		default:
-			continue
-		}
-		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+	for _, m := range rd.oneRank(mf.GetMetric()) {
+		v, ok := value(m)
+		if !ok {
 			continue
 		}
 		if mn := label(m, "model_name"); mn != "" && len(mn) <= MaxModelNameBytes && len(rd.models) < MaxModelNames {
@@ -433,6 +436,63 @@ func (rd *reader) samples(name string, f func(m *dto.Metric, v float64)) bool {
 		f(m, v)
 	}
 	return true
+}
+
+// value is a sample's value, if it is a gauge's, a counter's or an
+// untyped one and a finite number not below 0.
+func value(m *dto.Metric) (float64, bool) {
+	var v float64
+	switch {
+	case m.GetGauge() != nil:
+		v = m.GetGauge().GetValue()
+	case m.GetCounter() != nil:
+		v = m.GetCounter().GetValue()
+	case m.GetUntyped() != nil:
+		v = m.GetUntyped().GetValue()
+	default:
+		return 0, false
+	}
+	return v, !math.IsNaN(v) && !math.IsInf(v, 0) && v >= 0
+}
+
+// oneRank keeps, of the samples that differ only in the reader's rank
+// labels (copies of one engine's figures, each rank's scheduler writing
+// its own), the one of greatest value; samples without them are kept as
+// they are.
+func (rd *reader) oneRank(ms []*dto.Metric) []*dto.Metric {
+	if len(rd.ranks) == 0 || !slices.ContainsFunc(ms, func(m *dto.Metric) bool {
+		return slices.ContainsFunc(m.GetLabel(), func(lp *dto.LabelPair) bool { return slices.Contains(rd.ranks, lp.GetName()) })
+	}) {
+		return ms
+	}
+	kept := make([]*dto.Metric, 0, len(ms))
+	vals := make([]float64, 0, len(ms)) // kept's values
+	at := make(map[string]int, len(ms)) // a group's key → its index in kept
+	var key strings.Builder
+	for _, m := range ms {
+		v, ok := value(m)
+		if !ok {
+			continue
+		}
+		key.Reset()
+		for _, lp := range m.GetLabel() { // the parser sorts them by name
+			if !slices.Contains(rd.ranks, lp.GetName()) {
+				key.WriteString(lp.GetName())
+				key.WriteByte(0)
+				key.WriteString(lp.GetValue())
+				key.WriteByte(0)
+			}
+		}
+		i, seen := at[key.String()]
+		switch {
+		case !seen:
+			at[key.String()] = len(kept)
+			kept, vals = append(kept, m), append(vals, v)
+		case v > vals[i]:
+			kept[i], vals[i] = m, v
+		}
+	}
+	return kept
 }
 
 // stat aggregates the named family.

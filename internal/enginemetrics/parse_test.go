@@ -247,8 +247,10 @@ sglang:token_usage 0.5
 }
 
 func TestParseVLLMSumsEngines(t *testing.T) {
-	// Two data-parallel engines with different caches; counters exposed
-	// OpenMetrics-style (TYPE without _total) parse as untyped and count.
+	// Two data-parallel engines; counters exposed OpenMetrics-style (TYPE
+	// without _total) parse as untyped and count. Each engine's
+	// cache_config_info is the front end's, whose num_gpu_blocks vLLM sums
+	// over the engines (1,500 = 2 × 750): the replica's, once.
 	const text = `# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="m"} 2
 vllm:num_requests_running{engine="1",model_name="m"} 3
@@ -256,8 +258,8 @@ vllm:num_requests_waiting{engine="0",model_name="m"} 1
 vllm:num_requests_waiting{engine="1",model_name="m"} 1
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
 vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.1
-vllm:cache_config_info{engine="0",block_size="16",num_gpu_blocks="1000",kv_cache_size_tokens="None"} 1
-vllm:cache_config_info{engine="1",block_size="16",num_gpu_blocks="500",kv_cache_size_tokens="8000"} 1
+vllm:cache_config_info{engine="0",block_size="16",num_gpu_blocks="1500",kv_cache_size_tokens="None"} 1
+vllm:cache_config_info{engine="1",block_size="16",num_gpu_blocks="1500",kv_cache_size_tokens="None"} 1
 # TYPE vllm:prefix_cache_queries counter
 vllm:prefix_cache_queries_total{engine="0",model_name="m"} 300
 vllm:prefix_cache_queries_total{engine="1",model_name="m"} 100
@@ -270,7 +272,7 @@ vllm:generation_tokens_total{engine="1",model_name="m"} 2
 `
 	checkMetrics(t, parse(t, text), Metrics{
 		Format: FormatVLLM, Running: 5, Waiting: 2,
-		KVUsedTokens:     8800, // 0.5 × 16000 + 0.1 × 8000
+		KVUsedTokens:     7200, // 0.5 × 12000 + 0.1 × 12000
 		KVUsage:          0.5,
 		KVCapacityTokens: 24000,
 		CacheHitRate:     0.5, PrefixQueriesTotal: 400, PrefixHitsTotal: 200,

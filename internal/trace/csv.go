@@ -83,7 +83,17 @@ func matchHeader(fields, want []string) bool {
 func csvStart(line []byte, f Format) (Format, error) {
 	switch f {
 	case FormatAuto:
-		return csvFormatOf(line), nil
+		if cf := csvFormatOf(line); cf != "" || bytes.HasPrefix(line, []byte("{")) {
+			return cf, nil
+		}
+		if bytes.HasPrefix(line, []byte{0x1f, 0x8b}) {
+			return "", errors.New("the file is gzip-compressed: decompress it first (gunzip)")
+		}
+		got := string(line)
+		if len(got) > 100 {
+			got = got[:100] + "…"
+		}
+		return "", fmt.Errorf("first line %q is neither a JSON object (mooncake, gorgo) nor the header of azure (%s) or burstgpt (%s)", got, strings.Join(azureHeader, ","), strings.Join(burstGPTHeader, ","))
 	case FormatAzure, FormatBurstGPT:
 		if csvFormatOf(line) == f {
 			return f, nil
@@ -102,7 +112,8 @@ func csvStart(line []byte, f Format) (Format, error) {
 // headerLine of the file. See FormatAzure for the rules.
 func readCSV(r io.Reader, name string, f Format, headerLine int) ([]Request, error) {
 	cols := csvHeader(f)
-	cr := csv.NewReader(r)
+	lim := &recordLimit{r: r}
+	cr := csv.NewReader(lim)
 	cr.FieldsPerRecord = -1
 	cr.ReuseRecord = true
 	inCol, outCol := 1, 2
@@ -120,13 +131,14 @@ func readCSV(r io.Reader, name string, f Format, headerLine int) ([]Request, err
 	)
 	for {
 		rec, err := cr.Read()
+		lim.n = 0
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
 			var pe *csv.ParseError
 			if errors.As(err, &pe) {
-				return nil, &LineError{name, headerLine + pe.Line, fmt.Errorf("invalid CSV: %w", pe.Err)}
+				return nil, &LineError{name, headerLine + pe.StartLine, fmt.Errorf("invalid CSV: %w", pe.Err)}
 			}
 			return nil, fmt.Errorf("reading %s: %w", name, err)
 		}
@@ -310,4 +322,20 @@ func allDigits(s string) bool {
 		}
 	}
 	return true
+}
+
+// recordLimit fails a read once more than maxLineBytes have been read since
+// the last record (n is reset by the caller).
+type recordLimit struct {
+	r io.Reader
+	n int
+}
+
+func (l *recordLimit) Read(p []byte) (int, error) {
+	if l.n > maxLineBytes {
+		return 0, fmt.Errorf("a row longer than %d MiB (an unterminated quote?)", maxLineBytes>>20)
+	}
+	k, err := l.r.Read(p)
+	l.n += k
+	return k, err
 }

@@ -190,8 +190,8 @@ func TestReadCSVErrors(t *testing.T) {
 			"t.csv:4: want 6 columns (Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type), got 7"},
 		{"bad quote", FormatAuto, azureHead + a0 + `2023-11-16 18:15:47,1"2,3` + "\n",
 			`t.csv:3: invalid CSV: bare " in non-quoted-field`},
-		{"unterminated quote", FormatAuto, azureHead + a0 + `2023-11-16 18:15:47,"1,3` + "\n" + a0,
-			`t.csv:4: invalid CSV: extraneous or missing " in quoted-field`},
+		{"unterminated quote", FormatAuto, azureHead + a0 + `2023-11-16 18:15:47,"1,3` + "\n" + a0, // reported where its row starts
+			`t.csv:3: invalid CSV: extraneous or missing " in quoted-field`},
 		{"field on a later line", FormatAuto, azureHead + `"2023-11-16 18:15:47",` + "\"1\n2\",3\n",
 			`t.csv:2: invalid ContextTokens "1\n2" (want a whole number of tokens)`},
 		{"bad timestamp", FormatAuto, azureHead + "2023-11-16,1,1\n",

@@ -36,6 +36,10 @@ func ReadFile(path string, f Format) ([]Request, error) {
 	return Read(file, path, f)
 }
 
+// maxLineBytes bounds a trace's line: a request's is at most a few hundred
+// kilobytes (its hash ids).
+const maxLineBytes = 32 << 20
+
 // Read reads a trace in format f: JSON Lines (FormatMooncake, FormatGorgo)
 // or CSV (FormatAzure, FormatBurstGPT); FormatAuto or "" detects it from the
 // first non-empty line. name labels errors, which have the form
@@ -46,7 +50,9 @@ func ReadFile(path string, f Format) ([]Request, error) {
 // trace get one session each and blocks of their own (see FormatAzure). The
 // requests' HashIDs are cut from shared arrays with capacity equal to
 // length, so appending to one copies it. A file with no requests (empty, or
-// a CSV header alone) gives none and no error.
+// a CSV header alone) gives none and no error. A line longer than
+// maxLineBytes (a JSON array on one line, a binary file, an unterminated
+// CSV quote) is refused as soon as it is read that far.
 func Read(r io.Reader, name string, f Format) ([]Request, error) {
 	f, err := ParseFormat(string(f))
 	if err != nil {
@@ -65,6 +71,9 @@ func Read(r io.Reader, name string, f Format) ([]Request, error) {
 		line, rerr := br.ReadSlice('\n')
 		if rerr == bufio.ErrBufferFull {
 			long = append(long, line...)
+			if len(long) > maxLineBytes {
+				return nil, &LineError{name, lineNo + 1, fmt.Errorf("line longer than %d MiB: not a JSON Lines trace (a JSON array, or a compressed or binary file?)", maxLineBytes>>20)}
+			}
 			continue
 		}
 		if rerr != nil && rerr != io.EOF {
@@ -80,6 +89,7 @@ func Read(r io.Reader, name string, f Format) ([]Request, error) {
 		}
 		if len(line) > 0 && first {
 			first = false
+			line = bytes.TrimPrefix(line, []byte("\ufeff")) // a byte order mark
 			cf, err := csvStart(line, f)
 			if err != nil {
 				return nil, &LineError{name, lineNo, err}

@@ -42,6 +42,7 @@ type job struct {
 	model        string // the requested name (the primary one if none)
 	adapter      uint64 // the engine's Request.Adapter (0: the base model)
 	chat         bool
+	responses    bool // a Responses API request (see responses.go)
 	stream       bool
 	includeUsage bool
 	// prompts are the request's: one, or a completion's batch, which the
@@ -51,6 +52,10 @@ type job struct {
 	// sequences the engine generates for it (best_of, when larger); seqs
 	// is every prompt's.
 	answers, perPrompt, seqs int
+	// store says the response is kept (Config.StoreResponses), with text,
+	// its prompt's.
+	store bool
+	text  []byte
 }
 
 // jobPrompt is one prompt of a job.
@@ -280,6 +285,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		}
 	}()
 	out := newWriter(w, j.model, j, first)
+	if j.store {
+		out.store = s.stored.put
+	}
 	var evs []engine.Event
 	for left > 0 {
 		evs, err = st.take(r.Context(), evs)
@@ -319,6 +327,8 @@ type writer struct {
 	generated, cached int
 	buf               bytes.Buffer
 	head              []byte // the start of every token chunk, to its choice's index
+	seq               int    // a streamed response's next event's sequence_number
+	store             func(id string, r storedResponse)
 }
 
 // newWriter starts a response; its id carries the engine's request id
@@ -326,7 +336,7 @@ type writer struct {
 // the model's events when measuring the emulator.
 func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *writer {
 	out := &writer{w: w, j: j, model: model, created: time.Now().Unix(), sent: make([]int, j.seqs)}
-	if !j.stream {
+	if !j.stream || j.responses { // a response's text is in its last events too
 		out.content = make([]strings.Builder, j.answers*len(j.prompts))
 	}
 	out.fl, _ = w.(http.Flusher)
@@ -335,6 +345,9 @@ func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *wr
 		prefix = "chatcmpl-"
 	}
 	out.id = prefix + strconv.FormatUint(engineID, 10) + "-" + strconv.FormatInt(startedAt, 36)
+	if j.responses { // 32 hex digits, as vLLM's
+		out.id = fmt.Sprintf("resp_%016x%016x", engineID, uint64(startedAt))
+	}
 	if j.stream {
 		h := w.Header()
 		h.Set("Content-Type", "text/event-stream")
@@ -342,6 +355,9 @@ func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *wr
 		w.WriteHeader(http.StatusOK)
 		if out.fl != nil {
 			out.fl.Flush()
+		}
+		if j.responses {
+			out.startResponse()
 		}
 	}
 	return out
@@ -364,11 +380,18 @@ func (o *writer) token(i int, ev engine.Event) {
 	for o.sent[i] < ev.Generated {
 		word := " " + words[o.sent[i]%len(words)]
 		o.sent[i]++
-		if !o.j.stream {
+		if o.content != nil {
 			o.content[choice].WriteString(word)
+		}
+		if !o.j.stream {
 			continue
 		}
 		o.buf.Reset()
+		if o.j.responses {
+			o.delta(word)
+			o.flush()
+			continue
+		}
 		if o.sent[i] == 1 && o.j.chat {
 			o.chunk(map[string]any{"index": choice, "delta": map[string]any{"role": "assistant", "content": ""}, "logprobs": nil, "finish_reason": nil}, nil)
 		}
@@ -436,6 +459,10 @@ func (o *writer) usage() map[string]any {
 
 // finish ends the response when every sequence has.
 func (o *writer) finish() {
+	if o.j.responses {
+		o.finishResponse()
+		return
+	}
 	if !o.j.stream {
 		o.w.Header().Set("Content-Type", "application/json")
 		choices := make([]any, len(o.content))

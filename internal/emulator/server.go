@@ -63,6 +63,11 @@ type Config struct {
 	// DefaultMaxTokens is the output length of a request without max_tokens
 	// (default 128).
 	DefaultMaxTokens int
+	// StoreResponses keeps each Responses API response in the replica's
+	// memory, for a follow-up that names it and for GET (vLLM's
+	// VLLM_ENABLE_RESPONSES_API_STORE; off, a request's "store" is
+	// ignored). See responses.go.
+	StoreResponses bool
 	// Estimator turns prompt bytes into tokens.
 	Estimator prompt.Estimator
 	Faults    Faults
@@ -118,6 +123,7 @@ type Server struct {
 	models   atomic.Pointer[catalog] // what is served; swapped whole
 	modelsMu sync.Mutex              // serialises loads and unloads
 	lora     atomic.Bool             // LoRA is on: its metrics are exposed
+	stored   responseStore           // Responses API responses (StoreResponses)
 }
 
 // New builds a replica; Run starts its model.
@@ -226,6 +232,13 @@ func (s *Server) routes() {
 			s.serve(w, r, j)
 		}
 	}))
+	s.mux.HandleFunc("POST /v1/responses", s.guard(true, func(w http.ResponseWriter, r *http.Request) {
+		if j, ok := s.parseResponses(w, r); ok {
+			s.serve(w, r, j)
+		}
+	}))
+	s.mux.HandleFunc("GET /v1/responses/{id}", s.guard(false, s.getResponse))
+	s.mux.HandleFunc("POST /v1/responses/{id}/cancel", s.guard(false, s.cancelResponse))
 	s.mux.HandleFunc("GET /v1/models", s.guard(false, s.listModels))
 	s.mux.HandleFunc("POST /v1/load_lora_adapter", s.guard(false, s.loadAdapter))
 	s.mux.HandleFunc("POST /v1/unload_lora_adapter", s.guard(false, s.unloadAdapter))

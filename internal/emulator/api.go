@@ -90,27 +90,41 @@ func (s *Server) parseCompletion(w http.ResponseWriter, r *http.Request) (*job, 
 // requests recycles parsed requests, whose prompt buffers can be large.
 var requests = sync.Pool{New: func() any { return new(prompt.Request) }}
 
+// readRequest reads r's body and parses it with parse into a pooled
+// request (release gives it back), answering a 400 if either fails.
+func (s *Server) readRequest(w http.ResponseWriter, r *http.Request, parse func(body []byte, req *prompt.Request) error) (*prompt.Request, []byte, bool) {
+	body, err := readBody(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "reading the request: %v", err)
+		return nil, nil, false
+	}
+	req := requests.Get().(*prompt.Request)
+	if err := parse(body, req); err != nil {
+		release(req)
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
+		return nil, nil, false
+	}
+	return req, body, true
+}
+
+// release gives a parsed request back to the pool, unless it grew large.
+func release(req *prompt.Request) {
+	if cap(req.Text) <= 1<<20 && cap(req.PromptEnds) <= 1<<12 {
+		requests.Put(req)
+	}
+}
+
 // parse reads a chat (chat set) or legacy completion request.
 func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job, bool) {
 	if r.Method != http.MethodPost {
 		writeError(w, http.StatusMethodNotAllowed, "BadRequestError", "use POST")
 		return nil, false
 	}
-	body, err := readBody(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "reading the request: %v", err)
+	req, _, ok := s.readRequest(w, r, func(body []byte, req *prompt.Request) error { return s.est.ParseRequest(body, chat, req) })
+	if !ok {
 		return nil, false
 	}
-	req := requests.Get().(*prompt.Request)
-	defer func() {
-		if cap(req.Text) <= 1<<20 && cap(req.PromptEnds) <= 1<<12 {
-			requests.Put(req)
-		}
-	}()
-	if err := s.est.ParseRequest(body, chat, req); err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
-		return nil, false
-	}
+	defer release(req)
 	if err := checkSampling(chat, req); err != nil {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return nil, false

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"sync"
-
-	"github.com/gorgo-llm/gorgo/internal/prompt"
 )
 
 // The Responses API (POST /v1/responses), as vLLM serves it: the request's
@@ -77,21 +75,11 @@ func notFound(w http.ResponseWriter, id string) {
 
 // parseResponses reads a Responses API request.
 func (s *Server) parseResponses(w http.ResponseWriter, r *http.Request) (*job, bool) {
-	body, err := readBody(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "reading the request: %v", err)
+	req, body, ok := s.readRequest(w, r, s.est.ParseInput)
+	if !ok {
 		return nil, false
 	}
-	req := requests.Get().(*prompt.Request)
-	defer func() {
-		if cap(req.Text) <= 1<<20 && cap(req.PromptEnds) <= 1<<12 {
-			requests.Put(req)
-		}
-	}()
-	if err := s.est.ParseInput(body, req); err != nil {
-		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
-		return nil, false
-	}
+	defer release(req)
 	var opts struct {
 		Store      *bool `json:"store"`
 		Background bool  `json:"background"`

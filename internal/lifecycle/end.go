@@ -45,6 +45,12 @@ func (r *Request) end(o Outcome, at time.Time) int {
 // whatever the client or the replica does after.
 func (r *Request) settle(o *Outcome) (status int, broken bool) {
 	switch {
+	case r.done && r.streamErr && !o.ClientGone: // ended as a whole answer, but broken
+		o.Err = nil
+		if r.streamFault {
+			return statusBadRequest, false
+		}
+		return statusBadGateway, true
 	case r.done:
 		o.Err = nil
 		return o.Status, false

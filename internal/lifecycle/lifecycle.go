@@ -206,6 +206,10 @@ type Request struct {
 	endDecode        time.Duration
 	completionTokens int
 	done             bool // the final event was relayed
+	// streamErr: the replica sent an error event in the stream (vLLM and
+	// SGLang end a stream they fail with one, then [DONE]); streamFault:
+	// the error blames the request.
+	streamErr, streamFault bool
 
 	blocks    []uint64
 	blockEnds []int // a batch's chains' ends in blocks (policy.Request.BlockEnds)
@@ -563,6 +567,13 @@ func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 	if p.ResponseID != "" && !r.storedID {
 		r.StoredAs(strings.Clone(p.ResponseID))
 	}
+}
+
+// StreamError records that the stream carried an error event (requestFault:
+// one that blames the request, wire.RequestFault): the answer is broken
+// even if the stream then ends as a whole one does.
+func (r *Request) StreamError(requestFault bool) {
+	r.streamErr, r.streamFault = true, r.streamFault || requestFault
 }
 
 // Stores reports whether the answer may be a Responses API response an

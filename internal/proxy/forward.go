@@ -57,7 +57,7 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 			in.Parent = tracing.Parent(r.Header.Get("Traceparent"), strings.Join(r.Header.Values("Tracestate"), ","))
 		}
 		status := core.Serve(r.Context(), in, &x)
-		if status == http.StatusBadGateway && x.relayed && !x.clientGone {
+		if status == http.StatusBadGateway && x.relayed && !x.clientGone && x.cut {
 			panic(http.ErrAbortHandler) // headers are out: cut the stream, don't fake its end
 		}
 	}
@@ -85,8 +85,9 @@ type exchange struct {
 	r   *http.Request
 	a   *answer // the accepted attempt's
 	// relayed: the answer's headers went out; clientGone: the client left
-	// before its end.
-	relayed, clientGone bool
+	// before its end; cut: the replica's answer broke off (an answer that
+	// ended whole, an error event in it, is not cut).
+	relayed, clientGone, cut bool
 }
 
 func (x *exchange) Send(ctx context.Context, req *lifecycle.Request, id string) (int, *lifecycle.AttemptError) {
@@ -110,7 +111,7 @@ func (x *exchange) Send(ctx context.Context, req *lifecycle.Request, id string) 
 func (x *exchange) Relay(req *lifecycle.Request) lifecycle.Outcome {
 	x.relayed = true
 	out := x.s.relay(x.w, x.r, x.a, req, x.cfg)
-	x.clientGone = out.ClientGone
+	x.clientGone, x.cut = out.ClientGone, out.Err != nil
 	return out
 }
 
@@ -164,6 +165,24 @@ func (a *answer) close() {
 	a.resp.Body.Close()
 	a.cancel()
 	httpapi.PutBuffer(a.buf)
+}
+
+// streamEndWait and streamEndBytes bound what is read of a stream after
+// its [DONE] was relayed: the rest of its body (the chunked terminator, in
+// the engine's next write), so that the connection goes back to the pool
+// rather than being closed unread.
+const (
+	streamEndWait  = 50 * time.Millisecond
+	streamEndBytes = 4 << 10
+)
+
+// drain reads the rest of a complete stream's body, within streamEndWait
+// and streamEndBytes (past them the connection is dropped, as before).
+func (a *answer) drain() {
+	a.idle.Stop()
+	t := time.AfterFunc(streamEndWait, a.cancel)
+	defer t.Stop()
+	_, _ = io.CopyN(io.Discard, a.resp.Body, streamEndBytes)
 }
 
 // fill reads what the body has now into buf, growing it while it is under
@@ -338,7 +357,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	}
 	for a.end == nil && a.fill(wait, hold) {
 		if stream {
-			if _, _, ok := wire.NextEvent(*a.buf); ok {
+			if _, ok := firstEvent(*a.buf); ok {
 				break
 			}
 		}
@@ -373,7 +392,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 // Nothing has reached the client: another replica may serve the request.
 // An error that blames the request (wire.RequestFault) is relayed as it is.
 func failedStream(buf []byte) (string, bool) {
-	ev, _, ok := wire.NextEvent(buf)
+	ev, ok := firstEvent(buf)
 	if !ok {
 		return "", false
 	}
@@ -386,6 +405,27 @@ func failedStream(buf []byte) (string, bool) {
 		return "", false
 	}
 	return wire.ErrorMessage(data), true
+}
+
+// firstEvent returns the first event in buf that begins the answer: one
+// with data, other than a Responses API stream's opening
+// (response.created, .in_progress, .queued), which an engine sends at
+// once, before the request's wait in its queue. Comments (keep-alives)
+// and data-less events before it carry nothing of the answer: until the
+// answer begins, the attempt may still fail over, and has
+// first_byte_timeout.
+func firstEvent(buf []byte) ([]byte, bool) {
+	var scratch []byte
+	for {
+		ev, rest, ok := wire.NextEvent(buf)
+		if !ok {
+			return nil, false
+		}
+		buf = rest
+		if data := wire.EventData(ev, &scratch); len(data) > 0 && !wire.IsOpening(data) {
+			return ev, true
+		}
+	}
 }
 
 // traceAttempt passes a traced attempt's trace context on to the replica
@@ -605,6 +645,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				req.Complete(wire.PeekTail(tail))
 			}
 			req.Done() // the final event reached the client: the answer is complete
+			if a.end == nil {
+				a.drain()
+			}
 			a.end = io.EOF
 		}
 		if a.end != nil {
@@ -680,6 +723,9 @@ func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at tim
 	}
 	p := wire.PeekChunk(data)
 	req.Chunk(&p, at)
+	if p.Error {
+		req.StreamError(wire.RequestFault(data))
+	}
 	return req.HideUsage && p.Usage && !p.Token && !p.Finish
 }
 

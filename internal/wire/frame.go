@@ -1,6 +1,10 @@
 package wire
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/tidwall/gjson"
+)
 
 // NextEvent finds the first whole server-sent event in buf: its lines
 // through the blank line that ends it ("\n\n", "\r\n\r\n" or a mix).
@@ -65,3 +69,18 @@ func EventData(event []byte, scratch *[]byte) []byte {
 
 // IsDone reports whether an event's data is the [DONE] sentinel.
 func IsDone(data []byte) bool { return string(bytes.TrimSpace(data)) == "[DONE]" }
+
+// IsOpening reports whether an event's data is a Responses API stream's
+// opening event (response.created, response.in_progress, response.queued),
+// which engines send before the request is scheduled: no part of the
+// answer yet.
+func IsOpening(data []byte) bool {
+	if len(data) == 0 || data[0] != '{' || !bytes.Contains(data, []byte(`"response.`)) {
+		return false
+	}
+	switch gjson.GetBytes(data, "type").Str {
+	case "response.created", "response.in_progress", "response.queued":
+		return true
+	}
+	return false
+}

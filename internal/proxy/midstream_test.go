@@ -1,0 +1,50 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
+)
+
+// An engine error in the middle of a stream: vLLM and SGLang catch the
+// exception in their stream generators, send {"error":...} as an event
+// and end the stream with [DONE]. The answer is broken: the request must
+// not be recorded as served (200) nor the replica credited with a success
+// (which resets its failures in a row, so that a replica failing every
+// request after its first token is never ejected by its requests).
+func TestErrorAfterTokensIsNotASuccess(t *testing.T) {
+	var log servetest.Log
+	failing := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"Once\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" upon\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		// vLLM >= 0.10.1's shape (older: flat {"object":"error",...}).
+		_, _ = io.WriteString(w, "data: {\"error\":{\"message\":\"EngineCore encountered an issue. See stack trace (above) for the root cause.\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\n")
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 3},
+		AccessLog: slog.New(slog.NewTextHandler(&log, nil))}, failing)
+	for i := range 3 {
+		code, body, _ := post(t, url, chatBody(fmt.Sprint("story ", i), 50, true))
+		if code != 200 || !strings.Contains(body, "EngineCore") {
+			t.Fatalf("status %d: %.300q", code, body)
+		}
+	}
+	failures, ejections, _ := tr.Upstream("a").Health()
+	if failures != 3 && ejections == 0 {
+		t.Errorf("after 3 answers broken by an engine error: failures in a row %d, ejections %d; want them charged", failures, ejections)
+	}
+	if strings.Contains(log.String(), "status=200") {
+		t.Errorf("a broken answer logged as served: %s", log.String())
+	}
+}

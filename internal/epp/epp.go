@@ -21,6 +21,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -61,6 +62,10 @@ const (
 	// maxTail is how much of a non-streamed answer is kept to read its
 	// usage from (the usage comes last), and the longest SSE event read.
 	maxTail = 64 << 10
+	// headBytes is how much of a whole answer's head is gathered to read
+	// a stored response's id (vLLM's comes first, its object after the
+	// echoed instructions).
+	headBytes = 4 << 10
 )
 
 // Fleet is what the picker needs of a gorgo router: its lifecycle core and
@@ -283,6 +288,9 @@ func (x *exchange) decide(atHeaders bool) error {
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
 		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: name, Ask: x.ask,
 		Header: &x.replyHeaders, Unseen: x.respNone, Stored: wire.StoredID(x.path)}
+	if id, err := url.PathUnescape(in.Stored); err == nil {
+		in.Stored = id // :path is as the client escaped it; the id recorded is the answer's
+	}
 	if atHeaders {
 		in.Kind = lifecycle.Opaque
 	}
@@ -523,13 +531,15 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 		// A whole JSON answer: keep its tail (the usage comes last), not
 		// the whole of a large answer, and read it at the end; its first
 		// bytes say which stored response it is, if one.
-		if !x.head && len(body) > 0 {
+		x.sse = append(x.sse, body...)
+		if !x.head && (len(x.sse) >= headBytes || eos) {
+			// Enough of its head (the gateway's first piece may end
+			// anywhere, even inside the id).
 			x.head = true
 			if x.status == http.StatusOK && r.Stores() {
-				r.StoredAs(wire.ResponseID(body))
+				r.StoredAs(wire.ResponseID(x.sse))
 			}
 		}
-		x.sse = append(x.sse, body...)
 		if n := len(x.sse); n > maxTail {
 			x.sse = x.sse[:copy(x.sse, x.sse[n-maxTail:])]
 		}
@@ -552,7 +562,15 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 	}
 	x.sse = x.sse[:copy(x.sse, rest)]
 	if len(x.sse) > maxTail {
-		x.sse = x.sse[:0] // no event is that long: not SSE, stop reading it
+		// An event too long to hold: a Responses API event carries the
+		// whole response (vLLM's echoes its instructions and tools), whose
+		// id its head names.
+		if r.Stores() {
+			if id := wire.PeekChunk(wire.EventData(x.sse, &x.scratch)).ResponseID; id != "" {
+				r.StoredAs(strings.Clone(id))
+			}
+		}
+		x.sse = x.sse[:0] // not read further
 	}
 	if eos {
 		if len(x.sse) > 0 {

@@ -226,7 +226,8 @@ type Request struct {
 	// goes to; unpinned is what the decision allowed without it.
 	pinned   string
 	unpinned func(id string) bool
-	storedID bool // StoredAs was told the answer's id
+	storedID bool   // StoredAs was told the answer's id
+	named    string // the stored response the request names, if any
 	kind     Kind
 
 	tr reqTrace // see tracing.go
@@ -371,21 +372,6 @@ func (r *Request) next() (string, bool) {
 			return t.ID, true
 		}
 	}
-	if r.pinned != "" {
-		// The replica that stored the response failed: another may hold
-		// it too (a store the replicas share), or answer that it does not.
-		failed, allowed := r.pinned, r.unpinned
-		r.pinned = ""
-		r.Route.Allowed = func(id string) bool { return id != failed && (allowed == nil || allowed(id)) }
-		attempts, start := r.attempts, time.Now()
-		r.dispatch(c.Now(start), start)
-		if r.decideErr != nil {
-			return "", false
-		}
-		r.attempts = attempts + 1
-		r.announce()
-		return r.ticket.ID, true
-	}
 	return "", false
 }
 
@@ -441,6 +427,16 @@ func (r *Request) dispatch(now time.Duration, start time.Time) {
 		r.pinned, r.Route.Allowed = "", r.unpinned
 		t, fb, err = c.cfg.Router.Dispatch(now, &r.Route, c.rng, r.fbBuf[:0])
 	}
+	if err == nil && r.pinned != "" {
+		// The others, ranked as the policy would, are its fallbacks: if
+		// the holder fails, another may hold the response too (a store
+		// the replicas share), or answer that it does not; and a gateway
+		// that is given the list can try them itself.
+		held, allowed := r.pinned, r.unpinned
+		r.Route.Allowed = func(id string) bool { return id != held && (allowed == nil || allowed(id)) }
+		fb, _ = c.cfg.Router.Rank(now, &r.Route, c.rng, r.fbBuf[:0])
+		r.pinned, r.Route.Allowed = "", allowed
+	}
 	c.cfg.Metrics.decisionTime(time.Since(start))
 	r.decided = start
 	r.traceDecision(start, &t, fb, err)
@@ -467,7 +463,9 @@ func (r *Request) Replica() string { return r.ticket.ID }
 func (r *Request) failed(e *AttemptError) {
 	c := r.core
 	r.free()
-	r.last = &e.Error
+	if !e.NotHeld || r.last == nil { // a holder's failure says more than another's "not found"
+		r.last = &e.Error
+	}
 	c.cfg.Metrics.retried(r.ticket.ID)
 	switch {
 	case c.cfg.Health == nil:
@@ -575,6 +573,11 @@ func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 func (r *Request) StreamError(requestFault bool) {
 	r.streamErr, r.streamFault = true, r.streamFault || requestFault
 }
+
+// Names is the id of the stored response the request names (its
+// previous_response_id, or its path's), "" for none: a 404 to it says the
+// replica does not hold it (AttemptError.NotHeld).
+func (r *Request) Names() string { return r.named }
 
 // Stores reports whether the answer may be a Responses API response an
 // engine stores (a request with its text in "input"): a front end reads a

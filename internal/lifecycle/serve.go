@@ -81,6 +81,12 @@ type AttemptError struct {
 	// not serve it (any more). Not broken: the replica loses the model,
 	// and the next fallback is tried.
 	ModelMissing bool
+	// NotHeld says the replica answered 404 to a request that names a
+	// stored response (Request.Names): it does not hold it, and another
+	// may. Not broken; the next fallback is tried, and an earlier
+	// attempt's error (a busy holder's 503) is what the client hears if
+	// none serves it.
+	NotHeld bool
 }
 
 // Serve drives one request through its life: it reads the body, applies
@@ -103,6 +109,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 	if stored == "" {
 		stored = in.Stored
 	}
+	r.named = stored
 	r.pin(stored, in.Allowed)
 	r.Route.Unstreamed = r.Route.Unstreamed || in.Unseen
 	if e := r.classify(&in, time.Now()); e != nil {

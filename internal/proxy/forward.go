@@ -307,10 +307,16 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		idleTimer.Reset(idle)
 	}
 	var pre []byte // the start of the body, read to judge a 404
-	if resp.StatusCode == http.StatusNotFound && req.Model() != "" {
+	if resp.StatusCode == http.StatusNotFound && (req.Model() != "" || req.Names() != "") {
 		var e *attemptError
 		var err error
-		if pre, e, err = modelMissing(resp, id, req.Model()); e != nil || err != nil {
+		if pre, e, err = modelMissing(resp, id, req.Model(), req.Names()); e == nil && err == nil && req.Names() != "" && len(pre) <= maxErrorPeek {
+			// It does not hold the response the request names: another
+			// replica may (the router did not know, or its holder failed).
+			e = &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.Errorf(http.StatusNotFound, "%s", wire.ErrorMessage(pre)), NotHeld: true},
+				cause: fmt.Sprintf("%s does not hold response %s", id, req.Names())}
+		}
+		if e != nil || err != nil {
 			idleTimer.Stop()
 			resp.Body.Close()
 			if err != nil {
@@ -603,6 +609,13 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		}
 		if !over && len(rest) >= maxEventPeek {
 			over = true // an event too long to peek at: pass it through
+			// A Responses API event carries the whole response (vLLM's
+			// echoes its instructions and tools): its head names its id.
+			if a.stream && req.Stores() {
+				if id := wire.PeekChunk(wire.EventData(rest, &scratch)).ResponseID; id != "" {
+					req.StoredAs(strings.Clone(id))
+				}
+			}
 		}
 		if over {
 			*out = append(*out, rest...)
@@ -737,14 +750,18 @@ const maxErrorPeek = 64 << 10
 // adapter not found), the attempt fails without blaming the replica, which
 // loses the model, and the next fallback is tried. Otherwise it returns
 // what it read of the body (all of it if at most maxErrorPeek bytes), to
-// be relayed; or the error that broke the body off.
-func modelMissing(resp *http.Response, id, model string) ([]byte, *attemptError, error) {
+// be relayed; or the error that broke the body off. named is the stored
+// response the request names, whose id the message may quote.
+func modelMissing(resp *http.Response, id, model, named string) ([]byte, *attemptError, error) {
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorPeek+1))
 	if err != nil {
 		return nil, nil, err
 	}
 	msg := strings.ToLower(wire.ErrorMessage(data))
-	if len(data) > maxErrorPeek || !(strings.Contains(msg, "model") || strings.Contains(msg, "lora") || strings.Contains(msg, "adapter")) {
+	if named != "" { // the client's id, quoted ("Response with id '...' not found."), says nothing of the model
+		msg = strings.ReplaceAll(msg, strings.ToLower(named), "")
+	}
+	if model == "" || len(data) > maxErrorPeek || !(strings.Contains(msg, "model") || strings.Contains(msg, "lora") || strings.Contains(msg, "adapter")) {
 		return data, nil, nil
 	}
 	e := &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.ModelNotFound(model), ModelMissing: true},

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -142,6 +143,10 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "POST", Pattern: "/v1/responses", Handler: api(lifecycle.Input)},
 		{Method: "GET", Pattern: "/v1/models", Handler: s.guard(s.listModels)},
 		{Method: "GET", Pattern: "/v1/models/{id...}", Handler: s.guard(s.getModel)},
+		// A stored response's cancel and delete: no work for a model, but
+		// for the replica that holds it, draining or not (handleGet).
+		{Method: "POST", Pattern: "/v1/responses/{id}/cancel", Handler: s.guard(s.handleGet)},
+		{Method: "DELETE", Pattern: "/v1/responses/{id}", Handler: s.guard(s.handleGet)},
 		// Other OpenAI paths: POSTs routed by load, GETs answered by an
 		// available replica.
 		{Method: "POST", Pattern: "/v1/{rest...}", Handler: api(lifecycle.Opaque)},
@@ -165,12 +170,14 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 
 // handleGet answers a GET (/v1/models, and any other GET under /v1) from
 // the first available replica that answers; a stored response's
-// (/v1/responses/{id}...) from the replica that stored it, else from the
+// (/v1/responses/{id}...: a GET, or its cancel or DELETE, which carry no
+// body) from the replica that stored it, draining or not, else from the
 // first that holds it.
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 	reps := s.fleet.Router().Replicas()
 	stored := wire.StoredID(r.URL.Path)
-	if holder, ok := s.fleet.Router().Holder(stored); ok {
+	holder, held := s.fleet.Router().StoredAt(stored)
+	if held {
 		// The replica that stored the response first.
 		if i := slices.IndexFunc(reps, func(st router.ReplicaState) bool { return st.ID == holder }); i > 0 {
 			reps[0], reps[i] = reps[i], reps[0]
@@ -179,18 +186,31 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 	last := -1 // the last replica that answered 404 for a stored response
 	for i, st := range reps {
 		u := s.fleet.Upstream(st.ID)
-		if !st.Available() || u == nil {
+		// A draining holder still holds its store: a GET of it is no new
+		// work (a client polling a background response's result), nor is
+		// a cancel.
+		keeps := held && st.ID == holder && st.Healthy && st.State != router.Active
+		if !st.Available() && !keeps || u == nil {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(r.Context(), s.Config().HeaderTimeout)
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.URL()+r.URL.RequestURI(), nil)
+		// header_timeout bounds the wait for the answer's headers, not
+		// its body: a stored response's replayed events
+		// (?stream=true) last as long as its generation.
+		ctx, cancel := context.WithCancel(r.Context())
+		late := time.AfterFunc(s.Config().HeaderTimeout, cancel)
+		req, err := http.NewRequestWithContext(ctx, r.Method, u.URL()+r.URL.RequestURI(), nil)
 		if err != nil {
+			late.Stop()
 			cancel()
 			continue
 		}
 		req.Header = forwardHeaders(r)
 		s.upstreamAuth(req.Header, u)
 		resp, err := s.fleet.Client().Do(req)
+		if !late.Stop() && err == nil { // the headers came as it fired
+			resp.Body.Close()
+			err = context.DeadlineExceeded
+		}
 		if err != nil || resp.StatusCode >= 500 {
 			if resp != nil {
 				resp.Body.Close()

@@ -7,73 +7,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
-
-// responsesEngine is a fake engine serving the Responses API with its
-// store on, as vLLM's: each response it answers is kept in its own
-// memory, a follow-up naming another's (previous_response_id) and a GET
-// of one it does not hold are answered 404. failNext makes its next POST
-// fail with 500.
-type responsesEngine struct {
-	name string
-	mu   sync.Mutex
-	held map[string]bool
-	n    int
-	fail bool
-	*replica
-}
-
-func newResponsesEngine(t *testing.T, name string) *responsesEngine {
-	e := &responsesEngine{name: name, held: map[string]bool{}}
-	e.replica = fakeUpstream(t, e.serve)
-	return e
-}
-
-func (e *responsesEngine) serve(w http.ResponseWriter, r *http.Request) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if id := strings.TrimPrefix(r.URL.Path, "/v1/responses/"); id != r.URL.Path {
-		id, cancel := strings.CutSuffix(id, "/cancel")
-		if !e.held[id] {
-			http.Error(w, `{"error":{"message":"Response with id '`+id+`' not found.","type":"invalid_request_error","code":404}}`, http.StatusNotFound)
-			return
-		}
-		status := "completed"
-		if cancel {
-			status = "cancelled"
-		}
-		fmt.Fprintf(w, `{"id":%q,"object":"response","status":%q}`, id, status)
-		return
-	}
-	var req struct {
-		Previous string `json:"previous_response_id"`
-		Stream   bool   `json:"stream"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	if e.fail {
-		e.fail = false
-		http.Error(w, `{"error":{"message":"engine died"}}`, http.StatusInternalServerError)
-		return
-	}
-	if req.Previous != "" && !e.held[req.Previous] {
-		http.Error(w, `{"error":{"message":"Response with id '`+req.Previous+`' not found.","type":"invalid_request_error","code":404}}`, http.StatusNotFound)
-		return
-	}
-	e.n++
-	id := fmt.Sprintf("resp_%s%d", e.name, e.n)
-	e.held[id] = true
-	if !req.Stream {
-		fmt.Fprintf(w, `{"id":%q,"created_at":1,"model":"m","object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"ok"}]}],"status":"completed","usage":{"input_tokens":5,"output_tokens":1}}`, id)
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	fmt.Fprintf(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":%q,\"status\":\"in_progress\"}}\n\n", id)
-	fmt.Fprintf(w, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"ok\"}\n\n")
-	fmt.Fprintf(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":%q,\"status\":\"completed\",\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n", id)
-}
 
 // responseID is the id of a responses answer, streamed or not.
 func responseID(t *testing.T, body string) string {
@@ -91,7 +26,7 @@ func responseID(t *testing.T, body string) string {
 // would pick: each replica holds only its own (found 2026-12-05: routed by
 // cost, most follow-ups were answered "not found").
 func TestStoredResponsesStayWhereTheyAreStored(t *testing.T) {
-	engines := []*responsesEngine{newResponsesEngine(t, "a"), newResponsesEngine(t, "b"), newResponsesEngine(t, "c")}
+	engines := []*vllmEngine{newVLLMEngine(t, "a"), newVLLMEngine(t, "b"), newVLLMEngine(t, "c")}
 	_, url := startProxy(t, testConfig{}, engines[0].replica, engines[1].replica, engines[2].replica)
 	prev := ""
 	for i := range 24 {
@@ -131,8 +66,8 @@ func TestStoredResponsesStayWhereTheyAreStored(t *testing.T) {
 // does not answers that it does not (a failing replica must not lose a
 // request another could serve).
 func TestStoredResponseHolderFails(t *testing.T) {
-	a := newResponsesEngine(t, "a")
-	b := newResponsesEngine(t, "b")
+	a := newVLLMEngine(t, "a")
+	b := newVLLMEngine(t, "b")
 	_, url := startProxy(t, testConfig{}, a.replica, b.replica)
 	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi"}`)
 	if status != http.StatusOK {
@@ -144,7 +79,7 @@ func TestStoredResponseHolderFails(t *testing.T) {
 		holder, other = b, a
 	}
 	holder.mu.Lock()
-	holder.fail = true
+	holder.next = http.StatusInternalServerError
 	holder.mu.Unlock()
 	other.mu.Lock()
 	other.held[id] = true // a store they share
@@ -152,5 +87,266 @@ func TestStoredResponseHolderFails(t *testing.T) {
 	status, answer = do(t, "POST", url+"/v1/responses", fmt.Sprintf(`{"model":"m","input":"and?","previous_response_id":%q}`, id))
 	if status != http.StatusOK || !strings.Contains(answer, "resp_"+other.name) {
 		t.Errorf("after its holder failed: %d %s, want the other's answer", status, answer)
+	}
+}
+
+// vllmEngine is a fake engine shaped as vLLM's Responses API is: its
+// answer's members in ResponsesResponse's order (id, created_at,
+// incomplete_details, instructions, metadata, model, object, ...), the
+// request's instructions echoed, each streamed lifecycle event carrying
+// the whole response, a follow-up or GET of a response it does not hold
+// answered 404 "Response with id '...' not found.", GET ?stream=true
+// replaying a response's events (here: two, gap apart).
+type vllmEngine struct {
+	name string
+	mu   sync.Mutex
+	held map[string]bool
+	n    int
+	next int // status of the next POST /v1/responses, if not 0
+	gap  time.Duration
+	*replica
+}
+
+func newVLLMEngine(t *testing.T, name string) *vllmEngine {
+	e := &vllmEngine{name: name, held: map[string]bool{}, gap: time.Second}
+	e.replica = fakeUpstream(t, e.serve)
+	return e
+}
+
+func notFound(w http.ResponseWriter, id string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusNotFound)
+	fmt.Fprintf(w, `{"error":{"message":"Response with id '%s' not found.","type":"invalid_request_error","param":"response_id","code":404}}`, id)
+}
+
+func (e *vllmEngine) response(id, instructions, status string) string {
+	ins, _ := json.Marshal(instructions)
+	if instructions == "" {
+		ins = []byte("null")
+	}
+	return fmt.Sprintf(`{"id":%q,"created_at":1,"incomplete_details":null,"instructions":%s,"metadata":null,"model":"m","object":"response","output":[],"status":%q,"usage":{"input_tokens":5,"output_tokens":1,"total_tokens":6}}`, id, ins, status)
+}
+
+func (e *vllmEngine) serve(w http.ResponseWriter, r *http.Request) {
+	fl := w.(http.Flusher)
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/responses/"); ok {
+		id, cancel := strings.CutSuffix(rest, "/cancel")
+		e.mu.Lock()
+		held := e.held[id]
+		e.mu.Unlock()
+		if !held {
+			notFound(w, id)
+			return
+		}
+		if r.Method == http.MethodGet && r.URL.Query().Get("stream") == "true" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprintf(w, "event: response.created\ndata: {\"response\":%s,\"sequence_number\":0,\"type\":\"response.created\"}\n\n", e.response(id, "", "in_progress"))
+			fl.Flush()
+			time.Sleep(e.gap)
+			fmt.Fprintf(w, "event: response.completed\ndata: {\"response\":%s,\"sequence_number\":1,\"type\":\"response.completed\"}\n\n", e.response(id, "", "completed"))
+			return
+		}
+		status := "completed"
+		if cancel {
+			status = "cancelled"
+		}
+		fmt.Fprint(w, e.response(id, "", status))
+		return
+	}
+	var req struct {
+		Previous     string `json:"previous_response_id"`
+		Stream       bool   `json:"stream"`
+		Instructions string `json:"instructions"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	e.mu.Lock()
+	if s := e.next; s != 0 {
+		e.next = 0
+		e.mu.Unlock()
+		http.Error(w, `{"error":{"message":"busy"}}`, s)
+		return
+	}
+	if req.Previous != "" && !e.held[req.Previous] {
+		e.mu.Unlock()
+		notFound(w, req.Previous)
+		return
+	}
+	e.n++
+	id := fmt.Sprintf("resp_%s%d", e.name, e.n)
+	e.held[id] = true
+	e.mu.Unlock()
+	if !req.Stream {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, e.response(id, req.Instructions, "completed"))
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	// As a large event reaches the proxy: in pieces.
+	created := fmt.Sprintf("event: response.created\ndata: {\"response\":%s,\"sequence_number\":0,\"type\":\"response.created\"}\n\n", e.response(id, req.Instructions, "in_progress"))
+	for len(created) > 0 {
+		n := min(len(created), 8<<10)
+		fmt.Fprint(w, created[:n])
+		fl.Flush()
+		created = created[n:]
+		time.Sleep(2 * time.Millisecond)
+	}
+	fmt.Fprint(w, "event: response.output_text.delta\ndata: {\"content_index\":0,\"delta\":\"ok\",\"item_id\":\"msg_1\",\"output_index\":0,\"sequence_number\":1,\"type\":\"response.output_text.delta\"}\n\n")
+	fmt.Fprintf(w, "event: response.completed\ndata: {\"response\":%s,\"sequence_number\":2,\"type\":\"response.completed\"}\n\n", e.response(id, req.Instructions, "completed"))
+}
+
+func (e *vllmEngine) holds(id string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.held[id]
+}
+
+// The holder is busy (503, or 429): the follow-up goes to a replica that
+// does not hold the response, whose 404 reaches the client, a permanent
+// "not found" for a response that exists; the client should hear the
+// holder's retryable status.
+func TestBusyHolderIsNotANotFound(t *testing.T) {
+	a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
+	_, url := startProxy(t, testConfig{}, a.replica, b.replica)
+	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi"}`)
+	if status != http.StatusOK {
+		t.Fatalf("%d %s", status, answer)
+	}
+	id := responseID(t, answer)
+	holder := a
+	if b.holds(id) {
+		holder = b
+	}
+	holder.mu.Lock()
+	holder.next = http.StatusServiceUnavailable
+	holder.mu.Unlock()
+	status, answer = do(t, "POST", url+"/v1/responses", fmt.Sprintf(`{"model":"m","input":"and?","previous_response_id":%q}`, id))
+	if status == http.StatusNotFound {
+		t.Errorf("holder busy: the client was told %d %s", status, answer)
+	}
+}
+
+// A router that does not know the holder (restarted, another router not in
+// a mesh, or the id fell out of its memory) sends a follow-up or a cancel
+// where the policy says: a replica that does not hold it answers 404 and
+// that is relayed, though another replica holds it (a GET of the same id
+// searches the replicas and finds it, and does not learn the holder either).
+func TestUnknownHolderFollowUpAndCancel(t *testing.T) {
+	a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
+	_, url1 := startProxy(t, testConfig{}, a.replica, b.replica)
+	_, url2 := startProxy(t, testConfig{}, a.replica, b.replica) // knows nothing of url1's answers
+	var ids []string
+	for i := 0; len(ids) < 8 && i < 200; i++ {
+		status, answer := do(t, "POST", url1+"/v1/responses", fmt.Sprintf(`{"model":"m","input":"conversation %d"}`, i))
+		if status != http.StatusOK {
+			t.Fatalf("%d %s", status, answer)
+		}
+		id := responseID(t, answer)
+		// some on each replica
+		if (len(ids)%2 == 0) == a.holds(id) {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) < 8 {
+		t.Skip("the policy put every response on one replica")
+	}
+	lost := 0
+	for _, id := range ids {
+		if status, _ := do(t, "GET", url2+"/v1/responses/"+id, ""); status != http.StatusOK {
+			t.Fatalf("GET %s: %d", id, status)
+		}
+		if status, answer := do(t, "POST", url2+"/v1/responses", fmt.Sprintf(`{"model":"m","input":"and?","previous_response_id":%q}`, id)); status != http.StatusOK {
+			lost++
+			t.Logf("follow-up of %s: %d %.120s", id, status, answer)
+		}
+		if status, answer := do(t, "POST", url2+"/v1/responses/"+id+"/cancel", ""); status != http.StatusOK {
+			lost++
+			t.Logf("cancel of %s: %d %.120s", id, status, answer)
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d of %d follow-ups and cancels answered 404 though a replica holds the response (GET found each)", lost, 2*len(ids))
+	}
+}
+
+// GET /v1/responses/{id}?stream=true (vLLM replays a stored, perhaps
+// still running, background response's events) is cut at header_timeout
+// (default 30 s): handleGet copies the whole answer under a context with
+// that timeout.
+func TestGetStreamOutlivesHeaderTimeout(t *testing.T) {
+	a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
+	a.gap, b.gap = time.Second, time.Second
+	_, url := startProxy(t, testConfig{Proxy: Config{HeaderTimeout: 300 * time.Millisecond}}, a.replica, b.replica)
+	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi"}`)
+	if status != http.StatusOK {
+		t.Fatalf("%d %s", status, answer)
+	}
+	id := responseID(t, answer)
+	status, answer = do(t, "GET", url+"/v1/responses/"+id+"?stream=true", "")
+	if status != http.StatusOK || !strings.Contains(answer, "response.completed") {
+		t.Errorf("GET ?stream=true of a response whose events take 1 s (header_timeout 300 ms): %d, response.completed missing: %.300q", status, answer)
+	}
+}
+
+// A draining replica still holds its responses (its requests in flight,
+// and a background response's generation, finish): a client polling GET
+// for a background response's result is answered 404 by the router,
+// which skips the holder once it drains.
+func TestDrainingHolderGet(t *testing.T) {
+	a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
+	tr, url := startProxy(t, testConfig{}, a.replica, b.replica)
+	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi","background":true}`)
+	if status != http.StatusOK {
+		t.Fatalf("%d %s", status, answer)
+	}
+	id := responseID(t, answer)
+	holder := "a"
+	if b.holds(id) {
+		holder = "b"
+	}
+	if err := tr.Router().Drain(holder); err != nil {
+		t.Fatal(err)
+	}
+	if status, answer := do(t, "GET", url+"/v1/responses/"+id, ""); status != http.StatusOK {
+		t.Errorf("GET while its holder drains: %d %s", status, answer)
+	}
+}
+
+// The same for a cancel of a background response whose holder drains: a
+// cancel is forwarded as a GET is, not dispatched (a dispatch takes no
+// draining replica).
+func TestDrainingHolderCancel(t *testing.T) {
+	a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
+	tr, url := startProxy(t, testConfig{}, a.replica, b.replica)
+	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi","background":true}`)
+	if status != http.StatusOK {
+		t.Fatalf("%d %s", status, answer)
+	}
+	id := responseID(t, answer)
+	holder := "a"
+	if b.holds(id) {
+		holder = "b"
+	}
+	if err := tr.Router().Drain(holder); err != nil {
+		t.Fatal(err)
+	}
+	if status, answer := do(t, "POST", url+"/v1/responses/"+id+"/cancel", ""); status != http.StatusOK {
+		t.Errorf("cancel while its holder drains: %d %s", status, answer)
+	}
+}
+
+// An id the engine's 404 quotes ("Response with id 'resp_model_1' not
+// found.") contains "model": the proxy takes the 404 for "the replica
+// does not serve the model", tells the client the model does not exist,
+// and has the replica lose the model (Health.ModelMissing); ids are the
+// client's choice (vLLM takes a request_id that begins with "resp").
+func TestNotFoundIDMentioningModel(t *testing.T) {
+	a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
+	_, url := startProxy(t, testConfig{}, a.replica, b.replica)
+	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi","previous_response_id":"resp_model_1"}`)
+	if status != http.StatusNotFound || strings.Contains(answer, "model_not_found") || !strings.Contains(answer, "resp_model_1") {
+		t.Errorf("follow-up of an unknown id: %d %s; want the engine's 404 about the response", status, answer)
 	}
 }

@@ -294,6 +294,24 @@ func (r *Router) Dispatch(now time.Duration, req *policy.Request, rng *rand.Rand
 	return Ticket{}, fallbacks[:0], policy.ErrNoReplica
 }
 
+// Rank returns, without a ticket, the candidates the policy ranks for req
+// (its choice, then the others by score), as many as dst has room for:
+// the fallbacks of a request whose first attempt goes to a replica chosen
+// otherwise (a stored response's holder), each taken with Redispatch.
+func (r *Router) Rank(now time.Duration, req *policy.Request, rng *rand.Rand, dst []Candidate) ([]Candidate, error) {
+	r.decMu.Lock()
+	defer r.decMu.Unlock()
+	if cap(dst) == 0 {
+		return dst[:0], nil
+	}
+	var err error
+	r.best, err = r.rank(now, req, r.cfg.Policy, rng, r.best[:0], cap(dst))
+	if err != nil {
+		return dst[:0], err
+	}
+	return append(dst[:0], r.best...), nil
+}
+
 // Enter mirrors another router's request in this router's state: it joins
 // replica id's ledger as if this router had sent it there, with the cached
 // prefix this router believes the replica holds, and (with Accepted) its

@@ -57,11 +57,32 @@ func (s *storedResponses) put(id, replica string) {
 	delete(s.old, id)
 }
 
+// StoredAt returns the replica that stored the response id, if the router
+// knows it and has it, whether or not it takes new requests: a draining
+// replica still holds its store, and answers a GET of it.
+func (r *Router) StoredAt(id string) (string, bool) {
+	m, ok := r.storedAt(id)
+	if !ok {
+		return "", false
+	}
+	return m.id, true
+}
+
 // Holder returns the replica that stored the response id, if the router
 // knows it and the replica is available now; else false (the request goes
 // where the policy sends it: a replica whose store is shared holds it too,
 // and one that does not answers "not found").
 func (r *Router) Holder(id string) (string, bool) {
+	m, ok := r.storedAt(id)
+	if !ok || !m.available() {
+		return "", false
+	}
+	return m.id, true
+}
+
+// storedAt finds the replica that stored the response id (an id found in
+// the old generation moves to the current one).
+func (r *Router) storedAt(id string) (*member, bool) {
 	s := &r.stored
 	s.mu.Lock()
 	replica, ok := s.cur[id]
@@ -72,11 +93,8 @@ func (r *Router) Holder(id string) (string, bool) {
 	}
 	s.mu.Unlock()
 	if !ok {
-		return "", false
+		return nil, false
 	}
 	m, err := r.member(replica)
-	if err != nil || !m.available() {
-		return "", false
-	}
-	return replica, true
+	return m, err == nil
 }

@@ -442,25 +442,33 @@ func objectEnd(b []byte) int {
 // answer's body holds (its top-level "id" where its "object" is
 // "response"; another answer, an embedding's say, has an id but is not
 // stored), or "" for none. It reads as far as it can in a body cut short
-// (the first bytes of an answer too long to hold: the engines write the id
-// and the object first). The id does not alias body.
+// (the first bytes of an answer too long to hold): SGLang writes the id
+// and the object first, vLLM the id first and the object after the
+// request's instructions and metadata, so in a body cut short before any
+// "object" a whole "id" that another member follows counts. The id does
+// not alias body.
 func ResponseID(body []byte) string {
 	root := gjson.Parse(bytesString(body))
 	if !isObject(root) {
 		return ""
 	}
 	var id string
-	response := false
+	response, object, after := false, false, false
 	root.ForEach(func(key, v gjson.Result) bool {
 		switch {
 		case is(key.Str, "id") && v.Type == gjson.String:
-			id = v.Str
+			id, after = v.Str, false
 		case is(key.Str, "object") && v.Type == gjson.String:
-			response = v.Str == "response"
+			response, object = v.Str == "response", true
+		default:
+			after = after || id != ""
 		}
 		return !(response && id != "")
 	})
-	if !response {
+	switch {
+	case response:
+	case !object && after && !gjson.Valid(bytesString(body)): // cut short before its object
+	default:
 		return ""
 	}
 	return strings.Clone(id)

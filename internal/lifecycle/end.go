@@ -35,7 +35,14 @@ func (r *Request) end(o Outcome, at time.Time) int {
 	}
 	r.traceEnd(status, at, o.Err)
 	r.record(status, at, o.Err)
-	r.settleBudget(at)
+	if !(status == statusOK && r.done && r.outputTokens() == 0) {
+		// An answer served in full of which the router saw no output (no
+		// token events, no usage: a gateway that shows the picker no
+		// body, an engine that reports no usage) keeps the output charged
+		// on arrival: settled at zero, the tenant's token budget would
+		// count its prompts only.
+		r.settleBudget(at)
+	}
 	r.release()
 	return status
 }
@@ -173,10 +180,12 @@ func (r *Request) reject(e *wire.Error) {
 // abandon closes a request whose client went away while no replica was
 // serving it.
 func (r *Request) abandon() {
-	if r.attempts > 0 || r.ready {
+	if !r.sent.IsZero() {
 		r.settleBudget(time.Now()) // a replica may have read its prompt
 	} else {
-		r.grant.Refund(time.Now()) // it left the queue: nothing was served
+		// It left the queue, or was released from it but never sent:
+		// no replica saw it.
+		r.grant.Refund(time.Now())
 	}
 	r.free()
 	r.traceEnd(statusClientGone, time.Now(), nil)

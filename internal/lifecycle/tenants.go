@@ -39,10 +39,27 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	if err != nil {
 		return wire.Errorf(statusBadRequest, "%v", err)
 	}
+	if class.SLO <= 0 && c.adm != nil && c.cfg.Admission.SLO <= 0 {
+		// Flow control is on for another tenant's SLO, and the router
+		// has none for the others: a request without one is held to the
+		// loosest its tenant may ask for (how long a request may wait in
+		// the queue), so that it waits behind the bands above it, is
+		// sheltered or shed below standard, and takes its fair share,
+		// instead of going straight to the engines' queues.
+		class.SLO = t.MaxTTFTSLO
+	}
 	r.class = class
 	r.Route.TPOTSLOMS = float64(tpot) / 1e6
 	r.Route.WaitingCap = c.cfg.Admission.WaitingCap(class)
-	grant, refusal := t.Admit(now, r.Route.PromptTokens, expected)
+	// The budget is charged the answers' limit where the request gives
+	// one, as OpenAI charges max_tokens: charged the router's estimate,
+	// a burst of requests could each run to max_tokens before the first
+	// of them ends and its usage is settled.
+	charge := expected
+	if m := r.Route.MaxOutputTokens; m > 0 {
+		charge = max(expected, min(m, math.MaxInt32)*r.Route.Sequences())
+	}
+	grant, refusal := t.Admit(now, r.Route.PromptTokens, charge)
 	if in.Header != nil {
 		t.Headers(now, in.Header.Set)
 	}

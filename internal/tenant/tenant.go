@@ -191,11 +191,17 @@ func newTenant(name string, c Config, fleetSLO time.Duration) (*Tenant, error) {
 	if t.slo == 0 {
 		t.slo = fleetSLO
 	}
-	if t.MinTTFTSLO == 0 {
-		t.MinTTFTSLO = t.slo
-	}
 	if t.MaxTTFTSLO == 0 {
 		t.MaxTTFTSLO = max(defaultMaxTTFTSLO, t.slo)
+	}
+	if t.MinTTFTSLO == 0 {
+		// A tenant given no SLO (and a router with none) may not ask for
+		// one tighter than the loosest: a header never upgrades a tenant,
+		// as MaxPriority defaults to Priority.
+		t.MinTTFTSLO = t.slo
+		if t.slo == 0 {
+			t.MinTTFTSLO = t.MaxTTFTSLO
+		}
 	}
 	if t.MinTPOTSLO == 0 {
 		t.MinTPOTSLO = defaultMinTPOTSLO

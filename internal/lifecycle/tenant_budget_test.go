@@ -1,0 +1,236 @@
+package lifecycle
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// unseenFrontEnd answers 200 as a gateway with no response body does
+// (epp's respNone, Incoming.Unseen): the answer is complete, and the
+// router never sees its tokens or its usage.
+type unseenFrontEnd struct{ refused bool }
+
+func (f *unseenFrontEnd) Send(context.Context, *Request, string) (int, *AttemptError) {
+	return 200, nil
+}
+func (f *unseenFrontEnd) Relay(r *Request) Outcome { r.Done(); return Outcome{Status: 200} }
+func (f *unseenFrontEnd) Refuse(*wire.Error)       { f.refused = true }
+
+func remainingTokens(t *testing.T, tn *tenant.Tenant, at time.Time) int {
+	t.Helper()
+	h := http.Header{}
+	tn.Headers(at, h.Set)
+	n, err := strconv.Atoi(h.Get("X-Ratelimit-Remaining-Tokens"))
+	if err != nil {
+		t.Fatalf("headers %v", h)
+	}
+	return n
+}
+
+func tenantCore(t *testing.T, cfgs map[string]tenant.Config) (*Core, *tenant.Set) {
+	t.Helper()
+	c, _, _, _ := setup(t)
+	ts, err := tenant.New(cfgs, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.Tenants = ts
+	return c, ts
+}
+
+// An answer served in full whose tokens the router never sees (a gateway
+// that sends the picker no response body; a non-streaming answer without
+// usage) keeps the output charged on arrival (2026-12-05: settled as if it
+// had no output, so the tenant's tokens-per-minute budget counted prompts
+// only).
+func TestUnseenAnswerKeepsItsOutputCharge(t *testing.T) {
+	c, ts := tenantCore(t, map[string]tenant.Config{"t": {TokensPerMinute: 60000}})
+	body := `{"model":"m","messages":[{"role":"user","content":"hello there"}],"max_tokens":500}`
+	hdr := http.Header{}
+	in := Incoming{Body: []byte(body), Kind: Chat, Received: time.Now(), Tenant: "t", Header: hdr, Unseen: true}
+	if st := c.Serve(context.Background(), in, &unseenFrontEnd{}); st != 200 {
+		t.Fatalf("status %d", st)
+	}
+	atArrival, _ := strconv.Atoi(hdr.Get("X-Ratelimit-Remaining-Tokens"))
+	after := remainingTokens(t, ts.Lookup("t"), time.Now())
+	// A few tokens refill in the test's milliseconds (1,000 a second).
+	if after-atArrival > 50 {
+		t.Errorf("remaining tokens %d on arrival, %d after the unseen answer: its expected output (%d tokens) was given back; the budget counts only prompts",
+			atArrival, after, after-atArrival)
+	}
+}
+
+// The answer charged on arrival is the max_tokens the client asked for
+// (when more than the router's estimate), as OpenAI charges it: the case
+// of tenant.TestBudgets (100 requests of 100-token prompts and 4,000-token
+// answers against 10,000 tokens a minute) through the lifecycle
+// (2026-12-05: charged the estimate, 256 tokens, 26 requests of a burst
+// went before any ended, each free to spend 4,100 tokens, ten times the
+// budget).
+func TestBurstIsChargedMaxTokens(t *testing.T) {
+	c, _ := tenantCore(t, map[string]tenant.Config{"burst": {TokensPerMinute: 10000}})
+	prompt := string(chatOf(95, "q"))
+	prompt = prompt[:len(prompt)-1] + `,"max_tokens":4000}`
+	went, worst := 0, 0
+	for range 100 {
+		r, e := c.begin([]byte(prompt), Chat, "", time.Now(), false)
+		if e != nil {
+			t.Fatal(e.Message)
+		}
+		if e := r.classify(&Incoming{Tenant: "burst"}, time.Now()); e == nil {
+			went++
+			worst += r.Route.PromptTokens + 4000
+		}
+	}
+	if worst > 10000+4100 {
+		t.Errorf("%d of a burst of 100 requests with max_tokens 4000 went against 10,000 tokens a minute: up to %d tokens before the first ends", went, worst)
+	}
+}
+
+// With tenants' own TTFT SLOs and no fleet ttft_slo (a config the fleet
+// accepts: admission is on because a tenant has an SLO), a tenant without
+// an SLO is held to its loosest (max_ttft_slo): its batch-priority
+// requests wait behind an interactive tenant's held one, and sheddable
+// ones are shed (2026-12-05: they bypassed flow control altogether).
+func TestTenantWithoutSLOSkipsTheQueue(t *testing.T) {
+	p, _ := policy.New("gorgo-ms", policy.Options{})
+	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 10, QueueMSPerToken: 10})
+		rt.ObserveRTT(id, 10*time.Millisecond)
+	}
+	ts, err := tenant.New(map[string]tenant.Config{
+		"chat":  {Priority: "interactive", TTFTSLO: time.Minute},
+		"batch": {Priority: "batch"},
+	}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := admit.Config{Weights: ts.Weights()}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c := NewCore(Config{Router: rt, BlockTokens: 16, MaxAttempts: 2, Start: time.Now(), Metrics: NewMetrics(prometheus.NewRegistry()), Seed: 1, Admission: a, Tenants: ts})
+	if c.adm == nil {
+		t.Fatal("admission is off")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.RunAdmission(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	// 75 s of backlog on each replica.
+	begin(t, c, chatOf(6000, "one"))
+	begin(t, c, chatOf(6000, "two"))
+
+	classified := func(body []byte, name string) *Request {
+		r, e := c.begin(body, Chat, "", time.Now(), false)
+		if e != nil {
+			t.Fatal(e.Message)
+		}
+		if e := r.classify(&Incoming{Tenant: name}, time.Now()); e != nil {
+			t.Fatal(e.Message)
+		}
+		return r
+	}
+	chat := classified(chatOf(10, "chat"), "chat")
+	held := make(chan *wire.Error, 1)
+	go func() { e, _ := chat.admit(ctx); held <- e }()
+	for deadline := time.Now().Add(3 * time.Second); testutil.ToFloat64(c.cfg.Metrics.queue) != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the interactive request was not held")
+		}
+	}
+	batch := classified(chatOf(10, "batch"), "batch")
+	wait, stop := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer stop()
+	e, gone := batch.admit(wait) // held: its client gives up after 300 ms
+	if e == nil && gone == nil {
+		t.Errorf("a batch request went past a waiting interactive one onto a fleet with 75 s of backlog (class %+v)", batch.class)
+	}
+	shed := classified(chatOf(10, "shed"), "batch")
+	shed.class.Priority = admit.Sheddable // as X-Gorgo-Priority: sheddable asks
+	if e, _ := shed.admit(wait); e == nil {
+		t.Errorf("a sheddable request went onto a saturated fleet")
+	}
+}
+
+// A held request that admission releases just as its client leaves (the
+// release wins the lock; admit finds it gone from the queue and drains its
+// verdict) is charged nothing: no replica saw it (2026-12-05: charged its
+// prompt, as if a replica had read it).
+func TestReleasedButAbandonedIsNotCharged(t *testing.T) {
+	p, _ := policy.New("gorgo-ms", policy.Options{})
+	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 10, QueueMSPerToken: 10})
+		rt.ObserveRTT(id, 10*time.Millisecond)
+	}
+	ts, err := tenant.New(map[string]tenant.Config{"t": {TokensPerMinute: 600}}, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := admit.Config{SLO: time.Minute}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	// No RunAdmission: the test releases the queue itself, at a time of its choosing.
+	c := NewCore(Config{Router: rt, BlockTokens: 16, MaxAttempts: 2, Start: time.Now(), Metrics: NewMetrics(prometheus.NewRegistry()), Seed: 1, Admission: a, Tenants: ts})
+	big := []*Request{begin(t, c, chatOf(6000, "one")), begin(t, c, chatOf(6000, "two"))}
+
+	r, e := c.begin(chatOf(10, "small"), Chat, "", time.Now(), false)
+	if e != nil {
+		t.Fatal(e.Message)
+	}
+	if e := r.classify(&Incoming{Tenant: "t"}, time.Now()); e != nil {
+		t.Fatal(e.Message)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	type res struct {
+		e    *wire.Error
+		gone error
+	}
+	got := make(chan res, 1)
+	go func() { e, gone := r.admit(ctx); got <- res{e, gone} }()
+	for deadline := time.Now().Add(3 * time.Second); testutil.ToFloat64(c.cfg.Metrics.queue) != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not held")
+		}
+	}
+	for _, b := range big {
+		b.end(Outcome{Status: 200}, time.Now()) // the backlog is gone
+	}
+	adm := c.adm
+	adm.mu.Lock()
+	cancel()
+	time.Sleep(50 * time.Millisecond) // admit sees its client gone and waits for the lock
+	now := c.Now(time.Now())
+	adm.gate.Release(now, func(q *Request) (admit.Prediction, bool) { return c.predict(now, q) },
+		func(q *Request) { q.dispatch(now, time.Now()); q.ready = true; q.held <- verdict{ok: true} }, c.refuseHeld)
+	adm.mu.Unlock()
+	res1 := <-got
+	if res1.gone == nil {
+		t.Skipf("the request went (%+v): the race was not reproduced", res1)
+	}
+	r.abandon()
+	if left := remainingTokens(t, ts.Lookup("t"), time.Now()); left < 599 {
+		t.Errorf("%d of 600 tokens left after a request no replica saw: its prompt was charged", left)
+	}
+}

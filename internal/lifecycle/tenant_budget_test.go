@@ -104,16 +104,8 @@ func TestBurstIsChargedMaxTokens(t *testing.T) {
 // an SLO is held to its loosest (max_ttft_slo): its batch-priority
 // requests wait behind an interactive tenant's held one, and sheddable
 // ones are shed (2026-12-05: they bypassed flow control altogether).
-func TestTenantWithoutSLOSkipsTheQueue(t *testing.T) {
-	p, _ := policy.New("gorgo-ms", policy.Options{})
-	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range []string{"a", "b"} {
-		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 10, QueueMSPerToken: 10})
-		rt.ObserveRTT(id, 10*time.Millisecond)
-	}
+func TestTenantWithoutSLOIsHeld(t *testing.T) {
+	rt := twoReplicas(t)
 	ts, err := tenant.New(map[string]tenant.Config{
 		"chat":  {Priority: "interactive", TTFTSLO: time.Minute},
 		"batch": {Priority: "batch"},
@@ -174,15 +166,7 @@ func TestTenantWithoutSLOSkipsTheQueue(t *testing.T) {
 // verdict) is charged nothing: no replica saw it (2026-12-05: charged its
 // prompt, as if a replica had read it).
 func TestReleasedButAbandonedIsNotCharged(t *testing.T) {
-	p, _ := policy.New("gorgo-ms", policy.Options{})
-	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, id := range []string{"a", "b"} {
-		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 10, QueueMSPerToken: 10})
-		rt.ObserveRTT(id, 10*time.Millisecond)
-	}
+	rt := twoReplicas(t)
 	ts, err := tenant.New(map[string]tenant.Config{"t": {TokensPerMinute: 600}}, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -233,4 +217,20 @@ func TestReleasedButAbandonedIsNotCharged(t *testing.T) {
 	if left := remainingTokens(t, ts.Lookup("t"), time.Now()); left < 599 {
 		t.Errorf("%d of 600 tokens left after a request no replica saw: its prompt was charged", left)
 	}
+}
+
+// twoReplicas is a router of two replicas whose prefill and queue cost
+// 10 ms a token, 10 ms away.
+func twoReplicas(t *testing.T) *router.Router {
+	t.Helper()
+	p, _ := policy.New("gorgo-ms", policy.Options{})
+	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 10, QueueMSPerToken: 10})
+		rt.ObserveRTT(id, 10*time.Millisecond)
+	}
+	return rt
 }

@@ -292,48 +292,32 @@ func TestGetStreamOutlivesHeaderTimeout(t *testing.T) {
 
 // A draining replica still holds its responses (its requests in flight,
 // and a background response's generation, finish): a client polling GET
-// for a background response's result is answered 404 by the router,
-// which skips the holder once it drains.
-func TestDrainingHolderGet(t *testing.T) {
-	a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
-	tr, url := startProxy(t, testConfig{}, a.replica, b.replica)
-	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi","background":true}`)
-	if status != http.StatusOK {
-		t.Fatalf("%d %s", status, answer)
-	}
-	id := responseID(t, answer)
-	holder := "a"
-	if b.holds(id) {
-		holder = "b"
-	}
-	if err := tr.Router().Drain(holder); err != nil {
-		t.Fatal(err)
-	}
-	if status, answer := do(t, "GET", url+"/v1/responses/"+id, ""); status != http.StatusOK {
-		t.Errorf("GET while its holder drains: %d %s", status, answer)
-	}
-}
-
-// The same for a cancel of a background response whose holder drains: a
-// cancel is forwarded as a GET is, not dispatched (a dispatch takes no
+// for a background response's result, or cancelling it, reaches it (a
+// cancel is forwarded as a GET is, not dispatched: a dispatch takes no
 // draining replica).
-func TestDrainingHolderCancel(t *testing.T) {
-	a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
-	tr, url := startProxy(t, testConfig{}, a.replica, b.replica)
-	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi","background":true}`)
-	if status != http.StatusOK {
-		t.Fatalf("%d %s", status, answer)
-	}
-	id := responseID(t, answer)
-	holder := "a"
-	if b.holds(id) {
-		holder = "b"
-	}
-	if err := tr.Router().Drain(holder); err != nil {
-		t.Fatal(err)
-	}
-	if status, answer := do(t, "POST", url+"/v1/responses/"+id+"/cancel", ""); status != http.StatusOK {
-		t.Errorf("cancel while its holder drains: %d %s", status, answer)
+func TestDrainingHolder(t *testing.T) {
+	for _, method := range []string{"GET", "POST"} {
+		a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
+		tr, url := startProxy(t, testConfig{}, a.replica, b.replica)
+		status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi","background":true}`)
+		if status != http.StatusOK {
+			t.Fatalf("%d %s", status, answer)
+		}
+		id := responseID(t, answer)
+		holder := "a"
+		if b.holds(id) {
+			holder = "b"
+		}
+		if err := tr.Router().Drain(holder); err != nil {
+			t.Fatal(err)
+		}
+		path := url + "/v1/responses/" + id
+		if method == "POST" {
+			path += "/cancel"
+		}
+		if status, answer := do(t, method, path, ""); status != http.StatusOK {
+			t.Errorf("%s %s while its holder drains: %d %s", method, path, status, answer)
+		}
 	}
 }
 

@@ -52,7 +52,7 @@ func (r *Request) end(o Outcome, at time.Time) int {
 // whatever the client or the replica does after.
 func (r *Request) settle(o *Outcome) (status int, broken bool) {
 	switch {
-	case r.done && r.streamErr && !o.ClientGone: // ended as a whole answer, but broken
+	case r.streamErr && !o.ClientGone && (r.done || o.Err == nil): // ended ([DONE], or the body's end), but broken
 		o.Err = nil
 		if r.streamFault {
 			return statusBadRequest, false

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,5 +47,60 @@ func TestErrorAfterTokensIsNotASuccess(t *testing.T) {
 	}
 	if strings.Contains(log.String(), "status=200") {
 		t.Errorf("a broken answer logged as served: %s", log.String())
+	}
+}
+
+// The same for a Responses API stream, which ends without [DONE]: an error
+// event after its first tokens is a failure charged to the replica; an
+// error event before any (after the opening events) fails over.
+func TestResponsesStreamErrorEvents(t *testing.T) {
+	var log servetest.Log
+	const opening = "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_e\",\"object\":\"response\",\"status\":\"in_progress\"}}\n\n"
+	const delta = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Once\"}\n\n"
+	const failed = "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"EngineCore died\",\"param\":null}\n\n"
+	var tokensFirst atomic.Bool
+	tokensFirst.Store(true)
+	failing := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, opening)
+		if tokensFirst.Load() {
+			_, _ = io.WriteString(w, delta)
+		}
+		_, _ = io.WriteString(w, failed)
+	})
+	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 3},
+		AccessLog: slog.New(slog.NewTextHandler(&log, nil))}, failing)
+	for range 3 {
+		code, body := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi","stream":true}`)
+		if code != 200 || !strings.Contains(body, "EngineCore") {
+			t.Fatalf("status %d: %.300q", code, body)
+		}
+	}
+	if failures, ejections, _ := tr.Upstream("a").Health(); failures != 3 && ejections == 0 {
+		t.Errorf("after 3 answers broken by an error event: failures in a row %d, ejections %d", failures, ejections)
+	}
+	if strings.Contains(log.String(), "status=200") {
+		t.Errorf("a broken answer logged as served: %s", log.String())
+	}
+
+	tokensFirst.Store(false)
+	good := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, opening+delta)
+	})
+	_, url = startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, failing, good)
+	for range 4 {
+		req, _ := http.NewRequest("POST", url+"/v1/responses", strings.NewReader(`{"model":"m","input":"hi","stream":true}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.Header.Get(ReplicaHeader) != "b" || strings.Contains(string(b), "EngineCore") {
+			t.Errorf("an error event before any token: from %q: %.300q; want b's answer", resp.Header.Get(ReplicaHeader), b)
+		}
 	}
 }

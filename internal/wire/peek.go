@@ -28,7 +28,8 @@ type Peek struct {
 	// absent or null.
 	CachedTokens int
 	// Error: the chunk has an "error" member that is not null, or is
-	// {"object":"error",...}.
+	// {"object":"error",...}, or a Responses API stream's error or
+	// response.failed event.
 	Error bool
 	// ResponseID is a Responses API event's response.id (Event's): it
 	// aliases the chunk's data, to be copied if kept.
@@ -59,7 +60,7 @@ func PeekChunk(data []byte) Peek {
 		Finish:       c.finish,
 		Usage:        c.usage.set || c.responseUsage.set,
 		CachedTokens: -1,
-		Error:        c.err || c.objectError,
+		Error:        c.err || c.objectError || c.typeError,
 		ResponseID:   c.responseID,
 	}
 	switch {
@@ -88,6 +89,7 @@ type chunkPeek struct {
 	usage, responseUsage usageMember
 	responseID           string
 	err, objectError     bool
+	typeError            bool // a Responses API stream's error or response.failed event
 }
 
 func (c *chunkPeek) member(key, v gjson.Result) bool {
@@ -114,6 +116,7 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 	case is(k, "type"):
 		if v.Type == gjson.String {
 			c.deltaType = strings.HasSuffix(v.Str, ".delta")
+			c.typeError = v.Str == "error" || v.Str == "response.failed"
 		}
 	case is(k, "delta"): // held raw: null, or any value but a string, is no delta
 		c.delta = v.Type == gjson.String && len(v.Raw) > 2

@@ -24,12 +24,13 @@ func fromEvent(t *testing.T, data []byte, ev Event) Peek {
 	// what it decides on.
 	var c struct {
 		Object string          `json:"object"`
+		Type   string          `json:"type"`
 		Error  json.RawMessage `json:"error"`
 	}
 	if err := json.Unmarshal(data, &c); err != nil {
 		t.Fatalf("%q: ParseChunk accepts it, encoding/json does not: %v", data, err)
 	}
-	p.Error = len(c.Error) > 0 && string(c.Error) != "null" || c.Object == "error"
+	p.Error = len(c.Error) > 0 && string(c.Error) != "null" || c.Object == "error" || c.Type == "error" || c.Type == "response.failed"
 	return p
 }
 
@@ -104,6 +105,11 @@ var peekCases = []struct {
 	{`{"usage":{"completion_tokens":3},"usage":null,"usage":{}}`, Peek{Usage: true, CachedTokens: -1}},
 	{`{"object":"error","object":null}`, Peek{Error: true, CachedTokens: -1}},
 	{`{"object":"err\u006fr"}`, Peek{Error: true, CachedTokens: -1}},
+	{`{"type":"error","code":"server_error","message":"EngineCore died","param":null,"sequence_number":7}`, Peek{Error: true, CachedTokens: -1}},
+	{`{"type":"response.failed","response":{"id":"resp_1","status":"failed","error":{"code":"server_error","message":"boom"}}}`, Peek{Error: true, CachedTokens: -1, ResponseID: "resp_1"}},
+	{`{"type":"error","type":null}`, Peek{Error: true, CachedTokens: -1}},
+	{`{"type":"error","type":"response.in_progress"}`, Peek{CachedTokens: -1}},
+	{`{"type":"response.output_text.delta","delta":"error"}`, Peek{Token: true, CachedTokens: -1}},
 	{`null`, Peek{CachedTokens: -1}},
 	{`{}`, Peek{CachedTokens: -1}},
 }
@@ -444,6 +450,21 @@ func TestResponseID(t *testing.T) {
 	} {
 		if got := ResponseID([]byte(c.body)); got != c.want {
 			t.Errorf("%s: %q, want %q", c.body, got, c.want)
+		}
+	}
+}
+
+// A Responses API stream's error and response.failed events are errors,
+// with their message (2026-12-05: read as neither tokens nor errors, so a
+// stream that failed so was a served 200).
+func TestResponsesErrorEvents(t *testing.T) {
+	for data, msg := range map[string]string{
+		`{"type":"error","code":"server_error","message":"EngineCore died","param":null,"sequence_number":7}`:                      "EngineCore died",
+		`{"type":"response.failed","response":{"id":"resp_1","status":"failed","error":{"code":"server_error","message":"boom"}}}`: "boom",
+	} {
+		ev, err := ParseChunk([]byte(data))
+		if err != nil || !strings.Contains(ev.Err, msg) || !PeekChunk([]byte(data)).Error {
+			t.Errorf("%s: error %q (%v), want %q", data, ev.Err, err, msg)
 		}
 	}
 }

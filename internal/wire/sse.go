@@ -267,6 +267,8 @@ func ParseChunk(data []byte) (Event, error) {
 		ev.Err = ErrorMessage(data)
 	case c.Object == "error":
 		ev.Err = ErrorMessage(data)
+	case c.Type == "error" || c.Type == "response.failed": // a Responses API stream's
+		ev.Err = ErrorMessage(data)
 	}
 	return ev, nil
 }

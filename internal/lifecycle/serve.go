@@ -23,8 +23,9 @@ type Incoming struct {
 	// gateway's subset hint).
 	Allowed func(id string) bool
 	// Stored is the id of the Responses API response the request is about,
-	// named in its path (/v1/responses/{id}/cancel): its first attempt
-	// goes to the replica that stored it, as a responses request's
+	// named in its path (/v1/responses/{id}/cancel through a gateway; the
+	// proxy forwards a cancel itself): its first attempt goes to the
+	// replica that stored it, as a responses request's
 	// previous_response_id's does.
 	Stored string
 	// Parent is the client's trace context (a W3C traceparent), read by a

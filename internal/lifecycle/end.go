@@ -119,6 +119,12 @@ func (r *Request) learn(status int, at time.Time) {
 	if !isLearner || !r.Parsed.Stream || status == statusClientGone || status == statusOK && r.first.IsZero() {
 		return
 	}
+	if status >= 400 && status < 500 {
+		// The client's error (a prompt over the context, a bad
+		// parameter): any replica would have refused it, so it says
+		// nothing of the weights that routed it.
+		return
+	}
 	out := policy.Outcome{Failed: status != statusOK, // served, it had a first token (above)
 		TTFTSLO: r.core.cfg.Admission.SLOOf(r.class), TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
 	if !out.Failed {

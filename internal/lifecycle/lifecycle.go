@@ -433,6 +433,9 @@ func (r *Request) dispatch(now time.Duration, start time.Time) {
 		// the replicas share), or answer that it does not; and a gateway
 		// that is given the list can try them itself.
 		held, allowed := r.pinned, r.unpinned
+		// The holder was not the policy's choice: its outcome measures
+		// no arm of a tuner (policy.Learner ignores a negative tag).
+		t.Tag = -1
 		r.Route.Allowed = func(id string) bool { return id != held && (allowed == nil || allowed(id)) }
 		fb, _ = c.cfg.Router.Rank(now, &r.Route, c.rng, r.fbBuf[:0])
 		r.pinned, r.Route.Allowed = "", allowed

@@ -155,6 +155,11 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		return r.end(fe.Relay(r), time.Now())
 	}
 	e = r.failure()
+	if r.attempts > 0 {
+		// Dispatched, and failed on every replica it was tried on: a
+		// failed request of the arm that routed it.
+		r.learn(e.Status, time.Now())
+	}
 	r.reject(e)
 	fe.Refuse(e)
 	return e.Status

@@ -237,8 +237,10 @@ func (o Outcome) SLORatio() (float64, bool) {
 }
 
 // A Learner is a policy that learns from outcomes: the caller hands back
-// each request's outcome with the Tag its decision carried. Learn may be
-// called concurrently with Decide.
+// each request's outcome with the Tag its decision carried (a negative tag:
+// the replica was not the policy's choice, a stored response's holder,
+// and the outcome measures nothing of it). Learn may be called
+// concurrently with Decide.
 type Learner interface {
 	Policy
 	Learn(tag int, o Outcome)

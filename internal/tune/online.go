@@ -278,7 +278,9 @@ func (o *Online) FleetChanged(why string) {
 	defer o.mu.Unlock()
 	if !o.moved {
 		// The candidate stays, but a win it had on the old fleet confirms
-		// nothing on this one.
+		// nothing on this one; the step its rejections shrank there is
+		// no guide to this fleet (the incumbent is the start already).
+		o.es.Reset()
 		o.confirming = false
 		o.restart()
 		return

@@ -1,0 +1,65 @@
+package lifecycle
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// A streamed request dispatched to replicas that all failed it is a failed
+// request of the arm that routed it: the tuner's "fails no more requests"
+// check (tune.ES.Verdict) must hear of it, as the simulator's learner does
+// (sim.back learns st.failed; 2026-12-05: Serve rejected it without
+// telling the learner, so a candidate whose choices ended in 502/503s was
+// charged nothing, its window keeping only its survivors).
+func TestLearnerHearsARequestEveryAttemptFailed(t *testing.T) {
+	c, l, _, _ := setup(t)
+	in := Incoming{Body: []byte(chat), Kind: Chat, Received: time.Now()}
+	fe := &frontEnd{fails: map[string]*AttemptError{
+		"a": {Error: *wire.Errorf(502, "broken a"), Broken: true},
+		"b": {Error: *wire.Errorf(502, "broken b"), Broken: true},
+		"c": {Error: *wire.Errorf(502, "broken c"), Broken: true},
+	}}
+	if st := c.Serve(context.Background(), in, fe); st != 502 || len(fe.sent) != 3 {
+		t.Fatalf("all broken: status %d, sent %v", st, fe.sent)
+	}
+	if len(l.outcomes) != 1 || !l.outcomes[0].Failed {
+		t.Errorf("learned %+v; want one failed outcome for the request every attempt of which failed", l.outcomes)
+	}
+}
+
+// clientErrorFE answers every attempt with the replica's 400 (vLLM's
+// "maximum context length" error, say), relayed to the client as is.
+type clientErrorFE struct{ frontEnd }
+
+func (f *clientErrorFE) Send(ctx context.Context, r *Request, id string) (int, *AttemptError) {
+	f.sent = append(f.sent, id)
+	return 400, nil
+}
+
+func (f *clientErrorFE) Relay(r *Request) Outcome {
+	f.relayed++
+	return Outcome{Status: 400}
+}
+
+// A request the replica refuses as the client's error (a 400: a prompt
+// over the model's context, a bad parameter) says nothing of the weights
+// that routed it; any replica would have refused it (2026-12-05: learned
+// as a failed request of the arm, so that tune.ES.Verdict rejected a
+// candidate whose window held one more of them than the incumbent's, good
+// candidates at random).
+func TestLearnerIgnoresTheClientsOwnError(t *testing.T) {
+	c, l, _, _ := setup(t)
+	in := Incoming{Body: []byte(chat), Kind: Chat, Received: time.Now()}
+	fe := &clientErrorFE{}
+	if st := c.Serve(context.Background(), in, fe); st != 400 || fe.relayed != 1 {
+		t.Fatalf("status %d, relayed %d", st, fe.relayed)
+	}
+	for _, o := range l.outcomes {
+		if o.Failed {
+			t.Errorf("learned %+v: a client's 400 counted as a failure of the arm that routed it", o)
+		}
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
 // Outlier ejection, as Envoy does it: a replica whose requests fail
@@ -139,10 +141,15 @@ func (f *Fleet) outcome(id string, failed, probe bool) {
 	f.log.Warn("replica ejected", "replica", id, "why", why, "for", d, "ejections", h.ejections)
 }
 
-// ejectedShare counts the fleet's replicas and those of them out: ejected,
-// or not yet brought back by a probe since. Call with ejectMu held.
+// ejectedShare counts the fleet's replicas that take requests (not
+// draining or leaving: a rolling update's old replicas must not widen the
+// share) and those of them out: ejected, or not yet brought back by a
+// probe since. Call with ejectMu held.
 func (f *Fleet) ejectedShare() (replicas, ejected int) {
-	for _, u := range f.upstreams() {
+	for id, u := range f.upstreams() {
+		if st, err := f.rt.Replica(id); err != nil || st.State != router.Active {
+			continue
+		}
 		replicas++
 		if u.out.Load() {
 			ejected++

@@ -102,6 +102,7 @@ func (r *Request) judge(status int, broken bool) {
 	h := r.core.cfg.Health
 	switch {
 	case h == nil:
+	case !r.core.cfg.Router.Current(&r.ticket): // replaced since: not its successor's doing
 	case broken:
 		h.Failure(r.ticket.ID)
 	case status == statusOK:

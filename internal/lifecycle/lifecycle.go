@@ -472,6 +472,7 @@ func (r *Request) failed(e *AttemptError) {
 	c.cfg.Metrics.retried(r.ticket.ID)
 	switch {
 	case c.cfg.Health == nil:
+	case !c.cfg.Router.Current(&r.ticket): // replaced since: not its successor's doing
 	case e.ModelMissing:
 		c.cfg.Health.ModelMissing(r.ticket.ID, r.Route.Model)
 	case e.Broken:

@@ -119,6 +119,11 @@ const (
 	// prefix index.
 	maxMirrorBlocks = 1 << 13
 	maxHeldBlocks   = 1 << 22
+	// maxMirrorPrompt is the longest prompt (tokens) a mirror is charged
+	// with: far above any model's context, and small enough that all the
+	// mirrors' prompts together cannot overflow a replica's ledger. A
+	// dispatch naming a negative or longer prompt is not mirrored.
+	maxMirrorPrompt = 1 << 24
 )
 
 // Event kinds.
@@ -145,7 +150,13 @@ type event struct {
 	// Mark, on a heartbeat, is the sender's resync epoch: when it hears
 	// its own mark back, every event queued for it before is behind it
 	// (see unsync). Other routers ignore it.
-	Mark    uint64   `json:"m,omitempty"`
+	Mark uint64 `json:"m,omitempty"`
+	// Seq numbers a run's events, one after another: a receiver that
+	// finds one missing lost some (a route between NATS servers that
+	// blipped drops what crossed it meanwhile, and neither router sees a
+	// disconnect), and forgets the sender's mirrors, whose ends may be
+	// among them. 0: a sender that does not number them.
+	Seq     uint64   `json:"q,omitempty"`
 	Kind    string   `json:"k"`
 	ID      uint64   `json:"i,omitempty"`
 	Replica string   `json:"rep,omitempty"`
@@ -187,6 +198,7 @@ type peer struct {
 	boot      uint64             // its current run
 	at        time.Time          // when it was last heard from
 	heartbeat time.Duration      // its heartbeat period
+	seq       uint64             // its last event's Seq
 	mirrors   map[uint64]*mirror // its requests in flight, by attempt id
 }
 
@@ -218,11 +230,14 @@ type Bus struct {
 	// slow, crowded, busy and failing say that a slow consumer, a full
 	// table of routers, a router at maxMirrorsPerPeer and another error of
 	// the NATS client were logged (each is, once).
-	slow, crowded, busy, failing atomic.Bool
-	mu                           sync.Mutex
-	closed                       bool
-	peers                        map[string]*peer
-	heldBlocks                   int // the mirrors' blocks kept (see hold)
+	slow, crowded, busy, failing, gap atomic.Bool
+	// pubMu numbers the events in the order they are published (seq).
+	pubMu      sync.Mutex
+	seq        uint64
+	mu         sync.Mutex
+	closed     bool
+	peers      map[string]*peer
+	heldBlocks int // the mirrors' blocks kept (see hold)
 	// stale: events may have been lost (a disconnect, a slow consumer),
 	// and those still queued for this router may be older than the loss:
 	// no dispatch is mirrored until this router hears its own mark of
@@ -402,7 +417,20 @@ func (b *Bus) Mirrors() int {
 // Dispatched tells the others that request attempt id went to replica.
 func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 	k := b.rt.OutputKeys(req)
-	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: req.Blocks, BlockEnds: req.BlockEnds, Unstreamed: req.Unstreamed,
+	// The others keep a prompt's first maxMirrorBlocks blocks (hold): a
+	// long prompt's whole list would pass NATS's max_payload (1 MiB), and
+	// its dispatch would be lost.
+	blocks, ends := req.Blocks, req.BlockEnds
+	if len(blocks) > maxMirrorBlocks {
+		blocks = blocks[:maxMirrorBlocks]
+		if ends != nil {
+			ends = slices.Clone(ends)
+			for i := range ends {
+				ends[i] = min(ends[i], maxMirrorBlocks)
+			}
+		}
+	}
+	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: blocks, BlockEnds: ends, Unstreamed: req.Unstreamed,
 		Choices: req.Choices, Application: k[0], Conversation: k[1]})
 }
 
@@ -440,11 +468,17 @@ func (b *Bus) Finished(id uint64, outputTokens int, decode time.Duration) {
 // router's mirrors once the bus is back.
 func (b *Bus) publish(e event) {
 	e.Router, e.Boot, e.Heartbeat = b.cfg.Name, b.boot, b.cfg.Heartbeat.Milliseconds()
+	b.pubMu.Lock()
+	b.seq++
+	e.Seq = b.seq
 	data, err := json.Marshal(&e)
 	if err != nil {
+		b.pubMu.Unlock()
 		return
 	}
-	if err := b.nc.Publish(b.cfg.Subject, data); err != nil {
+	err = b.nc.Publish(b.cfg.Subject, data)
+	b.pubMu.Unlock()
+	if err != nil {
 		if !errors.Is(err, nats.ErrConnectionClosed) {
 			b.lost.Store(true)
 		}
@@ -551,7 +585,14 @@ func (b *Bus) hear(e *event, now time.Time) *peer {
 	case p.boot != e.Boot:
 		b.forgetMirrors(p) // it restarted: its old requests are gone
 		p.boot = e.Boot
+	case e.Seq != 0 && p.seq != 0 && e.Seq != p.seq+1:
+		// Some of its events never came: ends among them, maybe.
+		if n := b.forgetMirrors(p); n > 0 && b.gap.CompareAndSwap(false, true) {
+			b.log.Warn("mesh: some of a router's events were lost on the way; its mirrors were forgotten (logged once)",
+				"router", e.Router, "forgotten", n)
+		}
 	}
+	p.seq = e.Seq
 	p.at, p.heartbeat = now, time.Duration(e.Heartbeat)*time.Millisecond
 	if p.heartbeat <= 0 {
 		p.heartbeat = b.cfg.Heartbeat
@@ -581,7 +622,7 @@ func (b *Bus) evictQuietest(now time.Time) bool {
 // dispatch may be one whose end was lost: it is not mirrored. Call it with
 // b.mu.
 func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
-	if b.stale || p.mirrors[e.ID] != nil {
+	if b.stale || p.mirrors[e.ID] != nil || e.Prompt < 0 || e.Prompt > maxMirrorPrompt {
 		return false
 	}
 	if len(p.mirrors) >= maxMirrorsPerPeer {

@@ -258,6 +258,14 @@ func (r *Router) ClearCache(id string) error {
 	return err
 }
 
+// Current reports whether t's replica is still the one the fleet has
+// under its id: not replaced since by a new one of the same id (Detach),
+// whose health the old one's attempts say nothing of.
+func (r *Router) Current(t *Ticket) bool {
+	m, err := r.member(t.ID)
+	return err == nil && m == t.m
+}
+
 // Has reports whether a replica of that id is in the fleet (in any state).
 func (r *Router) Has(id string) bool {
 	_, ok := r.fleet.Load().byID[id]

@@ -1,0 +1,52 @@
+package mesh
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/policy"
+)
+
+// A peer's dispatch names its prompt's length, and the mirror charges it to
+// the replica's ledger as is: a negative or huge count from a buggy or
+// hostile peer makes the replica's unfinished work and prefill backlog
+// negative (two dispatches of 2^62 tokens wrap the backlog to -2^63), so
+// that a loaded replica looks emptier than an idle one and draws every
+// request until the mirrors end (remote_ttl, 10 min, if they never do).
+// Such a dispatch is ignored, as Choices is bounded (2026-12-05: the
+// prompt's length was not).
+func TestPeerPromptLengthIsBounded(t *testing.T) {
+	b, rt := bareBus(t, nil)
+	at := time.Now()
+	pick := func(block uint64) string {
+		c, err := rt.Decide(0, &policy.Request{PromptTokens: 500, Blocks: []uint64{block}}, rand.New(rand.NewPCG(1, 2)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.ID
+	}
+	// us has 20 long prompts in flight at b: a, idle, is the choice.
+	for id := range uint64(20) {
+		b.apply(&event{Router: "us", Boot: 1, Kind: kindDispatch, ID: id + 1, Replica: "b", Prompt: 4000, Blocks: []uint64{id + 100}}, at)
+	}
+	if got := pick(9001); got != "a" {
+		t.Fatalf("before: picked %q, want idle a", got)
+	}
+	// A hostile (or corrupted) router: one negative prompt, two that wrap.
+	b.apply(&event{Router: "eu", Boot: 1, Kind: kindDispatch, ID: 1, Replica: "a", Prompt: -1 << 40}, at)
+	b.apply(&event{Router: "eu", Boot: 1, Kind: kindDispatch, ID: 2, Replica: "b", Prompt: 1 << 62}, at)
+	b.apply(&event{Router: "eu", Boot: 1, Kind: kindDispatch, ID: 3, Replica: "b", Prompt: 1 << 62}, at)
+	for _, id := range []string{"a", "b"} {
+		st, err := rt.Replica(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.UnfinishedTokens < 0 || st.BacklogTokens < 0 {
+			t.Errorf("replica %s: unfinished %d, backlog %d tokens after a peer's dispatches: negative load", id, st.UnfinishedTokens, st.BacklogTokens)
+		}
+	}
+	if got := pick(9002); got != "a" {
+		t.Errorf("after a peer's bogus prompt lengths: picked %q, loaded (and now wrapped) over idle a", got)
+	}
+}

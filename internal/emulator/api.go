@@ -53,7 +53,7 @@ type job struct {
 	// is every prompt's.
 	answers, perPrompt, seqs int
 	// store says the response is kept (Config.StoreResponses), with text,
-	// its prompt's.
+	// its prompt's past its tools and instructions.
 	store bool
 	text  []byte
 }
@@ -224,6 +224,9 @@ func (s *Server) fillPrompt(w http.ResponseWriter, j *job, p *jobPrompt, text []
 	switch {
 	case output != -1:
 		p.outputTokens = output
+	case max != -1 && j.responses:
+		// vLLM's Responses API: min(max_output_tokens, the context left).
+		p.outputTokens = min(max, limit-p.tokens) // a prompt past it is refused below
 	case max != -1:
 		p.outputTokens = max
 	default:
@@ -402,6 +405,9 @@ func (o *writer) token(i int, ev engine.Event) {
 		}
 		o.buf.Reset()
 		if o.j.responses {
+			if o.sent[i] == 1 {
+				o.startItem()
+			}
 			o.delta(word)
 			o.flush()
 			continue

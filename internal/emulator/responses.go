@@ -36,7 +36,7 @@ type responseStore struct {
 }
 
 type storedResponse struct {
-	conversation []byte // the prompt's text and the answer's: what a follow-up opens with
+	conversation []byte // the prompt's text past its tools and instructions, and the answer's: what a follow-up's input follows
 	body         []byte // the response object, as GET returns it
 }
 
@@ -105,14 +105,20 @@ func (s *Server) parseResponses(w http.ResponseWriter, r *http.Request) (*job, b
 	if a != nil {
 		j.adapter = a.key
 	}
+	// The request's tools and instructions open its prompt; a stored
+	// conversation leaves them out (vLLM drops the earlier turns' system
+	// messages: instructions do not carry over).
+	head := req.Tools + req.Instructions
 	if id := req.PreviousResponseID; id != "" {
 		prev, ok := s.stored.get(id)
 		if !ok {
 			notFound(w, id)
 			return nil, false
 		}
-		// The conversation so far, then the new input.
-		req.Text = append(bytes.Clone(prev.conversation), req.Text...)
+		// The instructions, the conversation so far, then the new input.
+		text := make([]byte, 0, len(req.Text)+len(prev.conversation))
+		text = append(append(text, req.Text[:head]...), prev.conversation...)
+		req.Text = append(text, req.Text[head:]...)
 	}
 	max := -1
 	if req.HasMaxTokens {
@@ -126,7 +132,7 @@ func (s *Server) parseResponses(w http.ResponseWriter, r *http.Request) (*job, b
 		return nil, false
 	}
 	if j.store {
-		j.text = bytes.Clone(req.Text)
+		j.text = bytes.Clone(req.Text[head:])
 	}
 	return j, true
 }
@@ -205,14 +211,20 @@ func (o *writer) event(typ string, fields map[string]any) {
 	o.buf.WriteString("\n\n")
 }
 
-// startResponse writes a streamed response's opening events.
+// startResponse writes a streamed response's opening events, sent at
+// once, before the request's wait in the queue.
 func (o *writer) startResponse() {
 	o.event("response.created", map[string]any{"response": o.responseObject("in_progress", []any{}, nil)})
 	o.event("response.in_progress", map[string]any{"response": o.responseObject("in_progress", []any{}, nil)})
+	o.flush()
+}
+
+// startItem appends the events that open the answer's output item, which
+// vLLM sends with the first delta.
+func (o *writer) startItem() {
 	o.event("response.output_item.added", map[string]any{"output_index": 0, "item": o.message("in_progress", nil)})
 	o.event("response.content_part.added", map[string]any{"output_index": 0, "content_index": 0, "item_id": o.itemID(),
 		"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}})
-	o.flush()
 }
 
 // finishResponse ends a response: its body, or its closing events; and

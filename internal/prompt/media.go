@@ -75,7 +75,17 @@ func appendMedia(dst []byte, name string, hash uint64, size int) []byte {
 // data URL's, or the "data"), else audioURLSeconds for a clip the engine
 // fetches.
 func mediaKey(raw []byte, dec *decoder, audio bool) (hash uint64, length time.Duration) {
+	// A string as the engines read it, its escapes decoded, in quotes:
+	// "https:\/\/x" and "https://x" are one URL.
+	value := func(v []byte) []byte {
+		if bytes.IndexByte(v, '\\') < 0 {
+			return v
+		}
+		dec.val = append(unquote(append(dec.val[:0], '"'), v), '"')
+		return dec.val
+	}
 	name := func(v []byte) {
+		v = value(v)
 		hash = xxhash.Sum64(v) | 1
 		if audio {
 			length = urlLength(v[1 : len(v)-1])
@@ -106,6 +116,7 @@ func mediaKey(raw []byte, dec *decoder, audio bool) (hash uint64, length time.Du
 		case string(dec.key) == "url":
 			name(v)
 		case string(dec.key) == "data":
+			v = value(v)
 			hash = xxhash.Sum64(v) | 1
 			if audio {
 				length = clipLength(v[1 : len(v)-1])

@@ -169,6 +169,7 @@ func ContentText(raw json.RawMessage, mediaLeft *int) (string, []int, error) {
 func referenceMediaKey(v json.RawMessage) (uint64, time.Duration) {
 	var s string
 	if json.Unmarshal(v, &s) == nil {
+		v = decoded(v)
 		return xxhash.Sum64(v) | 1, urlLength(rawString(v))
 	}
 	hash, length := xxhash.Sum64(v)|1, audioURLSeconds*time.Second
@@ -188,6 +189,7 @@ func referenceMediaKey(v json.RawMessage) (uint64, time.Duration) {
 		if m[0] != '"' {
 			continue
 		}
+		m = decoded(m)
 		switch k {
 		case "url":
 			hash, length = xxhash.Sum64(m)|1, urlLength(rawString(m))
@@ -196,6 +198,18 @@ func referenceMediaKey(v json.RawMessage) (uint64, time.Duration) {
 		}
 	}
 	return hash, length
+}
+
+// decoded is a JSON string with its escapes decoded, in quotes (as is
+// without escapes): the string the engines read.
+func decoded(v json.RawMessage) json.RawMessage {
+	v = bytes.TrimSpace(v)
+	if bytes.IndexByte(v, '\\') < 0 {
+		return v
+	}
+	var s string
+	_ = json.Unmarshal(v, &s)
+	return append(append(json.RawMessage{'"'}, s...), '"')
 }
 
 // rawString is a JSON string's bytes between its quotes, escapes and all

@@ -238,6 +238,7 @@ type decoder struct {
 	in  bytes.Reader
 	dec jsontext.Decoder
 	key []byte // scratch: an object's key, unquoted
+	val []byte // scratch: a string value, unquoted (mediaKey)
 }
 
 // reset points the decoder at v and returns it.

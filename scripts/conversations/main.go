@@ -3,10 +3,11 @@
 // instruction and a question of its own) and follow-ups that name the
 // previous response (previous_response_id), one after another, streamed;
 // conversations start at Poisson arrivals. It prints how many turns were
-// answered, how many refused and with what status (a replica that does
-// not hold the previous response answers 404), and the answered turns'
-// TTFT and E2E percentiles in ms (scripts/conversations.sh runs it through
-// gorgo serve).
+// answered, how many conversations were cut short and by what status (a
+// replica that does not hold the previous response answers 404; 0 is a
+// 200 without its id, a token or its response.completed), and the
+// answered turns' TTFT and E2E percentiles in ms (scripts/conversations.sh
+// runs it through gorgo serve).
 package main
 
 import (
@@ -70,7 +71,7 @@ func main() {
 					mu.Unlock()
 					return // the conversation cannot go on
 				}
-				first, id := time.Duration(0), ""
+				first, id, completed := time.Duration(0), "", false
 				sc := bufio.NewScanner(resp.Body)
 				sc.Buffer(nil, 1<<20)
 				for sc.Scan() {
@@ -93,12 +94,15 @@ func main() {
 						id = ev.Response.ID
 					case ev.Type == "response.output_text.delta" && ev.Delta != "" && first == 0:
 						first = time.Since(t0)
+					case ev.Type == "response.completed":
+						completed = true
 					}
 				}
+				err = sc.Err()
 				resp.Body.Close()
-				if id == "" || first == 0 {
+				if id == "" || first == 0 || !completed || err != nil {
 					mu.Lock()
-					refused[0]++ // answered without an id or a token
+					refused[0]++ // a 200 without an id, a token or its end (a stream cut short)
 					mu.Unlock()
 					return
 				}

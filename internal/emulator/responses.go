@@ -108,7 +108,7 @@ func (s *Server) parseResponses(w http.ResponseWriter, r *http.Request) (*job, b
 	// The request's tools and instructions open its prompt; a stored
 	// conversation leaves them out (vLLM drops the earlier turns' system
 	// messages: instructions do not carry over).
-	head := req.Tools + req.Instructions
+	head := min(req.Tools+req.Instructions, len(req.Text))
 	if id := req.PreviousResponseID; id != "" {
 		prev, ok := s.stored.get(id)
 		if !ok {

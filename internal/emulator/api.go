@@ -129,31 +129,48 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
 		return nil, false
 	}
-	a, ok := s.models.Load().lookup(req.Model)
-	if !ok {
-		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", req.Model)
+	j := &job{chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage,
+		answers: req.N, perPrompt: max(req.N, req.BestOf), seqs: req.Choices()}
+	if !s.model(w, req.Model, j) {
 		return nil, false
 	}
-	j := &job{model: req.Model, chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage,
-		answers: req.N, perPrompt: max(req.N, req.BestOf), seqs: req.Choices()}
 	if j.seqs > maxSeqs {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "n and best_of times the prompts must be at most %d, got %d", maxSeqs, j.seqs)
 		return nil, false
 	}
+	max, ok := maxTokens(w, req, "max_tokens")
+	return j, ok && s.fill(w, r, j, req, max)
+}
+
+// model sets j's model (the served one, when the request names none) and
+// adapter from the request's model, or answers 404 if it is not served.
+func (s *Server) model(w http.ResponseWriter, name string, j *job) bool {
+	a, ok := s.models.Load().lookup(name)
+	if !ok {
+		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", name)
+		return false
+	}
+	j.model = name
 	if j.model == "" {
 		j.model = s.cfg.Model
 	}
 	if a != nil {
 		j.adapter = a.key
 	}
-	max := -1 // the default
-	if req.HasMaxTokens {
-		if max = req.MaxTokens; max < 1 {
-			writeError(w, http.StatusBadRequest, "BadRequestError", "max_tokens must be at least 1, got %d", max)
-			return nil, false
-		}
+	return true
+}
+
+// maxTokens is the request's output limit (its field, named so in an
+// error), -1 for none; a limit under 1 is a 400.
+func maxTokens(w http.ResponseWriter, req *prompt.Request, field string) (int, bool) {
+	if !req.HasMaxTokens {
+		return -1, true
 	}
-	return j, s.fill(w, r, j, req, max)
+	if req.MaxTokens < 1 {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%s must be at least 1, got %d", field, req.MaxTokens)
+		return 0, false
+	}
+	return req.MaxTokens, true
 }
 
 // checkSampling refuses what vLLM's SamplingParams refuses of the sampling

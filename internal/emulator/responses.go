@@ -41,7 +41,7 @@ type storedResponse struct {
 }
 
 func (st *responseStore) put(id string, r storedResponse) {
-	size := len(r.conversation) + len(r.body)
+	size := r.size()
 	if size > maxStoredBytes {
 		return
 	}
@@ -52,7 +52,7 @@ func (st *responseStore) put(id string, r storedResponse) {
 	}
 	for len(st.order) > 0 && (len(st.order) >= maxStoredResponses || st.bytes+size > maxStoredBytes) {
 		old := st.byID[st.order[0]]
-		st.bytes -= len(old.conversation) + len(old.body)
+		st.bytes -= old.size()
 		delete(st.byID, st.order[0])
 		st.order = st.order[1:]
 	}
@@ -60,6 +60,9 @@ func (st *responseStore) put(id string, r storedResponse) {
 	st.order = append(st.order, id)
 	st.bytes += size
 }
+
+// size is the memory a stored response holds: its buffers' capacities.
+func (r storedResponse) size() int { return cap(r.conversation) + cap(r.body) }
 
 func (st *responseStore) get(id string) (storedResponse, bool) {
 	st.mu.Lock()
@@ -92,18 +95,10 @@ func (s *Server) parseResponses(w http.ResponseWriter, r *http.Request) (*job, b
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "background mode is not emulated")
 		return nil, false
 	}
-	a, ok := s.models.Load().lookup(req.Model)
-	if !ok {
-		writeError(w, http.StatusNotFound, "NotFoundError", "The model `%s` does not exist.", req.Model)
-		return nil, false
-	}
-	j := &job{model: req.Model, responses: true, stream: req.Stream, answers: 1, perPrompt: 1, seqs: 1,
+	j := &job{responses: true, stream: req.Stream, answers: 1, perPrompt: 1, seqs: 1,
 		store: s.cfg.StoreResponses && (opts.Store == nil || *opts.Store)}
-	if j.model == "" {
-		j.model = s.cfg.Model
-	}
-	if a != nil {
-		j.adapter = a.key
+	if !s.model(w, req.Model, j) {
+		return nil, false
 	}
 	// The request's tools and instructions open its prompt; a stored
 	// conversation leaves them out (vLLM drops the earlier turns' system
@@ -120,12 +115,9 @@ func (s *Server) parseResponses(w http.ResponseWriter, r *http.Request) (*job, b
 		text = append(append(text, req.Text[:head]...), prev.conversation...)
 		req.Text = append(text, req.Text[head:]...)
 	}
-	max := -1
-	if req.HasMaxTokens {
-		if max = req.MaxTokens; max < 1 {
-			writeError(w, http.StatusBadRequest, "BadRequestError", "max_output_tokens must be at least 1, got %d", max)
-			return nil, false
-		}
+	max, ok := maxTokens(w, req, "max_output_tokens")
+	if !ok {
+		return nil, false
 	}
 	req.PromptEnds, req.MinTokens = req.PromptEnds[:0], 0
 	if !s.fill(w, r, j, req, max) {

@@ -79,6 +79,12 @@ func (d *Dialect) families(add func(name string, latest bool)) {
 type Capacity struct {
 	Family string
 	Labels [][]string
+	// Total says each sample is the replica's whole capacity, repeated
+	// under each engine's label, not that engine's share: vLLM's
+	// cache_config_info is the front end's CacheConfig, whose
+	// num_gpu_blocks sums its data-parallel engines'. It is read once and
+	// split evenly among the engines.
+	Total bool
 }
 
 // Formats of the dialects gorgo knows.
@@ -97,7 +103,7 @@ const (
 
 // vllmCapacity is vLLM's cache_config_info: kv_cache_size_tokens, or
 // num_gpu_blocks × block_size.
-var vllmCapacity = []Capacity{{Family: "vllm:cache_config_info", Labels: [][]string{{"kv_cache_size_tokens"}, {"num_gpu_blocks", "block_size"}}}}
+var vllmCapacity = []Capacity{{Family: "vllm:cache_config_info", Labels: [][]string{{"kv_cache_size_tokens"}, {"num_gpu_blocks", "block_size"}}, Total: true}}
 
 // Dialects are the engines Parse recognises.
 var Dialects = []Dialect{

@@ -320,17 +320,14 @@ func (rd *reader) capacity(d *Dialect) (map[string]float64, float64) {
 			if d.EngineLabel != "" {
 				key = label(s, d.EngineLabel)
 			}
-			if len(rule.Labels) > 0 && d.EngineLabel != "" {
-				// vLLM writes the front end's CacheConfig, whose
-				// num_gpu_blocks is summed over its DP engines, under
-				// every engine label: the replica's total, once.
+			if rule.Total {
 				by[key], total = 0, max(total, v)
 				return
 			}
 			by[key] += v
 			total += v
 		})
-		if len(rule.Labels) > 0 && d.EngineLabel != "" && len(by) > 0 {
+		if rule.Total {
 			for k := range by {
 				by[k] = total / float64(len(by))
 			}

@@ -468,15 +468,18 @@ func (b *Bus) Finished(id uint64, outputTokens int, decode time.Duration) {
 // router's mirrors once the bus is back.
 func (b *Bus) publish(e event) {
 	e.Router, e.Boot, e.Heartbeat = b.cfg.Name, b.boot, b.cfg.Heartbeat.Milliseconds()
-	b.pubMu.Lock()
-	b.seq++
-	e.Seq = b.seq
-	data, err := json.Marshal(&e)
-	if err != nil {
-		b.pubMu.Unlock()
+	data, err := json.Marshal(&e) // outside the lock: a dispatch's blocks take a while
+	if err != nil || len(data) < 2 {
 		return
 	}
-	err = b.nc.Publish(b.cfg.Subject, data)
+	// The number goes in front ({"q":N,...}) under the lock, so that the
+	// events go out in the order they are numbered.
+	msg := make([]byte, 0, len(data)+24)
+	b.pubMu.Lock()
+	b.seq++
+	msg = strconv.AppendUint(append(msg, `{"q":`...), b.seq, 10)
+	msg = append(append(msg, ','), data[1:]...)
+	err = b.nc.Publish(b.cfg.Subject, msg)
 	b.pubMu.Unlock()
 	if err != nil {
 		if !errors.Is(err, nats.ErrConnectionClosed) {

@@ -56,7 +56,9 @@ func TestStreamEndKeepsTheReplicaConnection(t *testing.T) {
 			t.Fatalf("status %d: %q", code, body)
 		}
 	}
-	if n := conns.Load() - before; n > 1 {
+	// Each end waits 50 ms for the terminator the replica writes 5 ms
+	// later: a loaded machine may miss a few, not all (before: 10 of 10).
+	if n := conns.Load() - before; n > 3 {
 		t.Errorf("10 streams, one after another, opened %d new connections to the replica; want them on a kept-alive one", n)
 	}
 }

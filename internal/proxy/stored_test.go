@@ -272,13 +272,13 @@ func TestUnknownHolderFollowUpAndCancel(t *testing.T) {
 }
 
 // GET /v1/responses/{id}?stream=true (vLLM replays a stored, perhaps
-// still running, background response's events) is cut at header_timeout
-// (default 30 s): handleGet copies the whole answer under a context with
-// that timeout.
+// still running, background response's events) outlives header_timeout,
+// which bounds only its headers (2026-12-05: the whole answer was copied
+// under a context with that timeout, and cut).
 func TestGetStreamOutlivesHeaderTimeout(t *testing.T) {
 	a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
-	a.gap, b.gap = time.Second, time.Second
-	_, url := startProxy(t, testConfig{Proxy: Config{HeaderTimeout: 300 * time.Millisecond}}, a.replica, b.replica)
+	a.gap, b.gap = 2500*time.Millisecond, 2500*time.Millisecond // the headers come at once, the events 2.5 s apart
+	_, url := startProxy(t, testConfig{Proxy: Config{HeaderTimeout: time.Second}}, a.replica, b.replica)
 	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi"}`)
 	if status != http.StatusOK {
 		t.Fatalf("%d %s", status, answer)
@@ -286,7 +286,7 @@ func TestGetStreamOutlivesHeaderTimeout(t *testing.T) {
 	id := responseID(t, answer)
 	status, answer = do(t, "GET", url+"/v1/responses/"+id+"?stream=true", "")
 	if status != http.StatusOK || !strings.Contains(answer, "response.completed") {
-		t.Errorf("GET ?stream=true of a response whose events take 1 s (header_timeout 300 ms): %d, response.completed missing: %.300q", status, answer)
+		t.Errorf("GET ?stream=true of a response whose events take 2.5 s (header_timeout 1 s): %d, response.completed missing: %.300q", status, answer)
 	}
 }
 

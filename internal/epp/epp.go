@@ -536,8 +536,8 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 			// Enough of its head (the gateway's first piece may end
 			// anywhere, even inside the id).
 			x.head = true
-			if x.status == http.StatusOK && r.Stores() {
-				r.StoredAs(wire.ResponseID(x.sse))
+			if x.status == http.StatusOK {
+				r.AnswerHead(x.sse)
 			}
 		}
 		if n := len(x.sse); n > maxTail {
@@ -562,15 +562,8 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 	}
 	x.sse = x.sse[:copy(x.sse, rest)]
 	if len(x.sse) > maxTail {
-		// An event too long to hold: a Responses API event carries the
-		// whole response (vLLM's echoes its instructions and tools), whose
-		// id its head names.
-		if r.Stores() {
-			if id := wire.PeekChunk(wire.EventData(x.sse, &x.scratch)).ResponseID; id != "" {
-				r.StoredAs(strings.Clone(id))
-			}
-		}
-		x.sse = x.sse[:0] // not read further
+		r.LongEvent(x.sse) // an event too long to hold: its head still read
+		x.sse = x.sse[:0]  // not read further
 	}
 	if eos {
 		if len(x.sse) > 0 {

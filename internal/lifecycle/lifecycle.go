@@ -102,7 +102,8 @@ type Observer interface {
 	FirstToken(id uint64)
 	Finished(id uint64, outputTokens int, decode time.Duration)
 	// Stored: replica answered the Responses API response responseID,
-	// and stores it (Request.StoredAs).
+	// and stores it (a Responses API answer's id, read by Chunk, AnswerHead
+	// or LongEvent).
 	Stored(responseID, replica string)
 }
 
@@ -226,7 +227,7 @@ type Request struct {
 	// goes to; unpinned is what the decision allowed without it.
 	pinned   string
 	unpinned func(id string) bool
-	storedID bool   // StoredAs was told the answer's id
+	storedID bool   // storedAs was told the answer's id
 	named    string // the stored response the request names, if any
 	kind     Kind
 
@@ -392,11 +393,11 @@ func (r *Request) pin(stored string, allowed func(id string) bool) {
 	r.Route.Allowed = func(x string) bool { return x == id }
 }
 
-// StoredAs records that the answer is the response id, which its replica
+// storedAs records that the answer is the response id, which its replica
 // stores: a follow-up that names it goes there (Router.Stored), this
 // router's and, through the Observer, the others'. The first id of an
 // answer counts.
-func (r *Request) StoredAs(id string) {
+func (r *Request) storedAs(id string) {
 	if id == "" || r.storedID || r.ticket.ID == "" {
 		return
 	}
@@ -567,7 +568,7 @@ func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 		}
 	}
 	if p.ResponseID != "" && !r.storedID {
-		r.StoredAs(strings.Clone(p.ResponseID))
+		r.storedAs(strings.Clone(p.ResponseID))
 	}
 }
 
@@ -583,10 +584,27 @@ func (r *Request) StreamError(requestFault bool) {
 // replica does not hold it (AttemptError.NotHeld).
 func (r *Request) Names() string { return r.named }
 
-// Stores reports whether the answer may be a Responses API response an
-// engine stores (a request with its text in "input"): a front end reads a
-// non-streaming answer's id for StoredAs (wire.ResponseID) only then.
-func (r *Request) Stores() bool { return r.kind == Input }
+// AnswerHead reads the first bytes (or all) of a whole answer its replica
+// sent with a 200: a Responses API answer's id (wire.ResponseID), which
+// its replica stores, whether the client takes the answer or not.
+func (r *Request) AnswerHead(head []byte) {
+	if r.kind == Input && !r.storedID {
+		r.storedAs(wire.ResponseID(head))
+	}
+}
+
+// LongEvent reads the start of a streamed event too long for the front
+// end to hold: a Responses API event carries the whole response (vLLM's
+// echoes the request's instructions and tools), whose id comes first.
+func (r *Request) LongEvent(ev []byte) {
+	if r.kind != Input || r.storedID {
+		return
+	}
+	var scratch []byte
+	if id := wire.PeekChunk(wire.EventData(ev, &scratch)).ResponseID; id != "" {
+		r.storedAs(strings.Clone(id))
+	}
+}
 
 // Done records that the stream's final event ([DONE]) was relayed: the
 // request is complete whatever the client does next.

@@ -568,8 +568,8 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if ok && clientErr == nil {
 			req.Complete(wire.PeekBody(*a.buf))
 		}
-		if ok && req.Stores() { // stored by the replica, whether the client took it or not
-			req.StoredAs(wire.ResponseID(*a.buf))
+		if ok {
+			req.AnswerHead(*a.buf)
 		}
 		return lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil}
 	}
@@ -609,12 +609,8 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		}
 		if !over && len(rest) >= maxEventPeek {
 			over = true // an event too long to peek at: pass it through
-			// A Responses API event carries the whole response (vLLM's
-			// echoes its instructions and tools): its head names its id.
-			if a.stream && req.Stores() {
-				if id := wire.PeekChunk(wire.EventData(rest, &scratch)).ResponseID; id != "" {
-					req.StoredAs(strings.Clone(id))
-				}
+			if a.stream {
+				req.LongEvent(rest)
 			}
 		}
 		if over {
@@ -646,8 +642,8 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				a.idle.Reset(idle)
 			}
 			if !a.stream {
-				if tail == nil && ok && req.Stores() { // the answer's first bytes: its id
-					req.StoredAs(wire.ResponseID(*out))
+				if tail == nil && ok { // the answer's first bytes
+					req.AnswerHead(*out)
 				}
 				tail = keepTail(tail, *out)
 			}

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs a client program against three emulated replicas (gorgo engine, real
+# time, this tree's) behind one gorgo serve on 127.0.0.1:18080, then prints
+# each replica's requests and prompt tokens (its /metrics). With BASE=REV,
+# the proxy of git revision REV runs the same load first. Used by
+# scripts/vision.sh and scripts/conversations.sh:
+#
+#   scripts/three-replicas.sh CLIENT_PACKAGE "ENGINE FLAGS" CLIENT_ARGS...
+#
+# The client is built from CLIENT_PACKAGE and run with --target
+# http://127.0.0.1:18080 and CLIENT_ARGS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+client_pkg=$1 engine_flags=$2
+shift 2
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; git worktree remove --force "$tmp/base" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+go build -o "$tmp/gorgo" ./cmd/gorgo
+go build -o "$tmp/client" "$client_pkg"
+proxies=("$tmp/gorgo")
+if [[ -n "${BASE:-}" ]]; then
+  git worktree add -q "$tmp/base" "$BASE"
+  (cd "$tmp/base" && go build -o "$tmp/gorgo-base" ./cmd/gorgo)
+  proxies=("$tmp/gorgo-base" "$tmp/gorgo")
+fi
+for proxy in "${proxies[@]}"; do
+  echo "== proxy: $(basename "$proxy")"
+  pids=()
+  for i in 1 2 3; do
+    # shellcheck disable=SC2086 # the engine flags are words
+    "$tmp/gorgo" engine --listen 127.0.0.1:1880$i --model m --seed $i $engine_flags >"$tmp/engine$i.log" 2>&1 & pids+=($!)
+  done
+  sleep 1
+  "$proxy" serve --listen 127.0.0.1:18080 --admin-listen off \
+    --replica a=http://127.0.0.1:18801 --replica b=http://127.0.0.1:18802 --replica c=http://127.0.0.1:18803 >"$tmp/serve.log" 2>&1 & pids+=($!)
+  sleep 3
+  "$tmp/client" --target http://127.0.0.1:18080 "$@"
+  for i in 1 2 3; do
+    curl -s 127.0.0.1:1880$i/metrics | awk -v r=$i '/^sglang:num_requests_total/ {n=$2} /^sglang:prompt_tokens_total/ {p=$2} END {printf "replica %s: %d requests, %d prompt tokens\n", r, n, p}'
+  done
+  kill "${pids[@]}" 2>/dev/null || true
+  wait "${pids[@]}" 2>/dev/null || true
+done

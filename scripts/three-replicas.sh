@@ -7,8 +7,10 @@
 #
 #   scripts/three-replicas.sh CLIENT_PACKAGE "ENGINE FLAGS" CLIENT_ARGS...
 #
-# The client is built from CLIENT_PACKAGE and run with --target
-# http://127.0.0.1:18080 and CLIENT_ARGS.
+# The client is built from CLIENT_PACKAGE (or is this tree's gorgo replay,
+# for CLIENT_PACKAGE "replay") and run with --target
+# http://127.0.0.1:18080 and CLIENT_ARGS. SERVE_FLAGS are given to every
+# gorgo serve.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 client_pkg=$1 engine_flags=$2
@@ -16,7 +18,12 @@ shift 2
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; git worktree remove --force "$tmp/base" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 go build -o "$tmp/gorgo" ./cmd/gorgo
-go build -o "$tmp/client" "$client_pkg"
+client=("$tmp/client")
+if [[ $client_pkg == replay ]]; then
+  client=("$tmp/gorgo" replay)
+else
+  go build -o "$tmp/client" "$client_pkg"
+fi
 proxies=("$tmp/gorgo")
 if [[ -n "${BASE:-}" ]]; then
   git worktree add -q "$tmp/base" "$BASE"
@@ -31,10 +38,11 @@ for proxy in "${proxies[@]}"; do
     "$tmp/gorgo" engine --listen 127.0.0.1:1880$i --model m --seed $i $engine_flags >"$tmp/engine$i.log" 2>&1 & pids+=($!)
   done
   sleep 1
+  # shellcheck disable=SC2086 # the serve flags are words
   "$proxy" serve --listen 127.0.0.1:18080 --admin-listen off \
-    --replica a=http://127.0.0.1:18801 --replica b=http://127.0.0.1:18802 --replica c=http://127.0.0.1:18803 >"$tmp/serve.log" 2>&1 & pids+=($!)
+    --replica a=http://127.0.0.1:18801 --replica b=http://127.0.0.1:18802 --replica c=http://127.0.0.1:18803 ${SERVE_FLAGS:-} >"$tmp/serve.log" 2>&1 & pids+=($!)
   sleep 3
-  "$tmp/client" --target http://127.0.0.1:18080 "$@"
+  "${client[@]}" --target http://127.0.0.1:18080 "$@" || echo "(the client failed: exit status $?)"
   for i in 1 2 3; do
     curl -s 127.0.0.1:1880$i/metrics | awk -v r=$i '/^sglang:num_requests_total/ {n=$2} /^sglang:prompt_tokens_total/ {p=$2} END {printf "replica %s: %d requests, %d prompt tokens\n", r, n, p}'
   done

@@ -66,6 +66,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, error) {
 	kv := fs.Int("kv-capacity", 0, "KV cache capacity in tokens (0: the profile's)")
 	maxWaiting := fs.Int("max-waiting", 4096, "waiting queue cap; beyond it requests get 503")
 	maxTokens := fs.Int("default-max-tokens", 128, "output tokens of a request without max_tokens")
+	healthGenerates := fs.Bool("health-generates", false, "answer GET /health a second late, as SGLang's does by default (it has the scheduler generate a token: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION)")
 	storeResponses := fs.Bool("store-responses", false, "keep each Responses API response for a follow-up (previous_response_id) and GET, as vLLM with VLLM_ENABLE_RESPONSES_API_STORE=1")
 	failFraction := fs.Float64("fail-fraction", 0, "fault: fail this fraction of requests with HTTP 500")
 	hangAfter := fs.Int("hang-after", 0, "fault: after N requests, hang every request (0: never)")
@@ -139,7 +140,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, error) {
 	return &engineFlags{listen: *listen, rtt: *rtt, jitter: *jitter, seed: *seed, cfg: emulator.Config{
 		Profile: prof, PageTokens: *page, Model: primary, ServedNames: served, LoRAModules: splitList(*loraModules),
 		MaxLoRAs: *maxLoRAs, LoRALoadTime: *loraLoad, MetricsFormat: *metricsFormat, Speedup: *speedup,
-		MaxWaiting: *maxWaiting, DefaultMaxTokens: *maxTokens, StoreResponses: *storeResponses, Seed: *seed,
+		MaxWaiting: *maxWaiting, DefaultMaxTokens: *maxTokens, StoreResponses: *storeResponses, HealthGenerates: *healthGenerates, Seed: *seed,
 		Estimator: prompt.Estimator{BytesPerToken: *bpt, ImageTokens: *imageTokens, AudioTokensPerSecond: *audioTokens, VideoTokens: *videoTokens}, Spin: *spin,
 		Faults: emulator.Faults{FailFraction: *failFraction, HangAfter: *hangAfter, ExitAfter: *exitAfter, Slowdown: *slowdown},
 	}}, nil

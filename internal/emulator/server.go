@@ -68,6 +68,13 @@ type Config struct {
 	// VLLM_ENABLE_RESPONSES_API_STORE; off, a request's "store" is
 	// ignored). See responses.go.
 	StoreResponses bool
+	// HealthGenerates makes GET /health answer as SGLang's does by default
+	// (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION): it has the scheduler
+	// generate a token and answers once a second has passed and the
+	// engine has shown life, a second or more after it was asked. The
+	// emulated engine always shows life within it. Off, /health answers
+	// at once, as vLLM's does.
+	HealthGenerates bool
 	// Estimator turns prompt bytes into tokens.
 	Estimator prompt.Estimator
 	Faults    Faults
@@ -243,6 +250,13 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /v1/load_lora_adapter", s.guard(false, s.loadAdapter))
 	s.mux.HandleFunc("POST /v1/unload_lora_adapter", s.guard(false, s.unloadAdapter))
 	s.mux.HandleFunc("GET /health", s.guard(false, func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.HealthGenerates {
+			select {
+			case <-time.After(time.Second): // SGLang's first look, in wall time as its HTTP server's
+			case <-r.Context().Done():
+				return
+			}
+		}
 		w.WriteHeader(http.StatusOK)
 	}))
 	s.mux.Handle("GET /metrics", s.guard(false, promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}).ServeHTTP))

@@ -39,21 +39,25 @@ func (f *Fleet) ModelMissing(id, model string) {
 // refreshModels reads what a replica serves from its GET /v1/models, or
 // takes it from its config, which restores a model the replica once
 // answered 404 for. A first failure after successes, and the recovery, are
-// logged.
-func (f *Fleet) refreshModels(ctx context.Context, u *Upstream) {
+// logged. It returns the list's round trip (Fleet.timed), ok when the
+// replica answered, whatever its answer: a probe's round trip is the least
+// of its requests', and the list is asked for that too where the config
+// says what the replica serves.
+func (f *Fleet) refreshModels(ctx context.Context, u *Upstream) (rtt time.Duration, ok bool) {
+	set, rtt, err := f.readModels(ctx, u)
+	ok = rtt > 0
+	if f.Upstream(u.cfg.ID) != u {
+		return rtt, ok // replaced meanwhile
+	}
 	if u.served != nil {
 		f.rt.SetModels(u.cfg.ID, u.served)
-		return
-	}
-	set, err := f.readModels(ctx, u)
-	if f.Upstream(u.cfg.ID) != u {
-		return // replaced meanwhile
+		return rtt, ok
 	}
 	if err != nil {
 		if ctx.Err() == nil && !u.modelsFailing.Swap(true) {
 			f.log.Warn("model list not read: the last one stands", "replica", u.cfg.ID, "error", err)
 		}
-		return
+		return rtt, ok
 	}
 	if u.modelsFailing.Swap(false) {
 		f.log.Info("model list read again", "replica", u.cfg.ID)
@@ -61,37 +65,41 @@ func (f *Fleet) refreshModels(ctx context.Context, u *Upstream) {
 	if changed, err := f.rt.SetModels(u.cfg.ID, set); err == nil && changed {
 		f.log.Info("replica models", "replica", u.cfg.ID, "models", set.String())
 	}
+	return rtt, ok
 }
 
 // maxModelsWait bounds the wait for a model list (a replica's first
 // probe waits for it).
 const maxModelsWait = 5 * time.Second
 
-func (f *Fleet) readModels(ctx context.Context, u *Upstream) (*models.Set, error) {
+// readModels reads a replica's GET /v1/models. rtt is the request's round
+// trip (Fleet.timed) when the replica answered (0 when it did not).
+func (f *Fleet) readModels(ctx context.Context, u *Upstream) (set *models.Set, rtt time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, min(max(f.Config().ProbeInterval, 2*timeoutFloor), maxModelsWait))
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.cfg.URL+"/v1/models", nil)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if u.apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+u.apiKey)
 	}
-	resp, err := f.client.Do(req)
+	resp, rtt, err := f.timed(req)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, models.MaxListBytes+1))
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, rtt, err
 	case resp.StatusCode != http.StatusOK:
-		return nil, fmt.Errorf("GET /v1/models: status %d", resp.StatusCode)
+		return nil, rtt, fmt.Errorf("GET /v1/models: status %d", resp.StatusCode)
 	case len(body) > models.MaxListBytes:
-		return nil, fmt.Errorf("GET /v1/models: an answer of more than %d bytes", models.MaxListBytes)
+		return nil, rtt, fmt.Errorf("GET /v1/models: an answer of more than %d bytes", models.MaxListBytes)
 	}
-	return models.ParseList(body)
+	set, err = models.ParseList(body)
+	return set, rtt, err
 }
 
 // ModelList is what the router serves, as its GET /v1/models answers: every

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/enginemetrics"
@@ -95,8 +97,16 @@ func (f *Fleet) intervalsChanged() {
 	close(*f.intervals.Swap(&next))
 }
 
-// probe times GET /health on a replica: a success feeds the RTT estimate
-// and marks the replica up; a failure counts against it.
+// probe checks a replica's health and times its round trip: GET /health
+// must answer 200, and a success feeds the round trip to the estimate and
+// marks the replica up; a failure counts against it. The round trip is the
+// least of the probe's two requests' (GET /health, then GET /v1/models),
+// each timed from the request written to the first byte of its answer
+// (timed): neither a new connection's handshake nor an engine's slow
+// health check is taken for the network. SGLang's /health has its
+// scheduler generate a token and answers a second or more later
+// (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, on by default); its model
+// list is answered at once.
 func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	pctx, cancel := context.WithTimeout(ctx, max(f.Config().ProbeInterval, 2*timeoutFloor))
 	defer cancel()
@@ -104,8 +114,7 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	if err != nil {
 		return
 	}
-	start := time.Now()
-	resp, err := f.client.Do(req)
+	resp, rtt, err := f.timed(req)
 	if f.Upstream(u.cfg.ID) != u {
 		if err == nil {
 			resp.Body.Close()
@@ -120,18 +129,45 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
-	rtt := time.Since(start)
 	if resp.StatusCode != http.StatusOK {
 		f.probeFailed(u.cfg.ID)
 		return
 	}
 	// What it serves, before its first probe makes it available.
-	f.refreshModels(ctx, u)
+	if listed, ok := f.refreshModels(ctx, u); ok {
+		rtt = min(rtt, listed)
+	}
 	if f.rt.ObserveRTT(u.cfg.ID, rtt) != nil {
 		return // left the fleet meanwhile
 	}
 	f.m.rtt.WithLabelValues(u.cfg.ID).Set(rtt.Seconds())
 	f.probed(u)
+}
+
+// timed does req with the fleet's client and returns, with its response,
+// the time from the request written to the first byte of the answer: a
+// round trip and the replica's time to answer, without the dial and the
+// TLS handshake of a new connection. Where the trace saw neither (it
+// should not happen), the whole time is returned.
+func (f *Fleet) timed(req *http.Request) (*http.Response, time.Duration, error) {
+	start := time.Now()
+	// The transport may call the hooks from its own goroutines, the write's
+	// after the answer has come: atomics, not plain variables.
+	var wrote, first atomic.Int64
+	trace := &httptrace.ClientTrace{
+		WroteRequest:         func(httptrace.WroteRequestInfo) { wrote.CompareAndSwap(0, int64(time.Since(start))) },
+		GotFirstResponseByte: func() { first.CompareAndSwap(0, int64(time.Since(start))) },
+	}
+	resp, err := f.client.Do(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+	total := time.Since(start)
+	if err != nil {
+		return nil, total, err
+	}
+	w, b := wrote.Load(), first.Load()
+	if w == 0 || b == 0 || b < w {
+		return resp, total, nil
+	}
+	return resp, time.Duration(b - w), nil
 }
 
 // scrapeLoop reads a replica's engine metrics every ScrapeInterval, the

@@ -2,11 +2,15 @@ package fleet_test
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -141,4 +145,77 @@ func TestReloadShortensIntervalsAtOnce(t *testing.T) {
 	cfg.ProbeInterval, cfg.ScrapeInterval = 20*time.Millisecond, 20*time.Millisecond
 	apply(t, s, cfg)
 	eventually(t, "probes and scrapes at the new interval", func() bool { p, sc := count(); return p >= p0+3 && sc >= s0+3 })
+}
+
+// SGLang's /health has its scheduler generate a token and answers a second
+// later (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, its default): that
+// second is not the network's. The probe's round trip is the least of its
+// requests', and the model list is answered at once.
+func TestSlowHealthCheckIsNotTheRoundTrip(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/health":
+			time.Sleep(time.Second)
+		case "/v1/models":
+			io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+		}
+	}))
+	defer up.Close()
+	f, err := fleet.New(fleet.Config{Replicas: []fleet.ReplicaConfig{{ID: "a", URL: up.URL}}}, fleet.Options{Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ProbeOnce(t.Context())
+	st, _ := f.Router().Replica("a")
+	if !st.Available() {
+		t.Fatal("the replica is not up after a probe")
+	}
+	if st.RTT >= 500*time.Millisecond { // loopback: a millisecond or so; the health check's answer takes a second
+		t.Fatalf("round trip %v: the health check's second taken for the network", st.RTT)
+	}
+	// Where the config says what the replica serves, the list is asked
+	// for all the same, for its round trip.
+	f2, err := fleet.New(fleet.Config{Replicas: []fleet.ReplicaConfig{{ID: "a", URL: up.URL, Models: []string{"m"}}}}, fleet.Options{Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2.ProbeOnce(t.Context())
+	if st, _ := f2.Router().Replica("a"); !st.Available() || st.RTT >= 500*time.Millisecond {
+		t.Fatalf("available %v, round trip %v with the models in the config", st.Available(), st.RTT)
+	}
+}
+
+// A probe on a new connection is timed from its request written: the
+// dial and the TLS handshake (which a replica across an ocean takes two
+// or three round trips for) are not the round trip a request sees on the
+// connections the router keeps.
+func TestHandshakeIsNotTheRoundTrip(t *testing.T) {
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close") // every probe's request on a new connection
+		if r.URL.Path == "/v1/models" {
+			io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+		}
+	}))
+	up.TLS = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		time.Sleep(time.Second) // a slow handshake
+		return nil, nil
+	}}
+	up.StartTLS()
+	defer up.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: up.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := fleet.New(fleet.Config{UpstreamTLS: fleet.UpstreamTLSConfig{CAFile: ca}, Replicas: []fleet.ReplicaConfig{{ID: "a", URL: up.URL}}}, fleet.Options{Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ProbeOnce(t.Context())
+	st, _ := f.Router().Replica("a")
+	if !st.Available() {
+		t.Fatal("the https replica is not up after a probe")
+	}
+	if st.RTT >= 500*time.Millisecond {
+		t.Fatalf("round trip %v: the handshake's second taken for the network", st.RTT)
+	}
 }

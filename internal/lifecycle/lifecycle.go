@@ -471,6 +471,10 @@ func (r *Request) failed(e *AttemptError) {
 		r.last = &e.Error
 	}
 	c.cfg.Metrics.retried(r.ticket.ID)
+	if e.Busy && c.cfg.Router.Current(&r.ticket) {
+		now := time.Now()
+		c.cfg.Router.Busy(r.ticket.ID, c.Now(now), wire.RetryWait(e.RetryAfter, now))
+	}
 	switch {
 	case c.cfg.Health == nil:
 	case !c.cfg.Router.Current(&r.ticket): // replaced since: not its successor's doing

@@ -88,6 +88,11 @@ type AttemptError struct {
 	// attempt's error (a busy holder's 503) is what the client hears if
 	// none serves it.
 	NotHeld bool
+	// Busy says the replica answered that it is busy (503 or 429), and
+	// Error.RetryAfter holds its Retry-After: not broken; the router
+	// passes it over for that long (Router.Busy), and the next fallback is
+	// tried.
+	Busy bool
 }
 
 // Serve drives one request through its life: it reads the body, applies

@@ -338,7 +338,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		resp.Body.Close()
 		busy := resp.StatusCode == http.StatusServiceUnavailable || resp.StatusCode == http.StatusTooManyRequests
 		a, e := fail(resp.StatusCode, !busy, wire.ErrorMessage(data))
-		e.RetryAfter = resp.Header.Get("Retry-After")
+		e.RetryAfter, e.Busy = resp.Header.Get("Retry-After"), busy
 		return a, e
 	}
 	a := &answer{resp: resp, cancel: cancel, buf: httpapi.GetBuffer(), idle: idleTimer}

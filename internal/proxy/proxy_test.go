@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -258,6 +259,46 @@ func TestBusyReplicaIsSkippedAndNotIndexed(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "1" {
 		t.Errorf("status %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+}
+
+// A replica that answered it is busy, with a Retry-After, is passed over
+// for that long while another can serve: before, each request the policy
+// sent there came back a 503 and went on, a round trip lost (round-robin
+// sent it every other request). Once the wait is over it is tried again.
+func TestBusyReplicaIsLeftAloneForItsRetryAfter(t *testing.T) {
+	var wait atomic.Value
+	wait.Store("30")
+	busy := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", wait.Load().(string))
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":{"message":"the request queue is full","code":503}}`)
+	})
+	good := startReplica(t, 50*time.Millisecond, emulator.Faults{})
+	rr, err := policy.New("round-robin", policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, url := startProxy(t, testConfig{Policy: rr, Fleet: fleet.Config{ProbeInterval: time.Hour}}, busy, good)
+	for i := range 10 {
+		if res := chat(t, url, fmt.Sprintf("question %d", i), 2); res.Status != 200 || res.Replica != "b" {
+			t.Fatalf("request %d: %+v", i, res)
+		}
+	}
+	if n := busy.Served(); n != 1 {
+		t.Errorf("the busy replica was sent %d of 10 requests, want 1 (its Retry-After is 30 s)", n)
+	}
+	st, _ := s.Router().Replica("a")
+	if !st.Healthy || st.BusyUntil == 0 {
+		t.Errorf("healthy %v, busy until %v: busy is not broken, and is remembered", st.Healthy, st.BusyUntil)
+	}
+	// A Retry-After of 0 (or none) is a second's rest: then it is tried again.
+	wait.Store("0")
+	s.Router().Busy("a", 0, time.Nanosecond) // the wait is over
+	chat(t, url, "again", 2)
+	chat(t, url, "and again", 2)
+	if n := busy.Served(); n != 2 {
+		t.Errorf("after its wait the busy replica was sent %d requests in all, want 2", n)
 	}
 }
 

@@ -73,6 +73,9 @@ type member struct {
 	state   atomic.Int32 // State
 	healthy atomic.Bool
 	gone    atomic.Bool // left the fleet
+	// busyUntil is when (ns of router time) the replica stops being passed
+	// over for having said it is busy (Router.Busy); 0: never said.
+	busyUntil atomic.Int64
 
 	// Ledger of this router's requests to the replica: their sequences in
 	// flight (a request for n answers is n, as the engine counts them),
@@ -335,7 +338,10 @@ type ReplicaState struct {
 	State      State
 	// Healthy is the replica's health (false: marked down); Probed says
 	// whether a probe has reached it yet.
-	Healthy, Probed   bool
+	Healthy, Probed bool
+	// BusyUntil is when (router time) the replica stops being passed over
+	// for having answered that it is busy (Router.Busy); 0: never.
+	BusyUntil         time.Duration
 	RTT               time.Duration
 	RTTSamples        int
 	InFlight          int
@@ -365,7 +371,7 @@ func (s ReplicaState) Available() bool { return s.State == Active && s.Healthy &
 
 func (m *member) snapshot(indexBlocks int) ReplicaState {
 	st := ReplicaState{ID: m.id, Region: *m.region.Load(), State: State(m.state.Load()), Healthy: m.healthy.Load(), Probed: m.probed.Load(),
-		RTT: time.Duration(m.rttNS.Load()), InFlight: int(m.inflight.Load()), UnfinishedTokens: int(m.unfin.Load()),
+		BusyUntil: time.Duration(m.busyUntil.Load()), RTT: time.Duration(m.rttNS.Load()), InFlight: int(m.inflight.Load()), UnfinishedTokens: int(m.unfin.Load()),
 		BacklogTokens: int(m.backlog.Load()), IndexBlocks: indexBlocks, KVCapacityTokens: int(m.kvCap.Load())}
 	st.PrefillMSPerToken, st.QueueMSPerToken = m.ratesNow()
 	st.Decoding = int(m.decoding.Load())

@@ -533,6 +533,7 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	if req.WaitingCap > 0 || req.TPOTSLOMS > 0 || req.TTFTBudgetMS > 0 {
 		r.shelter(now, req)
 	}
+	r.keep(func(i int) bool { return r.cand[i].busyUntil.Load() <= int64(now) })
 	r.dec.Tag, r.dec.ExactTies = 0, false
 	if err := pol.Decide(&r.dec, req, r.views, rng); err != nil {
 		return dst, err
@@ -830,6 +831,27 @@ func (r *Router) SetKVCapacity(id string, tokens int) error {
 	m.kvCap.Store(int64(tokens))
 	r.index.SetCapacity(m.slot, min(tokens, maxIndexKVTokens)/r.cfg.BlockTokens)
 	return nil
+}
+
+// MaxBusy bounds how long a replica that said it is busy is passed over.
+const MaxBusy = 30 * time.Second
+
+// Busy records that a replica answered that it is busy (503 or 429) at
+// now, and for how long it asked to be left alone (its Retry-After; 0 if
+// it did not say: a second). Until then decisions pass it over while any
+// other replica can take the request (it stays a candidate when none can,
+// and a stored response's holder is still tried first): each request sent
+// to it meanwhile would come back, a round trip lost. The wait is at most
+// MaxBusy; a later answer's says more than an earlier's.
+func (r *Router) Busy(id string, now, retryAfter time.Duration) error {
+	m, err := r.member(id)
+	if err == nil {
+		if retryAfter <= 0 {
+			retryAfter = time.Second
+		}
+		m.busyUntil.Store(int64(now + min(retryAfter, MaxBusy)))
+	}
+	return err
 }
 
 // SetHealthy marks a replica up or down.

@@ -381,6 +381,50 @@ func TestUnavailableReplicasAreFiltered(t *testing.T) {
 	}
 }
 
+// A replica that said it is busy is passed over until its wait is over,
+// while another can take the request; alone it is still a candidate. The
+// wait is at most MaxBusy, a second when it gave none.
+func TestBusyReplicaIsPassedOver(t *testing.T) {
+	r := newRouter(t, "round-robin", 2, false)
+	rng := rand.New(rand.NewPCG(1, 1))
+	req := policy.Request{PromptTokens: 16}
+	dispatch := func(now time.Duration) (string, []Candidate) {
+		t.Helper()
+		tk, fb, err := r.Dispatch(now, &req, rng, make([]Candidate, 0, 2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Finish(&tk)
+		return tk.ID, fb
+	}
+	r.Busy("a", time.Second, 5*time.Second)
+	for now := time.Second; now < 6*time.Second; now += 100 * time.Millisecond {
+		if id, fb := dispatch(now); id != "b" || len(fb) != 0 {
+			t.Fatalf("at %v: %s, fallbacks %+v, with a busy until 6 s", now, id, fb)
+		}
+	}
+	seen := map[string]bool{}
+	for range 4 {
+		id, _ := dispatch(6 * time.Second)
+		seen[id] = true
+	}
+	if !seen["a"] || !seen["b"] {
+		t.Errorf("after the wait: %v, want both", seen)
+	}
+	// Both busy: both candidates still.
+	r.Busy("a", 10*time.Second, 0)
+	r.Busy("b", 10*time.Second, time.Hour)
+	if id, fb := dispatch(10 * time.Second); len(fb) != 1 {
+		t.Errorf("both busy: %s, fallbacks %+v; want both candidates", id, fb)
+	}
+	if st := state(t, r, "a"); st.BusyUntil != 11*time.Second {
+		t.Errorf("no Retry-After: busy until %v, want a second", st.BusyUntil)
+	}
+	if st := state(t, r, "b"); st.BusyUntil != 10*time.Second+MaxBusy {
+		t.Errorf("an hour's Retry-After: busy until %v, want MaxBusy", st.BusyUntil)
+	}
+}
+
 // Adding, draining and removing replicas changes nothing about the others:
 // their RTT estimates, ledgers, rates and index shares survive.
 func TestMembershipLeavesOthersAlone(t *testing.T) {

@@ -3,7 +3,9 @@ package wire
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strconv"
+	"time"
 )
 
 // Error is an error as gorgo answers it, in OpenAI's shape: an HTTP status,
@@ -92,4 +94,20 @@ func ModelNotFound(name string) *Error {
 	e := Errorf(404, "The model `%s` does not exist.", name)
 	e.Type, e.Param, e.Code = "invalid_request_error", "model", CodeModelNotFound
 	return e
+}
+
+// RetryWait reads a Retry-After header's value (RFC 9110: whole seconds,
+// or an HTTP date) as a wait from now: 0 when it is absent, unreadable or
+// past.
+func RetryWait(h string, now time.Time) time.Duration {
+	if h == "" {
+		return 0
+	}
+	if s, err := strconv.ParseUint(h, 10, 32); err == nil {
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(h); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
 }

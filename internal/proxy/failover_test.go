@@ -247,3 +247,49 @@ func TestQueuedStreamIsNotCut(t *testing.T) {
 		t.Errorf("the queued replica's failures in a row: %d, want 0", failures)
 	}
 }
+
+// An engine that gives a request up before its first token answers 200:
+// vLLM, shutting down or paused (its default on SIGTERM with no drain
+// timeout), ends the stream after its role chunk ([DONE], or its usage of
+// no tokens first), or answers a non-streaming request with finish_reason
+// "abort" and no tokens; SGLang streams a finish_reason "abort". Nothing
+// reached the client: another replica serves it (before, the client got
+// an empty answer). An answer of no text that finished ("stop": the model
+// ended at once) is an answer.
+func TestAbortBeforeTheFirstTokenFailsOver(t *testing.T) {
+	role := `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
+	done := "data: [DONE]\n\n"
+	for _, c := range []struct {
+		name, stream, whole string
+		served              bool // by the aborting replica: not an abort
+	}{
+		{name: "vLLM stream", stream: role + done},
+		{name: "vLLM stream with usage", stream: role + `data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":0,"total_tokens":5}}` + "\n\n" + done},
+		{name: "SGLang stream", stream: role + `data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"abort"}]}` + "\n\n" + done},
+		{name: "vLLM answer", whole: `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"abort"}],"usage":{"prompt_tokens":5,"completion_tokens":0,"total_tokens":5}}`},
+		{name: "an empty answer that finished", stream: role + `data: {"id":"c","choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}` + "\n\n" + done, served: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			aborting := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				io.ReadAll(r.Body)
+				if c.whole != "" {
+					w.Header().Set("Content-Type", "application/json")
+					io.WriteString(w, c.whole)
+					return
+				}
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, c.stream)
+			})
+			good := startReplica(t, 20*time.Millisecond, emulator.Faults{})
+			_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, aborting, good)
+			code, body, replica := post(t, url, chatBody("x", 3, c.whole == ""))
+			want := "b"
+			if c.served {
+				want = "a"
+			}
+			if code != 200 || replica != want {
+				t.Errorf("status %d from %q, want 200 from %s: %.300s", code, replica, want, body)
+			}
+		})
+	}
+}

@@ -384,42 +384,62 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
 	if stream {
-		if msg, failed := failedStream(*a.buf); failed {
+		if why, msg, failed := failedStream(*a.buf); failed {
 			a.close()
-			return nil, failure(id, http.StatusBadGateway, true, "its stream began with an error", msg)
+			return nil, failure(id, http.StatusBadGateway, true, why, msg)
 		}
+	}
+	if a.whole && resp.StatusCode == http.StatusOK && wire.AbortedUnanswered(*a.buf) {
+		a.close()
+		return nil, failure(id, http.StatusBadGateway, true, "it gave the request up before its first token", `finish_reason "abort"`)
 	}
 	return a, nil
 }
 
-// failedStream reports whether a stream whose first event is in buf began
-// with an error the replica owns (vLLM sends a 200, then an error event,
-// when its engine fails before the first token), with the error's message.
-// Nothing has reached the client: another replica may serve the request.
-// An error that blames the request (wire.RequestFault) is relayed as it is.
-func failedStream(buf []byte) (string, bool) {
+// failedStream reports whether a stream whose first event is in buf failed
+// before its first token, why, and the replica's message: it began with
+// an error the replica owns (vLLM sends a 200, then an error event, when
+// its engine fails before the first token; SGLang when its queue is full),
+// or the engine gave the request up (vLLM, shutting down or paused, ends
+// such a stream at once: [DONE], or its usage with no tokens; SGLang sends
+// a finish_reason "abort"). Nothing has reached the client: another
+// replica may serve the request. An error that blames the request
+// (wire.RequestFault) is relayed as it is.
+func failedStream(buf []byte) (why, msg string, failed bool) {
 	ev, ok := firstEvent(buf)
 	if !ok {
-		return "", false
+		return "", "", false
 	}
 	var scratch []byte
 	data := wire.EventData(ev, &scratch)
-	if len(data) == 0 || wire.IsDone(data) {
-		return "", false
+	if wire.IsDone(data) {
+		return "its stream ended before its first token", "[DONE]", true
 	}
-	if p := wire.PeekChunk(data); !p.Error || p.Token || wire.RequestFault(data) {
-		return "", false
+	switch p := wire.PeekChunk(data); {
+	case p.Token:
+		return "", "", false
+	case p.Error:
+		if wire.RequestFault(data) {
+			return "", "", false
+		}
+		return "its stream began with an error", wire.ErrorMessage(data), true
+	case p.Abort:
+		return "it gave the request up before its first token", `finish_reason "abort"`, true
+	case p.Usage && !p.Finish && p.CompletionTokens == 0:
+		return "its stream ended before its first token", "usage with no completion tokens", true
 	}
-	return wire.ErrorMessage(data), true
+	return "", "", false
 }
 
 // firstEvent returns the first event in buf that begins the answer: one
 // with data, other than a Responses API stream's opening
 // (response.created, .in_progress, .queued), which an engine sends at
-// once, before the request's wait in its queue. Comments (keep-alives)
-// and data-less events before it carry nothing of the answer: until the
-// answer begins, the attempt may still fail over, and has
-// first_byte_timeout.
+// once, before the request's wait in its queue, and other than a chunk
+// that carries nothing (no token, finish, usage or error: the role chunk
+// vLLM and SGLang send with the first token, or as an abort's only chunk).
+// Comments (keep-alives) and data-less events before it carry nothing of
+// the answer: until the answer begins, the attempt may still fail over,
+// and has first_byte_timeout.
 func firstEvent(buf []byte) ([]byte, bool) {
 	var scratch []byte
 	for {
@@ -428,10 +448,20 @@ func firstEvent(buf []byte) ([]byte, bool) {
 			return nil, false
 		}
 		buf = rest
-		if data := wire.EventData(ev, &scratch); len(data) > 0 && !wire.IsOpening(data) {
+		if data := wire.EventData(ev, &scratch); len(data) > 0 && !wire.IsOpening(data) && !empty(data) {
 			return ev, true
 		}
 	}
+}
+
+// empty reports whether a chunk's data is a JSON object that carries
+// nothing of the answer.
+func empty(data []byte) bool {
+	if data[0] != '{' || wire.IsDone(data) {
+		return false
+	}
+	p := wire.PeekChunk(data)
+	return !p.Token && !p.Finish && !p.Usage && !p.Error && p.ResponseID == ""
 }
 
 // traceAttempt passes a traced attempt's trace context on to the replica

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strings"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -20,6 +21,9 @@ type Peek struct {
 	Token bool
 	// Finish: choices[0].finish_reason is a non-empty string.
 	Finish bool
+	// Abort: choices[0].finish_reason is "abort": the engine gave the
+	// request up (vLLM shutting down or paused, SGLang's abort_request).
+	Abort bool
 	// Usage: the chunk has a usage that is not null.
 	Usage bool
 	// CompletionTokens is usage.completion_tokens.
@@ -58,6 +62,7 @@ func PeekChunk(data []byte) Peek {
 	p := Peek{
 		Token:        c.content || c.reasoningContent || c.reasoning || c.toolCalls || c.text || c.deltaType && c.delta,
 		Finish:       c.finish,
+		Abort:        c.abort,
 		Usage:        c.usage.set || c.responseUsage.set,
 		CachedTokens: -1,
 		Error:        c.err || c.objectError || c.typeError,
@@ -82,6 +87,7 @@ type chunkPeek struct {
 	// choices[0]: whether each string is non-empty (tool_calls: the
 	// array).
 	content, reasoningContent, reasoning, toolCalls, text, finish bool
+	abort                                                         bool // finish_reason is "abort"
 	// A Responses API event: its type ends in ".delta"; its delta is a
 	// non-empty string.
 	deltaType, delta bool
@@ -131,7 +137,7 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 				case is(key.Str, "usage"):
 					c.responseUsage.member(v)
 				case is(key.Str, "id") && v.Type == gjson.String:
-					c.responseID = v.Str
+					c.responseID = validUTF8(v.Str)
 				}
 				return true
 			})
@@ -150,6 +156,7 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 
 func (c *chunkPeek) resetChoice() {
 	c.content, c.reasoningContent, c.reasoning, c.toolCalls, c.text, c.finish = false, false, false, false, false, false
+	c.abort = false
 }
 
 func (c *chunkPeek) choiceMember(key, v gjson.Result) bool {
@@ -160,6 +167,9 @@ func (c *chunkPeek) choiceMember(key, v gjson.Result) bool {
 		}
 	case is(k, "finish_reason"):
 		nonEmpty(v, &c.finish)
+		if v.Type != gjson.Null {
+			c.abort = v.Type == gjson.String && v.Str == "abort"
+		}
 	case is(k, "text"):
 		nonEmpty(v, &c.text)
 	}
@@ -303,6 +313,43 @@ func PeekBody(data []byte) (completionTokens, cachedTokens int) {
 		return 0, -1
 	}
 	return m.u.tokens()
+}
+
+// AbortedUnanswered reports whether a non-streaming answer's body says the
+// engine gave the request up before its first token: choices[0]'s
+// finish_reason is "abort" and usage.completion_tokens is 0 (vLLM answers
+// so, with a 200, a request it aborts as it shuts down or pauses;
+// SGLang one aborted by its abort_request).
+func AbortedUnanswered(body []byte) bool {
+	if !bytes.Contains(body, []byte(`"abort"`)) || !valid(body) {
+		return false
+	}
+	root := gjson.Parse(bytesString(body))
+	if !isObject(root) || root.Get("choices.0.finish_reason").Str != "abort" {
+		return false
+	}
+	completion, _ := PeekBody(body)
+	return completion == 0
+}
+
+// validUTF8 is s as encoding/json decodes a string: each byte that is not
+// part of valid UTF-8 replaced by U+FFFD (gjson keeps it). It allocates
+// only then.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			b.WriteRune(utf8.RuneError)
+		} else {
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
 }
 
 // nonEmpty sets *dst to whether the string v is non-empty (its literal is

@@ -16,7 +16,7 @@ import (
 // fromEvent is the Peek that ParseChunk's reading of data implies.
 func fromEvent(t *testing.T, data []byte, ev Event) Peek {
 	t.Helper()
-	p := Peek{Token: ev.HasToken(), Finish: ev.FinishReason != "", Usage: ev.Usage != nil, CachedTokens: -1, ResponseID: ev.ResponseID}
+	p := Peek{Token: ev.HasToken(), Finish: ev.FinishReason != "", Abort: ev.FinishReason == "abort", Usage: ev.Usage != nil, CachedTokens: -1, ResponseID: ev.ResponseID}
 	if u := ev.Usage; u != nil {
 		p.CompletionTokens, p.CachedTokens = u.CompletionTokens, u.CachedTokens
 	}
@@ -56,6 +56,9 @@ var peekCases = []struct {
 	{`{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
 		Peek{CachedTokens: -1}},
 	{`{"choices":[{"index":0,"delta":{"content":"The"},"finish_reason":null}]}`, Peek{Token: true, CachedTokens: -1}},
+	{`{"choices":[{"index":0,"delta":{},"finish_reason":"abort"}]}`, Peek{Finish: true, Abort: true, CachedTokens: -1}},
+	{`{"choices":[{"index":0,"delta":{},"finish_reason":"abort","finish_reason":null}]}`, Peek{Finish: true, Abort: true, CachedTokens: -1}},
+	{`{"choices":[{"index":0,"delta":{},"finish_reason":"abort","finish_reason":"stop"}]}`, Peek{Finish: true, CachedTokens: -1}},
 	{`{"choices":[{"delta":{"content":"\n"}}]}`, Peek{Token: true, CachedTokens: -1}},
 	{`{"choices":[{"delta":{"content":null,"reasoning_content":"hmm"}}]}`, Peek{Token: true, CachedTokens: -1}},
 	{`{"choices":[{"delta":{"reasoning":"so"}}]}`, Peek{Token: true, CachedTokens: -1}},
@@ -254,7 +257,7 @@ var (
 		`"usage"`, `"completion_tokens"`, `"prompt_tokens_details"`, `"cached_tokens"`, `"error"`, `"object"`, `"message"`,
 		`"tool_calls"`, `"type"`, `"Tool_Calls"`, `"response"`, `"output_tokens"`, `"input_tokens_details"`, `"input_tokens"`,
 		`"CHOICES"`, `"Delta"`, `"Usage"`, `"\u0063ontent"`, `"ſtream"`, `"x"`, `"\ud800usage"`}
-	recipeScalars = []string{`"response.output_text.delta"`, `"response.completed"`, `"error"`, `"err\u006fr"`, `""`, `"\n"`, `"a"`, "\"\xff\"", `"\ud800"`,
+	recipeScalars = []string{`"response.output_text.delta"`, `"abort"`, `"\u0061bort"`, `"response.completed"`, `"error"`, `"err\u006fr"`, `""`, `"\n"`, `"a"`, "\"\xff\"", `"\ud800"`,
 		`0`, `1`, `-1`, `-0`, `7`, `1.0`, `1e3`, `9223372036854775807`, `9223372036854775808`, `true`, `false`, `null`}
 )
 
@@ -466,5 +469,31 @@ func TestResponsesErrorEvents(t *testing.T) {
 		if err != nil || !strings.Contains(ev.Err, msg) || !PeekChunk([]byte(data)).Error {
 			t.Errorf("%s: error %q (%v), want %q", data, ev.Err, err, msg)
 		}
+	}
+}
+
+func TestAbortedUnanswered(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want bool
+	}{
+		{`{"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"abort"}],"usage":{"prompt_tokens":9,"completion_tokens":0,"total_tokens":9}}`, true},
+		{`{"choices":[{"index":0,"text":"","finish_reason":"abort"}]}`, true},
+		{`{"choices":[{"index":0,"message":{"role":"assistant","content":"Half an"},"finish_reason":"abort"}],"usage":{"prompt_tokens":9,"completion_tokens":2}}`, false},
+		{`{"choices":[{"index":0,"message":{"content":"abort"},"finish_reason":"stop"}],"usage":{"completion_tokens":1}}`, false},
+		{`{"choices":[{"finish_reason":"abort"}`, false}, // cut short: not read
+		{`[]`, false},
+	} {
+		if got := AbortedUnanswered([]byte(c.body)); got != c.want {
+			t.Errorf("AbortedUnanswered(%s) = %v, want %v", c.body, got, c.want)
+		}
+	}
+}
+
+// A response id that is not valid UTF-8 reads as encoding/json reads it:
+// each stray byte a U+FFFD (found by FuzzPeekChunk, 2026-12-05).
+func TestPeekResponseIDInvalidUTF8(t *testing.T) {
+	if p := checkPeek(t, []byte("{\"response\":{\"id\":\"a\x8bb\xff\"}}")); p.ResponseID != "a\uFFFDb\uFFFD" {
+		t.Errorf("ResponseID %q", p.ResponseID)
 	}
 }

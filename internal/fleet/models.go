@@ -41,17 +41,17 @@ func (f *Fleet) ModelMissing(id, model string) {
 // answered 404 for. A first failure after successes, and the recovery, are
 // logged. It returns the list's round trip (Fleet.timed), ok when the
 // replica answered, whatever its answer: a probe's round trip is the least
-// of its requests', and the list is asked for that too where the config
-// says what the replica serves.
+// of its requests'. A replica whose config says what it serves is not
+// asked (its list may be slow or absent: its round trip is its /health's).
 func (f *Fleet) refreshModels(ctx context.Context, u *Upstream) (rtt time.Duration, ok bool) {
+	if u.served != nil {
+		f.rt.SetModels(u.cfg.ID, u.served)
+		return 0, false
+	}
 	set, rtt, err := f.readModels(ctx, u)
 	ok = rtt > 0
 	if f.Upstream(u.cfg.ID) != u {
 		return rtt, ok // replaced meanwhile
-	}
-	if u.served != nil {
-		f.rt.SetModels(u.cfg.ID, u.served)
-		return rtt, ok
 	}
 	if err != nil {
 		if ctx.Err() == nil && !u.modelsFailing.Swap(true) {

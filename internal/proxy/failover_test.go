@@ -264,7 +264,7 @@ func TestAbortBeforeTheFirstTokenFailsOver(t *testing.T) {
 		served              bool // by the aborting replica: not an abort
 	}{
 		{name: "vLLM stream", stream: role + done},
-		{name: "vLLM stream with usage", stream: role + `data: {"id":"c","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":0,"total_tokens":5}}` + "\n\n" + done},
+		{name: "vLLM continuous usage", stream: `data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":5,"completion_tokens":0}}` + "\n\n" + `data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1}}` + "\n\n" + done, served: true},
 		{name: "SGLang stream", stream: role + `data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"abort"}]}` + "\n\n" + done},
 		{name: "vLLM answer", whole: `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"abort"}],"usage":{"prompt_tokens":5,"completion_tokens":0,"total_tokens":5}}`},
 		{name: "an empty answer that finished", stream: role + `data: {"id":"c","choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}` + "\n\n" + done, served: true},

@@ -401,8 +401,9 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 // an error the replica owns (vLLM sends a 200, then an error event, when
 // its engine fails before the first token; SGLang when its queue is full),
 // or the engine gave the request up (vLLM, shutting down or paused, ends
-// such a stream at once: [DONE], or its usage with no tokens; SGLang sends
-// a finish_reason "abort"). Nothing has reached the client: another
+// such a stream at once: [DONE]; SGLang sends a finish_reason "abort").
+// A chunk of usage with no tokens is not an end: vLLM's continuous usage
+// puts one on its role chunk. Nothing has reached the client: another
 // replica may serve the request. An error that blames the request
 // (wire.RequestFault) is relayed as it is.
 func failedStream(buf []byte) (why, msg string, failed bool) {
@@ -425,8 +426,6 @@ func failedStream(buf []byte) (why, msg string, failed bool) {
 		return "its stream began with an error", wire.ErrorMessage(data), true
 	case p.Abort:
 		return "it gave the request up before its first token", `finish_reason "abort"`, true
-	case p.Usage && !p.Finish && p.CompletionTokens == 0:
-		return "its stream ended before its first token", "usage with no completion tokens", true
 	}
 	return "", "", false
 }

@@ -389,7 +389,9 @@ func (r *Router) keep(ok func(i int) bool) {
 	k := 0
 	for i := range r.cand {
 		if ok(i) {
-			r.views[k], r.cand[k], r.adapter[k] = r.views[i], r.cand[i], r.adapter[i]
+			if k != i {
+				r.views[k], r.cand[k], r.adapter[k] = r.views[i], r.cand[i], r.adapter[i]
+			}
 			k++
 		}
 	}

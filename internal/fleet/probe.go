@@ -100,8 +100,8 @@ func (f *Fleet) intervalsChanged() {
 // probe checks a replica's health and times its round trip: GET /health
 // must answer 200, and a success feeds the round trip to the estimate and
 // marks the replica up; a failure counts against it. The round trip is the
-// least of the probe's two requests' (GET /health, then GET /v1/models),
-// each timed from the request written to the first byte of its answer
+// least of the probe's requests' (GET /health, then GET /v1/models where
+// the config does not list the replica's models), each timed from the request written to the first byte of its answer
 // (timed): neither a new connection's handshake nor an engine's slow
 // health check is taken for the network. SGLang's /health has its
 // scheduler generate a token and answers a second or more later
@@ -152,10 +152,12 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 func (f *Fleet) timed(req *http.Request) (*http.Response, time.Duration, error) {
 	start := time.Now()
 	// The transport may call the hooks from its own goroutines, the write's
-	// after the answer has come: atomics, not plain variables.
+	// after the answer has come: atomics, not plain variables. A request
+	// the transport writes again (its kept connection was closed under it)
+	// is timed from its last write, on the connection that answered.
 	var wrote, first atomic.Int64
 	trace := &httptrace.ClientTrace{
-		WroteRequest:         func(httptrace.WroteRequestInfo) { wrote.CompareAndSwap(0, int64(time.Since(start))) },
+		WroteRequest:         func(httptrace.WroteRequestInfo) { wrote.Store(int64(time.Since(start))) },
 		GotFirstResponseByte: func() { first.CompareAndSwap(0, int64(time.Since(start))) },
 	}
 	resp, err := f.client.Do(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))

@@ -471,13 +471,13 @@ func (r *Request) failed(e *AttemptError) {
 		r.last = &e.Error
 	}
 	c.cfg.Metrics.retried(r.ticket.ID)
-	if e.Busy && c.cfg.Router.Current(&r.ticket) {
+	current := c.cfg.Router.Current(&r.ticket) // else replaced since: not its successor's doing
+	if e.Busy && current {
 		now := time.Now()
 		c.cfg.Router.Busy(r.ticket.ID, c.Now(now), wire.RetryWait(e.RetryAfter, now))
 	}
 	switch {
-	case c.cfg.Health == nil:
-	case !c.cfg.Router.Current(&r.ticket): // replaced since: not its successor's doing
+	case c.cfg.Health == nil, !current:
 	case e.ModelMissing:
 		c.cfg.Health.ModelMissing(r.ticket.ID, r.Route.Model)
 	case e.Broken:

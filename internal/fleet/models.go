@@ -42,7 +42,7 @@ func (f *Fleet) ModelMissing(id, model string) {
 // logged. It returns the list's round trip (Fleet.timed), ok when the
 // replica answered, whatever its answer: a probe's round trip is the least
 // of its requests'. A replica whose config says what it serves is not
-// asked (its list may be slow or absent: its round trip is its /health's).
+// asked here (its list is only timed, beside its /health: Fleet.probe).
 func (f *Fleet) refreshModels(ctx context.Context, u *Upstream) (rtt time.Duration, ok bool) {
 	if u.served != nil {
 		f.rt.SetModels(u.cfg.ID, u.served)
@@ -77,12 +77,9 @@ const maxModelsWait = 5 * time.Second
 func (f *Fleet) readModels(ctx context.Context, u *Upstream) (set *models.Set, rtt time.Duration, err error) {
 	ctx, cancel := context.WithTimeout(ctx, min(max(f.Config().ProbeInterval, 2*timeoutFloor), maxModelsWait))
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.cfg.URL+"/v1/models", nil)
+	req, err := f.modelsRequest(ctx, u)
 	if err != nil {
 		return nil, 0, err
-	}
-	if u.apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+u.apiKey)
 	}
 	resp, rtt, err := f.timed(req)
 	if err != nil {
@@ -100,6 +97,18 @@ func (f *Fleet) readModels(ctx context.Context, u *Upstream) (set *models.Set, r
 	}
 	set, err = models.ParseList(body)
 	return set, rtt, err
+}
+
+// modelsRequest is a replica's GET /v1/models, with its API key.
+func (f *Fleet) modelsRequest(ctx context.Context, u *Upstream) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.cfg.URL+"/v1/models", nil)
+	if err != nil {
+		return nil, err
+	}
+	if u.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+u.apiKey)
+	}
+	return req, nil
 }
 
 // ModelList is what the router serves, as its GET /v1/models answers: every

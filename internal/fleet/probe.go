@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/enginemetrics"
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
@@ -100,13 +101,17 @@ func (f *Fleet) intervalsChanged() {
 // probe checks a replica's health and times its round trip: GET /health
 // must answer 200, and a success feeds the round trip to the estimate and
 // marks the replica up; a failure counts against it. The round trip is the
-// least of the probe's requests' (GET /health, then GET /v1/models where
-// the config does not list the replica's models), each timed from the request written to the first byte of its answer
+// least of the probe's requests' (GET /health and GET /v1/models), each
+// timed from the request written to the first byte of its answer
 // (timed): neither a new connection's handshake nor an engine's slow
 // health check is taken for the network. SGLang's /health has its
 // scheduler generate a token and answers a second or more later
 // (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, on by default); its model
-// list is answered at once.
+// list is answered at once. The list is read after /health where the
+// config does not list the replica's models; where it does, the list is
+// asked beside /health only to be timed, and not waited for when /health
+// answers first (it then cannot be the lesser): the probe waits no longer
+// than its health check.
 func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	pctx, cancel := context.WithTimeout(ctx, max(f.Config().ProbeInterval, 2*timeoutFloor))
 	defer cancel()
@@ -114,7 +119,16 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	if err != nil {
 		return
 	}
+	var listTimed <-chan time.Duration
+	if u.served != nil {
+		listTimed = f.timeList(ctx, u)
+	}
 	resp, rtt, err := f.timed(req)
+	select {
+	case d := <-listTimed: // nil when not asked: never ready
+		rtt = min(rtt, d)
+	default:
+	}
 	if f.Upstream(u.cfg.ID) != u {
 		if err == nil {
 			resp.Body.Close()
@@ -142,6 +156,32 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	}
 	f.m.rtt.WithLabelValues(u.cfg.ID).Set(rtt.Seconds())
 	f.probed(u)
+}
+
+// timeList asks a replica for its model list only to time the request
+// (Fleet.timed), and sends the round trip when the replica answers,
+// whatever its answer; nothing when it does not, or ctx ends first. The
+// request runs to its end (bounded as a list's read is) whether or not
+// the probe still waits for it: given up, it would close its connection.
+func (f *Fleet) timeList(ctx context.Context, u *Upstream) <-chan time.Duration {
+	out := make(chan time.Duration, 1)
+	ctx, cancel := context.WithTimeout(ctx, min(max(f.Config().ProbeInterval, 2*timeoutFloor), maxModelsWait))
+	req, err := f.modelsRequest(ctx, u)
+	if err != nil {
+		cancel()
+		return out
+	}
+	go func() {
+		defer cancel()
+		resp, rtt, err := f.timed(req)
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, models.MaxListBytes))
+		resp.Body.Close()
+		out <- rtt
+	}()
+	return out
 }
 
 // timed does req with the fleet's client and returns, with its response,

@@ -181,6 +181,12 @@ func TestSlowHealthCheckIsNotTheRoundTrip(t *testing.T) {
 	if rtt := probedRTT(t, fleet.Config{Replicas: []fleet.ReplicaConfig{{ID: "a", URL: up.URL}}}); rtt >= time.Second {
 		t.Fatalf("round trip %v: the health check's seconds taken for the network", rtt)
 	}
+	// A replica whose config lists its models has its list asked too, only
+	// to time it.
+	listed := fleet.Config{Replicas: []fleet.ReplicaConfig{{ID: "a", URL: up.URL, Models: []string{"m"}}}}
+	if rtt := probedRTT(t, listed); rtt >= time.Second {
+		t.Fatalf("round trip %v of a replica whose config lists its models: the health check's seconds taken for the network", rtt)
+	}
 }
 
 // A probe on a new connection is timed from its request written: the

@@ -227,6 +227,9 @@ type Request struct {
 	// goes to; unpinned is what the decision allowed without it.
 	pinned   string
 	unpinned func(id string) bool
+	// holder is the replica the first attempt was pinned to: its 404 for
+	// the response is the last word (no other replica is tried).
+	holder   string
 	storedID bool   // storedAs was told the answer's id
 	named    string // the stored response the request names, if any
 	kind     Kind
@@ -439,7 +442,7 @@ func (r *Request) dispatch(now time.Duration, start time.Time) {
 		t.Tag = -1
 		r.Route.Allowed = func(id string) bool { return id != held && (allowed == nil || allowed(id)) }
 		fb, _ = c.cfg.Router.Rank(now, &r.Route, c.rng, r.fbBuf[:0])
-		r.pinned, r.Route.Allowed = "", allowed
+		r.pinned, r.holder, r.Route.Allowed = "", held, allowed
 	}
 	c.cfg.Metrics.decisionTime(time.Since(start))
 	r.decided = start
@@ -469,6 +472,12 @@ func (r *Request) failed(e *AttemptError) {
 	r.free()
 	if !e.NotHeld || r.last == nil { // a holder's failure says more than another's "not found"
 		r.last = &e.Error
+	}
+	if e.NotHeld && r.ticket.ID == r.holder {
+		// The replica that answered it does not hold it (its store is
+		// off, or lost with a restart): nor does any other, which a store
+		// they shared would have answered it from.
+		r.fallbacks = nil
 	}
 	c.cfg.Metrics.retried(r.ticket.ID)
 	current := c.cfg.Router.Current(&r.ticket) // else replaced since: not its successor's doing

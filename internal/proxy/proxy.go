@@ -171,8 +171,8 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 // handleGet answers a GET (/v1/models, and any other GET under /v1) from
 // the first available replica that answers; a stored response's
 // (/v1/responses/{id}...: a GET, or its cancel or DELETE, which carry no
-// body) from the replica that stored it, draining or not, else from the
-// first that holds it.
+// body) from the replica that stored it, draining or not (its 404 is
+// relayed), else from the first that holds it.
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 	reps := s.fleet.Router().Replicas()
 	stored := wire.StoredID(r.URL.Path)
@@ -218,9 +218,11 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 			cancel()
 			continue
 		}
-		if stored != "" && resp.StatusCode == http.StatusNotFound && i < len(reps)-1 {
+		if stored != "" && resp.StatusCode == http.StatusNotFound && i < len(reps)-1 && !(held && st.ID == holder) {
 			// Not stored there: another replica may hold it (the router
-			// did not see its answer: it restarted, or forgot it).
+			// did not see its answer: it restarted, or forgot it). The
+			// holder's 404 is the last word: a store the replicas shared
+			// would have answered it.
 			resp.Body.Close()
 			cancel()
 			last = i

@@ -334,3 +334,44 @@ func TestNotFoundIDMentioningModel(t *testing.T) {
 		t.Errorf("follow-up of an unknown id: %d %s; want the engine's 404 about the response", status, answer)
 	}
 }
+
+// The replica known to have stored a response answers that it does not
+// hold it (its store is off, as vLLM's is by default, or was lost with a
+// restart): that is the last word, as no other replica holds it either
+// (a store they shared would have answered it); before, each follow-up
+// and cancel was tried on every other replica, each a 404.
+func TestHolderNotFoundIsTheLastWord(t *testing.T) {
+	engines := []*vllmEngine{newVLLMEngine(t, "a"), newVLLMEngine(t, "b"), newVLLMEngine(t, "c")}
+	_, url := startProxy(t, testConfig{}, engines[0].replica, engines[1].replica, engines[2].replica)
+	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi"}`)
+	if status != http.StatusOK {
+		t.Fatalf("%d %s", status, answer)
+	}
+	id := responseID(t, answer)
+	posts := func() (n int64) {
+		for _, e := range engines {
+			n += e.Served()
+		}
+		return n
+	}
+	for _, e := range engines {
+		e.mu.Lock()
+		delete(e.held, id) // the holder's store lost it
+		e.mu.Unlock()
+	}
+	for _, c := range []struct{ path, body string }{
+		{"/v1/responses", fmt.Sprintf(`{"model":"m","input":"and?","previous_response_id":%q}`, id)},
+		{"/v1/responses/" + id + "/cancel", ""},
+	} {
+		before := posts()
+		if status, answer := do(t, "POST", url+c.path, c.body); status != http.StatusNotFound || !strings.Contains(answer, id) {
+			t.Errorf("POST %s: %d %s, want the holder's 404", c.path, status, answer)
+		}
+		if n := posts() - before; n != 1 {
+			t.Errorf("POST %s reached %d replicas, want the holder alone", c.path, n)
+		}
+	}
+	if status, answer := do(t, "GET", url+"/v1/responses/"+id, ""); status != http.StatusNotFound || !strings.Contains(answer, id) {
+		t.Errorf("GET: %d %s, want the holder's 404", status, answer)
+	}
+}

@@ -298,6 +298,24 @@ func TestBusyReplicaIsLeftAloneForItsRetryAfter(t *testing.T) {
 	}
 }
 
+// A busy replica is passed over, not given up: it is the last fallback,
+// so that a request the others all fail is tried there rather than lost
+// (2026-12-05: it was dropped from the fallbacks, and the request failed).
+func TestBusyReplicaIsTheLastFallback(t *testing.T) {
+	a := startReplica(t, 20*time.Millisecond, emulator.Faults{})
+	broken := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":{"message":"engine died"}}`, http.StatusInternalServerError)
+	})
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a, broken)
+	s.Router().Busy("a", s.Now(), router.MaxBusy) // its 503 a moment ago
+	if res := chat(t, url, "hello", 2); res.Status != 200 || res.Replica != "a" {
+		t.Fatalf("%+v: want the busy replica's answer, the other having failed", res)
+	}
+	if broken.Served() != 1 {
+		t.Errorf("the replica not busy was sent %d requests, want 1 (it is tried first)", broken.Served())
+	}
+}
+
 // A non-streaming answer's headers come with its last token: the header
 // timeout, meant for hung streams, must not cut it.
 func TestLongNonStreamingAnswerOutlivesTheHeaderTimeout(t *testing.T) {

@@ -384,13 +384,17 @@ func (r *Router) shelter(now time.Duration, req *policy.Request) {
 	}
 }
 
-// keep keeps the candidates ok accepts, unless it accepts none.
+// keep keeps the candidates ok accepts, unless it accepts none. Those it
+// passes over stay past the slices' ends (the last passed over first),
+// where rank finds them: a request's last fallbacks.
 func (r *Router) keep(ok func(i int) bool) {
 	k := 0
 	for i := range r.cand {
 		if ok(i) {
 			if k != i {
-				r.views[k], r.cand[k], r.adapter[k] = r.views[i], r.cand[i], r.adapter[i]
+				r.views[k], r.views[i] = r.views[i], r.views[k]
+				r.cand[k], r.cand[i] = r.cand[i], r.cand[k]
+				r.adapter[k], r.adapter[i] = r.adapter[i], r.adapter[k]
 			}
 			k++
 		}
@@ -532,6 +536,7 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	if len(r.views) == 0 {
 		return dst, policy.ErrNoReplica
 	}
+	all := len(r.views) // the candidates keep passes over are past len
 	if req.WaitingCap > 0 || req.TPOTSLOMS > 0 || req.TTFTBudgetMS > 0 {
 		r.shelter(now, req)
 	}
@@ -565,6 +570,14 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 		r.ranked[best] = true
 		dst = append(dst, r.candidate(best, now))
 	}
+	// Then those passed over (busy for their Retry-After, or sheltered
+	// from), unscored: a request whose other replicas all failed is tried
+	// there rather than lost.
+	kept := len(r.views)
+	r.views, r.cand, r.adapter = r.views[:all], r.cand[:all], r.adapter[:all]
+	for j := kept; j < all && len(dst) < n; j++ {
+		dst = append(dst, r.candidate(j, now))
+	}
 	return dst, nil
 }
 
@@ -573,7 +586,7 @@ func (r *Router) candidate(i int, now time.Duration) Candidate {
 	a := &r.adapter[i]
 	c := Candidate{ID: v.ID, EstCachedTokens: v.CachedTokens, RTT: v.RTT, Tag: r.dec.Tag, m: r.cand[i], at: now,
 		Adapter: a.name, AdapterLoadMS: a.load, AdapterWaitMS: a.wait}
-	if len(r.dec.Scores) == len(r.views) {
+	if len(r.dec.Scores) == len(r.views) { // else one passed over, unscored
 		c.Terms = r.dec.Scores[i]
 	}
 	return c

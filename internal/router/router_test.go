@@ -399,7 +399,9 @@ func TestBusyReplicaIsPassedOver(t *testing.T) {
 	}
 	r.Busy("a", time.Second, 5*time.Second)
 	for now := time.Second; now < 6*time.Second; now += 100 * time.Millisecond {
-		if id, fb := dispatch(now); id != "b" || len(fb) != 0 {
+		// a the last fallback: if b fails, a is tried rather than the
+		// request lost.
+		if id, fb := dispatch(now); id != "b" || len(fb) != 1 || fb[0].ID != "a" {
 			t.Fatalf("at %v: %s, fallbacks %+v, with a busy until 6 s", now, id, fb)
 		}
 	}

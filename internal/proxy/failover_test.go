@@ -259,6 +259,7 @@ func TestQueuedStreamIsNotCut(t *testing.T) {
 func TestAbortBeforeTheFirstTokenFailsOver(t *testing.T) {
 	role := `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}` + "\n\n"
 	done := "data: [DONE]\n\n"
+	usage0 := `data: {"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":0,"total_tokens":5}}` + "\n\n"
 	for _, c := range []struct {
 		name, stream, whole string
 		served              bool // by the aborting replica: not an abort
@@ -266,6 +267,11 @@ func TestAbortBeforeTheFirstTokenFailsOver(t *testing.T) {
 		{name: "vLLM stream", stream: role + done},
 		{name: "vLLM continuous usage", stream: `data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":5,"completion_tokens":0}}` + "\n\n" + `data: {"id":"c","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1}}` + "\n\n" + done, served: true},
 		{name: "SGLang stream", stream: role + `data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"abort"}]}` + "\n\n" + done},
+		// With stream_options.include_usage the stream's usage of no
+		// tokens comes before its [DONE].
+		{name: "vLLM stream with its usage", stream: role + usage0 + done},
+		{name: "vLLM continuous usage, given up", stream: `data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"usage":{"prompt_tokens":5,"completion_tokens":0}}` + "\n\n" + usage0 + done},
+		{name: "SGLang stream with its usage", stream: role + `data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"abort"}]}` + "\n\n" + usage0 + done},
 		{name: "vLLM answer", whole: `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"abort"}],"usage":{"prompt_tokens":5,"completion_tokens":0,"total_tokens":5}}`},
 		{name: "an empty answer that finished", stream: role + `data: {"id":"c","choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}` + "\n\n" + done, served: true},
 	} {

@@ -434,8 +434,8 @@ func failedStream(buf []byte) (why, msg string, failed bool) {
 // with data, other than a Responses API stream's opening
 // (response.created, .in_progress, .queued), which an engine sends at
 // once, before the request's wait in its queue, and other than a chunk
-// that carries nothing (no token, finish, usage or error: the role chunk
-// vLLM and SGLang send with the first token, or as an abort's only chunk).
+// that carries nothing (empty: the role chunk vLLM and SGLang send with
+// the first token, or as an abort's only chunk).
 // Comments (keep-alives) and data-less events before it carry nothing of
 // the answer: until the answer begins, the attempt may still fail over,
 // and has first_byte_timeout.
@@ -454,13 +454,17 @@ func firstEvent(buf []byte) ([]byte, bool) {
 }
 
 // empty reports whether a chunk's data is a JSON object that carries
-// nothing of the answer.
+// nothing of the answer: no token, finish, error or response id, and no
+// usage but one of no completion tokens (vLLM's continuous usage on its
+// role chunk; with include_usage, the usage that closes a stream it gave
+// up before its first token, which a whole answer would have finished
+// first).
 func empty(data []byte) bool {
 	if data[0] != '{' || wire.IsDone(data) {
 		return false
 	}
 	p := wire.PeekChunk(data)
-	return !p.Token && !p.Finish && !p.Usage && !p.Error && p.ResponseID == ""
+	return !p.Token && !p.Finish && !p.Error && p.ResponseID == "" && (!p.Usage || p.CompletionTokens == 0)
 }
 
 // traceAttempt passes a traced attempt's trace context on to the replica

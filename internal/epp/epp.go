@@ -130,11 +130,12 @@ type exchange struct {
 	replyHeaders replyHeaders
 
 	// The attempt: routed once the destination went to the gateway;
-	// status and served from the response's headers (served: the endpoint
-	// the gateway says it fell back to); unobserved when the stream ended
-	// without response events.
+	// status, retryAfter and served from the response's headers (served:
+	// the endpoint the gateway says it fell back to); unobserved when the
+	// stream ended without response events.
 	routed     bool
 	status     int
+	retryAfter string
 	served     string
 	answered   bool // the response's end was seen
 	unobserved bool
@@ -333,6 +334,14 @@ func (x *exchange) Send(ctx context.Context, r *lifecycle.Request, id string) (i
 	if x.served != "" && x.served != id {
 		return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusBadGateway, "the gateway fell back"), Broken: true}
 	}
+	if x.status == http.StatusServiceUnavailable || x.status == http.StatusTooManyRequests {
+		// The replica said it is busy, and the gateway relays it (its
+		// retries done): later picks pass it over for its Retry-After,
+		// as the proxy's do (lifecycle.AttemptError.Busy).
+		now := time.Now()
+		core := x.s.fleet.Core()
+		core.Router().Busy(id, core.Now(now), wire.RetryWait(x.retryAfter, now))
+	}
 	return x.status, nil
 }
 
@@ -454,8 +463,11 @@ func (x *exchange) awaitResponse() {
 		}
 		x.served = x.servedID(msg.GetMetadataContext())
 		for _, h := range rh.ResponseHeaders.GetHeaders().GetHeaders() {
-			if h.GetKey() == ":status" {
+			switch strings.ToLower(h.GetKey()) {
+			case ":status":
 				x.status, _ = strconv.Atoi(value(h))
+			case "retry-after":
+				x.retryAfter = value(h)
 			}
 		}
 		// Without a body to come (Envoy said it sends none), the headers

@@ -434,3 +434,31 @@ func TestNoResponseBodyReleasesTheBacklogWhenDue(t *testing.T) {
 	}
 	s.CloseSend()
 }
+
+// A replica's 503 (or 429), which the gateway relays, has later picks pass
+// it over for its Retry-After, as the proxy's do (2026-12-05: the picker
+// kept choosing it, each request a 503).
+func TestBusyAnswerIsPassedOver(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	c := picker(t, f)
+	pick := func() string {
+		s, err := c.Process(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		list, _ := destination(t, routeChat(t, s))
+		ep, _, _ := strings.Cut(list, ",") // the choice, then the fallbacks
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", true, ":status", "503", "retry-after", "20")}})
+		recv(t, s)
+		s.CloseSend()
+		return ep
+	}
+	first := pick()
+	id := map[string]string{"10.0.0.1:8000": "a", "10.0.0.2:8000": "b"}[first]
+	if st, _ := f.core.Router().Replica(id); st.BusyUntil == 0 {
+		t.Fatalf("%s answered 503 with Retry-After 20: not marked busy", id)
+	}
+	if second := pick(); second == first {
+		t.Errorf("picked %s again, busy for 20 s", second)
+	}
+}

@@ -191,7 +191,15 @@ type event struct {
 	// Response is a stored event's response id: a follow-up that names
 	// it, sent to any router, goes to the event's Replica.
 	Response string `json:"rs,omitempty"`
+	// Model is a dispatch's model (policy.Request.Model): a mirror of a
+	// request for a LoRA adapter holds the adapter at its replica, as the
+	// request does at its own router. Longer than maxModelName: not read.
+	Model string `json:"mo,omitempty"`
 }
+
+// maxModelName bounds a mirrored dispatch's model: a name the router
+// serves is at most 513 bytes (models.Set's BASE:ADAPTER).
+const maxModelName = 1024
 
 // peer is another router, as heard from.
 type peer struct {
@@ -431,7 +439,7 @@ func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 		}
 	}
 	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: blocks, BlockEnds: ends, Unstreamed: req.Unstreamed,
-		Choices: req.Choices, Application: k[0], Conversation: k[1]})
+		Choices: req.Choices, Application: k[0], Conversation: k[1], Model: req.Model})
 }
 
 // FirstToken tells the others that attempt id produced its first token.
@@ -636,6 +644,9 @@ func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
 		return false
 	}
 	req := policy.Request{PromptTokens: e.Prompt, Blocks: e.Blocks, Unstreamed: e.Unstreamed, Choices: e.Choices}
+	if len(e.Model) <= maxModelName {
+		req.Model = e.Model
+	}
 	if prefix.ValidEnds(e.BlockEnds, len(e.Blocks)) {
 		req.BlockEnds = e.BlockEnds
 	}

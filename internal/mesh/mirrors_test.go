@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
@@ -290,5 +292,38 @@ func TestMirroredBlocksAreBounded(t *testing.T) {
 	b.mu.Unlock()
 	if held != 0 {
 		t.Errorf("%d blocks held after the mirrors were forgotten", held)
+	}
+}
+
+// Another router's request for a LoRA adapter holds the adapter at its
+// replica here too, as it does there: a mirror carries the request's
+// model (2026-12-05: it carried none, and each router saw only its own
+// requests' adapters until the next scrape, so they disagreed on which
+// were loaded and which slots were free).
+func TestMirroredRequestsHoldTheirAdapter(t *testing.T) {
+	b, rt := bareBus(t, nil)
+	set, err := models.WithAdapters([]string{"m"}, []string{"x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.SetModels("a", set); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now()
+	send := func(e event) { e.Router, e.Boot = "us", 1; b.apply(&e, at) }
+	send(event{Kind: kindDispatch, ID: 1, Replica: "a", Prompt: 64, Model: "x"})
+	st, _ := rt.Replica("a")
+	if !slices.Equal(st.Adapters.Resident, []string{"x"}) || !slices.Equal(st.Adapters.InFlight, []int{1}) {
+		t.Errorf("a mirrored request for adapter x in flight: resident %v, in flight %v; want [x] [1]", st.Adapters.Resident, st.Adapters.InFlight)
+	}
+	send(event{Kind: kindEnd, ID: 1})
+	st, _ = rt.Replica("a")
+	if !slices.Equal(st.Adapters.Resident, []string{"x"}) || !slices.Equal(st.Adapters.InFlight, []int{0}) {
+		t.Errorf("after its end: resident %v, in flight %v; want [x] [0]", st.Adapters.Resident, st.Adapters.InFlight)
+	}
+	// A name longer than any served is not read.
+	send(event{Kind: kindDispatch, ID: 2, Replica: "a", Prompt: 64, Model: strings.Repeat("x", maxModelName+1)})
+	if n, _ := inFlight(t, rt, "a"); n != 1 {
+		t.Errorf("a dispatch with an overlong model: %d in flight, want it mirrored (as the base's)", n)
 	}
 }

@@ -1,6 +1,8 @@
 package mesh
 
 import (
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -48,5 +50,42 @@ func TestPeerPromptLengthIsBounded(t *testing.T) {
 	}
 	if got := pick(9002); got != "a" {
 		t.Errorf("after a peer's bogus prompt lengths: picked %q, loaded (and now wrapped) over idle a", got)
+	}
+}
+
+// A router's heartbeat period is taken as it says, up to a tenth of
+// remote_ttl: a made-up one neither overflows the quiet check (found in
+// review) nor keeps a silent router's mirrors for as long as the router is
+// remembered (a period of 2^40 ms kept them for 35 years).
+func TestPeerHeartbeatIsBounded(t *testing.T) {
+	b, rt := bareBus(t, nil)
+	t0 := time.Now()
+	for i, hb := range []int64{math.MaxInt64, math.MaxInt64 / 1000, 1 << 40} {
+		name := fmt.Sprint("r", i)
+		b.apply(&event{Router: name, Boot: 1, Kind: kindAlive, Heartbeat: hb}, t0)
+		b.apply(&event{Router: name, Boot: 1, Kind: kindDispatch, ID: 1, Replica: "a", Prompt: 64, Heartbeat: hb}, t0)
+	}
+	b.sweep(t0.Add(time.Second))
+	if n, _ := inFlight(t, rt, "a"); n != 3 {
+		t.Errorf("a second after their dispatches: %d of 3 mirrored requests kept", n)
+	}
+	b.sweep(t0.Add(b.cfg.RemoteTTL/2 + time.Second)) // quiet, not yet forgotten
+	if n, _ := inFlight(t, rt, "a"); n != 0 || len(b.peers) != 3 {
+		t.Errorf("after silences of half remote_ttl: %d mirrored requests kept, %d routers known; want 0 and 3", n, len(b.peers))
+	}
+}
+
+func TestHeartbeatWithinRemoteTTL(t *testing.T) {
+	for _, c := range []struct {
+		cfg Config
+		ok  bool
+	}{
+		{Config{URL: "nats://x", Name: "n"}, true},
+		{Config{URL: "nats://x", Name: "n", Heartbeat: time.Minute, RemoteTTL: 10 * time.Minute}, true},
+		{Config{URL: "nats://x", Name: "n", Heartbeat: 2 * time.Minute, RemoteTTL: 10 * time.Minute}, false},
+	} {
+		if err := c.cfg.Validate(); (err == nil) != c.ok {
+			t.Errorf("%+v: %v, want ok %v", c.cfg, err, c.ok)
+		}
 	}
 }

@@ -49,8 +49,9 @@ type Config struct {
 	Name string `yaml:"name"`
 	// Subject is the NATS subject the routers share (default gorgo.mesh).
 	Subject string `yaml:"subject"`
-	// Heartbeat is how often a router says it is alive (default 2 s); a
-	// router not heard from for 5 heartbeats is forgotten.
+	// Heartbeat is how often a router says it is alive (default 2 s, at
+	// most a tenth of RemoteTTL); a router not heard from for 5 of its
+	// heartbeats has its requests forgotten.
 	Heartbeat time.Duration `yaml:"heartbeat"`
 	// RemoteTTL drops a mirrored request whose end never came, and
 	// forgets a router not heard from for as long (default 10 min).
@@ -93,6 +94,9 @@ func (c Config) Validate() error {
 		return errors.New("mesh: name is required (default: the router's region and host)")
 	case c.Heartbeat < 0 || c.RemoteTTL < 0:
 		return errors.New("mesh: heartbeat and remote_ttl must not be negative")
+	case c.Heartbeat > 0 && c.RemoteTTL > 0 && 10*c.Heartbeat > c.RemoteTTL:
+		// The others take a period of at most a tenth of remote_ttl.
+		return errors.New("mesh: heartbeat must be at most a tenth of remote_ttl")
 	}
 	return nil
 }
@@ -604,7 +608,10 @@ func (b *Bus) hear(e *event, now time.Time) *peer {
 		}
 	}
 	p.seq = e.Seq
-	p.at, p.heartbeat = now, time.Duration(e.Heartbeat)*time.Millisecond
+	// Its period as it says, at most a tenth of remote_ttl: a made-up one
+	// must not overflow the quiet check, nor keep its mirrors for as long
+	// as the router is remembered.
+	p.at, p.heartbeat = now, time.Duration(min(e.Heartbeat, b.cfg.RemoteTTL.Milliseconds()/10))*time.Millisecond
 	if p.heartbeat <= 0 {
 		p.heartbeat = b.cfg.Heartbeat
 	}

@@ -248,8 +248,17 @@ func TestOtherEndpoints(t *testing.T) {
 	if code, _ := do(t, "GET", url+"/v1/models/m", ""); code != 200 {
 		t.Errorf("GET /v1/models/m: %d", code)
 	}
+	// The engines' own endpoints outside /v1 (they were a 404).
+	engines := []string{"POST /tokenize", "POST /detokenize", "POST /pooling", "POST /classify", "POST /score", "POST /rerank", "POST /v2/rerank", "POST /encode",
+		"GET /version", "GET /get_model_info", "GET /get_server_info"}
+	for _, e := range engines {
+		method, path, _ := strings.Cut(e, " ")
+		if code, body := do(t, method, url+path, `{"model":"m","prompt":"hello"}`); code != 200 {
+			t.Errorf("%s: %d %s", e, code, body)
+		}
+	}
 	mu.Lock()
-	want := "POST /v1/embeddings|POST /v1/responses|POST /v1/audio/transcriptions|GET /v1/models/m"
+	want := "POST /v1/embeddings|POST /v1/responses|POST /v1/audio/transcriptions|GET /v1/models/m|" + strings.Join(engines, "|")
 	if got := strings.Join(paths, "|"); got != want {
 		t.Errorf("the replica got %s, want %s", got, want)
 	}

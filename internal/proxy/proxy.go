@@ -151,6 +151,20 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		// available replica.
 		{Method: "POST", Pattern: "/v1/{rest...}", Handler: api(lifecycle.Opaque)},
 		{Method: "GET", Pattern: "/v1/{rest...}", Handler: s.guard(s.handleGet)},
+		// The engines' own endpoints outside /v1 (vLLM's and SGLang's
+		// tokenizer, pooling and scoring APIs): routed by load, as other
+		// POSTs; their version and model info from an available replica.
+		{Method: "POST", Pattern: "/tokenize", Handler: api(lifecycle.Opaque)},
+		{Method: "POST", Pattern: "/detokenize", Handler: api(lifecycle.Opaque)},
+		{Method: "POST", Pattern: "/pooling", Handler: api(lifecycle.Opaque)},
+		{Method: "POST", Pattern: "/classify", Handler: api(lifecycle.Opaque)},
+		{Method: "POST", Pattern: "/score", Handler: api(lifecycle.Opaque)},
+		{Method: "POST", Pattern: "/rerank", Handler: api(lifecycle.Opaque)},
+		{Method: "POST", Pattern: "/v2/rerank", Handler: api(lifecycle.Opaque)},
+		{Method: "POST", Pattern: "/encode", Handler: api(lifecycle.Opaque)},
+		{Method: "GET", Pattern: "/version", Handler: s.guard(s.handleGet)},
+		{Method: "GET", Pattern: "/get_model_info", Handler: s.guard(s.handleGet)},
+		{Method: "GET", Pattern: "/get_server_info", Handler: s.guard(s.handleGet)},
 		{Method: "GET", Pattern: "/health", Handler: s.health},
 		{Method: "GET", Pattern: "/metrics", Handler: metrics.ServeHTTP},
 	})

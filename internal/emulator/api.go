@@ -43,6 +43,7 @@ type job struct {
 	adapter      uint64 // the engine's Request.Adapter (0: the base model)
 	chat         bool
 	responses    bool // a Responses API request (see responses.go)
+	generate     bool // SGLang's native /generate (see generate.go)
 	stream       bool
 	includeUsage bool
 	// prompts are the request's: one, or a completion's batch, which the
@@ -362,6 +363,7 @@ type writer struct {
 	buf               bytes.Buffer
 	head              []byte // the start of every token chunk, to its choice's index
 	seq               int    // a streamed response's next event's sequence_number
+	cachedOf          []int  // a native answer's cached prompt tokens, per choice
 	store             func(id string, r storedResponse)
 }
 
@@ -370,8 +372,11 @@ type writer struct {
 // the model's events when measuring the emulator.
 func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *writer {
 	out := &writer{w: w, j: j, model: model, created: time.Now().Unix(), sent: make([]int, j.seqs)}
-	if !j.stream || j.responses { // a response's text is in its last events too
+	if !j.stream || j.responses || j.generate { // a response's text is in its last events too; a native chunk's is the whole so far
 		out.content = make([]strings.Builder, j.answers*len(j.prompts))
+	}
+	if j.generate {
+		out.cachedOf = make([]int, len(out.content))
 	}
 	out.fl, _ = w.(http.Flusher)
 	prefix := "cmpl-"
@@ -381,6 +386,9 @@ func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *wr
 	out.id = prefix + strconv.FormatUint(engineID, 10) + "-" + strconv.FormatInt(startedAt, 36)
 	if j.responses { // 32 hex digits, as vLLM's
 		out.id = fmt.Sprintf("resp_%016x%016x", engineID, uint64(startedAt))
+	}
+	if j.generate { // a uuid's hex, as SGLang's rid
+		out.id = fmt.Sprintf("%016x%016x", engineID, uint64(startedAt))
 	}
 	if j.stream {
 		h := w.Header()
@@ -411,6 +419,9 @@ func (o *writer) token(i int, ev engine.Event) {
 		o.sent[i] = ev.Generated
 		return
 	}
+	if o.j.generate {
+		o.nativeToken(choice, ev)
+	}
 	for o.sent[i] < ev.Generated {
 		word := " " + words[o.sent[i]%len(words)]
 		o.sent[i]++
@@ -421,6 +432,11 @@ func (o *writer) token(i int, ev engine.Event) {
 			continue
 		}
 		o.buf.Reset()
+		if o.j.generate {
+			o.nativeChunk(choice, p, o.sent[i], o.cachedOf[choice])
+			o.flush()
+			continue
+		}
 		if o.j.responses {
 			if o.sent[i] == 1 {
 				o.startItem()
@@ -498,6 +514,10 @@ func (o *writer) usage() map[string]any {
 func (o *writer) finish() {
 	if o.j.responses {
 		o.finishResponse()
+		return
+	}
+	if o.j.generate {
+		o.finishNative()
 		return
 	}
 	if !o.j.stream {

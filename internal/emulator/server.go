@@ -244,6 +244,11 @@ func (s *Server) routes() {
 			s.serve(w, r, j)
 		}
 	}))
+	s.mux.HandleFunc("POST /generate", s.guard(true, func(w http.ResponseWriter, r *http.Request) {
+		if j, ok := s.parseGenerate(w, r); ok {
+			s.serve(w, r, j)
+		}
+	}))
 	s.mux.HandleFunc("GET /v1/responses/{id}", s.guard(false, s.getResponse))
 	s.mux.HandleFunc("POST /v1/responses/{id}/cancel", s.guard(false, s.cancelResponse))
 	s.mux.HandleFunc("GET /v1/models", s.guard(false, s.listModels))

@@ -272,6 +272,8 @@ func kind(path string) lifecycle.Kind {
 		return lifecycle.Completion
 	case strings.HasSuffix(path, "/embeddings"), strings.HasSuffix(path, "/responses"):
 		return lifecycle.Input
+	case path == "/generate":
+		return lifecycle.Generate
 	}
 	return lifecycle.Opaque
 }
@@ -556,7 +558,7 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 			x.sse = x.sse[:copy(x.sse, x.sse[n-maxTail:])]
 		}
 		if eos {
-			r.Complete(wire.PeekBody(x.sse))
+			r.Complete(r.PeekBody(x.sse))
 			x.sse = x.sse[:0]
 		}
 		return
@@ -594,7 +596,7 @@ func (x *exchange) event(r *lifecycle.Request, ev []byte, at time.Time) {
 		r.Done()
 		return
 	}
-	p := wire.PeekChunk(data)
+	p := r.Peek(data)
 	r.Chunk(&p, at)
 }
 

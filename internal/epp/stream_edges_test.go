@@ -144,3 +144,37 @@ func TestNonStreamedAnswerUsage(t *testing.T) {
 		t.Errorf("the answer's 7 tokens were not read: expected output %d", e)
 	}
 }
+
+// SGLang's native API (POST /generate) through the picker: routed on its
+// text, and its answer, in SGLang's shape, gives the first token.
+func TestNativeGenerate(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	s, err := picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/generate", false)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+		Body: []byte(`{"text":"where should this go? a prompt long enough for a few blocks","stream":true}`), EndOfStream: true}}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+	recv(t, s)
+	decoding := func() (n int) {
+		for _, id := range []string{"a", "b"} {
+			st, _ := f.core.Router().Replica(id)
+			n += st.Decoding
+		}
+		return n
+	}
+	if n := decoding(); n != 0 {
+		t.Fatalf("%d decoding before a token", n)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
+		Body: []byte(`data: {"text":"Hel","meta_info":{"finish_reason":null,"completion_tokens":1,"cached_tokens":0}}` + "\n\n")}}})
+	recv(t, s)
+	if n := decoding(); n != 1 {
+		t.Errorf("after its first token: %d decoding, want 1", n)
+	}
+}

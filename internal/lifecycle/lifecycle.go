@@ -251,6 +251,10 @@ const (
 	// endpoint) but for a JSON object's "model": routed by load alone,
 	// among the replicas of its model.
 	Opaque
+	// Generate is SGLang's native API (POST /generate): its text or
+	// token ids are the prompt, and its answer is in SGLang's own shape
+	// (wire.PeekNative).
+	Generate
 )
 
 // begin reads a request body of the given kind; session is the client's
@@ -273,6 +277,8 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 		err = c.cfg.Est.ParseInput(body, &r.Parsed)
 	case Opaque:
 		r.Parsed.Model = prompt.Model(body) // routed by load, but only where its model is
+	case Generate:
+		err = prompt.ParseGenerate(body, &r.Parsed)
 	}
 	if err != nil {
 		r.release()
@@ -590,6 +596,34 @@ func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 // even if the stream then ends as a whole one does.
 func (r *Request) StreamError(requestFault bool) {
 	r.streamErr, r.streamFault = true, r.streamFault || requestFault
+}
+
+// Peek reads one streamed event's data (not [DONE]) as the request's
+// answer is written: SGLang's native shape for Generate, else OpenAI's.
+func (r *Request) Peek(data []byte) wire.Peek {
+	if r.kind == Generate {
+		return wire.PeekNative(data)
+	}
+	return wire.PeekChunk(data)
+}
+
+// PeekBody reads a whole answer's completion and cached prompt tokens
+// (wire.PeekBody, or PeekNativeBody for Generate).
+func (r *Request) PeekBody(body []byte) (completionTokens, cachedTokens int) {
+	if r.kind == Generate {
+		return wire.PeekNativeBody(body)
+	}
+	return wire.PeekBody(body)
+}
+
+// AbortedUnanswered reports whether a whole answer says the engine gave
+// the request up before its first token (wire.AbortedUnanswered, or
+// NativeAbortedUnanswered for Generate).
+func (r *Request) AbortedUnanswered(body []byte) bool {
+	if r.kind == Generate {
+		return wire.NativeAbortedUnanswered(body)
+	}
+	return wire.AbortedUnanswered(body)
 }
 
 // Names is the id of the stored response the request names (its

@@ -123,6 +123,8 @@ func operation(k Kind) string {
 		return "text_completion"
 	case Input:
 		return "input"
+	case Generate:
+		return "text_completion"
 	}
 	return "other"
 }

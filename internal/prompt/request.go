@@ -1080,6 +1080,7 @@ func (p *parser) isIDList(v jsontext.Value) bool {
 }
 
 func isObject(v gjson.Result) bool { return v.Type == gjson.JSON && v.Raw[0] == '{' }
+func isArray(v gjson.Result) bool  { return v.Type == gjson.JSON && v.Raw[0] == '[' }
 
 // bytesString views b as a string, without copying.
 func bytesString(b []byte) string {

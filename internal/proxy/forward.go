@@ -363,7 +363,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	}
 	for a.end == nil && a.fill(wait, hold) {
 		if stream {
-			if _, ok := firstEvent(*a.buf); ok {
+			if _, ok := firstEvent(*a.buf, req.Peek); ok {
 				break
 			}
 		}
@@ -384,12 +384,12 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
 	if stream {
-		if why, msg, failed := failedStream(*a.buf); failed {
+		if why, msg, failed := failedStream(*a.buf, req.Peek); failed {
 			a.close()
 			return nil, failure(id, http.StatusBadGateway, true, why, msg)
 		}
 	}
-	if a.whole && resp.StatusCode == http.StatusOK && wire.AbortedUnanswered(*a.buf) {
+	if a.whole && resp.StatusCode == http.StatusOK && req.AbortedUnanswered(*a.buf) {
 		a.close()
 		return nil, failure(id, http.StatusBadGateway, true, "it gave the request up before its first token", `finish_reason "abort"`)
 	}
@@ -406,8 +406,8 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 // puts one on its role chunk. Nothing has reached the client: another
 // replica may serve the request. An error that blames the request
 // (wire.RequestFault) is relayed as it is.
-func failedStream(buf []byte) (why, msg string, failed bool) {
-	ev, ok := firstEvent(buf)
+func failedStream(buf []byte, peek func([]byte) wire.Peek) (why, msg string, failed bool) {
+	ev, ok := firstEvent(buf, peek)
 	if !ok {
 		return "", "", false
 	}
@@ -416,7 +416,7 @@ func failedStream(buf []byte) (why, msg string, failed bool) {
 	if wire.IsDone(data) {
 		return "its stream ended before its first token", "[DONE]", true
 	}
-	switch p := wire.PeekChunk(data); {
+	switch p := peek(data); {
 	case p.Token:
 		return "", "", false
 	case p.Error:
@@ -439,7 +439,7 @@ func failedStream(buf []byte) (why, msg string, failed bool) {
 // Comments (keep-alives) and data-less events before it carry nothing of
 // the answer: until the answer begins, the attempt may still fail over,
 // and has first_byte_timeout.
-func firstEvent(buf []byte) ([]byte, bool) {
+func firstEvent(buf []byte, peek func([]byte) wire.Peek) ([]byte, bool) {
 	var scratch []byte
 	for {
 		ev, rest, ok := wire.NextEvent(buf)
@@ -447,7 +447,7 @@ func firstEvent(buf []byte) ([]byte, bool) {
 			return nil, false
 		}
 		buf = rest
-		if data := wire.EventData(ev, &scratch); len(data) > 0 && !wire.IsOpening(data) && !empty(data) {
+		if data := wire.EventData(ev, &scratch); len(data) > 0 && !wire.IsOpening(data) && !empty(data, peek) {
 			return ev, true
 		}
 	}
@@ -459,11 +459,11 @@ func firstEvent(buf []byte) ([]byte, bool) {
 // role chunk; with include_usage, the usage that closes a stream it gave
 // up before its first token, which a whole answer would have finished
 // first).
-func empty(data []byte) bool {
+func empty(data []byte, peek func([]byte) wire.Peek) bool {
 	if data[0] != '{' || wire.IsDone(data) {
 		return false
 	}
-	p := wire.PeekChunk(data)
+	p := peek(data)
 	return !p.Token && !p.Finish && !p.Error && p.ResponseID == "" && (!p.Usage || p.CompletionTokens == 0)
 }
 
@@ -599,7 +599,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			}
 		}
 		if ok && clientErr == nil {
-			req.Complete(wire.PeekBody(*a.buf))
+			req.Complete(req.PeekBody(*a.buf))
 		}
 		if ok {
 			req.AnswerHead(*a.buf)
@@ -763,7 +763,7 @@ func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at tim
 		*done = true
 		return false
 	}
-	p := wire.PeekChunk(data)
+	p := req.Peek(data)
 	req.Chunk(&p, at)
 	if p.Error {
 		req.StreamError(wire.RequestFault(data))

@@ -141,6 +141,8 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "POST", Pattern: "/v1/completions", Handler: api(lifecycle.Completion)},
 		{Method: "POST", Pattern: "/v1/embeddings", Handler: api(lifecycle.Input)},
 		{Method: "POST", Pattern: "/v1/responses", Handler: api(lifecycle.Input)},
+		// SGLang's native API, routed on its text or token ids.
+		{Method: "POST", Pattern: "/generate", Handler: api(lifecycle.Generate)},
 		{Method: "GET", Pattern: "/v1/models", Handler: s.guard(s.listModels)},
 		{Method: "GET", Pattern: "/v1/models/{id...}", Handler: s.guard(s.getModel)},
 		// A stored response's cancel and delete: no work for a model, but

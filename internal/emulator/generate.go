@@ -1,0 +1,109 @@
+package emulator
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/gorgo-llm/gorgo/internal/engine"
+	"github.com/gorgo-llm/gorgo/internal/prompt"
+)
+
+// SGLang's native API, POST /generate, as SGLang serves it by default
+// (prompt.ParseGenerate reads its body; wire.PeekNative its answer): each
+// streamed chunk carries the whole text so far and a meta_info counting
+// the tokens, null finish_reason until the last, which is {"type":
+// "length", "length": N}; then [DONE]. A whole answer is that last object,
+// or for a batch (a list of prompts, or n > 1) a list of them, prompt by
+// prompt. max_new_tokens is 128 when absent, as SGLang's; 0 answers none
+// (the emulator refuses it: it always generates). It names no model; a
+// "model" a gateway adds is checked as the OpenAI API's is.
+
+// parseGenerate reads a /generate request.
+func (s *Server) parseGenerate(w http.ResponseWriter, r *http.Request) (*job, bool) {
+	req, _, ok := s.readRequest(w, r, prompt.ParseGenerate)
+	if !ok {
+		return nil, false
+	}
+	defer release(req)
+	switch {
+	case len(req.Text) == 0:
+		writeError(w, http.StatusBadRequest, "BadRequestError", "the emulator reads no input_embeds: give text or input_ids")
+		return nil, false
+	case req.Odd != 0:
+		writeError(w, http.StatusBadRequest, "BadRequestError", "sampling_params: n must be at least 1 and min_new_tokens at least 0")
+		return nil, false
+	case req.MaxTokens < 1:
+		writeError(w, http.StatusBadRequest, "BadRequestError", "sampling_params.max_new_tokens must be at least 1 here, got %d", req.MaxTokens)
+		return nil, false
+	case req.MinTokens > req.MaxTokens:
+		writeError(w, http.StatusBadRequest, "BadRequestError", "min_new_tokens must be at most max_new_tokens=%d, got %d", req.MaxTokens, req.MinTokens)
+		return nil, false
+	}
+	j := &job{generate: true, stream: req.Stream, answers: req.N, perPrompt: req.N, seqs: req.Choices()}
+	if !s.model(w, req.Model, j) {
+		return nil, false
+	}
+	if j.seqs > maxSeqs {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "n times the prompts must be at most %d, got %d", maxSeqs, j.seqs)
+		return nil, false
+	}
+	return j, s.fill(w, r, j, req, req.MaxTokens)
+}
+
+// nativeChunk appends choice's streamed chunk: its text so far and its
+// meta_info (finished with its last token).
+func (o *writer) nativeChunk(choice int, p *jobPrompt, generated, cached int) {
+	o.buf.WriteString("data: ")
+	o.buf.Write(o.nativeAnswer(choice, p, generated, cached, generated == p.outputTokens))
+	o.buf.WriteString("\n\n")
+}
+
+// nativeAnswer is one answer in SGLang's native shape; a batch's carry
+// their index.
+func (o *writer) nativeAnswer(choice int, p *jobPrompt, generated, cached int, done bool) []byte {
+	var finish any
+	if done {
+		finish = map[string]any{"type": "length", "length": generated}
+	}
+	id := o.id
+	if len(o.content) > 1 {
+		id = fmt.Sprintf("%s_%d", o.id, choice)
+	}
+	a := map[string]any{"text": o.content[choice].String(), "meta_info": map[string]any{
+		"id": id, "finish_reason": finish, "prompt_tokens": p.tokens, "completion_tokens": generated, "cached_tokens": cached}}
+	if len(o.content) > 1 {
+		a["index"] = choice
+	}
+	data, _ := json.Marshal(a)
+	return data
+}
+
+// finishNative writes a whole native answer (or a batch's list), or ends
+// a stream.
+func (o *writer) finishNative() {
+	if o.j.stream {
+		o.buf.WriteString("data: [DONE]\n\n")
+		o.flush()
+		return
+	}
+	o.w.Header().Set("Content-Type", "application/json")
+	answers := make([]json.RawMessage, len(o.content))
+	for i := range answers {
+		p := &o.j.prompts[i/o.j.answers]
+		answers[i] = o.nativeAnswer(i, p, p.outputTokens, o.cachedOf[i], true)
+	}
+	if len(answers) == 1 {
+		_, _ = o.w.Write(append(answers[0], '\n'))
+		return
+	}
+	_ = json.NewEncoder(o.w).Encode(answers)
+}
+
+// nativeToken records sequence i's cached prompt tokens, which every
+// native chunk reports.
+func (o *writer) nativeToken(choice int, ev engine.Event) {
+	if ev.CachedTokens > 0 || o.cachedOf[choice] == 0 {
+		o.cachedOf[choice] = ev.CachedTokens
+	}
+}

@@ -1,0 +1,47 @@
+package emulator
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// POST /generate answers in SGLang's native shape: each streamed chunk
+// the whole text so far and its meta_info, then [DONE]; a whole answer
+// one object, a batch a list; a second request of the same text finds it
+// cached.
+func TestGenerate(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50, Model: "m"})
+	long := strings.Repeat("a prompt long enough to fill several blocks of the cache. ", 20)
+	status, body := postText(t, url+"/generate", `{"text":"`+long+`","sampling_params":{"max_new_tokens":3},"stream":true}`)
+	if status != http.StatusOK || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Fatalf("%d %s", status, body)
+	}
+	var events []wire.Peek
+	for ev := range strings.SplitSeq(strings.TrimSuffix(body, "data: [DONE]\n\n"), "\n\n") {
+		if data, ok := strings.CutPrefix(ev, "data: "); ok {
+			events = append(events, wire.PeekNative([]byte(data)))
+		}
+	}
+	if len(events) != 3 || !events[0].Token || events[0].Finish || !events[2].Finish || events[2].CompletionTokens != 3 {
+		t.Errorf("events %+v, want three tokens, the last finishing", events)
+	}
+	if !strings.Contains(body, `"text":" the quick brown"`) {
+		t.Errorf("the last chunk's text is not the whole answer: %s", body)
+	}
+	status, body = postText(t, url+"/generate", `{"text":"`+long+`","sampling_params":{"max_new_tokens":2}}`)
+	if completion, cached := wire.PeekNativeBody([]byte(body)); status != http.StatusOK || completion != 2 || cached == 0 {
+		t.Errorf("whole: %d %d tokens, %d cached: %s", status, completion, cached, body)
+	}
+	status, body = postText(t, url+"/generate", `{"input_ids":[[1,2],[3,4]],"sampling_params":{"max_new_tokens":2,"n":2}}`)
+	if completion, _ := wire.PeekNativeBody([]byte(body)); status != http.StatusOK || completion != 8 || !strings.HasPrefix(body, "[") || !strings.Contains(body, `"index":3`) {
+		t.Errorf("a batch of two prompts, two answers each: %d %s", status, body)
+	}
+	for _, bad := range []string{`{"sampling_params":{}}`, `{"text":"x","sampling_params":{"max_new_tokens":0}}`, `{"input_embeds":[[0.5]]}`} {
+		if status, body := postText(t, url+"/generate", bad); status != http.StatusBadRequest {
+			t.Errorf("%s: %d %s", bad, status, body)
+		}
+	}
+}

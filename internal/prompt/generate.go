@@ -1,0 +1,217 @@
+package prompt
+
+import (
+	"errors"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+)
+
+// SGLang's native API, POST /generate (its GenerateReqInput), carries no
+// chat: its prompt is "text" (a string, or a batch: a list of strings) or
+// "input_ids" (a list of token ids, or a batch of such lists), or
+// "input_embeds" (which gorgo does not read: routed by load alone); its
+// limits are in "sampling_params" (max_new_tokens, 128 when absent;
+// min_new_tokens; n); it names no model, though a gateway in front of it
+// may ("model").
+
+// DefaultMaxNewTokens is SGLang's max_new_tokens when a /generate request
+// gives none.
+const DefaultMaxNewTokens = 128
+
+var errGenerate = errors.New("either text or input_ids should be provided: text a string or a list of strings, input_ids a list of token ids or a list of such lists")
+
+// ParseGenerate reads a native /generate body into r as ParseRequest reads
+// a completion's: Text is the prompt (a list of token ids as its JSON
+// stands for it), a batch's prompts each followed by a newline with their
+// ends in PromptEnds; MaxTokens is sampling_params.max_new_tokens
+// (DefaultMaxNewTokens when absent), MinTokens its min_new_tokens, N its
+// n; Stream and Model as given. A batch's sampling_params may be a list,
+// one per prompt: the first is read. Keys are read as SGLang reads them,
+// case and all.
+func ParseGenerate(body []byte, r *Request) error {
+	*r = Request{Text: r.Text[:0], PromptEnds: r.PromptEnds[:0], Media: r.Media[:0], MaxTokens: DefaultMaxNewTokens, HasMaxTokens: true, N: 1}
+	if !gjson.ValidBytes(body) {
+		return errors.New("malformed JSON")
+	}
+	root := gjson.Parse(bytesString(body))
+	if !isObject(root) {
+		return errors.New("malformed JSON: the body must be a JSON object")
+	}
+	var text, ids, params gjson.Result
+	embeds := false
+	var err error
+	root.ForEach(func(key, v gjson.Result) bool {
+		switch key.Str {
+		case "text":
+			text = v
+		case "input_ids":
+			ids = v
+		case "input_embeds":
+			embeds = v.Type != gjson.Null
+		case "sampling_params":
+			params = v
+		case "stream":
+			switch v.Type {
+			case gjson.True, gjson.False:
+				r.Stream = v.Bool()
+			case gjson.Null:
+			default:
+				err = errors.New("stream must be a boolean")
+			}
+		case "model":
+			if v.Type == gjson.String {
+				r.Model = v.Str
+			}
+		}
+		return err == nil
+	})
+	if err != nil {
+		return err
+	}
+	switch {
+	case text.Exists() && text.Type != gjson.Null:
+		err = r.generateText(text)
+	case ids.Exists() && ids.Type != gjson.Null:
+		err = r.generateIDs(ids)
+	case embeds:
+		// Embeddings, not text: routed by load alone (an empty Text).
+	default:
+		err = errGenerate
+	}
+	if err != nil {
+		return err
+	}
+	if isArray(params) {
+		params = params.Get("0")
+	}
+	if isObject(params) {
+		return r.samplingParams(params)
+	}
+	return nil
+}
+
+// generateText reads "text": a string, or a batch of them.
+func (r *Request) generateText(v gjson.Result) error {
+	switch {
+	case v.Type == gjson.String:
+		r.Text = append(r.Text, v.Str...)
+		return nil
+	case !isArray(v):
+		return errGenerate
+	}
+	n := len(v.Array())
+	var err error
+	v.ForEach(func(_, s gjson.Result) bool {
+		if s.Type != gjson.String {
+			err = errGenerate
+			return false
+		}
+		r.Text = append(r.Text, s.Str...)
+		if n > 1 {
+			r.PromptEnds = append(r.PromptEnds, len(r.Text))
+			r.Text = append(r.Text, '\n')
+		}
+		return true
+	})
+	if n == 0 {
+		return errGenerate
+	}
+	return err
+}
+
+// generateIDs reads "input_ids": a list of token ids, whose JSON stands
+// for the text, or a batch of them.
+func (r *Request) generateIDs(v gjson.Result) error {
+	if !isArray(v) {
+		return errGenerate
+	}
+	first := v.Get("0")
+	switch {
+	case first.Type == gjson.Number:
+		if !tokenIDs(v) {
+			return errGenerate
+		}
+		r.Text = append(r.Text, v.Raw...)
+		return nil
+	case !isArray(first):
+		return errGenerate
+	}
+	n := len(v.Array())
+	ok := true
+	v.ForEach(func(_, list gjson.Result) bool {
+		if ok = isArray(list) && tokenIDs(list); !ok {
+			return false
+		}
+		r.Text = append(r.Text, list.Raw...)
+		if n > 1 {
+			r.PromptEnds = append(r.PromptEnds, len(r.Text))
+			r.Text = append(r.Text, '\n')
+		}
+		return true
+	})
+	if !ok {
+		return errGenerate
+	}
+	return nil
+}
+
+// tokenIDs reports whether v is a non-empty list of whole numbers.
+func tokenIDs(v gjson.Result) bool {
+	n := 0
+	ok := true
+	v.ForEach(func(_, id gjson.Result) bool {
+		n++
+		if id.Type != gjson.Number {
+			ok = false
+		} else if _, err := strconv.ParseInt(id.Raw, 10, 64); err != nil {
+			ok = false
+		}
+		return ok
+	})
+	return ok && n > 0
+}
+
+// samplingParams reads the limits of a sampling_params object: as hints,
+// a value that is not a whole number of at least 1 (0 for
+// min_new_tokens) is marked Odd and read as absent, and the engine
+// refuses it.
+func (r *Request) samplingParams(v gjson.Result) error {
+	var err error
+	v.ForEach(func(key, v gjson.Result) bool {
+		switch key.Str {
+		case "max_new_tokens":
+			switch n, ok := wholeNumber(v); {
+			case v.Type == gjson.Null:
+				// SGLang's default stands.
+			case !ok || n < 0:
+				err = errors.New("sampling_params.max_new_tokens must be a whole number of at least 0")
+			default:
+				r.MaxTokens = int(min(n, 1<<24))
+			}
+		case "min_new_tokens":
+			if n, ok := wholeNumber(v); ok && n >= 0 {
+				r.MinTokens = int(min(n, 1<<24))
+			} else if v.Type != gjson.Null {
+				r.Odd |= HintMinTokens
+			}
+		case "n":
+			if n, ok := wholeNumber(v); ok && n >= 1 {
+				r.N = int(min(n, 1<<16))
+			} else if v.Type != gjson.Null {
+				r.Odd |= HintN
+			}
+		}
+		return err == nil
+	})
+	return err
+}
+
+// wholeNumber reads a JSON number that is a whole number.
+func wholeNumber(v gjson.Result) (int64, bool) {
+	if v.Type != gjson.Number {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v.Raw, 10, 64)
+	return n, err == nil
+}

@@ -1,0 +1,96 @@
+package proxy
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/emulator"
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
+)
+
+// SGLang's native API (POST /generate) is served through the router: its
+// text (or token ids) is the prompt it is routed on and enters the prefix
+// index, its answer in SGLang's shape gives the first token, the answer's
+// length and the cached tokens, streamed or whole, a batch's too
+// (2026-12-05: a 404).
+func TestGenerateThroughTheRouter(t *testing.T) {
+	var logs servetest.Log
+	a := startReplica(t, 5*time.Millisecond, emulator.Faults{})
+	b := startReplica(t, 5*time.Millisecond, emulator.Faults{})
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, AccessLog: slog.New(slog.NewTextHandler(&logs, nil))}, a, b)
+	long := strings.Repeat("the same long instructions for every request of this application. ", 40)
+	for i, c := range []struct{ body, want string }{
+		{`{"text":"` + long + ` first","sampling_params":{"max_new_tokens":4},"stream":true}`, `"finish_reason":{"length":4,"type":"length"}`},
+		{`{"text":"` + long + ` second","sampling_params":{"max_new_tokens":4}}`, `"completion_tokens":4`},
+		{`{"input_ids":[[1,2,3],[4,5,6]],"sampling_params":{"max_new_tokens":2}}`, `"index":1`},
+	} {
+		code, body := do(t, "POST", url+"/generate", c.body)
+		if code != 200 || !strings.Contains(body, c.want) {
+			t.Errorf("request %d: %d %.300s, want %s", i, code, body, c.want)
+		}
+	}
+	if stateOr(s, "a").IndexBlocks+stateOr(s, "b").IndexBlocks == 0 {
+		t.Error("the text did not enter the prefix index")
+	}
+	eventually(t, "three access log lines", func() bool { return strings.Count(logs.String(), "msg=request") == 3 })
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if !strings.Contains(lines[0], "ttft_ms=") || !strings.Contains(lines[0], "output_tokens=4") {
+		t.Errorf("the stream's first token or length not seen: %s", lines[0])
+	}
+	if !strings.Contains(lines[1], "output_tokens=4") || strings.Contains(lines[1], "cached_tokens=-1") {
+		t.Errorf("the whole answer's length or cached tokens not read: %s", lines[1])
+	}
+	if !strings.Contains(lines[2], "output_tokens=4") {
+		t.Errorf("the batch's answers not summed: %s", lines[2])
+	}
+	for _, id := range []string{"a", "b"} {
+		if st := stateOr(s, id); st.InFlight != 0 {
+			t.Errorf("%s keeps %d in flight", id, st.InFlight)
+		}
+	}
+	if code, body := do(t, "POST", url+"/generate", `{"sampling_params":{"max_new_tokens":4}}`); code != 400 || !strings.Contains(body, "text or input_ids") {
+		t.Errorf("no prompt: %d %s", code, body)
+	}
+}
+
+// SGLang gives a request up (its abort_request, a pause) with a 200: a
+// stream whose only chunk is an abort of no tokens, or a whole answer so:
+// tried elsewhere, as the OpenAI API's aborts are.
+func TestNativeAbortBeforeTheFirstTokenFailsOver(t *testing.T) {
+	abort := `{"text":"","meta_info":{"id":"x","finish_reason":{"type":"abort","message":"Aborted"},"prompt_tokens":3,"completion_tokens":0,"cached_tokens":0}}`
+	for _, stream := range []bool{true, false} {
+		aborting := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			io.ReadAll(r.Body)
+			if stream {
+				w.Header().Set("Content-Type", "text/event-stream")
+				io.WriteString(w, "data: "+abort+"\n\ndata: [DONE]\n\n")
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, abort)
+		})
+		good := startReplica(t, 20*time.Millisecond, emulator.Faults{})
+		_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, aborting, good)
+		body := `{"text":"hello","sampling_params":{"max_new_tokens":3},"stream":false}`
+		if stream {
+			body = strings.Replace(body, "false", "true", 1)
+		}
+		resp, err := http.Post(url+"/generate", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get(ReplicaHeader) != "b" || !strings.Contains(string(got), `"completion_tokens":3`) {
+			t.Errorf("stream %v: %d from %q: %.200s, want the other replica's answer", stream, resp.StatusCode, resp.Header.Get(ReplicaHeader), got)
+		}
+		if aborting.Served() != 1 {
+			t.Errorf("stream %v: the aborting replica was sent %d requests, want 1 (it is nearer)", stream, aborting.Served())
+		}
+	}
+}

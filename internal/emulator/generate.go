@@ -33,10 +33,10 @@ func (s *Server) parseGenerate(w http.ResponseWriter, r *http.Request) (*job, bo
 	case req.Odd != 0:
 		writeError(w, http.StatusBadRequest, "BadRequestError", "sampling_params: n must be at least 1 and min_new_tokens at least 0")
 		return nil, false
-	case req.MaxTokens < 1:
+	case req.HasMaxTokens && req.MaxTokens < 1:
 		writeError(w, http.StatusBadRequest, "BadRequestError", "sampling_params.max_new_tokens must be at least 1 here, got %d", req.MaxTokens)
 		return nil, false
-	case req.MinTokens > req.MaxTokens:
+	case req.HasMaxTokens && req.MinTokens > req.MaxTokens:
 		writeError(w, http.StatusBadRequest, "BadRequestError", "min_new_tokens must be at most max_new_tokens=%d, got %d", req.MaxTokens, req.MinTokens)
 		return nil, false
 	}
@@ -48,7 +48,8 @@ func (s *Server) parseGenerate(w http.ResponseWriter, r *http.Request) (*job, bo
 		writeError(w, http.StatusBadRequest, "BadRequestError", "n times the prompts must be at most %d, got %d", maxSeqs, j.seqs)
 		return nil, false
 	}
-	return j, s.fill(w, r, j, req, req.MaxTokens)
+	max := req.MaxTokens // -1 for none: the context left, at most the emulator's default
+	return j, s.fill(w, r, j, req, max)
 }
 
 // nativeChunk appends choice's streamed chunk: its text so far and its

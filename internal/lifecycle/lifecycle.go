@@ -626,6 +626,15 @@ func (r *Request) AbortedUnanswered(body []byte) bool {
 	return wire.AbortedUnanswered(body)
 }
 
+// RequestFault reports whether a streamed error event blames the request
+// (wire.RequestFault). SGLang's native stream carries an error only for a
+// ValueError of the request's validation (a prompt past the context, bad
+// sampling params; http_server.py answers it 400 unstreamed), as
+// {"error":{"message":...}} with no code: the request's, for Generate.
+func (r *Request) RequestFault(data []byte) bool {
+	return r.kind == Generate || wire.RequestFault(data)
+}
+
 // Names is the id of the stored response the request names (its
 // previous_response_id, or its path's), "" for none: a 404 to it says the
 // replica does not hold it (AttemptError.NotHeld).

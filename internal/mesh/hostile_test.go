@@ -2,6 +2,7 @@ package mesh
 
 import (
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -53,10 +54,10 @@ func TestPeerPromptLengthIsBounded(t *testing.T) {
 	}
 }
 
-// A router's heartbeat period is taken as it says, up to a tenth of
-// remote_ttl: a made-up one neither overflows the quiet check (found in
-// review) nor keeps a silent router's mirrors for as long as the router is
-// remembered (a period of 2^40 ms kept them for 35 years).
+// A router's heartbeat period is taken as it says, up to MaxHeartbeat: a
+// made-up one neither overflows the quiet check (found in review) nor
+// keeps a silent router's mirrors for as long as the router is remembered
+// (a period of 2^40 ms kept them for 35 years).
 func TestPeerHeartbeatIsBounded(t *testing.T) {
 	b, rt := bareBus(t, nil)
 	t0 := time.Now()
@@ -75,7 +76,9 @@ func TestPeerHeartbeatIsBounded(t *testing.T) {
 	}
 }
 
-func TestHeartbeatWithinRemoteTTL(t *testing.T) {
+// A router's own heartbeat is at most MaxHeartbeat, which every router
+// takes as the bound of another's.
+func TestHeartbeatIsBounded(t *testing.T) {
 	for _, c := range []struct {
 		cfg Config
 		ok  bool
@@ -87,5 +90,25 @@ func TestHeartbeatWithinRemoteTTL(t *testing.T) {
 		if err := c.cfg.Validate(); (err == nil) != c.ok {
 			t.Errorf("%+v: %v, want ok %v", c.cfg, err, c.ok)
 		}
+	}
+}
+
+// Routers' configs may differ (remote_ttl 10m and heartbeat 1m; remote_ttl
+// 1m): a router on schedule is not quiet to another whatever that one's
+// remote_ttl (found in review: bounded by a tenth of the hearer's
+// remote_ttl, a 1-minute period was taken as 6 s, and the router's
+// requests were forgotten 30 s into each minute).
+func TestPeerOnScheduleIsNotQuiet(t *testing.T) {
+	rt := newRouter(t)
+	cfg := Config{Name: "b", RemoteTTL: time.Minute}
+	cfg.defaults()
+	b := newBus(cfg, rt, func() time.Duration { return 0 }, slog.New(slog.DiscardHandler))
+	hb := time.Minute.Milliseconds()
+	t0 := time.Now()
+	b.apply(&event{Router: "a", Boot: 1, Kind: kindAlive, Heartbeat: hb}, t0)
+	b.apply(&event{Router: "a", Boot: 1, Kind: kindDispatch, ID: 1, Replica: "a", Prompt: 64, Heartbeat: hb}, t0)
+	b.sweep(t0.Add(31 * time.Second)) // A's next heartbeat is due at 60 s
+	if n, _ := inFlight(t, rt, "a"); n != 1 {
+		t.Errorf("31 s into A's 60 s heartbeat period: %d of its 1 request kept", n)
 	}
 }

@@ -50,7 +50,7 @@ type Config struct {
 	// Subject is the NATS subject the routers share (default gorgo.mesh).
 	Subject string `yaml:"subject"`
 	// Heartbeat is how often a router says it is alive (default 2 s, at
-	// most a tenth of RemoteTTL); a router not heard from for 5 of its
+	// most MaxHeartbeat); a router not heard from for 5 of its
 	// heartbeats has its requests forgotten.
 	Heartbeat time.Duration `yaml:"heartbeat"`
 	// RemoteTTL drops a mirrored request whose end never came, and
@@ -94,9 +94,9 @@ func (c Config) Validate() error {
 		return errors.New("mesh: name is required (default: the router's region and host)")
 	case c.Heartbeat < 0 || c.RemoteTTL < 0:
 		return errors.New("mesh: heartbeat and remote_ttl must not be negative")
-	case c.Heartbeat > 0 && c.RemoteTTL > 0 && 10*c.Heartbeat > c.RemoteTTL:
-		// The others take a period of at most a tenth of remote_ttl.
-		return errors.New("mesh: heartbeat must be at most a tenth of remote_ttl")
+	case c.Heartbeat > MaxHeartbeat:
+		// The others take a period of at most MaxHeartbeat.
+		return errors.New("mesh: heartbeat must be at most 1m")
 	}
 	return nil
 }
@@ -200,6 +200,10 @@ type event struct {
 	// request does at its own router. Longer than maxModelName: not read.
 	Model string `json:"mo,omitempty"`
 }
+
+// MaxHeartbeat bounds every router's heartbeat period: its own (Validate)
+// and another's as heard, whatever either's remote_ttl.
+const MaxHeartbeat = time.Minute
 
 // maxModelName bounds a mirrored dispatch's model: a name the router
 // serves is at most 513 bytes (models.Set's BASE:ADAPTER).
@@ -608,10 +612,10 @@ func (b *Bus) hear(e *event, now time.Time) *peer {
 		}
 	}
 	p.seq = e.Seq
-	// Its period as it says, at most a tenth of remote_ttl: a made-up one
-	// must not overflow the quiet check, nor keep its mirrors for as long
-	// as the router is remembered.
-	p.at, p.heartbeat = now, time.Duration(min(e.Heartbeat, b.cfg.RemoteTTL.Milliseconds()/10))*time.Millisecond
+	// Its period as it says, at most MaxHeartbeat (whatever either's
+	// remote_ttl): a made-up one must not overflow the quiet check, nor
+	// keep its mirrors for as long as the router is remembered.
+	p.at, p.heartbeat = now, time.Duration(min(e.Heartbeat, MaxHeartbeat.Milliseconds()))*time.Millisecond
 	if p.heartbeat <= 0 {
 		p.heartbeat = b.cfg.Heartbeat
 	}

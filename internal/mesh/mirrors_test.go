@@ -58,7 +58,7 @@ func TestEventsQueuedBeforeADisconnectAreNotMirrored(t *testing.T) {
 	rB := newRouter(t)
 	// eu's heartbeats, which carry its mark while it is stale, only when
 	// the test sends them (a timer's could end the resync too soon).
-	us, eu := join(t, url, "us", newRouter(t)), joinWith(t, Config{URL: url, Name: "eu", Heartbeat: time.Hour, RemoteTTL: 10 * time.Hour}, rB)
+	us, eu := join(t, url, "us", newRouter(t)), joinWith(t, Config{URL: url, Name: "eu", Heartbeat: time.Minute}, rB)
 	var charges atomic.Int64
 	eu.OnCharge(func(string, float64, float64) { charges.Add(1) })
 	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}

@@ -25,7 +25,7 @@ var errGenerate = errors.New("either text or input_ids should be provided: text 
 // a completion's: Text is the prompt (a list of token ids as its JSON
 // stands for it), a batch's prompts each followed by a newline with their
 // ends in PromptEnds; MaxTokens is sampling_params.max_new_tokens
-// (DefaultMaxNewTokens when absent), MinTokens its min_new_tokens, N its
+// (DefaultMaxNewTokens when absent; -1 for null, no limit), MinTokens its min_new_tokens, N its
 // n; Stream and Model as given. A batch's sampling_params may be a list,
 // one per prompt: the first is read. Keys are read as SGLang reads them,
 // case and all.
@@ -182,8 +182,8 @@ func (r *Request) samplingParams(v gjson.Result) error {
 		switch key.Str {
 		case "max_new_tokens":
 			switch n, ok := wholeNumber(v); {
-			case v.Type == gjson.Null:
-				// SGLang's default stands.
+			case v.Type == gjson.Null: // None to SGLang: the context left
+				r.MaxTokens, r.HasMaxTokens = -1, false
 			case !ok || n < 0:
 				err = errors.New("sampling_params.max_new_tokens must be a whole number of at least 0")
 			default:

@@ -19,6 +19,7 @@ func TestParseGenerate(t *testing.T) {
 	}{
 		{name: "text", body: `{"text":"hello","sampling_params":{"max_new_tokens":16,"min_new_tokens":2},"stream":true}`, text: "hello", max: 16, min: 2, n: 1, stream: true},
 		{name: "SGLang's default limit", body: `{"text":"hello"}`, text: "hello", max: DefaultMaxNewTokens, n: 1},
+		{name: "no limit", body: `{"text":"hello","sampling_params":{"max_new_tokens":null}}`, text: "hello", max: -1, n: 1},
 		{name: "a batch of texts", body: `{"text":["ab","c"],"sampling_params":[{"max_new_tokens":3},{"max_new_tokens":9}]}`, text: "ab\nc\n", ends: []int{2, 4}, max: 3, n: 1},
 		{name: "token ids", body: `{"input_ids":[1, 2,3],"sampling_params":{"n":2}}`, text: "[1, 2,3]", max: DefaultMaxNewTokens, n: 2},
 		{name: "a batch of token ids", body: `{"input_ids":[[1],[2,3]]}`, text: "[1]\n[2,3]\n", ends: []int{3, 9}, max: DefaultMaxNewTokens, n: 1},

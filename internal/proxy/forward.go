@@ -384,7 +384,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
 	if stream {
-		if why, msg, failed := failedStream(*a.buf, req.Peek); failed {
+		if why, msg, failed := failedStream(*a.buf, req.Peek, req.RequestFault); failed {
 			a.close()
 			return nil, failure(id, http.StatusBadGateway, true, why, msg)
 		}
@@ -406,7 +406,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 // puts one on its role chunk. Nothing has reached the client: another
 // replica may serve the request. An error that blames the request
 // (wire.RequestFault) is relayed as it is.
-func failedStream(buf []byte, peek func([]byte) wire.Peek) (why, msg string, failed bool) {
+func failedStream(buf []byte, peek func([]byte) wire.Peek, fault func([]byte) bool) (why, msg string, failed bool) {
 	ev, ok := firstEvent(buf, peek)
 	if !ok {
 		return "", "", false
@@ -420,7 +420,7 @@ func failedStream(buf []byte, peek func([]byte) wire.Peek) (why, msg string, fai
 	case p.Token:
 		return "", "", false
 	case p.Error:
-		if wire.RequestFault(data) {
+		if fault(data) {
 			return "", "", false
 		}
 		return "its stream began with an error", wire.ErrorMessage(data), true
@@ -766,7 +766,7 @@ func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at tim
 	p := req.Peek(data)
 	req.Chunk(&p, at)
 	if p.Error {
-		req.StreamError(wire.RequestFault(data))
+		req.StreamError(req.RequestFault(data))
 	}
 	return req.HideUsage && p.Usage && !p.Token && !p.Finish
 }

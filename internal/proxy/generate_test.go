@@ -94,3 +94,24 @@ func TestNativeAbortBeforeTheFirstTokenFailsOver(t *testing.T) {
 		}
 	}
 }
+// SGLang's streamed /generate reports a ValueError of the request (a
+// prompt past the context, bad sampling params) as a 200 whose only
+// chunk is {"error":{"message":...}}, then [DONE] (http_server.py,
+// generate_request); unstreamed, the same error is a 400. Every replica
+// would refuse it: it must be relayed, not failed over and charged to
+// each replica's health.
+func TestNativeStreamRequestErrorIsNotTheReplicas(t *testing.T) {
+	const msg = "The input (9000 tokens) is longer than the model's context length (8192 tokens)."
+	refusing := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, `data: {"error":{"message":"`+msg+`"}}`+"\n\ndata: [DONE]\n\n")
+	})
+	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
+	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, refusing, good)
+	code, body := do(t, "POST", url+"/generate", `{"text":"hello","sampling_params":{"max_new_tokens":3},"stream":true}`)
+	failures, _, _ := tr.Upstream("a").Health()
+	if !strings.Contains(body, "context length") || failures != 0 || refusing.Served() != 1 {
+		t.Errorf("%d %.300s; a's failures in a row %d: want the request's error relayed from a, a not blamed", code, body, failures)
+	}
+}

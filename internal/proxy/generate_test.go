@@ -94,6 +94,7 @@ func TestNativeAbortBeforeTheFirstTokenFailsOver(t *testing.T) {
 		}
 	}
 }
+
 // SGLang's streamed /generate reports a ValueError of the request (a
 // prompt past the context, bad sampling params) as a 200 whose only
 // chunk is {"error":{"message":...}}, then [DONE] (http_server.py,

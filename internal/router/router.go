@@ -161,6 +161,7 @@ type Router struct {
 	fc      []forecastAt // Predict's
 	dec     policy.Decision
 	ranked  []bool
+	all     int        // rank's candidates, those keep passed over included (past len(views))
 	keys    OutputKeys // of the request rank last ranked
 	best    []Candidate
 
@@ -536,7 +537,7 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	if len(r.views) == 0 {
 		return dst, policy.ErrNoReplica
 	}
-	all := len(r.views) // the candidates keep passes over are past len
+	r.all = len(r.views) // the candidates keep passes over are past len
 	if req.WaitingCap > 0 || req.TPOTSLOMS > 0 || req.TTFTBudgetMS > 0 {
 		r.shelter(now, req)
 	}
@@ -573,12 +574,21 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	// Then those passed over (busy for their Retry-After, or sheltered
 	// from), unscored: a request whose other replicas all failed is tried
 	// there rather than lost.
-	kept := len(r.views)
+	if r.all > len(r.views) && len(dst) < n {
+		dst = r.passedOver(dst, n, now)
+	}
+	return dst, nil
+}
+
+// passedOver appends to dst, up to n candidates in all, those keep passed
+// over, unscored.
+func (r *Router) passedOver(dst []Candidate, n int, now time.Duration) []Candidate {
+	kept, all := len(r.views), r.all
 	r.views, r.cand, r.adapter = r.views[:all], r.cand[:all], r.adapter[:all]
 	for j := kept; j < all && len(dst) < n; j++ {
 		dst = append(dst, r.candidate(j, now))
 	}
-	return dst, nil
+	return dst
 }
 
 func (r *Router) candidate(i int, now time.Duration) Candidate {

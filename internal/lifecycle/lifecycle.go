@@ -598,6 +598,10 @@ func (r *Request) StreamError(requestFault bool) {
 	r.streamErr, r.streamFault = true, r.streamFault || requestFault
 }
 
+// Native reports whether the request is of SGLang's native API
+// (Generate), which only SGLang replicas serve.
+func (r *Request) Native() bool { return r.kind == Generate }
+
 // Peek reads one streamed event's data (not [DONE]) as the request's
 // answer is written: SGLang's native shape for Generate, else OpenAI's.
 func (r *Request) Peek(data []byte) wire.Peek {

@@ -306,6 +306,17 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	if idle > 0 {
 		idleTimer.Reset(idle)
 	}
+	if resp.StatusCode == http.StatusNotFound && req.Native() {
+		// SGLang answers no 404 to a /generate: the replica has no such
+		// endpoint (a vLLM replica in a fleet of both). Another may serve
+		// it; this one is not to blame.
+		idleTimer.Stop()
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorPeek))
+		resp.Body.Close()
+		cancel()
+		return nil, &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.Errorf(http.StatusNotFound, "no replica tried serves SGLang's native API (POST /generate)")},
+			cause: fmt.Sprintf("%s does not serve /generate", id)}
+	}
 	var pre []byte // the start of the body, read to judge a 404
 	if resp.StatusCode == http.StatusNotFound && (req.Model() != "" || req.Names() != "") {
 		var e *attemptError

@@ -116,3 +116,26 @@ func TestNativeStreamRequestErrorIsNotTheReplicas(t *testing.T) {
 		t.Errorf("%d %.300s; a's failures in a row %d: want the request's error relayed from a, a not blamed", code, body, failures)
 	}
 }
+
+// A fleet of vLLM and SGLang replicas (gorgo supports both; results.md
+// measures SGLang beside vLLM): vLLM serves no /generate, and answers it
+// FastAPI's 404. A /generate the router sends there is tried on the next
+// replica (found in review: the 404 was relayed, though the SGLang replica
+// would serve it).
+func TestGenerateNotLostToAReplicaWithoutIt(t *testing.T) {
+	vllm := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"detail":"Not Found"}`)
+	})
+	sglang := startReplica(t, 20*time.Millisecond, emulator.Faults{})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, vllm, sglang)
+	code, body := do(t, "POST", url+"/generate", `{"text":"hello","sampling_params":{"max_new_tokens":3}}`)
+	if code != 200 {
+		t.Errorf("%d %s; want the SGLang replica's answer", code, body)
+	}
+	if vllm.Served() != 1 {
+		t.Errorf("the vLLM replica (the nearer) was sent %d requests, want 1", vllm.Served())
+	}
+}

@@ -620,6 +620,16 @@ func (r *Request) PeekBody(body []byte) (completionTokens, cachedTokens int) {
 	return wire.PeekBody(body)
 }
 
+// PeekTail reads the completion and cached prompt tokens of a whole
+// answer too long to hold from its last bytes (wire.PeekTail, or
+// PeekNativeTail for Generate).
+func (r *Request) PeekTail(tail []byte) (completionTokens, cachedTokens int) {
+	if r.kind == Generate {
+		return wire.PeekNativeTail(tail)
+	}
+	return wire.PeekTail(tail)
+}
+
 // AbortedUnanswered reports whether a whole answer says the engine gave
 // the request up before its first token (wire.AbortedUnanswered, or
 // NativeAbortedUnanswered for Generate).

@@ -695,7 +695,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if done || a.end == io.EOF {
 			if !a.stream && ok {
 				// Too long to hold: its usage is read from its last bytes.
-				req.Complete(wire.PeekTail(tail))
+				req.Complete(req.PeekTail(tail))
 			}
 			req.Done() // the final event reached the client: the answer is complete
 			if a.end == nil {

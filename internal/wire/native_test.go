@@ -63,3 +63,19 @@ func FuzzPeekNative(f *testing.F) {
 		NativeAbortedUnanswered(data)
 	})
 }
+
+func TestPeekNativeTail(t *testing.T) {
+	for _, c := range []struct {
+		tail              string
+		completion, cache int
+	}{
+		{`lazy dog","meta_info":{"id":"r","finish_reason":{"type":"length","length":900},"completion_tokens":900,"cached_tokens":12}}`, 900, 12},
+		{`x"}},{"text":"y","meta_info":{"completion_tokens":3}}]`, 3, -1},
+		{`cut","meta_info":{"completion_tokens":9`, 0, -1},
+		{`no meta here`, 0, -1},
+	} {
+		if completion, cached := PeekNativeTail([]byte(c.tail)); completion != c.completion || cached != c.cache {
+			t.Errorf("%s: %d %d, want %d %d", c.tail, completion, cached, c.completion, c.cache)
+		}
+	}
+}

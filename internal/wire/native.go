@@ -1,10 +1,6 @@
 package wire
 
-import (
-	"bytes"
-
-	"github.com/tidwall/gjson"
-)
+import "github.com/tidwall/gjson"
 
 // SGLang's native API (POST /generate) answers in its own shape, not
 // OpenAI's: a stream of SSE events, each
@@ -121,24 +117,13 @@ func NativeAbortedUnanswered(body []byte) bool {
 // "meta_info" object in tail gives its completion and cached tokens (a
 // batch's last answer's alone); (0, -1) when there is none.
 func PeekNativeTail(tail []byte) (completionTokens, cachedTokens int) {
-	for end := len(tail); end > 0; {
-		i := bytes.LastIndex(tail[:end], []byte(`"meta_info"`))
-		if i < 0 {
-			break
+	completionTokens, cachedTokens = 0, -1
+	lastObject(tail, `"meta_info"`, func(v gjson.Result) bool {
+		_, _, usage, completion, cached := nativeMeta(v)
+		if usage {
+			completionTokens, cachedTokens = completion, cached
 		}
-		end = i
-		rest := bytes.TrimLeft(tail[i+len(`"meta_info"`):], " \t\r\n")
-		if len(rest) == 0 || rest[0] != ':' {
-			continue
-		}
-		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
-		n := objectEnd(rest)
-		if n < 0 || !valid(rest[:n]) {
-			continue
-		}
-		if _, _, usage, completion, cached := nativeMeta(gjson.Parse(bytesString(rest[:n]))); usage {
-			return completion, cached
-		}
-	}
-	return 0, -1
+		return usage
+	})
+	return completionTokens, cachedTokens
 }

@@ -436,13 +436,30 @@ func valid(data []byte) bool {
 // the top-level usage: a long answer's string that ends in a usage-like
 // object could fool it, which costs a budget's accuracy, not its bound.
 func PeekTail(tail []byte) (completionTokens, cachedTokens int) {
+	completionTokens, cachedTokens = 0, -1
+	lastObject(tail, `"usage"`, func(v gjson.Result) bool {
+		var u usagePeek
+		u.reset()
+		u.read(v)
+		if u.ok {
+			completionTokens, cachedTokens = u.tokens()
+		}
+		return u.ok
+	})
+	return completionTokens, cachedTokens
+}
+
+// lastObject calls read with the values of the members of tail named key
+// (quoted) that are whole JSON objects, the last first, until read
+// accepts one.
+func lastObject(tail []byte, key string, read func(v gjson.Result) bool) {
 	for end := len(tail); end > 0; {
-		i := bytes.LastIndex(tail[:end], []byte(`"usage"`))
+		i := bytes.LastIndex(tail[:end], []byte(key))
 		if i < 0 {
-			break
+			return
 		}
 		end = i
-		rest := bytes.TrimLeft(tail[i+len(`"usage"`):], " \t\r\n")
+		rest := bytes.TrimLeft(tail[i+len(key):], " \t\r\n")
 		if len(rest) == 0 || rest[0] != ':' {
 			continue
 		}
@@ -451,15 +468,10 @@ func PeekTail(tail []byte) (completionTokens, cachedTokens int) {
 		if n < 0 || !valid(rest[:n]) {
 			continue
 		}
-		v := gjson.Parse(bytesString(rest[:n]))
-		var u usagePeek
-		u.reset()
-		u.read(v)
-		if u.ok {
-			return u.tokens()
+		if read(gjson.Parse(bytesString(rest[:n]))) {
+			return
 		}
 	}
-	return 0, -1
 }
 
 // objectEnd returns the length of the JSON object b begins with (through

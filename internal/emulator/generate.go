@@ -101,8 +101,8 @@ func (o *writer) finishNative() {
 	_ = json.NewEncoder(o.w).Encode(answers)
 }
 
-// nativeToken records sequence i's cached prompt tokens, which every
-// native chunk reports.
+// nativeToken records choice's cached prompt tokens, which every native
+// chunk reports.
 func (o *writer) nativeToken(choice int, ev engine.Event) {
 	if ev.CachedTokens > 0 || o.cachedOf[choice] == 0 {
 		o.cachedOf[choice] = ev.CachedTokens

@@ -558,7 +558,7 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 			x.sse = x.sse[:copy(x.sse, x.sse[n-maxTail:])]
 		}
 		if eos {
-			r.Complete(r.PeekBody(x.sse))
+			r.Complete(r.Format().Body(x.sse))
 			x.sse = x.sse[:0]
 		}
 		return
@@ -596,7 +596,7 @@ func (x *exchange) event(r *lifecycle.Request, ev []byte, at time.Time) {
 		r.Done()
 		return
 	}
-	p := r.Peek(data)
+	p := r.Format().Chunk(data)
 	r.Chunk(&p, at)
 }
 

@@ -598,55 +598,13 @@ func (r *Request) StreamError(requestFault bool) {
 	r.streamErr, r.streamFault = true, r.streamFault || requestFault
 }
 
-// Native reports whether the request is of SGLang's native API
-// (Generate), which only SGLang replicas serve.
-func (r *Request) Native() bool { return r.kind == Generate }
-
-// Peek reads one streamed event's data (not [DONE]) as the request's
-// answer is written: SGLang's native shape for Generate, else OpenAI's.
-func (r *Request) Peek(data []byte) wire.Peek {
+// Format is how the request's answer is written: SGLang's native API's
+// for Generate, else the OpenAI API's.
+func (r *Request) Format() wire.Format {
 	if r.kind == Generate {
-		return wire.PeekNative(data)
+		return wire.Native
 	}
-	return wire.PeekChunk(data)
-}
-
-// PeekBody reads a whole answer's completion and cached prompt tokens
-// (wire.PeekBody, or PeekNativeBody for Generate).
-func (r *Request) PeekBody(body []byte) (completionTokens, cachedTokens int) {
-	if r.kind == Generate {
-		return wire.PeekNativeBody(body)
-	}
-	return wire.PeekBody(body)
-}
-
-// PeekTail reads the completion and cached prompt tokens of a whole
-// answer too long to hold from its last bytes (wire.PeekTail, or
-// PeekNativeTail for Generate).
-func (r *Request) PeekTail(tail []byte) (completionTokens, cachedTokens int) {
-	if r.kind == Generate {
-		return wire.PeekNativeTail(tail)
-	}
-	return wire.PeekTail(tail)
-}
-
-// AbortedUnanswered reports whether a whole answer says the engine gave
-// the request up before its first token (wire.AbortedUnanswered, or
-// NativeAbortedUnanswered for Generate).
-func (r *Request) AbortedUnanswered(body []byte) bool {
-	if r.kind == Generate {
-		return wire.NativeAbortedUnanswered(body)
-	}
-	return wire.AbortedUnanswered(body)
-}
-
-// RequestFault reports whether a streamed error event blames the request
-// (wire.RequestFault). SGLang's native stream carries an error only for a
-// ValueError of the request's validation (a prompt past the context, bad
-// sampling params; http_server.py answers it 400 unstreamed), as
-// {"error":{"message":...}} with no code: the request's, for Generate.
-func (r *Request) RequestFault(data []byte) bool {
-	return r.kind == Generate || wire.RequestFault(data)
+	return wire.OpenAI
 }
 
 // Names is the id of the stored response the request names (its

@@ -100,24 +100,10 @@ func (r *Request) generateText(v gjson.Result) error {
 	case !isArray(v):
 		return errGenerate
 	}
-	n := len(v.Array())
-	var err error
-	v.ForEach(func(_, s gjson.Result) bool {
-		if s.Type != gjson.String {
-			err = errGenerate
-			return false
-		}
+	return r.generateBatch(v, func(s gjson.Result) bool {
 		r.Text = append(r.Text, s.Str...)
-		if n > 1 {
-			r.PromptEnds = append(r.PromptEnds, len(r.Text))
-			r.Text = append(r.Text, '\n')
-		}
-		return true
+		return s.Type == gjson.String
 	})
-	if n == 0 {
-		return errGenerate
-	}
-	return err
 }
 
 // generateIDs reads "input_ids": a list of token ids, whose JSON stands
@@ -126,29 +112,31 @@ func (r *Request) generateIDs(v gjson.Result) error {
 	if !isArray(v) {
 		return errGenerate
 	}
-	first := v.Get("0")
-	switch {
-	case first.Type == gjson.Number:
+	if v.Get("0").Type == gjson.Number {
 		if !tokenIDs(v) {
 			return errGenerate
 		}
 		r.Text = append(r.Text, v.Raw...)
 		return nil
-	case !isArray(first):
-		return errGenerate
 	}
-	n := len(v.Array())
-	ok := true
-	v.ForEach(func(_, list gjson.Result) bool {
-		if ok = isArray(list) && tokenIDs(list); !ok {
-			return false
-		}
+	return r.generateBatch(v, func(list gjson.Result) bool {
 		r.Text = append(r.Text, list.Raw...)
-		if n > 1 {
+		return isArray(list) && tokenIDs(list)
+	})
+}
+
+// generateBatch reads a batch, a non-empty list whose each element add
+// appends to Text (false: not a prompt); more than one are each followed
+// by a newline, their ends in PromptEnds.
+func (r *Request) generateBatch(v gjson.Result, add func(gjson.Result) bool) error {
+	n := v.Get("#").Int()
+	ok := n > 0
+	v.ForEach(func(_, p gjson.Result) bool {
+		if ok = add(p); ok && n > 1 {
 			r.PromptEnds = append(r.PromptEnds, len(r.Text))
 			r.Text = append(r.Text, '\n')
 		}
-		return true
+		return ok
 	})
 	if !ok {
 		return errGenerate

@@ -306,7 +306,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	if idle > 0 {
 		idleTimer.Reset(idle)
 	}
-	if resp.StatusCode == http.StatusNotFound && req.Native() {
+	if resp.StatusCode == http.StatusNotFound && req.Format() == wire.Native {
 		// SGLang answers no 404 to a /generate: the replica has no such
 		// endpoint (a vLLM replica in a fleet of both). Another may serve
 		// it; this one is not to blame.
@@ -374,7 +374,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	}
 	for a.end == nil && a.fill(wait, hold) {
 		if stream {
-			if _, ok := firstEvent(*a.buf, req.Peek); ok {
+			if _, ok := firstEvent(*a.buf, req.Format()); ok {
 				break
 			}
 		}
@@ -395,12 +395,12 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
 	if stream {
-		if why, msg, failed := failedStream(*a.buf, req.Peek, req.RequestFault); failed {
+		if why, msg, failed := failedStream(*a.buf, req.Format()); failed {
 			a.close()
 			return nil, failure(id, http.StatusBadGateway, true, why, msg)
 		}
 	}
-	if a.whole && resp.StatusCode == http.StatusOK && req.AbortedUnanswered(*a.buf) {
+	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) {
 		a.close()
 		return nil, failure(id, http.StatusBadGateway, true, "it gave the request up before its first token", `finish_reason "abort"`)
 	}
@@ -416,9 +416,9 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 // A chunk of usage with no tokens is not an end: vLLM's continuous usage
 // puts one on its role chunk. Nothing has reached the client: another
 // replica may serve the request. An error that blames the request
-// (wire.RequestFault) is relayed as it is.
-func failedStream(buf []byte, peek func([]byte) wire.Peek, fault func([]byte) bool) (why, msg string, failed bool) {
-	ev, ok := firstEvent(buf, peek)
+// (its Format's RequestFault) is relayed as it is.
+func failedStream(buf []byte, f wire.Format) (why, msg string, failed bool) {
+	ev, ok := firstEvent(buf, f)
 	if !ok {
 		return "", "", false
 	}
@@ -427,11 +427,11 @@ func failedStream(buf []byte, peek func([]byte) wire.Peek, fault func([]byte) bo
 	if wire.IsDone(data) {
 		return "its stream ended before its first token", "[DONE]", true
 	}
-	switch p := peek(data); {
+	switch p := f.Chunk(data); {
 	case p.Token:
 		return "", "", false
 	case p.Error:
-		if fault(data) {
+		if f.RequestFault(data) {
 			return "", "", false
 		}
 		return "its stream began with an error", wire.ErrorMessage(data), true
@@ -450,7 +450,7 @@ func failedStream(buf []byte, peek func([]byte) wire.Peek, fault func([]byte) bo
 // Comments (keep-alives) and data-less events before it carry nothing of
 // the answer: until the answer begins, the attempt may still fail over,
 // and has first_byte_timeout.
-func firstEvent(buf []byte, peek func([]byte) wire.Peek) ([]byte, bool) {
+func firstEvent(buf []byte, f wire.Format) ([]byte, bool) {
 	var scratch []byte
 	for {
 		ev, rest, ok := wire.NextEvent(buf)
@@ -458,7 +458,7 @@ func firstEvent(buf []byte, peek func([]byte) wire.Peek) ([]byte, bool) {
 			return nil, false
 		}
 		buf = rest
-		if data := wire.EventData(ev, &scratch); len(data) > 0 && !wire.IsOpening(data) && !empty(data, peek) {
+		if data := wire.EventData(ev, &scratch); len(data) > 0 && !wire.IsOpening(data) && !empty(data, f) {
 			return ev, true
 		}
 	}
@@ -470,11 +470,11 @@ func firstEvent(buf []byte, peek func([]byte) wire.Peek) ([]byte, bool) {
 // role chunk; with include_usage, the usage that closes a stream it gave
 // up before its first token, which a whole answer would have finished
 // first).
-func empty(data []byte, peek func([]byte) wire.Peek) bool {
+func empty(data []byte, f wire.Format) bool {
 	if data[0] != '{' || wire.IsDone(data) {
 		return false
 	}
-	p := peek(data)
+	p := f.Chunk(data)
 	return !p.Token && !p.Finish && !p.Error && p.ResponseID == "" && (!p.Usage || p.CompletionTokens == 0)
 }
 
@@ -610,7 +610,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			}
 		}
 		if ok && clientErr == nil {
-			req.Complete(req.PeekBody(*a.buf))
+			req.Complete(req.Format().Body(*a.buf))
 		}
 		if ok {
 			req.AnswerHead(*a.buf)
@@ -695,7 +695,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if done || a.end == io.EOF {
 			if !a.stream && ok {
 				// Too long to hold: its usage is read from its last bytes.
-				req.Complete(req.PeekTail(tail))
+				req.Complete(req.Format().Tail(tail))
 			}
 			req.Done() // the final event reached the client: the answer is complete
 			if a.end == nil {
@@ -774,10 +774,11 @@ func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at tim
 		*done = true
 		return false
 	}
-	p := req.Peek(data)
+	f := req.Format()
+	p := f.Chunk(data)
 	req.Chunk(&p, at)
 	if p.Error {
-		req.StreamError(req.RequestFault(data))
+		req.StreamError(f.RequestFault(data))
 	}
 	return req.HideUsage && p.Usage && !p.Token && !p.Finish
 }

@@ -33,7 +33,7 @@ func PeekNative(data []byte) Peek {
 		case "text":
 			p.Token = p.Token || v.Type == gjson.String && len(v.Raw) > 2
 		case "output_ids":
-			p.Token = p.Token || isArray(v) && nonEmptyArray([]byte(v.Raw))
+			p.Token = p.Token || isArray(v) && v.Get("#").Int() > 0
 		case "error":
 			p.Error = v.Type != gjson.Null
 		case "meta_info":

@@ -54,7 +54,7 @@ func parseEngineFlags(args []string, stderr io.Writer) (*engineFlags, error) {
 	loraModules := fs.String("lora-modules", "", "comma-separated LoRA `ADAPTERS` on the base model, each NAME or NAME=PATH")
 	maxLoRAs := fs.Int("max-loras", 0, "LoRA adapter slots: adapters resident at once, and in one batch (0: the engine's default, 1 for vllm, 8 for sglang)")
 	loraLoad := fs.Duration("lora-load-time", 0, "model time loading an adapter adds to the step that needs it (a Go `DURATION`)")
-	metricsFormat := fs.String("metrics-format", "sglang", "/metrics names: sglang or vllm")
+	metricsFormat := fs.String("metrics-format", "sglang", "the engine it answers as, sglang or vllm: its /metrics names, and SGLang's native POST /generate served or not")
 	rtt := fs.Duration("rtt", 0, "injected round trip (half on the way in, half on the way out)")
 	jitter := fs.Duration("jitter", 0, "standard deviation of the injected round trip")
 	speedup := fs.Float64("speedup", 1, "run the model `F` times faster than real time")

@@ -184,6 +184,13 @@ func TestReplicasAPI(t *testing.T) {
 	if _, body := do(t, "GET", s.adminURL+"/admin/replicas", ""); !strings.Contains(body, `"source": "config"`) || strings.Contains(body, `"id": "c"`) {
 		t.Errorf("replicas: %s", body)
 	}
+	// The endpoints a replica answered it has no route for.
+	if err := s.Router().Lacks("a", "/generate", s.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, body := do(t, "GET", s.adminURL+"/admin/replicas", ""); !strings.Contains(body, `"lacking_endpoints": [`+"\n"+`        "/generate"`) {
+		t.Errorf("replicas, a without /generate: %s", body)
+	}
 }
 
 // /admin/tuner shows the online tuner over the default policy, as gorgo

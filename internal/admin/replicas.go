@@ -3,6 +3,7 @@ package admin
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/fleet"
@@ -47,6 +48,9 @@ type replicaJSON struct {
 	Adapters         []string `json:"adapters,omitempty"`
 	AdapterSlots     int      `json:"adapter_slots"`
 	ResidentAdapters []string `json:"resident_adapters,omitempty"`
+	// LackingEndpoints are the paths it answered it has no route for,
+	// for which it is passed over (router.Router.Lacks).
+	LackingEndpoints []string `json:"lacking_endpoints,omitempty"`
 }
 
 // state is a replica's state as an operator reads it.
@@ -76,6 +80,12 @@ func (s *Server) replicaJSON(st router.ReplicaState) replicaJSON {
 			out.EjectedUntil = &until
 		}
 	}
+	for e, until := range st.Lacking {
+		if until > s.fleet.Now() {
+			out.LackingEndpoints = append(out.LackingEndpoints, e)
+		}
+	}
+	slices.Sort(out.LackingEndpoints)
 	if st.EngineKnown {
 		g, age := st.Engine, (s.fleet.Now() - st.EngineAt).Seconds()
 		out.Engine, out.EngineAgeS = &g, &age

@@ -391,7 +391,6 @@ func TestErrorsAreOpenAIShaped(t *testing.T) {
 		{"/v1/completions", `{"prompt":"x","n":70000}`, 400, "at most"},
 		{"/v1/completions", `{"prompt":"x","min_tokens":-1}`, 400, "min_tokens must be an integer of at least 0"},
 		{"/v1/completions", `{"prompt":"x","min_tokens":9,"max_tokens":8}`, 400, "min_tokens must be less than or equal to max_tokens=8"},
-		{"/v2/everything", `{}`, 404, "no route"},
 	}
 	for _, c := range cases {
 		resp := post(t, url+c.path, c.body)
@@ -405,6 +404,31 @@ func TestErrorsAreOpenAIShaped(t *testing.T) {
 		resp.Body.Close()
 		if err != nil || resp.StatusCode != c.status || e.Error.Code != c.status || !strings.Contains(e.Error.Message, c.want) {
 			t.Errorf("%s %s: status %d, error %+v (%v); want %d containing %q", c.path, c.body[:min(len(c.body), 40)], resp.StatusCode, e.Error, err, c.status, c.want)
+		}
+	}
+}
+
+// A path it has no route for is answered as both engines' servers
+// (FastAPI) answer it, and so is SGLang's /generate on a vLLM replica: the
+// router tells such a 404 from an engine's error about the request
+// (wire.NoRoute).
+func TestNoRouteIsFastAPIs(t *testing.T) {
+	_, sglang := start(t, Config{Speedup: 50})
+	_, vllm := start(t, Config{Speedup: 50, MetricsFormat: "vllm"})
+	for _, c := range []struct {
+		url, path string
+		status    int
+	}{
+		{sglang, "/v2/everything", 404},
+		{vllm, "/v2/everything", 404},
+		{vllm, "/generate", 404},
+		{sglang, "/generate", 200},
+	} {
+		resp := post(t, c.url+c.path, `{"text":"hi","sampling_params":{"max_new_tokens":2}}`)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || c.status == 404 && string(body) != `{"detail":"Not Found"}` {
+			t.Errorf("%s on %s: %d %s, want %d (FastAPI's body for a 404)", c.path, c.url, resp.StatusCode, body, c.status)
 		}
 	}
 }

@@ -53,7 +53,9 @@ type Config struct {
 	// LoRALoadTime is what loading an adapter adds to the engine step
 	// that needs it, in model time (engine.Config.LoRALoadTime).
 	LoRALoadTime time.Duration
-	// MetricsFormat is "sglang" (default) or "vllm".
+	// MetricsFormat is the engine the replica answers as, "sglang"
+	// (default) or "vllm": its /metrics names, its models' owner, and
+	// whether it serves SGLang's native POST /generate.
 	MetricsFormat string
 	// Speedup runs the model this many times faster than real time (default 1).
 	Speedup float64
@@ -244,11 +246,13 @@ func (s *Server) routes() {
 			s.serve(w, r, j)
 		}
 	}))
-	s.mux.HandleFunc("POST /generate", s.guard(true, func(w http.ResponseWriter, r *http.Request) {
-		if j, ok := s.parseGenerate(w, r); ok {
-			s.serve(w, r, j)
-		}
-	}))
+	if s.cfg.MetricsFormat == "sglang" { // SGLang's own API: vLLM has none
+		s.mux.HandleFunc("POST /generate", s.guard(true, func(w http.ResponseWriter, r *http.Request) {
+			if j, ok := s.parseGenerate(w, r); ok {
+				s.serve(w, r, j)
+			}
+		}))
+	}
 	s.mux.HandleFunc("GET /v1/responses/{id}", s.guard(false, s.getResponse))
 	s.mux.HandleFunc("POST /v1/responses/{id}/cancel", s.guard(false, s.cancelResponse))
 	s.mux.HandleFunc("GET /v1/models", s.guard(false, s.listModels))
@@ -268,7 +272,11 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("POST /admin/network", s.adminNetwork)
 	s.mux.HandleFunc("POST /admin/speed", s.adminSpeed)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "NotFoundError", "no route for %s %s", r.Method, r.URL.Path)
+		// As both engines' servers (FastAPI) answer a path they have no
+		// route for.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"detail":"Not Found"}`)
 	})
 }
 

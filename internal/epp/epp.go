@@ -290,7 +290,10 @@ func (x *exchange) decide(atHeaders bool) error {
 	}
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
 		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: name, Ask: x.ask,
-		Header: &x.replyHeaders, Unseen: x.respNone, Stored: wire.StoredID(x.path)}
+		Header: &x.replyHeaders, Unseen: x.respNone, Stored: wire.StoredID(x.path), Endpoint: x.path}
+	if i := strings.IndexByte(in.Endpoint, '?'); i >= 0 {
+		in.Endpoint = in.Endpoint[:i]
+	}
 	if id, err := url.PathUnescape(in.Stored); err == nil {
 		in.Stored = id // :path is as the client escaped it; the id recorded is the answer's
 	}
@@ -343,6 +346,13 @@ func (x *exchange) Send(ctx context.Context, r *lifecycle.Request, id string) (i
 		now := time.Now()
 		core := x.s.fleet.Core()
 		core.Router().Busy(id, core.Now(now), wire.RetryWait(x.retryAfter, now))
+	}
+	if x.status == http.StatusNotFound && r.Format() == wire.Native {
+		// SGLang answers no 404 to a /generate: the replica has none (a
+		// vLLM replica in a fleet of both). The gateway relays it; later
+		// picks pass the replica over for it (lifecycle.AttemptError.NoEndpoint).
+		core := x.s.fleet.Core()
+		core.Router().Lacks(id, r.Route.Endpoint, core.Now(time.Now()))
 	}
 	return x.status, nil
 }

@@ -178,3 +178,38 @@ func TestNativeGenerate(t *testing.T) {
 		t.Errorf("after its first token: %d decoding, want 1", n)
 	}
 }
+
+// A /generate the gateway sent to a replica without it (vLLM, in a fleet
+// of both) comes back 404: later /generate picks pass that replica over
+// (router.Router.Lacks; its query is not part of the endpoint).
+func TestNativeNotFoundIsRemembered(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	c := picker(t, f)
+	pick := func(status string) string {
+		t.Helper()
+		s, err := c.Process(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/generate?x=1", false)},
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
+		recv(t, s)
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+			Body: []byte(`{"text":"where should this go? a prompt long enough for a few blocks"}`), EndOfStream: true}}})
+		list, _ := destination(t, recv(t, s))
+		ep, _, _ := strings.Cut(list, ",")
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", true, ":status", status)}})
+		recv(t, s)
+		s.CloseSend()
+		return f.EndpointIDs()[ep]
+	}
+	first := pick("404")
+	if st, _ := f.core.Router().Replica(first); len(st.Lacking) != 1 || st.Lacking["/generate"] == 0 {
+		t.Fatalf("%s answered /generate 404: lacking %v, want /generate", first, st.Lacking)
+	}
+	for range 3 {
+		if next := pick("200"); next == first {
+			t.Fatalf("picked %s again for /generate after its 404", next)
+		}
+	}
+}

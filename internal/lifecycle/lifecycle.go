@@ -471,12 +471,13 @@ func (r *Request) Replica() string { return r.ticket.ID }
 // failed records that the current attempt failed before anything reached
 // the client: the replica is free of it, and next may try another. A
 // replica that broke it (it refused, hung, broke, answered 5xx) has it
-// count against its health; a busy one (503, 429) does not, and one that
-// said it does not serve the model loses the model.
+// count against its health; a busy one (503, 429) does not, one that
+// said it does not serve the model loses the model, and one without the
+// request's endpoint is passed over for it.
 func (r *Request) failed(e *AttemptError) {
 	c := r.core
 	r.free()
-	if !e.NotHeld || r.last == nil { // a holder's failure says more than another's "not found"
+	if !e.NotHeld && !e.NoEndpoint || r.last == nil { // a holder's or a server's failure says more than another's "not found"
 		r.last = &e.Error
 	}
 	if e.NotHeld && r.ticket.ID == r.holder {
@@ -490,6 +491,9 @@ func (r *Request) failed(e *AttemptError) {
 	if e.Busy && current {
 		now := time.Now()
 		c.cfg.Router.Busy(r.ticket.ID, c.Now(now), wire.RetryWait(e.RetryAfter, now))
+	}
+	if e.NoEndpoint && current {
+		c.cfg.Router.Lacks(r.ticket.ID, r.Route.Endpoint, c.Now(time.Now()))
 	}
 	switch {
 	case c.cfg.Health == nil, !current:

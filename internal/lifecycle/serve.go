@@ -22,6 +22,10 @@ type Incoming struct {
 	// Allowed, if set, restricts the decision to the replicas it accepts (a
 	// gateway's subset hint).
 	Allowed func(id string) bool
+	// Endpoint is the path the request was sent to ("/generate"): the
+	// router passes over the replicas that answered they have no such
+	// route (AttemptError.NoEndpoint).
+	Endpoint string
 	// Stored is the id of the Responses API response the request is about,
 	// named in its path (/v1/responses/{id}/cancel through a gateway; the
 	// proxy forwards a cancel itself): its first attempt goes to the
@@ -93,6 +97,12 @@ type AttemptError struct {
 	// passes it over for that long (Router.Busy), and the next fallback is
 	// tried.
 	Busy bool
+	// NoEndpoint says the replica has no route for the request's path (its
+	// server's own 404: an engine without the API, as vLLM is without
+	// SGLang's /generate, in a fleet of both): not broken; the router
+	// passes it over for that endpoint for a while (Router.Lacks), and the
+	// next fallback is tried.
+	NoEndpoint bool
 }
 
 // Serve drives one request through its life: it reads the body, applies
@@ -110,7 +120,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		fe.Refuse(e)
 		return e.Status
 	}
-	r.Route.Allowed, r.Route.Tenant = in.Allowed, in.Tenant
+	r.Route.Allowed, r.Route.Tenant, r.Route.Endpoint = in.Allowed, in.Tenant, in.Endpoint
 	stored := r.Parsed.PreviousResponseID
 	if stored == "" {
 		stored = in.Stored

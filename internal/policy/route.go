@@ -71,6 +71,11 @@ type Request struct {
 	// Allowed, if set, restricts the decision to the replicas it accepts
 	// (a gateway's subset hint); nil allows every available replica.
 	Allowed func(id string) bool
+	// Endpoint is the API path the request is sent to ("/generate"), if
+	// it matters: the decision passes over the replicas that answered they
+	// have no such endpoint (router.Router.Lacks), unless every one has.
+	// "" (the simulator's requests) any replica serves.
+	Endpoint string
 	// WaitingCap, if positive, keeps the decision off the replicas with
 	// that many requests or more waiting for their first token (flow
 	// control's saturation for batch work), unless every one has.

@@ -43,7 +43,7 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 			return
 		}
 		x := exchange{s: s, cfg: cfg, w: w, r: r}
-		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received, Stored: wire.StoredID(r.URL.Path),
+		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received, Stored: wire.StoredID(r.URL.Path), Endpoint: r.URL.Path,
 			Ask:    tenant.Ask{Priority: r.Header.Get(tenant.PriorityHeader), TTFTSLO: r.Header.Get(tenant.TTFTSLOHeader), TPOTSLO: r.Header.Get(tenant.TPOTSLOHeader)},
 			Header: w.Header()}
 		var err error
@@ -306,26 +306,27 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	if idle > 0 {
 		idleTimer.Reset(idle)
 	}
-	if resp.StatusCode == http.StatusNotFound && req.Format() == wire.Native {
-		// SGLang answers no 404 to a /generate: the replica has no such
-		// endpoint (a vLLM replica in a fleet of both). Another may serve
-		// it; this one is not to blame.
-		idleTimer.Stop()
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxErrorPeek))
-		resp.Body.Close()
-		cancel()
-		return nil, &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.Errorf(http.StatusNotFound, "no replica tried serves SGLang's native API (POST /generate)")},
-			cause: fmt.Sprintf("%s does not serve /generate", id)}
-	}
-	var pre []byte // the start of the body, read to judge a 404
-	if resp.StatusCode == http.StatusNotFound && (req.Model() != "" || req.Names() != "") {
-		var e *attemptError
+	var pre []byte // the start of a 404's body, read to judge it
+	if resp.StatusCode == http.StatusNotFound {
 		var err error
-		if pre, e, err = modelMissing(resp, id, req.Model(), req.Names()); e == nil && err == nil && req.Names() != "" && len(pre) <= maxErrorPeek {
-			// It does not hold the response the request names: another
-			// replica may (the router did not know, or its holder failed).
-			e = &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.Errorf(http.StatusNotFound, "%s", wire.ErrorMessage(pre)), NotHeld: true},
-				cause: fmt.Sprintf("%s does not hold response %s", id, req.Names())}
+		pre, err = io.ReadAll(io.LimitReader(resp.Body, maxErrorPeek+1))
+		var e *attemptError
+		switch {
+		case err != nil:
+		case req.Format() == wire.Native || len(pre) <= maxErrorPeek && wire.NoRoute(pre):
+			// The replica has no such endpoint (SGLang answers no 404 to a
+			// /generate: a vLLM replica in a fleet of both). Another may
+			// serve it; this one is not to blame.
+			e = &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.Errorf(http.StatusNotFound, "no replica tried serves %s %s", r.Method, r.URL.Path), NoEndpoint: true},
+				cause: fmt.Sprintf("%s has no route for %s %s", id, r.Method, r.URL.Path)}
+		case req.Model() != "" || req.Names() != "":
+			e = modelMissing(pre, id, req.Model(), req.Names())
+			if e == nil && req.Names() != "" && len(pre) <= maxErrorPeek {
+				// It does not hold the response the request names: another
+				// replica may (the router did not know, or its holder failed).
+				e = &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.Errorf(http.StatusNotFound, "%s", wire.ErrorMessage(pre)), NotHeld: true},
+					cause: fmt.Sprintf("%s does not hold response %s", id, req.Names())}
+			}
 		}
 		if e != nil || err != nil {
 			idleTimer.Stop()
@@ -786,26 +787,20 @@ func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at tim
 // maxErrorPeek bounds what is read of a 404 to judge it.
 const maxErrorPeek = 64 << 10
 
-// modelMissing reads a 404 to a request for model: if it says the model
-// is not there (an engine's "The model `x` does not exist.", or an
-// adapter not found), the attempt fails without blaming the replica, which
-// loses the model, and the next fallback is tried. Otherwise it returns
-// what it read of the body (all of it if at most maxErrorPeek bytes), to
-// be relayed; or the error that broke the body off. named is the stored
-// response the request names, whose id the message may quote.
-func modelMissing(resp *http.Response, id, model, named string) ([]byte, *attemptError, error) {
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorPeek+1))
-	if err != nil {
-		return nil, nil, err
-	}
+// modelMissing judges a 404 to a request for model from the start of its
+// body: if it says the model is not there (an engine's "The model `x` does
+// not exist.", or an adapter not found), the attempt fails without blaming
+// the replica, which loses the model, and the next fallback is tried;
+// otherwise nil, and the body is relayed. named is the stored response the
+// request names, whose id the message may quote.
+func modelMissing(data []byte, id, model, named string) *attemptError {
 	msg := strings.ToLower(wire.ErrorMessage(data))
 	if named != "" { // the client's id, quoted ("Response with id '...' not found."), says nothing of the model
 		msg = strings.ReplaceAll(msg, strings.ToLower(named), "")
 	}
 	if model == "" || len(data) > maxErrorPeek || !(strings.Contains(msg, "model") || strings.Contains(msg, "lora") || strings.Contains(msg, "adapter")) {
-		return data, nil, nil
+		return nil
 	}
-	e := &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.ModelNotFound(model), ModelMissing: true},
+	return &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.ModelNotFound(model), ModelMissing: true},
 		cause: fmt.Sprintf("%s does not serve %s: %s", id, model, msg)}
-	return nil, e, nil
 }

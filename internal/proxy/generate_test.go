@@ -138,6 +138,16 @@ func TestGenerateNotLostToAReplicaWithoutIt(t *testing.T) {
 	if vllm.Served() != 1 {
 		t.Errorf("the vLLM replica (the nearer) was sent %d requests, want 1", vllm.Served())
 	}
+	// Its 404 is remembered: the next requests go to the SGLang replica
+	// at once, not a round trip to the vLLM one each first.
+	for range 4 {
+		if code, body := do(t, "POST", url+"/generate", `{"text":"hello","sampling_params":{"max_new_tokens":3}}`); code != 200 {
+			t.Errorf("%d %s", code, body)
+		}
+	}
+	if vllm.Served() != 1 {
+		t.Errorf("after its 404 the vLLM replica was sent %d /generate requests, want it passed over", vllm.Served()-1)
+	}
 }
 
 // A whole native answer too long to hold (past max_answer_bytes) has its
@@ -158,5 +168,91 @@ func TestLongNativeAnswerLength(t *testing.T) {
 	eventually(t, "the access log", func() bool { return strings.Contains(logs.String(), "msg=request") })
 	if !strings.Contains(logs.String(), " output_tokens=1000 ") {
 		t.Errorf("want output_tokens=1000: %s", logs.String())
+	}
+}
+
+// The engines' APIs differ beyond /generate: vLLM serves /pooling and
+// /classify, SGLang /get_model_info, and either answers a path it has no
+// route for with its server's 404 ({"detail":"Not Found"}). In a fleet of
+// both, such a 404 has the next replica tried, and later requests to that
+// path pass the replica over; a 404 that is an engine's error about the
+// request (a model it does not have, here a stored response) is not one
+// (2026-12-06: the first replica's 404 was relayed).
+func TestEndpointAReplicaLacksIsServedByAnother(t *testing.T) {
+	notFound := func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"detail":"Not Found"}`)
+	}
+	sglang := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		switch r.URL.Path {
+		case "/get_model_info":
+			_, _ = io.WriteString(w, `{"model_path":"m"}`)
+		case "/v1/responses/resp_1":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_, _ = io.WriteString(w, `{"object":"error","message":"Response with id 'resp_1' not found.","code":404}`)
+		default:
+			notFound(w)
+		}
+	})
+	vllm := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if r.URL.Path != "/tokenize" {
+			notFound(w)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"count":1,"max_model_len":8192,"tokens":[15339]}`)
+	})
+	// Round-robin: without the memory, every other request goes to the
+	// replica without /tokenize first.
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "round-robin"}}, sglang, vllm)
+	for i := range 4 {
+		code, body := do(t, "POST", url+"/tokenize", `{"model":"m","prompt":"hello"}`)
+		if code != 200 || !strings.Contains(body, "tokens") {
+			t.Errorf("POST /tokenize #%d: %d %s; want the vLLM replica's answer", i, code, body)
+		}
+	}
+	if n := sglang.Served(); n != 1 {
+		t.Errorf("the replica without /tokenize was sent %d, want 1 (then passed over)", n)
+	}
+	if code, body := do(t, "GET", url+"/get_model_info", ""); code != 200 || !strings.Contains(body, "model_path") {
+		t.Errorf("GET /get_model_info: %d %s; want the SGLang replica's", code, body)
+	}
+	// Neither has it: the client hears a 404 in OpenAI's shape.
+	code, body := do(t, "POST", url+"/v1/made-up", `{"model":"m"}`)
+	if code != 404 || !strings.Contains(body, `"error"`) || !strings.Contains(body, "/v1/made-up") {
+		t.Errorf("a path no replica serves: %d %s; want a 404 error naming it", code, body)
+	}
+	// An engine's own 404 is relayed as it is.
+	if code, body := do(t, "GET", url+"/v1/responses/resp_1", ""); code != 404 || !strings.Contains(body, "resp_1") {
+		t.Errorf("GET of an unknown stored response: %d %s", code, body)
+	}
+}
+
+// A replica without the endpoint does not have the last word: where the
+// one that has it failed (busy), the client hears that, not the other's
+// 404.
+func TestNoRouteDoesNotHideTheRealFailure(t *testing.T) {
+	busy := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Retry-After", "2")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"object":"error","message":"the queue is full","code":503}`)
+	})
+	vllm := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"detail":"Not Found"}`)
+	})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "round-robin"}}, busy, vllm)
+	code, body := do(t, "POST", url+"/generate", `{"text":"hello","sampling_params":{"max_new_tokens":3}}`)
+	if code != 503 || !strings.Contains(body, "queue is full") {
+		t.Errorf("%d %s; want the busy replica's 503", code, body)
+	}
+	if vllm.Served() != 1 {
+		t.Errorf("the replica without /generate was sent %d, want 1", vllm.Served())
 	}
 }

@@ -7,6 +7,7 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -188,7 +189,9 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 // the first available replica that answers; a stored response's
 // (/v1/responses/{id}...: a GET, or its cancel or DELETE, which carry no
 // body) from the replica that stored it, draining or not (its 404 is
-// relayed), else from the first that holds it.
+// relayed), else from the first that holds it. A replica's 404 for a path
+// it has no route for (SGLang's /get_model_info on a vLLM replica, in a
+// fleet of both) has the next asked.
 func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 	reps := s.fleet.Router().Replicas()
 	stored := wire.StoredID(r.URL.Path)
@@ -199,7 +202,8 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 			reps[0], reps[i] = reps[i], reps[0]
 		}
 	}
-	last := -1 // the last replica that answered 404 for a stored response
+	last := -1       // the last replica that answered 404 for a stored response
+	noRoute := false // a replica answered it has no such endpoint
 	for i, st := range reps {
 		u := s.fleet.Upstream(st.ID)
 		// A draining holder still holds its store: a GET of it is no new
@@ -234,26 +238,47 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 			cancel()
 			continue
 		}
-		if stored != "" && resp.StatusCode == http.StatusNotFound && i < len(reps)-1 && !(held && st.ID == holder) {
-			// Not stored there: another replica may hold it (the router
-			// did not see its answer: it restarted, or forgot it). The
-			// holder's 404 is the last word: a store the replicas shared
-			// would have answered it.
-			resp.Body.Close()
-			cancel()
-			last = i
-			continue
+		var body io.Reader = resp.Body
+		if resp.StatusCode == http.StatusNotFound {
+			pre, err := io.ReadAll(io.LimitReader(resp.Body, maxErrorPeek+1))
+			switch {
+			case err != nil:
+				resp.Body.Close()
+				cancel()
+				continue
+			case len(pre) <= maxErrorPeek && wire.NoRoute(pre):
+				// It has no such endpoint (SGLang's /get_model_info on a
+				// vLLM replica, in a fleet of both): another may.
+				resp.Body.Close()
+				cancel()
+				noRoute = true
+				continue
+			case stored != "" && i < len(reps)-1 && !(held && st.ID == holder):
+				// Not stored there: another replica may hold it (the
+				// router did not see its answer: it restarted, or forgot
+				// it). The holder's 404 is the last word: a store the
+				// replicas shared would have answered it.
+				resp.Body.Close()
+				cancel()
+				last = i
+				continue
+			}
+			body = io.MultiReader(bytes.NewReader(pre), resp.Body)
 		}
 		copyHeaders(w.Header(), resp.Header)
 		w.Header().Set(ReplicaHeader, st.ID)
 		w.WriteHeader(resp.StatusCode)
-		_, _ = io.Copy(w, resp.Body)
+		_, _ = io.Copy(w, body)
 		resp.Body.Close()
 		cancel()
 		return
 	}
-	if last >= 0 {
+	switch {
+	case last >= 0:
 		httpapi.Error(w, http.StatusNotFound, "no replica holds response %q", stored)
+		return
+	case noRoute:
+		httpapi.Error(w, http.StatusNotFound, "no replica tried serves %s %s", r.Method, r.URL.Path)
 		return
 	}
 	httpapi.Error(w, http.StatusServiceUnavailable, "no available replica")

@@ -76,6 +76,9 @@ type member struct {
 	// busyUntil is when (ns of router time) the replica stops being passed
 	// over for having said it is busy (Router.Busy); 0: never said.
 	busyUntil atomic.Int64
+	// lacking is the endpoints it answered it has no such route for
+	// (Router.Lacks); nil: none.
+	lacking atomic.Pointer[lacking]
 
 	// Ledger of this router's requests to the replica: their sequences in
 	// flight (a request for n answers is n, as the engine counts them),
@@ -341,7 +344,11 @@ type ReplicaState struct {
 	Healthy, Probed bool
 	// BusyUntil is when (router time) the replica stops being passed over
 	// for having answered that it is busy (Router.Busy); 0: never.
-	BusyUntil         time.Duration
+	BusyUntil time.Duration
+	// Lacking is the endpoints it answered it has no such route for,
+	// each with when (router time) it stops being passed over for it
+	// (Router.Lacks); past entries may remain.
+	Lacking           map[string]time.Duration
 	RTT               time.Duration
 	RTTSamples        int
 	InFlight          int
@@ -378,6 +385,12 @@ func (m *member) snapshot(indexBlocks int) ReplicaState {
 	st.ITLBaseMS, st.ITLSlopeMS = m.itlNow()
 	st.Models = m.models.Load()
 	st.Adapters = m.adapters.snapshot()
+	if l := m.lacking.Load(); l != nil {
+		st.Lacking = make(map[string]time.Duration, len(*l))
+		for e, until := range *l {
+			st.Lacking[e] = time.Duration(until)
+		}
+	}
 	if g := m.gauges.Load(); g != nil {
 		st.Engine, st.EngineKnown, st.EngineAt = g.g, true, g.at
 	}

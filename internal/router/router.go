@@ -541,7 +541,9 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	if req.WaitingCap > 0 || req.TPOTSLOMS > 0 || req.TTFTBudgetMS > 0 {
 		r.shelter(now, req)
 	}
-	r.keep(func(i int) bool { return r.cand[i].busyUntil.Load() <= int64(now) })
+	r.keep(func(i int) bool {
+		return r.cand[i].busyUntil.Load() <= int64(now) && !r.cand[i].lacks(req.Endpoint, now)
+	})
 	r.dec.Tag, r.dec.ExactTies = 0, false
 	if err := pol.Decide(&r.dec, req, r.views, rng); err != nil {
 		return dst, err
@@ -571,9 +573,9 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 		r.ranked[best] = true
 		dst = append(dst, r.candidate(best, now))
 	}
-	// Then those passed over (busy for their Retry-After, or sheltered
-	// from), unscored: a request whose other replicas all failed is tried
-	// there rather than lost.
+	// Then those passed over (busy for their Retry-After, without the
+	// request's endpoint, or sheltered from), unscored: a request whose
+	// other replicas all failed is tried there rather than lost.
 	if r.all > len(r.views) && len(dst) < n {
 		dst = r.passedOver(dst, n, now)
 	}

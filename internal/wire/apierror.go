@@ -170,3 +170,26 @@ func (e *errorObject) requestFault() bool {
 	}
 	return false
 }
+
+// NoRoute reports whether a 404's body is a server's answer for a path it
+// has no route for, rather than an engine's error about the request (an
+// error object: a model or a stored response it does not have).
+// FastAPI's {"detail":"Not Found"} (vLLM's and SGLang's servers), Go's
+// "404 page not found", a proxy's HTML page, a bare "Not Found" and an
+// empty body are; a JSON error with a message of its own is not.
+func NoRoute(body []byte) bool {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 || body[0] == '<' {
+		return true
+	}
+	if body[0] == '{' {
+		e, ok := decodeError(body)
+		var s string
+		return ok && len(e.Error) == 0 && len(e.Message) == 0 && json.Unmarshal(e.Detail, &s) == nil && strings.EqualFold(s, "Not Found")
+	}
+	switch strings.ToLower(string(body)) {
+	case "not found", "404 not found", "404: not found", "404 page not found":
+		return true
+	}
+	return false
+}

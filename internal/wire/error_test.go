@@ -26,3 +26,26 @@ func TestRetryWait(t *testing.T) {
 		}
 	}
 }
+
+func TestNoRoute(t *testing.T) {
+	for _, c := range []struct {
+		body string
+		want bool
+	}{
+		{`{"detail":"Not Found"}`, true}, // FastAPI: vLLM, SGLang
+		{"404 page not found\n", true},   // Go's ServeMux
+		{"<html><head><title>404 Not Found</title></head></html>", true},
+		{"Not Found", true},
+		{"", true},
+		{`{"error":{"message":"The model ` + "`m`" + ` does not exist.","type":"NotFoundError","code":404}}`, false},
+		{`{"object":"error","message":"Response with id 'resp_1' not found.","code":404}`, false},
+		{`{"detail":"Response resp_1 not found"}`, false},
+		{`{"detail":"Not Found","message":"adapter a not loaded"}`, false},
+		{`{"detail":["Not Found"]}`, false},
+		{"no such model", false},
+	} {
+		if got := NoRoute([]byte(c.body)); got != c.want {
+			t.Errorf("NoRoute(%q) = %v, want %v", c.body, got, c.want)
+		}
+	}
+}

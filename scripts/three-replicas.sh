@@ -45,9 +45,9 @@ for proxy in "${proxies[@]}"; do
     --replica a=http://127.0.0.1:18801 --replica b=http://127.0.0.1:18802 --replica c=http://127.0.0.1:18803 ${SERVE_FLAGS:-} >"$tmp/serve.log" 2>&1 & pids+=($!)
   sleep 3
   "${client[@]}" --target http://127.0.0.1:18080 "$@" || echo "(the client failed: exit status $?)"
-  retries=$(curl -s 127.0.0.1:18080/metrics)
+  retries=$(curl -s 127.0.0.1:18080/metrics) ids=(a b c)
   for i in 1 2 3; do
-    id=$(printf '\x%x' $((96 + i)))
+    id=${ids[i-1]}
     curl -s 127.0.0.1:1880$i/metrics | awk -v r=$i -v f="$(grep "^gorgo_retries_total{replica=\"$id\"}" <<<"$retries" | awk '{print $2}')" \
       '/^(sglang:num_requests_total|vllm:request_success_total)/ {n+=$2} /^(sglang|vllm):prompt_tokens_total/ {p=$2} END {printf "replica %s: %d requests, %d prompt tokens; %d attempts it failed or refused\n", r, n, p, f}'
   done

@@ -177,7 +177,7 @@ func TestLongNativeAnswerLength(t *testing.T) {
 // both, such a 404 has the next replica tried, and later requests to that
 // path pass the replica over; a 404 that is an engine's error about the
 // request (a model it does not have, here a stored response) is not one
-// (2026-12-06: the first replica's 404 was relayed).
+// (2026-12-05: the first replica's 404 was relayed).
 func TestEndpointAReplicaLacksIsServedByAnother(t *testing.T) {
 	notFound := func(w http.ResponseWriter) {
 		w.Header().Set("Content-Type", "application/json")

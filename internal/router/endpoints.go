@@ -34,13 +34,11 @@ type lacking map[string]int64
 // lacks reports whether the replica answered, before now, that it has no
 // endpoint (a path: "/generate"); "" is any endpoint, never lacked.
 func (m *member) lacks(endpoint string, now time.Duration) bool {
-	if endpoint == "" {
-		return false
-	}
 	l := m.lacking.Load()
-	if l == nil {
-		return false
-	}
+	return l != nil && l.has(endpoint, now)
+}
+
+func (l *lacking) has(endpoint string, now time.Duration) bool {
 	until, ok := (*l)[endpoint]
 	return ok && until > int64(now)
 }
@@ -56,6 +54,7 @@ func (r *Router) Lacks(id, endpoint string, now time.Duration) error {
 	if err != nil || endpoint == "" || len(endpoint) > MaxEndpoint {
 		return err
 	}
+	r.lacked.Store(true)
 	for {
 		old := m.lacking.Load()
 		next := make(lacking, MaxLacking)

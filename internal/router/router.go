@@ -169,6 +169,9 @@ type Router struct {
 	catalog atomic.Pointer[catalog]
 
 	resets atomic.Int64
+	// lacked says a replica has answered that it has no route for a path
+	// (Lacks): until then decisions do not look (a call per candidate).
+	lacked atomic.Bool
 	// outputs estimates answers' lengths.
 	outputs *estimate.Outputs
 	// stored is which replica stored each response (stored.go).
@@ -541,9 +544,13 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	if req.WaitingCap > 0 || req.TPOTSLOMS > 0 || req.TTFTBudgetMS > 0 {
 		r.shelter(now, req)
 	}
-	r.keep(func(i int) bool {
-		return r.cand[i].busyUntil.Load() <= int64(now) && !r.cand[i].lacks(req.Endpoint, now)
-	})
+	if req.Endpoint != "" && r.lacked.Load() {
+		r.keep(func(i int) bool {
+			return r.cand[i].busyUntil.Load() <= int64(now) && !r.cand[i].lacks(req.Endpoint, now)
+		})
+	} else {
+		r.keep(func(i int) bool { return r.cand[i].busyUntil.Load() <= int64(now) })
+	}
 	r.dec.Tag, r.dec.ExactTies = 0, false
 	if err := pol.Decide(&r.dec, req, r.views, rng); err != nil {
 		return dst, err

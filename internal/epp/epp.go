@@ -145,6 +145,10 @@ type exchange struct {
 	pending *extprocv3.ProcessingResponse
 	sse     []byte
 	scratch []byte
+	// long says the stream is inside an event too long to hold, and
+	// longTail holds its last wire.TailBytes, read once it ends.
+	long     bool
+	longTail []byte
 }
 
 // Process serves one ext_proc stream: one HTTP request, from its headers
@@ -582,19 +586,41 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 			break
 		}
 		rest = next
+		if x.long { // the end of an event too long to hold
+			x.longEnd(r, ev)
+			continue
+		}
 		x.event(r, ev, now)
 	}
 	x.sse = x.sse[:copy(x.sse, rest)]
 	if len(x.sse) > maxTail {
-		r.LongEvent(x.sse) // an event too long to hold: its head still read
-		x.sse = x.sse[:0]  // not read further
+		if !x.long {
+			x.long = true
+			r.LongEvent(x.sse) // its head still read
+		}
+		// Its last bytes kept to read, and the last two left to find its
+		// end (a blank line may be split between two pieces).
+		n := len(x.sse) - 2
+		x.longTail = wire.KeepTail(x.longTail, x.sse[:n])
+		x.sse = x.sse[:copy(x.sse, x.sse[n:])]
 	}
 	if eos {
-		if len(x.sse) > 0 {
+		switch {
+		case x.long:
+			x.longEnd(r, x.sse)
+		case len(x.sse) > 0:
 			x.event(r, x.sse, now)
 		}
 		x.sse = x.sse[:0]
 	}
+}
+
+// longEnd reads an event too long to hold, whose last piece is ev, from
+// its last bytes (lifecycle.Request.LongEventEnd).
+func (x *exchange) longEnd(r *lifecycle.Request, ev []byte) {
+	x.longTail = wire.KeepTail(x.longTail, ev)
+	r.LongEventEnd(x.longTail)
+	x.long, x.longTail = false, x.longTail[:0]
 }
 
 func (x *exchange) event(r *lifecycle.Request, ev []byte, at time.Time) {

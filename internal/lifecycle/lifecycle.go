@@ -638,6 +638,20 @@ func (r *Request) LongEvent(ev []byte) {
 	}
 }
 
+// LongEventEnd reads the last bytes (wire.TailBytes at most) of a streamed
+// event too long for the front end to hold, once it has passed: SGLang's
+// native chunks carry the whole text so far, and their counts (meta_info)
+// after it; a Responses API event the whole response, its usage at the
+// end. The counts found there are the answer's so far.
+func (r *Request) LongEventEnd(tail []byte) {
+	if c, cached := r.Format().Tail(tail); c > 0 {
+		r.completionTokens = c
+		if cached >= 0 {
+			r.cached = cached
+		}
+	}
+}
+
 // Done records that the stream's final event ([DONE]) was relayed: the
 // request is complete whatever the client does next.
 func (r *Request) Done() { r.done = true }

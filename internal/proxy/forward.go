@@ -627,17 +627,21 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		limit = maxEventPeek
 	}
 	// over: inside an event too long to peek, passed through as it comes
-	// until its blank line; prev holds the last bytes passed of it.
+	// until its blank line; prev holds the last bytes passed of it, and
+	// evTail its last wire.TailBytes, read once it ends (its counts: an
+	// SGLang chunk's whole text comes before them).
 	over := !a.stream // an answer too long to hold is passed through whole
-	var prev []byte
-	var tail []byte // the last tailBytes of an answer passed through whole
+	var prev, evTail []byte
+	var tail []byte // the last wire.TailBytes of an answer passed through whole
 	for {
 		rest := *a.buf
 		*out = (*out)[:0]
 		done := false
 		if over && a.stream {
 			if n := eventEnd(prev, rest); n >= 0 {
-				*out, rest, over = append(*out, rest[:n]...), rest[n:], false
+				evTail = wire.KeepTail(evTail, rest[:n])
+				req.LongEventEnd(evTail)
+				*out, rest, over, evTail = append(*out, rest[:n]...), rest[n:], false, evTail[:0]
 			}
 		}
 		// Relay every whole event read so far.
@@ -661,6 +665,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if over {
 			*out = append(*out, rest...)
 			prev = append(prev[:0], rest[max(0, len(rest)-2):]...)
+			if a.stream {
+				evTail = wire.KeepTail(evTail, rest)
+			}
 			rest = rest[len(rest):]
 		}
 		// Keep the unfinished event at the front of the buffer.
@@ -690,13 +697,16 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				if tail == nil && ok { // the answer's first bytes
 					req.AnswerHead(*out)
 				}
-				tail = keepTail(tail, *out)
+				tail = wire.KeepTail(tail, *out)
 			}
 		}
 		if done || a.end == io.EOF {
 			if !a.stream && ok {
 				// Too long to hold: its usage is read from its last bytes.
 				req.Complete(req.Format().Tail(tail))
+			}
+			if a.stream && over {
+				req.LongEventEnd(evTail) // the last event, ended by the stream's end
 			}
 			req.Done() // the final event reached the client: the answer is complete
 			if a.end == nil {
@@ -717,23 +727,6 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		}
 	}
 	return lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil, Err: upErr}
-}
-
-// tailBytes is how much of the end of a non-streaming answer too long to
-// hold is kept, to read its usage (wire.PeekTail): a usage object with its
-// details is a few hundred bytes.
-const tailBytes = 4 << 10
-
-// keepTail appends b to tail and keeps the last tailBytes of them.
-func keepTail(tail, b []byte) []byte {
-	if len(b) >= tailBytes {
-		return append(tail[:0], b[len(b)-tailBytes:]...)
-	}
-	tail = append(tail, b...)
-	if over := len(tail) - tailBytes; over > 0 {
-		tail = tail[:copy(tail, tail[over:])]
-	}
-	return tail
 }
 
 // eventEnd returns how many bytes of b end the SSE event being passed

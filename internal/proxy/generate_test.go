@@ -256,3 +256,53 @@ func TestNoRouteDoesNotHideTheRealFailure(t *testing.T) {
 		t.Errorf("the replica without /generate was sent %d, want 1", vllm.Served())
 	}
 }
+
+// A streamed /generate answer whose chunks grow past what the relay
+// holds (each carries the whole text so far: a long rollout's) is counted
+// from the last chunk's meta_info, read from its last bytes as it passes
+// (2026-12-05: counted as of the last chunk held, 64 of 100 tokens).
+func TestLongNativeStreamLength(t *testing.T) {
+	var logs servetest.Log
+	answer := servetest.NativeStream(100)
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, answer)
+	})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, AccessLog: slog.New(slog.NewTextHandler(&logs, nil))}, up)
+	code, body := do(t, "POST", url+"/generate", `{"text":"hi","stream":true,"sampling_params":{"max_new_tokens":100}}`)
+	if code != 200 || body != answer {
+		t.Fatalf("%d, %d bytes relayed of %d", code, len(body), len(answer))
+	}
+	eventually(t, "the access log", func() bool { return strings.Contains(logs.String(), "msg=request") })
+	if !strings.Contains(logs.String(), " output_tokens=100 ") {
+		t.Errorf("want output_tokens=100: %s", logs.String())
+	}
+}
+
+// A streamed Responses API answer whose response.completed event is longer
+// than the relay holds (it repeats the whole answer) is counted from the
+// usage at its end, not from the deltas seen (vLLM's: one event may carry
+// many tokens).
+func TestLongCompletedEventUsage(t *testing.T) {
+	var logs servetest.Log
+	text := strings.Repeat("z", 80<<10)
+	answer := "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"" + text + "\"}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"object\":\"response\",\"status\":\"completed\"," +
+		"\"output\":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"" + text + "\"}]}]," +
+		"\"usage\":{\"input_tokens\":3,\"input_tokens_details\":{\"cached_tokens\":0},\"output_tokens\":4321,\"total_tokens\":4324}}}\n\n"
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, answer)
+	})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, AccessLog: slog.New(slog.NewTextHandler(&logs, nil))}, up)
+	code, body := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi","stream":true}`)
+	if code != 200 || body != answer {
+		t.Fatalf("%d, %d bytes relayed of %d", code, len(body), len(answer))
+	}
+	eventually(t, "the access log", func() bool { return strings.Contains(logs.String(), "msg=request") })
+	if !strings.Contains(logs.String(), " output_tokens=4321 ") {
+		t.Errorf("want output_tokens=4321: %s", logs.String())
+	}
+}

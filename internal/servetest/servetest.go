@@ -150,6 +150,24 @@ func Listen(t testing.TB, h http.Handler) string {
 	return "http://" + ln.Addr().String()
 }
 
+// NativeStream is SGLang's streamed answer (POST /generate) of n tokens
+// of 1,000 bytes each: every chunk carries the whole text so far, then its
+// counts (meta_info), so that the chunks past the 64th are longer than a
+// relay holds (64 KiB).
+func NativeStream(n int) string {
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		finish := "null"
+		if i == n {
+			finish = fmt.Sprintf(`{"type":"length","length":%d}`, n)
+		}
+		fmt.Fprintf(&b, `data: {"text":"%s","meta_info":{"id":"x","finish_reason":%s,"prompt_tokens":3,"completion_tokens":%d,"cached_tokens":2}}`+"\n\n",
+			strings.Repeat(strings.Repeat("y", 999)+" ", i), finish, i)
+	}
+	b.WriteString("data: [DONE]\n\n")
+	return b.String()
+}
+
 // ChatBody is a chat completion request body.
 func ChatBody(content string, maxTokens int, stream bool) string {
 	b, _ := json.Marshal(map[string]any{"model": "gorgo-emulated", "stream": stream, "max_tokens": maxTokens,

@@ -449,6 +449,24 @@ func PeekTail(tail []byte) (completionTokens, cachedTokens int) {
 	return completionTokens, cachedTokens
 }
 
+// TailBytes is how much of the end of an answer, or of a streamed event,
+// too long to hold a relay keeps to read its counts from (PeekTail,
+// PeekNativeTail): a usage object with its details, or SGLang's
+// meta_info, is a few hundred bytes.
+const TailBytes = 4 << 10
+
+// KeepTail appends b to tail and keeps the last TailBytes of them.
+func KeepTail(tail, b []byte) []byte {
+	if len(b) >= TailBytes {
+		return append(tail[:0], b[len(b)-TailBytes:]...)
+	}
+	tail = append(tail, b...)
+	if over := len(tail) - TailBytes; over > 0 {
+		tail = tail[:copy(tail, tail[over:])]
+	}
+	return tail
+}
+
 // lastObject calls read with the values of the members of tail named key
 // (quoted) that are whole JSON objects, the last first, until read
 // accepts one.

@@ -497,3 +497,25 @@ func TestPeekResponseIDInvalidUTF8(t *testing.T) {
 		t.Errorf("ResponseID %q", p.ResponseID)
 	}
 }
+
+// KeepTail keeps the last TailBytes of all it was given, in order, however
+// they come: one byte at a time, in pieces, or one piece longer than it.
+func TestKeepTail(t *testing.T) {
+	all := make([]byte, 3*TailBytes+7)
+	for i := range all {
+		all[i] = byte(i % 251)
+	}
+	want := all[len(all)-TailBytes:]
+	for _, piece := range []int{1, 100, TailBytes - 1, TailBytes, len(all)} {
+		var tail []byte
+		for i := 0; i < len(all); i += piece {
+			tail = KeepTail(tail, all[i:min(i+piece, len(all))])
+		}
+		if !bytes.Equal(tail, want) {
+			t.Errorf("in pieces of %d: kept %d bytes, not the last %d", piece, len(tail), TailBytes)
+		}
+	}
+	if got := KeepTail(nil, []byte("short")); string(got) != "short" {
+		t.Errorf("a short answer's tail: %q", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
@@ -17,7 +18,10 @@ import (
 // or for a batch (a list of prompts, or n > 1) a list of them, prompt by
 // prompt. max_new_tokens is 128 when absent, as SGLang's; 0 answers none
 // (the emulator refuses it: it always generates). It names no model; a
-// "model" a gateway adds is checked as the OpenAI API's is.
+// "model" a gateway adds is checked as the OpenAI API's is. lora_path
+// names an adapter (for every prompt of a batch; a batch whose prompts
+// name different ones runs on the base here), refused with SGLang's 400
+// when it is not loaded.
 
 // parseGenerate reads a /generate request.
 func (s *Server) parseGenerate(w http.ResponseWriter, r *http.Request) (*job, bool) {
@@ -41,7 +45,7 @@ func (s *Server) parseGenerate(w http.ResponseWriter, r *http.Request) (*job, bo
 		return nil, false
 	}
 	j := &job{generate: true, stream: req.Stream, answers: req.N, perPrompt: req.N, seqs: req.Choices()}
-	if !s.model(w, req.Model, j) {
+	if !s.model(w, req.Model, j) || req.LoRAPath != "" && !s.loraPath(w, req.LoRAPath, j) {
 		return nil, false
 	}
 	if j.seqs > maxSeqs {
@@ -50,6 +54,23 @@ func (s *Server) parseGenerate(w http.ResponseWriter, r *http.Request) (*job, bo
 	}
 	max := req.MaxTokens // -1 for none: the context left, at most the emulator's default
 	return j, s.fill(w, r, j, req, max)
+}
+
+// loraPath sets j's adapter to the one a /generate's lora_path names, or
+// answers 400 as SGLang does when it has not loaded it.
+func (s *Server) loraPath(w http.ResponseWriter, name string, j *job) bool {
+	c := s.models.Load()
+	i, ok := c.byName[name]
+	if !ok {
+		loaded := make([]string, 0, len(c.adapters))
+		for _, a := range c.adapters {
+			loaded = append(loaded, a.name)
+		}
+		writeError(w, http.StatusBadRequest, "BadRequestError", "The following requested LoRA adapters are not loaded: %s\nLoaded adapters: %s.", name, strings.Join(loaded, ", "))
+		return false
+	}
+	j.model, j.adapter = name, c.adapters[i].key
+	return true
 }
 
 // nativeChunk appends choice's streamed chunk: its text so far and its

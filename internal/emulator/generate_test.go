@@ -45,3 +45,31 @@ func TestGenerate(t *testing.T) {
 		}
 	}
 }
+
+// A /generate's lora_path runs it on that adapter, whose cache is its own
+// (the base's blocks of the same text are not its); one not loaded is
+// SGLang's 400, naming the adapters that are.
+func TestGenerateLoRAPath(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50, Model: "m", LoRAModules: []string{"sql"}})
+	long := strings.Repeat("a prompt long enough to fill several blocks of the cache. ", 20)
+	cached := func(body string) int {
+		t.Helper()
+		status, answer := postText(t, url+"/generate", body)
+		if status != http.StatusOK {
+			t.Fatalf("%s: %d %s", body, status, answer)
+		}
+		_, c := wire.PeekNativeBody([]byte(answer))
+		return c
+	}
+	cached(`{"text":"` + long + `","sampling_params":{"max_new_tokens":1}}`)
+	if c := cached(`{"text":"` + long + `","lora_path":"sql","sampling_params":{"max_new_tokens":1}}`); c != 0 {
+		t.Errorf("the adapter found %d tokens of the base's cache", c)
+	}
+	if c := cached(`{"text":"` + long + `","lora_path":["sql"],"sampling_params":{"max_new_tokens":1}}`); c == 0 {
+		t.Errorf("the adapter's second request found none of its first's cache")
+	}
+	status, body := postText(t, url+"/generate", `{"text":"x","lora_path":"chat"}`)
+	if status != http.StatusBadRequest || !strings.Contains(body, "The following requested LoRA adapters are not loaded: chat") || !strings.Contains(body, "sql") {
+		t.Errorf("an adapter not loaded: %d %s", status, body)
+	}
+}

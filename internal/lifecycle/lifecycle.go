@@ -219,9 +219,10 @@ type Request struct {
 	// (nil: not rewritten), in rewriteBuf; modelLabel the model of its
 	// metrics; cacheModel the model its prompt's blocks are keyed by (an
 	// adapter as BASE:ADAPTER, a base by its first name, however the
-	// client named it).
+	// client named it); adapter says its model is a LoRA adapter.
 	rewritten, rewriteBuf  []byte
 	modelLabel, cacheModel string
+	adapter                bool
 	// pinned is the replica that stored the response the request names
 	// (its previous_response_id, a path's id), which its first attempt
 	// goes to; unpinned is what the decision allowed without it.

@@ -17,6 +17,10 @@ import (
 // stood for it). A name no replica serves is a 404 at once (unless some
 // replica's models are unknown: it may serve it); a request that names
 // none gets the fleet's only base model, or a 400 when it serves several.
+// A native /generate names an adapter in its own field (lora_path): it is
+// the request's model where some replica is known to serve it (the
+// engine reads it there, so the body stays as it is), and otherwise left
+// to the engines, as the body's other fields are.
 
 // maxNamesListed bounds the names an error lists.
 const maxNamesListed = 20
@@ -32,15 +36,20 @@ func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
 	if maxName := 2*models.MaxNameBytes + 1; len(name) > maxName {
 		return wire.Errorf(statusBadRequest, "model: a name of %d bytes; no model's is longer than %d", len(name), maxName)
 	}
+	served, unknown := c.cfg.Router.Catalog()
+	if name == "" && r.Parsed.LoRAPath != "" {
+		if _, known := served.Lookup(r.Parsed.LoRAPath); known {
+			name = r.Parsed.LoRAPath
+		}
+	}
 	target, alias := name, false
 	switch {
-	case name == "" || c.cfg.Aliases == nil:
+	case name == "" || c.cfg.Aliases == nil || r.Parsed.Model == "":
 	case dry:
 		target, alias = c.cfg.Aliases.Peek(name, r.Route.SessionKey)
 	default:
 		target, alias = c.cfg.Aliases.Resolve(name, r.Route.SessionKey)
 	}
-	served, unknown := c.cfg.Router.Catalog()
 	m, known := served.Lookup(target)
 	switch {
 	case target == "":
@@ -68,6 +77,7 @@ func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
 		target = m.ID
 		if m.IsAdapter() { // one key and label for an adapter, named alone or with its base
 			r.cacheModel = c.cfg.Router.BaseName(m.Parent) + ":" + m.ID
+			r.adapter = true
 		}
 	}
 	if r.cacheModel == "" { // one key and label for a base, under any of its names
@@ -79,7 +89,7 @@ func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
 	case target != "":
 		r.modelLabel = otherModel // a name no replica is known to serve: not a label of its own
 	}
-	if target != name && name != "" {
+	if target != name && r.Parsed.Model != "" {
 		r.rewriteBuf = prompt.WithModel(body, target, r.rewriteBuf)
 		r.rewritten = r.rewriteBuf
 	}
@@ -106,6 +116,10 @@ func (r *Request) names() string {
 
 // Model is the served name the request is routed by ("" for any replica).
 func (r *Request) Model() string { return r.Route.Model }
+
+// Adapter says the request's model is a LoRA adapter some replica is known
+// to serve.
+func (r *Request) Adapter() bool { return r.adapter }
 
 // Rewritten is the client's body with its model set to the served name an
 // alias stood for (nil when the body was not rewritten): what a front end

@@ -13,7 +13,8 @@ import (
 // "input_embeds" (which gorgo does not read: routed by load alone); its
 // limits are in "sampling_params" (max_new_tokens, 128 when absent;
 // min_new_tokens; n); it names no model, though a gateway in front of it
-// may ("model").
+// may ("model"), but may name a LoRA adapter of its model ("lora_path":
+// an adapter's name, or a batch's list of them).
 
 // DefaultMaxNewTokens is SGLang's max_new_tokens when a /generate request
 // gives none.
@@ -26,7 +27,7 @@ var errGenerate = errors.New("either text or input_ids should be provided: text 
 // stands for it), a batch's prompts each followed by a newline with their
 // ends in PromptEnds; MaxTokens is sampling_params.max_new_tokens
 // (DefaultMaxNewTokens when absent; -1 for null, no limit), MinTokens its min_new_tokens, N its
-// n; Stream and Model as given. A batch's sampling_params may be a list,
+// n; Stream, Model and LoRAPath as given. A batch's sampling_params may be a list,
 // one per prompt: the first is read. Keys are read as SGLang reads them,
 // case and all.
 func ParseGenerate(body []byte, r *Request) error {
@@ -63,6 +64,8 @@ func ParseGenerate(body []byte, r *Request) error {
 			if v.Type == gjson.String {
 				r.Model = v.Str
 			}
+		case "lora_path":
+			r.LoRAPath = loraPath(v)
 		}
 		return err == nil
 	})
@@ -89,6 +92,28 @@ func ParseGenerate(body []byte, r *Request) error {
 		return r.samplingParams(params)
 	}
 	return nil
+}
+
+// loraPath is the one adapter lora_path names for every prompt: its
+// string, or the string every element of its list is ("" when they
+// differ, or one is null: the base model).
+func loraPath(v gjson.Result) string {
+	if v.Type == gjson.String {
+		return v.Str
+	}
+	if !isArray(v) {
+		return ""
+	}
+	name, one := "", true
+	v.ForEach(func(_, p gjson.Result) bool {
+		one = p.Type == gjson.String && p.Str != "" && (name == "" || p.Str == name)
+		name = p.Str
+		return one
+	})
+	if !one {
+		return ""
+	}
+	return name
 }
 
 // generateText reads "text": a string, or a batch of them.

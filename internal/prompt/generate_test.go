@@ -15,6 +15,7 @@ func TestParseGenerate(t *testing.T) {
 		n          int
 		stream     bool
 		model      string
+		lora       string
 		err        string
 	}{
 		{name: "text", body: `{"text":"hello","sampling_params":{"max_new_tokens":16,"min_new_tokens":2},"stream":true}`, text: "hello", max: 16, min: 2, n: 1, stream: true},
@@ -23,7 +24,11 @@ func TestParseGenerate(t *testing.T) {
 		{name: "a batch of texts", body: `{"text":["ab","c"],"sampling_params":[{"max_new_tokens":3},{"max_new_tokens":9}]}`, text: "ab\nc\n", ends: []int{2, 4}, max: 3, n: 1},
 		{name: "token ids", body: `{"input_ids":[1, 2,3],"sampling_params":{"n":2}}`, text: "[1, 2,3]", max: DefaultMaxNewTokens, n: 2},
 		{name: "a batch of token ids", body: `{"input_ids":[[1],[2,3]]}`, text: "[1]\n[2,3]\n", ends: []int{3, 9}, max: DefaultMaxNewTokens, n: 1},
-		{name: "a gateway's model", body: `{"text":"x","model":"m","rid":"r1","lora_path":"sql"}`, text: "x", max: DefaultMaxNewTokens, n: 1, model: "m"},
+		{name: "a gateway's model", body: `{"text":"x","model":"m","rid":"r1","lora_path":"sql"}`, text: "x", max: DefaultMaxNewTokens, n: 1, model: "m", lora: "sql"},
+		{name: "a batch's one adapter", body: `{"text":["a","b"],"lora_path":["sql","sql"]}`, text: "a\nb\n", ends: []int{1, 3}, max: DefaultMaxNewTokens, n: 1, lora: "sql"},
+		{name: "a batch's adapters differ", body: `{"text":["a","b"],"lora_path":["sql","chat"]}`, text: "a\nb\n", ends: []int{1, 3}, max: DefaultMaxNewTokens, n: 1},
+		{name: "a batch's prompt on the base", body: `{"text":["a","b"],"lora_path":["sql",null]}`, text: "a\nb\n", ends: []int{1, 3}, max: DefaultMaxNewTokens, n: 1},
+		{name: "no adapter", body: `{"text":"x","lora_path":null}`, text: "x", max: DefaultMaxNewTokens, n: 1},
 		{name: "embeddings: by load", body: `{"input_embeds":[[0.1]]}`, max: DefaultMaxNewTokens, n: 1},
 		{name: "no prompt", body: `{"sampling_params":{}}`, err: "either text or input_ids"},
 		{name: "an empty batch", body: `{"text":[]}`, err: "either text or input_ids"},
@@ -46,7 +51,7 @@ func TestParseGenerate(t *testing.T) {
 			continue
 		}
 		if string(r.Text) != c.text || !slices.Equal(r.PromptEnds, c.ends) && len(r.PromptEnds)+len(c.ends) > 0 || r.MaxTokens != c.max || r.MinTokens != c.min ||
-			r.N != c.n || r.Stream != c.stream || r.Model != c.model {
+			r.N != c.n || r.Stream != c.stream || r.Model != c.model || r.LoRAPath != c.lora {
 			t.Errorf("%s: %+v", c.name, r)
 		}
 	}
@@ -55,13 +60,13 @@ func TestParseGenerate(t *testing.T) {
 // A request reused for another body keeps nothing of the first.
 func TestParseGenerateResets(t *testing.T) {
 	var r Request
-	if err := ParseGenerate([]byte(`{"text":["a","b"],"stream":true,"model":"m","sampling_params":{"n":3,"min_new_tokens":1}}`), &r); err != nil {
+	if err := ParseGenerate([]byte(`{"text":["a","b"],"stream":true,"model":"m","lora_path":"sql","sampling_params":{"n":3,"min_new_tokens":1}}`), &r); err != nil {
 		t.Fatal(err)
 	}
 	if err := ParseGenerate([]byte(`{"text":"c"}`), &r); err != nil {
 		t.Fatal(err)
 	}
-	if string(r.Text) != "c" || len(r.PromptEnds) != 0 || r.Stream || r.Model != "" || r.N != 1 || r.MinTokens != 0 {
+	if string(r.Text) != "c" || len(r.PromptEnds) != 0 || r.Stream || r.Model != "" || r.LoRAPath != "" || r.N != 1 || r.MinTokens != 0 {
 		t.Errorf("%+v", r)
 	}
 }

@@ -29,6 +29,10 @@ type Request struct {
 	Text []byte
 	// Model is the "model" field.
 	Model string
+	// LoRAPath is a native /generate's adapter (SGLang's "lora_path": an
+	// adapter's name, or a batch's list of them, null for the base),
+	// where it names one for every prompt; "" otherwise.
+	LoRAPath string
 	// MaxTokens is, for chat, max_completion_tokens if present and not
 	// null, else max_tokens; for completions, max_tokens. HasMaxTokens is
 	// false, and MaxTokens -1, when absent or null.

@@ -306,8 +306,23 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	if idle > 0 {
 		idleTimer.Reset(idle)
 	}
-	var pre []byte // the start of a 404's body, read to judge it
-	if resp.StatusCode == http.StatusNotFound {
+	var pre []byte // the start of a 404's body (or of a 400 to an adapter's request), read to judge it
+	switch {
+	case resp.StatusCode == http.StatusBadRequest && req.Adapter():
+		// SGLang refuses a request for an adapter it has not loaded with a
+		// 400 (vLLM with a 404): another replica may have it.
+		var err error
+		pre, err = io.ReadAll(io.LimitReader(resp.Body, maxErrorPeek+1))
+		if e := adapterNotLoaded(pre, id, req.Model()); e != nil || err != nil {
+			idleTimer.Stop()
+			resp.Body.Close()
+			if err != nil {
+				return fail(http.StatusBadGateway, true, "the replica's 400 broke off", err.Error())
+			}
+			cancel()
+			return nil, e
+		}
+	case resp.StatusCode == http.StatusNotFound:
 		var err error
 		pre, err = io.ReadAll(io.LimitReader(resp.Body, maxErrorPeek+1))
 		var e *attemptError
@@ -777,7 +792,7 @@ func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at tim
 	return req.HideUsage && p.Usage && !p.Token && !p.Finish
 }
 
-// maxErrorPeek bounds what is read of a 404 to judge it.
+// maxErrorPeek bounds what is read of a 404, or a 400, to judge it.
 const maxErrorPeek = 64 << 10
 
 // modelMissing judges a 404 to a request for model from the start of its
@@ -796,4 +811,22 @@ func modelMissing(data []byte, id, model, named string) *attemptError {
 	}
 	return &attemptError{AttemptError: lifecycle.AttemptError{Error: *wire.ModelNotFound(model), ModelMissing: true},
 		cause: fmt.Sprintf("%s does not serve %s: %s", id, model, msg)}
+}
+
+// adapterNotLoaded judges a 400 to a request for model from the start of
+// its body as modelMissing does a 404: SGLang's "The following requested
+// LoRA adapters are not loaded: x" says the replica lacks the adapter
+// (unloaded since the router last read its models); any other 400 is the
+// request's, and relayed. model is an adapter (a request for the base
+// whose lora_path names one the router does not know of is refused so
+// too, and the refusal is its).
+func adapterNotLoaded(data []byte, id, model string) *attemptError {
+	if len(data) > maxErrorPeek {
+		return nil
+	}
+	msg := strings.ToLower(wire.ErrorMessage(data))
+	if !strings.Contains(msg, "not loaded") || !(strings.Contains(msg, "lora") || strings.Contains(msg, "adapter")) {
+		return nil
+	}
+	return modelMissing(data, id, model, "")
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -304,5 +305,44 @@ func TestLongCompletedEventUsage(t *testing.T) {
 	eventually(t, "the access log", func() bool { return strings.Contains(logs.String(), "msg=request") })
 	if !strings.Contains(logs.String(), " output_tokens=4321 ") {
 		t.Errorf("want output_tokens=4321: %s", logs.String())
+	}
+}
+
+// A /generate naming an adapter (SGLang's lora_path) goes only where the
+// adapter is, the nearest replica without it passed over (it would refuse
+// it); a replica that unloaded it answers SGLang's 400, and the request is
+// served by another that has it, the first not blamed. A lora_path no
+// replica is known to serve is the engines' to refuse, and their 400 the
+// request's: the replica keeps its base.
+func TestGenerateGoesWhereItsAdapterIs(t *testing.T) {
+	a := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", Speedup: 200})
+	b := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"sql"}, Speedup: 200})
+	c := servetest.StartReplicaWith(t, 20*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"sql"}, Speedup: 200})
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 1, Policy: "gorgo-ms"}}, a, b, c)
+	gen := func(adapter string, i int) (int, string) {
+		return do(t, "POST", url+"/generate", fmt.Sprintf(`{"text":"query %d","lora_path":%q,"sampling_params":{"max_new_tokens":2}}`, i, adapter))
+	}
+	if code, body := gen("sql", 0); code != 200 || b.Served() != 1 {
+		t.Fatalf("sql: %d (%s); served by a %d, b %d, c %d", code, body, a.Served(), b.Served(), c.Served())
+	}
+	if code, body := do(t, "POST", b.URL+"/v1/unload_lora_adapter", `{"lora_name":"sql"}`); code != 200 {
+		t.Fatalf("unload: %d %s", code, body)
+	}
+	for i := 1; i <= 3; i++ {
+		if code, body := gen("sql", i); code != 200 {
+			t.Errorf("sql after b unloaded it: %d %s", code, body)
+		}
+	}
+	if a.Served() != 0 || c.Served() != 3 {
+		t.Errorf("served by a %d, b %d, c %d; want 0, 2 (one refused), 3", a.Served(), b.Served(), c.Served())
+	}
+	if failures, ejections, _ := s.Upstream("b").Health(); failures != 0 || ejections != 0 {
+		t.Errorf("b was blamed for not having the adapter: %d failures, %d ejections", failures, ejections)
+	}
+	if code, body := gen("chat", 4); code != 400 || !strings.Contains(body, "not loaded: chat") || a.Served() != 1 {
+		t.Errorf("an adapter no replica serves: %d %s, want the engine's 400 (from a: %d)", code, body, a.Served())
+	}
+	if code, _ := do(t, "POST", url+"/generate", `{"text":"on the base","sampling_params":{"max_new_tokens":2}}`); code != 200 || a.Served() != 2 {
+		t.Errorf("the base's /generate: %d, served by a %d (it lost its base?)", code, a.Served())
 	}
 }

@@ -218,6 +218,18 @@ func (d *driver) cancelLocked(first uint64, n int) {
 	}
 }
 
+// flush empties the engine's prefix cache if it has no request, held
+// ones included (engine.Engine.Flush).
+func (d *driver) flush() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.advanceLocked(d.clk.model(time.Now()))
+	if len(d.ready) > 0 || len(d.held) > 0 {
+		return false
+	}
+	return d.eng.Flush()
+}
+
 // gauges returns the engine's gauges now and its recent generation
 // throughput (tokens per model second).
 func (d *driver) gauges() (engine.Gauges, float64) {

@@ -3,6 +3,7 @@ package emulator
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 
@@ -128,4 +129,15 @@ func (o *writer) nativeToken(choice int, ev engine.Event) {
 	if ev.CachedTokens > 0 || o.cachedOf[choice] == 0 {
 		o.cachedOf[choice] = ev.CachedTokens
 	}
+}
+
+// flushCache empties the prefix cache, as SGLang's /flush_cache does: not
+// while requests run or wait (a 400, in its words).
+func (s *Server) flushCache(w http.ResponseWriter, _ *http.Request) {
+	status := http.StatusOK
+	if !s.drv.flush() {
+		status = http.StatusBadRequest
+	}
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
 }

@@ -1,6 +1,7 @@
 package emulator
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -71,5 +72,55 @@ func TestGenerateLoRAPath(t *testing.T) {
 	status, body := postText(t, url+"/generate", `{"text":"x","lora_path":"chat"}`)
 	if status != http.StatusBadRequest || !strings.Contains(body, "The following requested LoRA adapters are not loaded: chat") || !strings.Contains(body, "sql") {
 		t.Errorf("an adapter not loaded: %d %s", status, body)
+	}
+}
+
+// SGLang's /flush_cache empties the prefix cache (GET or POST), and
+// refuses with a 400 while a request runs; /generate takes PUT as SGLang
+// does.
+func TestFlushCache(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50, Model: "m"})
+	long := strings.Repeat("a prompt long enough to fill several blocks of the cache. ", 20)
+	cached := func(method string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, url+"/generate", strings.NewReader(`{"text":"`+long+`","sampling_params":{"max_new_tokens":1}}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s /generate: %d %s", method, resp.StatusCode, body)
+		}
+		_, c := wire.PeekNativeBody(body)
+		return c
+	}
+	cached("POST")
+	if cached("PUT") == 0 {
+		t.Fatal("the second request found nothing cached")
+	}
+	if status, body := postText(t, url+"/flush_cache", ""); status != http.StatusOK || !strings.HasPrefix(body, "Cache flushed.") {
+		t.Fatalf("flush: %d %q", status, body)
+	}
+	if c := cached("POST"); c != 0 {
+		t.Errorf("after the flush: %d tokens cached", c)
+	}
+
+	// At the wall clock's pace, a long answer is still running when the
+	// flush comes.
+	_, slow := start(t, Config{Speedup: 1, Model: "m"})
+	resp := post(t, slow+"/generate", `{"text":"x","stream":true,"sampling_params":{"max_new_tokens":4000}}`)
+	defer resp.Body.Close()
+	if _, err := resp.Body.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	resp2, err := http.Get(slow + "/flush_cache")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusBadRequest {
+		t.Errorf("a flush while a request runs: %d, want 400", resp2.StatusCode)
 	}
 }

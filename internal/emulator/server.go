@@ -247,11 +247,15 @@ func (s *Server) routes() {
 		}
 	}))
 	if s.cfg.MetricsFormat == "sglang" { // SGLang's own API: vLLM has none
-		s.mux.HandleFunc("POST /generate", s.guard(true, func(w http.ResponseWriter, r *http.Request) {
+		generate := s.guard(true, func(w http.ResponseWriter, r *http.Request) {
 			if j, ok := s.parseGenerate(w, r); ok {
 				s.serve(w, r, j)
 			}
-		}))
+		})
+		s.mux.HandleFunc("POST /generate", generate)
+		s.mux.HandleFunc("PUT /generate", generate)
+		s.mux.HandleFunc("GET /flush_cache", s.guard(false, s.flushCache))
+		s.mux.HandleFunc("POST /flush_cache", s.guard(false, s.flushCache))
 	}
 	s.mux.HandleFunc("GET /v1/responses/{id}", s.guard(false, s.getResponse))
 	s.mux.HandleFunc("POST /v1/responses/{id}/cancel", s.guard(false, s.cancelResponse))

@@ -335,6 +335,19 @@ func (e *Engine) Gauges() Gauges {
 	return g
 }
 
+// Flush empties the prefix cache, as SGLang's /flush_cache does, if the
+// engine has no request running or waiting (it would still use its
+// blocks); it reports whether it did.
+func (e *Engine) Flush() bool {
+	if e.hasWork() {
+		return false
+	}
+	for e.kv.lruLen > 0 {
+		e.kv.evict()
+	}
+	return true
+}
+
 // CachedBlocks returns how many leading blocks of a prompt the cache holds
 // now.
 func (e *Engine) CachedBlocks(blocks []uint64) int {

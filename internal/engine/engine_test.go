@@ -437,3 +437,25 @@ func TestPrefillFirstStallsDecodes(t *testing.T) {
 		t.Errorf("A after the prefill: %+v, want its third token at %v", a, now)
 	}
 }
+
+// Flush empties the cache of an idle engine, and refuses while a request
+// runs or waits (SGLang's /flush_cache).
+func TestFlush(t *testing.T) {
+	e := newEngine(t, Config{})
+	if err := e.Submit(0, req(1, 1, 6000, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if e.Flush() {
+		t.Error("flushed with a request waiting")
+	}
+	run(t, e)
+	if n := e.CachedBlocks(blocks(1, 12)); n == 0 {
+		t.Fatal("the prompt was not cached")
+	}
+	if !e.Flush() {
+		t.Fatal("an idle engine refused to flush")
+	}
+	if n := e.CachedBlocks(blocks(1, 12)); n != 0 || e.Gauges().KVUsedTokens != 0 {
+		t.Errorf("after the flush: %d blocks cached, %+v", n, e.Gauges())
+	}
+}

@@ -24,6 +24,13 @@ type Config struct {
 	// behind a gateway that sets it). Otherwise a request's tenant is its
 	// API key's name.
 	TenantHeader tenant.HeaderRule `yaml:"tenant_header"`
+	// EngineOperations is what the listener does with the engines' own
+	// operations on their state (SGLang's /flush_cache and /abort_request,
+	// vLLM's /reset_prefix_cache): "allow" them, sent to every replica (the
+	// default, as the engines serve them to their clients), or "refuse"
+	// them with a 403 (a fleet shared by tenants: one client's flush, or
+	// abort of all, would be everyone's).
+	EngineOperations string `yaml:"engine_operations"`
 	// HeaderTimeout bounds waiting for a stream's response headers
 	// (default 30 s): SGLang and vLLM start a stream at once, even for a
 	// request they queue, so a replica that sends none is hung, and the
@@ -80,6 +87,9 @@ func (c Config) Defaults() Config {
 		c.Listen = "127.0.0.1:8080"
 	}
 	c.Auth = c.Auth.defaults()
+	if c.EngineOperations == "" {
+		c.EngineOperations = operationsAllow
+	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 75 * time.Second
 	}
@@ -127,6 +137,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.TenantHeader.Check(); err != nil {
 		return fmt.Errorf("config: %w", err)
+	}
+	if c.EngineOperations != operationsAllow && c.EngineOperations != operationsRefuse {
+		return fmt.Errorf("config: engine_operations must be %s or %s, not %q", operationsAllow, operationsRefuse, c.EngineOperations)
 	}
 	if c.MaxBodyBytes < 1 || c.MaxAnswerBytes < 1 {
 		return fmt.Errorf("config: max_body_bytes and max_answer_bytes must be positive")

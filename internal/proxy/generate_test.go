@@ -346,3 +346,12 @@ func TestGenerateGoesWhereItsAdapterIs(t *testing.T) {
 		t.Errorf("the base's /generate: %d, served by a %d (it lost its base?)", code, a.Served())
 	}
 }
+
+// SGLang takes /generate as PUT too: so does the router (it was a 405).
+func TestGenerateByPut(t *testing.T) {
+	a := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "m", Speedup: 200})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a)
+	if code, body := do(t, "PUT", url+"/generate", `{"text":"hello","sampling_params":{"max_new_tokens":2}}`); code != 200 || !strings.Contains(body, `"completion_tokens":2`) {
+		t.Errorf("PUT /generate: %d %s", code, body)
+	}
+}

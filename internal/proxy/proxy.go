@@ -144,6 +144,7 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "POST", Pattern: "/v1/responses", Handler: api(lifecycle.Input)},
 		// SGLang's native API, routed on its text or token ids.
 		{Method: "POST", Pattern: "/generate", Handler: api(lifecycle.Generate)},
+		{Method: "PUT", Pattern: "/generate", Handler: api(lifecycle.Generate)}, // SGLang takes both
 		{Method: "GET", Pattern: "/v1/models", Handler: s.guard(s.listModels)},
 		{Method: "GET", Pattern: "/v1/models/{id...}", Handler: s.guard(s.getModel)},
 		// A stored response's cancel and delete: no work for a model, but
@@ -165,6 +166,12 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "POST", Pattern: "/rerank", Handler: api(lifecycle.Opaque)},
 		{Method: "POST", Pattern: "/v2/rerank", Handler: api(lifecycle.Opaque)},
 		{Method: "POST", Pattern: "/encode", Handler: api(lifecycle.Opaque)},
+		// The engines' operations on their own state: sent to every
+		// replica (operations.go).
+		{Method: "POST", Pattern: "/flush_cache", Handler: s.guard(s.handleOperation)},
+		{Method: "GET", Pattern: "/flush_cache", Handler: s.guard(s.handleOperation)},
+		{Method: "POST", Pattern: "/abort_request", Handler: s.guard(s.handleOperation)},
+		{Method: "POST", Pattern: "/reset_prefix_cache", Handler: s.guard(s.handleOperation)},
 		{Method: "GET", Pattern: "/version", Handler: s.guard(s.handleGet)},
 		{Method: "GET", Pattern: "/get_model_info", Handler: s.guard(s.handleGet)},
 		{Method: "GET", Pattern: "/get_server_info", Handler: s.guard(s.handleGet)},

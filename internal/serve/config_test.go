@@ -10,6 +10,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/mesh"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/policy/policytest"
+	"github.com/gorgo-llm/gorgo/internal/proxy"
 )
 
 func TestExampleConfigsLoad(t *testing.T) {
@@ -90,6 +91,7 @@ func TestConfigErrors(t *testing.T) {
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, AudioTokensPerSecond: 5000}},
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, VideoTokens: -1}},
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, VideoTokens: 1 << 20}},
+		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}}, Proxy: proxy.Config{EngineOperations: "admin"}},
 	}
 	for i, c := range cases {
 		if err := c.Defaults().Validate(); err == nil {

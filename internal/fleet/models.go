@@ -36,6 +36,15 @@ func (f *Fleet) ModelMissing(id, model string) {
 	}
 }
 
+// ModelsChanged reads replica id's model list now, before it returns: a
+// client loaded or unloaded an adapter there through the router, and its
+// next request may name it.
+func (f *Fleet) ModelsChanged(ctx context.Context, id string) {
+	if u := f.Upstream(id); u != nil {
+		f.refreshModels(ctx, u)
+	}
+}
+
 // refreshModels reads what a replica serves from its GET /v1/models, or
 // takes it from its config, which restores a model the replica once
 // answered 404 for. A first failure after successes, and the recovery, are

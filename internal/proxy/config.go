@@ -26,10 +26,11 @@ type Config struct {
 	TenantHeader tenant.HeaderRule `yaml:"tenant_header"`
 	// EngineOperations is what the listener does with the engines' own
 	// operations on their state (SGLang's /flush_cache and /abort_request,
-	// vLLM's /reset_prefix_cache): "allow" them, sent to every replica (the
-	// default, as the engines serve them to their clients), or "refuse"
-	// them with a 403 (a fleet shared by tenants: one client's flush, or
-	// abort of all, would be everyone's).
+	// vLLM's /reset_prefix_cache, both's loading and unloading of LoRA
+	// adapters): "allow" them, sent to every replica (the default, as the
+	// engines serve them to their clients), or "refuse" them with a 403 (a
+	// fleet shared by tenants: one client's flush, abort of all or unload
+	// would be everyone's).
 	EngineOperations string `yaml:"engine_operations"`
 	// HeaderTimeout bounds waiting for a stream's response headers
 	// (default 30 s): SGLang and vLLM start a stream at once, even for a

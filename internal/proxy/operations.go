@@ -19,14 +19,19 @@ import (
 // rather than serve a request. SGLang's /flush_cache empties its prefix
 // cache (GET or POST; a 400 while it has requests), its /abort_request
 // aborts a request by its rid, or all of them; vLLM's /reset_prefix_cache
-// empties its prefix cache. A client of the router means them for the
-// fleet behind it, whichever replica serves what: a benchmark flushes the
-// caches before a cold run, a reinforcement-learning trainer aborts its
-// rollouts. Each is sent to every replica that serves requests or still
+// empties its prefix cache; both load and unload LoRA adapters at run
+// time (vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter,
+// SGLang's /load_lora_adapter and /unload_lora_adapter). A client of the
+// router means them for the fleet behind it, whichever replica serves
+// what: a benchmark flushes the caches before a cold run, a
+// reinforcement-learning trainer aborts its rollouts, a platform loads an
+// adapter for the fleet to serve. Each is sent to every replica that serves requests or still
 // finishes some (draining), at once; a replica without the path (its
 // server's own 404: vLLM has no /flush_cache) is passed over. Where a
 // replica's cache was emptied the router forgets what it held there, as it
-// does for a restarted engine.
+// does for a restarted engine; where an adapter was loaded or unloaded, the
+// router reads the replica's models again before the client has its
+// answer, so that its next request may name the adapter.
 
 // Config.EngineOperations' values.
 const (
@@ -34,8 +39,12 @@ const (
 	operationsRefuse = "refuse"
 )
 
-// flushes are the operations that empty a replica's prefix cache.
-var flushes = map[string]bool{"/flush_cache": true, "/reset_prefix_cache": true}
+// flushes are the operations that empty a replica's prefix cache;
+// adapterOps those that change the models it serves.
+var (
+	flushes    = map[string]bool{"/flush_cache": true, "/reset_prefix_cache": true}
+	adapterOps = map[string]bool{"/v1/load_lora_adapter": true, "/v1/unload_lora_adapter": true, "/load_lora_adapter": true, "/unload_lora_adapter": true}
+)
 
 // maxOperationFanOut bounds the replicas asked at once.
 const maxOperationFanOut = 32
@@ -164,6 +173,8 @@ func (s *Server) operation(ctx context.Context, r *http.Request, body []byte, id
 		a.err = fmt.Errorf("it answered %d: %s", a.status, wire.ErrorMessage(a.body))
 	case a.status == http.StatusNotFound && wire.NoRoute(a.body):
 		a.noRoute = true
+	case a.status >= 200 && a.status < 300 && adapterOps[r.URL.Path]:
+		s.fleet.ModelsChanged(ctx, id)
 	}
 	return a
 }

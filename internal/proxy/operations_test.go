@@ -126,3 +126,33 @@ func TestAbortRequestReachesEveryReplica(t *testing.T) {
 	}
 	mu.Unlock()
 }
+
+// An adapter loaded through the router is loaded on every replica and
+// served at once: the router reads their models again before it answers
+// (2026-12-05: loaded on the one replica the load was routed to, and
+// unknown to the router until its next probe: a 404 for the requests
+// naming it). Unloaded, it is gone from the router's catalog at once.
+func TestAdapterLoadedThroughTheRouter(t *testing.T) {
+	a := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", MetricsFormat: "vllm", Speedup: 200})
+	b := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", MetricsFormat: "vllm", Speedup: 200})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "round-robin"}}, a, b)
+	if code, body := do(t, "POST", url+"/v1/load_lora_adapter", `{"lora_name":"sql","lora_path":"/adapters/sql"}`); code != 200 {
+		t.Fatalf("load: %d %s", code, body)
+	}
+	for _, r := range []*replica{a, b} {
+		if _, list := do(t, "GET", r.URL+"/v1/models", ""); !strings.Contains(list, `"id":"sql"`) {
+			t.Errorf("%s does not serve sql after the load: %s", r.URL, list)
+		}
+	}
+	for i := range 4 {
+		if code, body := do(t, "POST", url+"/v1/chat/completions", modelChat("sql", fmt.Sprint("q", i), false)); code != 200 {
+			t.Errorf("a request for sql right after its load: %d %s", code, body)
+		}
+	}
+	if code, body := do(t, "POST", url+"/v1/unload_lora_adapter", `{"lora_name":"sql"}`); code != 200 {
+		t.Fatalf("unload: %d %s", code, body)
+	}
+	if code, body := do(t, "POST", url+"/v1/chat/completions", modelChat("sql", "after", false)); code != http.StatusNotFound || !strings.Contains(body, "model_not_found") {
+		t.Errorf("sql after its unload: %d %s, want the router's 404", code, body)
+	}
+}

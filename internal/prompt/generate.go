@@ -27,7 +27,7 @@ var errGenerate = errors.New("either text or input_ids should be provided: text 
 // stands for it), a batch's prompts each followed by a newline with their
 // ends in PromptEnds; MaxTokens is sampling_params.max_new_tokens
 // (DefaultMaxNewTokens when absent; -1 for null, no limit), MinTokens its min_new_tokens, N its
-// n; Stream, Model and LoRAPath as given. A batch's sampling_params may be a list,
+// n; Stream, Model, LoRAPath and RID as given. A batch's sampling_params may be a list,
 // one per prompt: the first is read. Keys are read as SGLang reads them,
 // case and all.
 func ParseGenerate(body []byte, r *Request) error {
@@ -66,6 +66,13 @@ func ParseGenerate(body []byte, r *Request) error {
 			}
 		case "lora_path":
 			r.LoRAPath = loraPath(v)
+		case "rid":
+			switch {
+			case v.Type == gjson.String:
+				r.RID = v.Str
+			case isArray(v):
+				r.RID = v.Raw
+			}
 		}
 		return err == nil
 	})

@@ -15,7 +15,7 @@ func TestParseGenerate(t *testing.T) {
 		n          int
 		stream     bool
 		model      string
-		lora       string
+		lora, rid  string
 		err        string
 	}{
 		{name: "text", body: `{"text":"hello","sampling_params":{"max_new_tokens":16,"min_new_tokens":2},"stream":true}`, text: "hello", max: 16, min: 2, n: 1, stream: true},
@@ -24,11 +24,13 @@ func TestParseGenerate(t *testing.T) {
 		{name: "a batch of texts", body: `{"text":["ab","c"],"sampling_params":[{"max_new_tokens":3},{"max_new_tokens":9}]}`, text: "ab\nc\n", ends: []int{2, 4}, max: 3, n: 1},
 		{name: "token ids", body: `{"input_ids":[1, 2,3],"sampling_params":{"n":2}}`, text: "[1, 2,3]", max: DefaultMaxNewTokens, n: 2},
 		{name: "a batch of token ids", body: `{"input_ids":[[1],[2,3]]}`, text: "[1]\n[2,3]\n", ends: []int{3, 9}, max: DefaultMaxNewTokens, n: 1},
-		{name: "a gateway's model", body: `{"text":"x","model":"m","rid":"r1","lora_path":"sql"}`, text: "x", max: DefaultMaxNewTokens, n: 1, model: "m", lora: "sql"},
+		{name: "a gateway's model", body: `{"text":"x","model":"m","rid":"r1","lora_path":"sql"}`, text: "x", max: DefaultMaxNewTokens, n: 1, model: "m", lora: "sql", rid: "r1"},
 		{name: "a batch's one adapter", body: `{"text":["a","b"],"lora_path":["sql","sql"]}`, text: "a\nb\n", ends: []int{1, 3}, max: DefaultMaxNewTokens, n: 1, lora: "sql"},
 		{name: "a batch's adapters differ", body: `{"text":["a","b"],"lora_path":["sql","chat"]}`, text: "a\nb\n", ends: []int{1, 3}, max: DefaultMaxNewTokens, n: 1},
 		{name: "a batch's prompt on the base", body: `{"text":["a","b"],"lora_path":["sql",null]}`, text: "a\nb\n", ends: []int{1, 3}, max: DefaultMaxNewTokens, n: 1},
 		{name: "no adapter", body: `{"text":"x","lora_path":null}`, text: "x", max: DefaultMaxNewTokens, n: 1},
+		{name: "a request id", body: `{"text":"x","rid":"r-1"}`, text: "x", max: DefaultMaxNewTokens, n: 1, rid: "r-1"},
+		{name: "a batch's ids", body: `{"text":["a","b"],"rid":["r-1", "r-2"]}`, text: "a\nb\n", ends: []int{1, 3}, max: DefaultMaxNewTokens, n: 1, rid: `["r-1", "r-2"]`},
 		{name: "embeddings: by load", body: `{"input_embeds":[[0.1]]}`, max: DefaultMaxNewTokens, n: 1},
 		{name: "no prompt", body: `{"sampling_params":{}}`, err: "either text or input_ids"},
 		{name: "an empty batch", body: `{"text":[]}`, err: "either text or input_ids"},
@@ -51,7 +53,7 @@ func TestParseGenerate(t *testing.T) {
 			continue
 		}
 		if string(r.Text) != c.text || !slices.Equal(r.PromptEnds, c.ends) && len(r.PromptEnds)+len(c.ends) > 0 || r.MaxTokens != c.max || r.MinTokens != c.min ||
-			r.N != c.n || r.Stream != c.stream || r.Model != c.model || r.LoRAPath != c.lora {
+			r.N != c.n || r.Stream != c.stream || r.Model != c.model || r.LoRAPath != c.lora || r.RID != c.rid {
 			t.Errorf("%s: %+v", c.name, r)
 		}
 	}

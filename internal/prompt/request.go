@@ -33,6 +33,10 @@ type Request struct {
 	// adapter's name, or a batch's list of them, null for the base),
 	// where it names one for every prompt; "" otherwise.
 	LoRAPath string
+	// RID is a native /generate's request id (SGLang's "rid", by which a
+	// client aborts it): a string's value, or a batch's list as its JSON;
+	// "" when absent.
+	RID string
 	// MaxTokens is, for chat, max_completion_tokens if present and not
 	// null, else max_tokens; for completions, max_tokens. HasMaxTokens is
 	// false, and MaxTokens -1, when absent or null.

@@ -410,18 +410,24 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		}
 		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
+	// An abort before the first token is the engine giving the request up,
+	// unless its client aborted it (through the router): that is relayed.
 	if stream {
-		if why, msg, failed := failedStream(*a.buf, req.Format()); failed {
+		if why, msg, failed := failedStream(*a.buf, req.Format()); failed && !(why == givenUp && s.aborted.covers(req)) {
 			a.close()
 			return nil, failure(id, http.StatusBadGateway, true, why, msg)
 		}
 	}
-	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) {
+	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) && !s.aborted.covers(req) {
 		a.close()
-		return nil, failure(id, http.StatusBadGateway, true, "it gave the request up before its first token", `finish_reason "abort"`)
+		return nil, failure(id, http.StatusBadGateway, true, givenUp, `finish_reason "abort"`)
 	}
 	return a, nil
 }
+
+// givenUp is why an attempt the engine ended with finish_reason "abort"
+// before its first token failed.
+const givenUp = "it gave the request up before its first token"
 
 // failedStream reports whether a stream whose first event is in buf failed
 // before its first token, why, and the replica's message: it began with
@@ -452,7 +458,7 @@ func failedStream(buf []byte, f wire.Format) (why, msg string, failed bool) {
 		}
 		return "its stream began with an error", wire.ErrorMessage(data), true
 	case p.Abort:
-		return "it gave the request up before its first token", `finish_reason "abort"`, true
+		return givenUp, `finish_reason "abort"`, true
 	}
 	return "", "", false
 }

@@ -75,6 +75,9 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, httpapi.BodyError(err))
 		return
 	}
+	if r.URL.Path == "/abort_request" {
+		s.aborted.note(*body, time.Now()) // before any replica ends a request it names
+	}
 	var reps []router.ReplicaState
 	for _, st := range s.fleet.Router().Replicas() {
 		// A draining replica still finishes its requests: an abort is

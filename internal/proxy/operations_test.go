@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,5 +155,104 @@ func TestAdapterLoadedThroughTheRouter(t *testing.T) {
 	}
 	if code, body := do(t, "POST", url+"/v1/chat/completions", modelChat("sql", "after", false)); code != http.StatusNotFound || !strings.Contains(body, "model_not_found") {
 		t.Errorf("sql after its unload: %d %s, want the router's 404", code, body)
+	}
+}
+
+// A request its client aborted through the router (SGLang's
+// /abort_request, by rid or all) ends with the engine's abort, relayed:
+// not tried on another replica, as an abort the engine chose is
+// (2026-12-05: a trainer's abort of its queued rollouts had each sent
+// again elsewhere, and run there). An abort the client did not send still
+// fails over.
+func TestClientAbortIsNotFailedOver(t *testing.T) {
+	abort := `{"text":"","meta_info":{"id":"x","finish_reason":{"type":"abort","message":"Abort in waiting queue"},"prompt_tokens":3,"completion_tokens":0,"cached_tokens":0}}`
+	for _, c := range []struct {
+		name, body, abort string
+		stream            bool
+	}{
+		{"by rid, streamed", `{"text":"hi","rid":"r1","stream":true}`, `{"rid":"r1"}`, true},
+		{"by rid, whole", `{"text":"hi","rid":"r1"}`, `{"rid":"r1"}`, false},
+		{"one of a batch", `{"text":["hi","ho"],"rid":["r0","r1"]}`, `{"rid":"r1"}`, false},
+		{"all", `{"text":"hi","stream":true}`, `{"abort_all":true}`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var generates atomic.Int64
+			arrived, aborted := make(chan struct{}, 2), make(chan struct{})
+			var once sync.Once
+			engine := func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.ReadAll(r.Body)
+				switch r.URL.Path {
+				case "/abort_request":
+					once.Do(func() { close(aborted) })
+					return
+				case "/generate":
+					generates.Add(1)
+					arrived <- struct{}{}
+					<-aborted // queued until the client aborts it
+					if c.stream {
+						w.Header().Set("Content-Type", "text/event-stream")
+						_, _ = io.WriteString(w, "data: "+abort+"\n\ndata: [DONE]\n\n")
+						return
+					}
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = io.WriteString(w, abort)
+				}
+			}
+			a, b := fakeUpstream(t, engine), fakeUpstream(t, engine)
+			_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a, b)
+			type result struct {
+				code int
+				body string
+			}
+			done := make(chan result, 1)
+			go func() {
+				code, body := do(t, "POST", url+"/generate", c.body)
+				done <- result{code, body}
+			}()
+			<-arrived
+			if code, body := do(t, "POST", url+"/abort_request", c.abort); code != 200 {
+				t.Fatalf("abort: %d %s", code, body)
+			}
+			res := <-done
+			if res.code != 200 || !strings.Contains(res.body, `"type":"abort"`) || generates.Load() != 1 {
+				t.Errorf("%d %.200s after %d /generate sent, want the abort relayed after 1", res.code, res.body, generates.Load())
+			}
+		})
+	}
+	// An abort no client sent (an engine shutting down) is tried elsewhere.
+	var generates atomic.Int64
+	aborting := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if generates.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, abort)
+			return
+		}
+		_, _ = io.WriteString(w, `{"text":"ok","meta_info":{"id":"y","finish_reason":{"type":"length","length":1},"prompt_tokens":3,"completion_tokens":1,"cached_tokens":0}}`)
+	})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, aborting)
+	if code, body := do(t, "POST", url+"/generate", `{"text":"hi","rid":"r2"}`); code != 200 || !strings.Contains(body, `"completion_tokens":1`) || generates.Load() != 2 {
+		t.Errorf("an engine's own abort: %d %s after %d sent, want the second attempt's answer", code, body, generates.Load())
+	}
+}
+
+// What the router remembers of aborts is bounded: 4,096 rids, of at most
+// 256 bytes, the oldest forgotten first; a body it cannot read is no
+// abort.
+func TestAbortsAreBounded(t *testing.T) {
+	var a aborts
+	now := time.Unix(1000, 0)
+	a.note([]byte(`{"rid":"old"}`), now.Add(-2*time.Minute))
+	for i := range 2 * maxAbortedRIDs {
+		a.note(fmt.Appendf(nil, `{"rid":"r%d"}`, i), now)
+	}
+	a.note([]byte(`{"rid":"`+strings.Repeat("x", maxRIDBytes+1)+`"}`), now)
+	a.note([]byte(`{"rid":`), now)
+	a.note([]byte(`{"abort_all":"yes"}`), now)
+	if len(a.rids) > maxAbortedRIDs || !a.all.IsZero() {
+		t.Errorf("%d rids remembered, all at %v", len(a.rids), a.all)
+	}
+	if _, ok := a.rids["old"]; ok {
+		t.Error("the oldest rid outlived the bound")
 	}
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,8 +17,10 @@ import (
 // the router remembers the aborts it passed on, and relays the abort of a
 // request they name.
 
-// Bounds on what is remembered: the aborted rids of the last minute, at
-// most 4,096 of them, each of at most 256 bytes.
+// Bounds on what is remembered: an abort covers the requests it came
+// after for a minute; at most 4,096 rids are kept, each of at most 256
+// bytes (past that, the older than a minute go, else a quarter of the
+// others).
 const (
 	abortMemory    = time.Minute
 	maxAbortedRIDs = 4096
@@ -84,25 +87,31 @@ func (a *aborts) forget(now time.Time) {
 	}
 }
 
-// covers reports whether a client aborted req: all requests since it
-// arrived, or its rid (one of its batch's).
-func (a *aborts) covers(req *lifecycle.Request) bool {
+// covers reports whether a client aborted req, now: all requests since it
+// arrived, or its rid (one of its batch's), within the last abortMemory.
+// An aborted rid is a prefix, as SGLang matches it (a batch's prompts
+// under one rid run as rid_0, rid_1, ...).
+func (a *aborts) covers(req *lifecycle.Request, now time.Time) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !a.all.IsZero() && !a.all.Before(req.Received) {
+	if !a.all.IsZero() && !a.all.Before(req.Received) && now.Sub(a.all) <= abortMemory {
 		return true
 	}
 	rid := req.Parsed.RID
 	if rid == "" || len(a.rids) == 0 {
 		return false
 	}
-	if _, ok := a.rids[rid]; ok {
-		return true
+	rids := []string{rid}
+	if rid[0] == '[' {
+		rids = nil
+		_ = json.Unmarshal([]byte(rid), &rids)
 	}
-	var batch []string
-	if rid[0] == '[' && json.Unmarshal([]byte(rid), &batch) == nil {
-		for _, r := range batch {
-			if _, ok := a.rids[r]; ok {
+	for aborted, at := range a.rids {
+		if at.Before(req.Received) || now.Sub(at) > abortMemory {
+			continue // before the request, or long ago: not its abort
+		}
+		for _, r := range rids {
+			if strings.HasPrefix(r, aborted) {
 				return true
 			}
 		}

@@ -413,12 +413,12 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	// An abort before the first token is the engine giving the request up,
 	// unless its client aborted it (through the router): that is relayed.
 	if stream {
-		if why, msg, failed := failedStream(*a.buf, req.Format()); failed && !(why == givenUp && s.aborted.covers(req)) {
+		if why, msg, failed := failedStream(*a.buf, req.Format()); failed && !(why == givenUp && s.aborted.covers(req, time.Now())) {
 			a.close()
 			return nil, failure(id, http.StatusBadGateway, true, why, msg)
 		}
 	}
-	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) && !s.aborted.covers(req) {
+	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) && !s.aborted.covers(req, time.Now()) {
 		a.close()
 		return nil, failure(id, http.StatusBadGateway, true, givenUp, `finish_reason "abort"`)
 	}

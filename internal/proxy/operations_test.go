@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
@@ -221,24 +222,27 @@ func TestClientAbortIsNotFailedOver(t *testing.T) {
 	}
 	// An abort no client sent (an engine shutting down) is tried elsewhere.
 	var generates atomic.Int64
-	aborting := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+	engine := func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.URL.Path != "/generate" {
+			return // the router's scrape
+		}
 		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
 		if generates.Add(1) == 1 {
-			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, abort)
 			return
 		}
 		_, _ = io.WriteString(w, `{"text":"ok","meta_info":{"id":"y","finish_reason":{"type":"length","length":1},"prompt_tokens":3,"completion_tokens":1,"cached_tokens":0}}`)
-	})
-	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, aborting)
+	}
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, fakeUpstream(t, engine), fakeUpstream(t, engine))
 	if code, body := do(t, "POST", url+"/generate", `{"text":"hi","rid":"r2"}`); code != 200 || !strings.Contains(body, `"completion_tokens":1`) || generates.Load() != 2 {
 		t.Errorf("an engine's own abort: %d %s after %d sent, want the second attempt's answer", code, body, generates.Load())
 	}
 }
 
 // What the router remembers of aborts is bounded: 4,096 rids, of at most
-// 256 bytes, the oldest forgotten first; a body it cannot read is no
-// abort.
+// 256 bytes, those over a minute old forgotten first; a body it cannot
+// read is no abort.
 func TestAbortsAreBounded(t *testing.T) {
 	var a aborts
 	now := time.Unix(1000, 0)
@@ -253,6 +257,43 @@ func TestAbortsAreBounded(t *testing.T) {
 		t.Errorf("%d rids remembered, all at %v", len(a.rids), a.all)
 	}
 	if _, ok := a.rids["old"]; ok {
-		t.Error("the oldest rid outlived the bound")
+		t.Error("the rid over a minute old outlived the bound")
+	}
+}
+
+// An abort covers the requests that arrived before it, for a minute; an
+// aborted rid covers the rids it begins, as SGLang matches them (a
+// batch's prompts run as rid_0, rid_1, ...).
+func TestAbortsCover(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	request := func(rid string, received time.Time) *lifecycle.Request {
+		var r lifecycle.Request
+		r.Parsed.RID, r.Received = rid, received
+		return &r
+	}
+	var a aborts
+	a.note([]byte(`{"rid":"r1"}`), t0)
+	a.note([]byte(`{"rid":["b"]}`), t0)
+	for _, c := range []struct {
+		name string
+		req  *lifecycle.Request
+		now  time.Time
+		want bool
+	}{
+		{"its rid", request("r1", t0.Add(-time.Second)), t0.Add(time.Second), true},
+		{"a batch's prompt", request("r1_0", t0.Add(-time.Second)), t0.Add(time.Second), true},
+		{"one of a batch's rids", request(`["a","b"]`, t0.Add(-time.Second)), t0.Add(time.Second), true},
+		{"another rid", request("r2", t0.Add(-time.Second)), t0.Add(time.Second), false},
+		{"arrived after the abort", request("r1", t0.Add(time.Second)), t0.Add(2 * time.Second), false},
+		{"an abort long ago", request("r1", t0.Add(-time.Second)), t0.Add(2 * abortMemory), false},
+		{"no rid", request("", t0.Add(-time.Second)), t0.Add(time.Second), false},
+	} {
+		if got := a.covers(c.req, c.now); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	a.note([]byte(`{"abort_all":true}`), t0)
+	if !a.covers(request("", t0.Add(-time.Second)), t0.Add(time.Second)) || a.covers(request("", t0.Add(time.Second)), t0.Add(2*time.Second)) {
+		t.Error("an abort of all covers the requests before it, and only those")
 	}
 }

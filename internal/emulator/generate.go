@@ -58,7 +58,8 @@ func (s *Server) parseGenerate(w http.ResponseWriter, r *http.Request) (*job, bo
 }
 
 // loraPath sets j's adapter to the one a /generate's lora_path names, or
-// answers 400 as SGLang does when it has not loaded it.
+// refuses it as SGLang does when it has not loaded it: a 400, or, for a
+// stream, a 200 whose only event is the error.
 func (s *Server) loraPath(w http.ResponseWriter, name string, j *job) bool {
 	c := s.models.Load()
 	i, ok := c.byName[name]
@@ -67,7 +68,14 @@ func (s *Server) loraPath(w http.ResponseWriter, name string, j *job) bool {
 		for _, a := range c.adapters {
 			loaded = append(loaded, a.name)
 		}
-		writeError(w, http.StatusBadRequest, "BadRequestError", "The following requested LoRA adapters are not loaded: %s\nLoaded adapters: %s.", name, strings.Join(loaded, ", "))
+		msg := fmt.Sprintf("The following requested LoRA adapters are not loaded: %s\nLoaded adapters: %s.", name, strings.Join(loaded, ", "))
+		if j.stream { // SGLang's stream has begun when it finds out: a 200, then the error
+			data, _ := json.Marshal(map[string]any{"error": map[string]string{"message": msg}})
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", data)
+			return false
+		}
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%s", msg)
 		return false
 	}
 	j.model, j.adapter = name, c.adapters[i].key

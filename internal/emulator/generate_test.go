@@ -49,7 +49,8 @@ func TestGenerate(t *testing.T) {
 
 // A /generate's lora_path runs it on that adapter, whose cache is its own
 // (the base's blocks of the same text are not its); one not loaded is
-// SGLang's 400, naming the adapters that are.
+// SGLang's 400, naming the adapters that are (streamed: a 200 and the
+// error event).
 func TestGenerateLoRAPath(t *testing.T) {
 	_, url := start(t, Config{Speedup: 50, Model: "m", LoRAModules: []string{"sql"}})
 	long := strings.Repeat("a prompt long enough to fill several blocks of the cache. ", 20)
@@ -72,6 +73,10 @@ func TestGenerateLoRAPath(t *testing.T) {
 	status, body := postText(t, url+"/generate", `{"text":"x","lora_path":"chat"}`)
 	if status != http.StatusBadRequest || !strings.Contains(body, "The following requested LoRA adapters are not loaded: chat") || !strings.Contains(body, "sql") {
 		t.Errorf("an adapter not loaded: %d %s", status, body)
+	}
+	status, body = postText(t, url+"/generate", `{"text":"x","lora_path":"chat","stream":true}`)
+	if status != http.StatusOK || !strings.HasPrefix(body, `data: {"error":{"message":"The following requested LoRA adapters are not loaded: chat`) || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+		t.Errorf("an adapter not loaded, streamed: %d %s", status, body)
 	}
 }
 

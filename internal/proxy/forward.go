@@ -413,6 +413,10 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	// An abort before the first token is the engine giving the request up,
 	// unless its client aborted it (through the router): that is relayed.
 	if stream {
+		if e := adapterNotLoadedEvent(*a.buf, req, id); e != nil {
+			a.close()
+			return nil, e
+		}
 		if why, msg, failed := failedStream(*a.buf, req.Format()); failed && !(why == givenUp && s.aborted.covers(req, time.Now())) {
 			a.close()
 			return nil, failure(id, http.StatusBadGateway, true, why, msg)
@@ -423,6 +427,26 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		return nil, failure(id, http.StatusBadGateway, true, givenUp, `finish_reason "abort"`)
 	}
 	return a, nil
+}
+
+// adapterNotLoadedEvent judges a stream for an adapter whose first event
+// is an error as adapterNotLoaded does a 400: SGLang streams its refusal
+// of an adapter it has not loaded (a 200, then the error event) where it
+// answers a whole request's with a 400.
+func adapterNotLoadedEvent(buf []byte, req *lifecycle.Request, id string) *attemptError {
+	if !req.Adapter() {
+		return nil
+	}
+	ev, ok := firstEvent(buf, req.Format())
+	if !ok {
+		return nil
+	}
+	var scratch []byte
+	data := wire.EventData(ev, &scratch)
+	if !req.Format().Chunk(data).Error {
+		return nil
+	}
+	return adapterNotLoaded(data, id, req.Model())
 }
 
 // givenUp is why an attempt the engine ended with finish_reason "abort"

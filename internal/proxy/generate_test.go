@@ -310,8 +310,9 @@ func TestLongCompletedEventUsage(t *testing.T) {
 
 // A /generate naming an adapter (SGLang's lora_path) goes only where the
 // adapter is, the nearest replica without it passed over (it would refuse
-// it); a replica that unloaded it answers SGLang's 400, and the request is
-// served by another that has it, the first not blamed. A lora_path no
+// it); a replica that unloaded it answers SGLang's refusal (a 400, or a
+// stream's error event), and the request is served by another that has
+// it, the first not blamed. A lora_path no
 // replica is known to serve is the engines' to refuse, and their 400 the
 // request's: the replica keeps its base.
 func TestGenerateGoesWhereItsAdapterIs(t *testing.T) {
@@ -320,7 +321,7 @@ func TestGenerateGoesWhereItsAdapterIs(t *testing.T) {
 	c := servetest.StartReplicaWith(t, 20*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"sql"}, Speedup: 200})
 	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 1, Policy: "gorgo-ms"}}, a, b, c)
 	gen := func(adapter string, i int) (int, string) {
-		return do(t, "POST", url+"/generate", fmt.Sprintf(`{"text":"query %d","lora_path":%q,"sampling_params":{"max_new_tokens":2}}`, i, adapter))
+		return do(t, "POST", url+"/generate", fmt.Sprintf(`{"text":"query %d","lora_path":%q,"sampling_params":{"max_new_tokens":2},"stream":%v}`, i, adapter, i%2 == 1))
 	}
 	if code, body := gen("sql", 0); code != 200 || b.Served() != 1 {
 		t.Fatalf("sql: %d (%s); served by a %d, b %d, c %d", code, body, a.Served(), b.Served(), c.Served())
@@ -329,7 +330,7 @@ func TestGenerateGoesWhereItsAdapterIs(t *testing.T) {
 		t.Fatalf("unload: %d %s", code, body)
 	}
 	for i := 1; i <= 3; i++ {
-		if code, body := gen("sql", i); code != 200 {
+		if code, body := gen("sql", i); code != 200 || strings.Contains(body, "error") {
 			t.Errorf("sql after b unloaded it: %d %s", code, body)
 		}
 	}

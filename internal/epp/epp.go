@@ -147,8 +147,9 @@ type exchange struct {
 	scratch []byte
 	// long says the stream is inside an event too long to hold, and
 	// longTail holds its last wire.TailBytes, read once it ends.
-	long     bool
-	longTail []byte
+	long       bool
+	longTail   []byte
+	longCounts wire.Counts
 }
 
 // Process serves one ext_proc stream: one HTTP request, from its headers
@@ -602,6 +603,7 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 		// end (a blank line may be split between two pieces).
 		n := len(x.sse) - 2
 		x.longTail = wire.KeepTail(x.longTail, x.sse[:n])
+		x.longCounts.Feed(x.sse[:n])
 		x.sse = x.sse[:copy(x.sse, x.sse[n:])]
 	}
 	if eos {
@@ -619,8 +621,10 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 // its last bytes (lifecycle.Request.LongEventEnd).
 func (x *exchange) longEnd(r *lifecycle.Request, ev []byte) {
 	x.longTail = wire.KeepTail(x.longTail, ev)
-	r.LongEventEnd(x.longTail)
+	x.longCounts.Feed(ev)
+	r.LongEventEnd(x.longTail, &x.longCounts)
 	x.long, x.longTail = false, x.longTail[:0]
+	x.longCounts.Reset()
 }
 
 func (x *exchange) event(r *lifecycle.Request, ev []byte, at time.Time) {

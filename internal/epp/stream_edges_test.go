@@ -220,31 +220,37 @@ func TestNativeNotFoundIsRemembered(t *testing.T) {
 // A streamed /generate answer whose chunks grow past what the picker
 // holds (each carries the whole text so far: a long rollout's), sent in
 // Envoy's 16 KiB pieces, is counted from its last chunk's meta_info, read
-// from its last bytes (2026-12-05: counted as of the last chunk held, 64
-// of 100 tokens).
+// as it passes, its log-probabilities after it or not (2026-12-05:
+// counted as of the last chunk held, 64 of 100 tokens; then, with
+// return_logprob, short again).
 func TestLongNativeStreamIsCounted(t *testing.T) {
-	f := newFleet(t, admit.Config{})
-	s, err := picker(t, f).Process(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/generate", false)},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
-	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
-		Body: []byte(`{"text":"a long rollout","stream":true,"sampling_params":{"max_new_tokens":100}}`), EndOfStream: true}}})
-	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200", "content-type", "text/event-stream")}})
-	recv(t, s)
-	answer := servetest.NativeStream(100)
-	for i := 0; i < len(answer); i += 16 << 10 {
-		end := min(i+16<<10, len(answer))
-		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(answer[i:end]), EndOfStream: end == len(answer)}}})
+	for _, c := range []struct {
+		n, tokenBytes int
+		logprobs      bool
+	}{{100, 1000, false}, {200, 1000, true}} {
+		f := newFleet(t, admit.Config{})
+		s, err := picker(t, f).Process(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/generate", false)},
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
 		recv(t, s)
-	}
-	want := router.DefaultOutputTokens + estimate.OutputGlobalAlpha*(100-router.DefaultOutputTokens)
-	waitFor(t, "the answer's length to be learned", func() bool { return f.core.Router().OutputEstimate().Mean != router.DefaultOutputTokens })
-	if got := f.core.Router().OutputEstimate().Mean; math.Abs(got-want) > 1e-9 {
-		t.Errorf("mean answer after one of 100 tokens: %.3f, want %.3f", got, want)
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+			Body: []byte(`{"text":"a long rollout","stream":true,"sampling_params":{"max_new_tokens":1000}}`), EndOfStream: true}}})
+		recv(t, s)
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200", "content-type", "text/event-stream")}})
+		recv(t, s)
+		answer := servetest.NativeStream(c.n, c.tokenBytes, c.logprobs)
+		for i := 0; i < len(answer); i += 16 << 10 {
+			end := min(i+16<<10, len(answer))
+			s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(answer[i:end]), EndOfStream: end == len(answer)}}})
+			recv(t, s)
+		}
+		want := router.DefaultOutputTokens + estimate.OutputGlobalAlpha*float64(c.n-router.DefaultOutputTokens)
+		waitFor(t, "the answer's length to be learned", func() bool { return f.core.Router().OutputEstimate().Mean != router.DefaultOutputTokens })
+		if got := f.core.Router().OutputEstimate().Mean; math.Abs(got-want) > 1e-9 {
+			t.Errorf("logprobs %v: mean answer after one of %d tokens: %.3f, want %.3f", c.logprobs, c.n, got, want)
+		}
 	}
 }

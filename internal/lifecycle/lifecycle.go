@@ -639,13 +639,19 @@ func (r *Request) LongEvent(ev []byte) {
 	}
 }
 
-// LongEventEnd reads the last bytes (wire.TailBytes at most) of a streamed
-// event too long for the front end to hold, once it has passed: SGLang's
-// native chunks carry the whole text so far, and their counts (meta_info)
-// after it; a Responses API event the whole response, its usage at the
-// end. The counts found there are the answer's so far.
-func (r *Request) LongEventEnd(tail []byte) {
-	if c, cached := r.Format().Tail(tail); c > 0 {
+// LongEventEnd reads the counts of a streamed event too long for the front
+// end to hold, once it has passed: from seen, the counts found as it
+// passed (wire.Counts), for SGLang's native chunks, which carry the whole
+// text so far and their counts (meta_info) after it, perhaps followed by
+// the log-probabilities of every token; else from its last bytes
+// (wire.TailBytes at most), where a Responses API event, the whole
+// response, has its usage. The counts found are the answer's so far.
+func (r *Request) LongEventEnd(tail []byte, seen *wire.Counts) {
+	c, cached := r.Format().Tail(tail)
+	if n, k, ok := seen.Last(); ok && r.Format() == wire.Native {
+		c, cached = n, k
+	}
+	if c > 0 {
 		r.completionTokens = c
 		if cached >= 0 {
 			r.cached = cached

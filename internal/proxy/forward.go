@@ -677,7 +677,8 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	// SGLang chunk's whole text comes before them).
 	over := !a.stream // an answer too long to hold is passed through whole
 	var prev, evTail []byte
-	var tail []byte // the last wire.TailBytes of an answer passed through whole
+	var evCounts wire.Counts // the counts seen in it as it passed
+	var tail []byte          // the last wire.TailBytes of an answer passed through whole
 	for {
 		rest := *a.buf
 		*out = (*out)[:0]
@@ -685,8 +686,10 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if over && a.stream {
 			if n := eventEnd(prev, rest); n >= 0 {
 				evTail = wire.KeepTail(evTail, rest[:n])
-				req.LongEventEnd(evTail)
+				evCounts.Feed(rest[:n])
+				req.LongEventEnd(evTail, &evCounts)
 				*out, rest, over, evTail = append(*out, rest[:n]...), rest[n:], false, evTail[:0]
+				evCounts.Reset()
 			}
 		}
 		// Relay every whole event read so far.
@@ -712,6 +715,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			prev = append(prev[:0], rest[max(0, len(rest)-2):]...)
 			if a.stream {
 				evTail = wire.KeepTail(evTail, rest)
+				evCounts.Feed(rest)
 			}
 			rest = rest[len(rest):]
 		}
@@ -751,7 +755,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				req.Complete(req.Format().Tail(tail))
 			}
 			if a.stream && over {
-				req.LongEventEnd(evTail) // the last event, ended by the stream's end
+				req.LongEventEnd(evTail, &evCounts) // the last event, ended by the stream's end
 			}
 			req.Done() // the final event reached the client: the answer is complete
 			if a.end == nil {

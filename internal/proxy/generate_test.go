@@ -260,24 +260,30 @@ func TestNoRouteDoesNotHideTheRealFailure(t *testing.T) {
 
 // A streamed /generate answer whose chunks grow past what the relay
 // holds (each carries the whole text so far: a long rollout's) is counted
-// from the last chunk's meta_info, read from its last bytes as it passes
-// (2026-12-05: counted as of the last chunk held, 64 of 100 tokens).
+// from the last chunk's meta_info, read as it passes, its
+// log-probabilities after it or not (2026-12-05: counted as of the last
+// chunk held, 64 of 100 tokens; then, with return_logprob, short again).
 func TestLongNativeStreamLength(t *testing.T) {
-	var logs servetest.Log
-	answer := servetest.NativeStream(100)
-	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, answer)
-	})
-	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, AccessLog: slog.New(slog.NewTextHandler(&logs, nil))}, up)
-	code, body := do(t, "POST", url+"/generate", `{"text":"hi","stream":true,"sampling_params":{"max_new_tokens":100}}`)
-	if code != 200 || body != answer {
-		t.Fatalf("%d, %d bytes relayed of %d", code, len(body), len(answer))
-	}
-	eventually(t, "the access log", func() bool { return strings.Contains(logs.String(), "msg=request") })
-	if !strings.Contains(logs.String(), " output_tokens=100 ") {
-		t.Errorf("want output_tokens=100: %s", logs.String())
+	for _, c := range []struct {
+		n, tokenBytes int
+		logprobs      bool
+	}{{100, 1000, false}, {200, 1000, true}} {
+		var logs servetest.Log
+		answer := servetest.NativeStream(c.n, c.tokenBytes, c.logprobs)
+		up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.ReadAll(r.Body)
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, answer)
+		})
+		_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, AccessLog: slog.New(slog.NewTextHandler(&logs, nil))}, up)
+		code, body := do(t, "POST", url+"/generate", fmt.Sprintf(`{"text":"hi","stream":true,"sampling_params":{"max_new_tokens":%d}}`, c.n))
+		if code != 200 || body != answer {
+			t.Fatalf("%d, %d bytes relayed of %d", code, len(body), len(answer))
+		}
+		eventually(t, "the access log", func() bool { return strings.Contains(logs.String(), "msg=request") })
+		if want := fmt.Sprintf(" output_tokens=%d ", c.n); !strings.Contains(logs.String(), want) {
+			t.Errorf("logprobs %v: want%s: %s", c.logprobs, want, logs.String())
+		}
 	}
 }
 

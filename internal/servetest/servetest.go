@@ -151,18 +151,32 @@ func Listen(t testing.TB, h http.Handler) string {
 }
 
 // NativeStream is SGLang's streamed answer (POST /generate) of n tokens
-// of 1,000 bytes each: every chunk carries the whole text so far, then its
-// counts (meta_info), so that the chunks past the 64th are longer than a
-// relay holds (64 KiB).
-func NativeStream(n int) string {
+// of tokenBytes bytes each: every chunk carries the whole text so far,
+// then its counts (meta_info), so that the later chunks may be longer than
+// a relay holds (64 KiB); with logprobs, meta_info ends in the
+// log-probabilities of every token so far (return_logprob: 25 bytes a
+// token, past the 164th longer than the last 4 KiB a relay keeps of an
+// event).
+func NativeStream(n, tokenBytes int, logprobs bool) string {
 	var b strings.Builder
 	for i := 1; i <= n; i++ {
 		finish := "null"
 		if i == n {
 			finish = fmt.Sprintf(`{"type":"length","length":%d}`, n)
 		}
-		fmt.Fprintf(&b, `data: {"text":"%s","meta_info":{"id":"x","finish_reason":%s,"prompt_tokens":3,"completion_tokens":%d,"cached_tokens":2}}`+"\n\n",
-			strings.Repeat(strings.Repeat("y", 999)+" ", i), finish, i)
+		lp := ""
+		if logprobs {
+			var l strings.Builder
+			for k := range i {
+				if k > 0 {
+					l.WriteByte(',')
+				}
+				fmt.Fprintf(&l, "[-0.123456789,%d,null]", 1000+k)
+			}
+			lp = `,"output_token_logprobs":[` + l.String() + "]"
+		}
+		fmt.Fprintf(&b, `data: {"text":"%s","meta_info":{"id":"x","finish_reason":%s,"prompt_tokens":3,"completion_tokens":%d,"cached_tokens":2%s}}`+"\n\n",
+			strings.Repeat(strings.Repeat("y", tokenBytes-1)+" ", i), finish, i, lp)
 	}
 	b.WriteString("data: [DONE]\n\n")
 	return b.String()

@@ -566,3 +566,91 @@ func StoredID(path string) string {
 	id, _, _ := strings.Cut(rest, "/")
 	return id
 }
+
+// Counts finds the last "completion_tokens" and "cached_tokens" in the
+// bytes fed to it, in pieces of any size: the counts of an SGLang chunk
+// too long to hold, whose meta_info may end in the log-probabilities of
+// every token so far (return_logprob), more than its last TailBytes hold.
+// A key cannot occur in a JSON string unescaped, so every match is a
+// member's. The zero value has seen nothing.
+type Counts struct {
+	completion, cached       int
+	hasCompletion, hasCached bool
+	carry, joint             []byte // the last countsWindow bytes fed; carry and the next piece's start
+}
+
+// countsWindow is enough for a key and its number split between pieces.
+const countsWindow = 48
+
+var (
+	completionKey = []byte(`"completion_tokens":`)
+	cachedKey     = []byte(`"cached_tokens":`)
+)
+
+// Reset forgets what was fed, keeping the buffers.
+func (c *Counts) Reset() {
+	c.hasCompletion, c.hasCached = false, false
+	c.carry = c.carry[:0]
+}
+
+// Last returns the last completion count fed (ok false if none), and the
+// last cached count (-1 if none).
+func (c *Counts) Last() (completion, cached int, ok bool) {
+	cached = -1
+	if c.hasCached {
+		cached = c.cached
+	}
+	return c.completion, cached, c.hasCompletion
+}
+
+// Feed reads the next piece.
+func (c *Counts) Feed(b []byte) {
+	if len(c.carry) > 0 { // a key split between the last piece and this
+		c.joint = append(append(c.joint[:0], c.carry...), b[:min(len(b), countsWindow)]...)
+		c.scan(c.joint)
+	}
+	c.scan(b)
+	if len(b) >= countsWindow {
+		c.carry = append(c.carry[:0], b[len(b)-countsWindow:]...)
+		return
+	}
+	c.carry = append(c.carry, b...)
+	if over := len(c.carry) - countsWindow; over > 0 {
+		c.carry = c.carry[:copy(c.carry, c.carry[over:])]
+	}
+}
+
+// scan records the counts in b, in order.
+func (c *Counts) scan(b []byte) {
+	for {
+		i, j := bytes.Index(b, completionKey), bytes.Index(b, cachedKey)
+		if i < 0 && j < 0 {
+			return
+		}
+		if i >= 0 && (j < 0 || i < j) {
+			b = b[i+len(completionKey):]
+			if n, ok := leadingInt(b); ok {
+				c.completion, c.hasCompletion = n, true
+			}
+			continue
+		}
+		b = b[j+len(cachedKey):]
+		if n, ok := leadingInt(b); ok {
+			c.cached, c.hasCached = n, true
+		}
+	}
+}
+
+// leadingInt reads the non-negative integer b begins with, after spaces.
+func leadingInt(b []byte) (int, bool) {
+	b = bytes.TrimLeft(b, " \t\r\n")
+	n, digits := 0, 0
+	for _, ch := range b {
+		if ch < '0' || ch > '9' || digits == 18 {
+			break
+		}
+		n = n*10 + int(ch-'0')
+		digits++
+	}
+	return n, digits > 0
+}

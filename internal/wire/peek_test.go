@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -517,5 +518,35 @@ func TestKeepTail(t *testing.T) {
 	}
 	if got := KeepTail(nil, []byte("short")); string(got) != "short" {
 		t.Errorf("a short answer's tail: %q", got)
+	}
+}
+
+// Counts finds a chunk's last counts however it is cut, its meta_info
+// ending in more log-probabilities than TailBytes (SGLang's
+// return_logprob), where PeekNativeTail finds none.
+func TestCounts(t *testing.T) {
+	var lp []string
+	for k := range 1200 {
+		lp = append(lp, fmt.Sprintf("[-0.123456789,%d,null]", 1000+k))
+	}
+	chunk := []byte(`data: {"text":"` + strings.Repeat("y", 5000) + `","meta_info":{"id":"x","prompt_tokens":3,"completion_tokens":1234567,"cached_tokens": 89,"output_token_logprobs":[` + strings.Join(lp, ",") + `]}}` + "\n\n")
+	if c, _ := PeekNativeTail(chunk[len(chunk)-TailBytes:]); c != 0 {
+		t.Fatalf("the tail holds the counts (%d): the case is not the one meant", c)
+	}
+	for _, piece := range []int{1, 7, 20, countsWindow, 1000, len(chunk)} {
+		var c Counts
+		c.Feed([]byte(`"completion_tokens":3,`)) // an earlier event's, forgotten at Reset
+		c.Reset()
+		for i := 0; i < len(chunk); i += piece {
+			c.Feed(chunk[i:min(i+piece, len(chunk))])
+		}
+		if n, cached, ok := c.Last(); !ok || n != 1234567 || cached != 89 {
+			t.Errorf("in pieces of %d: %d, %d, %v", piece, n, cached, ok)
+		}
+	}
+	var none Counts
+	none.Feed([]byte(`{"text":"\"completion_tokens\": 5"}`))
+	if _, cached, ok := none.Last(); ok || cached != -1 {
+		t.Error("counts read from a string's escaped text")
 	}
 }

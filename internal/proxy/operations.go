@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -62,7 +63,8 @@ type operationAnswer struct {
 // handleOperation sends an engine operation to every replica and answers
 // the client with the replicas' verdict: the first answer that is not a
 // success, else, if a replica could not be reached, a 502 naming it, else
-// the first success.
+// the first success. A replica that had already done what an adapter's
+// load or unload asks (it had the adapter, or did not) is not a refusal.
 func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
 	if cfg.EngineOperations == operationsRefuse {
@@ -92,6 +94,9 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	wait := cfg.HeaderTimeout
+	if adapterOps[r.URL.Path] {
+		wait = cfg.FirstByteTimeout // loading an adapter reads its weights
+	}
 	if wait <= 0 {
 		wait = 30 * time.Second
 	}
@@ -107,7 +112,7 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		})
 	}
 	_ = g.Wait()
-	var failed, unreached, succeeded *operationAnswer
+	var failed, unreached, succeeded, settled *operationAnswer
 	reached, lacking := 0, 0
 	for i := range answers {
 		a := &answers[i]
@@ -120,6 +125,10 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 				unreached = a
 			}
 			continue
+		case (a.status < 200 || a.status >= 300) && alreadyDone(r.URL.Path, a):
+			if settled == nil {
+				settled = a
+			}
 		case a.status < 200 || a.status >= 300:
 			if failed == nil {
 				failed = a
@@ -142,6 +151,8 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		httpapi.Error(w, http.StatusBadGateway, "%s reached %d of the replicas that serve it; %s: %v", r.URL.Path, reached, unreached.id, unreached.err)
 	case succeeded != nil:
 		writeOperationAnswer(w, succeeded)
+	case settled != nil:
+		writeOperationAnswer(w, settled)
 	default:
 		httpapi.Error(w, http.StatusNotFound, "no replica tried serves %s %s", r.Method, r.URL.Path)
 	}
@@ -174,6 +185,8 @@ func (s *Server) operation(ctx context.Context, r *http.Request, body []byte, id
 	case a.err != nil:
 	case a.status >= 500:
 		a.err = fmt.Errorf("it answered %d: %s", a.status, wire.ErrorMessage(a.body))
+	case a.status >= 300 && a.status < 400: // where it points may be an internal host: not relayed
+		a.err = fmt.Errorf("it answered %d, a redirect, which gorgo does not follow", a.status)
 	case a.status == http.StatusNotFound && wire.NoRoute(a.body):
 		a.noRoute = true
 	case a.status >= 200 && a.status < 300 && adapterOps[r.URL.Path]:
@@ -189,4 +202,19 @@ func writeOperationAnswer(w http.ResponseWriter, a *operationAnswer) {
 	w.Header().Set(ReplicaHeader, a.id)
 	w.WriteHeader(a.status)
 	_, _ = w.Write(a.body)
+}
+
+// alreadyDone reports whether a replica's refusal of an adapter's load or
+// unload says it had already done it: it had the adapter loaded (vLLM's
+// "has already been loaded"), or had none of that name to unload ("cannot
+// be found", "not found", "not loaded").
+func alreadyDone(path string, a *operationAnswer) bool {
+	if !adapterOps[path] || a.status != http.StatusBadRequest && a.status != http.StatusNotFound {
+		return false
+	}
+	msg := strings.ToLower(wire.ErrorMessage(a.body))
+	if strings.HasSuffix(path, "/load_lora_adapter") {
+		return strings.Contains(msg, "already")
+	}
+	return strings.Contains(msg, "cannot be found") || strings.Contains(msg, "not found") || strings.Contains(msg, "not loaded")
 }

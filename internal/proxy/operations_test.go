@@ -133,11 +133,17 @@ func TestAbortRequestReachesEveryReplica(t *testing.T) {
 // served at once: the router reads their models again before it answers
 // (2026-12-05: loaded on the one replica the load was routed to, and
 // unknown to the router until its next probe: a 404 for the requests
-// naming it). Unloaded, it is gone from the router's catalog at once.
+// naming it). Unloaded, it is gone from the router's catalog at once. A
+// replica that had already loaded it, or unloaded it, does not make the
+// operation a failure.
 func TestAdapterLoadedThroughTheRouter(t *testing.T) {
 	a := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", MetricsFormat: "vllm", Speedup: 200})
 	b := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", MetricsFormat: "vllm", Speedup: 200})
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "round-robin"}}, a, b)
+	// a has it already: its refusal ("already been loaded") is no failure.
+	if code, body := do(t, "POST", a.URL+"/v1/load_lora_adapter", `{"lora_name":"sql","lora_path":"/adapters/sql"}`); code != 200 {
+		t.Fatalf("load on a: %d %s", code, body)
+	}
 	if code, body := do(t, "POST", url+"/v1/load_lora_adapter", `{"lora_name":"sql","lora_path":"/adapters/sql"}`); code != 200 {
 		t.Fatalf("load: %d %s", code, body)
 	}
@@ -150,6 +156,10 @@ func TestAdapterLoadedThroughTheRouter(t *testing.T) {
 		if code, body := do(t, "POST", url+"/v1/chat/completions", modelChat("sql", fmt.Sprint("q", i), false)); code != 200 {
 			t.Errorf("a request for sql right after its load: %d %s", code, body)
 		}
+	}
+	// b has unloaded it already: its refusal ("cannot be found") is none.
+	if code, body := do(t, "POST", b.URL+"/v1/unload_lora_adapter", `{"lora_name":"sql"}`); code != 200 {
+		t.Fatalf("unload on b: %d %s", code, body)
 	}
 	if code, body := do(t, "POST", url+"/v1/unload_lora_adapter", `{"lora_name":"sql"}`); code != 200 {
 		t.Fatalf("unload: %d %s", code, body)

@@ -249,7 +249,7 @@ func TestOtherEndpoints(t *testing.T) {
 		t.Errorf("GET /v1/models/m: %d", code)
 	}
 	// The engines' own endpoints outside /v1 (they were a 404).
-	engines := []string{"POST /tokenize", "POST /detokenize", "POST /pooling", "POST /classify", "POST /score", "POST /rerank", "POST /v2/rerank", "POST /encode",
+	engines := []string{"POST /tokenize", "POST /detokenize", "POST /pooling", "POST /classify", "POST /score", "POST /rerank", "POST /v2/rerank", "POST /encode", "PUT /encode", "PUT /classify", "PUT /v1/rerank",
 		"GET /version", "GET /get_model_info", "GET /get_server_info"}
 	for _, e := range engines {
 		method, path, _ := strings.Cut(e, " ")

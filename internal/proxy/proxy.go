@@ -167,6 +167,10 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "POST", Pattern: "/rerank", Handler: api(lifecycle.Opaque)},
 		{Method: "POST", Pattern: "/v2/rerank", Handler: api(lifecycle.Opaque)},
 		{Method: "POST", Pattern: "/encode", Handler: api(lifecycle.Opaque)},
+		// SGLang takes these as PUT too.
+		{Method: "PUT", Pattern: "/encode", Handler: api(lifecycle.Opaque)},
+		{Method: "PUT", Pattern: "/classify", Handler: api(lifecycle.Opaque)},
+		{Method: "PUT", Pattern: "/v1/rerank", Handler: api(lifecycle.Opaque)},
 		// The engines' operations on their own state: sent to every
 		// replica (operations.go).
 		{Method: "POST", Pattern: "/flush_cache", Handler: s.guard(s.handleOperation)},

@@ -145,8 +145,9 @@ type exchange struct {
 	pending *extprocv3.ProcessingResponse
 	sse     []byte
 	scratch []byte
-	// long says the stream is inside an event too long to hold, and
-	// longTail holds its last wire.TailBytes, read once it ends.
+	// long says the stream is inside an event too long to hold; longTail
+	// holds its last wire.TailBytes and longCounts the counts seen in it,
+	// read once it ends (lifecycle.Request.LongEventEnd).
 	long       bool
 	longTail   []byte
 	longCounts wire.Counts
@@ -617,8 +618,8 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 	}
 }
 
-// longEnd reads an event too long to hold, whose last piece is ev, from
-// its last bytes (lifecycle.Request.LongEventEnd).
+// longEnd reads the counts of an event too long to hold, whose last piece
+// is ev (lifecycle.Request.LongEventEnd).
 func (x *exchange) longEnd(r *lifecycle.Request, ev []byte) {
 	x.longTail = wire.KeepTail(x.longTail, ev)
 	x.longCounts.Feed(ev)

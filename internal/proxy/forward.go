@@ -672,13 +672,14 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		limit = maxEventPeek
 	}
 	// over: inside an event too long to peek, passed through as it comes
-	// until its blank line; prev holds the last bytes passed of it, and
-	// evTail its last wire.TailBytes, read once it ends (its counts: an
-	// SGLang chunk's whole text comes before them).
+	// until its blank line; prev holds the last bytes passed of it, evTail
+	// its last wire.TailBytes and evCounts the counts seen in it, read once
+	// it ends (lifecycle.Request.LongEventEnd: an SGLang chunk's whole text
+	// comes before its counts).
 	over := !a.stream // an answer too long to hold is passed through whole
 	var prev, evTail []byte
-	var evCounts wire.Counts // the counts seen in it as it passed
-	var tail []byte          // the last wire.TailBytes of an answer passed through whole
+	var evCounts wire.Counts
+	var tail []byte // the last wire.TailBytes of an answer passed through whole
 	for {
 		rest := *a.buf
 		*out = (*out)[:0]

@@ -26,13 +26,14 @@ import (
 // router means them for the fleet behind it, whichever replica serves
 // what: a benchmark flushes the caches before a cold run, a
 // reinforcement-learning trainer aborts its rollouts, a platform loads an
-// adapter for the fleet to serve. Each is sent to every replica that serves requests or still
-// finishes some (draining), at once; a replica without the path (its
-// server's own 404: vLLM has no /flush_cache) is passed over. Where a
-// replica's cache was emptied the router forgets what it held there, as it
-// does for a restarted engine; where an adapter was loaded or unloaded, the
-// router reads the replica's models again before the client has its
-// answer, so that its next request may name the adapter.
+// adapter for the fleet to serve. Each is sent to every replica that
+// serves requests or still finishes some (draining), at once; a replica
+// without the path (its server's own 404: vLLM has no /flush_cache) is
+// passed over. Where a replica's cache was emptied the router forgets what
+// it held there, as it does for a restarted engine; where an adapter was
+// loaded or unloaded, the router reads the replica's models again before
+// the client has its answer, so that its next request may name the
+// adapter.
 
 // Config.EngineOperations' values.
 const (

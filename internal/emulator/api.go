@@ -2,6 +2,7 @@ package emulator
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -57,6 +58,9 @@ type job struct {
 	// its prompt's past its tools and instructions.
 	store bool
 	text  []byte
+	// rid is a /generate's request id (prompt.Request.RID), by which its
+	// client may abort it (SGLang's /abort_request).
+	rid string
 }
 
 // jobPrompt is one prompt of a job.
@@ -316,17 +320,26 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 	left := j.seqs // sequences not finished
 	defer func() {
 		if left > 0 {
-			s.drv.cancel(first, j.seqs) // the client went away
+			s.drv.cancel(first, j.seqs) // the client went away, or aborted it
 		}
 	}()
+	ctx := r.Context()
+	if j.generate { // SGLang's client may abort it (generate.go)
+		var abort context.CancelCauseFunc
+		ctx, abort = context.WithCancelCause(ctx)
+		defer s.aborts.enter(j, abort)()
+	}
 	out := newWriter(w, j.model, j, first)
 	if j.store {
 		out.store = s.stored.put
 	}
 	var evs []engine.Event
 	for left > 0 {
-		evs, err = st.take(r.Context(), evs)
+		evs, err = st.take(ctx, evs)
 		if err != nil {
+			if context.Cause(ctx) == errAborted {
+				out.abortNative()
+			}
 			return
 		}
 		for _, ev := range evs {

@@ -1,11 +1,14 @@
 package emulator
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
@@ -45,7 +48,7 @@ func (s *Server) parseGenerate(w http.ResponseWriter, r *http.Request) (*job, bo
 		writeError(w, http.StatusBadRequest, "BadRequestError", "min_new_tokens must be at most max_new_tokens=%d, got %d", req.MaxTokens, req.MinTokens)
 		return nil, false
 	}
-	j := &job{generate: true, stream: req.Stream, answers: req.N, perPrompt: req.N, seqs: req.Choices()}
+	j := &job{generate: true, stream: req.Stream, answers: req.N, perPrompt: req.N, seqs: req.Choices(), rid: req.RID}
 	if !s.model(w, req.Model, j) || req.LoRAPath != "" && !s.loraPath(w, req.LoRAPath, j) {
 		return nil, false
 	}
@@ -85,18 +88,24 @@ func (s *Server) loraPath(w http.ResponseWriter, name string, j *job) bool {
 // nativeChunk appends choice's streamed chunk: its text so far and its
 // meta_info (finished with its last token).
 func (o *writer) nativeChunk(choice int, p *jobPrompt, generated, cached int) {
+	var finish any
+	if generated == p.outputTokens {
+		finish = lengthFinish(generated)
+	}
 	o.buf.WriteString("data: ")
-	o.buf.Write(o.nativeAnswer(choice, p, generated, cached, generated == p.outputTokens))
+	o.buf.Write(o.nativeAnswer(choice, p, generated, cached, finish))
 	o.buf.WriteString("\n\n")
 }
 
-// nativeAnswer is one answer in SGLang's native shape; a batch's carry
-// their index.
-func (o *writer) nativeAnswer(choice int, p *jobPrompt, generated, cached int, done bool) []byte {
-	var finish any
-	if done {
-		finish = map[string]any{"type": "length", "length": generated}
-	}
+// lengthFinish is the finish_reason of an answer of its length; abortFinish
+// that of one its client aborted, as SGLang reports them.
+func lengthFinish(generated int) any { return map[string]any{"type": "length", "length": generated} }
+
+var abortFinish = map[string]any{"type": "abort", "message": "Abort in waiting queue"}
+
+// nativeAnswer is one answer in SGLang's native shape, finish its
+// finish_reason (nil while it goes on); a batch's carry their index.
+func (o *writer) nativeAnswer(choice int, p *jobPrompt, generated, cached int, finish any) []byte {
 	id := o.id
 	if len(o.content) > 1 {
 		id = fmt.Sprintf("%s_%d", o.id, choice)
@@ -122,7 +131,7 @@ func (o *writer) finishNative() {
 	answers := make([]json.RawMessage, len(o.content))
 	for i := range answers {
 		p := &o.j.prompts[i/o.j.answers]
-		answers[i] = o.nativeAnswer(i, p, p.outputTokens, o.cachedOf[i], true)
+		answers[i] = o.nativeAnswer(i, p, p.outputTokens, o.cachedOf[i], lengthFinish(p.outputTokens))
 	}
 	if len(answers) == 1 {
 		_, _ = o.w.Write(append(answers[0], '\n'))
@@ -148,4 +157,103 @@ func (s *Server) flushCache(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.WriteHeader(status)
 	_, _ = io.WriteString(w, "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
+}
+
+// errAborted is why a /generate ended: its client aborted it.
+var errAborted = errors.New("aborted by its client (/abort_request)")
+
+// abortable is the /generate requests being served, each with what ends
+// it, so that a client may abort them as SGLang's /abort_request does.
+type abortable struct {
+	mu   sync.Mutex
+	jobs map[*job]context.CancelCauseFunc
+}
+
+// enter registers j until the returned func is called.
+func (a *abortable) enter(j *job, abort context.CancelCauseFunc) (leave func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.jobs == nil {
+		a.jobs = make(map[*job]context.CancelCauseFunc)
+	}
+	a.jobs[j] = abort
+	return func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		delete(a.jobs, j)
+	}
+}
+
+// abort ends the requests whose rid (one of a batch's) begins with rid,
+// as SGLang matches them, or all of them.
+func (a *abortable) abort(rid string, all bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for j, abort := range a.jobs {
+		rids := []string{j.rid}
+		if strings.HasPrefix(j.rid, "[") {
+			rids = nil
+			_ = json.Unmarshal([]byte(j.rid), &rids)
+		}
+		for _, r := range rids {
+			if all || rid != "" && strings.HasPrefix(r, rid) {
+				abort(errAborted)
+				break
+			}
+		}
+	}
+}
+
+// abortRequest is SGLang's /abort_request: {"rid": ...} or {"abort_all":
+// true}; always a 200, as SGLang answers.
+func (s *Server) abortRequest(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		RID      string `json:"rid"`
+		AbortAll bool   `json:"abort_all"`
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	if err != nil || json.Unmarshal(body, &req) != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "the body must be {\"rid\": \"...\"} or {\"abort_all\": true}")
+		return
+	}
+	s.aborts.abort(req.RID, req.AbortAll)
+	w.WriteHeader(http.StatusOK)
+}
+
+// abortNative ends a /generate its client aborted: each answer not
+// finished ends with finish_reason {"type": "abort"} and its tokens so
+// far, streamed (then [DONE]) or whole.
+func (o *writer) abortNative() {
+	finishOf := func(i int) (p *jobPrompt, generated int, finish any) {
+		p = &o.j.prompts[i/o.j.answers]
+		seq := i/o.j.answers*o.j.perPrompt + i%o.j.answers
+		if generated = o.sent[seq]; generated >= p.outputTokens {
+			return p, generated, lengthFinish(generated)
+		}
+		return p, generated, abortFinish
+	}
+	if o.j.stream {
+		o.buf.Reset()
+		for i := range o.content {
+			if p, generated, finish := finishOf(i); generated < p.outputTokens {
+				o.buf.WriteString("data: ")
+				o.buf.Write(o.nativeAnswer(i, p, generated, o.cachedOf[i], finish))
+				o.buf.WriteString("\n\n")
+			}
+		}
+		o.buf.WriteString("data: [DONE]\n\n")
+		o.flush()
+		return
+	}
+	o.w.Header().Set("Content-Type", "application/json")
+	answers := make([]json.RawMessage, len(o.content))
+	for i := range answers {
+		p, generated, finish := finishOf(i)
+		answers[i] = o.nativeAnswer(i, p, generated, o.cachedOf[i], finish)
+	}
+	if len(answers) == 1 {
+		_, _ = o.w.Write(append(answers[0], '\n'))
+		return
+	}
+	_ = json.NewEncoder(o.w).Encode(answers)
 }

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
@@ -127,5 +128,48 @@ func TestFlushCache(t *testing.T) {
 	resp2.Body.Close()
 	if resp2.StatusCode != http.StatusBadRequest {
 		t.Errorf("a flush while a request runs: %d, want 400", resp2.StatusCode)
+	}
+}
+
+// SGLang's /abort_request ends a /generate whose rid it begins (or all of
+// them): its answer so far, finish_reason {"type": "abort"}, streamed or
+// whole; another rid's goes on.
+func TestAbortRequest(t *testing.T) {
+	s, url := start(t, Config{Speedup: 1, Model: "m"})
+	stream := post(t, url+"/generate", `{"text":"x","rid":"rollout-7","stream":true,"sampling_params":{"max_new_tokens":4000}}`)
+	defer stream.Body.Close()
+	if _, err := stream.Body.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := postText(t, url+"/abort_request", `{"rid":"rollout"}`); status != http.StatusOK {
+		t.Fatalf("abort: %d %s", status, body)
+	}
+	rest, _ := io.ReadAll(stream.Body)
+	events := strings.Split(strings.TrimSuffix(string(rest), "\n\n"), "\n\n")
+	last := events[len(events)-2]
+	if events[len(events)-1] != "data: [DONE]" || !strings.Contains(last, `"finish_reason":{"message":"Abort in waiting queue","type":"abort"}`) || strings.Contains(last, `"completion_tokens":4000`) {
+		t.Errorf("the aborted stream ended %q, then %q", last, events[len(events)-1])
+	}
+	done := make(chan string, 1)
+	go func() {
+		_, body := postText(t, url+"/generate", `{"text":"y","rid":"other","sampling_params":{"max_new_tokens":4000}}`)
+		done <- body
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // until it is served
+		s.aborts.mu.Lock()
+		n := len(s.aborts.jobs)
+		s.aborts.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the request never began")
+		}
+	}
+	if status, _ := postText(t, url+"/abort_request", `{"abort_all":true}`); status != http.StatusOK {
+		t.Fatal(status)
+	}
+	if body := <-done; !strings.Contains(body, `"type":"abort"`) {
+		t.Errorf("abort_all left a whole answer: %.300s", body)
 	}
 }

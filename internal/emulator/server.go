@@ -133,6 +133,7 @@ type Server struct {
 	modelsMu sync.Mutex              // serialises loads and unloads
 	lora     atomic.Bool             // LoRA is on: its metrics are exposed
 	stored   responseStore           // Responses API responses (StoreResponses)
+	aborts   abortable               // the /generate requests a client may abort
 }
 
 // New builds a replica; Run starts its model.
@@ -254,6 +255,7 @@ func (s *Server) routes() {
 		})
 		s.mux.HandleFunc("POST /generate", generate)
 		s.mux.HandleFunc("PUT /generate", generate)
+		s.mux.HandleFunc("POST /abort_request", s.guard(false, s.abortRequest))
 		s.mux.HandleFunc("GET /flush_cache", s.guard(false, s.flushCache))
 		s.mux.HandleFunc("POST /flush_cache", s.guard(false, s.flushCache))
 	}

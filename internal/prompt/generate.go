@@ -3,6 +3,7 @@ package prompt
 import (
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/tidwall/gjson"
 )
@@ -60,18 +61,21 @@ func ParseGenerate(body []byte, r *Request) error {
 			default:
 				err = errors.New("stream must be a boolean")
 			}
+		// The strings kept are copied: root views the caller's body, whose
+		// buffer outlives this request (a pool's), while the model may be
+		// read after it (a span exported later).
 		case "model":
 			if v.Type == gjson.String {
-				r.Model = v.Str
+				r.Model = strings.Clone(v.Str)
 			}
 		case "lora_path":
-			r.LoRAPath = loraPath(v)
+			r.LoRAPath = strings.Clone(loraPath(v))
 		case "rid":
 			switch {
 			case v.Type == gjson.String:
-				r.RID = v.Str
+				r.RID = strings.Clone(v.Str)
 			case isArray(v):
-				r.RID = v.Raw
+				r.RID = strings.Clone(v.Raw)
 			}
 		}
 		return err == nil

@@ -72,3 +72,20 @@ func TestParseGenerateResets(t *testing.T) {
 		t.Errorf("%+v", r)
 	}
 }
+
+// The strings a request keeps are its own: the body's buffer is reused
+// for the next request (a pool's) while they may still be read (a span
+// exported after the request ended).
+func TestParseGenerateKeepsNoViewOfTheBody(t *testing.T) {
+	body := []byte(`{"text":"x","model":"m-1","lora_path":"sql","rid":"r-1"}`)
+	var r Request
+	if err := ParseGenerate(body, &r); err != nil {
+		t.Fatal(err)
+	}
+	for i := range body {
+		body[i] = 'z'
+	}
+	if r.Model != "m-1" || r.LoRAPath != "sql" || r.RID != "r-1" {
+		t.Errorf("after the body's buffer was reused: model %q, lora_path %q, rid %q", r.Model, r.LoRAPath, r.RID)
+	}
+}

@@ -338,7 +338,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		evs, err = st.take(ctx, evs)
 		if err != nil {
 			if context.Cause(ctx) == errAborted {
-				out.abortNative()
+				out.finishNative(true)
 			}
 			return
 		}
@@ -530,7 +530,7 @@ func (o *writer) finish() {
 		return
 	}
 	if o.j.generate {
-		o.finishNative()
+		o.finishNative(false)
 		return
 	}
 	if !o.j.stream {

@@ -119,27 +119,6 @@ func (o *writer) nativeAnswer(choice int, p *jobPrompt, generated, cached int, f
 	return data
 }
 
-// finishNative writes a whole native answer (or a batch's list), or ends
-// a stream.
-func (o *writer) finishNative() {
-	if o.j.stream {
-		o.buf.WriteString("data: [DONE]\n\n")
-		o.flush()
-		return
-	}
-	o.w.Header().Set("Content-Type", "application/json")
-	answers := make([]json.RawMessage, len(o.content))
-	for i := range answers {
-		p := &o.j.prompts[i/o.j.answers]
-		answers[i] = o.nativeAnswer(i, p, p.outputTokens, o.cachedOf[i], lengthFinish(p.outputTokens))
-	}
-	if len(answers) == 1 {
-		_, _ = o.w.Write(append(answers[0], '\n'))
-		return
-	}
-	_ = json.NewEncoder(o.w).Encode(answers)
-}
-
 // nativeToken records choice's cached prompt tokens, which every native
 // chunk reports.
 func (o *writer) nativeToken(choice int, ev engine.Event) {
@@ -220,14 +199,15 @@ func (s *Server) abortRequest(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// abortNative ends a /generate its client aborted: each answer not
-// finished ends with finish_reason {"type": "abort"} and its tokens so
-// far, streamed (then [DONE]) or whole.
-func (o *writer) abortNative() {
+// finishNative ends a /generate: each answer with its finish_reason, of
+// its length, or, when its client aborted it (SGLang's /abort_request)
+// before it ended, {"type": "abort"} with its tokens so far; streamed (the
+// answers not ended yet, then [DONE]) or whole (a batch's as a list).
+func (o *writer) finishNative(aborted bool) {
 	finishOf := func(i int) (p *jobPrompt, generated int, finish any) {
 		p = &o.j.prompts[i/o.j.answers]
 		seq := i/o.j.answers*o.j.perPrompt + i%o.j.answers
-		if generated = o.sent[seq]; generated >= p.outputTokens {
+		if generated = o.sent[seq]; !aborted || generated >= p.outputTokens {
 			return p, generated, lengthFinish(generated)
 		}
 		return p, generated, abortFinish

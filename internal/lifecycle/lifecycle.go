@@ -647,9 +647,9 @@ func (r *Request) LongEvent(ev []byte) {
 // (wire.TailBytes at most), where a Responses API event, the whole
 // response, has its usage. The counts found are the answer's so far.
 func (r *Request) LongEventEnd(tail []byte, seen *wire.Counts) {
-	c, cached := r.Format().Tail(tail)
-	if n, k, ok := seen.Last(); ok && r.Format() == wire.Native {
-		c, cached = n, k
+	c, cached, ok := seen.Last()
+	if !ok || r.Format() != wire.Native {
+		c, cached = r.Format().Tail(tail)
 	}
 	if c > 0 {
 		r.completionTokens = c

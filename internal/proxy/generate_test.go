@@ -322,9 +322,10 @@ func TestLongCompletedEventUsage(t *testing.T) {
 // replica is known to serve is the engines' to refuse, and their 400 the
 // request's: the replica keeps its base.
 func TestGenerateGoesWhereItsAdapterIs(t *testing.T) {
+	// Round trips far apart, so that a loaded machine's probes keep their order.
 	a := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", Speedup: 200})
-	b := servetest.StartReplicaWith(t, 5*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"sql"}, Speedup: 200})
-	c := servetest.StartReplicaWith(t, 20*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"sql"}, Speedup: 200})
+	b := servetest.StartReplicaWith(t, 30*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"sql"}, Speedup: 200})
+	c := servetest.StartReplicaWith(t, 80*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"sql"}, Speedup: 200})
 	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 1, Policy: "gorgo-ms"}}, a, b, c)
 	gen := func(adapter string, i int) (int, string) {
 		return do(t, "POST", url+"/generate", fmt.Sprintf(`{"text":"query %d","lora_path":%q,"sampling_params":{"max_new_tokens":2},"stream":%v}`, i, adapter, i%2 == 1))

@@ -145,11 +145,14 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		reached++
 	}
 	s.log.Info("engine operation", "path", r.URL.Path, "replicas", len(reps), "answered", reached, "without_it", lacking, "unreached", len(reps)-reached-lacking)
+	if unreached != nil { // its error may name an internal address: the log's, not the client's
+		s.log.Warn("engine operation did not reach a replica", "path", r.URL.Path, "replica", unreached.id, "error", unreached.err)
+	}
 	switch {
 	case failed != nil:
 		writeOperationAnswer(w, failed)
 	case unreached != nil:
-		httpapi.Error(w, http.StatusBadGateway, "%s reached %d of the replicas that serve it; %s: %v", r.URL.Path, reached, unreached.id, unreached.err)
+		httpapi.Error(w, http.StatusBadGateway, "%s reached %d of the replicas that serve it, not %s", r.URL.Path, reached, unreached.id)
 	case succeeded != nil:
 		writeOperationAnswer(w, succeeded)
 	case settled != nil:

@@ -145,12 +145,9 @@ type exchange struct {
 	pending *extprocv3.ProcessingResponse
 	sse     []byte
 	scratch []byte
-	// long says the stream is inside an event too long to hold; longTail
-	// holds its last wire.TailBytes and longCounts the counts seen in it,
-	// read once it ends (lifecycle.Request.LongEventEnd).
-	long       bool
-	longTail   []byte
-	longCounts wire.Counts
+	// long says the stream is inside an event too long to hold, which the
+	// lifecycle reads as it passes (lifecycle.Request.LongEventPart).
+	long bool
 }
 
 // Process serves one ext_proc stream: one HTTP request, from its headers
@@ -603,8 +600,7 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 		// Its last bytes kept to read, and the last two left to find its
 		// end (a blank line may be split between two pieces).
 		n := len(x.sse) - 2
-		x.longTail = wire.KeepTail(x.longTail, x.sse[:n])
-		x.longCounts.Feed(x.sse[:n])
+		r.LongEventPart(x.sse[:n])
 		x.sse = x.sse[:copy(x.sse, x.sse[n:])]
 	}
 	if eos {
@@ -618,14 +614,11 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 	}
 }
 
-// longEnd reads the counts of an event too long to hold, whose last piece
-// is ev (lifecycle.Request.LongEventEnd).
+// longEnd ends an event too long to hold, whose last piece is ev.
 func (x *exchange) longEnd(r *lifecycle.Request, ev []byte) {
-	x.longTail = wire.KeepTail(x.longTail, ev)
-	x.longCounts.Feed(ev)
-	r.LongEventEnd(x.longTail, &x.longCounts)
-	x.long, x.longTail = false, x.longTail[:0]
-	x.longCounts.Reset()
+	r.LongEventPart(ev)
+	r.LongEventEnd()
+	x.long = false
 }
 
 func (x *exchange) event(r *lifecycle.Request, ev []byte, at time.Time) {

@@ -223,6 +223,10 @@ type Request struct {
 	rewritten, rewriteBuf  []byte
 	modelLabel, cacheModel string
 	adapter                bool
+	// longTail and longCounts are what is read of a streamed event too
+	// long for the front end to hold (LongEventPart).
+	longTail   []byte
+	longCounts wire.Counts
 	// pinned is the replica that stored the response the request names
 	// (its previous_response_id, a path's id), which its first attempt
 	// goes to; unpinned is what the decision allowed without it.
@@ -639,18 +643,33 @@ func (r *Request) LongEvent(ev []byte) {
 	}
 }
 
-// LongEventEnd reads the counts of a streamed event too long for the front
-// end to hold, once it has passed: from seen, the counts found as it
-// passed (wire.Counts), for SGLang's native chunks, which carry the whole
-// text so far and their counts (meta_info) after it, perhaps followed by
-// the log-probabilities of every token; else from its last bytes
-// (wire.TailBytes at most), where a Responses API event, the whole
-// response, has its usage. The counts found are the answer's so far.
-func (r *Request) LongEventEnd(tail []byte, seen *wire.Counts) {
-	c, cached, ok := seen.Last()
-	if !ok || r.Format() != wire.Native {
-		c, cached = r.Format().Tail(tail)
+// LongEventPart hands the lifecycle the next piece of a streamed event too
+// long for the front end to hold, as it passes (the first piece, its head,
+// too); LongEventEnd reads its counts once it has passed: SGLang's native
+// chunks carry the whole text so far and their counts (meta_info) after
+// it, perhaps followed by the log-probabilities of every token
+// (wire.Counts finds them as they pass); a Responses API event, the whole
+// response, has its usage in its last bytes (wire.KeepTail). The counts
+// found are the answer's so far. What is kept is bounded: the last
+// wire.TailBytes and a few bytes more.
+func (r *Request) LongEventPart(b []byte) {
+	if r.Format() == wire.Native {
+		r.longCounts.Feed(b)
+		return
 	}
+	r.longTail = wire.KeepTail(r.longTail, b)
+}
+
+// LongEventEnd: see LongEventPart.
+func (r *Request) LongEventEnd() {
+	c, cached := 0, -1
+	if r.Format() != wire.Native {
+		c, cached = r.Format().Tail(r.longTail)
+	} else if n, k, ok := r.longCounts.Last(); ok {
+		c, cached = n, k
+	}
+	r.longCounts.Reset()
+	r.longTail = r.longTail[:0]
 	if c > 0 {
 		r.completionTokens = c
 		if cached >= 0 {

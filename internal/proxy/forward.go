@@ -672,13 +672,11 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		limit = maxEventPeek
 	}
 	// over: inside an event too long to peek, passed through as it comes
-	// until its blank line; prev holds the last bytes passed of it, evTail
-	// its last wire.TailBytes and evCounts the counts seen in it, read once
-	// it ends (lifecycle.Request.LongEventEnd: an SGLang chunk's whole text
-	// comes before its counts).
+	// until its blank line, the lifecycle reading it as it passes
+	// (lifecycle.Request.LongEventPart); prev holds the last bytes passed
+	// of it.
 	over := !a.stream // an answer too long to hold is passed through whole
-	var prev, evTail []byte
-	var evCounts wire.Counts
+	var prev []byte
 	var tail []byte // the last wire.TailBytes of an answer passed through whole
 	for {
 		rest := *a.buf
@@ -686,11 +684,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		done := false
 		if over && a.stream {
 			if n := eventEnd(prev, rest); n >= 0 {
-				evTail = wire.KeepTail(evTail, rest[:n])
-				evCounts.Feed(rest[:n])
-				req.LongEventEnd(evTail, &evCounts)
-				*out, rest, over, evTail = append(*out, rest[:n]...), rest[n:], false, evTail[:0]
-				evCounts.Reset()
+				req.LongEventPart(rest[:n])
+				req.LongEventEnd()
+				*out, rest, over = append(*out, rest[:n]...), rest[n:], false
 			}
 		}
 		// Relay every whole event read so far.
@@ -715,8 +711,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			*out = append(*out, rest...)
 			prev = append(prev[:0], rest[max(0, len(rest)-2):]...)
 			if a.stream {
-				evTail = wire.KeepTail(evTail, rest)
-				evCounts.Feed(rest)
+				req.LongEventPart(rest)
 			}
 			rest = rest[len(rest):]
 		}
@@ -756,7 +751,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				req.Complete(req.Format().Tail(tail))
 			}
 			if a.stream && over {
-				req.LongEventEnd(evTail, &evCounts) // the last event, ended by the stream's end
+				req.LongEventEnd() // the last event, ended by the stream's end
 			}
 			req.Done() // the final event reached the client: the answer is complete
 			if a.end == nil {

@@ -765,6 +765,36 @@ func (g *Gate[T]) Drop(eq func(T) bool) bool {
 	return false
 }
 
+// DropIf removes every queued request match reports (their clients
+// aborted them), handing each to dropped, and returns how many.
+func (g *Gate[T]) DropIf(match func(T) bool, dropped func(T)) int {
+	n := 0
+	for _, b := range g.bands {
+		for k := 0; k < len(b.ring); {
+			t := b.ring[k]
+			kept := t.queue[:0]
+			for _, h := range t.queue {
+				if match(h.v) {
+					dropped(h.v)
+					n++
+					continue
+				}
+				kept = append(kept, h)
+			}
+			clear(t.queue[len(kept):])
+			t.queue = kept
+			if len(t.queue) == 0 {
+				b.leave(k, float64(g.cfg.Quantum))
+				continue
+			}
+			k++
+		}
+	}
+	g.n -= n
+	g.prune()
+	return n
+}
+
 // RetryAfter is how long a refused client should wait before trying again:
 // how far the prediction overshoots the SLO, at least a second, in whole
 // seconds (HTTP's Retry-After).

@@ -104,6 +104,35 @@ func TestRelease(t *testing.T) {
 	}
 }
 
+func TestDropIf(t *testing.T) {
+	g := gate(t, Config{SLO: 1000 * ms})
+	over := Prediction{Best: 3000 * ms, Floor: 100 * ms}
+	for v := 1; v <= 9; v++ { // three tenants in two bands
+		c := Class{Tenant: string(rune('a' + v%3)), Priority: v % 2, Tokens: 10}
+		if verdict, _ := g.Arrive(v, c, 0, over, func(int, Reason) {}); verdict != Hold {
+			t.Fatalf("%d not held", v)
+		}
+	}
+	var dropped []int
+	if n := g.DropIf(func(v int) bool { return v%3 != 1 }, func(v int) { dropped = append(dropped, v) }); n != 6 || len(dropped) != 6 || g.Len() != 3 {
+		t.Fatalf("dropped %d (%v), %d left; want 6 and 3", n, dropped, g.Len())
+	}
+	for _, v := range dropped {
+		if v%3 == 1 {
+			t.Errorf("%d dropped", v)
+		}
+	}
+	var sent []int
+	g.Release(10*ms, func(int) (Prediction, bool) { return Prediction{Best: 200 * ms, Floor: 100 * ms}, true },
+		func(v int) { sent = append(sent, v) }, func(v int, _ Reason) { t.Errorf("%d refused", v) })
+	if slices.Sort(sent); !slices.Equal(sent, []int{1, 4, 7}) || g.Len() != 0 {
+		t.Errorf("released %v, %d left; want 1, 4 and 7", sent, g.Len())
+	}
+	if n := g.DropIf(func(int) bool { return true }, func(int) {}); n != 0 {
+		t.Errorf("dropped %d from an empty queue", n)
+	}
+}
+
 func TestConfigAndRetryAfter(t *testing.T) {
 	for _, bad := range []Config{{SLO: -1}, {SLO: 1, Mode: "later"}, {SLO: 1, MaxQueue: -1}} {
 		if err := bad.Validate(); err == nil {

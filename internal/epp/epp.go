@@ -649,8 +649,12 @@ func (x *exchange) budgetHeaders() *extprocv3.HeaderMutation {
 
 // immediate answers the client directly (an error in OpenAI's shape).
 func (x *exchange) immediate(e *wire.Error) error {
+	body, contentType := e.JSON(), "application/json"
+	if e.Answer != nil {
+		body, contentType = e.Answer, e.AnswerType
+	}
 	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
-		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")}}}}
+		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte(contentType)}}}}
 	if e.RetryAfter != "" {
 		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(e.RetryAfter)}})
 	}
@@ -658,7 +662,7 @@ func (x *exchange) immediate(e *wire.Error) error {
 		hm.SetHeaders = append(hm.SetHeaders, b.SetHeaders...)
 	}
 	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
-		ImmediateResponse: &extprocv3.ImmediateResponse{Status: &typev3.HttpStatus{Code: typev3.StatusCode(e.Status)}, Headers: hm, Body: e.JSON(), Details: e.Message}}})
+		ImmediateResponse: &extprocv3.ImmediateResponse{Status: &typev3.HttpStatus{Code: typev3.StatusCode(e.Status)}, Headers: hm, Body: body, Details: e.Message}}})
 }
 
 func (x *exchange) send(r *extprocv3.ProcessingResponse) error { return x.stream.Send(r) }

@@ -23,6 +23,12 @@ func WriteError(w http.ResponseWriter, e *wire.Error) {
 	if e.RetryAfter != "" {
 		w.Header().Set("Retry-After", e.RetryAfter)
 	}
+	if e.Answer != nil {
+		w.Header().Set("Content-Type", e.AnswerType)
+		w.WriteHeader(e.Status)
+		_, _ = w.Write(e.Answer)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(e.JSON())

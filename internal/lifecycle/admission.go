@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"time"
@@ -24,9 +25,13 @@ type admission struct {
 
 // verdicts a held request receives.
 type verdict struct {
-	ok  bool // dispatched (or failed to: see Request.decideErr)
-	err *wire.Error
+	ok      bool // dispatched (or failed to: see Request.decideErr)
+	err     *wire.Error
+	aborted bool // its client aborted it (Core.Abort)
 }
+
+// errAborted is admit's error for a held request its client aborted.
+var errAborted = errors.New("aborted by its client while it waited")
 
 // admissionTick is how often the queue is gone through without a kick.
 const admissionTick = 100 * time.Millisecond
@@ -178,6 +183,9 @@ func (r *Request) admit(ctx context.Context) (*wire.Error, error) {
 	select {
 	case v := <-r.held:
 		c.cfg.Metrics.tenantWaited(r.class.Tenant, r.class.Priority, time.Since(held))
+		if v.aborted {
+			return nil, errAborted
+		}
 		return v.err, nil
 	case <-ctx.Done():
 	}
@@ -185,7 +193,7 @@ func (r *Request) admit(ctx context.Context) (*wire.Error, error) {
 	dropped := a.gate.Drop(func(q *Request) bool { return q == r })
 	c.cfg.Metrics.queued(a.gate.Len())
 	a.mu.Unlock()
-	if !dropped { // released meanwhile: its verdict is in the channel
+	if !dropped { // released or aborted meanwhile: its verdict is in the channel
 		<-r.held
 	}
 	return nil, ctx.Err()

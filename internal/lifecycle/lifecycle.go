@@ -115,8 +115,10 @@ type Core struct {
 	rng  *rand.Rand
 	pool sync.Pool
 	adm  *admission // nil without an SLO
-	ids  atomic.Uint64
-	trc  coreTracer // see tracing.go
+	// aborts is what clients aborted through the router (see aborts.go).
+	aborts aborts
+	ids    atomic.Uint64
+	trc    coreTracer // see tracing.go
 }
 
 // NewCore returns a Core.

@@ -139,7 +139,9 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 	r.traceStart(ctx, in.Parent, in.Kind)
 	e, gone := r.admit(ctx)
 	r.traceQueue(e, gone)
-	if gone != nil {
+	if gone == errAborted {
+		return r.endAborted(fe)
+	} else if gone != nil {
 		r.abandon()
 		return statusClientGone
 	} else if e != nil {
@@ -151,6 +153,11 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		id, ok := r.next()
 		if !ok {
 			break
+		}
+		if r.ClientAborted(time.Now()) && r.abortable() {
+			// Aborted since it left the queue, or since its last attempt
+			// failed: the abort may have passed its next replica already.
+			return r.endAborted(fe)
 		}
 		r.sent = time.Now()
 		r.traceAttempt(id)

@@ -145,6 +145,8 @@ func (r *Request) traceQueue(e *wire.Error, gone error) {
 	}
 	_, sp := r.tr.t.Start(r.tr.ctx, spanQueue, trace.WithTimestamp(r.tr.heldAt))
 	switch {
+	case gone == errAborted:
+		sp.SetAttributes(attribute.String("gorgo.admission", "aborted"))
 	case gone != nil:
 		sp.SetAttributes(attribute.String("gorgo.admission", "client_gone"))
 	case e != nil:

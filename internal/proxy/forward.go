@@ -417,12 +417,12 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 			a.close()
 			return nil, e
 		}
-		if why, msg, failed := failedStream(*a.buf, req.Format()); failed && !(why == givenUp && s.aborted.covers(req, time.Now())) {
+		if why, msg, failed := failedStream(*a.buf, req.Format()); failed && !(why == givenUp && req.ClientAborted(time.Now())) {
 			a.close()
 			return nil, failure(id, http.StatusBadGateway, true, why, msg)
 		}
 	}
-	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) && !s.aborted.covers(req, time.Now()) {
+	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) && !req.ClientAborted(time.Now()) {
 		a.close()
 		return nil, failure(id, http.StatusBadGateway, true, givenUp, `finish_reason "abort"`)
 	}

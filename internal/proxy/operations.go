@@ -79,7 +79,11 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path == "/abort_request" {
-		s.aborted.note(*body, time.Now()) // before any replica ends a request it names
+		// Before any replica ends a request it names; those in the
+		// router's queue end here.
+		if n := s.fleet.Core().Abort(*body, time.Now()); n > 0 {
+			s.log.Info("aborted in the router's queue", "requests", n)
+		}
 	}
 	var reps []router.ReplicaState
 	for _, st := range s.fleet.Router().Replicas() {

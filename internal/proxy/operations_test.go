@@ -12,7 +12,6 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
-	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
@@ -247,63 +246,5 @@ func TestClientAbortIsNotFailedOver(t *testing.T) {
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, fakeUpstream(t, engine), fakeUpstream(t, engine))
 	if code, body := do(t, "POST", url+"/generate", `{"text":"hi","rid":"r2"}`); code != 200 || !strings.Contains(body, `"completion_tokens":1`) || generates.Load() != 2 {
 		t.Errorf("an engine's own abort: %d %s after %d sent, want the second attempt's answer", code, body, generates.Load())
-	}
-}
-
-// What the router remembers of aborts is bounded: 4,096 rids, of at most
-// 256 bytes, those over a minute old forgotten first; a body it cannot
-// read is no abort.
-func TestAbortsAreBounded(t *testing.T) {
-	var a aborts
-	now := time.Unix(1000, 0)
-	a.note([]byte(`{"rid":"old"}`), now.Add(-2*time.Minute))
-	for i := range 2 * maxAbortedRIDs {
-		a.note(fmt.Appendf(nil, `{"rid":"r%d"}`, i), now)
-	}
-	a.note([]byte(`{"rid":"`+strings.Repeat("x", maxRIDBytes+1)+`"}`), now)
-	a.note([]byte(`{"rid":`), now)
-	a.note([]byte(`{"abort_all":"yes"}`), now)
-	if len(a.rids) > maxAbortedRIDs || !a.all.IsZero() {
-		t.Errorf("%d rids remembered, all at %v", len(a.rids), a.all)
-	}
-	if _, ok := a.rids["old"]; ok {
-		t.Error("the rid over a minute old outlived the bound")
-	}
-}
-
-// An abort covers the requests that arrived before it, for a minute; an
-// aborted rid covers the rids it begins, as SGLang matches them (a
-// batch's prompts run as rid_0, rid_1, ...).
-func TestAbortsCover(t *testing.T) {
-	t0 := time.Unix(1000, 0)
-	request := func(rid string, received time.Time) *lifecycle.Request {
-		var r lifecycle.Request
-		r.Parsed.RID, r.Received = rid, received
-		return &r
-	}
-	var a aborts
-	a.note([]byte(`{"rid":"r1"}`), t0)
-	a.note([]byte(`{"rid":["b"]}`), t0)
-	for _, c := range []struct {
-		name string
-		req  *lifecycle.Request
-		now  time.Time
-		want bool
-	}{
-		{"its rid", request("r1", t0.Add(-time.Second)), t0.Add(time.Second), true},
-		{"a batch's prompt", request("r1_0", t0.Add(-time.Second)), t0.Add(time.Second), true},
-		{"one of a batch's rids", request(`["a","b"]`, t0.Add(-time.Second)), t0.Add(time.Second), true},
-		{"another rid", request("r2", t0.Add(-time.Second)), t0.Add(time.Second), false},
-		{"arrived after the abort", request("r1", t0.Add(time.Second)), t0.Add(2 * time.Second), false},
-		{"an abort long ago", request("r1", t0.Add(-time.Second)), t0.Add(2 * abortMemory), false},
-		{"no rid", request("", t0.Add(-time.Second)), t0.Add(time.Second), false},
-	} {
-		if got := a.covers(c.req, c.now); got != c.want {
-			t.Errorf("%s: %v, want %v", c.name, got, c.want)
-		}
-	}
-	a.note([]byte(`{"abort_all":true}`), t0)
-	if !a.covers(request("", t0.Add(-time.Second)), t0.Add(time.Second)) || a.covers(request("", t0.Add(time.Second)), t0.Add(2*time.Second)) {
-		t.Error("an abort of all covers the requests before it, and only those")
 	}
 }

@@ -52,7 +52,6 @@ type Server struct {
 	log    *slog.Logger
 
 	inFlight atomic.Int64 // requests being served
-	aborted  aborts       // what clients aborted through the router
 }
 
 // New returns the front end of a fleet: its config (defaults applied

@@ -20,6 +20,12 @@ type Error struct {
 	// code for the error ("model_not_found"); empty, the body has a null
 	// param and the status as its code.
 	Param, Code string
+	// Answer, when set, is what the client is answered (of AnswerType,
+	// with Status) instead of the error's JSON: an answer the router gives
+	// in the request's own shape (a request its client aborted before a
+	// replica had it is answered as the engine answers an abort).
+	Answer     []byte
+	AnswerType string
 }
 
 func (e *Error) Error() string { return e.Message }

@@ -1,0 +1,283 @@
+package lifecycle
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// Client aborts. A client aborts requests through the router as SGLang's
+// /abort_request does, by rid or all of them. Such a request may be in
+// three places. One an engine has: the engine ends it with finish_reason
+// "abort", which before its first token is also how an engine gives up a
+// request it cannot serve, and such a request the router tries on another
+// replica; a request its client aborted is not to be served elsewhere, so
+// the router remembers the aborts, and a front end relays an engine's
+// abort of a request they cover (Request.ClientAborted). One waiting in
+// the router's own queue (flow control), which no engine has: it ends at
+// once, answered as SGLang answers a request aborted in its waiting queue.
+// And one between its attempts, or released from the queue but not yet
+// sent: it ends before its next attempt, answered the same.
+
+// Bounds on what is remembered: an abort covers the requests it came
+// after for a minute; at most 4,096 rids are kept, each of at most 256
+// bytes (past that, the older than a minute go, else a quarter of the
+// others).
+const (
+	abortMemory    = time.Minute
+	maxAbortedRIDs = 4096
+	maxRIDBytes    = 256
+)
+
+// aborts is what clients aborted through the router.
+type aborts struct {
+	last atomic.Int64 // when the last abort came (Unix ns; 0: none), read without the lock
+	mu   sync.Mutex
+	all  time.Time            // the last abort of all requests
+	rids map[string]time.Time // the rids aborted, and when
+}
+
+// note records an /abort_request's body, received at; it reports whether
+// the body names any request.
+func (a *aborts) note(body []byte, at time.Time) bool {
+	var req struct {
+		RID      json.RawMessage `json:"rid"`
+		AbortAll bool            `json:"abort_all"`
+	}
+	if json.Unmarshal(body, &req) != nil {
+		return false
+	}
+	var rids []string
+	if json.Unmarshal(req.RID, &rids) != nil {
+		var rid string
+		if json.Unmarshal(req.RID, &rid) == nil && rid != "" {
+			rids = []string{rid}
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	named := false
+	if req.AbortAll {
+		a.all, named = at, true
+	}
+	for _, rid := range rids {
+		if rid == "" || len(rid) > maxRIDBytes {
+			continue
+		}
+		if a.rids == nil {
+			a.rids = make(map[string]time.Time)
+		}
+		if len(a.rids) >= maxAbortedRIDs {
+			a.forget(at)
+		}
+		a.rids[rid], named = at, true
+	}
+	if named {
+		a.last.Store(at.UnixNano())
+	}
+	return named
+}
+
+// forget drops the rids aborted over abortMemory before now, or, if none
+// is that old, a quarter of the others (so that a flood of aborts scans
+// the set once per thousand of them, not once each).
+func (a *aborts) forget(now time.Time) {
+	n := len(a.rids)
+	for rid, at := range a.rids {
+		if now.Sub(at) > abortMemory {
+			delete(a.rids, rid)
+		}
+	}
+	for rid := range a.rids {
+		if len(a.rids) <= n-n/4 {
+			break
+		}
+		delete(a.rids, rid)
+	}
+}
+
+// covers reports whether a client aborted req, now: all requests since it
+// arrived, or its rid (one of its batch's), within the last abortMemory.
+// An aborted rid is a prefix, as SGLang matches it (a batch's prompts
+// under one rid run as rid_0, rid_1, ...).
+func (a *aborts) covers(req *Request, now time.Time) bool {
+	if last := a.last.Load(); last == 0 || last < req.Received.UnixNano() {
+		return false // no abort since it arrived: the lock is not taken
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.all.IsZero() && !a.all.Before(req.Received) && now.Sub(a.all) <= abortMemory {
+		return true
+	}
+	rid := req.Parsed.RID
+	if rid == "" || len(a.rids) == 0 {
+		return false
+	}
+	rids := []string{rid}
+	if rid[0] == '[' {
+		rids = nil
+		_ = json.Unmarshal([]byte(rid), &rids)
+	}
+	for aborted, at := range a.rids {
+		if at.Before(req.Received) || now.Sub(at) > abortMemory {
+			continue // before the request, or long ago: not its abort
+		}
+		for _, r := range rids {
+			if strings.HasPrefix(r, aborted) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Abort takes a client's abort (the body of SGLang's /abort_request:
+// {"rid": ...}, a list of rids, or {"abort_all": true}), received at. The
+// requests it covers that wait in the router's queue end at once; the
+// others are aborted by the engines the front end sends the abort to, and
+// their aborts are relayed (ClientAborted). It returns how many requests
+// left the queue. Call it before the abort reaches any replica.
+func (c *Core) Abort(body []byte, at time.Time) int {
+	if !c.aborts.note(body, at) || c.adm == nil {
+		return 0
+	}
+	a := c.adm
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := a.gate.DropIf(func(r *Request) bool { return r.abortable() && c.aborts.covers(r, at) },
+		func(r *Request) { r.held <- verdict{aborted: true} })
+	if n > 0 {
+		c.cfg.Metrics.queued(a.gate.Len())
+	}
+	return n
+}
+
+// ClientAborted reports whether the request's client aborted it through
+// the router since it arrived: an engine's abort of it is the client's,
+// to be relayed, not tried on another replica.
+func (r *Request) ClientAborted(now time.Time) bool { return r.core.aborts.covers(r, now) }
+
+// abortable reports whether the router ends the request itself when its
+// client aborts it before a replica has it: a generation, which SGLang's
+// abort ends (chat, completion, /generate). Others (embeddings, a
+// Responses API request, a body gorgo does not read) go on to their
+// replica, which aborts them if it may.
+func (r *Request) abortable() bool {
+	return r.kind == Chat || r.kind == Completion || r.kind == Generate
+}
+
+// abortedInQueue is SGLang's finish_reason for a request aborted before an
+// engine ran it.
+var abortedInQueue = map[string]any{"type": "abort", "message": "Abort in waiting queue"}
+
+// endAborted ends a request its client aborted before any replica had it,
+// answering as SGLang answers a request aborted in its waiting queue: a
+// 200 of no tokens whose finish_reason is an abort (an error status would
+// have a trainer's client retry it). It is counted as a 499 (its client
+// ended it), and its tenant is charged as for a client that left.
+func (r *Request) endAborted(fe FrontEnd) int {
+	e := &wire.Error{Status: statusOK, Message: "aborted by its client (/abort_request) before a replica had it"}
+	e.Answer, e.AnswerType = r.abortAnswer(time.Now())
+	if !r.sent.IsZero() {
+		r.settleBudget(time.Now()) // an attempt that failed may have read its prompt
+	} else {
+		r.grant.Refund(time.Now())
+	}
+	r.free() // released from the queue or between attempts: its ticket is in a ledger
+	r.traceEnd(statusClientGone, time.Now(), e)
+	r.core.cfg.Metrics.ended("", r.modelLabel, statusClientGone, noTTFT, 0)
+	if log := r.core.cfg.Log; log != nil {
+		log.Info("request", r.traceLog("replica", "", "status", statusClientGone, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
+			"attempts", r.attempts, "error", e.Message)...)
+	}
+	r.release()
+	fe.Refuse(e)
+	return statusClientGone
+}
+
+// abortAnswer is the answer to a request aborted before any engine ran it,
+// in its own shape: SGLang's native one for /generate (one answer per
+// prompt and n, a batch's as a list), the OpenAI API's otherwise (every
+// choice empty, its finish_reason "abort", as SGLang's OpenAI server
+// answers); streamed (each answer as an event, then [DONE]) if the
+// request streams.
+func (r *Request) abortAnswer(now time.Time) (body []byte, contentType string) {
+	n, seq := r.Parsed.Answers(), r.core.ids.Add(1) // seq: an id of its own
+	var answers []any
+	if r.kind == Generate {
+		rids := r.rids(n, seq)
+		for i := range n {
+			a := map[string]any{"text": "", "output_ids": []int{}, "meta_info": map[string]any{
+				"id": rids[i], "finish_reason": abortedInQueue, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}}
+			if n > 1 {
+				a["index"] = i
+			}
+			answers = append(answers, a)
+		}
+	} else {
+		object, choice := "chat.completion", func(i int) map[string]any {
+			return map[string]any{"index": i, "message": map[string]any{"role": "assistant", "content": ""}, "finish_reason": "abort"}
+		}
+		if r.Parsed.Stream {
+			object, choice = "chat.completion.chunk", func(i int) map[string]any {
+				return map[string]any{"index": i, "delta": map[string]any{"role": "assistant", "content": ""}, "finish_reason": "abort"}
+			}
+		}
+		if r.kind == Completion {
+			object = "text_completion"
+			choice = func(i int) map[string]any { return map[string]any{"index": i, "text": "", "finish_reason": "abort"} }
+		}
+		choices := make([]map[string]any, n)
+		for i := range choices {
+			choices[i] = choice(i)
+		}
+		a := map[string]any{"id": fmt.Sprintf("gorgo-aborted-%d", seq), "object": object, "created": now.Unix(), "model": r.Parsed.Model, "choices": choices}
+		if !r.Parsed.Stream || r.Parsed.IncludeUsage {
+			a["usage"] = map[string]int{"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+		}
+		answers = append(answers, a)
+	}
+	if r.Parsed.Stream {
+		var b []byte
+		for _, a := range answers {
+			data, _ := json.Marshal(a)
+			b = append(append(append(b, "data: "...), data...), "\n\n"...)
+		}
+		return append(b, "data: [DONE]\n\n"...), "text/event-stream"
+	}
+	var v any = answers
+	if len(answers) == 1 {
+		v = answers[0]
+	}
+	data, _ := json.Marshal(v)
+	return append(data, '\n'), "application/json"
+}
+
+// rids are the ids of a /generate's n answers: its rids (a batch's list),
+// a batch's under one rid numbered as SGLang numbers them, or the
+// router's own (seq: the request's number).
+func (r *Request) rids(n int, seq uint64) []string {
+	rids := make([]string, n)
+	var list []string
+	if rid := r.Parsed.RID; rid != "" && rid[0] == '[' {
+		_ = json.Unmarshal([]byte(rid), &list)
+	}
+	for i := range rids {
+		switch {
+		case i < len(list):
+			rids[i] = list[i]
+		case r.Parsed.RID != "" && len(list) == 0 && n == 1:
+			rids[i] = r.Parsed.RID
+		case r.Parsed.RID != "" && len(list) == 0:
+			rids[i] = fmt.Sprintf("%s_%d", r.Parsed.RID, i)
+		default:
+			rids[i] = fmt.Sprintf("gorgo-aborted-%d-%d", seq, i)
+		}
+	}
+	return rids
+}

@@ -1,0 +1,207 @@
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// What the router remembers of aborts is bounded: 4,096 rids, of at most
+// 256 bytes, those over a minute old forgotten first; a body it cannot
+// read is no abort.
+func TestAbortsAreBounded(t *testing.T) {
+	var a aborts
+	now := time.Unix(1000, 0)
+	a.note([]byte(`{"rid":"old"}`), now.Add(-2*time.Minute))
+	for i := range 2 * maxAbortedRIDs {
+		a.note(fmt.Appendf(nil, `{"rid":"r%d"}`, i), now)
+	}
+	a.note([]byte(`{"rid":"`+strings.Repeat("x", maxRIDBytes+1)+`"}`), now)
+	a.note([]byte(`{"rid":`), now)
+	a.note([]byte(`{"abort_all":"yes"}`), now)
+	if len(a.rids) > maxAbortedRIDs || !a.all.IsZero() {
+		t.Errorf("%d rids remembered, all at %v", len(a.rids), a.all)
+	}
+	if _, ok := a.rids["old"]; ok {
+		t.Error("the rid over a minute old outlived the bound")
+	}
+}
+
+// An abort covers the requests that arrived before it, for a minute; an
+// aborted rid covers the rids it begins, as SGLang matches them (a
+// batch's prompts run as rid_0, rid_1, ...).
+func TestAbortsCover(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	request := func(rid string, received time.Time) *Request {
+		var r Request
+		r.Parsed.RID, r.Received = rid, received
+		return &r
+	}
+	var a aborts
+	a.note([]byte(`{"rid":"r1"}`), t0)
+	a.note([]byte(`{"rid":["b"]}`), t0)
+	for _, c := range []struct {
+		name string
+		req  *Request
+		now  time.Time
+		want bool
+	}{
+		{"its rid", request("r1", t0.Add(-time.Second)), t0.Add(time.Second), true},
+		{"a batch's prompt", request("r1_0", t0.Add(-time.Second)), t0.Add(time.Second), true},
+		{"one of a batch's rids", request(`["a","b"]`, t0.Add(-time.Second)), t0.Add(time.Second), true},
+		{"another rid", request("r2", t0.Add(-time.Second)), t0.Add(time.Second), false},
+		{"arrived after the abort", request("r1", t0.Add(time.Second)), t0.Add(2 * time.Second), false},
+		{"an abort long ago", request("r1", t0.Add(-time.Second)), t0.Add(2 * abortMemory), false},
+		{"no rid", request("", t0.Add(-time.Second)), t0.Add(time.Second), false},
+	} {
+		if got := a.covers(c.req, c.now); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+	a.note([]byte(`{"abort_all":true}`), t0)
+	if !a.covers(request("", t0.Add(-time.Second)), t0.Add(time.Second)) || a.covers(request("", t0.Add(time.Second)), t0.Add(2*time.Second)) {
+		t.Error("an abort of all covers the requests before it, and only those")
+	}
+}
+
+// serveAsync serves body on c in the background; the channel has its
+// status once Serve returns, and fe what the client was answered.
+func serveAsync(c *Core, body string, kind Kind) (*frontEnd, <-chan int) {
+	fe, done := &frontEnd{}, make(chan int, 1)
+	go func() {
+		done <- c.Serve(context.Background(), Incoming{Body: []byte(body), Kind: kind, Received: time.Now()}, fe)
+	}()
+	return fe, done
+}
+
+// waitQueued waits until n requests wait in c's queue.
+func waitQueued(t *testing.T, c *Core, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.adm.mu.Lock()
+		held := c.adm.gate.Len()
+		c.adm.mu.Unlock()
+		if held == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests queued, want %d", held, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A client's abort ends the requests it names that wait in the router's
+// queue, which no engine has to abort, at once: each answered as SGLang
+// answers a request aborted in its waiting queue (a 200 of no tokens,
+// finish_reason abort), none sent to a replica (2026-12-06: they stayed
+// queued, and ran once released). What arrives after the abort waits on.
+func TestAbortEndsQueuedRequests(t *testing.T) {
+	c, _ := admissionCore(t, admit.ModeQueue)
+	// Two 7.5k-token prompts: 75 s of backlog on each replica.
+	big := []*Request{begin(t, c, chatOf(6000, "one")), begin(t, c, chatOf(6000, "two"))}
+	r1, done1 := serveAsync(c, `{"text":"one","rid":"r1","stream":true}`, Generate)
+	waitQueued(t, c, 1)
+	r2, done2 := serveAsync(c, `{"text":["two","three"],"rid":["r2a","r2b"]}`, Generate)
+	waitQueued(t, c, 2)
+	chat, done3 := serveAsync(c, string(chatOf(10, "four")), Chat)
+	waitQueued(t, c, 3)
+
+	if n := c.Abort([]byte(`{"rid":"r1"}`), time.Now()); n != 1 {
+		t.Fatalf("abort of r1 ended %d queued requests, want 1", n)
+	}
+	if st := <-done1; st != statusClientGone || r1.refused == nil || len(r1.sent) != 0 {
+		t.Fatalf("r1: status %d, answered %+v, sent to %v", st, r1.refused, r1.sent)
+	}
+	want := "data: {\"meta_info\":{\"cached_tokens\":0,\"completion_tokens\":0,\"finish_reason\":{\"message\":\"Abort in waiting queue\",\"type\":\"abort\"},\"id\":\"r1\",\"prompt_tokens\":0},\"output_ids\":[],\"text\":\"\"}\n\ndata: [DONE]\n\n"
+	if e := r1.refused; e.Status != 200 || e.AnswerType != "text/event-stream" || string(e.Answer) != want {
+		t.Errorf("r1 answered %d %s %q, want SGLang's abort %q", e.Status, e.AnswerType, e.Answer, want)
+	}
+	waitQueued(t, c, 2)
+
+	abortAt := time.Now()
+	time.Sleep(time.Millisecond) // the next request arrives after the abort
+	later, doneLater := serveAsync(c, `{"text":"five","rid":"r5"}`, Generate)
+	waitQueued(t, c, 3)
+	if n := c.Abort([]byte(`{"abort_all":true}`), abortAt); n != 2 {
+		t.Fatalf("abort of all ended %d queued requests, want the 2 before it", n)
+	}
+	<-done2
+	<-done3
+	var batch []map[string]any
+	if e := r2.refused; e == nil || e.Status != 200 || e.AnswerType != "application/json" || json.Unmarshal(e.Answer, &batch) != nil || len(batch) != 2 {
+		t.Fatalf("the batch answered %+v, want a list of two answers", e)
+	}
+	for i, id := range []string{"r2a", "r2b"} {
+		meta := batch[i]["meta_info"].(map[string]any)
+		if meta["id"] != id || meta["finish_reason"].(map[string]any)["type"] != "abort" || batch[i]["index"] != float64(i) {
+			t.Errorf("batch answer %d: %v", i, batch[i])
+		}
+	}
+	if e := chat.refused; e == nil || e.Status != 200 || !strings.Contains(string(e.Answer), `"object":"chat.completion.chunk"`) ||
+		!strings.Contains(string(e.Answer), `"finish_reason":"abort"`) || !strings.HasSuffix(string(e.Answer), "data: [DONE]\n\n") {
+		t.Errorf("the chat answered %+v", e)
+	}
+	if len(r2.sent)+len(chat.sent) != 0 {
+		t.Errorf("aborted requests sent to %v and %v", r2.sent, chat.sent)
+	}
+	waitQueued(t, c, 1) // the one that came after the abort
+	select {
+	case st := <-doneLater:
+		t.Fatalf("a request after the abort ended %d (%+v)", st, later.refused)
+	default:
+	}
+	// Its backlog gone, the later request is served.
+	for _, b := range big {
+		b.sent = time.Now()
+		b.Chunk(&wire.Peek{Token: true}, time.Now())
+	}
+	if st := <-doneLater; st != 200 || len(later.sent) != 1 {
+		t.Errorf("the request after the abort: %d, sent to %v", st, later.sent)
+	}
+}
+
+// An abort that comes while an attempt is out ends the request there if
+// that attempt fails: it is not tried on the next replica, which the
+// abort passed before the request reached it.
+func TestAbortBetweenAttempts(t *testing.T) {
+	c, _, _, _ := setup(t)
+	fe := &abortingFrontEnd{c: c}
+	st := c.Serve(context.Background(), Incoming{Body: []byte(`{"text":"hi","rid":"x1"}`), Kind: Generate, Received: time.Now()}, fe)
+	if st != statusClientGone || len(fe.sent) != 1 || fe.refused == nil || !strings.Contains(string(fe.refused.Answer), `"id":"x1"`) {
+		t.Errorf("status %d after attempts on %v, answered %+v; want the abort after one", st, fe.sent, fe.refused)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if st, _ := c.cfg.Router.Replica(id); st.InFlight != 0 {
+			t.Errorf("%s keeps %d in flight", id, st.InFlight)
+		}
+	}
+	// Another rid's request is tried on.
+	fe = &abortingFrontEnd{c: c}
+	if st := c.Serve(context.Background(), Incoming{Body: []byte(`{"text":"hi","rid":"y1"}`), Kind: Generate, Received: time.Now()}, fe); st != 200 || len(fe.sent) != 2 {
+		t.Errorf("y1: status %d after attempts on %v, want 200 after two", st, fe.sent)
+	}
+}
+
+// abortingFrontEnd's first attempt sees its client abort x1, then fails;
+// the others are served.
+type abortingFrontEnd struct {
+	frontEnd
+	c *Core
+}
+
+func (f *abortingFrontEnd) Send(ctx context.Context, r *Request, id string) (int, *AttemptError) {
+	if len(f.sent) == 0 {
+		f.sent = append(f.sent, id)
+		f.c.Abort([]byte(`{"rid":"x1"}`), time.Now())
+		return 0, &AttemptError{Error: *wire.Errorf(502, "cut"), Broken: true}
+	}
+	return f.frontEnd.Send(ctx, r, id)
+}

@@ -182,6 +182,12 @@ func New(cfg Config, o Options) (*Fleet, error) {
 	f.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: cfg.Estimator(), BlockTokens: cfg.BlockTokens,
 		MaxAttempts: cfg.MaxAttempts, Fallbacks: o.Fallbacks, Start: f.start, Health: f, Metrics: lm,
 		Log: o.AccessLog, Seed: cfg.Seed, Admission: adm, Observer: obs, Tap: o.Tap, Aliases: f.aliases, Tenants: ts})
+	if f.bus != nil {
+		// The engines a client's abort reaches serve the others'
+		// requests too: each router relays their aborts, and ends those
+		// it covers in its own queue.
+		f.bus.OnAbort(func(body []byte, at time.Time) { f.core.Abort(body, at) })
+	}
 	if _, err := f.Want(SourceConfig, cfg.Replicas); err != nil {
 		f.leaveMesh()
 		return nil, err
@@ -261,6 +267,19 @@ func (f *Fleet) Router() *router.Router { return f.rt }
 
 // Core is the request lifecycle the front ends serve through.
 func (f *Fleet) Core() *lifecycle.Core { return f.core }
+
+// Abort takes a client's abort (the body of SGLang's /abort_request),
+// received at, before the front end sends it to the replicas: the
+// requests in this router's queue it covers end, the engines' aborts of
+// the others are relayed (lifecycle.Core.Abort), and the other routers of
+// a mesh, whose requests the same engines abort, are told. It returns how
+// many requests left this router's queue.
+func (f *Fleet) Abort(body []byte, at time.Time) int {
+	if f.bus != nil && !f.bus.Aborted(body, at) && len(body) > 0 {
+		f.log.Warn("a client's abort is too long to tell the other routers of the mesh: their requests it covers may fail over", "bytes", len(body))
+	}
+	return f.core.Abort(body, at)
+}
 
 // Policy is the routing policy.
 func (f *Fleet) Policy() policy.Policy { return f.policy }

@@ -165,3 +165,59 @@ func TestMeshSharesBudgets(t *testing.T) {
 		t.Errorf("the team's third request in the minute, at eu: %d, want 429", code)
 	}
 }
+
+// A client's abort through one router reaches the other routers of the
+// mesh: the engines it reaches abort their requests too, and each relays
+// such an abort rather than fail it over (2026-12-06: eu sent its request,
+// aborted by the engine before its first token, to the next replica, and
+// charged the first with a failure).
+func TestMeshSharesAborts(t *testing.T) {
+	url, stop, err := mesh.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	abort := `{"text":"","meta_info":{"id":"r1","finish_reason":{"type":"abort","message":"Abort in waiting queue"},"prompt_tokens":3,"completion_tokens":0,"cached_tokens":0}}`
+	var generates atomic.Int64
+	arrived, release := make(chan struct{}, 4), make(chan struct{})
+	engine := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if r.URL.Path != "/generate" {
+			return // the abort itself, the router's scrapes
+		}
+		generates.Add(1)
+		arrived <- struct{}{}
+		<-release // waits in the engine's queue until aborted
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, abort)
+	}
+	a, b := fakeUpstream(t, engine), fakeUpstream(t, engine)
+	cfg := func(region string) testConfig {
+		return testConfig{Fleet: fleet.Config{Region: region, ProbeInterval: time.Hour, Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}}
+	}
+	_, usURL := startProxy(t, cfg("us"), a, b)
+	eu, euURL := startProxy(t, cfg("eu"), a, b)
+	var once sync.Once
+	answer := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(answer) // before the servers close: a failed test does not hang
+	type result struct {
+		code int
+		body string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, body := do(t, "POST", euURL+"/generate", `{"text":"hi","rid":"r1"}`)
+		done <- result{code, body}
+	}()
+	<-arrived
+	_, before, _ := eu.Bus().Counts()
+	if code, body := do(t, "POST", usURL+"/abort_request", `{"abort_all":true}`); code != 200 {
+		t.Fatalf("abort at us: %d %s", code, body)
+	}
+	eventually(t, "eu to hear us's abort", func() bool { _, applied, _ := eu.Bus().Counts(); return applied > before })
+	answer() // the engine answers the abort
+	res := <-done
+	if res.code != 200 || !strings.Contains(res.body, `"type":"abort"`) || generates.Load() != 1 {
+		t.Errorf("eu answered %d %.200s after %d /generate sent, want the abort relayed after 1", res.code, res.body, generates.Load())
+	}
+}

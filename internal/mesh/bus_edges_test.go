@@ -290,3 +290,41 @@ func TestBatchDispatchCarriesItsChains(t *testing.T) {
 		b.receive(&nats.Msg{Data: end})
 	}
 }
+
+// A client's abort at one router is applied at the others, at when it was
+// received there (or when heard, if that is earlier); a body over
+// maxAbortBody is not sent.
+func TestAbortsAreShared(t *testing.T) {
+	url := natsServer(t)
+	a := join(t, url, "us", newRouter(t))
+	b := join(t, url, "eu", newRouter(t))
+	type heard struct {
+		body string
+		at   time.Time
+	}
+	var mu sync.Mutex
+	var got []heard
+	b.OnAbort(func(body []byte, at time.Time) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, heard{string(body), at})
+	})
+	a.OnAbort(func([]byte, time.Time) { t.Error("a router heard its own abort") })
+	at := time.Now().Add(-time.Second)
+	if !a.Aborted([]byte(`{"rid":"r1"}`), at) {
+		t.Fatal("not sent")
+	}
+	if a.Aborted(make([]byte, maxAbortBody+1), at) || a.Aborted(nil, at) {
+		t.Error("an abort over the bound, or empty, was sent")
+	}
+	a.Aborted([]byte(`{"abort_all":true}`), time.Now().Add(time.Hour)) // a clock ahead
+	eventually(t, "eu to hear us's aborts", func() bool { mu.Lock(); defer mu.Unlock(); return len(got) == 2 })
+	mu.Lock()
+	defer mu.Unlock()
+	if got[0].body != `{"rid":"r1"}` || !got[0].at.Equal(time.Unix(0, at.UnixNano())) {
+		t.Errorf("first abort heard as %+v, want r1 at %v", got[0], at)
+	}
+	if got[1].body != `{"abort_all":true}` || got[1].at.After(time.Now()) {
+		t.Errorf("an abort from a clock ahead heard as %+v, want it at the hearing", got[1])
+	}
+}

@@ -140,6 +140,7 @@ const (
 	kindCharge   = "c" // a charge to a tenant's budgets
 	kindAccepted = "a" // the replica took the request: its prompt is cached there
 	kindStored   = "s" // the replica answered (and stores) a Responses API response
+	kindAbort    = "x" // a client aborted requests (SGLang's /abort_request)
 )
 
 // event is what a router tells the others.
@@ -199,7 +200,16 @@ type event struct {
 	// request for a LoRA adapter holds the adapter at its replica, as the
 	// request does at its own router. Longer than maxModelName: not read.
 	Model string `json:"mo,omitempty"`
+	// Abort and At are an abort event's: the client's /abort_request body
+	// (at most maxAbortBody bytes) and when the sender received it (Unix
+	// ns, its clock).
+	Abort string `json:"ab,omitempty"`
+	At    int64  `json:"at,omitempty"`
 }
+
+// maxAbortBody bounds an abort's body told to the others: a list of
+// rids of 64 KiB is hundreds of them; a longer one is not shared.
+const maxAbortBody = 64 << 10
 
 // MaxHeartbeat bounds every router's heartbeat period: its own (Validate)
 // and another's as heard, whatever either's remote_ttl.
@@ -268,6 +278,9 @@ type Bus struct {
 	// charge applies the others' charges to this router's tenants' budgets
 	// (OnCharge; nil: they are ignored).
 	charge atomic.Pointer[func(tenant string, requests, tokens float64)]
+	// abort applies the others' client aborts here (OnAbort; nil: they
+	// are ignored).
+	abort atomic.Pointer[func(body []byte, at time.Time)]
 }
 
 // Connect joins the mesh: it mirrors the other routers' requests in rt
@@ -473,6 +486,25 @@ func (b *Bus) Stored(responseID, replica string) {
 	b.publish(event{Kind: kindStored, Response: responseID, Replica: replica})
 }
 
+// Aborted tells the others that a client aborted requests through this
+// router, at (the body of SGLang's /abort_request): the engines end the
+// others' requests it covers too, which they are to relay, not fail over,
+// and those waiting in their queues end. It reports whether it was sent
+// (a body over maxAbortBody is not).
+func (b *Bus) Aborted(body []byte, at time.Time) bool {
+	if len(body) == 0 || len(body) > maxAbortBody {
+		return false
+	}
+	b.publish(event{Kind: kindAbort, Abort: string(body), At: at.UnixNano()})
+	return true
+}
+
+// OnAbort has the others' client aborts applied by fn (the lifecycle's
+// Core.Abort), each at when its router received it, or when it was heard
+// if that is earlier (clocks differ: an abort is not taken to cover the
+// requests that arrived here after it was heard).
+func (b *Bus) OnAbort(fn func(body []byte, at time.Time)) { b.abort.Store(&fn) }
+
 // Finished tells the others that attempt id ended.
 func (b *Bus) Finished(id uint64, outputTokens int, decode time.Duration) {
 	b.publish(event{Kind: kindEnd, ID: id, Out: outputTokens, DecodeUS: decode.Microseconds()})
@@ -577,6 +609,16 @@ func (b *Bus) apply(e *event, now time.Time) {
 			return
 		}
 		(*fn)(e.Tenant, e.Requests, e.Tokens)
+	case kindAbort:
+		fn := b.abort.Load()
+		if fn == nil || e.Abort == "" {
+			return
+		}
+		at := now
+		if e.At > 0 && e.At < now.UnixNano() {
+			at = time.Unix(0, e.At)
+		}
+		(*fn)([]byte(e.Abort), at) // it takes the queue's lock, never the bus's
 	case kindAlive:
 		return
 	default:

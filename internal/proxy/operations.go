@@ -81,7 +81,7 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/abort_request" {
 		// Before any replica ends a request it names; those in the
 		// router's queue end here.
-		if n := s.fleet.Core().Abort(*body, time.Now()); n > 0 {
+		if n := s.fleet.Abort(*body, time.Now()); n > 0 {
 			s.log.Info("aborted in the router's queue", "requests", n)
 		}
 	}

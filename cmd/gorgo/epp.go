@@ -93,6 +93,8 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	picker := epp.New(srv.Fleet)
 	picker.Fallbacks = *fallbacks
 	picker.TenantHeader = cfg.Proxy.TenantHeader
+	picker.RefuseOperations = cfg.Proxy.EngineOperations == "refuse"
+	picker.OperationWait, picker.AdapterWait = cfg.Proxy.HeaderTimeout, cfg.Proxy.FirstByteTimeout
 	extprocv3.RegisterExternalProcessorServer(gs, picker)
 	// The protocol's health services.
 	hs := health.NewServer()

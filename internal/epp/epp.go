@@ -16,6 +16,7 @@
 package epp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -35,6 +36,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/tracing"
@@ -76,6 +78,16 @@ type Fleet interface {
 	EndpointIDs() map[string]string
 }
 
+// Operator is what a Fleet that sends the engines' operations to every
+// replica offers (a *fleet.Fleet does): a gateway would send SGLang's
+// /flush_cache or /abort_request, or an adapter's load, to the one
+// endpoint the picker names, so the picker sends it to each replica
+// itself and answers the gateway with their verdict.
+type Operator interface {
+	Abort(body []byte, at time.Time) int
+	Operate(ctx context.Context, op fleet.Operation) (*fleet.OperationAnswer, *wire.Error)
+}
+
 // Server is the endpoint picker.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
@@ -91,6 +103,13 @@ type Server struct {
 	// 400 (the default: the gateway must strip a client's, or set it and
 	// say trust), "ignore" it, or "trust" it.
 	TenantHeader tenant.HeaderRule
+	// RefuseOperations answers the engines' operations 403, as gorgo
+	// serve's engine_operations: refuse (a fleet shared by tenants).
+	RefuseOperations bool
+	// OperationWait and AdapterWait bound an operation's fan-out, and an
+	// adapter's load or unload's (default 30 s and 5 min, gorgo serve's
+	// header_timeout and first_byte_timeout).
+	OperationWait, AdapterWait time.Duration
 }
 
 // New returns a picker over the fleet.
@@ -109,7 +128,9 @@ type exchange struct {
 	// sends no response body, so no first token will be seen.
 	respDuplex, respNone bool
 	path                 string
-	head                 bool // a whole JSON answer's first bytes were read
+	method               string
+	opHeader             http.Header // an engine operation's headers, for the replicas
+	head                 bool        // a whole JSON answer's first bytes were read
 	session              string
 	subset               []string
 	body                 []byte
@@ -204,6 +225,8 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 			switch key := strings.ToLower(h.GetKey()); {
 			case key == ":path":
 				x.path = value(h)
+			case key == ":method":
+				x.method = value(h)
 			case key == SessionHeader:
 				x.session = value(h)
 			case key == tracing.TraceparentHeader && traced:
@@ -221,6 +244,9 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 			}
 		}
 		x.subset = subset(msg.GetMetadataContext())
+		if x.operation() {
+			x.opHeader = operationHeader(r.RequestHeaders.GetHeaders().GetHeaders())
+		}
 		if r.RequestHeaders.GetEndOfStream() {
 			return x.decide(true) // no body: route by load
 		}
@@ -282,8 +308,15 @@ func kind(path string) lifecycle.Kind {
 }
 
 // decide hands the request to the lifecycle: at the headers (atHeaders:
-// no body, or one that is not read) or at the body's end.
+// no body, or one that is not read) or at the body's end. An engine
+// operation with its whole body is the picker's to send to every replica.
 func (x *exchange) decide(atHeaders bool) error {
+	if x.opHeader != nil && (!atHeaders || x.body == nil) {
+		if op, ok := x.s.fleet.(Operator); ok {
+			x.decided = true
+			return x.operate(op)
+		}
+	}
 	x.decided, x.atHeaders = true, atHeaders
 	name, err := x.s.TenantHeader.Name("", x.tenant)
 	if err != nil {
@@ -315,6 +348,67 @@ func (x *exchange) decide(atHeaders bool) error {
 	}
 	x.s.fleet.Core().Serve(x.stream.Context(), in, x)
 	return x.err
+}
+
+// operation reports whether the request is an engine operation.
+func (x *exchange) operation() bool {
+	path, _, _ := strings.Cut(x.path, "?")
+	return fleet.IsOperation(x.method, path)
+}
+
+// operationHeader is what of the client's headers goes to the replicas
+// with an operation: not the pseudo-headers, the hop-by-hop ones, or the
+// length (the body is whole).
+func operationHeader(hs []*corev3.HeaderValue) http.Header {
+	out := http.Header{}
+	for _, h := range hs {
+		k := h.GetKey()
+		if strings.HasPrefix(k, ":") || hopByHop[http.CanonicalHeaderKey(k)] || strings.EqualFold(k, "content-length") {
+			continue
+		}
+		out.Add(k, value(h))
+	}
+	return out
+}
+
+// hopByHop are the headers of one connection (RFC 9110, 7.6.1).
+var hopByHop = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Authorization": true, "Proxy-Authenticate": true}
+
+// operate sends an engine operation to every replica (an abort taken
+// first: the requests it covers in the picker's queue end, the engines'
+// aborts of the others are relayed) and answers the gateway with their
+// verdict, as gorgo serve does.
+func (x *exchange) operate(op Operator) error {
+	path, _, _ := strings.Cut(x.path, "?")
+	if x.s.RefuseOperations {
+		return x.immediate(wire.Errorf(http.StatusForbidden, "%s %s acts on every replica's engine, which this router does not let clients do (engine_operations: refuse)", x.method, path))
+	}
+	if path == "/abort_request" {
+		op.Abort(x.body, x.received)
+	}
+	wait := cmp.Or(x.s.OperationWait, 30*time.Second)
+	if fleet.LoadsAdapter(path) {
+		wait = cmp.Or(x.s.AdapterWait, 5*time.Minute)
+	}
+	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body, Wait: wait,
+		Header: func(u *fleet.Upstream) http.Header {
+			h := x.opHeader.Clone()
+			if key := u.APIKey(); key != "" {
+				h.Set("Authorization", "Bearer "+key)
+			}
+			return h
+		}})
+	if e != nil {
+		return x.immediate(e)
+	}
+	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+		{Header: &corev3.HeaderValue{Key: "x-gorgo-replica", RawValue: []byte(a.ID)}}}}
+	if ct := a.Header.Get("Content-Type"); ct != "" {
+		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte(ct)}})
+	}
+	return x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: &extprocv3.ImmediateResponse{Status: &typev3.HttpStatus{Code: typev3.StatusCode(a.Status)}, Headers: hm, Body: a.Body}}})
 }
 
 // Send names replica id to the gateway (the first attempt), then hears the

@@ -21,19 +21,19 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
-// fleet is a router over replicas a (10 ms away) and b (50 ms), at
+// testFleet is a router over replicas a (10 ms away) and b (50 ms), at
 // 10.0.0.1:8000 and 10.0.0.2:8000.
-type fleet struct {
+type testFleet struct {
 	core *lifecycle.Core
 	eps  map[string]string
 }
 
-func (f *fleet) Core() *lifecycle.Core { return f.core }
-func (f *fleet) Endpoint(id string) (string, bool) {
+func (f *testFleet) Core() *lifecycle.Core { return f.core }
+func (f *testFleet) Endpoint(id string) (string, bool) {
 	ep, ok := f.eps[id]
 	return ep, ok
 }
-func (f *fleet) EndpointIDs() map[string]string {
+func (f *testFleet) EndpointIDs() map[string]string {
 	out := map[string]string{}
 	for id, ep := range f.eps {
 		out[ep] = id
@@ -41,15 +41,15 @@ func (f *fleet) EndpointIDs() map[string]string {
 	return out
 }
 
-func newFleet(t testing.TB, adm admit.Config) *fleet { return newTappedFleet(t, adm, nil) }
+func newFleet(t testing.TB, adm admit.Config) *testFleet { return newTappedFleet(t, adm, nil) }
 
 // newTappedFleet is newFleet whose requests a tap hears of.
-func newTappedFleet(t testing.TB, adm admit.Config, tap lifecycle.Tap) *fleet {
+func newTappedFleet(t testing.TB, adm admit.Config, tap lifecycle.Tap) *testFleet {
 	return newTenantFleet(t, adm, tap, nil)
 }
 
 // newTenantFleet is newTappedFleet with tenants.
-func newTenantFleet(t testing.TB, adm admit.Config, tap lifecycle.Tap, ts *tenant.Set) *fleet {
+func newTenantFleet(t testing.TB, adm admit.Config, tap lifecycle.Tap, ts *tenant.Set) *testFleet {
 	t.Helper()
 	p, _ := policy.New(policy.DefaultName, policy.Options{})
 	rt, err := router.New(router.Config{Policy: p, BlockTokens: 16, TieMargin: -1})
@@ -66,19 +66,25 @@ func newTenantFleet(t testing.TB, adm admit.Config, tap lifecycle.Tap, ts *tenan
 		t.Cleanup(cancel)
 		go core.RunAdmission(ctx)
 	}
-	return &fleet{core: core, eps: map[string]string{"a": "10.0.0.1:8000", "b": "10.0.0.2:8000"}}
+	return &testFleet{core: core, eps: map[string]string{"a": "10.0.0.1:8000", "b": "10.0.0.2:8000"}}
 }
 
 // picker serves the fleet's picker on loopback and returns a client.
 func picker(t testing.TB, f Fleet) extprocv3.ExternalProcessorClient {
+	t.Helper()
+	pk := New(f)
+	pk.Fallbacks = 2 // the tests check the list; the default sends the choice alone
+	return servePicker(t, pk)
+}
+
+// servePicker serves pk on loopback and returns a client.
+func servePicker(t testing.TB, pk *Server) extprocv3.ExternalProcessorClient {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	pk := New(f)
-	pk.Fallbacks = 2 // the tests check the list; the default sends the choice alone
 	extprocv3.RegisterExternalProcessorServer(gs, pk)
 	go gs.Serve(ln)
 	t.Cleanup(gs.Stop)

@@ -13,7 +13,7 @@ import (
 
 // routeChatIn is routeChat with the response body mode Envoy announces; it
 // returns the id of the chosen replica.
-func routeChatIn(t *testing.T, f *fleet, s extprocv3.ExternalProcessor_ProcessClient, mode filterv3.ProcessingMode_BodySendMode) string {
+func routeChatIn(t *testing.T, f *testFleet, s extprocv3.ExternalProcessor_ProcessClient, mode filterv3.ProcessingMode_BodySendMode) string {
 	t.Helper()
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: mode}})

@@ -19,13 +19,13 @@ import (
 )
 
 // a fleet that lost replica a's address (removed between Dispatch and Endpoint)
-type lostA struct{ *fleet }
+type lostA struct{ *testFleet }
 
 func (l lostA) Endpoint(id string) (string, bool) {
 	if id == "a" {
 		return "", false
 	}
-	return l.fleet.Endpoint(id)
+	return l.testFleet.Endpoint(id)
 }
 
 // A replica that left the fleet between the decision and its address is

@@ -19,7 +19,7 @@ import (
 // pick sends a buffered chat request with the given headers and returns
 // the picker's answer to its body (the destination), then ends the
 // response.
-func pick(t *testing.T, f *fleet, kv ...string) *extprocv3.CommonResponse {
+func pick(t *testing.T, f *testFleet, kv ...string) *extprocv3.CommonResponse {
 	t.Helper()
 	s, err := picker(t, f).Process(context.Background())
 	if err != nil {

@@ -1,0 +1,113 @@
+package epp
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
+)
+
+// operationFleet is a real fleet over two replicas that record the
+// operations they are sent (path, body, Authorization), answering each
+// as SGLang does.
+func operationFleet(t *testing.T) (*fleet.Fleet, *sync.Mutex, *[]string) {
+	t.Helper()
+	var mu sync.Mutex
+	var got []string
+	engine := func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.URL.Path == "/metrics" {
+			return
+		}
+		mu.Lock()
+		got = append(got, r.Method+" "+r.URL.Path+" "+string(body)+" "+r.Header.Get("Authorization"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, "Cache flushed.\n")
+	}
+	cfg := servetest.FleetConfig(fleet.Config{ProbeInterval: time.Hour}, servetest.Fake(t, engine), servetest.Fake(t, engine))
+	reg := prometheus.NewRegistry()
+	f, err := fleet.New(cfg, fleet.Options{Registry: reg, Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f.ProbeOnce(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return f, &mu, &got
+}
+
+// The engines' operations that come through the gateway go to every
+// replica, not the one endpoint the picker would name (2026-12-06: a
+// gateway sent /flush_cache to one replica, whose answer said the fleet
+// was flushed): the picker sends them itself and answers the gateway
+// with the replicas' verdict, as gorgo serve does; with operations
+// refused, a 403.
+func TestOperationsGoToEveryReplica(t *testing.T) {
+	f, mu, got := operationFleet(t)
+	s, err := picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := headers("/flush_cache", false, "authorization", "Bearer client", "connection", "keep-alive")
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: h}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{}`), EndOfStream: true}}})
+	imm := recv(t, s).GetImmediateResponse()
+	if imm.GetStatus().GetCode() != 200 || string(imm.GetBody()) != "Cache flushed.\n" {
+		t.Fatalf("flush answered %v", imm)
+	}
+	mu.Lock()
+	if len(*got) != 2 || (*got)[0] != "POST /flush_cache {} Bearer client" || (*got)[1] != (*got)[0] {
+		t.Errorf("the replicas were sent %q, want the flush at both", *got)
+	}
+	*got = nil
+	mu.Unlock()
+
+	// An abort with no body after its headers: GET-less, still fanned out.
+	s, err = picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/abort_request", false)}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"abort_all":true}`), EndOfStream: true}}})
+	if imm := recv(t, s).GetImmediateResponse(); imm.GetStatus().GetCode() != 200 {
+		t.Fatalf("abort answered %v", imm)
+	}
+	mu.Lock()
+	if len(*got) != 2 || !strings.HasPrefix((*got)[0], `POST /abort_request {"abort_all":true}`) {
+		t.Errorf("the replicas were sent %q, want the abort at both", *got)
+	}
+	*got = nil
+	mu.Unlock()
+
+	// Refused.
+	pk := New(f)
+	pk.RefuseOperations = true
+	s, err = servePicker(t, pk).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/flush_cache", true)}})
+	if imm := recv(t, s).GetImmediateResponse(); imm.GetStatus().GetCode() != 403 {
+		t.Errorf("refused operations: %v, want a 403", imm)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(*got) != 0 {
+		t.Errorf("a refused operation reached %q", *got)
+	}
+}

@@ -1,0 +1,226 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// Engine operations: the engines' paths that act on one engine's state
+// rather than serve a request. SGLang's /flush_cache empties its prefix
+// cache (GET or POST; a 400 while it has requests), its /abort_request
+// aborts a request by its rid, or all of them; vLLM's /reset_prefix_cache
+// empties its prefix cache; both load and unload LoRA adapters at run
+// time (vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter,
+// SGLang's /load_lora_adapter and /unload_lora_adapter). A client of the
+// router means them for the fleet behind it, whichever replica serves
+// what: a benchmark flushes the caches before a cold run, a
+// reinforcement-learning trainer aborts its rollouts, a platform loads an
+// adapter for the fleet to serve. Each front end sends them to every
+// replica that serves requests or still finishes some (draining), at once
+// (Operate); a replica without the path (its server's own 404: vLLM has no
+// /flush_cache) is passed over. Where a replica's cache was emptied the
+// router forgets what it held there, as it does for a restarted engine;
+// where an adapter was loaded or unloaded, the router reads the replica's
+// models again before the client has its answer, so that its next request
+// may name the adapter.
+
+// operations are the engine operations' paths, and the methods each is
+// served by: the cache's flushes, the abort, the adapters' loads.
+var operations = map[string]string{
+	"/flush_cache": "GET POST", "/reset_prefix_cache": "POST", "/abort_request": "POST",
+	"/v1/load_lora_adapter": "POST", "/v1/unload_lora_adapter": "POST", "/load_lora_adapter": "POST", "/unload_lora_adapter": "POST",
+}
+
+// IsOperation reports whether method and path name an engine operation.
+func IsOperation(method, path string) bool {
+	methods, ok := operations[path]
+	return ok && strings.Contains(methods, method)
+}
+
+// LoadsAdapter reports whether path loads or unloads a LoRA adapter (it
+// reads the adapter's weights: allow it a model's load time, not a
+// header's).
+func LoadsAdapter(path string) bool {
+	return strings.HasSuffix(path, "_lora_adapter") && operations[path] != ""
+}
+
+// flushes reports whether path empties a replica's prefix cache.
+func flushes(path string) bool { return path == "/flush_cache" || path == "/reset_prefix_cache" }
+
+// maxOperationFanOut bounds the replicas asked at once.
+const maxOperationFanOut = 32
+
+// maxOperationAnswer bounds what is read of a replica's answer.
+const maxOperationAnswer = 64 << 10
+
+// An Operation is an engine operation a client sent, for every replica.
+type Operation struct {
+	Method string
+	// URI is the path and query, as the client sent them.
+	URI  string
+	Body []byte
+	// Header returns the headers to send replica u (the client's less
+	// the hop-by-hop ones, with the replica's credentials).
+	Header func(u *Upstream) http.Header
+	// Wait bounds the whole fan-out (default 30 s).
+	Wait time.Duration
+}
+
+// An OperationAnswer is one replica's answer to an engine operation.
+type OperationAnswer struct {
+	ID     string // the replica's
+	Status int
+	Header http.Header
+	Body   []byte // at most 64 KiB of it
+	err    error  // not reached, or its answer broke off
+	lacks  bool   // it has no such path
+}
+
+// Operate sends op to every healthy replica that serves or drains (a
+// draining replica still finishes its requests: an abort is for them too,
+// and its cache is still read by them), at most 32 at once, and returns
+// the answer the client is to have: the first that is not a success, else,
+// if a replica could not be reached, an error naming it, else the first
+// success. A replica that had already done what an adapter's load or
+// unload asks (it had the adapter, or did not) is not a refusal. The error
+// is the router's own answer: no replica to ask (503), one not reached
+// (502), none with the path (404).
+func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *wire.Error) {
+	path, _, _ := strings.Cut(op.URI, "?")
+	var reps []router.ReplicaState
+	for _, st := range f.rt.Replicas() {
+		if st.Healthy && (st.Available() || st.State == router.Draining) {
+			reps = append(reps, st)
+		}
+	}
+	if len(reps) == 0 {
+		e := wire.Errorf(http.StatusServiceUnavailable, "no available replica")
+		e.RetryAfter = "5"
+		return nil, e
+	}
+	if op.Wait <= 0 {
+		op.Wait = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, op.Wait)
+	defer cancel()
+	answers := make([]OperationAnswer, len(reps))
+	var g errgroup.Group
+	g.SetLimit(maxOperationFanOut)
+	for i, st := range reps {
+		g.Go(func() error {
+			answers[i] = f.operate(ctx, op, path, st.ID)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	var failed, unreached, succeeded, settled *OperationAnswer
+	reached, lacking := 0, 0
+	for i := range answers {
+		a := &answers[i]
+		ok := a.Status >= 200 && a.Status < 300
+		switch {
+		case a.lacks:
+			lacking++
+			continue
+		case a.err != nil:
+			if unreached == nil {
+				unreached = a
+			}
+			continue
+		case !ok && alreadyDone(path, a):
+			if settled == nil {
+				settled = a
+			}
+		case !ok:
+			if failed == nil {
+				failed = a
+			}
+		default:
+			if succeeded == nil {
+				succeeded = a
+			}
+			if flushes(path) {
+				_ = f.rt.ClearCache(a.ID) // its cache is empty: the router's index of it too
+			}
+		}
+		reached++
+	}
+	f.log.Info("engine operation", "path", path, "replicas", len(reps), "answered", reached, "without_it", lacking, "unreached", len(reps)-reached-lacking)
+	if unreached != nil { // its error may name an internal address: the log's, not the client's
+		f.log.Warn("engine operation did not reach a replica", "path", path, "replica", unreached.ID, "error", unreached.err)
+	}
+	switch {
+	case failed != nil:
+		return failed, nil
+	case unreached != nil:
+		return nil, wire.Errorf(http.StatusBadGateway, "%s reached %d of the replicas that serve it, not %s", path, reached, unreached.ID)
+	case succeeded != nil:
+		return succeeded, nil
+	case settled != nil:
+		return settled, nil
+	}
+	return nil, wire.Errorf(http.StatusNotFound, "no replica tried serves %s %s", op.Method, path)
+}
+
+// operate sends op, body and all, to replica id.
+func (f *Fleet) operate(ctx context.Context, op Operation, path, id string) OperationAnswer {
+	a := OperationAnswer{ID: id}
+	u := f.Upstream(id)
+	if u == nil {
+		a.err = fmt.Errorf("it left the fleet")
+		return a
+	}
+	req, err := http.NewRequestWithContext(ctx, op.Method, u.URL()+op.URI, bytes.NewReader(op.Body))
+	if err != nil {
+		a.err = err
+		return a
+	}
+	if op.Header != nil {
+		req.Header = op.Header(u)
+	}
+	resp, err := f.forward.Do(req)
+	if err != nil {
+		a.err = err
+		return a
+	}
+	defer resp.Body.Close()
+	a.Status, a.Header = resp.StatusCode, resp.Header
+	a.Body, a.err = io.ReadAll(io.LimitReader(resp.Body, maxOperationAnswer))
+	switch {
+	case a.err != nil:
+	case a.Status >= 500:
+		a.err = fmt.Errorf("it answered %d: %s", a.Status, wire.ErrorMessage(a.Body))
+	case a.Status >= 300 && a.Status < 400: // where it points may be an internal host: not relayed
+		a.err = fmt.Errorf("it answered %d, a redirect, which gorgo does not follow", a.Status)
+	case a.Status == http.StatusNotFound && wire.NoRoute(a.Body):
+		a.lacks = true
+	case a.Status >= 200 && a.Status < 300 && LoadsAdapter(path):
+		f.ModelsChanged(ctx, id)
+	}
+	return a
+}
+
+// alreadyDone reports whether a replica's refusal of an adapter's load or
+// unload says it had already done it: it had the adapter loaded (vLLM's
+// "has already been loaded"), or had none of that name to unload ("cannot
+// be found", "not found", "not loaded").
+func alreadyDone(path string, a *OperationAnswer) bool {
+	if !LoadsAdapter(path) || a.Status != http.StatusBadRequest && a.Status != http.StatusNotFound {
+		return false
+	}
+	msg := strings.ToLower(wire.ErrorMessage(a.Body))
+	if strings.HasSuffix(path, "/load_lora_adapter") {
+		return strings.Contains(msg, "already")
+	}
+	return strings.Contains(msg, "cannot be found") || strings.Contains(msg, "not found") || strings.Contains(msg, "not loaded")
+}

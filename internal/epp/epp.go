@@ -404,6 +404,9 @@ func (x *exchange) operate(op Operator) error {
 	}
 	hm := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
 		{Header: &corev3.HeaderValue{Key: "x-gorgo-replica", RawValue: []byte(a.ID)}}}}
+	if a.Missed != nil {
+		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "x-gorgo-missed", RawValue: []byte(strings.Join(a.Missed, ","))}})
+	}
 	if ct := a.Header.Get("Content-Type"); ct != "" {
 		hm.SetHeaders = append(hm.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte(ct)}})
 	}

@@ -54,6 +54,11 @@ func LoadsAdapter(path string) bool {
 	return strings.HasSuffix(path, "_lora_adapter") && operations[path] != ""
 }
 
+// loads reports whether path loads a LoRA adapter.
+func loads(path string) bool {
+	return LoadsAdapter(path) && strings.HasSuffix(path, "/load_lora_adapter")
+}
+
 // flushes reports whether path empties a replica's prefix cache.
 func flushes(path string) bool { return path == "/flush_cache" || path == "/reset_prefix_cache" }
 
@@ -82,8 +87,11 @@ type OperationAnswer struct {
 	Status int
 	Header http.Header
 	Body   []byte // at most 64 KiB of it
-	err    error  // not reached, or its answer broke off
-	lacks  bool   // it has no such path
+	// Missed are, on an adapter's load that succeeded, the replicas that
+	// refused it or could not be reached: they do not serve it.
+	Missed []string
+	err    error // not reached, or its answer broke off
+	lacks  bool  // it has no such path
 }
 
 // Operate sends op to every healthy replica that serves or drains (a
@@ -92,7 +100,11 @@ type OperationAnswer struct {
 // the answer the client is to have: the first that is not a success, else,
 // if a replica could not be reached, an error naming it, else the first
 // success. A replica that had already done what an adapter's load or
-// unload asks (it had the adapter, or did not) is not a refusal. The error
+// unload asks (it had the adapter, or did not) is not a refusal. An
+// adapter's load that a replica took is a success whatever the others
+// said (a replica of another base model refuses it; the router sends
+// requests for the adapter only where it is listed), with those that did
+// not take it its Missed. The error
 // is the router's own answer: no replica to ask (503), one not reached
 // (502), none with the path (404).
 func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *wire.Error) {
@@ -124,6 +136,7 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 	}
 	_ = g.Wait()
 	var failed, unreached, succeeded, settled *OperationAnswer
+	var missed []string
 	reached, lacking := 0, 0
 	for i := range answers {
 		a := &answers[i]
@@ -136,6 +149,7 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 			if unreached == nil {
 				unreached = a
 			}
+			missed = append(missed, a.ID)
 			continue
 		case !ok && alreadyDone(path, a):
 			if settled == nil {
@@ -145,6 +159,7 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 			if failed == nil {
 				failed = a
 			}
+			missed = append(missed, a.ID)
 		default:
 			if succeeded == nil {
 				succeeded = a
@@ -160,6 +175,10 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 		f.log.Warn("engine operation did not reach a replica", "path", path, "replica", unreached.ID, "error", unreached.err)
 	}
 	switch {
+	case succeeded != nil && loads(path) && missed != nil:
+		f.log.Warn("an adapter's load was refused by some replicas", "path", path, "replicas", missed)
+		succeeded.Missed = missed
+		return succeeded, nil
 	case failed != nil:
 		return failed, nil
 	case unreached != nil:

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/fleet"
@@ -59,6 +60,9 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 	copyHeaders(w.Header(), a.Header)
 	w.Header().Del("Content-Length")
 	w.Header().Set(ReplicaHeader, a.ID)
+	if a.Missed != nil {
+		w.Header().Set(MissedHeader, strings.Join(a.Missed, ","))
+	}
 	w.WriteHeader(a.Status)
 	_, _ = w.Write(a.Body)
 }

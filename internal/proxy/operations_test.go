@@ -168,6 +168,37 @@ func TestAdapterLoadedThroughTheRouter(t *testing.T) {
 	}
 }
 
+// In a fleet of two base models, an adapter's load is refused by the
+// replicas of the other base: loaded where it could be, it is a success,
+// those that refused it named (2026-12-06: the first refusal was relayed,
+// and the client told the load failed though a replica serves the
+// adapter); refused everywhere, the refusal is relayed.
+func TestAdapterLoadOnAFleetOfTwoBases(t *testing.T) {
+	other := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if r.URL.Path == "/v1/load_lora_adapter" {
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"object":"error","message":"the adapter's base is not this model's","type":"BadRequestError","code":400}`)
+		}
+	})
+	a := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", MetricsFormat: "vllm", Speedup: 200})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a, other)
+	req, _ := http.NewRequest("POST", url+"/v1/load_lora_adapter", strings.NewReader(`{"lora_name":"sql","lora_path":"/adapters/sql"}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get(MissedHeader) != "b" || resp.Header.Get(ReplicaHeader) != "a" {
+		t.Errorf("a load b refused: %d %s, missed %q, want a's 200 with b named", resp.StatusCode, body, resp.Header.Get(MissedHeader))
+	}
+	_, url = startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, other)
+	if code, body := do(t, "POST", url+"/v1/load_lora_adapter", `{"lora_name":"sql","lora_path":"/adapters/sql"}`); code != 400 || !strings.Contains(body, "base") {
+		t.Errorf("a load every replica refused: %d %s, want the refusal", code, body)
+	}
+}
+
 // A request its client aborted through the router (SGLang's
 // /abort_request, by rid or all) ends with the engine's abort, relayed:
 // not tried on another replica, as an abort the engine chose is

@@ -37,6 +37,9 @@ const (
 	// ReplicaHeader, on every forwarded response, names the replica that
 	// served it.
 	ReplicaHeader = "X-Gorgo-Replica"
+	// MissedHeader, on an adapter's load that some replicas took, names
+	// those that did not (they refused it, or were not reached).
+	MissedHeader = "X-Gorgo-Missed"
 )
 
 // Server is the HTTP front end. Create it with New and serve Handler on the

@@ -24,8 +24,9 @@ const DefaultMaxNewTokens = 128
 var errGenerate = errors.New("either text or input_ids should be provided: text a string or a list of strings, input_ids a list of token ids or a list of such lists")
 
 // ParseGenerate reads a native /generate body into r as ParseRequest reads
-// a completion's: Text is the prompt (a list of token ids as its JSON
-// stands for it), a batch's prompts each followed by a newline with their
+// a completion's: Text is the prompt (its input_ids, as their JSON stands
+// for them, where given, even beside its text, as the engine prefills
+// them; else its text), a batch's prompts each followed by a newline with their
 // ends in PromptEnds; MaxTokens is sampling_params.max_new_tokens
 // (DefaultMaxNewTokens when absent; -1 for null, no limit), MinTokens its min_new_tokens, N its
 // n; Stream, Model, LoRAPath and RID as given. A batch's sampling_params may be a list,
@@ -83,11 +84,16 @@ func ParseGenerate(body []byte, r *Request) error {
 	if err != nil {
 		return err
 	}
+	hasText, hasIDs := text.Exists() && text.Type != gjson.Null, ids.Exists() && ids.Type != gjson.Null
 	switch {
-	case text.Exists() && text.Type != gjson.Null:
-		err = r.generateText(text)
-	case ids.Exists() && ids.Type != gjson.Null:
+	case hasText && hasIDs && embeds:
+		err = errors.New("either text, input_ids or input_embeds should be provided, not all three")
+	case hasIDs:
+		// With text too, the engine prefills the ids (the text is the
+		// client's): they are the prompt, its length exact.
 		err = r.generateIDs(ids)
+	case hasText:
+		err = r.generateText(text)
 	case embeds:
 		// Embeddings, not text: routed by load alone (an empty Text).
 	default:

@@ -32,6 +32,8 @@ func TestParseGenerate(t *testing.T) {
 		{name: "a request id", body: `{"text":"x","rid":"r-1"}`, text: "x", max: DefaultMaxNewTokens, n: 1, rid: "r-1"},
 		{name: "a batch's ids", body: `{"text":["a","b"],"rid":["r-1", "r-2"]}`, text: "a\nb\n", ends: []int{1, 3}, max: DefaultMaxNewTokens, n: 1, rid: `["r-1", "r-2"]`},
 		{name: "embeddings: by load", body: `{"input_embeds":[[0.1]]}`, max: DefaultMaxNewTokens, n: 1},
+		{name: "text and its ids", body: `{"text":"the text","input_ids":[1,2]}`, text: "[1,2]", max: DefaultMaxNewTokens, n: 1},
+		{name: "text, ids and embeddings", body: `{"text":"t","input_ids":[1],"input_embeds":[[0.5]]}`, err: "not all three"},
 		{name: "no prompt", body: `{"sampling_params":{}}`, err: "either text or input_ids"},
 		{name: "an empty batch", body: `{"text":[]}`, err: "either text or input_ids"},
 		{name: "ids not whole", body: `{"input_ids":[1.5]}`, err: "either text or input_ids"},

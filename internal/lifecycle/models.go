@@ -17,10 +17,11 @@ import (
 // stood for it). A name no replica serves is a 404 at once (unless some
 // replica's models are unknown: it may serve it); a request that names
 // none gets the fleet's only base model, or a 400 when it serves several.
-// A native /generate names an adapter in its own field (lora_path): it is
-// the request's model where some replica is known to serve it (the
-// engine reads it there, so the body stays as it is), and otherwise left
-// to the engines, as the body's other fields are.
+// SGLang names an adapter in a field of its own too (lora_path, on its
+// /generate, chat and completions): it is the request's model where some
+// replica is known to serve it and the request names no model or the
+// adapter's base (the engine reads it there, so the body stays as it is),
+// and otherwise left to the engines, as the body's other fields are.
 
 // maxNamesListed bounds the names an error lists.
 const maxNamesListed = 20
@@ -37,9 +38,11 @@ func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
 		return wire.Errorf(statusBadRequest, "model: a name of %d bytes; no model's is longer than %d", len(name), maxName)
 	}
 	served, unknown := c.cfg.Router.Catalog()
-	if name == "" && r.Parsed.LoRAPath != "" {
-		if _, known := served.Lookup(r.Parsed.LoRAPath); known {
-			name = r.Parsed.LoRAPath
+	if p := r.Parsed.LoRAPath; p != "" {
+		// The adapter lora_path names, where it is known, on the base
+		// the model names, if it names one.
+		if m, known := served.Lookup(p); known && (name == "" || m.IsAdapter() && name == m.Parent) {
+			name = p
 		}
 	}
 	target, alias := name, false

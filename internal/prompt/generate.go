@@ -72,12 +72,7 @@ func ParseGenerate(body []byte, r *Request) error {
 		case "lora_path":
 			r.LoRAPath = strings.Clone(loraPath(v))
 		case "rid":
-			switch {
-			case v.Type == gjson.String:
-				r.RID = strings.Clone(v.Str)
-			case isArray(v):
-				r.RID = strings.Clone(v.Raw)
-			}
+			r.RID = strings.Clone(ridOf(v))
 		}
 		return err == nil
 	})
@@ -109,6 +104,17 @@ func ParseGenerate(body []byte, r *Request) error {
 		return r.samplingParams(params)
 	}
 	return nil
+}
+
+// ridOf is what RID keeps of an rid: a string's value, a list's JSON.
+func ridOf(v gjson.Result) string {
+	switch {
+	case v.Type == gjson.String:
+		return v.Str
+	case isArray(v):
+		return v.Raw
+	}
+	return ""
 }
 
 // loraPath is the one adapter lora_path names for every prompt: its

@@ -29,13 +29,14 @@ type Request struct {
 	Text []byte
 	// Model is the "model" field.
 	Model string
-	// LoRAPath is a native /generate's adapter (SGLang's "lora_path": an
-	// adapter's name, or a batch's list of them, null for the base),
-	// where it names one for every prompt; "" otherwise.
+	// LoRAPath is the adapter SGLang's "lora_path" names (an adapter's
+	// name, or a batch's list of them, null for the base), where it names
+	// one for every prompt; "" otherwise. SGLang reads it on /generate,
+	// and on its chat and completions too.
 	LoRAPath string
-	// RID is a native /generate's request id (SGLang's "rid", by which a
-	// client aborts it): a string's value, or a batch's list as its JSON;
-	// "" when absent.
+	// RID is the request's id as SGLang's "rid" gives it (on /generate,
+	// chat and completions), by which a client aborts it: a string's
+	// value, or a batch's list as its JSON; "" when absent.
 	RID string
 	// MaxTokens is, for chat, max_completion_tokens if present and not
 	// null, else max_tokens; for completions, max_tokens. HasMaxTokens is
@@ -320,6 +321,10 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 			p.bestOf, err = p.hint(HintBestOf, 1, maxChoices, 0)
 		case f == fMinTokens && mode != modeInput:
 			p.minTok, err = p.hint(HintMinTokens, 0, maxHintTokens, 0)
+		case f == fLoRAPath && mode != modeInput:
+			err = p.extension(&r.LoRAPath, loraPath)
+		case f == fRID && mode != modeInput:
+			err = p.extension(&r.RID, ridOf)
 		default:
 			err = d.SkipValue()
 		}
@@ -418,6 +423,8 @@ const (
 	fTools
 	fMaxOutputTokens
 	fPreviousResponseID
+	fLoRAPath
+	fRID
 )
 
 var topNames = [...]string{
@@ -437,6 +444,8 @@ var topNames = [...]string{
 	fTools:               "tools",
 	fMaxOutputTokens:     "max_output_tokens",
 	fPreviousResponseID:  "previous_response_id",
+	fLoRAPath:            "lora_path",
+	fRID:                 "rid",
 }
 
 // field reads an object's next key and returns 1 + the index of the name
@@ -463,6 +472,18 @@ func (p *parser) field(names []string) (int, error) {
 		}
 	}
 	return 0, nil
+}
+
+// extension reads a field of SGLang's extensions of the OpenAI API
+// (lora_path, rid: as its /generate has them) into dst, by what of takes
+// of its value.
+func (p *parser) extension(dst *string, of func(gjson.Result) string) error {
+	raw, err := p.dec.ReadValue()
+	if err != nil {
+		return err
+	}
+	*dst = of(gjson.ParseBytes(raw)) // a copy: raw is the decoder's
+	return nil
 }
 
 // stringValue decodes a string value into dst[:0]; null reports false.

@@ -1040,3 +1040,30 @@ func TestOpeningKeys(t *testing.T) {
 		}
 	}
 }
+
+// SGLang's extensions of its chat and completions, lora_path and rid, are
+// read as its /generate's are; a responses request's are not SGLang's.
+func TestSGLangExtensions(t *testing.T) {
+	for _, c := range []struct {
+		body      string
+		chat      bool
+		lora, rid string
+	}{
+		{`{"model":"base","messages":[{"role":"user","content":"hi"}],"lora_path":"sql","rid":"r1"}`, true, "sql", "r1"},
+		{`{"model":"base","prompt":"hi","lora_path":["sql"],"rid":["a","b"]}`, false, "sql", `["a","b"]`},
+		{`{"model":"base","prompt":"hi","lora_path":["sql","law"],"rid":7}`, false, "", ""},
+		{`{"model":"base","prompt":"hi","lora_path":null,"rid":null}`, false, "", ""},
+	} {
+		var r Request
+		if err := ParseRequest([]byte(c.body), c.chat, &r); err != nil {
+			t.Fatalf("%s: %v", c.body, err)
+		}
+		if r.LoRAPath != c.lora || r.RID != c.rid {
+			t.Errorf("%s: lora_path %q, rid %q; want %q and %q", c.body, r.LoRAPath, r.RID, c.lora, c.rid)
+		}
+	}
+	var r Request
+	if err := ParseInput([]byte(`{"model":"m","input":"hi","rid":"r1","lora_path":"sql"}`), &r); err != nil || r.RID != "" || r.LoRAPath != "" {
+		t.Errorf("a responses request: %v, rid %q, lora_path %q; want neither read", err, r.RID, r.LoRAPath)
+	}
+}

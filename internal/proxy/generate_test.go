@@ -363,3 +363,23 @@ func TestGenerateByPut(t *testing.T) {
 		t.Errorf("PUT /generate: %d %s", code, body)
 	}
 }
+
+// SGLang's chat and completions name an adapter in lora_path too, beside
+// the base as the model: such a request goes where the adapter is (it
+// went to the nearest replica of the base, which would refuse it).
+func TestChatLoRAPathGoesWhereItsAdapterIs(t *testing.T) {
+	a := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", Speedup: 200})
+	b := servetest.StartReplicaWith(t, 40*time.Millisecond, emulator.Config{Model: "base", LoRAModules: []string{"sql"}, Speedup: 200})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, Policy: "gorgo-ms"}}, a, b)
+	chat := `{"model":"base","lora_path":"sql","max_tokens":2,"messages":[{"role":"user","content":"which table?"}]}`
+	if code, body := do(t, "POST", url+"/v1/chat/completions", chat); code != 200 || b.Served() != 1 {
+		t.Errorf("a chat for sql on base: %d %s; served by a %d, b %d", code, body, a.Served(), b.Served())
+	}
+	completion := `{"model":"base","lora_path":["sql"],"max_tokens":2,"prompt":"select"}`
+	if code, body := do(t, "POST", url+"/v1/completions", completion); code != 200 || b.Served() != 2 {
+		t.Errorf("a completion for sql on base: %d %s; served by a %d, b %d", code, body, a.Served(), b.Served())
+	}
+	if code, body := do(t, "POST", url+"/v1/chat/completions", `{"model":"base","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`); code != 200 || a.Served() != 1 {
+		t.Errorf("a chat on the base: %d %s; served by a %d, b %d", code, body, a.Served(), b.Served())
+	}
+}

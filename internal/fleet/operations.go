@@ -166,6 +166,9 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 			}
 			if flushes(path) {
 				_ = f.rt.ClearCache(a.ID) // its cache is empty: the router's index of it too
+				if f.bus != nil {
+					f.bus.Flushed(a.ID) // and the other routers'
+				}
 			}
 		}
 		reached++

@@ -328,3 +328,29 @@ func TestAbortsAreShared(t *testing.T) {
 		t.Errorf("an abort from a clock ahead heard as %+v, want it at the hearing", got[1])
 	}
 }
+
+// A client's flush of a replica's cache through one router empties the
+// others' index of that replica too (2026-12-06: they routed for hits
+// the flush had taken away, until their own answers corrected them).
+func TestFlushesAreShared(t *testing.T) {
+	url := natsServer(t)
+	a := join(t, url, "us", newRouter(t))
+	rB := newRouter(t)
+	join(t, url, "eu", rB)
+	for _, id := range []string{"a", "b"} {
+		held := policy.Request{PromptTokens: 32, Blocks: []uint64{10, 11}}
+		tk, _ := rB.Enter(0, id, &held, router.OutputKeys{})
+		rB.Accepted(&tk, &held)
+		rB.Finish(&tk)
+	}
+	blocks := func(id string) int { st, _ := rB.Replica(id); return st.IndexBlocks }
+	if blocks("a") == 0 || blocks("b") == 0 {
+		t.Fatalf("eu holds %d blocks at a, %d at b; want some at each", blocks("a"), blocks("b"))
+	}
+	a.Flushed("a")
+	a.Flushed("gone") // a replica eu does not have
+	eventually(t, "eu to forget a's blocks", func() bool { return blocks("a") == 0 })
+	if blocks("b") == 0 {
+		t.Error("eu forgot b's blocks too")
+	}
+}

@@ -141,6 +141,7 @@ const (
 	kindAccepted = "a" // the replica took the request: its prompt is cached there
 	kindStored   = "s" // the replica answered (and stores) a Responses API response
 	kindAbort    = "x" // a client aborted requests (SGLang's /abort_request)
+	kindFlushed  = "z" // a client emptied the replica's prefix cache (/flush_cache)
 )
 
 // event is what a router tells the others.
@@ -505,6 +506,11 @@ func (b *Bus) Aborted(body []byte, at time.Time) bool {
 // requests that arrived here after it was heard).
 func (b *Bus) OnAbort(fn func(body []byte, at time.Time)) { b.abort.Store(&fn) }
 
+// Flushed tells the others that a client emptied replica's prefix cache
+// through this router (SGLang's /flush_cache, vLLM's
+// /reset_prefix_cache): they forget what it held, as this router did.
+func (b *Bus) Flushed(replica string) { b.publish(event{Kind: kindFlushed, Replica: replica}) }
+
 // Finished tells the others that attempt id ended.
 func (b *Bus) Finished(id uint64, outputTokens int, decode time.Duration) {
 	b.publish(event{Kind: kindEnd, ID: id, Out: outputTokens, DecodeUS: decode.Microseconds()})
@@ -619,6 +625,8 @@ func (b *Bus) apply(e *event, now time.Time) {
 			at = time.Unix(0, e.At)
 		}
 		(*fn)([]byte(e.Abort), at) // it takes the queue's lock, never the bus's
+	case kindFlushed:
+		_ = b.rt.ClearCache(e.Replica) // a replica this router does not have: nothing to forget
 	case kindAlive:
 		return
 	default:

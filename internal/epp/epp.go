@@ -130,6 +130,7 @@ type exchange struct {
 	path                 string
 	method               string
 	opHeader             http.Header // an engine operation's headers, for the replicas
+	cut                  bool        // a whole answer's start was let go: its tail is kept
 	head                 bool        // a whole JSON answer's first bytes were read
 	session              string
 	subset               []string
@@ -656,6 +657,7 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 		// the whole of a large answer, and read it at the end; its first
 		// bytes say which stored response it is, if one.
 		x.sse = append(x.sse, body...)
+		r.AnswerPart(body)
 		if !x.head && (len(x.sse) >= headBytes || eos) {
 			// Enough of its head (the gateway's first piece may end
 			// anywhere, even inside the id).
@@ -666,9 +668,14 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 		}
 		if n := len(x.sse); n > maxTail {
 			x.sse = x.sse[:copy(x.sse, x.sse[n-maxTail:])]
+			x.cut = true
 		}
 		if eos {
-			r.Complete(r.Format().Body(x.sse))
+			if x.cut { // too long to hold: counted as it passed, or from its tail
+				r.AnswerEnd(x.sse)
+			} else {
+				r.Complete(r.Format().Body(x.sse))
+			}
 			x.sse = x.sse[:0]
 		}
 		return

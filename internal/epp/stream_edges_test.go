@@ -254,3 +254,35 @@ func TestLongNativeStreamIsCounted(t *testing.T) {
 		}
 	}
 }
+
+// A whole /generate answer longer than the picker holds, its
+// log-probabilities after its counts, is counted as it passes
+// (2026-12-06: from its tail, which held no count).
+func TestLongNativeAnswerIsCounted(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	s, err := picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/generate", false)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
+		Body: []byte(`{"text":"a long rollout","return_logprob":true,"sampling_params":{"max_new_tokens":1000}}`), EndOfStream: true}}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200", "content-type", "application/json")}})
+	recv(t, s)
+	const n = 300
+	answer := `{"text":"` + strings.Repeat("word ", n) + `","meta_info":{"id":"x","finish_reason":{"type":"length","length":300},"prompt_tokens":4,"completion_tokens":300,"cached_tokens":0,` +
+		`"output_token_logprobs":[` + strings.Repeat(`[-0.0123456789,12345,"a token's text, long enough"],`, 4000) + `[-0.5,1,null]]}}`
+	for i := 0; i < len(answer); i += 16 << 10 {
+		end := min(i+16<<10, len(answer))
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(answer[i:end]), EndOfStream: end == len(answer)}}})
+		recv(t, s)
+	}
+	want := router.DefaultOutputTokens + estimate.OutputGlobalAlpha*float64(n-router.DefaultOutputTokens)
+	waitFor(t, "the answer's length to be learned", func() bool { return f.core.Router().OutputEstimate().Mean != router.DefaultOutputTokens })
+	if got := f.core.Router().OutputEstimate().Mean; math.Abs(got-want) > 1e-9 {
+		t.Errorf("mean answer after one of %d tokens: %.3f, want %.3f", n, got, want)
+	}
+}

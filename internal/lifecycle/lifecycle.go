@@ -680,6 +680,29 @@ func (r *Request) LongEventEnd() {
 	}
 }
 
+// AnswerPart hands the lifecycle each piece of a whole (unstreamed) answer
+// too long for the front end to hold, as it passes; AnswerEnd, given its
+// last bytes, completes the request with its counts: an SGLang answer's
+// as they passed (its meta_info's counts may be followed by every token's
+// log-probability, more than any tail holds: wire.Counts), else those its
+// last bytes say. (A batch's answers too long to hold are counted as the
+// last one.)
+func (r *Request) AnswerPart(b []byte) {
+	if r.Format() == wire.Native {
+		r.longCounts.Feed(b)
+	}
+}
+
+// AnswerEnd: see AnswerPart.
+func (r *Request) AnswerEnd(tail []byte) {
+	n, cached, ok := r.longCounts.Last()
+	r.longCounts.Reset()
+	if !ok {
+		n, cached = r.Format().Tail(tail)
+	}
+	r.Complete(n, cached)
+}
+
 // Done records that the stream's final event ([DONE]) was relayed: the
 // request is complete whatever the client does next.
 func (r *Request) Done() { r.done = true }

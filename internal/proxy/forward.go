@@ -712,6 +712,8 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			prev = append(prev[:0], rest[max(0, len(rest)-2):]...)
 			if a.stream {
 				req.LongEventPart(rest)
+			} else {
+				req.AnswerPart(rest)
 			}
 			rest = rest[len(rest):]
 		}
@@ -747,8 +749,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		}
 		if done || a.end == io.EOF {
 			if !a.stream && ok {
-				// Too long to hold: its usage is read from its last bytes.
-				req.Complete(req.Format().Tail(tail))
+				// Too long to hold: its counts are read as it passed, or
+				// from its last bytes.
+				req.AnswerEnd(tail)
 			}
 			if a.stream && over {
 				req.LongEventEnd() // the last event, ended by the stream's end

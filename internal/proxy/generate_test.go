@@ -155,20 +155,27 @@ func TestGenerateNotLostToAReplicaWithoutIt(t *testing.T) {
 // length read from its last bytes, meta_info's count (found in review: an
 // OpenAI usage was looked for, and it was 0 tokens).
 func TestLongNativeAnswerLength(t *testing.T) {
-	var logs servetest.Log
 	text := strings.Repeat(strings.Repeat("y", 99)+" ", 1000) // 1,000 tokens of 100 bytes
-	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"text":"`+text+`","meta_info":{"id":"x","finish_reason":{"type":"length","length":1000},"prompt_tokens":3,"completion_tokens":1000,"cached_tokens":0}}`)
-	})
-	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{MaxAnswerBytes: 64 << 10}, AccessLog: slog.New(slog.NewTextHandler(&logs, nil))}, up)
-	if code, _ := do(t, "POST", url+"/generate", `{"text":"hi","sampling_params":{"max_new_tokens":1000}}`); code != 200 {
-		t.Fatalf("%d", code)
-	}
-	eventually(t, "the access log", func() bool { return strings.Contains(logs.String(), "msg=request") })
-	if !strings.Contains(logs.String(), " output_tokens=1000 ") {
-		t.Errorf("want output_tokens=1000: %s", logs.String())
+	// With return_logprob, meta_info ends in every token's log-probability,
+	// past the tail a relay keeps (2026-12-06: counted 0).
+	logprobs := `,"output_token_logprobs":[` + strings.Repeat(`[-0.0123456789,12345,null],`, 999) + `[-0.5,1,null]]`
+	for name, after := range map[string]string{"plain": "", "with logprobs": logprobs} {
+		t.Run(name, func(t *testing.T) {
+			var logs servetest.Log
+			up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.ReadAll(r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, `{"text":"`+text+`","meta_info":{"id":"x","finish_reason":{"type":"length","length":1000},"prompt_tokens":3,"completion_tokens":1000,"cached_tokens":0`+after+`}}`)
+			})
+			_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{MaxAnswerBytes: 64 << 10}, AccessLog: slog.New(slog.NewTextHandler(&logs, nil))}, up)
+			if code, _ := do(t, "POST", url+"/generate", `{"text":"hi","sampling_params":{"max_new_tokens":1000}}`); code != 200 {
+				t.Fatalf("%d", code)
+			}
+			eventually(t, "the access log", func() bool { return strings.Contains(logs.String(), "msg=request") })
+			if !strings.Contains(logs.String(), " output_tokens=1000 ") {
+				t.Errorf("want output_tokens=1000: %s", logs.String())
+			}
+		})
 	}
 }
 

@@ -58,7 +58,8 @@ type job struct {
 	// its prompt's past its tools and instructions.
 	store bool
 	text  []byte
-	// rid is a /generate's request id (prompt.Request.RID), by which its
+	// rid is the request's id (prompt.Request.RID: SGLang's, on /generate,
+	// chat and completions), by which its
 	// client may abort it (SGLang's /abort_request).
 	rid string
 }
@@ -135,7 +136,7 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 		return nil, false
 	}
 	j := &job{chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage,
-		answers: req.N, perPrompt: max(req.N, req.BestOf), seqs: req.Choices()}
+		answers: req.N, perPrompt: max(req.N, req.BestOf), seqs: req.Choices(), rid: strings.Clone(req.RID)}
 	if !s.model(w, req.Model, j) {
 		return nil, false
 	}
@@ -324,7 +325,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		}
 	}()
 	ctx := r.Context()
-	if j.generate { // SGLang's client may abort it (generate.go)
+	if !j.responses { // SGLang's client may abort it (generate.go)
 		var abort context.CancelCauseFunc
 		ctx, abort = context.WithCancelCause(ctx)
 		defer s.aborts.enter(j, abort)()
@@ -338,7 +339,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		evs, err = st.take(ctx, evs)
 		if err != nil {
 			if context.Cause(ctx) == errAborted {
-				out.finishNative(true)
+				out.finishAborted()
 			}
 			return
 		}
@@ -534,21 +535,7 @@ func (o *writer) finish() {
 		return
 	}
 	if !o.j.stream {
-		o.w.Header().Set("Content-Type", "application/json")
-		choices := make([]any, len(o.content))
-		for i := range o.content {
-			if o.j.chat {
-				choices[i] = map[string]any{"index": i, "message": map[string]any{"role": "assistant", "content": o.content[i].String()}, "logprobs": nil, "finish_reason": "length"}
-			} else {
-				choices[i] = map[string]any{"index": i, "text": o.content[i].String(), "logprobs": nil, "finish_reason": "length"}
-			}
-		}
-		object := "text_completion"
-		if o.j.chat {
-			object = "chat.completion"
-		}
-		_ = json.NewEncoder(o.w).Encode(map[string]any{"id": o.id, "object": object, "created": o.created, "model": o.model,
-			"choices": choices, "usage": o.usage()})
+		o.finishWhole(func(int) string { return "length" })
 		return
 	}
 	o.buf.Reset()
@@ -557,6 +544,66 @@ func (o *writer) finish() {
 	}
 	o.buf.WriteString("data: [DONE]\n\n")
 	o.flush()
+}
+
+// finishAborted ends a response its client aborted (SGLang's
+// /abort_request) before it ended: the answers not ended yet end with
+// their tokens so far and finish_reason "abort" (SGLang's abort object
+// for /generate).
+func (o *writer) finishAborted() {
+	if o.j.generate {
+		o.finishNative(true)
+		return
+	}
+	n := o.j.answers * len(o.j.prompts)
+	ended := func(i int) bool {
+		return o.sent[i/o.j.answers*o.j.perPrompt+i%o.j.answers] >= o.j.prompts[i/o.j.answers].outputTokens
+	}
+	if !o.j.stream {
+		o.finishWhole(func(i int) string {
+			if ended(i) {
+				return "length"
+			}
+			return "abort"
+		})
+		return
+	}
+	o.buf.Reset()
+	for i := range n {
+		if !ended(i) {
+			delta := "text"
+			var v any = ""
+			if o.j.chat {
+				delta, v = "delta", map[string]any{}
+			}
+			o.chunk(map[string]any{"index": i, delta: v, "logprobs": nil, "finish_reason": "abort"}, nil)
+		}
+	}
+	if o.j.includeUsage {
+		o.chunk(nil, o.usage())
+	}
+	o.buf.WriteString("data: [DONE]\n\n")
+	o.flush()
+}
+
+// finishWhole writes a whole chat or completion, choice i's finish_reason
+// finish(i).
+func (o *writer) finishWhole(finish func(i int) string) {
+	o.w.Header().Set("Content-Type", "application/json")
+	choices := make([]any, len(o.content))
+	for i := range o.content {
+		if o.j.chat {
+			choices[i] = map[string]any{"index": i, "message": map[string]any{"role": "assistant", "content": o.content[i].String()}, "logprobs": nil, "finish_reason": finish(i)}
+		} else {
+			choices[i] = map[string]any{"index": i, "text": o.content[i].String(), "logprobs": nil, "finish_reason": finish(i)}
+		}
+	}
+	object := "text_completion"
+	if o.j.chat {
+		object = "chat.completion"
+	}
+	_ = json.NewEncoder(o.w).Encode(map[string]any{"id": o.id, "object": object, "created": o.created, "model": o.model,
+		"choices": choices, "usage": o.usage()})
 }
 
 // chunk appends one SSE event: a chunk with one choice, or (choice nil)

@@ -173,3 +173,45 @@ func TestAbortRequest(t *testing.T) {
 		t.Errorf("abort_all left a whole answer: %.300s", body)
 	}
 }
+
+// SGLang's abort reaches its chats and completions too: a chat by its rid,
+// streamed, ends with its choice's finish_reason "abort" and [DONE]; a
+// whole completion under abort_all with its text so far.
+func TestAbortRequestOpenAI(t *testing.T) {
+	s, url := start(t, Config{Speedup: 1, Model: "m"})
+	stream := post(t, url+"/v1/chat/completions", `{"model":"m","rid":"chat-1","stream":true,"max_tokens":4000,"messages":[{"role":"user","content":"x"}]}`)
+	defer stream.Body.Close()
+	if _, err := stream.Body.Read(make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := postText(t, url+"/abort_request", `{"rid":"chat"}`); status != http.StatusOK {
+		t.Fatalf("abort: %d %s", status, body)
+	}
+	rest, _ := io.ReadAll(stream.Body)
+	events := strings.Split(strings.TrimSuffix(string(rest), "\n\n"), "\n\n")
+	if last := events[len(events)-2]; events[len(events)-1] != "data: [DONE]" || !strings.Contains(last, `"finish_reason":"abort"`) {
+		t.Errorf("the aborted chat ended %q, then %q", last, events[len(events)-1])
+	}
+	done := make(chan string, 1)
+	go func() {
+		_, body := postText(t, url+"/v1/completions", `{"model":"m","prompt":"y","max_tokens":4000}`)
+		done <- body
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // until it is served
+		s.aborts.mu.Lock()
+		n := len(s.aborts.jobs)
+		s.aborts.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the request never began")
+		}
+	}
+	if status, _ := postText(t, url+"/abort_request", `{"abort_all":true}`); status != http.StatusOK {
+		t.Fatal(status)
+	}
+	if body := <-done; !strings.Contains(body, `"finish_reason":"abort"`) || !strings.Contains(body, `"object":"text_completion"`) {
+		t.Errorf("abort_all left the completion: %.300s", body)
+	}
+}

@@ -45,6 +45,7 @@ type job struct {
 	chat         bool
 	responses    bool // a Responses API request (see responses.go)
 	generate     bool // SGLang's native /generate (see generate.go)
+	batch        bool // a /generate of a list of prompts (answered with a list, even of one)
 	stream       bool
 	includeUsage bool
 	// prompts are the request's: one, or a completion's batch, which the

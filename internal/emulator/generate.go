@@ -48,7 +48,7 @@ func (s *Server) parseGenerate(w http.ResponseWriter, r *http.Request) (*job, bo
 		writeError(w, http.StatusBadRequest, "BadRequestError", "min_new_tokens must be at most max_new_tokens=%d, got %d", req.MaxTokens, req.MinTokens)
 		return nil, false
 	}
-	j := &job{generate: true, stream: req.Stream, answers: req.N, perPrompt: req.N, seqs: req.Choices(), rid: req.RID}
+	j := &job{generate: true, batch: req.Batch, stream: req.Stream, answers: req.N, perPrompt: req.N, seqs: req.Choices(), rid: req.RID}
 	if !s.model(w, req.Model, j) || req.LoRAPath != "" && !s.loraPath(w, req.LoRAPath, j) {
 		return nil, false
 	}
@@ -231,7 +231,7 @@ func (o *writer) finishNative(aborted bool) {
 		p, generated, finish := finishOf(i)
 		answers[i] = o.nativeAnswer(i, p, generated, o.cachedOf[i], finish)
 	}
-	if len(answers) == 1 {
+	if len(answers) == 1 && !o.j.batch { // a batch's, even of one, is a list
 		_, _ = o.w.Write(append(answers[0], '\n'))
 		return
 	}

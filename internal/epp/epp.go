@@ -312,10 +312,10 @@ func kind(path string) lifecycle.Kind {
 // no body, or one that is not read) or at the body's end. An engine
 // operation with its whole body is the picker's to send to every replica.
 func (x *exchange) decide(atHeaders bool) error {
-	if x.opHeader != nil && (!atHeaders || x.body == nil) {
+	if x.opHeader != nil {
 		if op, ok := x.s.fleet.(Operator); ok {
 			x.decided = true
-			return x.operate(op)
+			return x.operate(op, !atHeaders || x.body == nil)
 		}
 	}
 	x.decided, x.atHeaders = true, atHeaders
@@ -327,7 +327,7 @@ func (x *exchange) decide(atHeaders bool) error {
 	}
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
 		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: name, Ask: x.ask,
-		Header: &x.replyHeaders, Unseen: x.respNone, Stored: wire.StoredID(x.path), Endpoint: x.path}
+		Header: &x.replyHeaders, Unseen: x.respNone, Stored: wire.StoredID(x.path), Endpoint: x.path, GatewaySends: true}
 	if i := strings.IndexByte(in.Endpoint, '?'); i >= 0 {
 		in.Endpoint = in.Endpoint[:i]
 	}
@@ -364,26 +364,40 @@ func operationHeader(hs []*corev3.HeaderValue) http.Header {
 	out := http.Header{}
 	for _, h := range hs {
 		k := h.GetKey()
-		if strings.HasPrefix(k, ":") || hopByHop[http.CanonicalHeaderKey(k)] || strings.EqualFold(k, "content-length") {
+		if strings.HasPrefix(k, ":") || hopByHop[http.CanonicalHeaderKey(k)] {
 			continue
 		}
 		out.Add(k, value(h))
 	}
+	for _, v := range out["Connection"] { // and those it names
+		for f := range strings.SplitSeq(v, ",") {
+			out.Del(strings.TrimSpace(f))
+		}
+	}
+	out.Del("Connection")
 	return out
 }
 
-// hopByHop are the headers of one connection (RFC 9110, 7.6.1).
-var hopByHop = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
-	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Authorization": true, "Proxy-Authenticate": true}
+// hopByHop are the headers of one connection (RFC 9110, 7.6.1), with the
+// body's length (it is sent whole) and the encodings the client accepts
+// (only the answer's Content-Type is relayed: it must come unencoded).
+var hopByHop = map[string]bool{"Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Authorization": true, "Proxy-Authenticate": true,
+	"Content-Length": true, "Accept-Encoding": true}
 
 // operate sends an engine operation to every replica (an abort taken
 // first: the requests it covers in the picker's queue end, the engines'
 // aborts of the others are relayed) and answers the gateway with their
-// verdict, as gorgo serve does.
-func (x *exchange) operate(op Operator) error {
+// verdict, as gorgo serve does. whole says its body is whole: one that
+// came in pieces (request_body_mode STREAMED, or BUFFERED_PARTIAL past
+// Envoy's buffer) is refused, not sent to one endpoint.
+func (x *exchange) operate(op Operator, whole bool) error {
 	path, _, _ := strings.Cut(x.path, "?")
 	if x.s.RefuseOperations {
 		return x.immediate(wire.Errorf(http.StatusForbidden, "%s %s acts on every replica's engine, which this router does not let clients do (engine_operations: refuse)", x.method, path))
+	}
+	if !whole {
+		return x.immediate(wire.Errorf(http.StatusBadRequest, "%s %s is sent to every replica by the endpoint picker, which needs its whole body: the gateway sent it in pieces (use request_body_mode BUFFERED or FULL_DUPLEX_STREAMED)", x.method, path))
 	}
 	if path == "/abort_request" {
 		op.Abort(x.body, x.received)

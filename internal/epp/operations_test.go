@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -76,7 +77,7 @@ func TestOperationsGoToEveryReplica(t *testing.T) {
 	*got = nil
 	mu.Unlock()
 
-	// An abort with no body after its headers: GET-less, still fanned out.
+	// An abort, its body in one piece.
 	s, err = picker(t, f).Process(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -90,6 +91,40 @@ func TestOperationsGoToEveryReplica(t *testing.T) {
 	mu.Lock()
 	if len(*got) != 2 || !strings.HasPrefix((*got)[0], `POST /abort_request {"abort_all":true}`) {
 		t.Errorf("the replicas were sent %q, want the abort at both", *got)
+	}
+	*got = nil
+	mu.Unlock()
+
+	// Its body in pieces (streamed, or past Envoy's partial buffer): it
+	// cannot be read, and is refused, not sent to one endpoint (review,
+	// 2026-12-06: routed by load to one).
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_BUFFERED_PARTIAL} {
+		s, err = picker(t, f).Process(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/load_lora_adapter", false)},
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
+		recv(t, s)
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"lora_name":"x",`)}}})
+		if imm := recv(t, s).GetImmediateResponse(); imm.GetStatus().GetCode() != 400 || !strings.Contains(string(imm.GetBody()), "whole body") {
+			t.Errorf("%v: an operation whose body came in pieces was answered %v, want a 400", mode, imm)
+		}
+	}
+	// A GET with no body at all goes to every replica.
+	s, err = picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := headers("/flush_cache", true)
+	get.Headers.Headers[1].RawValue = []byte("GET")
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: get}})
+	if imm := recv(t, s).GetImmediateResponse(); imm.GetStatus().GetCode() != 200 {
+		t.Fatalf("GET /flush_cache answered %v", imm)
+	}
+	mu.Lock()
+	if len(*got) != 2 || !strings.HasPrefix((*got)[0], "GET /flush_cache") {
+		t.Errorf("the replicas were sent %q, want the GET at both", *got)
 	}
 	*got = nil
 	mu.Unlock()

@@ -275,7 +275,7 @@ func (f *Fleet) Core() *lifecycle.Core { return f.core }
 // a mesh, whose requests the same engines abort, are told. It returns how
 // many requests left this router's queue.
 func (f *Fleet) Abort(body []byte, at time.Time) int {
-	if f.bus != nil && !f.bus.Aborted(body, at) && len(body) > 0 {
+	if f.bus != nil && lifecycle.AbortNames(body) && !f.bus.Aborted(body, at) {
 		f.log.Warn("a client's abort is too long to tell the other routers of the mesh: their requests it covers may fail over", "bytes", len(body))
 	}
 	return f.core.Abort(body, at)

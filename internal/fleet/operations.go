@@ -2,10 +2,12 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -44,7 +46,7 @@ var operations = map[string]string{
 // IsOperation reports whether method and path name an engine operation.
 func IsOperation(method, path string) bool {
 	methods, ok := operations[path]
-	return ok && strings.Contains(methods, method)
+	return ok && slices.Contains(strings.Fields(methods), method)
 }
 
 // LoadsAdapter reports whether path loads or unloads a LoRA adapter (it
@@ -178,10 +180,12 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 		f.log.Warn("engine operation did not reach a replica", "path", path, "replica", unreached.ID, "error", unreached.err)
 	}
 	switch {
-	case succeeded != nil && loads(path) && missed != nil:
+	case (succeeded != nil || settled != nil) && loads(path) && missed != nil:
+		// Loaded, now or before, where it could be.
 		f.log.Warn("an adapter's load was refused by some replicas", "path", path, "replicas", missed)
-		succeeded.Missed = missed
-		return succeeded, nil
+		a := cmp.Or(succeeded, settled)
+		a.Missed = missed
+		return a, nil
 	case failed != nil:
 		return failed, nil
 	case unreached != nil:

@@ -3,7 +3,6 @@ package lifecycle
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,51 +35,75 @@ const (
 
 // aborts is what clients aborted through the router.
 type aborts struct {
-	last atomic.Int64 // when the last abort came (Unix ns; 0: none), read without the lock
+	last atomic.Int64 // when the latest abort came (Unix ns; 0: none), read without the lock
 	mu   sync.Mutex
-	all  time.Time            // the last abort of all requests
-	rids map[string]time.Time // the rids aborted, and when
+	all  time.Time            // the latest abort of all requests
+	rids map[string]time.Time // the rids aborted, and when (the latest)
 }
 
-// note records an /abort_request's body, received at; it reports whether
-// the body names any request.
-func (a *aborts) note(body []byte, at time.Time) bool {
+// abort is one client's abort: of all requests, or of those whose rid
+// (one of a batch's) begins with one of rids.
+type abort struct {
+	all  bool
+	rids map[string]bool
+}
+
+// parseAbort reads an /abort_request's body: {"rid": a string or a list
+// of them} or {"abort_all": true}. Rids empty or over maxRIDBytes are
+// left out; ok is false if it names no request.
+func parseAbort(body []byte) (ab abort, ok bool) {
 	var req struct {
 		RID      json.RawMessage `json:"rid"`
 		AbortAll bool            `json:"abort_all"`
 	}
 	if json.Unmarshal(body, &req) != nil {
-		return false
+		return abort{}, false
 	}
 	var rids []string
 	if json.Unmarshal(req.RID, &rids) != nil {
 		var rid string
-		if json.Unmarshal(req.RID, &rid) == nil && rid != "" {
+		if json.Unmarshal(req.RID, &rid) == nil {
 			rids = []string{rid}
 		}
 	}
+	ab.all = req.AbortAll
+	for _, rid := range rids {
+		if rid != "" && len(rid) <= maxRIDBytes {
+			if ab.rids == nil {
+				ab.rids = make(map[string]bool, len(rids))
+			}
+			ab.rids[rid] = true
+		}
+	}
+	return ab, ab.all || len(ab.rids) > 0
+}
+
+// note records ab, received at. Aborts may be noted out of the order they
+// came in (a mesh's are heard late, a client's slow body): each time kept
+// is the latest.
+func (a *aborts) note(ab abort, at time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	named := false
-	if req.AbortAll {
-		a.all, named = at, true
+	if ab.all && at.After(a.all) {
+		a.all = at
 	}
-	for _, rid := range rids {
-		if rid == "" || len(rid) > maxRIDBytes {
-			continue
-		}
+	for rid := range ab.rids {
 		if a.rids == nil {
 			a.rids = make(map[string]time.Time)
 		}
 		if len(a.rids) >= maxAbortedRIDs {
 			a.forget(at)
 		}
-		a.rids[rid], named = at, true
+		if prev, ok := a.rids[rid]; !ok || at.After(prev) {
+			a.rids[rid] = at
+		}
 	}
-	if named {
-		a.last.Store(at.UnixNano())
+	for {
+		last := a.last.Load()
+		if at.UnixNano() <= last || a.last.CompareAndSwap(last, at.UnixNano()) {
+			break
+		}
 	}
-	return named
 }
 
 // forget drops the rids aborted over abortMemory before now, or, if none
@@ -103,8 +126,6 @@ func (a *aborts) forget(now time.Time) {
 
 // covers reports whether a client aborted req, now: all requests since it
 // arrived, or its rid (one of its batch's), within the last abortMemory.
-// An aborted rid is a prefix, as SGLang matches it (a batch's prompts
-// under one rid run as rid_0, rid_1, ...).
 func (a *aborts) covers(req *Request, now time.Time) bool {
 	if last := a.last.Load(); last == 0 || last < req.Received.UnixNano() {
 		return false // no abort since it arrived: the lock is not taken
@@ -114,8 +135,34 @@ func (a *aborts) covers(req *Request, now time.Time) bool {
 	if !a.all.IsZero() && !a.all.Before(req.Received) && now.Sub(a.all) <= abortMemory {
 		return true
 	}
-	rid := req.Parsed.RID
-	if rid == "" || len(a.rids) == 0 {
+	if len(a.rids) == 0 {
+		return false
+	}
+	return matchRIDs(req.Parsed.RID, func(prefix string) bool {
+		at, ok := a.rids[prefix]
+		return ok && !at.Before(req.Received) && now.Sub(at) <= abortMemory
+	})
+}
+
+// covers reports whether ab, received at, covers req.
+func (ab abort) covers(req *Request, at time.Time) bool {
+	if req.Received.After(at) {
+		return false
+	}
+	return ab.all || matchRIDs(req.Parsed.RID, func(prefix string) bool { return ab.rids[prefix] })
+}
+
+// maxMatchedRIDs bounds the rids of one request (a batch's) matched
+// against the aborts.
+const maxMatchedRIDs = 4096
+
+// matchRIDs reports whether aborted holds a prefix of the request's rid
+// (prompt.Request.RID: one, or a batch's list as JSON), as SGLang matches
+// an aborted rid (a batch's prompts under one rid run as rid_0, rid_1,
+// ...). Each rid's prefixes up to maxRIDBytes are looked up: the cost is
+// the request's, whatever the number of aborts remembered.
+func matchRIDs(rid string, aborted func(prefix string) bool) bool {
+	if rid == "" {
 		return false
 	}
 	rids := []string{rid}
@@ -123,12 +170,9 @@ func (a *aborts) covers(req *Request, now time.Time) bool {
 		rids = nil
 		_ = json.Unmarshal([]byte(rid), &rids)
 	}
-	for aborted, at := range a.rids {
-		if at.Before(req.Received) || now.Sub(at) > abortMemory {
-			continue // before the request, or long ago: not its abort
-		}
-		for _, r := range rids {
-			if strings.HasPrefix(r, aborted) {
+	for _, r := range rids[:min(len(rids), maxMatchedRIDs)] {
+		for n := 1; n <= min(len(r), maxRIDBytes); n++ {
+			if aborted(r[:n]) {
 				return true
 			}
 		}
@@ -143,18 +187,30 @@ func (a *aborts) covers(req *Request, now time.Time) bool {
 // their aborts are relayed (ClientAborted). It returns how many requests
 // left the queue. Call it before the abort reaches any replica.
 func (c *Core) Abort(body []byte, at time.Time) int {
-	if !c.aborts.note(body, at) || c.adm == nil {
+	ab, ok := parseAbort(body)
+	if !ok {
+		return 0
+	}
+	c.aborts.note(ab, at)
+	if c.adm == nil {
 		return 0
 	}
 	a := c.adm
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	n := a.gate.DropIf(func(r *Request) bool { return r.abortable() && c.aborts.covers(r, at) },
+	n := a.gate.DropIf(func(r *Request) bool { return r.abortable() && ab.covers(r, at) },
 		func(r *Request) { r.held <- verdict{aborted: true} })
 	if n > 0 {
 		c.cfg.Metrics.queued(a.gate.Len())
 	}
 	return n
+}
+
+// AbortNames reports whether an /abort_request's body names any request
+// (rids, or all).
+func AbortNames(body []byte) bool {
+	_, ok := parseAbort(body)
+	return ok
 }
 
 // ClientAborted reports whether the request's client aborted it through
@@ -191,6 +247,9 @@ func (r *Request) endAborted(fe FrontEnd) int {
 	r.free() // released from the queue or between attempts: its ticket is in a ledger
 	r.traceEnd(statusClientGone, time.Now(), e)
 	r.core.cfg.Metrics.ended("", r.modelLabel, statusClientGone, noTTFT, 0)
+	if tap := r.core.cfg.Tap; tap != nil && r.tapID != 0 { // decided, released from the queue
+		tap.Ended(r.tapID, r.ticket.ID, statusClientGone, 0, time.Since(r.Received))
+	}
 	if log := r.core.cfg.Log; log != nil {
 		log.Info("request", r.traceLog("replica", "", "status", statusClientGone, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
 			"attempts", r.attempts, "error", e.Message)...)
@@ -202,7 +261,7 @@ func (r *Request) endAborted(fe FrontEnd) int {
 
 // abortAnswer is the answer to a request aborted before any engine ran it,
 // in its own shape: SGLang's native one for /generate (one answer per
-// prompt and n, a batch's as a list), the OpenAI API's otherwise (every
+// prompt and n, a batch's or several as a list), the OpenAI API's otherwise (every
 // choice empty, its finish_reason "abort", as SGLang's OpenAI server
 // answers); streamed (each answer as an event, then [DONE]) if the
 // request streams.
@@ -236,9 +295,15 @@ func (r *Request) abortAnswer(now time.Time) (body []byte, contentType string) {
 		for i := range choices {
 			choices[i] = choice(i)
 		}
-		a := map[string]any{"id": fmt.Sprintf("gorgo-aborted-%d", seq), "object": object, "created": now.Unix(), "model": r.Parsed.Model, "choices": choices}
-		if !r.Parsed.Stream || r.Parsed.IncludeUsage {
-			a["usage"] = map[string]int{"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+		id := fmt.Sprintf("gorgo-aborted-%d", seq)
+		a := map[string]any{"id": id, "object": object, "created": now.Unix(), "model": r.Parsed.Model, "choices": choices}
+		usage := map[string]int{"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+		switch {
+		case !r.Parsed.Stream:
+			a["usage"] = usage
+		case r.Parsed.IncludeUsage: // its own chunk, of no choices
+			answers = append(answers, a)
+			a = map[string]any{"id": id, "object": object, "created": now.Unix(), "model": r.Parsed.Model, "choices": []any{}, "usage": usage}
 		}
 		answers = append(answers, a)
 	}
@@ -251,7 +316,7 @@ func (r *Request) abortAnswer(now time.Time) (body []byte, contentType string) {
 		return append(b, "data: [DONE]\n\n"...), "text/event-stream"
 	}
 	var v any = answers
-	if len(answers) == 1 {
+	if len(answers) == 1 && !r.Parsed.Batch { // a batch's, even of one, is a list
 		v = answers[0]
 	}
 	data, _ := json.Marshal(v)

@@ -18,13 +18,13 @@ import (
 func TestAbortsAreBounded(t *testing.T) {
 	var a aborts
 	now := time.Unix(1000, 0)
-	a.note([]byte(`{"rid":"old"}`), now.Add(-2*time.Minute))
+	noteBody(&a, []byte(`{"rid":"old"}`), now.Add(-2*time.Minute))
 	for i := range 2 * maxAbortedRIDs {
-		a.note(fmt.Appendf(nil, `{"rid":"r%d"}`, i), now)
+		noteBody(&a, fmt.Appendf(nil, `{"rid":"r%d"}`, i), now)
 	}
-	a.note([]byte(`{"rid":"`+strings.Repeat("x", maxRIDBytes+1)+`"}`), now)
-	a.note([]byte(`{"rid":`), now)
-	a.note([]byte(`{"abort_all":"yes"}`), now)
+	noteBody(&a, []byte(`{"rid":"`+strings.Repeat("x", maxRIDBytes+1)+`"}`), now)
+	noteBody(&a, []byte(`{"rid":`), now)
+	noteBody(&a, []byte(`{"abort_all":"yes"}`), now)
 	if len(a.rids) > maxAbortedRIDs || !a.all.IsZero() {
 		t.Errorf("%d rids remembered, all at %v", len(a.rids), a.all)
 	}
@@ -44,8 +44,8 @@ func TestAbortsCover(t *testing.T) {
 		return &r
 	}
 	var a aborts
-	a.note([]byte(`{"rid":"r1"}`), t0)
-	a.note([]byte(`{"rid":["b"]}`), t0)
+	noteBody(&a, []byte(`{"rid":"r1"}`), t0)
+	noteBody(&a, []byte(`{"rid":["b"]}`), t0)
 	for _, c := range []struct {
 		name string
 		req  *Request
@@ -64,9 +64,16 @@ func TestAbortsCover(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
-	a.note([]byte(`{"abort_all":true}`), t0)
+	noteBody(&a, []byte(`{"abort_all":true}`), t0)
 	if !a.covers(request("", t0.Add(-time.Second)), t0.Add(time.Second)) || a.covers(request("", t0.Add(time.Second)), t0.Add(2*time.Second)) {
 		t.Error("an abort of all covers the requests before it, and only those")
+	}
+}
+
+// noteBody notes an /abort_request's body, if it names requests.
+func noteBody(a *aborts, body []byte, at time.Time) {
+	if ab, ok := parseAbort(body); ok {
+		a.note(ab, at)
 	}
 }
 
@@ -183,6 +190,13 @@ func TestAbortBetweenAttempts(t *testing.T) {
 			t.Errorf("%s keeps %d in flight", id, st.InFlight)
 		}
 	}
+	// Through a gateway, the next attempt is one the gateway already made:
+	// not ended here (review, 2026-12-06).
+	fe = &abortingFrontEnd{c: c}
+	in := Incoming{Body: []byte(`{"text":"hi","rid":"x1"}`), Kind: Generate, Received: time.Now(), GatewaySends: true}
+	if st := c.Serve(context.Background(), in, fe); st != 200 || len(fe.sent) != 2 {
+		t.Errorf("through a gateway: status %d after attempts on %v, want 200 after two", st, fe.sent)
+	}
 	// Another rid's request is tried on.
 	fe = &abortingFrontEnd{c: c}
 	if st := c.Serve(context.Background(), Incoming{Body: []byte(`{"text":"hi","rid":"y1"}`), Kind: Generate, Received: time.Now()}, fe); st != 200 || len(fe.sent) != 2 {
@@ -204,4 +218,77 @@ func (f *abortingFrontEnd) Send(ctx context.Context, r *Request, id string) (int
 		return 0, &AttemptError{Error: *wire.Errorf(502, "cut"), Broken: true}
 	}
 	return f.frontEnd.Send(ctx, r, id)
+}
+
+// Aborts may be noted out of the order they came in (a mesh's are heard
+// late, a slow client's body): an earlier one does not undo a later one
+// (2026-12-06, review: each time was overwritten, and the latest abort's
+// time with it, which hid every later abort from the requests between).
+func TestEarlierAbortDoesNotUndoALaterOne(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	between := func(rid string) *Request { // arrived between the two aborts
+		var r Request
+		r.Parsed.RID, r.Received = rid, t0.Add(time.Second)
+		return &r
+	}
+	now := t0.Add(3 * time.Second)
+	for _, c := range []struct{ name, later, earlier, rid string }{
+		{"another rid", `{"rid":"x"}`, `{"rid":"y"}`, "x"},
+		{"all", `{"abort_all":true}`, `{"abort_all":true}`, ""},
+		{"the same rid", `{"rid":"x"}`, `{"rid":"x"}`, "x"},
+	} {
+		var a aborts
+		noteBody(&a, []byte(c.later), t0.Add(2*time.Second))
+		noteBody(&a, []byte(c.earlier), t0)
+		if !a.covers(between(c.rid), now) {
+			t.Errorf("%s: the earlier abort undid the later one", c.name)
+		}
+	}
+}
+
+// What a request's match against the aborts costs does not grow with the
+// aborts remembered: each of its rid's prefixes is looked up.
+func BenchmarkAbortCovers(b *testing.B) {
+	t0 := time.Unix(1000, 0)
+	var a aborts
+	for i := range maxAbortedRIDs {
+		noteBody(&a, fmt.Appendf(nil, `{"rid":"rollout-%d"}`, i), t0.Add(time.Second))
+	}
+	reqs := make([]*Request, 1024)
+	for i := range reqs {
+		reqs[i] = &Request{Received: t0}
+		reqs[i].Parsed.RID = fmt.Sprintf("other-%d", i)
+	}
+	b.ResetTimer()
+	for range b.N {
+		for _, r := range reqs {
+			a.covers(r, t0.Add(2*time.Second))
+		}
+	}
+}
+
+// The answer to a request aborted before a replica had it is in the
+// request's own shape: a batch's a list, even of one; a stream's usage,
+// asked for, in a chunk of its own.
+func TestAbortAnswerShapes(t *testing.T) {
+	c, _, _, _ := setup(t)
+	for _, tc := range []struct {
+		body, want string
+		kind       Kind
+	}{
+		{`{"text":["one"],"rid":["r"]}`, `[{"meta_info":{"cached_tokens":0,"completion_tokens":0,"finish_reason":{"message":"Abort in waiting queue","type":"abort"},"id":"r","prompt_tokens":0},"output_ids":[],"text":""}]` + "\n", Generate},
+		{`{"text":"one","rid":"r","sampling_params":{"n":2}}`, `[{"index":0,`, Generate},
+		{`{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`, `"choices":[],`, Chat},
+		{`{"model":"m","prompt":"hi"}`, `"choices":[{"finish_reason":"abort","index":0,"text":""}],`, Completion},
+	} {
+		r, e := c.begin([]byte(tc.body), tc.kind, "", time.Now(), false)
+		if e != nil {
+			t.Fatal(e.Message)
+		}
+		body, _ := r.abortAnswer(time.Now())
+		if !strings.Contains(string(body), tc.want) {
+			t.Errorf("%s: answered %s, want %s in it", tc.body, body, tc.want)
+		}
+		r.release()
+	}
 }

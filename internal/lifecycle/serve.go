@@ -48,6 +48,11 @@ type Incoming struct {
 	// answer as not streamed (policy.Request.Unstreamed), as for a body
 	// that asks for no stream.
 	Unseen bool
+	// GatewaySends says a gateway sends the request and its fallbacks (an
+	// endpoint picker's): an attempt after the first is one the gateway
+	// already made, which a client's abort that came meanwhile does not
+	// end here.
+	GatewaySends bool
 }
 
 // HeaderSetter takes a header for the client's answer.
@@ -154,7 +159,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		if !ok {
 			break
 		}
-		if r.ClientAborted(time.Now()) && r.abortable() {
+		if (r.sent.IsZero() || !in.GatewaySends) && r.abortable() && r.ClientAborted(time.Now()) {
 			// Aborted since it left the queue, or since its last attempt
 			// failed: the abort may have passed its next replica already.
 			return r.endAborted(fe)

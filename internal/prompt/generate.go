@@ -179,6 +179,7 @@ func (r *Request) generateIDs(v gjson.Result) error {
 func (r *Request) generateBatch(v gjson.Result, add func(gjson.Result) bool) error {
 	n := v.Get("#").Int()
 	ok := n > 0
+	r.Batch = true
 	v.ForEach(func(_, p gjson.Result) bool {
 		if ok = add(p); ok && n > 1 {
 			r.PromptEnds = append(r.PromptEnds, len(r.Text))

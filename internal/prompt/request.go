@@ -34,6 +34,9 @@ type Request struct {
 	// one for every prompt; "" otherwise. SGLang reads it on /generate,
 	// and on its chat and completions too.
 	LoRAPath string
+	// Batch says a /generate's prompt came as a list (of one or more),
+	// which SGLang answers with a list.
+	Batch bool
 	// RID is the request's id as SGLang's "rid" gives it (on /generate,
 	// chat and completions), by which a client aborts it: a string's
 	// value, or a batch's list as its JSON; "" when absent.

@@ -183,15 +183,17 @@ func TestAdapterLoadOnAFleetOfTwoBases(t *testing.T) {
 	})
 	a := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", MetricsFormat: "vllm", Speedup: 200})
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a, other)
-	req, _ := http.NewRequest("POST", url+"/v1/load_lora_adapter", strings.NewReader(`{"lora_name":"sql","lora_path":"/adapters/sql"}`))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(MissedHeader) != "b" || resp.Header.Get(ReplicaHeader) != "a" {
-		t.Errorf("a load b refused: %d %s, missed %q, want a's 200 with b named", resp.StatusCode, body, resp.Header.Get(MissedHeader))
+	for i := range 2 { // the second time, a has it already
+		req, _ := http.NewRequest("POST", url+"/v1/load_lora_adapter", strings.NewReader(`{"lora_name":"sql","lora_path":"/adapters/sql"}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 && i == 0 || resp.Header.Get(MissedHeader) != "b" || resp.Header.Get(ReplicaHeader) != "a" {
+			t.Errorf("load %d, which b refused: %d %s, missed %q, want a's answer with b named", i+1, resp.StatusCode, body, resp.Header.Get(MissedHeader))
+		}
 	}
 	_, url = startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, other)
 	if code, body := do(t, "POST", url+"/v1/load_lora_adapter", `{"lora_name":"sql","lora_path":"/adapters/sql"}`); code != 400 || !strings.Contains(body, "base") {

@@ -43,9 +43,11 @@ type Fleet struct {
 	forward *http.Client
 	start   time.Time
 	bus     *mesh.Bus // nil off a mesh
-	nats    func()    // stops the embedded NATS server, if any
-	m       *metrics
-	log     *slog.Logger
+	// abortGrace is the mesh's abort_grace (see AbortGrace).
+	abortGrace time.Duration
+	nats       func() // stops the embedded NATS server, if any
+	m          *metrics
+	log        *slog.Logger
 
 	// ups maps replica ids to upstreams; it changes under mu and is read
 	// through the atomic pointer.
@@ -279,6 +281,19 @@ func (f *Fleet) Abort(body []byte, at time.Time) int {
 		f.log.Warn("a client's abort is too long to tell the other routers of the mesh: their requests it covers may fail over", "bytes", len(body))
 	}
 	return f.core.Abort(body, at)
+}
+
+// AbortGrace is how long to wait for the news of a client's abort before
+// an engine's abort of a request is taken for the engine's own (see
+// lifecycle.Request.AwaitClientAbort): the mesh's abort_grace (an
+// engine's own abort, before a first token, is rare: shutting down,
+// paused), 0 off a mesh, where the router hears of every abort before the
+// engines do.
+func (f *Fleet) AbortGrace() time.Duration {
+	if f.bus == nil {
+		return 0
+	}
+	return f.abortGrace
 }
 
 // Policy is the routing policy.

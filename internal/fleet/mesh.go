@@ -25,7 +25,7 @@ func (f *Fleet) joinMesh(mc mesh.Config, region string) error {
 		}
 		return err
 	}
-	f.bus = b
+	f.bus, f.abortGrace = b, mc.Defaults().AbortGrace
 	f.log.Info("joined the mesh", "name", mc.Name, "url", mc.URL)
 	return nil
 }

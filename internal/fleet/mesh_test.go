@@ -221,3 +221,56 @@ func TestMeshSharesAborts(t *testing.T) {
 		t.Errorf("eu answered %d %.200s after %d /generate sent, want the abort relayed after 1", res.code, res.body, generates.Load())
 	}
 }
+
+// The engine may answer an abort through another router before the bus
+// brings its news: the router waits for it (abort_grace) before it takes
+// the engine's abort for the engine's own (review, 2026-12-06: nothing
+// ordered the two).
+func TestMeshAbortNewsAfterTheEngine(t *testing.T) {
+	url, stop, err := mesh.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	abort := `{"text":"","meta_info":{"id":"r1","finish_reason":{"type":"abort","message":"Abort in waiting queue"},"prompt_tokens":3,"completion_tokens":0,"cached_tokens":0}}`
+	var generates atomic.Int64
+	arrived, release := make(chan struct{}, 4), make(chan struct{})
+	var once sync.Once
+	answer := func() { once.Do(func() { close(release) }) }
+	engine := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		switch r.URL.Path {
+		case "/abort_request":
+			answer() // the engine ends its request before its answer to the abort
+		case "/generate":
+			generates.Add(1)
+			arrived <- struct{}{}
+			<-release
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, abort)
+		}
+	}
+	a, b := fakeUpstream(t, engine), fakeUpstream(t, engine)
+	cfg := func(region string) testConfig {
+		return testConfig{Fleet: fleet.Config{Region: region, ProbeInterval: time.Hour,
+			Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond, AbortGrace: mesh.MaxAbortGrace}}}
+	}
+	_, usURL := startProxy(t, cfg("us"), a, b)
+	eu, euURL := startProxy(t, cfg("eu"), a, b)
+	t.Cleanup(answer)
+	if eu.AbortGrace() != mesh.MaxAbortGrace {
+		t.Fatalf("abort grace %v", eu.AbortGrace())
+	}
+	done := make(chan string, 1)
+	go func() {
+		_, body := do(t, "POST", euURL+"/generate", `{"text":"hi","rid":"r1"}`)
+		done <- body
+	}()
+	<-arrived
+	if code, body := do(t, "POST", usURL+"/abort_request", `{"rid":"r1"}`); code != 200 {
+		t.Fatalf("abort at us: %d %s", code, body)
+	}
+	if body := <-done; !strings.Contains(body, `"type":"abort"`) || generates.Load() != 1 {
+		t.Errorf("eu answered %.200s after %d /generate sent, want the abort relayed after 1", body, generates.Load())
+	}
+}

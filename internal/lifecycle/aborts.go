@@ -39,6 +39,17 @@ type aborts struct {
 	mu   sync.Mutex
 	all  time.Time            // the latest abort of all requests
 	rids map[string]time.Time // the rids aborted, and when (the latest)
+	news chan struct{}        // closed (and replaced) when an abort is noted
+}
+
+// noted returns a channel closed when the next abort is noted.
+func (a *aborts) noted() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.news == nil {
+		a.news = make(chan struct{})
+	}
+	return a.news
 }
 
 // abort is one client's abort: of all requests, or of those whose rid
@@ -103,6 +114,10 @@ func (a *aborts) note(ab abort, at time.Time) {
 		if at.UnixNano() <= last || a.last.CompareAndSwap(last, at.UnixNano()) {
 			break
 		}
+	}
+	if a.news != nil {
+		close(a.news)
+		a.news = nil
 	}
 }
 
@@ -217,6 +232,32 @@ func AbortNames(body []byte) bool {
 // the router since it arrived: an engine's abort of it is the client's,
 // to be relayed, not tried on another replica.
 func (r *Request) ClientAborted(now time.Time) bool { return r.core.aborts.covers(r, now) }
+
+// AwaitClientAbort reports whether the request's client aborted it, as
+// ClientAborted does, waiting up to d for the news of one: the engines end
+// a request that an abort sent through another router of a mesh covers,
+// and that engine's answer may come before the bus's news of the abort.
+func (r *Request) AwaitClientAbort(d time.Duration) bool {
+	a := &r.core.aborts
+	deadline := time.Now().Add(d)
+	for {
+		news := a.noted() // before the check: an abort noted after it closes news
+		if a.covers(r, time.Now()) {
+			return true
+		}
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return false
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-news:
+			t.Stop()
+		case <-t.C:
+			return a.covers(r, time.Now())
+		}
+	}
+}
 
 // abortable reports whether the router ends the request itself when its
 // client aborts it before a replica has it: a generation, which SGLang's

@@ -292,3 +292,31 @@ func TestAbortAnswerShapes(t *testing.T) {
 		r.release()
 	}
 }
+
+// A router waits a while for the news of an abort (a mesh's may come
+// after the engine's answer): one noted meanwhile is seen at once, none
+// within the wait is none.
+func TestAwaitClientAbort(t *testing.T) {
+	c, _, _, _ := setup(t)
+	r, e := c.begin([]byte(`{"text":"hi","rid":"r9"}`), Generate, "", time.Now(), false)
+	if e != nil {
+		t.Fatal(e.Message)
+	}
+	defer r.release()
+	if r.AwaitClientAbort(10 * time.Millisecond) {
+		t.Fatal("no abort came, yet one was seen")
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		c.Abort([]byte(`{"rid":"other"}`), time.Now()) // news, but not of r9
+		time.Sleep(20 * time.Millisecond)
+		c.Abort([]byte(`{"rid":"r9"}`), time.Now())
+	}()
+	start := time.Now()
+	if !r.AwaitClientAbort(time.Minute) {
+		t.Fatal("the abort noted during the wait was not seen")
+	}
+	if waited := time.Since(start); waited > 30*time.Second {
+		t.Errorf("waited %v for an abort noted after about 40 ms", waited)
+	}
+}

@@ -56,7 +56,16 @@ type Config struct {
 	// RemoteTTL drops a mirrored request whose end never came, and
 	// forgets a router not heard from for as long (default 10 min).
 	RemoteTTL time.Duration `yaml:"remote_ttl"`
+	// AbortGrace is how long a router waits for the news of a client's
+	// abort through another router before it takes an engine's abort of a
+	// request, before its first token, for the engine's own and tries the
+	// request elsewhere (default 250 ms, at most 10 s): the engine's answer
+	// may come before the bus's news.
+	AbortGrace time.Duration `yaml:"abort_grace"`
 }
+
+// MaxAbortGrace bounds Config.AbortGrace.
+const MaxAbortGrace = 10 * time.Second
 
 // DefaultName is a router's name in the mesh when its config gives none:
 // "REGION/HOST" (the region alone if the host's name is unknown; none
@@ -83,6 +92,15 @@ func (c *Config) defaults() {
 	if c.RemoteTTL <= 0 {
 		c.RemoteTTL = 10 * time.Minute
 	}
+	if c.AbortGrace <= 0 {
+		c.AbortGrace = 250 * time.Millisecond
+	}
+}
+
+// Defaults returns the config with its defaults filled in.
+func (c Config) Defaults() Config {
+	c.defaults()
+	return c
 }
 
 // Validate reports a config that cannot work.
@@ -92,8 +110,10 @@ func (c Config) Validate() error {
 		return errors.New("mesh: url is required")
 	case c.Name == "":
 		return errors.New("mesh: name is required (default: the router's region and host)")
-	case c.Heartbeat < 0 || c.RemoteTTL < 0:
-		return errors.New("mesh: heartbeat and remote_ttl must not be negative")
+	case c.Heartbeat < 0 || c.RemoteTTL < 0 || c.AbortGrace < 0:
+		return errors.New("mesh: heartbeat, remote_ttl and abort_grace must not be negative")
+	case c.AbortGrace > MaxAbortGrace:
+		return errors.New("mesh: abort_grace must be at most 10s")
 	case c.Heartbeat > MaxHeartbeat:
 		// The others take a period of at most MaxHeartbeat.
 		return errors.New("mesh: heartbeat must be at most 1m")

@@ -411,18 +411,20 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		return nil, failure(id, http.StatusBadGateway, true, "its answer broke off before it began", err.Error())
 	}
 	// An abort before the first token is the engine giving the request up,
-	// unless its client aborted it (through the router): that is relayed.
+	// unless its client aborted it (through the router, or another of its
+	// mesh, whose news may come after the engine's answer): that is
+	// relayed.
 	if stream {
 		if e := adapterNotLoadedEvent(*a.buf, req, id); e != nil {
 			a.close()
 			return nil, e
 		}
-		if why, msg, failed := failedStream(*a.buf, req.Format()); failed && !(why == givenUp && req.ClientAborted(time.Now())) {
+		if why, msg, failed := failedStream(*a.buf, req.Format()); failed && !(why == givenUp && req.AwaitClientAbort(s.fleet.AbortGrace())) {
 			a.close()
 			return nil, failure(id, http.StatusBadGateway, true, why, msg)
 		}
 	}
-	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) && !req.ClientAborted(time.Now()) {
+	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) && !req.AwaitClientAbort(s.fleet.AbortGrace()) {
 		a.close()
 		return nil, failure(id, http.StatusBadGateway, true, givenUp, `finish_reason "abort"`)
 	}

@@ -358,8 +358,8 @@ func (x *exchange) operation() bool {
 }
 
 // operationHeader is what of the client's headers goes to the replicas
-// with an operation: not the pseudo-headers, the hop-by-hop ones, or the
-// length (the body is whole).
+// with an operation: not the pseudo-headers, nor those hopByHop lists or
+// Connection names.
 func operationHeader(hs []*corev3.HeaderValue) http.Header {
 	out := http.Header{}
 	for _, h := range hs {
@@ -403,7 +403,7 @@ func (x *exchange) operate(op Operator, whole bool) error {
 		op.Abort(x.body, x.received)
 	}
 	wait := cmp.Or(x.s.OperationWait, 30*time.Second)
-	if fleet.LoadsAdapter(path) {
+	if fleet.ChangesAdapters(path) {
 		wait = cmp.Or(x.s.AdapterWait, 5*time.Minute)
 	}
 	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body, Wait: wait,

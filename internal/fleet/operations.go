@@ -49,16 +49,16 @@ func IsOperation(method, path string) bool {
 	return ok && slices.Contains(strings.Fields(methods), method)
 }
 
-// LoadsAdapter reports whether path loads or unloads a LoRA adapter (it
-// reads the adapter's weights: allow it a model's load time, not a
+// ChangesAdapters reports whether path loads or unloads a LoRA adapter (a
+// load reads the adapter's weights: allow it a model's load time, not a
 // header's).
-func LoadsAdapter(path string) bool {
+func ChangesAdapters(path string) bool {
 	return strings.HasSuffix(path, "_lora_adapter") && operations[path] != ""
 }
 
 // loads reports whether path loads a LoRA adapter.
 func loads(path string) bool {
-	return LoadsAdapter(path) && strings.HasSuffix(path, "/load_lora_adapter")
+	return ChangesAdapters(path) && strings.HasSuffix(path, "/load_lora_adapter")
 }
 
 // flushes reports whether path empties a replica's prefix cache.
@@ -230,7 +230,7 @@ func (f *Fleet) operate(ctx context.Context, op Operation, path, id string) Oper
 		a.err = fmt.Errorf("it answered %d, a redirect, which gorgo does not follow", a.Status)
 	case a.Status == http.StatusNotFound && wire.NoRoute(a.Body):
 		a.lacks = true
-	case a.Status >= 200 && a.Status < 300 && LoadsAdapter(path):
+	case a.Status >= 200 && a.Status < 300 && ChangesAdapters(path):
 		f.ModelsChanged(ctx, id)
 	}
 	return a
@@ -241,7 +241,7 @@ func (f *Fleet) operate(ctx context.Context, op Operation, path, id string) Oper
 // "has already been loaded"), or had none of that name to unload ("cannot
 // be found", "not found", "not loaded").
 func alreadyDone(path string, a *OperationAnswer) bool {
-	if !LoadsAdapter(path) || a.Status != http.StatusBadRequest && a.Status != http.StatusNotFound {
+	if !ChangesAdapters(path) || a.Status != http.StatusBadRequest && a.Status != http.StatusNotFound {
 		return false
 	}
 	msg := strings.ToLower(wire.ErrorMessage(a.Body))

@@ -44,7 +44,7 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	wait := cfg.HeaderTimeout
-	if fleet.LoadsAdapter(r.URL.Path) {
+	if fleet.ChangesAdapters(r.URL.Path) {
 		wait = cfg.FirstByteTimeout // loading an adapter reads its weights
 	}
 	a, e := s.fleet.Operate(r.Context(), fleet.Operation{Method: r.Method, URI: r.URL.RequestURI(), Body: *body, Wait: wait,

@@ -92,9 +92,12 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	gs := grpc.NewServer()
 	picker := epp.New(srv.Fleet)
 	picker.Fallbacks = *fallbacks
-	picker.TenantHeader = cfg.Proxy.TenantHeader
-	picker.RefuseOperations = cfg.Proxy.EngineOperations == "refuse"
-	picker.OperationWait, picker.AdapterWait = cfg.Proxy.HeaderTimeout, cfg.Proxy.FirstByteTimeout
+	pickerSettings := func(c serve.Config) epp.Settings {
+		return epp.Settings{TenantHeader: c.Proxy.TenantHeader, RefuseOperations: c.Proxy.EngineOperations == "refuse",
+			OperationWait: c.Proxy.HeaderTimeout, AdapterWait: c.Proxy.FirstByteTimeout}
+	}
+	picker.SetSettings(pickerSettings(srv.Config()))
+	srv.OnApply(func(c serve.Config) { picker.SetSettings(pickerSettings(c)) }) // a reload's
 	extprocv3.RegisterExternalProcessorServer(gs, picker)
 	// The protocol's health services.
 	hs := health.NewServer()

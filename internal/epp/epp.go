@@ -25,6 +25,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -98,6 +99,12 @@ type Server struct {
 	// the answer (default 0: the chosen endpoint alone, which Envoy's
 	// ORIGINAL_DST cluster needs: it reads the header as one address).
 	Fallbacks int
+	settings  atomic.Pointer[Settings]
+}
+
+// Settings are what of the router's config the picker follows; a reload
+// changes them (SetSettings).
+type Settings struct {
 	// TenantHeader is what the picker does with a request's
 	// X-Gorgo-Tenant, as gorgo serve's tenant_header: "refuse" it with a
 	// 400 (the default: the gateway must strip a client's, or set it and
@@ -113,7 +120,14 @@ type Server struct {
 }
 
 // New returns a picker over the fleet.
-func New(f Fleet) *Server { return &Server{fleet: f, MaxBodyBytes: 8 << 20} }
+func New(f Fleet) *Server {
+	s := &Server{fleet: f, MaxBodyBytes: 8 << 20}
+	s.settings.Store(&Settings{})
+	return s
+}
+
+// SetSettings makes set the picker's settings, from its next request on.
+func (s *Server) SetSettings(set Settings) { s.settings.Store(&set) }
 
 // exchange is one HTTP request's life on the stream: the lifecycle's front
 // end (lifecycle.FrontEnd) for it.
@@ -319,7 +333,7 @@ func (x *exchange) decide(atHeaders bool) error {
 		}
 	}
 	x.decided, x.atHeaders = true, atHeaders
-	name, err := x.s.TenantHeader.Name("", x.tenant)
+	name, err := x.s.settings.Load().TenantHeader.Name("", x.tenant)
 	if err != nil {
 		e := wire.Errorf(http.StatusBadRequest, "%v", err)
 		x.s.fleet.Core().Refused(e)
@@ -393,7 +407,8 @@ var hopByHop = map[string]bool{"Keep-Alive": true, "Proxy-Connection": true, "Te
 // Envoy's buffer) is refused, not sent to one endpoint.
 func (x *exchange) operate(op Operator, whole bool) error {
 	path, _, _ := strings.Cut(x.path, "?")
-	if x.s.RefuseOperations {
+	set := x.s.settings.Load()
+	if set.RefuseOperations {
 		return x.immediate(wire.Errorf(http.StatusForbidden, "%s %s acts on every replica's engine, which this router does not let clients do (engine_operations: refuse)", x.method, path))
 	}
 	if !whole {
@@ -402,9 +417,9 @@ func (x *exchange) operate(op Operator, whole bool) error {
 	if path == "/abort_request" {
 		op.Abort(x.body, x.received)
 	}
-	wait := cmp.Or(x.s.OperationWait, 30*time.Second)
+	wait := cmp.Or(set.OperationWait, 30*time.Second)
 	if fleet.ChangesAdapters(path) {
-		wait = cmp.Or(x.s.AdapterWait, 5*time.Minute)
+		wait = cmp.Or(set.AdapterWait, 5*time.Minute)
 	}
 	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body, Wait: wait,
 		Header: func(u *fleet.Upstream) http.Header {

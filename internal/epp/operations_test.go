@@ -131,7 +131,7 @@ func TestOperationsGoToEveryReplica(t *testing.T) {
 
 	// Refused.
 	pk := New(f)
-	pk.RefuseOperations = true
+	pk.SetSettings(Settings{RefuseOperations: true})
 	s, err = servePicker(t, pk).Process(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -163,3 +163,25 @@ func TestPollingTurnedOffAndOn(t *testing.T) {
 	writeConfig(t, path, "", map[string]*replica{"a": a, "b": b, "c": c})
 	eventually(t, "c to join through the poll", func() bool { return s.Fleet.Router().Has("c") })
 }
+
+// A front end built outside the Server (gorgo epp's picker) hears each
+// config applied, with its running values (2026-12-06: the picker read
+// engine_operations and tenant_header at start only).
+func TestOnApplyHearsEachConfig(t *testing.T) {
+	r := startReplica(t, 2*time.Millisecond, emulator.Faults{})
+	s := startRouter(t, Config{}, Options{}, r)
+	var heard []string
+	s.OnApply(func(c Config) { heard = append(heard, c.Proxy.EngineOperations) })
+	next := s.Config()
+	next.Proxy.EngineOperations = "refuse"
+	if err := s.Apply(next); err != nil {
+		t.Fatal(err)
+	}
+	next.Proxy.EngineOperations = "allow"
+	if err := s.Apply(next); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(heard, " ") != "refuse allow" {
+		t.Errorf("heard %q, want each config applied", heard)
+	}
+}

@@ -71,6 +71,17 @@ type Server struct {
 	// pollChanged is closed, and replaced, when a reload changes
 	// config_poll: the poll loop then waits the new interval.
 	pollChanged chan struct{}
+	// applied hear each config applied (OnApply).
+	applied []func(Config)
+}
+
+// OnApply has fn called with the running config after each config is
+// applied (a reload): a front end built outside Server (gorgo epp's
+// picker) takes its settings so.
+func (s *Server) OnApply(fn func(Config)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.applied = append(s.applied, fn)
 }
 
 // New builds a router from a config (its defaults applied here).
@@ -212,6 +223,9 @@ func (s *Server) apply(next Config) error {
 		next.Proxy = s.Proxy.Config()
 	}
 	s.cfg = next
+	for _, fn := range s.applied {
+		fn(next)
+	}
 	if next.ConfigPoll != cur.ConfigPoll {
 		close(s.pollChanged)
 		s.pollChanged = make(chan struct{})

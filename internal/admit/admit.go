@@ -721,17 +721,25 @@ const lookahead = 8
 // deadline even on an idle replica, by the floor it was predicted at its
 // arrival (round trip and its own prefill change little meanwhile).
 func (g *Gate[T]) expire(now time.Duration, refuse func(T, Reason)) {
+	g.removeIf(func(h *held[T]) bool { return now+h.floor > h.deadline }, func(v T) { refuse(v, ReasonExpired) })
+}
+
+// removeIf takes every waiting request match reports out of the queue,
+// handing each to removed, and returns how many; a tenant left with none
+// leaves its band's round.
+func (g *Gate[T]) removeIf(match func(*held[T]) bool, removed func(T)) int {
+	n := 0
 	for _, b := range g.bands {
 		for k := 0; k < len(b.ring); {
 			t := b.ring[k]
 			kept := t.queue[:0]
-			for _, h := range t.queue {
-				if now+h.floor > h.deadline {
-					refuse(h.v, ReasonExpired)
-					g.n--
+			for i := range t.queue {
+				if h := &t.queue[i]; match(h) {
+					removed(h.v)
+					n++
 					continue
 				}
-				kept = append(kept, h)
+				kept = append(kept, t.queue[i])
 			}
 			clear(t.queue[len(kept):])
 			t.queue = kept
@@ -742,6 +750,8 @@ func (g *Gate[T]) expire(now time.Duration, refuse func(T, Reason)) {
 			k++
 		}
 	}
+	g.n -= n
+	return n
 }
 
 // Drop removes v from the queue (its client went away); eq tells requests
@@ -768,29 +778,7 @@ func (g *Gate[T]) Drop(eq func(T) bool) bool {
 // DropIf removes every queued request match reports (their clients
 // aborted them), handing each to dropped, and returns how many.
 func (g *Gate[T]) DropIf(match func(T) bool, dropped func(T)) int {
-	n := 0
-	for _, b := range g.bands {
-		for k := 0; k < len(b.ring); {
-			t := b.ring[k]
-			kept := t.queue[:0]
-			for _, h := range t.queue {
-				if match(h.v) {
-					dropped(h.v)
-					n++
-					continue
-				}
-				kept = append(kept, h)
-			}
-			clear(t.queue[len(kept):])
-			t.queue = kept
-			if len(t.queue) == 0 {
-				b.leave(k, float64(g.cfg.Quantum))
-				continue
-			}
-			k++
-		}
-	}
-	g.n -= n
+	n := g.removeIf(func(h *held[T]) bool { return match(h.v) }, dropped)
 	g.prune()
 	return n
 }

@@ -155,17 +155,7 @@ func TestAbortRequest(t *testing.T) {
 		_, body := postText(t, url+"/generate", `{"text":"y","rid":"other","sampling_params":{"max_new_tokens":4000}}`)
 		done <- body
 	}()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // until it is served
-		s.aborts.mu.Lock()
-		n := len(s.aborts.jobs)
-		s.aborts.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the request never began")
-		}
-	}
+	waitServing(t, s, 1)
 	if status, _ := postText(t, url+"/abort_request", `{"abort_all":true}`); status != http.StatusOK {
 		t.Fatal(status)
 	}
@@ -197,21 +187,27 @@ func TestAbortRequestOpenAI(t *testing.T) {
 		_, body := postText(t, url+"/v1/completions", `{"model":"m","prompt":"y","max_tokens":4000}`)
 		done <- body
 	}()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // until it is served
-		s.aborts.mu.Lock()
-		n := len(s.aborts.jobs)
-		s.aborts.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the request never began")
-		}
-	}
+	waitServing(t, s, 1)
 	if status, _ := postText(t, url+"/abort_request", `{"abort_all":true}`); status != http.StatusOK {
 		t.Fatal(status)
 	}
 	if body := <-done; !strings.Contains(body, `"finish_reason":"abort"`) || !strings.Contains(body, `"object":"text_completion"`) {
 		t.Errorf("abort_all left the completion: %.300s", body)
+	}
+}
+
+// waitServing waits until n requests a client may abort are being served.
+func waitServing(t *testing.T, s *Server, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.aborts.mu.Lock()
+		serving := len(s.aborts.jobs)
+		s.aborts.mu.Unlock()
+		if serving == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests served, want %d", serving, n)
+		}
 	}
 }

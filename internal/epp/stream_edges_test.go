@@ -229,24 +229,8 @@ func TestLongNativeStreamIsCounted(t *testing.T) {
 		logprobs      bool
 	}{{100, 1000, false}, {200, 1000, true}} {
 		f := newFleet(t, admit.Config{})
-		s, err := picker(t, f).Process(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/generate", false)},
-			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
-		recv(t, s)
-		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
-			Body: []byte(`{"text":"a long rollout","stream":true,"sampling_params":{"max_new_tokens":1000}}`), EndOfStream: true}}})
-		recv(t, s)
-		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200", "content-type", "text/event-stream")}})
-		recv(t, s)
-		answer := servetest.NativeStream(c.n, c.tokenBytes, c.logprobs)
-		for i := 0; i < len(answer); i += 16 << 10 {
-			end := min(i+16<<10, len(answer))
-			s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(answer[i:end]), EndOfStream: end == len(answer)}}})
-			recv(t, s)
-		}
+		generateThroughGateway(t, f, `{"text":"a long rollout","stream":true,"sampling_params":{"max_new_tokens":1000}}`,
+			"text/event-stream", servetest.NativeStream(c.n, c.tokenBytes, c.logprobs))
 		want := router.DefaultOutputTokens + estimate.OutputGlobalAlpha*float64(c.n-router.DefaultOutputTokens)
 		waitFor(t, "the answer's length to be learned", func() bool { return f.core.Router().OutputEstimate().Mean != router.DefaultOutputTokens })
 		if got := f.core.Router().OutputEstimate().Mean; math.Abs(got-want) > 1e-9 {
@@ -260,6 +244,22 @@ func TestLongNativeStreamIsCounted(t *testing.T) {
 // (2026-12-06: from its tail, which held no count).
 func TestLongNativeAnswerIsCounted(t *testing.T) {
 	f := newFleet(t, admit.Config{})
+	const n = 300
+	answer := `{"text":"` + strings.Repeat("word ", n) + `","meta_info":{"id":"x","finish_reason":{"type":"length","length":300},"prompt_tokens":4,"completion_tokens":300,"cached_tokens":0,` +
+		`"output_token_logprobs":[` + strings.Repeat(`[-0.0123456789,12345,"a token's text, long enough"],`, 4000) + `[-0.5,1,null]]}}`
+	generateThroughGateway(t, f, `{"text":"a long rollout","return_logprob":true,"sampling_params":{"max_new_tokens":1000}}`, "application/json", answer)
+	want := router.DefaultOutputTokens + estimate.OutputGlobalAlpha*float64(n-router.DefaultOutputTokens)
+	waitFor(t, "the answer's length to be learned", func() bool { return f.core.Router().OutputEstimate().Mean != router.DefaultOutputTokens })
+	if got := f.core.Router().OutputEstimate().Mean; math.Abs(got-want) > 1e-9 {
+		t.Errorf("mean answer after one of %d tokens: %.3f, want %.3f", n, got, want)
+	}
+}
+
+// generateThroughGateway routes a /generate of body on f's picker as a
+// gateway would (its body buffered, the answer's streamed), then hands it
+// the answer, of contentType, in Envoy's 16 KiB pieces.
+func generateThroughGateway(t *testing.T, f *testFleet, body, contentType, answer string) {
+	t.Helper()
 	s, err := picker(t, f).Process(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -267,22 +267,13 @@ func TestLongNativeAnswerIsCounted(t *testing.T) {
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/generate", false)},
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
 	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
-		Body: []byte(`{"text":"a long rollout","return_logprob":true,"sampling_params":{"max_new_tokens":1000}}`), EndOfStream: true}}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}})
 	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200", "content-type", "application/json")}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200", "content-type", contentType)}})
 	recv(t, s)
-	const n = 300
-	answer := `{"text":"` + strings.Repeat("word ", n) + `","meta_info":{"id":"x","finish_reason":{"type":"length","length":300},"prompt_tokens":4,"completion_tokens":300,"cached_tokens":0,` +
-		`"output_token_logprobs":[` + strings.Repeat(`[-0.0123456789,12345,"a token's text, long enough"],`, 4000) + `[-0.5,1,null]]}}`
 	for i := 0; i < len(answer); i += 16 << 10 {
 		end := min(i+16<<10, len(answer))
 		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(answer[i:end]), EndOfStream: end == len(answer)}}})
 		recv(t, s)
-	}
-	want := router.DefaultOutputTokens + estimate.OutputGlobalAlpha*float64(n-router.DefaultOutputTokens)
-	waitFor(t, "the answer's length to be learned", func() bool { return f.core.Router().OutputEstimate().Mean != router.DefaultOutputTokens })
-	if got := f.core.Router().OutputEstimate().Mean; math.Abs(got-want) > 1e-9 {
-		t.Errorf("mean answer after one of %d tokens: %.3f, want %.3f", n, got, want)
 	}
 }

@@ -351,18 +351,25 @@ func (x *exchange) decide(atHeaders bool) error {
 	if atHeaders {
 		in.Kind = lifecycle.Opaque
 	}
-	if x.subset != nil { // an empty subset leaves nothing eligible: 503
-		ids := x.s.fleet.EndpointIDs()
-		allowed := map[string]bool{}
-		for _, ep := range x.subset {
-			if id, ok := ids[ep]; ok {
-				allowed[id] = true
-			}
-		}
-		in.Allowed = func(id string) bool { return allowed[id] }
-	}
+	in.Allowed = x.allowed()
 	x.s.fleet.Core().Serve(x.stream.Context(), in, x)
 	return x.err
+}
+
+// allowed is what the gateway's subset hint allows, nil without one (an
+// empty subset leaves nothing eligible: 503).
+func (x *exchange) allowed() func(id string) bool {
+	if x.subset == nil {
+		return nil
+	}
+	ids := x.s.fleet.EndpointIDs()
+	allowed := map[string]bool{}
+	for _, ep := range x.subset {
+		if id, ok := ids[ep]; ok {
+			allowed[id] = true
+		}
+	}
+	return func(id string) bool { return allowed[id] }
 }
 
 // operation reports whether the request is an engine operation.
@@ -421,7 +428,7 @@ func (x *exchange) operate(op Operator, whole bool) error {
 	if fleet.ChangesAdapters(path) {
 		wait = cmp.Or(set.AdapterWait, 5*time.Minute)
 	}
-	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body, Wait: wait,
+	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body, Wait: wait, Allowed: x.allowed(),
 		Header: func(u *fleet.Upstream) http.Header {
 			h := x.opHeader.Clone()
 			if key := u.APIKey(); key != "" {

@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
@@ -125,6 +127,25 @@ func TestOperationsGoToEveryReplica(t *testing.T) {
 	mu.Lock()
 	if len(*got) != 2 || !strings.HasPrefix((*got)[0], "GET /flush_cache") {
 		t.Errorf("the replicas were sent %q, want the GET at both", *got)
+	}
+	*got = nil
+	mu.Unlock()
+
+	// The gateway's subset hint bounds the fan-out too.
+	s, err = picker(t, f).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, _ := f.Endpoint("b")
+	st, _ := structpb.NewStruct(map[string]any{SubsetKey: []any{ep}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/flush_cache", true)},
+		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{SubsetNamespace: st}}})
+	if imm := recv(t, s).GetImmediateResponse(); imm.GetStatus().GetCode() != 200 {
+		t.Fatalf("a flush within a subset answered %v", imm)
+	}
+	mu.Lock()
+	if len(*got) != 1 {
+		t.Errorf("the replicas were sent %q, want the flush at b alone", *got)
 	}
 	*got = nil
 	mu.Unlock()

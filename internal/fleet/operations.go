@@ -81,6 +81,9 @@ type Operation struct {
 	Header func(u *Upstream) http.Header
 	// Wait bounds the whole fan-out (default 30 s).
 	Wait time.Duration
+	// Allowed, if set, restricts it to the replicas it accepts (a
+	// gateway's subset hint).
+	Allowed func(id string) bool
 }
 
 // An OperationAnswer is one replica's answer to an engine operation.
@@ -113,7 +116,7 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 	path, _, _ := strings.Cut(op.URI, "?")
 	var reps []router.ReplicaState
 	for _, st := range f.rt.Replicas() {
-		if st.Healthy && (st.Available() || st.State == router.Draining) {
+		if st.Healthy && (st.Available() || st.State == router.Draining) && (op.Allowed == nil || op.Allowed(st.ID)) {
 			reps = append(reps, st)
 		}
 	}

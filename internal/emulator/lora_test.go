@@ -496,3 +496,43 @@ func TestAdapterNamesArePlain(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// SGLang loads and unloads adapters at its own paths, answering
+// {"success", "error_message", "loaded_adapters"} with a 200 or a 400;
+// vLLM has no such paths.
+func TestSGLangAdapterPaths(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50, MetricsFormat: "sglang"})
+	type answer struct {
+		Success bool              `json:"success"`
+		Error   *string           `json:"error_message"`
+		Loaded  map[string]string `json:"loaded_adapters"`
+	}
+	call := func(path, body string) (int, answer) {
+		t.Helper()
+		status, raw := postText(t, url+path, body)
+		var a answer
+		if err := json.Unmarshal([]byte(raw), &a); err != nil {
+			t.Fatalf("%s: %d %q: %v", path, status, raw, err)
+		}
+		return status, a
+	}
+	if status, a := call("/load_lora_adapter", `{"lora_name":"fin","lora_path":"/loras/fin"}`); status != 200 || !a.Success || a.Error != nil || a.Loaded["fin"] != "/loras/fin" {
+		t.Errorf("load: %d %+v", status, a)
+	}
+	if status, a := call("/load_lora_adapter", `{"lora_name":"fin","lora_path":"/loras/fin"}`); status != 400 || a.Success || a.Error == nil || !strings.Contains(*a.Error, "already") {
+		t.Errorf("second load: %d %+v", status, a)
+	}
+	if list, raw := listModels(t, url); len(list) != 2 || list[1].ID != "fin" {
+		t.Errorf("list after the load: %s", raw)
+	}
+	if status, a := call("/unload_lora_adapter", `{"lora_name":"fin"}`); status != 200 || !a.Success || len(a.Loaded) != 0 {
+		t.Errorf("unload: %d %+v", status, a)
+	}
+	if status, a := call("/unload_lora_adapter", `{"lora_name":"fin"}`); status != 400 || a.Error == nil || !strings.Contains(*a.Error, "cannot be found") {
+		t.Errorf("second unload: %d %+v", status, a)
+	}
+	_, vllm := start(t, Config{Speedup: 50, MetricsFormat: "vllm"})
+	if status, _ := postText(t, vllm+"/load_lora_adapter", `{"lora_name":"fin","lora_path":"/loras/fin"}`); status != 404 {
+		t.Errorf("vLLM's /load_lora_adapter: %d, want its 404", status)
+	}
+}

@@ -233,24 +233,26 @@ func writeSuccess(w http.ResponseWriter, format string, args ...any) {
 	fmt.Fprintf(w, format, args...)
 }
 
-// loadAdapter is vLLM's POST /v1/load_lora_adapter: the adapter is served
-// (listed and routed) from the answer on.
-func (s *Server) loadAdapter(w http.ResponseWriter, r *http.Request) {
-	lr, ok := readLoRARequest(w, r)
-	if !ok {
-		return
+// adapterOutcome is what a load or unload of an adapter came to: a
+// status (200: done), an error type and a message.
+type adapterOutcome struct {
+	status    int
+	typ, text string
+}
+
+// addAdapter serves the adapter lr names (listed and routed) from now on.
+func (s *Server) addAdapter(lr loraRequest) adapterOutcome {
+	refuse := func(format string, args ...any) adapterOutcome {
+		return adapterOutcome{http.StatusBadRequest, "InvalidUserInput", fmt.Sprintf(format, args...)}
 	}
 	if lr.Name == "" || lr.Path == "" {
-		writeError(w, http.StatusBadRequest, "InvalidUserInput", "Both 'lora_name' and 'lora_path' must be provided.")
-		return
+		return refuse("Both 'lora_name' and 'lora_path' must be provided.")
 	}
 	if err := checkAdapterName(lr.Name); err != nil {
-		writeError(w, http.StatusBadRequest, "InvalidUserInput", "%v", err)
-		return
+		return refuse("%v", err)
 	}
 	if len(lr.Path) > maxNameBytes || !plain(lr.Path) {
-		writeError(w, http.StatusBadRequest, "InvalidUserInput", "a LoRA path must be at most %d bytes of printable ASCII without \" \\ < > &", maxNameBytes)
-		return
+		return refuse("a LoRA path must be at most %d bytes of printable ASCII without \" \\ < > &", maxNameBytes)
 	}
 	s.modelsMu.Lock()
 	defer s.modelsMu.Unlock()
@@ -258,46 +260,85 @@ func (s *Server) loadAdapter(w http.ResponseWriter, r *http.Request) {
 	_, loaded := c.byName[lr.Name]
 	switch {
 	case loaded:
-		writeError(w, http.StatusBadRequest, "InvalidUserInput", "The lora adapter '%s' has already been loaded.", lr.Name)
-		return
+		return refuse("The lora adapter '%s' has already been loaded.", lr.Name)
 	case c.isServed[lr.Name]:
-		writeError(w, http.StatusBadRequest, "InvalidUserInput", "The name '%s' is a served model's, not an adapter's.", lr.Name)
-		return
+		return refuse("The name '%s' is a served model's, not an adapter's.", lr.Name)
 	case len(c.served)+len(c.adapters) >= maxModelNames:
-		writeError(w, http.StatusBadRequest, "InvalidUserInput", "Cannot load '%s': this server serves %d names, its limit.", lr.Name, maxModelNames)
-		return
+		return refuse("Cannot load '%s': this server serves %d names, its limit.", lr.Name, maxModelNames)
 	}
 	adapters := make([]adapter, len(c.adapters), len(c.adapters)+1)
 	copy(adapters, c.adapters)
 	adapters = append(adapters, adapter{name: lr.Name, root: lr.Path, key: prefix.ModelKey(lr.Name)})
 	s.models.Store(newCatalog(c.served, adapters))
 	s.lora.Store(true)
-	writeSuccess(w, "Success: LoRA adapter '%s' added successfully.", lr.Name)
+	return adapterOutcome{http.StatusOK, "", fmt.Sprintf("Success: LoRA adapter '%s' added successfully.", lr.Name)}
 }
 
-// unloadAdapter is vLLM's POST /v1/unload_lora_adapter: the adapter is no
-// longer served (its requests in flight finish).
-func (s *Server) unloadAdapter(w http.ResponseWriter, r *http.Request) {
-	lr, ok := readLoRARequest(w, r)
-	if !ok {
-		return
-	}
+// removeAdapter stops serving the adapter lr names (requests in flight on
+// it finish).
+func (s *Server) removeAdapter(lr loraRequest) adapterOutcome {
 	if lr.Name == "" {
-		writeError(w, http.StatusBadRequest, "InvalidUserInput", "'lora_name' needs to be provided to unload a LoRA adapter.")
-		return
+		return adapterOutcome{http.StatusBadRequest, "InvalidUserInput", "'lora_name' needs to be provided to unload a LoRA adapter."}
 	}
 	s.modelsMu.Lock()
 	defer s.modelsMu.Unlock()
 	c := s.models.Load()
 	i, ok := c.byName[lr.Name]
 	if !ok {
-		writeError(w, http.StatusNotFound, "NotFoundError", "The lora adapter '%s' cannot be found.", lr.Name)
-		return
+		return adapterOutcome{http.StatusNotFound, "NotFoundError", fmt.Sprintf("The lora adapter '%s' cannot be found.", lr.Name)}
 	}
 	adapters := make([]adapter, 0, len(c.adapters)-1)
 	adapters = append(append(adapters, c.adapters[:i]...), c.adapters[i+1:]...)
 	s.models.Store(newCatalog(c.served, adapters))
-	writeSuccess(w, "Success: LoRA adapter '%s' removed successfully.", lr.Name)
+	return adapterOutcome{http.StatusOK, "", fmt.Sprintf("Success: LoRA adapter '%s' removed successfully.", lr.Name)}
+}
+
+// loadAdapter is vLLM's POST /v1/load_lora_adapter, unloadAdapter its
+// /v1/unload_lora_adapter: a plain-text success, else an error in
+// OpenAI's shape.
+func (s *Server) loadAdapter(w http.ResponseWriter, r *http.Request) {
+	s.vllmAdapter(w, r, s.addAdapter)
+}
+
+func (s *Server) unloadAdapter(w http.ResponseWriter, r *http.Request) {
+	s.vllmAdapter(w, r, s.removeAdapter)
+}
+
+func (s *Server) vllmAdapter(w http.ResponseWriter, r *http.Request, do func(loraRequest) adapterOutcome) {
+	lr, ok := readLoRARequest(w, r)
+	if !ok {
+		return
+	}
+	if o := do(lr); o.status != http.StatusOK {
+		writeError(w, o.status, o.typ, "%s", o.text)
+	} else {
+		writeSuccess(w, "%s", o.text)
+	}
+}
+
+// sglangAdapter is SGLang's POST /load_lora_adapter or
+// /unload_lora_adapter: {"success": ..., "error_message": ...,
+// "loaded_adapters": {name: path}}, a 200 or a 400.
+func (s *Server) sglangAdapter(do func(loraRequest) adapterOutcome) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		lr, ok := readLoRARequest(w, r)
+		if !ok {
+			return
+		}
+		o := do(lr)
+		loaded := map[string]string{}
+		for _, a := range s.models.Load().adapters {
+			loaded[a.name] = a.root
+		}
+		answer := map[string]any{"success": o.status == http.StatusOK, "error_message": nil, "loaded_adapters": loaded}
+		status := http.StatusOK
+		if o.status != http.StatusOK {
+			answer["error_message"], status = o.text, http.StatusBadRequest
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_ = json.NewEncoder(w).Encode(answer)
+	}
 }
 
 // adapterNames turns the engine's adapter ids into names, sorted; an id no

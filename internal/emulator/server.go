@@ -258,6 +258,8 @@ func (s *Server) routes() {
 		s.mux.HandleFunc("POST /abort_request", s.guard(false, s.abortRequest))
 		s.mux.HandleFunc("GET /flush_cache", s.guard(false, s.flushCache))
 		s.mux.HandleFunc("POST /flush_cache", s.guard(false, s.flushCache))
+		s.mux.HandleFunc("POST /load_lora_adapter", s.guard(false, s.sglangAdapter(s.addAdapter)))
+		s.mux.HandleFunc("POST /unload_lora_adapter", s.guard(false, s.sglangAdapter(s.removeAdapter)))
 	}
 	s.mux.HandleFunc("GET /v1/responses/{id}", s.guard(false, s.getResponse))
 	s.mux.HandleFunc("POST /v1/responses/{id}/cancel", s.guard(false, s.cancelResponse))

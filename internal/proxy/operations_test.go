@@ -281,3 +281,24 @@ func TestClientAbortIsNotFailedOver(t *testing.T) {
 		t.Errorf("an engine's own abort: %d %s after %d sent, want the second attempt's answer", code, body, generates.Load())
 	}
 }
+
+// SGLang's own adapter paths through the router: the adapter is loaded at
+// every replica and served at once; loaded again, the replicas' "already"
+// is relayed, no failure.
+func TestSGLangAdapterLoadedThroughTheRouter(t *testing.T) {
+	a := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", Speedup: 200})
+	b := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "base", Speedup: 200})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a, b)
+	load := `{"lora_name":"sql","lora_path":"/adapters/sql"}`
+	if code, body := do(t, "POST", url+"/load_lora_adapter", load); code != 200 || !strings.Contains(body, `"success":true`) {
+		t.Fatalf("load: %d %s", code, body)
+	}
+	for i := range 2 {
+		if code, body := do(t, "POST", url+"/generate", fmt.Sprintf(`{"text":"q%d","lora_path":"sql","sampling_params":{"max_new_tokens":2}}`, i)); code != 200 || strings.Contains(body, "error") {
+			t.Errorf("a /generate for sql right after its load: %d %s", code, body)
+		}
+	}
+	if code, body := do(t, "POST", url+"/load_lora_adapter", load); code != 400 || !strings.Contains(body, "already") {
+		t.Errorf("loaded again: %d %s, want the replicas' 400", code, body)
+	}
+}

@@ -421,11 +421,11 @@ func (x *exchange) operate(op Operator, whole bool) error {
 	if !whole {
 		return x.immediate(wire.Errorf(http.StatusBadRequest, "%s %s is sent to every replica by the endpoint picker, which needs its whole body: the gateway sent it in pieces (use request_body_mode BUFFERED or FULL_DUPLEX_STREAMED)", x.method, path))
 	}
-	if path == "/abort_request" {
-		op.Abort(x.body, x.received)
+	if abort, ok := fleet.AbortOf(path, x.body); ok {
+		op.Abort(abort, x.received)
 	}
 	wait := cmp.Or(set.OperationWait, 30*time.Second)
-	if fleet.ChangesAdapters(path) {
+	if fleet.LoadsWeights(path) {
 		wait = cmp.Or(set.AdapterWait, 5*time.Minute)
 	}
 	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body, Wait: wait, Allowed: x.allowed(),

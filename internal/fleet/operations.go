@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -23,11 +24,15 @@ import (
 // aborts a request by its rid, or all of them; vLLM's /reset_prefix_cache
 // empties its prefix cache; both load and unload LoRA adapters at run
 // time (vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter,
-// SGLang's /load_lora_adapter and /unload_lora_adapter). A client of the
-// router means them for the fleet behind it, whichever replica serves
-// what: a benchmark flushes the caches before a cold run, a
-// reinforcement-learning trainer aborts its rollouts, a platform loads an
-// adapter for the fleet to serve. Each front end sends them to every
+// SGLang's /load_lora_adapter and /unload_lora_adapter); SGLang's
+// /update_weights_from_disk loads new weights (and empties its cache),
+// its /pause_generation stops generating (by default aborting what runs
+// and waits) until /continue_generation. A client of the router means
+// them for the fleet behind it, whichever replica serves what: a
+// benchmark flushes the caches before a cold run, a
+// reinforcement-learning trainer aborts its rollouts, or pauses the
+// engines while it updates their weights, a platform loads an adapter for
+// the fleet to serve. Each front end sends them to every
 // replica that serves requests or still finishes some (draining), at once
 // (Operate); a replica without the path (its server's own 404: vLLM has no
 // /flush_cache) is passed over. Where a replica's cache was emptied the
@@ -37,10 +42,40 @@ import (
 // may name the adapter.
 
 // operations are the engine operations' paths, and the methods each is
-// served by: the cache's flushes, the abort, the adapters' loads.
+// served by: the cache's flushes, the abort, the adapters' loads, the
+// weights' update and the pause around it.
 var operations = map[string]string{
 	"/flush_cache": "GET POST", "/reset_prefix_cache": "POST", "/abort_request": "POST",
 	"/v1/load_lora_adapter": "POST", "/v1/unload_lora_adapter": "POST", "/load_lora_adapter": "POST", "/unload_lora_adapter": "POST",
+	"/update_weights_from_disk": "POST", "/pause_generation": "POST", "/continue_generation": "POST",
+}
+
+// AbortOf is the client's abort that an operation is, as an
+// /abort_request's body: the abort's own, or a pause's that aborts what
+// runs and waits (SGLang's /pause_generation in its default mode,
+// "abort"); ok is false for the others.
+func AbortOf(path string, body []byte) (abort []byte, ok bool) {
+	switch path {
+	case "/abort_request":
+		return body, true
+	case "/pause_generation":
+		var req struct {
+			Mode string `json:"mode"`
+		}
+		if len(bytes.TrimSpace(body)) > 0 && json.Unmarshal(body, &req) != nil {
+			return nil, false // the engines will refuse it
+		}
+		if req.Mode == "" || req.Mode == "abort" {
+			return []byte(`{"abort_all":true}`), true
+		}
+	}
+	return nil, false
+}
+
+// LoadsWeights reports whether path loads weights, an adapter's or the
+// model's: allow it a model's load time, not a header's.
+func LoadsWeights(path string) bool {
+	return ChangesAdapters(path) || path == "/update_weights_from_disk"
 }
 
 // IsOperation reports whether method and path name an engine operation.
@@ -49,9 +84,7 @@ func IsOperation(method, path string) bool {
 	return ok && slices.Contains(strings.Fields(methods), method)
 }
 
-// ChangesAdapters reports whether path loads or unloads a LoRA adapter (a
-// load reads the adapter's weights: allow it a model's load time, not a
-// header's).
+// ChangesAdapters reports whether path loads or unloads a LoRA adapter.
 func ChangesAdapters(path string) bool {
 	return strings.HasSuffix(path, "_lora_adapter") && operations[path] != ""
 }
@@ -61,8 +94,11 @@ func loads(path string) bool {
 	return ChangesAdapters(path) && strings.HasSuffix(path, "/load_lora_adapter")
 }
 
-// flushes reports whether path empties a replica's prefix cache.
-func flushes(path string) bool { return path == "/flush_cache" || path == "/reset_prefix_cache" }
+// flushes reports whether path empties a replica's prefix cache (new
+// weights make what it held worthless: SGLang empties it by default).
+func flushes(path string) bool {
+	return path == "/flush_cache" || path == "/reset_prefix_cache" || path == "/update_weights_from_disk"
+}
 
 // maxOperationFanOut bounds the replicas asked at once.
 const maxOperationFanOut = 32

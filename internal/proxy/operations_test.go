@@ -302,3 +302,97 @@ func TestSGLangAdapterLoadedThroughTheRouter(t *testing.T) {
 		t.Errorf("loaded again: %d %s, want the replicas' 400", code, body)
 	}
 }
+
+// A trainer pauses the engines around a weights' update, through the
+// router: /pause_generation, /update_weights_from_disk and
+// /continue_generation reach every replica; a pause in its default mode
+// aborts what the engines run, which the router relays rather than fails
+// over; new weights empty what the router believed the replicas held.
+func TestPauseAndWeightsReachEveryReplica(t *testing.T) {
+	abort := `{"text":"","meta_info":{"id":"x","finish_reason":{"type":"abort","message":"Abort in waiting queue"},"prompt_tokens":3,"completion_tokens":0,"cached_tokens":0}}`
+	done := `{"text":" ok","meta_info":{"id":"y","finish_reason":{"type":"length","length":1},"prompt_tokens":3,"completion_tokens":1,"cached_tokens":0}}`
+	var mu sync.Mutex
+	got := map[string][]string{}
+	var generates atomic.Int64
+	paused, arrived := make(chan struct{}), make(chan struct{}, 4)
+	var once sync.Once
+	engine := func(name string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			if r.Method != http.MethodPost {
+				return // the router's scrape
+			}
+			if r.URL.Path != "/generate" {
+				mu.Lock()
+				got[name] = append(got[name], r.URL.Path+" "+string(body))
+				mu.Unlock()
+				if r.URL.Path == "/pause_generation" {
+					once.Do(func() { close(paused) })
+				}
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			if generates.Add(1) == 1 {
+				_, _ = io.WriteString(w, done) // one served before the pause, its prompt in the index
+				return
+			}
+			arrived <- struct{}{}
+			<-paused
+			_, _ = io.WriteString(w, abort)
+		}
+	}
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, fakeUpstream(t, engine("a")), fakeUpstream(t, engine("b")))
+	if code, body := do(t, "POST", url+"/generate", `{"text":"`+strings.Repeat("a prompt long enough for blocks ", 20)+`"}`); code != 200 {
+		t.Fatalf("before the pause: %d %s", code, body)
+	}
+	res := make(chan string, 1)
+	go func() { _, body := do(t, "POST", url+"/generate", `{"text":"a rollout"}`); res <- body }()
+	<-arrived
+	if code, body := do(t, "POST", url+"/pause_generation", `{}`); code != 200 {
+		t.Fatalf("pause: %d %s", code, body)
+	}
+	if body := <-res; !strings.Contains(body, `"type":"abort"`) || generates.Load() != 2 {
+		t.Errorf("the rollout the pause aborted: %.200s after %d /generate, want the abort relayed", body, generates.Load())
+	}
+	held := 0
+	for _, id := range []string{"a", "b"} {
+		st, _ := s.Router().Replica(id)
+		held += st.IndexBlocks
+	}
+	if held == 0 {
+		t.Fatal("no blocks in the router's index before the update")
+	}
+	for _, op := range []string{"/update_weights_from_disk", "/continue_generation"} {
+		if code, body := do(t, "POST", url+op, `{"model_path":"/ckpt/step-2"}`); code != 200 {
+			t.Fatalf("%s: %d %s", op, code, body)
+		}
+	}
+	for _, id := range []string{"a", "b"} {
+		if st, _ := s.Router().Replica(id); st.IndexBlocks != 0 {
+			t.Errorf("%s keeps %d blocks in the router's index after new weights", id, st.IndexBlocks)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, name := range []string{"a", "b"} {
+		if len(got[name]) != 3 || got[name][0] != "/pause_generation {}" || !strings.HasPrefix(got[name][1], "/update_weights_from_disk") || !strings.HasPrefix(got[name][2], "/continue_generation") {
+			t.Errorf("%s was sent %q", name, got[name])
+		}
+	}
+}
+
+// A pause aborts in its default mode ("abort"), not when it retracts or
+// pauses in place.
+func TestAbortOfAPause(t *testing.T) {
+	for body, want := range map[string]bool{``: true, `{}`: true, `{"mode":"abort"}`: true, `{"mode":"retract"}`: false, `{"mode":"in_place"}`: false, `{"mode":`: false} {
+		if _, got := fleet.AbortOf("/pause_generation", []byte(body)); got != want {
+			t.Errorf("%q: an abort %v, want %v", body, got, want)
+		}
+	}
+	if ab, ok := fleet.AbortOf("/abort_request", []byte(`{"rid":"x"}`)); !ok || string(ab) != `{"rid":"x"}` {
+		t.Errorf("an abort's own: %s %v", ab, ok)
+	}
+	if _, ok := fleet.AbortOf("/continue_generation", nil); ok {
+		t.Error("/continue_generation taken for an abort")
+	}
+}

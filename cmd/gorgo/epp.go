@@ -96,8 +96,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 		return epp.Settings{TenantHeader: c.Proxy.TenantHeader, RefuseOperations: c.Proxy.EngineOperations == "refuse",
 			OperationWait: c.Proxy.HeaderTimeout, AdapterWait: c.Proxy.FirstByteTimeout}
 	}
-	picker.SetSettings(pickerSettings(srv.Config()))
-	srv.OnApply(func(c serve.Config) { picker.SetSettings(pickerSettings(c)) }) // a reload's
+	srv.OnApply(func(c serve.Config) { picker.SetSettings(pickerSettings(c)) }) // now, and each reload's
 	extprocv3.RegisterExternalProcessorServer(gs, picker)
 	// The protocol's health services.
 	hs := health.NewServer()

@@ -211,3 +211,16 @@ func waitServing(t *testing.T, s *Server, n int) {
 		}
 	}
 }
+
+// A /generate whose text is a list, even of one, is answered with a list,
+// as SGLang answers a batch (review, 2026-12-06: an object).
+func TestGenerateBatchOfOne(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50, Model: "m"})
+	status, body := postText(t, url+"/generate", `{"text":["one"],"sampling_params":{"max_new_tokens":2}}`)
+	if status != http.StatusOK || !strings.HasPrefix(strings.TrimSpace(body), "[{") {
+		t.Errorf("a batch of one: %d %s, want a list", status, body)
+	}
+	if _, body := postText(t, url+"/generate", `{"text":"one","sampling_params":{"max_new_tokens":2}}`); !strings.HasPrefix(strings.TrimSpace(body), "{") {
+		t.Errorf("one prompt: %s, want an object", body)
+	}
+}

@@ -144,6 +144,7 @@ type exchange struct {
 	path                 string
 	method               string
 	opHeader             http.Header // an engine operation's headers, for the replicas
+	bodiless             bool        // its headers ended the request: it has no body
 	cut                  bool        // a whole answer's start was let go: its tail is kept
 	head                 bool        // a whole JSON answer's first bytes were read
 	session              string
@@ -261,6 +262,7 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 		x.subset = subset(msg.GetMetadataContext())
 		if x.operation() {
 			x.opHeader = operationHeader(r.RequestHeaders.GetHeaders().GetHeaders())
+			x.bodiless = r.RequestHeaders.GetEndOfStream()
 		}
 		if r.RequestHeaders.GetEndOfStream() {
 			return x.decide(true) // no body: route by load
@@ -329,7 +331,7 @@ func (x *exchange) decide(atHeaders bool) error {
 	if x.opHeader != nil {
 		if op, ok := x.s.fleet.(Operator); ok {
 			x.decided = true
-			return x.operate(op, !atHeaders || x.body == nil)
+			return x.operate(op, !atHeaders || x.bodiless)
 		}
 	}
 	x.decided, x.atHeaders = true, atHeaders

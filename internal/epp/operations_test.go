@@ -21,8 +21,8 @@ import (
 )
 
 // operationFleet is a real fleet over two replicas that record the
-// operations they are sent (path, body, Authorization), answering each
-// as SGLang does.
+// operations they are sent (path, body, Authorization, and X-Private
+// where sent), answering each as SGLang does.
 func operationFleet(t *testing.T) (*fleet.Fleet, *sync.Mutex, *[]string) {
 	t.Helper()
 	var mu sync.Mutex
@@ -33,7 +33,11 @@ func operationFleet(t *testing.T) (*fleet.Fleet, *sync.Mutex, *[]string) {
 			return
 		}
 		mu.Lock()
-		got = append(got, r.Method+" "+r.URL.Path+" "+string(body)+" "+r.Header.Get("Authorization"))
+		line := r.Method + " " + r.URL.Path + " " + string(body) + " " + r.Header.Get("Authorization")
+		if p := r.Header.Get("X-Private"); p != "" {
+			line += " X-Private " + p
+		}
+		got = append(got, line)
 		mu.Unlock()
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = io.WriteString(w, "Cache flushed.\n")
@@ -64,7 +68,7 @@ func TestOperationsGoToEveryReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := headers("/flush_cache", false, "authorization", "Bearer client", "connection", "keep-alive")
+	h := headers("/flush_cache", false, "authorization", "Bearer client", "connection", "keep-alive, x-private", "x-private", "hop")
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: h}})
 	recv(t, s)
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{}`), EndOfStream: true}}})
@@ -100,19 +104,27 @@ func TestOperationsGoToEveryReplica(t *testing.T) {
 	// Its body in pieces (streamed, or past Envoy's partial buffer): it
 	// cannot be read, and is refused, not sent to one endpoint (review,
 	// 2026-12-06: routed by load to one).
-	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_BUFFERED_PARTIAL} {
+	for _, c := range []struct {
+		mode  filterv3.ProcessingMode_BodySendMode
+		first string // the first piece
+	}{{filterv3.ProcessingMode_STREAMED, `{"lora_name":"x",`}, {filterv3.ProcessingMode_BUFFERED_PARTIAL, `{"lora_name":"x",`}, {filterv3.ProcessingMode_STREAMED, ""}} {
 		s, err = picker(t, f).Process(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/load_lora_adapter", false)},
-			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: c.mode, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
 		recv(t, s)
-		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"lora_name":"x",`)}}})
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(c.first)}}})
 		if imm := recv(t, s).GetImmediateResponse(); imm.GetStatus().GetCode() != 400 || !strings.Contains(string(imm.GetBody()), "whole body") {
-			t.Errorf("%v: an operation whose body came in pieces was answered %v, want a 400", mode, imm)
+			t.Errorf("%v, first piece %q: an operation whose body came in pieces was answered %v, want a 400", c.mode, c.first, imm)
 		}
 	}
+	mu.Lock()
+	if len(*got) != 0 {
+		t.Errorf("operations in pieces reached %q", *got)
+	}
+	mu.Unlock()
 	// A GET with no body at all goes to every replica.
 	s, err = picker(t, f).Process(context.Background())
 	if err != nil {

@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -39,7 +40,10 @@ type aborts struct {
 	mu   sync.Mutex
 	all  time.Time            // the latest abort of all requests
 	rids map[string]time.Time // the rids aborted, and when (the latest)
-	news chan struct{}        // closed (and replaced) when an abort is noted
+	// lengths counts the rids remembered by their length: a request's rid
+	// is matched by its prefixes of those lengths alone.
+	lengths map[int]int
+	news    chan struct{} // closed (and replaced) when an abort is noted
 }
 
 // noted returns a channel closed when the next abort is noted.
@@ -55,8 +59,9 @@ func (a *aborts) noted() <-chan struct{} {
 // abort is one client's abort: of all requests, or of those whose rid
 // (one of a batch's) begins with one of rids.
 type abort struct {
-	all  bool
-	rids map[string]bool
+	all     bool
+	rids    map[string]bool
+	lengths map[int]int // of rids, as aborts.lengths
 }
 
 // parseAbort reads an /abort_request's body: {"rid": a string or a list
@@ -81,9 +86,12 @@ func parseAbort(body []byte) (ab abort, ok bool) {
 	for _, rid := range rids {
 		if rid != "" && len(rid) <= maxRIDBytes {
 			if ab.rids == nil {
-				ab.rids = make(map[string]bool, len(rids))
+				ab.rids, ab.lengths = make(map[string]bool, len(rids)), map[int]int{}
 			}
-			ab.rids[rid] = true
+			if !ab.rids[rid] {
+				ab.rids[rid] = true
+				ab.lengths[len(rid)]++
+			}
 		}
 	}
 	return ab, ab.all || len(ab.rids) > 0
@@ -100,12 +108,17 @@ func (a *aborts) note(ab abort, at time.Time) {
 	}
 	for rid := range ab.rids {
 		if a.rids == nil {
-			a.rids = make(map[string]time.Time)
+			a.rids, a.lengths = make(map[string]time.Time), map[int]int{}
 		}
-		if len(a.rids) >= maxAbortedRIDs {
+		prev, ok := a.rids[rid]
+		if !ok && len(a.rids) >= maxAbortedRIDs {
 			a.forget(at)
 		}
-		if prev, ok := a.rids[rid]; !ok || at.After(prev) {
+		switch {
+		case !ok:
+			a.lengths[len(rid)]++
+			a.rids[rid] = at
+		case at.After(prev):
 			a.rids[rid] = at
 		}
 	}
@@ -128,14 +141,22 @@ func (a *aborts) forget(now time.Time) {
 	n := len(a.rids)
 	for rid, at := range a.rids {
 		if now.Sub(at) > abortMemory {
-			delete(a.rids, rid)
+			a.drop(rid)
 		}
 	}
 	for rid := range a.rids {
 		if len(a.rids) <= n-n/4 {
 			break
 		}
-		delete(a.rids, rid)
+		a.drop(rid)
+	}
+}
+
+// drop forgets an aborted rid.
+func (a *aborts) drop(rid string) {
+	delete(a.rids, rid)
+	if a.lengths[len(rid)]--; a.lengths[len(rid)] == 0 {
+		delete(a.lengths, len(rid))
 	}
 }
 
@@ -153,7 +174,7 @@ func (a *aborts) covers(req *Request, now time.Time) bool {
 	if len(a.rids) == 0 {
 		return false
 	}
-	return matchRIDs(req.Parsed.RID, func(prefix string) bool {
+	return matchRIDs(req.ridList(), a.lengths, func(prefix string) bool {
 		at, ok := a.rids[prefix]
 		return ok && !at.Before(req.Received) && now.Sub(at) <= abortMemory
 	})
@@ -164,35 +185,39 @@ func (ab abort) covers(req *Request, at time.Time) bool {
 	if req.Received.After(at) {
 		return false
 	}
-	return ab.all || matchRIDs(req.Parsed.RID, func(prefix string) bool { return ab.rids[prefix] })
+	return ab.all || matchRIDs(req.ridList(), ab.lengths, func(prefix string) bool { return ab.rids[prefix] })
 }
 
-// maxMatchedRIDs bounds the rids of one request (a batch's) matched
-// against the aborts.
-const maxMatchedRIDs = 4096
-
-// matchRIDs reports whether aborted holds a prefix of the request's rid
-// (prompt.Request.RID: one, or a batch's list as JSON), as SGLang matches
-// an aborted rid (a batch's prompts under one rid run as rid_0, rid_1,
-// ...). Each rid's prefixes up to maxRIDBytes are looked up: the cost is
-// the request's, whatever the number of aborts remembered.
-func matchRIDs(rid string, aborted func(prefix string) bool) bool {
-	if rid == "" {
-		return false
-	}
-	rids := []string{rid}
-	if rid[0] == '[' {
-		rids = nil
-		_ = json.Unmarshal([]byte(rid), &rids)
-	}
-	for _, r := range rids[:min(len(rids), maxMatchedRIDs)] {
-		for n := 1; n <= min(len(r), maxRIDBytes); n++ {
-			if aborted(r[:n]) {
+// matchRIDs reports whether aborted holds a prefix of one of rids (a
+// request's), as SGLang matches an aborted rid (a batch's prompts under
+// one rid run as rid_0, rid_1, ...): the prefixes of the lengths the
+// aborted rids have are looked up, so that the cost is the request's rids
+// times those lengths, whatever the number of aborts remembered.
+func matchRIDs(rids []string, lengths map[int]int, aborted func(prefix string) bool) bool {
+	for _, r := range rids {
+		for n := range lengths {
+			if n <= len(r) && aborted(r[:n]) {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// ridList is the request's rids (its batch's), read from its RID when the
+// request began (readRIDs).
+func (r *Request) ridList() []string { return r.rids }
+
+// readRIDs reads the request's rids from its RID: one, or a batch's list
+// as JSON.
+func (r *Request) readRIDs() {
+	switch rid := r.Parsed.RID; {
+	case rid == "":
+	case rid[0] == '[':
+		_ = json.Unmarshal([]byte(rid), &r.rids)
+	default:
+		r.rids = []string{rid}
+	}
 }
 
 // Abort takes a client's abort (the body of SGLang's /abort_request:
@@ -237,7 +262,8 @@ func (r *Request) ClientAborted(now time.Time) bool { return r.core.aborts.cover
 // ClientAborted does, waiting up to d for the news of one: the engines end
 // a request that an abort sent through another router of a mesh covers,
 // and that engine's answer may come before the bus's news of the abort.
-func (r *Request) AwaitClientAbort(d time.Duration) bool {
+// A client that leaves ends the wait (ctx is the client's).
+func (r *Request) AwaitClientAbort(ctx context.Context, d time.Duration) bool {
 	a := &r.core.aborts
 	deadline := time.Now().Add(d)
 	for {
@@ -253,6 +279,9 @@ func (r *Request) AwaitClientAbort(d time.Duration) bool {
 		select {
 		case <-news:
 			t.Stop()
+		case <-ctx.Done():
+			t.Stop()
+			return false
 		case <-t.C:
 			return a.covers(r, time.Now())
 		}
@@ -310,7 +339,7 @@ func (r *Request) abortAnswer(now time.Time) (body []byte, contentType string) {
 	n, seq := r.Parsed.Answers(), r.core.ids.Add(1) // seq: an id of its own
 	var answers []any
 	if r.kind == Generate {
-		rids := r.rids(n, seq)
+		rids := r.answerIDs(n, seq)
 		for i := range n {
 			a := map[string]any{"text": "", "output_ids": []int{}, "meta_info": map[string]any{
 				"id": rids[i], "finish_reason": abortedInQueue, "prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}}
@@ -364,10 +393,10 @@ func (r *Request) abortAnswer(now time.Time) (body []byte, contentType string) {
 	return append(data, '\n'), "application/json"
 }
 
-// rids are the ids of a /generate's n answers: its rids (a batch's list),
+// answerIDs are the ids of a /generate's n answers: its rids (a batch's list),
 // a batch's under one rid numbered as SGLang numbers them, or the
 // router's own (seq: the request's number).
-func (r *Request) rids(n int, seq uint64) []string {
+func (r *Request) answerIDs(n int, seq uint64) []string {
 	rids := make([]string, n)
 	var list []string
 	if rid := r.Parsed.RID; rid != "" && rid[0] == '[' {

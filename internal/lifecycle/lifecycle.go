@@ -240,6 +240,7 @@ type Request struct {
 	storedID bool   // storedAs was told the answer's id
 	named    string // the stored response the request names, if any
 	kind     Kind
+	rids     []string // its rids (Parsed.RID's), by which a client aborts it
 
 	tr reqTrace // see tracing.go
 }
@@ -291,6 +292,7 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 		r.release()
 		return nil, badRequest(err)
 	}
+	r.readRIDs()
 	est, text := c.cfg.Est, r.Parsed.Text
 	// A chat's tools open its prompt and name its application; the keys
 	// of its opening (simple session affinity's, the conversation's) are

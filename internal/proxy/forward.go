@@ -419,12 +419,12 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 			a.close()
 			return nil, e
 		}
-		if why, msg, failed := failedStream(*a.buf, req.Format()); failed && !(why == givenUp && req.AwaitClientAbort(s.fleet.AbortGrace())) {
+		if why, msg, failed := failedStream(*a.buf, req.Format()); failed && !(why == givenUp && req.AwaitClientAbort(ctx, s.fleet.AbortGrace())) {
 			a.close()
 			return nil, failure(id, http.StatusBadGateway, true, why, msg)
 		}
 	}
-	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) && !req.AwaitClientAbort(s.fleet.AbortGrace()) {
+	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) && !req.AwaitClientAbort(ctx, s.fleet.AbortGrace()) {
 		a.close()
 		return nil, failure(id, http.StatusBadGateway, true, givenUp, `finish_reason "abort"`)
 	}

@@ -181,7 +181,7 @@ func TestOnApplyHearsEachConfig(t *testing.T) {
 	if err := s.Apply(next); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(heard, " ") != "refuse allow" {
-		t.Errorf("heard %q, want each config applied", heard)
+	if strings.Join(heard, " ") != "allow refuse allow" {
+		t.Errorf("heard %q, want the running config, then each config applied", heard)
 	}
 }

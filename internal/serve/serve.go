@@ -75,13 +75,15 @@ type Server struct {
 	applied []func(Config)
 }
 
-// OnApply has fn called with the running config after each config is
-// applied (a reload): a front end built outside Server (gorgo epp's
-// picker) takes its settings so.
+// OnApply has fn called with the running config now and after each
+// config is applied (a reload): a front end built outside Server (gorgo
+// epp's picker) takes its settings so. fn runs under the Server's lock:
+// it must not call the Server.
 func (s *Server) OnApply(fn func(Config)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.applied = append(s.applied, fn)
+	fn(s.cfg)
 }
 
 // New builds a router from a config (its defaults applied here).

@@ -427,7 +427,7 @@ func (x *exchange) operate(op Operator, whole bool) error {
 		op.Abort(abort, x.received)
 	}
 	wait := cmp.Or(set.OperationWait, 30*time.Second)
-	if fleet.LoadsWeights(path) {
+	if fleet.MovesWeights(path) {
 		wait = cmp.Or(set.AdapterWait, 5*time.Minute)
 	}
 	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body, Wait: wait, Allowed: x.allowed(),

@@ -27,7 +27,10 @@ import (
 // SGLang's /load_lora_adapter and /unload_lora_adapter); SGLang's
 // /update_weights_from_disk loads new weights (and empties its cache),
 // its /pause_generation stops generating (by default aborting what runs
-// and waits) until /continue_generation. A client of the router means
+// and waits) until /continue_generation; vLLM's /sleep and SGLang's
+// /release_memory_occupation free the engine's memory, its weights and
+// its cache, until /wake_up or /resume_memory_occupation (the router
+// passes a sleeping replica over: it serves nothing). A client of the router means
 // them for the fleet behind it, whichever replica serves what: a
 // benchmark flushes the caches before a cold run, a
 // reinforcement-learning trainer aborts its rollouts, or pauses the
@@ -48,6 +51,7 @@ var operations = map[string]string{
 	"/flush_cache": "GET POST", "/reset_prefix_cache": "POST", "/abort_request": "POST",
 	"/v1/load_lora_adapter": "POST", "/v1/unload_lora_adapter": "POST", "/load_lora_adapter": "POST", "/unload_lora_adapter": "POST",
 	"/update_weights_from_disk": "POST", "/pause_generation": "POST", "/continue_generation": "POST",
+	"/sleep": "POST", "/wake_up": "POST", "/release_memory_occupation": "POST", "/resume_memory_occupation": "POST",
 }
 
 // AbortOf is the client's abort that an operation is, as an
@@ -72,10 +76,35 @@ func AbortOf(path string, body []byte) (abort []byte, ok bool) {
 	return nil, false
 }
 
-// LoadsWeights reports whether path loads weights, an adapter's or the
-// model's: allow it a model's load time, not a header's.
-func LoadsWeights(path string) bool {
-	return ChangesAdapters(path) || path == "/update_weights_from_disk"
+// MovesWeights reports whether path loads, offloads or frees weights, an
+// adapter's or the model's: allow it a model's load time, not a header's.
+func MovesWeights(path string) bool {
+	switch path {
+	case "/update_weights_from_disk", "/sleep", "/wake_up", "/release_memory_occupation", "/resume_memory_occupation":
+		return true
+	}
+	return ChangesAdapters(path)
+}
+
+// sleeps reports whether path puts an engine to sleep (frees its memory).
+func sleeps(path string) bool { return path == "/sleep" || path == "/release_memory_occupation" }
+
+// wakes reports whether op wakes an engine up whole: vLLM's /wake_up (its
+// /is_sleeping says, where it answers), SGLang's /resume_memory_occupation
+// with no tags or with the KV cache's, the last a trainer resumes (weights
+// first, to load new ones, then the cache).
+func wakes(path string, body []byte) bool {
+	switch path {
+	case "/wake_up":
+		return true
+	case "/resume_memory_occupation":
+		var req struct {
+			Tags []string `json:"tags"`
+		}
+		_ = json.Unmarshal(body, &req)
+		return len(req.Tags) == 0 || slices.Contains(req.Tags, "kv_cache")
+	}
+	return false
 }
 
 // IsOperation reports whether method and path name an engine operation.
@@ -95,9 +124,10 @@ func loads(path string) bool {
 }
 
 // flushes reports whether path empties a replica's prefix cache (new
-// weights make what it held worthless: SGLang empties it by default).
+// weights make what it held worthless: SGLang empties it by default; a
+// sleeping engine frees it).
 func flushes(path string) bool {
-	return path == "/flush_cache" || path == "/reset_prefix_cache" || path == "/update_weights_from_disk"
+	return path == "/flush_cache" || path == "/reset_prefix_cache" || path == "/update_weights_from_disk" || sleeps(path)
 }
 
 // maxOperationFanOut bounds the replicas asked at once.
@@ -133,6 +163,9 @@ type OperationAnswer struct {
 	Missed []string
 	err    error // not reached, or its answer broke off
 	lacks  bool  // it has no such path
+	// stillAsleep: woken, the replica's /is_sleeping says it sleeps yet
+	// (a wake of its weights alone).
+	stillAsleep bool
 }
 
 // Operate sends op to every healthy replica that serves or drains (a
@@ -152,7 +185,8 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 	path, _, _ := strings.Cut(op.URI, "?")
 	var reps []router.ReplicaState
 	for _, st := range f.rt.Replicas() {
-		if st.Healthy && (st.Available() || st.State == router.Draining) && (op.Allowed == nil || op.Allowed(st.ID)) {
+		// Asleep or not: a replica asleep is woken so.
+		if st.Healthy && (st.State == router.Active && st.Probed || st.State == router.Draining) && (op.Allowed == nil || op.Allowed(st.ID)) {
 			reps = append(reps, st)
 		}
 	}
@@ -210,6 +244,9 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 				if f.bus != nil {
 					f.bus.Flushed(a.ID) // and the other routers'
 				}
+			}
+			if sleeps(path) || wakes(path, op.Body) {
+				f.setAsleep(a.ID, sleeps(path) || a.stillAsleep)
 			}
 		}
 		reached++
@@ -271,8 +308,44 @@ func (f *Fleet) operate(ctx context.Context, op Operation, path, id string) Oper
 		a.lacks = true
 	case a.Status >= 200 && a.Status < 300 && ChangesAdapters(path):
 		f.ModelsChanged(ctx, id)
+	case a.Status >= 200 && a.Status < 300 && path == "/wake_up":
+		a.stillAsleep, _ = f.sleeping(ctx, u) // a wake of its weights alone
 	}
 	return a
+}
+
+// sleeping asks a replica whether it sleeps (vLLM's GET /is_sleeping,
+// beside /sleep in its development mode); known is false if it cannot say
+// (SGLang has no such path).
+func (f *Fleet) sleeping(ctx context.Context, u *Upstream) (asleep, known bool) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.URL()+"/is_sleeping", nil)
+	if err != nil {
+		return false, false
+	}
+	if key := u.APIKey(); key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := f.forward.Do(req)
+	if err != nil {
+		return false, false
+	}
+	defer resp.Body.Close()
+	var answer struct {
+		Sleeping *bool `json:"is_sleeping"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 4<<10)).Decode(&answer) != nil || answer.Sleeping == nil {
+		return false, false
+	}
+	return *answer.Sleeping, true
+}
+
+// setAsleep records that replica id sleeps, or not, here and at the other
+// routers of a mesh.
+func (f *Fleet) setAsleep(id string, asleep bool) {
+	if f.rt.SetAsleep(id, asleep) == nil && f.bus != nil {
+		f.bus.Slept(id, asleep)
+	}
+	f.log.Info("replica asleep", "replica", id, "asleep", asleep)
 }
 
 // alreadyDone reports whether a replica's refusal of an adapter's load or

@@ -156,6 +156,13 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	}
 	f.m.rtt.WithLabelValues(u.cfg.ID).Set(rtt.Seconds())
 	f.probed(u)
+	if st, err := f.rt.Replica(u.cfg.ID); err == nil && st.Asleep {
+		// Woken elsewhere than through this router? vLLM says so (an
+		// engine that cannot say stays asleep here until woken here).
+		if asleep, known := f.sleeping(pctx, u); known && !asleep {
+			f.setAsleep(u.cfg.ID, false)
+		}
+	}
 }
 
 // timeList asks a replica for its model list only to time the request

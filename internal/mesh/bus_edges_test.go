@@ -354,3 +354,21 @@ func TestFlushesAreShared(t *testing.T) {
 		t.Error("eu forgot b's blocks too")
 	}
 }
+
+// A replica put to sleep through one router is passed over by the others
+// too, until woken (2026-12-06: they sent it requests it could not serve).
+func TestSleepIsShared(t *testing.T) {
+	url := natsServer(t)
+	a := join(t, url, "us", newRouter(t))
+	rB := newRouter(t)
+	join(t, url, "eu", rB)
+	asleep := func(id string) bool { st, _ := rB.Replica(id); return st.Asleep }
+	a.Slept("a", true)
+	a.Slept("gone", true) // a replica eu does not have
+	eventually(t, "eu to hear a sleeps", func() bool { return asleep("a") })
+	if st, _ := rB.Replica("a"); st.Available() || asleep("b") {
+		t.Error("a sleeping replica available, or b asleep too")
+	}
+	a.Slept("a", false)
+	eventually(t, "eu to hear a woke", func() bool { return !asleep("a") })
+}

@@ -162,6 +162,7 @@ const (
 	kindStored   = "s" // the replica answered (and stores) a Responses API response
 	kindAbort    = "x" // a client aborted requests (SGLang's /abort_request)
 	kindFlushed  = "z" // a client emptied the replica's prefix cache (/flush_cache)
+	kindSlept    = "p" // a client put the replica's engine to sleep, or woke it
 )
 
 // event is what a router tells the others.
@@ -226,6 +227,8 @@ type event struct {
 	// ns, its clock).
 	Abort string `json:"ab,omitempty"`
 	At    int64  `json:"at,omitempty"`
+	// Asleep is a slept event's: the replica sleeps (or was woken).
+	Asleep bool `json:"sl,omitempty"`
 }
 
 // maxAbortBody bounds an abort's body told to the others: a list of
@@ -531,6 +534,13 @@ func (b *Bus) OnAbort(fn func(body []byte, at time.Time)) { b.abort.Store(&fn) }
 // /reset_prefix_cache): they forget what it held, as this router did.
 func (b *Bus) Flushed(replica string) { b.publish(event{Kind: kindFlushed, Replica: replica}) }
 
+// Slept tells the others that a client put replica's engine to sleep
+// through this router, or woke it: they pass it over while it sleeps, as
+// this router does.
+func (b *Bus) Slept(replica string, asleep bool) {
+	b.publish(event{Kind: kindSlept, Replica: replica, Asleep: asleep})
+}
+
 // Finished tells the others that attempt id ended.
 func (b *Bus) Finished(id uint64, outputTokens int, decode time.Duration) {
 	b.publish(event{Kind: kindEnd, ID: id, Out: outputTokens, DecodeUS: decode.Microseconds()})
@@ -647,6 +657,8 @@ func (b *Bus) apply(e *event, now time.Time) {
 		(*fn)([]byte(e.Abort), at) // it takes the queue's lock, never the bus's
 	case kindFlushed:
 		_ = b.rt.ClearCache(e.Replica) // a replica this router does not have: nothing to forget
+	case kindSlept:
+		_ = b.rt.SetAsleep(e.Replica, e.Asleep)
 	case kindAlive:
 		return
 	default:

@@ -44,7 +44,7 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	wait := cfg.HeaderTimeout
-	if fleet.LoadsWeights(r.URL.Path) {
+	if fleet.MovesWeights(r.URL.Path) {
 		wait = cfg.FirstByteTimeout // reading weights takes a model's load time
 	}
 	a, e := s.fleet.Operate(r.Context(), fleet.Operation{Method: r.Method, URI: r.URL.RequestURI(), Body: *body, Wait: wait,

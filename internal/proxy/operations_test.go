@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -394,5 +395,101 @@ func TestAbortOfAPause(t *testing.T) {
 	}
 	if _, ok := fleet.AbortOf("/continue_generation", nil); ok {
 		t.Error("/continue_generation taken for an abort")
+	}
+}
+
+// A trainer puts the engines to sleep through the router, to free their
+// memory for training, then wakes them: asleep, they are passed over
+// (they serve nothing: a request is a 503 rather than sent to hang there);
+// a wake of their weights alone leaves them asleep (vLLM's /is_sleeping
+// says so), a whole one wakes them; a replica woken behind the router's
+// back is found awake by its next probe. SGLang's
+// /release_memory_occupation and /resume_memory_occupation alike.
+func TestSleepingReplicasArePassedOver(t *testing.T) {
+	type engine struct {
+		mu     sync.Mutex
+		asleep bool
+		woken  map[string]bool
+	}
+	serve := func(e *engine) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			switch r.URL.Path {
+			case "/sleep", "/release_memory_occupation":
+				e.asleep, e.woken = true, map[string]bool{}
+			case "/wake_up":
+				if tags := r.URL.Query()["tags"]; len(tags) > 0 {
+					for _, tag := range tags {
+						e.woken[tag] = true
+					}
+					e.asleep = !(e.woken["weights"] && e.woken["kv_cache"])
+				} else {
+					e.asleep = false
+				}
+			case "/resume_memory_occupation":
+				e.asleep = !strings.Contains(string(body), "kv_cache") && strings.Contains(string(body), "tags")
+			case "/is_sleeping":
+				fmt.Fprintf(w, `{"is_sleeping":%v}`, e.asleep)
+			case "/v1/chat/completions":
+				if e.asleep {
+					t.Error("a request reached a sleeping engine")
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+			}
+		}
+	}
+	ea, eb := &engine{}, &engine{}
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, fakeUpstream(t, serve(ea)), fakeUpstream(t, serve(eb)))
+	chat := func() int {
+		code, _ := do(t, "POST", url+"/v1/chat/completions", modelChat("m", "while they sleep?", false))
+		return code
+	}
+	asleep := func() (n int) {
+		for _, id := range []string{"a", "b"} {
+			if st, _ := s.Router().Replica(id); st.Asleep {
+				n++
+			}
+		}
+		return n
+	}
+	for _, step := range []struct {
+		op, body string
+		asleep   int
+		chat     int
+	}{
+		{"/sleep?level=1", "", 2, http.StatusServiceUnavailable},
+		{"/wake_up?tags=weights", "", 2, http.StatusServiceUnavailable},
+		{"/wake_up?tags=kv_cache", "", 0, http.StatusOK},
+		{"/release_memory_occupation", `{}`, 2, http.StatusServiceUnavailable},
+		{"/resume_memory_occupation", `{"tags":["weights"]}`, 2, http.StatusServiceUnavailable},
+		{"/resume_memory_occupation", `{"tags":["kv_cache"]}`, 0, http.StatusOK},
+	} {
+		if code, body := do(t, "POST", url+step.op, step.body); code != 200 {
+			t.Fatalf("%s: %d %s", step.op, code, body)
+		}
+		if n := asleep(); n != step.asleep {
+			t.Errorf("after %s: %d replicas asleep, want %d", step.op, n, step.asleep)
+		}
+		if code := chat(); code != step.chat {
+			t.Errorf("a chat after %s: %d, want %d", step.op, code, step.chat)
+		}
+	}
+	// Put to sleep through the router, woken behind its back: the next
+	// probe finds it awake.
+	if code, _ := do(t, "POST", url+"/sleep", ""); code != 200 || asleep() != 2 {
+		t.Fatalf("sleep: %d, %d asleep", code, asleep())
+	}
+	ea.mu.Lock()
+	ea.asleep = false
+	ea.mu.Unlock()
+	s.ProbeOnce(context.Background())
+	if st, _ := s.Router().Replica("a"); st.Asleep {
+		t.Error("a replica woken behind the router's back is asleep after a probe")
+	}
+	if st, _ := s.Router().Replica("b"); !st.Asleep {
+		t.Error("a replica still asleep was found awake")
 	}
 }

@@ -73,6 +73,10 @@ type member struct {
 	state   atomic.Int32 // State
 	healthy atomic.Bool
 	gone    atomic.Bool // left the fleet
+	// asleep: a client put its engine to sleep (vLLM's /sleep, SGLang's
+	// /release_memory_occupation): it serves nothing until woken. (Beside
+	// state and healthy: in the padding before busyUntil.)
+	asleep atomic.Bool
 	// busyUntil is when (ns of router time) the replica stops being passed
 	// over for having said it is busy (Router.Busy); 0: never said.
 	busyUntil atomic.Int64
@@ -193,7 +197,7 @@ func (m *member) ratesNow() (prefill, queue float64) {
 // available reports whether a decision may pick the replica: active, up,
 // and reached by a probe (until then its round trip is unknown).
 func (m *member) available() bool {
-	return State(m.state.Load()) == Active && m.healthy.Load() && m.probed.Load()
+	return State(m.state.Load()) == Active && m.healthy.Load() && m.probed.Load() && !m.asleep.Load()
 }
 
 // serves reports whether the replica serves model ("": any model; a
@@ -340,8 +344,9 @@ type ReplicaState struct {
 	ID, Region string
 	State      State
 	// Healthy is the replica's health (false: marked down); Probed says
-	// whether a probe has reached it yet.
-	Healthy, Probed bool
+	// whether a probe has reached it yet; Asleep that a client put its
+	// engine to sleep (SetAsleep).
+	Healthy, Probed, Asleep bool
 	// BusyUntil is when (router time) the replica stops being passed over
 	// for having answered that it is busy (Router.Busy); 0: never.
 	BusyUntil time.Duration
@@ -374,11 +379,13 @@ type ReplicaState struct {
 }
 
 // Available reports whether a decision may pick the replica.
-func (s ReplicaState) Available() bool { return s.State == Active && s.Healthy && s.Probed }
+func (s ReplicaState) Available() bool {
+	return s.State == Active && s.Healthy && s.Probed && !s.Asleep
+}
 
 func (m *member) snapshot(indexBlocks int) ReplicaState {
 	st := ReplicaState{ID: m.id, Region: *m.region.Load(), State: State(m.state.Load()), Healthy: m.healthy.Load(), Probed: m.probed.Load(),
-		BusyUntil: time.Duration(m.busyUntil.Load()), RTT: time.Duration(m.rttNS.Load()), InFlight: int(m.inflight.Load()), UnfinishedTokens: int(m.unfin.Load()),
+		Asleep: m.asleep.Load(), BusyUntil: time.Duration(m.busyUntil.Load()), RTT: time.Duration(m.rttNS.Load()), InFlight: int(m.inflight.Load()), UnfinishedTokens: int(m.unfin.Load()),
 		BacklogTokens: int(m.backlog.Load()), IndexBlocks: indexBlocks, KVCapacityTokens: int(m.kvCap.Load())}
 	st.PrefillMSPerToken, st.QueueMSPerToken = m.ratesNow()
 	st.Decoding = int(m.decoding.Load())

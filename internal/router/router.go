@@ -897,6 +897,16 @@ func (r *Router) SetHealthy(id string, ok bool) error {
 	return err
 }
 
+// SetAsleep records that a client put the replica's engine to sleep (it
+// serves nothing, and decisions pass it over) or woke it.
+func (r *Router) SetAsleep(id string, asleep bool) error {
+	m, err := r.member(id)
+	if err == nil {
+		m.asleep.Store(asleep)
+	}
+	return err
+}
+
 // Rates returns a replica's prefill and queue rates (ms per token) as the
 // router currently prices them.
 func (r *Router) Rates(id string) (prefillMS, queueMS float64, err error) {

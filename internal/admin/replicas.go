@@ -20,7 +20,8 @@ type replicaJSON struct {
 	Profile string `json:"profile,omitempty"`
 	Source  string `json:"source"`
 	// State is active, draining, removing, down (ejected by failures, or
-	// failing its probes) or unprobed (no probe has reached it yet).
+	// failing its probes), unprobed (no probe has reached it yet) or
+	// asleep (a client put its engine to sleep through the router).
 	State    string `json:"state"`
 	Failures int    `json:"failures"` // in a row
 	// Ejections counts the times it was ejected (reset once it stays up),
@@ -62,6 +63,8 @@ func state(st router.ReplicaState) string {
 		return "down"
 	case !st.Probed:
 		return "unprobed"
+	case st.Asleep:
+		return "asleep"
 	}
 	return st.State.String()
 }

@@ -478,7 +478,7 @@ func TestSleepingReplicasArePassedOver(t *testing.T) {
 		}
 	}
 	// Put to sleep through the router, woken behind its back: the next
-	// probe finds it awake. An operator sees which sleep.
+	// probe finds it awake.
 	if code, _ := do(t, "POST", url+"/sleep", ""); code != 200 || asleep() != 2 {
 		t.Fatalf("sleep: %d, %d asleep", code, asleep())
 	}

@@ -185,8 +185,10 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 	path, _, _ := strings.Cut(op.URI, "?")
 	var reps []router.ReplicaState
 	for _, st := range f.rt.Replicas() {
-		// Asleep or not: a replica asleep is woken so.
-		if st.Healthy && (st.State == router.Active && st.Probed || st.State == router.Draining) && (op.Allowed == nil || op.Allowed(st.ID)) {
+		// Asleep or not: a replica asleep is woken so, even one its
+		// sleep made fail its probes.
+		up := st.Healthy || st.Asleep && wakes(path, op.Body)
+		if up && (st.State == router.Active && st.Probed || st.State == router.Draining) && (op.Allowed == nil || op.Allowed(st.ID)) {
 			reps = append(reps, st)
 		}
 	}

@@ -423,14 +423,17 @@ func (x *exchange) operate(op Operator, whole bool) error {
 	if !whole {
 		return x.immediate(wire.Errorf(http.StatusBadRequest, "%s %s is sent to every replica by the endpoint picker, which needs its whole body: the gateway sent it in pieces (use request_body_mode BUFFERED or FULL_DUPLEX_STREAMED)", x.method, path))
 	}
-	if abort, ok := fleet.AbortOf(path, x.body); ok {
+	allowed := x.allowed()
+	if abort, ok := fleet.AbortOf(x.path, x.body); ok && (allowed == nil || !fleet.AbortsAll(abort)) {
+		// Not an abort of all within a subset: it aborts the subset's
+		// engines' requests, not this router's every one.
 		op.Abort(abort, x.received)
 	}
 	wait := cmp.Or(set.OperationWait, 30*time.Second)
 	if fleet.MovesWeights(path) {
 		wait = cmp.Or(set.AdapterWait, 5*time.Minute)
 	}
-	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body, Wait: wait, Allowed: x.allowed(),
+	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body, Wait: wait, Allowed: allowed,
 		Header: func(u *fleet.Upstream) http.Header {
 			h := x.opHeader.Clone()
 			if key := u.APIKey(); key != "" {

@@ -78,8 +78,14 @@ func (f *Fleet) Failure(id string) { f.outcome(id, true, false) }
 // Success records a request the replica served (lifecycle.Health).
 func (f *Fleet) Success(id string) { f.outcome(id, false, false) }
 
-// probeFailed records a failed probe.
-func (f *Fleet) probeFailed(id string) { f.outcome(id, true, true) }
+// probeFailed records a failed probe; not of a replica a client put to
+// sleep (a sleeping engine may fail its health check: it is not broken).
+func (f *Fleet) probeFailed(id string) {
+	if st, err := f.rt.Replica(id); err == nil && st.Asleep {
+		return
+	}
+	f.outcome(id, true, true)
+}
 
 func (f *Fleet) outcome(id string, failed, probe bool) {
 	u := f.Upstream(id)
@@ -147,8 +153,8 @@ func (f *Fleet) outcome(id string, failed, probe bool) {
 // probe since. Call with ejectMu held.
 func (f *Fleet) ejectedShare() (replicas, ejected int) {
 	for id, u := range f.upstreams() {
-		if st, err := f.rt.Replica(id); err != nil || st.State != router.Active {
-			continue
+		if st, err := f.rt.Replica(id); err != nil || st.State != router.Active || st.Asleep {
+			continue // asleep, it serves nothing, failing or not
 		}
 		replicas++
 		if u.out.Load() {

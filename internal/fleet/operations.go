@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -51,26 +52,45 @@ var operations = map[string]string{
 	"/flush_cache": "GET POST", "/reset_prefix_cache": "POST", "/abort_request": "POST",
 	"/v1/load_lora_adapter": "POST", "/v1/unload_lora_adapter": "POST", "/load_lora_adapter": "POST", "/unload_lora_adapter": "POST",
 	"/update_weights_from_disk": "POST", "/pause_generation": "POST", "/continue_generation": "POST",
-	"/sleep": "POST", "/wake_up": "POST", "/release_memory_occupation": "POST", "/resume_memory_occupation": "POST",
+	"/sleep": "POST", "/wake_up": "POST", "/release_memory_occupation": "GET POST", "/resume_memory_occupation": "GET POST",
 }
 
-// AbortOf is the client's abort that an operation is, as an
-// /abort_request's body: the abort's own, or a pause's that aborts what
-// runs and waits (SGLang's /pause_generation in its default mode,
-// "abort"); ok is false for the others.
-func AbortOf(path string, body []byte) (abort []byte, ok bool) {
+// abortAll is an /abort_request's body that aborts everything.
+var abortAll = []byte(`{"abort_all":true}`)
+
+// AbortsAll reports whether an /abort_request's body aborts every request.
+func AbortsAll(body []byte) bool {
+	var req struct {
+		All bool `json:"abort_all"`
+	}
+	return json.Unmarshal(body, &req) == nil && req.All
+}
+
+// AbortOf is the client's abort that an operation (uri: its path and
+// query) is, as an /abort_request's body: the abort's own; an abort of all
+// for one that aborts what the engines run and hold: SGLang's
+// /pause_generation in its default mode ("abort"), its
+// /update_weights_from_disk with abort_all_requests, vLLM's /sleep in its
+// default mode ("abort"). ok is false for the others.
+func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
+	path, query, _ := strings.Cut(uri, "?")
+	var req struct {
+		Mode     string `json:"mode"`
+		AbortAll bool   `json:"abort_all_requests"`
+	}
 	switch path {
 	case "/abort_request":
 		return body, true
-	case "/pause_generation":
-		var req struct {
-			Mode string `json:"mode"`
-		}
+	case "/pause_generation", "/update_weights_from_disk":
 		if len(bytes.TrimSpace(body)) > 0 && json.Unmarshal(body, &req) != nil {
 			return nil, false // the engines will refuse it
 		}
-		if req.Mode == "" || req.Mode == "abort" {
-			return []byte(`{"abort_all":true}`), true
+		if path == "/pause_generation" && (req.Mode == "" || req.Mode == "abort") || req.AbortAll {
+			return abortAll, true
+		}
+	case "/sleep":
+		if q, err := url.ParseQuery(query); err == nil && (q.Get("mode") == "" || q.Get("mode") == "abort") {
+			return abortAll, true
 		}
 	}
 	return nil, false
@@ -89,22 +109,38 @@ func MovesWeights(path string) bool {
 // sleeps reports whether path puts an engine to sleep (frees its memory).
 func sleeps(path string) bool { return path == "/sleep" || path == "/release_memory_occupation" }
 
-// wakes reports whether op wakes an engine up whole: vLLM's /wake_up (its
-// /is_sleeping says, where it answers), SGLang's /resume_memory_occupation
-// with no tags or with the KV cache's, the last a trainer resumes (weights
-// first, to load new ones, then the cache).
-func wakes(path string, body []byte) bool {
+// wakes reports whether path wakes an engine, in whole or in part.
+func wakes(path string) bool { return path == "/wake_up" || path == "/resume_memory_occupation" }
+
+// wholeFleet reports whether path goes to every replica, up or down: the
+// engines' sleep and what a trainer does around it (a sleeping engine may
+// fail its probes, and must still be woken, given its new weights, and
+// let go on).
+func wholeFleet(path string) bool {
 	switch path {
-	case "/wake_up":
+	case "/update_weights_from_disk", "/pause_generation", "/continue_generation":
 		return true
-	case "/resume_memory_occupation":
-		var req struct {
-			Tags []string `json:"tags"`
-		}
-		_ = json.Unmarshal(body, &req)
-		return len(req.Tags) == 0 || slices.Contains(req.Tags, "kv_cache")
 	}
-	return false
+	return sleeps(path) || wakes(path)
+}
+
+// memoryTags are what SGLang's /release_memory_occupation and
+// /resume_memory_occupation act on when their body names none.
+var memoryTags = []string{"weights", "kv_cache", "cuda_graph"}
+
+// maxMemoryTags bounds the tags read of a body.
+const maxMemoryTags = 16
+
+// tagsOf is the memory an SGLang release or resume names (its "tags"; all
+// of memoryTags when it names none), at most maxMemoryTags of them.
+func tagsOf(body []byte) []string {
+	var req struct {
+		Tags []string `json:"tags"`
+	}
+	if json.Unmarshal(body, &req) != nil || len(req.Tags) == 0 {
+		return memoryTags
+	}
+	return req.Tags[:min(len(req.Tags), maxMemoryTags)]
 }
 
 // IsOperation reports whether method and path name an engine operation.
@@ -185,10 +221,11 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 	path, _, _ := strings.Cut(op.URI, "?")
 	var reps []router.ReplicaState
 	for _, st := range f.rt.Replicas() {
-		// Asleep or not: a replica asleep is woken so, even one its
-		// sleep made fail its probes.
-		up := st.Healthy || st.Asleep && wakes(path, op.Body)
-		if up && (st.State == router.Active && st.Probed || st.State == router.Draining) && (op.Allowed == nil || op.Allowed(st.ID)) {
+		// The engines' sleep, and what a trainer does around it, reach
+		// every replica, up or not (a sleeping engine may fail its
+		// probes); the others, those up.
+		up := st.Healthy && st.Probed || wholeFleet(path)
+		if up && (st.State == router.Active || st.State == router.Draining) && (op.Allowed == nil || op.Allowed(st.ID)) {
 			reps = append(reps, st)
 		}
 	}
@@ -202,6 +239,10 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 	}
 	ctx, cancel := context.WithTimeout(ctx, op.Wait)
 	defer cancel()
+	var tags []string // an SGLang release's or resume's
+	if path == "/release_memory_occupation" || path == "/resume_memory_occupation" {
+		tags = tagsOf(op.Body)
+	}
 	answers := make([]OperationAnswer, len(reps))
 	var g errgroup.Group
 	g.SetLimit(maxOperationFanOut)
@@ -247,8 +288,15 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 					f.bus.Flushed(a.ID) // and the other routers'
 				}
 			}
-			if sleeps(path) || wakes(path, op.Body) {
-				f.setAsleep(a.ID, sleeps(path) || a.stillAsleep)
+			switch {
+			case path == "/sleep":
+				f.setAsleep(a.ID, true)
+			case path == "/wake_up":
+				f.setAsleep(a.ID, a.stillAsleep)
+			case path == "/release_memory_occupation":
+				f.release(a.ID, tags)
+			case path == "/resume_memory_occupation":
+				f.resume(a.ID, tags)
 			}
 		}
 		reached++
@@ -311,43 +359,97 @@ func (f *Fleet) operate(ctx context.Context, op Operation, path, id string) Oper
 	case a.Status >= 200 && a.Status < 300 && ChangesAdapters(path):
 		f.ModelsChanged(ctx, id)
 	case a.Status >= 200 && a.Status < 300 && path == "/wake_up":
-		a.stillAsleep, _ = f.sleeping(ctx, u) // a wake of its weights alone
+		a.stillAsleep, _, _ = f.sleeping(ctx, u) // a wake of its weights alone
 	}
 	return a
 }
 
 // sleeping asks a replica whether it sleeps (vLLM's GET /is_sleeping,
-// beside /sleep in its development mode); known is false if it cannot say
-// (SGLang has no such path).
-func (f *Fleet) sleeping(ctx context.Context, u *Upstream) (asleep, known bool) {
+// beside /sleep in its development mode), waiting at most maxModelsWait;
+// known is false if it did not say: answered says whether it answered at
+// all (SGLang answers it has no such path).
+func (f *Fleet) sleeping(ctx context.Context, u *Upstream) (asleep, known, answered bool) {
+	ctx, cancel := context.WithTimeout(ctx, maxModelsWait)
+	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.URL()+"/is_sleeping", nil)
 	if err != nil {
-		return false, false
+		return false, false, false
 	}
 	if key := u.APIKey(); key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
 	resp, err := f.forward.Do(req)
 	if err != nil {
-		return false, false
+		return false, false, false
 	}
 	defer resp.Body.Close()
 	var answer struct {
 		Sleeping *bool `json:"is_sleeping"`
 	}
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, 4<<10)).Decode(&answer) != nil || answer.Sleeping == nil {
-		return false, false
+	dec := json.NewDecoder(io.LimitReader(resp.Body, 4<<10))
+	if resp.StatusCode != http.StatusOK || dec.Decode(&answer) != nil || answer.Sleeping == nil {
+		return false, false, ctx.Err() == nil
 	}
-	return *answer.Sleeping, true
+	return *answer.Sleeping, true, true
 }
 
 // setAsleep records that replica id sleeps, or not, here and at the other
-// routers of a mesh.
+// routers of a mesh. Woken, it comes back at its next good probe, whatever
+// its health while it slept.
 func (f *Fleet) setAsleep(id string, asleep bool) {
 	if f.rt.SetAsleep(id, asleep) == nil && f.bus != nil {
 		f.bus.Slept(id, asleep)
 	}
+	if u := f.Upstream(id); u != nil {
+		u.mu.Lock()
+		if !asleep {
+			u.health.until, u.health.ejections, u.health.probeFail = time.Time{}, 0, 0
+		} else {
+			u.released = nil
+		}
+		u.mu.Unlock()
+	}
 	f.log.Info("replica asleep", "replica", id, "asleep", asleep)
+}
+
+// release records that an SGLang replica freed the memory tags name: it
+// sleeps until they are all resumed, or the KV cache is (a trainer resumes
+// the weights first, to load new ones, then the cache, and serves).
+func (f *Fleet) release(id string, tags []string) {
+	u := f.Upstream(id)
+	if u == nil {
+		return
+	}
+	u.mu.Lock()
+	if u.released == nil {
+		u.released = map[string]bool{}
+	}
+	for _, t := range tags {
+		u.released[t] = true
+	}
+	u.mu.Unlock()
+	if err := f.rt.SetAsleep(id, true); err == nil && f.bus != nil {
+		f.bus.Slept(id, true)
+	}
+	f.log.Info("replica asleep", "replica", id, "asleep", true, "released", tags)
+}
+
+// resume records that an SGLang replica took back the memory tags name,
+// and wakes it when nothing it released is left, or the KV cache is back.
+func (f *Fleet) resume(id string, tags []string) {
+	u := f.Upstream(id)
+	if u == nil {
+		return
+	}
+	u.mu.Lock()
+	for _, t := range tags {
+		delete(u.released, t)
+	}
+	awake := len(u.released) == 0 || slices.Contains(tags, "kv_cache")
+	u.mu.Unlock()
+	if awake {
+		f.setAsleep(id, false)
+	}
 }
 
 // alreadyDone reports whether a replica's refusal of an adapter's load or

@@ -156,12 +156,23 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	}
 	f.m.rtt.WithLabelValues(u.cfg.ID).Set(rtt.Seconds())
 	f.probed(u)
-	if st, err := f.rt.Replica(u.cfg.ID); err == nil && st.Asleep {
-		// Woken elsewhere than through this router? vLLM says so (an
-		// engine that cannot say stays asleep here until woken here).
-		if asleep, known := f.sleeping(pctx, u); known && !asleep {
-			f.setAsleep(u.cfg.ID, false)
-		}
+	// Put to sleep, or woken, elsewhere than through this router (before
+	// it started, through another, by the trainer at the engine itself)?
+	// vLLM says so, asked beside the probe (one question at a time); an
+	// engine that answers it cannot say (SGLang) is asked no more, and
+	// sleeps here as it was put to sleep here.
+	if !u.sleepless.Load() && u.asking.CompareAndSwap(false, true) {
+		go func() {
+			defer u.asking.Store(false)
+			asleep, known, answered := f.sleeping(ctx, u)
+			st, err := f.rt.Replica(u.cfg.ID)
+			switch {
+			case answered && !known:
+				u.sleepless.Store(true)
+			case known && err == nil && st.Asleep != asleep:
+				f.setAsleep(u.cfg.ID, asleep)
+			}
+		}()
 	}
 }
 

@@ -25,6 +25,9 @@ type Upstream struct {
 	health  health
 	stop    context.CancelFunc // ends its probe and scrape loops
 	stopped bool
+	// released is the memory a client had its SGLang engine free
+	// (/release_memory_occupation) and not take back yet; under mu.
+	released map[string]bool
 	// out says the replica is ejected, or its ejection is over and no
 	// probe has brought it back yet (set at an ejection under the fleet's
 	// ejectMu): the share of the fleet out, for max_ejection_percent.
@@ -35,6 +38,10 @@ type Upstream struct {
 	served        *models.Set
 	refresh       chan struct{}
 	scrapeFailing atomic.Bool
+	// sleepless: it does not say whether it sleeps (no GET /is_sleeping:
+	// SGLang, vLLM outside its development mode), and is not asked again.
+	sleepless     atomic.Bool
+	asking        atomic.Bool // a probe's question of its sleep is out
 	modelsFailing atomic.Bool
 	// foreignRun counts the scrapes in a row that showed requests from
 	// elsewhere (negative: that showed none), up to foreignScrapes;

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -188,14 +190,25 @@ func (ab abort) covers(req *Request, at time.Time) bool {
 	return ab.all || matchRIDs(req.ridList(), ab.lengths, func(prefix string) bool { return ab.rids[prefix] })
 }
 
+// maxMatchLookups bounds the lookups of one request's match against the
+// aborts: far above a request's few rids times the aborted rids' few
+// lengths, so that a hostile batch of rids, against an abort of rids of
+// every length, costs no more than that under the locks it is matched in.
+const maxMatchLookups = 1 << 14
+
 // matchRIDs reports whether aborted holds a prefix of one of rids (a
 // request's), as SGLang matches an aborted rid (a batch's prompts under
 // one rid run as rid_0, rid_1, ...): the prefixes of the lengths the
 // aborted rids have are looked up, so that the cost is the request's rids
-// times those lengths, whatever the number of aborts remembered.
+// times those lengths (at most maxMatchLookups), whatever the number of
+// aborts remembered.
 func matchRIDs(rids []string, lengths map[int]int, aborted func(prefix string) bool) bool {
+	lookups := 0
 	for _, r := range rids {
 		for n := range lengths {
+			if lookups++; lookups > maxMatchLookups {
+				return false
+			}
 			if n <= len(r) && aborted(r[:n]) {
 				return true
 			}
@@ -208,13 +221,23 @@ func matchRIDs(rids []string, lengths map[int]int, aborted func(prefix string) b
 // request began (readRIDs).
 func (r *Request) ridList() []string { return r.rids }
 
+// maxRequestRIDs bounds the rids of one request kept (a batch's, past it,
+// are not matched against the aborts).
+const maxRequestRIDs = 4096
+
 // readRIDs reads the request's rids from its RID: one, or a batch's list
-// as JSON.
+// as JSON (its first maxRequestRIDs strings of at most maxRIDBytes; the
+// others are not matched).
 func (r *Request) readRIDs() {
 	switch rid := r.Parsed.RID; {
 	case rid == "":
 	case rid[0] == '[':
-		_ = json.Unmarshal([]byte(rid), &r.rids)
+		gjson.Parse(rid).ForEach(func(_, v gjson.Result) bool {
+			if v.Type == gjson.String && len(v.Str) <= maxRIDBytes {
+				r.rids = append(r.rids, v.Str)
+			}
+			return len(r.rids) < maxRequestRIDs
+		})
 	default:
 		r.rids = []string{rid}
 	}

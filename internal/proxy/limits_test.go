@@ -212,7 +212,7 @@ func TestOtherEndpoints(t *testing.T) {
 	var mu sync.Mutex
 	var paths []string
 	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/metrics" {
+		if r.URL.Path == "/metrics" || r.URL.Path == "/is_sleeping" { // the router's scrape and probe
 			return
 		}
 		body, _ := io.ReadAll(r.Body)

@@ -36,7 +36,7 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, httpapi.BodyError(err))
 		return
 	}
-	if abort, ok := fleet.AbortOf(r.URL.Path, *body); ok {
+	if abort, ok := fleet.AbortOf(r.URL.RequestURI(), *body); ok {
 		// Before any replica ends a request it names; those in the
 		// router's queue end here.
 		if n := s.fleet.Abort(abort, time.Now()); n > 0 {

@@ -396,6 +396,18 @@ func TestAbortOfAPause(t *testing.T) {
 	if _, ok := fleet.AbortOf("/continue_generation", nil); ok {
 		t.Error("/continue_generation taken for an abort")
 	}
+	// New weights that abort what runs, vLLM's sleep in its default mode
+	// (review, 2026-12-06: their aborts were failed over).
+	for uri, want := range map[string]bool{"/sleep": true, "/sleep?level=1": true, "/sleep?mode=abort": true, "/sleep?mode=wait": false} {
+		if _, got := fleet.AbortOf(uri, nil); got != want {
+			t.Errorf("%s: an abort %v, want %v", uri, got, want)
+		}
+	}
+	for body, want := range map[string]bool{`{"model_path":"/x"}`: false, `{"model_path":"/x","abort_all_requests":true}`: true} {
+		if _, got := fleet.AbortOf("/update_weights_from_disk", []byte(body)); got != want {
+			t.Errorf("new weights %s: an abort %v, want %v", body, got, want)
+		}
+	}
 }
 
 // A trainer puts the engines to sleep through the router, to free their
@@ -486,10 +498,142 @@ func TestSleepingReplicasArePassedOver(t *testing.T) {
 	ea.asleep = false
 	ea.mu.Unlock()
 	s.ProbeOnce(context.Background())
-	if st, _ := s.Router().Replica("a"); st.Asleep {
-		t.Error("a replica woken behind the router's back is asleep after a probe")
-	}
+	eventually(t, "a probe to find a awake", func() bool { st, _ := s.Router().Replica("a"); return !st.Asleep })
+	s.ProbeOnce(context.Background())
+	time.Sleep(50 * time.Millisecond) // its question of b's sleep answered
 	if st, _ := s.Router().Replica("b"); !st.Asleep {
 		t.Error("a replica still asleep was found awake")
+	}
+}
+
+// SGLang's released engines fail their probes (its /health generates):
+// they are not ejected for it, the trainer's next steps (a resume of the
+// weights, their update) reach them, and once resumed they serve at once;
+// a resume of just what was released wakes them (review, 2026-12-06:
+// the resume was a 503, "no available replica", and a resume of the
+// released weights alone left the replica asleep for ever).
+func TestReleasedReplicasAreResumed(t *testing.T) {
+	var mu sync.Mutex
+	released := map[string]bool{}
+	var got []string
+	serve := func(name string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			mu.Lock()
+			defer mu.Unlock()
+			switch r.URL.Path {
+			case "/v1/models":
+				http.NotFound(w, r)
+				return
+			case "/health":
+				if released[name] {
+					w.WriteHeader(http.StatusServiceUnavailable)
+				}
+				return
+			case "/release_memory_occupation":
+				released[name] = true
+			case "/resume_memory_occupation":
+				if strings.Contains(string(body), "kv_cache") || !strings.Contains(string(body), "tags") {
+					released[name] = false
+				}
+			case "/v1/chat/completions":
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+			}
+			if r.Method == http.MethodPost && r.URL.Path != "/v1/chat/completions" {
+				got = append(got, name+" "+r.URL.Path)
+			}
+		}
+	}
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}},
+		servetest.At(servetest.Listen(t, serve("a"))), servetest.At(servetest.Listen(t, serve("b"))))
+	step := func(op, body string) {
+		t.Helper()
+		mu.Lock()
+		got = nil
+		mu.Unlock()
+		if code, answer := do(t, "POST", url+op, body); code != 200 {
+			t.Fatalf("%s: %d %s", op, code, answer)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(got) != 2 {
+			t.Errorf("%s reached %q, want both replicas", op, got)
+		}
+	}
+	step("/release_memory_occupation", `{}`)
+	for range 4 { // their probes fail while released
+		s.ProbeOnce(context.Background())
+	}
+	step("/resume_memory_occupation", `{"tags":["weights"]}`)
+	step("/update_weights_from_disk", `{"model_path":"/ckpt/2"}`)
+	step("/resume_memory_occupation", `{"tags":["kv_cache"]}`)
+	s.ProbeOnce(context.Background())
+	if code, body := do(t, "POST", url+"/v1/chat/completions", modelChat("m", "after the resume", false)); code != 200 {
+		t.Errorf("a chat after the resume: %d %s", code, body)
+	}
+	for _, id := range []string{"a", "b"} {
+		if st, _ := s.Router().Replica(id); st.Asleep || !st.Healthy {
+			t.Errorf("%s after the resume: asleep %v, healthy %v", id, st.Asleep, st.Healthy)
+		}
+	}
+	// A resume of just what was released wakes it.
+	step("/release_memory_occupation", `{"tags":["cuda_graph"]}`)
+	step("/resume_memory_occupation", `{"tags":["cuda_graph"]}`)
+	for _, id := range []string{"a", "b"} {
+		if st, _ := s.Router().Replica(id); st.Asleep {
+			t.Errorf("%s asleep after the resume of all it released", id)
+		}
+	}
+}
+
+// A vLLM engine put to sleep elsewhere than through the router (before it
+// started, by the trainer at the engine) is found asleep by a probe, and
+// passed over (review, 2026-12-06: sleep was only ever un-learned).
+func TestSleepingEngineFoundByTheProbe(t *testing.T) {
+	var chats atomic.Int64
+	engine := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		switch r.URL.Path {
+		case "/is_sleeping":
+			_, _ = io.WriteString(w, `{"is_sleeping":true}`)
+		case "/v1/chat/completions":
+			chats.Add(1)
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, fakeUpstream(t, engine))
+	s.ProbeOnce(context.Background())
+	eventually(t, "the probe to find it asleep", func() bool { st, _ := s.Router().Replica("a"); return st.Asleep })
+	if code, _ := do(t, "POST", url+"/v1/chat/completions", modelChat("m", "hi", false)); code != http.StatusServiceUnavailable || chats.Load() != 0 {
+		t.Errorf("a chat while it sleeps: %d, %d sent to it", code, chats.Load())
+	}
+}
+
+// Replicas asleep serve nothing, failing or not: they do not count in the
+// share of the fleet requests may eject (review, 2026-12-06: with two of
+// four asleep, both awake ones were ejected).
+func TestEjectionCapCountsTheAwake(t *testing.T) {
+	failing := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		if r.URL.Path == "/v1/chat/completions" {
+			w.WriteHeader(http.StatusInternalServerError)
+		}
+	}
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}},
+		fakeUpstream(t, failing), fakeUpstream(t, failing), fakeUpstream(t, failing), fakeUpstream(t, failing))
+	_ = s.Router().SetAsleep("c", true)
+	_ = s.Router().SetAsleep("d", true)
+	for range 12 {
+		do(t, "POST", url+"/v1/chat/completions", modelChat("m", "hi", false))
+	}
+	ejected := 0
+	for _, id := range []string{"a", "b"} {
+		if st, _ := s.Router().Replica(id); !st.Healthy {
+			ejected++
+		}
+	}
+	if ejected > 1 {
+		t.Errorf("%d of the 2 awake replicas ejected, over max_ejection_percent 50", ejected)
 	}
 }

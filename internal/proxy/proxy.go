@@ -190,6 +190,8 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "POST", Pattern: "/wake_up", Handler: s.guard(s.handleOperation)},
 		{Method: "POST", Pattern: "/release_memory_occupation", Handler: s.guard(s.handleOperation)},
 		{Method: "POST", Pattern: "/resume_memory_occupation", Handler: s.guard(s.handleOperation)},
+		{Method: "GET", Pattern: "/release_memory_occupation", Handler: s.guard(s.handleOperation)}, // SGLang's, as POST
+		{Method: "GET", Pattern: "/resume_memory_occupation", Handler: s.guard(s.handleOperation)},
 		{Method: "GET", Pattern: "/version", Handler: s.guard(s.handleGet)},
 		{Method: "GET", Pattern: "/get_model_info", Handler: s.guard(s.handleGet)},
 		{Method: "GET", Pattern: "/get_server_info", Handler: s.guard(s.handleGet)},

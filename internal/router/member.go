@@ -195,7 +195,8 @@ func (m *member) ratesNow() (prefill, queue float64) {
 }
 
 // available reports whether a decision may pick the replica: active, up,
-// and reached by a probe (until then its round trip is unknown).
+// reached by a probe (until then its round trip is unknown), and not
+// asleep.
 func (m *member) available() bool {
 	return State(m.state.Load()) == Active && m.healthy.Load() && m.probed.Load() && !m.asleep.Load()
 }

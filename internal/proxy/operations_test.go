@@ -488,6 +488,9 @@ func TestSleepingReplicasArePassedOver(t *testing.T) {
 		if code := chat(); code != step.chat {
 			t.Errorf("a chat after %s: %d, want %d", step.op, code, step.chat)
 		}
+		if code, body := do(t, "GET", url+"/health", ""); code != step.chat || step.asleep == 2 && !strings.Contains(body, "2 asleep") {
+			t.Errorf("the router's health after %s: %d %s", step.op, code, body)
+		}
 	}
 	// Put to sleep through the router, woken behind its back: the next
 	// probe finds it awake.

@@ -202,13 +202,21 @@ func (s *Server) routes(g prometheus.Gatherer) {
 
 // health is 200 while a replica is available, else 503.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	asleep := 0
 	for _, st := range s.fleet.Router().Replicas() {
 		if st.Available() {
 			w.WriteHeader(http.StatusOK)
 			return
 		}
+		if st.Asleep {
+			asleep++
+		}
 	}
 	w.Header().Set("Retry-After", "5")
+	if asleep > 0 {
+		httpapi.Error(w, http.StatusServiceUnavailable, "no available replica: %d asleep (put to sleep by a client, until woken)", asleep)
+		return
+	}
 	httpapi.Error(w, http.StatusServiceUnavailable, "no available replica")
 }
 

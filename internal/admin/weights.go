@@ -192,7 +192,7 @@ func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 		"est_cached_tokens": c.EstCachedTokens, "policy": pol.Name(), "scores": scores, "model": req.Route.Model}
 	if c.Adapter != "" {
 		// What the decision priced there: 0 where the adapter is resident.
-		out["adapter"], out["adapter_load_ms"], out["adapter_wait_ms"] = c.Adapter, c.AdapterLoadMS, c.AdapterWaitMS
+		out["adapter"], out["adapter_load_ms"], out["adapter_wait_ms"] = c.Adapter, c.AdapterLoadMS, c.WeightsWaitMS
 	}
 	if f, err := s.fleet.Router().Predict(now, &req.Route); err == nil {
 		out["predicted_ttft_ms"], out["predicted_ttft_idle_ms"] = float64(f.Best.Microseconds())/1000, float64(f.Floor.Microseconds())/1000

@@ -16,7 +16,6 @@
 package epp
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -85,7 +84,6 @@ type Fleet interface {
 // endpoint the picker names, so the picker sends it to each replica
 // itself and answers the gateway with their verdict.
 type Operator interface {
-	Abort(body []byte, at time.Time) int
 	Operate(ctx context.Context, op fleet.Operation) (*fleet.OperationAnswer, *wire.Error)
 }
 
@@ -113,10 +111,10 @@ type Settings struct {
 	// RefuseOperations answers the engines' operations 403, as gorgo
 	// serve's engine_operations: refuse (a fleet shared by tenants).
 	RefuseOperations bool
-	// OperationWait and AdapterWait bound an operation's fan-out, and an
-	// adapter's load or unload's (default 30 s and 5 min, gorgo serve's
-	// header_timeout and first_byte_timeout).
-	OperationWait, AdapterWait time.Duration
+	// OperationWait and WeightsWait bound an operation's fan-out, and one
+	// that moves weights (an adapter's load, new weights, a sleep: default
+	// 30 s and 5 min, gorgo serve's header_timeout and first_byte_timeout).
+	OperationWait, WeightsWait time.Duration
 }
 
 // New returns a picker over the fleet.
@@ -423,17 +421,8 @@ func (x *exchange) operate(op Operator, whole bool) error {
 	if !whole {
 		return x.immediate(wire.Errorf(http.StatusBadRequest, "%s %s is sent to every replica by the endpoint picker, which needs its whole body: the gateway sent it in pieces (use request_body_mode BUFFERED or FULL_DUPLEX_STREAMED)", x.method, path))
 	}
-	allowed := x.allowed()
-	if abort, ok := fleet.AbortOf(x.path, x.body); ok && (allowed == nil || !fleet.AbortsAll(abort)) {
-		// Not an abort of all within a subset: it aborts the subset's
-		// engines' requests, not this router's every one.
-		op.Abort(abort, x.received)
-	}
-	wait := cmp.Or(set.OperationWait, 30*time.Second)
-	if fleet.MovesWeights(path) {
-		wait = cmp.Or(set.AdapterWait, 5*time.Minute)
-	}
-	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body, Wait: wait, Allowed: allowed,
+	a, e := op.Operate(x.stream.Context(), fleet.Operation{Method: x.method, URI: x.path, Body: x.body,
+		Wait: set.OperationWait, LongWait: set.WeightsWait, Received: x.received, Allowed: x.allowed(),
 		Header: func(u *fleet.Upstream) http.Header {
 			h := x.opHeader.Clone()
 			if key := u.APIKey(); key != "" {

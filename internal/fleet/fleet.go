@@ -188,7 +188,7 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		// The engines a client's abort reaches serve the others'
 		// requests too: each router relays their aborts, and ends those
 		// it covers in its own queue.
-		f.bus.OnAbort(func(body []byte, at time.Time) { f.core.Abort(body, at) })
+		f.bus.OnAbort(func(body []byte, at time.Time) { _, _ = f.core.Abort(body, at) })
 	}
 	if _, err := f.Want(SourceConfig, cfg.Replicas); err != nil {
 		f.leaveMesh()
@@ -277,10 +277,14 @@ func (f *Fleet) Core() *lifecycle.Core { return f.core }
 // a mesh, whose requests the same engines abort, are told. It returns how
 // many requests left this router's queue.
 func (f *Fleet) Abort(body []byte, at time.Time) int {
-	if f.bus != nil && lifecycle.AbortNames(body) && !f.bus.Aborted(body, at) {
+	n, named := f.core.Abort(body, at)
+	if named && f.bus != nil && !f.bus.Aborted(body, at) {
 		f.log.Warn("a client's abort is too long to tell the other routers of the mesh: their requests it covers may fail over", "bytes", len(body))
 	}
-	return f.core.Abort(body, at)
+	if n > 0 {
+		f.log.Info("aborted in the router's queue", "requests", n)
+	}
+	return n
 }
 
 // AbortGrace is how long to wait for the news of a client's abort before

@@ -58,8 +58,8 @@ var operations = map[string]string{
 // abortAll is an /abort_request's body that aborts everything.
 var abortAll = []byte(`{"abort_all":true}`)
 
-// AbortsAll reports whether an /abort_request's body aborts every request.
-func AbortsAll(body []byte) bool {
+// abortsAll reports whether an /abort_request's body aborts every request.
+func abortsAll(body []byte) bool {
 	var req struct {
 		All bool `json:"abort_all"`
 	}
@@ -96,9 +96,10 @@ func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 	return nil, false
 }
 
-// MovesWeights reports whether path loads, offloads or frees weights, an
-// adapter's or the model's: allow it a model's load time, not a header's.
-func MovesWeights(path string) bool {
+// movesWeights reports whether path loads, offloads or frees weights, an
+// adapter's or the model's: it has a model's load time (Operation.LongWait),
+// not a header's.
+func movesWeights(path string) bool {
 	switch path {
 	case "/update_weights_from_disk", "/sleep", "/wake_up", "/release_memory_occupation", "/resume_memory_occupation":
 		return true
@@ -128,11 +129,9 @@ func wholeFleet(path string) bool {
 // /resume_memory_occupation act on when their body names none.
 var memoryTags = []string{"weights", "kv_cache", "cuda_graph"}
 
-// maxMemoryTags bounds the tags read of a body.
-const maxMemoryTags = 16
-
-// tagsOf is the memory an SGLang release or resume names (its "tags"; all
-// of memoryTags when it names none), at most maxMemoryTags of them.
+// tagsOf is the memory an SGLang release or resume names: those of its
+// "tags" that are memoryTags (what a replica is remembered to have
+// released is bounded so), all of them when it names none.
 func tagsOf(body []byte) []string {
 	var req struct {
 		Tags []string `json:"tags"`
@@ -140,7 +139,13 @@ func tagsOf(body []byte) []string {
 	if json.Unmarshal(body, &req) != nil || len(req.Tags) == 0 {
 		return memoryTags
 	}
-	return req.Tags[:min(len(req.Tags), maxMemoryTags)]
+	var tags []string
+	for _, t := range memoryTags {
+		if slices.Contains(req.Tags, t) {
+			tags = append(tags, t)
+		}
+	}
+	return tags
 }
 
 // IsOperation reports whether method and path name an engine operation.
@@ -181,8 +186,12 @@ type Operation struct {
 	// Header returns the headers to send replica u (the client's less
 	// the hop-by-hop ones, with the replica's credentials).
 	Header func(u *Upstream) http.Header
-	// Wait bounds the whole fan-out (default 30 s).
-	Wait time.Duration
+	// Wait bounds the whole fan-out (default 30 s), LongWait that of an
+	// operation that moves weights (default 5 min).
+	Wait, LongWait time.Duration
+	// Received is when the client's operation came: an abort (or an
+	// operation that aborts) covers the requests received before it.
+	Received time.Time
 	// Allowed, if set, restricts it to the replicas it accepts (a
 	// gateway's subset hint).
 	Allowed func(id string) bool
@@ -204,7 +213,8 @@ type OperationAnswer struct {
 	stillAsleep bool
 }
 
-// Operate sends op to every healthy replica that serves or drains (a
+// Operate takes the client's abort an operation is (AbortOf: Abort), then
+// sends op to every healthy replica that serves or drains (a
 // draining replica still finishes its requests: an abort is for them too,
 // and its cache is still read by them), at most 32 at once, and returns
 // the answer the client is to have: the first that is not a success, else,
@@ -234,10 +244,17 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 		e.RetryAfter = "5"
 		return nil, e
 	}
-	if op.Wait <= 0 {
-		op.Wait = 30 * time.Second
+	if abort, ok := AbortOf(op.URI, op.Body); ok && (op.Allowed == nil || !abortsAll(abort)) {
+		// Before any replica ends a request it names (an abort of all
+		// within a gateway's subset aborts the subset's engines'
+		// requests, not this router's every one).
+		f.Abort(abort, op.Received)
 	}
-	ctx, cancel := context.WithTimeout(ctx, op.Wait)
+	wait := cmp.Or(op.Wait, 30*time.Second)
+	if movesWeights(path) {
+		wait = cmp.Or(op.LongWait, 5*time.Minute)
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var tags []string // an SGLang release's or resume's
 	if path == "/release_memory_occupation" || path == "/resume_memory_occupation" {

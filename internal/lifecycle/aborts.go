@@ -248,15 +248,16 @@ func (r *Request) readRIDs() {
 // requests it covers that wait in the router's queue end at once; the
 // others are aborted by the engines the front end sends the abort to, and
 // their aborts are relayed (ClientAborted). It returns how many requests
-// left the queue. Call it before the abort reaches any replica.
-func (c *Core) Abort(body []byte, at time.Time) int {
+// left the queue, and whether the body named any. Call it before the abort
+// reaches any replica.
+func (c *Core) Abort(body []byte, at time.Time) (ended int, named bool) {
 	ab, ok := parseAbort(body)
 	if !ok {
-		return 0
+		return 0, false
 	}
 	c.aborts.note(ab, at)
 	if c.adm == nil {
-		return 0
+		return 0, true
 	}
 	a := c.adm
 	a.mu.Lock()
@@ -266,14 +267,7 @@ func (c *Core) Abort(body []byte, at time.Time) int {
 	if n > 0 {
 		c.cfg.Metrics.queued(a.gate.Len())
 	}
-	return n
-}
-
-// AbortNames reports whether an /abort_request's body names any request
-// (rids, or all).
-func AbortNames(body []byte) bool {
-	_, ok := parseAbort(body)
-	return ok
+	return n, true
 }
 
 // ClientAborted reports whether the request's client aborted it through

@@ -122,7 +122,7 @@ func TestAbortEndsQueuedRequests(t *testing.T) {
 	chat, done3 := serveAsync(c, string(chatOf(10, "four")), Chat)
 	waitQueued(t, c, 3)
 
-	if n := c.Abort([]byte(`{"rid":"r1"}`), time.Now()); n != 1 {
+	if n, _ := c.Abort([]byte(`{"rid":"r1"}`), time.Now()); n != 1 {
 		t.Fatalf("abort of r1 ended %d queued requests, want 1", n)
 	}
 	if st := <-done1; st != statusClientGone || r1.refused == nil || len(r1.sent) != 0 {
@@ -138,7 +138,7 @@ func TestAbortEndsQueuedRequests(t *testing.T) {
 	time.Sleep(time.Millisecond) // the next request arrives after the abort
 	later, doneLater := serveAsync(c, `{"text":"five","rid":"r5"}`, Generate)
 	waitQueued(t, c, 3)
-	if n := c.Abort([]byte(`{"abort_all":true}`), abortAt); n != 2 {
+	if n, _ := c.Abort([]byte(`{"abort_all":true}`), abortAt); n != 2 {
 		t.Fatalf("abort of all ended %d queued requests, want the 2 before it", n)
 	}
 	<-done2

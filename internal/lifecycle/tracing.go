@@ -201,7 +201,7 @@ func (r *Request) traceDecision(start time.Time, t *router.Ticket, fallbacks []r
 	)
 	if t.Adapter != "" {
 		attrs = append(attrs, attribute.String("gorgo.adapter", t.Adapter),
-			attribute.Float64("gorgo.adapter_load_ms", t.AdapterLoadMS), attribute.Float64("gorgo.adapter_wait_ms", t.AdapterWaitMS))
+			attribute.Float64("gorgo.adapter_load_ms", t.AdapterLoadMS), attribute.Float64("gorgo.adapter_wait_ms", t.WeightsWaitMS))
 	}
 	sp.SetAttributes(attrs...)
 }

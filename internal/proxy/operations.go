@@ -20,10 +20,10 @@ const (
 )
 
 // handleOperation sends an engine operation to every replica and answers
-// the client with the replicas' verdict (fleet.Operate). An abort (or a
-// pause that aborts) is taken first (fleet.Fleet.Abort): the requests it
-// covers that wait in the router's queue end, and the engines' aborts of
-// the others are relayed.
+// the client with the replicas' verdict (fleet.Operate, which takes an
+// abort, or an operation that aborts, first: the requests it covers that
+// wait in the router's queue end, and the engines' aborts of the others
+// are relayed).
 func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
 	if cfg.EngineOperations == operationsRefuse {
@@ -36,18 +36,8 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteError(w, httpapi.BodyError(err))
 		return
 	}
-	if abort, ok := fleet.AbortOf(r.URL.RequestURI(), *body); ok {
-		// Before any replica ends a request it names; those in the
-		// router's queue end here.
-		if n := s.fleet.Abort(abort, time.Now()); n > 0 {
-			s.log.Info("aborted in the router's queue", "requests", n)
-		}
-	}
-	wait := cfg.HeaderTimeout
-	if fleet.MovesWeights(r.URL.Path) {
-		wait = cfg.FirstByteTimeout // reading weights takes a model's load time
-	}
-	a, e := s.fleet.Operate(r.Context(), fleet.Operation{Method: r.Method, URI: r.URL.RequestURI(), Body: *body, Wait: wait,
+	a, e := s.fleet.Operate(r.Context(), fleet.Operation{Method: r.Method, URI: r.URL.RequestURI(), Body: *body,
+		Wait: cfg.HeaderTimeout, LongWait: cfg.FirstByteTimeout, Received: time.Now(),
 		Header: func(u *fleet.Upstream) http.Header {
 			h := forwardHeaders(r)
 			s.upstreamAuth(h, u)

@@ -128,7 +128,7 @@ func TestAdapterAffinity(t *testing.T) {
 	}
 	// Nothing resident: x's load is the same everywhere, a is nearer.
 	x1 := route("x", 1)
-	if x1.ID != "a" || x1.Adapter != "x" || x1.AdapterLoadMS != 500 || x1.AdapterWaitMS != 0 {
+	if x1.ID != "a" || x1.Adapter != "x" || x1.AdapterLoadMS != 500 || x1.WeightsWaitMS != 0 {
 		t.Fatalf("first x: %+v", x1)
 	}
 	// x is resident at a (in flight there): the next x goes there free.
@@ -138,7 +138,7 @@ func TestAdapterAffinity(t *testing.T) {
 	}
 	// y at a would wait for its one slot: it goes to b, loading there.
 	y1 := route("y", 3)
-	if y1.ID != "b" || y1.AdapterLoadMS != 500 || y1.AdapterWaitMS != 0 {
+	if y1.ID != "b" || y1.AdapterLoadMS != 500 || y1.WeightsWaitMS != 0 {
 		t.Errorf("y: %+v", y1)
 	}
 	// A base-model request costs no adapter anywhere.
@@ -196,7 +196,7 @@ func TestAdapterLoadIsLearned(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tk.AdapterLoadMS > 0 && tk.AdapterWaitMS == 0 {
+		if tk.AdapterLoadMS > 0 && tk.WeightsWaitMS == 0 {
 			// The load took 100 ms past the model's prediction without it.
 			r.FirstToken(&tk, time.Duration((tk.Predicted-tk.AdapterLoadMS+100)*1e6))
 		}

@@ -87,10 +87,10 @@ type Ticket struct {
 	// Tag is the policy's label for the decision (see policy.Learner).
 	Tag int
 	// Adapter is the LoRA adapter the request uses there ("" for a base
-	// model); AdapterLoadMS and AdapterWaitMS what the decision believed
+	// model); AdapterLoadMS and WeightsWaitMS what the decision believed
 	// making it ready would cost (its load, the wait for a slot), in ms.
 	Adapter                      string
-	AdapterLoadMS, AdapterWaitMS float64
+	AdapterLoadMS, WeightsWaitMS float64
 	// InFlight is how many of the router's sequences were at the replica
 	// once this request's joined them (its own included): a request for n
 	// answers is n sequences, decoded side by side.
@@ -132,9 +132,9 @@ type Candidate struct {
 	Terms           policy.Terms
 	RTT             time.Duration
 	Tag             int
-	// Adapter, AdapterLoadMS and AdapterWaitMS: as in Ticket.
+	// Adapter, AdapterLoadMS and WeightsWaitMS: as in Ticket.
 	Adapter                      string
-	AdapterLoadMS, AdapterWaitMS float64
+	AdapterLoadMS, WeightsWaitMS float64
 
 	m  *member
 	at time.Duration // when the decision was made
@@ -413,8 +413,8 @@ func (r *Router) keep(ok func(i int) bool) {
 func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Ticket, bool) {
 	m := c.m
 	t := Ticket{ID: c.ID, PromptTokens: req.PromptTokens, EstCachedTokens: c.EstCachedTokens, ExpectedOutputTokens: req.ExpectedOutputTokens, Terms: c.Terms, RTT: c.RTT, Tag: c.Tag, m: m,
-		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, AdapterWaitMS: c.AdapterWaitMS, outKeys: keys}
-	_, t.Forecast, t.Margin = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.AdapterWaitMS)
+		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, WeightsWaitMS: c.WeightsWaitMS, outKeys: keys}
+	_, t.Forecast, t.Margin = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.WeightsWaitMS)
 	t.seqs = int64(req.Sequences()) // bounded: a client's or a peer's count cannot overflow the ledger
 	t.InFlight = int(m.inflight.Add(t.seqs))
 	if State(m.state.Load()) != Active {
@@ -432,7 +432,7 @@ func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Tick
 		t.adapterFollowed = m.adapters.start(t.Adapter, c.at)
 	}
 	prefill, queue := m.ratesNow()
-	t.Predicted = float64(t.RTT)/1e6 + float64(t.uncached())*prefill + float64(t.Backlog)*queue + t.AdapterLoadMS + t.AdapterWaitMS
+	t.Predicted = float64(t.RTT)/1e6 + float64(t.uncached())*prefill + float64(t.Backlog)*queue + t.AdapterLoadMS + t.WeightsWaitMS
 	t.Sent = c.at
 	m.waitSent.Add(int64(t.Sent) * t.seqs)
 	if req.Unstreamed {
@@ -604,7 +604,7 @@ func (r *Router) candidate(i int, now time.Duration) Candidate {
 	v := &r.views[i]
 	a := &r.adapter[i]
 	c := Candidate{ID: v.ID, EstCachedTokens: v.CachedTokens, RTT: v.RTT, Tag: r.dec.Tag, m: r.cand[i], at: now,
-		Adapter: a.name, AdapterLoadMS: a.load, AdapterWaitMS: a.wait}
+		Adapter: a.name, AdapterLoadMS: a.load, WeightsWaitMS: a.wait}
 	if len(r.dec.Scores) == len(r.views) { // else one passed over, unscored
 		c.Terms = r.dec.Scores[i]
 	}
@@ -627,12 +627,12 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 		return
 	}
 	t.m.observeBias(t.Sent+ttft, float64(ttft)/1e6-t.Predicted, float64(ttft)/1e6, t.Forecast)
-	if t.AdapterLoadMS == 0 && t.AdapterWaitMS == 0 {
+	if t.AdapterLoadMS == 0 && t.WeightsWaitMS == 0 {
 		// The prefill and queue rates learn from requests that paid no
 		// adapter cost: what one costs is a guess, which would skew them.
 		t.m.observeTTFT(t.uncached(), t.Backlog, float64(ttft-t.RTT)/1e6)
 	}
-	if t.AdapterLoadMS > 0 && t.AdapterWaitMS == 0 {
+	if t.AdapterLoadMS > 0 && t.WeightsWaitMS == 0 {
 		// A load alone: what the first token took past the model without it.
 		r.loads.observe(t.Adapter, float64(ttft)/1e6-(t.Predicted-t.AdapterLoadMS))
 	}

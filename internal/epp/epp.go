@@ -37,6 +37,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/httpapi"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/tracing"
@@ -379,32 +380,24 @@ func (x *exchange) operation() bool {
 }
 
 // operationHeader is what of the client's headers goes to the replicas
-// with an operation: not the pseudo-headers, nor those hopByHop lists or
-// Connection names.
+// with an operation: not the pseudo-headers, nor those a proxy does not
+// forward (httpapi.EndToEnd; Accept-Encoding among them: only the answer's
+// Content-Type is relayed, so it must come unencoded).
 func operationHeader(hs []*corev3.HeaderValue) http.Header {
-	out := http.Header{}
+	all := http.Header{}
 	for _, h := range hs {
-		k := h.GetKey()
-		if strings.HasPrefix(k, ":") || hopByHop[http.CanonicalHeaderKey(k)] {
-			continue
-		}
-		out.Add(k, value(h))
-	}
-	for _, v := range out["Connection"] { // and those it names
-		for f := range strings.SplitSeq(v, ",") {
-			out.Del(strings.TrimSpace(f))
+		if k := h.GetKey(); !strings.HasPrefix(k, ":") {
+			all.Add(k, value(h))
 		}
 	}
-	out.Del("Connection")
+	out, conn := make(http.Header, len(all)), all["Connection"]
+	for k, v := range all {
+		if httpapi.EndToEnd(k, conn) {
+			out[k] = v
+		}
+	}
 	return out
 }
-
-// hopByHop are the headers of one connection (RFC 9110, 7.6.1), with the
-// body's length (it is sent whole) and the encodings the client accepts
-// (only the answer's Content-Type is relayed: it must come unencoded).
-var hopByHop = map[string]bool{"Keep-Alive": true, "Proxy-Connection": true, "Te": true,
-	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Authorization": true, "Proxy-Authenticate": true,
-	"Content-Length": true, "Accept-Encoding": true}
 
 // operate sends an engine operation to every replica (an abort taken
 // first: the requests it covers in the picker's queue end, the engines'

@@ -556,28 +556,9 @@ func isEventStream(h http.Header) bool {
 	return strings.HasPrefix(h.Get("Content-Type"), "text/event-stream")
 }
 
-// hopByHop are the headers a proxy must not forward (RFC 9110 7.6.1, and
-// what Go's httputil.ReverseProxy removes), with Content-Length (set anew)
-// and Accept-Encoding (the proxy reads answers uncompressed).
-var hopByHop = map[string]bool{"Connection": true, "Proxy-Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
-	"Proxy-Authorization": true, "Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
-	"Content-Length": true, "Accept-Encoding": true}
-
 // private are the replica's response headers that say things about it the
 // client has no use for.
 var private = map[string]bool{"Server": true, "Set-Cookie": true}
-
-// connectionNamed reports whether the headers' Connection lists name.
-func connectionNamed(h http.Header, name string) bool {
-	for _, v := range h["Connection"] {
-		for f := range strings.SplitSeq(v, ",") {
-			if http.CanonicalHeaderKey(strings.TrimSpace(f)) == name {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 // forwardHeaders copies a client's request headers for the replica, less
 // the hop-by-hop ones (those its Connection names too), and adds the
@@ -586,9 +567,9 @@ func connectionNamed(h http.Header, name string) bool {
 func forwardHeaders(r *http.Request) http.Header {
 	src := r.Header
 	dst := make(http.Header, len(src)+2)
-	named := len(src["Connection"]) > 0
+	conn := src["Connection"]
 	for k, v := range src {
-		if !hopByHop[k] && (!named || !connectionNamed(src, k)) {
+		if httpapi.EndToEnd(k, conn) {
 			dst[k] = v
 		}
 	}
@@ -610,9 +591,9 @@ func forwardHeaders(r *http.Request) http.Header {
 // the hop-by-hop ones (those its Connection names too) and the private
 // ones.
 func copyHeaders(dst, src http.Header) {
-	named := len(src["Connection"]) > 0
+	conn := src["Connection"]
 	for k, v := range src {
-		if !hopByHop[k] && !private[k] && (!named || !connectionNamed(src, k)) {
+		if !private[k] && httpapi.EndToEnd(k, conn) {
 			dst[k] = v
 		}
 	}

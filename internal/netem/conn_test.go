@@ -106,7 +106,7 @@ func TestOneWayDelayDraws(t *testing.T) {
 		t.Error("different seeds gave the same draws")
 	}
 
-	// Mean 10ms, standard deviation 20ms: about 31% of the draws are floored.
+	// Mean 10ms, standard deviation 28ms: about 36% of the draws are floored.
 	floor := NewLink(20*time.Millisecond, 40*time.Millisecond, 7)
 	var zeros, sum int
 	var ds []time.Duration
@@ -122,10 +122,30 @@ func TestOneWayDelayDraws(t *testing.T) {
 		sum += int(d)
 	}
 	if zeros < 400 || zeros > 900 {
-		t.Errorf("%d of 2000 draws floored at 0, want about 620", zeros)
+		t.Errorf("%d of 2000 draws floored at 0, want about 720", zeros)
 	}
 	slices.Sort(ds)
 	t.Logf("rtt 20ms jitter 40ms: one-way min %v median %v max %v, %d zeros", ds[0], ds[len(ds)/2], ds[len(ds)-1], zeros)
+}
+
+// TestRoundTripJitter: a round trip, one draw each way, has the link's
+// jitter as its standard deviation, as the simulator's round trips do (the
+// way's standard deviation was jitter/2, which gave the round trip
+// jitter/√2).
+func TestRoundTripJitter(t *testing.T) {
+	l := NewLink(time.Second, 100*time.Millisecond, 3)
+	const n = 20000
+	var sum, sq float64
+	for range n {
+		rt := float64(l.oneWay()+l.oneWay()) / float64(time.Millisecond)
+		sum += rt
+		sq += rt * rt
+	}
+	mean := sum / n
+	sd := math.Sqrt(sq/n - mean*mean)
+	if math.Abs(mean-1000) > 5 || math.Abs(sd-100) > 5 {
+		t.Errorf("round trip mean %.1f ms, sd %.1f ms; want 1000 and 100", mean, sd)
+	}
 }
 
 func TestDelayBothDirections(t *testing.T) {

@@ -12,13 +12,15 @@
 //
 // # Model
 //
-// Every chunk of bytes gets a one-way delay of rtt/2 + jitter/2 × N(0,1),
-// floored at zero, drawn when the chunk enters the link: when Write is called
-// for outgoing bytes, when the bytes come out of the underlying connection for
-// incoming ones. Delivery times are monotone per direction (a chunk is never
-// due earlier than the one before it), so order is preserved and a stream of
-// small writes 10 ms apart arrives 10 ms apart, shifted by the delay rather
-// than accumulating it. With zero jitter the delay is exact.
+// Every chunk of bytes gets a one-way delay of rtt/2 + jitter/√2 × N(0,1),
+// floored at zero, drawn when the chunk enters the link: when Write is
+// called for outgoing bytes, when the bytes come out of the underlying
+// connection for incoming ones. The two ways' draws are independent, so a
+// round trip's standard deviation is jitter. Delivery times are monotone
+// per direction (a chunk is never due earlier than the one before it), so
+// order is preserved and a stream of small writes 10 ms apart arrives 10 ms
+// apart, shifted by the delay rather than accumulating it. With zero jitter
+// the delay is exact.
 //
 // Write never blocks for the delay: it copies the bytes, stamps them with
 // their due time and returns; a goroutine per connection writes them to the
@@ -62,6 +64,7 @@
 package netem
 
 import (
+	"math"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -84,8 +87,9 @@ type Link struct {
 
 // NewLink returns a link with the given round-trip time and jitter. Jitter is
 // the standard deviation of the round trip: each one-way delay is
-// rtt/2 + jitter/2 × N(0,1), floored at zero. The draws are deterministic for
-// a seed. Negative durations are taken as zero.
+// rtt/2 + jitter/√2 × N(0,1), floored at zero, and the two ways' draws are
+// independent. The draws are deterministic for a seed. Negative durations
+// are taken as zero.
 func NewLink(rtt, jitter time.Duration, seed uint64) *Link {
 	l := &Link{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 	l.Set(rtt, jitter)
@@ -109,14 +113,17 @@ func (l *Link) Get() (rtt, jitter time.Duration) {
 	return l.rtt, l.jitter
 }
 
-// oneWay draws the one-way delay of a chunk: rtt/2 + jitter/2 × N(0,1),
-// floored at zero; exactly rtt/2 without jitter.
+// oneWay draws the one-way delay of a chunk: rtt/2 + jitter/√2 × N(0,1),
+// floored at zero; exactly rtt/2 without jitter. (With jitter/2, as it was,
+// a round trip of two draws had a standard deviation of jitter/√2: the
+// live fleet's network was steadier than the simulator's, whose round trip
+// is one draw of standard deviation jitter.)
 func (l *Link) oneWay() time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	d := l.rtt / 2
 	if l.jitter > 0 {
-		d += time.Duration(float64(l.jitter) / 2 * l.rng.NormFloat64())
+		d += time.Duration(float64(l.jitter) / math.Sqrt2 * l.rng.NormFloat64())
 	}
 	return max(d, 0)
 }

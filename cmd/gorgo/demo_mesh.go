@@ -74,22 +74,24 @@ func runDemoMesh(ctx context.Context, stdout io.Writer, duration time.Duration, 
 			return fmt.Errorf("%s: %w", d.label, err)
 		}
 		live = append(live, run)
-		// The simulator's prediction needs fresh policies, each time.
-		simulate := func(reqs []trace.Request) (report.Run, error) {
+		// The simulator's prediction needs fresh policies, each time. Its
+		// copies at other seeds place the clients as the live run does.
+		placed := seed
+		simulate := func(reqs []trace.Request, seed uint64) (report.Run, error) {
 			m, err := top.Arrangement(d.arrangement, reps, d.sharing, 0, 0, newPolicy)
 			if err != nil {
 				return report.Run{}, err
 			}
-			m.Label = d.label
+			m.Label, m.IngressSeed = d.label, &placed
 			res, err := sim.Run(sim.Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: seed})
 			return res.Run, err
 		}
-		run0, err := simulate(reqs)
+		run0, err := simulate(reqs, seed)
 		if err != nil {
 			return err
 		}
 		predicted = append(predicted, run0)
-		spread, err := perturbedSpread(run0, reqs, speedup, seed, simulate)
+		spread, err := simulatedSpread(run0, reqs, speedup, seed, simulate)
 		if err != nil {
 			return err
 		}

@@ -97,3 +97,65 @@ func TestDemoParamsScaleTheRoundTripWeight(t *testing.T) {
 		}
 	}
 }
+
+// The simulator's spread draws what the live run cannot reproduce: each
+// copy is simulated at a seed of its own (the network's jitter, the
+// policy's draws) with its arrivals moved. On the demo's workload the
+// paper's gorgo, which decides on a few probes of each round trip, spans
+// more over the seeds than over moved arrivals alone.
+func TestSimulatedSpreadDrawsTheNetwork(t *testing.T) {
+	wl := workloadFlags{preset: "artchat", duration: 2 * time.Minute, timeScale: 1, seed: 1}
+	reqs, _, err := wl.load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, err := sim.LoadTopology("paper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := top.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seeds := map[uint64]bool{}
+	moved := 0
+	simulate := func(seedOf func(uint64) uint64) func([]trace.Request, uint64) (report.Run, error) {
+		return func(r []trace.Request, seed uint64) (report.Run, error) {
+			seeds[seed] = true
+			for i := range r {
+				if r[i].Time != reqs[i].Time {
+					moved++
+					break
+				}
+			}
+			pol, err := policy.New("gorgo", policy.Options{})
+			if err != nil {
+				return report.Run{}, err
+			}
+			res, err := sim.Run(sim.Config{Replicas: reps, Requests: r, Policy: pol, MaxInflight: sim.DefaultMaxInflight, Seed: seedOf(seed)})
+			return res.Run, err
+		}
+	}
+	run0, err := simulate(func(s uint64) uint64 { return s })(reqs, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seeds, moved = map[uint64]bool{}, 0
+	both, err := simulatedSpread(run0, reqs, 5, 1, simulate(func(s uint64) uint64 { return s }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if both.N() != demoCopies+1 || len(seeds) != demoCopies || seeds[1] || moved != demoCopies {
+		t.Fatalf("%d runs, seeds %v, %d with moved arrivals; want %d copies, each at a seed of its own other than the run's, each moved", both.N(), seeds, moved, demoCopies)
+	}
+	arrivals, err := simulatedSpread(run0, reqs, 5, 1, simulate(func(uint64) uint64 { return 1 }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if both.Hi()-both.Lo() <= arrivals.Hi()-arrivals.Lo() {
+		t.Errorf("gorgo's p95 TTFT over seeds and arrivals %.0f–%.0f ms, over arrivals alone %.0f–%.0f: want the seeds to widen it",
+			both.Lo(), both.Hi(), arrivals.Lo(), arrivals.Hi())
+	}
+	t.Logf("gorgo's p95 TTFT: the run %.0f ms; over seeds and arrivals %.0f–%.0f (median %.0f); over arrivals alone %.0f–%.0f",
+		run0.TTFT.P95, both.Lo(), both.Hi(), both.Median(), arrivals.Lo(), arrivals.Hi())
+}

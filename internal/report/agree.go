@@ -3,57 +3,85 @@ package report
 import (
 	"fmt"
 	"io"
+	"slices"
 	"text/tabwriter"
 )
 
-// Spread is the least and greatest of a figure over several runs.
+// Spread is a figure's values over several runs: its least, greatest and
+// median.
 type Spread struct {
-	Lo, Hi float64
-	N      int
+	vals []float64
 }
 
-// Add widens s to take v in.
+// Add returns s with v taken in.
 func (s Spread) Add(v float64) Spread {
-	if s.N == 0 || v < s.Lo {
-		s.Lo = v
-	}
-	if s.N == 0 || v > s.Hi {
-		s.Hi = v
-	}
-	s.N++
+	s.vals = append(slices.Clip(s.vals), v)
 	return s
+}
+
+// N is the number of values taken in.
+func (s Spread) N() int { return len(s.vals) }
+
+// Lo is the least value (0 if none).
+func (s Spread) Lo() float64 {
+	if len(s.vals) == 0 {
+		return 0
+	}
+	return slices.Min(s.vals)
+}
+
+// Hi is the greatest value (0 if none).
+func (s Spread) Hi() float64 {
+	if len(s.vals) == 0 {
+		return 0
+	}
+	return slices.Max(s.vals)
+}
+
+// Median is the middle value, or the mean of the middle two (0 if none).
+func (s Spread) Median() float64 {
+	n := len(s.vals)
+	if n == 0 {
+		return 0
+	}
+	v := slices.Sorted(slices.Values(s.vals))
+	if n%2 == 1 {
+		return v[n/2]
+	}
+	return (v[n/2-1] + v[n/2]) / 2
 }
 
 // Outside is how far v lies outside s, relative to its nearer end: 0
 // within it, positive above, negative below.
 func (s Spread) Outside(v float64) float64 {
-	switch {
-	case s.N == 0:
+	switch lo, hi := s.Lo(), s.Hi(); {
+	case s.N() == 0:
 		return 0
-	case v > s.Hi:
-		return v/s.Hi - 1
-	case v < s.Lo:
-		return v/s.Lo - 1
+	case v > hi:
+		return v/hi - 1
+	case v < lo:
+		return v/lo - 1
 	}
 	return 0
 }
 
 // WriteAgreement prints, one row per policy, a live run's p95 TTFT against
-// the simulated run's and against the spread of the simulated runs' p95
-// TTFT (spreads[i] for live[i]: the simulated run and its perturbed
-// copies): how far the live run is from the simulated one, and whether it
-// falls within the spread or how far outside it.
+// the simulator's: the simulated run's (simulated[i], the one the tables
+// show), and the median and range of the simulated runs' (spreads[i]: the
+// run and its copies under other draws of what the live run cannot
+// reproduce), with how far the live run is from that median and whether
+// it falls within the range or how far outside it.
 func WriteAgreement(w io.Writer, live, simulated []Run, spreads []Spread) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tlive p95 TTFT\tsimulated\tsimulated range\tlive vs simulated\tlive vs range\t")
+	fmt.Fprintln(tw, "policy\tlive p95 TTFT\tsimulated\tsimulated median\tsimulated range\tlive vs median\tlive vs range\t")
 	for i, l := range live {
-		s := simulated[i]
+		s, sp := simulated[i], spreads[i]
 		in := "within"
-		if o := spreads[i].Outside(l.TTFT.P95); o != 0 {
+		if o := sp.Outside(l.TTFT.P95); o != 0 {
 			in = fmt.Sprintf("%+.1f%%", 100*o)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s–%s\t%+.1f%%\t%s\t\n", l.Policy, ms(l.TTFT.P95), ms(s.TTFT.P95),
-			ms(spreads[i].Lo), ms(spreads[i].Hi), 100*(l.TTFT.P95/s.TTFT.P95-1), in)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s–%s\t%+.1f%%\t%s\t\n", l.Policy, ms(l.TTFT.P95), ms(s.TTFT.P95),
+			ms(sp.Median()), ms(sp.Lo()), ms(sp.Hi()), 100*(l.TTFT.P95/sp.Median()-1), in)
 	}
 	return tw.Flush()
 }

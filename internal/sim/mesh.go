@@ -26,6 +26,11 @@ type Mesh struct {
 	// SpreadSessions: then each request is drawn.
 	Ingress        []Ingress
 	SpreadSessions bool
+	// IngressSeed, when set, seeds the draw of the ingress regions in
+	// place of the run's Seed: runs at other seeds (other draws of the
+	// network and the policies) then place every request alike, as a live
+	// mesh placed by AssignIngress with that seed does.
+	IngressSeed *uint64
 	// RTT gives the mean round trip and its standard deviation between two
 	// regions (in either order; a region to itself too).
 	RTT func(a, b string) (mean, jitter time.Duration, err error)
@@ -239,7 +244,11 @@ func (s *simulator) buildSites() error {
 			st.remote = make([]router.Ticket, len(s.reqs))
 		}
 	}
-	ingress := assignIngress(m, cfg.Requests, cfg.Seed)
+	seed := cfg.Seed
+	if m.IngressSeed != nil {
+		seed = *m.IngressSeed
+	}
+	ingress := assignIngress(m, cfg.Requests, seed)
 	for i := range s.reqs {
 		in := &m.Ingress[ingress[i]]
 		leg, _, err := m.RTT(in.Region, m.Sites[in.Site].Region)

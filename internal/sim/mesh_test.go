@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"sort"
 	"testing"
@@ -69,6 +70,39 @@ func TestMeshCountsTheClientsLeg(t *testing.T) {
 	}
 	if central.Run.TTFT.P95 < mesh.Run.TTFT.P95+100 {
 		t.Errorf("central p95 %.0f, mesh %.0f: the clients far from Ashburn should pay for the detour", central.Run.TTFT.P95, mesh.Run.TTFT.P95)
+	}
+}
+
+// A mesh's IngressSeed places requests whatever the run's seed: region-local
+// routers serve each request in its region, so the replicas serving them
+// are the placement. Without it the seed draws the regions too.
+func TestIngressSeedPlacesRequestsAlike(t *testing.T) {
+	reqs, err := trace.Generate(trace.GenConfig{Preset: "artchat", Seed: 2, Duration: 5 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	top, _ := LoadTopology("paper-mesh")
+	reps, _ := top.Resolve()
+	served := func(seed uint64, ingressSeed *uint64) map[int]string {
+		m := arrange(t, top, reps, ArrangeRegionLocal, ShareNone)
+		m.IngressSeed = ingressSeed
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int]string{}
+		for _, r := range res.Records {
+			out[r.Index] = r.Replica
+		}
+		return out
+	}
+	one := uint64(1)
+	base := served(1, nil)
+	if pinned := served(7, &one); !maps.Equal(pinned, base) {
+		t.Error("at seed 7 with IngressSeed 1, requests served elsewhere than at seed 1")
+	}
+	if maps.Equal(served(7, nil), base) {
+		t.Error("at seed 7 without IngressSeed, every request served where it was at seed 1: the seed no longer draws the regions")
 	}
 }
 

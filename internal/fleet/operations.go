@@ -414,7 +414,16 @@ func (f *Fleet) sleeping(ctx context.Context, u *Upstream) (asleep, known, answe
 // routers of a mesh. Woken, it comes back at its next good probe, whatever
 // its health while it slept.
 func (f *Fleet) setAsleep(id string, asleep bool) {
-	if f.rt.SetAsleep(id, asleep) == nil && f.bus != nil {
+	if f.rt.SetAsleep(id, asleep) == nil {
+		f.slept(id, asleep)
+	}
+}
+
+// slept does what replica id's new mark, asleep or not, entails: the
+// other routers of a mesh told, a woken replica's ejections forgotten, a
+// sleeping one's released memory forgotten.
+func (f *Fleet) slept(id string, asleep bool) {
+	if f.bus != nil {
 		f.bus.Slept(id, asleep)
 	}
 	if u := f.Upstream(id); u != nil {

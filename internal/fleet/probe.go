@@ -161,16 +161,25 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	// vLLM says so, asked beside the probe (one question at a time); an
 	// engine that answers it cannot say (SGLang) is asked no more, and
 	// sleeps here as it was put to sleep here.
+	// Its answer is taken only if no client put it to sleep or woke it
+	// meanwhile: a question asked before a client's /sleep, answered
+	// after it, would have undone it.
 	if !u.sleepless.Load() && u.asking.CompareAndSwap(false, true) {
+		_, gen, err := f.rt.SleepMark(u.cfg.ID)
+		if err != nil {
+			u.asking.Store(false)
+			return
+		}
 		go func() {
 			defer u.asking.Store(false)
 			asleep, known, answered := f.sleeping(ctx, u)
-			st, err := f.rt.Replica(u.cfg.ID)
 			switch {
 			case answered && !known:
 				u.sleepless.Store(true)
-			case known && err == nil && st.Asleep != asleep:
-				f.setAsleep(u.cfg.ID, asleep)
+			case known:
+				if changed, _ := f.rt.SetAsleepIf(u.cfg.ID, asleep, gen); changed {
+					f.slept(u.cfg.ID, asleep)
+				}
 			}
 		}()
 	}

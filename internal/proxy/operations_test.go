@@ -613,6 +613,62 @@ func TestSleepingEngineFoundByTheProbe(t *testing.T) {
 	}
 }
 
+// A probe's question of an engine's sleep, asked before a client put it to
+// sleep through the router and answered after, is stale: it must not wake
+// the replica (CI, 2026-12-06: the first probe's answer, "awake", undid
+// the /sleep that followed it, and a chat reached the sleeping engine).
+func TestStaleSleepAnswerDoesNotUndoASleep(t *testing.T) {
+	var mu sync.Mutex
+	var asleep bool
+	var asks, chats atomic.Int64
+	asked, answer := make(chan struct{}, 8), make(chan struct{})
+	engine := func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		switch r.URL.Path {
+		case "/sleep":
+			mu.Lock()
+			asleep = true
+			mu.Unlock()
+		case "/is_sleeping":
+			mu.Lock()
+			was := asleep
+			mu.Unlock()
+			if asks.Add(1) > 1 {
+				// Later questions say nothing (as SGLang's 404): they
+				// neither mend nor repeat what the first answer did.
+				w.WriteHeader(http.StatusNotFound)
+				return
+			}
+			asked <- struct{}{}
+			<-answer
+			fmt.Fprintf(w, `{"is_sleeping":%v}`, was)
+		case "/v1/chat/completions":
+			chats.Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`)
+		}
+	}
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, fakeUpstream(t, engine))
+	s.ProbeOnce(context.Background())
+	<-asked // the question is out, its answer ("awake") held
+	if code, body := do(t, "POST", url+"/sleep", ""); code != 200 {
+		t.Fatalf("sleep: %d %s", code, body)
+	}
+	close(answer)
+	// Once a later probe asks again, the first question's answer has been
+	// taken (one question at a time).
+	eventually(t, "a second question of its sleep", func() bool {
+		s.ProbeOnce(context.Background())
+		return asks.Load() >= 2
+	})
+	if st, _ := s.Router().Replica("a"); !st.Asleep {
+		t.Fatal("the stale answer woke the replica")
+	}
+	if code, _ := do(t, "POST", url+"/v1/chat/completions", modelChat("m", "asleep?", false)); code != http.StatusServiceUnavailable || chats.Load() != 0 {
+		t.Errorf("a chat while it sleeps: %d, %d sent to it", code, chats.Load())
+	}
+}
+
 // Replicas asleep serve nothing, failing or not: they do not count in the
 // share of the fleet requests may eject (review, 2026-12-06: with two of
 // four asleep, both awake ones were ejected).

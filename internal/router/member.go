@@ -135,6 +135,9 @@ type member struct {
 	// since the last reset: estimated and missing (estimated − reported,
 	// when positive) cached tokens over the reports that carried them.
 	reports, estSum, missSum int
+	// sleepGen counts the changes of asleep (written under mu): an answer
+	// asked before a change is stale (Router.SetAsleepIf).
+	sleepGen uint64
 }
 
 // gaugeObs is a scrape of the replica's engine gauges and when it was made.

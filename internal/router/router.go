@@ -902,9 +902,44 @@ func (r *Router) SetHealthy(id string, ok bool) error {
 func (r *Router) SetAsleep(id string, asleep bool) error {
 	m, err := r.member(id)
 	if err == nil {
+		m.mu.Lock()
+		m.sleepGen++
 		m.asleep.Store(asleep)
+		m.mu.Unlock()
 	}
 	return err
+}
+
+// SleepMark returns whether the replica is marked asleep and the mark's
+// generation, which every SetAsleep changes.
+func (r *Router) SleepMark(id string) (asleep bool, gen uint64, err error) {
+	m, err := r.member(id)
+	if err != nil {
+		return false, 0, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.asleep.Load(), m.sleepGen, nil
+}
+
+// SetAsleepIf marks the replica asleep or awake, as SetAsleep does, only if
+// its mark is still of generation gen (SleepMark) and says otherwise: an
+// engine's answer to a question asked before a client's sleep or wake
+// (a probe's) is stale, and must not undo it. It reports whether it
+// changed the mark.
+func (r *Router) SetAsleepIf(id string, asleep bool, gen uint64) (bool, error) {
+	m, err := r.member(id)
+	if err != nil {
+		return false, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sleepGen != gen || m.asleep.Load() == asleep {
+		return false, nil
+	}
+	m.sleepGen++
+	m.asleep.Store(asleep)
+	return true, nil
 }
 
 // Rates returns a replica's prefill and queue rates (ms per token) as the

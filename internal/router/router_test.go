@@ -1296,3 +1296,31 @@ func TestManyAnswersAreManySequences(t *testing.T) {
 		t.Errorf("in flight %d after the huge request", s.InFlight)
 	}
 }
+
+// An answer about a replica's sleep asked before a change of its mark is
+// stale: SetAsleepIf takes it only while the mark is of the generation it
+// was asked at.
+func TestSetAsleepIf(t *testing.T) {
+	r := newRouter(t, "gorgo", 1, false)
+	a := id(0)
+	asleep, gen, err := r.SleepMark(a)
+	if err != nil || asleep {
+		t.Fatalf("a new replica: asleep %v, %v", asleep, err)
+	}
+	if err := r.SetAsleep(a, true); err != nil { // a client's sleep, after the question
+		t.Fatal(err)
+	}
+	if changed, _ := r.SetAsleepIf(a, false, gen); changed || !state(t, r, a).Asleep {
+		t.Fatal("a stale answer woke the replica")
+	}
+	_, gen, _ = r.SleepMark(a)
+	if changed, _ := r.SetAsleepIf(a, true, gen); changed {
+		t.Error("an answer that changes nothing counted as a change")
+	}
+	if changed, _ := r.SetAsleepIf(a, false, gen); !changed || state(t, r, a).Asleep {
+		t.Error("a fresh answer did not wake it")
+	}
+	if _, err := r.SetAsleepIf("nobody", true, 0); err == nil {
+		t.Error("no error for an unknown replica")
+	}
+}

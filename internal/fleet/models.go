@@ -49,9 +49,9 @@ func (f *Fleet) ModelsChanged(ctx context.Context, id string) {
 // takes it from its config, which restores a model the replica once
 // answered 404 for. A first failure after successes, and the recovery, are
 // logged. It returns the list's round trip (Fleet.timed), ok when the
-// replica answered, whatever its answer: a probe's round trip is the least
-// of its requests'. A replica whose config says what it serves is not
-// asked here (its list is only timed, beside its /health: Fleet.probe).
+// replica answered, whatever its answer: a probe's round trip is the
+// list's. A replica whose config says what it serves is not asked here
+// (its list is only timed, beside its /health: Fleet.probe).
 func (f *Fleet) refreshModels(ctx context.Context, u *Upstream) (rtt time.Duration, ok bool) {
 	if u.served != nil {
 		f.rt.SetModels(u.cfg.ID, u.served)

@@ -165,8 +165,8 @@ func probedRTT(t *testing.T, cfg fleet.Config) time.Duration {
 
 // SGLang's /health has its scheduler generate a token and answers a second
 // later (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, its default): that
-// second is not the network's. The probe's round trip is the least of its
-// requests', and the model list is answered at once. (Here the check
+// second is not the network's. The probe's round trip is its model list's,
+// which is answered at once. (Here the check
 // takes two seconds, so that a loaded machine's loopback cannot pass for it.)
 func TestSlowHealthCheckIsNotTheRoundTrip(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -186,6 +186,40 @@ func TestSlowHealthCheckIsNotTheRoundTrip(t *testing.T) {
 	listed := fleet.Config{Replicas: []fleet.ReplicaConfig{{ID: "a", URL: up.URL, Models: []string{"m"}}}}
 	if rtt := probedRTT(t, listed); rtt >= time.Second {
 		t.Fatalf("round trip %v of a replica whose config lists its models: the health check's seconds taken for the network", rtt)
+	}
+}
+
+// A probe's round trip is one request's, its model list's, not the least
+// of its two requests' (/health's and the list's): the least of two draws
+// of a jittery link is below the link's mean, and drew the router to far
+// replicas. Here /health answers at once and the list after 300 ms; the
+// probe takes the list's 300 ms (it took /health's ~0 before), with or
+// without the models in the config.
+func TestProbeIsOneDrawOfTheRoundTrip(t *testing.T) {
+	const listWait = 300 * time.Millisecond
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			time.Sleep(listWait)
+			io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+		}
+	}))
+	defer up.Close()
+	for _, models := range [][]string{nil, {"m"}} {
+		cfg := fleet.Config{Replicas: []fleet.ReplicaConfig{{ID: "a", URL: up.URL, Models: models}}}
+		if rtt := probedRTT(t, cfg); rtt < listWait {
+			t.Errorf("config's models %v: round trip %v, want the list's %v or more", models, rtt, listWait)
+		}
+	}
+	// A list not answered leaves /health's time.
+	down := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			panic(http.ErrAbortHandler) // the connection cut: no answer
+		}
+	}))
+	defer down.Close()
+	cfg := fleet.Config{Replicas: []fleet.ReplicaConfig{{ID: "a", URL: down.URL, Models: []string{"m"}}}}
+	if rtt := probedRTT(t, cfg); rtt <= 0 || rtt >= time.Second {
+		t.Errorf("a list not answered: round trip %v, want /health's", rtt)
 	}
 }
 

@@ -24,14 +24,7 @@ func TestFlowControlLive(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a live fleet for about 20 s")
 	}
-	top, err := sim.LoadTopology("paper")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reps, err := top.Resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
+	reps := paperReplicas(t)
 	mix, err := trace.ParseTenants("chat:interactive:0.25,batch:batch:0.75")
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +91,20 @@ func TestDemoParamsScaleTheRoundTripWeight(t *testing.T) {
 	}
 }
 
+// paperReplicas are the replicas of the paper's fleet.
+func paperReplicas(t *testing.T) []sim.Replica {
+	t.Helper()
+	top, err := sim.LoadTopology("paper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := top.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reps
+}
+
 // The simulator's spread draws what the live run cannot reproduce: each
 // copy is simulated at a seed of its own (the network's jitter, the
 // policy's draws) with its arrivals moved. On the demo's workload the
@@ -109,14 +116,7 @@ func TestSimulatedSpreadDrawsTheNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	top, err := sim.LoadTopology("paper")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reps, err := top.Resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
+	reps := paperReplicas(t)
 	seeds := map[uint64]bool{}
 	moved := 0
 	simulate := func(seedOf func(uint64) uint64) func([]trace.Request, uint64) (report.Run, error) {

@@ -162,10 +162,9 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	// it started, through another, by the trainer at the engine itself)?
 	// vLLM says so, asked beside the probe (one question at a time); an
 	// engine that answers it cannot say (SGLang) is asked no more, and
-	// sleeps here as it was put to sleep here.
-	// Its answer is taken only if no client put it to sleep or woke it
-	// meanwhile: a question asked before a client's /sleep, answered
-	// after it, would have undone it.
+	// sleeps here as it was put to sleep here. The answer is taken only if
+	// no client put it to sleep or woke it meanwhile: a question asked
+	// before a client's /sleep, answered after it, would undo it.
 	if !u.sleepless.Load() && u.asking.CompareAndSwap(false, true) {
 		_, gen, err := f.rt.SleepMark(u.cfg.ID)
 		if err != nil {

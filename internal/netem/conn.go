@@ -43,6 +43,7 @@ type conn struct {
 	wq           fifo[wchunk] // written, not yet handed to raw
 	wbytes       int          // bytes in wq
 	wlast        time.Time    // due time of the last chunk queued
+	wway         way          // the outgoing way's delay
 	wdl          time.Time    // write deadline
 	werr         error        // sticky error from raw writes
 	werrReported bool
@@ -52,6 +53,7 @@ type conn struct {
 	rq      fifo[rchunk] // received, not yet returned by Read
 	rbytes  int          // bytes in rq
 	rlast   time.Time    // due time of the last chunk received
+	rway    way          // the incoming way's delay (readLoop's alone)
 	rdl     time.Time    // read deadline
 	rtimer  *time.Timer  // used by Read under rlock
 
@@ -152,7 +154,8 @@ func (c *conn) Write(p []byte) (int, error) {
 		c.wmu.Unlock()
 		return 0, nil
 	}
-	due := time.Now().Add(c.link.oneWay())
+	now := time.Now()
+	due := now.Add(c.link.delay(&c.wway, now))
 	if due.Before(c.wlast) {
 		due = c.wlast
 	}
@@ -284,7 +287,8 @@ func (h halfCloser) CloseWrite() error {
 		return nil
 	}
 	c.shut = true
-	due := time.Now().Add(c.link.oneWay())
+	now := time.Now()
+	due := now.Add(c.link.delay(&c.wway, now))
 	if due.Before(c.wlast) {
 		due = c.wlast
 	}

@@ -84,6 +84,13 @@ func TestLinkSetGet(t *testing.T) {
 	}
 }
 
+// oneWay draws a one-way delay, as a chunk after a long gap does.
+func (l *Link) oneWay() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.drawLocked()
+}
+
 func TestOneWayDelayDraws(t *testing.T) {
 	exact := NewLink(80*time.Millisecond, 0, 1)
 	for range 100 {
@@ -126,6 +133,49 @@ func TestOneWayDelayDraws(t *testing.T) {
 	}
 	slices.Sort(ds)
 	t.Logf("rtt 20ms jitter 40ms: one-way min %v median %v max %v, %d zeros", ds[0], ds[len(ds)/2], ds[len(ds)-1], zeros)
+}
+
+// TestWayKeepsItsDelay: chunks on a way within Hold jitters of the one
+// before keep its delay, however long the stream; a longer gap, or a Set,
+// draws anew; two ways draw apart.
+func TestWayKeepsItsDelay(t *testing.T) {
+	l := NewLink(100*time.Millisecond, 20*time.Millisecond, 5)
+	hold := Hold * 20 * time.Millisecond
+	at := time.Unix(1000, 0)
+	var w, other way
+	first := l.delay(&w, at)
+	if d := l.delay(&other, at); d == first {
+		t.Errorf("two ways drew the same delay %v", d)
+	}
+	for range 50 { // a stream of 50 chunks, 10 s in all
+		at = at.Add(hold - time.Millisecond)
+		if d := l.delay(&w, at); d != first {
+			t.Fatalf("a chunk %v after the one before got %v, want the stream's %v", hold-time.Millisecond, d, first)
+		}
+	}
+	redrawn := 0
+	prev := first
+	for range 50 {
+		at = at.Add(hold)
+		if d := l.delay(&w, at); d != prev {
+			redrawn++
+			prev = d
+		}
+	}
+	if redrawn < 45 {
+		t.Errorf("after gaps of Hold jitters, %d of 50 chunks drew anew", redrawn)
+	}
+	l.Set(100*time.Millisecond, 20*time.Millisecond)
+	if d := l.delay(&w, at.Add(time.Millisecond)); d == prev {
+		t.Error("a chunk right after Set kept the old delay")
+	}
+	exact := NewLink(80*time.Millisecond, 0, 1)
+	var e way
+	for i := range 5 {
+		if d := exact.delay(&e, at.Add(time.Duration(i)*time.Second)); d != 40*time.Millisecond {
+			t.Fatalf("no jitter: %v, want exactly 40ms", d)
+		}
+	}
 }
 
 // TestRoundTripJitter: a round trip, one draw each way, has the link's
@@ -187,14 +237,16 @@ func TestDelayBothDirections(t *testing.T) {
 	}
 }
 
-// TestJitterStream sends numbered, timestamped messages 2ms apart through a
-// jittery link, wrapping the writing end or the reading end.
+// TestJitterStream sends numbered, timestamped messages through a jittery
+// link, in bursts of 2 ms apart with gaps longer than the Hold between
+// them, wrapping the writing end or the reading end: they arrive in order,
+// and the bursts' delays vary (each burst keeps one: TestWayKeepsItsDelay).
 func TestJitterStream(t *testing.T) {
 	for _, side := range []string{"write", "read"} {
 		t.Run(side, func(t *testing.T) {
 			checkGoroutines(t)
 			a, b := tcpPair(t)
-			link := NewLink(40*time.Millisecond, 40*time.Millisecond, 3)
+			link := NewLink(40*time.Millisecond, 20*time.Millisecond, 3)
 			var w io.Writer = a
 			var r io.Reader = b
 			if side == "write" {
@@ -206,12 +258,16 @@ func TestJitterStream(t *testing.T) {
 				defer wb.Close()
 				r = wb
 			}
-			const n = 100
+			const bursts, each = 12, 5
+			const n = bursts * each
 			base := time.Now()
 			errc := make(chan error, 1)
 			go func() {
 				var msg [16]byte
 				for i := range n {
+					if i > 0 && i%each == 0 {
+						time.Sleep(Hold*20*time.Millisecond + 30*time.Millisecond)
+					}
 					binary.BigEndian.PutUint64(msg[:8], uint64(i))
 					binary.BigEndian.PutUint64(msg[8:], uint64(time.Since(base)))
 					if _, err := w.Write(msg[:]); err != nil {
@@ -238,21 +294,19 @@ func TestJitterStream(t *testing.T) {
 			if err := <-errc; err != nil {
 				t.Fatal(err)
 			}
-			var mean, sq float64
 			for _, d := range delays {
 				if d < 0 {
 					t.Errorf("negative delay %v", d)
 				}
-				mean += float64(d) / n
 			}
-			for _, d := range delays {
-				sq += (float64(d) - mean) * (float64(d) - mean) / n
+			var firsts []time.Duration // each burst's first message's
+			for i := 0; i < n; i += each {
+				firsts = append(firsts, delays[i])
 			}
-			sd := time.Duration(math.Sqrt(sq))
-			lo, hi := slices.Min(delays), slices.Max(delays)
-			t.Logf("one-way delays: min %v mean %v max %v sd %v", lo, time.Duration(mean), hi, sd)
-			if hi-lo < 10*time.Millisecond || sd < 3*time.Millisecond {
-				t.Errorf("delays do not vary: min %v max %v sd %v", lo, hi, sd)
+			lo, hi := slices.Min(firsts), slices.Max(firsts)
+			t.Logf("bursts' one-way delays: %v", firsts)
+			if hi-lo < 10*time.Millisecond {
+				t.Errorf("the bursts' delays do not vary: min %v max %v", lo, hi)
 			}
 		})
 	}

@@ -12,14 +12,18 @@
 //
 // # Model
 //
-// Every chunk of bytes gets a one-way delay of rtt/2 + jitter/√2 × N(0,1),
-// floored at zero, drawn when the chunk enters the link: when Write is
-// called for outgoing bytes, when the bytes come out of the underlying
-// connection for incoming ones. The two ways' draws are independent, so a
-// round trip's standard deviation is jitter. Delivery times are monotone
-// per direction (a chunk is never due earlier than the one before it), so
-// order is preserved and a stream of small writes 10 ms apart arrives 10 ms
-// apart, shifted by the delay rather than accumulating it. With zero jitter
+// Each way of a connection has a one-way delay of rtt/2 + jitter/√2 ×
+// N(0,1), floored at zero, drawn when a chunk of bytes enters the link
+// (when Write is called for outgoing bytes, when the bytes come out of the
+// underlying connection for incoming ones) and kept by the chunks that
+// follow it on that way within Hold jitters of each other: a path's delay
+// is its queues', which change slowly against a stream's chunks, so a
+// stream keeps its spacing and a request's answer, from its headers to its
+// last token, is shifted by one draw (as the simulator draws one round trip
+// per request). A chunk after a longer gap, or after Set, draws anew. The
+// two ways' draws are independent, so a round trip's standard deviation is
+// jitter. Delivery times are monotone per direction (a chunk is never due
+// earlier than the one before it), so order is preserved. With zero jitter
 // the delay is exact.
 //
 // Write never blocks for the delay: it copies the bytes, stamps them with
@@ -43,9 +47,15 @@
 //     then stamped when the wrapper reads them, later than they arrived. In
 //     effect throughput per connection is capped near 4 MiB per one-way delay
 //     (about 100 MB/s at 40 ms), far above what an LLM stream needs.
-//   - Delivery is in order, so with jitter a chunk waits for a slower one
-//     before it: in a dense stream (chunks closer together than the jitter)
-//     the delays are biased upwards, towards rtt/2 plus a jitter or two.
+//   - Delivery is in order, so a chunk after a gap of Hold jitters or more
+//     that draws a shorter delay than the one before it waits for it; past
+//     such a gap that is rare (the two draws must differ by more than the
+//     gap). (Drawn afresh for every chunk, as it was before 2026-12-06, a
+//     chunk waited for the slowest before it: a stream's delays crept
+//     upwards, its first token waited for the headers sent before it, and
+//     the live demo's streams ran longer than the simulator's.) Requests
+//     that follow each other on a kept-alive connection within Hold
+//     jitters share their delay, where the simulator draws each apart.
 //   - Incoming bytes are stamped when the wrapper's goroutine reads them from
 //     the underlying connection, which it does continuously, so the stamp is
 //     their arrival time up to scheduling noise (and the buffer cap above).
@@ -75,6 +85,10 @@ import (
 // written, for the queued bytes to be written to the underlying connection.
 const CloseGrace = time.Second
 
+// Hold is how long, in jitters, a connection's way keeps its delay across
+// a gap between chunks (see the package's Model).
+const Hold = 3
+
 // Link is a network path with a round-trip time and jitter, changeable at
 // runtime. It is safe for concurrent use and may be shared by any number of
 // connections.
@@ -82,7 +96,16 @@ type Link struct {
 	mu     sync.Mutex
 	rtt    time.Duration
 	jitter time.Duration
+	gen    uint64 // changed by Set: the ways draw anew
 	rng    *rand.Rand
+}
+
+// way is one direction of a connection: the delay its chunks keep (see
+// Link.delay).
+type way struct {
+	delay time.Duration
+	last  time.Time // when the latest chunk entered; zero: none yet
+	gen   uint64    // the link's, when delay was drawn
 }
 
 // NewLink returns a link with the given round-trip time and jitter. Jitter is
@@ -103,6 +126,7 @@ func (l *Link) Set(rtt, jitter time.Duration) {
 	l.mu.Lock()
 	l.rtt = max(rtt, 0)
 	l.jitter = max(jitter, 0)
+	l.gen++
 	l.mu.Unlock()
 }
 
@@ -113,14 +137,25 @@ func (l *Link) Get() (rtt, jitter time.Duration) {
 	return l.rtt, l.jitter
 }
 
-// oneWay draws the one-way delay of a chunk: rtt/2 + jitter/√2 × N(0,1),
-// floored at zero; exactly rtt/2 without jitter. (With jitter/2, as it was,
-// a round trip of two draws had a standard deviation of jitter/√2: the
-// live fleet's network was steadier than the simulator's, whose round trip
-// is one draw of standard deviation jitter.)
-func (l *Link) oneWay() time.Duration {
+// delay is the one-way delay of a chunk entering way w at now: w's delay
+// if its latest chunk entered less than Hold jitters before (and the link
+// was not Set since), else a new draw.
+func (l *Link) delay(w *way, now time.Time) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if w.last.IsZero() || w.gen != l.gen || now.Sub(w.last) >= Hold*l.jitter {
+		w.delay, w.gen = l.drawLocked(), l.gen
+	}
+	w.last = now
+	return w.delay
+}
+
+// drawLocked draws a one-way delay: rtt/2 + jitter/√2 × N(0,1), floored at
+// zero; exactly rtt/2 without jitter. (With jitter/2, as it was, a round
+// trip of two draws had a standard deviation of jitter/√2: the live
+// fleet's network was steadier than the simulator's, whose round trip is
+// one draw of standard deviation jitter.) Call with l.mu.
+func (l *Link) drawLocked() time.Duration {
 	d := l.rtt / 2
 	if l.jitter > 0 {
 		d += time.Duration(float64(l.jitter) / math.Sqrt2 * l.rng.NormFloat64())

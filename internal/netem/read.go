@@ -25,8 +25,8 @@ type rchunk struct {
 }
 
 // readLoop reads the underlying connection as bytes arrive and queues them,
-// due one one-way delay after their arrival (and not before the previous
-// chunk). The error that ends the stream (io.EOF included) is queued the same
+// due one one-way delay after their arrival (the incoming way's: Link.delay;
+// and not before the previous chunk). The error that ends the stream (io.EOF included) is queued the same
 // way. It returns on that error, or once the conn is closed.
 func (c *conn) readLoop() {
 	defer close(c.rdone)
@@ -49,7 +49,7 @@ func (c *conn) readLoop() {
 		}
 		n, err := c.raw.Read(buf)
 		now := time.Now()
-		d := c.link.oneWay()
+		d := c.link.delay(&c.rway, now)
 
 		c.rmu.Lock()
 		due := now.Add(d)

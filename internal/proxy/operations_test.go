@@ -491,6 +491,12 @@ func TestSleepingReplicasArePassedOver(t *testing.T) {
 		if code, body := do(t, "GET", url+"/health", ""); code != step.chat || step.asleep == 2 && !strings.Contains(body, "2 asleep") {
 			t.Errorf("the router's health after %s: %d %s", step.op, code, body)
 		}
+		if code, _ := do(t, "GET", url+"/readyz", ""); code != step.chat {
+			t.Errorf("the router's readiness after %s: %d, want %d", step.op, code, step.chat)
+		}
+		if code, _ := do(t, "GET", url+"/livez", ""); code != http.StatusOK {
+			t.Errorf("the router's liveness after %s: %d, want 200 (a restart wakes no engine)", step.op, code)
+		}
 	}
 	// Put to sleep through the router, woken behind its back: the next
 	// probe finds it awake.

@@ -196,11 +196,23 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "GET", Pattern: "/get_model_info", Handler: s.guard(s.handleGet)},
 		{Method: "GET", Pattern: "/get_server_info", Handler: s.guard(s.handleGet)},
 		{Method: "GET", Pattern: "/health", Handler: s.health},
+		{Method: "GET", Pattern: "/readyz", Handler: s.health},
+		{Method: "GET", Pattern: "/livez", Handler: live},
 		{Method: "GET", Pattern: "/metrics", Handler: metrics.ServeHTTP},
 	})
 }
 
-// health is 200 while a replica is available, else 503.
+// live is the router's liveness: 200 while it serves at all. A liveness
+// probe pointed at /health (or /readyz, its readiness) would restart the
+// router whenever no replica is available: all asleep while a trainer
+// trains, or all down, when a restart mends nothing.
+func live(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(w, "ok\n")
+}
+
+// health is 200 while a replica is available, else 503 (/health and
+// /readyz: the router's readiness).
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	asleep := 0
 	for _, st := range s.fleet.Router().Replicas() {

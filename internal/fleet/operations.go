@@ -82,11 +82,8 @@ func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 	case "/abort_request":
 		return body, true
 	case "/pause_generation", "/update_weights_from_disk":
-		// SGLang reads each body as its request's dataclass: FastAPI
-		// refuses one missing (422) or not JSON, and the engines then
-		// neither pause nor abort. ({} is the default mode.)
-		if json.Unmarshal(body, &req) != nil {
-			return nil, false
+		if len(bytes.TrimSpace(body)) > 0 && json.Unmarshal(body, &req) != nil {
+			return nil, false // the engines will refuse it
 		}
 		if path == "/pause_generation" && (req.Mode == "" || req.Mode == "abort") || req.AbortAll {
 			return abortAll, true

@@ -82,6 +82,11 @@ func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 	case "/abort_request":
 		return body, true
 	case "/pause_generation", "/update_weights_from_disk":
+		// Without a body, a pause is an abort of all: SGLang up to 0.5.5
+		// takes no body and aborts all; later ones refuse it (400), and
+		// the client, which meant to pause, sends it again with one.
+		// Not taken for an abort, it would have the engines' aborts of
+		// what they ran failed over.
 		if len(bytes.TrimSpace(body)) > 0 && json.Unmarshal(body, &req) != nil {
 			return nil, false // the engines will refuse it
 		}

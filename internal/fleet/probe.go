@@ -100,20 +100,24 @@ func (f *Fleet) intervalsChanged() {
 
 // probe checks a replica's health and times its round trip: GET /health
 // must answer 200, and a success feeds the round trip to the estimate and
-// marks the replica up; a failure counts against it. The round trip is
-// GET /v1/models' (its list), timed from the request written to the first
-// byte of its answer (timed), whatever the answer; /health's only where the
-// list was not answered. Neither a new connection's handshake nor an
-// engine's slow health check is taken for the network: SGLang's /health
-// has its scheduler generate a token and answers a second or more later
-// (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, on by default); its model
-// list is answered at once. One request's time, not the least of the two:
-// the least of two draws of a jittery link's round trip is below its mean
-// (by 0.56 of its standard deviation: 45 ms of eu-frankfurt's 279 ± 80),
-// which drew the router to far replicas, and the simulator's probe is one
-// draw. The list is read after /health where the config does not list the
-// replica's models; where it does, it is asked beside /health only to be
-// timed.
+// marks the replica up; a failure counts against it. Each of its requests,
+// GET /health and GET /v1/models (its list), is timed from the request
+// written to the first byte of its answer (timed), so that a new
+// connection's handshake is not taken for the network. The round trip is
+// the list's, whatever its answer, unless it came more than listSlack times
+// later than /health's, or not at all: then /health's. SGLang's /health has
+// its scheduler generate a token and answers a second or more later
+// (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, on by default), where its list
+// is answered at once: the list's is its network. A list slower than that
+// (a large one, a stalled server) is not taken for it either. One request's
+// time, not the least of the two: the least of two draws of a jittery
+// link's round trip is below its mean (by 0.56 of its standard deviation:
+// 45 ms of eu-frankfurt's 279 ± 80), which drew the router to far
+// replicas, and the simulator's probe is one draw; the list taken unless
+// listSlack times later leaves a bias of a few ms. The list is read after
+// /health where the config does not list the replica's models; where it
+// does, it is asked beside /health only to be timed, and waited for at most
+// until listSlack times /health's time.
 func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	pctx, cancel := context.WithTimeout(ctx, max(f.Config().ProbeInterval, 2*timeoutFloor))
 	defer cancel()
@@ -126,10 +130,16 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 		listTimed = f.timeList(ctx, u)
 	}
 	resp, rtt, err := f.timed(req)
-	if listTimed != nil {
-		if d, ok := <-listTimed; ok { // closed unanswered
-			rtt = d
+	if listTimed != nil && err == nil {
+		wait := time.NewTimer((listSlack-1)*rtt + 5*time.Millisecond)
+		select {
+		case d, ok := <-listTimed: // closed unanswered
+			if ok && d <= listSlack*rtt {
+				rtt = d
+			}
+		case <-wait.C:
 		}
+		wait.Stop()
 	}
 	if f.Upstream(u.cfg.ID) != u {
 		if err == nil {
@@ -150,7 +160,7 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 		return
 	}
 	// What it serves, before its first probe makes it available.
-	if listed, ok := f.refreshModels(ctx, u); ok {
+	if listed, ok := f.refreshModels(ctx, u); ok && listed <= listSlack*rtt {
 		rtt = listed
 	}
 	if f.rt.ObserveRTT(u.cfg.ID, rtt) != nil {
@@ -177,7 +187,7 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 			switch {
 			case answered && !known:
 				u.sleepless.Store(true)
-			case known:
+			case known && f.Upstream(u.cfg.ID) == u: // not a replaced replica's answer
 				if changed, _ := f.rt.SetAsleepIf(u.cfg.ID, asleep, gen); changed {
 					f.slept(u.cfg.ID, asleep)
 				}
@@ -185,6 +195,10 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 		}()
 	}
 }
+
+// listSlack bounds how much later than /health's a probe's list may answer
+// and still be its round trip (see probe).
+const listSlack = 3
 
 // timeList asks a replica for its model list only to time the request
 // (Fleet.timed), and sends the round trip when the replica answers,

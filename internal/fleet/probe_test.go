@@ -192,13 +192,16 @@ func TestSlowHealthCheckIsNotTheRoundTrip(t *testing.T) {
 // A probe's round trip is one request's, its model list's, not the least
 // of its two requests' (/health's and the list's): the least of two draws
 // of a jittery link is below the link's mean, and drew the router to far
-// replicas. Here /health answers at once and the list after 300 ms; the
-// probe takes the list's 300 ms (it took /health's ~0 before), with or
-// without the models in the config.
+// replicas. Here /health answers after 200 ms and the list after 300 ms;
+// the probe takes the list's 300 ms (it took /health's 200 before), with
+// or without the models in the config.
 func TestProbeIsOneDrawOfTheRoundTrip(t *testing.T) {
-	const listWait = 300 * time.Millisecond
+	const healthWait, listWait = 200 * time.Millisecond, 300 * time.Millisecond
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/v1/models" {
+		switch r.URL.Path {
+		case "/health":
+			time.Sleep(healthWait)
+		case "/v1/models":
 			time.Sleep(listWait)
 			io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
 		}
@@ -220,6 +223,41 @@ func TestProbeIsOneDrawOfTheRoundTrip(t *testing.T) {
 	cfg := fleet.Config{Replicas: []fleet.ReplicaConfig{{ID: "a", URL: down.URL, Models: []string{"m"}}}}
 	if rtt := probedRTT(t, cfg); rtt <= 0 || rtt >= time.Second {
 		t.Errorf("a list not answered: round trip %v, want /health's", rtt)
+	}
+}
+
+// A list far slower than /health (a large one, a stalled server) is not
+// the network either, and a probe does not wait out a list that hangs
+// (review, 2026-12-06: a list answered after 1.5 s was taken for the
+// round trip of a replica /health found at once, and a hanging list held
+// every probe, the one before serving included, for 5 s).
+func TestSlowListIsNotTheRoundTrip(t *testing.T) {
+	for _, hang := range []bool{false, true} {
+		release := make(chan struct{})
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/v1/models" {
+				if hang {
+					select {
+					case <-release:
+					case <-r.Context().Done():
+					}
+					return
+				}
+				time.Sleep(1500 * time.Millisecond)
+				io.WriteString(w, `{"object":"list","data":[{"id":"m","object":"model"}]}`)
+			}
+		}))
+		t.Cleanup(up.Close)
+		t.Cleanup(func() { close(release) }) // before the server's Close, which waits for it
+		start := time.Now()
+		cfg := fleet.Config{Replicas: []fleet.ReplicaConfig{{ID: "a", URL: up.URL, Models: []string{"m"}}}}
+		rtt := probedRTT(t, cfg)
+		if took := time.Since(start); hang && took >= 3*time.Second {
+			t.Errorf("a hanging list held the probe %v", took)
+		}
+		if rtt >= time.Second {
+			t.Errorf("hanging %v: round trip %v, the list's wait taken for the network", hang, rtt)
+		}
 	}
 }
 

@@ -119,12 +119,13 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 		}
 	}
 	// The gorgo Deployment mounts the ConfigMap, reads the Secret, and is
-	// ready on /health of the port the config listens on.
+	// ready on /readyz (/health's twin) and alive on /livez of the port the
+	// config listens on.
 	c := d.Spec.Template.Spec.Containers[0]
 	if v := d.Spec.Template.Spec.Volumes; len(v) != 1 || v[0].ConfigMap == nil || v[0].ConfigMap.Name != cms[0].Name {
 		t.Errorf("volumes %+v", v)
 	}
-	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/health" {
+	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("readiness probe %+v", c.ReadinessProbe)
 	}
 	if c.Env[0].ValueFrom.SecretKeyRef.Name != secrets[0].Name || c.Env[0].Name != cfg.Admin.TokenEnv {
@@ -153,7 +154,9 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 			t.Errorf("%s uses port %q, which the container does not name", what, port)
 		}
 	}
-	if lp := c.LivenessProbe; lp == nil || lp.TCPSocket == nil || (lp.TCPSocket.Port.String() != "http" && lp.TCPSocket.Port.IntValue() != int(ports["http"])) {
+	// Alive is not ready: /livez answers while gorgo serves, where /readyz
+	// fails while no replica is up (a restart would not mend that).
+	if lp := c.LivenessProbe; lp == nil || lp.HTTPGet == nil || lp.HTTPGet.Path != "/livez" || lp.HTTPGet.Port.String() != c.ReadinessProbe.HTTPGet.Port.String() {
 		t.Errorf("liveness probe %+v", c.LivenessProbe)
 	}
 	cfgArg := ""

@@ -55,8 +55,8 @@ func (s Spread) Median() float64 {
 // within it, positive above, negative below.
 func (s Spread) Outside(v float64) float64 {
 	switch lo, hi := s.Lo(), s.Hi(); {
-	case s.N() == 0:
-		return 0
+	case s.N() == 0, v > hi && hi <= 0, v < lo && lo <= 0:
+		return 0 // nothing, or nothing to measure against
 	case v > hi:
 		return v/hi - 1
 	case v < lo:
@@ -80,8 +80,12 @@ func WriteAgreement(w io.Writer, live, simulated []Run, spreads []Spread) error 
 		if o := sp.Outside(l.TTFT.P95); o != 0 {
 			in = fmt.Sprintf("%+.1f%%", 100*o)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s–%s\t%+.1f%%\t%s\t\n", l.Policy, ms(l.TTFT.P95), ms(s.TTFT.P95),
-			ms(sp.Median()), ms(sp.Lo()), ms(sp.Hi()), 100*(l.TTFT.P95/sp.Median()-1), in)
+		vs := "–" // no median to compare with
+		if m := sp.Median(); m > 0 {
+			vs = fmt.Sprintf("%+.1f%%", 100*(l.TTFT.P95/m-1))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s–%s\t%s\t%s\t\n", l.Policy, ms(l.TTFT.P95), ms(s.TTFT.P95),
+			ms(sp.Median()), ms(sp.Lo()), ms(sp.Hi()), vs, in)
 	}
 	return tw.Flush()
 }

@@ -36,7 +36,15 @@ func TestSpreadAndAgreement(t *testing.T) {
 	if err := WriteAgreement(&b, live, sim, []Spread{s, s}); err != nil {
 		t.Fatal(err)
 	}
+	var zero Spread
+	zero = zero.Add(0)
+	if err := WriteAgreement(&b, live[:1], sim[:1], []Spread{zero}); err != nil {
+		t.Fatal(err)
+	}
 	out := b.String()
+	if strings.Contains(out, "Inf") || strings.Contains(out, "NaN") {
+		t.Errorf("a spread of zeros gave\n%s", out)
+	}
 	for _, want := range []string{"2,400", "2,000", "1,800–2,400", "+5.0%", "within", "+32.0%", "+10.0%"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)

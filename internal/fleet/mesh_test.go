@@ -21,11 +21,7 @@ import (
 // router's bus connection is cut mid-run: every request is still served,
 // and each router saw the other's requests while the bus was up.
 func TestMeshRoutersSurviveABusCut(t *testing.T) {
-	url, stop, err := mesh.Serve("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
+	url := startBus(t)
 	a, b := startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 5*time.Millisecond, emulator.Faults{})
 	us, usURL := startProxy(t, testConfig{Fleet: fleet.Config{Region: "us", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}}, a, b)
 	eu, euURL := startProxy(t, testConfig{Fleet: fleet.Config{Region: "eu", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}}, a, b)
@@ -82,11 +78,7 @@ func TestMeshRoutersSurviveABusCut(t *testing.T) {
 // review: a non-streaming request was announced only with its answer's
 // headers, which come with its end).
 func TestMeshSharesWhileServing(t *testing.T) {
-	url, stop, err := mesh.Serve("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
+	url := startBus(t)
 	a := startReplica(t, 5*time.Millisecond, emulator.Faults{})
 	_, usURL := startProxy(t, testConfig{Fleet: fleet.Config{Region: "us", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}}, a)
 	eu, _ := startProxy(t, testConfig{Fleet: fleet.Config{Region: "eu", Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}}, a)
@@ -129,11 +121,7 @@ func TestMeshSharesWhileServing(t *testing.T) {
 // A tenant's budget is the mesh's: what it spent at one router counts at
 // the others.
 func TestMeshSharesBudgets(t *testing.T) {
-	url, stop, err := mesh.Serve("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
+	url := startBus(t)
 	a := startReplica(t, 2*time.Millisecond, emulator.Faults{})
 	cfg := func(region string) testConfig {
 		return testConfig{Fleet: fleet.Config{Region: region, Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond},
@@ -172,34 +160,15 @@ func TestMeshSharesBudgets(t *testing.T) {
 // aborted by the engine before its first token, to the next replica, and
 // charged the first with a failure).
 func TestMeshSharesAborts(t *testing.T) {
-	url, stop, err := mesh.Serve("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
-	abort := `{"text":"","meta_info":{"id":"r1","finish_reason":{"type":"abort","message":"Abort in waiting queue"},"prompt_tokens":3,"completion_tokens":0,"cached_tokens":0}}`
-	var generates atomic.Int64
-	arrived, release := make(chan struct{}, 4), make(chan struct{})
-	engine := func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		if r.URL.Path != "/generate" {
-			return // the abort itself, the router's scrapes
-		}
-		generates.Add(1)
-		arrived <- struct{}{}
-		<-release // waits in the engine's queue until aborted
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, abort)
-	}
-	a, b := fakeUpstream(t, engine), fakeUpstream(t, engine)
+	url := startBus(t)
+	e := newHeldRollout()
+	a, b := fakeUpstream(t, e.handler(nil)), fakeUpstream(t, e.handler(nil))
 	cfg := func(region string) testConfig {
 		return testConfig{Fleet: fleet.Config{Region: region, ProbeInterval: time.Hour, Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond}}}
 	}
 	_, usURL := startProxy(t, cfg("us"), a, b)
 	eu, euURL := startProxy(t, cfg("eu"), a, b)
-	var once sync.Once
-	answer := func() { once.Do(func() { close(release) }) }
-	t.Cleanup(answer) // before the servers close: a failed test does not hang
+	t.Cleanup(e.answer) // before the servers close: a failed test does not hang
 	type result struct {
 		code int
 		body string
@@ -209,16 +178,16 @@ func TestMeshSharesAborts(t *testing.T) {
 		code, body := do(t, "POST", euURL+"/generate", `{"text":"hi","rid":"r1"}`)
 		done <- result{code, body}
 	}()
-	<-arrived
+	<-e.arrived
 	_, before, _ := eu.Bus().Counts()
 	if code, body := do(t, "POST", usURL+"/abort_request", `{"abort_all":true}`); code != 200 {
 		t.Fatalf("abort at us: %d %s", code, body)
 	}
 	eventually(t, "eu to hear us's abort", func() bool { _, applied, _ := eu.Bus().Counts(); return applied > before })
-	answer() // the engine answers the abort
+	e.answer() // the engine answers the abort
 	res := <-done
-	if res.code != 200 || !strings.Contains(res.body, `"type":"abort"`) || generates.Load() != 1 {
-		t.Errorf("eu answered %d %.200s after %d /generate sent, want the abort relayed after 1", res.code, res.body, generates.Load())
+	if res.code != 200 || !strings.Contains(res.body, `"type":"abort"`) || e.generates.Load() != 1 {
+		t.Errorf("eu answered %d %.200s after %d /generate sent, want the abort relayed after 1", res.code, res.body, e.generates.Load())
 	}
 }
 
@@ -227,37 +196,17 @@ func TestMeshSharesAborts(t *testing.T) {
 // the engine's abort for the engine's own (review, 2026-12-06: nothing
 // ordered the two).
 func TestMeshAbortNewsAfterTheEngine(t *testing.T) {
-	url, stop, err := mesh.Serve("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(stop)
-	abort := `{"text":"","meta_info":{"id":"r1","finish_reason":{"type":"abort","message":"Abort in waiting queue"},"prompt_tokens":3,"completion_tokens":0,"cached_tokens":0}}`
-	var generates atomic.Int64
-	arrived, release := make(chan struct{}, 4), make(chan struct{})
-	var once sync.Once
-	answer := func() { once.Do(func() { close(release) }) }
-	engine := func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		switch r.URL.Path {
-		case "/abort_request":
-			answer() // the engine ends its request before its answer to the abort
-		case "/generate":
-			generates.Add(1)
-			arrived <- struct{}{}
-			<-release
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = io.WriteString(w, abort)
-		}
-	}
-	a, b := fakeUpstream(t, engine), fakeUpstream(t, engine)
+	url := startBus(t)
+	e := newHeldRollout()
+	// The engine ends its request before its answer to the abort.
+	a, b := fakeUpstream(t, e.handler(e.answer)), fakeUpstream(t, e.handler(e.answer))
 	cfg := func(region string) testConfig {
 		return testConfig{Fleet: fleet.Config{Region: region, ProbeInterval: time.Hour,
 			Mesh: &mesh.Config{URL: url, Heartbeat: 100 * time.Millisecond, AbortGrace: mesh.MaxAbortGrace}}}
 	}
 	_, usURL := startProxy(t, cfg("us"), a, b)
 	eu, euURL := startProxy(t, cfg("eu"), a, b)
-	t.Cleanup(answer)
+	t.Cleanup(e.answer)
 	if eu.AbortGrace() != mesh.MaxAbortGrace {
 		t.Fatalf("abort grace %v", eu.AbortGrace())
 	}
@@ -266,11 +215,58 @@ func TestMeshAbortNewsAfterTheEngine(t *testing.T) {
 		_, body := do(t, "POST", euURL+"/generate", `{"text":"hi","rid":"r1"}`)
 		done <- body
 	}()
-	<-arrived
+	<-e.arrived
 	if code, body := do(t, "POST", usURL+"/abort_request", `{"rid":"r1"}`); code != 200 {
 		t.Fatalf("abort at us: %d %s", code, body)
 	}
-	if body := <-done; !strings.Contains(body, `"type":"abort"`) || generates.Load() != 1 {
-		t.Errorf("eu answered %.200s after %d /generate sent, want the abort relayed after 1", body, generates.Load())
+	if body := <-done; !strings.Contains(body, `"type":"abort"`) || e.generates.Load() != 1 {
+		t.Errorf("eu answered %.200s after %d /generate sent, want the abort relayed after 1", body, e.generates.Load())
+	}
+}
+
+// startBus runs a NATS server for a test's mesh and returns its URL.
+func startBus(t *testing.T) string {
+	t.Helper()
+	url, stop, err := mesh.Serve("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return url
+}
+
+// heldRollout is an SGLang engine whose /generate waits in its queue until
+// answer, then answers as SGLang answers a request aborted there.
+type heldRollout struct {
+	generates atomic.Int64
+	arrived   chan struct{} // one per /generate received
+	release   chan struct{}
+	once      sync.Once
+}
+
+func newHeldRollout() *heldRollout {
+	return &heldRollout{arrived: make(chan struct{}, 4), release: make(chan struct{})}
+}
+
+// answer lets the held requests end (at most once).
+func (e *heldRollout) answer() { e.once.Do(func() { close(e.release) }) }
+
+// handler serves the engine; onAbort, if set, is called for its
+// /abort_request.
+func (e *heldRollout) handler(onAbort func()) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		switch r.URL.Path {
+		case "/abort_request":
+			if onAbort != nil {
+				onAbort()
+			}
+		case "/generate":
+			e.generates.Add(1)
+			e.arrived <- struct{}{}
+			<-e.release
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"text":"","meta_info":{"id":"r1","finish_reason":{"type":"abort","message":"Abort in waiting queue"},"prompt_tokens":3,"completion_tokens":0,"cached_tokens":0}}`)
+		}
 	}
 }

@@ -48,11 +48,7 @@ func operationFleet(t *testing.T) (*fleet.Fleet, *sync.Mutex, *[]string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	f.ProbeOnce(ctx)
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	servetest.RunFleet(t, f)
 	return f, &mu, &got
 }
 

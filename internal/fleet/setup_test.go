@@ -1,7 +1,6 @@
 package fleet_test
 
 import (
-	"context"
 	"log/slog"
 	"net/http/httptest"
 	"testing"
@@ -99,16 +98,9 @@ func startProxy(t testing.TB, cfg testConfig, reps ...*replica) (*testRouter, st
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	f.ProbeOnce(ctx)
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
+	servetest.RunFleet(t, f)
 	ts := httptest.NewServer(p.Handler())
-	t.Cleanup(func() {
-		ts.Close()
-		cancel()
-		<-done
-	})
+	t.Cleanup(ts.Close) // before the fleet stops
 	return &testRouter{Fleet: f, reg: reg}, ts.URL
 }
 

@@ -354,3 +354,18 @@ func FleetConfig(cfg fleet.Config, reps ...*Replica) fleet.Config {
 
 // At is a replica at url, served by the test.
 func At(url string) *Replica { return &Replica{URL: url} }
+
+// RunFleet probes f once, then runs it until the test ends (its cleanup
+// waits for Run to return: register servers over f after it, so that
+// they close first).
+func RunFleet(t testing.TB, f *fleet.Fleet) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	f.ProbeOnce(ctx)
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}

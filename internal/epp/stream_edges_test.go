@@ -152,16 +152,7 @@ func TestNonStreamedAnswerUsage(t *testing.T) {
 // text, and its answer, in SGLang's shape, gives the first token.
 func TestNativeGenerate(t *testing.T) {
 	f := newFleet(t, admit.Config{})
-	s, err := picker(t, f).Process(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/generate", false)},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
-	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
-		Body: []byte(`{"text":"where should this go? a prompt long enough for a few blocks","stream":true}`), EndOfStream: true}}})
-	recv(t, s)
+	s, _ := routeGenerate(t, picker(t, f), "/generate", `{"text":"where should this go? a prompt long enough for a few blocks","stream":true}`)
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
 	recv(t, s)
 	decoding := func() (n int) {
@@ -190,16 +181,8 @@ func TestNativeNotFoundIsRemembered(t *testing.T) {
 	c := picker(t, f)
 	pick := func(status string) string {
 		t.Helper()
-		s, err := c.Process(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/generate?x=1", false)},
-			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
-		recv(t, s)
-		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{
-			Body: []byte(`{"text":"where should this go? a prompt long enough for a few blocks"}`), EndOfStream: true}}})
-		list, _ := destination(t, recv(t, s))
+		s, routed := routeGenerate(t, c, "/generate?x=1", `{"text":"where should this go? a prompt long enough for a few blocks"}`)
+		list, _ := destination(t, routed)
 		ep, _, _ := strings.Cut(list, ",")
 		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", true, ":status", status)}})
 		recv(t, s)
@@ -255,20 +238,28 @@ func TestLongNativeAnswerIsCounted(t *testing.T) {
 	}
 }
 
+// routeGenerate sends a /generate to path, of body, through the picker c as
+// a gateway would (its body buffered, the answer to be streamed), and
+// returns the stream and the picker's answer to the body (its routing).
+func routeGenerate(t *testing.T, c extprocv3.ExternalProcessorClient, path, body string) (extprocv3.ExternalProcessor_ProcessClient, *extprocv3.ProcessingResponse) {
+	t.Helper()
+	s, err := c.Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers(path, false)},
+		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}})
+	return s, recv(t, s)
+}
+
 // generateThroughGateway routes a /generate of body on f's picker as a
 // gateway would (its body buffered, the answer's streamed), then hands it
 // the answer, of contentType, in Envoy's 16 KiB pieces.
 func generateThroughGateway(t *testing.T, f *testFleet, body, contentType, answer string) {
 	t.Helper()
-	s, err := picker(t, f).Process(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/generate", false)},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
-	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}})
-	recv(t, s)
+	s, _ := routeGenerate(t, picker(t, f), "/generate", body)
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200", "content-type", contentType)}})
 	recv(t, s)
 	for i := 0; i < len(answer); i += 16 << 10 {

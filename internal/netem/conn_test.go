@@ -247,7 +247,8 @@ func TestJitterStream(t *testing.T) {
 		t.Run(side, func(t *testing.T) {
 			checkGoroutines(t)
 			a, b := tcpPair(t)
-			link := NewLink(40*time.Millisecond, 20*time.Millisecond, 3)
+			const jitter = 40 * time.Millisecond
+			link := NewLink(40*time.Millisecond, jitter, 3)
 			var w io.Writer = a
 			var r io.Reader = b
 			if side == "write" {
@@ -267,7 +268,7 @@ func TestJitterStream(t *testing.T) {
 				var msg [16]byte
 				for i := range n {
 					if i > 0 && i%each == 0 {
-						time.Sleep(Hold*20*time.Millisecond + 30*time.Millisecond)
+						time.Sleep(Hold*jitter + 30*time.Millisecond)
 					}
 					binary.BigEndian.PutUint64(msg[:8], uint64(i))
 					binary.BigEndian.PutUint64(msg[8:], uint64(time.Since(base)))
@@ -304,7 +305,7 @@ func TestJitterStream(t *testing.T) {
 			held := 0                  // bursts whose messages kept one delay
 			for i := 0; i < n; i += each {
 				firsts = append(firsts, delays[i])
-				if burst := delays[i : i+each]; slices.Max(burst)-slices.Min(burst) < 5*time.Millisecond {
+				if burst := delays[i : i+each]; slices.Max(burst)-slices.Min(burst) < 10*time.Millisecond {
 					held++
 				}
 			}
@@ -313,10 +314,11 @@ func TestJitterStream(t *testing.T) {
 			if hi-lo < 10*time.Millisecond {
 				t.Errorf("the bursts' delays do not vary: min %v max %v", lo, hi)
 			}
-			// Within 5 ms of each other (the machine's scheduling noise),
-			// in most bursts: drawn per message, 2 ms apart with a way's
-			// standard deviation of 14 ms, they spread wider.
-			if held < bursts*2/3 {
+			// Within 10 ms of each other (the machine's scheduling noise,
+			// generously), in half the bursts at least: drawn per message,
+			// 2 ms apart with a way's standard deviation of 28 ms, they
+			// spread wider in nearly all.
+			if held < bursts/2 {
 				t.Errorf("%d of %d bursts kept one delay, want most", held, bursts)
 			}
 		})

@@ -296,6 +296,12 @@ func readBody(r *http.Request) ([]byte, error) {
 
 // serve runs a parsed job through the engine and writes the response.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
+	if err := s.enter(r.Context()); err != nil { // held (hold.go)
+		if errors.Is(err, errAsleep) {
+			writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "%v", err)
+		}
+		return
+	}
 	reqs := make([]engine.Request, 0, j.seqs)
 	after := make([]int, 0, j.seqs) // what each sequence enters after (driver.submit)
 	for k, p := range j.prompts {

@@ -15,11 +15,13 @@ import (
 
 // clock maps wall time to model time. The model runs speed times faster
 // than the wall clock; changing the speed keeps model time continuous.
+// Frozen (a held engine: hold.go), model time stands still.
 type clock struct {
 	mu          sync.Mutex
 	anchorWall  time.Time
 	anchorModel time.Duration
 	speed       float64
+	frozen      bool
 }
 
 func newClock(now time.Time, speed float64) *clock {
@@ -30,14 +32,40 @@ func newClock(now time.Time, speed float64) *clock {
 func (c *clock) model(t time.Time) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.frozen {
+		return c.anchorModel
+	}
 	return c.anchorModel + scale(t.Sub(c.anchorWall), c.speed)
 }
 
-// wall returns the wall time at which the model reaches m.
+// wall returns the wall time at which the model reaches m (frozen, one
+// far ahead: it does not).
 func (c *clock) wall(m time.Duration) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.frozen {
+		return c.anchorWall.Add(time.Duration(maxScaled))
+	}
 	return c.anchorWall.Add(scale(m-c.anchorModel, 1/c.speed))
+}
+
+// freeze stops model time at wall time now; thaw lets it run on from
+// there.
+func (c *clock) freeze(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.frozen {
+		c.anchorModel += scale(now.Sub(c.anchorWall), c.speed)
+		c.anchorWall, c.frozen = now, true
+	}
+}
+
+func (c *clock) thaw(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.frozen {
+		c.anchorWall, c.frozen = now, false
+	}
 }
 
 // scale is d times f, held within ±maxScaled: a conversion past int64
@@ -54,7 +82,9 @@ const maxScaled = float64(math.MaxInt64 / 2)
 func (c *clock) setSpeed(now time.Time, speed float64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.anchorModel += scale(now.Sub(c.anchorWall), c.speed)
+	if !c.frozen {
+		c.anchorModel += scale(now.Sub(c.anchorWall), c.speed)
+	}
 	c.anchorWall = now
 	c.speed = speed
 }
@@ -228,6 +258,37 @@ func (d *driver) flush() bool {
 		return false
 	}
 	return d.eng.Flush()
+}
+
+// idle reports whether the engine has no request, held ones included.
+func (d *driver) idle() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.advanceLocked(d.clk.model(time.Now()))
+	return len(d.streams) == 0 && len(d.ready) == 0 && len(d.held) == 0
+}
+
+// awaitIdle waits until the engine has no request, or ctx ends.
+func (d *driver) awaitIdle(ctx context.Context) error {
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !d.idle() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// wake has the driver look at the model again (its speed, or whether its
+// clock runs, changed).
+func (d *driver) wake() {
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
 }
 
 // gauges returns the engine's gauges now and its recent generation

@@ -169,13 +169,17 @@ func (a *abortable) abort(rid string, all bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for j, abort := range a.jobs {
+		if all {
+			abort(errAborted)
+			continue
+		}
 		rids := []string{j.rid}
 		if strings.HasPrefix(j.rid, "[") {
 			rids = nil
 			_ = json.Unmarshal([]byte(j.rid), &rids)
 		}
 		for _, r := range rids {
-			if all || rid != "" && strings.HasPrefix(r, rid) {
+			if rid != "" && strings.HasPrefix(r, rid) {
 				abort(errAborted)
 				break
 			}

@@ -134,6 +134,7 @@ type Server struct {
 	lora     atomic.Bool             // LoRA is on: its metrics are exposed
 	stored   responseStore           // Responses API responses (StoreResponses)
 	aborts   abortable               // the /generate requests a client may abort
+	holds    holds                   // what holds the engine: a pause, its sleep (hold.go)
 }
 
 // New builds a replica; Run starts its model.
@@ -260,6 +261,21 @@ func (s *Server) routes() {
 		s.mux.HandleFunc("POST /flush_cache", s.guard(false, s.flushCache))
 		s.mux.HandleFunc("POST /load_lora_adapter", s.guard(false, s.sglangAdapter(s.addAdapter)))
 		s.mux.HandleFunc("POST /unload_lora_adapter", s.guard(false, s.sglangAdapter(s.removeAdapter)))
+		s.mux.HandleFunc("POST /pause_generation", s.guard(false, s.pauseGeneration))
+		s.mux.HandleFunc("POST /continue_generation", s.guard(false, s.continueGeneration))
+		s.mux.HandleFunc("POST /update_weights_from_disk", s.guard(false, s.updateWeightsFromDisk))
+		for _, method := range []string{"GET ", "POST "} {
+			s.mux.HandleFunc(method+"/release_memory_occupation", s.guard(false, s.memory(true)))
+			s.mux.HandleFunc(method+"/resume_memory_occupation", s.guard(false, s.memory(false)))
+		}
+	} else { // vLLM's development mode (VLLM_SERVER_DEV_MODE=1)
+		s.mux.HandleFunc("POST /pause", s.guard(false, s.pause))
+		s.mux.HandleFunc("POST /resume", s.guard(false, s.resume))
+		s.mux.HandleFunc("GET /is_paused", s.guard(false, s.isPaused))
+		s.mux.HandleFunc("POST /sleep", s.guard(false, s.sleep))
+		s.mux.HandleFunc("POST /wake_up", s.guard(false, s.wakeUp))
+		s.mux.HandleFunc("GET /is_sleeping", s.guard(false, s.isSleeping))
+		s.mux.HandleFunc("POST /reset_prefix_cache", s.guard(false, s.resetPrefixCache))
 	}
 	s.mux.HandleFunc("GET /v1/responses/{id}", s.guard(false, s.getResponse))
 	s.mux.HandleFunc("POST /v1/responses/{id}/cancel", s.guard(false, s.cancelResponse))
@@ -390,9 +406,6 @@ func (s *Server) adminSpeed(w http.ResponseWriter, r *http.Request) {
 	s.drv.mu.Lock()
 	s.clk.setSpeed(time.Now(), up/down)
 	s.drv.mu.Unlock()
-	select {
-	case s.drv.kick <- struct{}{}:
-	default:
-	}
+	s.drv.wake()
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -28,7 +28,8 @@ import (
 // SGLang's /load_lora_adapter and /unload_lora_adapter); SGLang's
 // /update_weights_from_disk loads new weights (and empties its cache),
 // its /pause_generation stops generating (by default aborting what runs
-// and waits) until /continue_generation; vLLM's /sleep and SGLang's
+// and waits) until /continue_generation, as vLLM's /pause does until
+// /resume (both in their development mode); vLLM's /sleep and SGLang's
 // /release_memory_occupation free the engine's memory, its weights and
 // its cache, until /wake_up or /resume_memory_occupation (the router
 // passes a sleeping replica over: it serves nothing). A client of the router means
@@ -52,6 +53,7 @@ var operations = map[string]string{
 	"/flush_cache": "GET POST", "/reset_prefix_cache": "POST", "/abort_request": "POST",
 	"/v1/load_lora_adapter": "POST", "/v1/unload_lora_adapter": "POST", "/load_lora_adapter": "POST", "/unload_lora_adapter": "POST",
 	"/update_weights_from_disk": "POST", "/pause_generation": "POST", "/continue_generation": "POST",
+	"/pause": "POST", "/resume": "POST",
 	"/sleep": "POST", "/wake_up": "POST", "/release_memory_occupation": "GET POST", "/resume_memory_occupation": "GET POST",
 }
 
@@ -70,8 +72,8 @@ func abortsAll(body []byte) bool {
 // query) is, as an /abort_request's body: the abort's own; an abort of all
 // for one that aborts what the engines run and hold: SGLang's
 // /pause_generation in its default mode ("abort"), its
-// /update_weights_from_disk with abort_all_requests, vLLM's /sleep in its
-// default mode ("abort"). ok is false for the others.
+// /update_weights_from_disk with abort_all_requests, vLLM's /sleep and
+// /pause in their default mode ("abort"). ok is false for the others.
 func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 	path, query, _ := strings.Cut(uri, "?")
 	var req struct {
@@ -97,16 +99,43 @@ func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 		if q, err := url.ParseQuery(query); err == nil && (q.Get("mode") == "" || q.Get("mode") == "abort") {
 			return abortAll, true
 		}
+	case "/pause":
+		// Its deprecated wait_for_inflight_requests=true, without a
+		// mode, is mode "wait".
+		if q, err := url.ParseQuery(query); err == nil && (q.Get("mode") == "abort" || q.Get("mode") == "" && !queryTrue(q.Get("wait_for_inflight_requests"))) {
+			return abortAll, true
+		}
 	}
 	return nil, false
 }
 
-// movesWeights reports whether path loads, offloads or frees weights, an
-// adapter's or the model's: it has a model's load time (Operation.LongWait),
-// not a header's.
-func movesWeights(path string) bool {
+// queryTrue reports whether a query parameter reads as true, as the
+// engines' servers (FastAPI) read a boolean.
+func queryTrue(v string) bool {
+	switch strings.ToLower(v) {
+	case "1", "true", "on", "yes", "t", "y":
+		return true
+	}
+	return false
+}
+
+// queryFalse reports whether a query parameter reads as false, as
+// queryTrue.
+func queryFalse(v string) bool {
+	switch strings.ToLower(v) {
+	case "0", "false", "off", "no", "f", "n":
+		return true
+	}
+	return false
+}
+
+// long reports whether path may take a model's load time
+// (Operation.LongWait), not a header's: it loads, offloads or frees
+// weights, an adapter's or the model's, or may wait for the requests the
+// engines run to end (vLLM's /pause in mode "wait").
+func long(path string) bool {
 	switch path {
-	case "/update_weights_from_disk", "/sleep", "/wake_up", "/release_memory_occupation", "/resume_memory_occupation":
+	case "/update_weights_from_disk", "/sleep", "/wake_up", "/release_memory_occupation", "/resume_memory_occupation", "/pause":
 		return true
 	}
 	return ChangesAdapters(path)
@@ -124,7 +153,7 @@ func wakes(path string) bool { return path == "/wake_up" || path == "/resume_mem
 // let go on).
 func wholeFleet(path string) bool {
 	switch path {
-	case "/update_weights_from_disk", "/pause_generation", "/continue_generation":
+	case "/update_weights_from_disk", "/pause_generation", "/continue_generation", "/pause", "/resume":
 		return true
 	}
 	return sleeps(path) || wakes(path)
@@ -169,10 +198,16 @@ func loads(path string) bool {
 	return ChangesAdapters(path) && strings.HasSuffix(path, "/load_lora_adapter")
 }
 
-// flushes reports whether path empties a replica's prefix cache (new
-// weights make what it held worthless: SGLang empties it by default; a
-// sleeping engine frees it).
-func flushes(path string) bool {
+// flushes reports whether an operation (uri: its path and query) empties
+// a replica's prefix cache (new weights make what it held worthless:
+// SGLang empties it by default; a sleeping engine frees it; vLLM's /pause
+// clears it but with clear_cache=false or in mode "keep").
+func flushes(uri string) bool {
+	path, query, _ := strings.Cut(uri, "?")
+	if path == "/pause" {
+		q, err := url.ParseQuery(query)
+		return err == nil && q.Get("mode") != "keep" && !queryFalse(q.Get("clear_cache"))
+	}
 	return path == "/flush_cache" || path == "/reset_prefix_cache" || path == "/update_weights_from_disk" || sleeps(path)
 }
 
@@ -256,7 +291,7 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 		f.Abort(abort, op.Received)
 	}
 	wait := cmp.Or(op.Wait, 30*time.Second)
-	if movesWeights(path) {
+	if long(path) {
 		wait = cmp.Or(op.LongWait, 5*time.Minute)
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
@@ -304,7 +339,7 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 			if succeeded == nil {
 				succeeded = a
 			}
-			if flushes(path) {
+			if flushes(op.URI) {
 				_ = f.rt.ClearCache(a.ID) // its cache is empty: the router's index of it too
 				if f.bus != nil {
 					f.bus.Flushed(a.ID) // and the other routers'

@@ -705,3 +705,105 @@ func TestEjectionCapCountsTheAwake(t *testing.T) {
 		t.Errorf("%d of the 2 awake replicas ejected, over max_ejection_percent 50", ejected)
 	}
 }
+
+// A trainer's cycle through the router, against emulated vLLM engines:
+// its /pause (mode "abort", the default) ends the rollouts the engines run
+// (relayed, not failed over) and empties their caches; a request sent
+// while paused waits at its engine until /resume; asleep (/sleep), no
+// replica serves, until /wake_up.
+func TestTrainerCycleVLLM(t *testing.T) {
+	reps := []*servetest.Replica{
+		servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "m", MetricsFormat: "vllm", Speedup: 20}),
+		servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "m", MetricsFormat: "vllm", Speedup: 20}),
+	}
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, reps...)
+	engines := func() (running, admitted int) {
+		for _, r := range reps {
+			g := r.Srv.Gauges()
+			running, admitted = running+g.Running, admitted+int(g.Admitted)
+		}
+		return running, admitted
+	}
+	long := strings.Repeat("a prompt long enough to fill several blocks of the cache. ", 20)
+	if code, body := do(t, "POST", url+"/v1/completions", fmt.Sprintf(`{"model":"m","prompt":%q,"max_tokens":1}`, long)); code != 200 {
+		t.Fatalf("before the pause: %d %s", code, body)
+	}
+	rollout := make(chan string, 1)
+	go func() {
+		_, body := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"a rollout","max_tokens":40000}`)
+		rollout <- body
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		if running, _ := engines(); running == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the rollout never ran")
+		}
+	}
+	if code, body := do(t, "POST", url+"/pause", ""); code != 200 || !strings.Contains(body, "paused") {
+		t.Fatalf("pause: %d %s", code, body)
+	}
+	if body := <-rollout; !strings.Contains(body, `"finish_reason":"abort"`) {
+		t.Errorf("the rollout the pause aborted: %.300s", body)
+	}
+	if _, admitted := engines(); admitted != 2 {
+		t.Errorf("%d requests reached the engines, want 2: the aborted rollout was tried again", admitted)
+	}
+	for _, id := range []string{"a", "b"} {
+		if st, _ := s.Router().Replica(id); st.IndexBlocks != 0 {
+			t.Errorf("%s keeps %d blocks in the router's index after the pause cleared its cache", id, st.IndexBlocks)
+		}
+	}
+	waited := make(chan int, 1)
+	go func() {
+		code, _ := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"while paused","max_tokens":1}`)
+		waited <- code
+	}()
+	if code, body := do(t, "POST", url+"/resume", ""); code != 200 {
+		t.Fatalf("resume: %d %s", code, body)
+	}
+	if code := <-waited; code != 200 {
+		t.Errorf("the request sent while paused: %d", code)
+	}
+
+	if code, body := do(t, "POST", url+"/sleep?level=1", ""); code != 200 {
+		t.Fatalf("sleep: %d %s", code, body)
+	}
+	if code, body := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"asleep","max_tokens":1}`); code != http.StatusServiceUnavailable {
+		t.Errorf("a request with every engine asleep: %d %s", code, body)
+	}
+	if code, body := do(t, "POST", url+"/wake_up", ""); code != 200 {
+		t.Fatalf("wake: %d %s", code, body)
+	}
+	if code, body := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"awake","max_tokens":1}`); code != 200 {
+		t.Errorf("after waking: %d %s", code, body)
+	}
+}
+
+// The same against emulated SGLang engines, pausing in place: the rollout
+// the engine runs stops where it is while the weights change, and ends in
+// full once generation continues.
+func TestTrainerCycleSGLang(t *testing.T) {
+	a := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "m", Speedup: 20})
+	b := servetest.StartReplicaWith(t, 2*time.Millisecond, emulator.Config{Model: "m", Speedup: 20})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a, b)
+	rollout := make(chan string, 1)
+	go func() {
+		_, body := do(t, "POST", url+"/generate", `{"text":"a rollout","sampling_params":{"max_new_tokens":300}}`)
+		rollout <- body
+	}()
+	for deadline := time.Now().Add(10 * time.Second); a.Srv.Gauges().Running+b.Srv.Gauges().Running == 0; time.Sleep(2 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the rollout never ran")
+		}
+	}
+	for _, op := range []string{"/pause_generation", "/update_weights_from_disk", "/continue_generation"} {
+		if code, body := do(t, "POST", url+op, `{"mode":"in_place","model_path":"/ckpt/step-2"}`); code != 200 {
+			t.Fatalf("%s: %d %s", op, code, body)
+		}
+	}
+	if completion, _ := wire.PeekNativeBody([]byte(<-rollout)); completion != 300 {
+		t.Errorf("the rollout paused in place: %d tokens, want 300", completion)
+	}
+}

@@ -186,6 +186,8 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "POST", Pattern: "/update_weights_from_disk", Handler: s.guard(s.handleOperation)},
 		{Method: "POST", Pattern: "/pause_generation", Handler: s.guard(s.handleOperation)},
 		{Method: "POST", Pattern: "/continue_generation", Handler: s.guard(s.handleOperation)},
+		{Method: "POST", Pattern: "/pause", Handler: s.guard(s.handleOperation)},
+		{Method: "POST", Pattern: "/resume", Handler: s.guard(s.handleOperation)},
 		{Method: "POST", Pattern: "/sleep", Handler: s.guard(s.handleOperation)},
 		{Method: "POST", Pattern: "/wake_up", Handler: s.guard(s.handleOperation)},
 		{Method: "POST", Pattern: "/release_memory_occupation", Handler: s.guard(s.handleOperation)},

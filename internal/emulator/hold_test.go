@@ -1,0 +1,296 @@
+package emulator
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/wire"
+)
+
+// streamGenerate starts a streamed /generate of n tokens and returns its
+// answer once its first event came, and the rest of it on the channel.
+func streamGenerate(t *testing.T, url string, n int) <-chan string {
+	t.Helper()
+	resp := post(t, url+"/generate", `{"text":"a rollout","stream":true,"sampling_params":{"max_new_tokens":`+itoa(n)+`}}`)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/generate: %d", resp.StatusCode)
+	}
+	first := make([]byte, 1)
+	if _, err := io.ReadFull(resp.Body, first); err != nil {
+		t.Fatal(err)
+	}
+	rest := make(chan string, 1)
+	go func() {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		rest <- string(first) + string(b)
+	}()
+	return rest
+}
+
+// lastEvent is a streamed /generate's last event, peeked.
+func lastEvent(body string) wire.Peek {
+	events := strings.Split(strings.TrimRight(strings.TrimSuffix(body, "data: [DONE]\n\n"), "\n"), "\n\n")
+	data, _ := strings.CutPrefix(events[len(events)-1], "data: ")
+	return wire.PeekNative([]byte(data))
+}
+
+// generated is the tokens the engine generated so far.
+func generated(s *Server) int64 { return s.Gauges().GeneratedTokens }
+
+// SGLang's /pause_generation in place stops what the engine runs where it
+// is (no token comes while paused) and holds new requests at its door;
+// /continue_generation lets both go on, to their full length.
+func TestPauseInPlace(t *testing.T) {
+	s, url := start(t, Config{Speedup: 20, Model: "m"})
+	running := streamGenerate(t, url, 300)
+	if status, body := postText(t, url+"/pause_generation", `{"mode":"in_place"}`); status != http.StatusOK || !strings.Contains(body, `"status":"ok"`) {
+		t.Fatalf("pause: %d %s", status, body)
+	}
+	before := generated(s)
+	later := make(chan string, 1)
+	go func() {
+		_, body := postText(t, url+"/generate", `{"text":"later","sampling_params":{"max_new_tokens":2}}`)
+		later <- body
+	}()
+	time.Sleep(50 * time.Millisecond) // at 20 times real time, a dozen tokens' time
+	if g := generated(s); g != before {
+		t.Errorf("%d tokens generated while paused", g-before)
+	}
+	if g, _ := s.drv.gauges(); g.Running+g.Waiting != 1 {
+		t.Errorf("the engine holds %d requests while paused, want the one it ran (the new one waits at its door)", g.Running+g.Waiting)
+	}
+	select {
+	case body := <-later:
+		t.Fatalf("a request was served while paused: %s", body)
+	default:
+	}
+	if status, body := postText(t, url+"/continue_generation", ``); status != http.StatusOK {
+		t.Fatalf("continue: %d %s", status, body)
+	}
+	if ev := lastEvent(<-running); !ev.Finish || ev.CompletionTokens != 300 {
+		t.Errorf("the paused request ended %+v, want its 300 tokens", ev)
+	}
+	if completion, _ := wire.PeekNativeBody([]byte(<-later)); completion != 2 {
+		t.Errorf("the request that waited: %d tokens", completion)
+	}
+}
+
+// A pause in its default mode ("abort", also without a body) aborts what
+// the engine runs, and holds the new requests until it continues.
+func TestPauseAborts(t *testing.T) {
+	_, url := start(t, Config{Speedup: 1, Model: "m"})
+	running := streamGenerate(t, url, 4000)
+	if status, body := postText(t, url+"/pause_generation", ``); status != http.StatusOK {
+		t.Fatalf("pause: %d %s", status, body)
+	}
+	if body := <-running; !strings.Contains(body, `"type":"abort"`) {
+		t.Errorf("the running request after the pause: %.300s", body)
+	}
+	if status, body := postText(t, url+"/pause_generation", `{"mode":"later"}`); status != http.StatusBadRequest {
+		t.Errorf("an unknown mode: %d %s", status, body)
+	}
+	if status, _ := postText(t, url+"/continue_generation", ``); status != http.StatusOK {
+		t.Fatal(status)
+	}
+	if status, body := postText(t, url+"/generate", `{"text":"after","sampling_params":{"max_new_tokens":1}}`); status != http.StatusOK {
+		t.Errorf("after continuing: %d %s", status, body)
+	}
+}
+
+// SGLang's /update_weights_from_disk waits for what the engine runs to
+// end (its new requests held), then empties its prefix cache; with
+// abort_all_requests it aborts them; on an engine paused in place it does
+// not wait, and leaves it paused.
+func TestUpdateWeightsFromDisk(t *testing.T) {
+	s, url := start(t, Config{Speedup: 50, Model: "m"})
+	long := `{"text":"` + strings.Repeat("a prompt long enough to fill several blocks of the cache. ", 20) + `","sampling_params":{"max_new_tokens":1}}`
+	postText(t, url+"/generate", long)
+	running := streamGenerate(t, url, 100)
+	status, body := postText(t, url+"/update_weights_from_disk", `{"model_path":"/ckpt/step-2"}`)
+	if status != http.StatusOK || !strings.Contains(body, `"success":true`) {
+		t.Fatalf("update: %d %s", status, body)
+	}
+	select {
+	case body := <-running:
+		if ev := lastEvent(body); ev.CompletionTokens != 100 {
+			t.Errorf("the request the update waited for ended %+v", ev)
+		}
+	default:
+		t.Error("the update answered before the request it waits for ended")
+	}
+	if _, body := postText(t, url+"/generate", long); func() bool { _, c := wire.PeekNativeBody([]byte(body)); return c != 0 }() {
+		t.Errorf("cached tokens after new weights: %s", body)
+	}
+	if status, _ := postText(t, url+"/update_weights_from_disk", `{}`); status != http.StatusBadRequest {
+		t.Errorf("no model_path: %d", status)
+	}
+
+	aborted := streamGenerate(t, url, 40000)
+	if status, body := postText(t, url+"/update_weights_from_disk", `{"model_path":"/ckpt/step-3","abort_all_requests":true}`); status != http.StatusOK {
+		t.Fatalf("update aborting: %d %s", status, body)
+	}
+	if body := <-aborted; !strings.Contains(body, `"type":"abort"`) {
+		t.Errorf("abort_all_requests left it: %.300s", body)
+	}
+
+	kept := streamGenerate(t, url, 40000)
+	postText(t, url+"/pause_generation", `{"mode":"in_place"}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/update_weights_from_disk", strings.NewReader(`{"model_path":"/ckpt/step-4"}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("an update while paused in place waited for the request it keeps: %v", err)
+	}
+	resp.Body.Close()
+	s.holds.mu.Lock()
+	stillPaused := s.holds.paused
+	s.holds.mu.Unlock()
+	if !stillPaused {
+		t.Error("the update let a paused engine go")
+	}
+	postText(t, url+"/continue_generation", ``)
+	postText(t, url+"/abort_request", `{"abort_all":true}`)
+	<-kept
+}
+
+// SGLang's memory released: new requests wait until it is all back; the
+// KV cache released empties the prefix cache.
+func TestReleaseMemoryOccupation(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50, Model: "m"})
+	if status, body := postText(t, url+"/release_memory_occupation", `{}`); status != http.StatusOK {
+		t.Fatalf("release: %d %s", status, body)
+	}
+	served := make(chan int, 1)
+	go func() {
+		status, _ := postText(t, url+"/generate", `{"text":"x","sampling_params":{"max_new_tokens":1}}`)
+		served <- status
+	}()
+	if status, body := postText(t, url+"/resume_memory_occupation", `{"tags":["weights"]}`); status != http.StatusOK {
+		t.Fatalf("resume: %d %s", status, body)
+	}
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case status := <-served:
+		t.Fatalf("served (%d) with its KV cache released", status)
+	default:
+	}
+	postText(t, url+"/resume_memory_occupation", `{"tags":["kv_cache","cuda_graph"]}`)
+	if status := <-served; status != http.StatusOK {
+		t.Errorf("after resuming: %d", status)
+	}
+	if status, _ := postText(t, url+"/release_memory_occupation", `{"tags":["disk"]}`); status != http.StatusBadRequest {
+		t.Errorf("an unknown tag: %d", status)
+	}
+}
+
+// vLLM's sleep: asleep, chats are 503s and /is_sleeping says so; a wake of
+// the weights alone leaves it asleep; awake, its prefix cache is empty.
+func TestSleepAndWake(t *testing.T) {
+	_, url := start(t, Config{Speedup: 50, Model: "m", MetricsFormat: "vllm"})
+	long := strings.Repeat("a prompt long enough to fill several blocks of the cache. ", 20)
+	complete(t, url, "m", long)
+	if _, _, cached, _ := complete(t, url, "m", long); cached == 0 {
+		t.Fatal("nothing cached before the sleep")
+	}
+	sleeping := func() string {
+		resp, err := http.Get(url + "/is_sleeping")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.TrimSpace(string(b))
+	}
+	if status, body := postText(t, url+"/sleep?level=1", ``); status != http.StatusOK || sleeping() != `{"is_sleeping":true}` {
+		t.Fatalf("sleep: %d %s, then %s", status, body, sleeping())
+	}
+	if status, _, _, body := complete(t, url, "m", long); status != http.StatusServiceUnavailable || !strings.Contains(body, "sleeping") {
+		t.Errorf("a chat while asleep: %d %s", status, body)
+	}
+	postText(t, url+"/wake_up?tags=weights", ``)
+	if got := sleeping(); got != `{"is_sleeping":true}` {
+		t.Errorf("its weights woken: %s", got)
+	}
+	postText(t, url+"/wake_up?tags=kv_cache", ``)
+	if got := sleeping(); got != `{"is_sleeping":false}` {
+		t.Errorf("all woken: %s", got)
+	}
+	if status, _, cached, body := complete(t, url, "m", long); status != http.StatusOK || cached != 0 {
+		t.Errorf("after waking: %d, %d cached: %s", status, cached, body)
+	}
+	for _, bad := range []string{"/sleep?level=3", "/sleep?mode=later", "/wake_up?tags=disk"} {
+		if status, _ := postText(t, url+bad, ``); status != http.StatusBadRequest {
+			t.Errorf("%s: %d", bad, status)
+		}
+	}
+}
+
+// vLLM's /pause: "keep" holds what runs in place until /resume, "wait"
+// answers once what runs has ended, "abort" (the default) ends it;
+// /is_paused says which.
+func TestVLLMPause(t *testing.T) {
+	s, url := start(t, Config{Speedup: 20, MetricsFormat: "vllm"})
+	chat := func(n int) <-chan string {
+		resp := post(t, url+"/v1/chat/completions", chat("a rollout", n))
+		done := make(chan string, 1)
+		go func() {
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			done <- string(b)
+		}()
+		waitEngine(t, s, func(g engineState) bool { return g.running == 1 })
+		return done
+	}
+	paused := func() string {
+		resp, err := http.Get(url + "/is_paused")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.TrimSpace(string(b))
+	}
+
+	kept := chat(300)
+	if status, body := postText(t, url+"/pause?mode=keep", ``); status != http.StatusOK || body != "{\"status\":\"paused\"}\n" || paused() != `{"is_paused":true}` {
+		t.Fatalf("pause: %d %q, then %s", status, body, paused())
+	}
+	before := generated(s)
+	time.Sleep(50 * time.Millisecond)
+	if g := generated(s); g != before {
+		t.Errorf("%d tokens generated while paused", g-before)
+	}
+	if status, body := postText(t, url+"/resume", ``); status != http.StatusOK || paused() != `{"is_paused":false}` {
+		t.Fatalf("resume: %d %s", status, body)
+	}
+	if body := <-kept; !strings.Contains(body, `"finish_reason":"length"`) {
+		t.Errorf("the request kept: %.300s", body)
+	}
+
+	waited := chat(100)
+	if status, _ := postText(t, url+"/pause?mode=wait", ``); status != http.StatusOK {
+		t.Fatal(status)
+	}
+	select {
+	case body := <-waited:
+		if !strings.Contains(body, `"finish_reason":"length"`) {
+			t.Errorf("the request waited for: %.300s", body)
+		}
+	default:
+		t.Error("the pause answered before the request it waits for ended")
+	}
+	postText(t, url+"/resume", ``)
+
+	aborted := chat(40000)
+	postText(t, url+"/pause", ``)
+	if body := <-aborted; !strings.Contains(body, `"finish_reason":"abort"`) {
+		t.Errorf("the request a pause aborted: %.300s", body)
+	}
+	postText(t, url+"/resume", ``)
+}

@@ -1,0 +1,36 @@
+package fleet
+
+import "testing"
+
+// vLLM's /pause and /resume (its development mode's, around a trainer's
+// weights' update) are operations for the whole fleet, as SGLang's
+// /pause_generation and /continue_generation are: a pause in mode "abort"
+// (the default) is a client's abort of all, and it empties the engines'
+// caches unless it keeps its requests or is told not to.
+func TestVLLMPause(t *testing.T) {
+	for _, path := range []string{"/pause", "/resume"} {
+		if !IsOperation("POST", path) || !wholeFleet(path) || IsOperation("GET", path) {
+			t.Errorf("POST %s: an operation %v, for the whole fleet %v", path, IsOperation("POST", path), wholeFleet(path))
+		}
+	}
+	for uri, want := range map[string]bool{
+		"/pause": true, "/pause?mode=abort": true, "/pause?mode=wait": false, "/pause?mode=keep": false,
+		"/pause?wait_for_inflight_requests=true": false, "/pause?wait_for_inflight_requests=false": true,
+		"/pause?mode=abort&wait_for_inflight_requests=true": true, "/resume": false,
+	} {
+		if _, got := AbortOf(uri, nil); got != want {
+			t.Errorf("%s: an abort %v, want %v", uri, got, want)
+		}
+	}
+	for uri, want := range map[string]bool{
+		"/pause": true, "/pause?mode=wait": true, "/pause?mode=keep": false, "/pause?clear_cache=false": false,
+		"/pause?clear_cache=0": false, "/pause?clear_cache=true": true, "/resume": false, "/flush_cache": true,
+	} {
+		if got := flushes(uri); got != want {
+			t.Errorf("%s: flushes %v, want %v", uri, got, want)
+		}
+	}
+	if !long("/pause") || long("/resume") {
+		t.Error("/pause may wait for the engines' requests to end: a long operation; /resume is not")
+	}
+}

@@ -2,6 +2,7 @@ package emulator
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -63,6 +64,10 @@ type job struct {
 	// chat and completions), by which its
 	// client may abort it (SGLang's /abort_request).
 	rid string
+	// vllmID is the id vLLM's engine knows it by, by which its client may
+	// abort it (vLLM's /abort_requests): "chatcmpl-" or "cmpl-" before its
+	// X-Request-Id header or its body's request_id, else its answer's id.
+	vllmID string
 }
 
 // jobPrompt is one prompt of a job.
@@ -138,6 +143,12 @@ func (s *Server) parse(w http.ResponseWriter, r *http.Request, chat bool) (*job,
 	}
 	j := &job{chat: chat, stream: req.Stream, includeUsage: req.IncludeUsage,
 		answers: req.N, perPrompt: max(req.N, req.BestOf), seqs: req.Choices(), rid: strings.Clone(req.RID)}
+	if base := cmp.Or(r.Header.Get("X-Request-Id"), req.RequestID); base != "" {
+		j.vllmID = "cmpl-" + base
+		if chat {
+			j.vllmID = "chatcmpl-" + base
+		}
+	}
 	if !s.model(w, req.Model, j) {
 		return nil, false
 	}
@@ -316,6 +327,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 			wait = leader // the prompt's other answers, its first
 		}
 	}
+	// Its client may abort it (generate.go): registered before it enters
+	// the engine, so that an abort of all that finds it running ends it.
+	ctx := r.Context()
+	if !j.responses {
+		var abort context.CancelCauseFunc
+		ctx, abort = context.WithCancelCause(ctx)
+		defer s.aborts.enter(j, abort)()
+	}
 	st, first, err := s.drv.submit(reqs, after)
 	switch {
 	case errors.Is(err, engine.ErrQueueFull):
@@ -331,15 +350,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 			s.drv.cancel(first, j.seqs) // the client went away, or aborted it
 		}
 	}()
-	ctx := r.Context()
-	if !j.responses { // SGLang's client may abort it (generate.go)
-		var abort context.CancelCauseFunc
-		ctx, abort = context.WithCancelCause(ctx)
-		defer s.aborts.enter(j, abort)()
-	}
 	out := newWriter(w, j.model, j, first)
 	if j.store {
 		out.store = s.stored.put
+	}
+	if j.vllmID == "" {
+		s.aborts.name(j, out.id)
 	}
 	var evs []engine.Event
 	for left > 0 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 
@@ -185,6 +186,49 @@ func (a *abortable) abort(rid string, all bool) {
 			}
 		}
 	}
+}
+
+// name sets the id vLLM's engine knows j by, where its client gave none.
+func (a *abortable) name(j *job, id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	j.vllmID = id
+}
+
+// abortIDs ends the requests vLLM's engine knows by one of ids (exactly,
+// as vLLM matches them) and returns how many it ended.
+func (a *abortable) abortIDs(ids []string) (n int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for j, abort := range a.jobs {
+		if slices.Contains(ids, j.vllmID) {
+			abort(errAborted)
+			n++
+		}
+	}
+	return n
+}
+
+// abortRequests is vLLM's /abort_requests (its development mode's):
+// {"request_ids": [...]}, all of them when it names none.
+func (s *Server) abortRequests(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		IDs []string `json:"request_ids"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxBody)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"detail": "Invalid JSON format"})
+		return
+	}
+	n := len(req.IDs)
+	if n == 0 {
+		s.aborts.mu.Lock()
+		n = len(s.aborts.jobs)
+		s.aborts.mu.Unlock()
+		s.aborts.abort("", true)
+	} else {
+		n = s.aborts.abortIDs(req.IDs)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "aborted", "aborted": n})
 }
 
 // abortRequest is SGLang's /abort_request: {"rid": ...} or {"abort_all":

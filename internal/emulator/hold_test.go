@@ -110,18 +110,17 @@ func TestUpdateWeightsFromDisk(t *testing.T) {
 	s, url := start(t, Config{Speedup: 50, Model: "m"})
 	long := `{"text":"` + strings.Repeat("a prompt long enough to fill several blocks of the cache. ", 20) + `","sampling_params":{"max_new_tokens":1}}`
 	postText(t, url+"/generate", long)
+	finished := s.Gauges().Finished
 	running := streamGenerate(t, url, 100)
 	status, body := postText(t, url+"/update_weights_from_disk", `{"model_path":"/ckpt/step-2"}`)
 	if status != http.StatusOK || !strings.Contains(body, `"success":true`) {
 		t.Fatalf("update: %d %s", status, body)
 	}
-	select {
-	case body := <-running:
-		if ev := lastEvent(body); ev.CompletionTokens != 100 {
-			t.Errorf("the request the update waited for ended %+v", ev)
-		}
-	default:
+	if s.Gauges().Finished != finished+1 {
 		t.Error("the update answered before the request it waits for ended")
+	}
+	if ev := lastEvent(<-running); ev.CompletionTokens != 100 {
+		t.Errorf("the request the update waited for ended %+v", ev)
 	}
 	if _, body := postText(t, url+"/generate", long); func() bool { _, c := wire.PeekNativeBody([]byte(body)); return c != 0 }() {
 		t.Errorf("cached tokens after new weights: %s", body)
@@ -273,17 +272,16 @@ func TestVLLMPause(t *testing.T) {
 		t.Errorf("the request kept: %.300s", body)
 	}
 
+	finished := s.Gauges().Finished
 	waited := chat(100)
 	if status, _ := postText(t, url+"/pause?mode=wait", ``); status != http.StatusOK {
 		t.Fatal(status)
 	}
-	select {
-	case body := <-waited:
-		if !strings.Contains(body, `"finish_reason":"length"`) {
-			t.Errorf("the request waited for: %.300s", body)
-		}
-	default:
+	if s.Gauges().Finished != finished+1 {
 		t.Error("the pause answered before the request it waits for ended")
+	}
+	if body := <-waited; !strings.Contains(body, `"finish_reason":"length"`) {
+		t.Errorf("the request waited for: %.300s", body)
 	}
 	postText(t, url+"/resume", ``)
 
@@ -293,4 +291,43 @@ func TestVLLMPause(t *testing.T) {
 		t.Errorf("the request a pause aborted: %.300s", body)
 	}
 	postText(t, url+"/resume", ``)
+}
+
+// vLLM's /abort_requests ends the requests its engine knows by the ids
+// named ("chatcmpl-" or "cmpl-" before the X-Request-Id header or the
+// body's request_id, else the answer's id), exactly; none named, all.
+func TestAbortRequests(t *testing.T) {
+	s, url := start(t, Config{Speedup: 1, MetricsFormat: "vllm"})
+	send := func(body string, header ...string) <-chan string {
+		done := make(chan string, 1)
+		go func() {
+			resp := post(t, url+"/v1/completions", body, header...)
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			done <- string(b)
+		}()
+		return done
+	}
+	byHeader := send(`{"prompt":"a","max_tokens":4000}`, "X-Request-Id", "roll-1")
+	byBody := send(`{"prompt":"b","max_tokens":4000,"request_id":"roll-2"}`)
+	other := send(`{"prompt":"c","max_tokens":4000,"request_id":"roll-22"}`)
+	waitServing(t, s, 3)
+	if status, body := postText(t, url+"/abort_requests", `{"request_ids":["cmpl-roll-1","cmpl-roll-2","roll-22"]}`); status != http.StatusOK || !strings.Contains(body, `"aborted":2`) {
+		t.Fatalf("abort: %d %s", status, body)
+	}
+	for name, c := range map[string]<-chan string{"by its header": byHeader, "by its body": byBody} {
+		if body := <-c; !strings.Contains(body, `"finish_reason":"abort"`) {
+			t.Errorf("the request named %s: %.200s", name, body)
+		}
+	}
+	waitServing(t, s, 1) // the other, named without its prefix, runs on
+	if status, _ := postText(t, url+"/abort_requests", `{}`); status != http.StatusOK {
+		t.Fatal(status)
+	}
+	if body := <-other; !strings.Contains(body, `"finish_reason":"abort"`) {
+		t.Errorf("an abort of all left it: %.200s", body)
+	}
+	if status, _ := postText(t, url+"/abort_requests", `{`); status != http.StatusBadRequest {
+		t.Errorf("a broken body: %d", status)
+	}
 }

@@ -276,6 +276,7 @@ func (s *Server) routes() {
 		s.mux.HandleFunc("POST /wake_up", s.guard(false, s.wakeUp))
 		s.mux.HandleFunc("GET /is_sleeping", s.guard(false, s.isSleeping))
 		s.mux.HandleFunc("POST /reset_prefix_cache", s.guard(false, s.resetPrefixCache))
+		s.mux.HandleFunc("POST /abort_requests", s.guard(false, s.abortRequests))
 	}
 	s.mux.HandleFunc("GET /v1/responses/{id}", s.guard(false, s.getResponse))
 	s.mux.HandleFunc("POST /v1/responses/{id}/cancel", s.guard(false, s.cancelResponse))

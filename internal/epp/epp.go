@@ -147,6 +147,7 @@ type exchange struct {
 	cut                  bool        // a whole answer's start was let go: its tail is kept
 	head                 bool        // a whole JSON answer's first bytes were read
 	session              string
+	requestID            string // the client's X-Request-Id (vLLM's engine's id of it)
 	subset               []string
 	body                 []byte
 	received             time.Time
@@ -244,6 +245,8 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 				x.method = value(h)
 			case key == SessionHeader:
 				x.session = value(h)
+			case key == "x-request-id":
+				x.requestID = value(h)
 			case key == tracing.TraceparentHeader && traced:
 				x.traceparent = value(h)
 			case key == tracing.TracestateHeader && traced:
@@ -340,7 +343,7 @@ func (x *exchange) decide(atHeaders bool) error {
 		x.s.fleet.Core().Refused(e)
 		return x.immediate(e)
 	}
-	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, Received: x.received,
+	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, RequestID: x.requestID, Received: x.received,
 		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: name, Ask: x.ask,
 		Header: &x.replyHeaders, Unseen: x.respNone, Stored: wire.StoredID(x.path), Endpoint: x.path, GatewaySends: true}
 	if i := strings.IndexByte(in.Endpoint, '?'); i >= 0 {

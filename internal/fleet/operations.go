@@ -50,7 +50,7 @@ import (
 // served by: the cache's flushes, the abort, the adapters' loads, the
 // weights' update and the pause around it.
 var operations = map[string]string{
-	"/flush_cache": "GET POST", "/reset_prefix_cache": "POST", "/abort_request": "POST",
+	"/flush_cache": "GET POST", "/reset_prefix_cache": "POST", "/abort_request": "POST", "/abort_requests": "POST",
 	"/v1/load_lora_adapter": "POST", "/v1/unload_lora_adapter": "POST", "/load_lora_adapter": "POST", "/unload_lora_adapter": "POST",
 	"/update_weights_from_disk": "POST", "/pause_generation": "POST", "/continue_generation": "POST",
 	"/pause": "POST", "/resume": "POST",
@@ -83,6 +83,8 @@ func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 	switch path {
 	case "/abort_request":
 		return body, true
+	case "/abort_requests":
+		return vllmAbort(body)
 	case "/pause_generation", "/update_weights_from_disk":
 		// Without a body, a pause is an abort of all: SGLang up to 0.5.5
 		// takes no body and aborts all; later ones refuse it (400), and
@@ -107,6 +109,34 @@ func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 		}
 	}
 	return nil, false
+}
+
+// vllmAbort is vLLM's /abort_requests ({"request_ids": [...]}, all
+// requests if none are named) as an /abort_request's body: the ids as
+// rids (the router knows a request by its engine's id too:
+// lifecycle.Request's rids).
+func vllmAbort(body []byte) ([]byte, bool) {
+	var req struct {
+		IDs []json.RawMessage `json:"request_ids"`
+	}
+	if json.Unmarshal(body, &req) != nil {
+		return nil, false // the engines will refuse it
+	}
+	var ids []string
+	for _, raw := range req.IDs {
+		var id string
+		if json.Unmarshal(raw, &id) == nil && id != "" {
+			ids = append(ids, id)
+		}
+	}
+	if len(req.IDs) == 0 {
+		return abortAll, true
+	}
+	if len(ids) == 0 {
+		return nil, false
+	}
+	rids, _ := json.Marshal(map[string][]string{"rid": ids})
+	return rids, true
 }
 
 // queryTrue reports whether a query parameter reads as true, as the

@@ -1,6 +1,8 @@
 package fleet
 
-import "testing"
+import (
+	"testing"
+)
 
 // vLLM's /pause and /resume (its development mode's, around a trainer's
 // weights' update) are operations for the whole fleet, as SGLang's
@@ -32,5 +34,23 @@ func TestVLLMPause(t *testing.T) {
 	}
 	if !long("/pause") || long("/resume") {
 		t.Error("/pause may wait for the engines' requests to end: a long operation; /resume is not")
+	}
+}
+
+// vLLM's /abort_requests is an abort of the engine ids it names, as rids
+// (lifecycle.Request knows a request by its vLLM engine's id too), or of
+// all when it names none.
+func TestVLLMAbortRequests(t *testing.T) {
+	if !IsOperation("POST", "/abort_requests") || wholeFleet("/abort_requests") {
+		t.Error("/abort_requests: an operation for the replicas up")
+	}
+	for body, want := range map[string]string{
+		`{}`: `{"abort_all":true}`, `{"request_ids":[]}`: `{"abort_all":true}`, `{"request_ids":null}`: `{"abort_all":true}`,
+		`{"request_ids":["cmpl-a","chatcmpl-b"]}`: `{"rid":["cmpl-a","chatcmpl-b"]}`, `{"request_ids":[7]}`: "", `{`: "",
+	} {
+		abort, ok := AbortOf("/abort_requests", []byte(body))
+		if string(abort) != want || ok != (want != "") {
+			t.Errorf("%s: %s %v, want %s", body, abort, ok, want)
+		}
 	}
 }

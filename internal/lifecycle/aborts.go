@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -240,6 +241,25 @@ func (r *Request) readRIDs() {
 		})
 	default:
 		r.rids = []string{rid}
+	}
+}
+
+// addEngineID adds to the request's rids the id a vLLM engine knows it
+// by, by which a client aborts it through vLLM's /abort_requests:
+// "chatcmpl-" (a chat) or "cmpl-" (a completion) before the client's
+// X-Request-Id header, else before its body's request_id. Without
+// either, the engine's id is a random one the router cannot know.
+func (r *Request) addEngineID(header string) {
+	base := cmp.Or(header, r.Parsed.RequestID)
+	prefix := ""
+	switch r.kind {
+	case Chat:
+		prefix = "chatcmpl-"
+	case Completion:
+		prefix = "cmpl-"
+	}
+	if base != "" && prefix != "" && len(prefix)+len(base) <= maxRIDBytes && len(r.rids) < maxRequestRIDs {
+		r.rids = append(r.rids, prefix+base)
 	}
 }
 

@@ -17,6 +17,9 @@ type Incoming struct {
 	Kind Kind
 	// Session is the client's session header (empty if none).
 	Session string
+	// RequestID is the client's X-Request-Id header, which vLLM's engine
+	// knows the request by (empty if none).
+	RequestID string
 	// Received is when the request arrived.
 	Received time.Time
 	// Allowed, if set, restricts the decision to the replicas it accepts (a
@@ -125,6 +128,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		fe.Refuse(e)
 		return e.Status
 	}
+	r.addEngineID(in.RequestID)
 	r.Route.Allowed, r.Route.Tenant, r.Route.Endpoint = in.Allowed, in.Tenant, in.Endpoint
 	stored := r.Parsed.PreviousResponseID
 	if stored == "" {

@@ -117,6 +117,14 @@ func ridOf(v gjson.Result) string {
 	return ""
 }
 
+// stringOf is a string's value ("" for any other value).
+func stringOf(v gjson.Result) string {
+	if v.Type == gjson.String {
+		return v.Str
+	}
+	return ""
+}
+
 // loraPath is the one adapter lora_path names for every prompt: its
 // string, or the string every element of its list is ("" when they
 // differ, or one is null: the base model).

@@ -41,6 +41,11 @@ type Request struct {
 	// chat and completions), by which a client aborts it: a string's
 	// value, or a batch's list as its JSON; "" when absent.
 	RID string
+	// RequestID is vLLM's "request_id" (on chat and completions, a
+	// string): the id its engine knows the request by, "chatcmpl-" or
+	// "cmpl-" before it, where no X-Request-Id header gives one; ""
+	// when absent.
+	RequestID string
 	// MaxTokens is, for chat, max_completion_tokens if present and not
 	// null, else max_tokens; for completions, max_tokens. HasMaxTokens is
 	// false, and MaxTokens -1, when absent or null.
@@ -328,6 +333,8 @@ func (p *parser) parse(body []byte, mode int, r *Request) error {
 			err = p.extension(&r.LoRAPath, loraPath)
 		case f == fRID && mode != modeInput:
 			err = p.extension(&r.RID, ridOf)
+		case f == fRequestID && mode != modeInput:
+			err = p.extension(&r.RequestID, stringOf)
 		default:
 			err = d.SkipValue()
 		}
@@ -428,6 +435,7 @@ const (
 	fPreviousResponseID
 	fLoRAPath
 	fRID
+	fRequestID
 )
 
 var topNames = [...]string{
@@ -449,6 +457,7 @@ var topNames = [...]string{
 	fPreviousResponseID:  "previous_response_id",
 	fLoRAPath:            "lora_path",
 	fRID:                 "rid",
+	fRequestID:           "request_id",
 }
 
 // field reads an object's next key and returns 1 + the index of the name

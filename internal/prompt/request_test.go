@@ -1066,4 +1066,14 @@ func TestSGLangExtensions(t *testing.T) {
 	if err := ParseInput([]byte(`{"model":"m","input":"hi","rid":"r1","lora_path":"sql"}`), &r); err != nil || r.RID != "" || r.LoRAPath != "" {
 		t.Errorf("a responses request: %v, rid %q, lora_path %q; want neither read", err, r.RID, r.LoRAPath)
 	}
+	// vLLM's request_id, a string (its engine's id for the request).
+	for body, want := range map[string]string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"request_id":"roll-1"}`: "roll-1",
+		`{"model":"m","prompt":"hi","request_id":7}`:                                      "",
+		`{"model":"m","prompt":"hi"}`:                                                     "",
+	} {
+		if err := ParseRequest([]byte(body), strings.Contains(body, "messages"), &r); err != nil || r.RequestID != want {
+			t.Errorf("%s: %v, request_id %q, want %q", body, err, r.RequestID, want)
+		}
+	}
 }

@@ -43,7 +43,7 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 			return
 		}
 		x := exchange{s: s, cfg: cfg, w: w, r: r}
-		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), Received: received, Stored: wire.StoredID(r.URL.Path), Endpoint: r.URL.Path,
+		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), RequestID: r.Header.Get("X-Request-Id"), Received: received, Stored: wire.StoredID(r.URL.Path), Endpoint: r.URL.Path,
 			Ask:    tenant.Ask{Priority: r.Header.Get(tenant.PriorityHeader), TTFTSLO: r.Header.Get(tenant.TTFTSLOHeader), TPOTSLO: r.Header.Get(tenant.TPOTSLOHeader)},
 			Header: w.Header()}
 		var err error

@@ -807,3 +807,64 @@ func TestTrainerCycleSGLang(t *testing.T) {
 		t.Errorf("the rollout paused in place: %d tokens, want 300", completion)
 	}
 }
+
+// vLLM's /abort_requests through the router: every replica is sent it,
+// and the requests it names by their engine's ids ("cmpl-" before the
+// client's X-Request-Id, or its body's request_id), aborted in their
+// engines' queues, are relayed, not tried on another replica.
+func TestAbortRequestsByVLLMIDs(t *testing.T) {
+	stalled := emulator.Config{Model: "m", MetricsFormat: "vllm", Faults: emulator.Faults{Slowdown: 1e9}}
+	a := servetest.StartReplicaWith(t, 2*time.Millisecond, stalled)
+	b := servetest.StartReplicaWith(t, 2*time.Millisecond, stalled)
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}}, a, b)
+	waiting := func() (n, posts int) { // the engines' requests, and the POSTs they were sent
+		for _, r := range []*servetest.Replica{a, b} {
+			g := r.Srv.Gauges()
+			n, posts = n+g.Running+g.Waiting, posts+int(r.Served())
+		}
+		return n, posts
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	send := func(body, requestID string) <-chan string {
+		done := make(chan string, 1)
+		go func() {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			if requestID != "" {
+				req.Header.Set("X-Request-Id", requestID)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				done <- err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			done <- string(b)
+		}()
+		return done
+	}
+	byHeader := send(`{"model":"m","prompt":"a","max_tokens":4}`, "roll-1")
+	byBody := send(`{"model":"m","prompt":"b","max_tokens":4,"request_id":"roll-2"}`, "")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(2 * time.Millisecond) {
+		if n, _ := waiting(); n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the requests never reached the engines")
+		}
+	}
+	_, before := waiting()
+	if code, body := do(t, "POST", url+"/abort_requests", `{"request_ids":["cmpl-roll-1","cmpl-roll-2"]}`); code != 200 {
+		t.Fatalf("abort: %d %s", code, body)
+	}
+	for name, c := range map[string]<-chan string{"by its X-Request-Id": byHeader, "by its request_id": byBody} {
+		if body := <-c; !strings.Contains(body, `"finish_reason":"abort"`) {
+			t.Errorf("the request named %s: %.300s", name, body)
+		}
+	}
+	if _, posts := waiting(); posts != before+2 { // the abort, at each
+		t.Errorf("%d POSTs reached the engines after the abort's two, want none: an aborted request was tried again", posts-before-2)
+	}
+}

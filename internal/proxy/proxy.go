@@ -178,6 +178,7 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "POST", Pattern: "/flush_cache", Handler: s.guard(s.handleOperation)},
 		{Method: "GET", Pattern: "/flush_cache", Handler: s.guard(s.handleOperation)},
 		{Method: "POST", Pattern: "/abort_request", Handler: s.guard(s.handleOperation)},
+		{Method: "POST", Pattern: "/abort_requests", Handler: s.guard(s.handleOperation)}, // vLLM's, by request_ids
 		{Method: "POST", Pattern: "/reset_prefix_cache", Handler: s.guard(s.handleOperation)},
 		{Method: "POST", Pattern: "/v1/load_lora_adapter", Handler: s.guard(s.handleOperation)},
 		{Method: "POST", Pattern: "/v1/unload_lora_adapter", Handler: s.guard(s.handleOperation)},

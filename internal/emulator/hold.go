@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -168,6 +169,20 @@ func checkMode(mode string, modes []string) (string, error) {
 	return mode, nil
 }
 
+// checkTags is the memory tags named, all of known if none, refusing one
+// not in known.
+func checkTags(tags, known []string) ([]string, error) {
+	if len(tags) == 0 {
+		return known, nil
+	}
+	for _, t := range tags {
+		if !slices.Contains(known, t) {
+			return nil, fmt.Errorf("unknown memory tag %q (want %s)", t, strings.Join(known, ", "))
+		}
+	}
+	return tags, nil
+}
+
 // writeJSON answers v with status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
@@ -212,15 +227,10 @@ func (s *Server) memory(release bool) http.HandlerFunc {
 			writeError(w, http.StatusBadRequest, "BadRequestError", "the body must be {\"tags\": [...]}")
 			return
 		}
-		tags := req.Tags
-		if len(tags) == 0 {
-			tags = memoryTags
-		}
-		for _, t := range tags {
-			if !slices.Contains(memoryTags, t) {
-				writeError(w, http.StatusBadRequest, "BadRequestError", "unknown memory tag %q (want %s)", t, strings.Join(memoryTags, ", "))
-				return
-			}
+		tags, err := checkTags(req.Tags, memoryTags)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
+			return
 		}
 		s.setAsleep(tags, release)
 		if release && slices.Contains(tags, "kv_cache") {
@@ -365,15 +375,10 @@ func (s *Server) sleep(w http.ResponseWriter, r *http.Request) {
 // wakeUp is vLLM's /wake_up[?tags=weights&tags=kv_cache]: all of its
 // memory, or the tags named.
 func (s *Server) wakeUp(w http.ResponseWriter, r *http.Request) {
-	tags := r.URL.Query()["tags"]
-	if len(tags) == 0 {
-		tags = sleepTags
-	}
-	for _, t := range tags {
-		if !slices.Contains(sleepTags, t) {
-			writeError(w, http.StatusBadRequest, "BadRequestError", "unknown tag %q (want %s)", t, strings.Join(sleepTags, ", "))
-			return
-		}
+	tags, err := checkTags(r.URL.Query()["tags"], sleepTags)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "BadRequestError", "%v", err)
+		return
 	}
 	s.setAsleep(tags, false)
 	w.WriteHeader(http.StatusOK)

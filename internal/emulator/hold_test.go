@@ -197,15 +197,7 @@ func TestSleepAndWake(t *testing.T) {
 	if _, _, cached, _ := complete(t, url, "m", long); cached == 0 {
 		t.Fatal("nothing cached before the sleep")
 	}
-	sleeping := func() string {
-		resp, err := http.Get(url + "/is_sleeping")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return strings.TrimSpace(string(b))
-	}
+	sleeping := func() string { return getText(t, url+"/is_sleeping") }
 	if status, body := postText(t, url+"/sleep?level=1", ``); status != http.StatusOK || sleeping() != `{"is_sleeping":true}` {
 		t.Fatalf("sleep: %d %s, then %s", status, body, sleeping())
 	}
@@ -246,15 +238,7 @@ func TestVLLMPause(t *testing.T) {
 		waitEngine(t, s, func(g engineState) bool { return g.running == 1 })
 		return done
 	}
-	paused := func() string {
-		resp, err := http.Get(url + "/is_paused")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return strings.TrimSpace(string(b))
-	}
+	paused := func() string { return getText(t, url+"/is_paused") }
 
 	kept := chat(300)
 	if status, body := postText(t, url+"/pause?mode=keep", ``); status != http.StatusOK || body != "{\"status\":\"paused\"}\n" || paused() != `{"is_paused":true}` {
@@ -330,4 +314,16 @@ func TestAbortRequests(t *testing.T) {
 	if status, _ := postText(t, url+"/abort_requests", `{`); status != http.StatusBadRequest {
 		t.Errorf("a broken body: %d", status)
 	}
+}
+
+// getText is the trimmed body of a GET of url.
+func getText(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(b))
 }

@@ -64,9 +64,11 @@ type job struct {
 	// chat and completions), by which its
 	// client may abort it (SGLang's /abort_request).
 	rid string
-	// vllmID is the id vLLM's engine knows it by, by which its client may
-	// abort it (vLLM's /abort_requests): "chatcmpl-" or "cmpl-" before its
-	// X-Request-Id header or its body's request_id, else its answer's id.
+	// vllmID is vLLM's id of it, its answer's: "chatcmpl-" or "cmpl-"
+	// before its X-Request-Id header or its body's request_id, else the
+	// writer's. Its engine knows a chat by it, and a completion's prompts
+	// by it and their index ("cmpl-ID-0", ...), by which a client aborts
+	// them (vLLM's /abort_requests): engineIDs.
 	vllmID string
 }
 
@@ -307,9 +309,16 @@ func readBody(r *http.Request) ([]byte, error) {
 
 // serve runs a parsed job through the engine and writes the response.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
-	if err := s.enter(r.Context()); err != nil { // held (hold.go)
-		if errors.Is(err, errAsleep) {
+	// Its client may abort it (generate.go), from when it arrives: while
+	// it waits at a held engine's door, and as an abort of all finds it.
+	ctx, abort := context.WithCancelCause(r.Context())
+	defer s.aborts.enter(j, abort)()
+	if err := s.enter(ctx); err != nil { // held (hold.go)
+		switch {
+		case errors.Is(err, errAsleep):
 			writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "%v", err)
+		case context.Cause(ctx) == errAborted:
+			s.writer(w, j, 0).finishAborted()
 		}
 		return
 	}
@@ -327,14 +336,6 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 			wait = leader // the prompt's other answers, its first
 		}
 	}
-	// Its client may abort it (generate.go): registered before it enters
-	// the engine, so that an abort of all that finds it running ends it.
-	ctx := r.Context()
-	if !j.responses {
-		var abort context.CancelCauseFunc
-		ctx, abort = context.WithCancelCause(ctx)
-		defer s.aborts.enter(j, abort)()
-	}
 	st, first, err := s.drv.submit(reqs, after)
 	switch {
 	case errors.Is(err, engine.ErrQueueFull):
@@ -350,13 +351,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 			s.drv.cancel(first, j.seqs) // the client went away, or aborted it
 		}
 	}()
-	out := newWriter(w, j.model, j, first)
-	if j.store {
-		out.store = s.stored.put
-	}
-	if j.vllmID == "" {
-		s.aborts.name(j, out.id)
-	}
+	out := s.writer(w, j, first)
 	var evs []engine.Event
 	for left > 0 {
 		evs, err = st.take(ctx, evs)
@@ -420,7 +415,7 @@ func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *wr
 	if j.chat {
 		prefix = "chatcmpl-"
 	}
-	out.id = prefix + strconv.FormatUint(engineID, 10) + "-" + strconv.FormatInt(startedAt, 36)
+	out.id = cmp.Or(j.vllmID, prefix+strconv.FormatUint(engineID, 10)+"-"+strconv.FormatInt(startedAt, 36))
 	if j.responses { // 32 hex digits, as vLLM's
 		out.id = fmt.Sprintf("resp_%016x%016x", engineID, uint64(startedAt))
 	}
@@ -438,6 +433,20 @@ func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *wr
 		if j.responses {
 			out.startResponse()
 		}
+	}
+	return out
+}
+
+// writer is the writer of j's answer (engineID: its first sequence's, or
+// 0 if it never entered the engine), which knows the answer by vLLM's id
+// of it from then on (aborts).
+func (s *Server) writer(w http.ResponseWriter, j *job, engineID uint64) *writer {
+	out := newWriter(w, j.model, j, engineID)
+	if j.store {
+		out.store = s.stored.put
+	}
+	if j.vllmID == "" && !j.responses && !j.generate {
+		s.aborts.name(j, out.id)
 	}
 	return out
 }
@@ -550,7 +559,7 @@ func (o *writer) usage() map[string]any {
 // finish ends the response when every sequence has.
 func (o *writer) finish() {
 	if o.j.responses {
-		o.finishResponse()
+		o.finishResponse("completed")
 		return
 	}
 	if o.j.generate {
@@ -574,6 +583,10 @@ func (o *writer) finish() {
 // their tokens so far and finish_reason "abort" (SGLang's abort object
 // for /generate).
 func (o *writer) finishAborted() {
+	if o.j.responses {
+		o.finishResponse("incomplete")
+		return
+	}
 	if o.j.generate {
 		o.finishNative(true)
 		return

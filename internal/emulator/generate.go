@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -188,22 +188,51 @@ func (a *abortable) abort(rid string, all bool) {
 	}
 }
 
-// name sets the id vLLM's engine knows j by, where its client gave none.
+// name sets vLLM's id of j, where its client gave none.
 func (a *abortable) name(j *job, id string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	j.vllmID = id
 }
 
+// engineIDs are the ids vLLM's engine knows j by: a chat's, its id; a
+// completion's prompts', its id and their index.
+func (j *job) engineIDs() []string {
+	if j.vllmID == "" || j.responses || j.generate {
+		return nil
+	}
+	if j.chat {
+		return []string{j.vllmID}
+	}
+	ids := make([]string, len(j.prompts))
+	for i := range ids {
+		ids[i] = j.vllmID + "-" + strconv.Itoa(i)
+	}
+	return ids
+}
+
 // abortIDs ends the requests vLLM's engine knows by one of ids (exactly,
-// as vLLM matches them) and returns how many it ended.
+// as vLLM matches them) and returns how many of the engine's requests
+// (a completion's prompts apart) it named. A completion of several
+// prompts ends whole where one of them is named (vLLM ends that one
+// alone).
 func (a *abortable) abortIDs(ids []string) (n int) {
+	named := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		named[id] = true
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for j, abort := range a.jobs {
-		if slices.Contains(ids, j.vllmID) {
+		hit := 0
+		for _, id := range j.engineIDs() {
+			if named[id] {
+				hit++
+			}
+		}
+		if hit > 0 {
 			abort(errAborted)
-			n++
+			n += hit
 		}
 	}
 	return n

@@ -294,22 +294,31 @@ func (s *Server) updateWeightsFromDisk(w http.ResponseWriter, r *http.Request) {
 
 // vllmMode reads vLLM's /pause's and /sleep's mode from the query:
 // "abort" (the default), "wait" or "keep"; the deprecated
-// wait_for_inflight_requests=true, without a mode, is "wait".
+// wait_for_inflight_requests, true, makes it "wait" whatever the mode.
 func vllmMode(q url.Values) (string, error) {
 	mode := q.Get("mode")
-	if mode == "" && parseBool(q.Get("wait_for_inflight_requests")) {
-		mode = "wait"
+	if v := q.Get("wait_for_inflight_requests"); v != "" {
+		wait, ok := parseBool(v)
+		if !ok {
+			return "", fmt.Errorf("wait_for_inflight_requests must be a boolean, got %q", v)
+		}
+		if wait {
+			mode = "wait"
+		}
 	}
 	return checkMode(mode, []string{"abort", "wait", "keep"})
 }
 
-// parseBool reads a query's boolean as FastAPI does (false if unset).
-func parseBool(v string) bool {
+// parseBool reads a query's boolean as FastAPI does; ok is false for a
+// value that is not one.
+func parseBool(v string) (value, ok bool) {
 	switch strings.ToLower(v) {
 	case "1", "true", "on", "yes", "t", "y":
-		return true
+		return true, true
+	case "0", "false", "off", "no", "f", "n":
+		return false, true
 	}
-	return false
+	return false, false
 }
 
 // pause is vLLM's /pause?mode=abort|wait|keep&clear_cache=true: held, the
@@ -318,6 +327,14 @@ func parseBool(v string) bool {
 func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	mode, err := vllmMode(q)
+	clear := mode != "keep"
+	if c := q.Get("clear_cache"); c != "" && err == nil {
+		v, ok := parseBool(c)
+		if !ok {
+			err = fmt.Errorf("clear_cache must be a boolean, got %q", c)
+		}
+		clear = clear && v
+	}
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
@@ -325,7 +342,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 	if s.stop(r.Context(), mode, func(h *holds) { h.paused = true }) != nil {
 		return
 	}
-	if c := q.Get("clear_cache"); mode != "keep" && (c == "" || parseBool(c)) {
+	if clear {
 		s.drv.flush()
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "paused"})

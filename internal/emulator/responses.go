@@ -219,15 +219,17 @@ func (o *writer) startItem() {
 		"part": map[string]any{"type": "output_text", "text": "", "annotations": []any{}}})
 }
 
-// finishResponse ends a response: its body, or its closing events; and
-// stores it when the job says so.
-func (o *writer) finishResponse() {
+// finishResponse ends a response, with status "completed" or, its
+// generation aborted, "incomplete" (vLLM's shape of an aborted response
+// not confirmed): its body, or its closing events; and stores it when the
+// job says so.
+func (o *writer) finishResponse(status string) {
 	text := o.content[0].String()
 	usage := map[string]any{"input_tokens": o.j.prompts[0].tokens, "output_tokens": o.generated,
 		"total_tokens":          o.j.prompts[0].tokens + o.generated,
 		"input_tokens_details":  map[string]any{"cached_tokens": o.cached},
 		"output_tokens_details": map[string]any{"reasoning_tokens": 0}}
-	resp := o.responseObject("completed", []any{o.message("completed", &text)}, usage)
+	resp := o.responseObject(status, []any{o.message(status, &text)}, usage)
 	body, _ := json.Marshal(resp)
 	if o.store != nil {
 		conv := append(o.j.text, "\nassistant\n"...)
@@ -243,8 +245,8 @@ func (o *writer) finishResponse() {
 	o.event("response.output_text.done", map[string]any{"output_index": 0, "content_index": 0, "item_id": itemID, "text": text})
 	o.event("response.content_part.done", map[string]any{"output_index": 0, "content_index": 0, "item_id": itemID,
 		"part": map[string]any{"type": "output_text", "text": text, "annotations": []any{}}})
-	o.event("response.output_item.done", map[string]any{"output_index": 0, "item": o.message("completed", &text)})
-	o.event("response.completed", map[string]any{"response": resp})
+	o.event("response.output_item.done", map[string]any{"output_index": 0, "item": o.message(status, &text)})
+	o.event("response."+status, map[string]any{"response": resp})
 	o.flush()
 }
 

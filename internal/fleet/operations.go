@@ -102,41 +102,48 @@ func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 			return abortAll, true
 		}
 	case "/pause":
-		// Its deprecated wait_for_inflight_requests=true, without a
-		// mode, is mode "wait".
-		if q, err := url.ParseQuery(query); err == nil && (q.Get("mode") == "abort" || q.Get("mode") == "" && !queryTrue(q.Get("wait_for_inflight_requests"))) {
+		// Its deprecated wait_for_inflight_requests, true, makes it mode
+		// "wait" whatever the mode; a value that is not a boolean the
+		// engines refuse.
+		q, err := url.ParseQuery(query)
+		if err != nil || (q.Get("mode") != "" && q.Get("mode") != "abort") {
+			break
+		}
+		if w := q.Get("wait_for_inflight_requests"); w == "" || queryFalse(w) {
 			return abortAll, true
 		}
 	}
 	return nil, false
 }
 
-// vllmAbort is vLLM's /abort_requests ({"request_ids": [...]}, all
-// requests if none are named) as an /abort_request's body: the ids as
-// rids (the router knows a request by its engine's id too:
-// lifecycle.Request's rids).
+// vllmAbort is vLLM's /abort_requests ({"request_ids": a list of ids, or
+// one}) as the client's abort: of the requests vLLM's engines know by
+// those ids (matched exactly: lifecycle reads the body), or of all where
+// it names none.
 func vllmAbort(body []byte) ([]byte, bool) {
 	var req struct {
-		IDs []json.RawMessage `json:"request_ids"`
+		IDs json.RawMessage `json:"request_ids"`
 	}
 	if json.Unmarshal(body, &req) != nil {
 		return nil, false // the engines will refuse it
 	}
-	var ids []string
-	for _, raw := range req.IDs {
-		var id string
-		if json.Unmarshal(raw, &id) == nil && id != "" {
-			ids = append(ids, id)
-		}
-	}
-	if len(req.IDs) == 0 {
+	ids := bytes.TrimSpace(req.IDs)
+	if len(ids) == 0 || bytes.Equal(ids, []byte("null")) {
 		return abortAll, true
 	}
-	if len(ids) == 0 {
-		return nil, false
+	var list []json.RawMessage
+	if json.Unmarshal(ids, &list) != nil {
+		list = []json.RawMessage{ids}
+	} else if len(list) == 0 {
+		return abortAll, true
 	}
-	rids, _ := json.Marshal(map[string][]string{"rid": ids})
-	return rids, true
+	for _, raw := range list {
+		var id string
+		if json.Unmarshal(raw, &id) == nil && id != "" {
+			return body, true
+		}
+	}
+	return nil, false // it names no request the router knows of
 }
 
 // queryTrue reports whether a query parameter reads as true, as the

@@ -18,7 +18,8 @@ func TestVLLMPause(t *testing.T) {
 	for uri, want := range map[string]bool{
 		"/pause": true, "/pause?mode=abort": true, "/pause?mode=wait": false, "/pause?mode=keep": false,
 		"/pause?wait_for_inflight_requests=true": false, "/pause?wait_for_inflight_requests=false": true,
-		"/pause?mode=abort&wait_for_inflight_requests=true": true, "/resume": false,
+		"/pause?mode=abort&wait_for_inflight_requests=true": false, "/pause?mode=abort&wait_for_inflight_requests=maybe": false,
+		"/pause?mode=abort&wait_for_inflight_requests=0": true, "/resume": false,
 	} {
 		if _, got := AbortOf(uri, nil); got != want {
 			t.Errorf("%s: an abort %v, want %v", uri, got, want)
@@ -37,16 +38,17 @@ func TestVLLMPause(t *testing.T) {
 	}
 }
 
-// vLLM's /abort_requests is an abort of the engine ids it names, as rids
-// (lifecycle.Request knows a request by its vLLM engine's id too), or of
-// all when it names none.
+// vLLM's /abort_requests is an abort of the engine ids it names (its body
+// as it is: lifecycle reads them, and matches them exactly), or of all
+// when it names none.
 func TestVLLMAbortRequests(t *testing.T) {
 	if !IsOperation("POST", "/abort_requests") || wholeFleet("/abort_requests") {
 		t.Error("/abort_requests: an operation for the replicas up")
 	}
 	for body, want := range map[string]string{
 		`{}`: `{"abort_all":true}`, `{"request_ids":[]}`: `{"abort_all":true}`, `{"request_ids":null}`: `{"abort_all":true}`,
-		`{"request_ids":["cmpl-a","chatcmpl-b"]}`: `{"rid":["cmpl-a","chatcmpl-b"]}`, `{"request_ids":[7]}`: "", `{`: "",
+		`{"request_ids":["cmpl-a-0","chatcmpl-b"]}`: `{"request_ids":["cmpl-a-0","chatcmpl-b"]}`, `{"request_ids":"chatcmpl-c"}`: `{"request_ids":"chatcmpl-c"}`,
+		`{"request_ids":[7]}`: "", `{"request_ids":[""]}`: "", `{`: "",
 	} {
 		abort, ok := AbortOf("/abort_requests", []byte(body))
 		if string(abort) != want || ok != (want != "") {

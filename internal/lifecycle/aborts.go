@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,7 +17,9 @@ import (
 )
 
 // Client aborts. A client aborts requests through the router as SGLang's
-// /abort_request does, by rid or all of them. Such a request may be in
+// /abort_request does, by rid (a prefix of one) or all of them, or as
+// vLLM's /abort_requests does, by the ids its engine knows them by
+// (exactly), or all of them. Such a request may be in
 // three places. One an engine has: the engine ends it with finish_reason
 // "abort", which before its first token is also how an engine gives up a
 // request it cannot serve, and such a request the router tries on another
@@ -28,9 +32,9 @@ import (
 // sent: it ends before its next attempt, answered the same.
 
 // Bounds on what is remembered: an abort covers the requests it came
-// after for a minute; at most 4,096 rids are kept, each of at most 256
-// bytes (past that, the older than a minute go, else a quarter of the
-// others).
+// after for a minute; at most 4,096 rids and vLLM ids are kept, each of
+// at most 256 bytes (past that, the older than a minute go, else a quarter
+// of the others).
 const (
 	abortMemory    = time.Minute
 	maxAbortedRIDs = 4096
@@ -46,7 +50,8 @@ type aborts struct {
 	// lengths counts the rids remembered by their length: a request's rid
 	// is matched by its prefixes of those lengths alone.
 	lengths map[int]int
-	news    chan struct{} // closed (and replaced) when an abort is noted
+	ids     map[string]time.Time // vLLM's request ids aborted (matched exactly), and when
+	news    chan struct{}        // closed (and replaced) when an abort is noted
 }
 
 // noted returns a channel closed when the next abort is noted.
@@ -59,45 +64,64 @@ func (a *aborts) noted() <-chan struct{} {
 	return a.news
 }
 
-// abort is one client's abort: of all requests, or of those whose rid
-// (one of a batch's) begins with one of rids.
+// abort is one client's abort: of all requests, of those whose rid (one
+// of a batch's) begins with one of rids, or of those vLLM's engine knows
+// by one of ids.
 type abort struct {
 	all     bool
 	rids    map[string]bool
-	lengths map[int]int // of rids, as aborts.lengths
+	lengths map[int]int     // of rids, as aborts.lengths
+	ids     map[string]bool // vLLM's request ids, matched exactly
 }
 
-// parseAbort reads an /abort_request's body: {"rid": a string or a list
-// of them} or {"abort_all": true}. Rids empty or over maxRIDBytes are
-// left out; ok is false if it names no request.
+// parseAbort reads an abort's body: SGLang's /abort_request's, {"rid": a
+// string or a list of them} or {"abort_all": true}, or vLLM's
+// /abort_requests', {"request_ids": a list of them, or one}. Rids and ids
+// empty or over maxRIDBytes are left out; ok is false if it names no
+// request.
 func parseAbort(body []byte) (ab abort, ok bool) {
 	var req struct {
 		RID      json.RawMessage `json:"rid"`
 		AbortAll bool            `json:"abort_all"`
+		IDs      json.RawMessage `json:"request_ids"`
 	}
 	if json.Unmarshal(body, &req) != nil {
 		return abort{}, false
 	}
-	var rids []string
-	if json.Unmarshal(req.RID, &rids) != nil {
-		var rid string
-		if json.Unmarshal(req.RID, &rid) == nil {
-			rids = []string{rid}
-		}
-	}
 	ab.all = req.AbortAll
-	for _, rid := range rids {
-		if rid != "" && len(rid) <= maxRIDBytes {
-			if ab.rids == nil {
-				ab.rids, ab.lengths = make(map[string]bool, len(rids)), map[int]int{}
-			}
-			if !ab.rids[rid] {
-				ab.rids[rid] = true
-				ab.lengths[len(rid)]++
-			}
+	for _, rid := range stringOrList(req.RID) {
+		if ab.rids == nil {
+			ab.rids, ab.lengths = map[string]bool{}, map[int]int{}
+		}
+		if !ab.rids[rid] {
+			ab.rids[rid] = true
+			ab.lengths[len(rid)]++
 		}
 	}
-	return ab, ab.all || len(ab.rids) > 0
+	for _, id := range stringOrList(req.IDs) {
+		if ab.ids == nil {
+			ab.ids = map[string]bool{}
+		}
+		ab.ids[id] = true
+	}
+	return ab, ab.all || len(ab.rids) > 0 || len(ab.ids) > 0
+}
+
+// stringOrList reads a string or a list of them, leaving out those empty
+// or over maxRIDBytes (and anything not a string).
+func stringOrList(raw json.RawMessage) []string {
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) != nil {
+		list = []json.RawMessage{raw}
+	}
+	var out []string
+	for _, v := range list {
+		var s string
+		if json.Unmarshal(v, &s) == nil && s != "" && len(s) <= maxRIDBytes {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // note records ab, received at. Aborts may be noted out of the order they
@@ -114,7 +138,7 @@ func (a *aborts) note(ab abort, at time.Time) {
 			a.rids, a.lengths = make(map[string]time.Time), map[int]int{}
 		}
 		prev, ok := a.rids[rid]
-		if !ok && len(a.rids) >= maxAbortedRIDs {
+		if !ok && len(a.rids)+len(a.ids) >= maxAbortedRIDs {
 			a.forget(at)
 		}
 		switch {
@@ -123,6 +147,18 @@ func (a *aborts) note(ab abort, at time.Time) {
 			a.rids[rid] = at
 		case at.After(prev):
 			a.rids[rid] = at
+		}
+	}
+	for id := range ab.ids {
+		if a.ids == nil {
+			a.ids = make(map[string]time.Time)
+		}
+		prev, ok := a.ids[id]
+		if !ok && len(a.rids)+len(a.ids) >= maxAbortedRIDs {
+			a.forget(at)
+		}
+		if !ok || at.After(prev) {
+			a.ids[id] = at
 		}
 	}
 	for {
@@ -137,21 +173,32 @@ func (a *aborts) note(ab abort, at time.Time) {
 	}
 }
 
-// forget drops the rids aborted over abortMemory before now, or, if none
-// is that old, a quarter of the others (so that a flood of aborts scans
-// the set once per thousand of them, not once each).
+// forget drops the rids and ids aborted over abortMemory before now, or,
+// if none is that old, a quarter of the others (so that a flood of aborts
+// scans the sets once per thousand of them, not once each).
 func (a *aborts) forget(now time.Time) {
-	n := len(a.rids)
+	n := len(a.rids) + len(a.ids)
 	for rid, at := range a.rids {
 		if now.Sub(at) > abortMemory {
 			a.drop(rid)
 		}
 	}
+	for id, at := range a.ids {
+		if now.Sub(at) > abortMemory {
+			delete(a.ids, id)
+		}
+	}
 	for rid := range a.rids {
-		if len(a.rids) <= n-n/4 {
-			break
+		if len(a.rids)+len(a.ids) <= n-n/4 {
+			return
 		}
 		a.drop(rid)
+	}
+	for id := range a.ids {
+		if len(a.rids)+len(a.ids) <= n-n/4 {
+			return
+		}
+		delete(a.ids, id)
 	}
 }
 
@@ -174,6 +221,11 @@ func (a *aborts) covers(req *Request, now time.Time) bool {
 	if !a.all.IsZero() && !a.all.Before(req.Received) && now.Sub(a.all) <= abortMemory {
 		return true
 	}
+	for _, id := range req.engineIDs {
+		if at, ok := a.ids[id]; ok && !at.Before(req.Received) && now.Sub(at) <= abortMemory {
+			return true
+		}
+	}
 	if len(a.rids) == 0 {
 		return false
 	}
@@ -188,7 +240,10 @@ func (ab abort) covers(req *Request, at time.Time) bool {
 	if req.Received.After(at) {
 		return false
 	}
-	return ab.all || matchRIDs(req.ridList(), ab.lengths, func(prefix string) bool { return ab.rids[prefix] })
+	if ab.all || slices.ContainsFunc(req.engineIDs, func(id string) bool { return ab.ids[id] }) {
+		return true
+	}
+	return matchRIDs(req.ridList(), ab.lengths, func(prefix string) bool { return ab.rids[prefix] })
 }
 
 // maxMatchLookups bounds the lookups of one request's match against the
@@ -244,22 +299,27 @@ func (r *Request) readRIDs() {
 	}
 }
 
-// addEngineID adds to the request's rids the id a vLLM engine knows it
-// by, by which a client aborts it through vLLM's /abort_requests:
-// "chatcmpl-" (a chat) or "cmpl-" (a completion) before the client's
-// X-Request-Id header, else before its body's request_id. Without
-// either, the engine's id is a random one the router cannot know.
-func (r *Request) addEngineID(header string) {
+// readEngineIDs reads the ids a vLLM engine knows the request by, by
+// which a client aborts it through vLLM's /abort_requests (matched
+// exactly): the client's X-Request-Id header, else its body's request_id,
+// with "chatcmpl-" before it (a chat), or with "cmpl-" before it and each
+// prompt's index after it (a completion's prompts are the engine's
+// requests "cmpl-ID-0", "cmpl-ID-1", ...). Without either, the engine's
+// id is a random one the router cannot know.
+func (r *Request) readEngineIDs(header string) {
 	base := cmp.Or(header, r.Parsed.RequestID)
-	prefix := ""
+	if base == "" || len(base) > maxRIDBytes {
+		return
+	}
 	switch r.kind {
 	case Chat:
-		prefix = "chatcmpl-"
+		r.engineIDs = []string{"chatcmpl-" + base}
 	case Completion:
-		prefix = "cmpl-"
-	}
-	if base != "" && prefix != "" && len(prefix)+len(base) <= maxRIDBytes && len(r.rids) < maxRequestRIDs {
-		r.rids = append(r.rids, prefix+base)
+		n := min(r.Parsed.Prompts(), maxRequestRIDs)
+		r.engineIDs = make([]string, n)
+		for i := range n {
+			r.engineIDs[i] = "cmpl-" + base + "-" + strconv.Itoa(i)
+		}
 	}
 }
 

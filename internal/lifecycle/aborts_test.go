@@ -12,7 +12,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
-// What the router remembers of aborts is bounded: 4,096 rids, of at most
+// What the router remembers of aborts is bounded: 4,096 rids and vLLM ids, of at most
 // 256 bytes, those over a minute old forgotten first; a body it cannot
 // read is no abort.
 func TestAbortsAreBounded(t *testing.T) {
@@ -25,8 +25,11 @@ func TestAbortsAreBounded(t *testing.T) {
 	noteBody(&a, []byte(`{"rid":"`+strings.Repeat("x", maxRIDBytes+1)+`"}`), now)
 	noteBody(&a, []byte(`{"rid":`), now)
 	noteBody(&a, []byte(`{"abort_all":"yes"}`), now)
-	if len(a.rids) > maxAbortedRIDs || !a.all.IsZero() {
-		t.Errorf("%d rids remembered, all at %v", len(a.rids), a.all)
+	for i := range maxAbortedRIDs {
+		noteBody(&a, fmt.Appendf(nil, `{"request_ids":["cmpl-%d-0"]}`, i), now)
+	}
+	if len(a.rids)+len(a.ids) > maxAbortedRIDs || len(a.ids) == 0 || !a.all.IsZero() {
+		t.Errorf("%d rids and %d ids remembered, all at %v", len(a.rids), len(a.ids), a.all)
 	}
 	if _, ok := a.rids["old"]; ok {
 		t.Error("the rid over a minute old outlived the bound")
@@ -68,6 +71,53 @@ func TestAbortsCover(t *testing.T) {
 	noteBody(&a, []byte(`{"abort_all":true}`), t0)
 	if !a.covers(request("", t0.Add(-time.Second)), t0.Add(time.Second)) || a.covers(request("", t0.Add(time.Second)), t0.Add(2*time.Second)) {
 		t.Error("an abort of all covers the requests before it, and only those")
+	}
+}
+
+// vLLM's /abort_requests names requests by the ids its engine knows them
+// by, matched exactly: a chat is "chatcmpl-" before its X-Request-Id
+// (else its body's request_id), a completion's prompts "cmpl-ID-0",
+// "cmpl-ID-1", ... (review, 2026-12-06: a completion was known as
+// "cmpl-ID", and the ids were matched as rids, by prefix, so that an
+// abort of chatcmpl-roll-1 ended chatcmpl-roll-10).
+func TestAbortsByVLLMIDs(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	request := func(kind Kind, header, body string, prompts ...int) *Request {
+		r := Request{kind: kind, Received: t0.Add(-time.Second)}
+		r.Parsed.RequestID = body
+		r.Parsed.PromptEnds = prompts
+		r.readEngineIDs(header)
+		return &r
+	}
+	var a aborts
+	noteBody(&a, []byte(`{"request_ids":["chatcmpl-roll-1","cmpl-roll-2-0","cmpl-roll-3-1","roll-4","cmpl-roll-5"]}`), t0)
+	noteBody(&a, []byte(`{"request_ids":"chatcmpl-roll-6"}`), t0)
+	for _, c := range []struct {
+		name string
+		req  *Request
+		want bool
+	}{
+		{"a chat by its header", request(Chat, "roll-1", "other"), true},
+		{"a chat by its body", request(Chat, "", "roll-1"), true},
+		{"a chat whose id the abort's begins", request(Chat, "roll-10", ""), false},
+		{"a completion's one prompt", request(Completion, "roll-2", ""), true},
+		{"a completion's second prompt", request(Completion, "roll-3", "", 5, 9), true},
+		{"a completion named without its prompt's index", request(Completion, "roll-5", ""), false},
+		{"an id without its prefix", request(Chat, "roll-4", ""), false},
+		{"one id, not a list", request(Chat, "roll-6", ""), true},
+		{"a /generate", request(Generate, "roll-1", ""), false},
+		{"no id", request(Chat, "", ""), false},
+	} {
+		if got := a.covers(c.req, t0.Add(time.Second)); got != c.want {
+			t.Errorf("%s (ids %q): remembered abort covers it %v, want %v", c.name, c.req.engineIDs, got, c.want)
+		}
+		ab, _ := parseAbort([]byte(`{"request_ids":["chatcmpl-roll-1","cmpl-roll-2-0","cmpl-roll-3-1","roll-4","cmpl-roll-5","chatcmpl-roll-6"]}`))
+		if got := ab.covers(c.req, t0); got != c.want {
+			t.Errorf("%s (ids %q): the abort covers it %v, want %v", c.name, c.req.engineIDs, got, c.want)
+		}
+	}
+	if r := request(Completion, "", strings.Repeat("x", 10), make([]int, 2*maxRequestRIDs)...); len(r.engineIDs) != maxRequestRIDs {
+		t.Errorf("a batch of %d prompts has %d ids, want at most %d", 2*maxRequestRIDs, len(r.engineIDs), maxRequestRIDs)
 	}
 }
 

@@ -236,11 +236,12 @@ type Request struct {
 	unpinned func(id string) bool
 	// holder is the replica the first attempt was pinned to: its 404 for
 	// the response is the last word (no other replica is tried).
-	holder   string
-	storedID bool   // storedAs was told the answer's id
-	named    string // the stored response the request names, if any
-	kind     Kind
-	rids     []string // its rids (Parsed.RID's), by which a client aborts it
+	holder    string
+	storedID  bool   // storedAs was told the answer's id
+	named     string // the stored response the request names, if any
+	kind      Kind
+	rids      []string // its rids (Parsed.RID's), by which a client aborts it
+	engineIDs []string // the ids vLLM's engine knows it by (readEngineIDs), matched exactly
 
 	tr reqTrace // see tracing.go
 }

@@ -128,7 +128,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		fe.Refuse(e)
 		return e.Status
 	}
-	r.addEngineID(in.RequestID)
+	r.readEngineIDs(in.RequestID)
 	r.Route.Allowed, r.Route.Tenant, r.Route.Endpoint = in.Allowed, in.Tenant, in.Endpoint
 	stored := r.Parsed.PreviousResponseID
 	if stored == "" {

@@ -760,6 +760,10 @@ func TestTrainerCycleVLLM(t *testing.T) {
 		code, _ := do(t, "POST", url+"/v1/completions", `{"model":"m","prompt":"while paused","max_tokens":1}`)
 		waited <- code
 	}()
+	time.Sleep(50 * time.Millisecond) // held at its engine's door, it cannot end
+	if len(waited) != 0 {
+		t.Error("a request sent while paused was answered before the resume")
+	}
 	if code, body := do(t, "POST", url+"/resume", ""); code != 200 {
 		t.Fatalf("resume: %d %s", code, body)
 	}
@@ -810,8 +814,9 @@ func TestTrainerCycleSGLang(t *testing.T) {
 
 // vLLM's /abort_requests through the router: every replica is sent it,
 // and the requests it names by their engine's ids ("cmpl-" before the
-// client's X-Request-Id, or its body's request_id), aborted in their
-// engines' queues, are relayed, not tried on another replica.
+// client's X-Request-Id, or its body's request_id, and "-0" after, its
+// prompt's index), aborted in their engines' queues, are relayed, not
+// tried on another replica.
 func TestAbortRequestsByVLLMIDs(t *testing.T) {
 	stalled := emulator.Config{Model: "m", MetricsFormat: "vllm", Faults: emulator.Faults{Slowdown: 1e9}}
 	a := servetest.StartReplicaWith(t, 2*time.Millisecond, stalled)
@@ -856,7 +861,7 @@ func TestAbortRequestsByVLLMIDs(t *testing.T) {
 		}
 	}
 	_, before := waiting()
-	if code, body := do(t, "POST", url+"/abort_requests", `{"request_ids":["cmpl-roll-1","cmpl-roll-2"]}`); code != 200 {
+	if code, body := do(t, "POST", url+"/abort_requests", `{"request_ids":["cmpl-roll-1-0","cmpl-roll-2-0"]}`); code != 200 {
 		t.Fatalf("abort: %d %s", code, body)
 	}
 	for name, c := range map[string]<-chan string{"by its X-Request-Id": byHeader, "by its request_id": byBody} {

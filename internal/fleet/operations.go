@@ -146,18 +146,8 @@ func vllmAbort(body []byte) ([]byte, bool) {
 	return nil, false // it names no request the router knows of
 }
 
-// queryTrue reports whether a query parameter reads as true, as the
+// queryFalse reports whether a query parameter reads as false, as the
 // engines' servers (FastAPI) read a boolean.
-func queryTrue(v string) bool {
-	switch strings.ToLower(v) {
-	case "1", "true", "on", "yes", "t", "y":
-		return true
-	}
-	return false
-}
-
-// queryFalse reports whether a query parameter reads as false, as
-// queryTrue.
 func queryFalse(v string) bool {
 	switch strings.ToLower(v) {
 	case "0", "false", "off", "no", "f", "n":

@@ -317,8 +317,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, j *job) {
 		switch {
 		case errors.Is(err, errAsleep):
 			writeError(w, http.StatusServiceUnavailable, "ServiceUnavailableError", "%v", err)
-		case context.Cause(ctx) == errAborted:
-			s.writer(w, j, 0).finishAborted()
+		case context.Cause(ctx) == errAborted: // an id of its own, in a range the engine's do not reach
+			s.writer(w, j, 1<<63|s.unentered.Add(1)).finishAborted()
 		}
 		return
 	}
@@ -438,8 +438,8 @@ func newWriter(w http.ResponseWriter, model string, j *job, engineID uint64) *wr
 }
 
 // writer is the writer of j's answer (engineID: its first sequence's, or
-// 0 if it never entered the engine), which knows the answer by vLLM's id
-// of it from then on (aborts).
+// one of its own if it never entered the engine), which knows the answer
+// by vLLM's id of it from then on (aborts).
 func (s *Server) writer(w http.ResponseWriter, j *job, engineID uint64) *writer {
 	out := newWriter(w, j.model, j, engineID)
 	if j.store {

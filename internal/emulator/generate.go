@@ -239,23 +239,46 @@ func (a *abortable) abortIDs(ids []string) (n int) {
 }
 
 // abortRequests is vLLM's /abort_requests (its development mode's):
-// {"request_ids": [...]}, all of them when it names none.
+// {"request_ids": a list of ids, or one}, all requests where it is
+// missing or reads as false in Python (null, "", [], {}, false, 0), as
+// vLLM's "if request_ids" reads it.
 func (s *Server) abortRequests(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		IDs []string `json:"request_ids"`
+		IDs any `json:"request_ids"`
 	}
 	if err := json.NewDecoder(io.LimitReader(r.Body, maxBody)).Decode(&req); err != nil {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"detail": "Invalid JSON format"})
 		return
 	}
-	n := len(req.IDs)
-	if n == 0 {
+	var ids []string
+	all := false
+	switch v := req.IDs.(type) {
+	case nil:
+		all = true
+	case bool:
+		all = !v
+	case float64:
+		all = v == 0
+	case map[string]any:
+		all = len(v) == 0
+	case string:
+		all, ids = v == "", []string{v}
+	case []any:
+		all = len(v) == 0
+		for _, id := range v {
+			if s, ok := id.(string); ok {
+				ids = append(ids, s)
+			}
+		}
+	}
+	var n int
+	if all {
 		s.aborts.mu.Lock()
 		n = len(s.aborts.jobs)
 		s.aborts.mu.Unlock()
 		s.aborts.abort("", true)
 	} else {
-		n = s.aborts.abortIDs(req.IDs)
+		n = s.aborts.abortIDs(ids)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "aborted", "aborted": n})
 }

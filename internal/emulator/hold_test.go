@@ -2,6 +2,7 @@ package emulator
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -316,6 +317,19 @@ func TestAbortRequests(t *testing.T) {
 	if status, _ := postText(t, url+"/abort_requests", `{`); status != http.StatusBadRequest {
 		t.Errorf("a broken body: %d", status)
 	}
+	// One id as a string is a list of one; ids that are not strings name
+	// nothing (not all).
+	last := send(`{"prompt":"d","max_tokens":4000,"request_id":"roll-4"}`)
+	waitServing(t, s, 1)
+	if status, body := postText(t, url+"/abort_requests", `{"request_ids":[7]}`); status != http.StatusOK || !strings.Contains(body, `"aborted":0`) {
+		t.Errorf("an abort naming no id as a string: %d %s", status, body)
+	}
+	if status, body := postText(t, url+"/abort_requests", `{"request_ids":"cmpl-roll-4-0"}`); status != http.StatusOK || !strings.Contains(body, `"aborted":1`) {
+		t.Errorf("an abort of one id as a string: %d %s", status, body)
+	}
+	if body := <-last; !strings.Contains(body, `"finish_reason":"abort"`) {
+		t.Errorf("the request named by a string: %.200s", body)
+	}
 }
 
 // A vLLM engine held by a pause takes no new request: one sent meanwhile
@@ -356,6 +370,37 @@ func TestAbortsReachTheDoor(t *testing.T) {
 	if body := <-held; !strings.Contains(body, `"finish_reason":"abort"`) || !strings.Contains(body, `"id":"chatcmpl-door-1"`) {
 		t.Errorf("the request aborted at the door: %.300s", body)
 	}
+	// Two more, without ids, aborted at the door with an abort of all:
+	// each answered with an id of its own (second review: the same), a
+	// streamed response's item opened before it is closed.
+	anon := []<-chan string{send("/v1/chat/completions", chat("one", 20)), send("/v1/chat/completions", chat("two", 20)),
+		send("/v1/responses", `{"model":"gorgo-emulated","input":"three","stream":true}`)}
+	waitServing(t, s, 3)
+	if status, body := postText(t, url+"/abort_requests", `{"request_ids":""}`); status != http.StatusOK || !strings.Contains(body, `"aborted":3`) {
+		t.Fatalf("abort of all at the door (request_ids \"\", false in Python): %d %s", status, body)
+	}
+	ids := map[string]bool{}
+	for _, c := range anon[:2] {
+		body := <-c
+		var chunk struct{ ID string }
+		if _, data, ok := strings.Cut(body, "data: "); !ok || json.Unmarshal([]byte(strings.SplitN(data, "\n", 2)[0]), &chunk) != nil || chunk.ID == "" {
+			t.Fatalf("a chat aborted at the door: %.300s", body)
+		}
+		ids[chunk.ID] = true
+	}
+	if len(ids) != 2 {
+		t.Errorf("two chats aborted at the door share their id: %v", ids)
+	}
+	var events []string
+	for _, line := range strings.Split(<-anon[2], "\n") {
+		if e, ok := strings.CutPrefix(line, "event: "); ok {
+			events = append(events, e)
+		}
+	}
+	if want := "response.created response.in_progress response.output_item.added response.content_part.added response.output_text.done response.content_part.done response.output_item.done response.incomplete"; strings.Join(events, " ") != want {
+		t.Errorf("a streamed response aborted at the door: events %v, want %s", events, want)
+	}
+
 	waited := send("/v1/chat/completions", chat("let in at the resume", 20))
 	waitServing(t, s, 1)
 	postText(t, url+"/resume", ``)

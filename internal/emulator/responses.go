@@ -241,6 +241,9 @@ func (o *writer) finishResponse(status string) {
 		return
 	}
 	o.buf.Reset()
+	if o.generated == 0 { // aborted before its first token: its item was never opened
+		o.startItem()
+	}
 	itemID := o.itemID()
 	o.event("response.output_text.done", map[string]any{"output_index": 0, "content_index": 0, "item_id": itemID, "text": text})
 	o.event("response.content_part.done", map[string]any{"output_index": 0, "content_index": 0, "item_id": itemID,

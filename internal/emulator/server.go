@@ -133,8 +133,11 @@ type Server struct {
 	modelsMu sync.Mutex              // serialises loads and unloads
 	lora     atomic.Bool             // LoRA is on: its metrics are exposed
 	stored   responseStore           // Responses API responses (StoreResponses)
-	aborts   abortable               // the /generate requests a client may abort
-	holds    holds                   // what holds the engine: a pause, its sleep (hold.go)
+	aborts   abortable               // the requests a client may abort
+	// unentered numbers the requests aborted before they entered the
+	// engine, for their answers' ids (the engine's own are taken from 1).
+	unentered atomic.Uint64
+	holds     holds // what holds the engine: a pause, its sleep (hold.go)
 }
 
 // New builds a replica; Run starts its model.

@@ -118,32 +118,53 @@ func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 
 // vllmAbort is vLLM's /abort_requests ({"request_ids": a list of ids, or
 // one}) as the client's abort: of the requests vLLM's engines know by
-// those ids (matched exactly: lifecycle reads the body), or of all where
-// it names none.
+// those ids, {"request_ids": [...]} (matched exactly: lifecycle reads
+// it), or of all where request_ids is missing or reads as false in
+// Python (null, "", [], {}, false, 0), as vLLM's "if request_ids" reads
+// it. Nothing else in the body counts.
 func vllmAbort(body []byte) ([]byte, bool) {
 	var req struct {
-		IDs json.RawMessage `json:"request_ids"`
+		IDs any `json:"request_ids"`
 	}
 	if json.Unmarshal(body, &req) != nil {
 		return nil, false // the engines will refuse it
 	}
-	ids := bytes.TrimSpace(req.IDs)
-	if len(ids) == 0 || bytes.Equal(ids, []byte("null")) {
+	var ids []string
+	switch v := req.IDs.(type) {
+	case nil:
 		return abortAll, true
-	}
-	var list []json.RawMessage
-	if json.Unmarshal(ids, &list) != nil {
-		list = []json.RawMessage{ids}
-	} else if len(list) == 0 {
-		return abortAll, true
-	}
-	for _, raw := range list {
-		var id string
-		if json.Unmarshal(raw, &id) == nil && id != "" {
-			return body, true
+	case bool:
+		if !v {
+			return abortAll, true
+		}
+	case float64:
+		if v == 0 {
+			return abortAll, true
+		}
+	case map[string]any:
+		if len(v) == 0 {
+			return abortAll, true
+		}
+	case string:
+		if v == "" {
+			return abortAll, true
+		}
+		ids = []string{v}
+	case []any:
+		if len(v) == 0 {
+			return abortAll, true
+		}
+		for _, id := range v {
+			if s, ok := id.(string); ok && s != "" {
+				ids = append(ids, s)
+			}
 		}
 	}
-	return nil, false // it names no request the router knows of
+	if len(ids) == 0 {
+		return nil, false // it names no request the router knows of
+	}
+	abort, _ := json.Marshal(map[string][]string{"request_ids": ids})
+	return abort, true
 }
 
 // queryFalse reports whether a query parameter reads as false, as the

@@ -38,17 +38,24 @@ func TestVLLMPause(t *testing.T) {
 	}
 }
 
-// vLLM's /abort_requests is an abort of the engine ids it names (its body
-// as it is: lifecycle reads them, and matches them exactly), or of all
-// when it names none.
+// vLLM's /abort_requests is an abort of the engine ids it names (as
+// {"request_ids": [...]}: lifecycle reads them, and matches them
+// exactly; nothing else in the body counts), or of all where request_ids
+// is missing or reads as false in Python, as vLLM's "if request_ids"
+// (review, 2026-12-06: "", {} and false were no abort, and the engines'
+// aborts of all failed over; the body was passed on whole, so that an
+// "abort_all" beside the ids read as an abort of all).
 func TestVLLMAbortRequests(t *testing.T) {
 	if !IsOperation("POST", "/abort_requests") || wholeFleet("/abort_requests") {
 		t.Error("/abort_requests: an operation for the replicas up")
 	}
 	for body, want := range map[string]string{
 		`{}`: `{"abort_all":true}`, `{"request_ids":[]}`: `{"abort_all":true}`, `{"request_ids":null}`: `{"abort_all":true}`,
-		`{"request_ids":["cmpl-a-0","chatcmpl-b"]}`: `{"request_ids":["cmpl-a-0","chatcmpl-b"]}`, `{"request_ids":"chatcmpl-c"}`: `{"request_ids":"chatcmpl-c"}`,
-		`{"request_ids":[7]}`: "", `{"request_ids":[""]}`: "", `{`: "",
+		`{"request_ids":""}`: `{"abort_all":true}`, `{"request_ids":{}}`: `{"abort_all":true}`, `{"request_ids":false}`: `{"abort_all":true}`,
+		`{"request_ids":0}`:                         `{"abort_all":true}`,
+		`{"request_ids":["cmpl-a-0","chatcmpl-b"]}`: `{"request_ids":["cmpl-a-0","chatcmpl-b"]}`, `{"request_ids":"chatcmpl-c"}`: `{"request_ids":["chatcmpl-c"]}`,
+		`{"request_ids":["chatcmpl-x"],"abort_all":true}`: `{"request_ids":["chatcmpl-x"]}`,
+		`{"request_ids":[7]}`:                             "", `{"request_ids":[""]}`: "", `{"request_ids":true}`: "", `{`: "",
 	} {
 		abort, ok := AbortOf("/abort_requests", []byte(body))
 		if string(abort) != want || ok != (want != "") {

@@ -174,8 +174,9 @@ func (a *aborts) note(ab abort, at time.Time) {
 }
 
 // forget drops the rids and ids aborted over abortMemory before now, or,
-// if none is that old, a quarter of the others (so that a flood of aborts
-// scans the sets once per thousand of them, not once each).
+// if too few are that old, a quarter of each set (so that a flood of
+// aborts scans the sets once per thousand of them, not once each, and a
+// flood of one kind does not empty the other).
 func (a *aborts) forget(now time.Time) {
 	n := len(a.rids) + len(a.ids)
 	for rid, at := range a.rids {
@@ -188,15 +189,20 @@ func (a *aborts) forget(now time.Time) {
 			delete(a.ids, id)
 		}
 	}
+	if len(a.rids)+len(a.ids) <= n-n/4 {
+		return
+	}
+	k := len(a.rids) / 4
 	for rid := range a.rids {
-		if len(a.rids)+len(a.ids) <= n-n/4 {
-			return
+		if k--; k < 0 {
+			break
 		}
 		a.drop(rid)
 	}
+	k = len(a.ids) / 4
 	for id := range a.ids {
-		if len(a.rids)+len(a.ids) <= n-n/4 {
-			return
+		if k--; k < 0 {
+			break
 		}
 		delete(a.ids, id)
 	}

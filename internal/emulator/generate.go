@@ -139,11 +139,12 @@ func (s *Server) flushCache(w http.ResponseWriter, _ *http.Request) {
 	_, _ = io.WriteString(w, "Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting requests, the operation will not be performed.)\n")
 }
 
-// errAborted is why a /generate ended: its client aborted it.
-var errAborted = errors.New("aborted by its client (/abort_request)")
+// errAborted is why a request ended: its client aborted it.
+var errAborted = errors.New("aborted by its client (/abort_request, /abort_requests)")
 
-// abortable is the /generate requests being served, each with what ends
-// it, so that a client may abort them as SGLang's /abort_request does.
+// abortable is the requests the engine has or holds at its door, each
+// with what ends it, so that a client may abort them as SGLang's
+// /abort_request and vLLM's /abort_requests do.
 type abortable struct {
 	mu   sync.Mutex
 	jobs map[*job]context.CancelCauseFunc

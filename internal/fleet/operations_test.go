@@ -1,8 +1,6 @@
 package fleet
 
-import (
-	"testing"
-)
+import "testing"
 
 // vLLM's /pause and /resume (its development mode's, around a trainer's
 // weights' update) are operations for the whole fleet, as SGLang's

@@ -330,7 +330,8 @@ func (r *Request) readEngineIDs(header string) {
 }
 
 // Abort takes a client's abort (the body of SGLang's /abort_request:
-// {"rid": ...}, a list of rids, or {"abort_all": true}), received at. The
+// {"rid": ...}, a list of rids, or {"abort_all": true}; or vLLM's ids,
+// {"request_ids": [...]}, as fleet.AbortOf reads them), received at. The
 // requests it covers that wait in the router's queue end at once; the
 // others are aborted by the engines the front end sends the abort to, and
 // their aborts are relayed (ClientAborted). It returns how many requests
@@ -410,7 +411,7 @@ var abortedInQueue = map[string]any{"type": "abort", "message": "Abort in waitin
 // have a trainer's client retry it). It is counted as a 499 (its client
 // ended it), and its tenant is charged as for a client that left.
 func (r *Request) endAborted(fe FrontEnd) int {
-	e := &wire.Error{Status: statusOK, Message: "aborted by its client (/abort_request) before a replica had it"}
+	e := &wire.Error{Status: statusOK, Message: "aborted by its client (/abort_request, /abort_requests) before a replica had it"}
 	e.Answer, e.AnswerType = r.abortAnswer(time.Now())
 	if !r.sent.IsZero() {
 		r.settleBudget(time.Now()) // an attempt that failed may have read its prompt

@@ -198,7 +198,7 @@ func TestSleepAndWake(t *testing.T) {
 	if _, _, cached, _ := complete(t, url, "m", long); cached == 0 {
 		t.Fatal("nothing cached before the sleep")
 	}
-	sleeping := func() string { return getText(t, url+"/is_sleeping") }
+	sleeping := func() string { return strings.TrimSpace(string(get(t, url+"/is_sleeping"))) }
 	if status, body := postText(t, url+"/sleep?level=1", ``); status != http.StatusOK || sleeping() != `{"is_sleeping":true}` {
 		t.Fatalf("sleep: %d %s, then %s", status, body, sleeping())
 	}
@@ -239,7 +239,7 @@ func TestVLLMPause(t *testing.T) {
 		waitEngine(t, s, func(g engineState) bool { return g.running == 1 })
 		return done
 	}
-	paused := func() string { return getText(t, url+"/is_paused") }
+	paused := func() string { return strings.TrimSpace(string(get(t, url+"/is_paused"))) }
 
 	kept := chat(300)
 	if status, body := postText(t, url+"/pause?mode=keep", ``); status != http.StatusOK || body != "{\"status\":\"paused\"}\n" || paused() != `{"is_paused":true}` {
@@ -420,16 +420,4 @@ func TestAbortsReachTheDoor(t *testing.T) {
 		t.Errorf("after a pause that aborts all, %d running, %d waiting", g.Running, g.Waiting)
 	}
 	postText(t, url+"/resume", ``)
-}
-
-// getText is the trimmed body of a GET of url.
-func getText(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return strings.TrimSpace(string(b))
 }

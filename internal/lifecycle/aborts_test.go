@@ -218,7 +218,7 @@ func TestAbortEndsQueuedRequests(t *testing.T) {
 	}
 	// Its backlog gone, the later request is served.
 	for _, b := range big {
-		b.sent = time.Now()
+		b.sendAt(time.Now())
 		b.Chunk(&wire.Peek{Token: true}, time.Now())
 	}
 	if st := <-doneLater; st != 200 || len(later.sent) != 1 {

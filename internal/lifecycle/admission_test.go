@@ -105,7 +105,7 @@ func TestAdmissionHoldsUntilTheBacklogClears(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	// One big request gets its first token: its replica's backlog is gone.
-	big[0].sent = time.Now()
+	big[0].sendAt(time.Now())
 	big[0].Chunk(&wire.Peek{Token: true}, time.Now())
 	r := <-got
 	if r.e != nil || r.err != nil {

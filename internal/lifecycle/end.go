@@ -129,7 +129,9 @@ func (r *Request) learn(status int, at time.Time) {
 	out := policy.Outcome{Failed: status != statusOK, // served, it had a first token (above)
 		TTFTSLO: r.core.cfg.Admission.SLOOf(r.class), TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
 	if !out.Failed {
-		out.TTFT, out.E2E, out.Queued = r.first.Sub(r.sent), at.Sub(r.sent), r.sent.Sub(r.Received)
+		// From the first attempt: time lost on a replica before the
+		// fallback (sendAt) is the arm's, time in the router's queue not.
+		out.TTFT, out.E2E, out.Queued = r.first.Sub(r.dispatched), at.Sub(r.dispatched), r.dispatched.Sub(r.Received)
 		// Per token, not per chunk: an engine may stream several tokens
 		// in one event (the usage, when it came, says how many).
 		if n := r.answerTokens(); n > 1 && r.gapTimed() {

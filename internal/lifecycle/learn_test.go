@@ -63,3 +63,42 @@ func TestLearnerIgnoresTheClientsOwnError(t *testing.T) {
 		}
 	}
 }
+
+// hangingFE holds its attempt on replica a for hang, then fails it (a
+// first-byte timeout); the others serve.
+type hangingFE struct {
+	frontEnd
+	hang time.Duration
+}
+
+func (f *hangingFE) Send(ctx context.Context, r *Request, id string) (int, *AttemptError) {
+	if id == "a" {
+		f.sent = append(f.sent, id)
+		time.Sleep(f.hang)
+		return 0, &AttemptError{Error: *wire.Errorf(504, "no first byte"), Broken: true}
+	}
+	return f.frontEnd.Send(ctx, r, id)
+}
+
+// The learner times a request from its first attempt: the time its arm's
+// choice lost on a replica that hung is the client's wait, and the
+// fallback that served is the same decision's (2026-12-06: timed from
+// the attempt that answered, so an arm that sent requests to a hung
+// replica was charged nothing for the wait; the reviews of the tuner
+// doubted it). The router's own models still time the replica that
+// answered from its attempt.
+func TestLearnerCountsTheTimeLostBeforeTheFallback(t *testing.T) {
+	c, l, _, _ := setup(t)
+	const hang = 200 * time.Millisecond
+	in := Incoming{Body: []byte(chat), Kind: Chat, Received: time.Now()}
+	fe := &hangingFE{hang: hang}
+	if st := c.Serve(context.Background(), in, fe); st != 200 || len(fe.sent) != 2 || fe.sent[0] != "a" {
+		t.Fatalf("status %d, sent %v; want a, then a fallback that serves", st, fe.sent)
+	}
+	if len(l.outcomes) != 1 || l.outcomes[0].Failed {
+		t.Fatalf("learned %+v", l.outcomes)
+	}
+	if o := l.outcomes[0]; o.TTFT < hang || o.E2E < hang {
+		t.Errorf("learned TTFT %v, E2E %v; want at least the %v lost on the replica that hung", o.TTFT, o.E2E, hang)
+	}
+}

@@ -201,8 +201,10 @@ type Request struct {
 	attempt uint64
 	tapID   uint64
 
-	sent, first, lastTok time.Time
-	tokens, cached       int
+	// sent is when the attempt under way was sent, dispatched when the
+	// first was (see sendAt).
+	sent, dispatched, first, lastTok time.Time
+	tokens, cached                   int
 	// endTokens and endDecode are a complete answer's length and decode
 	// time, for the Observer's Finished.
 	endTokens        int

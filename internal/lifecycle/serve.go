@@ -168,7 +168,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 			// failed: the abort may have passed its next replica already.
 			return r.endAborted(fe)
 		}
-		r.sent = time.Now()
+		r.sendAt(time.Now())
 		r.traceAttempt(id)
 		status, aerr := fe.Send(ctx, r, id)
 		r.traceSent(status, aerr)
@@ -194,6 +194,19 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 	r.reject(e)
 	fe.Refuse(e)
 	return e.Status
+}
+
+// sendAt records an attempt sent at. The router's models time the
+// replica that answered from its own attempt (its round trip and its
+// engine); the learner times the arm that routed the request from the
+// first: an attempt its weights sent to a replica that hung, or refused,
+// cost the client that time before the fallback answered, and the
+// fallbacks are the same decision's, so of the same arm.
+func (r *Request) sendAt(at time.Time) {
+	r.sent = at
+	if r.dispatched.IsZero() {
+		r.dispatched = at
+	}
 }
 
 // Refused counts a request refused before it was read (its body was too

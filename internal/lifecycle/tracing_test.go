@@ -169,7 +169,7 @@ func TestTracedQueueWait(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	big[0].sent = time.Now()
+	big[0].sendAt(time.Now())
 	big[0].Chunk(&wire.Peek{Token: true}, time.Now())
 	if st := <-done; st != 200 {
 		t.Fatalf("status %d", st)

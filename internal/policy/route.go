@@ -207,9 +207,11 @@ type Outcome struct {
 	// its first token within TTFTSLO of its arrival at the router, its
 	// time per output token (ITL) within TPOTSLO; zero where it had none.
 	TTFTSLO, TPOTSLO time.Duration
-	// Queued is how long the request was at the router before the
-	// attempt that answered it was sent (held by admission, earlier
-	// attempts): TTFT is counted from that send, its SLO from arrival.
+	// Queued is how long the request was at the router before its first
+	// attempt was sent (held by admission): TTFT and E2E are counted from
+	// that send, attempts that failed before the one that answered
+	// included (their replicas were the same decision's choice), its SLO
+	// from arrival.
 	Queued time.Duration
 }
 

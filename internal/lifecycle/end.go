@@ -127,7 +127,13 @@ func (r *Request) learn(status int, at time.Time) {
 		return
 	}
 	out := policy.Outcome{Failed: status != statusOK, // served, it had a first token (above)
-		TTFTSLO: r.core.cfg.Admission.SLOOf(r.class), TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
+		TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
+	if !r.sloHold {
+		// Not flow control's hold of a request given no SLO (classify):
+		// held to max_ttft_slo, it would count in slo-p95's windows,
+		// whose requests are those with SLOs, with a ratio near 0.
+		out.TTFTSLO = r.core.cfg.Admission.SLOOf(r.class)
+	}
 	if !out.Failed {
 		// From the first attempt: time lost on a replica before the
 		// fallback (sendAt) is the arm's, time in the router's queue not.

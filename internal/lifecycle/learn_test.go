@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -100,5 +102,48 @@ func TestLearnerCountsTheTimeLostBeforeTheFallback(t *testing.T) {
 	}
 	if o := l.outcomes[0]; o.TTFT < hang || o.E2E < hang {
 		t.Errorf("learned TTFT %v, E2E %v; want at least the %v lost on the replica that hung", o.TTFT, o.E2E, hang)
+	}
+}
+
+// With tenants' own SLOs and none for the fleet, a request of a tenant
+// without one is held by flow control to its max_ttft_slo (classify), but
+// the learner hears it had no SLO, as the simulator's does; a tenant's
+// own SLO it hears (2026-12-06, the tuner's review: the 10-minute hold was
+// learned as its SLO, so under slo-p95, whose windows are the requests
+// with SLOs, such requests filled them with ratios near 0).
+func TestLearnerHearsNoSLOWhereFlowControlOnlyHolds(t *testing.T) {
+	c0, l, _, _ := setup(t)
+	ts, err := tenant.New(map[string]tenant.Config{
+		"chat":  {Priority: "interactive", TTFTSLO: time.Second},
+		"batch": {Priority: "batch"},
+	}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := admit.Config{Weights: ts.Weights()}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := c0.cfg
+	cfg.Admission, cfg.Tenants = a, ts
+	c := NewCore(cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.RunAdmission(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	for _, name := range []string{"batch", "chat"} {
+		in := Incoming{Body: []byte(chat), Kind: Chat, Received: time.Now(), Tenant: name}
+		if st := c.Serve(context.Background(), in, &frontEnd{}); st != 200 {
+			t.Fatalf("%s: status %d", name, st)
+		}
+	}
+	if len(l.outcomes) != 2 {
+		t.Fatalf("learned %+v", l.outcomes)
+	}
+	if o := l.outcomes[0]; o.HasSLO() {
+		t.Errorf("a request of a tenant without an SLO learned with TTFT SLO %v: it would count in slo-p95's windows", o.TTFTSLO)
+	}
+	if o := l.outcomes[1]; o.TTFTSLO != time.Second {
+		t.Errorf("a request of a tenant with a 1s SLO learned with %v", o.TTFTSLO)
 	}
 }

@@ -178,10 +178,12 @@ type Request struct {
 	Received time.Time
 	// class is what flow control knows of it: tenant, priority, tokens,
 	// SLO; tenant its tenant (nil without tenants), grant its charge to
-	// the tenant's budgets.
-	class  admit.Class
-	tenant *tenant.Tenant
-	grant  tenant.Grant
+	// the tenant's budgets. sloHold: the class's SLO is the hold of a
+	// request that was given none (classify), not an SLO it must meet.
+	class   admit.Class
+	tenant  *tenant.Tenant
+	grant   tenant.Grant
+	sloHold bool
 
 	ticket    router.Ticket
 	active    bool               // ticket is in a replica's ledger

@@ -46,7 +46,7 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 		// the queue), so that it waits behind the bands above it, is
 		// sheltered or shed below standard, and takes its fair share,
 		// instead of going straight to the engines' queues.
-		class.SLO = t.MaxTTFTSLO
+		class.SLO, r.sloHold = t.MaxTTFTSLO, true
 	}
 	r.class = class
 	r.Route.TPOTSLOMS = float64(tpot) / 1e6

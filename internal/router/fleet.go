@@ -61,18 +61,14 @@ func validReplica(rc ReplicaConfig) error {
 }
 
 // Add brings a replica into the fleet, active and healthy but not yet
-// available: decisions take it once a probe has reached it (ObserveRTT).
-// Nothing about the other replicas changes. It fails with ErrExists if the
-// id is taken (also by a replica still draining out).
-func (r *Router) Add(rc ReplicaConfig) error {
-	if err := r.add(rc); err != nil {
-		return err
-	}
-	r.fleetChanged("replica " + rc.ID + " added")
-	return nil
-}
+// available: decisions take it once a probe has reached it (ObserveRTT),
+// and a FleetWatcher hears of it then (a booting engine may take minutes
+// to answer: a learner's measurement meanwhile is of the fleet without
+// it). Nothing about the other replicas changes. It fails with ErrExists
+// if the id is taken (also by a replica still draining out).
+func (r *Router) Add(rc ReplicaConfig) error { return r.add(rc, true) }
 
-func (r *Router) add(rc ReplicaConfig) error {
+func (r *Router) add(rc ReplicaConfig, added bool) error {
 	if err := validReplica(rc); err != nil {
 		return err
 	}
@@ -91,7 +87,9 @@ func (r *Router) add(rc ReplicaConfig) error {
 	if err != nil {
 		return fmt.Errorf("router: replica %s: %w", rc.ID, err)
 	}
-	f = f.with(newMember(rc, slot, r.cfg.RTTAlpha, r.cfg.OnlineRates))
+	m := newMember(rc, slot, r.cfg.RTTAlpha, r.cfg.OnlineRates)
+	m.added = added
+	f = f.with(m)
 	r.fleet.Store(f)
 	r.rebuildCatalog(f)
 	return nil
@@ -189,7 +187,9 @@ func (r *Router) detach(f *fleet, m *member) {
 	r.fleet.Store(f)
 	r.rebuildCatalog(f)
 	r.fleetMu.Unlock()
-	r.fleetChanged("replica " + m.id + " left")
+	if m.probed.Load() { // one never probed took no decision: nothing changed
+		r.fleetChanged("replica " + m.id + " left")
+	}
 	// Clear the slot in pieces so decisions (which take the index's read
 	// lock) are not held up by a large cache; it is nobody's meanwhile.
 	for {

@@ -101,8 +101,12 @@ type member struct {
 	models   atomic.Pointer[models.Set]
 	adapters adapterTable
 
-	rttNS   atomic.Int64 // the RTT estimate; 0 until probed
-	probed  atomic.Bool
+	rttNS  atomic.Int64 // the RTT estimate; 0 until probed
+	probed atomic.Bool
+	// added: the replica came after the router's initial fleet (Add), so
+	// its first probe, with which it joins the decisions, is a change of
+	// the fleet.
+	added   bool
 	kvCap   atomic.Int64
 	prefill atomic.Uint64 // float64 bits: ms per uncached token
 	queue   atomic.Uint64 // float64 bits: ms per backlog token
@@ -261,34 +265,35 @@ func (m *member) view(now time.Duration, cached int) policy.Replica {
 	return v
 }
 
-// observeRTT feeds a probe to the estimate. It reports the reference and
-// the new estimate when the estimate has stayed away from the reference,
-// by more than rttJump of it and more than rttJumpMin, for rttSettle
-// probes in a row; the estimate is then the reference.
-func (m *member) observeRTT(rtt time.Duration) (jumped bool, from, to time.Duration) {
+// observeRTT feeds a probe to the estimate. It reports whether the probe
+// was the first (the replica joins the decisions with it), and the
+// reference and the new estimate when the estimate has stayed away from
+// the reference, by more than rttJump of it and more than rttJumpMin, for
+// rttSettle probes in a row; the estimate is then the reference.
+func (m *member) observeRTT(rtt time.Duration) (first, jumped bool, from, to time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.rtt.Observe(float64(rtt))
 	v, _ := m.rtt.Value()
 	m.rttNS.Store(int64(v))
-	m.probed.Store(true)
+	first = !m.probed.Swap(true)
 	ref := m.rttRef
 	switch m.rttProbes++; {
 	case m.rttProbes < rttSettle:
-		return false, 0, 0
+		return first, false, 0, 0
 	case ref == 0:
 		m.rttRef = v
-		return false, 0, 0
+		return first, false, 0, 0
 	}
 	if d := math.Abs(v - ref); d <= rttJump*ref || d <= float64(rttJumpMin) {
 		m.rttFar = 0
-		return false, 0, 0
+		return first, false, 0, 0
 	}
 	if m.rttFar++; m.rttFar < rttSettle {
-		return false, 0, 0
+		return first, false, 0, 0
 	}
 	m.rttRef, m.rttFar = v, 0
-	return true, time.Duration(ref), time.Duration(v)
+	return first, true, time.Duration(ref), time.Duration(v)
 }
 
 // A smoothed round trip that stays more than half away from what it was,

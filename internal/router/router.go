@@ -211,7 +211,7 @@ func New(cfg Config) (*Router, error) {
 	r.fleet.Store(&fleet{byID: map[string]*member{}})
 	r.catalog.Store(&catalog{served: models.Union()})
 	for _, rc := range cfg.Replicas {
-		if err := r.add(rc); err != nil {
+		if err := r.add(rc, false); err != nil {
 			return nil, err
 		}
 	}
@@ -812,11 +812,15 @@ func (r *Router) Replica(id string) (ReplicaState, error) {
 func (r *Router) IndexResets() int { return int(r.resets.Load()) }
 
 // ObserveRTT adds a round-trip probe of a replica; its first makes the
-// replica available.
+// replica available, and is a change of the fleet for a replica added
+// after the initial fleet (Add: until then decisions did not see it).
 func (r *Router) ObserveRTT(id string, rtt time.Duration) error {
 	m, err := r.member(id)
 	if err == nil {
-		if jumped, from, to := m.observeRTT(rtt); jumped {
+		switch first, jumped, from, to := m.observeRTT(rtt); {
+		case first && m.added:
+			r.fleetChanged("replica " + id + " added")
+		case jumped:
 			r.fleetChanged(fmt.Sprintf("round trip to %s went from %v to %v", id, from.Round(time.Millisecond), to.Round(time.Millisecond)))
 		}
 	}

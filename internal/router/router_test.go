@@ -1080,8 +1080,27 @@ func TestFleetWatcherHearsOfChanges(t *testing.T) {
 	if len(w.changes) != 1 || !strings.Contains(w.changes[0], "round trip to b went from") {
 		t.Fatalf("changes %q, want one jump of b's round trip", w.changes)
 	}
+	// A replica added is heard of when it joins the decisions, at its
+	// first probe (2026-12-06, the tuner's review: heard of at Add, a
+	// booting engine's minutes before it took requests, so the round the
+	// news began mixed the fleet without it and with it); one that left
+	// before any probe changed nothing.
 	if err := r.Add(replicaConfig(2)); err != nil {
 		t.Fatal(err)
+	}
+	if err := r.Add(replicaConfig(3)); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.changes) != 1 {
+		t.Fatalf("changes %q before the new replicas' probes", w.changes[1:])
+	}
+	if err := r.Remove("d"); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := r.ObserveRTT("c", 100*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := r.Remove("a"); err != nil {
 		t.Fatal(err)

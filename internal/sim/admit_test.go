@@ -215,3 +215,32 @@ func TestTenantsOwnSLO(t *testing.T) {
 		t.Errorf("%.1f%% of the admitted requests met their SLO", 100*share)
 	}
 }
+
+// A request the engine refuses as the client's error (a prompt over the
+// context: a 400 live) is not learned from, as the live router does not
+// (lifecycle's TestLearnerIgnoresTheClientsOwnError); it stays a failed
+// request of the run (2026-12-06, the tuner's review: learned as a failed
+// request of the arm that routed it, so the "fails no more requests" rule
+// rejected candidates at random in the simulator alone).
+func TestLearnerIgnoresTheClientsOwnError(t *testing.T) {
+	p := profile(t, "paper")
+	p.MaxContextTokens = 4096
+	reps := []Replica{{ID: "a", RTT: 40 * time.Millisecond, Profile: p}, {ID: "b", RTT: 40 * time.Millisecond, Profile: p}}
+	reqs := []trace.Request{request(time.Second, 1, 1000, 10), request(2*time.Second, 2, 8000, 10), request(3*time.Second, 3, 1000, 10)}
+	rec := &recorder{Policy: newPolicy(t, policy.DefaultName)}
+	res, err := Run(Config{Replicas: reps, Requests: reqs, Policy: rec, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Records[1].Failed || res.Run.Failed != 1 {
+		t.Fatalf("the prompt over the context: record %+v, %d failed in the run", res.Records[1], res.Run.Failed)
+	}
+	if len(rec.outcomes) != 2 {
+		t.Fatalf("learned %d outcomes, want the two served", len(rec.outcomes))
+	}
+	for i, o := range rec.outcomes {
+		if o.Failed {
+			t.Errorf("outcome %d learned as failed", i)
+		}
+	}
+}

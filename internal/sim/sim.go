@@ -237,6 +237,10 @@ type reqState struct {
 	failed      bool
 	rejected    bool
 	err         string
+	// refused: the engine refused it as the client's error (a prompt over
+	// the context, an invalid request: a 400 live), which says nothing
+	// of the weights that routed it.
+	refused bool
 }
 
 type replicaState struct {
@@ -745,6 +749,7 @@ func (s *simulator) atEngine(now time.Duration, i int) {
 	err := s.reps[r].eng.Submit(now, s.engineRequest(i, r))
 	if err != nil {
 		st.failed, st.err = true, err.Error()
+		st.refused = errors.Is(err, engine.ErrTooLarge) || errors.Is(err, engine.ErrInvalid)
 		s.push(event{t: now + st.rtt/2, kind: evBack, req: int32(i)})
 	}
 	s.reschedule(r)
@@ -802,7 +807,7 @@ func (s *simulator) back(now time.Duration, i int) {
 		}
 		site.rt.Finish(&st.ticket)
 		s.share(now, i, remoteFinish)
-		if site.learner != nil && !unstreamed {
+		if site.learner != nil && !unstreamed && !st.refused { // as live (lifecycle's learn)
 			// Held to its tenant's SLO, else admission's, as live
 			// (admit.Config.SLOOf); else the goodput's.
 			o := policy.Outcome{Failed: st.failed, TPOTSLO: s.cfg.GoodputTPOT,

@@ -183,8 +183,15 @@ func (e *ES) Judge(cand Point, cm, im Metrics) Outcome {
 
 // Losing says why a candidate measured cm is already clearly worse than
 // the incumbent measured im: its objective or a guarded metric more than
-// by times the incumbent's; "" if it is not.
+// by times the incumbent's, or at least losingFailures of its requests
+// failed and more than by times as many as the incumbent's; "" if it is
+// not.
 func (e *ES) Losing(cm, im Metrics, by float64) string {
+	if cm.N > 0 && float64(cm.Failed) >= losingFailures*float64(cm.N) && float64(cm.Failed)/float64(cm.N) > by*float64(im.Failed)/float64(max(im.N, 1)) {
+		// Its objective alone cannot say so: failed requests have no
+		// TTFT, and one whose requests all fail has none at all.
+		return fmt.Sprintf("%d of its %d requests failed, against %d of %d", cm.Failed, cm.N, im.Failed, im.N)
+	}
 	cs, is := e.scores(cm, im)
 	if cs > by*is {
 		return fmt.Sprintf("%s %s against %s", e.cfg.Objective, e.cfg.Objective.Format(cs), e.cfg.Objective.Format(is))
@@ -196,6 +203,11 @@ func (e *ES) Losing(cm, im Metrics, by float64) string {
 	}
 	return ""
 }
+
+// losingFailures is the least share of a candidate's requests that must
+// fail for Losing to judge it on its failures: a few in a quarter of a
+// window are chance (a replica restarting), a twentieth is not.
+const losingFailures = 0.05
 
 // Drop rejects a candidate on a partial measurement, cm against im (see
 // OnlineConfig.EarlyStop): a failure for the step size, like any other.

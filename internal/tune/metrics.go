@@ -190,13 +190,13 @@ var guardMetrics = map[string]func(Metrics) float64{
 func (g Guard) ratio(cand, inc Metrics) float64 {
 	f := guardMetrics[g.Metric]
 	switch c, i := f(cand), f(inc); {
-	case c <= 0 || math.IsNaN(c):
-		// The candidate's window measured none of it (no streamed answer
-		// of several tokens, say): no evidence either way. A ratio of 0
-		// would zero the guard's drift, and switch the guard off for good.
+	case c <= 0 || math.IsNaN(c) || i <= 0 || math.IsNaN(i):
+		// A window measured none of it (no streamed answer of several
+		// tokens, say): no evidence either way. A ratio of 0 would zero
+		// the guard's drift, and switch the guard off for good; +Inf
+		// would reject a candidate for the incumbent's want of a measure
+		// (2026-12-06, a review).
 		return 1
-	case i <= 0 || math.IsNaN(i):
-		return math.Inf(1)
 	default:
 		return c / i
 	}

@@ -91,6 +91,10 @@ type Online struct {
 	sloOnly bool
 }
 
+// MaxWindow bounds OnlineConfig.Window: an arm keeps up to two windows of
+// outcomes, and a round of a larger one would take days.
+const MaxWindow = 1 << 20
+
 // OnlineName is the registered name of the online-tuned gorgo policy.
 const OnlineName = "gorgo-online"
 
@@ -136,6 +140,9 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	}
 	if cfg.Window < 1 || cfg.Hop < 1 || cfg.History < 1 {
 		return nil, fmt.Errorf("online tuning: window, hop and history must be positive")
+	}
+	if cfg.Window > MaxWindow {
+		return nil, fmt.Errorf("online tuning: a window of %d requests; at most %d", cfg.Window, MaxWindow)
 	}
 	if cfg.Block > 0 && cfg.Burn == 0 {
 		cfg.Burn = cfg.Block / 2
@@ -247,13 +254,14 @@ func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.R
 	tag := 0
 	var arm int
 	if b := o.cfg.Block; b > 0 {
-		start := req.Now - req.Now%b
+		now := max(req.Now, 0) // a router's time runs from its start
+		start := now - now%b
 		if o.from < 0 {
 			o.from = start + b
 		}
-		arm = int(req.Now/b) % 2
+		arm = int(now/b) % 2
 		tag = -1
-		if start >= o.from && req.Now-start >= o.cfg.Burn {
+		if start >= o.from && now-start >= o.cfg.Burn {
 			tag = 2*o.round + arm
 		}
 	} else {

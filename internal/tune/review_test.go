@@ -1,0 +1,89 @@
+package tune
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/policy"
+)
+
+// The defects a review of the tuner proved (2026-12-06), each a test that
+// failed before its fix.
+
+// Early stop drops a candidate whose requests fail: its objective cannot
+// say so (a failed request has no TTFT; all failed, it has none), so one
+// failing every request routed half the traffic for its whole window.
+// A few failures, as many as the incumbent's, are chance, not a verdict.
+func TestEarlyStopDropsACandidateWhoseRequestsFail(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		fails     func(i int) bool // the candidate's i-th request fails
+		incFails  func(i int) bool
+		wantEarly bool
+	}{
+		{"every request", func(int) bool { return true }, func(int) bool { return false }, true},
+		{"one in five", func(i int) bool { return i%5 == 0 }, func(int) bool { return false }, true},
+		{"one in forty, as the incumbent", func(i int) bool { return i%40 == 7 }, func(i int) bool { return i%40 == 3 }, false},
+	} {
+		o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1}, Base: policy.DefaultName, Window: 200, Hop: 1, EarlyStop: 1.5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+		rng := rand.New(rand.NewPCG(1, 1))
+		var d policy.Decision
+		for i := range 160 { // 80 an arm: past a quarter of the window
+			if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rng); err != nil {
+				t.Fatal(err)
+			}
+			fail := c.incFails
+			if d.Tag%2 == 1 {
+				fail = c.fails
+			}
+			out := policy.Outcome{TTFT: 2 * time.Second, E2E: 5 * time.Second}
+			if fail(i / 2) {
+				out = policy.Outcome{Failed: true}
+			}
+			o.Learn(d.Tag, out)
+		}
+		steps := o.Steps()
+		early := len(steps) == 1 && strings.Contains(steps[0].Reason, "requests failed")
+		if early != c.wantEarly {
+			t.Errorf("%s: verdicts %+v; want dropped early on its failures %v", c.name, steps, c.wantEarly)
+		}
+	}
+}
+
+// A guard with no measure on either side is no evidence: a candidate was
+// rejected (+Inf) because the incumbent's window had no ITL.
+func TestGuardWithoutTheIncumbentsMeasure(t *testing.T) {
+	g, err := ParseGuard("itl-mean=1.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := newES(t, Config{Seed: 4, Guards: []Guard{g}})
+	out := es.Verdict(es.Propose(), Metrics{N: 100, TTFTP95: 700, ITLMean: 20}, Metrics{N: 100, TTFTP95: 1000})
+	if !out.Accepted {
+		t.Errorf("a 30%% TTFT win rejected because the incumbent's window measured no ITL: %+v", out)
+	}
+}
+
+// A window too large to keep is refused (twice it wrapped negative, and
+// the first outcome panicked on a negative slice bound), and a negative
+// router time in block mode routes (it indexed arms[-1]).
+func TestOnlineBounds(t *testing.T) {
+	if _, err := NewOnline(OnlineConfig{ES: Config{Seed: 1}, Base: policy.DefaultName, Window: 1 << 62}); err == nil {
+		t.Error("a window of 2^62 requests accepted")
+	}
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1}, Base: policy.DefaultName, Window: 2, Block: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d policy.Decision
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	if err := o.Decide(&d, &policy.Request{PromptTokens: 10, Now: -15 * time.Second}, reps, rand.New(rand.NewPCG(1, 1))); err != nil || d.Tag != -1 {
+		t.Errorf("a decision at -15 s: tag %d, %v; want routed, unscored", d.Tag, err)
+	}
+}

@@ -120,10 +120,11 @@ func (r *Request) learn(status int, at time.Time) {
 	if !isLearner || !r.Parsed.Stream || status == statusClientGone || status == statusOK && r.first.IsZero() {
 		return
 	}
-	if status >= 400 && status < 500 {
+	if status >= 400 && status < 500 && status != statusTooMany {
 		// The client's error (a prompt over the context, a bad
 		// parameter): any replica would have refused it, so it says
-		// nothing of the weights that routed it.
+		// nothing of the weights that routed it. Not the replicas'
+		// 429s: busy, as their 503s say, where the arm sent it.
 		return
 	}
 	out := policy.Outcome{Failed: status != statusOK, // served, it had a first token (above)

@@ -147,3 +147,21 @@ func TestLearnerHearsNoSLOWhereFlowControlOnlyHolds(t *testing.T) {
 		t.Errorf("a request of a tenant with a 1s SLO learned with %v", o.TTFTSLO)
 	}
 }
+
+// A request every replica it was sent to refused as busy (429, as 503) is
+// a failed request of the arm that routed it, not the client's error
+// (2026-12-06, the tuner's review: a 429 was skipped as a 4xx).
+func TestLearnerCountsTheReplicasBusyAnswer(t *testing.T) {
+	for _, status := range []int{429, 503} {
+		c, l, _, _ := setup(t)
+		in := Incoming{Body: []byte(chat), Kind: Chat, Received: time.Now()}
+		busy := func(id string) *AttemptError { return &AttemptError{Error: *wire.Errorf(status, "busy %s", id)} }
+		fe := &frontEnd{fails: map[string]*AttemptError{"a": busy("a"), "b": busy("b"), "c": busy("c")}}
+		if st := c.Serve(context.Background(), in, fe); st != status {
+			t.Fatalf("every replica busy with %d: status %d", status, st)
+		}
+		if len(l.outcomes) != 1 || !l.outcomes[0].Failed {
+			t.Errorf("every replica answered %d: learned %+v, want one failed outcome", status, l.outcomes)
+		}
+	}
+}

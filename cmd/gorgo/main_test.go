@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -338,6 +339,7 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"serve", "--replica", "a=http://x", "--policy", "fastest"}, `unknown policy "fastest"`},
 		{[]string{"serve", "--config", "/nonexistent.yaml"}, "reading config"},
 		{[]string{"serve", "--replica", "a=http://x", "--policy", "round-robin", "--tune=true"}, "policy round-robin has no parameters to tune"},
+		{[]string{"serve", "--replica", "a=http://x", "--policy", "gorgo-online", "--tune=false"}, "tune: false, but policy gorgo-online is a tuner"},
 		{[]string{"demo", "--speedup", "0"}, "--speedup"},
 		{[]string{"demo", "--policy", "fastest"}, `unknown policy "fastest"`},
 		{[]string{"demo", "--policy", "default,clairvoyant"}, "clairvoyant runs only in the simulator"},
@@ -431,6 +433,62 @@ func TestServeTunesTheDefaultPolicy(t *testing.T) {
 		tf.apply(&cfg) // as the command's overrides do
 		if pol, err := servePolicy(cfg.Defaults(), tf); err != nil || pol != nil {
 			t.Errorf("%q %v: policy %v (%v), want the config's own, untuned", c.yaml, c.args, pol, err)
+		}
+	}
+}
+
+// The live tuner starts from the config's weights as written: one outside
+// its bounds widens them, a 0 (a term turned off) is not tuned; a window or
+// hop of 0 is refused, not the tuner's own default (2026-12-06, a user's
+// test: decode 50 ran as 2, silently, and --window-requests 0 as 128).
+func TestServeTunerStartsFromTheConfig(t *testing.T) {
+	parse := func(t *testing.T, args ...string) *tuneFlags { return parseTuneFlags(t, true, args...) }
+	for _, c := range []struct {
+		yaml  string
+		tuned []string
+		want  map[string]float64
+		err   string
+	}{
+		{yaml: "e2e_weights: {decode: 50}\n", tuned: []string{"decode", "itl"}, want: map[string]float64{"decode": 50}},
+		{yaml: "e2e_weights: {decode: 0}\n", tuned: []string{"itl"}, want: map[string]float64{"decode": 0}},
+		{yaml: "e2e_weights: {decode: 0, itl: 0}\n", err: "every parameter the tuner tunes is 0"},
+	} {
+		cfg, err := serve.ParseConfig([]byte(c.yaml), "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pol, err := servePolicy(cfg.Defaults(), parse(t))
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: %v, want %q", c.yaml, err, c.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%q: %v", c.yaml, err)
+		}
+		o := pol.(*tune.Online)
+		var tuned []string
+		for _, p := range o.Config().ES.Params {
+			tuned = append(tuned, p.Name)
+			if p.Init < p.Min || p.Init > p.Max {
+				t.Errorf("%q: %s starts at %v outside its bounds [%v, %v]", c.yaml, p.Name, p.Init, p.Min, p.Max)
+			}
+		}
+		w := o.Incumbent()
+		for name, v := range c.want {
+			if w[name] != v {
+				t.Errorf("%q: %s starts at %v, want %v", c.yaml, name, w[name], v)
+			}
+		}
+		if !slices.Equal(tuned, c.tuned) {
+			t.Errorf("%q: tunes %v, want %v", c.yaml, tuned, c.tuned)
+		}
+	}
+	cfg, _ := serve.ParseConfig([]byte("seed: 1\n"), "test")
+	for _, args := range [][]string{{"--window-requests", "0"}, {"--hop", "0"}} {
+		if _, err := servePolicy(cfg.Defaults(), parse(t, args...)); err == nil || !strings.Contains(err.Error(), "at least 1") {
+			t.Errorf("%v: %v, want refused", args, err)
 		}
 	}
 }

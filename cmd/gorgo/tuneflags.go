@@ -135,14 +135,25 @@ func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values, s
 		return tune.OnlineConfig{}, err
 	}
 	if len(t.params) == 0 {
-		// The tuned parameters start from the config's values (within
-		// their bounds), as the others stay at them.
-		for i := range es.Params {
-			q := &es.Params[i]
+		// The tuned parameters start from the config's values, as the
+		// others stay at them: a value outside the tuner's bounds widens
+		// them (2026-12-06: it was clamped into them, so decode 50 ran as
+		// 2, silently), and a 0, a term the operator turned off, is not
+		// tuned (the tuner steps in log space, where 0 has no place).
+		tuned := es.Params[:0]
+		for _, q := range es.Params {
 			if v, ok := params[q.Name]; ok {
-				q.Init = min(max(v, q.Min), q.Max)
+				if v <= 0 {
+					continue
+				}
+				q.Init, q.Min, q.Max = v, min(q.Min, v), max(q.Max, v)
 			}
+			tuned = append(tuned, q)
 		}
+		if len(tuned) == 0 {
+			return tune.OnlineConfig{}, fmt.Errorf("config: every parameter the tuner tunes is 0 in the config's %s weights: give one a positive value, or set tune: false", base)
+		}
+		es.Params = tuned
 	}
 	return tune.OnlineConfig{ES: es, Base: base, Window: l.window, Hop: l.hop, Block: l.block, Burn: l.burn, Confirm: l.confirm, EarlyStop: l.earlyStop, BaseParams: params}, nil
 }
@@ -220,6 +231,10 @@ func (t *tuneFlags) config(seed uint64) (tune.Config, error) {
 	}
 	if t.sigma <= 0 || math.IsNaN(t.sigma) {
 		return cfg, fmt.Errorf("--sigma must be positive")
+	}
+	if t.window < 1 || t.hop < 1 {
+		// 0 would mean the tuner's own default, not the live one.
+		return cfg, fmt.Errorf("--window-requests and --hop must be at least 1, got %d and %d", t.window, t.hop)
 	}
 	if t.earlyStop != 0 && !(t.earlyStop > 1 && !math.IsInf(t.earlyStop, 0)) {
 		return cfg, fmt.Errorf("--early-stop must be 0 (off) or a finite ratio above 1, got %v", t.earlyStop)

@@ -412,6 +412,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("config: policy %s runs only in the simulator (valid here: %s)", c.Policy, strings.Join(policy.LiveNames(), ", "))
 	} else if c.Tune != nil && *c.Tune && len(info.Params) == 0 && !info.Tuner {
 		return fmt.Errorf("config: tune: policy %s has no parameters to tune (these have: %s)", c.Policy, strings.Join(policy.WithParams(), ", "))
+	} else if c.Tune != nil && !*c.Tune && info.Tuner {
+		return fmt.Errorf("config: tune: false, but policy %s is a tuner: name the policy it tunes for fixed weights", c.Policy)
 	}
 	switch {
 	case c.BlockTokens < 1 || c.BytesPerToken < 1:

@@ -235,3 +235,35 @@ func TestReloadWithAnUnsetAPIKeyIsRefused(t *testing.T) {
 		t.Errorf("z %v, want its key", u)
 	}
 }
+
+// A reload whose settings that need a restart could not start (an unknown
+// policy, max_attempts below 1, a negative ttft_slo) is refused, as the
+// start would refuse the file (2026-12-06, a user's test: each was taken,
+// its value kept for the restart, and the restart then failed).
+func TestReloadRefusesWhatARestartWould(t *testing.T) {
+	f := newTestFleet(t)
+	for _, c := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"policy nope", func(c *Config) { c.Policy = "nope" }},
+		{"max_attempts -4", func(c *Config) { c.MaxAttempts = -4 }},
+		{"ttft_slo -5s", func(c *Config) { c.TTFTSLO = -5 * time.Second }},
+	} {
+		next := f.Config()
+		c.edit(&next)
+		if _, err := New(next, Options{}); err == nil {
+			t.Fatalf("%s: New accepts it", c.name)
+		}
+		if _, restart, err := f.Prepare(next); err == nil {
+			t.Errorf("%s: the reload was taken (restart %q), the start would refuse the file", c.name, restart)
+		}
+	}
+	// A restart-only setting changed to a valid value is taken for the
+	// restart, as before.
+	next := f.Config()
+	next.MaxAttempts = 5
+	if _, restart, err := f.Prepare(next); err != nil || len(restart) != 1 || !strings.Contains(restart[0], "max_attempts") {
+		t.Errorf("max_attempts 5: restart %q, %v", restart, err)
+	}
+}

@@ -9,10 +9,12 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
-// Prepare judges next as the fleet's running config, for a reload: the
-// settings that cannot change while the fleet runs (see fixed) keep their
-// running values and are listed in restart, and next is validated with
-// them. A config that fails to validate is an error and changes nothing;
+// Prepare judges next as the fleet's running config, for a reload: next
+// is validated as written (what a restart would read), then the settings
+// that cannot change while the fleet runs (see fixed) keep their running
+// values and are listed in restart, and next is validated with them. A
+// config that fails either is an error and changes nothing (a file told
+// it only needs a restart must start);
 // otherwise apply makes it the running config: the config's replicas are
 // reconciled (Want), the DNS groups re-read, the policy's parameters, the
 // intervals (a probe or scrape waiting out the old interval is made once
@@ -20,6 +22,9 @@ import (
 // ejection times and max_ejection_percent take effect at once.
 func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []string, err error) {
 	next = next.Defaults()
+	if err := next.Validate(); err != nil {
+		return nil, nil, err
+	}
 	cur := f.Config()
 	restart = fixed(&cur, &next)
 	if err := next.Validate(); err != nil {

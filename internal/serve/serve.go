@@ -192,6 +192,11 @@ func (s *Server) apply(next Config) error {
 		s.log.Error("config not applied: the running config stays", "error", err)
 		return err
 	}
+	// The file as written, first: what needs a restart keeps its running
+	// value below, and a file told so must then start.
+	if err := next.Validate(); err != nil {
+		return fail(err)
+	}
 	if len(next.Replicas) == 0 && len(next.Discover) == 0 && s.Admin.Config().Listen == admin.Off {
 		return fail(errors.New("config: no replicas, no discover groups and no admin API to add any"))
 	}

@@ -264,3 +264,19 @@ func TestTunerSteps(t *testing.T) {
 		t.Errorf("a verdict without scores: %s, %v; want null scores", b, err)
 	}
 }
+
+// Weights large enough that the costs overflow still explain a decision:
+// the terms that are not finite are null (2026-12-06, a user's test:
+// /admin/decide answered an empty 200, and the live view's stream closed
+// until 50 new decisions had pushed the bad ones out).
+func TestDecideWithWeightsThatOverflow(t *testing.T) {
+	admin := startAdmin(t, testConfig{}, startReplica(t, 2*time.Millisecond, emulator.Faults{})).adminURL
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"rtt":1e308,"queue":1e308,"decode":1e308,"itl":1e308}`); code != 200 {
+		t.Fatalf("set: %d %s", code, body)
+	}
+	code, body := do(t, "POST", admin+"/admin/decide", servetest.ChatBody("where?", 1, false))
+	var out map[string]any
+	if err := json.Unmarshal([]byte(body), &out); code != 200 || err != nil || !strings.Contains(body, "null") {
+		t.Errorf("decide: %d %q (%v)", code, body, err)
+	}
+}

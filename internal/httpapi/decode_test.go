@@ -2,6 +2,8 @@ package httpapi
 
 import (
 	"io"
+	"math"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -28,5 +30,20 @@ func TestDecodeJSONStatus(t *testing.T) {
 	w = httptest.NewRecorder()
 	if !DecodeJSON(w, r, &v, 1<<20) {
 		t.Errorf("a value and a newline refused: %d %s", w.Code, w.Body)
+	}
+}
+
+// A value encoding/json refuses (a number that is not finite) is a 500
+// saying so, in OpenAI's shape, not an empty answer of the status asked.
+func TestWriteJSONThatCannotBeWritten(t *testing.T) {
+	w := httptest.NewRecorder()
+	WriteJSON(w, http.StatusOK, map[string]float64{"x": math.Inf(1)})
+	if w.Code != http.StatusInternalServerError || !strings.Contains(w.Body.String(), `"error"`) || !strings.Contains(w.Body.String(), "cannot be written as JSON") {
+		t.Errorf("%d %s", w.Code, w.Body.String())
+	}
+	w = httptest.NewRecorder()
+	WriteJSON(w, http.StatusCreated, map[string]any{"a": 1})
+	if w.Code != http.StatusCreated || w.Body.String() != "{\n  \"a\": 1\n}\n" || w.Header().Get("Content-Type") != "application/json" {
+		t.Errorf("%d %q", w.Code, w.Body.String())
 	}
 }

@@ -39,13 +39,17 @@ func Error(w http.ResponseWriter, status int, format string, args ...any) {
 	WriteError(w, wire.Errorf(status, format, args...))
 }
 
-// WriteJSON answers with v, indented.
+// WriteJSON answers with v, indented; a v that cannot be encoded (a number
+// that is not finite) is a 500 saying so, not an empty answer of status.
 func WriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		Error(w, http.StatusInternalServerError, "the answer cannot be written as JSON: %v", err)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
+	_, _ = w.Write(append(b, '\n'))
 }
 
 // DecodeJSON reads a JSON body of at most limit bytes into v, unknown

@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"encoding/json"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -259,5 +261,23 @@ func TestSimpleAffinityIgnoresOrder(t *testing.T) {
 		if fwd[a.Replica].ID != rev[b.Replica].ID {
 			t.Errorf("key %d: %s in one order, %s in the other", key, fwd[a.Replica].ID, rev[b.Replica].ID)
 		}
+	}
+}
+
+// Terms are JSON under their names, a term that is not finite as null:
+// encoding/json refused the whole answer over one (an /admin/decide of
+// huge weights answered an empty 200, and the live view's stream closed).
+func TestTermsJSON(t *testing.T) {
+	b, err := json.Marshal([]Terms{{RTT: 12.5, Prefill: 1e-7, Queue: math.Inf(1), Decode: math.NaN(), Adapter: 0, Total: 3e21}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `[{"RTT":12.5,"Prefill":1e-07,"Queue":null,"Decode":null,"Adapter":0,"Total":3e+21}]`
+	if string(b) != want {
+		t.Errorf("got %s, want %s", b, want)
+	}
+	var back []map[string]*float64
+	if err := json.Unmarshal(b, &back); err != nil || *back[0]["RTT"] != 12.5 || back[0]["Queue"] != nil {
+		t.Errorf("read back %v, %v", back, err)
 	}
 }

@@ -53,9 +53,13 @@ func ReadTokens(path, what string) ([]Token, error) {
 }
 
 // Match returns the name of the token the request's bearer credential is,
-// comparing in constant time against every token; "" if none.
+// comparing in constant time against every token; "" if none. The scheme's
+// name is read whatever its case, as RFC 9110 has it ("bearer KEY" was a
+// 401).
 func Match(r *http.Request, toks []Token) string {
-	given, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	scheme, given, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	ok = ok && strings.EqualFold(scheme, "Bearer")
+	given = strings.TrimLeft(given, " ")
 	name := ""
 	for _, t := range toks {
 		if ok && subtle.ConstantTimeCompare([]byte(given), []byte(t.Secret)) == 1 {

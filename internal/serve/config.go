@@ -2,10 +2,12 @@ package serve
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -89,12 +91,65 @@ func ParseConfig(data []byte, name string) (Config, error) {
 		if err == io.EOF {
 			return Config{}, fmt.Errorf("config %s is empty", name)
 		}
-		return Config{}, fmt.Errorf("config %s: %w", name, err)
+		return Config{}, fmt.Errorf("config %s: %w", name, yamlError(err))
 	}
 	if err := f.readPolicyKeys(); err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", name, err)
 	}
 	return f.Config, nil
+}
+
+// yamlError makes yaml.v3's type errors one line in the config's terms:
+// "line 4: unknown field weight", "line 1: `abc` is not a duration (e.g.
+// 30s)", where yaml.v3 writes one line per error after a heading, naming
+// Go's types ("field weight not found in type fleet.ReplicaConfig").
+func yamlError(err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err // a syntax error: one line already
+	}
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		if g := yamlNotFound.FindStringSubmatch(m); g != nil {
+			m = g[1] + "unknown field " + g[2]
+		} else if g := yamlCannot.FindStringSubmatch(m); g != nil {
+			what := strings.TrimSpace(g[3])
+			if what == "" {
+				what = "a " + map[string]string{"seq": "list", "map": "mapping"}[g[2]]
+				if what == "a " {
+					what = "this value"
+				}
+			}
+			m = g[1] + what + " is not " + yamlKind(g[4])
+		}
+		msgs[i] = m
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+var (
+	yamlNotFound = regexp.MustCompile(`^(line \d+: )field (\S+) not found in type \S+$`)
+	yamlCannot   = regexp.MustCompile("^(line \\d+: )cannot unmarshal !!(\\w+)( `[^`]*`)? into (\\S+)$")
+)
+
+// yamlKind names what a Go type reads, as a config's reader knows it.
+func yamlKind(goType string) string {
+	switch {
+	case goType == "time.Duration":
+		return "a duration (e.g. 30s)"
+	case goType == "bool" || goType == "*bool":
+		return "true or false"
+	case strings.HasPrefix(goType, "int") || strings.HasPrefix(goType, "uint"):
+		return "an integer"
+	case strings.HasPrefix(goType, "float"):
+		return "a number"
+	case goType == "string":
+		return "a string"
+	case strings.HasPrefix(goType, "[]"):
+		return "a list"
+	default:
+		return "a mapping" // a struct or a map
+	}
 }
 
 // file is the config as decoded: the config, and the top-level keys no
@@ -116,7 +171,7 @@ func (f *file) readPolicyKeys() error {
 		}
 		var v policy.Values
 		if err := node.Decode(&v); err != nil {
-			return fmt.Errorf("line %d: %s: %w", node.Line, key, err)
+			return fmt.Errorf("%s: %w", key, yamlError(err))
 		}
 		if v == nil {
 			v = policy.Values{}

@@ -157,3 +157,23 @@ func TestPolicyParamsInTheFile(t *testing.T) {
 		}
 	}
 }
+
+// A config's type errors are one line in the config's terms, not yaml.v3's
+// heading and Go's type names (2026-12-06, a user's test: "yaml: unmarshal
+// errors:\n  line 14: field weight not found in type fleet.ReplicaConfig").
+func TestConfigTypeErrorsAreOneLine(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{
+		{"replicas:\n  - id: a\n    url: http://x\n    weight: 3\n", "config t.yaml: line 4: unknown field weight"},
+		{"probe_interval: abc\n", "config t.yaml: line 1: `abc` is not a duration (e.g. 30s)"},
+		{"admin: {bogus: 1}\n", "config t.yaml: line 1: unknown field bogus"},
+		{"tune: maybe\n", "config t.yaml: line 1: `maybe` is not true or false"},
+		{"max_attempts: [1]\n", "config t.yaml: line 1: a list is not an integer"},
+		{"e2e_weights: {decode: x}\n", "config t.yaml: e2e_weights: line 1: `x` is not a number"},
+		{"probe_interval: abc\nmax_attempts: x\n", "config t.yaml: line 1: `abc` is not a duration (e.g. 30s); line 2: `x` is not an integer"},
+	} {
+		_, err := ParseConfig([]byte(c.yaml), "t.yaml")
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%q: %v, want %q", c.yaml, err, c.want)
+		}
+	}
+}

@@ -33,7 +33,7 @@ func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) {
 	p, ok := s.fleet.Policy().(policy.Tunable)
 	if !ok {
 		if t, ok := s.fleet.Policy().(policy.Tuner); ok {
-			httpapi.Error(w, http.StatusConflict, "the online tuner sets %s's weights: pause it (POST /admin/tuner/pause) to hold them, or run with tune: false to set them", t.Base())
+			httpapi.Error(w, http.StatusConflict, "the online tuner sets %s's weights, paused or not (POST /admin/tuner/pause holds them where they are): run with tune: false to set them", t.Base())
 			return
 		}
 		httpapi.Error(w, http.StatusConflict, "policy %s has no weights to set", s.fleet.Policy().Name())

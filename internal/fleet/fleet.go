@@ -123,7 +123,7 @@ func New(cfg Config, o Options) (*Fleet, error) {
 	if err != nil {
 		return nil, err
 	}
-	rt, err := router.New(router.Config{Policy: pol, BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha,
+	rt, err := router.New(router.Config{Policy: pol, FleetChanged: fleetChangedLog(o.Log, pol), BlockTokens: cfg.BlockTokens, RTTAlpha: cfg.RTTAlpha,
 		OnlineRates: cfg.OnlineRates, TieMargin: cfg.TieMargin, AdapterLoad: cfg.AdapterLoadTime, AdapterLoads: cfg.AdapterLoadTimes,
 		GlobalOutput: cfg.OutputEstimate == "global"})
 	if err != nil {

@@ -3,9 +3,12 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
+	"sync/atomic"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 )
 
@@ -281,4 +284,29 @@ func routerConfig(rc ReplicaConfig) router.ReplicaConfig {
 	return router.ReplicaConfig{ID: rc.ID, Region: rc.Region, KVCapacityTokens: rc.KVCapacityTokens,
 		PrefillMSPerToken: rc.PrefillMSPerTok, QueueMSPerToken: rc.QueueMSPerTok, ITLBaseMS: rc.ITLMS, ITLSlopeMS: rc.ITLSlopeMS,
 		Models: served, MaxLoRAs: rc.MaxLoRAs}
+}
+
+// fleetChangedLog writes each change of the fleet the router reports (a
+// replica that joined the decisions or left them, a round trip that
+// jumped and stayed) to the log, and what a tuner did about it: it starts
+// its round afresh, and falls back to its starting weights if it had moved
+// from them (2026-12-06, a user's test: a tuner's measurement was thrown
+// away, or its weights put back, with no word in the log).
+func fleetChangedLog(log *slog.Logger, pol policy.Policy) func(why string) {
+	t, tuned := pol.(policy.Tuner)
+	r, counts := pol.(interface{ Resets() (int, string) })
+	var resets atomic.Int64
+	return func(why string) {
+		if !tuned {
+			log.Info("fleet changed", "why", why)
+			return
+		}
+		if counts {
+			if n, _ := r.Resets(); int64(n) > resets.Swap(int64(n)) {
+				log.Warn("fleet changed: the tuner fell back to its starting weights and starts its round afresh", "why", why, "weights", t.Incumbent())
+				return
+			}
+		}
+		log.Info("fleet changed: the tuner starts its round afresh", "why", why, "weights", t.Incumbent())
+	}
 }

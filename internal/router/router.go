@@ -41,6 +41,9 @@ type Config struct {
 	// Replicas is the initial fleet; it may be empty.
 	Replicas []ReplicaConfig
 	Policy   policy.Policy
+	// FleetChanged, if set, hears of each change of the fleet after the
+	// policy did (see fleetChanged): for the log.
+	FleetChanged func(why string)
 	// BlockTokens is the tokens per prefix-index block.
 	BlockTokens int
 	// RTTAlpha smooths round-trip probes; zero means estimate.DefaultAlpha.
@@ -832,6 +835,9 @@ func (r *Router) ObserveRTT(id string, rtt time.Duration) error {
 func (r *Router) fleetChanged(why string) {
 	if w, ok := r.cfg.Policy.(policy.FleetWatcher); ok {
 		w.FleetChanged(why)
+	}
+	if r.cfg.FleetChanged != nil {
+		r.cfg.FleetChanged(why)
 	}
 }
 

@@ -4,9 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"reflect"
+	"strings"
 )
 
 // LineError reports a problem with one line of a trace file. Its message is
@@ -101,7 +104,7 @@ func Read(r io.Reader, name string, f Format) ([]Request, error) {
 		if len(line) > 0 {
 			var rec record
 			if err := json.Unmarshal(line, &rec); err != nil {
-				return nil, &LineError{name, lineNo, fmt.Errorf("invalid JSON: %w", err)}
+				return nil, &LineError{name, lineNo, jsonError(err)}
 			}
 			if f == FormatAuto {
 				f = FormatMooncake
@@ -131,4 +134,40 @@ func Read(r io.Reader, name string, f Format) ([]Request, error) {
 		DeriveSessions(reqs)
 	}
 	return reqs, nil
+}
+
+// jsonError says what is wrong with a line encoding/json could not read,
+// in the trace's terms: a field's value of the wrong kind by the field's
+// name ("hash_ids: -1 is not a non-negative integer"), not Go's struct and
+// types ("cannot unmarshal number -1 into Go struct field record.hash_ids
+// of type uint64").
+func jsonError(err error) error {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) {
+		return fmt.Errorf("invalid JSON: %w", err)
+	}
+	got, ok := strings.CutPrefix(te.Value, "number ")
+	if !ok {
+		got = map[string]string{"string": "a string", "array": "a list", "object": "an object", "bool": "true or false", "number": "a number"}[te.Value]
+		if got == "" {
+			got = te.Value
+		}
+	}
+	if te.Field == "" {
+		return fmt.Errorf("invalid JSON: a line must be an object, got %s", got)
+	}
+	want := "a number"
+	switch te.Type.Kind() {
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		want = "an integer"
+	case reflect.Uint, reflect.Uint64, reflect.Uint32:
+		want = "a non-negative integer"
+	case reflect.String:
+		want = "a string"
+	case reflect.Slice:
+		want = "a list"
+	case reflect.Bool:
+		want = "true or false"
+	}
+	return fmt.Errorf("%s: %s is not %s", te.Field, got, want)
 }

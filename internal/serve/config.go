@@ -1,13 +1,10 @@
 package serve
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -19,6 +16,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
 	"github.com/gorgo-llm/gorgo/internal/tracing"
+	"github.com/gorgo-llm/gorgo/internal/yamlfile"
 )
 
 // Config is what gorgo serve and gorgo epp read from their YAML file: one
@@ -85,71 +83,16 @@ func LoadConfig(path string) (Config, error) {
 // gorgo's): the registry says which keys those are.
 func ParseConfig(data []byte, name string) (Config, error) {
 	var f file
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&f); err != nil {
+	if err := yamlfile.Decode(data, &f); err != nil {
 		if err == io.EOF {
 			return Config{}, fmt.Errorf("config %s is empty", name)
 		}
-		return Config{}, fmt.Errorf("config %s: %w", name, yamlError(err))
+		return Config{}, fmt.Errorf("config %s: %w", name, err)
 	}
 	if err := f.readPolicyKeys(); err != nil {
 		return Config{}, fmt.Errorf("config %s: %w", name, err)
 	}
 	return f.Config, nil
-}
-
-// yamlError makes yaml.v3's type errors one line in the config's terms:
-// "line 4: unknown field weight", "line 1: `abc` is not a duration (e.g.
-// 30s)", where yaml.v3 writes one line per error after a heading, naming
-// Go's types ("field weight not found in type fleet.ReplicaConfig").
-func yamlError(err error) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return err // a syntax error: one line already
-	}
-	msgs := make([]string, len(te.Errors))
-	for i, m := range te.Errors {
-		if g := yamlNotFound.FindStringSubmatch(m); g != nil {
-			m = g[1] + "unknown field " + g[2]
-		} else if g := yamlCannot.FindStringSubmatch(m); g != nil {
-			what := strings.TrimSpace(g[3])
-			if what == "" {
-				what = "a " + map[string]string{"seq": "list", "map": "mapping"}[g[2]]
-				if what == "a " {
-					what = "this value"
-				}
-			}
-			m = g[1] + what + " is not " + yamlKind(g[4])
-		}
-		msgs[i] = m
-	}
-	return errors.New(strings.Join(msgs, "; "))
-}
-
-var (
-	yamlNotFound = regexp.MustCompile(`^(line \d+: )field (\S+) not found in type \S+$`)
-	yamlCannot   = regexp.MustCompile("^(line \\d+: )cannot unmarshal !!(\\w+)( `[^`]*`)? into (\\S+)$")
-)
-
-// yamlKind names what a Go type reads, as a config's reader knows it.
-func yamlKind(goType string) string {
-	switch {
-	case goType == "time.Duration":
-		return "a duration (e.g. 30s)"
-	case goType == "bool" || goType == "*bool":
-		return "true or false"
-	case strings.HasPrefix(goType, "int") || strings.HasPrefix(goType, "uint"):
-		return "an integer"
-	case strings.HasPrefix(goType, "float"):
-		return "a number"
-	case goType == "string":
-		return "a string"
-	case strings.HasPrefix(goType, "[]"):
-		return "a list"
-	default:
-		return "a mapping" // a struct or a map
-	}
 }
 
 // file is the config as decoded: the config, and the top-level keys no
@@ -171,7 +114,7 @@ func (f *file) readPolicyKeys() error {
 		}
 		var v policy.Values
 		if err := node.Decode(&v); err != nil {
-			return fmt.Errorf("%s: %w", key, yamlError(err))
+			return fmt.Errorf("%s: %w", key, yamlfile.Error(err))
 		}
 		if v == nil {
 			v = policy.Values{}

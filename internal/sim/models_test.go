@@ -366,7 +366,7 @@ replicas:
 		{"models: [m], adapters: [x], max_loras: -1", "max_loras must not be negative"},
 		{"models: [m], adapters: [x], lora_load_time: -1s", "lora_load_time must not be negative"},
 		{"models: [m], max_loras: 2", "need adapters"},
-		{"models: [m], adapters: [x], lora_load_time: 500", "cannot unmarshal"},
+		{"models: [m], adapters: [x], lora_load_time: 500", "line 3: `500` is not a duration (e.g. 30s)"},
 	} {
 		path := writeFile(t, "bad.yaml", "router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: paper, "+c.spec+"}]\n")
 		top, err := LoadTopology(path)

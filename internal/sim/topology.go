@@ -1,10 +1,10 @@
 package sim
 
 import (
-	"bytes"
 	"cmp"
 	"encoding/csv"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -13,11 +13,10 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"github.com/gorgo-llm/gorgo/internal/engine"
 	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/prefix"
+	"github.com/gorgo-llm/gorgo/internal/yamlfile"
 )
 
 // Topology describes a fleet: regions, the router's region, the round trip
@@ -284,9 +283,10 @@ func LoadTopology(nameOrFile string) (Topology, error) {
 		return Topology{}, fmt.Errorf("reading topology: %w", err)
 	}
 	var t Topology
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&t); err != nil {
+	if err := yamlfile.Decode(data, &t); err != nil {
+		if err == io.EOF {
+			return Topology{}, fmt.Errorf("topology %s is empty", nameOrFile)
+		}
 		return Topology{}, fmt.Errorf("topology %s: %w", nameOrFile, err)
 	}
 	if t.Name == "" {

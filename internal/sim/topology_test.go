@@ -108,7 +108,7 @@ func TestTopologyRTTCSV(t *testing.T) {
 
 func TestTopologyErrors(t *testing.T) {
 	cases := []struct{ yaml, want string }{
-		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: paper}]\nextra: 1\n", "field extra not found"},
+		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: paper}]\nextra: 1\n", "line 4: unknown field extra"},
 		{"regions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: paper}]\n", "router_region is not set"},
 		{"router_region: a\nregions: [{name: a}]\nreplicas: [{region: a, profile: paper}]\n", "no round trip"},
 		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: b, profile: paper}]\n", "unknown region"},

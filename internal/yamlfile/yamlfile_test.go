@@ -1,0 +1,52 @@
+package yamlfile
+
+import (
+	"io"
+	"testing"
+	"time"
+)
+
+type replica struct {
+	ID     string  `yaml:"id"`
+	Weight float64 `yaml:"weight"`
+}
+
+type doc struct {
+	Replicas []replica         `yaml:"replicas"`
+	Every    time.Duration     `yaml:"every"`
+	Tune     *bool             `yaml:"tune"`
+	Count    int               `yaml:"count"`
+	Weights  map[string]uint64 `yaml:"weights"`
+	Name     string            `yaml:"name"`
+}
+
+// What is wrong with a file is said on one line, by line and field, in the
+// file's terms: not yaml.v3's heading and Go's type names.
+func TestErrorsAreOneLineInTheFilesTerms(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"replicas:\n  - id: a\n    zone: x\n", "line 3: unknown field zone"},
+		{"every: soon\n", "line 1: `soon` is not a duration (e.g. 30s)"},
+		{"tune: maybe\n", "line 1: `maybe` is not true or false"},
+		{"count: [1]\n", "line 1: a list is not an integer"},
+		{"count: {a: 1}\n", "line 1: a mapping is not an integer"},
+		{"replicas: 3\n", "line 1: `3` is not a list"},
+		{"weights: 3\n", "line 1: `3` is not a mapping"},
+		{"weights: {a: -1}\n", "line 1: `-1` is not a non-negative integer"},
+		{"name: [a]\n", "line 1: a list is not a string"},
+		{"replicas:\n  - weight: heavy\n", "line 2: `heavy` is not a number"},
+		{"every: x\ncount: y\n", "line 1: `x` is not a duration (e.g. 30s); line 2: `y` is not an integer"},
+		{"count: [\n", "yaml: line 1: did not find expected node content"},
+	} {
+		var d doc
+		if err := Decode([]byte(c.in), &d); err == nil || err.Error() != c.want {
+			t.Errorf("%q: %v, want %q", c.in, err, c.want)
+		}
+	}
+	var d doc
+	if err := Decode(nil, &d); err != io.EOF {
+		t.Errorf("an empty document: %v, want io.EOF", err)
+	}
+	if err := Decode([]byte("replicas: [{id: a, weight: 2}]\nevery: 30s\ntune: true\n"), &d); err != nil || d.Replicas[0].Weight != 2 || d.Every != 30*time.Second || !*d.Tune {
+		t.Errorf("%+v, %v", d, err)
+	}
+}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"runtime"
@@ -194,13 +195,17 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 		if *plots != "" {
 			path := fmt.Sprintf("%s-%d-ts%g.png", *plots, i/len(scales)+1, ew.TimeScale)
 			title := fmt.Sprintf("TTFT, window %s, time scale %g", ew.Window, ew.TimeScale)
-			if err := report.PlotCDF(path, title, "TTFT (ms, log scale)", ew.ttfts); err != nil {
+			switch err := report.PlotCDF(path, title, "TTFT (ms, log scale)", ew.ttfts); {
+			case errors.Is(err, report.ErrNothingToPlot):
+				fmt.Fprintf(stdout, "no plot for %s: %v\n", path, err)
+			case err != nil:
 				return err
+			default:
+				fmt.Fprintf(stdout, "wrote %s\n", path)
 			}
-			fmt.Fprintf(stdout, "wrote %s\n", path)
 		}
 	}
-	fmt.Fprintf(stdout, "\nevaluated %d runs in %v\n", len(jobs), time.Since(start).Round(time.Millisecond))
+	fmt.Fprintf(stderr, "evaluated %d runs in %v\n", len(jobs), time.Since(start).Round(time.Millisecond)) // stderr: stdout is the same for the same seed
 	if *jsonOut != "" {
 		return writeJSON(*jsonOut, map[string]any{"windows": evals})
 	}
@@ -250,8 +255,12 @@ func writeEvalTable(w io.Writer, runs []report.Run) error {
 		if base != nil {
 			bt, be = base.TTFT.P95, base.E2E.P95
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.0f\t%.1f\t%.0f\t%s\t%s\t%.1f%%\t%s\t\n",
-			r.Policy, r.Failed, r.TTFT.P50, r.TTFT.P95, r.TTFT.P99, r.E2E.P50, r.E2E.P95, r.E2E.P99, r.ITL.Mean, r.Slip.P95,
+		lat := func(v float64, prec int) string { return strconv.FormatFloat(v, 'f', prec, 64) }
+		if r.Completed == 0 {
+			lat = func(float64, int) string { return "-" } // no latency, not a perfect one
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%s\t%s\t%.1f%%\t%s\t\n",
+			r.Policy, r.Failed, lat(r.TTFT.P50, 0), lat(r.TTFT.P95, 0), lat(r.TTFT.P99, 0), lat(r.E2E.P50, 0), lat(r.E2E.P95, 0), lat(r.E2E.P99, 0), lat(r.ITL.Mean, 1), r.Slip.P95,
 			delta(r.TTFT.P95, bt), delta(r.E2E.P95, be), 100*r.CacheHitRatio, shortShares(r.ReplicaShare))
 	}
 	return tw.Flush()

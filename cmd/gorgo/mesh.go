@@ -152,7 +152,7 @@ func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf 
 		return err
 	}
 	if !quiet {
-		fmt.Fprintf(stdout, "simulated %d arrangements in %v\n", len(runs), time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(stderr, "simulated %d arrangements in %v\n", len(runs), time.Since(start).Round(time.Millisecond)) // stderr: stdout is the same for the same seed
 	}
 	if jsonOut != "" {
 		if err := writeJSON(jsonOut, map[string]any{"runs": out}); err != nil {

@@ -166,7 +166,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if !*quiet {
-		fmt.Fprintf(stdout, "simulated %d policies in %v\n", len(pols), time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(stderr, "simulated %d policies in %v\n", len(pols), time.Since(start).Round(time.Millisecond)) // stderr: stdout is the same for the same seed
 	}
 	if err := writeSplit(stdout, results, cuts); err != nil {
 		return err

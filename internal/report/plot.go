@@ -1,6 +1,7 @@
 package report
 
 import (
+	"errors"
 	"fmt"
 	"image/color"
 	"math"
@@ -132,7 +133,12 @@ func PlotConvergence(path string, c Convergence) error {
 	return savePanels(path, 8*vg.Inch, 7*vg.Inch, top, bottom)
 }
 
-// PlotCDF writes a PNG of each series' empirical CDF (values in ms, log x).
+// ErrNothingToPlot means no series had a value to draw (no request
+// completed, or none was scored).
+var ErrNothingToPlot = errors.New("no request completed: nothing to plot")
+
+// PlotCDF writes a PNG of each series' empirical CDF (values in ms, log x);
+// ErrNothingToPlot, writing nothing, where no series has a positive value.
 func PlotCDF(path, title, xlabel string, series []Series) error {
 	p := plot.New()
 	p.Title.Text = title
@@ -141,6 +147,7 @@ func PlotCDF(path, title, xlabel string, series []Series) error {
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
 	p.Y.Min, p.Y.Max = 0, 1
+	drawn := 0
 	for k, s := range series {
 		v := slices.Clone(s.Values)
 		slices.Sort(v)
@@ -169,6 +176,11 @@ func PlotCDF(path, title, xlabel string, series []Series) error {
 		}
 		p.Add(l)
 		p.Legend.Add(s.Name, l)
+		drawn++
+	}
+	if drawn == 0 {
+		// A log axis over no value panics in gonum/plot.
+		return ErrNothingToPlot
 	}
 	p.Legend.Left = false
 	p.Legend.Top = false

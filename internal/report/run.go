@@ -1,6 +1,7 @@
 package report
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -88,6 +89,21 @@ type Run struct {
 	// (no load); nil without adapter requests.
 	AdapterRequests int64    `json:"adapter_requests,omitempty"`
 	AdapterHitRatio *float64 `json:"adapter_hit_ratio,omitempty"`
+}
+
+// MarshalJSON writes the run as its fields' tags say, and with an SLO its
+// slo_met and goodput_rps even where they are 0: omitted, a script reading
+// them broke on the worst policy alone (2026-12-06, a researcher's test).
+func (r Run) MarshalJSON() ([]byte, error) {
+	type plain Run // without the method
+	if r.SLO <= 0 {
+		return json.Marshal(plain(r))
+	}
+	return json.Marshal(struct {
+		plain
+		SLOMet  int     `json:"slo_met"`
+		Goodput float64 `json:"goodput_rps"`
+	}{plain(r), r.SLOMet, r.Goodput})
 }
 
 // ScoreAdapters sets the adapter figures from the engines' counts over
@@ -209,10 +225,14 @@ func WriteTable(w io.Writer, runs []Run) error {
 		if r.EstCacheHitRatio != nil {
 			est = fmt.Sprintf("%.1f%%", 100**r.EstCacheHitRatio)
 		}
+		lat := ms
+		if r.Completed == 0 {
+			lat = func(float64) string { return "-" } // no latency, not a perfect one
+		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t",
 			r.Policy, r.Completed, r.Failed,
-			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P95), ms(r.TTFT.P99), ms(r.TTFT.Mean),
-			ms(r.E2E.P50), ms(r.E2E.P95), ms(r.E2E.P99), ms(r.ITL.Mean), ms(r.Slip.P99),
+			lat(r.TTFT.P50), lat(r.TTFT.P90), lat(r.TTFT.P95), lat(r.TTFT.P99), lat(r.TTFT.Mean),
+			lat(r.E2E.P50), lat(r.E2E.P95), lat(r.E2E.P99), lat(r.ITL.Mean), ms(r.Slip.P99),
 			100*r.CacheHitRatio, est)
 		if adapters {
 			hit := "-"

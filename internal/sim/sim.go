@@ -317,6 +317,10 @@ func Run(cfg Config) (*Result, error) {
 	if cfg.MaxInflight < 0 {
 		return nil, errors.New("sim: max in flight must not be negative")
 	}
+	if n := len(cfg.Requests); n > 0 && cfg.ScoreFrom > cfg.Requests[n-1].Time {
+		// Nothing would be scored: a summary of zeros reads as a perfect run.
+		return nil, fmt.Errorf("sim: scoring from %v, after the last request's arrival at %v: nothing would be scored", cfg.ScoreFrom, cfg.Requests[n-1].Time)
+	}
 	for i := range cfg.Requests {
 		if p := cfg.Requests[i].Priority; p != "" {
 			if _, err := admit.ParsePriority(p); err != nil {

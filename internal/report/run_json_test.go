@@ -2,6 +2,7 @@ package report
 
 import (
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 )
@@ -28,5 +29,17 @@ func TestRunJSONAndTableOfNothing(t *testing.T) {
 	// policy, done, fail, then TTFT p50 p90 p95 p99 mean, E2E p50 p95 p99, ITL mean: no latency.
 	if f := strings.Fields(strings.Split(sb.String(), "\n")[1]); len(f) < 12 || strings.Join(f[3:12], "") != "---------" {
 		t.Errorf("a run that completed nothing: %q", f)
+	}
+}
+
+// A CDF of no value is ErrNothingToPlot, and no file (gonum/plot's log
+// axis panicked over it).
+func TestPlotCDFOfNothing(t *testing.T) {
+	path := t.TempDir() + "/cdf.png"
+	if err := PlotCDF(path, "t", "x", []Series{{Name: "a"}, {Name: "b", Values: []float64{0}}}); err != ErrNothingToPlot {
+		t.Errorf("%v, want ErrNothingToPlot", err)
+	}
+	if _, err := os.Stat(path); err == nil {
+		t.Error("a file was written")
 	}
 }

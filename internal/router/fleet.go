@@ -182,14 +182,21 @@ func (r *Router) Detach(id string) error {
 // detach publishes the fleet without m, releases fleetMu, and frees m's
 // share of the index. Call with fleetMu held.
 func (r *Router) detach(f *fleet, m *member) {
-	m.gone.Store(true) // before its slot can go to another replica
+	// gone before its slot can go to another replica; under newsMu, as
+	// ObserveRTT's first probe, so that one racing its leaving makes the
+	// news in order or none: "added" then "left", or nothing for a
+	// replica no decision could take.
+	r.newsMu.Lock()
+	m.gone.Store(true)
+	probed := m.probed.Load()
 	f = f.without(m)
 	r.fleet.Store(f)
 	r.rebuildCatalog(f)
 	r.fleetMu.Unlock()
-	if m.probed.Load() { // one never probed took no decision: nothing changed
+	if probed { // one never probed took no decision: nothing changed
 		r.fleetChanged("replica " + m.id + " left")
 	}
+	r.newsMu.Unlock()
 	// Clear the slot in pieces so decisions (which take the index's read
 	// lock) are not held up by a large cache; it is nobody's meanwhile.
 	for {

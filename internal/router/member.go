@@ -276,7 +276,9 @@ func (m *member) observeRTT(rtt time.Duration) (first, jumped bool, from, to tim
 	m.rtt.Observe(float64(rtt))
 	v, _ := m.rtt.Value()
 	m.rttNS.Store(int64(v))
-	first = !m.probed.Swap(true)
+	// A replica that left before its first probe is not news at it (nor
+	// at its leaving: Router.detach).
+	first = !m.probed.Swap(true) && !m.gone.Load()
 	ref := m.rttRef
 	switch m.rttProbes++; {
 	case m.rttProbes < rttSettle:

@@ -154,6 +154,13 @@ type Router struct {
 	ixMu  sync.RWMutex
 	index *prefix.Index
 
+	// deciding: a decision has been made. A replica that joins before
+	// (a fleet coming up) is no change to a learner, which has measured
+	// nothing yet.
+	deciding atomic.Bool
+	// newsMu orders the fleet's news (fleetChanged) of a replica's first
+	// probe and its leaving.
+	newsMu sync.Mutex
 	// decMu serialises decisions and guards their scratch.
 	decMu   sync.Mutex
 	views   []policy.Replica
@@ -288,6 +295,7 @@ func (r *Router) match(req *policy.Request) {
 func (r *Router) Dispatch(now time.Duration, req *policy.Request, rng *rand.Rand, fallbacks []Candidate) (Ticket, []Candidate, error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
+	r.deciding.Store(true)
 	var err error
 	r.best, err = r.rank(now, req, r.cfg.Policy, rng, r.best[:0], cap(fallbacks)+1)
 	if err != nil {
@@ -816,12 +824,16 @@ func (r *Router) IndexResets() int { return int(r.resets.Load()) }
 
 // ObserveRTT adds a round-trip probe of a replica; its first makes the
 // replica available, and is a change of the fleet for a replica added
-// after the initial fleet (Add: until then decisions did not see it).
+// (Add: until then decisions did not see it) once decisions began: one
+// that joins a fleet coming up, before any decision, changes nothing a
+// learner measured.
 func (r *Router) ObserveRTT(id string, rtt time.Duration) error {
 	m, err := r.member(id)
 	if err == nil {
+		r.newsMu.Lock() // the news in the order it happened (see detach)
+		defer r.newsMu.Unlock()
 		switch first, jumped, from, to := m.observeRTT(rtt); {
-		case first && m.added:
+		case first && m.added && r.deciding.Load():
 			r.fleetChanged("replica " + id + " added")
 		case jumped:
 			r.fleetChanged(fmt.Sprintf("round trip to %s went from %v to %v", id, from.Round(time.Millisecond), to.Round(time.Millisecond)))

@@ -59,7 +59,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 			c.Admin.Listen = *adminListen
 		}
 		tf.apply(c)
-		return nil
+		return startable(c, &tf)
 	}
 	_ = overrides(&cfg)
 	cfg = cfg.Defaults()

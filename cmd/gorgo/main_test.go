@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -696,4 +697,65 @@ func parseTuneFlags(t *testing.T, live bool, args ...string) *tuneFlags {
 		tf.parsed(fs)
 	}
 	return &tf
+}
+
+// A reload under the live tuner is refused where the start would refuse
+// the file: every tuned weight 0 (a review, 2026-12-06: taken "for the
+// restart", which then failed).
+func TestReloadRefusesWhatTheTunerCannotStartFrom(t *testing.T) {
+	const reps = "replicas:\n  - id: a\n    url: http://127.0.0.1:1\n"
+	path := filepath.Join(t.TempDir(), "gorgo.yaml")
+	if err := os.WriteFile(path, []byte(reps), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := serve.LoadConfig(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tf := parseTuneFlags(t, true)
+	s, err := newServer(cfg, tf, serve.Options{Path: path, Overrides: func(c *serve.Config) error { return startable(c, tf) }}, false, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Fleet.Close()
+	if err := os.WriteFile(path, []byte(reps+"e2e_weights: {decode: 0, itl: 0}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reload(); err == nil || !strings.Contains(err.Error(), "every parameter the tuner tunes is 0") {
+		t.Errorf("reload: %v, want the start's refusal", err)
+	}
+	if err := os.WriteFile(path, []byte(reps+"e2e_weights: {decode: 0.5}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reload(); err != nil {
+		t.Errorf("a reload the start would take: %v", err)
+	}
+}
+
+// gorgo sim --live-tuner starts the tuner where gorgo serve would, from the
+// weights given (a review, 2026-12-06: the simulator's started from the
+// tuner's defaults), and a value above the tuner's range leaves it room
+// both ways.
+func TestSimLiveTunerStartsAsServed(t *testing.T) {
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	var tf tuneFlags
+	var pf policyFlags
+	tf.registerSim(fs)
+	pf.register(fs)
+	if err := fs.Parse([]string{"--live-tuner", "--e2e-weights", "decode=50"}); err != nil {
+		t.Fatal(err)
+	}
+	tf.parsed(fs)
+	o, err := tf.online(1, &pf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := o.Incumbent(); w["decode"] != 50 {
+		t.Errorf("decode starts at %v, want 50 as gorgo serve would", w["decode"])
+	}
+	for _, p := range o.Config().ES.Params {
+		if p.Name == "decode" && !(p.Min < 50 && p.Max > 50) {
+			t.Errorf("decode's range [%v, %v] leaves no room around 50", p.Min, p.Max)
+		}
+	}
 }

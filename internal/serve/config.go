@@ -114,7 +114,7 @@ func (f *file) readPolicyKeys() error {
 		}
 		var v policy.Values
 		if err := node.Decode(&v); err != nil {
-			return fmt.Errorf("%s: %w", key, yamlfile.Error(err))
+			return fmt.Errorf("%s: %w", key, yamlfile.Error(err, &v))
 		}
 		if v == nil {
 			v = policy.Values{}

@@ -170,6 +170,12 @@ func TestConfigTypeErrorsAreOneLine(t *testing.T) {
 		{"max_attempts: [1]\n", "config t.yaml: line 1: a list is not an integer"},
 		{"e2e_weights: {decode: x}\n", "config t.yaml: e2e_weights: line 1: `x` is not a number"},
 		{"probe_interval: abc\nmax_attempts: x\n", "config t.yaml: line 1: `abc` is not a duration (e.g. 30s); line 2: `x` is not an integer"},
+		// By the kind of the named type (a review: admit.Mode read as a mapping, uint64 as an integer).
+		{"admission: [queue]\n", "config t.yaml: line 1: a list is not a string"},
+		{"admission: {a: 1}\n", "config t.yaml: line 1: a mapping is not a string"},
+		{"seed: -1\n", "config t.yaml: line 1: `-1` is not a non-negative integer"},
+		{"max_attempts: |\n  one\n  two\n", "config t.yaml: line 1: `one two ` is not an integer"},
+		{"max_attempts: a`b\n", "config t.yaml: line 1: `a`b` is not an integer"},
 	} {
 		_, err := ParseConfig([]byte(c.yaml), "t.yaml")
 		if err == nil || err.Error() != c.want {

@@ -2,6 +2,7 @@ package trace
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,26 +110,31 @@ const maxTimestampMs = float64(math.MaxInt64/int64(time.Millisecond)) / 2
 
 // record is one line of a trace file. Pointers tell absent keys from zeros.
 type record struct {
-	Timestamp    json.Number `json:"timestamp"`
-	SessionID    *string     `json:"session_id,omitempty"`
-	Turn         *int        `json:"turn,omitempty"`
-	UserID       string      `json:"user_id,omitempty"`
-	Model        string      `json:"model,omitempty"`
-	Tenant       string      `json:"tenant,omitempty"`
-	Priority     string      `json:"priority,omitempty"`
-	InputLength  *int        `json:"input_length"`
-	OutputLength *int        `json:"output_length"`
-	HashIDs      []uint64    `json:"hash_ids"`
-	Messages     []Message   `json:"messages,omitempty"`
+	Timestamp    json.RawMessage `json:"timestamp"` // a number (json.Number took a string of one)
+	SessionID    *string         `json:"session_id,omitempty"`
+	Turn         *int            `json:"turn,omitempty"`
+	UserID       string          `json:"user_id,omitempty"`
+	Model        string          `json:"model,omitempty"`
+	Tenant       string          `json:"tenant,omitempty"`
+	Priority     string          `json:"priority,omitempty"`
+	InputLength  *int            `json:"input_length"`
+	OutputLength *int            `json:"output_length"`
+	HashIDs      []uint64        `json:"hash_ids"`
+	Messages     []Message       `json:"messages,omitempty"`
 }
 
 // request converts a decoded record to a Request, checking every rule of
 // format f (FormatMooncake or FormatGorgo).
 func (rec *record) request(f Format) (Request, error) {
-	if rec.Timestamp == "" {
+	ts := bytes.TrimSpace(rec.Timestamp)
+	switch {
+	case len(ts) == 0 || string(ts) == "null":
 		return Request{}, errors.New("missing timestamp")
+	case ts[0] != '-' && (ts[0] < '0' || ts[0] > '9'):
+		what := map[byte]string{'"': "a string", 't': "true or false", 'f': "true or false", '[': "a list", '{': "an object"}[ts[0]]
+		return Request{}, fmt.Errorf("timestamp: %s is not a number", what)
 	}
-	t, err := parseMillis(string(rec.Timestamp))
+	t, err := parseMillis(string(ts))
 	if err != nil {
 		return Request{}, err
 	}
@@ -278,7 +284,7 @@ func Write(w io.Writer, reqs []Request) error {
 		}
 		prev = r.Time
 		rec := record{
-			Timestamp: json.Number(formatMillis(r.Time)),
+			Timestamp: json.RawMessage(formatMillis(r.Time)),
 			SessionID: &r.Session,
 			UserID:    r.User,
 			Model:     r.Model,

@@ -158,6 +158,8 @@ func jsonError(err error) error {
 	}
 	want := "a number"
 	switch te.Type.Kind() {
+	case reflect.Struct, reflect.Map:
+		want = "an object"
 	case reflect.Int, reflect.Int64, reflect.Int32:
 		want = "an integer"
 	case reflect.Uint, reflect.Uint64, reflect.Uint32:

@@ -6,6 +6,7 @@ package yamlfile
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"regexp"
 	"strings"
 
@@ -20,33 +21,40 @@ func Decode(data []byte, v any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(v); err != nil {
-		return Error(err)
+		return Error(err, v)
 	}
 	return nil
 }
 
-// Error makes yaml.v3's type errors one line in the config's terms:
-// "line 4: unknown field weight", "line 1: `abc` is not a duration (e.g.
-// 30s)", where yaml.v3 writes one line per error after a heading, naming
-// Go's types ("field weight not found in type fleet.ReplicaConfig").
-func Error(err error) error {
+// Error makes yaml.v3's type errors one line in the file's terms: "line 4:
+// unknown field weight", "line 1: `abc` is not a duration (e.g. 30s)",
+// where yaml.v3 writes one line per error after a heading, naming Go's
+// types ("field weight not found in type fleet.ReplicaConfig"). v is what
+// was decoded into: its types say what each named type takes (nil: their
+// names alone).
+func Error(err error, v any) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
 		return err // a syntax error: one line already
 	}
+	types := map[string]reflect.Type{}
+	if v != nil {
+		collect(reflect.TypeOf(v), types)
+	}
 	msgs := make([]string, len(te.Errors))
 	for i, m := range te.Errors {
+		m = strings.ReplaceAll(m, "\n", " ") // a block scalar's value
 		if g := notFound.FindStringSubmatch(m); g != nil {
 			m = g[1] + "unknown field " + g[2]
 		} else if g := cannot.FindStringSubmatch(m); g != nil {
 			what := strings.TrimSpace(g[3])
 			if what == "" {
-				what = "a " + map[string]string{"seq": "list", "map": "mapping"}[g[2]]
-				if what == "a " {
+				what = map[string]string{"seq": "a list", "map": "a mapping"}[g[2]]
+				if what == "" {
 					what = "this value"
 				}
 			}
-			m = g[1] + what + " is not " + kind(g[4])
+			m = g[1] + what + " is not " + kind(g[4], types)
 		}
 		msgs[i] = m
 	}
@@ -55,25 +63,65 @@ func Error(err error) error {
 
 var (
 	notFound = regexp.MustCompile(`^(line \d+: )field (\S+) not found in type \S+$`)
-	cannot   = regexp.MustCompile("^(line \\d+: )cannot unmarshal !!(\\w+)( `[^`]*`)? into (\\S+)$")
+	cannot   = regexp.MustCompile("^(line \\d+: )cannot unmarshal !!(\\w+)( `.*`)? into (\\S+)$")
 )
 
-// kind names what a Go type reads, as a config's reader knows it.
-func kind(goType string) string {
-	switch {
-	case goType == "time.Duration":
+// collect records every type reachable from t by its name, as yaml.v3
+// names it in an error (reflect.Type.String).
+func collect(t reflect.Type, seen map[string]reflect.Type) {
+	if t == nil {
+		return
+	}
+	if _, ok := seen[t.String()]; ok {
+		return
+	}
+	seen[t.String()] = t
+	switch t.Kind() {
+	case reflect.Pointer, reflect.Slice, reflect.Array:
+		collect(t.Elem(), seen)
+	case reflect.Map:
+		collect(t.Key(), seen)
+		collect(t.Elem(), seen)
+	case reflect.Struct:
+		for i := range t.NumField() {
+			if f := t.Field(i); f.IsExported() {
+				collect(f.Type, seen)
+			}
+		}
+	}
+}
+
+// kind names what a Go type reads, as a file's reader knows it: by its
+// kind where types has it, else by its name.
+func kind(goType string, types map[string]reflect.Type) string {
+	if goType == "time.Duration" {
 		return "a duration (e.g. 30s)"
-	case goType == "bool" || goType == "*bool":
+	}
+	t, ok := types[goType]
+	for ok && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if !ok {
+		switch {
+		case strings.HasPrefix(goType, "[]"):
+			return "a list"
+		case strings.HasPrefix(goType, "map["):
+			return "a mapping"
+		}
+		return "a " + goType[strings.LastIndex(goType, ".")+1:]
+	}
+	switch t.Kind() {
+	case reflect.Bool:
 		return "true or false"
-	case strings.HasPrefix(goType, "uint"):
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 		return "a non-negative integer"
-	case strings.HasPrefix(goType, "int"):
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
 		return "an integer"
-	case strings.HasPrefix(goType, "float"):
+	case reflect.Float32, reflect.Float64:
 		return "a number"
-	case goType == "string":
+	case reflect.String:
 		return "a string"
-	case strings.HasPrefix(goType, "[]"):
+	case reflect.Slice, reflect.Array:
 		return "a list"
 	default:
 		return "a mapping" // a struct or a map

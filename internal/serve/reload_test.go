@@ -185,3 +185,21 @@ func TestOnApplyHearsEachConfig(t *testing.T) {
 		t.Errorf("heard %q, want the running config, then each config applied", heard)
 	}
 }
+
+// A reload whose restart-only parts would not start (a tracing sampling
+// ratio of 2, which the running router keeps as it is) is refused, as the
+// start would refuse the file (2026-12-06: the admin's, the front end's
+// and tracing's restart-only settings were put back before any check).
+func TestReloadRefusesWhatAStartWould(t *testing.T) {
+	r := startReplica(t, 2*time.Millisecond, emulator.Faults{})
+	s := startRouter(t, Config{}, Options{}, r)
+	next := s.Config()
+	ratio := 2.0
+	next.Tracing.Endpoint, next.Tracing.SamplingRatio = "http://127.0.0.1:4318", &ratio
+	if _, err := New(next, Options{}); err == nil {
+		t.Fatal("New accepts the file")
+	}
+	if err := s.Apply(next); err == nil || !strings.Contains(err.Error(), "sampling_ratio") {
+		t.Errorf("a reload the start would refuse: %v", err)
+	}
+}

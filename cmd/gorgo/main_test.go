@@ -224,9 +224,17 @@ func TestTuneWritesWeightsAndPlot(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var w map[string]float64
-		if err := json.Unmarshal(data, &w); err != nil || w["rtt"] <= 0 || w["queue"] <= 0 || len(w) != 2 {
+		var w map[string]any
+		if err := json.Unmarshal(data, &w); err != nil || w["policy"] != "gorgo" || w["rtt"].(float64) <= 0 || w["queue"].(float64) <= 0 || len(w) != 3 {
 			t.Errorf("%s: weights %s (%v)", mode, data, err)
+		}
+		// It says whose they are: gorgo-ms's flag refuses gorgo's file
+		// (a researcher's test, 2026-12-06: a gorgo-ms file ran as gorgo's).
+		if code, _, errs := gorgo(t, "sim", "--duration", "1m", "--policy", "gorgo-ms", "--ms-weights", out); code == 0 || !strings.Contains(errs, "holds the parameters of \"gorgo\", not gorgo-ms") {
+			t.Errorf("%s: gorgo's weights as gorgo-ms's: exit %d, %s", mode, code, errs)
+		}
+		if code, _, errs := gorgo(t, "sim", "--duration", "1m", "--policy", "gorgo", "--weights", out); code != 0 {
+			t.Errorf("%s: the weights as gorgo's: exit %d, %s", mode, code, errs)
 		}
 		if st, err := os.Stat(filepath.Join(dir, "w.png")); err != nil || st.Size() < 1000 {
 			t.Errorf("%s: convergence plot: %v", mode, err)

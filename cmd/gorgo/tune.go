@@ -114,7 +114,11 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	info, _ := policy.Lookup(tf.base)
 	fmt.Fprintf(stdout, "tuned %s weights %v in %v (%d candidates judged, %d accepted)\n",
 		tf.base, info.Format(res.weights), time.Since(start).Round(time.Millisecond), len(res.steps), accepted(res.steps))
-	if err := writeJSON(*out, res.weights); err != nil {
+	file := map[string]any{policy.FileKey: policy.Canonical(tf.base)} // whose they are: gorgo's and gorgo-ms's have the same names
+	for k, v := range res.weights {
+		file[k] = v
+	}
+	if err := writeJSON(*out, file); err != nil {
 		return err
 	}
 	conv := report.Convergence{

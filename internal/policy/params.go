@@ -130,9 +130,14 @@ func Format(name string, v Values) string {
 	return i.Format(v)
 }
 
+// FileKey is the key of a parameters file that names whose parameters it
+// holds ({"policy": "gorgo-ms", "rtt": X, ...}, as gorgo tune writes it).
+const FileKey = "policy"
+
 // Parse reads values written "rtt=X,queue=Y" (a parameter not given keeps
-// its value in base) or, if s names a file, a JSON object {"rtt":X,...};
-// the result is resolved (see Resolve).
+// its value in base) or, if s names a file, a JSON object {"rtt":X,...},
+// which may name its policy (FileKey), refused if another; the result is
+// resolved (see Resolve).
 func (i Info) Parse(s string, base Values) (Values, error) {
 	v := base.Clone()
 	if !strings.Contains(s, "=") {
@@ -140,11 +145,24 @@ func (i Info) Parse(s string, base Values) (Values, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s's parameters: want %s or a JSON file: %w", i.Name, i.Example(), err)
 		}
-		var in map[string]float64
+		var in map[string]json.RawMessage
 		if err := json.NewDecoder(bytes.NewReader(data)).Decode(&in); err != nil {
-			return nil, fmt.Errorf("parameters file %s: %w", s, err)
+			return nil, fmt.Errorf("parameters file %s: want a JSON object {%q: X, ...}", s, i.Params[0].Name)
 		}
-		for k, x := range in {
+		for k, raw := range in {
+			if k == FileKey {
+				// Whose parameters they are (gorgo tune writes it): gorgo's
+				// and gorgo-ms's have the same names.
+				var name string
+				if json.Unmarshal(raw, &name) != nil || Canonical(name) != i.Name {
+					return nil, fmt.Errorf("parameters file %s holds the parameters of %s, not %s", s, raw, i.Name)
+				}
+				continue
+			}
+			var x float64
+			if err := json.Unmarshal(raw, &x); err != nil {
+				return nil, fmt.Errorf("parameters file %s: %s: %s is not a number", s, k, raw)
+			}
 			v[k] = x
 		}
 		return i.Resolve(v)

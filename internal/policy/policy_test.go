@@ -5,6 +5,8 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -279,5 +281,33 @@ func TestTermsJSON(t *testing.T) {
 	var back []map[string]*float64
 	if err := json.Unmarshal(b, &back); err != nil || *back[0]["RTT"] != 12.5 || back[0]["Queue"] != nil {
 		t.Errorf("read back %v, %v", back, err)
+	}
+}
+
+// A parameters file says what is wrong with it in its own terms, and one
+// that names another policy is refused (gorgo's and gorgo-ms's have the
+// same names: a researcher's test, 2026-12-06).
+func TestParseParametersFile(t *testing.T) {
+	i, _ := Lookup("gorgo-ms")
+	dir := t.TempDir()
+	for _, c := range []struct{ body, want string }{
+		{`{"rtt":"1","queue":0.2}`, `rtt: "1" is not a number`},
+		{`[1,2]`, `want a JSON object {"rtt": X, ...}`},
+		{``, `want a JSON object`},
+		{`{"policy":"gorgo","rtt":1}`, `holds the parameters of "gorgo", not gorgo-ms`},
+		{`{"policy":"gorgo-ms","rtt":1.5}`, ""},
+		{`{"rtt":1.5}`, ""},
+	} {
+		path := filepath.Join(dir, "w.json")
+		if err := os.WriteFile(path, []byte(c.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		v, err := i.Parse(path, i.Defaults())
+		switch {
+		case c.want == "" && (err != nil || v["rtt"] != 1.5):
+			t.Errorf("%s: %v, %v", c.body, v, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: %v, want %q", c.body, err, c.want)
+		}
 	}
 }

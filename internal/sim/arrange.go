@@ -99,6 +99,9 @@ func (t Topology) Arrangement(name string, reps []Replica, sharing Sharing, day 
 	if err != nil {
 		return nil, err
 	}
+	if err := t.checkMesh(); err != nil {
+		return nil, err
+	}
 	ms := t.Mesh
 	routers := ms.Routers
 	if len(routers) == 0 {
@@ -161,4 +164,40 @@ func (t Topology) Arrangement(name string, reps []Replica, sharing Sharing, day 
 		return nil, fmt.Errorf("topology %s: the mesh's ingress shares are all zero", t.Name)
 	}
 	return m, nil
+}
+
+// checkMesh refuses a mesh whose regions the topology does not have, named
+// twice, or clocks off the Earth's, whatever arrangement runs (a central
+// router in an unknown region failed only when central ran: a
+// researcher's test, 2026-12-06).
+func (t Topology) checkMesh() error {
+	if t.Mesh == nil {
+		return nil
+	}
+	known := map[string]bool{}
+	for _, r := range t.Regions {
+		known[r.Name] = true
+	}
+	ms := t.Mesh
+	if ms.Central != "" && !known[ms.Central] {
+		return fmt.Errorf("topology %s: mesh: central router in unknown region %q", t.Name, ms.Central)
+	}
+	seen := map[string]bool{}
+	for _, r := range ms.Routers {
+		if !known[r] || seen[r] {
+			return fmt.Errorf("topology %s: mesh: router region %q unknown or listed twice", t.Name, r)
+		}
+		seen[r] = true
+	}
+	clear(seen)
+	for _, in := range ms.Ingress {
+		switch {
+		case !known[in.Region] || seen[in.Region]:
+			return fmt.Errorf("topology %s: mesh: ingress region %q unknown or listed twice", t.Name, in.Region)
+		case !(in.UTCOffset >= -12 && in.UTCOffset <= 14):
+			return fmt.Errorf("topology %s: mesh: ingress %s: utc_offset_h must be from -12 to 14, got %v", t.Name, in.Region, in.UTCOffset)
+		}
+		seen[in.Region] = true
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -313,5 +314,39 @@ func TestMeshLearnsTheOthersAnswers(t *testing.T) {
 	t.Logf("alone ±%.0f, shared ±%.0f", alone, shared)
 	if shared > alone*0.8 {
 		t.Errorf("requests 10-29 expected within ±%.0f tokens by routers sharing state, ±%.0f alone: want sharing closer", shared, alone)
+	}
+}
+
+// A mesh naming a region the topology lacks, or one twice, or a clock off
+// the Earth's, is refused whatever arrangement runs (a researcher's test,
+// 2026-12-06: an unknown central region failed only when central ran).
+func TestMeshSpecIsChecked(t *testing.T) {
+	for _, c := range []struct {
+		edit func(*MeshSpec)
+		want string
+	}{
+		{func(m *MeshSpec) { m.Central = "zz" }, `central router in unknown region "zz"`},
+		{func(m *MeshSpec) { m.Ingress = append(m.Ingress, m.Ingress[0]) }, "listed twice"},
+		{func(m *MeshSpec) { m.Ingress[0].UTCOffset = 99 }, "utc_offset_h must be from -12 to 14"},
+		{func(m *MeshSpec) { m.Routers = []string{"us-ashburn", "mars"} }, `router region "mars" unknown`},
+	} {
+		top, err := LoadTopology("paper-mesh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms := *top.Mesh
+		ms.Ingress = append([]IngressSpec(nil), ms.Ingress...)
+		c.edit(&ms)
+		top.Mesh = &ms
+		reps, err := top.Resolve()
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = top.Arrangement("default", reps, ShareDelayed, 0, 0, func(name, region string) (policy.Policy, error) {
+			return policy.New(name, policy.Options{Region: region})
+		})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v, want %q", err, c.want)
+		}
 	}
 }

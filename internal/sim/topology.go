@@ -124,9 +124,11 @@ func ParseEventSpec(s string) (EventSpec, error) {
 			case k == "profile":
 				spec.Profile = v
 			case k == "speed":
-				if spec.Speed, err = strconv.ParseFloat(v, 64); err != nil {
+				x, err := strconv.ParseFloat(v, 64)
+				if err != nil {
 					return bad("speed is not a number")
 				}
+				spec.Speed = &x
 			case k == "models":
 				spec.Models = strings.Split(v, ",")
 			case k == "adapters":
@@ -172,8 +174,9 @@ type ReplicaSpec struct {
 	Profile string `yaml:"profile"`
 	Count   *int   `yaml:"count"`
 	// Speed divides every step-time coefficient of the profile: 2 is a
-	// replica twice as fast (newer hardware, more GPUs). Default 1.
-	Speed float64 `yaml:"speed"`
+	// replica twice as fast (newer hardware, more GPUs). Default 1; a 0
+	// given is an error, not the default.
+	Speed *float64 `yaml:"speed"`
 	// KVCapacityTokens, MaxRunning and ChunkTokens override the profile.
 	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
 	MaxRunning       int `yaml:"max_running"`
@@ -443,10 +446,10 @@ func (t Topology) replicas(nw network, s ReplicaSpec, seen map[string]bool) ([]R
 		return nil, fmt.Errorf("topology %s: replica in %s: %w", t.Name, s.Region, err)
 	}
 	switch {
-	case s.Speed < 0 || math.IsNaN(s.Speed) || math.IsInf(s.Speed, 0):
-		return nil, fmt.Errorf("topology %s: replica in %s: speed must be a positive number, got %v", t.Name, s.Region, s.Speed)
-	case s.Speed > 0 && s.Speed != 1:
-		prof = prof.Scaled(s.Speed)
+	case s.Speed != nil && !(*s.Speed > 0 && !math.IsInf(*s.Speed, 0)):
+		return nil, fmt.Errorf("topology %s: replica in %s: speed must be a positive number, got %v", t.Name, s.Region, *s.Speed)
+	case s.Speed != nil && *s.Speed != 1:
+		prof = prof.Scaled(*s.Speed)
 	}
 	if s.KVCapacityTokens > 0 {
 		prof.KVCapacityTokens = s.KVCapacityTokens

@@ -124,6 +124,9 @@ func TestTopologyErrors(t *testing.T) {
 		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: paper, count: 300000000}]\n", "more than 4096 replicas"},
 		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{name: x, region: a, profile: paper, count: 4000}, {name: y, region: a, profile: paper, count: 97}]\n", "more than 4096 replicas"},
 		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{name: x, region: a, profile: paper}, {name: y, region: a, profile: paper, count: 9223372036854775807}]\n", "more than 4096 replicas"},
+		// A speed of 0 given is an error, not the default (a researcher's test, 2026-12-06).
+		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: paper, speed: 0}]\n", "speed must be a positive number, got 0"},
+		{"router_region: a\nregions: [{name: a, rtt_ms: 1}]\nreplicas: [{region: a, profile: paper}]\n---\nrouter_region: b\n", "a second document"},
 	}
 	for _, c := range cases {
 		path := writeFile(t, "t.yaml", c.yaml)

@@ -50,3 +50,14 @@ func TestErrorsAreOneLineInTheFilesTerms(t *testing.T) {
 		t.Errorf("%+v, %v", d, err)
 	}
 }
+
+// A second document is refused, not ignored.
+func TestOneDocument(t *testing.T) {
+	var d doc
+	if err := Decode([]byte("count: 1\n---\ncount: 2\n"), &d); err == nil || err.Error() != "line 2: a second document: a file holds one" {
+		t.Errorf("%v", err)
+	}
+	if err := Decode([]byte("count: 1\n---\n"), &d); err != nil {
+		t.Errorf("an empty second document: %v", err)
+	}
+}

@@ -106,7 +106,11 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	for i := range names {
 		names[i] = policy.Canonical(names[i])
 	}
-	if err := checkWritable(*jsonOut); err != nil {
+	plotProbe := "" // the first plot's path: its directory must exist before the runs
+	if *plots != "" {
+		plotProbe = *plots + "-1-ts1.png"
+	}
+	if err := checkWritable(*jsonOut, plotProbe); err != nil {
 		return err
 	}
 	checked, err := pf.policies(*policies, &tf, wl.seed) // validate once

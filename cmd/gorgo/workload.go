@@ -240,7 +240,10 @@ func (f *fleetFlags) load() (sim.Topology, []sim.Replica, error) {
 		specs = append(specs, e)
 	}
 	if f.events, err = t.ResolveEvents(specs); err != nil {
-		return t, nil, fmt.Errorf("--fleet-event: %w", err)
+		if len(specs) == 0 {
+			return t, nil, err // the topology's own events: the error names it
+		}
+		return t, nil, fmt.Errorf("fleet events (the topology's and --fleet-event): %w", err)
 	}
 	return t, reps, nil
 }

@@ -14,6 +14,10 @@ import (
 // is 0.
 const DefaultDuration = 30 * time.Minute
 
+// MaxGenerated bounds the requests Generate simulates, its warm-up's
+// included: about 20 s of work and a few GB at most.
+const MaxGenerated = 20e6
+
 // GenConfig configures Generate. The zero value is a 30-minute artchat
 // window with seed 0.
 type GenConfig struct {
@@ -56,6 +60,18 @@ func Generate(cfg GenConfig) ([]Request, error) {
 	d := cfg.Duration
 	if d == 0 {
 		d = DefaultDuration
+	}
+	// The process runs through the preset's warm-up before the window, at
+	// the window's rate: its cost is the rate times both (a researcher's
+	// test, 2026-12-06: --rate 100000 --duration 1s ran out of memory in
+	// the warm-up, without a word).
+	rate := cfg.Rate
+	if rate == 0 {
+		rate = p.rate
+	}
+	if n := rate * (p.warmup + d.Seconds()); n > MaxGenerated {
+		return nil, fmt.Errorf("generating %s: %.0f requests a second over the window and the preset's %v warm-up before it are %.3g requests to simulate; at most %.3g (lower the rate)",
+			name, rate, time.Duration(p.warmup*float64(time.Second)), n, float64(MaxGenerated))
 	}
 	g := newGenerator(p, cfg.Seed, d.Seconds(), cfg.Rate)
 	g.run()

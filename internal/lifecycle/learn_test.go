@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorgo-llm/gorgo/internal/admit"
-	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -113,17 +111,7 @@ func TestLearnerCountsTheTimeLostBeforeTheFallback(t *testing.T) {
 // with SLOs, such requests filled them with ratios near 0).
 func TestLearnerHearsNoSLOWhereFlowControlOnlyHolds(t *testing.T) {
 	c0, l, _, _ := setup(t)
-	ts, err := tenant.New(map[string]tenant.Config{
-		"chat":  {Priority: "interactive", TTFTSLO: time.Second},
-		"batch": {Priority: "batch"},
-	}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := admit.Config{Weights: ts.Weights()}
-	if err := a.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	ts, a := chatAndBatch(t, time.Second)
 	cfg := c0.cfg
 	cfg.Admission, cfg.Tenants = a, ts
 	c := NewCore(cfg)

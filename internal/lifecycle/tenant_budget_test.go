@@ -106,17 +106,7 @@ func TestBurstIsChargedMaxTokens(t *testing.T) {
 // ones are shed (2026-12-05: they bypassed flow control altogether).
 func TestTenantWithoutSLOIsHeld(t *testing.T) {
 	rt := twoReplicas(t)
-	ts, err := tenant.New(map[string]tenant.Config{
-		"chat":  {Priority: "interactive", TTFTSLO: time.Minute},
-		"batch": {Priority: "batch"},
-	}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := admit.Config{Weights: ts.Weights()}
-	if err := a.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	ts, a := chatAndBatch(t, time.Minute)
 	c := NewCore(Config{Router: rt, BlockTokens: 16, MaxAttempts: 2, Start: time.Now(), Metrics: NewMetrics(prometheus.NewRegistry()), Seed: 1, Admission: a, Tenants: ts})
 	if c.adm == nil {
 		t.Fatal("admission is off")
@@ -233,4 +223,23 @@ func twoReplicas(t *testing.T) *router.Router {
 		rt.ObserveRTT(id, 10*time.Millisecond)
 	}
 	return rt
+}
+
+// chatAndBatch are two tenants, an interactive one whose requests have a
+// TTFT SLO of slo and a batch one without an SLO, and the admission their
+// weights make (no SLO of the fleet's: flow control is on for the chat's).
+func chatAndBatch(t *testing.T, slo time.Duration) (*tenant.Set, admit.Config) {
+	t.Helper()
+	ts, err := tenant.New(map[string]tenant.Config{
+		"chat":  {Priority: "interactive", TTFTSLO: slo},
+		"batch": {Priority: "batch"},
+	}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := admit.Config{Weights: ts.Weights()}
+	if err := a.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return ts, a
 }

@@ -767,3 +767,13 @@ func TestSimLiveTunerStartsAsServed(t *testing.T) {
 		}
 	}
 }
+
+// Offline tuning takes the flags only online tuning reads, as it always
+// did (a review, 2026-12-06: the early check of the online tuner's
+// settings refused --burn without --block offline).
+func TestOfflineTuneIgnoresOnlineFlags(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "w.json")
+	if code, _, errs := gorgo(t, "tune", "--duration", "2m", "--generations", "1", "--burn", "30s", "--out", out); code != 0 {
+		t.Errorf("exit %d: %s", code, errs)
+	}
+}

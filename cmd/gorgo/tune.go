@@ -86,9 +86,13 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// The tuner's own checks (the objective, the bounds, the blocks) before
-	// any output, not after the workload's header.
-	if _, err := tf.onlineWith(cfg, baseParams); err != nil {
+	// The tuner's own checks (the objective, the bounds; online, the
+	// blocks) before any output, not after the workload's header.
+	if *mode == "online" {
+		if _, err := tf.onlineWith(cfg, baseParams); err != nil {
+			return err
+		}
+	} else if _, err := tune.NewES(cfg); err != nil {
 		return err
 	}
 	t, reps, err := ff.load()

@@ -79,8 +79,8 @@ type Run struct {
 	// workload's span (goodput).
 	SLO     float64 `json:"ttft_slo_ms,omitempty"`
 	TPOTSLO float64 `json:"tpot_slo_ms,omitempty"`
-	SLOMet  int     `json:"slo_met,omitempty"`
-	Goodput float64 `json:"goodput_rps,omitempty"`
+	SLOMet  int     `json:"slo_met"`     // omitted without an SLO (MarshalJSON)
+	Goodput float64 `json:"goodput_rps"` // likewise
 	// Models counts the requests naming each model (those naming none
 	// under ""), when any names one; nil otherwise.
 	Models map[string]int `json:"models,omitempty"`
@@ -95,15 +95,15 @@ type Run struct {
 // slo_met and goodput_rps even where they are 0: omitted, a script reading
 // them broke on the worst policy alone (2026-12-06, a researcher's test).
 func (r Run) MarshalJSON() ([]byte, error) {
-	type plain Run // without the method
-	if r.SLO <= 0 {
+	type plain Run // without the method; its fields in their order
+	if r.SLO > 0 {
 		return json.Marshal(plain(r))
 	}
 	return json.Marshal(struct {
 		plain
-		SLOMet  int     `json:"slo_met"`
-		Goodput float64 `json:"goodput_rps"`
-	}{plain(r), r.SLOMet, r.Goodput})
+		SLOMet  int     `json:"slo_met,omitempty"` // 0 without an SLO: left out
+		Goodput float64 `json:"goodput_rps,omitempty"`
+	}{plain: plain(r)})
 }
 
 // ScoreAdapters sets the adapter figures from the engines' counts over

@@ -43,3 +43,17 @@ func TestPlotCDFOfNothing(t *testing.T) {
 		t.Error("a file was written")
 	}
 }
+
+// With an SLO the fields keep the struct's order (slo_met after
+// tpot_slo_ms, as before MarshalJSON: a review).
+func TestRunJSONOrder(t *testing.T) {
+	h := 0.5
+	b, err := json.Marshal(Run{Policy: "p", SLO: 1000, TPOTSLO: 50, SLOMet: 3, Goodput: 1, Models: map[string]int{"m": 1}, AdapterRequests: 2, AdapterHitRatio: &h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	if i, j, k := strings.Index(s, `"tpot_slo_ms"`), strings.Index(s, `"slo_met"`), strings.Index(s, `"models"`); !(i < j && j < k) {
+		t.Errorf("order: %s", s)
+	}
+}

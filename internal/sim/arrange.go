@@ -99,7 +99,7 @@ func (t Topology) Arrangement(name string, reps []Replica, sharing Sharing, day 
 	if err != nil {
 		return nil, err
 	}
-	if err := t.checkMesh(); err != nil {
+	if err := t.checkMesh(rtt); err != nil {
 		return nil, err
 	}
 	ms := t.Mesh
@@ -170,21 +170,30 @@ func (t Topology) Arrangement(name string, reps []Replica, sharing Sharing, day 
 // twice, or clocks off the Earth's, whatever arrangement runs (a central
 // router in an unknown region failed only when central ran: a
 // researcher's test, 2026-12-06).
-func (t Topology) checkMesh() error {
+func (t Topology) checkMesh(rtt func(a, b string) (time.Duration, time.Duration, error)) error {
 	if t.Mesh == nil {
 		return nil
 	}
-	known := map[string]bool{}
+	listed := map[string]bool{t.RouterRegion: true}
 	for _, r := range t.Regions {
-		known[r.Name] = true
+		listed[r.Name] = true
+	}
+	// A region of the matrix alone (clients where no replica is) is one
+	// too: it has a round trip to the router's.
+	known := func(r string) bool {
+		if listed[r] {
+			return true
+		}
+		_, _, err := rtt(r, t.RouterRegion)
+		return err == nil
 	}
 	ms := t.Mesh
-	if ms.Central != "" && !known[ms.Central] {
+	if ms.Central != "" && !known(ms.Central) {
 		return fmt.Errorf("topology %s: mesh: central router in unknown region %q", t.Name, ms.Central)
 	}
 	seen := map[string]bool{}
 	for _, r := range ms.Routers {
-		if !known[r] || seen[r] {
+		if !known(r) || seen[r] {
 			return fmt.Errorf("topology %s: mesh: router region %q unknown or listed twice", t.Name, r)
 		}
 		seen[r] = true
@@ -192,7 +201,7 @@ func (t Topology) checkMesh() error {
 	clear(seen)
 	for _, in := range ms.Ingress {
 		switch {
-		case !known[in.Region] || seen[in.Region]:
+		case !known(in.Region) || seen[in.Region]:
 			return fmt.Errorf("topology %s: mesh: ingress region %q unknown or listed twice", t.Name, in.Region)
 		case !(in.UTCOffset >= -12 && in.UTCOffset <= 14):
 			return fmt.Errorf("topology %s: mesh: ingress %s: utc_offset_h must be from -12 to 14, got %v", t.Name, in.Region, in.UTCOffset)

@@ -350,3 +350,45 @@ func TestMeshSpecIsChecked(t *testing.T) {
 		}
 	}
 }
+
+// A region of the matrix alone (clients where no replica is) is a mesh's
+// region (a review, 2026-12-06: checkMesh refused it, where it ran before).
+func TestMeshIngressFromTheMatrix(t *testing.T) {
+	path := writeFile(t, "m.yaml", `name: m
+router_region: a
+regions: [{name: a, rtt_ms: 1}, {name: b, rtt_ms: 100}]
+rtt_matrix_ms: {c: {a: 50, b: 80}}
+replicas: [{region: a, profile: paper}, {region: b, profile: paper}]
+mesh:
+  routers: [a, b]
+  ingress: [{region: a, share: 0.5}, {region: c, share: 0.5}]
+`)
+	top, err := LoadTopology(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := top.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := top.Arrangement("default", reps, ShareDelayed, 0, 0, func(name, region string) (policy.Policy, error) {
+		return policy.New(name, policy.Options{Region: region})
+	}); err != nil {
+		t.Errorf("a mesh whose client region has its round trips in the matrix: %v", err)
+	}
+}
+
+// A replica added in the middle of a run is news to a learner, as live
+// (decisions began before it joined).
+func TestMidRunAddIsNews(t *testing.T) {
+	p := profile(t, "paper")
+	reps := []Replica{{ID: "a", RTT: 20 * time.Millisecond, Profile: p}}
+	w := &watcher{Policy: newPolicy(t, policy.DefaultName)}
+	events := []FleetEvent{{At: 2 * time.Minute, Op: OpAdd, Replica: Replica{ID: "c", RTT: 30 * time.Millisecond, Profile: p}}}
+	if _, err := Run(Config{Replicas: reps, Requests: poisson(2000, 5, 1), Policy: w, MaxInflight: 64, Seed: 1, Events: events}); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.changes) != 1 || w.changes[0] != "replica c added" {
+		t.Errorf("changes %q, want c added alone", w.changes)
+	}
+}

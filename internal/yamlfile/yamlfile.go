@@ -25,17 +25,24 @@ func Decode(data []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return Error(err, v)
 	}
-	var next yaml.Node
-	if err := dec.Decode(&next); err != io.EOF && (err != nil || !empty(&next)) {
-		// A second document would be ignored (an edit pasted after "---").
-		return fmt.Errorf("line %d: a second document: a file holds one", next.Line)
+	// Any later document would be ignored (an edit pasted after "---"):
+	// each must be empty.
+	for {
+		var next yaml.Node
+		switch err := dec.Decode(&next); {
+		case err == io.EOF:
+			return nil
+		case err != nil:
+			return Error(err, nil)
+		case !empty(&next):
+			return fmt.Errorf("line %d: a second document: a file holds one", next.Line)
+		}
 	}
-	return nil
 }
 
 // empty reports whether a document holds nothing ("---" and no more).
 func empty(n *yaml.Node) bool {
-	return len(n.Content) == 0 || len(n.Content) == 1 && n.Content[0].Tag == "!!null" && n.Content[0].Value == ""
+	return len(n.Content) == 0 || len(n.Content) == 1 && n.Content[0].Tag == "!!null"
 }
 
 // Error makes yaml.v3's type errors one line in the file's terms: "line 4:

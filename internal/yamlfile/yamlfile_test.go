@@ -2,6 +2,7 @@ package yamlfile
 
 import (
 	"io"
+	"strings"
 	"testing"
 	"time"
 )
@@ -57,7 +58,19 @@ func TestOneDocument(t *testing.T) {
 	if err := Decode([]byte("count: 1\n---\ncount: 2\n"), &d); err == nil || err.Error() != "line 2: a second document: a file holds one" {
 		t.Errorf("%v", err)
 	}
-	if err := Decode([]byte("count: 1\n---\n"), &d); err != nil {
-		t.Errorf("an empty second document: %v", err)
+	for _, in := range []string{"count: 1\n---\n", "count: 1\n---\n~\n", "count: 1\n---\n# nothing\n---\n"} {
+		if err := Decode([]byte(in), &d); err != nil {
+			t.Errorf("%q: empty later documents: %v", in, err)
+		}
+	}
+	// A third is refused as a second is (a review: an empty second one hid it).
+	for _, in := range []string{"count: 1\n---\n---\ncount: 2\n", "count: 1\n---\n# nothing\n---\ncount: 2\n"} {
+		if err := Decode([]byte(in), &d); err == nil || !strings.Contains(err.Error(), "a second document") {
+			t.Errorf("%q: %v", in, err)
+		}
+	}
+	// A later document's syntax error is said as such.
+	if err := Decode([]byte("count: 1\n---\ncount: [\n"), &d); err == nil || !strings.Contains(err.Error(), "did not find expected node content") {
+		t.Errorf("a syntax error in the second document: %v", err)
 	}
 }

@@ -280,3 +280,23 @@ func TestDecideWithWeightsThatOverflow(t *testing.T) {
 		t.Errorf("decide: %d %q (%v)", code, body, err)
 	}
 }
+
+// What GET /admin/weights shows (and gorgo tune writes) can be PUT back:
+// its "policy" names the running one; another's is refused (2026-12-06: a
+// 400 on the key itself).
+func TestWeightsRoundTrip(t *testing.T) {
+	admin := startAdmin(t, testConfig{}, startReplica(t, 2*time.Millisecond, emulator.Faults{})).adminURL
+	code, body := do(t, "GET", admin+"/admin/weights", "")
+	if code != 200 {
+		t.Fatalf("get: %d %s", code, body)
+	}
+	if code, got := do(t, "PUT", admin+"/admin/weights", body); code != 200 {
+		t.Errorf("the GET's own answer put back: %d %s", code, got)
+	}
+	if code, got := do(t, "PUT", admin+"/admin/weights", `{"policy":"gorgo-ms","rtt":1}`); code != 400 || !strings.Contains(got, "the router runs gorgo-e2e") {
+		t.Errorf("another policy's weights: %d %s", code, got)
+	}
+	if code, got := do(t, "PUT", admin+"/admin/weights", `{"policy":"default","decode":0.3,"itl":null}`); code != 400 || !strings.Contains(got, "itl: want a number, got null") {
+		t.Errorf("a null weight: %d %s", code, got)
+	}
+}

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"encoding/json"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -39,14 +40,25 @@ func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) {
 		httpapi.Error(w, http.StatusConflict, "policy %s has no weights to set", s.fleet.Policy().Name())
 		return
 	}
-	var in map[string]*float64
+	var in map[string]json.RawMessage
 	if !httpapi.DecodeJSON(w, r, &in, maxJSON) {
 		return
 	}
 	v := p.Params()
-	for k, x := range in {
-		if x == nil {
-			httpapi.Error(w, http.StatusBadRequest, "%s: want a number, got null", k)
+	for k, raw := range in {
+		if k == policy.FileKey {
+			// Whose they are, as the GET shows them and gorgo tune writes
+			// them: the running policy's, or refused.
+			var name string
+			if json.Unmarshal(raw, &name) != nil || policy.Canonical(name) != p.Name() {
+				httpapi.Error(w, http.StatusBadRequest, "these are the weights of %s; the router runs %s", raw, p.Name())
+				return
+			}
+			continue
+		}
+		var x *float64
+		if err := json.Unmarshal(raw, &x); err != nil || x == nil {
+			httpapi.Error(w, http.StatusBadRequest, "%s: want a number, got %s", k, raw)
 			return
 		}
 		v[k] = *x

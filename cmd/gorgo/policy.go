@@ -132,6 +132,16 @@ func (p *policyFlags) policies(list string, tf *tuneFlags, seed uint64) ([]polic
 	if err := p.check(); err != nil {
 		return nil, err
 	}
+	seen := map[string]bool{}
+	for _, n := range names {
+		// One run per policy: a second ran again and wrote over the
+		// first's records (an alias is its policy: default is gorgo-e2e).
+		c := policy.Canonical(n)
+		if seen[c] {
+			return nil, fmt.Errorf("--policy: %s named twice", c)
+		}
+		seen[c] = true
+	}
 	pols := make([]policy.Policy, len(names))
 	for i, n := range names {
 		var err error

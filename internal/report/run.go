@@ -53,6 +53,9 @@ type Record struct {
 	// TTFT holds the connection's setup, one round trip of the client's
 	// leg or more).
 	NewConn bool `json:"new_conn,omitempty"`
+	// WarmUp: it arrived before the run began scoring (gorgo sim
+	// --score-from): routed and recorded, not in the run's summary.
+	WarmUp bool `json:"warm_up,omitempty"`
 }
 
 // Run summarises one policy's run over a workload.

@@ -132,6 +132,9 @@ func TestScoreFromAndFleetChanges(t *testing.T) {
 		if r.Arrival >= 60_000 {
 			later++
 		}
+		if r.WarmUp != (r.Arrival < 60_000) { // the records say which were scored
+			t.Fatalf("record %+v: warm_up %v", r, r.WarmUp)
+		}
 	}
 	if len(res.Records) != len(reqs) || res.Run.Requests != later || later == 0 || later == len(reqs) {
 		t.Errorf("%d records, %d scored; want %d and the %d that arrived from 1 minute", len(res.Records), res.Run.Requests, len(reqs), later)

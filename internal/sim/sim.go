@@ -900,9 +900,11 @@ func (s *simulator) result() *Result {
 	scored := res.Records
 	if from := s.cfg.ScoreFrom; from > 0 {
 		scored = nil
-		for _, rec := range res.Records {
-			if rec.Arrival >= toMS(from) {
-				scored = append(scored, rec)
+		for i := range res.Records {
+			if rec := &res.Records[i]; rec.Arrival >= toMS(from) {
+				scored = append(scored, *rec)
+			} else {
+				rec.WarmUp = true // what --records writes says so
 			}
 		}
 	}

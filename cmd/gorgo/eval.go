@@ -211,7 +211,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "evaluated %d runs in %v\n", len(jobs), time.Since(start).Round(time.Millisecond)) // stderr: stdout is the same for the same seed
 	if *jsonOut != "" {
-		return writeJSON(*jsonOut, map[string]any{"windows": evals})
+		return writeJSON(*jsonOut, provenance(args, wl.seed, src, describeFleet(t, reps), "windows", evals))
 	}
 	return nil
 }

@@ -242,6 +242,29 @@ func TestTuneWritesWeightsAndPlot(t *testing.T) {
 	}
 }
 
+// A simulator's JSON says what made it: the arguments, the seed, the
+// workload and the fleet (a researcher's doubt, 2026-12-06: none of it).
+func TestSimJSONSaysWhatMadeIt(t *testing.T) {
+	js := filepath.Join(t.TempDir(), "s.json")
+	if code, _, errs := gorgo(t, "sim", "--duration", "1m", "--policy", "gorgo", "--seed", "7", "--json", js); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	data, err := os.ReadFile(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Args     []string `json:"args"`
+		Seed     uint64   `json:"seed"`
+		Workload string   `json:"workload"`
+		Fleet    string   `json:"fleet"`
+		Runs     []any    `json:"runs"`
+	}
+	if err := json.Unmarshal(data, &out); err != nil || out.Seed != 7 || !slices.Contains(out.Args, "--seed") || !strings.Contains(out.Workload, "artchat") || !strings.HasPrefix(out.Fleet, "paper") || len(out.Runs) != 1 {
+		t.Errorf("%+v (%v)", out, err)
+	}
+}
+
 func TestEvalWindowsAndJSON(t *testing.T) {
 	dir := t.TempDir()
 	js := filepath.Join(dir, "eval.json")

@@ -35,7 +35,7 @@ func (m *meshFlags) register(fs *flag.FlagSet) {
 
 // runMeshSim is sim on a mesh topology: --policy lists arrangements
 // (central, region-local, or a policy run by a router in every region).
-func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf *policyFlags, tf *tuneFlags, mf *meshFlags, policies, jsonOut, records string, quiet bool, fs *flag.FlagSet) error {
+func runMeshSim(args []string, stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf *policyFlags, tf *tuneFlags, mf *meshFlags, policies, jsonOut, records string, quiet bool, fs *flag.FlagSet) error {
 	if err := checkWritable(jsonOut, records); err != nil {
 		return err
 	}
@@ -155,7 +155,7 @@ func runMeshSim(stdout, stderr io.Writer, wl *workloadFlags, ff *fleetFlags, pf 
 		fmt.Fprintf(stderr, "simulated %d arrangements in %v\n", len(runs), time.Since(start).Round(time.Millisecond)) // stderr: stdout is the same for the same seed
 	}
 	if jsonOut != "" {
-		if err := writeJSON(jsonOut, map[string]any{"runs": out}); err != nil {
+		if err := writeJSON(jsonOut, provenance(args, wl.seed, desc, t.Name+": "+describeMesh(t, reps), "runs", out)); err != nil {
 			return err
 		}
 	}

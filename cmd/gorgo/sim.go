@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"sync"
@@ -71,7 +72,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if t.IsMesh() {
-		return runMeshSim(stdout, stderr, &wl, &ff, &pf, &tf, &mf, *policies, *jsonOut, *records, *quiet, fs)
+		return runMeshSim(args, stdout, stderr, &wl, &ff, &pf, &tf, &mf, *policies, *jsonOut, *records, *quiet, fs)
 	}
 	for _, name := range []string{"sharing", "day", "amplitude"} {
 		if isSet(fs, name) {
@@ -184,7 +185,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if *jsonOut != "" {
-		if err := writeJSON(*jsonOut, map[string]any{"runs": runs}); err != nil {
+		if err := writeJSON(*jsonOut, provenance(args, wl.seed, desc, describeFleet(t, reps), "runs", runs)); err != nil {
 			return err
 		}
 	}
@@ -248,6 +249,22 @@ func checkWritable(paths ...string) error {
 		}
 	}
 	return nil
+}
+
+// provenance is a JSON output with what made it: the command's arguments,
+// the seed, the workload and the fleet as the output's header gave them,
+// and the build (a researcher's doubt, 2026-12-06: the files said none of
+// it), beside key's value.
+func provenance(args []string, seed uint64, workload, fleet, key string, v any) map[string]any {
+	out := map[string]any{"args": args, "seed": seed, "workload": workload, "fleet": fleet, key: v}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				out["revision"] = s.Value
+			}
+		}
+	}
+	return out
 }
 
 func writeJSON(path string, v any) error {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -201,6 +202,7 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 			title := fmt.Sprintf("TTFT, window %s, time scale %g", ew.Window, ew.TimeScale)
 			switch err := report.PlotCDF(path, title, "TTFT (ms, log scale)", ew.ttfts); {
 			case errors.Is(err, report.ErrNothingToPlot):
+				_ = os.Remove(path) // an earlier run's plot would read as this one's
 				fmt.Fprintf(stdout, "no plot for %s: %v\n", path, err)
 			case err != nil:
 				return err

@@ -203,9 +203,17 @@ func (r *Request) abandon() {
 		// no replica saw it.
 		r.grant.Refund(time.Now())
 	}
+	id := r.ticket.ID // "" if it never left the queue
 	r.free()
 	r.traceEnd(statusClientGone, time.Now(), nil)
-	r.core.cfg.Metrics.ended(r.ticket.ID, r.modelLabel, statusClientGone, noTTFT, 0)
+	r.core.cfg.Metrics.ended(id, r.modelLabel, statusClientGone, noTTFT, 0)
+	if log := r.core.cfg.Log; log != nil {
+		// In the access log too (2026-12-06, a user's test: the requests a
+		// hung replica held until their clients gave up were in the
+		// metrics' 499s and nowhere in the log).
+		log.Info("request", r.traceLog("replica", id, "status", statusClientGone, "stream", r.Parsed.Stream, "prompt_tokens", r.Route.PromptTokens,
+			"attempts", r.attempts, "waited", time.Since(r.Received).Round(time.Millisecond), "error", "the client left before an answer began")...)
+	}
 	r.release()
 }
 

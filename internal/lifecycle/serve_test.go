@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -93,9 +94,17 @@ func TestServeDrivesTheRequest(t *testing.T) {
 	before := len(h.failures)
 	ctx, cancel := context.WithCancel(context.Background())
 	fe = &frontEnd{gone: cancel}
+	var logs strings.Builder
+	c.cfg.Log = slog.New(slog.NewTextHandler(&logs, nil))
 	if st := c.Serve(ctx, in, fe); st != 499 || fe.refused != nil || len(h.failures) != before {
 		t.Errorf("client gone: status %d, refused %+v, failures %v", st, fe.refused, h.failures)
 	}
+	// In the access log, with the replica it waited at (a user's test:
+	// such requests were in the metrics alone).
+	if l := logs.String(); !strings.Contains(l, "status=499") || !strings.Contains(l, "replica="+fe.sent[0]) {
+		t.Errorf("the access log of a client gone: %q", l)
+	}
+	c.cfg.Log = nil
 
 	// The subset a gateway allows is all the decision sees.
 	fe = &frontEnd{}

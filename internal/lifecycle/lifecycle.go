@@ -616,6 +616,12 @@ func (r *Request) StreamError(requestFault bool) {
 	r.streamErr, r.streamFault = true, r.streamFault || requestFault
 }
 
+// AnswersJSON reports whether a whole answer to the request is a JSON
+// value (a chat, a completion, SGLang's /generate, embeddings, responses),
+// as a body gorgo does not read (an upload's, a transcription's text) need
+// not be.
+func (r *Request) AnswersJSON() bool { return r.kind != Opaque }
+
 // Format is how the request's answer is written: SGLang's native API's
 // for Generate, else the OpenAI API's.
 func (r *Request) Format() wire.Format {

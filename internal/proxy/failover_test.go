@@ -274,6 +274,11 @@ func TestAbortBeforeTheFirstTokenFailsOver(t *testing.T) {
 		{name: "SGLang stream with its usage", stream: role + `data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"abort"}]}` + "\n\n" + usage0 + done},
 		{name: "vLLM answer", whole: `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"abort"}],"usage":{"prompt_tokens":5,"completion_tokens":0,"total_tokens":5}}`},
 		{name: "an empty answer that finished", stream: role + `data: {"id":"c","choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}` + "\n\n" + done, served: true},
+		// An answer that is none (a user's test, 2026-12-06: relayed as
+		// 200s, the replica never charged).
+		{name: "a stream of garbage", stream: "\x00\x01garbage<html>not json"},
+		{name: "a whole answer of garbage", whole: "\x00\x01garbage<html>not json"},
+		{name: "a whole answer to a streamed request", stream: `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}]}`, served: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			aborting := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -424,6 +425,16 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 			return nil, failure(id, http.StatusBadGateway, true, why, msg)
 		}
 	}
+	// An answer that is none (a whole answer that is not JSON, a stream
+	// that ended without one event of data) is the replica's fault, and
+	// nothing has reached the client: 2026-12-06, a user's test: a
+	// replica answering garbage at once drew 98.5% of the traffic, each
+	// relayed as a 200, and was never charged. (A stream of events the
+	// peek does not know, a Responses API tool call's, is an answer.)
+	if a.end == io.EOF && resp.StatusCode == http.StatusOK && req.AnswersJSON() && !json.Valid(*a.buf) && (!stream || !hasData(*a.buf)) {
+		a.close()
+		return nil, failure(id, http.StatusBadGateway, true, "its answer was none (not JSON, or a stream without an event of data)", fmt.Sprintf("%.80q", *a.buf))
+	}
 	if a.whole && resp.StatusCode == http.StatusOK && req.Format().AbortedUnanswered(*a.buf) && !req.AwaitClientAbort(ctx, s.fleet.AbortGrace()) {
 		a.close()
 		return nil, failure(id, http.StatusBadGateway, true, givenUp, `finish_reason "abort"`)
@@ -509,6 +520,21 @@ func firstEvent(buf []byte, f wire.Format) ([]byte, bool) {
 		if data := wire.EventData(ev, &scratch); len(data) > 0 && !wire.IsOpening(data) && !empty(data, f) {
 			return ev, true
 		}
+	}
+}
+
+// hasData reports whether buf holds an event with data.
+func hasData(buf []byte) bool {
+	var scratch []byte
+	for {
+		ev, rest, ok := wire.NextEvent(buf)
+		if !ok {
+			return false
+		}
+		if len(wire.EventData(ev, &scratch)) > 0 {
+			return true
+		}
+		buf = rest
 	}
 }
 

@@ -47,9 +47,10 @@ type Config struct {
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	// StreamIdleTimeout cuts an answer whose replica sends nothing for this
 	// long once it has begun (default 60 s; negative: never), which frees
-	// the client and counts against the replica; and a client that takes
-	// no byte of its answer for as long (each write gets it, and a
-	// millisecond more per byte written).
+	// the client and counts against the replica; a whole answer (held until
+	// its end) not done this long after its headers, however its bytes
+	// come; and a client that takes no byte of its answer for as long (each
+	// write gets it, and a millisecond more per byte written).
 	StreamIdleTimeout time.Duration `yaml:"stream_idle_timeout"`
 	// IdleTimeout closes a client's keep-alive connection idle this long
 	// (default 75 s, nginx's); ReadHeaderTimeout cuts a client that takes

@@ -38,6 +38,34 @@ func TestStallBeforeTheFirstEventFailsOver(t *testing.T) {
 	}
 }
 
+// A whole answer that trickles (a byte every 50 ms, never done) is given
+// up on once stream_idle_timeout has passed since its headers, however its
+// bytes come, and served by another replica (2026-12-06, a user's test:
+// each byte reset the idle limit, and the answer, held until its end, was
+// held for ever).
+func TestTricklingAnswerFailsOver(t *testing.T) {
+	trickle := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(200)
+		for {
+			if _, err := io.WriteString(w, " "); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			select {
+			case <-r.Context().Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	})
+	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{StreamIdleTimeout: 400 * time.Millisecond}}, trickle, good)
+	if code, body, replica := post(t, url, chatBody("x", 1, false)); code != 200 || replica != "b" {
+		t.Errorf("status %d from %q: %.200s", code, replica, body)
+	}
+}
+
 // A 404 whose body stalls is given up on after the idle limit, as a stream
 // is, and the request is served by another replica (found in review: the
 // body was read with no limit, and the request hung).

@@ -388,6 +388,14 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 			wait = cfg.FirstByteTimeout
 			idleTimer.Reset(wait)
 		}
+	} else if idle > 0 {
+		// A whole answer is held until its end, which comes at once after
+		// its headers (an engine writes it when the generation is done):
+		// stream_idle_timeout bounds the whole hold, not each read
+		// (2026-12-06, a user's test: a replica trickling a byte a second
+		// held its answer, and its client, for ever).
+		idleTimer.Reset(idle)
+		wait = 0
 	}
 	for a.end == nil && a.fill(wait, hold) {
 		if stream {

@@ -17,26 +17,25 @@ import (
 // region.
 func arrange(t testing.TB, top Topology, reps []Replica, name string, sharing Sharing) *Mesh {
 	t.Helper()
-	m, err := top.Arrangement(name, reps, sharing, 0, 0, func(name, region string) (policy.Policy, error) {
-		return policy.New(name, policy.Options{Region: region})
-	})
+	m, err := arrangement(top, reps, name, sharing)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return m
 }
 
-func meshRun(t *testing.T, arrangement string, sharing Sharing, reqs []trace.Request) *Result {
+// arrangement is top's arrangement name, each router's policy made for
+// its region, or why not.
+func arrangement(top Topology, reps []Replica, name string, sharing Sharing) (*Mesh, error) {
+	return top.Arrangement(name, reps, sharing, 0, 0, func(name, region string) (policy.Policy, error) {
+		return policy.New(name, policy.Options{Region: region})
+	})
+}
+
+func meshRun(t *testing.T, name string, sharing Sharing, reqs []trace.Request) *Result {
 	t.Helper()
-	top, err := LoadTopology("paper-mesh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reps, err := top.Resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := arrange(t, top, reps, arrangement, sharing)
+	top, reps := loadTopology(t, "paper-mesh")
+	m := arrange(t, top, reps, name, sharing)
 	res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: m, Seed: 1, MaxInflight: DefaultMaxInflight})
 	if err != nil {
 		t.Fatal(err)
@@ -330,22 +329,12 @@ func TestMeshSpecIsChecked(t *testing.T) {
 		{func(m *MeshSpec) { m.Ingress[0].UTCOffset = 99 }, "utc_offset_h must be from -12 to 14"},
 		{func(m *MeshSpec) { m.Routers = []string{"us-ashburn", "mars"} }, `router region "mars" unknown`},
 	} {
-		top, err := LoadTopology("paper-mesh")
-		if err != nil {
-			t.Fatal(err)
-		}
+		top, reps := loadTopology(t, "paper-mesh")
 		ms := *top.Mesh
 		ms.Ingress = append([]IngressSpec(nil), ms.Ingress...)
 		c.edit(&ms)
 		top.Mesh = &ms
-		reps, err := top.Resolve()
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = top.Arrangement("default", reps, ShareDelayed, 0, 0, func(name, region string) (policy.Policy, error) {
-			return policy.New(name, policy.Options{Region: region})
-		})
-		if err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := arrangement(top, reps, "default", ShareDelayed); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v, want %q", err, c.want)
 		}
 	}
@@ -363,17 +352,8 @@ mesh:
   routers: [a, b]
   ingress: [{region: a, share: 0.5}, {region: c, share: 0.5}]
 `)
-	top, err := LoadTopology(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reps, err := top.Resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := top.Arrangement("default", reps, ShareDelayed, 0, 0, func(name, region string) (policy.Policy, error) {
-		return policy.New(name, policy.Options{Region: region})
-	}); err != nil {
+	top, reps := loadTopology(t, path)
+	if _, err := arrangement(top, reps, "default", ShareDelayed); err != nil {
 		t.Errorf("a mesh whose client region has its round trips in the matrix: %v", err)
 	}
 }

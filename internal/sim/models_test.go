@@ -18,6 +18,14 @@ import (
 
 func resolve(t *testing.T, nameOrFile string) []Replica {
 	t.Helper()
+	_, reps := loadTopology(t, nameOrFile)
+	return reps
+}
+
+// loadTopology loads a topology (a preset's name or a file) and resolves
+// its replicas.
+func loadTopology(t testing.TB, nameOrFile string) (Topology, []Replica) {
+	t.Helper()
 	top, err := LoadTopology(nameOrFile)
 	if err != nil {
 		t.Fatal(err)
@@ -26,7 +34,7 @@ func resolve(t *testing.T, nameOrFile string) []Replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reps
+	return top, reps
 }
 
 // mixed is the embedded workload with each session naming a model.

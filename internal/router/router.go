@@ -295,7 +295,9 @@ func (r *Router) match(req *policy.Request) {
 func (r *Router) Dispatch(now time.Duration, req *policy.Request, rng *rand.Rand, fallbacks []Candidate) (Ticket, []Candidate, error) {
 	r.decMu.Lock()
 	defer r.decMu.Unlock()
-	r.deciding.Store(true)
+	if !r.deciding.Load() { // once: a store each decision would dirty the line for the probes
+		r.deciding.Store(true)
+	}
 	var err error
 	r.best, err = r.rank(now, req, r.cfg.Policy, rng, r.best[:0], cap(fallbacks)+1)
 	if err != nil {

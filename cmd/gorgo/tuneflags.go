@@ -135,43 +135,11 @@ func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values, s
 		return tune.OnlineConfig{}, err
 	}
 	if len(t.params) == 0 {
-		if err := startFrom(&es, base, params); err != nil {
+		if err := es.StartFrom(base, params); err != nil {
 			return tune.OnlineConfig{}, err
 		}
 	}
 	return tune.OnlineConfig{ES: es, Base: base, Window: l.window, Hop: l.hop, Block: l.block, Burn: l.burn, Confirm: l.confirm, EarlyStop: l.earlyStop, BaseParams: params}, nil
-}
-
-// startFrom makes the tuned parameters start from the values the
-// operator gave (the config's, or the weight flags'), as the others stay at
-// them: a value outside the tuner's bounds moves them to hold it with the
-// room around it the tuner has around its own start (2026-12-06: it was
-// clamped into them, so decode 50 ran as 2, silently), and a 0, a term the
-// operator turned off, is not tuned (the tuner steps in log space, where 0
-// has no place).
-func startFrom(es *tune.Config, base string, params policy.Values) error {
-	tuned := es.Params[:0]
-	for _, q := range es.Params {
-		if v, ok := params[q.Name]; ok {
-			if v <= 0 {
-				continue
-			}
-			if v < q.Min || v > q.Max {
-				lo, hi := v*(q.Min/q.Init), min(v*(q.Max/q.Init), math.MaxFloat64)
-				if !(lo > 0) {
-					lo = v
-				}
-				q.Min, q.Max = min(q.Min, lo), max(q.Max, hi)
-			}
-			q.Init = v
-		}
-		tuned = append(tuned, q)
-	}
-	if len(tuned) == 0 {
-		return fmt.Errorf("config: every parameter the tuner tunes is 0 in the %s weights given: give one a positive value, or turn the tuner off", base)
-	}
-	es.Params = tuned
-	return nil
 }
 
 // live returns the flags with the live settings for those not given.
@@ -275,7 +243,7 @@ func (t *tuneFlags) online(seed uint64, pf *policyFlags) (*tune.Online, error) {
 	}
 	if t.asServed && len(t.params) == 0 {
 		// As gorgo serve's: from the weights given (--live-tuner).
-		if err := startFrom(&cfg, t.base, base); err != nil {
+		if err := cfg.StartFrom(t.base, base); err != nil {
 			return nil, err
 		}
 	}

@@ -19,6 +19,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+
+	"github.com/gorgo-llm/gorgo/internal/policy"
 )
 
 // Param is one tuned parameter, positive, searched in log space.
@@ -146,6 +148,39 @@ func (e *ES) Incumbent() Point { return slices.Clone(e.inc) }
 
 // Sigma returns the current step size.
 func (e *ES) Sigma() float64 { return e.sigma }
+
+// StartFrom makes the tuned parameters start from the values an operator
+// gave the base policy (a config's, or weight flags'), as its other
+// parameters stay at them: a value outside a parameter's bounds moves them
+// to hold it with the room around it the bounds give the parameter's own
+// start (2026-12-06: it was clamped into them, so decode 50 ran as 2,
+// silently), and a 0, a term the operator turned off, is not tuned (the ES
+// steps in log space, where 0 has no place). It fails if no parameter is
+// left to tune.
+func (c *Config) StartFrom(base string, values policy.Values) error {
+	tuned := c.Params[:0]
+	for _, q := range c.Params {
+		if v, ok := values[q.Name]; ok {
+			if v <= 0 {
+				continue
+			}
+			if v < q.Min || v > q.Max {
+				lo, hi := v*(q.Min/q.Init), min(v*(q.Max/q.Init), math.MaxFloat64)
+				if !(lo > 0) {
+					lo = v
+				}
+				q.Min, q.Max = min(q.Min, lo), max(q.Max, hi)
+			}
+			q.Init = v
+		}
+		tuned = append(tuned, q)
+	}
+	if len(tuned) == 0 {
+		return fmt.Errorf("config: every parameter the tuner tunes is 0 in the %s weights given: give one a positive value, or turn the tuner off", base)
+	}
+	c.Params = tuned
+	return nil
+}
 
 // Config returns the configuration with defaults filled in.
 func (e *ES) Config() Config { return e.cfg }

@@ -87,3 +87,20 @@ func TestOnlineBounds(t *testing.T) {
 		t.Errorf("a decision at -15 s: tag %d, %v; want routed, unscored", d.Tag, err)
 	}
 }
+
+// StartFrom starts the tuned parameters at the operator's values: one out
+// of bounds gets the bounds' room around it, a 0 is not tuned, and with
+// none left it fails.
+func TestStartFrom(t *testing.T) {
+	c := Config{Params: []Param{{Name: "decode", Min: 0.02, Max: 2, Init: 0.2}, {Name: "itl", Min: 0.02, Max: 2, Init: 0.2}}}
+	if err := c.StartFrom("gorgo-e2e", policy.Values{"decode": 50, "itl": 0}); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Params) != 1 || c.Params[0] != (Param{Name: "decode", Min: 0.02, Max: 500, Init: 50}) {
+		t.Errorf("%+v", c.Params)
+	}
+	c = Config{Params: []Param{{Name: "itl", Min: 0.02, Max: 2, Init: 0.2}}}
+	if err := c.StartFrom("gorgo-e2e", policy.Values{"itl": 0}); err == nil {
+		t.Error("nothing left to tune, accepted")
+	}
+}

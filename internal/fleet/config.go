@@ -96,6 +96,13 @@ type Config struct {
 	EjectionTime       time.Duration `yaml:"ejection_time"`
 	MaxEjectionTime    time.Duration `yaml:"max_ejection_time"`
 	MaxEjectionPercent int           `yaml:"max_ejection_percent"`
+	// StallTimeout (default 30 s; negative: off) ejects a replica that
+	// passes its health checks and has stopped serving: an attempt has
+	// waited this long for its answer to begin, no answer of the replica
+	// began meanwhile, and its engine's token counters, if scraped, did
+	// not move (see Fleet.checkStall). Its waiting attempts are cut and
+	// tried elsewhere.
+	StallTimeout time.Duration `yaml:"stall_timeout"`
 	// ConnectTimeout bounds connecting to a replica (default 5 s).
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`
 	// UpstreamTLS is TLS to https replicas.
@@ -261,6 +268,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.MaxEjectionPercent == 0 {
 		c.MaxEjectionPercent = 50
+	}
+	if c.StallTimeout == 0 {
+		c.StallTimeout = 30 * time.Second
 	}
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = 5 * time.Second

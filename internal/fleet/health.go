@@ -44,7 +44,10 @@ type health struct {
 	ejections int
 	until     time.Time // ejected until
 	upSince   time.Time // back up since (zero while down)
-	waiting   map[*context.CancelCauseFunc]struct{}
+	// waiting are the attempts waiting for their answer to begin, and
+	// what checkStall knows of the replica's progress (stall.go).
+	waiting map[*context.CancelCauseFunc]waiter
+	progress
 }
 
 func (h *health) record(failed bool) {
@@ -115,12 +118,20 @@ func (f *Fleet) outcome(id string, failed, probe bool) {
 	default:
 		return
 	}
+	f.eject(u, cfg, why, h.probeFail < cfg.FailureThreshold)
+}
+
+// eject marks u down for its ejection time and cuts the attempts waiting
+// for its first byte; capped, not while max_ejection_percent of the fleet
+// is ejected. Call with u.mu held.
+func (f *Fleet) eject(u *Upstream, cfg *Config, why string, capped bool) {
+	id, h := u.cfg.ID, &u.health
 	// The share is judged and the ejection made under ejectMu, so that
 	// failures on several replicas at once cannot all pass the cap.
 	f.ejectMu.Lock()
 	defer f.ejectMu.Unlock()
 	now := time.Now()
-	if h.probeFail < cfg.FailureThreshold {
+	if capped {
 		if n, ejected := f.ejectedShare(); ejected >= maxEjected(n, cfg.MaxEjectionPercent) {
 			u.capLog.Do(func() {
 				f.log.Warn("replica not ejected: max_ejection_percent of the fleet is ejected already", "replica", id, "why", why,
@@ -191,21 +202,4 @@ func (f *Fleet) probed(u *Upstream) {
 	u.out.Store(false)
 	f.rt.SetHealthy(u.cfg.ID, true)
 	f.m.healthy.WithLabelValues(u.cfg.ID).Set(1)
-}
-
-// Watch registers an attempt waiting for its first byte from u, to be cut
-// (with ErrEjected as its cause) if u is ejected meanwhile; the returned
-// function unregisters it.
-func (u *Upstream) Watch(cancel *context.CancelCauseFunc) (unwatch func()) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	if u.health.waiting == nil {
-		u.health.waiting = map[*context.CancelCauseFunc]struct{}{}
-	}
-	u.health.waiting[cancel] = struct{}{}
-	return func() {
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		delete(u.health.waiting, cancel)
-	}
 }

@@ -394,6 +394,10 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 				}
 			}
 			switch {
+			case path == "/pause_generation" || path == "/pause":
+				f.setHeld(a.ID, true)
+			case path == "/continue_generation" || path == "/resume":
+				f.setHeld(a.ID, false)
 			case path == "/sleep":
 				f.setAsleep(a.ID, true)
 			case path == "/wake_up":
@@ -444,6 +448,9 @@ func (f *Fleet) operate(ctx context.Context, op Operation, path, id string) Oper
 	}
 	if op.Header != nil {
 		req.Header = op.Header(u)
+	}
+	if wholeFleet(path) {
+		defer u.operating()() // the engine may hold its requests meanwhile: no stall
 	}
 	resp, err := f.forward.Do(req)
 	if err != nil {

@@ -168,6 +168,7 @@ func (f *Fleet) probe(ctx context.Context, u *Upstream) {
 	}
 	f.m.rtt.WithLabelValues(u.cfg.ID).Set(rtt.Seconds())
 	f.probed(u)
+	f.checkStall(u) // healthy as it says, but does it serve?
 	// Put to sleep, or woken, elsewhere than through this router (before
 	// it started, through another, by the trainer at the engine itself)?
 	// vLLM says so, asked beside the probe (one question at a time); an
@@ -299,6 +300,7 @@ func (f *Fleet) scrape(ctx context.Context, u *Upstream, sc *enginemetrics.Scrap
 		f.m.restarts.WithLabelValues(id).Inc()
 		f.log.Warn("replica restarted: the router clears what it believed its cache held", "replica", id)
 	}
+	u.scraped(&em, time.Now())
 	f.rt.ObserveEngine(id, policy.EngineGauges{Running: em.Running, Waiting: em.Waiting, KVUsedTokens: em.KVUsedTokens, CacheHitRate: em.CacheHitRate}, f.Now())
 	f.noteForeign(u, em.Running+em.Waiting)
 	f.rt.SetKVCapacity(id, em.KVCapacityTokens) // the engine knows its cache better than the config

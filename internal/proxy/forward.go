@@ -238,8 +238,10 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	ctx, stopCause := context.WithCancelCause(r.Context())
 	stop := func() { stopCause(context.Canceled) }
 	// Cut at once (and tried elsewhere) if the replica is ejected before
-	// its first byte.
-	defer u.Watch(&stopCause)()
+	// its answer begins; its beginning is the replica's progress.
+	answered := false
+	done := u.Watch(&stopCause, !req.Stream())
+	defer func() { done(answered) }()
 	var lent sync.WaitGroup
 	body := lend(req.Body, &lent)
 	// cancel ends the attempt, and returns once the transport let go of
@@ -447,6 +449,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		a.close()
 		return nil, failure(id, http.StatusBadGateway, true, givenUp, `finish_reason "abort"`)
 	}
+	answered = resp.StatusCode < 300
 	return a, nil
 }
 

@@ -171,7 +171,7 @@ func (s *Server) pauseTuner(pause bool) http.HandlerFunc {
 func (s *Server) decide(w http.ResponseWriter, r *http.Request) {
 	body := httpapi.GetBuffer()
 	defer httpapi.PutBuffer(body)
-	if err := httpapi.ReadBody(r, body, maxDecideBody); err != nil {
+	if err := httpapi.ReadBody(r, body, maxDecideBody, nil); err != nil {
 		httpapi.WriteError(w, httpapi.BodyError(err))
 		return
 	}

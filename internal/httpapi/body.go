@@ -1,10 +1,12 @@
 package httpapi
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // preallocBytes is the most ReadBody allocates before the body comes.
@@ -25,19 +27,78 @@ func PutBuffer(b *[]byte) {
 	}
 }
 
+// A BodyBudget bounds the memory the request bodies being served hold at
+// once: max_body_bytes bounds one, max_in_flight how many, and their
+// product (32 GiB by default) is no bound on a machine. A body takes its
+// buffer's capacity from the budget as it grows, before it grows, and
+// gives it back when its request ends (Give). Its bound may change while
+// bodies hold it (SetMax); not positive, there is none. A nil BodyBudget
+// counts nothing.
+type BodyBudget struct {
+	max, used atomic.Int64
+}
+
+// ErrBodyBudget is ReadBody's error when the budget cannot hold the body.
+var ErrBodyBudget = errors.New("the request bodies being served fill the router's budget for them")
+
+// SetMax sets the budget's bound, in bytes (not positive: none).
+func (b *BodyBudget) SetMax(n int64) { b.max.Store(n) }
+
+// take takes n bytes from the budget, or reports false and takes nothing.
+func (b *BodyBudget) take(n int64) bool {
+	if b == nil {
+		return true
+	}
+	if m := b.max.Load(); b.used.Add(n) > m && m > 0 {
+		b.used.Add(-n)
+		return false
+	}
+	return true
+}
+
+// hold takes n bytes whatever the budget holds: memory taken already.
+func (b *BodyBudget) hold(n int64) {
+	if b != nil {
+		b.used.Add(n)
+	}
+}
+
+// Give gives back what a body read with the budget took: its buffer's
+// capacity when ReadBody returned.
+func (b *BodyBudget) Give(n int) {
+	if b != nil {
+		b.used.Add(-int64(n))
+	}
+}
+
+// Used is how many bytes the bodies being served hold.
+func (b *BodyBudget) Used() int64 { return b.used.Load() }
+
 // ReadBody reads a request body into a pooled buffer, at most limit
 // bytes: a larger Content-Length is refused before anything is read (an
 // *http.MaxBytesError, as for a body that turns out larger). The buffer
 // grows as the body comes, from at most preallocBytes: a Content-Length
 // is the client's word, and a client that promises 8 MiB and sends a byte
-// must not hold 8 MiB.
-func ReadBody(r *http.Request, buf *[]byte, limit int64) error {
+// must not hold 8 MiB. The buffer's capacity, whatever the outcome, is
+// taken from budget (nil: none), which the caller gives back
+// (BodyBudget.Give) once done with the body; a growth the budget cannot
+// hold stops the read with ErrBodyBudget.
+func ReadBody(r *http.Request, buf *[]byte, limit int64, budget *BodyBudget) error {
+	b := (*buf)[:0]
+	defer func() { *buf = b }()
+	if !budget.take(int64(cap(b))) {
+		b = nil // the pool's buffer is too large for what is left: let it go
+	}
 	if r.ContentLength > limit {
 		return &http.MaxBytesError{Limit: limit}
 	}
-	b := (*buf)[:0]
 	if n := min(r.ContentLength+1, preallocBytes); n > 1 && int64(cap(b)) < n {
+		if !budget.take(n) {
+			return ErrBodyBudget
+		}
+		budget.Give(cap(b))
 		b = make([]byte, 0, n)
+		budget.hold(int64(cap(b)) - n) // rounded up to a size class
 	}
 	body := http.MaxBytesReader(nil, r.Body, limit)
 	for {
@@ -48,16 +109,19 @@ func ReadBody(r *http.Request, buf *[]byte, limit int64) error {
 			if n := r.ContentLength + 1; n > int64(cap(b)) {
 				grow = int(min(n-int64(cap(b)), int64(grow)))
 			}
+			if !budget.take(int64(grow)) {
+				return ErrBodyBudget
+			}
+			was := cap(b)
 			b = slices.Grow(b, grow)
+			budget.hold(int64(cap(b) - was - grow)) // rounded up to a size class
 		}
 		n, err := body.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
 		if err == io.EOF {
-			*buf = b
 			return nil
 		}
 		if err != nil {
-			*buf = b
 			return err
 		}
 	}

@@ -126,6 +126,11 @@ func BodyError(err error) *wire.Error {
 	if errors.As(err, &tooBig) {
 		return wire.Errorf(http.StatusRequestEntityTooLarge, "the request body is larger than %d bytes", tooBig.Limit)
 	}
+	if errors.Is(err, ErrBodyBudget) {
+		e := wire.Errorf(http.StatusServiceUnavailable, "%v (max_body_bytes_in_flight): try again shortly", err)
+		e.RetryAfter = "1"
+		return e
+	}
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		return wire.Errorf(http.StatusRequestTimeout, "the request body did not come in time")
 	}

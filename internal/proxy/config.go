@@ -75,6 +75,14 @@ type Config struct {
 	// peeked at; a longer event is passed through unpeeked.)
 	MaxBodyBytes   int64 `yaml:"max_body_bytes"`
 	MaxAnswerBytes int64 `yaml:"max_answer_bytes"`
+	// MaxBodyBytesInFlight bounds the bytes the request bodies being read
+	// and served hold at once (default 512 MiB, or four request bodies of
+	// max_body_bytes if more; negative: no bound): max_body_bytes ×
+	// max_in_flight, 32 GiB by default, is no bound on a machine, and a
+	// body's parse takes about three times its size more while it runs.
+	// Past it a request is answered 503 with Retry-After at once, its body
+	// no further read (httpapi.BodyBudget).
+	MaxBodyBytesInFlight int64 `yaml:"max_body_bytes_in_flight"`
 	// MaxConnections caps the client connections open at once (default
 	// 8192) and MaxInFlight the requests being served (default 4096); past
 	// either a client is answered 503 with Retry-After at once. Negative:
@@ -109,6 +117,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.MaxAnswerBytes == 0 {
 		c.MaxAnswerBytes = 1 << 20
+	}
+	if c.MaxBodyBytesInFlight == 0 {
+		c.MaxBodyBytesInFlight = max(512<<20, 4*c.MaxBodyBytes)
 	}
 	if c.MaxConnections == 0 {
 		c.MaxConnections = 8192
@@ -145,6 +156,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBodyBytes < 1 || c.MaxAnswerBytes < 1 {
 		return fmt.Errorf("config: max_body_bytes and max_answer_bytes must be positive")
+	}
+	if c.MaxBodyBytesInFlight > 0 && c.MaxBodyBytesInFlight < c.MaxBodyBytes {
+		return fmt.Errorf("config: max_body_bytes_in_flight (%d) must be at least max_body_bytes (%d), or negative for no bound", c.MaxBodyBytesInFlight, c.MaxBodyBytes)
 	}
 	return nil
 }

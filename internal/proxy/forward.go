@@ -36,8 +36,8 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 		cfg := s.cfg.Load()
 		core := s.fleet.Core()
 		body := httpapi.GetBuffer()
-		defer httpapi.PutBuffer(body)
-		if err := readBody(w, r, body, cfg); err != nil {
+		defer s.putBody(body)
+		if err := s.readBody(w, r, body, cfg); err != nil {
 			e := httpapi.BodyError(err)
 			core.Refused(e)
 			httpapi.WriteError(w, e)
@@ -64,16 +64,28 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 	}
 }
 
-// readBody reads the request's body into body within read_body_timeout;
-// the deadline covers the body alone, lifted as soon as it is read (the
-// answer may take far longer).
-func readBody(w http.ResponseWriter, r *http.Request, body *[]byte, cfg *Config) error {
+// readBody reads the request's body into body within read_body_timeout,
+// taking its memory from max_body_bytes_in_flight (putBody gives it back
+// and recycles the buffer); the deadline covers the body alone, lifted as
+// soon as it is read (the answer may take far longer).
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, body *[]byte, cfg *Config) error {
 	if cfg.ReadBodyTimeout > 0 {
 		rc := http.NewResponseController(w)
 		_ = rc.SetReadDeadline(time.Now().Add(cfg.ReadBodyTimeout)) // writers that cannot go without
 		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
-	return httpapi.ReadBody(r, body, cfg.MaxBodyBytes)
+	err := httpapi.ReadBody(r, body, cfg.MaxBodyBytes, &s.bodies)
+	if errors.Is(err, httpapi.ErrBodyBudget) {
+		s.m.refused.WithLabelValues("max_body_bytes_in_flight").Inc()
+	}
+	return err
+}
+
+// putBody gives back a body's memory to max_body_bytes_in_flight and
+// recycles its buffer.
+func (s *Server) putBody(body *[]byte) {
+	s.bodies.Give(cap(*body))
+	httpapi.PutBuffer(body)
 }
 
 // exchange is one client request as the lifecycle sees this front end

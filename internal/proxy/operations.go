@@ -31,8 +31,8 @@ func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := httpapi.GetBuffer()
-	defer httpapi.PutBuffer(body)
-	if err := readBody(w, r, body, cfg); err != nil {
+	defer s.putBody(body)
+	if err := s.readBody(w, r, body, cfg); err != nil {
 		httpapi.WriteError(w, httpapi.BodyError(err))
 		return
 	}

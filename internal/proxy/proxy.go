@@ -55,6 +55,7 @@ type Server struct {
 	log    *slog.Logger
 
 	inFlight atomic.Int64 // requests being served
+	bodies   httpapi.BodyBudget
 }
 
 // New returns the front end of a fleet: its config (defaults applied
@@ -78,6 +79,7 @@ func New(f *fleet.Fleet, cfg Config, reg prometheus.Registerer, metrics promethe
 	}
 	s := &Server{fleet: f, log: log, m: newMetrics(reg)}
 	s.cfg.Store(&cfg)
+	s.bodies.SetMax(cfg.MaxBodyBytesInFlight)
 	s.keys.Store(&keys)
 	s.cert.Store(cert)
 	s.limits.Store(newLimiters(cfg.RateLimit))
@@ -126,6 +128,7 @@ func (s *Server) Prepare(next Config) (apply func(), restart []string, err error
 	}
 	return func() {
 		s.cfg.Store(&next)
+		s.bodies.SetMax(next.MaxBodyBytesInFlight)
 		s.keys.Store(&keys)
 		if cert != nil {
 			s.cert.Store(cert)

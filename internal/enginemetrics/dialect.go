@@ -42,9 +42,11 @@ type Dialect struct {
 	// PromptTokens and GenerationTokens are cumulative token counters,
 	// Throughput a generated-tokens-per-second gauge.
 	PromptTokens, GenerationTokens, Throughput string
-	// StepCounted says the token counters move with every engine step
-	// (vLLM's), so that counters standing still while requests wait mean
-	// an engine that does nothing; SGLang's move when a request ends.
+	// StepCounted says the generated-token counter moves with every
+	// engine step that decodes (vLLM's; its prompt tokens are counted when
+	// a prefill completes), so that counters standing still while requests
+	// wait past their forecast first token mean an engine that does
+	// nothing; SGLang's move when a request ends.
 	StepCounted bool
 	// LoRA adapters, in one of two ways. LoRAInfo is an info gauge whose
 	// labels name them (vLLM's lora_requests_info): its sample of greatest

@@ -98,10 +98,10 @@ type Config struct {
 	MaxEjectionPercent int           `yaml:"max_ejection_percent"`
 	// StallTimeout (default 30 s; negative: off) ejects a replica that
 	// passes its health checks and has stopped serving: an attempt has
-	// waited this long for its answer to begin, no answer of the replica
-	// began meanwhile, and its engine's token counters, if scraped, did
-	// not move (see Fleet.checkStall). Its waiting attempts are cut and
-	// tried elsewhere.
+	// waited this long past twice its forecast first token for its answer
+	// to begin, the replica made no progress meanwhile, and its engine's
+	// token counters, if scraped, did not move (see Fleet.checkStall).
+	// Its waiting attempts are cut and tried elsewhere.
 	StallTimeout time.Duration `yaml:"stall_timeout"`
 	// ConnectTimeout bounds connecting to a replica (default 5 s).
 	ConnectTimeout time.Duration `yaml:"connect_timeout"`

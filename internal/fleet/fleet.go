@@ -189,6 +189,12 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		// requests too: each router relays their aborts, and ends those
 		// it covers in its own queue.
 		f.bus.OnAbort(func(body []byte, at time.Time) { _, _ = f.core.Abort(body, at) })
+		f.bus.OnHeld(f.setHeld)
+		f.bus.OnProgress(func(id string) {
+			if u := f.Upstream(id); u != nil {
+				u.Progressed(time.Now())
+			}
+		})
 	}
 	if _, err := f.Want(SourceConfig, cfg.Replicas); err != nil {
 		f.leaveMesh()

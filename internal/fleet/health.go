@@ -45,7 +45,7 @@ type health struct {
 	until     time.Time // ejected until
 	upSince   time.Time // back up since (zero while down)
 	// waiting are the attempts waiting for their answer to begin, and
-	// what checkStall knows of the replica's progress (stall.go).
+	// what checkStall knows of the replica's engine (stall.go).
 	waiting map[*context.CancelCauseFunc]waiter
 	progress
 }

@@ -394,10 +394,6 @@ func (f *Fleet) Operate(ctx context.Context, op Operation) (*OperationAnswer, *w
 				}
 			}
 			switch {
-			case path == "/pause_generation" || path == "/pause":
-				f.setHeld(a.ID, true)
-			case path == "/continue_generation" || path == "/resume":
-				f.setHeld(a.ID, false)
 			case path == "/sleep":
 				f.setAsleep(a.ID, true)
 			case path == "/wake_up":
@@ -472,6 +468,14 @@ func (f *Fleet) operate(ctx context.Context, op Operation, path, id string) Oper
 		f.ModelsChanged(ctx, id)
 	case a.Status >= 200 && a.Status < 300 && path == "/wake_up":
 		a.stillAsleep, _, _ = f.sleeping(ctx, u) // a wake of its weights alone
+	case a.Status >= 200 && a.Status < 300 && (path == "/pause_generation" || path == "/pause" || path == "/continue_generation" || path == "/resume"):
+		// Held from its own answer on (not the fan-out's end: another
+		// replica's pause may take minutes), here and at the others.
+		held := path == "/pause_generation" || path == "/pause"
+		f.setHeld(id, held)
+		if f.bus != nil {
+			f.bus.Held(id, held)
+		}
 	}
 	return a
 }

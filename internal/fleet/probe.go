@@ -295,12 +295,13 @@ func (f *Fleet) scrape(ctx context.Context, u *Upstream, sc *enginemetrics.Scrap
 	if u.scrapeFailing.Swap(false) {
 		f.log.Info("scrape works again", "replica", id)
 	}
-	if last != nil && (em.StartTime != last.StartTime || em.PromptTokensTotal < last.PromptTokensTotal) {
+	restarted := last != nil && (em.StartTime != last.StartTime || em.PromptTokensTotal < last.PromptTokensTotal)
+	if restarted {
 		f.rt.ClearCache(id)
 		f.m.restarts.WithLabelValues(id).Inc()
 		f.log.Warn("replica restarted: the router clears what it believed its cache held", "replica", id)
 	}
-	u.scraped(&em, time.Now())
+	u.scraped(&em, time.Now(), restarted)
 	f.rt.ObserveEngine(id, policy.EngineGauges{Running: em.Running, Waiting: em.Waiting, KVUsedTokens: em.KVUsedTokens, CacheHitRate: em.CacheHitRate}, f.Now())
 	f.noteForeign(u, em.Running+em.Waiting)
 	f.rt.SetKVCapacity(id, em.KVCapacityTokens) // the engine knows its cache better than the config

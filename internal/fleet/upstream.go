@@ -48,6 +48,9 @@ type Upstream struct {
 	// foreignSaid is whether the router said so.
 	foreignRun  atomic.Int32
 	foreignSaid atomic.Bool
+	// progressed is when the replica last made progress (Unix ns;
+	// Progressed).
+	progressed atomic.Int64
 	// attemptLog limits the log lines of its failed attempts; capLog those
 	// of ejections held back by max_ejection_percent.
 	attemptLog, capLog rate.Sometimes

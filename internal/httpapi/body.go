@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -56,13 +55,6 @@ func (b *BodyBudget) take(n int64) bool {
 	return true
 }
 
-// hold takes n bytes whatever the budget holds: memory taken already.
-func (b *BodyBudget) hold(n int64) {
-	if b != nil {
-		b.used.Add(n)
-	}
-}
-
 // Give gives back what a body read with the budget took: its buffer's
 // capacity when ReadBody returned.
 func (b *BodyBudget) Give(n int) {
@@ -98,23 +90,26 @@ func ReadBody(r *http.Request, buf *[]byte, limit int64, budget *BodyBudget) err
 		}
 		budget.Give(cap(b))
 		b = make([]byte, 0, n)
-		budget.hold(int64(cap(b)) - n) // rounded up to a size class
 	}
 	body := http.MaxBytesReader(nil, r.Body, limit)
 	for {
 		if len(b) == cap(b) {
-			// Double what came, up to the promised length: a few copies
-			// for a large body, never more than twice what arrived.
-			grow := max(cap(b), 512)
+			// Double what came, up to the promised length and one byte
+			// past the limit (to see a longer body): a few copies for a
+			// large body, never more than twice what arrived. The new
+			// buffer is made to the size taken from the budget (append
+			// would round it up).
+			grow := int64(max(cap(b), 512))
 			if n := r.ContentLength + 1; n > int64(cap(b)) {
-				grow = int(min(n-int64(cap(b)), int64(grow)))
+				grow = min(n-int64(cap(b)), grow)
 			}
-			if !budget.take(int64(grow)) {
+			grow = max(min(grow, limit+1-int64(cap(b))), 1)
+			if !budget.take(grow) {
 				return ErrBodyBudget
 			}
-			was := cap(b)
-			b = slices.Grow(b, grow)
-			budget.hold(int64(cap(b) - was - grow)) // rounded up to a size class
+			nb := make([]byte, len(b), int64(cap(b))+grow)
+			copy(nb, b)
+			b = nb
 		}
 		n, err := body.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]

@@ -482,6 +482,17 @@ func (r *Request) Fallbacks() []router.Candidate { return r.fallbacks }
 // Replica returns the id of the replica of the current attempt.
 func (r *Request) Replica() string { return r.ticket.ID }
 
+// Forecast is when the router expected the attempt's first token, from
+// its sending: Predict's forecast there with its margin (a long prompt's
+// prefill, the replica's queue), 0 if it had none.
+func (r *Request) Forecast() time.Duration {
+	ms := r.ticket.Forecast + r.ticket.Margin
+	if !(ms > 0) || ms > 1e9 { // none, or not a number; a forecast past 11 days is none either
+		return 0
+	}
+	return time.Duration(ms * 1e6)
+}
+
 // failed records that the current attempt failed before anything reached
 // the client: the replica is free of it, and next may try another. A
 // replica that broke it (it refused, hung, broke, answered 5xx) has it

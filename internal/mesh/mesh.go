@@ -163,6 +163,7 @@ const (
 	kindAbort    = "x" // a client aborted requests (SGLang's /abort_request)
 	kindFlushed  = "z" // a client emptied the replica's prefix cache (/flush_cache)
 	kindSlept    = "p" // a client put the replica's engine to sleep, or woke it
+	kindHeld     = "k" // a client paused the replica's engine, or let it go on
 )
 
 // event is what a router tells the others.
@@ -229,6 +230,9 @@ type event struct {
 	At    int64  `json:"at,omitempty"`
 	// Asleep is a slept event's: the replica sleeps (or was woken).
 	Asleep bool `json:"sl,omitempty"`
+	// Held is a held event's: the replica's engine is paused (or was let
+	// go on).
+	Held bool `json:"hd,omitempty"`
 }
 
 // maxAbortBody bounds an abort's body told to the others: a list of
@@ -305,6 +309,10 @@ type Bus struct {
 	// abort applies the others' client aborts here (OnAbort; nil: they
 	// are ignored).
 	abort atomic.Pointer[func(body []byte, at time.Time)]
+	// held and progressed tell this router's fleet of the others' pauses
+	// and of the progress they see at a replica (OnHeld, OnProgress).
+	held       atomic.Pointer[func(replica string, held bool)]
+	progressed atomic.Pointer[func(replica string)]
 }
 
 // Connect joins the mesh: it mirrors the other routers' requests in rt
@@ -541,6 +549,29 @@ func (b *Bus) Slept(replica string, asleep bool) {
 	b.publish(event{Kind: kindSlept, Replica: replica, Asleep: asleep})
 }
 
+// Held tells the others that a client paused replica's engine through
+// this router (SGLang's /pause_generation, vLLM's /pause), or let it go
+// on: they do not take its held requests for a stall.
+func (b *Bus) Held(replica string, held bool) {
+	b.publish(event{Kind: kindHeld, Replica: replica, Held: held})
+}
+
+// OnHeld has fn hear of the others' pauses and their ends.
+func (b *Bus) OnHeld(fn func(replica string, held bool)) { b.held.Store(&fn) }
+
+// OnProgress has fn hear of the progress the others see at a replica (a
+// first token, a finished answer), which this router's own requests there
+// may not show. fn is called with the bus's lock held: it must not call
+// the bus.
+func (b *Bus) OnProgress(fn func(replica string)) { b.progressed.Store(&fn) }
+
+// progress tells the fleet of progress at replica.
+func (b *Bus) progress(replica string) {
+	if fn := b.progressed.Load(); fn != nil {
+		(*fn)(replica)
+	}
+}
+
 // Finished tells the others that attempt id ended.
 func (b *Bus) Finished(id uint64, outputTokens int, decode time.Duration) {
 	b.publish(event{Kind: kindEnd, ID: id, Out: outputTokens, DecodeUS: decode.Microseconds()})
@@ -624,12 +655,14 @@ func (b *Bus) apply(e *event, now time.Time) {
 		if mr := p.mirrors[e.ID]; mr != nil {
 			b.credit(mr) // the replica is answering: it took the request (a router that sends no accepted event)
 			b.rt.FirstToken(&mr.t, 0)
+			b.progress(mr.t.ID)
 		}
 	case kindEnd:
 		if mr := p.mirrors[e.ID]; mr != nil {
 			if e.Out > 0 { // a completed answer (its decode is 0 when not streamed)
 				b.credit(mr)
 				b.rt.Decoded(&mr.t, e.Out, time.Duration(e.DecodeUS)*time.Microsecond)
+				b.progress(mr.t.ID)
 			}
 			b.rt.Finish(&mr.t)
 			b.let(mr)
@@ -659,6 +692,10 @@ func (b *Bus) apply(e *event, now time.Time) {
 		_ = b.rt.ClearCache(e.Replica) // a replica this router does not have: nothing to forget
 	case kindSlept:
 		_ = b.rt.SetAsleep(e.Replica, e.Asleep)
+	case kindHeld:
+		if fn := b.held.Load(); fn != nil {
+			(*fn)(e.Replica, e.Held)
+		}
 	case kindAlive:
 		return
 	default:

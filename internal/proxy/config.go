@@ -157,8 +157,10 @@ func (c Config) Validate() error {
 	if c.MaxBodyBytes < 1 || c.MaxAnswerBytes < 1 {
 		return fmt.Errorf("config: max_body_bytes and max_answer_bytes must be positive")
 	}
-	if c.MaxBodyBytesInFlight > 0 && c.MaxBodyBytesInFlight < c.MaxBodyBytes {
-		return fmt.Errorf("config: max_body_bytes_in_flight (%d) must be at least max_body_bytes (%d), or negative for no bound", c.MaxBodyBytesInFlight, c.MaxBodyBytes)
+	if c.MaxBodyBytesInFlight > 0 && c.MaxBodyBytesInFlight <= c.MaxBodyBytes {
+		// A body of max_body_bytes is read into max_body_bytes + 1 (to see
+		// a longer one): a lone one must fit.
+		return fmt.Errorf("config: max_body_bytes_in_flight (%d) must be more than max_body_bytes (%d), or negative for no bound", c.MaxBodyBytesInFlight, c.MaxBodyBytes)
 	}
 	return nil
 }

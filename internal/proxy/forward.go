@@ -171,6 +171,9 @@ type answer struct {
 	end    error     // how the body ended (io.EOF: cleanly), nil while open
 	idle   *time.Timer
 	cancel context.CancelFunc
+	// of is the replica, once its successful answer began: each read of
+	// it is the replica's progress (fleet/stall.go).
+	of *fleet.Upstream
 }
 
 func (a *answer) close() {
@@ -211,6 +214,9 @@ func (a *answer) fill(idle time.Duration, limit int) bool {
 	n, err := a.resp.Body.Read(b[len(b):cap(b)])
 	*a.buf = b[:len(b)+n]
 	a.at = time.Now()
+	if n > 0 && a.of != nil {
+		a.of.Progressed(a.at)
+	}
 	if idle > 0 {
 		a.idle.Reset(idle)
 	}
@@ -252,7 +258,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	// Cut at once (and tried elsewhere) if the replica is ejected before
 	// its answer begins; its beginning is the replica's progress.
 	answered := false
-	done := u.Watch(&stopCause, !req.Stream())
+	done := u.Watch(&stopCause, !req.Stream(), 2*req.Forecast())
 	defer func() { done(answered) }()
 	var lent sync.WaitGroup
 	body := lend(req.Body, &lent)
@@ -461,7 +467,9 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		a.close()
 		return nil, failure(id, http.StatusBadGateway, true, givenUp, `finish_reason "abort"`)
 	}
-	answered = resp.StatusCode < 300
+	if answered = resp.StatusCode < 300; answered {
+		a.of = u
+	}
 	return a, nil
 }
 

@@ -1,0 +1,75 @@
+package fleet_test
+
+import (
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/mesh"
+)
+
+// A trainer pauses the fleet's engines through one router of a mesh: the
+// other router's requests held by the paused engine are not cut, nor the
+// replica ejected there (review, 2026-12-06: a pause was known only to
+// the router it went through).
+func TestPauseThroughAnotherMeshRouterIsNoStall(t *testing.T) {
+	bus := startBus(t)
+	resumed := make(chan struct{})
+	var paused atomic.Bool
+	engine := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/metrics":
+			fmt.Fprint(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 1\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 0\n# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model_name=\"m\"} 100\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{model_name=\"m\"} 7\n")
+			return
+		case "/pause":
+			paused.Store(true)
+			fmt.Fprint(w, `{}`)
+			return
+		case "/resume":
+			if paused.Swap(false) {
+				close(resumed)
+			}
+			fmt.Fprint(w, `{}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		w.(http.Flusher).Flush()
+		if paused.Load() {
+			select {
+			case <-r.Context().Done():
+				return
+			case <-resumed:
+			}
+		}
+		fmt.Fprint(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
+	})
+	cfg := func(region string) testConfig {
+		return testConfig{Fleet: fleet.Config{Region: region, ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 300 * time.Millisecond,
+			Mesh: &mesh.Config{URL: bus, Heartbeat: 100 * time.Millisecond}}}
+	}
+	_, usURL := startProxy(t, cfg("us"), engine)
+	eu, euURL := startProxy(t, cfg("eu"), engine)
+	eventually(t, "probed", func() bool { return stateOr(eu, "a").Available() })
+	if code, body := do(t, "POST", usURL+"/pause", `{"mode":"keep"}`); code != 200 {
+		t.Fatalf("pause: %d %s", code, body)
+	}
+	done := make(chan int, 1)
+	go func() {
+		code, _ := do(t, "POST", euURL+"/v1/chat/completions", chatBody("x", 1, true), "Content-Type", "application/json")
+		done <- code
+	}()
+	time.Sleep(time.Second) // the trainer's weight update
+	if code, body := do(t, "POST", usURL+"/resume", ``); code != 200 {
+		t.Fatalf("resume: %d %s", code, body)
+	}
+	if code := <-done; code != 200 {
+		t.Errorf("the request through the other router: %d", code)
+	}
+	if !stateOr(eu, "a").Healthy {
+		t.Error("the other router ejected the paused replica")
+	}
+}

@@ -1,14 +1,12 @@
 package fleet_test
 
 import (
-	"fmt"
-	"net/http"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
 )
 
 // A trainer pauses the fleet's engines through one router of a mesh: the
@@ -17,36 +15,7 @@ import (
 // the router it went through).
 func TestPauseThroughAnotherMeshRouterIsNoStall(t *testing.T) {
 	bus := startBus(t)
-	resumed := make(chan struct{})
-	var paused atomic.Bool
-	engine := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/metrics":
-			fmt.Fprint(w, "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 1\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name=\"m\"} 0\n# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{model_name=\"m\"} 100\n# TYPE vllm:generation_tokens_total counter\nvllm:generation_tokens_total{model_name=\"m\"} 7\n")
-			return
-		case "/pause":
-			paused.Store(true)
-			fmt.Fprint(w, `{}`)
-			return
-		case "/resume":
-			if paused.Swap(false) {
-				close(resumed)
-			}
-			fmt.Fprint(w, `{}`)
-			return
-		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(200)
-		w.(http.Flusher).Flush()
-		if paused.Load() {
-			select {
-			case <-r.Context().Done():
-				return
-			case <-resumed:
-			}
-		}
-		fmt.Fprint(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n")
-	})
+	engine := fakeUpstream(t, servetest.NewPausable().Handler(0))
 	cfg := func(region string) testConfig {
 		return testConfig{Fleet: fleet.Config{Region: region, ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 300 * time.Millisecond,
 			Mesh: &mesh.Config{URL: bus, Heartbeat: 100 * time.Millisecond}}}

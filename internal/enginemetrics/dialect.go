@@ -42,12 +42,6 @@ type Dialect struct {
 	// PromptTokens and GenerationTokens are cumulative token counters,
 	// Throughput a generated-tokens-per-second gauge.
 	PromptTokens, GenerationTokens, Throughput string
-	// StepCounted says the generated-token counter moves with every
-	// engine step that decodes (vLLM's; its prompt tokens are counted when
-	// a prefill completes), so that counters standing still while requests
-	// wait past their forecast first token mean an engine that does
-	// nothing; SGLang's move when a request ends.
-	StepCounted bool
 	// LoRA adapters, in one of two ways. LoRAInfo is an info gauge whose
 	// labels name them (vLLM's lora_requests_info): its sample of greatest
 	// value is read (the value is when the engine set it, and the label
@@ -135,7 +129,6 @@ var Dialects = []Dialect{
 		Usage:        []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
 		HitRate:      "vllm:gpu_prefix_cache_hit_rate",
 		PromptTokens: "vllm:prompt_tokens_total", GenerationTokens: "vllm:generation_tokens_total",
-		StepCounted:  true,
 		LoRAInfo:     "vllm:lora_requests_info",
 		LoRAMaxLabel: "max_lora", LoRARunningLabel: "running_lora_adapters", LoRAWaitingLabel: "waiting_lora_adapters",
 	},
@@ -148,19 +141,7 @@ var Dialects = []Dialect{
 		Hits:         []string{"vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"},
 		Queries:      []string{"vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"},
 		PromptTokens: "vllm:prompt_tokens_total", GenerationTokens: "vllm:generation_tokens_total",
-		StepCounted:  true,
 		LoRAInfo:     "vllm:lora_requests_info",
 		LoRAMaxLabel: "max_lora", LoRARunningLabel: "running_lora_adapters", LoRAWaitingLabel: "waiting_lora_adapters",
 	},
-}
-
-// StepCounted reports whether the dialect that Metrics.Format names
-// counts its tokens with every engine step (Dialect.StepCounted).
-func StepCounted(format string) bool {
-	for i := range Dialects {
-		if Dialects[i].Format == format {
-			return Dialects[i].StepCounted
-		}
-	}
-	return false
 }

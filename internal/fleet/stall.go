@@ -24,28 +24,33 @@ import (
 // a whole answer); the replica made no progress meanwhile (no answer of
 // it began, no byte of a successful answer of it was read, no router of
 // the mesh heard of a first token or a finished answer there); and its
-// engine's token counters, where a recent scrape shows them, did not move
-// in that time either. An unstreamed request's answer comes whole at its
-// end, so one waiting long is a long answer as likely as a hang: it
-// counts only where the engine counts generated tokens with every step
-// (vLLM; its prompt tokens only when a prefill completes, which the
-// forecast's grace covers) and they stood still. A replica that answers
-// nothing to requests and whose counters do not say so otherwise is thus
-// judged by its streams; SGLang's /health has its scheduler generate a
-// token, so a hung SGLang fails its probes.
+// engine's gauges, where a recent scrape shows them, did not move in that
+// time either. An engine at work moves them with its steps (vLLM's with
+// every one: its KV cache's use, its token counters; SGLang's when its
+// scheduler logs, every 40 decode steps and every prefill: its tokens in
+// use; its token counters move only when a request ends), so gauges that
+// stand still while requests wait are an engine that does nothing. An
+// unstreamed request's answer comes whole at its end, so one waiting long
+// is a long answer as likely as a hang: it counts only where the gauges
+// stood still. A replica without engine metrics is thus judged by its
+// streams alone.
 //
 // An engine paused through the router (SGLang's /pause_generation, vLLM's
 // /pause, until /continue_generation or /resume, here or through another
-// router of the mesh: it is held as asleep is), asleep, or under a
-// trainer's operation (new weights' load, sleep), holds its requests as
-// asked: no stall. One paused at the engine itself, behind the routers'
-// backs, for longer than stall_timeout with requests waiting, is taken
-// for one. The front end that registers attempts (Watch) is the proxy's:
-// gorgo epp's gateway holds its attempts, and has no stall check.
+// router of the mesh; or until an answer of it begins, a second or more
+// after: resumed behind the routers' backs), asleep, or under a trainer's
+// operation (new weights' load, sleep), holds its requests as asked: no
+// stall. One paused at the engine itself, behind the routers' backs, for
+// longer than stall_timeout past the forecast with requests waiting, is
+// taken for one. The front end that registers attempts (Watch) is the
+// proxy's: gorgo epp's gateway holds its attempts, and has no stall check.
 //
 // The ejection is the outlier ejection's (capped by max_ejection_percent,
 // its time growing with each): its waiting attempts are cut and tried
-// elsewhere, as nothing has reached their clients.
+// elsewhere, as nothing has reached their clients. A replica is not
+// ejected for a stall while no other replica is available to take them:
+// a cut request would have nowhere to go, and new ones would be refused
+// where the replica might yet serve them.
 
 // waiter is an attempt waiting for its answer to begin, counted from due.
 type waiter struct {
@@ -56,17 +61,28 @@ type waiter struct {
 // progress is what the fleet knows of a replica's engine; Upstream.mu
 // guards it.
 type progress struct {
-	// The engine's token counters as last scraped (tokens, at scraped),
-	// when they last moved (or were first seen), and whether they move
-	// with every engine step.
-	tokens             float64
-	scraped, moved     time.Time
-	stepCounted, known bool
+	// The engine's gauges as last scraped (gauges, at scraped), and when
+	// they last moved (or were first seen).
+	gauges         gauges
+	scraped, moved time.Time
+	known          bool
 	// A trainer's operation on the engine under way, and a pause made
-	// through the router (until its continue or resume): the engine holds
-	// its requests, as it was asked to.
+	// through the router (since heldAt, until its continue or resume):
+	// the engine holds its requests, as it was asked to.
 	operations int
 	held       bool
+	heldAt     time.Time
+}
+
+// gauges are the figures of an engine's /metrics that move as it works.
+type gauges struct {
+	running, waiting, kvUsed                      int
+	kvUsage, hitRate, queries, prompt, gen, genTP float64
+}
+
+func gaugesOf(em *enginemetrics.Metrics) gauges {
+	return gauges{em.Running, em.Waiting, em.KVUsedTokens, em.KVUsage, em.CacheHitRate, em.PrefixQueriesTotal,
+		em.PromptTokensTotal, em.GenerationTokensTotal, em.GenThroughput}
 }
 
 // Watch registers an attempt waiting for its answer to begin, to be cut
@@ -82,11 +98,15 @@ func (u *Upstream) Watch(cancel *context.CancelCauseFunc, unstreamed bool, grace
 	}
 	u.health.waiting[cancel] = waiter{due: time.Now().Add(grace), unstreamed: unstreamed}
 	return func(answered bool) {
+		now := time.Now()
 		u.mu.Lock()
 		delete(u.health.waiting, cancel)
+		if p := &u.health.progress; answered && p.held && now.Sub(p.heldAt) > time.Second {
+			p.held = false // resumed behind the routers' backs
+		}
 		u.mu.Unlock()
 		if answered {
-			u.Progressed(time.Now())
+			u.Progressed(now)
 		}
 	}
 }
@@ -119,24 +139,23 @@ func (u *Upstream) operating() (end func()) {
 func (f *Fleet) setHeld(id string, held bool) {
 	if u := f.Upstream(id); u != nil {
 		u.mu.Lock()
-		u.health.held = held
+		u.health.held, u.health.heldAt = held, time.Now()
 		u.mu.Unlock()
 		u.Progressed(time.Now())
 	}
 }
 
-// scraped records the engine's token counters read at now; a restart
-// ends a pause (the engine forgot it).
+// scraped records the engine's gauges read at now; a restart ends a
+// pause (the engine forgot it).
 func (u *Upstream) scraped(em *enginemetrics.Metrics, now time.Time, restarted bool) {
-	tokens := em.PromptTokensTotal + em.GenerationTokensTotal
+	g := gaugesOf(em)
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	p := &u.health.progress
-	if !p.known || tokens != p.tokens {
+	if !p.known || g != p.gauges {
 		p.moved = now
 	}
-	p.tokens, p.scraped, p.known = tokens, now, true
-	p.stepCounted = enginemetrics.StepCounted(em.Format)
+	p.gauges, p.scraped, p.known = g, now, true
 	if restarted {
 		p.held = false
 	}
@@ -149,9 +168,6 @@ func (f *Fleet) checkStall(u *Upstream) {
 	if limit <= 0 {
 		return
 	}
-	if st, err := f.rt.Replica(u.cfg.ID); err != nil || st.Asleep {
-		return
-	}
 	now := time.Now()
 	if now.Sub(time.Unix(0, u.progressed.Load())) < limit {
 		return // it made progress lately
@@ -162,14 +178,14 @@ func (f *Fleet) checkStall(u *Upstream) {
 	if now.Before(h.until) || h.operations > 0 || h.held {
 		return // ejected already, or held as asked
 	}
-	// The counters tell only if read lately (and a first reading is
-	// taken for a move).
+	// The gauges tell only if read lately (and a first reading is taken
+	// for a move).
 	p := &h.progress
 	fresh := p.known && now.Sub(p.scraped) < limit
 	if fresh && now.Sub(p.moved) < limit {
 		return // the engine works
 	}
-	still := fresh && p.stepCounted
+	still := fresh // and they did not move: the engine stood still
 	var oldest time.Time
 	for _, w := range h.waiting {
 		if (!w.unstreamed || still) && (oldest.IsZero() || w.due.Before(oldest)) {
@@ -179,9 +195,22 @@ func (f *Fleet) checkStall(u *Upstream) {
 	if oldest.IsZero() || now.Sub(oldest) < limit {
 		return
 	}
+	if st, err := f.rt.Replica(u.cfg.ID); err != nil || st.Asleep || !f.othersAvailable(u.cfg.ID) {
+		return
+	}
 	why := fmt.Sprintf("stalled: a request waited %v past twice its forecast first token for its answer to begin, and nothing else progressed", now.Sub(oldest).Round(time.Second))
 	if still {
-		why += "; its engine's token counters stood still"
+		why += "; its engine's gauges stood still"
 	}
 	f.eject(u, cfg, why, true)
+}
+
+// othersAvailable reports whether a replica other than id takes requests.
+func (f *Fleet) othersAvailable(id string) bool {
+	for _, st := range f.rt.Replicas() {
+		if st.ID != id && st.Available() {
+			return true
+		}
+	}
+	return false
 }

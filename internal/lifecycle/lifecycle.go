@@ -17,6 +17,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -189,6 +190,10 @@ type Request struct {
 	active    bool               // ticket is in a replica's ledger
 	fallbacks []router.Candidate // not tried yet, best first: the tail of fbBuf
 	fbBuf     []router.Candidate
+	// tried are the replicas tried, in order; reranked says the fallbacks
+	// were ranked again once used up (or are not to be: none holds it).
+	tried     []string
+	reranked  bool
 	attempts  int
 	last      *wire.Error // the last failed attempt's
 	decideErr error
@@ -350,7 +355,7 @@ func (c *Core) begin(body []byte, kind Kind, session string, received time.Time,
 func (r *Request) reset(c *Core, received time.Time) {
 	*r = Request{core: c, Parsed: prompt.Request{Text: r.Parsed.Text[:0], Model: r.Parsed.Model, User: r.Parsed.User,
 		Media: r.Parsed.Media[:0], PromptEnds: r.Parsed.PromptEnds[:0]},
-		fbBuf: r.fbBuf[:0], blocks: r.blocks[:0], blockEnds: r.blockEnds[:0], spliced: r.spliced[:0], Received: received, cached: -1, held: r.held,
+		fbBuf: r.fbBuf[:0], tried: r.tried[:0], blocks: r.blocks[:0], blockEnds: r.blockEnds[:0], spliced: r.spliced[:0], Received: received, cached: -1, held: r.held,
 		rewriteBuf: r.rewriteBuf[:0]}
 }
 
@@ -359,7 +364,9 @@ func (r *Request) Stream() bool { return r.Parsed.Stream }
 
 // next dispatches the request to its next replica: the router's choice on
 // the first call, then its fallbacks in rank order, skipping those no
-// longer available, until MaxAttempts replicas were tried. It returns the
+// longer available, until MaxAttempts replicas were tried. Fallbacks used
+// up, the replicas not tried are ranked again, once: one may have come
+// back since the decision (its ejection over), or joined. It returns the
 // replica's id, or false when none is left; then failure says why.
 func (r *Request) next() (string, bool) {
 	if r.ready { // admission dispatched it
@@ -369,6 +376,7 @@ func (r *Request) next() (string, bool) {
 		}
 		r.announce()
 		r.tap()
+		r.tried = append(r.tried, r.ticket.ID)
 		return r.ticket.ID, true
 	}
 	c := r.core
@@ -383,20 +391,36 @@ func (r *Request) next() (string, bool) {
 		}
 		r.announce()
 		r.tap()
+		r.tried = append(r.tried, r.ticket.ID)
 		return r.ticket.ID, true
 	}
-	for len(r.fallbacks) > 0 {
-		fb := &r.fallbacks[0]
-		t, ok := c.cfg.Router.Redispatch(c.Now(time.Now()), fb, &r.Route)
-		r.fallbacks = r.fallbacks[1:]
-		if ok {
-			r.ticket, r.active = t, true
-			r.attempts++
-			r.announce()
-			return t.ID, true
+	for {
+		for len(r.fallbacks) > 0 {
+			fb := &r.fallbacks[0]
+			t, ok := c.cfg.Router.Redispatch(c.Now(time.Now()), fb, &r.Route)
+			r.fallbacks = r.fallbacks[1:]
+			if ok {
+				r.ticket, r.active = t, true
+				r.attempts++
+				r.announce()
+				r.tried = append(r.tried, t.ID)
+				return t.ID, true
+			}
 		}
+		if r.reranked {
+			return "", false
+		}
+		r.rerank(c.Now(time.Now()))
 	}
-	return "", false
+}
+
+// rerank ranks the replicas not tried yet as the request's fallbacks.
+func (r *Request) rerank(now time.Duration) {
+	r.reranked = true
+	c, tried, allowed := r.core, r.tried, r.Route.Allowed
+	r.Route.Allowed = func(id string) bool { return !slices.Contains(tried, id) && (allowed == nil || allowed(id)) }
+	r.fallbacks, _ = c.cfg.Router.Rank(now, &r.Route, c.rng, r.fbBuf[:0])
+	r.Route.Allowed = allowed
 }
 
 // pin sends the request's first attempt to the replica that stored the
@@ -509,7 +533,7 @@ func (r *Request) failed(e *AttemptError) {
 		// The replica that answered it does not hold it (its store is
 		// off, or lost with a restart): nor does any other, which a store
 		// they shared would have answered it from.
-		r.fallbacks = nil
+		r.fallbacks, r.reranked = nil, true
 	}
 	c.cfg.Metrics.retried(r.ticket.ID)
 	current := c.cfg.Router.Current(&r.ticket) // else replaced since: not its successor's doing

@@ -140,18 +140,23 @@ func TestPausedReplicaIsNoStall(t *testing.T) {
 	}
 }
 
-func sglangMetrics(w http.ResponseWriter) {
-	fmt.Fprint(w, `# TYPE sglang:num_running_reqs gauge
+// sglangMetrics writes an SGLang engine's /metrics with used tokens in
+// its KV cache; its token counters stand still (SGLang's move when a
+// request ends).
+func sglangMetrics(w http.ResponseWriter, used int64) {
+	fmt.Fprintf(w, `# TYPE sglang:num_running_reqs gauge
 sglang:num_running_reqs{model_name="m"} 1
 # TYPE sglang:num_queue_reqs gauge
 sglang:num_queue_reqs{model_name="m"} 1
+# TYPE sglang:num_used_tokens gauge
+sglang:num_used_tokens{model_name="m"} %d
 # TYPE sglang:gen_throughput gauge
 sglang:gen_throughput{model_name="m"} 50
 # TYPE sglang:prompt_tokens_total counter
 sglang:prompt_tokens_total{model_name="m"} 100
 # TYPE sglang:generation_tokens_total counter
 sglang:generation_tokens_total{model_name="m"} 7
-`)
+`, used)
 }
 
 const chunk = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\n\n"
@@ -165,7 +170,7 @@ func TestBusyReplicaStreamingIsNoStall(t *testing.T) {
 	finished := make(chan struct{})
 	busy := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
-			sglangMetrics(w)
+			sglangMetrics(w, 900)
 			return
 		}
 		if r.Method != http.MethodPost { // a probe's question (GET /is_sleeping)
@@ -281,5 +286,118 @@ func TestPauseAnsweredFirstIsNoStall(t *testing.T) {
 	wg.Wait()
 	if !stateOr(s, "a").Healthy {
 		t.Error("the replica paused first was ejected while the pause went on elsewhere")
+	}
+}
+
+// A full SGLang engine decoding whole (unstreamed) answers: no byte comes
+// until one ends, its token counters move only then, and a stream waits
+// in its queue meanwhile. Its tokens in use move as it decodes: it works,
+// and is not ejected (2026-12-06, a user's test against an emulator whose
+// counters moved as SGLang's do: healthy replicas were ejected and their
+// requests lost, at the default 30 s too). Frozen, they say it hangs.
+func TestBusySGLangDecodingWholeAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		working bool
+	}{{"decoding", true}, {"hung", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			var used atomic.Int64
+			used.Store(900)
+			finished := make(chan struct{})
+			var once sync.Once
+			busy := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				switch {
+				case r.URL.Path == "/metrics":
+					n := used.Load()
+					if tc.working {
+						n = used.Add(16)
+					}
+					sglangMetrics(w, n)
+					return
+				case r.Method != http.MethodPost:
+					http.NotFound(w, r)
+					return
+				case r.Header.Get("X-Test") == "queued":
+					w.Header().Set("Content-Type", "text/event-stream")
+					w.WriteHeader(200)
+					w.(http.Flusher).Flush()
+					select { // waits for room
+					case <-r.Context().Done():
+						return
+					case <-finished:
+					}
+					fmt.Fprint(w, chunk+"data: [DONE]\n\n")
+					return
+				}
+				select { // decodes for 2 s, or hangs
+				case <-r.Context().Done():
+					return
+				case <-time.After(2 * time.Second):
+				}
+				if !tc.working {
+					<-r.Context().Done()
+					return
+				}
+				once.Do(func() { close(finished) })
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprint(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`)
+			})
+			good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
+			s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 400 * time.Millisecond}}, busy, good)
+			eventually(t, "both replicas probed", func() bool { return stateOr(s, "a").Available() && stateOr(s, "b").Available() })
+			whole := make(chan string, 1)
+			go func() { _, _, replica := post(t, url, chatBody("x", 1, false)); whole <- replica }()
+			eventually(t, "the whole answer to be under way at a", func() bool { return stateOr(s, "a").InFlight == 1 })
+			_, _, queued := post(t, url, chatBody("y", 1, true), "X-Test", "queued")
+			if got := <-whole; tc.working && (got != "a" || queued != "a" || !stateOr(s, "a").Healthy) {
+				t.Errorf("a working replica: the whole answer from %q, the queued stream from %q; healthy %v", got, queued, stateOr(s, "a").Healthy)
+			} else if !tc.working && (got != "b" || stateOr(s, "a").Healthy) {
+				t.Errorf("a hung replica: the whole answer from %q, healthy %v", got, stateOr(s, "a").Healthy)
+			}
+		})
+	}
+}
+
+// The only replica available is not ejected for a stall: its requests
+// would have nowhere to go, and new ones would be refused where it might
+// yet serve them (2026-12-06, a user's test: a 20 s pause behind the
+// router's back became 30 s of refusals).
+func TestOnlyReplicaIsNotEjectedForAStall(t *testing.T) {
+	engine := servetest.NewPausable()
+	held := fakeUpstream(t, engine.Handler(0))
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 300 * time.Millisecond}}, held)
+	eventually(t, "probed", func() bool { return stateOr(s, "a").Available() })
+	if code, _ := do(t, "POST", held.URL+"/pause", ``); code != 200 { // behind the router's back
+		t.Fatal(code)
+	}
+	done := make(chan int, 1)
+	go func() { code, _, _ := post(t, url, chatBody("x", 1, true)); done <- code }()
+	time.Sleep(time.Second)
+	do(t, "POST", held.URL+"/resume", ``)
+	if code := <-done; code != 200 || !stateOr(s, "a").Healthy {
+		t.Errorf("status %d, healthy %v", code, stateOr(s, "a").Healthy)
+	}
+}
+
+// A pause made through the router and let go behind its back ends when
+// an answer of the engine begins: the replica is judged again (2026-12-06,
+// a user's test: the pause stuck, and a later hang went unjudged).
+func TestPauseEndsWhenAnAnswerBegins(t *testing.T) {
+	engine := servetest.NewPausable()
+	a := fakeUpstream(t, engine.Handler(0))
+	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 300 * time.Millisecond}}, a, good)
+	eventually(t, "both replicas probed", func() bool { return stateOr(s, "a").Available() && stateOr(s, "b").Available() })
+	if code, _ := do(t, "POST", url+"/pause", ``); code != 200 {
+		t.Fatal(code)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	do(t, "POST", a.URL+"/resume", ``) // behind the router's back
+	if _, _, replica := post(t, url, chatBody("x", 1, true)); replica != "a" {
+		t.Fatalf("served by %q, not the resumed replica: the test proves nothing", replica)
+	}
+	engine.Hang()
+	if code, body, replica := post(t, url, chatBody("y", 1, true)); code != 200 || replica != "b" {
+		t.Errorf("a hang after the resume: status %d from %q: %.200s", code, replica, body)
 	}
 }

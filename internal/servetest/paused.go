@@ -27,10 +27,14 @@ vllm:generation_tokens_total{model_name="m"} %d
 // development mode does in mode "keep"), and its /metrics counters stand
 // still throughout.
 type Pausable struct {
-	paused  atomic.Bool
-	once    sync.Once
-	resumed chan struct{}
+	paused, hung atomic.Bool
+	once         sync.Once
+	resumed      chan struct{}
 }
+
+// Hang has the engine hold every chat stream from now on, for ever, its
+// health passing.
+func (p *Pausable) Hang() { p.hung.Store(true) }
 
 // NewPausable returns an engine not paused.
 func NewPausable() *Pausable { return &Pausable{resumed: make(chan struct{})} }
@@ -62,6 +66,10 @@ func (p *Pausable) Handler(delay time.Duration) http.HandlerFunc {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(200)
 		w.(http.Flusher).Flush()
+		if p.hung.Load() {
+			<-r.Context().Done()
+			return
+		}
 		if p.paused.Load() {
 			select {
 			case <-r.Context().Done():

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/enginemetrics"
+	"github.com/gorgo-llm/gorgo/internal/models"
 )
 
 // A replica can hang with its health checks passing: vLLM's /health asks
@@ -48,14 +49,27 @@ import (
 // The ejection is the outlier ejection's (capped by max_ejection_percent,
 // its time growing with each): its waiting attempts are cut and tried
 // elsewhere, as nothing has reached their clients. A replica is not
-// ejected for a stall while no other replica is available to take them:
-// a cut request would have nowhere to go, and new ones would be refused
-// where the replica might yet serve them.
+// ejected for a stall while no other available replica serves the models
+// its waiting attempts ask for: a cut request would have nowhere to go,
+// and new ones would be refused where the replica might yet serve them.
+
+// Wait is what the stall check knows of an attempt waiting for its answer
+// to begin (Watch).
+type Wait struct {
+	// Unstreamed: its answer comes whole, at its end. Grace: its wait
+	// counts towards a stall from then on (twice its forecast first
+	// token). Model: the model it asks for, which another replica must
+	// serve for its replica to be ejected.
+	Unstreamed bool
+	Grace      time.Duration
+	Model      string
+}
 
 // waiter is an attempt waiting for its answer to begin, counted from due.
 type waiter struct {
 	due        time.Time
 	unstreamed bool
+	model      string
 }
 
 // progress is what the fleet knows of a replica's engine; Upstream.mu
@@ -86,17 +100,17 @@ func gaugesOf(em *enginemetrics.Metrics) gauges {
 }
 
 // Watch registers an attempt waiting for its answer to begin, to be cut
-// (with ErrEjected as its cause) if u is ejected meanwhile; its wait
-// counts towards a stall from grace on (see checkStall). The returned
-// function unregisters it, saying whether the replica answered (a
-// successful answer began: progress).
-func (u *Upstream) Watch(cancel *context.CancelCauseFunc, unstreamed bool, grace time.Duration) (done func(answered bool)) {
+// (with ErrEjected as its cause) if u is ejected meanwhile (see
+// checkStall for w). The returned function unregisters it, saying whether
+// the replica answered: a successful answer of its engine began (not a
+// /tokenize, which a paused or hung engine's server answers): progress.
+func (u *Upstream) Watch(cancel *context.CancelCauseFunc, w Wait) (done func(answered bool)) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.health.waiting == nil {
 		u.health.waiting = map[*context.CancelCauseFunc]waiter{}
 	}
-	u.health.waiting[cancel] = waiter{due: time.Now().Add(grace), unstreamed: unstreamed}
+	u.health.waiting[cancel] = waiter{due: time.Now().Add(w.Grace), unstreamed: w.Unstreamed, model: w.Model}
 	return func(answered bool) {
 		now := time.Now()
 		u.mu.Lock()
@@ -195,7 +209,7 @@ func (f *Fleet) checkStall(u *Upstream) {
 	if oldest.IsZero() || now.Sub(oldest) < limit {
 		return
 	}
-	if st, err := f.rt.Replica(u.cfg.ID); err != nil || st.Asleep || !f.othersAvailable(u.cfg.ID) {
+	if st, err := f.rt.Replica(u.cfg.ID); err != nil || st.Asleep || !f.elsewhere(u.cfg.ID, h.waiting) {
 		return
 	}
 	why := fmt.Sprintf("stalled: a request waited %v past twice its forecast first token for its answer to begin, and nothing else progressed", now.Sub(oldest).Round(time.Second))
@@ -205,12 +219,32 @@ func (f *Fleet) checkStall(u *Upstream) {
 	f.eject(u, cfg, why, true)
 }
 
-// othersAvailable reports whether a replica other than id takes requests.
-func (f *Fleet) othersAvailable(id string) bool {
-	for _, st := range f.rt.Replicas() {
-		if st.ID != id && st.Available() {
-			return true
+// servesModel reports whether a replica serving set serves model (nil:
+// unknown, taken to serve any, as decisions take it).
+func servesModel(set *models.Set, model string) bool {
+	if model == "" || set == nil {
+		return true
+	}
+	_, ok := set.Lookup(model)
+	return ok
+}
+
+// elsewhere reports whether every model the waiting attempts ask for is
+// served by an available replica other than id.
+func (f *Fleet) elsewhere(id string, waiting map[*context.CancelCauseFunc]waiter) bool {
+	others := f.rt.Replicas()
+	serves := func(model string) bool {
+		for _, st := range others {
+			if st.ID != id && st.Available() && servesModel(st.Models, model) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, w := range waiting {
+		if !serves(w.model) {
+			return false
 		}
 	}
-	return false
+	return true
 }

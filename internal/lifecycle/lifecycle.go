@@ -191,9 +191,12 @@ type Request struct {
 	fallbacks []router.Candidate // not tried yet, best first: the tail of fbBuf
 	fbBuf     []router.Candidate
 	// tried are the replicas tried, in order; reranked says the fallbacks
-	// were ranked again once used up (or are not to be: none holds it).
+	// were ranked again once used up (or are not to be: none holds it, or
+	// a gateway sends the fallbacks); tag is the decision's arm
+	// (Ticket.Tag), which fallbacks ranked again keep.
 	tried     []string
 	reranked  bool
+	tag       int
 	attempts  int
 	last      *wire.Error // the last failed attempt's
 	decideErr error
@@ -415,12 +418,18 @@ func (r *Request) next() (string, bool) {
 }
 
 // rerank ranks the replicas not tried yet as the request's fallbacks.
+// They are the same decision's, so of its arm: a learning policy's Decide,
+// asked again, took another arm's turn (its alternation shifts by one,
+// rarely), and the outcome is timed from the first attempt.
 func (r *Request) rerank(now time.Duration) {
 	r.reranked = true
 	c, tried, allowed := r.core, r.tried, r.Route.Allowed
 	r.Route.Allowed = func(id string) bool { return !slices.Contains(tried, id) && (allowed == nil || allowed(id)) }
 	r.fallbacks, _ = c.cfg.Router.Rank(now, &r.Route, c.rng, r.fbBuf[:0])
 	r.Route.Allowed = allowed
+	for k := range r.fallbacks {
+		r.fallbacks[k].Tag = r.tag
+	}
 }
 
 // pin sends the request's first attempt to the replica that stored the
@@ -496,7 +505,7 @@ func (r *Request) dispatch(now time.Duration, start time.Time) {
 		return
 	}
 	r.fallbacks = fb
-	r.ticket, r.active, r.attempts = t, true, 1
+	r.ticket, r.active, r.attempts, r.tag = t, true, 1, t.Tag
 }
 
 // Fallbacks returns the replicas ranked after the current attempt's, best

@@ -137,6 +137,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 	r.named = stored
 	r.pin(stored, in.Allowed)
 	r.Route.Unstreamed = r.Route.Unstreamed || in.Unseen
+	r.reranked = in.GatewaySends // its later attempts are the gateway's, from the list it was given
 	if e := r.classify(&in, time.Now()); e != nil {
 		if e.Status == statusBadRequest && r.tenant != nil {
 			c.cfg.Metrics.tenantRefused(r.tenant.Name, r.class.Priority, "bad_request")

@@ -258,7 +258,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	// Cut at once (and tried elsewhere) if the replica is ejected before
 	// its answer begins; its beginning is the replica's progress.
 	answered := false
-	done := u.Watch(&stopCause, !req.Stream(), 2*req.Forecast())
+	done := u.Watch(&stopCause, fleet.Wait{Unstreamed: !req.Stream(), Grace: 2 * req.Forecast(), Model: req.Model()})
 	defer func() { done(answered) }()
 	var lent sync.WaitGroup
 	body := lend(req.Body, &lent)
@@ -467,7 +467,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		a.close()
 		return nil, failure(id, http.StatusBadGateway, true, givenUp, `finish_reason "abort"`)
 	}
-	if answered = resp.StatusCode < 300; answered {
+	if answered = resp.StatusCode < 300 && req.AnswersJSON(); answered { // not a /tokenize: the engine's work
 		a.of = u
 	}
 	return a, nil

@@ -3,11 +3,14 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
@@ -399,5 +402,92 @@ func TestPauseEndsWhenAnAnswerBegins(t *testing.T) {
 	engine.Hang()
 	if code, body, replica := post(t, url, chatBody("y", 1, true)); code != 200 || replica != "b" {
 		t.Errorf("a hang after the resume: status %d from %q: %.200s", code, replica, body)
+	}
+}
+
+// vLLM's API server answers /tokenize itself, its engine core paused or
+// not: such an answer is no progress, nor a sign that a pause made
+// through the router ended, and the paused replica is not ejected as
+// stalled (review, 2026-12-06: one /tokenize ended the hold).
+func TestTokenizeIsNoProgress(t *testing.T) {
+	engine := servetest.NewPausable()
+	h := engine.Handler(0)
+	a := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, `{"count":2,"max_model_len":4096,"tokens":[1,2]}`)
+			return
+		}
+		h(w, r)
+	})
+	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 300 * time.Millisecond}}, a, good)
+	eventually(t, "both replicas probed", func() bool { return stateOr(s, "a").Available() && stateOr(s, "b").Available() })
+	if code, body := do(t, "POST", url+"/pause", `{"mode":"keep"}`); code != 200 {
+		t.Fatalf("pause: %d %s", code, body)
+	}
+	time.Sleep(1100 * time.Millisecond)
+	before := a.Served()
+	if code, body := do(t, "POST", url+"/tokenize", `{"model":"gorgo-emulated","prompt":"hi"}`, "Content-Type", "application/json"); code != 200 {
+		t.Fatalf("tokenize: %d %s", code, body)
+	}
+	if a.Served() == before {
+		t.Fatal("the tokenize went to b: the test proves nothing")
+	}
+	done := make(chan string, 1)
+	go func() { _, _, replica := post(t, url, chatBody("x", 1, true)); done <- replica }()
+	time.Sleep(1500 * time.Millisecond) // five stall timeouts
+	healthy := stateOr(s, "a").Healthy
+	do(t, "POST", url+"/resume", ``)
+	replica := <-done
+	if !healthy || replica != "a" {
+		t.Errorf("paused through the router: ejected as stalled (healthy %v), the stream served by %q", healthy, replica)
+	}
+}
+
+// A replica alone in serving its waiting requests' model is not ejected
+// for a stall, whatever other models other replicas serve (review,
+// 2026-12-06: one paused behind the router's back, alone in serving m1,
+// was ejected because b, serving m2 only, was up, and its request
+// refused).
+func TestOnlyReplicaOfItsModelIsNotEjectedForAStall(t *testing.T) {
+	engine := servetest.NewPausable()
+	held := fakeUpstream(t, engine.Handler(0))
+	other := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, chunk+"data: [DONE]\n\n")
+	})
+	cfg := servetest.FleetConfig(fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 300 * time.Millisecond}, held, other)
+	cfg.Replicas[0].Models, cfg.Replicas[1].Models = []string{"m1"}, []string{"m2"}
+	reg := prometheus.NewRegistry()
+	f, err := fleet.New(cfg, fleet.Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(f, Config{}, reg, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	servetest.RunFleet(t, f)
+	ts := httptest.NewServer(p.Handler())
+	t.Cleanup(ts.Close)
+	s := &testRouter{Fleet: f, proxy: p, reg: reg}
+	eventually(t, "probed", func() bool { return stateOr(s, "a").Available() && stateOr(s, "b").Available() })
+	if code, _ := do(t, "POST", held.URL+"/pause", ``); code != 200 { // behind the router's back
+		t.Fatal(code)
+	}
+	done := make(chan string, 1)
+	go func() {
+		code, body, replica := post(t, ts.URL, strings.Replace(chatBody("x", 1, true), "gorgo-emulated", "m1", 1))
+		done <- fmt.Sprintf("%d from %q: %.120s", code, replica, body)
+	}()
+	time.Sleep(time.Second)
+	do(t, "POST", held.URL+"/resume", ``)
+	if got := <-done; !strings.HasPrefix(got, `200 from "a"`) || !stateOr(s, "a").Healthy {
+		t.Errorf("the only replica of m1: %s, healthy %v", got, stateOr(s, "a").Healthy)
 	}
 }

@@ -24,7 +24,9 @@ import (
 // prefill, a deep queue) for its answer to begin (a stream's first event,
 // a whole answer); the replica made no progress meanwhile (no answer of
 // it began, no byte of a successful answer of it was read, no router of
-// the mesh heard of a first token or a finished answer there); and its
+// the mesh heard of a first token or a finished answer there; a
+// /tokenize answered is none: a paused or hung engine's server answers
+// it); and its
 // engine's gauges, where a recent scrape shows them, did not move in that
 // time either. An engine at work moves them with its steps (vLLM's with
 // every one: its KV cache's use, its token counters; SGLang's when its

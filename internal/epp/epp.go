@@ -88,6 +88,16 @@ type Operator interface {
 	Operate(ctx context.Context, op fleet.Operation) (*fleet.OperationAnswer, *wire.Error)
 }
 
+// Watcher is what a Fleet that judges its replicas' stalls offers (a
+// *fleet.Fleet does): the picker registers each request it routes with
+// its replica until its answer begins, so that a replica that passes its
+// health checks and has stopped serving is ejected, and picked no more
+// (fleet.Upstream.Watch). The gateway holds the request itself: the
+// ejection cannot cut it.
+type Watcher interface {
+	Upstream(id string) *fleet.Upstream
+}
+
 // Server is the endpoint picker.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
@@ -185,12 +195,20 @@ type exchange struct {
 	// long says the stream is inside an event too long to hold, which the
 	// lifecycle reads as it passes (lifecycle.Request.LongEventPart).
 	long bool
+	// watched ends the routed attempt's watch by its replica's stall
+	// check (Watcher), saying whether its answer began; of is that
+	// replica, whose progress each piece of a successful answer is; noCut
+	// is what an ejection calls, which cannot reach the gateway.
+	watched func(answered bool)
+	of      *fleet.Upstream
+	noCut   context.CancelCauseFunc
 }
 
 // Process serves one ext_proc stream: one HTTP request, from its headers
 // to the end of its response (or as far as the gateway sends it).
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	x := &exchange{s: s, stream: stream}
+	defer x.unwatch(false)
 	for {
 		msg := x.recv()
 		if msg == nil {
@@ -458,9 +476,18 @@ func (x *exchange) Send(ctx context.Context, r *lifecycle.Request, id string) (i
 			return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusServiceUnavailable, "the gateway's stream broke")}
 		}
 		x.routed = true
+		x.watch(r, id)
 		x.awaitResponse()
 		if x.err != nil {
 			return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusServiceUnavailable, "the gateway's stream broke")}
+		}
+		switch {
+		case x.status >= 300 || x.served != "" && x.served != id:
+			x.unwatch(false)
+		case !r.Stream():
+			x.unwatch(r.AnswersJSON()) // a whole answer's headers come with its end
+		case x.respNone:
+			x.unwatch(false) // no body to come: its first token will not be seen
 		}
 	}
 	if x.served != "" && x.served != id {
@@ -482,6 +509,32 @@ func (x *exchange) Send(ctx context.Context, r *lifecycle.Request, id string) (i
 		core.Router().Lacks(id, r.Route.Endpoint, core.Now(time.Now()))
 	}
 	return x.status, nil
+}
+
+// watch registers the request routed to replica id with its stall check,
+// if the fleet has one (Watcher), until its answer begins: a whole
+// answer's headers, a stream's first token.
+func (x *exchange) watch(r *lifecycle.Request, id string) {
+	w, ok := x.s.fleet.(Watcher)
+	if !ok {
+		return
+	}
+	if x.of = w.Upstream(id); x.of == nil {
+		return
+	}
+	x.noCut = func(error) {}
+	x.watched = x.of.Watch(&x.noCut, fleet.Wait{Unstreamed: !r.Stream(), Grace: 2 * r.Forecast(), Model: r.Model()})
+}
+
+// unwatch ends the watch, if one is on.
+func (x *exchange) unwatch(answered bool) {
+	if x.watched != nil {
+		x.watched(answered)
+		x.watched = nil
+	}
+	if !answered {
+		x.of = nil // no progress of it to hear
+	}
 }
 
 // route sends the gateway the destination: the chosen endpoint and the
@@ -635,6 +688,14 @@ func (x *exchange) Relay(r *lifecycle.Request) lifecycle.Outcome {
 		case *extprocv3.ProcessingRequest_ResponseBody:
 			body, eos := m.ResponseBody.GetBody(), m.ResponseBody.GetEndOfStream()
 			x.observe(r, body, eos)
+			if x.of != nil && len(body) > 0 {
+				if x.watched != nil && r.Began() {
+					x.unwatch(true) // a stream's first token
+				}
+				if x.watched == nil {
+					x.of.Progressed(time.Now())
+				}
+			}
 			x.answered = eos
 			x.pending = continueResponse(msg, x.respDuplex)
 		case *extprocv3.ProcessingRequest_ResponseTrailers:

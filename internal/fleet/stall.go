@@ -45,8 +45,9 @@ import (
 // operation (new weights' load, sleep), holds its requests as asked: no
 // stall. One paused at the engine itself, behind the routers' backs, for
 // longer than stall_timeout past the forecast with requests waiting, is
-// taken for one. The front end that registers attempts (Watch) is the
-// proxy's: gorgo epp's gateway holds its attempts, and has no stall check.
+// taken for one. Both front ends register their attempts (Watch): the
+// proxy's are cut on an ejection; gorgo epp's gateway holds its own, which
+// an ejection cannot reach, but the replica is picked no more.
 //
 // The ejection is the outlier ejection's (capped by max_ejection_percent,
 // its time growing with each): its waiting attempts are cut and tried

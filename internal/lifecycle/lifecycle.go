@@ -515,6 +515,9 @@ func (r *Request) Fallbacks() []router.Candidate { return r.fallbacks }
 // Replica returns the id of the replica of the current attempt.
 func (r *Request) Replica() string { return r.ticket.ID }
 
+// Began reports whether the answer's first token came.
+func (r *Request) Began() bool { return r.tokens > 0 }
+
 // Forecast is when the router expected the attempt's first token, from
 // its sending: Predict's forecast there with its margin (a long prompt's
 // prefill, the replica's queue), 0 if it had none.

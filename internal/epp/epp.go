@@ -148,22 +148,24 @@ type exchange struct {
 	duplex bool  // request body in FULL_DUPLEX_STREAMED mode
 	// respDuplex: response body in FULL_DUPLEX_STREAMED mode (Envoy says
 	// so on the stream's first message only); respNone: Envoy said it
-	// sends no response body, so no first token will be seen.
-	respDuplex, respNone bool
-	path                 string
-	method               string
-	opHeader             http.Header // an engine operation's headers, for the replicas
-	bodiless             bool        // its headers ended the request: it has no body
-	cut                  bool        // a whole answer's start was let go: its tail is kept
-	head                 bool        // a whole JSON answer's first bytes were read
-	session              string
-	requestID            string // the client's X-Request-Id (vLLM's engine's id of it)
-	subset               []string
-	body                 []byte
-	received             time.Time
-	decided              bool
-	atHeaders            bool // decided at the headers: the body, if any, is not read
-	trailers             bool // the request's trailers came with the decision: answer them after it
+	// sends no response body, so no first token will be seen; respLate:
+	// Envoy buffers the body, so its first token is seen late (at its
+	// end, or once the buffer fills).
+	respDuplex, respNone, respLate bool
+	path                           string
+	method                         string
+	opHeader                       http.Header // an engine operation's headers, for the replicas
+	bodiless                       bool        // its headers ended the request: it has no body
+	cut                            bool        // a whole answer's start was let go: its tail is kept
+	head                           bool        // a whole JSON answer's first bytes were read
+	session                        string
+	requestID                      string // the client's X-Request-Id (vLLM's engine's id of it)
+	subset                         []string
+	body                           []byte
+	received                       time.Time
+	decided                        bool
+	atHeaders                      bool // decided at the headers: the body, if any, is not read
+	trailers                       bool // the request's trailers came with the decision: answer them after it
 	// traceparent and tracestate are the client's trace context, read
 	// when the core traces requests.
 	traceparent, tracestate string
@@ -184,7 +186,8 @@ type exchange struct {
 	status     int
 	retryAfter string
 	served     string
-	answered   bool // the response's end was seen
+	servedEP   string // the endpoint the gateway says served it, known or not
+	answered   bool   // the response's end was seen
 	unobserved bool
 	// pending is the answer to the last response message, sent once the
 	// lifecycle has taken that message in (so the gateway never sees an
@@ -253,6 +256,7 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 			x.duplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 			x.respDuplex = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 			x.respNone = pc.GetResponseBodyMode() == filterv3.ProcessingMode_NONE
+			x.respLate = pc.GetResponseBodyMode() == filterv3.ProcessingMode_BUFFERED || pc.GetResponseBodyMode() == filterv3.ProcessingMode_BUFFERED_PARTIAL
 		}
 		traced := x.s.fleet.Core().Tracing()
 		for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
@@ -482,12 +486,12 @@ func (x *exchange) Send(ctx context.Context, r *lifecycle.Request, id string) (i
 			return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusServiceUnavailable, "the gateway's stream broke")}
 		}
 		switch {
-		case x.status >= 300 || x.served != "" && x.served != id:
-			x.unwatch(false)
+		case x.unobserved || x.status >= 300 || x.servedEP != "" && x.servedEP != ep:
+			x.unwatch(false) // no answer of it (gone before its headers), or another's
 		case !r.Stream():
 			x.unwatch(r.AnswersJSON()) // a whole answer's headers come with its end
-		case x.respNone:
-			x.unwatch(false) // no body to come: its first token will not be seen
+		case x.respNone || x.respLate:
+			x.unwatch(false) // its first token will not be seen in time
 		}
 	}
 	if x.served != "" && x.served != id {
@@ -653,7 +657,7 @@ func (x *exchange) awaitResponse() {
 			}
 			continue
 		}
-		x.served = x.servedID(msg.GetMetadataContext())
+		x.served, x.servedEP = x.servedID(msg.GetMetadataContext())
 		for _, h := range rh.ResponseHeaders.GetHeaders().GetHeaders() {
 			switch strings.ToLower(h.GetKey()) {
 			case ":status":
@@ -874,12 +878,12 @@ func (x *exchange) flush() error {
 
 // servedID is the replica the gateway says served the request ("" if it
 // says nothing or names an endpoint the fleet does not have).
-func (x *exchange) servedID(md *corev3.Metadata) string {
-	ep := md.GetFilterMetadata()[LBNamespace].GetFields()[ServedKey].GetStringValue()
+func (x *exchange) servedID(md *corev3.Metadata) (id, ep string) {
+	ep = md.GetFilterMetadata()[LBNamespace].GetFields()[ServedKey].GetStringValue()
 	if ep == "" {
-		return ""
+		return "", ""
 	}
-	return x.s.fleet.EndpointIDs()[ep]
+	return x.s.fleet.EndpointIDs()[ep], ep
 }
 
 func continueHeaders() *extprocv3.ProcessingResponse {

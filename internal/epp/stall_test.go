@@ -8,9 +8,11 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
@@ -21,21 +23,8 @@ import (
 // fleet's stall check, and picked no more: the picker registers what it
 // routes with its replica until the answer begins, as gorgo serve does.
 func TestStalledReplicaIsPickedNoMore(t *testing.T) {
-	idle := func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) } // health passes; no metrics
-	cfg := servetest.FleetConfig(fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 300 * time.Millisecond},
-		servetest.Fake(t, idle), servetest.Fake(t, idle))
-	f, err := fleet.New(cfg, fleet.Options{Registry: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	servetest.RunFleet(t, f)
-	servetest.Eventually(t, "both replicas probed", func() bool {
-		a, _ := f.Router().Replica("a")
-		b, _ := f.Router().Replica("b")
-		return a.Available() && b.Available()
-	})
+	f, pk := stallFleet(t)
 	eps := f.EndpointIDs()
-	pk := picker(t, f)
 	route := func() (string, extprocv3.ExternalProcessor_ProcessClient) {
 		s, err := pk.Process(context.Background())
 		if err != nil {
@@ -72,5 +61,113 @@ func TestStalledReplicaIsPickedNoMore(t *testing.T) {
 		t.Errorf("picked %s again, ejected as stalled", next)
 	} else {
 		s.CloseSend()
+	}
+}
+
+const wholeChatBody = `{"model":"m","messages":[{"role":"user","content":"where should this go? a question long enough for a few blocks"}]}`
+
+// stallFleet is a fleet of two replicas that pass their health checks and
+// have no metrics, its stall timeout 300 ms, and a picker over it.
+func stallFleet(t *testing.T) (*fleet.Fleet, extprocv3.ExternalProcessorClient) {
+	idle := func(w http.ResponseWriter, r *http.Request) { http.NotFound(w, r) } // health passes; no metrics
+	cfg := servetest.FleetConfig(fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 300 * time.Millisecond},
+		servetest.Fake(t, idle), servetest.Fake(t, idle))
+	f, err := fleet.New(cfg, fleet.Options{Registry: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	servetest.RunFleet(t, f)
+	servetest.Eventually(t, "both replicas probed", func() bool {
+		a, _ := f.Router().Replica("a")
+		b, _ := f.Router().Replica("b")
+		return a.Available() && b.Available()
+	})
+	return f, picker(t, f)
+}
+
+// healthy reports whether replica id is up.
+func healthy(f *fleet.Fleet, id string) bool { st, _ := f.Router().Replica(id); return st.Healthy }
+
+// routeTo routes a chat request to replica id (the subset hint) with the
+// response body mode given; false if the picker answered it directly.
+func routeTo(t *testing.T, ctx context.Context, pk extprocv3.ExternalProcessorClient, f *fleet.Fleet, id, body string, mode filterv3.ProcessingMode_BodySendMode) (extprocv3.ExternalProcessor_ProcessClient, bool) {
+	t.Helper()
+	ep, _ := f.Endpoint(id)
+	s, err := pk.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := structpb.NewStruct(map[string]any{SubsetKey: []any{ep}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
+		ProtocolConfig:  &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: mode},
+		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{SubsetNamespace: st}}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}})
+	r := recv(t, s)
+	if r.GetImmediateResponse() != nil {
+		return s, false
+	}
+	if hd, _ := destination(t, r); !strings.HasPrefix(hd, ep) {
+		t.Fatalf("routed to %s, not %s", hd, ep)
+	}
+	return s, true
+}
+
+// A stalled stream waits on a; clients of whole answers routed to a give
+// up before its headers. Nothing of a began: a is ejected (review,
+// 2026-12-06: each whole answer given up on counted as a's progress).
+func TestAbortedWholeAnswerIsNoProgress(t *testing.T) {
+	f, pk := stallFleet(t)
+	s, _ := routeTo(t, context.Background(), pk, f, "a", chatBody, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	defer s.CloseSend()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		if !healthy(f, "a") {
+			return
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		routeTo(t, ctx, pk, f, "a", wholeChatBody, filterv3.ProcessingMode_BUFFERED)
+		cancel() // the client gave up before the answer's headers
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("a, its stream unanswered for 16 stall timeouts, was not ejected: each aborted whole answer counted as its progress")
+}
+
+// The gateway says an endpoint the fleet does not know served the
+// request: its tokens are no progress of the replica picked (review,
+// 2026-12-06).
+func TestUnknownServedEndpointIsNotThePicked(t *testing.T) {
+	f, pk := stallFleet(t)
+	s, _ := routeTo(t, context.Background(), pk, f, "a", chatBody, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	defer s.CloseSend()
+	s2, _ := routeTo(t, context.Background(), pk, f, "a", chatBody, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
+	defer s2.CloseSend()
+	served, _ := structpb.NewStruct(map[string]any{ServedKey: "10.9.9.9:8000"})
+	s2.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")},
+		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{LBNamespace: served}}})
+	recv(t, s2)
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		if !healthy(f, "a") {
+			return
+		}
+		s2.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
+			Body: []byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n")}}})
+		recv(t, s2)
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("a, its stream unanswered for 16 stall timeouts, was not ejected: 10.9.9.9:8000's tokens counted as its progress")
+}
+
+// A stream whose response body Envoy buffers (BUFFERED): its tokens come
+// only at its end. A healthy replica decoding it long is no stall
+// (review, 2026-12-06).
+func TestBufferedStreamIsNoStall(t *testing.T) {
+	f, pk := stallFleet(t)
+	s, _ := routeTo(t, context.Background(), pk, f, "a", chatBody, filterv3.ProcessingMode_BUFFERED)
+	defer s.CloseSend()
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+	recv(t, s)
+	time.Sleep(1500 * time.Millisecond) // five stall timeouts, probed every 50 ms
+	if !healthy(f, "a") {
+		t.Fatal("a, streaming an answer Envoy buffers, was ejected as stalled")
 	}
 }

@@ -18,19 +18,7 @@ import (
 // was tagged with the arm and filled its window, so that in block mode a
 // candidate's block was charged for follow-ups the incumbent had placed).
 func TestPinnedFollowUpIsNotScored(t *testing.T) {
-	o, err := tune.NewOnline(tune.OnlineConfig{ES: tune.Config{Seed: 1}, Base: "gorgo", Window: 64, Hop: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt, err := router.New(router.Config{Policy: o, BlockTokens: 16, TieMargin: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, id := range []string{"a", "b", "c"} {
-		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 16, PrefillMSPerToken: 0.1, QueueMSPerToken: 0.1})
-		rt.ObserveRTT(id, time.Duration(10*(i+1))*time.Millisecond)
-	}
-	c := NewCore(Config{Router: rt, BlockTokens: 16, MaxAttempts: 3, Start: time.Unix(0, 0), Metrics: NewMetrics(prometheus.NewRegistry()), Seed: 1})
+	c, o, rt := tunedCore(t)
 	rt.Stored("resp_1", "c")
 	fe := &frontEnd{}
 	in := Incoming{Body: []byte(chat), Kind: Chat, Received: time.Now(), Stored: "resp_1"}
@@ -48,4 +36,24 @@ func TestPinnedFollowUpIsNotScored(t *testing.T) {
 	if s := o.Round().Scored; s[0]+s[1] != 1 {
 		t.Errorf("an unpinned request: scored %v, want one outcome", s)
 	}
+}
+
+// tunedCore is a core over replicas a, b and c (10, 20 and 30 ms away)
+// routed by the online tuner over gorgo, whose two arms alternate request
+// by request.
+func tunedCore(t *testing.T) (*Core, *tune.Online, *router.Router) {
+	t.Helper()
+	o, err := tune.NewOnline(tune.OnlineConfig{ES: tune.Config{Seed: 1}, Base: "gorgo", Window: 64, Hop: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := router.New(router.Config{Policy: o, BlockTokens: 16, TieMargin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range []string{"a", "b", "c"} {
+		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 16, PrefillMSPerToken: 0.1, QueueMSPerToken: 0.1})
+		rt.ObserveRTT(id, time.Duration(10*(i+1))*time.Millisecond)
+	}
+	return NewCore(Config{Router: rt, BlockTokens: 16, MaxAttempts: 3, Start: time.Unix(0, 0), Metrics: NewMetrics(prometheus.NewRegistry()), Seed: 1}), o, rt
 }

@@ -6,10 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/gorgo-llm/gorgo/internal/router"
-	"github.com/gorgo-llm/gorgo/internal/tune"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -18,21 +14,9 @@ import (
 // that made the decision, not for whichever arm's turn the re-rank took
 // (review, 2026-12-06).
 func TestRerankKeepsTheDecisionsArm(t *testing.T) {
-	o, err := tune.NewOnline(tune.OnlineConfig{ES: tune.Config{Seed: 1}, Base: "gorgo", Window: 64, Hop: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rt, err := router.New(router.Config{Policy: o, BlockTokens: 16, TieMargin: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, id := range []string{"a", "b", "c"} {
-		rt.Add(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 16, PrefillMSPerToken: 0.1, QueueMSPerToken: 0.1})
-		rt.ObserveRTT(id, time.Duration(10*(i+1))*time.Millisecond)
-	}
+	c, o, rt := tunedCore(t)
 	rt.SetHealthy("b", false)
 	rt.SetHealthy("c", false)
-	c := NewCore(Config{Router: rt, BlockTokens: 16, MaxAttempts: 3, Start: time.Unix(0, 0), Metrics: NewMetrics(prometheus.NewRegistry()), Seed: 1})
 	fe := &comeBack{frontEnd: frontEnd{fails: map[string]*AttemptError{"a": {Error: *wire.Errorf(502, "refused"), Broken: true}}},
 		back: func() { rt.SetHealthy("b", true) }}
 	in := Incoming{Body: []byte(chat), Kind: Chat, Received: time.Now()}

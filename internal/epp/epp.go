@@ -148,24 +148,25 @@ type exchange struct {
 	duplex bool  // request body in FULL_DUPLEX_STREAMED mode
 	// respDuplex: response body in FULL_DUPLEX_STREAMED mode (Envoy says
 	// so on the stream's first message only); respNone: Envoy said it
-	// sends no response body, so no first token will be seen; respLate:
-	// Envoy buffers the body, so its first token is seen late (at its
-	// end, or once the buffer fills).
-	respDuplex, respNone, respLate bool
-	path                           string
-	method                         string
-	opHeader                       http.Header // an engine operation's headers, for the replicas
-	bodiless                       bool        // its headers ended the request: it has no body
-	cut                            bool        // a whole answer's start was let go: its tail is kept
-	head                           bool        // a whole JSON answer's first bytes were read
-	session                        string
-	requestID                      string // the client's X-Request-Id (vLLM's engine's id of it)
-	subset                         []string
-	body                           []byte
-	received                       time.Time
-	decided                        bool
-	atHeaders                      bool // decided at the headers: the body, if any, is not read
-	trailers                       bool // the request's trailers came with the decision: answer them after it
+	// sends no response body, so no first token will be seen.
+	respDuplex, respNone bool
+	path                 string
+	method               string
+	opHeader             http.Header // an engine operation's headers, for the replicas
+	bodiless             bool        // its headers ended the request: it has no body
+	cut                  bool        // a whole answer's start was let go: its tail is kept
+	head                 bool        // a whole JSON answer's first bytes were read
+	session              string
+	requestID            string // the client's X-Request-Id (vLLM's engine's id of it)
+	subset               []string
+	body                 []byte
+	received             time.Time
+	decided              bool
+	atHeaders            bool // decided at the headers: the body, if any, is not read
+	trailers             bool // the request's trailers came with the decision: answer them after it
+	// respLate: Envoy buffers the response body, so a stream's first
+	// token is seen late (at its end, or once the buffer fills).
+	respLate bool
 	// traceparent and tracestate are the client's trace context, read
 	// when the core traces requests.
 	traceparent, tracestate string

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -52,11 +51,7 @@ func TestNoRerankWhereTheGatewaySends(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
-		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}})
-	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
-	if hd, _ := destination(t, recv(t, s)); hd != "10.0.0.1:8000,10.0.0.2:8000" {
+	if hd, _ := destination(t, routeChat(t, s)); hd != "10.0.0.1:8000,10.0.0.2:8000" {
 		t.Fatalf("the gateway was told %q", hd)
 	}
 	rt.SetHealthy("b", false) // ejected meanwhile

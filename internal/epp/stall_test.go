@@ -30,11 +30,7 @@ func TestStalledReplicaIsPickedNoMore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
-			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED, ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}})
-		recv(t, s)
-		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
-		hd, _ := destination(t, recv(t, s))
+		hd, _ := destination(t, routeChat(t, s))
 		ep, _, _ := strings.Cut(hd, ",")
 		return eps[ep], s
 	}

@@ -100,7 +100,7 @@ type Config struct {
 	// passes its health checks and has stopped serving: an attempt has
 	// waited this long past twice its forecast first token for its answer
 	// to begin, the replica made no progress meanwhile, and its engine's
-	// token counters, if scraped, did not move (see Fleet.checkStall).
+	// gauges, if scraped, did not move (see Fleet.checkStall).
 	// Its waiting attempts are cut and tried elsewhere.
 	StallTimeout time.Duration `yaml:"stall_timeout"`
 	// ConnectTimeout bounds connecting to a replica (default 5 s).

@@ -556,7 +556,8 @@ func (b *Bus) Held(replica string, held bool) {
 	b.publish(event{Kind: kindHeld, Replica: replica, Held: held})
 }
 
-// OnHeld has fn hear of the others' pauses and their ends.
+// OnHeld has fn hear of the others' pauses and their ends, with the bus's
+// lock held (it must not call the bus).
 func (b *Bus) OnHeld(fn func(replica string, held bool)) { b.held.Store(&fn) }
 
 // OnProgress has fn hear of the progress the others see at a replica (a

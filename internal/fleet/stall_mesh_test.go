@@ -15,14 +15,17 @@ import (
 // the router it went through).
 func TestPauseThroughAnotherMeshRouterIsNoStall(t *testing.T) {
 	bus := startBus(t)
-	engine := fakeUpstream(t, servetest.NewPausable().Handler(0))
+	// Two replicas of one engine's pause: a request held at either has
+	// the other to go to, were its replica ejected.
+	pausable := servetest.NewPausable()
+	a, b := fakeUpstream(t, pausable.Handler(0)), fakeUpstream(t, pausable.Handler(0))
 	cfg := func(region string) testConfig {
-		return testConfig{Fleet: fleet.Config{Region: region, ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 300 * time.Millisecond,
+		return testConfig{Fleet: fleet.Config{Region: region, ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 600 * time.Millisecond,
 			Mesh: &mesh.Config{URL: bus, Heartbeat: 100 * time.Millisecond}}}
 	}
-	_, usURL := startProxy(t, cfg("us"), engine)
-	eu, euURL := startProxy(t, cfg("eu"), engine)
-	eventually(t, "probed", func() bool { return stateOr(eu, "a").Available() })
+	_, usURL := startProxy(t, cfg("us"), a, b)
+	eu, euURL := startProxy(t, cfg("eu"), a, b)
+	eventually(t, "probed", func() bool { return stateOr(eu, "a").Available() && stateOr(eu, "b").Available() })
 	if code, body := do(t, "POST", usURL+"/pause", `{"mode":"keep"}`); code != 200 {
 		t.Fatalf("pause: %d %s", code, body)
 	}
@@ -38,7 +41,7 @@ func TestPauseThroughAnotherMeshRouterIsNoStall(t *testing.T) {
 	if code := <-done; code != 200 {
 		t.Errorf("the request through the other router: %d", code)
 	}
-	if !stateOr(eu, "a").Healthy {
-		t.Error("the other router ejected the paused replica")
+	if !stateOr(eu, "a").Healthy || !stateOr(eu, "b").Healthy {
+		t.Error("the other router ejected a paused replica")
 	}
 }

@@ -94,13 +94,13 @@ func TestLongWholeAnswerIsNoStall(t *testing.T) {
 				select {
 				case <-r.Context().Done():
 					return
-				case <-time.After(1500 * time.Millisecond):
+				case <-time.After(2 * time.Second): // past the stall timeout by more than a loaded machine's pause
 				}
 				w.Header().Set("Content-Type", "application/json")
 				fmt.Fprint(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
 			})
 			good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
-			s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 400 * time.Millisecond}}, slow, good)
+			s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 800 * time.Millisecond}}, slow, good)
 			eventually(t, "both replicas probed", func() bool { return stateOr(s, "a").Available() && stateOr(s, "b").Available() })
 			if code, body, replica := post(t, url, chatBody("x", 1, false)); code != 200 || replica != "a" {
 				t.Errorf("status %d from %q: %.200s", code, replica, body)
@@ -191,7 +191,7 @@ func TestBusyReplicaStreamingIsNoStall(t *testing.T) {
 			}
 		} else {
 			defer close(finished)
-			for range 20 { // decodes for 2 s, a token every 100 ms
+			for range 30 { // decodes for 3 s, a token every 100 ms
 				fmt.Fprint(w, chunk)
 				w.(http.Flusher).Flush()
 				time.Sleep(100 * time.Millisecond)
@@ -199,17 +199,24 @@ func TestBusyReplicaStreamingIsNoStall(t *testing.T) {
 		}
 		fmt.Fprint(w, chunk+"data: [DONE]\n\n")
 	})
-	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 400 * time.Millisecond}}, busy)
-	eventually(t, "probed", func() bool { return stateOr(s, "a").Available() })
-	first := make(chan int, 1)
-	go func() { code, _, _ := post(t, url, chatBody("x", 1, true)); first <- code }()
-	time.Sleep(200 * time.Millisecond)
-	code, body, _ := post(t, url, chatBody("y", 1, true), "X-Test", "queued")
-	if code != 200 {
-		t.Errorf("the queued stream: %d %.200s", code, body)
+	// Round robin: the decoding stream to a, one to b, the queued one to
+	// a; b is there for a's requests to go to, were a ejected (the only
+	// replica available never is).
+	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{Policy: "round-robin", ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: time.Second}}, busy, good)
+	eventually(t, "both replicas probed", func() bool { return stateOr(s, "a").Available() && stateOr(s, "b").Available() })
+	first := make(chan string, 1)
+	go func() { _, _, replica := post(t, url, chatBody("x", 1, true)); first <- replica }()
+	eventually(t, "the decoding stream to be under way at a", func() bool { return stateOr(s, "a").InFlight == 1 })
+	if _, _, replica := post(t, url, chatBody("z", 1, true)); replica != "b" {
+		t.Fatalf("the second request went to %q, not b: the test proves nothing", replica)
 	}
-	if c := <-first; c != 200 {
-		t.Errorf("the decoding stream: %d", c)
+	code, body, replica := post(t, url, chatBody("y", 1, true), "X-Test", "queued")
+	if code != 200 || replica != "a" {
+		t.Errorf("the queued stream: %d from %q: %.200s", code, replica, body)
+	}
+	if r := <-first; r != "a" {
+		t.Errorf("the decoding stream from %q", r)
 	}
 	if !stateOr(s, "a").Healthy {
 		t.Error("a replica streaming tokens through the router all along was ejected as stalled")
@@ -248,12 +255,13 @@ func TestLongPrefillIsNoStall(t *testing.T) {
 				w.Header().Set("Content-Type", "application/json")
 				fmt.Fprint(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`)
 			})
-			s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 400 * time.Millisecond}}, prefill)
-			eventually(t, "probed", func() bool { return stateOr(s, "a").Available() })
+			good := startReplica(t, 60*time.Millisecond, emulator.Faults{}) // for a cut request to go to
+			s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 400 * time.Millisecond}}, prefill, good)
+			eventually(t, "both replicas probed", func() bool { return stateOr(s, "a").Available() && stateOr(s, "b").Available() })
 			// 40,000 tokens: a forecast of 2.5 s at the profile's rate,
 			// longer than the stall timeout, as the prefill is.
-			if code, body, _ := post(t, url, chatBody(strings.Repeat("long ", 32000), 1, stream)); code != 200 {
-				t.Errorf("%d %.200s", code, body)
+			if code, body, replica := post(t, url, chatBody(strings.Repeat("long ", 32000), 1, stream)); code != 200 || replica != "a" {
+				t.Errorf("%d from %q: %.200s", code, replica, body)
 			}
 			if !stateOr(s, "a").Healthy {
 				t.Error("a vLLM replica in a long prefill was ejected as stalled")
@@ -346,7 +354,7 @@ func TestBusySGLangDecodingWholeAnswers(t *testing.T) {
 				fmt.Fprint(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`)
 			})
 			good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
-			s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: 400 * time.Millisecond}}, busy, good)
+			s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 50 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond, StallTimeout: time.Second}}, busy, good)
 			eventually(t, "both replicas probed", func() bool { return stateOr(s, "a").Available() && stateOr(s, "b").Available() })
 			whole := make(chan string, 1)
 			go func() { _, _, replica := post(t, url, chatBody("x", 1, false)); whole <- replica }()

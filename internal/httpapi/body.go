@@ -26,14 +26,15 @@ func PutBuffer(b *[]byte) {
 	}
 }
 
-// A BodyBudget bounds the memory the request bodies being served hold at
-// once: max_body_bytes bounds one, max_in_flight how many, and their
-// product (32 GiB by default) is no bound on a machine. A body takes its
-// buffer's capacity from the budget as it grows, before it grows, and
-// gives it back when its request ends (Give). Its bound may change while
-// bodies hold it (SetMax); not positive, there is none. A nil BodyBudget
-// counts nothing.
-type BodyBudget struct {
+// A Budget bounds the bytes a kind of buffer holds at once, across the
+// requests being served: max_body_bytes bounds one request body,
+// max_in_flight how many, and their product (32 GiB by default) is no
+// bound on a machine (the same for held answers). A buffer takes its
+// capacity from the budget as it grows, before it grows, and gives it
+// back when its request ends (Give). Its bound may change while buffers
+// hold it (SetMax); not positive, there is none. A nil Budget counts
+// nothing.
+type Budget struct {
 	max, used atomic.Int64
 }
 
@@ -41,10 +42,10 @@ type BodyBudget struct {
 var ErrBodyBudget = errors.New("the request bodies being served fill the router's budget for them")
 
 // SetMax sets the budget's bound, in bytes (not positive: none).
-func (b *BodyBudget) SetMax(n int64) { b.max.Store(n) }
+func (b *Budget) SetMax(n int64) { b.max.Store(n) }
 
-// take takes n bytes from the budget, or reports false and takes nothing.
-func (b *BodyBudget) take(n int64) bool {
+// Take takes n bytes from the budget, or reports false and takes nothing.
+func (b *Budget) Take(n int64) bool {
 	if b == nil {
 		return true
 	}
@@ -55,16 +56,16 @@ func (b *BodyBudget) take(n int64) bool {
 	return true
 }
 
-// Give gives back what a body read with the budget took: its buffer's
-// capacity when ReadBody returned.
-func (b *BodyBudget) Give(n int) {
+// Give gives back n bytes taken (for a body read with ReadBody, its
+// buffer's capacity when ReadBody returned).
+func (b *Budget) Give(n int) {
 	if b != nil {
 		b.used.Add(-int64(n))
 	}
 }
 
-// Used is how many bytes the bodies being served hold.
-func (b *BodyBudget) Used() int64 { return b.used.Load() }
+// Used is how many bytes the buffers counted hold.
+func (b *Budget) Used() int64 { return b.used.Load() }
 
 // ReadBody reads a request body into a pooled buffer, at most limit
 // bytes: a larger Content-Length is refused before anything is read (an
@@ -73,19 +74,19 @@ func (b *BodyBudget) Used() int64 { return b.used.Load() }
 // is the client's word, and a client that promises 8 MiB and sends a byte
 // must not hold 8 MiB. The buffer's capacity, whatever the outcome, is
 // taken from budget (nil: none), which the caller gives back
-// (BodyBudget.Give) once done with the body; a growth the budget cannot
+// (Budget.Give) once done with the body; a growth the budget cannot
 // hold stops the read with ErrBodyBudget.
-func ReadBody(r *http.Request, buf *[]byte, limit int64, budget *BodyBudget) error {
+func ReadBody(r *http.Request, buf *[]byte, limit int64, budget *Budget) error {
 	b := (*buf)[:0]
 	defer func() { *buf = b }()
-	if !budget.take(int64(cap(b))) {
+	if !budget.Take(int64(cap(b))) {
 		b = nil // the pool's buffer is too large for what is left: let it go
 	}
 	if r.ContentLength > limit {
 		return &http.MaxBytesError{Limit: limit}
 	}
 	if n := min(r.ContentLength+1, preallocBytes); n > 1 && int64(cap(b)) < n {
-		if !budget.take(n) {
+		if !budget.Take(n) {
 			return ErrBodyBudget
 		}
 		budget.Give(cap(b))
@@ -104,7 +105,7 @@ func ReadBody(r *http.Request, buf *[]byte, limit int64, budget *BodyBudget) err
 				grow = min(n-int64(cap(b)), grow)
 			}
 			grow = max(min(grow, limit+1-int64(cap(b))), 1)
-			if !budget.take(grow) {
+			if !budget.Take(grow) {
 				return ErrBodyBudget
 			}
 			nb := make([]byte, len(b), int64(cap(b))+grow)

@@ -32,7 +32,7 @@ func TestReadBodyAllocatesAsTheBodyComes(t *testing.T) {
 // growth it cannot hold; what is given back frees it (the router's bodies
 // were bounded only by max_body_bytes × max_in_flight, 32 GiB).
 func TestBodyBudget(t *testing.T) {
-	var b BodyBudget
+	var b Budget
 	b.SetMax(1 << 20)
 	read := func(n int, contentLength bool) (*[]byte, error) {
 		r := httptest.NewRequest("POST", "/", strings.NewReader(strings.Repeat("x", n)))
@@ -84,7 +84,7 @@ func TestBodyBudget(t *testing.T) {
 // (review, 2026-12-06: append rounded a growth up past the bound, a 7 MB
 // body's buffer to 8.2 MB).
 func TestBodyBudgetHoldsAtMostItsBound(t *testing.T) {
-	var b BodyBudget
+	var b Budget
 	const bound = 66000
 	b.SetMax(bound)
 	r := httptest.NewRequest("POST", "/", strings.NewReader(strings.Repeat("x", 65536+100)))
@@ -102,7 +102,7 @@ func TestLoneBodyFitsTheLeastBound(t *testing.T) {
 	const limit = 8 << 20
 	for _, n := range []int{limit, limit - 1, 5 << 20, 7 << 20} {
 		for _, cl := range []bool{true, false} {
-			var b BodyBudget
+			var b Budget
 			b.SetMax(limit + 1)
 			r := httptest.NewRequest("POST", "/", strings.NewReader(strings.Repeat("x", n)))
 			if !cl {
@@ -115,7 +115,7 @@ func TestLoneBodyFitsTheLeastBound(t *testing.T) {
 		}
 	}
 	// One byte more is too large, not over the budget.
-	var b BodyBudget
+	var b Budget
 	b.SetMax(limit + 1)
 	r := httptest.NewRequest("POST", "/", strings.NewReader(strings.Repeat("x", limit+1)))
 	r.ContentLength = -1

@@ -81,8 +81,17 @@ type Config struct {
 	// max_in_flight, 32 GiB by default, is no bound on a machine, and a
 	// body's parse takes about three times its size more while it runs.
 	// Past it a request is answered 503 with Retry-After at once, its body
-	// no further read (httpapi.BodyBudget).
+	// no further read (httpapi.Budget).
 	MaxBodyBytesInFlight int64 `yaml:"max_body_bytes_in_flight"`
+	// MaxAnswerBytesInFlight bounds the bytes the whole answers being held
+	// hold at once past the first 64 KiB of each (default 256 MiB, or four
+	// answers of max_answer_bytes if more; negative: no bound):
+	// max_answer_bytes × max_in_flight is 4 GiB by default. An answer the
+	// budget cannot hold further is passed through as it comes, as one
+	// longer than max_answer_bytes is (its client is served; if it breaks
+	// off, it cannot be tried elsewhere), counted in
+	// gorgo_answers_unheld_total{limit="max_answer_bytes_in_flight"}.
+	MaxAnswerBytesInFlight int64 `yaml:"max_answer_bytes_in_flight"`
 	// MaxConnections caps the client connections open at once (default
 	// 8192) and MaxInFlight the requests being served (default 4096); past
 	// either a client is answered 503 with Retry-After at once. Negative:
@@ -120,6 +129,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.MaxBodyBytesInFlight == 0 {
 		c.MaxBodyBytesInFlight = max(512<<20, 4*c.MaxBodyBytes)
+	}
+	if c.MaxAnswerBytesInFlight == 0 {
+		c.MaxAnswerBytesInFlight = max(256<<20, 4*c.MaxAnswerBytes)
 	}
 	if c.MaxConnections == 0 {
 		c.MaxConnections = 8192

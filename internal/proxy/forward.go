@@ -10,7 +10,6 @@ import (
 	"math"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,9 +158,16 @@ func failure(id string, status int, broken bool, msg string, cause ...string) *a
 // that what a replica sends cannot grow the proxy.
 const maxEventPeek = 64 << 10
 
+// answerBase is what an answer may hold whatever the budget for answers
+// (Server.answers): a stream's peek at an event, the first bytes of a 404
+// or a 400 read to judge it. The budget counts what a whole answer holds
+// past it.
+const answerBase = max(maxEventPeek, maxErrorPeek+1)
+
 // answer is a replica's answer, read far enough to be sure it is one: for
 // a stream, its first whole event (or maxEventPeek bytes of it);
-// otherwise the whole body, or MaxAnswerBytes of it.
+// otherwise the whole body, or MaxAnswerBytes of it, or what the budget
+// for answers lets it hold.
 type answer struct {
 	resp   *http.Response
 	stream bool      // relayed event by event
@@ -174,12 +180,41 @@ type answer struct {
 	// of is the replica, once its successful answer began: each read of
 	// it is the replica's progress (fleet/stall.go).
 	of *fleet.Upstream
+	// hold is the most buf holds (one event's peek, MaxAnswerBytes of a
+	// whole answer), lowered to what it has where budget cannot give it
+	// more; taken is what buf took from budget.
+	hold   int
+	budget *httpapi.Budget
+	taken  int64
+	// unheld is set when budget stopped the hold short of hold.
+	unheld bool
+}
+
+// newAnswer begins an answer whose body was read as far as pre (a 404's
+// or a 400's first bytes; nil: none), its buffer's capacity past
+// answerBase taken from budget.
+func newAnswer(resp *http.Response, cancel context.CancelFunc, idle *time.Timer, budget *httpapi.Budget, pre []byte) *answer {
+	a := &answer{resp: resp, cancel: cancel, buf: httpapi.GetBuffer(), idle: idle, budget: budget, hold: answerBase}
+	if c := int64(cap(*a.buf)) - answerBase; c > 0 {
+		if budget.Take(c) {
+			a.taken = c
+		} else {
+			*a.buf = nil // the pool's buffer is too large for what is left: let it go
+		}
+	}
+	if cap(*a.buf) < len(pre) {
+		*a.buf = make([]byte, 0, len(pre)) // at most answerBase
+	}
+	*a.buf = append(*a.buf, pre...)
+	return a
 }
 
 func (a *answer) close() {
 	a.idle.Stop()
 	a.resp.Body.Close()
 	a.cancel()
+	a.budget.Give(int(a.taken))
+	a.taken = 0
 	httpapi.PutBuffer(a.buf)
 }
 
@@ -202,14 +237,25 @@ func (a *answer) drain() {
 }
 
 // fill reads what the body has now into buf, growing it while it is under
-// limit bytes; it reports false, reading nothing, when buf is full.
-func (a *answer) fill(idle time.Duration, limit int) bool {
+// a.hold bytes and the budget gives what it grows by past answerBase; it
+// reports false, reading nothing, when buf is full.
+func (a *answer) fill(idle time.Duration) bool {
 	b := *a.buf
 	if len(b) == cap(b) {
-		if cap(b) >= limit {
+		if cap(b) >= a.hold {
 			return false
 		}
-		b = slices.Grow(b, min(max(32<<10, cap(b)), limit-cap(b)))
+		c := cap(b) + min(max(32<<10, cap(b)), a.hold-cap(b))
+		if need := int64(c-answerBase) - a.taken; need > 0 {
+			if !a.budget.Take(need) {
+				a.hold, a.unheld = cap(b), true
+				return false
+			}
+			a.taken += need
+		}
+		nb := make([]byte, len(b), c) // made to the size taken: append would round it up
+		copy(nb, b)
+		b = nb
 	}
 	n, err := a.resp.Body.Read(b[len(b):cap(b)])
 	*a.buf = b[:len(b)+n]
@@ -389,21 +435,19 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		e.RetryAfter, e.Busy = resp.Header.Get("Retry-After"), busy
 		return a, e
 	}
-	a := &answer{resp: resp, cancel: cancel, buf: httpapi.GetBuffer(), idle: idleTimer}
-	if pre != nil {
-		*a.buf = append(*a.buf, pre...)
-		if len(pre) <= maxErrorPeek {
-			a.end = io.EOF // all of it
-		}
+	a := newAnswer(resp, cancel, idleTimer, &s.answers, pre)
+	if pre != nil && len(pre) <= maxErrorPeek {
+		a.end = io.EOF // all of it
 	}
 	stream := resp.StatusCode == http.StatusOK && (req.Stream() || isEventStream(resp.Header))
 	a.stream = stream
-	// Hold at most one event's peek, or MaxAnswerBytes of a whole answer:
-	// past it the answer has begun, and is passed through as it comes.
-	hold := int(cfg.MaxAnswerBytes)
+	// Hold at most one event's peek, or MaxAnswerBytes of a whole answer
+	// (or what the budget for answers gives it): past it the answer has
+	// begun, and is passed through as it comes.
+	a.hold = int(cfg.MaxAnswerBytes)
 	wait := idle
 	if stream {
-		hold = maxEventPeek
+		a.hold = maxEventPeek
 		if cfg.FirstByteTimeout > 0 && (idle <= 0 || cfg.FirstByteTimeout > idle) {
 			wait = cfg.FirstByteTimeout
 			idleTimer.Reset(wait)
@@ -417,7 +461,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		idleTimer.Reset(idle)
 		wait = 0
 	}
-	for a.end == nil && a.fill(wait, hold) {
+	for a.end == nil && a.fill(wait) {
 		if stream {
 			if _, ok := firstEvent(*a.buf, req.Format()); ok {
 				break
@@ -428,6 +472,13 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		idleTimer.Stop() // first_byte_timeout's, armed above: no idle limit from here
 	}
 	a.whole = !stream && a.end == io.EOF
+	if !stream && a.end == nil {
+		limit := "max_answer_bytes"
+		if a.unheld {
+			limit = "max_answer_bytes_in_flight"
+		}
+		s.m.unheld.WithLabelValues(limit).Inc()
+	}
 	if a.end != nil && a.end != io.EOF || len(*a.buf) == 0 && resp.StatusCode == http.StatusOK {
 		err := a.end
 		if err == nil || err == io.EOF {
@@ -707,10 +758,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	out := httpapi.GetBuffer()
 	defer httpapi.PutBuffer(out)
 	var scratch []byte
-	idle, limit := cfg.StreamIdleTimeout, int(cfg.MaxAnswerBytes)
-	if a.stream {
-		limit = maxEventPeek
-	}
+	idle := cfg.StreamIdleTimeout
 	// over: inside an event too long to peek, passed through as it comes
 	// until its blank line, the lifecycle reading it as it passes
 	// (lifecycle.Request.LongEventPart); prev holds the last bytes passed
@@ -805,7 +853,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if a.end != nil {
 			break
 		}
-		a.fill(idle, limit)
+		a.fill(idle)
 	}
 	var upErr error
 	if a.end != nil && a.end != io.EOF {

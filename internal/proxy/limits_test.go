@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 )
@@ -336,4 +338,69 @@ func TestBodyBytesInFlight(t *testing.T) {
 		t.Errorf("with the first done, a second: %d", resp.StatusCode)
 	}
 	eventually(t, "every request done, the bodies to hold nothing", func() bool { return s.proxy.bodies.Used() == 0 })
+}
+
+// The whole answers being held hold at most max_answer_bytes_in_flight
+// past the first answerBase bytes of each: an answer the budget cannot
+// hold further is passed through as it comes, and served whole.
+func TestAnswerBytesInFlight(t *testing.T) {
+	const n = 3
+	content := strings.Repeat("y", 200<<10)
+	answer := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` + content + `"},"finish_reason":"stop"}]}`
+	for _, c := range []struct {
+		name   string
+		budget int64
+		unheld float64 // answers passed through for the budget
+	}{
+		// 300 KiB past the base: one answer of 200 KiB takes 191 KiB to
+		// be held whole, a second's next growth does not fit.
+		{"bounded", 300 << 10, n - 1},
+		{"no bound", -1, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			release := make(chan struct{})
+			var once sync.Once
+			defer once.Do(func() { close(release) })
+			slow := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, answer[:190<<10]) // most of it, then the rest once released
+				w.(http.Flusher).Flush()
+				<-release
+				io.WriteString(w, answer[190<<10:])
+			})
+			s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{MaxAnswerBytesInFlight: c.budget}}, slow)
+			unheld := s.proxy.m.unheld.WithLabelValues("max_answer_bytes_in_flight")
+			bodies := make(chan string, n)
+			for range n {
+				go func() {
+					resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hi", 1, false)))
+					if err != nil {
+						bodies <- err.Error()
+						return
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					bodies <- string(b)
+				}()
+			}
+			eventually(t, "every answer held or passed on", func() bool {
+				return stateOr(s, "a").InFlight == n && (c.budget < 0 && s.proxy.answers.Used() >= n*(190<<10-answerBase) ||
+					testutil.ToFloat64(unheld) == c.unheld && s.proxy.answers.Used() > 0)
+			})
+			if used := s.proxy.answers.Used(); c.budget > 0 && used > c.budget {
+				t.Errorf("the answers held take %d bytes, past the budget's %d", used, c.budget)
+			}
+			once.Do(func() { close(release) })
+			for range n {
+				if b := <-bodies; b != answer {
+					t.Errorf("an answer of %d bytes, not the replica's %d: %.80q", len(b), len(answer), b)
+				}
+			}
+			if got := testutil.ToFloat64(unheld); got != c.unheld {
+				t.Errorf("%v answers passed through for the budget, want %v", got, c.unheld)
+			}
+			eventually(t, "every request done, the answers to hold nothing", func() bool { return s.proxy.answers.Used() == 0 })
+		})
+	}
 }

@@ -54,8 +54,9 @@ type Server struct {
 	mux    *http.ServeMux
 	log    *slog.Logger
 
-	inFlight atomic.Int64 // requests being served
-	bodies   httpapi.BodyBudget
+	inFlight atomic.Int64   // requests being served
+	bodies   httpapi.Budget // request bodies being read and served
+	answers  httpapi.Budget // whole answers being held, past answerBase each
 }
 
 // New returns the front end of a fleet: its config (defaults applied
@@ -80,6 +81,7 @@ func New(f *fleet.Fleet, cfg Config, reg prometheus.Registerer, metrics promethe
 	s := &Server{fleet: f, log: log, m: newMetrics(reg)}
 	s.cfg.Store(&cfg)
 	s.bodies.SetMax(cfg.MaxBodyBytesInFlight)
+	s.answers.SetMax(cfg.MaxAnswerBytesInFlight)
 	s.keys.Store(&keys)
 	s.cert.Store(cert)
 	s.limits.Store(newLimiters(cfg.RateLimit))
@@ -129,6 +131,7 @@ func (s *Server) Prepare(next Config) (apply func(), restart []string, err error
 	return func() {
 		s.cfg.Store(&next)
 		s.bodies.SetMax(next.MaxBodyBytesInFlight)
+		s.answers.SetMax(next.MaxAnswerBytesInFlight)
 		s.keys.Store(&keys)
 		if cert != nil {
 			s.cert.Store(cert)

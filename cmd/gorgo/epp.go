@@ -94,7 +94,8 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	picker.Fallbacks = *fallbacks
 	pickerSettings := func(c serve.Config) epp.Settings {
 		return epp.Settings{TenantHeader: c.Proxy.TenantHeader, RefuseOperations: c.Proxy.EngineOperations == "refuse",
-			OperationWait: c.Proxy.HeaderTimeout, WeightsWait: c.Proxy.FirstByteTimeout}
+			OperationWait: c.Proxy.HeaderTimeout, WeightsWait: c.Proxy.FirstByteTimeout,
+			MaxBodyBytes: c.Proxy.MaxBodyBytes, MaxBodyBytesInFlight: c.Proxy.MaxBodyBytesInFlight}
 	}
 	srv.OnApply(func(c serve.Config) { picker.SetSettings(pickerSettings(c)) }) // now, and each reload's
 	extprocv3.RegisterExternalProcessorServer(gs, picker)

@@ -102,13 +102,12 @@ type Watcher interface {
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	fleet Fleet
-	// MaxBodyBytes bounds a request body (default 8 MiB).
-	MaxBodyBytes int
 	// Fallbacks is how many ranked fallbacks follow the chosen endpoint in
 	// the answer (default 0: the chosen endpoint alone, which Envoy's
 	// ORIGINAL_DST cluster needs: it reads the header as one address).
 	Fallbacks int
 	settings  atomic.Pointer[Settings]
+	bodies    httpapi.Budget // the request bodies being gathered and served
 }
 
 // Settings are what of the router's config the picker follows; a reload
@@ -126,17 +125,29 @@ type Settings struct {
 	// that moves weights (an adapter's load, new weights, a sleep: default
 	// 30 s and 5 min, gorgo serve's header_timeout and first_byte_timeout).
 	OperationWait, WeightsWait time.Duration
+	// MaxBodyBytes bounds a request body (default 8 MiB), and
+	// MaxBodyBytesInFlight the bodies being gathered and served together
+	// (not positive: no bound): gorgo serve's max_body_bytes and
+	// max_body_bytes_in_flight. Past either the request is refused, a 413
+	// or a 503 with Retry-After.
+	MaxBodyBytes, MaxBodyBytesInFlight int64
 }
 
 // New returns a picker over the fleet.
 func New(f Fleet) *Server {
-	s := &Server{fleet: f, MaxBodyBytes: 8 << 20}
-	s.settings.Store(&Settings{})
+	s := &Server{fleet: f}
+	s.SetSettings(Settings{})
 	return s
 }
 
 // SetSettings makes set the picker's settings, from its next request on.
-func (s *Server) SetSettings(set Settings) { s.settings.Store(&set) }
+func (s *Server) SetSettings(set Settings) {
+	if set.MaxBodyBytes <= 0 {
+		set.MaxBodyBytes = 8 << 20
+	}
+	s.bodies.SetMax(set.MaxBodyBytesInFlight)
+	s.settings.Store(&set)
+}
 
 // exchange is one HTTP request's life on the stream: the lifecycle's front
 // end (lifecycle.FrontEnd) for it.
@@ -213,6 +224,7 @@ type exchange struct {
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	x := &exchange{s: s, stream: stream}
 	defer x.unwatch(false)
+	defer func() { s.bodies.Give(cap(x.body)) }()
 	for {
 		msg := x.recv()
 		if msg == nil {
@@ -300,9 +312,7 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 		if x.decided {
 			return x.send(continueBody())
 		}
-		x.body = append(x.body, r.RequestBody.GetBody()...)
-		if len(x.body) > x.s.MaxBodyBytes {
-			e := wire.Errorf(http.StatusRequestEntityTooLarge, "the request body is larger than %d bytes", x.s.MaxBodyBytes)
+		if e := x.gather(r.RequestBody.GetBody()); e != nil {
 			x.s.fleet.Core().Refused(e)
 			x.decided = true
 			return x.immediate(e)
@@ -328,6 +338,30 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 		// A response message with no request in flight (refused, or over).
 		x.pending = continueResponse(msg, x.respDuplex)
 	}
+	return nil
+}
+
+// gather appends a piece of the request body to what came of it, or
+// refuses the request: a body past max_body_bytes, or one that the
+// bodies being served leave no room for. The body's buffer is taken from
+// the picker's budget as it grows, before it grows (given back when the
+// stream ends), and made to the size taken.
+func (x *exchange) gather(piece []byte) *wire.Error {
+	limit := x.s.settings.Load().MaxBodyBytes
+	n := int64(len(x.body) + len(piece))
+	if n > limit {
+		return httpapi.BodyError(&http.MaxBytesError{Limit: limit})
+	}
+	if n > int64(cap(x.body)) {
+		c := min(max(n, 2*int64(cap(x.body))), limit)
+		if !x.s.bodies.Take(c - int64(cap(x.body))) {
+			return httpapi.BodyError(httpapi.ErrBodyBudget)
+		}
+		b := make([]byte, len(x.body), c)
+		copy(b, x.body)
+		x.body = b
+	}
+	x.body = append(x.body, piece...)
 	return nil
 }
 

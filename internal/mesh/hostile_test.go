@@ -1,12 +1,16 @@
 package mesh
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
 )
@@ -110,5 +114,38 @@ func TestPeerOnScheduleIsNotQuiet(t *testing.T) {
 	b.sweep(t0.Add(31 * time.Second)) // A's next heartbeat is due at 60 s
 	if n, _ := inFlight(t, rt, "a"); n != 1 {
 		t.Errorf("31 s into A's 60 s heartbeat period: %d of its 1 request kept", n)
+	}
+}
+
+// A router's name is what the others keep it under until it goes quiet:
+// an event under a name longer than maxRouterName is not heard, and a
+// router's own is refused at its config (2026-12-07, a review: 256
+// heartbeats under names of 1 MiB each, NATS's largest payload, kept 256
+// MiB until remote_ttl). An abort's body longer than a router sends is
+// not heard either.
+func TestPeerNameIsBounded(t *testing.T) {
+	b, _ := bareBus(t, nil)
+	hear := func(e event) {
+		data, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.receive(&nats.Msg{Data: data})
+	}
+	hear(event{Router: strings.Repeat("n", maxRouterName+1), Boot: 1, Kind: kindAlive})
+	if n := len(b.peers); n != 0 {
+		t.Errorf("a router named with %d bytes was heard (%d routers known)", maxRouterName+1, n)
+	}
+	hear(event{Router: strings.Repeat("n", maxRouterName), Boot: 1, Kind: kindAlive})
+	if n := len(b.peers); n != 1 {
+		t.Errorf("a router named with %d bytes: %d routers known, want 1", maxRouterName, n)
+	}
+	hear(event{Router: "other", Boot: 1, Kind: kindAbort, Abort: strings.Repeat("x", maxAbortBody+1)})
+	if n := len(b.peers); n != 1 {
+		t.Errorf("an abort longer than a router sends was heard (%d routers known)", n)
+	}
+	cfg := Config{URL: "nats://x", Name: strings.Repeat("n", maxRouterName+1)}
+	if err := cfg.Validate(); err == nil {
+		t.Errorf("a name of %d bytes is taken", maxRouterName+1)
 	}
 }

@@ -110,6 +110,8 @@ func (c Config) Validate() error {
 		return errors.New("mesh: url is required")
 	case c.Name == "":
 		return errors.New("mesh: name is required (default: the router's region and host)")
+	case len(c.Name) > maxRouterName:
+		return fmt.Errorf("mesh: name must be at most %d bytes", maxRouterName)
 	case c.Heartbeat < 0 || c.RemoteTTL < 0 || c.AbortGrace < 0:
 		return errors.New("mesh: heartbeat, remote_ttl and abort_grace must not be negative")
 	case c.AbortGrace > MaxAbortGrace:
@@ -125,6 +127,9 @@ func (c Config) Validate() error {
 // come from the bus, and a buggy or hostile publisher must not grow them
 // without end.
 const (
+	// maxRouterName bounds a router's name: an event under a longer one
+	// is not heard (a peer is kept under its name until it goes quiet).
+	maxRouterName = 256
 	// maxPeers is how many other routers are tracked at once. A mesh is a
 	// few regions of a few routers each; pods rolled out under new names
 	// take the places of quiet ones (see hear), and a router that finds
@@ -608,7 +613,7 @@ func (b *Bus) publish(e event) {
 
 func (b *Bus) receive(m *nats.Msg) {
 	var e event
-	if err := json.Unmarshal(m.Data, &e); err != nil || e.Router == "" {
+	if err := json.Unmarshal(m.Data, &e); err != nil || e.Router == "" || len(e.Router) > maxRouterName || len(e.Abort) > maxAbortBody {
 		return
 	}
 	if e.Router == b.cfg.Name {

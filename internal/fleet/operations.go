@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gorgo-llm/gorgo/internal/router"
@@ -123,41 +124,40 @@ func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 // Python (null, "", [], {}, false, 0), as vLLM's "if request_ids" reads
 // it. Nothing else in the body counts.
 func vllmAbort(body []byte) ([]byte, bool) {
-	var req struct {
-		IDs any `json:"request_ids"`
-	}
-	if json.Unmarshal(body, &req) != nil {
+	if !gjson.ValidBytes(body) {
 		return nil, false // the engines will refuse it
 	}
-	var ids []string
-	switch v := req.IDs.(type) {
-	case nil:
+	doc := gjson.ParseBytes(body)
+	if doc.Type == gjson.Null {
 		return abortAll, true
-	case bool:
-		if !v {
+	}
+	if !doc.IsObject() {
+		return nil, false
+	}
+	v := doc.Get("request_ids")
+	var ids []string
+	switch {
+	case !v.Exists(), v.Type == gjson.Null, v.Type == gjson.False:
+		return abortAll, true
+	case v.Type == gjson.Number:
+		if v.Num == 0 {
 			return abortAll, true
 		}
-	case float64:
-		if v == 0 {
+	case v.Type == gjson.String:
+		if v.Str == "" {
 			return abortAll, true
 		}
-	case map[string]any:
-		if len(v) == 0 {
-			return abortAll, true
-		}
-	case string:
-		if v == "" {
-			return abortAll, true
-		}
-		ids = []string{v}
-	case []any:
-		if len(v) == 0 {
-			return abortAll, true
-		}
-		for _, id := range v {
-			if s, ok := id.(string); ok && s != "" {
-				ids = append(ids, s)
+		ids = []string{v.Str}
+	case v.IsObject(), v.IsArray():
+		n := 0
+		v.ForEach(func(_, id gjson.Result) bool {
+			if n++; id.Type == gjson.String && id.Str != "" && v.IsArray() {
+				ids = append(ids, id.Str)
 			}
+			return n < maxAbortIDs
+		})
+		if n == 0 {
+			return abortAll, true
 		}
 	}
 	if len(ids) == 0 {
@@ -166,6 +166,11 @@ func vllmAbort(body []byte) ([]byte, bool) {
 	abort, _ := json.Marshal(map[string][]string{"request_ids": ids})
 	return abort, true
 }
+
+// maxAbortIDs bounds the ids of a vLLM abort passed on: far more than
+// the engines hold requests (a body of max_body_bytes, millions of short
+// ids, is not made into millions of values first).
+const maxAbortIDs = 1 << 16
 
 // queryFalse reports whether a query parameter reads as false, as the
 // engines' servers (FastAPI) read a boolean.

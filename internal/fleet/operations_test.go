@@ -1,6 +1,11 @@
 package fleet
 
-import "testing"
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
 
 // vLLM's /pause and /resume (its development mode's, around a trainer's
 // weights' update) are operations for the whole fleet, as SGLang's
@@ -59,5 +64,39 @@ func TestVLLMAbortRequests(t *testing.T) {
 		if string(abort) != want || ok != (want != "") {
 			t.Errorf("%s: %s %v, want %s", body, abort, ok, want)
 		}
+	}
+}
+
+// vLLM's /abort_requests reads as vLLM's "if request_ids" does (an abort
+// of all where the ids are missing or read as false in Python), and a
+// list of ids past maxAbortIDs is passed on as its first maxAbortIDs
+// (2026-12-07, a review: a body of a million ids was made into a million
+// values first).
+func TestVLLMAbortBody(t *testing.T) {
+	all := string(abortAll)
+	for body, want := range map[string]string{
+		`{}`: all, `null`: all, `{"request_ids":null}`: all, `{"request_ids":false}`: all, `{"request_ids":0}`: all,
+		`{"request_ids":""}`: all, `{"request_ids":[]}`: all, `{"request_ids":{}}`: all,
+		`{"request_ids":"a"}`: `{"request_ids":["a"]}`, `{"request_ids":["a","",3,"b"]}`: `{"request_ids":["a","b"]}`,
+		`{"request_ids":true}`: "", `{"request_ids":2}`: "", `{"request_ids":{"a":1}}`: "", `{"request_ids":[1]}`: "",
+		`[1]`: "", `"a"`: "", `{"request_ids":`: "",
+	} {
+		got, ok := vllmAbort([]byte(body))
+		if string(got) != want || ok != (want != "") {
+			t.Errorf("%s: %s %v, want %s", body, got, ok, want)
+		}
+	}
+	var b strings.Builder
+	b.WriteString(`{"request_ids":["x"`)
+	for i := range maxAbortIDs + 10 {
+		fmt.Fprintf(&b, `,"i%d"`, i)
+	}
+	b.WriteString(`]}`)
+	got, _ := vllmAbort([]byte(b.String()))
+	var ids struct {
+		IDs []string `json:"request_ids"`
+	}
+	if err := json.Unmarshal(got, &ids); err != nil || len(ids.IDs) != maxAbortIDs {
+		t.Errorf("an abort of %d ids passed on with %d (%v), want %d", maxAbortIDs+11, len(ids.IDs), err, maxAbortIDs)
 	}
 }

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
@@ -251,11 +252,18 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 var statusTexts sync.Map // int -> string
 
+// statusText is a status's label: its number where HTTP names it (and
+// 499, a client gone), else its class ("4xx"): the replicas' statuses
+// are passed on as they come, and one answering every number from 100 to
+// 599 must not make hundreds of series per model (2026-12-07, a review).
 func statusText(code int) string {
 	if s, ok := statusTexts.Load(code); ok {
 		return s.(string)
 	}
 	s := fmt.Sprint(code)
+	if http.StatusText(code) == "" && code != statusClientGone {
+		s = fmt.Sprintf("%dxx", min(max(code/100, 1), 9))
+	}
 	statusTexts.Store(code, s)
 	return s
 }

@@ -612,3 +612,21 @@ func routeOf(t *testing.T, core *Core, body []byte) policy.Request {
 	req.Blocks = slices.Clone(req.Blocks)
 	return req
 }
+
+// A status's label is its number where HTTP names it (and 499), else its
+// class: a replica answering every number from 100 to 599 makes a few
+// dozen series per model, not hundreds (2026-12-07, a review: 201).
+func TestStatusLabelsAreBounded(t *testing.T) {
+	for code, want := range map[int]string{200: "200", 404: "404", 429: "429", 499: "499", 503: "503", 299: "2xx", 418: "418", 420: "4xx", 599: "5xx", 999: "9xx"} {
+		if got := statusText(code); got != want {
+			t.Errorf("%d: %q, want %q", code, got, want)
+		}
+	}
+	labels := map[string]bool{}
+	for code := 100; code < 600; code++ {
+		labels[statusText(code)] = true
+	}
+	if len(labels) > 80 {
+		t.Errorf("statuses 100 to 599 make %d labels", len(labels))
+	}
+}

@@ -40,7 +40,7 @@ var latencyBuckets = []float64{0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 1.5, 2, 
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_requests_total",
-			Help: "Requests answered, by replica (empty when none served it), model (the served name; other past the first 64, or for a model not served) and HTTP status (499: the client went away)."}, []string{"replica", "model", "code"}),
+			Help: "Requests answered, by replica (empty when none served it), model (the served name; other past the first 64, or for a model not served) and HTTP status (499: the client went away; a status HTTP does not name, its class: 4xx)."}, []string{"replica", "model", "code"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_retries_total",
 			Help: "Attempts that failed on a replica before anything reached the client, and were tried elsewhere."}, []string{"replica"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "gorgo_ttft_seconds",

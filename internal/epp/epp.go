@@ -562,7 +562,7 @@ func (x *exchange) watch(r *lifecycle.Request, id string) {
 		return
 	}
 	x.noCut = func(error) {}
-	x.watched = x.of.Watch(&x.noCut, fleet.Wait{Unstreamed: !r.Stream(), Grace: 2 * r.Forecast(), Model: r.Model()})
+	x.watched = x.of.Watch(&x.noCut, r)
 }
 
 // unwatch ends the watch, if one is on.

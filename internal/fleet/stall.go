@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/enginemetrics"
+	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/models"
 )
 
@@ -56,19 +57,10 @@ import (
 // its waiting attempts ask for: a cut request would have nowhere to go,
 // and new ones would be refused where the replica might yet serve them.
 
-// Wait is what the stall check knows of an attempt waiting for its answer
-// to begin (Watch).
-type Wait struct {
-	// Unstreamed: its answer comes whole, at its end. Grace: its wait
-	// counts towards a stall from then on (twice its forecast first
-	// token). Model: the model it asks for, which another replica must
-	// serve for its replica to be ejected.
-	Unstreamed bool
-	Grace      time.Duration
-	Model      string
-}
-
-// waiter is an attempt waiting for its answer to begin, counted from due.
+// waiter is an attempt waiting for its answer to begin: its wait counts
+// towards a stall from due (twice its forecast first token); unstreamed,
+// its answer comes whole, at its end; model is the model it asks for,
+// which another replica must serve for its replica to be ejected.
 type waiter struct {
 	due        time.Time
 	unstreamed bool
@@ -102,18 +94,20 @@ func gaugesOf(em *enginemetrics.Metrics) gauges {
 		em.PromptTokensTotal, em.GenerationTokensTotal, em.GenThroughput}
 }
 
-// Watch registers an attempt waiting for its answer to begin, to be cut
-// (with ErrEjected as its cause) if u is ejected meanwhile (see
-// checkStall for w). The returned function unregisters it, saying whether
-// the replica answered: a successful answer of its engine began (not a
-// /tokenize, which a paused or hung engine's server answers): progress.
-func (u *Upstream) Watch(cancel *context.CancelCauseFunc, w Wait) (done func(answered bool)) {
+// Watch registers an attempt of r waiting for its answer to begin, to be
+// cut (with ErrEjected as its cause) if u is ejected meanwhile, or judged
+// a stall (checkStall). The returned function unregisters it, saying
+// whether the replica answered: a successful answer of its engine began
+// (not a /tokenize, which a paused or hung engine's server answers):
+// progress. The front ends, gorgo serve's and the endpoint picker's,
+// call it as each attempt is sent.
+func (u *Upstream) Watch(cancel *context.CancelCauseFunc, r *lifecycle.Request) (done func(answered bool)) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.health.waiting == nil {
 		u.health.waiting = map[*context.CancelCauseFunc]waiter{}
 	}
-	u.health.waiting[cancel] = waiter{due: time.Now().Add(w.Grace), unstreamed: w.Unstreamed, model: w.Model}
+	u.health.waiting[cancel] = waiter{due: time.Now().Add(2 * r.Forecast()), unstreamed: !r.Stream(), model: r.Model()}
 	return func(answered bool) {
 		now := time.Now()
 		u.mu.Lock()

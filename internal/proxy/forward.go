@@ -304,7 +304,7 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 	// Cut at once (and tried elsewhere) if the replica is ejected before
 	// its answer begins; its beginning is the replica's progress.
 	answered := false
-	done := u.Watch(&stopCause, fleet.Wait{Unstreamed: !req.Stream(), Grace: 2 * req.Forecast(), Model: req.Model()})
+	done := u.Watch(&stopCause, req)
 	defer func() { done(answered) }()
 	var lent sync.WaitGroup
 	body := lend(req.Body, &lent)

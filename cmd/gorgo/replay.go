@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -26,6 +27,19 @@ stream; slip is how long a request waited for the cap. Without --trace it
 replays the embedded synthetic workload. Ctrl-C stops the replay and still
 reports and writes what was measured.`
 
+// readKey reads an API key from the first line of a file.
+func readKey(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("--api-key-file: %w", err)
+	}
+	key, _, _ := strings.Cut(string(data), "\n")
+	if key = strings.TrimSpace(key); key == "" {
+		return "", fmt.Errorf("--api-key-file: %s has no key on its first line", path)
+	}
+	return key, nil
+}
+
 // probeTimeout bounds the first request to the target (GET /v1/models),
 // which checks that it is reachable.
 const probeTimeout = 10 * time.Second
@@ -41,6 +55,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	jsonOut := fs.String("json", "", "write the run summary as JSON to `FILE`")
 	records := fs.String("records", "", "write per-request records as JSONL to `FILE`")
 	quiet := fs.Bool("quiet", false, "no progress or header lines")
+	keyFile := fs.String("api-key-file", "", "read the API key sent to the target (as a bearer token) from `FILE`'s first line; default $OPENAI_API_KEY, as OpenAI's clients read it (none: no key)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -78,10 +93,19 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		stop() // a second Ctrl-C kills the process
 	}()
 
-	hc := replay.NewHTTPClient(*maxInflight)
+	key := os.Getenv("OPENAI_API_KEY")
+	if *keyFile != "" {
+		if key, err = readKey(*keyFile); err != nil {
+			return err
+		}
+	}
+	hc := replay.WithAPIKey(replay.NewHTTPClient(*maxInflight), key)
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	models, err := replay.Models(pctx, hc, u)
 	cancel()
+	if errors.Is(err, replay.ErrRefused) {
+		return fmt.Errorf("%w: give it an API key it takes ($OPENAI_API_KEY, or --api-key-file)", err)
+	}
 	if err != nil {
 		return err
 	}

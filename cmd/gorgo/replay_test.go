@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -188,5 +189,61 @@ func TestReplayCommandSaysWhyEveryRequestFailed(t *testing.T) {
 	}
 	if _, err := os.Stat(recs); err != nil {
 		t.Errorf("records not written: %v", err)
+	}
+}
+
+// A target that asks for client keys (gorgo serve's auth) is sent
+// $OPENAI_API_KEY, or --api-key-file's, as OpenAI's clients send theirs;
+// without one, the replay stops at once and says so (2026-12-07, a
+// user's test: every request failed with a 401, and replay had no way to
+// send a key).
+func TestReplayCommandSendsTheAPIKey(t *testing.T) {
+	var calls atomic.Int32
+	inner := fakeOpenAI(t, &calls)
+	var keys sync.Map // the keys the requests carried
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth := r.Header.Get("Authorization")
+		keys.Store(auth, true)
+		if auth != "Bearer sk-test-key" {
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, `{"error":{"message":"a valid API key is required","type":"AuthenticationError","code":401}}`)
+			return
+		}
+		proxy := httptest.NewRequest(r.Method, inner.URL+r.URL.Path, r.Body)
+		proxy.RequestURI = ""
+		proxy.Header = r.Header
+		resp, err := http.DefaultClient.Do(proxy)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("X-Gorgo-Replica", resp.Header.Get("X-Gorgo-Replica"))
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	}))
+	defer srv.Close()
+	dir := t.TempDir()
+	tr := writeTinyTrace(t, dir)
+	var out, errb bytes.Buffer
+	t.Setenv("OPENAI_API_KEY", "")
+	if err := runReplay([]string{"--target", srv.URL, "--trace", tr, "--quiet"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "refused the client (401: a valid API key is required)") || !strings.Contains(err.Error(), "OPENAI_API_KEY") {
+		t.Errorf("without a key: %v; want the refusal, and how to give a key", err)
+	}
+	t.Setenv("OPENAI_API_KEY", "sk-test-key")
+	if err := runReplay([]string{"--target", srv.URL, "--trace", tr, "--quiet"}, &out, &errb); err != nil {
+		t.Errorf("with $OPENAI_API_KEY: %v", err)
+	}
+	keyFile := filepath.Join(dir, "key")
+	os.WriteFile(keyFile, []byte("sk-test-key\nsecond line\n"), 0o600)
+	t.Setenv("OPENAI_API_KEY", "sk-wrong")
+	if err := runReplay([]string{"--target", srv.URL, "--trace", tr, "--quiet", "--api-key-file", keyFile}, &out, &errb); err != nil {
+		t.Errorf("with --api-key-file over a wrong $OPENAI_API_KEY: %v", err)
+	}
+	if n := calls.Load(); n != 6 {
+		t.Errorf("%d chats reached the server, want the 3 of each run with the key", n)
+	}
+	if err := runReplay([]string{"--target", srv.URL, "--trace", tr, "--api-key-file", filepath.Join(dir, "none")}, &out, &errb); err == nil || !strings.Contains(err.Error(), "--api-key-file") {
+		t.Errorf("a key file that is not there: %v", err)
 	}
 }

@@ -75,10 +75,43 @@ func NewHTTPClient(maxInflight int) *http.Client {
 	return &http.Client{Transport: t}
 }
 
+// ErrRefused is Models' error when the target refuses the client: it
+// asks for an API key (WithAPIKey), or does not take the one given.
+var ErrRefused = errors.New("refused the client")
+
+// WithAPIKey returns hc sending key as a bearer token with each request,
+// as OpenAI's clients send theirs (a router or server that asks for
+// client keys); with key empty, hc itself.
+func WithAPIKey(hc *http.Client, key string) *http.Client {
+	if key == "" {
+		return hc
+	}
+	c := *hc
+	next := c.Transport
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	c.Transport = bearer{key: key, next: next}
+	return &c
+}
+
+// bearer is a transport that sets each request's Authorization.
+type bearer struct {
+	key  string
+	next http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context()) // a RoundTripper must not change its request
+	r.Header.Set("Authorization", "Bearer "+b.key)
+	return b.next.RoundTrip(r)
+}
+
 // Models asks GET {target}/v1/models for the ids of the models the server
 // serves. An error means the target could not be reached (or the request
-// was cancelled); a server that answers without a usable list gives no ids
-// and no error.
+// was cancelled) or refused the client (401, 403: no key, or not one it
+// takes); a server that answers without a usable list gives no ids and
+// no error.
 func Models(ctx context.Context, hc *http.Client, target *url.URL) ([]string, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target.JoinPath("v1", "models").String(), nil)
 	if err != nil {
@@ -89,6 +122,10 @@ func Models(ctx context.Context, hc *http.Client, target *url.URL) ([]string, er
 		return nil, fmt.Errorf("target %s unreachable: %w", target.Redacted(), unwrapURL(err))
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		return nil, fmt.Errorf("target %s %w (%d: %s)", target.Redacted(), ErrRefused, resp.StatusCode, wire.ErrorMessage(msg))
+	}
 	if resp.StatusCode != http.StatusOK {
 		return nil, nil
 	}

@@ -215,13 +215,24 @@ func TestTunerShowsFallbacks(t *testing.T) {
 	if code, body := do(t, "POST", admin+"/admin/tuner/pause", ""); code != 200 || !strings.Contains(body, `"paused": true`) {
 		t.Errorf("pause: %d %s", code, body)
 	}
-	if code, body := do(t, "PUT", admin+"/admin/weights", `{"decode":0.7}`); code != 409 || !strings.Contains(body, "tune: false") {
-		t.Errorf("setting weights the tuner sets: %d %s", code, body)
+	// Weights set while it tunes are its start from then on (2026-12-07, a
+	// user's test: every PUT was a 409 with the default config, a
+	// malformed body included, and the live view's weights did nothing).
+	for _, bad := range []string{`{`, `{"decode":-1}`, `{"decode":"x"}`, `{"policy":"gorgo","decode":0.7}`} {
+		if code, body := do(t, "PUT", admin+"/admin/weights", bad); code != 400 {
+			t.Errorf("PUT %s while tuning: %d %s, want 400", bad, code, body)
+		}
+	}
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{"policy":"gorgo-online","decode":0.7}`); code != 200 || !strings.Contains(body, `"decode": 0.7`) || !strings.Contains(body, `"itl": 0.2`) || !strings.Contains(body, `"base": "gorgo-e2e"`) {
+		t.Errorf("setting weights the tuner tunes: %d %s", code, body)
+	}
+	if _, body := do(t, "GET", admin+"/admin/tuner", ""); !strings.Contains(body, `"decode": 0.7`) || !strings.Contains(body, `"paused": true`) {
+		t.Errorf("the tuner after weights were set: %s", body)
 	}
 	_, body = do(t, "GET", admin+"/metrics", "")
 	for _, want := range []string{"gorgo_tuner_judged_total 0", "gorgo_tuner_fallbacks_total 0", "gorgo_tuner_paused 1", "gorgo_tuner_step_size 0.5",
 		"gorgo_output_estimate_tokens 256", "gorgo_output_estimate_depth 0", "gorgo_output_estimate_keys 0",
-		`gorgo_policy_weight{policy="gorgo-online",weight="decode"} 0.2`} {
+		`gorgo_policy_weight{policy="gorgo-online",weight="decode"} 0.7`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}

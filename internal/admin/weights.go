@@ -2,6 +2,7 @@ package admin
 
 import (
 	"encoding/json"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -30,28 +31,32 @@ func (s *Server) weights(w http.ResponseWriter, r *http.Request) {
 
 // setWeights sets some of the policy's parameters: a JSON object of names
 // and numbers; the others keep their values. The policy validates them.
+// An online tuner starts from them afresh (tune.Online.StartFrom): the
+// operator's weights are its incumbent, and its start from then on.
 func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) {
-	p, ok := s.fleet.Policy().(policy.Tunable)
-	if !ok {
-		if t, ok := s.fleet.Policy().(policy.Tuner); ok {
-			httpapi.Error(w, http.StatusConflict, "the online tuner sets %s's weights, paused or not (POST /admin/tuner/pause holds them where they are): run with tune: false to set them", t.Base())
-			return
-		}
-		httpapi.Error(w, http.StatusConflict, "policy %s has no weights to set", s.fleet.Policy().Name())
+	pol := s.fleet.Policy()
+	p, tunable := pol.(policy.Tunable)
+	o, tuned := pol.(*tune.Online)
+	if !tunable && !tuned {
+		httpapi.Error(w, http.StatusConflict, "policy %s has no weights to set", pol.Name())
 		return
+	}
+	name := pol.Name()
+	if tuned {
+		name = o.Base()
 	}
 	var in map[string]json.RawMessage
 	if !httpapi.DecodeJSON(w, r, &in, maxJSON) {
 		return
 	}
-	v := p.Params()
+	v := policy.Values{}
 	for k, raw := range in {
 		if k == policy.FileKey {
 			// Whose they are, as the GET shows them and gorgo tune writes
 			// them: the running policy's, or refused.
-			var name string
-			if json.Unmarshal(raw, &name) != nil || policy.Canonical(name) != p.Name() {
-				httpapi.Error(w, http.StatusBadRequest, "these are the weights of %s; the router runs %s", raw, p.Name())
+			var named string
+			if json.Unmarshal(raw, &named) != nil || policy.Canonical(named) != name && !(tuned && named == pol.Name()) {
+				httpapi.Error(w, http.StatusBadRequest, "these are the weights of %s; the router runs %s", raw, name)
 				return
 			}
 			continue
@@ -63,7 +68,20 @@ func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) {
 		}
 		v[k] = *x
 	}
-	if err := p.SetParams(v); err != nil {
+	if tuned {
+		if err := o.StartFrom(v); err != nil {
+			httpapi.Error(w, http.StatusBadRequest, "%v", err)
+			return
+		}
+		s.log.Info("admin change", "who", who(r), "op", "weights", "weights", policy.Format(name, o.Incumbent()), "tuner", "starts from them")
+		out := paramsJSON(pol.Name(), o.Incumbent())
+		out["base"], out["tuned"] = name, true
+		httpapi.WriteJSON(w, http.StatusOK, out)
+		return
+	}
+	all := p.Params()
+	maps.Copy(all, v)
+	if err := p.SetParams(all); err != nil {
 		httpapi.Error(w, http.StatusBadRequest, "%v", err)
 		return
 	}

@@ -307,6 +307,44 @@ func (o *Online) FleetChanged(why string) {
 	}
 }
 
+// StartFrom makes an operator's values of some of the base policy's
+// parameters the tuner's start, as if it had been started with them (the
+// parameters not given keep what the incumbent routes with now): those
+// it does not tune take them, those it tunes start from them (their
+// bounds widened to hold them, a 0 no longer tuned: Config.StartFrom),
+// with the first step size and no drift, and a change of the fleet falls
+// back to them. The round starts afresh with a new candidate; a pause
+// holds (the new incumbent routes). Values the base policy refuses
+// change nothing.
+func (o *Online) StartFrom(values policy.Values) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	v := Apply(o.es, o.es.Incumbent(), o.cfg.BaseParams)
+	for k, x := range values {
+		v[k] = x
+	}
+	cfg := o.es.Config()
+	cfg.Params = slices.Clone(cfg.Params) // StartFrom filters in place
+	if err := cfg.StartFrom(o.cfg.Base, v); err != nil {
+		return err
+	}
+	es, err := NewES(cfg)
+	if err != nil {
+		return err
+	}
+	inc, err := policy.New(o.cfg.Base, policy.Options{Params: Apply(es, es.Incumbent(), v)})
+	if err != nil {
+		return err
+	}
+	es.rng = o.es.rng // the random stream goes on
+	o.es, o.cfg.ES, o.cfg.BaseParams, o.arms[0] = es, cfg, v, inc
+	o.moved = false
+	if err := o.next(); err != nil {
+		o.arms[1] = o.arms[0]
+	}
+	return nil
+}
+
 // Resets returns how many times the fleet's changes sent the tuner back to
 // its starting weights from weights it had learned, and why the last time.
 func (o *Online) Resets() (n int, why string) {

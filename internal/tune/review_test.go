@@ -104,3 +104,41 @@ func TestStartFrom(t *testing.T) {
 		t.Error("nothing left to tune, accepted")
 	}
 }
+
+// A running tuner told the operator's weights (the admin API's PUT)
+// starts from them as if started with them: its incumbent routes with
+// them, the parameters not given keep the incumbent's, the round starts
+// afresh, and a change of the fleet falls back to them, not to the
+// weights it began with. Values the base refuses change nothing.
+func TestOnlineStartFrom(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{Base: policy.DefaultName, ES: Config{Seed: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.es.inc[1] = 0.3 // learned: itl 0.3
+	round := o.round
+	if err := o.StartFrom(policy.Values{"decode": 5, "queue": 2}); err != nil {
+		t.Fatal(err)
+	}
+	want := func(when string, decode, itl, queue float64) {
+		t.Helper()
+		v := o.Incumbent()
+		if v["decode"] != decode || v["itl"] != itl || v["queue"] != queue {
+			t.Errorf("%s: decode %v, itl %v, queue %v; want %v, %v, %v", when, v["decode"], v["itl"], v["queue"], decode, itl, queue)
+		}
+	}
+	want("set", 5, 0.3, 2)
+	if o.round == round || o.Sigma() != o.es.Config().Sigma {
+		t.Errorf("round %d (was %d), step %v: want a fresh round at the first step size", o.round, round, o.Sigma())
+	}
+	if p := o.es.Config().Params[0]; p.Name != "decode" || p.Max < 5 {
+		t.Errorf("decode's bounds %+v do not hold 5", p)
+	}
+	o.es.inc[0], o.moved = 1, true // learned since
+	o.FleetChanged("a replica joined")
+	want("after a change of the fleet", 5, 0.3, 2)
+	if err := o.StartFrom(policy.Values{"queue": -1}); err == nil {
+		t.Error("a negative queue weight was taken")
+	}
+	want("after a refused change", 5, 0.3, 2)
+}

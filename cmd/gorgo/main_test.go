@@ -372,6 +372,8 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"serve", "--config", "/nonexistent.yaml"}, "reading config"},
 		{[]string{"serve", "--replica", "a=http://x", "--policy", "round-robin", "--tune=true"}, "policy round-robin has no parameters to tune"},
 		{[]string{"serve", "--replica", "a=http://x", "--policy", "gorgo-online", "--tune=false"}, "tune: false, but policy gorgo-online is a tuner"},
+		{[]string{"serve", "--replica", "a=http://x", "--tune=false", "--objective", "p95-e2e"}, "--objective is the online tuner's, and the policy runs untuned"},
+		{[]string{"serve", "--replica", "a=http://x", "--policy", "round-robin", "--sigma", "0.5"}, "--sigma is the online tuner's"},
 		{[]string{"sim", "--duration", "1m", "--policy", "gorgo,default,gorgo-e2e"}, "--policy: gorgo-e2e named twice"},
 		{[]string{"demo", "--speedup", "0"}, "--speedup"},
 		{[]string{"demo", "--policy", "fastest"}, `unknown policy "fastest"`},

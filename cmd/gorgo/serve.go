@@ -281,8 +281,17 @@ func servePolicy(cfg serve.Config, tf *tuneFlags) (policy.Policy, error) {
 		}
 		return tune.NewOnline(oc)
 	}
+	for _, name := range tunerFlags {
+		if tf.set[name] {
+			return nil, fmt.Errorf("--%s is the online tuner's, and the policy runs untuned (tune: false, or --tune=false)", name)
+		}
+	}
 	return nil, nil
 }
+
+// tunerFlags are the flags that set the online tuner, which mean nothing
+// without it.
+var tunerFlags = []string{"objective", "guard", "param", "base", "sigma", "window-requests", "hop", "block", "confirm", "early-stop", "burn"}
 
 // describePolicy names the running policy, and what an online tuner tunes
 // (configured: the config's policy).

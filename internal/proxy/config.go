@@ -55,6 +55,7 @@ type Config struct {
 	// IdleTimeout closes a client's keep-alive connection idle this long
 	// (default 75 s, nginx's); ReadHeaderTimeout cuts a client that takes
 	// longer to send its request headers (default 10 s: slowloris).
+	// Negative: never (net/http's reading).
 	IdleTimeout       time.Duration `yaml:"idle_timeout"`
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	// ReadBodyTimeout cuts a client that takes longer to send its request
@@ -165,6 +166,9 @@ func (c Config) Validate() error {
 	}
 	if c.EngineOperations != operationsAllow && c.EngineOperations != operationsRefuse {
 		return fmt.Errorf("config: engine_operations must be %s or %s, not %q", operationsAllow, operationsRefuse, c.EngineOperations)
+	}
+	if c.ShutdownTimeout < 0 {
+		return fmt.Errorf("config: shutdown_timeout must not be negative")
 	}
 	if c.MaxBodyBytes < 1 || c.MaxAnswerBytes < 1 {
 		return fmt.Errorf("config: max_body_bytes and max_answer_bytes must be positive")

@@ -92,6 +92,7 @@ func TestConfigErrors(t *testing.T) {
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, VideoTokens: -1}},
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}, VideoTokens: 1 << 20}},
 		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}}, Proxy: proxy.Config{EngineOperations: "admin"}},
+		{Config: fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}}, Proxy: proxy.Config{ShutdownTimeout: -time.Second}},
 	}
 	for i, c := range cases {
 		if err := c.Defaults().Validate(); err == nil {

@@ -747,7 +747,7 @@ func TestReloadRefusesWhatTheTunerCannotStartFrom(t *testing.T) {
 		t.Fatal(err)
 	}
 	tf := parseTuneFlags(t, true)
-	s, err := newServer(cfg, tf, serve.Options{Path: path, Overrides: func(c *serve.Config) error { return startable(c, tf) }}, false, io.Discard)
+	s, err := newServer(cfg.Defaults(), tf, serve.Options{Path: path, Overrides: func(c *serve.Config) error { return startable(c, tf) }}, false, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -763,6 +763,11 @@ func TestReloadRefusesWhatTheTunerCannotStartFrom(t *testing.T) {
 	}
 	if err := s.Reload(); err != nil {
 		t.Errorf("a reload the start would take: %v", err)
+	}
+	// Taken live: the running tuner starts from the file's weights
+	// (2026-12-07: a restart was needed).
+	if v := s.Fleet.Policy().(*tune.Online).Incumbent(); v["decode"] != 0.5 || v["itl"] != 0.2 {
+		t.Errorf("the tuner after the reload routes with %v, want decode 0.5 and itl 0.2", v)
 	}
 }
 

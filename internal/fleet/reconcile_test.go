@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 // newTestFleet is a fleet that is not running: its replicas are never
@@ -313,5 +314,26 @@ func TestOutputEstimateConfig(t *testing.T) {
 		if n := rt.OutputEstimate().Keys; mode == "keyed" && n != 2 || mode == "global" && n != 0 {
 			t.Errorf("%s: %d keys learned", mode, n)
 		}
+	}
+}
+
+// Tenants need a restart: a reload that changes them names the tenants
+// added, removed and changed, not the running and file's settings as Go
+// prints them (2026-12-07, a user's test: "tenants (running map[batch:{0
+// batch standard 1m0s 0s …}], file map[…])").
+func TestReloadNamesTheTenantsItKeeps(t *testing.T) {
+	cfg := Config{ProbeInterval: time.Hour, Tenants: map[string]tenant.Config{"batch": {RequestsPerMinute: 5}, "chat": {}, "old": {}}}
+	f, err := New(cfg, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := f.Config()
+	next.Tenants = map[string]tenant.Config{"batch": {RequestsPerMinute: 50}, "chat": {}, "new": {}}
+	_, restart, err := f.Prepare(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "tenants (added new; removed old; changed batch)"; !slices.Contains(restart, want) {
+		t.Errorf("restart %q, want %q", restart, want)
 	}
 }

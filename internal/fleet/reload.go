@@ -4,9 +4,12 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
+	"strings"
 
 	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 // Prepare judges next as the fleet's running config, for a reload: next
@@ -39,11 +42,20 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 		name = t.Base()
 	}
 	if !reflect.DeepEqual(cur.Params[name], next.Params[name]) {
+		v, _ := policy.Lookup(name)
+		resolved, _ := v.Resolve(next.Params[name]) // validated
 		switch p := f.policy.(type) {
 		case policy.Tunable:
-			v, _ := policy.Lookup(name)
-			resolved, _ := v.Resolve(next.Params[name]) // validated
 			set = func() { _ = p.SetParams(resolved) }
+		case startsFrom:
+			// The tuner starts from them, as a restart would start it
+			// (gorgo serve judges the file's weights as a start before
+			// it is applied).
+			set = func() {
+				if err := p.StartFrom(resolved); err != nil {
+					f.log.Error("the tuner cannot start from the file's weights: it keeps its own", "policy", name, "error", err)
+				}
+			}
 		case policy.Tuner:
 			restart = append(restart, fmt.Sprintf("params of %s (the tuner %s starts from them)", name, p.Name()))
 			next.Params = keepParams(next.Params, name, cur.Params[name])
@@ -109,11 +121,50 @@ func fixed(cur, next *Config) []string {
 	keep("admission", cur.Admission, next.Admission, func() { next.Admission = cur.Admission })
 	keep("admission_queue", cur.AdmissionQueue, next.AdmissionQueue, func() { next.AdmissionQueue = cur.AdmissionQueue })
 	keep("saturation_waiting", cur.SaturationWaiting, next.SaturationWaiting, func() { next.SaturationWaiting = cur.SaturationWaiting })
-	keep("tenants", cur.Tenants, next.Tenants, func() { next.Tenants = cur.Tenants })
+	if changed := changedTenants(cur.Tenants, next.Tenants); changed != "" {
+		out = append(out, "tenants ("+changed+")")
+		next.Tenants = cur.Tenants
+	}
 	keep("upstream_tls", cur.UpstreamTLS, next.UpstreamTLS, func() { next.UpstreamTLS = cur.UpstreamTLS })
 	keep("adapter_load_time", cur.AdapterLoadTime, next.AdapterLoadTime, func() { next.AdapterLoadTime = cur.AdapterLoadTime })
 	keep("adapter_load_times", cur.AdapterLoadTimes, next.AdapterLoadTimes, func() { next.AdapterLoadTimes = cur.AdapterLoadTimes })
 	return out
+}
+
+// startsFrom is a tuner that takes an operator's weights as its start
+// (tune.Online).
+type startsFrom interface {
+	policy.Tuner
+	StartFrom(policy.Values) error
+}
+
+// changedTenants says which tenants the file adds, removes or changes
+// ("" if none), by name: their settings are the config's to read.
+func changedTenants(cur, next map[string]tenant.Config) string {
+	var added, removed, changed []string
+	for name, c := range next {
+		if old, ok := cur[name]; !ok {
+			added = append(added, name)
+		} else if !reflect.DeepEqual(old, c) {
+			changed = append(changed, name)
+		}
+	}
+	for name := range cur {
+		if _, ok := next[name]; !ok {
+			removed = append(removed, name)
+		}
+	}
+	var parts []string
+	for _, p := range []struct {
+		what  string
+		names []string
+	}{{"added", added}, {"removed", removed}, {"changed", changed}} {
+		if len(p.names) > 0 {
+			slices.Sort(p.names)
+			parts = append(parts, p.what+" "+strings.Join(p.names, ", "))
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // keepParams returns params with name's values set to the running ones.

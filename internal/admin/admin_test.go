@@ -170,6 +170,11 @@ func TestReplicasAPI(t *testing.T) {
 		{"POST", "/admin/replicas", `{"id":"d","url":"ftp://x"}`, 400},
 		{"POST", "/admin/replicas", `{"id":"d","url":"http://x","zone":"z"}`, 400},
 		{"POST", "/admin/replicas", `{"url":"http://x"}`, 400},
+		// A config file's entry, whole (2026-12-07, a user's test: models,
+		// adapters and max_loras were unknown fields here).
+		{"POST", "/admin/replicas", `{"id":"e","url":"http://127.0.0.1:1","models":["m1"],"adapters":["sql"],"max_loras":2,"profile":"paper"}`, 201},
+		{"POST", "/admin/replicas", `{"id":"f","url":"http://127.0.0.1:1","max_loras":-1}`, 400},
+		{"DELETE", "/admin/replicas/e", "", 200},
 		{"POST", "/admin/replicas/c/drain", "", 200},
 		{"POST", "/admin/replicas/c/undrain", "", 200},
 		{"DELETE", "/admin/replicas/c", "", 200},

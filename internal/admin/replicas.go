@@ -105,14 +105,10 @@ func (s *Server) replicas(w http.ResponseWriter, r *http.Request) {
 	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"policy": s.fleet.Policy().Name(), "replicas": out})
 }
 
-// add adds a replica: {"id","url","region","profile"}.
+// add adds a replica: a config file's replicas: entry as JSON ({"id",
+// "url", "region", "profile", "models", "adapters", "max_loras", ...}).
 func (s *Server) add(w http.ResponseWriter, r *http.Request) {
-	var in struct {
-		ID      string `json:"id"`
-		URL     string `json:"url"`
-		Region  string `json:"region"`
-		Profile string `json:"profile"`
-	}
+	var in fleet.ReplicaConfig
 	if !httpapi.DecodeJSON(w, r, &in, maxJSON) {
 		return
 	}
@@ -120,7 +116,7 @@ func (s *Server) add(w http.ResponseWriter, r *http.Request) {
 		httpapi.Error(w, http.StatusBadRequest, "id is required")
 		return
 	}
-	err := s.fleet.Add(fleet.SourceAdmin, fleet.ReplicaConfig{ID: in.ID, URL: in.URL, Region: in.Region, Profile: in.Profile})
+	err := s.fleet.Add(fleet.SourceAdmin, in)
 	switch {
 	case errors.Is(err, router.ErrExists):
 		httpapi.Error(w, http.StatusConflict, "replica %s already exists", in.ID)

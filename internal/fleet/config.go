@@ -149,42 +149,43 @@ type Config struct {
 	AdapterLoadTimes map[string]time.Duration `yaml:"adapter_load_times"`
 }
 
-// ReplicaConfig is one upstream engine.
+// ReplicaConfig is one upstream engine: a config file's replicas: entry,
+// or the admin API's POST /admin/replicas body (the same names).
 type ReplicaConfig struct {
 	// ID names the replica (default the URL's host).
-	ID string `yaml:"id"`
+	ID string `yaml:"id" json:"id,omitempty"`
 	// URL is the engine's base URL; /v1/..., /health and /metrics are
 	// appended.
-	URL    string `yaml:"url"`
-	Region string `yaml:"region"`
+	URL    string `yaml:"url" json:"url,omitempty"`
+	Region string `yaml:"region" json:"region,omitempty"`
 	// Profile, if set, names the engine profile the replica runs: it gives
 	// the KV capacity, the prefill and queue rates and the priors of the
 	// ITL model unless set here.
-	Profile          string  `yaml:"profile"`
-	KVCapacityTokens int     `yaml:"kv_capacity_tokens"`
-	PrefillMSPerTok  float64 `yaml:"prefill_ms_per_token"`
-	QueueMSPerTok    float64 `yaml:"queue_ms_per_token"`
+	Profile          string  `yaml:"profile" json:"profile,omitempty"`
+	KVCapacityTokens int     `yaml:"kv_capacity_tokens" json:"kv_capacity_tokens,omitempty"`
+	PrefillMSPerTok  float64 `yaml:"prefill_ms_per_token" json:"prefill_ms_per_token,omitempty"`
+	QueueMSPerTok    float64 `yaml:"queue_ms_per_token" json:"queue_ms_per_token,omitempty"`
 	// ITLMS and ITLSlopeMS are the priors of the replica's inter-token
 	// latency model (ms, and ms per request in flight); the router learns
 	// both from the streams it relays.
-	ITLMS      float64 `yaml:"itl_ms"`
-	ITLSlopeMS float64 `yaml:"itl_slope_ms"`
+	ITLMS      float64 `yaml:"itl_ms" json:"itl_ms,omitempty"`
+	ITLSlopeMS float64 `yaml:"itl_slope_ms" json:"itl_slope_ms,omitempty"`
 	// MetricsPath is where the engine serves Prometheus metrics (default
 	// /metrics).
-	MetricsPath string `yaml:"metrics_path"`
+	MetricsPath string `yaml:"metrics_path" json:"metrics_path,omitempty"`
 	// APIKeyEnv names the environment variable holding the replica's API
 	// key, which a front end sends it (auth.upstream: replica).
-	APIKeyEnv string `yaml:"api_key_env"`
+	APIKeyEnv string `yaml:"api_key_env" json:"api_key_env,omitempty"`
 	// Models are the names the replica's base model is served under and
 	// Adapters the LoRA adapters on it: given, they are what it serves
 	// and its GET /v1/models is not read; else that list is read with
 	// every probe (a replica whose list cannot be read is taken to serve
 	// any model).
-	Models   []string `yaml:"models"`
-	Adapters []string `yaml:"adapters"`
+	Models   []string `yaml:"models" json:"models,omitempty"`
+	Adapters []string `yaml:"adapters" json:"adapters,omitempty"`
 	// MaxLoRAs is the replica's adapter slots when its engine does not
 	// report them (vLLM's max_lora, SGLang's lora_pool_slots_total).
-	MaxLoRAs int `yaml:"max_loras"`
+	MaxLoRAs int `yaml:"max_loras" json:"max_loras,omitempty"`
 }
 
 // Equal reports whether two replica configs are the same.

@@ -35,6 +35,7 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	}
 	t := ts.Lookup(in.Tenant)
 	r.tenant = t
+	r.class.Priority = t.Priority() // a request refused for its ask is counted in its tenant's band
 	class, tpot, err := t.Class(in.Ask, r.class.Tokens)
 	if err != nil {
 		return wire.Errorf(statusBadRequest, "%v", err)

@@ -189,3 +189,19 @@ func TestLongAnswerIsCharged(t *testing.T) {
 		t.Errorf("after an answer of 900 tokens: %d, %q tokens left; want at most 100", code, h.Get("X-Ratelimit-Remaining-Tokens"))
 	}
 }
+
+// A request refused for what it asks (a priority above its tenant's
+// max_priority) is counted in its tenant's band, not standard's
+// (2026-12-07, a user's test: an interactive tenant's bad requests were
+// counted as standard).
+func TestBadAskCountedInTheTenantsBand(t *testing.T) {
+	s, url := startProxy(t, testConfig{
+		Fleet: fleet.Config{ProbeInterval: time.Hour, Tenants: map[string]tenant.Config{"chat": {Priority: "interactive"}}},
+		Proxy: Config{TenantHeader: "trust"}}, startReplica(t, 5*time.Millisecond, emulator.Faults{}))
+	if code, body, _ := send(t, url, chatBody("hi", 2, false), map[string]string{tenant.TenantHeader: "chat", "X-Gorgo-Priority": "critical"}); code != 400 {
+		t.Fatalf("a priority above the tenant's: %d %s", code, body)
+	}
+	if n := counter(t, s.reg, "gorgo_tenant_refused_total", map[string]string{"tenant": "chat", "priority": "interactive", "reason": "bad_request"}); n != 1 {
+		t.Errorf("bad requests counted in the tenant's band: %v, want 1", n)
+	}
+}

@@ -257,6 +257,10 @@ func (s *Set) HasSLO() bool {
 	return false
 }
 
+// Priority is the priority the tenant's requests get unless they ask for
+// another (admit's bands).
+func (t *Tenant) Priority() int { return t.prio }
+
 // Ask is what a request asks for in its headers (x-gorgo-priority,
 // x-gorgo-ttft-slo-ms, x-gorgo-tpot-slo-ms), as sent; empty: nothing.
 type Ask struct {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -210,7 +211,7 @@ func checkSampling(chat bool, req *prompt.Request) error {
 	switch {
 	case req.Odd&prompt.HintMinTokens != 0:
 		return errors.New("min_tokens must be an integer of at least 0")
-	case req.HasMaxTokens && req.MinTokens > req.MaxTokens:
+	case req.HasMaxTokens && req.MaxTokens >= 1 && req.MinTokens > req.MaxTokens: // below 1, max_tokens's own error comes first, as vLLM's does
 		return fmt.Errorf("min_tokens must be less than or equal to max_tokens=%d, got %d", req.MaxTokens, req.MinTokens)
 	}
 	return nil
@@ -272,10 +273,10 @@ func (s *Server) fillPrompt(w http.ResponseWriter, j *job, p *jobPrompt, text []
 			p.outputTokens = min(least, limit-p.tokens)
 		}
 	}
-	if p.tokens >= limit || p.outputTokens > limit-p.tokens { // not added: a huge output would wrap the sum
+	if p.tokens >= limit || p.outputTokens > limit-p.tokens {
 		writeError(w, http.StatusBadRequest, "BadRequestError",
 			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			limit, p.tokens+min(p.outputTokens, limit), p.tokens, p.outputTokens)
+			limit, p.tokens+min(p.outputTokens, math.MaxInt-p.tokens), p.tokens, p.outputTokens) // the sum saturates: a huge output would wrap it
 		return false
 	}
 	return true

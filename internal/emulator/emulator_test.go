@@ -391,6 +391,10 @@ func TestErrorsAreOpenAIShaped(t *testing.T) {
 		{"/v1/completions", `{"prompt":"x","n":70000}`, 400, "at most"},
 		{"/v1/completions", `{"prompt":"x","min_tokens":-1}`, 400, "min_tokens must be an integer of at least 0"},
 		{"/v1/completions", `{"prompt":"x","min_tokens":9,"max_tokens":8}`, 400, "min_tokens must be less than or equal to max_tokens=8"},
+		// 2026-12-07, a user's test: a negative max_tokens was told of
+		// min_tokens, and a huge one's total was capped.
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":-5}`, 400, "max_tokens must be at least 1, got -5"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":300000}`, 400, "you requested 300002 tokens (2 in the messages, 300000 in the completion)"},
 	}
 	for _, c := range cases {
 		resp := post(t, url+c.path, c.body)

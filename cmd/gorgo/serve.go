@@ -38,7 +38,7 @@ policy picks (the default policy, gorgo-e2e: the least cost in ms of the time to
 first token, from round trip, uncached prompt tokens and queue, and of decode,
 its weights tuned online), streams back as it comes, and is tried on another
 replica if the first fails before any byte reached the client. The proxy
-probes round trips (GET /health), scrapes /metrics, and serves its own
+probes health and round trips (GET /health and /v1/models), scrapes /metrics, and serves its own
 /metrics and /health to clients; the admin API (/admin/replicas, weights,
 tuner, decide) is on its own listener (admin.listen, 127.0.0.1:9091 by
 default), behind bearer tokens when configured.

@@ -60,6 +60,10 @@ func (r *Request) resolveModel(kind Kind, body []byte, dry bool) *wire.Error {
 		switch {
 		case bases == 1:
 			r.Route.Model = only
+		case bases > 1 && kind == Generate:
+			// SGLang's /generate has no model field; the router reads one
+			// there, or an adapter's lora_path.
+			return wire.Errorf(statusBadRequest, `model: required: this router serves several models (%s); a /generate names its own in "model" (the router reads it) or its adapter in "lora_path"`, r.names())
 		case bases > 1:
 			return wire.Errorf(statusBadRequest, "model: required: this router serves several models (%s)", r.names())
 		}

@@ -169,6 +169,12 @@ func TestModelErrors(t *testing.T) {
 	if code != 400 || !strings.Contains(body, "model-a") || !strings.Contains(body, "model-b") {
 		t.Errorf("no model: %d %s", code, body)
 	}
+	// SGLang's /generate names no model: it is told where to name one
+	// (2026-12-07, a user's test).
+	code, body = do(t, "POST", url+"/generate", `{"text":"hello","sampling_params":{"max_new_tokens":2}}`)
+	if code != 400 || !strings.Contains(body, `a /generate names its own in \"model\"`) {
+		t.Errorf("/generate without a model: %d %s", code, body)
+	}
 	s.Drain("b")
 	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(modelChat("model-b", "hi", false)))
 	if err != nil {

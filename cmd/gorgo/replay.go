@@ -50,7 +50,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	wl.register(fs, true)
 	target := fs.String("target", "", "base `URL` of the OpenAI-compatible server, e.g. http://127.0.0.1:8080 (required; /v1/... is appended)")
 	maxInflight := fs.Int("max-inflight", replay.DefaultMaxInflight, "cap on requests in flight (0 = none); beyond it requests wait and the wait is recorded as slip")
-	model := fs.String("model", "", "model `NAME` sent in the requests; default the first model the target lists at /v1/models, else \"default\"")
+	model := fs.String("model", "", "model `NAME` sent in the requests; default the first base model the target lists at /v1/models (an adapter if it lists only adapters), else \"default\"")
 	label := fs.String("label", "replay", "`NAME` of the run in the table and the JSON summary")
 	jsonOut := fs.String("json", "", "write the run summary as JSON to `FILE`")
 	records := fs.String("records", "", "write per-request records as JSONL to `FILE`")

@@ -108,7 +108,7 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // Models asks GET {target}/v1/models for the ids of the models the server
-// serves. An error means the target could not be reached (or the request
+// serves, its base models before its adapters. An error means the target could not be reached (or the request
 // was cancelled) or refused the client (401, 403: no key, or not one it
 // takes); a server that answers without a usable list gives no ids and
 // no error.
@@ -131,19 +131,26 @@ func Models(ctx context.Context, hc *http.Client, target *url.URL) ([]string, er
 	}
 	var list struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID     string `json:"id"`
+			Parent string `json:"parent"`
 		} `json:"data"`
 	}
 	if json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&list) != nil {
 		return nil, nil
 	}
-	var ids []string
+	// Base models first: an adapter (an entry whose parent names its
+	// base, as vLLM and gorgo list them) is no default for a replay.
+	var ids, adapters []string
 	for _, m := range list.Data {
-		if m.ID != "" {
+		switch {
+		case m.ID == "":
+		case m.Parent != "":
+			adapters = append(adapters, m.ID)
+		default:
 			ids = append(ids, m.ID)
 		}
 	}
-	return ids, nil
+	return append(ids, adapters...), nil
 }
 
 // unwrapURL drops the "Post \"url\": " prefix of a *url.Error, which every

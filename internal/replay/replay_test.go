@@ -3,8 +3,10 @@ package replay
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -361,4 +363,20 @@ func chain(n, shared int, tag uint64) []uint64 {
 		}
 	}
 	return ids
+}
+
+// The models a target lists come base models first: an adapter listed
+// before its base (vLLM's "parent") is no default for a replay
+// (2026-12-07, a user's test: a replay without --model sent every
+// request to a LoRA adapter).
+func TestModelsListsBasesFirst(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, `{"object":"list","data":[{"id":"code","parent":"llama"},{"id":"llama","parent":null},{"id":"sql","parent":"llama"},{"id":"mistral"}]}`)
+	}))
+	defer srv.Close()
+	target, _ := ParseTarget(srv.URL)
+	ids, err := Models(context.Background(), http.DefaultClient, target)
+	if err != nil || strings.Join(ids, ",") != "llama,mistral,code,sql" {
+		t.Errorf("models %v (%v), want llama, mistral, code, sql", ids, err)
+	}
 }

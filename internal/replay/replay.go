@@ -74,7 +74,8 @@ type Config struct {
 	Target string
 	// Model is the model named in every request that the trace does not
 	// name one for. Empty: the first model the target lists at GET
-	// /v1/models, or DefaultModel when it lists none.
+	// /v1/models (its bases before its adapters: Models), or DefaultModel
+	// when it lists none.
 	Model string
 	// Requests are the requests to send, at their Time (offset from the
 	// start of the replay); they need not be sorted. Each is sent with

@@ -228,6 +228,11 @@ func New[T any](cfg Config) *Gate[T] { return &Gate[T]{cfg: cfg} }
 // Config returns the gate's config.
 func (g *Gate[T]) Config() Config { return g.cfg }
 
+// SetWeights makes w the tenants' weights in fair shares from now on (a
+// reload's; each at least MinWeight, as Validate checks them): the
+// requests waiting keep their places, their tenants' turns weighed anew.
+func (g *Gate[T]) SetWeights(w map[string]float64) { g.cfg.Weights = w }
+
 // Len returns how many requests wait.
 func (g *Gate[T]) Len() int { return g.n }
 

@@ -174,7 +174,6 @@ func New(cfg Config, o Options) (*Fleet, error) {
 			// A tenant's budgets are the mesh's: each router charges
 			// what the others charged.
 			ts.Share(f.bus.Charged)
-			f.bus.OnCharge(func(name string, requests, tokens float64) { ts.ChargeRemote(time.Now(), name, requests, tokens) })
 		}
 	}
 	lm := lifecycle.NewMetrics(o.Registry)
@@ -189,6 +188,13 @@ func New(cfg Config, o Options) (*Fleet, error) {
 		// requests too: each router relays their aborts, and ends those
 		// it covers in its own queue.
 		f.bus.OnAbort(func(body []byte, at time.Time) { _, _ = f.core.Abort(body, at) })
+		// The others' charges go to the tenants of the moment (a reload
+		// changes them).
+		f.bus.OnCharge(func(name string, requests, tokens float64) {
+			if ts := f.core.Tenants(); ts != nil {
+				ts.ChargeRemote(time.Now(), name, requests, tokens)
+			}
+		})
 		f.bus.OnHeld(f.setHeld)
 		f.bus.OnProgress(func(id string) {
 			if u := f.Upstream(id); u != nil {

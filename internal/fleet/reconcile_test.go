@@ -317,23 +317,57 @@ func TestOutputEstimateConfig(t *testing.T) {
 	}
 }
 
-// Tenants need a restart: a reload that changes them names the tenants
-// added, removed and changed, not the running and file's settings as Go
-// prints them (2026-12-07, a user's test: "tenants (running map[batch:{0
-// batch standard 1m0s 0s …}], file map[…])").
-func TestReloadNamesTheTenantsItKeeps(t *testing.T) {
+// Tenants change on reload, live: a budget keeps what was spent of it (a
+// reload neither refills nor forgets it), a tenant added is classed from
+// the next request, one removed goes (2026-12-07, a user's test: they
+// needed a restart, told in a log line that printed Go structs). A change
+// that would turn flow control on or off (a tenant's ttft_slo where none
+// had one) needs one, and names the tenants.
+func TestReloadChangesTheTenants(t *testing.T) {
 	cfg := Config{ProbeInterval: time.Hour, Tenants: map[string]tenant.Config{"batch": {RequestsPerMinute: 5}, "chat": {}, "old": {}}}
 	f, err := New(cfg, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	next := f.Config()
-	next.Tenants = map[string]tenant.Config{"batch": {RequestsPerMinute: 50}, "chat": {}, "new": {}}
-	_, restart, err := f.Prepare(next)
-	if err != nil {
-		t.Fatal(err)
+	now := time.Now()
+	for range 4 {
+		if _, refused := f.Core().Tenants().Lookup("batch").Admit(now, 10, 0); refused != nil {
+			t.Fatal(refused.Message)
+		}
 	}
-	if want := "tenants (added new; removed old; changed batch)"; !slices.Contains(restart, want) {
-		t.Errorf("restart %q, want %q", restart, want)
+	reload := func(tenants map[string]tenant.Config) []string {
+		t.Helper()
+		next := f.Config()
+		next.Tenants = tenants
+		apply, restart, err := f.Prepare(next)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := apply(); err != nil {
+			t.Fatal(err)
+		}
+		return restart
+	}
+	if restart := reload(map[string]tenant.Config{"batch": {RequestsPerMinute: 50}, "chat": {}, "new": {Priority: "batch"}}); len(restart) != 0 {
+		t.Errorf("restart %q, want the tenants changed live", restart)
+	}
+	ts := f.Core().Tenants()
+	left := ""
+	ts.Lookup("batch").Headers(now, func(k, v string) {
+		if k == "X-Ratelimit-Remaining-Requests" {
+			left = v
+		}
+	})
+	if left != "46" {
+		t.Errorf("batch's requests left after the reload: %s, want 46 (50 less the 4 spent)", left)
+	}
+	if ts.Lookup("new").Name != "new" || ts.Lookup("old").Name != tenant.Default {
+		t.Errorf("tenants after the reload: %v", ts.Names())
+	}
+	if restart := reload(map[string]tenant.Config{"batch": {RequestsPerMinute: 50}, "chat": {TTFTSLO: time.Second}}); !slices.Contains(restart, "tenants (removed new; changed chat; a tenant's ttft_slo turns flow control on or off)") {
+		t.Errorf("a tenant's SLO where flow control is off: restart %q", restart)
+	}
+	if f.Core().Tenants() != ts {
+		t.Error("the tenants changed where the reload needed a restart")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
@@ -64,6 +65,24 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 			next.Params = keepParams(next.Params, name, cur.Params[name])
 		}
 	}
+	// The tenants change live, what their budgets spent carried over,
+	// unless a tenant's TTFT SLO would turn flow control on or off, which
+	// is set up at start.
+	var setTenants func()
+	if changed := changedTenants(cur.Tenants, next.Tenants); changed != "" {
+		if cur.HasSLO() != next.HasSLO() {
+			restart = append(restart, "tenants ("+changed+"; a tenant's ttft_slo turns flow control on or off)")
+			next.Tenants = cur.Tenants
+		} else {
+			ts, _ := next.tenants() // validated
+			setTenants = func() {
+				if ts != nil && f.bus != nil {
+					ts.Share(f.bus.Charged)
+				}
+				f.core.SetTenants(ts, time.Now())
+			}
+		}
+	}
 	sources := !reflect.DeepEqual(cur.Discover, next.Discover)
 	// The aliases change when the file's do (an edit elsewhere leaves those
 	// set through the admin API alone).
@@ -75,6 +94,9 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 	return func() (Changes, error) {
 		if set != nil {
 			set()
+		}
+		if setTenants != nil {
+			setTenants()
 		}
 		if setAliases {
 			f.aliases.Set(aliases)
@@ -121,10 +143,6 @@ func fixed(cur, next *Config) []string {
 	keep("admission", cur.Admission, next.Admission, func() { next.Admission = cur.Admission })
 	keep("admission_queue", cur.AdmissionQueue, next.AdmissionQueue, func() { next.AdmissionQueue = cur.AdmissionQueue })
 	keep("saturation_waiting", cur.SaturationWaiting, next.SaturationWaiting, func() { next.SaturationWaiting = cur.SaturationWaiting })
-	if changed := changedTenants(cur.Tenants, next.Tenants); changed != "" {
-		out = append(out, "tenants ("+changed+")")
-		next.Tenants = cur.Tenants
-	}
 	keep("upstream_tls", cur.UpstreamTLS, next.UpstreamTLS, func() { next.UpstreamTLS = cur.UpstreamTLS })
 	keep("adapter_load_time", cur.AdapterLoadTime, next.AdapterLoadTime, func() { next.AdapterLoadTime = cur.AdapterLoadTime })
 	keep("adapter_load_times", cur.AdapterLoadTimes, next.AdapterLoadTimes, func() { next.AdapterLoadTimes = cur.AdapterLoadTimes })
@@ -139,7 +157,7 @@ type startsFrom interface {
 }
 
 // changedTenants says which tenants the file adds, removes or changes
-// ("" if none), by name: their settings are the config's to read.
+// ("" if none), by name, for a log line.
 func changedTenants(cur, next map[string]tenant.Config) string {
 	var added, removed, changed []string
 	for name, c := range next {

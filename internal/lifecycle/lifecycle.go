@@ -77,7 +77,8 @@ type Config struct {
 	// canary splits), resolved before a decision.
 	Aliases *models.Resolver
 	// Tenants, if set, are the teams sharing the fleet: each request's
-	// class and budgets (see tenants.go).
+	// class and budgets (see tenants.go); a reload changes them
+	// (Core.SetTenants).
 	Tenants *tenant.Set
 }
 
@@ -120,6 +121,8 @@ type Core struct {
 	aborts aborts
 	ids    atomic.Uint64
 	trc    coreTracer // see tracing.go
+	// tenants are cfg.Tenants, or a reload's (SetTenants).
+	tenants atomic.Pointer[tenant.Set]
 }
 
 // NewCore returns a Core.
@@ -132,6 +135,7 @@ func NewCore(cfg Config) *Core {
 	if cfg.Admission.SLO > 0 || cfg.Tenants != nil && cfg.Tenants.HasSLO() {
 		c.adm = &admission{gate: admit.New[*Request](cfg.Admission), kick: make(chan struct{}, 1)}
 	}
+	c.tenants.Store(cfg.Tenants)
 	return c
 }
 

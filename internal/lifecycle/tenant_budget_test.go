@@ -46,7 +46,7 @@ func tenantCore(t *testing.T, cfgs map[string]tenant.Config) (*Core, *tenant.Set
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.cfg.Tenants = ts
+	c.tenants.Store(ts)
 	return c, ts
 }
 
@@ -242,4 +242,32 @@ func chatAndBatch(t *testing.T, slo time.Duration) (*tenant.Set, admit.Config) {
 		t.Fatal(err)
 	}
 	return ts, a
+}
+
+// A reload's tenants (SetTenants) class the next requests, flow control
+// weighs their shares anew, and the metrics label them.
+func TestSetTenants(t *testing.T) {
+	c0, _, _, _ := setup(t)
+	ts, a := chatAndBatch(t, time.Second)
+	cfg := c0.cfg
+	cfg.Admission, cfg.Tenants = a, ts
+	c := NewCore(cfg)
+	next, err := tenant.New(map[string]tenant.Config{
+		"chat":  {Priority: "interactive", TTFTSLO: time.Second, Weight: 3},
+		"batch": {Priority: "batch"},
+		"eval":  {Priority: "sheddable"},
+	}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetTenants(next, time.Now())
+	if c.Tenants() != next || c.Tenants().Lookup("eval").Name != "eval" {
+		t.Errorf("the tenants after SetTenants: %v", c.Tenants().Names())
+	}
+	c.adm.mu.Lock()
+	w := c.adm.gate.Config().Weights
+	c.adm.mu.Unlock()
+	if w["chat"] != 3 || w["eval"] != 1 {
+		t.Errorf("flow control's weights after SetTenants: %v", w)
+	}
 }

@@ -22,6 +22,32 @@ import (
 // and refusals alike). The charge is settled with the request's output
 // when it ends.
 
+// Tenants returns the tenants the requests are classed by now (nil: none).
+func (c *Core) Tenants() *tenant.Set { return c.tenants.Load() }
+
+// SetTenants makes ts the tenants from the next request on (a reload's):
+// what their budgets have spent is carried over from the tenants before
+// (tenant.Set.Carry), their names become the metrics' labels, and flow
+// control weighs their shares anew. Requests under way keep the class
+// and the charge they had. Whether flow control runs is fixed at start:
+// ts must hold a TTFT SLO if and only if the tenants before did, or the
+// fleet has its own.
+func (c *Core) SetTenants(ts *tenant.Set, now time.Time) {
+	var names []string
+	var weights map[string]float64
+	if ts != nil {
+		ts.Carry(c.tenants.Load(), now)
+		names, weights = ts.Names(), ts.Weights()
+	}
+	c.tenants.Store(ts)
+	c.cfg.Metrics.SetTenants(names)
+	if a := c.adm; a != nil {
+		a.mu.Lock()
+		a.gate.SetWeights(weights)
+		a.mu.Unlock()
+	}
+}
+
 // classify sets the request's class and charges its tenant's budgets, or
 // says why it is refused: a 400 for an ask out of bounds, a 429 over
 // budget.
@@ -29,7 +55,7 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	c := r.core
 	expected := c.cfg.Router.ExpectedOutput(&r.Route) * r.Route.Sequences() // every sequence's
 	r.class = admit.Class{Priority: admit.Standard, Tokens: r.Route.PromptTokens + expected}
-	ts := c.cfg.Tenants
+	ts := c.tenants.Load()
 	if ts == nil {
 		return nil
 	}
@@ -117,6 +143,10 @@ func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
 // "other".
 func (m *Metrics) SetTenants(names []string) {
 	if m == nil {
+		return
+	}
+	if names == nil { // no tenants: no series
+		m.tm.known.Store(nil)
 		return
 	}
 	known := make(map[string]bool, len(names))

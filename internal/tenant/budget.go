@@ -135,6 +135,38 @@ func (s *Set) Share(fn func(tenant string, requests, tokens float64)) {
 	}
 }
 
+// Carry brings over what prev's tenants of the same names have spent of
+// their budgets at now, so that a reload neither refills a budget nor
+// forgets what was charged to it: a budget of another size keeps what was
+// spent (its level the new size less that), a budget new to a tenant
+// starts full. Call it before the set is in use.
+func (s *Set) Carry(prev *Set, now time.Time) {
+	if prev == nil {
+		return
+	}
+	for name, t := range s.by {
+		if old := prev.by[name]; old != nil {
+			t.reqs.carry(old.reqs, now)
+			t.tokens.carry(old.tokens, now)
+		}
+	}
+}
+
+// carry sets b's level to its size less what prev had spent at now (b or
+// prev nil: nothing).
+func (b *bucket) carry(prev *bucket, now time.Time) {
+	if b == nil || prev == nil {
+		return
+	}
+	prev.mu.Lock()
+	prev.refill(now)
+	spent, at := prev.size-prev.level, prev.at
+	prev.mu.Unlock()
+	b.mu.Lock()
+	b.level, b.at = b.size-spent, at
+	b.mu.Unlock()
+}
+
 // ChargeRemote charges what another router charged to tenant at now: its
 // budgets may go below zero (the other router admitted on its own view),
 // and the requests here wait until they refill. A tenant not configured

@@ -234,3 +234,26 @@ func TestHeaderRule(t *testing.T) {
 		t.Error("Check")
 	}
 }
+
+// A reload's tenants carry what the budgets of the same names spent: a
+// smaller budget keeps it spent (its level below zero until it refills),
+// a budget new to a tenant starts full.
+func TestCarry(t *testing.T) {
+	now := time.Unix(1000, 0)
+	prev, _ := New(map[string]Config{"a": {RequestsPerMinute: 5}, "b": {}}, 0)
+	for range 4 {
+		if _, r := prev.Lookup("a").Admit(now, 1, 0); r != nil {
+			t.Fatal(r.Message)
+		}
+	}
+	next, _ := New(map[string]Config{"a": {RequestsPerMinute: 2}, "b": {RequestsPerMinute: 3}}, 0)
+	next.Carry(prev, now)
+	if _, r := next.Lookup("a").Admit(now, 1, 0); r == nil || r.RetryAfter < 59*time.Second {
+		t.Errorf("a, 4 spent of a budget now of 2: %+v, want refused for a minute or so", r)
+	}
+	for range 3 {
+		if _, r := next.Lookup("b").Admit(now, 1, 0); r != nil {
+			t.Errorf("b's new budget: %s", r.Message)
+		}
+	}
+}

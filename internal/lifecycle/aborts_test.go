@@ -499,3 +499,28 @@ func TestAbortBodyIsReadInBoundedMemory(t *testing.T) {
 		t.Errorf("an abort of all: %+v, %v", ab, ok)
 	}
 }
+
+// A rid an abort names, remembered, keeps only itself: not the abort's
+// body it was read from (2026-12-07, a review: gjson's strings are slices
+// of its copy of the body; 32 aborts of 4 MiB naming a short rid each
+// kept 124 MiB).
+func TestRememberedRIDKeepsNotItsBody(t *testing.T) {
+	pad := strings.Repeat("x", 4<<20)
+	var a aborts
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	before := ms.HeapAlloc
+	for i := range 32 {
+		noteBody(&a, []byte(fmt.Sprintf(`{"rid":"r%d","pad":"%s"}`, i, pad)), time.Now())
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	if len(a.rids) != 32 {
+		t.Fatalf("%d rids remembered, want 32", len(a.rids))
+	}
+	if ms.HeapAlloc > before && ms.HeapAlloc-before > 16<<20 {
+		t.Errorf("32 remembered rids keep %d MiB of heap", (ms.HeapAlloc-before)>>20)
+	}
+	runtime.KeepAlive(&a)
+}

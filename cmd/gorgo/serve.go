@@ -270,7 +270,7 @@ func servePolicy(cfg serve.Config, tf *tuneFlags) (policy.Policy, error) {
 		if err != nil {
 			return nil, err
 		}
-		return tf.onlineWith(c, cfg.Params[policy.Canonical(tf.base)])
+		return tf.onlineWith(c, cfg.Params[policy.Canonical(tf.base)], nil)
 	case cfg.Tuned():
 		if info, ok := policy.Lookup(cfg.Policy); !ok || len(info.Params) == 0 {
 			return nil, nil // the config's validation says why

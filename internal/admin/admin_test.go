@@ -174,6 +174,9 @@ func TestReplicasAPI(t *testing.T) {
 		// adapters and max_loras were unknown fields here).
 		{"POST", "/admin/replicas", `{"id":"e","url":"http://127.0.0.1:1","models":["m1"],"adapters":["sql"],"max_loras":2,"profile":"paper"}`, 201},
 		{"POST", "/admin/replicas", `{"id":"f","url":"http://127.0.0.1:1","max_loras":-1}`, 400},
+		// Not a replica's key from the router's environment: it would go
+		// to a URL the caller picks.
+		{"POST", "/admin/replicas", `{"id":"g","url":"http://127.0.0.1:1","api_key_env":"HOME"}`, 400},
 		{"DELETE", "/admin/replicas/e", "", 200},
 		{"POST", "/admin/replicas/c/drain", "", 200},
 		{"POST", "/admin/replicas/c/undrain", "", 200},
@@ -233,6 +236,10 @@ func TestTunerShowsFallbacks(t *testing.T) {
 	}
 	if _, body := do(t, "GET", admin+"/admin/tuner", ""); !strings.Contains(body, `"decode": 0.7`) || !strings.Contains(body, `"paused": true`) {
 		t.Errorf("the tuner after weights were set: %s", body)
+	}
+	round := o.Round()
+	if code, body := do(t, "PUT", admin+"/admin/weights", `{}`); code != 200 || !strings.Contains(body, `"decode": 0.7`) || o.Round().Candidate["decode"] != round.Candidate["decode"] {
+		t.Errorf("PUT of no weights while tuning: %d %s; the round changed: %v, was %v", code, body, o.Round(), round)
 	}
 	_, body = do(t, "GET", admin+"/metrics", "")
 	for _, want := range []string{"gorgo_tuner_judged_total 0", "gorgo_tuner_fallbacks_total 0", "gorgo_tuner_paused 1", "gorgo_tuner_step_size 0.5",

@@ -68,12 +68,14 @@ func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) {
 		}
 		v[k] = *x
 	}
-	if tuned {
+	if tuned && len(v) > 0 { // none given: nothing to start from afresh
 		if err := o.StartFrom(v); err != nil {
 			httpapi.Error(w, http.StatusBadRequest, "%v", err)
 			return
 		}
 		s.log.Info("admin change", "who", who(r), "op", "weights", "weights", policy.Format(name, o.Incumbent()), "tuner", "starts from them")
+	}
+	if tuned {
 		out := paramsJSON(pol.Name(), o.Incumbent())
 		out["base"], out["tuned"] = name, true
 		httpapi.WriteJSON(w, http.StatusOK, out)
@@ -150,7 +152,11 @@ func tunerSteps(o *tune.Online, last int) []tunerStep {
 	}
 	out := make([]tunerStep, len(steps))
 	for i, s := range steps {
-		out[i] = tunerStep{Candidate: o.Named(s.Candidate), Score: finite(s.Score), IncumbentScore: finite(s.Incumbent), Accepted: s.Accepted, Reason: s.Reason, Sigma: s.Sigma}
+		named := s.Values // as the candidate's parameters were then
+		if named == nil {
+			named = o.Named(s.Candidate)
+		}
+		out[i] = tunerStep{Candidate: named, Score: finite(s.Score), IncumbentScore: finite(s.Incumbent), Accepted: s.Accepted, Reason: s.Reason, Sigma: s.Sigma}
 	}
 	return out
 }

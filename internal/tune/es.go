@@ -102,6 +102,10 @@ type Outcome struct {
 	Reason string
 	// Sigma is the step size after this outcome.
 	Sigma float64
+	// Values are the candidate's by parameter name, as they were when it
+	// was judged (Online fills them in: its parameters may change since,
+	// Online.StartFrom).
+	Values map[string]float64
 }
 
 // ES is a (1+1) evolution strategy. Not safe for concurrent use.

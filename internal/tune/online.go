@@ -34,6 +34,11 @@ type OnlineConfig struct {
 	// parameter not listed keeps its value here); the base policy's
 	// defaults where it has none.
 	BaseParams policy.Values
+	// Tunable are the parameters the tuner may tune, with their bounds and
+	// starts, before a start's zeros were left out of ES.Params
+	// (Config.StartFrom; default ES.Params): Online.StartFrom starts from
+	// them, as a restart would.
+	Tunable []Param
 	// History is how many of the latest verdicts Steps keeps (default 256).
 	History int
 	// Confirm makes a candidate that wins its round win a second round,
@@ -129,6 +134,10 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if len(cfg.ES.Params) == 0 {
 		cfg.ES.Params = DefaultParams(cfg.Base)
 	}
+	if len(cfg.Tunable) == 0 {
+		cfg.Tunable = cfg.ES.Params
+	}
+	cfg.Tunable = slices.Clone(cfg.Tunable)
 	if cfg.Window == 0 {
 		cfg.Window = 128
 	}
@@ -310,8 +319,9 @@ func (o *Online) FleetChanged(why string) {
 // StartFrom makes an operator's values of some of the base policy's
 // parameters the tuner's start, as if it had been started with them (the
 // parameters not given keep what the incumbent routes with now): those
-// it does not tune take them, those it tunes start from them (their
-// bounds widened to hold them, a 0 no longer tuned: Config.StartFrom),
+// it does not tune take them, those it may tune (OnlineConfig.Tunable)
+// start from them (their bounds widened to hold them, a 0 not tuned:
+// Config.StartFrom),
 // with the first step size and no drift, and a change of the fleet falls
 // back to them. The round starts afresh with a new candidate; a pause
 // holds (the new incumbent routes). Values the base policy refuses
@@ -324,7 +334,7 @@ func (o *Online) StartFrom(values policy.Values) error {
 		v[k] = x
 	}
 	cfg := o.es.Config()
-	cfg.Params = slices.Clone(cfg.Params) // StartFrom filters in place
+	cfg.Params = slices.Clone(o.cfg.Tunable) // StartFrom filters in place
 	if err := cfg.StartFrom(o.cfg.Base, v); err != nil {
 		return err
 	}
@@ -402,6 +412,7 @@ func (o *Online) Learn(tag int, s policy.Outcome) {
 // accepted, and starts a round with a new candidate.
 func (o *Online) verdict(out Outcome) {
 	o.confirming = false
+	out.Values = o.es.Named(out.Candidate)
 	if len(o.steps) == o.cfg.History {
 		o.steps = append(o.steps[:0], o.steps[1:]...)
 	}
@@ -455,14 +466,21 @@ func (o *Online) Round() Round {
 		Scored: [2]int{min(len(o.samples[0]), w), min(len(o.samples[1]), w)}, Window: w}
 }
 
-// Named returns the tuned parameters' values at p (a verdict's Candidate).
-// It and Objective read only the ES's configuration, which never changes.
-func (o *Online) Named(p Point) map[string]float64 { return o.es.Named(p) }
+// Named returns the tuned parameters' values at p, a point of the
+// parameters tuned now (a verdict's, before StartFrom changed them, has
+// its own: Outcome.Values).
+func (o *Online) Named(p Point) map[string]float64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.es.Named(p)
+}
 
 // Objective describes what the tuner minimises and the guards a candidate
 // must keep, e.g. "p95-ttft, guards e2e-p95=1.05".
 func (o *Online) Objective() string {
+	o.mu.Lock()
 	c := o.es.Config()
+	o.mu.Unlock()
 	if len(c.Guards) == 0 {
 		return string(c.Objective)
 	}
@@ -480,8 +498,13 @@ func (o *Online) Counts() (judged, accepted int) {
 	return o.judged, o.accepted
 }
 
-// Config returns the configuration, defaults filled in.
-func (o *Online) Config() OnlineConfig { return o.cfg }
+// Config returns the configuration, defaults filled in (ES and
+// BaseParams as StartFrom last set them).
+func (o *Online) Config() OnlineConfig {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.cfg
+}
 
 // Base returns the name of the tuned policy.
 func (o *Online) Base() string { return o.cfg.Base }
@@ -531,7 +554,11 @@ func (o *Online) Sigma() float64 {
 
 // ES returns the underlying strategy (for formatting points); do not call
 // its methods while the tuner is in use.
-func (o *Online) ES() *ES { return o.es }
+func (o *Online) ES() *ES {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.es
+}
 
 var (
 	_ policy.Tuner        = (*Online)(nil)

@@ -3,6 +3,7 @@ package tune
 import (
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -141,4 +142,66 @@ func TestOnlineStartFrom(t *testing.T) {
 		t.Error("a negative queue weight was taken")
 	}
 	want("after a refused change", 5, 0.3, 2)
+}
+
+// StartFrom under way while an operator reads the tuner (GET /admin/tuner
+// racing a PUT of weights or a reload): its readers take the lock
+// (2026-12-07, a review: Objective, Named and Config read what StartFrom
+// replaces; run with -race).
+func TestStartFromRacesNoReader(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{Base: policy.DefaultName, ES: Config{Seed: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 50 {
+			_ = o.StartFrom(policy.Values{"queue": float64(1 + i%3)})
+		}
+	})
+	wg.Go(func() {
+		for range 50 {
+			_ = o.Objective()
+			_ = o.Named(Point{1, 1})
+			_ = o.Config()
+			_ = o.ES()
+		}
+	})
+	wg.Wait()
+}
+
+// A verdict keeps its candidate's values by name as they were judged: a
+// StartFrom that stops tuning a parameter (a 0) does not relabel them;
+// and a parameter once given 0 is tuned again when given a positive value
+// (OnlineConfig.Tunable), as a tuner started with it would be (2026-12-07,
+// a review: the values took the next parameter's name, and a zeroed
+// parameter stayed untuned for good).
+func TestStartFromKeepsVerdictsAndTunables(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{Base: policy.DefaultName, ES: Config{Seed: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	params := o.es.Config().Params
+	if len(params) != 2 {
+		t.Fatalf("tuned %v, want the default policy's two", params)
+	}
+	o.mu.Lock()
+	o.verdict(Outcome{Candidate: Point{1, 2}, Reason: "worse"})
+	o.mu.Unlock()
+	first := params[0].Name
+	if err := o.StartFrom(policy.Values{first: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if v := o.Steps()[0].Values; v[first] != 1 || v[params[1].Name] != 2 {
+		t.Errorf("the verdict after a StartFrom: %v, want %s 1 and %s 2", v, first, params[1].Name)
+	}
+	if n := len(o.es.Config().Params); n != 1 {
+		t.Errorf("%d parameters tuned with %s 0, want 1", n, first)
+	}
+	if err := o.StartFrom(policy.Values{first: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	if got := o.es.Config().Params; len(got) != 2 || got[0].Name != first || got[0].Init != 0.5 {
+		t.Errorf("tuned after %s 0.5: %+v, want both again, %s from 0.5", first, got, first)
+	}
 }

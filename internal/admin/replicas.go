@@ -106,7 +106,8 @@ func (s *Server) replicas(w http.ResponseWriter, r *http.Request) {
 }
 
 // add adds a replica: a config file's replicas: entry as JSON ({"id",
-// "url", "region", "profile", "models", "adapters", "max_loras", ...}).
+// "url", "region", "profile", "models", "adapters", "max_loras", ...}),
+// but its api_key_env.
 func (s *Server) add(w http.ResponseWriter, r *http.Request) {
 	var in fleet.ReplicaConfig
 	if !httpapi.DecodeJSON(w, r, &in, maxJSON) {
@@ -114,6 +115,13 @@ func (s *Server) add(w http.ResponseWriter, r *http.Request) {
 	}
 	if in.ID == "" {
 		httpapi.Error(w, http.StatusBadRequest, "id is required")
+		return
+	}
+	if in.APIKeyEnv != "" {
+		// The replica is sent that variable's value: through the admin
+		// API it would send any of the router's environment to a URL the
+		// caller picks (2026-12-07, a review).
+		httpapi.Error(w, http.StatusBadRequest, "api_key_env: a replica's key comes from the config file, not the admin API")
 		return
 	}
 	err := s.fleet.Add(fleet.SourceAdmin, in)

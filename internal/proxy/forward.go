@@ -192,14 +192,15 @@ type answer struct {
 
 // newAnswer begins an answer whose body was read as far as pre (a 404's
 // or a 400's first bytes; nil: none), its buffer's capacity past
-// answerBase taken from budget.
-func newAnswer(resp *http.Response, cancel context.CancelFunc, idle *time.Timer, budget *httpapi.Budget, pre []byte) *answer {
-	a := &answer{resp: resp, cancel: cancel, buf: httpapi.GetBuffer(), idle: idle, budget: budget, hold: answerBase}
+// answerBase taken from budget. A stream holds at most answerBase: a
+// pooled buffer larger than that is let go, not charged.
+func newAnswer(resp *http.Response, cancel context.CancelFunc, idle *time.Timer, budget *httpapi.Budget, pre []byte, stream bool) *answer {
+	a := &answer{resp: resp, cancel: cancel, buf: httpapi.GetBuffer(), idle: idle, budget: budget, hold: answerBase, stream: stream}
 	if c := int64(cap(*a.buf)) - answerBase; c > 0 {
-		if budget.Take(c) {
+		if !stream && budget.Take(c) {
 			a.taken = c
 		} else {
-			*a.buf = nil // the pool's buffer is too large for what is left: let it go
+			*a.buf = nil // the pool's buffer is too large for what is left, or than a stream needs: let it go
 		}
 	}
 	if cap(*a.buf) < len(pre) {
@@ -435,12 +436,11 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		e.RetryAfter, e.Busy = resp.Header.Get("Retry-After"), busy
 		return a, e
 	}
-	a := newAnswer(resp, cancel, idleTimer, &s.answers, pre)
+	stream := resp.StatusCode == http.StatusOK && (req.Stream() || isEventStream(resp.Header))
+	a := newAnswer(resp, cancel, idleTimer, &s.answers, pre, stream)
 	if pre != nil && len(pre) <= maxErrorPeek {
 		a.end = io.EOF // all of it
 	}
-	stream := resp.StatusCode == http.StatusOK && (req.Stream() || isEventStream(resp.Header))
-	a.stream = stream
 	// Hold at most one event's peek, or MaxAnswerBytes of a whole answer
 	// (or what the budget for answers gives it): past it the answer has
 	// begun, and is passed through as it comes.

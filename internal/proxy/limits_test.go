@@ -15,6 +15,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/httpapi"
 )
 
 // A known path asked with the wrong method is a 405 with Allow; an unknown
@@ -403,4 +404,60 @@ func TestAnswerBytesInFlight(t *testing.T) {
 			eventually(t, "every request done, the answers to hold nothing", func() bool { return s.proxy.answers.Used() == 0 })
 		})
 	}
+}
+
+// A stream is relayed, not held: it takes nothing from the budget for
+// whole answers, whatever buffer the pool lends it, and a whole answer
+// beside it is held (2026-12-07, a review: a stream charged a pooled
+// buffer's 960 KiB for its whole life, and a lone whole answer was passed
+// through unheld).
+func TestStreamTakesNoAnswerBudget(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	whole := `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("y", 200<<10) + `"},"finish_reason":"stop"}]}`
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		if strings.Contains(string(b), `"stream":true`) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			io.WriteString(w, "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n")
+			w.(http.Flusher).Flush()
+			<-release
+			io.WriteString(w, "data: [DONE]\n\n")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, whole)
+	})
+	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{MaxAnswerBytesInFlight: 1 << 20}}, up)
+	for range 64 { // the pool holds buffers of 1 MiB, as after large answers
+		b := make([]byte, 0, 1<<20)
+		httpapi.PutBuffer(&b)
+	}
+	begun, streamDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(streamDone)
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hi", 1, true)))
+		if err != nil {
+			close(begun)
+			return
+		}
+		defer resp.Body.Close()
+		br := bufio.NewReader(resp.Body)
+		_, _ = br.ReadString('\n') // its first event relayed: the answer is the relay's
+		close(begun)
+		io.Copy(io.Discard, br)
+	}()
+	<-begun
+	if used := s.proxy.answers.Used(); used != 0 {
+		t.Errorf("one stream in flight, no whole answer held: the budget for whole answers holds %d bytes", used)
+	}
+	if code, body := do(t, "POST", url+"/v1/chat/completions", chatBody("hi", 1, false)); code != 200 || body != whole {
+		t.Errorf("a whole answer beside the stream: %d, %d bytes", code, len(body))
+	}
+	if n := testutil.ToFloat64(s.proxy.m.unheld.WithLabelValues("max_answer_bytes_in_flight")); n != 0 {
+		t.Errorf("a lone whole answer of 200 KiB under a budget of 1 MiB was passed through unheld (%v times)", n)
+	}
+	once.Do(func() { close(release) })
+	<-streamDone
 }

@@ -795,8 +795,13 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				req.LongEvent(rest)
 			}
 		}
+		var passed []byte // of a whole answer, written from its own buffer: not copied to out
 		if over {
-			*out = append(*out, rest...)
+			if a.stream {
+				*out = append(*out, rest...)
+			} else {
+				passed = rest
+			}
 			prev = append(prev[:0], rest[max(0, len(rest)-2):]...)
 			if a.stream {
 				req.LongEventPart(rest)
@@ -814,12 +819,16 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			}
 			*a.buf = (*a.buf)[:0]
 		}
-		if len(*out) > 0 {
+		pass := *out
+		if !a.stream {
+			pass = passed
+		}
+		if len(pass) > 0 {
 			// While the client takes the bytes, the replica cannot send
 			// more: its idle limit waits, and the client's runs.
 			a.idle.Stop()
-			deadline(len(*out))
-			if _, clientErr = w.Write(*out); clientErr != nil {
+			deadline(len(pass))
+			if _, clientErr = w.Write(pass); clientErr != nil {
 				break
 			}
 			if fl != nil {
@@ -830,9 +839,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			}
 			if !a.stream {
 				if tail == nil && ok { // the answer's first bytes
-					req.AnswerHead(*out)
+					req.AnswerHead(pass)
 				}
-				tail = wire.KeepTail(tail, *out)
+				tail = wire.KeepTail(tail, pass)
 			}
 		}
 		if done || a.end == io.EOF {

@@ -230,8 +230,19 @@ func (g *Gate[T]) Config() Config { return g.cfg }
 
 // SetWeights makes w the tenants' weights in fair shares from now on (a
 // reload's; each at least MinWeight, as Validate checks them): the
-// requests waiting keep their places, their tenants' turns weighed anew.
-func (g *Gate[T]) SetWeights(w map[string]float64) { g.cfg.Weights = w }
+// requests waiting keep their places, their tenants' turns weighed anew,
+// those with requests waiting and those remembered alike.
+func (g *Gate[T]) SetWeights(w map[string]float64) {
+	g.cfg.Weights = w
+	for _, b := range g.bands {
+		for _, t := range b.ring {
+			t.weight = g.weight(t.name)
+		}
+		for _, t := range b.gone {
+			t.weight = g.weight(t.name)
+		}
+	}
+}
 
 // Len returns how many requests wait.
 func (g *Gate[T]) Len() int { return g.n }

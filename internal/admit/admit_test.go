@@ -1,6 +1,7 @@
 package admit
 
 import (
+	"math"
 	"slices"
 	"testing"
 	"time"
@@ -189,5 +190,38 @@ func TestTTFTBudget(t *testing.T) {
 	}
 	if got := (&Config{}).TTFTBudget(Class{}, 0, 0); got != 0 {
 		t.Errorf("no SLO: budget %v", got)
+	}
+}
+
+// A reload's weights (SetWeights) hold for the tenants with requests
+// waiting too: a 3, b 1 set while both have a backlog share 3:1 from then
+// on (2026-12-07, a review: each queued tenant kept its weight until its
+// queue emptied, so a tenant with a steady backlog kept its old share).
+func TestSetWeightsReweighsQueuedTenants(t *testing.T) {
+	g := gate(t, Config{SLO: 30 * time.Minute, Weights: map[string]float64{"a": 1, "b": 1}, MaxQueue: 10000, Quantum: 1000})
+	f := newFleet()
+	for v := range 3000 {
+		c := Class{Tenant: "a", Tokens: 200}
+		if v%2 == 1 {
+			c = Class{Tenant: "b", Tokens: 200}
+		}
+		hold(t, g, f, v, c)
+	}
+	g.SetWeights(map[string]float64{"a": 3, "b": 1})
+	served := map[string]int{}
+	for step := range 200 {
+		f.backlog, f.capacity = 0, 50*ms
+		f.sent = f.sent[:0]
+		f.release(g, time.Duration(step)*ms)
+		for _, v := range f.sent {
+			if v%2 == 1 {
+				served["b"] += 200
+			} else {
+				served["a"] += 200
+			}
+		}
+	}
+	if share := float64(served["a"]) / float64(served["a"]+served["b"]); math.Abs(share-0.75) > 0.02 {
+		t.Errorf("after SetWeights(a 3, b 1), a got %.3f of the tokens served (%v), want 0.75", share, served)
 	}
 }

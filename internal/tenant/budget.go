@@ -135,36 +135,40 @@ func (s *Set) Share(fn func(tenant string, requests, tokens float64)) {
 	}
 }
 
-// Carry brings over what prev's tenants of the same names have spent of
-// their budgets at now, so that a reload neither refills a budget nor
-// forgets what was charged to it: a budget of another size keeps what was
-// spent (its level the new size less that), a budget new to a tenant
-// starts full. Call it before the set is in use.
+// Carry makes the budgets of prev's tenants of the same names this set's,
+// so that a reload neither refills a budget nor forgets what was charged
+// to it, before, during or after the reload: each budget both sets have
+// is the same one, resized to this set's size (what was spent stays spent:
+// its level the new size less that), and a request admitted under prev
+// settles with it (2026-12-07, a review: copied, a budget lost the charges
+// made while the sets were swapped and the settlements of the requests
+// admitted before). A budget new to a tenant starts full. Call it before
+// the set is in use.
 func (s *Set) Carry(prev *Set, now time.Time) {
 	if prev == nil {
 		return
 	}
 	for name, t := range s.by {
 		if old := prev.by[name]; old != nil {
-			t.reqs.carry(old.reqs, now)
-			t.tokens.carry(old.tokens, now)
+			t.reqs = old.reqs.resized(t.reqs, now)
+			t.tokens = old.tokens.resized(t.tokens, now)
 		}
 	}
 }
 
-// carry sets b's level to its size less what prev had spent at now (b or
-// prev nil: nothing).
-func (b *bucket) carry(prev *bucket, now time.Time) {
-	if b == nil || prev == nil {
-		return
+// resized returns b, resized to next's size at now, to be used in next's
+// place; next itself where either is nil (a budget new, or gone).
+func (b *bucket) resized(next *bucket, now time.Time) *bucket {
+	if b == nil || next == nil {
+		return next
 	}
-	prev.mu.Lock()
-	prev.refill(now)
-	spent, at := prev.size-prev.level, prev.at
-	prev.mu.Unlock()
 	b.mu.Lock()
-	b.level, b.at = b.size-spent, at
-	b.mu.Unlock()
+	defer b.mu.Unlock()
+	b.refill(now)
+	b.level += next.size - b.size // what was spent stays spent
+	b.size = next.size
+	b.level = min(b.level, b.size)
+	return b
 }
 
 // ChargeRemote charges what another router charged to tenant at now: its

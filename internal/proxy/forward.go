@@ -193,14 +193,18 @@ type answer struct {
 // newAnswer begins an answer whose body was read as far as pre (a 404's
 // or a 400's first bytes; nil: none), its buffer's capacity past
 // answerBase taken from budget. A stream holds at most answerBase: a
-// pooled buffer larger than that is let go, not charged.
+// pooled buffer larger than that goes back to the pool, not charged.
 func newAnswer(resp *http.Response, cancel context.CancelFunc, idle *time.Timer, budget *httpapi.Budget, pre []byte, stream bool) *answer {
 	a := &answer{resp: resp, cancel: cancel, buf: httpapi.GetBuffer(), idle: idle, budget: budget, hold: answerBase, stream: stream}
 	if c := int64(cap(*a.buf)) - answerBase; c > 0 {
-		if !stream && budget.Take(c) {
+		switch {
+		case stream: // for a whole answer or a body to take
+			httpapi.PutBuffer(a.buf)
+			a.buf = new([]byte)
+		case budget.Take(c):
 			a.taken = c
-		} else {
-			*a.buf = nil // the pool's buffer is too large for what is left, or than a stream needs: let it go
+		default:
+			*a.buf = nil // the pool's buffer is too large for what is left: let it go
 		}
 	}
 	if cap(*a.buf) < len(pre) {

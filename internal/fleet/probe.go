@@ -3,10 +3,13 @@ package fleet
 import (
 	"context"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptrace"
 	"sync/atomic"
 	"time"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/gorgo-llm/gorgo/internal/enginemetrics"
 	"github.com/gorgo-llm/gorgo/internal/models"
@@ -35,6 +38,7 @@ func (f *Fleet) gone(u *Upstream) bool {
 // probeLoop probes a replica's round trip every ProbeInterval, the first
 // at once if now; a reload's new interval applies to the wait under way.
 func (f *Fleet) probeLoop(ctx context.Context, u *Upstream, now bool) {
+	part := spread(u.ID()) // of the first interval: the replicas' probes spread over it
 	for {
 		if f.gone(u) {
 			return
@@ -43,19 +47,38 @@ func (f *Fleet) probeLoop(ctx context.Context, u *Upstream, now bool) {
 			f.probe(ctx, u)
 		}
 		now = true
-		if !f.waitProbe(ctx, u) {
+		if !f.waitProbe(ctx, u, part) {
 			return
 		}
+		part = 1
 	}
 }
+
+// spread is the part of its first interval a replica's loops wait, one
+// of spreadSlots in (0, 1], from its id: a fleet's replicas, started
+// together, are probed and scraped in spreadSlots smaller bursts over
+// each interval rather than all at once (2026-12-07, a user's test: 500
+// replicas' 1,900 requests every 5 s, up to 830 in 100 ms, added 5–30 ms
+// to the requests routed meanwhile). Slots rather than a spread as fine
+// as the ids: each wake of the router's loops costs it CPU, and a burst
+// of a tenth of the fleet still shares its wakes (at 500 replicas, idle:
+// 7% of a core against 12% spread finely and 4% all at once). Scrapes
+// wait half an interval more than probes, so as not to meet them.
+func spread(id string) float64 {
+	return math.Ceil(spreadSlots*(1-float64(xxhash.Sum64String(id)>>11)/(1<<53))) / spreadSlots
+}
+
+// spreadSlots is how many bursts a fleet's probes (and its scrapes) are
+// spread in, each interval.
+const spreadSlots = 10
 
 // waitProbe waits a probe interval, reading the replica's models meanwhile
 // when asked, at most once: a replica that keeps answering 404 for a
 // model it lists neither delays its probes nor turns them into list
 // reads. It reports false when ctx ends.
-func (f *Fleet) waitProbe(ctx context.Context, u *Upstream) bool {
+func (f *Fleet) waitProbe(ctx context.Context, u *Upstream, part float64) bool {
 	refreshed := false
-	return f.wait(ctx, func(c *Config) time.Duration { return c.ProbeInterval }, u.refresh, func() {
+	return f.wait(ctx, func(c *Config) time.Duration { return time.Duration(part * float64(c.ProbeInterval)) }, u.refresh, func() {
 		if !refreshed && u.served == nil { // a config's list comes back at the next probe
 			refreshed = true
 			f.refreshModels(ctx, u)
@@ -262,14 +285,16 @@ func (f *Fleet) timed(req *http.Request) (*http.Response, time.Duration, error) 
 func (f *Fleet) scrapeLoop(ctx context.Context, u *Upstream) {
 	sc := &enginemetrics.Scraper{Client: f.client, URL: u.cfg.URL + u.cfg.MetricsPath}
 	var last *enginemetrics.Metrics
+	part := math.Mod(spread(u.ID())+0.5, 1) + 1e-9 // of the first interval (see spread)
 	for {
 		if f.gone(u) {
 			return
 		}
 		last = f.scrape(ctx, u, sc, last)
-		if !f.wait(ctx, func(c *Config) time.Duration { return c.ScrapeInterval }, nil, nil) {
+		if !f.wait(ctx, func(c *Config) time.Duration { return time.Duration(part * float64(c.ScrapeInterval)) }, nil, nil) {
 			return
 		}
+		part = 1
 	}
 }
 

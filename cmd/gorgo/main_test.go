@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -575,6 +576,16 @@ func TestWriteReplicas(t *testing.T) {
 	b.Reset()
 	if writeReplicas(&b, nil); !strings.Contains(b.String(), "none yet") {
 		t.Errorf("no replicas: %q", b.String())
+	}
+	// A large fleet is counted, its replicas not up listed.
+	var many []router.ReplicaState
+	for i := range 500 {
+		many = append(many, router.ReplicaState{ID: fmt.Sprint("r", i), Healthy: i != 7, Probed: i != 9, RTT: time.Millisecond})
+	}
+	b.Reset()
+	writeReplicas(&b, many)
+	if lines := strings.Count(b.String(), "\n"); lines != 3 || !strings.Contains(b.String(), "498 up, 1 DOWN, 1 not reached yet") || !strings.Contains(b.String(), "r7 ") || !strings.Contains(b.String(), "r9 ") {
+		t.Errorf("500 replicas, 2 not up (%d lines):\n%s", lines, b.String())
 	}
 }
 

@@ -176,19 +176,40 @@ func writeReplicas(w io.Writer, reps []router.ReplicaState) {
 	if len(reps) == 0 {
 		fmt.Fprintln(w, "  none yet: add them under replicas: or discover: in the config, or with POST /admin/replicas")
 	}
-	for _, st := range reps {
-		health, rtt := "up", st.RTT.Round(time.Millisecond).String()
+	health := func(st router.ReplicaState) (string, string) {
 		switch {
 		case !st.Probed:
 			// Its first probe failed: it may still be starting; the probe
 			// loop keeps trying, and it takes requests once reached.
-			health, rtt = "not reached yet (probing)", "-"
+			return "not reached yet (probing)", "-"
 		case !st.Available():
-			health = "DOWN"
+			return "DOWN", st.RTT.Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "  %-12s %-14s rtt %-8s %s\n", st.ID, st.Region, rtt, health)
+		return "up", st.RTT.Round(time.Millisecond).String()
+	}
+	listed := reps
+	if len(reps) > maxListed {
+		// A large fleet: how many are in each state, and those not up.
+		counts := map[string]int{}
+		listed = nil
+		for _, st := range reps {
+			h, _ := health(st)
+			if counts[h]++; h != "up" && len(listed) < maxListed {
+				listed = append(listed, st)
+			}
+		}
+		fmt.Fprintf(w, "  %d up, %d DOWN, %d not reached yet (GET /admin/replicas lists them all)\n", counts["up"], counts["DOWN"], counts["not reached yet (probing)"])
+	}
+	for _, st := range listed {
+		h, rtt := health(st)
+		fmt.Fprintf(w, "  %-12s %-14s rtt %-8s %s\n", st.ID, st.Region, rtt, h)
 	}
 }
+
+// maxListed is how many replicas the start-up lists one by one: a larger
+// fleet is counted, its replicas not up listed (2026-12-07, a user's
+// test: a table of 500 lines).
+const maxListed = 24
 
 // printTracing says where spans go, when tracing is on.
 func printTracing(stdout io.Writer, cfg serve.Config) {

@@ -242,3 +242,31 @@ func TestLiveViewEndsWithTheRouter(t *testing.T) {
 	<-done
 	<-done
 }
+
+// The live view of a large fleet sends its regions summed and its
+// busiest replicas, as many as the page lists, not every replica each
+// second (2026-12-07, a user's test: 137 KB a second for 500 replicas).
+func TestLiveViewOfALargeFleet(t *testing.T) {
+	var reps []fleet.ReplicaConfig
+	for i := range 250 {
+		reps = append(reps, fleet.ReplicaConfig{ID: fmt.Sprint("r", i), URL: "http://127.0.0.1:1", Region: fmt.Sprint("region-", i%4), Models: []string{"m"}})
+	}
+	s := startAdmin(t, testConfig{Fleet: fleet.Config{Replicas: reps, ProbeInterval: time.Hour, ScrapeInterval: time.Hour}})
+	snap := s.admin.snapshot(0)
+	listed, _ := snap["replicas"].([]uiReplica)
+	regions, _ := snap["regions"].(map[string]*uiRegion)
+	if len(listed) != maxUIReplicas || snap["replica_count"] != 250 || len(regions) != 4 {
+		t.Fatalf("a fleet of 250: %d replicas listed, count %v, %d regions", len(listed), snap["replica_count"], len(regions))
+	}
+	n := 0
+	for _, g := range regions {
+		n += g.Replicas
+	}
+	if n != 250 {
+		t.Errorf("the regions sum %d replicas, want 250", n)
+	}
+	small := startAdmin(t, testConfig{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
+	if snap := small.admin.snapshot(0); snap["regions"] != nil || len(snap["replicas"].([]uiReplica)) != 1 {
+		t.Errorf("a fleet of one: regions %v, replicas %v", snap["regions"], snap["replicas"])
+	}
+}

@@ -81,11 +81,15 @@
   }
   const sum = (a) => a.reduce((x, y) => x + (y || 0), 0);
 
-  function drawMap(reps) {
+  function drawMap(reps, summed) {
     const regions = {};
-    for (const r of reps) {
-      const g = regions[r.region || "?"] || (regions[r.region || "?"] = { share: 0, rtt: 0, n: 0, down: 0 });
-      g.share += r.share_1m; g.rtt += r.rtt_ms; g.n++; if (r.state !== "active") g.down++;
+    if (summed) { // a large fleet: its regions summed by the router
+      for (const [name, g] of Object.entries(summed)) regions[name || "?"] = { share: g.share_1m, rtt: g.rtt_ms * g.replicas, n: g.replicas, down: g.down };
+    } else {
+      for (const r of reps) {
+        const g = regions[r.region || "?"] || (regions[r.region || "?"] = { share: 0, rtt: 0, n: 0, down: 0 });
+        g.share += r.share_1m; g.rtt += r.rtt_ms; g.n++; if (r.state !== "active") g.down++;
+      }
     }
     const names = Object.keys(regions).sort(), cx = 210, cy = 150, R = 110;
     let svg = `<circle cx="${cx}" cy="${cy}" r="14" fill="#1d2733"/><text x="${cx}" y="${cy + 28}" text-anchor="middle">router</text>`;
@@ -100,11 +104,12 @@
     $("#map").innerHTML = svg;
   }
 
-  function drawFleet(reps) {
-    // Large fleets: the busiest ROWS replicas (the map aggregates by region).
+  function drawFleet(reps, count) {
+    // Large fleets: the busiest ROWS replicas (the router sends no more; the map sums regions).
     let rows = reps;
+    count = count || reps.length;
     if (reps.length > ROWS) rows = reps.slice().sort((a, b) => b.in_flight - a.in_flight).slice(0, ROWS);
-    $("#fleet-note").textContent = reps.length > ROWS ? `(the ${ROWS} busiest of ${reps.length})` : `(${reps.length})`;
+    $("#fleet-note").textContent = count > rows.length ? `(the ${rows.length} busiest of ${count})` : `(${count})`;
     $("#replicas tbody").innerHTML = rows.map((r) => `<tr data-id="${esc(r.id)}" class="${esc(r.state)}">
       <td>${esc(r.id)}</td><td class="region">${esc(r.region)}</td><td class="models">${esc(r.models || "any")}${(r.resident_adapters || []).length ? `<br><small>resident: ${esc(r.resident_adapters.join(", "))}</small>` : ""}</td><td class="state">${esc(r.state)}</td><td class="rtt">${f1(r.rtt_ms)}</td>
       <td>${r.in_flight}</td><td>${f0(r.tokens)}</td><td>${f0(r.backlog)}</td><td>${r.decoding}</td><td>${r.running}</td><td>${r.waiting}</td>
@@ -136,8 +141,8 @@
     $("#policy").textContent = snap.policy;
     for (const p of snap.points || []) push(p);
     drawCharts();
-    drawMap(snap.replicas || []);
-    drawFleet(snap.replicas || []);
+    drawMap(snap.replicas || [], snap.regions);
+    drawFleet(snap.replicas || [], snap.replica_count);
     drawDecisions(snap.decisions || []);
     drawTuner(snap.tuner);
     window.gorgoLast = snap;

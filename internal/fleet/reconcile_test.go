@@ -264,17 +264,7 @@ func TestReloadSetsTheParamsOfThePolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := f.Policy().(policy.Tunable)
-	reload := func(c Config) []string {
-		t.Helper()
-		run, restart, err := f.Prepare(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := run(); err != nil {
-			t.Fatal(err)
-		}
-		return restart
-	}
+	reload := func(c Config) []string { return applyReload(t, f, c) }
 	cfg := f.Config()
 	cfg.Params = map[string]policy.Values{"gorgo": {"rtt": 0.5}}
 	reload(cfg)
@@ -339,14 +329,7 @@ func TestReloadChangesTheTenants(t *testing.T) {
 		t.Helper()
 		next := f.Config()
 		next.Tenants = tenants
-		apply, restart, err := f.Prepare(next)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := apply(); err != nil {
-			t.Fatal(err)
-		}
-		return restart
+		return applyReload(t, f, next)
 	}
 	if restart := reload(map[string]tenant.Config{"batch": {RequestsPerMinute: 50}, "chat": {}, "new": {Priority: "batch"}}); len(restart) != 0 {
 		t.Errorf("restart %q, want the tenants changed live", restart)
@@ -370,4 +353,18 @@ func TestReloadChangesTheTenants(t *testing.T) {
 	if f.Core().Tenants() != ts {
 		t.Error("the tenants changed where the reload needed a restart")
 	}
+}
+
+// applyReload applies next as a reload would, and returns what needs a
+// restart.
+func applyReload(t *testing.T, f *Fleet, next Config) []string {
+	t.Helper()
+	apply, restart, err := f.Prepare(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := apply(); err != nil {
+		t.Fatal(err)
+	}
+	return restart
 }

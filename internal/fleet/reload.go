@@ -65,7 +65,7 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 			next.Params = keepParams(next.Params, name, cur.Params[name])
 		}
 	}
-	// The tenants change live, what their budgets spent carried over,
+	// The tenants change live, their budgets kept (tenant.Set.Carry),
 	// unless a tenant's TTFT SLO would turn flow control on or off, which
 	// is set up at start.
 	var setTenants func()

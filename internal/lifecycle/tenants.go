@@ -29,8 +29,8 @@ func (c *Core) Tenants() *tenant.Set { return c.tenants.Load() }
 // a budget the tenants before had too is the same budget, resized
 // (tenant.Set.Carry: what it spent stays spent, and the requests
 // admitted before settle with it), their names become the metrics'
-// labels, and flow control weighs their shares anew. Requests under way keep the class
-// and the charge they had. Whether flow control runs is fixed at start:
+// labels, and flow control weighs their shares anew. Requests under way
+// keep the class they had. Whether flow control runs is fixed at start:
 // ts must hold a TTFT SLO if and only if the tenants before did, or the
 // fleet has its own.
 func (c *Core) SetTenants(ts *tenant.Set, now time.Time) {

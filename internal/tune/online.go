@@ -321,11 +321,10 @@ func (o *Online) FleetChanged(why string) {
 // parameters not given keep what the incumbent routes with now): those
 // it does not tune take them, those it may tune (OnlineConfig.Tunable)
 // start from them (their bounds widened to hold them, a 0 not tuned:
-// Config.StartFrom),
-// with the first step size and no drift, and a change of the fleet falls
-// back to them. The round starts afresh with a new candidate; a pause
-// holds (the new incumbent routes). Values the base policy refuses
-// change nothing.
+// Config.StartFrom), with the first step size and no drift, and a change
+// of the fleet falls back to them. The round starts afresh with a new
+// candidate; a pause holds (the new incumbent routes). Values the base
+// policy refuses change nothing.
 func (o *Online) StartFrom(values policy.Values) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()

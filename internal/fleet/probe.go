@@ -63,7 +63,7 @@ func (f *Fleet) probeLoop(ctx context.Context, u *Upstream, now bool) {
 // as the ids: each wake of the router's loops costs it CPU, and a burst
 // of a tenth of the fleet still shares its wakes (at 500 replicas, idle:
 // 7% of a core against 12% spread finely and 4% all at once). Scrapes
-// wait half an interval more than probes, so as not to meet them.
+// wait half a slot less than probes, so as not to meet them.
 func spread(id string) float64 {
 	return math.Ceil(spreadSlots*(1-float64(xxhash.Sum64String(id)>>11)/(1<<53))) / spreadSlots
 }
@@ -285,7 +285,7 @@ func (f *Fleet) timed(req *http.Request) (*http.Response, time.Duration, error) 
 func (f *Fleet) scrapeLoop(ctx context.Context, u *Upstream) {
 	sc := &enginemetrics.Scraper{Client: f.client, URL: u.cfg.URL + u.cfg.MetricsPath}
 	var last *enginemetrics.Metrics
-	part := math.Mod(spread(u.ID())+0.5, 1) + 1e-9 // of the first interval (see spread)
+	part := spread(u.ID()) - 0.5/spreadSlots // of the first interval (see spread)
 	for {
 		if f.gone(u) {
 			return

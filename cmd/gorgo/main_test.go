@@ -587,6 +587,14 @@ func TestWriteReplicas(t *testing.T) {
 	if lines := strings.Count(b.String(), "\n"); lines != 3 || !strings.Contains(b.String(), "498 up, 1 DOWN, 1 not reached yet") || !strings.Contains(b.String(), "r7 ") || !strings.Contains(b.String(), "r9 ") {
 		t.Errorf("500 replicas, 2 not up (%d lines):\n%s", lines, b.String())
 	}
+	for i := range many {
+		many[i].Healthy = i >= 30
+	}
+	b.Reset()
+	writeReplicas(&b, many)
+	if lines := strings.Count(b.String(), "\n"); lines != 1+maxListed+1 || !strings.Contains(b.String(), "and 6 more not up") {
+		t.Errorf("500 replicas, 30 not up (%d lines):\n%s", lines, b.String())
+	}
 }
 
 // gorgo sim's --live-tuner is gorgo serve's tuner: over the default policy

@@ -187,15 +187,19 @@ func writeReplicas(w io.Writer, reps []router.ReplicaState) {
 		}
 		return "up", st.RTT.Round(time.Millisecond).String()
 	}
-	listed := reps
+	listed, more := reps, 0
 	if len(reps) > maxListed {
 		// A large fleet: how many are in each state, and those not up.
 		counts := map[string]int{}
 		listed = nil
 		for _, st := range reps {
 			h, _ := health(st)
-			if counts[h]++; h != "up" && len(listed) < maxListed {
+			switch counts[h]++; {
+			case h == "up":
+			case len(listed) < maxListed:
 				listed = append(listed, st)
+			default:
+				more++
 			}
 		}
 		fmt.Fprintf(w, "  %d up, %d DOWN, %d not reached yet (GET /admin/replicas lists them all)\n", counts["up"], counts["DOWN"], counts["not reached yet (probing)"])
@@ -203,6 +207,9 @@ func writeReplicas(w io.Writer, reps []router.ReplicaState) {
 	for _, st := range listed {
 		h, rtt := health(st)
 		fmt.Fprintf(w, "  %-12s %-14s rtt %-8s %s\n", st.ID, st.Region, rtt, h)
+	}
+	if more > 0 {
+		fmt.Fprintf(w, "  and %d more not up\n", more)
 	}
 }
 

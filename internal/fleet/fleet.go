@@ -153,15 +153,7 @@ func New(cfg Config, o Options) (*Fleet, error) {
 	// Probes, scrapes and model lists follow redirects (an ingress in
 	// front of a replica may send them); clients' requests do not (see
 	// Client).
-	// Probes, scrapes and model lists have connections of their own, with
-	// net/http's small buffers: a fleet of hundreds of replicas holds one
-	// for each, and a request's 128 KiB of buffers each would be most of
-	// the router's memory (2026-12-07, a user's test: 0.22 MiB a replica,
-	// 79 of 92 MB of heap at 500). A probe's round trip is the path's,
-	// whichever connection it takes.
-	probes := tr.Clone()
-	probes.WriteBufferSize, probes.ReadBufferSize = 0, 0
-	f.client = &http.Client{Transport: probes}
+	f.client = &http.Client{Transport: tr}
 	f.forward = &http.Client{Transport: tr,
 		// A replica's redirect is not followed: the client's request (and
 		// headers) would go, as a GET, wherever the replica points. The
@@ -256,22 +248,29 @@ func (f *Fleet) Close() error {
 // ProbeOnce probes every replica once, concurrently.
 func (f *Fleet) ProbeOnce(ctx context.Context) {
 	var wg sync.WaitGroup
-	slots := make(chan struct{}, maxFirstProbes)
+	i := 0
 	for _, u := range f.upstreams() {
-		wg.Go(func() {
-			slots <- struct{}{}
-			defer func() { <-slots }()
-			f.probe(ctx, u)
-		})
+		if i++; i > firstProbes && i%firstProbes == 1 {
+			select { // paced: not waiting for the probes sent, a hung replica holds up none
+			case <-ctx.Done():
+			case <-time.After(firstProbesPace):
+			}
+		}
+		wg.Go(func() { f.probe(ctx, u) })
 	}
 	wg.Wait()
 }
 
-// maxFirstProbes bounds the probes ProbeOnce makes at once: a burst of
-// hundreds is the router's own load, timed as the network's (2026-12-07,
-// a user's test: 500 local replicas first measured at 37–74 ms, whose
-// estimates, settling, were hundreds of changes of the fleet).
-const maxFirstProbes = 32
+// ProbeOnce sends a fleet's first probes firstProbes at a time, every
+// firstProbesPace: a burst of hundreds is the router's own load, timed as
+// the network's (2026-12-07, a user's test: 500 local replicas first
+// measured at 37–74 ms, whose estimates, settling, were hundreds of
+// changes of the fleet). Paced, not bounded in number: replicas that
+// never answer would each hold a place for a probe's timeout (a review:
+// 64 hung replicas took two timeouts to start, 500 would take 16).
+const firstProbes = 32
+
+var firstProbesPace = 10 * time.Millisecond // a variable for tests
 
 // startLoops starts a replica's probe and scrape loops, probing at once
 // if probeNow, when the fleet runs (else Run starts them). Call with f.mu

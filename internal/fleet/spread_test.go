@@ -6,7 +6,6 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,24 +35,24 @@ func TestSpreadCoversTheInterval(t *testing.T) {
 	}
 }
 
-// The first probes of a fleet go at most maxFirstProbes at a time: a
-// burst of hundreds is the router's own load, timed as the network's
+// The first probes of a fleet go firstProbes at a time, paced: a burst
+// of hundreds is the router's own load, timed as the network's
 // (2026-12-07, a user's test: 500 local replicas first measured at 37–74
 // ms, and hundreds of changes of the fleet as the estimates settled).
-func TestFirstProbesAreBounded(t *testing.T) {
-	var now, most, health atomic.Int64
+func TestFirstProbesArePaced(t *testing.T) {
+	pace := firstProbesPace
+	firstProbesPace = time.Hour // the second batch never comes while the test looks
+	defer func() { firstProbesPace = pace }()
+	var arrived atomic.Int64
+	hang := make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path != "/health" {
-			return
+		if r.URL.Path == "/health" {
+			arrived.Add(1)
+			<-hang // never answered while the test looks
 		}
-		n := now.Add(1)
-		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
-		}
-		time.Sleep(20 * time.Millisecond)
-		now.Add(-1)
-		health.Add(1)
 	}))
 	defer srv.Close()
+	defer close(hang)
 	var reps []ReplicaConfig
 	for i := range 100 {
 		reps = append(reps, ReplicaConfig{ID: fmt.Sprint("r", i), URL: srv.URL, Models: []string{"m"}})
@@ -63,13 +62,47 @@ func TestFirstProbesAreBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var wg sync.WaitGroup
-	wg.Go(func() { f.ProbeOnce(context.Background()) })
-	wg.Wait()
-	if n := health.Load(); n != 100 {
-		t.Errorf("%d of 100 replicas probed", n)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { f.ProbeOnce(ctx); close(done) }()
+	for deadline := time.Now().Add(20 * time.Second); arrived.Load() < firstProbes; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the first %d probes arrived, their replicas hung", arrived.Load(), firstProbes)
+		}
 	}
-	if m := most.Load(); m > maxFirstProbes {
-		t.Errorf("%d probes at once, want at most %d", m, maxFirstProbes)
+	time.Sleep(200 * time.Millisecond) // a 33rd would come now if the first batch's hang held nothing up and the pace were not kept
+	if n := arrived.Load(); n != firstProbes {
+		t.Errorf("%d probes sent before the pace allowed a second batch, want %d", n, firstProbes)
+	}
+	cancel()
+	<-done
+}
+
+// Replicas that never answer hold up none of the others' first probes:
+// 100 of them take one probe's timeout (2 s) to start, not one for each
+// batch of firstProbes (a review: 64 took two timeouts).
+func TestHungReplicasDelayStartUpOnce(t *testing.T) {
+	hang := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(hang)
+	var reps []ReplicaConfig
+	for i := range 100 {
+		reps = append(reps, ReplicaConfig{ID: fmt.Sprint("r", i), URL: srv.URL, Models: []string{"m"}})
+	}
+	f, err := New(Config{Replicas: reps, ProbeInterval: 100 * time.Millisecond, ScrapeInterval: time.Hour}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	start := time.Now()
+	f.ProbeOnce(context.Background())
+	if d := time.Since(start); d > 5*time.Second { // one timeout is 2 s; a batch at a time would be 8
+		t.Errorf("the first probes of 100 hung replicas took %v", d.Round(time.Millisecond))
 	}
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -315,7 +316,8 @@ func TestOutputEstimateConfig(t *testing.T) {
 // had one) needs one, and names the tenants.
 func TestReloadChangesTheTenants(t *testing.T) {
 	cfg := Config{ProbeInterval: time.Hour, Tenants: map[string]tenant.Config{"batch": {RequestsPerMinute: 5}, "chat": {}, "old": {}}}
-	f, err := New(cfg, Options{})
+	var logs strings.Builder
+	f, err := New(cfg, Options{Log: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,6 +335,9 @@ func TestReloadChangesTheTenants(t *testing.T) {
 	}
 	if restart := reload(map[string]tenant.Config{"batch": {RequestsPerMinute: 50}, "chat": {}, "new": {Priority: "batch"}}); len(restart) != 0 {
 		t.Errorf("restart %q, want the tenants changed live", restart)
+	}
+	if !strings.Contains(logs.String(), `msg="tenants changed" what="added new; removed old; changed batch"`) {
+		t.Errorf("the log does not say what changed:\n%s", logs.String())
 	}
 	ts := f.Core().Tenants()
 	left := ""

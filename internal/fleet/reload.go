@@ -80,6 +80,10 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 					ts.Share(f.bus.Charged)
 				}
 				f.core.SetTenants(ts, time.Now())
+				// The reload's own line counts replicas: the tenants say
+				// here what changed (2026-12-07, a user's test: nothing
+				// in the log said so).
+				f.log.Info("tenants changed", "what", changed)
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/gorgo-llm/gorgo/internal/replay"
 	"github.com/gorgo-llm/gorgo/internal/report"
@@ -27,14 +28,20 @@ stream; slip is how long a request waited for the cap. Without --trace it
 replays the embedded synthetic workload. Ctrl-C stops the replay and still
 reports and writes what was measured.`
 
-// readKey reads an API key from the first line of a file.
+// readKey reads an API key from the first line of a file (of its first
+// 64 KiB: a key is far shorter, and the flag may name /dev/zero).
 func readKey(path string) (string, error) {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("--api-key-file: %w", err)
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, 64<<10))
 	if err != nil {
 		return "", fmt.Errorf("--api-key-file: %w", err)
 	}
 	key, _, _ := strings.Cut(string(data), "\n")
-	if key = strings.TrimSpace(key); key == "" {
+	if key = strings.TrimSpace(key); key == "" || strings.ContainsFunc(key, unicode.IsControl) {
 		return "", fmt.Errorf("--api-key-file: %s has no key on its first line", path)
 	}
 	return key, nil

@@ -246,4 +246,9 @@ func TestReplayCommandSendsTheAPIKey(t *testing.T) {
 	if err := runReplay([]string{"--target", srv.URL, "--trace", tr, "--api-key-file", filepath.Join(dir, "none")}, &out, &errb); err == nil || !strings.Contains(err.Error(), "--api-key-file") {
 		t.Errorf("a key file that is not there: %v", err)
 	}
+	if _, err := os.Stat("/dev/zero"); err == nil { // a file without end, read in bounded memory
+		if err := runReplay([]string{"--target", srv.URL, "--trace", tr, "--api-key-file", "/dev/zero"}, &out, &errb); err == nil || !strings.Contains(err.Error(), "has no key") {
+			t.Errorf("--api-key-file /dev/zero: %v", err)
+		}
+	}
 }

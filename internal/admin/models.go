@@ -100,14 +100,12 @@ func (s *Server) setModels(w http.ResponseWriter, r *http.Request) {
 }
 
 // served reports whether a replica serves model (as a request would name
-// it: BASE:ADAPTER included), or may (its models not known).
+// it: BASE:ADAPTER included), or may (its models not known), as the
+// router's catalog answers a request's model.
 func (s *Server) served(model string) bool {
-	for _, st := range s.fleet.Router().Replicas() {
-		if _, ok := st.Models.Lookup(model); ok || st.Models == nil {
-			return true
-		}
-	}
-	return false
+	catalog, unknown := s.fleet.Router().Catalog()
+	_, ok := catalog.Lookup(model)
+	return ok || unknown > 0
 }
 
 // aliasSpecs reads the aliases of a PUT: the config's map of names to

@@ -116,16 +116,25 @@ func TestAbortedWholeAnswerIsNoProgress(t *testing.T) {
 	f, pk := stallFleet(t)
 	s, _ := routeTo(t, context.Background(), pk, f, "a", chatBody, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
 	defer s.CloseSend()
-	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); {
-		if !healthy(f, "a") {
-			return
-		}
+	if !ejectedWhile(f, "a", func() {
 		ctx, cancel := context.WithCancel(context.Background())
 		routeTo(t, ctx, pk, f, "a", wholeChatBody, filterv3.ProcessingMode_BUFFERED)
 		cancel() // the client gave up before the answer's headers
-		time.Sleep(50 * time.Millisecond)
+	}) {
+		t.Fatal("a, its stream unanswered for 15 s, was not ejected: each aborted whole answer counted as its progress")
 	}
-	t.Fatal("a, its stream unanswered for 15 s, was not ejected: each aborted whole answer counted as its progress")
+}
+
+// ejectedWhile does step every 50 ms until replica id is out, for at most
+// 15 s; it reports whether it went out.
+func ejectedWhile(f *fleet.Fleet, id string, step func()) bool {
+	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if !healthy(f, id) {
+			return true
+		}
+		step()
+	}
+	return false
 }
 
 // The gateway says an endpoint the fleet does not know served the
@@ -141,16 +150,13 @@ func TestUnknownServedEndpointIsNotThePicked(t *testing.T) {
 	s2.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")},
 		MetadataContext: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{LBNamespace: served}}})
 	recv(t, s2)
-	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); {
-		if !healthy(f, "a") {
-			return
-		}
+	if !ejectedWhile(f, "a", func() {
 		s2.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
 			Body: []byte("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n")}}})
 		recv(t, s2)
-		time.Sleep(50 * time.Millisecond)
+	}) {
+		t.Fatal("a, its stream unanswered for 15 s, was not ejected: 10.9.9.9:8000's tokens counted as its progress")
 	}
-	t.Fatal("a, its stream unanswered for 15 s, was not ejected: 10.9.9.9:8000's tokens counted as its progress")
 }
 
 // A stream whose response body Envoy buffers (BUFFERED): its tokens come

@@ -221,7 +221,18 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 	}
 	recs := make([]report.Record, len(reqs))
 	var mu sync.Mutex
-	var g errgroup.Group
+	clients := 0
+	for _, p := range parts {
+		if len(p) > 0 {
+			clients++
+		}
+	}
+	// The replayers begin together, as the simulator's clients share its
+	// time 0: each alone would begin once its setup's round trips over
+	// its leg were over, the far regions' clients later (the central
+	// router saw Seoul's traffic a second of model time late).
+	together := replay.Together(clients)
+	g, gctx := errgroup.WithContext(ctx)
 	for c := range m.Ingress {
 		if len(parts[c]) == 0 {
 			continue
@@ -229,7 +240,7 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 		g.Go(func() error {
 			// Connections opened first, over the client's leg: the
 			// simulator does not model their setup.
-			out, err := replay.Run(ctx, replay.Config{Target: targets[c], Requests: parts[c], Warm: replay.DefaultMaxInflight})
+			out, err := replay.Run(gctx, replay.Config{Target: targets[c], Requests: parts[c], Warm: replay.DefaultMaxInflight, Ready: together})
 			if err != nil {
 				return err
 			}

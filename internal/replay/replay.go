@@ -96,6 +96,40 @@ type Config struct {
 	// simulator does not model; the client must keep as many idle
 	// (NewHTTPClient keeps max(MaxInflight, 64)).
 	Warm int
+	// Ready, when set, is called once the replay is ready to send (the
+	// target's models listed, its connections warmed) and returns the
+	// instant, on Clock, of the trace's time 0, or an error that ends the
+	// replay before it sends anything. Replays of one run's clients in
+	// several places, each behind its own leg to its target, begin
+	// together so (Together): each alone would begin when its own setup's
+	// round trips were over, the far ones later. Nil: time 0 is when the
+	// replay is ready.
+	Ready func(ctx context.Context) (time.Time, error)
+}
+
+// Together returns a Config.Ready for n replays that begin together: each
+// waits until all n are ready, and all take the instant the last one was
+// as the trace's time 0 (on the wall clock). A wait ends early, with its
+// error, when its ctx does: give the n replays a context that one's
+// failure cancels (errgroup.WithContext), or the others wait for it.
+func Together(n int) func(ctx context.Context) (time.Time, error) {
+	var mu sync.Mutex
+	var at time.Time
+	open := make(chan struct{})
+	return func(ctx context.Context) (time.Time, error) {
+		mu.Lock()
+		if n--; n == 0 {
+			at = time.Now()
+			close(open)
+		}
+		mu.Unlock()
+		select {
+		case <-open:
+			return at, nil
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		}
+	}
 }
 
 // Result is what a replay measured.
@@ -164,6 +198,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	sent := make([]bool, len(reqs))
 	var wg sync.WaitGroup
 	start := clock.Now()
+	if cfg.Ready != nil {
+		if start, err = cfg.Ready(ctx); err != nil {
+			return nil, fmt.Errorf("replay: waiting to begin: %w", err)
+		}
+	}
 dispatch:
 	for _, i := range order {
 		r := &reqs[i]

@@ -380,3 +380,86 @@ func TestModelsListsBasesFirst(t *testing.T) {
 		t.Errorf("models %v (%v), want llama, mistral, code, sql", ids, err)
 	}
 }
+
+// Ready gives the trace's time 0: a replay waits for it once it is ready
+// to send, and times its requests from it.
+func TestReadyIsTimeZero(t *testing.T) {
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) { quick(w, 2) })
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := &manualClock{now: t0}
+	reqs := []trace.Request{request(0, "a", 10, 2), request(10*time.Minute, "b", 10, 2)}
+	ready := func(ctx context.Context) (time.Time, error) {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		if len(srv.reqs) > 0 {
+			t.Errorf("%d requests sent before the replay was told when to begin", len(srv.reqs))
+		}
+		return t0.Add(time.Hour), nil
+	}
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", Requests: reqs, Clock: clock, Ready: ready, Warm: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, rec := range res.Records {
+		if rec.Slip != 0 || rec.Failed {
+			t.Errorf("record %d: slip %v ms, error %q; want none", i, rec.Slip, rec.Error)
+		}
+	}
+	if end, want := clock.Now(), t0.Add(time.Hour+10*time.Minute); end.Before(want) {
+		t.Errorf("the replay ended at %v, want its last request sent at %v (time 0 an hour on)", end, want)
+	}
+
+	// A replay that cannot be told when to begin sends nothing.
+	count := func() int {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return len(srv.reqs)
+	}
+	sent := count()
+	refuse := func(context.Context) (time.Time, error) { return time.Time{}, context.Canceled }
+	if _, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", Requests: reqs, Clock: &manualClock{now: t0}, Ready: refuse}); !errors.Is(err, context.Canceled) {
+		t.Errorf("error %v, want the Ready's", err)
+	}
+	if n := count() - sent; n != 0 {
+		t.Errorf("%d requests sent by a replay whose Ready failed", n)
+	}
+}
+
+// Together lets n replays begin at one instant: none before the last is
+// ready, and all at the instant the last was.
+func TestTogether(t *testing.T) {
+	ready := Together(3)
+	type began struct {
+		at  time.Time
+		err error
+	}
+	out := make(chan began, 3)
+	for range 2 {
+		go func() {
+			at, err := ready(context.Background())
+			out <- began{at, err}
+		}()
+	}
+	select {
+	case b := <-out:
+		t.Fatalf("a replay began (%v, %v) before the third was ready", b.at, b.err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	last := time.Now()
+	at, err := ready(context.Background())
+	if err != nil || at.Before(last) {
+		t.Fatalf("the last replay: %v, %v; want time 0 no earlier than it was ready (%v)", at, err, last)
+	}
+	for range 2 {
+		if b := <-out; b.err != nil || !b.at.Equal(at) {
+			t.Errorf("a replay began at %v (%v), want %v as the last one", b.at, b.err, at)
+		}
+	}
+
+	// A replay whose run is cancelled (another one failed) stops waiting.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Together(2)(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("error %v, want context.Canceled", err)
+	}
+}

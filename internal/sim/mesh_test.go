@@ -233,6 +233,63 @@ func TestMeshClientCap(t *testing.T) {
 	}
 }
 
+// A client's leg to its router jitters as a router's to a replica does:
+// each request's is a draw around the leg's mean (it was the mean alone,
+// so that clients far from their router were steadier in the simulator
+// than live).
+func TestClientLegJitters(t *testing.T) {
+	var reqs []trace.Request
+	for i := range 40 {
+		reqs = append(reqs, request(time.Duration(i)*10*time.Second, uint64(i+1), 500, 1)) // an idle fleet each time
+	}
+	top, _ := LoadTopology("paper-mesh")
+	reps, _ := top.Resolve()
+	// legs are each request's TTFT less its round trip to the replica:
+	// its client's leg and a prefill of 500 tokens on an idle engine.
+	legs := func(jitter *float64) []float64 {
+		top := top
+		mesh := *top.Mesh
+		mesh.JitterFraction, top.Mesh = jitter, &mesh
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: arrange(t, top, reps, ArrangeCentral, ShareNone), Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []float64
+		for _, r := range res.Records {
+			if r.Failed {
+				t.Fatalf("request %d failed: %s", r.Index, r.Error)
+			}
+			out = append(out, r.TTFT-r.RTT)
+		}
+		return out
+	}
+	zero := 0.0
+	steady, jittery := legs(&zero), legs(nil)
+	distinct := func(xs []float64) int {
+		seen := map[int]bool{}
+		for _, x := range xs {
+			seen[int(math.Round(x))] = true
+		}
+		return len(seen)
+	}
+	if n := distinct(steady); n > 3 {
+		t.Fatalf("without jitter, %d distinct legs of three regions' clients: %v", n, steady)
+	}
+	if n := distinct(jittery); n < 20 {
+		t.Errorf("with jitter, %d distinct legs of 40 requests, want each a draw: %v", n, jittery)
+	}
+	mean := func(xs []float64) float64 {
+		sum := 0.0
+		for _, x := range xs {
+			sum += x
+		}
+		return sum / float64(len(xs))
+	}
+	if a, b := mean(steady), mean(jittery); math.Abs(b-a) > 0.15*a {
+		t.Errorf("mean leg %.0f ms with jitter against %.0f without: the draws should centre on the leg", b, a)
+	}
+}
+
 // Omniscient routers hear of a dispatch as it is made, so requests that
 // reach different routers at the same instant are routed as by one
 // router, each seeing the ones before. Ashburn's and Frankfurt's replicas

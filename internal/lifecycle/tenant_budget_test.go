@@ -353,3 +353,51 @@ func TestServeDuringSetTenants(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// A tenant removed on a reload takes its series with it; the others, and
+// "other", keep theirs; without tenants there are none (2026-12-07: a
+// removed tenant's series stayed until the router restarted).
+func TestRemovedTenantsSeriesGo(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	m.SetTenants([]string{"chat", "batch"})
+	for _, name := range []string{"chat", "batch", "stranger"} {
+		m.tenantVerdict(name, admit.Standard, "go")
+		m.tenantRefused(name, admit.Standard, "budget")
+		m.tenantWaited(name, admit.Standard, time.Second)
+		m.tenantServed(name, admit.Standard, time.Second, 2*time.Second)
+	}
+	tenants := func() map[string]int {
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]int{}
+		for _, f := range families {
+			for _, s := range f.GetMetric() {
+				for _, l := range s.GetLabel() {
+					if l.GetName() == "tenant" {
+						seen[l.GetValue()]++
+					}
+				}
+			}
+		}
+		return seen
+	}
+	before := tenants()
+	if before["chat"] != 6 || before["batch"] != 6 || before[tenant.Other] != 6 {
+		t.Fatalf("series by tenant before the reload: %v, want 6 each (two verdicts, a refusal, three histograms)", before)
+	}
+	m.SetTenants([]string{"chat"})
+	if after := tenants(); after["batch"] != 0 || after["chat"] != 6 || after[tenant.Other] != 6 {
+		t.Errorf("series by tenant after batch was removed: %v", after)
+	}
+	m.tenantVerdict("batch", admit.Standard, "go") // a request of the removed tenant, after: "other"
+	if after := tenants(); after["batch"] != 0 {
+		t.Errorf("the removed tenant's series came back: %v", after)
+	}
+	m.SetTenants(nil)
+	if after := tenants(); len(after) != 0 {
+		t.Errorf("series by tenant without tenants: %v", after)
+	}
+}

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"math"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -120,11 +121,16 @@ type tenantMetrics struct {
 	ttft     *prometheus.HistogramVec
 	e2e      *prometheus.HistogramVec
 	known    atomic.Pointer[map[string]bool] // the tenants labelled by name; nil: no tenants
+	// labelled are the tenant labels the series may carry (those named
+	// since the last SetTenants that removed some, and "other").
+	mu       sync.Mutex
+	labelled map[string]bool
 }
 
 func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
 	labels := []string{"tenant", "priority"}
 	m := &tenantMetrics{
+		labelled: map[string]bool{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_tenant_requests_total",
 			Help: "Requests by tenant, priority and how flow control took them: go (at once), held (queued first), refused."}, append(labels, "verdict")),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_tenant_refused_total",
@@ -141,20 +147,50 @@ func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
 }
 
 // SetTenants labels the series of these tenants by name; others are
-// "other".
+// "other". The series of a tenant no longer named go (a tenant removed on
+// a reload would otherwise keep its series until the router restarted);
+// without tenants, all of them. A request labelled as the names change
+// may leave one of its series back.
 func (m *Metrics) SetTenants(names []string) {
 	if m == nil {
 		return
 	}
-	if names == nil { // no tenants: no series
+	var known map[string]bool
+	if names != nil {
+		known = make(map[string]bool, len(names))
+		for _, n := range names {
+			known[n] = true
+		}
+		m.tm.known.Store(&known)
+	} else { // no tenants: no series
 		m.tm.known.Store(nil)
-		return
 	}
-	known := make(map[string]bool, len(names))
-	for _, n := range names {
-		known[n] = true
+	m.tm.forget(known)
+}
+
+// forget deletes the series of the tenants not in known ("other"'s only
+// without tenants).
+func (tm *tenantMetrics) forget(known map[string]bool) {
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	for name := range tm.labelled {
+		if known[name] || (name == tenant.Other && known != nil) {
+			continue
+		}
+		gone := prometheus.Labels{"tenant": name}
+		tm.requests.DeletePartialMatch(gone)
+		tm.refused.DeletePartialMatch(gone)
+		tm.wait.DeletePartialMatch(gone)
+		tm.ttft.DeletePartialMatch(gone)
+		tm.e2e.DeletePartialMatch(gone)
+		delete(tm.labelled, name)
 	}
-	m.tm.known.Store(&known)
+	for name := range known {
+		tm.labelled[name] = true
+	}
+	if known != nil {
+		tm.labelled[tenant.Other] = true
+	}
 }
 
 // tenantLabels are a request's tenant and priority labels; ok is false

@@ -231,7 +231,7 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 	// time 0: each alone would begin once its setup's round trips over
 	// its leg were over, the far regions' clients later (the central
 	// router saw Seoul's traffic a second of model time late).
-	together := replay.Together(clients)
+	together := replay.Together(clients, nil)
 	g, gctx := errgroup.WithContext(ctx)
 	for c := range m.Ingress {
 		if len(parts[c]) == 0 {

@@ -101,25 +101,32 @@ type Config struct {
 	// instant, on Clock, of the trace's time 0, or an error that ends the
 	// replay before it sends anything. Replays of one run's clients in
 	// several places, each behind its own leg to its target, begin
-	// together so (Together): each alone would begin when its own setup's
-	// round trips were over, the far ones later. Nil: time 0 is when the
-	// replay is ready.
+	// together so (Together, on the same Clock): each alone would begin
+	// when its own setup's round trips were over, the far ones later.
+	// Nil: time 0 is when the replay is ready.
 	Ready func(ctx context.Context) (time.Time, error)
 }
 
 // Together returns a Config.Ready for n replays that begin together: each
-// waits until all n are ready, and all take the instant the last one was
-// as the trace's time 0 (on the wall clock). A wait ends early, with its
+// waits until all n are ready, and all take the instant the last one was,
+// on clock (nil: WallClock; give it the replays' Clock), as the trace's
+// time 0; with n of 0 or less none waits. A wait ends early, with its
 // error, when its ctx does: give the n replays a context that one's
 // failure cancels (errgroup.WithContext), or the others wait for it.
-func Together(n int) func(ctx context.Context) (time.Time, error) {
+func Together(n int, clock Clock) func(ctx context.Context) (time.Time, error) {
+	if clock == nil {
+		clock = WallClock()
+	}
+	if n <= 0 {
+		return func(ctx context.Context) (time.Time, error) { return clock.Now(), ctx.Err() }
+	}
 	var mu sync.Mutex
 	var at time.Time
 	open := make(chan struct{})
 	return func(ctx context.Context) (time.Time, error) {
 		mu.Lock()
 		if n--; n == 0 {
-			at = time.Now()
+			at = clock.Now()
 			close(open)
 		}
 		mu.Unlock()

@@ -428,7 +428,7 @@ func TestReadyIsTimeZero(t *testing.T) {
 // Together lets n replays begin at one instant: none before the last is
 // ready, and all at the instant the last was.
 func TestTogether(t *testing.T) {
-	ready := Together(3)
+	ready := Together(3, nil)
 	type began struct {
 		at  time.Time
 		err error
@@ -459,7 +459,26 @@ func TestTogether(t *testing.T) {
 	// A replay whose run is cancelled (another one failed) stops waiting.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := Together(2)(ctx); !errors.Is(err, context.Canceled) {
+	if _, err := Together(2, nil)(ctx); !errors.Is(err, context.Canceled) {
 		t.Errorf("error %v, want context.Canceled", err)
+	}
+
+	// On the replays' clock (a review: on the wall clock, a replay on a
+	// manual one slipped by decades); for no replays, at once.
+	clock := &manualClock{now: time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)}
+	for _, n := range []int{1, 0} {
+		at, err := Together(n, clock)(context.Background())
+		if err != nil || !at.Equal(clock.Now()) {
+			t.Errorf("Together(%d) on a manual clock: %v, %v; want its time, %v", n, at, err, clock.Now())
+		}
+	}
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) { quick(w, 2) })
+	res, err := Run(context.Background(), Config{Target: srv.URL, Model: "m", Requests: []trace.Request{request(time.Second, "a", 10, 2)},
+		Clock: clock, Ready: Together(1, clock)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec := res.Records[0]; rec.Slip != 0 || rec.Failed {
+		t.Errorf("a replay begun by Together on its manual clock: slip %v ms, error %q", rec.Slip, rec.Error)
 	}
 }

@@ -252,11 +252,11 @@ func (s *simulator) buildSites() error {
 	ingress := assignIngress(m, cfg.Requests, seed)
 	// A client's leg is a path between regions as a router's to a
 	// replica is, and jitters as much: each request's is a draw, from a
-	// stream of its own, so that the other draws of the network stay as
+	// stream of its own (streamLegs), so that the other draws stay as
 	// they were. (Its mean alone, as it was, left the clients far from
 	// their router steadier than live: the live demo's central router
 	// ran 8-28% above the simulator at p95 TTFT.)
-	legs := rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15))
+	legs := rand.New(rand.NewPCG(cfg.Seed, streamLegs))
 	for i := range s.reqs {
 		in := &m.Ingress[ingress[i]]
 		leg, jitter, err := m.RTT(in.Region, m.Sites[in.Site].Region)

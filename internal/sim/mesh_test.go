@@ -297,9 +297,20 @@ func TestClientLegJitters(t *testing.T) {
 // routers at the same instant, and the idle replica in Seoul is worth the
 // trip for one of them, not for both. Sharing with the delay between
 // regions, neither router has heard of the other's, and both go to Seoul.
+// Without jitter, so that the clients' legs bring both at the same
+// instant (drawn, they would not: found in review, 2026-12-07, when the
+// legs began to jitter and the test passed without what it tests).
 func TestOmniscientRoutersSeeTheSameInstant(t *testing.T) {
-	top, _ := LoadTopology("paper-mesh")
-	reps, _ := top.Resolve()
+	top, reps := loadTopology(t, "paper-mesh")
+	steady, mesh := 0.0, *top.Mesh
+	mesh.JitterFraction, top.Mesh = &steady, &mesh
+	run := func(sharing Sharing, reqs []trace.Request) *Result {
+		res, err := Run(Config{Replicas: reps, Requests: reqs, Mesh: arrange(t, top, reps, policy.DefaultName, sharing), Seed: 1, MaxInflight: DefaultMaxInflight})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
 	m := arrange(t, top, reps, policy.DefaultName, ShareInstant)
 	// A session whose clients are in each of the two regions.
 	session := map[string]string{}
@@ -335,10 +346,10 @@ func TestOmniscientRoutersSeeTheSameInstant(t *testing.T) {
 		sort.Strings(out[2:])
 		return out[2:]
 	}
-	if got := second(meshRun(t, policy.DefaultName, ShareInstant, reqs)); got[0] != "ap-seoul" || got[1] == "ap-seoul" {
+	if got := second(run(ShareInstant, reqs)); got[0] != "ap-seoul" || got[1] == "ap-seoul" {
 		t.Errorf("omniscient: the simultaneous pair went to %v, want one to ap-seoul and one at home", got)
 	}
-	if got := second(meshRun(t, policy.DefaultName, ShareDelayed, reqs)); got[0] != "ap-seoul" || got[1] != "ap-seoul" {
+	if got := second(run(ShareDelayed, reqs)); got[0] != "ap-seoul" || got[1] != "ap-seoul" {
 		t.Errorf("sharing with delay: the simultaneous pair went to %v, want both to ap-seoul (neither knows of the other)", got)
 	}
 }
@@ -427,5 +438,19 @@ func TestMidRunAddIsNews(t *testing.T) {
 	}
 	if len(w.changes) != 1 || w.changes[0] != "replica c added" {
 		t.Errorf("changes %q, want c added alone", w.changes)
+	}
+}
+
+// Each random stream of a run draws apart from the others (2026-12-07, a
+// review: the clients' legs were drawn from a copy of the decisions'
+// stream, so a policy's draws would have followed the legs').
+func TestStreamsDiffer(t *testing.T) {
+	streams := []uint64{streamRoute, streamProbes, streamNetwork, streamLegs}
+	seen := map[uint64]bool{}
+	for _, s := range streams {
+		if seen[s] {
+			t.Errorf("stream %#x used twice", s)
+		}
+		seen[s] = true
 	}
 }

@@ -28,6 +28,17 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/trace"
 )
 
+// The random streams of a run, each seeded with Config.Seed and one of
+// these, so that each draws apart from the others: a draw added to one
+// leaves the others' as they were. Each must differ from the others
+// (TestStreamsDiffer: the clients' legs once had the decisions' stream).
+const (
+	streamRoute   = 0x9e3779b97f4a7c15 // the policies' draws (ties, random choices)
+	streamProbes  = 0x5851f42d4c957f2d // each probe's round trip
+	streamNetwork = 0x2545f4914f6cdd1d // each request's round trip to its replica
+	streamLegs    = 0xd1b54a32d192ed03 // each request's leg from its client to its router
+)
+
 // DefaultMaxInflight is the paper client's cap on requests in flight.
 const DefaultMaxInflight = 64
 
@@ -341,8 +352,8 @@ func Run(cfg Config) (*Result, error) {
 	s := &simulator{
 		cfg:        cfg,
 		sig:        sig,
-		rng:        rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)),
-		probeRNG:   rand.New(rand.NewPCG(cfg.Seed, 0x5851f42d4c957f2d)),
+		rng:        rand.New(rand.NewPCG(cfg.Seed, streamRoute)),
+		probeRNG:   rand.New(rand.NewPCG(cfg.Seed, streamProbes)),
 		reqs:       make([]reqState, len(cfg.Requests)),
 		prefixKeys: make([]uint64, len(cfg.Requests)),
 		byID:       map[string]int{},
@@ -371,7 +382,7 @@ func Run(cfg Config) (*Result, error) {
 	}
 	// Network jitter draws come from their own stream, indexed by request,
 	// so every policy sees the same network.
-	net := rand.New(rand.NewPCG(cfg.Seed, 0x2545f4914f6cdd1d))
+	net := rand.New(rand.NewPCG(cfg.Seed, streamNetwork))
 	s.jit = make([]float64, len(cfg.Requests))
 	for i := range s.jit {
 		s.jit[i] = net.NormFloat64()

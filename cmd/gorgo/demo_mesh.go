@@ -230,7 +230,7 @@ func demoMeshLive(ctx context.Context, top sim.Topology, reps []sim.Replica, m *
 	// The replayers begin together, as the simulator's clients share its
 	// time 0: each alone would begin once its setup's round trips over
 	// its leg were over, the far regions' clients later (the central
-	// router saw Seoul's traffic a second of model time late).
+	// router saw Seoul's traffic 0.84 s of model time late).
 	together := replay.Together(clients, nil)
 	g, gctx := errgroup.WithContext(ctx)
 	for c := range m.Ingress {

@@ -121,8 +121,8 @@ type tenantMetrics struct {
 	ttft     *prometheus.HistogramVec
 	e2e      *prometheus.HistogramVec
 	known    atomic.Pointer[map[string]bool] // the tenants labelled by name; nil: no tenants
-	// labelled are the tenant labels the series may carry (those named
-	// since the last SetTenants that removed some, and "other").
+	// labelled are the tenant labels the series may carry: the tenants
+	// named now, and "other" (SetTenants deletes the others' series).
 	mu       sync.Mutex
 	labelled map[string]bool
 }

@@ -108,8 +108,8 @@ type Config struct {
 }
 
 // Together returns a Config.Ready for n replays that begin together: each
-// waits until all n are ready, and all take the instant the last one was,
-// on clock (nil: WallClock; give it the replays' Clock), as the trace's
+// waits until all n are ready, and all take the instant the last one was
+// ready, on clock (nil: WallClock; give it the replays' Clock), as the trace's
 // time 0; with n of 0 or less none waits. A wait ends early, with its
 // error, when its ctx does: give the n replays a context that one's
 // failure cancels (errgroup.WithContext), or the others wait for it.

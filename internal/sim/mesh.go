@@ -255,7 +255,7 @@ func (s *simulator) buildSites() error {
 	// stream of its own (streamLegs), so that the other draws stay as
 	// they were. (Its mean alone, as it was, left the clients far from
 	// their router steadier than live: the live demo's central router
-	// ran 8-28% above the simulator at p95 TTFT.)
+	// ran more than 10% above the simulator at p95 TTFT in most runs.)
 	legs := rand.New(rand.NewPCG(cfg.Seed, streamLegs))
 	for i := range s.reqs {
 		in := &m.Ingress[ingress[i]]

@@ -418,7 +418,8 @@ func simulatedSpread(run0 report.Run, reqs []trace.Request, speedup float64, see
 func writeAgreement(w io.Writer, live, predicted []report.Run, spreads []report.Spread, speedup float64) error {
 	fmt.Fprintf(w, "\nlive against simulated, p95 TTFT in ms; the median and range are the simulator's over the run above and %d\n"+
 		"copies, each with other draws of the network's jitter and every arrival moved by up to ±%v (±%v of the live\n"+
-		"clock): the live run is one more draw of each (policies that react to the order and timing of arrivals amplify them):\n",
+		"clock): the live run is one more draw of each (policies that react to the order and timing of arrivals amplify them);\n"+
+		"draws as far: how many of the simulated runs lie at least as far from their median as the live run:\n",
 		demoCopies, time.Duration(speedup*float64(demoNoise)), demoNoise)
 	return report.WriteAgreement(w, live, predicted, spreads)
 }

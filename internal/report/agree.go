@@ -3,6 +3,7 @@ package report
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"text/tabwriter"
 )
@@ -65,15 +66,30 @@ func (s Spread) Outside(v float64) float64 {
 	return 0
 }
 
+// AsFar is how many of s's values lie at least as far from its median as
+// v does, either side: how ordinary v would be among them (the live run
+// among the simulated draws: a policy whose draws spread widely has many
+// as far, where one that is steady has few).
+func (s Spread) AsFar(v float64) int {
+	m, n := s.Median(), 0
+	for _, x := range s.vals {
+		if math.Abs(x-m) >= math.Abs(v-m) {
+			n++
+		}
+	}
+	return n
+}
+
 // WriteAgreement prints, one row per policy, a live run's p95 TTFT against
 // the simulator's: the simulated run's (simulated[i], the one the tables
 // show), and the median and range of the simulated runs' (spreads[i]: the
 // run and its copies under other draws of what the live run cannot
-// reproduce), with how far the live run is from that median and whether
-// it falls within the range or how far outside it.
+// reproduce), with how far the live run is from that median, how many of
+// the simulated runs are as far from it (AsFar), and whether it falls
+// within the range or how far outside it.
 func WriteAgreement(w io.Writer, live, simulated []Run, spreads []Spread) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tlive p95 TTFT\tsimulated\tsimulated median\tsimulated range\tlive vs median\tlive vs range\t")
+	fmt.Fprintln(tw, "policy\tlive p95 TTFT\tsimulated\tsimulated median\tsimulated range\tlive vs median\tdraws as far\tlive vs range\t")
 	for i, l := range live {
 		s, sp := simulated[i], spreads[i]
 		in := "within"
@@ -84,8 +100,8 @@ func WriteAgreement(w io.Writer, live, simulated []Run, spreads []Spread) error 
 		if m := sp.Median(); m > 0 {
 			vs = fmt.Sprintf("%+.1f%%", 100*(l.TTFT.P95/m-1))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s–%s\t%s\t%s\t\n", l.Policy, ms(l.TTFT.P95), ms(s.TTFT.P95),
-			ms(sp.Median()), ms(sp.Lo()), ms(sp.Hi()), vs, in)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s–%s\t%s\t%d of %d\t%s\t\n", l.Policy, ms(l.TTFT.P95), ms(s.TTFT.P95),
+			ms(sp.Median()), ms(sp.Lo()), ms(sp.Hi()), vs, sp.AsFar(l.TTFT.P95), sp.N(), in)
 	}
 	return tw.Flush()
 }

@@ -45,7 +45,14 @@ func TestSpreadAndAgreement(t *testing.T) {
 	if strings.Contains(out, "Inf") || strings.Contains(out, "NaN") {
 		t.Errorf("a spread of zeros gave\n%s", out)
 	}
-	for _, want := range []string{"2,400", "2,000", "1,800–2,400", "+5.0%", "within", "+32.0%", "+10.0%"} {
+	// As far from the median (2,000) as the live run, either side: 2,100
+	// has 1,800 and 2,400; 2,640 none; 2,000 all three.
+	for v, want := range map[float64]int{2100: 2, 2640: 0, 2000: 3, 1700: 1} {
+		if got := s.AsFar(v); got != want {
+			t.Errorf("AsFar(%v) = %d, want %d", v, got, want)
+		}
+	}
+	for _, want := range []string{"2,400", "2,000", "1,800–2,400", "+5.0%", "within", "+32.0%", "+10.0%", "2 of 3", "0 of 3"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)
 		}

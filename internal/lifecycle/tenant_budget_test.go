@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -399,5 +400,43 @@ func TestRemovedTenantsSeriesGo(t *testing.T) {
 	m.SetTenants(nil)
 	if after := tenants(); len(after) != 0 {
 		t.Errorf("series by tenant without tenants: %v", after)
+	}
+}
+
+// A request labelled with a tenant's name as a reload removes the tenant
+// cannot write its series after they were deleted (2026-12-07, a review:
+// it could, and the series then stayed for good, even without tenants).
+func TestRemovedTenantsSeriesStayGone(t *testing.T) {
+	for trial := range 1000 {
+		reg := prometheus.NewRegistry()
+		m := NewMetrics(reg)
+		m.SetTenants([]string{tenant.Default, "batch"})
+		stop, started, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			close(started)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					m.tenantVerdict("batch", admit.Standard, "go")
+				}
+			}
+		}()
+		<-started
+		m.SetTenants([]string{tenant.Default})
+		close(stop)
+		<-done
+		m.SetTenants(nil)
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			if strings.HasPrefix(f.GetName(), "gorgo_tenant_") && len(f.GetMetric()) > 0 {
+				t.Fatalf("trial %d: %s has %d series without tenants", trial, f.GetName(), len(f.GetMetric()))
+			}
+		}
 	}
 }

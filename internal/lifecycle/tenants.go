@@ -4,7 +4,6 @@ import (
 	"math"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -120,10 +119,14 @@ type tenantMetrics struct {
 	wait     *prometheus.HistogramVec
 	ttft     *prometheus.HistogramVec
 	e2e      *prometheus.HistogramVec
-	known    atomic.Pointer[map[string]bool] // the tenants labelled by name; nil: no tenants
-	// labelled are the tenant labels the series may carry: the tenants
-	// named now, and "other" (SetTenants deletes the others' series).
-	mu       sync.Mutex
+	// mu is held for reading from a request's labels to its series'
+	// update, and for writing while SetTenants changes the names and
+	// deletes the series of the names gone: a request labelled with a
+	// name cannot write its series after the name's series were deleted.
+	mu sync.RWMutex
+	// known are the tenants labelled by name (nil: no tenants); labelled
+	// the tenant labels the series may carry: known's, and "other".
+	known    map[string]bool
 	labelled map[string]bool
 }
 
@@ -149,32 +152,30 @@ func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
 // SetTenants labels the series of these tenants by name; others are
 // "other". The series of a tenant no longer named go (a tenant removed on
 // a reload would otherwise keep its series until the router restarted);
-// without tenants, all of them. A request labelled as the names change
-// may leave one of its series back.
+// without tenants, all of them.
 func (m *Metrics) SetTenants(names []string) {
 	if m == nil {
 		return
 	}
-	var known map[string]bool
-	if names != nil {
-		known = make(map[string]bool, len(names))
-		for _, n := range names {
-			known[n] = true
-		}
-		m.tm.known.Store(&known)
-	} else { // no tenants: no series
-		m.tm.known.Store(nil)
-	}
-	m.tm.forget(known)
-}
-
-// forget deletes the series of the tenants not in known ("other"'s only
-// without tenants).
-func (tm *tenantMetrics) forget(known map[string]bool) {
+	tm := m.tm
 	tm.mu.Lock()
 	defer tm.mu.Unlock()
+	if names == nil { // no tenants: no series
+		tm.known = nil
+		clear(tm.labelled)
+		tm.requests.Reset()
+		tm.refused.Reset()
+		tm.wait.Reset()
+		tm.ttft.Reset()
+		tm.e2e.Reset()
+		return
+	}
+	tm.known = make(map[string]bool, len(names))
+	for _, n := range names {
+		tm.known[n] = true
+	}
 	for name := range tm.labelled {
-		if known[name] || (name == tenant.Other && known != nil) {
+		if tm.known[name] || name == tenant.Other {
 			continue
 		}
 		gone := prometheus.Labels{"tenant": name}
@@ -185,22 +186,21 @@ func (tm *tenantMetrics) forget(known map[string]bool) {
 		tm.e2e.DeletePartialMatch(gone)
 		delete(tm.labelled, name)
 	}
-	for name := range known {
+	for name := range tm.known {
 		tm.labelled[name] = true
 	}
-	if known != nil {
-		tm.labelled[tenant.Other] = true
-	}
+	tm.labelled[tenant.Other] = true
 }
 
 // tenantLabels are a request's tenant and priority labels; ok is false
-// without tenants (no series then).
+// without tenants (no series then). Call with tm.mu held for reading,
+// until the series are written.
 func (m *Metrics) tenantLabels(name string, prio int) (t, p string, ok bool) {
-	known := m.tm.known.Load()
+	known := m.tm.known
 	if known == nil {
 		return "", "", false
 	}
-	if !(*known)[name] {
+	if !known[name] {
 		name = tenant.Other
 	}
 	p, named := admit.NamedPriority(prio)
@@ -214,6 +214,8 @@ func (m *Metrics) tenantVerdict(name string, prio int, verdict string) {
 	if m == nil {
 		return
 	}
+	m.tm.mu.RLock()
+	defer m.tm.mu.RUnlock()
 	if t, p, ok := m.tenantLabels(name, prio); ok {
 		m.tm.requests.WithLabelValues(t, p, verdict).Inc()
 	}
@@ -223,6 +225,8 @@ func (m *Metrics) tenantRefused(name string, prio int, reason string) {
 	if m == nil {
 		return
 	}
+	m.tm.mu.RLock()
+	defer m.tm.mu.RUnlock()
 	if t, p, ok := m.tenantLabels(name, prio); ok {
 		m.tm.requests.WithLabelValues(t, p, "refused").Inc()
 		m.tm.refused.WithLabelValues(t, p, reason).Inc()
@@ -233,6 +237,8 @@ func (m *Metrics) tenantWaited(name string, prio int, d time.Duration) {
 	if m == nil {
 		return
 	}
+	m.tm.mu.RLock()
+	defer m.tm.mu.RUnlock()
 	if t, p, ok := m.tenantLabels(name, prio); ok {
 		m.tm.wait.WithLabelValues(t, p).Observe(d.Seconds())
 	}
@@ -242,6 +248,8 @@ func (m *Metrics) tenantServed(name string, prio int, ttft, e2e time.Duration) {
 	if m == nil {
 		return
 	}
+	m.tm.mu.RLock()
+	defer m.tm.mu.RUnlock()
 	t, p, ok := m.tenantLabels(name, prio)
 	if !ok {
 		return

@@ -115,6 +115,9 @@ func CheckName(name string) error {
 	if name == "" || len(name) > MaxName || strings.ContainsAny(name, " \t\r\n,:") {
 		return fmt.Errorf("%q is not a tenant name (1 to %d bytes, no spaces, commas or colons)", name, MaxName)
 	}
+	if name == Other {
+		return fmt.Errorf("%q is not a tenant name: the metrics label the tenants not named so", name)
+	}
 	return nil
 }
 

@@ -36,6 +36,7 @@ func TestConfig(t *testing.T) {
 	}
 	for _, bad := range []map[string]Config{
 		{"a b": {}},
+		{Other: {}}, // the metrics' label of the tenants not named so (2026-12-07, a review)
 		{"x": {Weight: -1}},
 		{"x": {Priority: "urgent"}},
 		{"x": {Priority: "interactive", MaxPriority: "batch"}},

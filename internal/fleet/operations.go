@@ -124,7 +124,7 @@ func AbortOf(uri string, body []byte) (abort []byte, ok bool) {
 // Python (null, "", [], {}, false, 0), as vLLM's "if request_ids" reads
 // it. Nothing else in the body counts.
 func vllmAbort(body []byte) ([]byte, bool) {
-	if !gjson.ValidBytes(body) {
+	if !wire.ValidJSON(body) { // gjson's own recurses per level: a deep body would overflow the stack
 		return nil, false // the engines will refuse it
 	}
 	doc := gjson.ParseBytes(body)

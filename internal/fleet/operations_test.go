@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -98,5 +99,13 @@ func TestVLLMAbortBody(t *testing.T) {
 	}
 	if err := json.Unmarshal(got, &ids); err != nil || len(ids.IDs) != maxAbortIDs {
 		t.Errorf("an abort of %d ids passed on with %d (%v), want %d", maxAbortIDs+11, len(ids.IDs), err, maxAbortIDs)
+	}
+}
+
+// A vLLM abort body nested 8 Mi levels deep is refused, not a crash
+// (2026-12-07, a review: gjson's validator recursed once per level).
+func TestDeepVLLMAbortBodyIsRefused(t *testing.T) {
+	if _, ok := vllmAbort(bytes.Repeat([]byte{'['}, 8<<20)); ok {
+		t.Error("a body of 8 MiB of '[' read as an abort")
 	}
 }

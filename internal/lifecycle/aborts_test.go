@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -523,4 +524,13 @@ func TestRememberedRIDKeepsNotItsBody(t *testing.T) {
 		t.Errorf("32 remembered rids keep %d MiB of heap", (ms.HeapAlloc-before)>>20)
 	}
 	runtime.KeepAlive(&a)
+}
+
+// An abort body nested deeper than a validator that recurses can take
+// (8 MiB of '[', the default max_body_bytes) is refused, not a crash: the
+// router's goroutine stack would pass Go's limit (2026-12-07, a review).
+func TestDeepAbortBodyIsRefused(t *testing.T) {
+	if _, ok := parseAbort(bytes.Repeat([]byte{'['}, 8<<20)); ok {
+		t.Error("a body of 8 MiB of '[' read as an abort")
+	}
 }

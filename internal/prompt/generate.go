@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
 // SGLang's native API, POST /generate (its GenerateReqInput), carries no
@@ -34,7 +36,7 @@ var errGenerate = errors.New("either text or input_ids should be provided: text 
 // case and all.
 func ParseGenerate(body []byte, r *Request) error {
 	*r = Request{Text: r.Text[:0], PromptEnds: r.PromptEnds[:0], Media: r.Media[:0], MaxTokens: DefaultMaxNewTokens, HasMaxTokens: true, N: 1}
-	if !gjson.ValidBytes(body) {
+	if !wire.ValidJSON(body) { // gjson's own recurses per level: a deep body would overflow the stack
 		return errors.New("malformed JSON")
 	}
 	root := gjson.Parse(bytesString(body))

@@ -1,6 +1,7 @@
 package prompt
 
 import (
+	"bytes"
 	"slices"
 	"strings"
 	"testing"
@@ -89,5 +90,14 @@ func TestParseGenerateKeepsNoViewOfTheBody(t *testing.T) {
 	}
 	if r.Model != "m-1" || r.LoRAPath != "sql" || r.RID != "r-1" {
 		t.Errorf("after the body's buffer was reused: model %q, lora_path %q, rid %q", r.Model, r.LoRAPath, r.RID)
+	}
+}
+
+// A /generate body nested 8 Mi levels deep is refused, not a crash
+// (2026-12-07, a review: gjson's validator recursed once per level).
+func TestDeepGenerateBodyIsRefused(t *testing.T) {
+	var r Request
+	if err := ParseGenerate(bytes.Repeat([]byte{'['}, 8<<20), &r); err == nil {
+		t.Error("a body of 8 MiB of '[' parsed")
 	}
 }

@@ -74,7 +74,7 @@ func nativeMeta(v gjson.Result) (finish, abort, usage bool, completion, cached i
 // prompt tokens (-1 when not reported, or for a batch, whose prompts'
 // differ); (0, -1) for a body that is not valid JSON.
 func PeekNativeBody(data []byte) (completionTokens, cachedTokens int) {
-	if !valid(data) {
+	if !ValidJSON(data) {
 		return 0, -1
 	}
 	root := gjson.Parse(bytesString(data))
@@ -101,7 +101,7 @@ func PeekNativeBody(data []byte) (completionTokens, cachedTokens int) {
 // meta_info.finish_reason.type is "abort"; of no completion tokens, it was
 // not answered at all.
 func NativeAbortedUnanswered(body []byte) bool {
-	if !valid(body) {
+	if !ValidJSON(body) {
 		return false
 	}
 	root := gjson.Parse(bytesString(body))

@@ -291,7 +291,7 @@ func (u *usagePeek) details(v gjson.Result, cached *cachedPeek) {
 // scanBody reads them with encoding/json: a body that is not valid JSON,
 // or whose usage fields have the wrong type, gives (0, -1).
 func PeekBody(data []byte) (completionTokens, cachedTokens int) {
-	if !valid(data) {
+	if !ValidJSON(data) {
 		return 0, -1
 	}
 	root := gjson.Parse(bytesString(data))
@@ -321,7 +321,7 @@ func PeekBody(data []byte) (completionTokens, cachedTokens int) {
 // so, with a 200, a request it aborts as it shuts down or pauses;
 // SGLang one aborted by its abort_request).
 func AbortedUnanswered(body []byte) bool {
-	if !bytes.Contains(body, []byte(`"abort"`)) || !valid(body) {
+	if !bytes.Contains(body, []byte(`"abort"`)) || !ValidJSON(body) {
 		return false
 	}
 	root := gjson.Parse(bytesString(body))
@@ -417,11 +417,11 @@ func bytesString(b []byte) string {
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
-// valid reports whether data is valid JSON. gjson's validator recurses once
+// ValidJSON reports whether data is valid JSON. gjson's validator recurses once
 // per level of nesting (a few million '[' overflow the stack, which kills
 // the process), so data that might nest deeper than encoding/json allows
 // (10000) is checked by encoding/json's validator, which does not recurse.
-func valid(data []byte) bool {
+func ValidJSON(data []byte) bool {
 	if bytes.Count(data, []byte{'['})+bytes.Count(data, []byte{'{'}) <= 10000 {
 		return gjson.ValidBytes(data)
 	}
@@ -483,7 +483,7 @@ func lastObject(tail []byte, key string, read func(v gjson.Result) bool) {
 		}
 		rest = bytes.TrimLeft(rest[1:], " \t\r\n")
 		n := objectEnd(rest)
-		if n < 0 || !valid(rest[:n]) {
+		if n < 0 || !ValidJSON(rest[:n]) {
 			continue
 		}
 		if read(gjson.Parse(bytesString(rest[:n]))) {
@@ -547,7 +547,7 @@ func ResponseID(body []byte) string {
 	})
 	switch {
 	case response:
-	case !object && after && !gjson.Valid(bytesString(body)): // cut short before its object
+	case !object && after && !ValidJSON(body): // cut short before its object
 	default:
 		return ""
 	}

@@ -460,7 +460,9 @@ func BenchmarkAbortCoversBigBatch(b *testing.B) {
 // past maxAbortRIDs is read as its first maxAbortRIDs, and a body of
 // millions of short rids is not made into millions of map entries
 // (2026-12-07, a review: an abort of 8 MiB, 944,411 rids, took 56 MiB
-// and 1.6 s to read). Its parse allocates less than twice its size.
+// and 1.6 s to read). Its parse allocates less than three times its size
+// (1.8 measured, 6.3 before the fix; the runtime's counters are the
+// process's, so other goroutines' allocations count too: room for them).
 func TestAbortBodyIsReadInBoundedMemory(t *testing.T) {
 	var b strings.Builder
 	b.WriteString(`{"rid":[`)
@@ -480,7 +482,7 @@ func TestAbortBodyIsReadInBoundedMemory(t *testing.T) {
 	if !ok || len(ab.rids) != maxAbortRIDs || !ab.rids["r0"] || ab.rids[fmt.Sprint("r", maxAbortRIDs)] {
 		t.Fatalf("an abort of %d rids read as %d (ok %v), want its first %d", n, len(ab.rids), ok, maxAbortRIDs)
 	}
-	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 2*uint64(len(body)) {
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 3*uint64(len(body)) {
 		t.Errorf("reading an abort of %d bytes allocated %d", len(body), alloc)
 	}
 	// The same for vLLM's ids, and a short list read whole.

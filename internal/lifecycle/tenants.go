@@ -124,16 +124,14 @@ type tenantMetrics struct {
 	// deletes the series of the names gone: a request labelled with a
 	// name cannot write its series after the name's series were deleted.
 	mu sync.RWMutex
-	// known are the tenants labelled by name (nil: no tenants); labelled
-	// the tenant labels the series may carry: known's, and "other".
-	known    map[string]bool
-	labelled map[string]bool
+	// known are the tenants labelled by name (nil: no tenants): the
+	// series carry these names, or "other".
+	known map[string]bool
 }
 
 func newTenantMetrics(reg prometheus.Registerer) *tenantMetrics {
 	labels := []string{"tenant", "priority"}
 	m := &tenantMetrics{
-		labelled: map[string]bool{},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_tenant_requests_total",
 			Help: "Requests by tenant, priority and how flow control took them: go (at once), held (queued first), refused."}, append(labels, "verdict")),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_tenant_refused_total",
@@ -162,7 +160,6 @@ func (m *Metrics) SetTenants(names []string) {
 	defer tm.mu.Unlock()
 	if names == nil { // no tenants: no series
 		tm.known = nil
-		clear(tm.labelled)
 		tm.requests.Reset()
 		tm.refused.Reset()
 		tm.wait.Reset()
@@ -170,12 +167,12 @@ func (m *Metrics) SetTenants(names []string) {
 		tm.e2e.Reset()
 		return
 	}
-	tm.known = make(map[string]bool, len(names))
+	known := make(map[string]bool, len(names))
 	for _, n := range names {
-		tm.known[n] = true
+		known[n] = true
 	}
-	for name := range tm.labelled {
-		if tm.known[name] || name == tenant.Other {
+	for name := range tm.known {
+		if known[name] {
 			continue
 		}
 		gone := prometheus.Labels{"tenant": name}
@@ -184,12 +181,8 @@ func (m *Metrics) SetTenants(names []string) {
 		tm.wait.DeletePartialMatch(gone)
 		tm.ttft.DeletePartialMatch(gone)
 		tm.e2e.DeletePartialMatch(gone)
-		delete(tm.labelled, name)
 	}
-	for name := range tm.known {
-		tm.labelled[name] = true
-	}
-	tm.labelled[tenant.Other] = true
+	tm.known = known
 }
 
 // tenantLabels are a request's tenant and priority labels; ok is false

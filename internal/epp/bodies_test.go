@@ -66,7 +66,7 @@ func TestBodiesGatheredAreBounded(t *testing.T) {
 
 	held := open() // 900 KiB gathered, its end not come
 	piece(held, 900<<10)
-	eventually(t, "the first body to be gathered", func() bool { return pk.bodies.Used() >= 900<<10 })
+	waitFor(t, "the first body to be gathered", func() bool { return pk.bodies.Used() >= 900<<10 })
 	second := open()
 	piece(second, 900<<10)
 	if code, retry := refusal(second); code != 503 || retry == "" {
@@ -74,7 +74,7 @@ func TestBodiesGatheredAreBounded(t *testing.T) {
 	}
 	second.CloseSend()
 	held.CloseSend()
-	eventually(t, "the bodies' room to be given back as their streams end", func() bool { return pk.bodies.Used() == 0 })
+	waitFor(t, "the bodies' room to be given back as their streams end", func() bool { return pk.bodies.Used() == 0 })
 	third := open()
 	piece(third, 900<<10)
 	send(third, `"}]}`, true)
@@ -82,13 +82,4 @@ func TestBodiesGatheredAreBounded(t *testing.T) {
 		t.Errorf("with the others' streams ended, a body of 900 KiB was refused: %v", r.GetImmediateResponse().GetDetails())
 	}
 	third.CloseSend()
-}
-
-func eventually(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-	}
 }

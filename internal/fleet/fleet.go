@@ -245,7 +245,13 @@ func (f *Fleet) Close() error {
 	return nil
 }
 
-// ProbeOnce probes every replica once, concurrently.
+// ProbeOnce probes every replica once, firstProbes at a time, every
+// firstProbesPace: a burst of hundreds is the router's own load, timed as
+// the network's (2026-12-07, a user's test: 500 local replicas first
+// measured at 37–74 ms, whose estimates, settling, were hundreds of
+// changes of the fleet). Paced, not bounded in number: replicas that
+// never answer would each hold a place for a probe's timeout (a review:
+// 64 hung replicas took two timeouts to start, 500 would take 16).
 func (f *Fleet) ProbeOnce(ctx context.Context) {
 	var wg sync.WaitGroup
 	i := 0
@@ -261,13 +267,7 @@ func (f *Fleet) ProbeOnce(ctx context.Context) {
 	wg.Wait()
 }
 
-// ProbeOnce sends a fleet's first probes firstProbes at a time, every
-// firstProbesPace: a burst of hundreds is the router's own load, timed as
-// the network's (2026-12-07, a user's test: 500 local replicas first
-// measured at 37–74 ms, whose estimates, settling, were hundreds of
-// changes of the fleet). Paced, not bounded in number: replicas that
-// never answer would each hold a place for a probe's timeout (a review:
-// 64 hung replicas took two timeouts to start, 500 would take 16).
+// firstProbes go every firstProbesPace when a fleet starts (ProbeOnce).
 const firstProbes = 32
 
 var firstProbesPace = 10 * time.Millisecond // a variable for tests

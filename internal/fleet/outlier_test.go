@@ -224,13 +224,7 @@ func TestReloadWithAnUnsetAPIKeyIsRefused(t *testing.T) {
 		t.Error("New accepts it")
 	}
 	t.Setenv(env, "sk-test")
-	apply, _, err := f.Prepare(next)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := apply(); err != nil {
-		t.Fatal(err)
-	}
+	applyReload(t, f, next)
 	if u := f.Upstream("z"); u == nil || u.APIKey() != "sk-test" {
 		t.Errorf("z %v, want its key", u)
 	}

@@ -75,20 +75,16 @@ func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) {
 		}
 		s.log.Info("admin change", "who", who(r), "op", "weights", "weights", policy.Format(name, o.Incumbent()), "tuner", "starts from them")
 	}
-	if tuned {
-		out := paramsJSON(pol.Name(), o.Incumbent())
-		out["base"], out["tuned"] = name, true
-		httpapi.WriteJSON(w, http.StatusOK, out)
-		return
+	if !tuned {
+		all := p.Params()
+		maps.Copy(all, v)
+		if err := p.SetParams(all); err != nil {
+			httpapi.Error(w, http.StatusBadRequest, "%v", err)
+			return
+		}
+		s.log.Info("admin change", "who", who(r), "op", "weights", "weights", policy.Format(p.Name(), p.Params()))
 	}
-	all := p.Params()
-	maps.Copy(all, v)
-	if err := p.SetParams(all); err != nil {
-		httpapi.Error(w, http.StatusBadRequest, "%v", err)
-		return
-	}
-	s.log.Info("admin change", "who", who(r), "op", "weights", "weights", policy.Format(p.Name(), p.Params()))
-	httpapi.WriteJSON(w, http.StatusOK, paramsJSON(p.Name(), p.Params()))
+	s.weights(w, r) // the parameters now, as GET shows them
 }
 
 // paramsJSON is a policy's parameters as the admin API shows them.
@@ -152,11 +148,8 @@ func tunerSteps(o *tune.Online, last int) []tunerStep {
 	}
 	out := make([]tunerStep, len(steps))
 	for i, s := range steps {
-		named := s.Values // as the candidate's parameters were then
-		if named == nil {
-			named = o.Named(s.Candidate)
-		}
-		out[i] = tunerStep{Candidate: named, Score: finite(s.Score), IncumbentScore: finite(s.Incumbent), Accepted: s.Accepted, Reason: s.Reason, Sigma: s.Sigma}
+		// Candidate: the values as the parameters were named then.
+		out[i] = tunerStep{Candidate: s.Values, Score: finite(s.Score), IncumbentScore: finite(s.Incumbent), Accepted: s.Accepted, Reason: s.Reason, Sigma: s.Sigma}
 	}
 	return out
 }

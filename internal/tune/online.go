@@ -465,15 +465,6 @@ func (o *Online) Round() Round {
 		Scored: [2]int{min(len(o.samples[0]), w), min(len(o.samples[1]), w)}, Window: w}
 }
 
-// Named returns the tuned parameters' values at p, a point of the
-// parameters tuned now (a verdict's, before StartFrom changed them, has
-// its own: Outcome.Values).
-func (o *Online) Named(p Point) map[string]float64 {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.es.Named(p)
-}
-
 // Objective describes what the tuner minimises and the guards a candidate
 // must keep, e.g. "p95-ttft, guards e2e-p95=1.05".
 func (o *Online) Objective() string {

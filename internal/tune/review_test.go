@@ -162,7 +162,6 @@ func TestStartFromRacesNoReader(t *testing.T) {
 	wg.Go(func() {
 		for range 50 {
 			_ = o.Objective()
-			_ = o.Named(Point{1, 1})
 			_ = o.Config()
 			_ = o.ES()
 		}

@@ -176,12 +176,8 @@ func New(cfg Config, o Options) (*Fleet, error) {
 			ts.Share(f.bus.Charged)
 		}
 	}
-	lm := lifecycle.NewMetrics(o.Registry)
-	if ts != nil {
-		lm.SetTenants(ts.Names())
-	}
 	f.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: cfg.Estimator(), BlockTokens: cfg.BlockTokens,
-		MaxAttempts: cfg.MaxAttempts, Fallbacks: o.Fallbacks, Start: f.start, Health: f, Metrics: lm,
+		MaxAttempts: cfg.MaxAttempts, Fallbacks: o.Fallbacks, Start: f.start, Health: f, Metrics: lifecycle.NewMetrics(o.Registry),
 		Log: o.AccessLog, Seed: cfg.Seed, Admission: adm, Observer: obs, Tap: o.Tap, Aliases: f.aliases, Tenants: ts})
 	if f.bus != nil {
 		// The engines a client's abort reaches serve the others'

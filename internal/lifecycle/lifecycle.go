@@ -136,6 +136,9 @@ func NewCore(cfg Config) *Core {
 		c.adm = &admission{gate: admit.New[*Request](cfg.Admission), kick: make(chan struct{}, 1)}
 	}
 	c.tenants.Store(cfg.Tenants)
+	if cfg.Tenants != nil { // labelled by name, as SetTenants does on a reload
+		cfg.Metrics.SetTenants(cfg.Tenants.Names())
+	}
 	return c
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -309,17 +310,21 @@ func servePolicy(cfg serve.Config, tf *tuneFlags) (policy.Policy, error) {
 		}
 		return tune.NewOnline(oc)
 	}
-	for _, name := range tunerFlags {
-		if tf.set[name] {
-			return nil, fmt.Errorf("--%s is the online tuner's, and the policy runs untuned (tune: false, or --tune=false)", name)
+	// The flags that set the tuner (those tuneFlags registers) mean
+	// nothing without it.
+	fs := flag.NewFlagSet("tuner", flag.ContinueOnError)
+	new(tuneFlags).register(fs)
+	var given string
+	fs.VisitAll(func(f *flag.Flag) {
+		if given == "" && tf.set[f.Name] {
+			given = f.Name
 		}
+	})
+	if given != "" {
+		return nil, fmt.Errorf("--%s is the online tuner's, and the policy runs untuned (tune: false, or --tune=false)", given)
 	}
 	return nil, nil
 }
-
-// tunerFlags are the flags that set the online tuner, which mean nothing
-// without it.
-var tunerFlags = []string{"objective", "guard", "param", "base", "sigma", "window-requests", "hop", "block", "confirm", "early-stop", "burn"}
 
 // describePolicy names the running policy, and what an online tuner tunes
 // (configured: the config's policy).

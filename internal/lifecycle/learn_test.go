@@ -112,9 +112,7 @@ func TestLearnerCountsTheTimeLostBeforeTheFallback(t *testing.T) {
 func TestLearnerHearsNoSLOWhereFlowControlOnlyHolds(t *testing.T) {
 	c0, l, _, _ := setup(t)
 	ts, a := chatAndBatch(t, time.Second)
-	cfg := c0.cfg
-	cfg.Admission, cfg.Tenants = a, ts
-	c := NewCore(cfg)
+	c := withFlow(c0, a, ts)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { c.RunAdmission(ctx); close(done) }()

@@ -18,6 +18,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/router"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -65,6 +66,14 @@ func setup(t *testing.T) (*Core, *learner, *health, *prometheus.Registry) {
 	return c, l, h, reg
 }
 
+// withFlow is a core of c's config with admission a and tenants ts (nil:
+// none) in place of c's.
+func withFlow(c *Core, a admit.Config, ts *tenant.Set) *Core {
+	cfg := c.cfg
+	cfg.Admission, cfg.Tenants = a, ts
+	return NewCore(cfg)
+}
+
 const chat = `{"model":"m","messages":[{"role":"user","content":"` + "a question long enough to fill a few blocks of the prefix index" + `"}],"max_tokens":8,"stream":true}`
 
 // A learning policy hears of the SLOs a request was held to (its class's
@@ -76,9 +85,7 @@ func TestLearnerHearsTheSLOs(t *testing.T) {
 	if err := a.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	cfg := c.cfg
-	cfg.Admission = a
-	c = NewCore(cfg)
+	c = withFlow(c, a, nil)
 	t0 := time.Unix(100, 0)
 	cases := []struct {
 		class, wait time.Duration

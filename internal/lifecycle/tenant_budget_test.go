@@ -250,9 +250,7 @@ func chatAndBatch(t *testing.T, slo time.Duration) (*tenant.Set, admit.Config) {
 func TestSetTenants(t *testing.T) {
 	c0, _, _, _ := setup(t)
 	ts, a := chatAndBatch(t, time.Second)
-	cfg := c0.cfg
-	cfg.Admission, cfg.Tenants = a, ts
-	c := NewCore(cfg)
+	c := withFlow(c0, a, ts)
 	next, err := tenant.New(map[string]tenant.Config{
 		"chat":  {Priority: "interactive", TTFTSLO: time.Second, Weight: 3},
 		"batch": {Priority: "batch"},
@@ -270,6 +268,9 @@ func TestSetTenants(t *testing.T) {
 	c.adm.mu.Unlock()
 	if w["chat"] != 3 || w["eval"] != 1 {
 		t.Errorf("flow control's weights after SetTenants: %v", w)
+	}
+	if t1, _, _ := c.cfg.Metrics.tenantLabels("eval", admit.Standard); t1 != "eval" {
+		t.Errorf("the new tenant's series are labelled %q", t1)
 	}
 }
 

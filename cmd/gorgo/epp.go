@@ -90,7 +90,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	}
 	printTracing(stdout, cfg)
 	gs := grpc.NewServer()
-	picker := epp.New(srv.Fleet)
+	picker := epp.New(srv.Fleet, srv.Registry())
 	picker.Fallbacks = *fallbacks
 	pickerSettings := func(c serve.Config) epp.Settings {
 		return epp.Settings{TenantHeader: c.Proxy.TenantHeader, RefuseOperations: c.Proxy.EngineOperations == "refuse",

@@ -8,6 +8,8 @@ import (
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
 )
@@ -20,7 +22,8 @@ import (
 // bound.
 func TestBodiesGatheredAreBounded(t *testing.T) {
 	f := newFleet(t, admit.Config{})
-	pk := New(f)
+	reg := prometheus.NewRegistry()
+	pk := New(f, reg)
 	pk.SetSettings(Settings{MaxBodyBytes: 1 << 20, MaxBodyBytesInFlight: 3 << 19})
 	c := servePicker(t, pk)
 	open := func() extprocv3.ExternalProcessor_ProcessClient {
@@ -71,6 +74,12 @@ func TestBodiesGatheredAreBounded(t *testing.T) {
 	piece(second, 900<<10)
 	if code, retry := refusal(second); code != 503 || retry == "" {
 		t.Errorf("a second body past the budget: %d, Retry-After %q", code, retry)
+	}
+	if n := testutil.ToFloat64(pk.refused.WithLabelValues("max_body_bytes_in_flight")); n != 1 {
+		t.Errorf("gorgo_refused_total{limit=max_body_bytes_in_flight} = %v, want 1 (as gorgo serve counts it)", n)
+	}
+	if n, err := testutil.GatherAndCount(reg, "gorgo_refused_total"); n != 1 || err != nil {
+		t.Errorf("the registry has %d gorgo_refused_total series (%v), want 1", n, err)
 	}
 	second.CloseSend()
 	held.CloseSend()

@@ -31,6 +31,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -108,6 +109,7 @@ type Server struct {
 	Fallbacks int
 	settings  atomic.Pointer[Settings]
 	bodies    httpapi.Budget // the request bodies being gathered and served
+	refused   *prometheus.CounterVec
 }
 
 // Settings are what of the router's config the picker follows; a reload
@@ -133,9 +135,15 @@ type Settings struct {
 	MaxBodyBytes, MaxBodyBytesInFlight int64
 }
 
-// New returns a picker over the fleet.
-func New(f Fleet) *Server {
-	s := &Server{fleet: f}
+// New returns a picker over the fleet; its own series (requests refused
+// at a limit, as gorgo serve's gorgo_refused_total) are registered on reg
+// (nil: not registered).
+func New(f Fleet, reg prometheus.Registerer) *Server {
+	s := &Server{fleet: f, refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_refused_total",
+		Help: "Requests refused at once because the picker was at a limit (max_body_bytes_in_flight)."}, []string{"limit"})}
+	if reg != nil {
+		reg.MustRegister(s.refused)
+	}
 	s.SetSettings(Settings{})
 	return s
 }
@@ -355,6 +363,7 @@ func (x *exchange) gather(piece []byte) *wire.Error {
 	if n > int64(cap(x.body)) {
 		c := min(max(n, 2*int64(cap(x.body))), limit)
 		if !x.s.bodies.Take(c - int64(cap(x.body))) {
+			x.s.refused.WithLabelValues("max_body_bytes_in_flight").Inc()
 			return httpapi.BodyError(httpapi.ErrBodyBudget)
 		}
 		b := make([]byte, len(x.body), c)

@@ -159,7 +159,7 @@ func TestOperationsGoToEveryReplica(t *testing.T) {
 	mu.Unlock()
 
 	// Refused.
-	pk := New(f)
+	pk := New(f, nil)
 	pk.SetSettings(Settings{RefuseOperations: true})
 	s, err = servePicker(t, pk).Process(context.Background())
 	if err != nil {

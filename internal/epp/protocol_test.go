@@ -72,7 +72,7 @@ func newTenantFleet(t testing.TB, adm admit.Config, tap lifecycle.Tap, ts *tenan
 // picker serves the fleet's picker on loopback and returns a client.
 func picker(t testing.TB, f Fleet) extprocv3.ExternalProcessorClient {
 	t.Helper()
-	pk := New(f)
+	pk := New(f, nil)
 	pk.Fallbacks = 2 // the tests check the list; the default sends the choice alone
 	return servePicker(t, pk)
 }

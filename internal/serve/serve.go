@@ -126,6 +126,10 @@ func New(cfg Config, o Options) (*Server, error) {
 	return s, nil
 }
 
+// Registry is what the router's /metrics serves: a front end built
+// outside Server (gorgo epp's picker) registers its own series there.
+func (s *Server) Registry() *prometheus.Registry { return s.o.Registry }
+
 // Shutdown exports the spans that ended and stops the tracing's exporter,
 // within ctx: call it once the front ends have stopped serving (a no-op
 // without tracing).

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
@@ -154,7 +155,7 @@ func vllmAbort(body []byte) ([]byte, bool) {
 			if n++; id.Type == gjson.String && id.Str != "" && v.IsArray() {
 				ids = append(ids, id.Str)
 			}
-			return n < maxAbortIDs
+			return n < lifecycle.MaxAbortRIDs
 		})
 		if n == 0 {
 			return abortAll, true
@@ -166,11 +167,6 @@ func vllmAbort(body []byte) ([]byte, bool) {
 	abort, _ := json.Marshal(map[string][]string{"request_ids": ids})
 	return abort, true
 }
-
-// maxAbortIDs bounds the ids of a vLLM abort passed on: far more than
-// the engines hold requests (a body of max_body_bytes, millions of short
-// ids, is not made into millions of values first).
-const maxAbortIDs = 1 << 16
 
 // queryFalse reports whether a query parameter reads as false, as the
 // engines' servers (FastAPI) read a boolean.

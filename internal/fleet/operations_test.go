@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/gorgo-llm/gorgo/internal/lifecycle"
 )
 
 // vLLM's /pause and /resume (its development mode's, around a trainer's
@@ -70,7 +72,7 @@ func TestVLLMAbortRequests(t *testing.T) {
 
 // vLLM's /abort_requests reads as vLLM's "if request_ids" does (an abort
 // of all where the ids are missing or read as false in Python), and a
-// list of ids past maxAbortIDs is passed on as its first maxAbortIDs
+// list of ids past lifecycle.MaxAbortRIDs is passed on as its first lifecycle.MaxAbortRIDs
 // (2026-12-07, a review: a body of a million ids was made into a million
 // values first).
 func TestVLLMAbortBody(t *testing.T) {
@@ -89,7 +91,7 @@ func TestVLLMAbortBody(t *testing.T) {
 	}
 	var b strings.Builder
 	b.WriteString(`{"request_ids":["x"`)
-	for i := range maxAbortIDs + 10 {
+	for i := range lifecycle.MaxAbortRIDs + 10 {
 		fmt.Fprintf(&b, `,"i%d"`, i)
 	}
 	b.WriteString(`]}`)
@@ -97,8 +99,8 @@ func TestVLLMAbortBody(t *testing.T) {
 	var ids struct {
 		IDs []string `json:"request_ids"`
 	}
-	if err := json.Unmarshal(got, &ids); err != nil || len(ids.IDs) != maxAbortIDs {
-		t.Errorf("an abort of %d ids passed on with %d (%v), want %d", maxAbortIDs+11, len(ids.IDs), err, maxAbortIDs)
+	if err := json.Unmarshal(got, &ids); err != nil || len(ids.IDs) != lifecycle.MaxAbortRIDs {
+		t.Errorf("an abort of %d ids passed on with %d (%v), want %d", lifecycle.MaxAbortRIDs+11, len(ids.IDs), err, lifecycle.MaxAbortRIDs)
 	}
 }
 

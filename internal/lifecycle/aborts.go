@@ -75,18 +75,19 @@ type abort struct {
 	ids     map[string]bool // vLLM's request ids, matched exactly
 }
 
-// maxAbortRIDs bounds the rids (and the ids) of one abort read: far more
+// MaxAbortRIDs bounds the rids (and the ids) of one abort read (and of
+// a vLLM abort the fleet passes on: fleet.AbortOf): far more
 // than a router's queue holds requests to match them against, so that an
 // abort's body of max_body_bytes, millions of short rids, is not made
 // into millions of map entries while it is handled (2026-12-07, a review:
 // one of 8 MiB took 56 MiB and 1.6 s).
-const maxAbortRIDs = 1 << 16
+const MaxAbortRIDs = 1 << 16
 
 // parseAbort reads an abort's body: SGLang's /abort_request's, {"rid": a
 // string or a list of them} or {"abort_all": true}, or vLLM's
 // /abort_requests', {"request_ids": a list of them, or one}. Rids and ids
 // empty or over maxRIDBytes are left out, and those past the first
-// maxAbortRIDs of a list; ok is false if it names no request.
+// MaxAbortRIDs of a list; ok is false if it names no request.
 func parseAbort(body []byte) (ab abort, ok bool) {
 	if !wire.ValidJSON(body) { // gjson's own recurses per level: a deep body would overflow the stack
 		return abort{}, false
@@ -115,7 +116,7 @@ func parseAbort(body []byte) (ab abort, ok bool) {
 }
 
 // stringOrList calls each with a string, or with each string of a list
-// (its first maxAbortRIDs), leaving out those empty or over maxRIDBytes
+// (its first MaxAbortRIDs), leaving out those empty or over maxRIDBytes
 // (and anything not a string). Each is a copy: gjson's strings are slices
 // of its copy of the whole body, which a rid kept (aborts.note) would
 // keep alive (2026-12-07, a review: 32 aborts of 4 MiB naming a short
@@ -133,7 +134,7 @@ func stringOrList(v gjson.Result, each func(string)) {
 		if n++; ok(r) {
 			each(strings.Clone(r.Str))
 		}
-		return n < maxAbortRIDs
+		return n < MaxAbortRIDs
 	})
 }
 

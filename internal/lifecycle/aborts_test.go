@@ -457,7 +457,7 @@ func BenchmarkAbortCoversBigBatch(b *testing.B) {
 }
 
 // An abort's body is read in bounded memory: a list of rids (or ids)
-// past maxAbortRIDs is read as its first maxAbortRIDs, and a body of
+// past MaxAbortRIDs is read as its first MaxAbortRIDs, and a body of
 // millions of short rids is not made into millions of map entries
 // (2026-12-07, a review: an abort of 8 MiB, 944,411 rids, took 56 MiB
 // and 1.6 s to read). Its parse allocates less than three times its size
@@ -479,16 +479,16 @@ func TestAbortBodyIsReadInBoundedMemory(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	ab, ok := parseAbort(body)
 	runtime.ReadMemStats(&after)
-	if !ok || len(ab.rids) != maxAbortRIDs || !ab.rids["r0"] || ab.rids[fmt.Sprint("r", maxAbortRIDs)] {
-		t.Fatalf("an abort of %d rids read as %d (ok %v), want its first %d", n, len(ab.rids), ok, maxAbortRIDs)
+	if !ok || len(ab.rids) != MaxAbortRIDs || !ab.rids["r0"] || ab.rids[fmt.Sprint("r", MaxAbortRIDs)] {
+		t.Fatalf("an abort of %d rids read as %d (ok %v), want its first %d", n, len(ab.rids), ok, MaxAbortRIDs)
 	}
 	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 3*uint64(len(body)) {
 		t.Errorf("reading an abort of %d bytes allocated %d", len(body), alloc)
 	}
 	// The same for vLLM's ids, and a short list read whole.
 	ab, _ = parseAbort([]byte(strings.Replace(string(body), `"rid"`, `"request_ids"`, 1)))
-	if len(ab.ids) != maxAbortRIDs {
-		t.Errorf("an abort of %d ids read as %d, want %d", n, len(ab.ids), maxAbortRIDs)
+	if len(ab.ids) != MaxAbortRIDs {
+		t.Errorf("an abort of %d ids read as %d, want %d", n, len(ab.ids), MaxAbortRIDs)
 	}
 	if ab, ok := parseAbort([]byte(`{"rid":["a","",7,"b"],"request_ids":"c"}`)); !ok || len(ab.rids) != 2 || !ab.ids["c"] || ab.all {
 		t.Errorf("a short abort: %+v, %v", ab, ok)

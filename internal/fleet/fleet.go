@@ -170,12 +170,8 @@ func New(cfg Config, o Options) (*Fleet, error) {
 			return nil, err
 		}
 		obs = f.bus
-		if ts != nil {
-			// A tenant's budgets are the mesh's: each router charges
-			// what the others charged.
-			ts.Share(f.bus.Charged)
-		}
 	}
+	ts = f.shared(ts)
 	f.core = lifecycle.NewCore(lifecycle.Config{Router: rt, Est: cfg.Estimator(), BlockTokens: cfg.BlockTokens,
 		MaxAttempts: cfg.MaxAttempts, Fallbacks: o.Fallbacks, Start: f.start, Health: f, Metrics: lifecycle.NewMetrics(o.Registry),
 		Log: o.AccessLog, Seed: cfg.Seed, Admission: adm, Observer: obs, Tap: o.Tap, Aliases: f.aliases, Tenants: ts})

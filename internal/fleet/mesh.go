@@ -1,6 +1,9 @@
 package fleet
 
-import "github.com/gorgo-llm/gorgo/internal/mesh"
+import (
+	"github.com/gorgo-llm/gorgo/internal/mesh"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
+)
 
 // joinMesh connects to the mesh bus (running the embedded NATS server
 // first, if the config asks for one).
@@ -28,6 +31,15 @@ func (f *Fleet) joinMesh(mc mesh.Config, region string) error {
 	f.bus, f.abortGrace = b, mc.Defaults().AbortGrace
 	f.log.Info("joined the mesh", "name", mc.Name, "url", mc.URL)
 	return nil
+}
+
+// shared makes ts's budgets the mesh's, if the router is in one (at start
+// and on a reload): each router charges what the others charged.
+func (f *Fleet) shared(ts *tenant.Set) *tenant.Set {
+	if ts != nil && f.bus != nil {
+		ts.Share(f.bus.Charged)
+	}
+	return ts
 }
 
 // leaveMesh closes the bus and the embedded NATS server.

@@ -76,10 +76,7 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 		} else {
 			ts, _ := next.tenants() // validated
 			setTenants = func() {
-				if ts != nil && f.bus != nil {
-					ts.Share(f.bus.Charged)
-				}
-				f.core.SetTenants(ts, time.Now())
+				f.core.SetTenants(f.shared(ts), time.Now())
 				// The reload's own line counts replicas: the tenants say
 				// here what changed (2026-12-07, a user's test: nothing
 				// in the log said so).

@@ -97,6 +97,21 @@ func TestLiveViewInChromium(t *testing.T) {
 			t.Errorf("a replica's round trip shows %q", r)
 		}
 	}
+	// The map: each region with its replicas and mean round trip.
+	var regions []string
+	if err := chromedp.Run(bctx, chromedp.Evaluate(`[...document.querySelectorAll("#map text")].map(t => t.textContent).filter(v => v !== "router")`, &regions)); err != nil {
+		t.Fatal(err)
+	}
+	if len(regions) != 2 {
+		t.Fatalf("the map shows %q, want the two regions", regions)
+	}
+	for _, g := range regions {
+		var name string
+		var n, ms int
+		if _, err := fmt.Sscanf(g, "%s · %d · %d ms", &name, &n, &ms); err != nil || n != 1 || ms <= 0 {
+			t.Errorf("the map shows a region as %q (%v), want its one replica and its round trip", g, err)
+		}
+	}
 	// A decision with its cost terms and, once it ended, its TTFT; charts
 	// with points.
 	var terms string
@@ -243,9 +258,9 @@ func TestLiveViewEndsWithTheRouter(t *testing.T) {
 	<-done
 }
 
-// The live view of a large fleet sends its regions summed and its
-// busiest replicas, as many as the page lists, not every replica each
-// second (2026-12-07, a user's test: 137 KB a second for 500 replicas).
+// The live view sends its regions summed (the map draws them) and, of a
+// large fleet, its busiest replicas, as many as the page lists, not every
+// replica each second (2026-12-07, a user's test: 137 KB a second for 500 replicas).
 func TestLiveViewOfALargeFleet(t *testing.T) {
 	var reps []fleet.ReplicaConfig
 	for i := range 250 {
@@ -266,7 +281,8 @@ func TestLiveViewOfALargeFleet(t *testing.T) {
 		t.Errorf("the regions sum %d replicas, want 250", n)
 	}
 	small := startAdmin(t, testConfig{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
-	if snap := small.admin.snapshot(0); snap["regions"] != nil || len(snap["replicas"].([]uiReplica)) != 1 {
+	snap = small.admin.snapshot(0)
+	if regions, _ := snap["regions"].(map[string]*uiRegion); len(regions) != 1 || len(snap["replicas"].([]uiReplica)) != 1 {
 		t.Errorf("a fleet of one: regions %v, replicas %v", snap["regions"], snap["replicas"])
 	}
 }

@@ -5,7 +5,7 @@
 (function () {
   let token = "";
   const hist = { t: [], ttft50: [], ttft95: [], e2e95: [], rps: [], errors: [], share: {}, rep: {}, w: { rtt: [], queue: [], decode: [], itl: [] } };
-  const MAX = 900, ROWS = 200;
+  const MAX = 900;
   const $ = (s) => document.querySelector(s);
   const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
   const f0 = (v) => (v == null ? "–" : Math.round(v).toLocaleString("en"));
@@ -81,21 +81,14 @@
   }
   const sum = (a) => a.reduce((x, y) => x + (y || 0), 0);
 
-  function drawMap(reps, summed) {
+  function drawMap(summed) { // the regions, summed by the router
     const regions = {};
-    if (summed) { // a large fleet: its regions summed by the router
-      for (const [name, g] of Object.entries(summed)) regions[name || "?"] = { share: g.share_1m, rtt: g.rtt_ms * g.replicas, n: g.replicas, down: g.down };
-    } else {
-      for (const r of reps) {
-        const g = regions[r.region || "?"] || (regions[r.region || "?"] = { share: 0, rtt: 0, n: 0, down: 0 });
-        g.share += r.share_1m; g.rtt += r.rtt_ms; g.n++; if (r.state !== "active") g.down++;
-      }
-    }
+    for (const [name, g] of Object.entries(summed || {})) regions[name || "?"] = { share: g.share_1m, rtt: g.rtt_ms, n: g.replicas, down: g.down };
     const names = Object.keys(regions).sort(), cx = 210, cy = 150, R = 110;
     let svg = `<circle cx="${cx}" cy="${cy}" r="14" fill="#1d2733"/><text x="${cx}" y="${cy + 28}" text-anchor="middle">router</text>`;
     names.forEach((name, i) => {
       const g = regions[name], a = (2 * Math.PI * i) / names.length - Math.PI / 2;
-      const x = cx + R * Math.cos(a), y = cy + R * Math.sin(a), rtt = g.rtt / g.n;
+      const x = cx + R * Math.cos(a), y = cy + R * Math.sin(a), rtt = g.rtt;
       const colour = rtt < 100 ? "#2a7" : rtt < 300 ? "#e80" : "#c22";
       svg += `<line x1="${cx}" y1="${cy}" x2="${x}" y2="${y}" stroke="${colour}" stroke-width="${1 + 14 * g.share}"/>`;
       svg += `<circle cx="${x}" cy="${y}" r="10" fill="${g.down ? "#bbb" : colour}"/>`;
@@ -105,12 +98,10 @@
   }
 
   function drawFleet(reps, count) {
-    // Large fleets: the busiest ROWS replicas (the router sends no more; the map sums regions).
-    let rows = reps;
+    // Of a large fleet the router sends its busiest replicas (the map has every region).
     count = count || reps.length;
-    if (reps.length > ROWS) rows = reps.slice().sort((a, b) => b.in_flight - a.in_flight).slice(0, ROWS);
-    $("#fleet-note").textContent = count > rows.length ? `(the ${rows.length} busiest of ${count})` : `(${count})`;
-    $("#replicas tbody").innerHTML = rows.map((r) => `<tr data-id="${esc(r.id)}" class="${esc(r.state)}">
+    $("#fleet-note").textContent = count > reps.length ? `(the ${reps.length} busiest of ${count})` : `(${count})`;
+    $("#replicas tbody").innerHTML = reps.map((r) => `<tr data-id="${esc(r.id)}" class="${esc(r.state)}">
       <td>${esc(r.id)}</td><td class="region">${esc(r.region)}</td><td class="models">${esc(r.models || "any")}${(r.resident_adapters || []).length ? `<br><small>resident: ${esc(r.resident_adapters.join(", "))}</small>` : ""}</td><td class="state">${esc(r.state)}</td><td class="rtt">${f1(r.rtt_ms)}</td>
       <td>${r.in_flight}</td><td>${f0(r.tokens)}</td><td>${f0(r.backlog)}</td><td>${r.decoding}</td><td>${r.running}</td><td>${r.waiting}</td>
       <td>${r.kv_capacity_tokens ? pct(r.kv_used_tokens / r.kv_capacity_tokens) : "–"}</td><td>${pct(r.cache_hit_rate)}</td><td>${pct(r.share_1m)}</td>
@@ -141,7 +132,7 @@
     $("#policy").textContent = snap.policy;
     for (const p of snap.points || []) push(p);
     drawCharts();
-    drawMap(snap.replicas || [], snap.regions);
+    drawMap(snap.regions);
     drawFleet(snap.replicas || [], snap.replica_count);
     drawDecisions(snap.decisions || []);
     drawTuner(snap.tuner);

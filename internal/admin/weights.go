@@ -31,12 +31,12 @@ func (s *Server) weights(w http.ResponseWriter, r *http.Request) {
 
 // setWeights sets some of the policy's parameters: a JSON object of names
 // and numbers; the others keep their values. The policy validates them.
-// An online tuner starts from them afresh (tune.Online.StartFrom): the
+// An online tuner starts from them afresh (policy.Tuner.StartFrom): the
 // operator's weights are its incumbent, and its start from then on.
 func (s *Server) setWeights(w http.ResponseWriter, r *http.Request) {
 	pol := s.fleet.Policy()
 	p, tunable := pol.(policy.Tunable)
-	o, tuned := pol.(*tune.Online)
+	o, tuned := pol.(policy.Tuner)
 	if !tunable && !tuned {
 		httpapi.Error(w, http.StatusConflict, "policy %s has no weights to set", pol.Name())
 		return

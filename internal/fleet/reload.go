@@ -48,7 +48,7 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 		switch p := f.policy.(type) {
 		case policy.Tunable:
 			set = func() { _ = p.SetParams(resolved) }
-		case startsFrom:
+		case policy.Tuner:
 			// The tuner starts from them, as a restart would start it
 			// (gorgo serve judges the file's weights as a start before
 			// it is applied).
@@ -57,9 +57,6 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 					f.log.Error("the tuner cannot start from the file's weights: it keeps its own", "policy", name, "error", err)
 				}
 			}
-		case policy.Tuner:
-			restart = append(restart, fmt.Sprintf("params of %s (the tuner %s starts from them)", name, p.Name()))
-			next.Params = keepParams(next.Params, name, cur.Params[name])
 		default:
 			restart = append(restart, fmt.Sprintf("params: policy %s takes none while it runs", name))
 			next.Params = keepParams(next.Params, name, cur.Params[name])
@@ -148,13 +145,6 @@ func fixed(cur, next *Config) []string {
 	keep("adapter_load_time", cur.AdapterLoadTime, next.AdapterLoadTime, func() { next.AdapterLoadTime = cur.AdapterLoadTime })
 	keep("adapter_load_times", cur.AdapterLoadTimes, next.AdapterLoadTimes, func() { next.AdapterLoadTimes = cur.AdapterLoadTimes })
 	return out
-}
-
-// startsFrom is a tuner that takes an operator's weights as its start
-// (tune.Online).
-type startsFrom interface {
-	policy.Tuner
-	StartFrom(policy.Values) error
 }
 
 // changedTenants says which tenants the file adds, removes or changes

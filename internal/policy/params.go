@@ -51,13 +51,17 @@ type Tunable interface {
 }
 
 // A Tuner is a policy that tunes another's parameters as it routes (the
-// online tuner): they are shown, not set.
+// online tuner): they are shown, and set only as its start.
 type Tuner interface {
 	Policy
 	// Base names the policy whose parameters it tunes.
 	Base() string
 	// Incumbent returns the best values so far.
 	Incumbent() Values
+	// StartFrom makes an operator's values of some of the base's
+	// parameters the incumbent and the tuner's start from then on (the
+	// others keep theirs); it refuses values the base refuses.
+	StartFrom(Values) error
 }
 
 // Param returns the policy's parameter of that name.

@@ -299,7 +299,7 @@ func servePolicy(cfg serve.Config, tf *tuneFlags) (policy.Policy, error) {
 		if err != nil {
 			return nil, err
 		}
-		return tf.onlineWith(c, cfg.Params[policy.Canonical(tf.base)], nil)
+		return tf.onlineWith(c, cfg.Params[policy.Canonical(tf.base)], false)
 	case cfg.Tuned():
 		if info, ok := policy.Lookup(cfg.Policy); !ok || len(info.Params) == 0 {
 			return nil, nil // the config's validation says why

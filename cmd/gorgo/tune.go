@@ -89,7 +89,7 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	// The tuner's own checks (the objective, the bounds; online, the
 	// blocks) before any output, not after the workload's header.
 	if *mode == "online" {
-		if _, err := tf.onlineWith(cfg, baseParams, nil); err != nil {
+		if _, err := tf.onlineWith(cfg, baseParams, false); err != nil {
 			return err
 		}
 	} else if _, err := tune.NewES(cfg); err != nil {
@@ -222,7 +222,7 @@ func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, b
 }
 
 func tuneOnline(w io.Writer, base sim.Config, tf *tuneFlags, cfg tune.Config, baseW policy.Values) (tuneResult, error) {
-	o, err := tf.onlineWith(cfg, baseW, nil)
+	o, err := tf.onlineWith(cfg, baseW, false)
 	if err != nil {
 		return tuneResult{}, err
 	}

@@ -4,7 +4,6 @@ import (
 	"flag"
 	"fmt"
 	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -135,13 +134,8 @@ func (t *tuneFlags) liveConfig(base string, seed uint64, params policy.Values, s
 	if err != nil {
 		return tune.OnlineConfig{}, err
 	}
-	tunable := slices.Clone(es.Params) // before the start's zeros are left out
-	if len(t.params) == 0 {
-		if err := es.StartFrom(base, params); err != nil {
-			return tune.OnlineConfig{}, err
-		}
-	}
-	return tune.OnlineConfig{ES: es, Base: base, Window: l.window, Hop: l.hop, Block: l.block, Burn: l.burn, Confirm: l.confirm, EarlyStop: l.earlyStop, BaseParams: params, Tunable: tunable}, nil
+	return tune.OnlineConfig{ES: es, Base: base, Window: l.window, Hop: l.hop, Block: l.block, Burn: l.burn, Confirm: l.confirm, EarlyStop: l.earlyStop,
+		BaseParams: params, StartFromBase: len(t.params) == 0}, nil
 }
 
 // live returns the flags with the live settings for those not given.
@@ -243,21 +237,16 @@ func (t *tuneFlags) online(seed uint64, pf *policyFlags) (*tune.Online, error) {
 			return nil, err
 		}
 	}
-	tunable := slices.Clone(cfg.Params) // before the start's zeros are left out
-	if t.asServed && len(t.params) == 0 {
-		// As gorgo serve's: from the weights given (--live-tuner).
-		if err := cfg.StartFrom(t.base, base); err != nil {
-			return nil, err
-		}
-	}
-	return t.onlineWith(cfg, base, tunable)
+	// As gorgo serve's (--live-tuner): from the weights given.
+	return t.onlineWith(cfg, base, t.asServed && len(t.params) == 0)
 }
 
-// onlineWith builds a gorgo-online policy over the base's given values;
-// tunable are the parameters it may tune before the start's zeros were
-// left out (nil: cfg's).
-func (t *tuneFlags) onlineWith(cfg tune.Config, base policy.Values, tunable []tune.Param) (*tune.Online, error) {
-	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, Block: t.block, Burn: t.burn, Confirm: t.confirm, EarlyStop: t.earlyStop, BaseParams: base, Tunable: tunable})
+// onlineWith builds a gorgo-online policy over the base's given values,
+// its tuned parameters starting from them if fromBase
+// (tune.OnlineConfig.StartFromBase).
+func (t *tuneFlags) onlineWith(cfg tune.Config, base policy.Values, fromBase bool) (*tune.Online, error) {
+	return tune.NewOnline(tune.OnlineConfig{ES: cfg, Base: t.base, Window: t.window, Hop: t.hop, Block: t.block, Burn: t.burn, Confirm: t.confirm, EarlyStop: t.earlyStop,
+		BaseParams: base, StartFromBase: fromBase})
 }
 
 // tunedDefaults describes what each policy with parameters tunes by

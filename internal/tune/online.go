@@ -34,11 +34,11 @@ type OnlineConfig struct {
 	// parameter not listed keeps its value here); the base policy's
 	// defaults where it has none.
 	BaseParams policy.Values
-	// Tunable are the parameters the tuner may tune, with their bounds and
-	// starts, before a start's zeros were left out of ES.Params
-	// (Config.StartFrom; default ES.Params): Online.StartFrom starts from
-	// them, as a restart would.
-	Tunable []Param
+	// StartFromBase starts the tuned parameters from BaseParams' values
+	// (Config.StartFrom: their bounds widened to hold them, a 0 not
+	// tuned), as gorgo serve's tuner starts at the operator's weights;
+	// otherwise from ES.Params' starts.
+	StartFromBase bool
 	// History is how many of the latest verdicts Steps keeps (default 256).
 	History int
 	// Confirm makes a candidate that wins its round win a second round,
@@ -68,6 +68,7 @@ type Online struct {
 	mu      sync.Mutex
 	cfg     OnlineConfig
 	es      *ES
+	tunable []Param          // the parameters it may tune (OnlineConfig.ES.Params as given)
 	arms    [2]policy.Policy // incumbent, candidate
 	cand    Point
 	round   int
@@ -127,6 +128,7 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if !ok || len(base.Params) == 0 {
 		return nil, fmt.Errorf("online tuning: the base policy must have parameters (%s), got %q", strings.Join(policy.WithParams(), ", "), cfg.Base)
 	}
+	given := cfg.BaseParams
 	var err error
 	if cfg.BaseParams, err = base.Resolve(cfg.BaseParams); err != nil {
 		return nil, fmt.Errorf("online tuning: %w", err)
@@ -134,10 +136,15 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if len(cfg.ES.Params) == 0 {
 		cfg.ES.Params = DefaultParams(cfg.Base)
 	}
-	if len(cfg.Tunable) == 0 {
-		cfg.Tunable = cfg.ES.Params
+	// What it may tune, before a start's zeros are left out: StartFrom
+	// starts from them, as a restart would.
+	tunable := slices.Clone(cfg.ES.Params)
+	if cfg.StartFromBase {
+		cfg.ES.Params = slices.Clone(tunable) // StartFrom filters in place
+		if err := cfg.ES.StartFrom(cfg.Base, given); err != nil {
+			return nil, err
+		}
 	}
-	cfg.Tunable = slices.Clone(cfg.Tunable)
 	if cfg.Window == 0 {
 		cfg.Window = 128
 	}
@@ -166,7 +173,7 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if err := CheckParams(cfg.Base, es.Config().Params); err != nil {
 		return nil, fmt.Errorf("online tuning: %w", err)
 	}
-	o := &Online{cfg: cfg, es: es, sloOnly: es.Config().Objective == SLOP95}
+	o := &Online{cfg: cfg, es: es, tunable: tunable, sloOnly: es.Config().Objective == SLOP95}
 	if o.arms[0], err = o.policy(es.Incumbent()); err != nil {
 		return nil, err
 	}
@@ -319,7 +326,7 @@ func (o *Online) FleetChanged(why string) {
 // StartFrom makes an operator's values of some of the base policy's
 // parameters the tuner's start, as if it had been started with them (the
 // parameters not given keep what the incumbent routes with now): those
-// it does not tune take them, those it may tune (OnlineConfig.Tunable)
+// it does not tune take them, those it may tune (its ES.Params as given)
 // start from them (their bounds widened to hold them, a 0 not tuned:
 // Config.StartFrom), with the first step size and no drift, and a change
 // of the fleet falls back to them. The round starts afresh with a new
@@ -333,7 +340,7 @@ func (o *Online) StartFrom(values policy.Values) error {
 		v[k] = x
 	}
 	cfg := o.es.Config()
-	cfg.Params = slices.Clone(o.cfg.Tunable) // StartFrom filters in place
+	cfg.Params = slices.Clone(o.tunable) // StartFrom filters in place
 	if err := cfg.StartFrom(o.cfg.Base, v); err != nil {
 		return err
 	}

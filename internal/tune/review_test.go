@@ -172,7 +172,7 @@ func TestStartFromRacesNoReader(t *testing.T) {
 // A verdict keeps its candidate's values by name as they were judged: a
 // StartFrom that stops tuning a parameter (a 0) does not relabel them;
 // and a parameter once given 0 is tuned again when given a positive value
-// (OnlineConfig.Tunable), as a tuner started with it would be (2026-12-07,
+// (Online.tunable), as a tuner started with it would be (2026-12-07,
 // a review: the values took the next parameter's name, and a zeroed
 // parameter stayed untuned for good).
 func TestStartFromKeepsVerdictsAndTunables(t *testing.T) {

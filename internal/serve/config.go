@@ -36,6 +36,13 @@ type Config struct {
 	// Tracing exports OpenTelemetry spans of each request to an OTLP/HTTP
 	// collector (off without an endpoint; a change needs a restart).
 	Tracing tracing.Config `yaml:"tracing"`
+	// TunerState is a file where the online tuner keeps what it learned
+	// (tune.State), so that a restart resumes it rather than start again
+	// from the config's weights: read at start, written when it changes
+	// (at most every 10 s, and at shutdown). Its directory must be
+	// writable. Without it, or for an untuned policy, nothing is kept.
+	// A change needs a restart.
+	TunerState string `yaml:"tuner_state"`
 }
 
 // Defaults returns c with every zero field set to its default.
@@ -63,6 +70,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Tracing.Validate(); err != nil {
 		return err
+	}
+	if info, _ := policy.Lookup(c.Policy); c.TunerState != "" && !c.Tuned() && !info.Tuner {
+		return fmt.Errorf("config: tuner_state: policy %s runs untuned (tune: false, or --tune=false): there is no state to keep", c.Policy)
 	}
 	return c.Proxy.Validate()
 }

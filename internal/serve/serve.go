@@ -61,6 +61,7 @@ type Server struct {
 	Proxy *proxy.Server
 
 	tracing *tracing.Tracing
+	tuner   *tunerState // keeps the online tuner's state (tuner_state); nil: none
 
 	o       Options
 	reloads *prometheus.CounterVec
@@ -117,6 +118,11 @@ func New(cfg Config, o Options) (*Server, error) {
 	if s.tracing.Enabled() {
 		f.Core().SetTracer(s.tracing.Tracer())
 	}
+	if cfg.TunerState != "" {
+		if s.tuner, err = resumeTuner(f.Policy(), cfg.TunerState, o.Log); err != nil {
+			return nil, errors.Join(err, s.tracing.Shutdown(context.Background()), f.Close())
+		}
+	}
 	s.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_config_reloads_total",
 		Help: "Config reloads, by result (applied, unchanged, failed)."}, []string{"result"})
 	o.Registry.MustRegister(s.reloads)
@@ -149,6 +155,9 @@ func (s *Server) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.Fleet.Run(ctx) })
 	g.Go(func() error { return s.Admin.Run(ctx) })
+	if s.tuner != nil {
+		g.Go(func() error { s.tuner.keep(ctx); return nil })
+	}
 	if s.o.Path != "" {
 		g.Go(func() error { s.pollConfig(ctx); return nil })
 	}
@@ -223,6 +232,10 @@ func (s *Server) apply(next Config) error {
 	if !next.Tracing.Equal(cur.Tracing) {
 		restart = append(restart, "tracing")
 		next.Tracing = cur.Tracing
+	}
+	if next.TunerState != cur.TunerState {
+		restart = append(restart, "tuner_state")
+		next.TunerState = cur.TunerState
 	}
 	applyAdmin()
 	applyProxy()

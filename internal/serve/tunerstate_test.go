@@ -1,0 +1,134 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorgo-llm/gorgo/internal/fleet"
+	"github.com/gorgo-llm/gorgo/internal/policy"
+	"github.com/gorgo-llm/gorgo/internal/tune"
+)
+
+// A router whose config names a tuner_state keeps what its online tuner
+// learned there, and a restart resumes it; a restart whose config's
+// weights changed starts from them instead, and says so; a file that
+// cannot be read is replaced, the router started.
+func TestTunerStateSurvivesARestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tuner.json")
+	// router starts a router with the default policy tuned from weights,
+	// as gorgo serve builds it, and returns it, its tuner and its log.
+	router := func(weights policy.Values) (*Server, *tune.Online, *bytes.Buffer) {
+		t.Helper()
+		o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, BaseParams: weights, StartFromBase: weights != nil, ES: tune.Config{Seed: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var log bytes.Buffer
+		cfg := Config{TunerState: path, Config: fleet.Config{ProbeInterval: time.Hour, ScrapeInterval: time.Hour,
+			Replicas: []fleet.ReplicaConfig{{ID: "a", URL: "http://127.0.0.1:1", Region: "ra"}}}}
+		s, err := New(cfg, Options{Policy: o, Log: slog.New(slog.NewTextHandler(&log, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, o, &log
+	}
+	// stop runs the router until it is stopped, as gorgo serve's run ends.
+	stop := func(s *Server) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
+		cancel()
+		if err := <-done; err != nil && err != context.Canceled {
+			t.Fatal(err)
+		}
+	}
+
+	first, o1, log := router(nil)
+	if !strings.Contains(log.String(), "no state kept yet") {
+		t.Errorf("a first start's log: %s", log)
+	}
+	// What it learned: an incumbent away from the start.
+	learned := o1.State()
+	for k := range learned.Incumbent {
+		learned.Incumbent[k] *= 1.5
+	}
+	if err := o1.Restore(learned); err != nil {
+		t.Fatal(err)
+	}
+	stop(first)
+	got, err := readTunerState(path)
+	if err != nil || !got.Equal(o1.State()) {
+		t.Fatalf("the state written: %+v (%v), want %+v", got, err, o1.State())
+	}
+
+	second, o2, log := router(nil)
+	if !maps.Equal(o2.Incumbent(), o1.Incumbent()) || !strings.Contains(log.String(), "resumes") {
+		t.Errorf("after a restart the tuner routes with %v, want %v; log: %s", o2.Incumbent(), o1.Incumbent(), log)
+	}
+	// A reload cannot move the file: the tuner keeps writing where it
+	// read (a restart moves it).
+	next := second.Config()
+	next.TunerState = filepath.Join(filepath.Dir(path), "elsewhere.json")
+	if err := second.Apply(next); err != nil || second.Config().TunerState != path || !strings.Contains(log.String(), "needs_restart=tuner_state") {
+		t.Errorf("a reload moving tuner_state: %v, now %q; log: %s", err, second.Config().TunerState, log)
+	}
+	stop(second)
+
+	// The config's weights changed: they win.
+	var key string
+	for k := range learned.Start {
+		key = k
+	}
+	changed := policy.Values{key: learned.Start[key] * 2}
+	third, o3, log := router(changed)
+	if o3.Incumbent()[key] != changed[key] || !strings.Contains(log.String(), "not resumed") {
+		t.Errorf("with the config's %s changed to %v the tuner routes with %v; log: %s", key, changed[key], o3.Incumbent(), log)
+	}
+	stop(third)
+	if got, err := readTunerState(path); err != nil || got.Start[key] != changed[key] {
+		t.Errorf("the state kept after it: %+v (%v), want the new start's", got, err)
+	}
+
+	// A file that cannot be read: the router starts, and replaces it.
+	if err := os.WriteFile(path, []byte("{"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fourth, _, log := router(nil)
+	if !strings.Contains(log.String(), "cannot be read") {
+		t.Errorf("a broken state's log: %s", log)
+	}
+	stop(fourth)
+	if _, err := readTunerState(path); err != nil {
+		t.Errorf("the broken state was not replaced: %v", err)
+	}
+}
+
+// tuner_state without an online tuner, or where its file cannot be
+// written, is refused at start, not found out at the first save.
+func TestTunerStateRefused(t *testing.T) {
+	reps := []fleet.ReplicaConfig{{ID: "a", URL: "http://127.0.0.1:1", Region: "ra"}}
+	untuned := Config{TunerState: filepath.Join(t.TempDir(), "tuner.json"), Config: fleet.Config{Replicas: reps}}
+	if _, err := New(untuned, Options{}); err == nil || !strings.Contains(err.Error(), "not tuned online") {
+		t.Errorf("tuner_state with no tuner: %v", err)
+	}
+	off := false
+	untuned.Tune = &off
+	if _, err := New(untuned, Options{}); err == nil || !strings.Contains(err.Error(), "runs untuned") {
+		t.Errorf("tuner_state with tune: false: %v", err)
+	}
+	o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nowhere := Config{TunerState: filepath.Join(t.TempDir(), "missing", "tuner.json"), Config: fleet.Config{Replicas: reps}}
+	if _, err := New(nowhere, Options{Policy: o}); err == nil || !strings.Contains(err.Error(), "cannot write") {
+		t.Errorf("tuner_state in a directory that does not exist: %v", err)
+	}
+}

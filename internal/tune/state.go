@@ -1,0 +1,116 @@
+package tune
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/gorgo-llm/gorgo/internal/policy"
+)
+
+// State is what an online tuner has learned, to resume it after a restart
+// (gorgo serve's tuner_state): the policy it tunes, the values its tuned
+// parameters started from, its incumbent, its step size, and how far the
+// incumbent has moved on each guarded metric since the start (so that a
+// restart does not give the guard its whole allowance again). A round's
+// outcomes are not kept: the first round after a restart starts afresh.
+type State struct {
+	Policy    string             `json:"policy"`
+	Start     map[string]float64 `json:"start"`
+	Incumbent map[string]float64 `json:"incumbent"`
+	Sigma     float64            `json:"sigma"`
+	Drift     map[string]float64 `json:"drift,omitempty"`
+}
+
+// Equal reports whether s and t are the same state.
+func (s State) Equal(t State) bool {
+	return s.Policy == t.Policy && s.Sigma == t.Sigma &&
+		maps.Equal(s.Start, t.Start) && maps.Equal(s.Incumbent, t.Incumbent) && maps.Equal(s.Drift, t.Drift)
+}
+
+// Moved reports whether the incumbent is not the start.
+func (s State) Moved() bool { return !maps.Equal(s.Start, s.Incumbent) }
+
+// State returns what the tuner has learned so far.
+func (o *Online) State() State {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	e := o.es
+	s := State{Policy: o.cfg.Base, Start: map[string]float64{}, Incumbent: e.Named(e.inc), Sigma: e.sigma}
+	for _, p := range e.cfg.Params {
+		s.Start[p.Name] = p.Init
+	}
+	for i, g := range e.cfg.Guards {
+		if s.Drift == nil {
+			s.Drift = map[string]float64{}
+		}
+		s.Drift[g.Metric] = e.drift[i]
+	}
+	return s
+}
+
+// Restore resumes what a tuner with the same start learned (State): its
+// incumbent routes, and is measured against a new candidate drawn from the
+// restored step size. A fleet change falls back to the start, as before
+// the restart. It refuses, changing nothing, a state of another policy or
+// another start (the operator's weights changed since, or the parameters
+// tuned: they win), or one whose values are out of the tuner's bounds.
+func (o *Online) Restore(s State) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	e := o.es
+	if policy.Canonical(s.Policy) != o.cfg.Base {
+		return fmt.Errorf("it is the tuner's of %s; this one tunes %s", s.Policy, o.cfg.Base)
+	}
+	start := map[string]float64{}
+	for _, p := range e.cfg.Params {
+		start[p.Name] = p.Init
+	}
+	if !maps.Equal(start, s.Start) {
+		return fmt.Errorf("it started from %s, this tuner from %s (the weights or the parameters tuned changed since)", formatValues(s.Start), formatValues(start))
+	}
+	inc := make(Point, len(e.cfg.Params))
+	for i, p := range e.cfg.Params {
+		v, ok := s.Incumbent[p.Name]
+		if !ok || !(v >= p.Min && v <= p.Max) {
+			return fmt.Errorf("its incumbent %s = %v is outside [%v, %v]", p.Name, s.Incumbent[p.Name], p.Min, p.Max)
+		}
+		inc[i] = v
+	}
+	if len(s.Incumbent) != len(inc) {
+		return fmt.Errorf("its incumbent %s has parameters this tuner does not tune", formatValues(s.Incumbent))
+	}
+	drift := make([]float64, len(e.cfg.Guards))
+	for i, g := range e.cfg.Guards {
+		d, ok := s.Drift[g.Metric]
+		if !ok || !(d > 0) || math.IsInf(d, 0) {
+			return fmt.Errorf("its drift of %s is %v, want a positive ratio", g.Metric, s.Drift[g.Metric])
+		}
+		drift[i] = d
+	}
+	if !(s.Sigma >= e.cfg.SigmaMin && s.Sigma <= e.cfg.SigmaMax) {
+		return fmt.Errorf("its step size %v is outside [%v, %v]", s.Sigma, e.cfg.SigmaMin, e.cfg.SigmaMax)
+	}
+	p, err := o.policy(inc)
+	if err != nil {
+		return err
+	}
+	e.inc, e.drift, e.sigma = inc, drift, s.Sigma
+	o.arms[0] = p
+	o.moved = s.Moved()
+	if err := o.next(); err != nil {
+		o.arms[1] = o.arms[0]
+	}
+	return nil
+}
+
+// formatValues writes values as name=value, sorted by name.
+func formatValues(v map[string]float64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(v)) {
+		parts = append(parts, fmt.Sprintf("%s=%v", k, v[k]))
+	}
+	return "{" + strings.Join(parts, " ") + "}"
+}

@@ -1,0 +1,116 @@
+package tune
+
+import (
+	"encoding/json"
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/gorgo-llm/gorgo/internal/policy"
+)
+
+// newGuarded is the default policy's online tuner, as gorgo serve's
+// (guarded on p95 E2E), from the given weights.
+func newGuarded(t *testing.T, weights policy.Values) *Online {
+	t.Helper()
+	o, err := NewOnline(OnlineConfig{Base: policy.DefaultName, BaseParams: weights, StartFromBase: weights != nil,
+		ES: Config{Seed: 1, Guards: []Guard{{Metric: "e2e-p95", MaxRatio: 1.05}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// A tuner's state resumes in a tuner with the same start: its incumbent
+// routes, its step size and its guard's drift are what they were, and a
+// fleet change still falls back to the start.
+func TestStateRestores(t *testing.T) {
+	a := newGuarded(t, nil)
+	start := a.Incumbent()
+	a.mu.Lock()
+	for i := range a.es.inc {
+		a.es.inc[i] *= 1.5 // as if it had learned
+	}
+	a.es.sigma, a.es.drift[0] = 0.12, 1.03
+	a.mu.Unlock()
+	st := a.State()
+	if !st.Moved() || st.Sigma != 0.12 || st.Drift["e2e-p95"] != 1.03 || st.Policy != policy.DefaultName {
+		t.Fatalf("state %+v", st)
+	}
+	// As written to a file and read back.
+	data, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var read State
+	if err := json.Unmarshal(data, &read); err != nil || !read.Equal(st) {
+		t.Fatalf("read back %+v (%v), want %+v", read, err, st)
+	}
+
+	b := newGuarded(t, nil)
+	if err := b.Restore(read); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := b.Incumbent(), a.Incumbent(); !maps.Equal(got, want) {
+		t.Errorf("restored incumbent %v, want %v", got, want)
+	}
+	if got := b.State(); !got.Equal(st) {
+		t.Errorf("restored state %+v, want %+v", got, st)
+	}
+	if b.Round().Candidate == nil {
+		t.Error("no candidate drawn after the restore")
+	}
+	b.FleetChanged("replica c added")
+	if got := b.Incumbent(); !maps.Equal(got, start) {
+		t.Errorf("after a fleet change the incumbent is %v, want the start %v", got, start)
+	}
+	if n, _ := b.Resets(); n != 1 {
+		t.Errorf("%d fallbacks counted, want 1", n)
+	}
+}
+
+// A state is not resumed, and nothing changes, where it is not this
+// tuner's to resume: another policy's, another start's (the operator's
+// weights changed since), values out of bounds, a guard's drift missing.
+func TestStateRefused(t *testing.T) {
+	a := newGuarded(t, nil)
+	good := a.State()
+	edit := func(f func(*State)) State {
+		s := good
+		s.Start, s.Incumbent, s.Drift = maps.Clone(good.Start), maps.Clone(good.Incumbent), maps.Clone(good.Drift)
+		f(&s)
+		return s
+	}
+	name := a.ES().Config().Params[0].Name
+	cases := []struct {
+		state State
+		want  string
+	}{
+		{edit(func(s *State) { s.Policy = "gorgo" }), "tuner's of gorgo"},
+		{edit(func(s *State) { s.Start[name] *= 2 }), "started from"},
+		{edit(func(s *State) { delete(s.Start, name) }), "started from"},
+		{edit(func(s *State) { s.Incumbent[name] = 1e9 }), "outside"},
+		{edit(func(s *State) { delete(s.Incumbent, name) }), "outside"},
+		{edit(func(s *State) { s.Incumbent["gain"] = 1 }), "does not tune"},
+		{edit(func(s *State) { s.Drift = nil }), "drift"},
+		{edit(func(s *State) { s.Drift["e2e-p95"] = -1 }), "drift"},
+		{edit(func(s *State) { s.Sigma = 0 }), "step size"},
+	}
+	for _, c := range cases {
+		b := newGuarded(t, nil)
+		before := b.State()
+		err := b.Restore(c.state)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error saying %q", c.state, err, c.want)
+		}
+		if !b.State().Equal(before) {
+			t.Errorf("%+v: refused, yet the tuner changed", c.state)
+		}
+	}
+	// Started from other weights: the state of the config's old weights
+	// is not this tuner's.
+	other := newGuarded(t, policy.Values{name: good.Start[name] * 2})
+	if err := other.Restore(good); err == nil {
+		t.Error("a tuner started from other weights resumed the old start's state")
+	}
+}

@@ -150,6 +150,32 @@ func TestModelListIsTheUnion(t *testing.T) {
 	if got := strings.Join(ids(), ","); got != "model-a,sql,chat" {
 		t.Errorf("with b drained: %s", got)
 	}
+	// Down, not gone: as a request for it is answered, a 503 to retry
+	// (2026-12-07, a user's test with OpenAI's SDK: a 404, which it does
+	// not retry, for a model whose replica was ejected).
+	resp, err := http.Get(url + "/v1/models/model-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "model-b") {
+		t.Errorf("/v1/models/model-b with its replica drained: %d, Retry-After %q, %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if code, _ := do(t, "GET", url+"/v1/models/nope", ""); code != 404 {
+		t.Errorf("/v1/models/nope with b drained: %d", code)
+	}
+	// None available: a 503 with Retry-After, as every 503 the router
+	// answers has (the list's had none).
+	s.Drain("a")
+	s.Drain("c")
+	if resp, err = http.Get(url + "/v1/models"); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("/v1/models with every replica drained: %d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
 }
 
 // A model no replica serves is a 404 at once, trying no replica; a known

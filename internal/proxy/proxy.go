@@ -337,5 +337,13 @@ func (s *Server) handleGet(w http.ResponseWriter, r *http.Request) {
 		httpapi.Error(w, http.StatusNotFound, "no replica tried serves %s %s", r.Method, r.URL.Path)
 		return
 	}
-	httpapi.Error(w, http.StatusServiceUnavailable, "no available replica")
+	httpapi.WriteError(w, noReplica())
+}
+
+// noReplica is the 503 for a request no replica is available to serve,
+// with its Retry-After, as the lifecycle answers it.
+func noReplica() *wire.Error {
+	e := wire.Errorf(http.StatusServiceUnavailable, "no available replica")
+	e.RetryAfter = "5"
+	return e
 }

@@ -261,6 +261,7 @@ type Request struct {
 	kind      Kind
 	rids      []string // its rids (Parsed.RID's), by which a client aborts it
 	engineIDs []string // the ids vLLM's engine knows it by (readEngineIDs), matched exactly
+	logID     string   // the access log's name for it (Incoming.LogID)
 
 	tr reqTrace // see tracing.go
 }

@@ -18,8 +18,10 @@ type Incoming struct {
 	// Session is the client's session header (empty if none).
 	Session string
 	// RequestID is the client's X-Request-Id header, which vLLM's engine
-	// knows the request by (empty if none).
-	RequestID string
+	// knows the request by (empty if none). LogID is the id the client is
+	// answered with (its own, or one the front end made): the access log
+	// names the request by it.
+	RequestID, LogID string
 	// Received is when the request arrived.
 	Received time.Time
 	// Allowed, if set, restricts the decision to the replicas it accepts (a
@@ -129,6 +131,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		return e.Status
 	}
 	r.readEngineIDs(in.RequestID)
+	r.logID = in.LogID
 	r.Route.Allowed, r.Route.Tenant, r.Route.Endpoint = in.Allowed, in.Tenant, in.Endpoint
 	stored := r.Parsed.PreviousResponseID
 	if stored == "" {

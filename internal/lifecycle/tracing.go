@@ -296,9 +296,12 @@ func (r *Request) traceEnd(status int, at time.Time, err error) {
 	sp.End(trace.WithTimestamp(at))
 }
 
-// traceLog adds the request's trace id to an access log line's attributes
-// when it has a valid span context.
+// traceLog adds the request's id (Incoming.LogID), and its trace id when
+// it has a valid span context, to an access log line's attributes.
 func (r *Request) traceLog(attrs ...any) []any {
+	if r.logID != "" {
+		attrs = append(attrs, "request_id", r.logID)
+	}
 	if r.tr.span == nil {
 		return attrs
 	}

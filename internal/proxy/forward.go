@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -43,7 +44,8 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 			return
 		}
 		x := exchange{s: s, cfg: cfg, w: w, r: r}
-		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), RequestID: r.Header.Get("X-Request-Id"), Received: received, Stored: wire.StoredID(r.URL.Path), Endpoint: r.URL.Path,
+		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), RequestID: r.Header.Get("X-Request-Id"), LogID: w.Header().Get("X-Request-Id"),
+			Received: received, Stored: wire.StoredID(r.URL.Path), Endpoint: r.URL.Path,
 			Ask:    tenant.Ask{Priority: r.Header.Get(tenant.PriorityHeader), TTFTSLO: r.Header.Get(tenant.TTFTSLOHeader), TPOTSLO: r.Header.Get(tenant.TPOTSLOHeader)},
 			Header: w.Header()}
 		var err error
@@ -670,7 +672,21 @@ func isEventStream(h http.Header) bool {
 
 // private are the replica's response headers that say things about it the
 // client has no use for.
-var private = map[string]bool{"Server": true, "Set-Cookie": true}
+var private = map[string]bool{"Server": true, "Set-Cookie": true, "X-Request-Id": true}
+
+// answerRequestID answers the request with an X-Request-Id, the client's
+// or one made here, as OpenAI answers every request with one (its SDKs
+// show it as the request's id), and the access log names the request by
+// the same (Incoming.LogID); a replica's own is not passed on. A made one
+// is not sent to the replicas: vLLM would take it over the body's
+// request_id, by which the client may abort the request.
+func answerRequestID(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get("X-Request-Id")
+	if id == "" {
+		id = "req_" + rand.Text()
+	}
+	w.Header().Set("X-Request-Id", id)
+}
 
 // forwardHeaders copies a client's request headers for the replica, less
 // the hop-by-hop ones (those its Connection names too), and adds the

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -538,4 +539,55 @@ func TestCompleteStreamIsNot499(t *testing.T) {
 	} else if !strings.Contains(m, `gorgo_ttft_forecasts_total{outcome="within",replica="a"} 1`) && !strings.Contains(m, `gorgo_ttft_forecasts_total{outcome="beyond",replica="a"} 1`) {
 		t.Error("its first token is missing from gorgo_ttft_forecasts_total")
 	}
+}
+
+// Every answer carries an X-Request-Id, as OpenAI's do (its SDKs show it
+// as the request's id): the client's own, or one made here, never the
+// replica's; the access log names the request by it; a made one is not
+// sent to the replica (vLLM would take it over the body's request_id).
+// 2026-12-07, a user's test with OpenAI's SDK: no answer had one, and
+// nothing matched a client's report to a log line.
+func TestAnswersCarryARequestID(t *testing.T) {
+	const key = "sk-aaaaaaaaaaaaaaaaaaaa"
+	var got atomic.Value
+	got.Store("")
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		got.Store(r.Header.Get("X-Request-Id"))
+		w.Header().Set("X-Request-Id", "the-engine's-own")
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]}`)
+	})
+	var log servetest.Log
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{Auth: AuthConfig{KeysFile: keysFile(t, "team-a "+key+"\n")}},
+		AccessLog: slog.New(slog.NewTextHandler(&log, nil))}, up)
+	send := func(path, id, bearer string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest("POST", url+path, strings.NewReader(chatBody("hi", 1, false)))
+		if id != "" {
+			req.Header.Set("X-Request-Id", id)
+		}
+		req.Header.Set("Authorization", "Bearer "+bearer)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	if resp := send("/v1/chat/completions", "client-7", key); resp.StatusCode != 200 || resp.Header.Get("X-Request-Id") != "client-7" || got.Load() != "client-7" {
+		t.Errorf("the client's id: %d, answered %q, sent %q", resp.StatusCode, resp.Header.Get("X-Request-Id"), got.Load())
+	}
+	a, b := send("/v1/chat/completions", "", key), send("/v1/chat/completions", "", key)
+	ida, idb := a.Header.Get("X-Request-Id"), b.Header.Get("X-Request-Id")
+	if !strings.HasPrefix(ida, "req_") || !strings.HasPrefix(idb, "req_") || ida == idb || got.Load() != "" {
+		t.Errorf("made ids %q and %q (the replica got %q)", ida, idb, got.Load())
+	}
+	if resp := send("/v1/chat/completions", "", "wrong"); resp.StatusCode != 401 || !strings.HasPrefix(resp.Header.Get("X-Request-Id"), "req_") {
+		t.Errorf("a refusal: %d, id %q", resp.StatusCode, resp.Header.Get("X-Request-Id"))
+	}
+	servetest.Eventually(t, "the access log to name the requests", func() bool {
+		return strings.Contains(log.String(), "request_id=client-7") && strings.Contains(log.String(), "request_id="+ida)
+	})
 }

@@ -890,8 +890,25 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if errors.Is(upErr, context.Canceled) && r.Context().Err() == nil {
 			upErr = fmt.Errorf("no byte from the replica for %v", idle)
 		}
+		if a.stream && !over && clientErr == nil {
+			// The stream broke off between events: say so in an event of
+			// its own, as the engines say an error mid-stream, before the
+			// connection is cut (the handler's part), so that a client
+			// reading events (OpenAI's SDKs throw on an event's "error")
+			// has a reason, not a bare cut.
+			e := wire.Errorf(http.StatusBadGateway, "the replica's answer broke off (%s): it is incomplete", req.Replica())
+			deadline(0)
+			if _, clientErr = w.Write(sseEvent(e.JSON())); clientErr == nil && fl != nil {
+				fl.Flush()
+			}
+		}
 	}
 	return lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil, Err: upErr}
+}
+
+// sseEvent is a JSON value (its trailing newline dropped) as an SSE event.
+func sseEvent(v []byte) []byte {
+	return append(append([]byte("data: "), bytes.TrimRight(v, "\n")...), "\n\n"...)
 }
 
 // eventEnd returns how many bytes of b end the SSE event being passed

@@ -168,7 +168,9 @@ func TestHungReplicaIsGivenUpOn(t *testing.T) {
 }
 
 // Once bytes reached the client, a replica dying mid-stream cuts the
-// client's stream: it must not look like a complete answer.
+// client's stream: it must not look like a complete answer. An event
+// before the cut says why, as the engines' error events do (2026-12-07,
+// a user's test: OpenAI's SDK threw a bare "terminated", no APIError).
 func TestMidStreamFailureCutsTheStream(t *testing.T) {
 	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" {
@@ -193,6 +195,13 @@ func TestMidStreamFailureCutsTheStream(t *testing.T) {
 	}
 	if !strings.Contains(string(body), " half") {
 		t.Errorf("the bytes before the failure did not reach the client: %q", body)
+	}
+	events := strings.Split(strings.TrimSpace(string(body)), "\n\n")
+	var last struct {
+		Error struct{ Message string } `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimPrefix(events[len(events)-1], "data: ")), &last); err != nil || !strings.Contains(last.Error.Message, "broke off") {
+		t.Errorf("the stream's last event %q (%v), want an error saying it broke off", events[len(events)-1], err)
 	}
 	if st := s.Router().Replicas(); st[0].InFlight != 0 {
 		t.Errorf("the request is still in flight: %+v", st[0])

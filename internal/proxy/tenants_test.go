@@ -70,6 +70,16 @@ func TestTenantTokenBudget(t *testing.T) {
 	if n := counter(t, s.reg, "gorgo_tenant_refused_total", map[string]string{"tenant": "a", "priority": "standard", "reason": "budget"}); n != 1 {
 		t.Errorf("budget refusals counted: %v, want 1", n)
 	}
+	if !strings.Contains(body, `"code":"rate_limit_exceeded"`) || h.Get("X-Should-Retry") != "" {
+		t.Errorf("a refusal to retry later: X-Should-Retry %q, %s", h.Get("X-Should-Retry"), body)
+	}
+	// A prompt larger than the whole budget never goes: no Retry-After,
+	// and OpenAI's SDKs told not to retry it (2026-12-07, a user's test:
+	// the SDK sent it three times).
+	code, body, h = send(t, url, chatBody(strings.Repeat("word ", 800), 2, false), who)
+	if code != 429 || h.Get("Retry-After") != "" || h.Get("X-Should-Retry") != "false" || !strings.Contains(body, "more than tenant a's budget") {
+		t.Errorf("a prompt over the whole budget: %d, Retry-After %q, X-Should-Retry %q, %s", code, h.Get("Retry-After"), h.Get("X-Should-Retry"), body)
+	}
 	// Another tenant is not held back.
 	if code, body, _ := send(t, url, chatBody(prompt, 2, false), nil); code != 200 {
 		t.Errorf("the default tenant: %d %s", code, body)

@@ -170,7 +170,7 @@ func (t *tuneFlags) register(fs *flag.FlagSet) {
 	for _, o := range tune.Objectives() {
 		objs = append(objs, string(o))
 	}
-	fs.StringVar(&t.objective, "objective", string(tune.P95TTFT), "metric the tuner minimises: "+joinNames(objs)+" (slo-p95: the p95 of each request's TTFT over its TTFT SLO, or time per output token over its TPOT SLO, whichever is nearer missing; online, over requests with SLOs; the live tuner's default where they have them)")
+	fs.StringVar(&t.objective, "objective", string(tune.P95TTFT), "metric the tuner minimises: "+joinNames(objs)+" (slo-p95: the p95 of each request's TTFT over its TTFT SLO, or time per output token over its TPOT SLO, whichever is nearer missing; online, over requests with SLOs; the live tuner's default where they have them. The TTFT objectives learn from streams alone; p95-e2e and p95-e2e-per-token, each request's E2E over its answer's tokens, from whole answers too: the latter for a fleet whose clients do not stream)")
 	fs.Var(&t.guards, "guard", "reject a candidate whose `METRIC=RATIO` exceeds RATIO times the incumbent's: e2e-p95=1.05 or itl-mean=1.1 (repeatable; default e2e-p95=1.05; \"none\" for no guard)")
 	fs.Var(&t.params, "param", "tuned parameter as `NAME=MIN:MAX:INIT`, NAME one of the base policy's (repeatable; default those it marks for tuning: "+tunedDefaults()+")")
 	fs.StringVar(&t.base, "base", "gorgo", "policy whose parameters are tuned: "+joinNames(policy.WithParams()))

@@ -111,14 +111,16 @@ func (r *Request) judge(status int, broken bool) {
 	}
 }
 
-// learn hands a stream's outcome to a learning policy. Only a stream says
-// when its first token came: a non-streaming answer is timed by its end,
-// which is no TTFT. A stream served in full without a token seen (an
-// empty answer; a gateway that shows the picker no body) says nothing of
-// the replica's speed: it is not learned from, not counted as failed.
+// learn hands a request's outcome to a learning policy. Only a stream
+// says when its first token came: a whole answer is timed by its end
+// alone (Outcome.Unstreamed). A stream served in full without a token
+// seen (an empty answer; a gateway that shows the picker no body) says
+// nothing of the replica's speed: it is not learned from, not counted as
+// failed.
 func (r *Request) learn(status int, at time.Time) {
 	l, isLearner := r.core.cfg.Router.Policy().(policy.Learner)
-	if !isLearner || !r.Parsed.Stream || status == statusClientGone || status == statusOK && r.first.IsZero() {
+	unstreamed := !r.Parsed.Stream
+	if !isLearner || status == statusClientGone || status == statusOK && r.first.IsZero() && !unstreamed {
 		return
 	}
 	if status >= 400 && status < 500 && status != statusTooMany {
@@ -128,7 +130,7 @@ func (r *Request) learn(status int, at time.Time) {
 		// 429s: busy, as their 503s say, where the arm sent it.
 		return
 	}
-	out := policy.Outcome{Failed: status != statusOK, // served, it had a first token (above)
+	out := policy.Outcome{Failed: status != statusOK, Unstreamed: unstreamed, // served, a stream had a first token (above)
 		TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
 	if !r.sloHold {
 		// Not flow control's hold of a request given no SLO (classify):
@@ -137,6 +139,12 @@ func (r *Request) learn(status int, at time.Time) {
 		out.TTFTSLO = r.core.cfg.Admission.SLOOf(r.class)
 	}
 	if !out.Failed {
+		out.Tokens = r.answerTokens()
+	}
+	switch {
+	case !out.Failed && unstreamed:
+		out.E2E, out.Queued = at.Sub(r.dispatched), r.dispatched.Sub(r.Received)
+	case !out.Failed:
 		// From the first attempt: time lost on a replica before the
 		// fallback (sendAt) is the arm's, time in the router's queue not.
 		out.TTFT, out.E2E, out.Queued = r.first.Sub(r.dispatched), at.Sub(r.dispatched), r.dispatched.Sub(r.Received)

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,5 +150,38 @@ func TestLearnerCountsTheReplicasBusyAnswer(t *testing.T) {
 		if len(l.outcomes) != 1 || !l.outcomes[0].Failed {
 			t.Errorf("every replica answered %d: learned %+v, want one failed outcome", status, l.outcomes)
 		}
+	}
+}
+
+// wholeFE answers every request whole: no token is seen before its end.
+type wholeFE struct{ frontEnd }
+
+func (f *wholeFE) Relay(r *Request) Outcome {
+	f.relayed++
+	time.Sleep(time.Millisecond) // its end is some time after its send
+	r.Complete(r.Format().Body([]byte(`{"choices":[{"message":{"content":"hi there"},"finish_reason":"stop"}],"usage":{"prompt_tokens":20,"completion_tokens":2}}`)))
+	return Outcome{Status: 200}
+}
+
+// A whole answer is learned from, timed by its end alone
+// (Outcome.Unstreamed): a tuner whose objective is its end-to-end latency
+// learns from a fleet whose clients never stream (2026-12-07: nothing was
+// learned from them, so such a fleet kept its starting weights whatever
+// the objective).
+func TestLearnerHearsWholeAnswers(t *testing.T) {
+	c, l, _, _ := setup(t)
+	body := strings.Replace(chat, `"stream":true`, `"stream":false`, 1)
+	fe := &wholeFE{}
+	if st := c.Serve(context.Background(), Incoming{Body: []byte(body), Kind: Chat, Received: time.Now()}, fe); st != 200 || fe.relayed != 1 {
+		t.Fatalf("status %d, relayed %d", st, fe.relayed)
+	}
+	if len(l.outcomes) != 1 {
+		t.Fatalf("learned %+v, want one outcome", l.outcomes)
+	}
+	if o := l.outcomes[0]; !o.Unstreamed || o.Failed || o.TTFT != 0 || o.E2E < time.Millisecond || o.ITL != 0 || o.Tokens != 2 {
+		t.Errorf("learned %+v, want a whole answer timed by its end", o)
+	}
+	if _, ok := l.outcomes[0].SLORatio(); ok {
+		t.Error("a whole answer has an SLO ratio: its first token was not seen")
 	}
 }

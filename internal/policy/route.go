@@ -231,7 +231,13 @@ const ByScore = -1
 
 // Outcome is how a routed request went, as the router saw it.
 type Outcome struct {
-	TTFT, E2E time.Duration
+	// TTFT and E2E are its time to first token and to its end; a whole
+	// (Unstreamed) answer's first token is not seen, its TTFT zero.
+	TTFT, E2E  time.Duration
+	Unstreamed bool
+	// Tokens is the answer's length in tokens (each answer's, of a
+	// request for several; 0: not known).
+	Tokens int
 	// ITL is the mean inter-token latency; zero with fewer than two tokens.
 	ITL    time.Duration
 	Failed bool
@@ -259,10 +265,10 @@ const MaxSLORatio = 10
 
 // SLORatio is how near the outcome came to missing its SLOs: the larger of
 // (Queued+TTFT)/TTFTSLO and ITL/TPOTSLO over the SLOs it has, above 1 when
-// it missed one, at most MaxSLORatio; false for a failed request or one
-// without SLOs.
+// it missed one, at most MaxSLORatio; false for a failed request, one
+// without SLOs, or a whole answer (its first token not seen).
 func (o Outcome) SLORatio() (float64, bool) {
-	if o.Failed || !o.HasSLO() {
+	if o.Failed || !o.HasSLO() || o.Unstreamed { // a whole answer's first token is not seen
 		return 0, false
 	}
 	var r float64
@@ -278,8 +284,8 @@ func (o Outcome) SLORatio() (float64, bool) {
 // A Learner is a policy that learns from outcomes: the caller hands back
 // each request's outcome with the Tag its decision carried (a negative tag:
 // the replica was not the policy's choice, a stored response's holder,
-// and the outcome measures nothing of it). Learn may be called
-// concurrently with Decide.
+// and the outcome measures nothing of it), whole answers' too
+// (Outcome.Unstreamed). Learn may be called concurrently with Decide.
 type Learner interface {
 	Policy
 	Learn(tag int, o Outcome)

@@ -822,12 +822,18 @@ func (s *simulator) back(now time.Duration, i int) {
 		}
 		site.rt.Finish(&st.ticket)
 		s.share(now, i, remoteFinish)
-		if site.learner != nil && !unstreamed && !st.refused { // as live (lifecycle's learn)
+		if site.learner != nil && !st.refused { // as live (lifecycle's learn)
 			// Held to its tenant's SLO, else admission's, as live
 			// (admit.Config.SLOOf); else the goodput's.
-			o := policy.Outcome{Failed: st.failed, TPOTSLO: s.cfg.GoodputTPOT,
+			o := policy.Outcome{Failed: st.failed, Unstreamed: unstreamed, TPOTSLO: s.cfg.GoodputTPOT,
 				TTFTSLO: cmp.Or(s.cfg.Admission.SLOOf(admit.Class{SLO: s.cfg.Requests[i].TTFTSLO}), s.cfg.GoodputSLO)}
 			if !st.failed {
+				o.Tokens = st.output
+			}
+			switch {
+			case !st.failed && unstreamed: // its end alone is seen
+				o.E2E, o.Queued = st.done-st.sent, st.sent-st.arrived
+			case !st.failed:
 				o.TTFT, o.E2E, o.Queued = st.first-st.sent, st.done-st.sent, st.sent-st.arrived
 				if st.output > 1 {
 					o.ITL = (st.done - st.first) / time.Duration(st.output-1)

@@ -20,7 +20,10 @@ type Metrics struct {
 	N, Failed                 int
 	TTFTP50, TTFTP95, TTFTP99 float64
 	E2EP95                    float64
-	ITLMean                   float64
+	// E2EPerTokenP95 is the p95 of each request's E2E over its answer's
+	// tokens (ms a token; requests whose length is not known left out).
+	E2EPerTokenP95 float64
+	ITLMean        float64
 	// SLON is how many completed requests had SLOs, SLOP95 the p95 of
 	// their SLO ratios (policy.Outcome.SLORatio): about 1 when 95% of
 	// them met their SLOs, below when more did.
@@ -40,6 +43,7 @@ func Measure(samples []Sample) Metrics {
 type tally struct {
 	n, failed int
 	ttft, e2e []float64 // ms, sorted
+	perToken  []float64 // ms a token, sorted
 	itl       float64   // ms, summed over nitl outcomes
 	nitl      int
 	slo       []float64 // SLO ratios of the outcomes that have them, sorted
@@ -60,11 +64,17 @@ func (t *tally) count(s Sample) bool {
 	return true
 }
 
-// add folds in one outcome: an insertion into each sorted slice.
+// add folds in one outcome: an insertion into each sorted slice (a
+// whole answer has no TTFT to sort in).
 func (t *tally) add(s Sample) {
 	if t.count(s) {
-		t.ttft = insertSorted(t.ttft, ms(s.TTFT))
+		if !s.Unstreamed {
+			t.ttft = insertSorted(t.ttft, ms(s.TTFT))
+		}
 		t.e2e = insertSorted(t.e2e, ms(s.E2E))
+		if s.Tokens > 0 {
+			t.perToken = insertSorted(t.perToken, ms(s.E2E)/float64(s.Tokens))
+		}
 		if r, ok := s.SLORatio(); ok {
 			t.slo = insertSorted(t.slo, r)
 		}
@@ -73,11 +83,16 @@ func (t *tally) add(s Sample) {
 
 // rebuild makes the tally that of samples alone.
 func (t *tally) rebuild(samples []Sample) {
-	t.n, t.failed, t.ttft, t.e2e, t.itl, t.nitl, t.slo = 0, 0, t.ttft[:0], t.e2e[:0], 0, 0, t.slo[:0]
+	t.n, t.failed, t.ttft, t.e2e, t.perToken, t.itl, t.nitl, t.slo = 0, 0, t.ttft[:0], t.e2e[:0], t.perToken[:0], 0, 0, t.slo[:0]
 	for _, s := range samples {
 		if t.count(s) {
-			t.ttft = append(t.ttft, ms(s.TTFT))
+			if !s.Unstreamed {
+				t.ttft = append(t.ttft, ms(s.TTFT))
+			}
 			t.e2e = append(t.e2e, ms(s.E2E))
+			if s.Tokens > 0 {
+				t.perToken = append(t.perToken, ms(s.E2E)/float64(s.Tokens))
+			}
 			if r, ok := s.SLORatio(); ok {
 				t.slo = append(t.slo, r)
 			}
@@ -85,13 +100,14 @@ func (t *tally) rebuild(samples []Sample) {
 	}
 	slices.Sort(t.ttft)
 	slices.Sort(t.e2e)
+	slices.Sort(t.perToken)
 	slices.Sort(t.slo)
 }
 
 func (t *tally) metrics() Metrics {
 	m := Metrics{N: t.n, Failed: t.failed,
 		TTFTP50: report.Percentile(t.ttft, 0.50), TTFTP95: report.Percentile(t.ttft, 0.95),
-		TTFTP99: report.Percentile(t.ttft, 0.99), E2EP95: report.Percentile(t.e2e, 0.95),
+		TTFTP99: report.Percentile(t.ttft, 0.99), E2EP95: report.Percentile(t.e2e, 0.95), E2EPerTokenP95: report.Percentile(t.perToken, 0.95),
 		SLON: len(t.slo), SLOP95: report.Percentile(t.slo, 0.95)}
 	if t.nitl > 0 {
 		m.ITLMean = t.itl / float64(t.nitl)
@@ -121,6 +137,12 @@ const (
 	P95TTFT Objective = "p95-ttft"
 	P99TTFT Objective = "p99-ttft"
 	P95E2E  Objective = "p95-e2e"
+	// P95E2EPerToken is the p95 of each request's E2E over its answer's
+	// tokens (the normalised latency of serving papers): the end-to-end
+	// latency with the answers' lengths, which the router does not
+	// choose and which make a window's p95 E2E mostly theirs, divided
+	// out.
+	P95E2EPerToken Objective = "p95-e2e-per-token"
 	// SLOP95 is the p95 of the requests' SLO ratios (each request's time
 	// to first token since it reached the router over its TTFT SLO, or
 	// its time per output token over its TPOT SLO, whichever is nearer
@@ -143,7 +165,9 @@ func (o Objective) Format(v float64) string {
 }
 
 // Objectives lists the valid objectives.
-func Objectives() []Objective { return []Objective{P50TTFT, P95TTFT, P99TTFT, P95E2E, SLOP95} }
+func Objectives() []Objective {
+	return []Objective{P50TTFT, P95TTFT, P99TTFT, P95E2E, P95E2EPerToken, SLOP95}
+}
 
 // Of returns the objective's value over the completed requests (Judge
 // rejects a candidate that fails more requests than the incumbent).
@@ -158,13 +182,15 @@ func (o Objective) Of(m Metrics) (float64, error) {
 		v = m.TTFTP99
 	case P95E2E:
 		v = m.E2EP95
+	case P95E2EPerToken:
+		v = m.E2EPerTokenP95
 	case SLOP95:
 		if m.SLON == 0 {
 			return math.NaN(), nil
 		}
 		v = m.SLOP95
 	default:
-		return 0, fmt.Errorf("unknown objective %q (valid: p50-ttft, p95-ttft, p99-ttft, p95-e2e, slo-p95)", string(o))
+		return 0, fmt.Errorf("unknown objective %q (valid: p50-ttft, p95-ttft, p99-ttft, p95-e2e, p95-e2e-per-token, slo-p95)", string(o))
 	}
 	if m.N == m.Failed {
 		return math.NaN(), nil

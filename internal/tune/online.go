@@ -95,6 +95,10 @@ type Online struct {
 	// sloOnly: the objective is slo-p95, which only requests with SLOs
 	// measure.
 	sloOnly bool
+	// wholeToo: the objective is an E2E's, which whole answers (their
+	// first token not seen) measure as streams do; the others are TTFT's
+	// and judge streams alone.
+	wholeToo bool
 }
 
 // MaxWindow bounds OnlineConfig.Window: an arm keeps up to two windows of
@@ -173,7 +177,7 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if err := CheckParams(cfg.Base, es.Config().Params); err != nil {
 		return nil, fmt.Errorf("online tuning: %w", err)
 	}
-	o := &Online{cfg: cfg, es: es, tunable: tunable, sloOnly: es.Config().Objective == SLOP95}
+	o := &Online{cfg: cfg, es: es, tunable: tunable, sloOnly: es.Config().Objective == SLOP95, wholeToo: es.Config().Objective == P95E2E || es.Config().Objective == P95E2EPerToken}
 	if o.arms[0], err = o.policy(es.Incumbent()); err != nil {
 		return nil, err
 	}
@@ -257,13 +261,16 @@ func (o *Online) restart() {
 func (o *Online) Name() string { return OnlineName }
 
 // Decide routes with the arm whose turn it is and tags the decision; while
-// paused, with the incumbent, untagged. In block mode a decision made in
-// a block's burn-in, or before the round's first whole block, is routed
-// by its arm but untagged (not scored).
+// paused, with the incumbent, untagged, and so a request whose outcome
+// the objective cannot use (a whole answer under a TTFT objective: its
+// first token is not seen), which would pay for a candidate that nothing
+// judges. In block mode a decision made in a block's burn-in, or before
+// the round's first whole block, is routed by its arm but untagged (not
+// scored).
 func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.Replica, rng *rand.Rand) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.paused {
+	if o.paused || req.Unstreamed && !o.wholeToo {
 		d.Tag = -1
 		return o.arms[0].Decide(d, req, reps, rng)
 	}
@@ -377,7 +384,7 @@ func (o *Online) Resets() (n int, why string) {
 func (o *Online) Learn(tag int, s policy.Outcome) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.paused || tag < 0 || tag/2 != o.round || o.sloOnly && !s.HasSLO() {
+	if o.paused || tag < 0 || tag/2 != o.round || o.sloOnly && !s.HasSLO() || s.Unstreamed && !o.wholeToo {
 		return
 	}
 	arm := tag % 2

@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -716,5 +717,76 @@ func TestOnlineJudgesRequestsWithSLOs(t *testing.T) {
 	learn(8, 2*time.Second)
 	if judged, _ := o.Counts(); judged != 1 {
 		t.Errorf("after a window of requests with SLOs each: %d judged, want 1", judged)
+	}
+}
+
+// Whole answers (their first token not seen) fill an arm's window when
+// the objective is an E2E's (p95-e2e, p95-e2e-per-token: 1 s over 10
+// tokens is 100 ms a token), which they measure as streams do, and are
+// passed over when it is a TTFT's: a fleet whose clients never stream is
+// tuned on its end-to-end latency (2026-12-07: nothing was learned from
+// it, whatever the objective).
+func TestOnlineLearnsWholeAnswersForE2E(t *testing.T) {
+	for _, c := range []struct {
+		objective Objective
+		judged    int
+		score     float64
+	}{{P95TTFT, 0, 0}, {P95E2E, 1, 1000}, {P95E2EPerToken, 1, 100}} {
+		o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1, Objective: c.objective}, Window: 4, Hop: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+		var d policy.Decision
+		for range 8 {
+			if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rand.New(rand.NewPCG(1, 1))); err != nil {
+				t.Fatal(err)
+			}
+			e2e := 2 * time.Second
+			if d.Tag%2 == 1 {
+				e2e = time.Second // the candidate's are faster
+			}
+			o.Learn(d.Tag, policy.Outcome{Unstreamed: true, E2E: e2e, Tokens: 10})
+		}
+		judged, _ := o.Counts()
+		if judged != c.judged {
+			t.Errorf("%s: %d judged after 8 whole answers, want %d", c.objective, judged, c.judged)
+			continue
+		}
+		if steps := o.Steps(); judged == 1 && (!steps[0].Accepted || steps[0].Score != c.score) {
+			t.Errorf("%s: %+v, want the candidate's faster answers accepted", c.objective, steps[0])
+		}
+	}
+}
+
+// A request whose outcome the objective cannot use (a whole answer under
+// a TTFT objective) is routed by the incumbent, untagged: a candidate
+// that nothing judges must not route it (2026-12-07: a fleet whose
+// clients never stream had half its requests routed by a candidate drawn
+// at start, for ever, and 2% of its p95 E2E lost to it).
+func TestOnlineRoutesWhatItCannotJudgeWithTheIncumbent(t *testing.T) {
+	for _, c := range []struct {
+		objective Objective
+		tagged    bool
+	}{{P95TTFT, false}, {SLOP95, false}, {P95E2E, true}, {P95E2EPerToken, true}} {
+		o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1, Objective: c.objective}, Window: 4, Hop: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+		var d policy.Decision
+		var tags []int
+		for range 4 {
+			if err := o.Decide(&d, &policy.Request{PromptTokens: 10, Unstreamed: true}, reps, rand.New(rand.NewPCG(1, 1))); err != nil {
+				t.Fatal(err)
+			}
+			tags = append(tags, d.Tag)
+		}
+		if tagged := tags[0] >= 0 && tags[1] >= 0 && tags[0] != tags[1]; tagged != c.tagged {
+			t.Errorf("%s: whole answers' tags %v, want both arms: %v", c.objective, tags, c.tagged)
+		}
+		if !c.tagged && slices.ContainsFunc(tags, func(tag int) bool { return tag >= 0 }) {
+			t.Errorf("%s: a whole answer was tagged for an arm (%v)", c.objective, tags)
+		}
 	}
 }

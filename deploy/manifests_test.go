@@ -3,6 +3,7 @@ package deploy
 import (
 	"bytes"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -99,6 +100,17 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 	if d == nil || bus == nil {
 		t.Fatalf("Deployments %v, want gorgo and gorgo-nats", byName)
 	}
+	// The tuner's state is kept where the container may write, its root
+	// being read-only: a volume of its own.
+	if cfg.TunerState != "" {
+		writable := false
+		for _, m := range d.Spec.Template.Spec.Containers[0].VolumeMounts {
+			writable = writable || m.MountPath == filepath.Dir(cfg.TunerState) && !m.ReadOnly
+		}
+		if !writable {
+			t.Errorf("tuner_state %s is not on a writable volume of the gorgo container", cfg.TunerState)
+		}
+	}
 	if d.Spec.Replicas != nil && *d.Spec.Replicas > 1 && (cfg.Mesh == nil || cfg.Region == "") {
 		t.Errorf("%d gorgo pods that do not share state (no mesh or no region)", *d.Spec.Replicas)
 	}
@@ -122,7 +134,7 @@ func TestKubernetesManifestsDecodeStrictly(t *testing.T) {
 	// ready on /readyz (/health's twin) and alive on /livez of the port the
 	// config listens on.
 	c := d.Spec.Template.Spec.Containers[0]
-	if v := d.Spec.Template.Spec.Volumes; len(v) != 1 || v[0].ConfigMap == nil || v[0].ConfigMap.Name != cms[0].Name {
+	if v := d.Spec.Template.Spec.Volumes; len(v) == 0 || v[0].ConfigMap == nil || v[0].ConfigMap.Name != cms[0].Name {
 		t.Errorf("volumes %+v", v)
 	}
 	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -548,5 +549,41 @@ func TestCounts(t *testing.T) {
 	none.Feed([]byte(`{"text":"\"completion_tokens\": 5"}`))
 	if _, cached, ok := none.Last(); ok || cached != -1 {
 		t.Error("counts read from a string's escaped text")
+	}
+}
+
+// gjson's validator recurses once per level of nesting: a client's body
+// of a few million '[' overflows the stack and kills the router
+// (2026-12-07: an abort body and a /generate body did). Untrusted bytes
+// are validated by ValidJSON alone, which hands gjson only what nests
+// within encoding/json's 10,000 levels; this keeps a new caller from
+// reaching gjson's own (a review found every caller safe by convention).
+func TestOnlyValidJSONCallsGJSONsValidator(t *testing.T) {
+	root := filepath.Join("..", "..")
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (d.Name() == ".git" || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		n := strings.Count(string(src), "gjson.Valid(") + strings.Count(string(src), "gjson.ValidBytes(")
+		if filepath.Base(path) == "peek.go" && filepath.Base(filepath.Dir(path)) == "wire" {
+			n-- // ValidJSON's own
+		}
+		if n > 0 {
+			t.Errorf("%s calls gjson's validator %d times: use wire.ValidJSON (gjson's recurses per level of nesting)", path, n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

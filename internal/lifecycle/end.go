@@ -130,14 +130,8 @@ func (r *Request) learn(status int, at time.Time) {
 		// 429s: busy, as their 503s say, where the arm sent it.
 		return
 	}
-	out := policy.Outcome{Failed: status != statusOK, Unstreamed: unstreamed, // served, a stream had a first token (above)
-		TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
-	if !r.sloHold {
-		// Not flow control's hold of a request given no SLO (classify):
-		// held to max_ttft_slo, it would count in slo-p95's windows,
-		// whose requests are those with SLOs, with a ratio near 0.
-		out.TTFTSLO = r.core.cfg.Admission.SLOOf(r.class)
-	}
+	out := r.slos()
+	out.Failed, out.Unstreamed = status != statusOK, unstreamed // served, a stream had a first token (above)
 	if !out.Failed {
 		out.Tokens = r.answerTokens()
 	}
@@ -155,6 +149,19 @@ func (r *Request) learn(status int, at time.Time) {
 		}
 	}
 	l.Learn(r.ticket.Tag, out)
+}
+
+// slos is an outcome with the SLOs the request is held to: its class's
+// TTFT SLO, and the TPOT SLO it asks for.
+func (r *Request) slos() policy.Outcome {
+	o := policy.Outcome{TPOTSLO: time.Duration(r.Route.TPOTSLOMS * 1e6)}
+	if !r.sloHold {
+		// Not flow control's hold of a request given no SLO (classify):
+		// held to max_ttft_slo, it would count in slo-p95's windows,
+		// whose requests are those with SLOs, with a ratio near 0.
+		o.TTFTSLO = r.core.cfg.Admission.SLOOf(r.class)
+	}
+	return o
 }
 
 // record counts the request in the metrics, tells the live view, and

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -183,5 +184,28 @@ func TestLearnerHearsWholeAnswers(t *testing.T) {
 	}
 	if _, ok := l.outcomes[0].SLORatio(); ok {
 		t.Error("a whole answer has an SLO ratio: its first token was not seen")
+	}
+}
+
+// The decision hears whether its request is held to an SLO
+// (policy.Request.HasSLO), as its outcome will say: a tuner judging SLO
+// ratios routes the others with its incumbent, not a candidate it will
+// never judge by them. A tenant without an SLO, held by flow control to
+// its max_ttft_slo, has none (2026-12-07).
+func TestDecisionHearsWhetherAnSLOHolds(t *testing.T) {
+	c, l, _, _ := setup(t)
+	ts, a := chatAndBatch(t, time.Minute)
+	c = withFlow(c, a, ts)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.RunAdmission(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	for _, tenant := range []string{"chat", "batch"} {
+		if st := c.Serve(context.Background(), Incoming{Body: []byte(chat), Kind: Chat, Received: time.Now(), Tenant: tenant}, &frontEnd{}); st != 200 {
+			t.Fatalf("%s: status %d", tenant, st)
+		}
+	}
+	if !slices.Equal(l.hasSLO, []bool{true, false}) || len(l.outcomes) != 2 || !l.outcomes[0].HasSLO() || l.outcomes[1].HasSLO() {
+		t.Errorf("decided with SLOs %v, learned %+v; want chat's held to one and batch's not, alike", l.hasSLO, l.outcomes)
 	}
 }

@@ -22,13 +22,20 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
-// learner is a gorgo policy that records what it learns.
+// learner is a gorgo policy that records what it learns, and whether
+// the requests it routed were held to SLOs.
 type learner struct {
 	policy.Policy
 	outcomes []policy.Outcome
+	hasSLO   []bool
 }
 
 func (l *learner) Learn(tag int, o policy.Outcome) { l.outcomes = append(l.outcomes, o) }
+
+func (l *learner) Decide(d *policy.Decision, req *policy.Request, reps []policy.Replica, rng *rand.Rand) error {
+	l.hasSLO = append(l.hasSLO, req.HasSLO)
+	return l.Policy.Decide(d, req, reps, rng)
+}
 
 type health struct{ failures, successes, missing []string }
 

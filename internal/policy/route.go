@@ -94,6 +94,9 @@ type Request struct {
 	// first token, and releases the request from the replica's prefill
 	// backlog when its forecast first token is due.
 	Unstreamed bool
+	// HasSLO says the request is held to a TTFT or TPOT SLO: its outcome
+	// will carry them (Outcome.HasSLO).
+	HasSLO bool
 	// Now is the router's time of the decision (the simulator's clock, or
 	// the proxy's since it started); the router sets it.
 	Now time.Duration

@@ -697,6 +697,15 @@ func (s *simulator) request(i int) {
 		s.rreq.TTFTBudgetMS = s.cfg.Admission.TTFTBudget(cl, s.reqs[i].arrived, s.now)
 	}
 	s.rreq.Unstreamed = s.unstreamed(i) && !s.cfg.UnstreamedUntold
+	s.rreq.HasSLO = s.slos(i).HasSLO()
+}
+
+// slos is an outcome with the SLOs request i is held to, as live: its
+// tenant's TTFT SLO, else admission's (admit.Config.SLOOf), else the
+// goodput's; the goodput's TPOT SLO.
+func (s *simulator) slos(i int) policy.Outcome {
+	return policy.Outcome{TPOTSLO: s.cfg.GoodputTPOT,
+		TTFTSLO: cmp.Or(s.cfg.Admission.SLOOf(admit.Class{SLO: s.cfg.Requests[i].TTFTSLO}), s.cfg.GoodputSLO)}
 }
 
 // unstreamed reports whether request i's answer is not streamed
@@ -823,10 +832,8 @@ func (s *simulator) back(now time.Duration, i int) {
 		site.rt.Finish(&st.ticket)
 		s.share(now, i, remoteFinish)
 		if site.learner != nil && !st.refused { // as live (lifecycle's learn)
-			// Held to its tenant's SLO, else admission's, as live
-			// (admit.Config.SLOOf); else the goodput's.
-			o := policy.Outcome{Failed: st.failed, Unstreamed: unstreamed, TPOTSLO: s.cfg.GoodputTPOT,
-				TTFTSLO: cmp.Or(s.cfg.Admission.SLOOf(admit.Class{SLO: s.cfg.Requests[i].TTFTSLO}), s.cfg.GoodputSLO)}
+			o := s.slos(i)
+			o.Failed, o.Unstreamed = st.failed, unstreamed
 			if !st.failed {
 				o.Tokens = st.output
 			}

@@ -263,14 +263,14 @@ func (o *Online) Name() string { return OnlineName }
 // Decide routes with the arm whose turn it is and tags the decision; while
 // paused, with the incumbent, untagged, and so a request whose outcome
 // the objective cannot use (a whole answer under a TTFT objective: its
-// first token is not seen), which would pay for a candidate that nothing
-// judges. In block mode a decision made in a block's burn-in, or before
+// first token is not seen; one without SLOs under slo-p95), which would
+// pay for a candidate that nothing judges. In block mode a decision made in a block's burn-in, or before
 // the round's first whole block, is routed by its arm but untagged (not
 // scored).
 func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.Replica, rng *rand.Rand) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.paused || req.Unstreamed && !o.wholeToo {
+	if o.paused || req.Unstreamed && !o.wholeToo || o.sloOnly && !req.HasSLO {
 		d.Tag = -1
 		return o.arms[0].Decide(d, req, reps, rng)
 	}

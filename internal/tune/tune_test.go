@@ -703,7 +703,7 @@ func TestOnlineJudgesRequestsWithSLOs(t *testing.T) {
 	var d policy.Decision
 	learn := func(n int, slo time.Duration) {
 		for range n {
-			if err := o.Decide(&d, &policy.Request{PromptTokens: 10}, reps, rand.New(rand.NewPCG(1, 1))); err != nil {
+			if err := o.Decide(&d, &policy.Request{PromptTokens: 10, HasSLO: slo > 0}, reps, rand.New(rand.NewPCG(1, 1))); err != nil {
 				t.Fatal(err)
 			}
 			o.Learn(d.Tag, policy.Outcome{TTFT: time.Second, E2E: time.Second, TTFTSLO: slo})
@@ -760,7 +760,8 @@ func TestOnlineLearnsWholeAnswersForE2E(t *testing.T) {
 }
 
 // A request whose outcome the objective cannot use (a whole answer under
-// a TTFT objective) is routed by the incumbent, untagged: a candidate
+// a TTFT objective, one without SLOs under slo-p95) is routed by the
+// incumbent, untagged: a candidate
 // that nothing judges must not route it (2026-12-07: a fleet whose
 // clients never stream had half its requests routed by a candidate drawn
 // at start, for ever, and 2% of its p95 E2E lost to it).
@@ -787,6 +788,22 @@ func TestOnlineRoutesWhatItCannotJudgeWithTheIncumbent(t *testing.T) {
 		}
 		if !c.tagged && slices.ContainsFunc(tags, func(tag int) bool { return tag >= 0 }) {
 			t.Errorf("%s: a whole answer was tagged for an arm (%v)", c.objective, tags)
+		}
+	}
+	// Under slo-p95, a request without SLOs is not judged either: the
+	// incumbent routes it; one with SLOs goes by the arms.
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1, Objective: SLOP95}, Window: 4, Hop: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	var d policy.Decision
+	for _, has := range []bool{false, false, true, true} {
+		if err := o.Decide(&d, &policy.Request{PromptTokens: 10, HasSLO: has}, reps, rand.New(rand.NewPCG(1, 1))); err != nil {
+			t.Fatal(err)
+		}
+		if (d.Tag >= 0) != has {
+			t.Errorf("slo-p95, a request with SLOs %v: tag %d", has, d.Tag)
 		}
 	}
 }

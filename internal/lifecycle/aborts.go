@@ -430,7 +430,7 @@ func (r *Request) endAborted(fe FrontEnd) int {
 	if !r.sent.IsZero() {
 		r.settleBudget(time.Now()) // an attempt that failed may have read its prompt
 	} else {
-		r.grant.Refund(time.Now())
+		r.refund(time.Now())
 	}
 	r.free() // released from the queue or between attempts: its ticket is in a ledger
 	r.traceEnd(statusClientGone, time.Now(), e)

@@ -199,7 +199,7 @@ func (r *Request) record(status int, at time.Time, err error) {
 // recycles the Request.
 func (r *Request) reject(e *wire.Error) {
 	c := r.core
-	r.grant.Refund(time.Now()) // not served: its tenant is charged nothing
+	r.refund(time.Now()) // not served: its tenant is charged nothing
 	r.traceEnd(e.Status, time.Now(), e)
 	c.cfg.Metrics.ended("", r.modelLabel, e.Status, noTTFT, 0)
 	if c.cfg.Log != nil {

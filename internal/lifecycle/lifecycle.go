@@ -186,11 +186,13 @@ type Request struct {
 	Received time.Time
 	// class is what flow control knows of it: tenant, priority, tokens,
 	// SLO; tenant its tenant (nil without tenants), grant its charge to
-	// the tenant's budgets. sloHold: the class's SLO is the hold of a
+	// the tenant's budgets, header the answer's headers that show them
+	// (Incoming.Header). sloHold: the class's SLO is the hold of a
 	// request that was given none (classify), not an SLO it must meet.
 	class   admit.Class
 	tenant  *tenant.Tenant
 	grant   tenant.Grant
+	header  HeaderSetter
 	sloHold bool
 
 	ticket    router.Ticket

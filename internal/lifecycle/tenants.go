@@ -88,6 +88,7 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 		charge = max(expected, min(m, math.MaxInt32)*r.Route.Sequences())
 	}
 	grant, refusal := t.Admit(now, r.Route.PromptTokens, charge)
+	r.header = in.Header
 	if in.Header != nil {
 		t.Headers(now, in.Header.Set)
 	}
@@ -107,6 +108,17 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 	}
 	r.grant = grant
 	return nil
+}
+
+// refund gives the request's charge back to its tenant's budgets (it was
+// not served), and says so in the answer's budget headers, not yet sent
+// (2026-12-07, a user's test: a 503 charged nothing showed the budget
+// less the request).
+func (r *Request) refund(now time.Time) {
+	r.grant.Refund(now)
+	if r.tenant != nil && r.header != nil {
+		r.tenant.Headers(now, r.header.Set)
+	}
 }
 
 // settleBudget charges the tenant what the request used: its prompt's

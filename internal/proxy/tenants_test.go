@@ -215,3 +215,20 @@ func TestBadAskCountedInTheTenantsBand(t *testing.T) {
 		t.Errorf("bad requests counted in the tenant's band: %v, want 1", n)
 	}
 }
+
+// A request no replica served is charged nothing, and its answer's
+// budget headers say so (2026-12-07, a user's test: a 503 showed the
+// budget less the request it had given back).
+func TestUnservedRequestShowsItsBudgetWhole(t *testing.T) {
+	failing := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		http.Error(w, "broken", http.StatusInternalServerError)
+	})
+	_, url := startProxy(t, testConfig{
+		Fleet: fleet.Config{ProbeInterval: time.Hour, Tenants: map[string]tenant.Config{"a": {RequestsPerMinute: 3}}},
+		Proxy: Config{TenantHeader: "trust"}}, failing)
+	code, body, h := send(t, url, chatBody("hi", 2, false), map[string]string{tenant.TenantHeader: "a"})
+	if code < 500 || h.Get("X-Ratelimit-Remaining-Requests") != "3" {
+		t.Errorf("unserved: %d, X-Ratelimit-Remaining-Requests %q, want 3 (%s)", code, h.Get("X-Ratelimit-Remaining-Requests"), body)
+	}
+}

@@ -833,8 +833,11 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		// Keep the unfinished event at the front of the buffer.
 		*a.buf = (*a.buf)[:copy(*a.buf, rest)]
 		if a.end != nil && len(*a.buf) > 0 {
-			// The last event, without the blank line after it.
-			if !s.hide(*a.buf, req, &scratch, a.at, &done) {
+			// The last event, without the blank line after it, if the
+			// stream ended; if it broke off, the part of an event it
+			// broke off in is dropped, as the client's parser would drop
+			// it, and an event of its own says why (below).
+			if a.end == io.EOF && !s.hide(*a.buf, req, &scratch, a.at, &done) {
 				*out = append(*out, *a.buf...)
 			}
 			*a.buf = (*a.buf)[:0]

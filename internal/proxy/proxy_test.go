@@ -178,7 +178,9 @@ func TestMidStreamFailureCutsTheStream(t *testing.T) {
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" half"}}]}`+"\n\n")
+		io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" and a ha`) // an event it dies in
 		w.(http.Flusher).Flush()
+		time.Sleep(50 * time.Millisecond) // the proxy reads the part
 		conn, _, _ := w.(http.Hijacker).Hijack()
 		conn.Close() // the replica dies
 	}))
@@ -202,6 +204,9 @@ func TestMidStreamFailureCutsTheStream(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(strings.TrimPrefix(events[len(events)-1], "data: ")), &last); err != nil || !strings.Contains(last.Error.Message, "broke off") {
 		t.Errorf("the stream's last event %q (%v), want an error saying it broke off", events[len(events)-1], err)
+	}
+	if strings.Contains(string(body), " and a ha") {
+		t.Errorf("the part of the event the replica died in was passed on, joined to the error event: %q", body)
 	}
 	if st := s.Router().Replicas(); st[0].InFlight != 0 {
 		t.Errorf("the request is still in flight: %+v", st[0])

@@ -136,10 +136,16 @@ func New(cfg Config, o Options) (*Server, error) {
 // outside Server (gorgo epp's picker) registers its own series there.
 func (s *Server) Registry() *prometheus.Registry { return s.o.Registry }
 
-// Shutdown exports the spans that ended and stops the tracing's exporter,
-// within ctx: call it once the front ends have stopped serving (a no-op
-// without tracing).
-func (s *Server) Shutdown(ctx context.Context) error { return s.tracing.Shutdown(ctx) }
+// Shutdown writes the online tuner's state a last time (tuner_state:
+// with what it learned from the requests the front ends drained), and
+// exports the spans that ended and stops the tracing's exporter, within
+// ctx: call it once Run returned and the front ends have stopped serving.
+func (s *Server) Shutdown(ctx context.Context) error {
+	if s.tuner != nil {
+		s.tuner.save() // a failure is logged
+	}
+	return s.tracing.Shutdown(ctx)
+}
 
 // Config returns the running config.
 func (s *Server) Config() Config {

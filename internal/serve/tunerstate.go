@@ -96,7 +96,8 @@ func readTunerState(path string) (tune.State, error) {
 }
 
 // keep writes the tuner's state when it changed, every tunerSaveEvery,
-// and once more when ctx ends.
+// and once more when ctx ends (Server.Shutdown writes it last, once the
+// front ends drained their requests).
 func (t *tunerState) keep(ctx context.Context) {
 	tick := time.NewTicker(tunerSaveEvery)
 	defer tick.Stop()

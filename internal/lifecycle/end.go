@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -120,7 +121,7 @@ func (r *Request) judge(status int, broken bool) {
 func (r *Request) learn(status int, at time.Time) {
 	l, isLearner := r.core.cfg.Router.Policy().(policy.Learner)
 	unstreamed := !r.Parsed.Stream
-	if !isLearner || status == statusClientGone || status == statusOK && r.first.IsZero() && !unstreamed {
+	if !isLearner || r.Route.NotGeneration || status == statusClientGone || status == statusOK && r.first.IsZero() && !unstreamed {
 		return
 	}
 	if status >= 400 && status < 500 && status != statusTooMany {
@@ -149,6 +150,19 @@ func (r *Request) learn(status int, at time.Time) {
 		}
 	}
 	l.Learn(r.ticket.Tag, out)
+}
+
+// generates reports whether the request asks for generated text: a chat,
+// a completion, SGLang's /generate, a Responses API request; not
+// embeddings, nor the engines' other endpoints (tokenizing, scoring).
+func (r *Request) generates() bool {
+	switch r.kind {
+	case Chat, Completion, Generate:
+		return true
+	case Input:
+		return strings.HasSuffix(r.Route.Endpoint, "/responses")
+	}
+	return false
 }
 
 // slos is an outcome with the SLOs the request is held to: its class's

@@ -209,3 +209,20 @@ func TestDecisionHearsWhetherAnSLOHolds(t *testing.T) {
 		t.Errorf("decided with SLOs %v, learned %+v; want chat's held to one and batch's not, alike", l.hasSLO, l.outcomes)
 	}
 }
+
+// Embeddings (and the engines' other endpoints that generate no text)
+// are not learned from, and the decision hears so; a Responses API
+// request, which generates, is (a review: embeddings were learned as
+// whole answers of no length).
+func TestEmbeddingsAreNotLearned(t *testing.T) {
+	c, l, _, _ := setup(t)
+	for _, ep := range []string{"/v1/embeddings", "/v1/responses"} {
+		in := Incoming{Body: []byte(`{"model":"m","input":"a text long enough to fill a few blocks of the prefix index"}`), Kind: Input, Endpoint: ep, Received: time.Now()}
+		if st := c.Serve(context.Background(), in, &wholeFE{}); st != 200 {
+			t.Fatalf("%s: status %d", ep, st)
+		}
+	}
+	if len(l.outcomes) != 1 || !l.outcomes[0].Unstreamed {
+		t.Errorf("learned %+v, want the responses request's alone", l.outcomes)
+	}
+}

@@ -97,6 +97,10 @@ type Request struct {
 	// HasSLO says the request is held to a TTFT or TPOT SLO: its outcome
 	// will carry them (Outcome.HasSLO).
 	HasSLO bool
+	// NotGeneration says the request generates no text (embeddings,
+	// tokenizing, scoring): its time says nothing a learner judges
+	// weights by, and none hears its outcome.
+	NotGeneration bool
 	// Now is the router's time of the decision (the simulator's clock, or
 	// the proxy's since it started); the router sets it.
 	Now time.Duration

@@ -21,8 +21,10 @@ type Metrics struct {
 	TTFTP50, TTFTP95, TTFTP99 float64
 	E2EP95                    float64
 	// E2EPerTokenP95 is the p95 of each request's E2E over its answer's
-	// tokens (ms a token; requests whose length is not known left out).
+	// tokens (ms a token), over the PerTokenN requests whose length is
+	// known.
 	E2EPerTokenP95 float64
+	PerTokenN      int
 	ITLMean        float64
 	// SLON is how many completed requests had SLOs, SLOP95 the p95 of
 	// their SLO ratios (policy.Outcome.SLORatio): about 1 when 95% of
@@ -107,7 +109,7 @@ func (t *tally) rebuild(samples []Sample) {
 func (t *tally) metrics() Metrics {
 	m := Metrics{N: t.n, Failed: t.failed,
 		TTFTP50: report.Percentile(t.ttft, 0.50), TTFTP95: report.Percentile(t.ttft, 0.95),
-		TTFTP99: report.Percentile(t.ttft, 0.99), E2EP95: report.Percentile(t.e2e, 0.95), E2EPerTokenP95: report.Percentile(t.perToken, 0.95),
+		TTFTP99: report.Percentile(t.ttft, 0.99), E2EP95: report.Percentile(t.e2e, 0.95), E2EPerTokenP95: report.Percentile(t.perToken, 0.95), PerTokenN: len(t.perToken),
 		SLON: len(t.slo), SLOP95: report.Percentile(t.slo, 0.95)}
 	if t.nitl > 0 {
 		m.ITLMean = t.itl / float64(t.nitl)
@@ -183,6 +185,9 @@ func (o Objective) Of(m Metrics) (float64, error) {
 	case P95E2E:
 		v = m.E2EP95
 	case P95E2EPerToken:
+		if m.PerTokenN == 0 {
+			return math.NaN(), nil
+		}
 		v = m.E2EPerTokenP95
 	case SLOP95:
 		if m.SLON == 0 {

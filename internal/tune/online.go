@@ -99,6 +99,9 @@ type Online struct {
 	// first token not seen) measure as streams do; the others are TTFT's
 	// and judge streams alone.
 	wholeToo bool
+	// perToken: the objective is p95-e2e-per-token, which answers of a
+	// length not known cannot measure.
+	perToken bool
 }
 
 // MaxWindow bounds OnlineConfig.Window: an arm keeps up to two windows of
@@ -177,7 +180,7 @@ func NewOnline(cfg OnlineConfig) (*Online, error) {
 	if err := CheckParams(cfg.Base, es.Config().Params); err != nil {
 		return nil, fmt.Errorf("online tuning: %w", err)
 	}
-	o := &Online{cfg: cfg, es: es, tunable: tunable, sloOnly: es.Config().Objective == SLOP95, wholeToo: es.Config().Objective == P95E2E || es.Config().Objective == P95E2EPerToken}
+	o := &Online{cfg: cfg, es: es, tunable: tunable, sloOnly: es.Config().Objective == SLOP95, wholeToo: es.Config().Objective == P95E2E || es.Config().Objective == P95E2EPerToken, perToken: es.Config().Objective == P95E2EPerToken}
 	if o.arms[0], err = o.policy(es.Incumbent()); err != nil {
 		return nil, err
 	}
@@ -263,14 +266,15 @@ func (o *Online) Name() string { return OnlineName }
 // Decide routes with the arm whose turn it is and tags the decision; while
 // paused, with the incumbent, untagged, and so a request whose outcome
 // the objective cannot use (a whole answer under a TTFT objective: its
-// first token is not seen; one without SLOs under slo-p95), which would
-// pay for a candidate that nothing judges. In block mode a decision made in a block's burn-in, or before
+// first token is not seen; one without SLOs under slo-p95; one that
+// generates no text), which would pay for a candidate that nothing
+// judges. In block mode a decision made in a block's burn-in, or before
 // the round's first whole block, is routed by its arm but untagged (not
 // scored).
 func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.Replica, rng *rand.Rand) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.paused || req.Unstreamed && !o.wholeToo || o.sloOnly && !req.HasSLO {
+	if o.paused || req.NotGeneration || req.Unstreamed && !o.wholeToo || o.sloOnly && !req.HasSLO {
 		d.Tag = -1
 		return o.arms[0].Decide(d, req, reps, rng)
 	}
@@ -384,7 +388,8 @@ func (o *Online) Resets() (n int, why string) {
 func (o *Online) Learn(tag int, s policy.Outcome) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.paused || tag < 0 || tag/2 != o.round || o.sloOnly && !s.HasSLO() || s.Unstreamed && !o.wholeToo {
+	if o.paused || tag < 0 || tag/2 != o.round || o.sloOnly && !s.HasSLO() || s.Unstreamed && !o.wholeToo ||
+		o.perToken && !s.Failed && s.Tokens == 0 { // no length to divide by
 		return
 	}
 	arm := tag % 2

@@ -807,3 +807,31 @@ func TestOnlineRoutesWhatItCannotJudgeWithTheIncumbent(t *testing.T) {
 		}
 	}
 }
+
+// Under p95-e2e-per-token an answer of a length not known measures
+// nothing: it fills no window, and a window without lengths scores no
+// number (a review: an arm with none scored 0 and won); a request that
+// generates no text goes by the incumbent under any objective.
+func TestPerTokenNeedsLengths(t *testing.T) {
+	o, err := NewOnline(OnlineConfig{ES: Config{Seed: 1, Objective: P95E2EPerToken}, Window: 4, Hop: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps := []policy.Replica{{ID: "a"}, {ID: "b"}}
+	var d policy.Decision
+	for range 16 {
+		if err := o.Decide(&d, &policy.Request{PromptTokens: 10, Unstreamed: true}, reps, rand.New(rand.NewPCG(1, 1))); err != nil {
+			t.Fatal(err)
+		}
+		o.Learn(d.Tag, policy.Outcome{Unstreamed: true, E2E: time.Second}) // no length
+	}
+	if judged, _ := o.Counts(); judged != 0 || o.Round().Scored != [2]int{} {
+		t.Errorf("answers without lengths: %d judged, round %+v", judged, o.Round())
+	}
+	if v, err := P95E2EPerToken.Of(Measure([]Sample{{Unstreamed: true, E2E: time.Second}})); err != nil || !math.IsNaN(v) {
+		t.Errorf("a window without lengths scores %v (%v), want NaN", v, err)
+	}
+	if err := o.Decide(&d, &policy.Request{PromptTokens: 10, NotGeneration: true}, reps, rand.New(rand.NewPCG(1, 1))); err != nil || d.Tag >= 0 {
+		t.Errorf("a request that generates no text: tag %d (%v), want the incumbent's, untagged", d.Tag, err)
+	}
+}

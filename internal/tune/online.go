@@ -490,6 +490,11 @@ func (o *Online) Objective() string {
 	o.mu.Lock()
 	c := o.es.Config()
 	o.mu.Unlock()
+	return objective(c)
+}
+
+// objective describes c's objective and guards (Online.Objective).
+func objective(c Config) string {
 	if len(c.Guards) == 0 {
 		return string(c.Objective)
 	}

@@ -11,13 +11,16 @@ import (
 )
 
 // State is what an online tuner has learned, to resume it after a restart
-// (gorgo serve's tuner_state): the policy it tunes, the values its tuned
-// parameters started from, its incumbent, its step size, and how far the
-// incumbent has moved on each guarded metric since the start (so that a
-// restart does not give the guard its whole allowance again). A round's
-// outcomes are not kept: the first round after a restart starts afresh.
+// (gorgo serve's tuner_state): the policy it tunes and what it minimises
+// (Online.Objective), the base's values it started from (all of them:
+// the tuned parameters' starts and the others'), its incumbent's, its
+// step size, and how far the incumbent has moved on each guarded metric
+// since the start (so that a restart does not give the guard its whole
+// allowance again). A round's outcomes are not kept: the first round
+// after a restart starts afresh.
 type State struct {
 	Policy    string             `json:"policy"`
+	Objective string             `json:"objective"`
 	Start     map[string]float64 `json:"start"`
 	Incumbent map[string]float64 `json:"incumbent"`
 	Sigma     float64            `json:"sigma"`
@@ -26,7 +29,7 @@ type State struct {
 
 // Equal reports whether s and t are the same state.
 func (s State) Equal(t State) bool {
-	return s.Policy == t.Policy && s.Sigma == t.Sigma &&
+	return s.Policy == t.Policy && s.Objective == t.Objective && s.Sigma == t.Sigma &&
 		maps.Equal(s.Start, t.Start) && maps.Equal(s.Incumbent, t.Incumbent) && maps.Equal(s.Drift, t.Drift)
 }
 
@@ -38,10 +41,7 @@ func (o *Online) State() State {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	e := o.es
-	s := State{Policy: o.cfg.Base, Start: map[string]float64{}, Incumbent: e.Named(e.inc), Sigma: e.sigma}
-	for _, p := range e.cfg.Params {
-		s.Start[p.Name] = p.Init
-	}
+	s := State{Policy: o.cfg.Base, Objective: objective(e.cfg), Start: o.start(), Incumbent: Apply(e, e.inc, o.cfg.BaseParams), Sigma: e.sigma}
 	for i, g := range e.cfg.Guards {
 		if s.Drift == nil {
 			s.Drift = map[string]float64{}
@@ -64,23 +64,29 @@ func (o *Online) Restore(s State) error {
 	if policy.Canonical(s.Policy) != o.cfg.Base {
 		return fmt.Errorf("it is the tuner's of %s; this one tunes %s", s.Policy, o.cfg.Base)
 	}
-	start := map[string]float64{}
-	for _, p := range e.cfg.Params {
-		start[p.Name] = p.Init
+	if obj := objective(e.cfg); s.Objective != obj {
+		return fmt.Errorf("it was learned for %q; this tuner minimises %q", s.Objective, obj)
 	}
+	start := o.start()
 	if !maps.Equal(start, s.Start) {
 		return fmt.Errorf("it started from %s, this tuner from %s (the weights or the parameters tuned changed since)", formatValues(s.Start), formatValues(start))
 	}
 	inc := make(Point, len(e.cfg.Params))
+	tuned := map[string]bool{}
 	for i, p := range e.cfg.Params {
 		v, ok := s.Incumbent[p.Name]
 		if !ok || !(v >= p.Min && v <= p.Max) {
 			return fmt.Errorf("its incumbent %s = %v is outside [%v, %v]", p.Name, s.Incumbent[p.Name], p.Min, p.Max)
 		}
-		inc[i] = v
+		inc[i], tuned[p.Name] = v, true
 	}
-	if len(s.Incumbent) != len(inc) {
-		return fmt.Errorf("its incumbent %s has parameters this tuner does not tune", formatValues(s.Incumbent))
+	for k, v := range s.Incumbent {
+		if w, ok := start[k]; !ok || !tuned[k] && v != w {
+			return fmt.Errorf("its incumbent %s moved %s, which this tuner does not tune", formatValues(s.Incumbent), k)
+		}
+	}
+	if len(s.Incumbent) != len(start) {
+		return fmt.Errorf("its incumbent %s lacks some of the base's parameters %s", formatValues(s.Incumbent), formatValues(start))
 	}
 	drift := make([]float64, len(e.cfg.Guards))
 	for i, g := range e.cfg.Guards {
@@ -104,6 +110,16 @@ func (o *Online) Restore(s State) error {
 		o.arms[1] = o.arms[0]
 	}
 	return nil
+}
+
+// start is the base's values the tuner started from: the tuned
+// parameters' starts, the others' values. Call with o.mu held.
+func (o *Online) start() map[string]float64 {
+	init := make(Point, len(o.es.cfg.Params))
+	for i, p := range o.es.cfg.Params {
+		init[i] = p.Init
+	}
+	return Apply(o.es, init, o.cfg.BaseParams)
 }
 
 // formatValues writes values as name=value, sorted by name.

@@ -92,6 +92,10 @@ func TestStateRefused(t *testing.T) {
 		{edit(func(s *State) { s.Incumbent[name] = 1e9 }), "outside"},
 		{edit(func(s *State) { delete(s.Incumbent, name) }), "outside"},
 		{edit(func(s *State) { s.Incumbent["gain"] = 1 }), "does not tune"},
+		{edit(func(s *State) { s.Incumbent["rtt"] *= 2 }), "moved rtt, which this tuner does not tune"},
+		{edit(func(s *State) { delete(s.Incumbent, "rtt") }), "lacks"},
+		{edit(func(s *State) { s.Start["rtt"] *= 2 }), "started from"},
+		{edit(func(s *State) { s.Objective = "p95-e2e" }), "learned for"},
 		{edit(func(s *State) { s.Drift = nil }), "drift"},
 		{edit(func(s *State) { s.Drift["e2e-p95"] = -1 }), "drift"},
 		{edit(func(s *State) { s.Sigma = 0 }), "step size"},
@@ -107,10 +111,12 @@ func TestStateRefused(t *testing.T) {
 			t.Errorf("%+v: refused, yet the tuner changed", c.state)
 		}
 	}
-	// Started from other weights: the state of the config's old weights
-	// is not this tuner's.
-	other := newGuarded(t, policy.Values{name: good.Start[name] * 2})
-	if err := other.Restore(good); err == nil {
-		t.Error("a tuner started from other weights resumed the old start's state")
+	// Started from other weights, tuned or not: the state of the config's
+	// old weights is not this tuner's (a review: a change of rtt, which
+	// it does not tune, resumed it, where a reload of it restarts it).
+	for _, w := range []policy.Values{{name: good.Start[name] * 2}, {"rtt": good.Start["rtt"] * 2}} {
+		if err := newGuarded(t, w).Restore(good); err == nil {
+			t.Errorf("a tuner started from %v resumed the old start's state", w)
+		}
 	}
 }

@@ -152,6 +152,12 @@ func writeTunerState(path string, st tune.State) error {
 	}
 	if err != nil {
 		os.Remove(f.Name())
+		return err
 	}
-	return err
+	// The rename, too, on the disk (where the directory can be synced).
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
 }

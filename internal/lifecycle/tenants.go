@@ -96,11 +96,11 @@ func (r *Request) classify(in *Incoming, now time.Time) *wire.Error {
 		e := wire.Errorf(statusTooMany, "%s", refusal.Message)
 		e.Code = "rate_limit_exceeded" // OpenAI's, for a client that tells its 429s apart
 		switch {
-		case refusal.RetryAfter > 0:
+		case !refusal.Never:
 			e.RetryAfter = strconv.Itoa(max(1, int(math.Ceil(refusal.RetryAfter.Seconds()))))
 		case in.Header != nil:
-			// Never: larger than the whole budget. OpenAI's SDKs retry a
-			// 429 unless told not to.
+			// Larger than the whole budget. OpenAI's SDKs retry a 429
+			// unless told not to.
 			in.Header.Set("X-Should-Retry", "false")
 		}
 		c.cfg.Metrics.tenantRefused(t.Name, class.Priority, "budget")

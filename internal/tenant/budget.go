@@ -79,9 +79,10 @@ type Grant struct {
 // Refusal is a request over its tenant's budget: a 429 with Retry-After.
 type Refusal struct {
 	Message string
-	// RetryAfter is how long until the request could go (0: never, it is
-	// larger than the whole budget).
+	// RetryAfter is how long until the request could go; Never says it
+	// never can, being larger than the whole budget.
 	RetryAfter time.Duration
+	Never      bool
 }
 
 // Admit charges one request and its tokens to the tenant's budgets at now,
@@ -103,7 +104,7 @@ func (t *Tenant) Admit(now time.Time, prompt, expected int) (Grant, *Refusal) {
 	if t.tokens != nil {
 		if prompt > t.TokensPerMinute {
 			t.reqs.giveBack(now)
-			return g, &Refusal{Message: fmt.Sprintf("this request of about %d prompt tokens is more than tenant %s's budget of %d tokens per minute", prompt, t.Name, t.TokensPerMinute)}
+			return g, &Refusal{Message: fmt.Sprintf("this request of about %d prompt tokens is more than tenant %s's budget of %d tokens per minute", prompt, t.Name, t.TokensPerMinute), Never: true}
 		}
 		tokens = min(tokens, t.TokensPerMinute)
 		if wait, ok := t.tokens.take(now, float64(tokens)); !ok {

@@ -114,7 +114,7 @@ func TestBudgets(t *testing.T) {
 		t.Errorf("after 10 s: %s", ref.Message)
 	}
 	// A request larger than the whole budget never goes.
-	if _, ref = a.Admit(t0.Add(time.Hour), 7000, 0); ref == nil || ref.RetryAfter != 0 {
+	if _, ref = a.Admit(t0.Add(time.Hour), 7000, 0); ref == nil || !ref.Never || ref.RetryAfter != 0 {
 		t.Errorf("too large: %+v", ref)
 	}
 	// The answer expected is charged up front, so a burst cannot spend many

@@ -135,7 +135,6 @@ func clientKey(r *http.Request) string {
 // OpenAI API handler.
 func (s *Server) guard(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		answerRequestID(w, r)
 		if keys := *s.keys.Load(); len(keys) > 0 {
 			name := httpapi.Match(r, keys)
 			if name == "" {

@@ -92,8 +92,14 @@ func New(f *fleet.Fleet, cfg Config, reg prometheus.Registerer, metrics promethe
 // Config returns the running config.
 func (s *Server) Config() Config { return *s.cfg.Load() }
 
-// Handler serves the OpenAI API, /health and /metrics to clients.
-func (s *Server) Handler() http.Handler { return s.mux }
+// Handler serves the OpenAI API, /health and /metrics to clients, every
+// answer with an X-Request-Id (answerRequestID).
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		answerRequestID(w, r)
+		s.mux.ServeHTTP(w, r)
+	})
+}
 
 // Prepare judges next as the running config, for a reload: the client
 // listener's settings cannot change while it serves (restart lists them)

@@ -601,7 +601,20 @@ func TestAnswersCarryARequestID(t *testing.T) {
 	if resp := send("/v1/chat/completions", "", "wrong"); resp.StatusCode != 401 || !strings.HasPrefix(resp.Header.Get("X-Request-Id"), "req_") {
 		t.Errorf("a refusal: %d, id %q", resp.StatusCode, resp.Header.Get("X-Request-Id"))
 	}
+	// Every answer, those of no route too; a client's id too long to
+	// echo and log, or not printable, is replaced (a review: 512 KiB were
+	// echoed and logged).
+	if resp := send("/nope", "", key); resp.StatusCode != 404 || !strings.HasPrefix(resp.Header.Get("X-Request-Id"), "req_") {
+		t.Errorf("no route: %d, id %q", resp.StatusCode, resp.Header.Get("X-Request-Id"))
+	}
+	long := strings.Repeat("x", 257)
+	if resp := send("/v1/chat/completions", long, key); resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("X-Request-Id"), "req_") {
+		t.Errorf("an id of 257 bytes: %d, answered %.40q", resp.StatusCode, resp.Header.Get("X-Request-Id"))
+	}
 	servetest.Eventually(t, "the access log to name the requests", func() bool {
 		return strings.Contains(log.String(), "request_id=client-7") && strings.Contains(log.String(), "request_id="+ida)
 	})
+	if strings.Contains(log.String(), long) {
+		t.Error("the access log has the id of 257 bytes")
+	}
 }

@@ -54,9 +54,10 @@ func (o *Online) State() State {
 // Restore resumes what a tuner with the same start learned (State): its
 // incumbent routes, and is measured against a new candidate drawn from the
 // restored step size. A fleet change falls back to the start, as before
-// the restart. It refuses, changing nothing, a state of another policy or
-// another start (the operator's weights changed since, or the parameters
-// tuned: they win), or one whose values are out of the tuner's bounds.
+// the restart. It refuses, changing nothing, a state of another policy,
+// another objective or another start (the operator changed the weights,
+// any of them, or the parameters tuned, or what they minimise: they
+// win), or one whose values are out of the tuner's bounds.
 func (o *Online) Restore(s State) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -115,11 +116,11 @@ func (o *Online) Restore(s State) error {
 // start is the base's values the tuner started from: the tuned
 // parameters' starts, the others' values. Call with o.mu held.
 func (o *Online) start() map[string]float64 {
-	init := make(Point, len(o.es.cfg.Params))
+	first := make(Point, len(o.es.cfg.Params))
 	for i, p := range o.es.cfg.Params {
-		init[i] = p.Init
+		first[i] = p.Init
 	}
-	return Apply(o.es, init, o.cfg.BaseParams)
+	return Apply(o.es, first, o.cfg.BaseParams)
 }
 
 // formatValues writes values as name=value, sorted by name.

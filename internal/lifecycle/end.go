@@ -112,9 +112,10 @@ func (r *Request) judge(status int, broken bool) {
 	}
 }
 
-// learn hands a request's outcome to a learning policy. Only a stream
-// says when its first token came: a whole answer is timed by its end
-// alone (Outcome.Unstreamed). A stream served in full without a token
+// learn hands a request's outcome to a learning policy, if it generates
+// text (policy.Request.NotGeneration). Only a stream says when its first
+// token came: a whole answer is timed by its end alone
+// (Outcome.Unstreamed). A stream served in full without a token
 // seen (an empty answer; a gateway that shows the picker no body) says
 // nothing of the replica's speed: it is not learned from, not counted as
 // failed.

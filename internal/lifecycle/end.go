@@ -112,8 +112,8 @@ func (r *Request) judge(status int, broken bool) {
 	}
 }
 
-// learn hands a request's outcome to a learning policy, if it generates
-// text (policy.Request.NotGeneration). Only a stream says when its first
+// learn hands a request's outcome to a learning policy, unless no
+// learner hears it (policy.Request.Unjudged). Only a stream says when its first
 // token came: a whole answer is timed by its end alone
 // (Outcome.Unstreamed). A stream served in full without a token
 // seen (an empty answer; a gateway that shows the picker no body) says
@@ -122,7 +122,7 @@ func (r *Request) judge(status int, broken bool) {
 func (r *Request) learn(status int, at time.Time) {
 	l, isLearner := r.core.cfg.Router.Policy().(policy.Learner)
 	unstreamed := !r.Parsed.Stream
-	if !isLearner || r.Route.NotGeneration || status == statusClientGone || status == statusOK && r.first.IsZero() && !unstreamed {
+	if !isLearner || r.Route.Unjudged || status == statusClientGone || status == statusOK && r.first.IsZero() && !unstreamed {
 		return
 	}
 	if status >= 400 && status < 500 && status != statusTooMany {

@@ -210,10 +210,12 @@ func TestDecisionHearsWhetherAnSLOHolds(t *testing.T) {
 	}
 }
 
-// Embeddings (and the engines' other endpoints that generate no text)
-// are not learned from, and the decision hears so; a Responses API
-// request, which generates, is (a review: embeddings were learned as
-// whole answers of no length).
+// Embeddings (and the engines' other endpoints that generate no text),
+// and a stream a gateway shows the picker nothing of, are not learned
+// from, and the decision hears so; a Responses API request, which
+// generates, is (a review: embeddings were learned as whole answers of no
+// length, and unseen streams routed by a candidate that never heard of
+// them).
 func TestEmbeddingsAreNotLearned(t *testing.T) {
 	c, l, _, _ := setup(t)
 	for _, ep := range []string{"/v1/embeddings", "/v1/responses"} {
@@ -222,7 +224,10 @@ func TestEmbeddingsAreNotLearned(t *testing.T) {
 			t.Fatalf("%s: status %d", ep, st)
 		}
 	}
-	if len(l.outcomes) != 1 || !l.outcomes[0].Unstreamed {
-		t.Errorf("learned %+v, want the responses request's alone", l.outcomes)
+	if st := c.Serve(context.Background(), Incoming{Body: []byte(chat), Kind: Chat, Received: time.Now(), Unseen: true}, &frontEnd{}); st != 200 {
+		t.Fatalf("an unseen stream: status %d", st)
+	}
+	if len(l.outcomes) != 1 || !l.outcomes[0].Unstreamed || !slices.Equal(l.unjudged, []bool{true, false, true}) {
+		t.Errorf("learned %+v, unjudged %v; want the responses request's alone", l.outcomes, l.unjudged)
 	}
 }

@@ -26,14 +26,14 @@ import (
 // the requests it routed were held to SLOs.
 type learner struct {
 	policy.Policy
-	outcomes []policy.Outcome
-	hasSLO   []bool
+	outcomes         []policy.Outcome
+	hasSLO, unjudged []bool
 }
 
 func (l *learner) Learn(tag int, o policy.Outcome) { l.outcomes = append(l.outcomes, o) }
 
 func (l *learner) Decide(d *policy.Decision, req *policy.Request, reps []policy.Replica, rng *rand.Rand) error {
-	l.hasSLO = append(l.hasSLO, req.HasSLO)
+	l.hasSLO, l.unjudged = append(l.hasSLO, req.HasSLO), append(l.unjudged, req.Unjudged)
 	return l.Policy.Decide(d, req, reps, rng)
 }
 

@@ -149,7 +149,7 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		fe.Refuse(e)
 		return e.Status
 	}
-	r.Route.HasSLO, r.Route.NotGeneration = r.slos().HasSLO(), !r.generates()
+	r.Route.HasSLO, r.Route.Unjudged = r.slos().HasSLO(), !r.generates() || in.Unseen && r.Parsed.Stream
 	r.traceStart(ctx, in.Parent, in.Kind)
 	e, gone := r.admit(ctx)
 	r.traceQueue(e, gone)

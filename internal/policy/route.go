@@ -97,10 +97,11 @@ type Request struct {
 	// HasSLO says the request is held to a TTFT or TPOT SLO: its outcome
 	// will carry them (Outcome.HasSLO).
 	HasSLO bool
-	// NotGeneration says the request generates no text (embeddings,
-	// tokenizing, scoring): its time says nothing a learner judges
-	// weights by, and none hears its outcome.
-	NotGeneration bool
+	// Unjudged says no learner hears the request's outcome: it generates
+	// no text (embeddings, tokenizing, scoring), or its answer is a
+	// stream the front end will not see (a gateway that shows the picker
+	// no body), whose time is not known.
+	Unjudged bool
 	// Now is the router's time of the decision (the simulator's clock, or
 	// the proxy's since it started); the router sets it.
 	Now time.Duration

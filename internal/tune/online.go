@@ -274,7 +274,7 @@ func (o *Online) Name() string { return OnlineName }
 func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.Replica, rng *rand.Rand) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.paused || req.NotGeneration || req.Unstreamed && !o.wholeToo || o.sloOnly && !req.HasSLO {
+	if o.paused || req.Unjudged || req.Unstreamed && !o.wholeToo || o.sloOnly && !req.HasSLO {
 		d.Tag = -1
 		return o.arms[0].Decide(d, req, reps, rng)
 	}

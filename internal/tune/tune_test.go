@@ -831,7 +831,7 @@ func TestPerTokenNeedsLengths(t *testing.T) {
 	if v, err := P95E2EPerToken.Of(Measure([]Sample{{Unstreamed: true, E2E: time.Second}})); err != nil || !math.IsNaN(v) {
 		t.Errorf("a window without lengths scores %v (%v), want NaN", v, err)
 	}
-	if err := o.Decide(&d, &policy.Request{PromptTokens: 10, NotGeneration: true}, reps, rand.New(rand.NewPCG(1, 1))); err != nil || d.Tag >= 0 {
+	if err := o.Decide(&d, &policy.Request{PromptTokens: 10, Unjudged: true}, reps, rand.New(rand.NewPCG(1, 1))); err != nil || d.Tag >= 0 {
 		t.Errorf("a request that generates no text: tag %d (%v), want the incumbent's, untagged", d.Tag, err)
 	}
 }

@@ -914,8 +914,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			upErr = fmt.Errorf("no byte from the replica for %v", idle)
 		}
 		if a.stream && !over && clientErr == nil {
-			// The stream broke off between events: say so in an event of
-			// its own, as the engines say an error mid-stream, before the
+			// The stream broke off (the part of an event it broke off in
+			// dropped above): say so in an event of its own, as the
+			// engines say an error mid-stream, before the
 			// connection is cut (the handler's part), so that a client
 			// reading events (OpenAI's SDKs throw on an event's "error")
 			// has a reason, not a bare cut.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +16,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/serve"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
 	"github.com/gorgo-llm/gorgo/internal/trace"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -766,7 +766,8 @@ func TestReloadRefusesWhatTheTunerCannotStartFrom(t *testing.T) {
 		t.Fatal(err)
 	}
 	tf := parseTuneFlags(t, true)
-	s, err := newServer(cfg.Defaults(), tf, serve.Options{Path: path, Overrides: func(c *serve.Config) error { return startable(c, tf) }}, false, io.Discard)
+	var log servetest.Log
+	s, err := newServer(cfg.Defaults(), tf, serve.Options{Path: path, Overrides: func(c *serve.Config) error { return startable(c, tf) }}, false, &log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -787,6 +788,10 @@ func TestReloadRefusesWhatTheTunerCannotStartFrom(t *testing.T) {
 	// (2026-12-07: a restart was needed).
 	if v := s.Fleet.Policy().(*tune.Online).Incumbent(); v["decode"] != 0.5 || v["itl"] != 0.2 {
 		t.Errorf("the tuner after the reload routes with %v, want decode 0.5 and itl 0.2", v)
+	}
+	// And says so (a user's test: the reload's line said nothing of it).
+	if !strings.Contains(log.String(), `msg="the tuner starts from the file's weights" weights="rtt=1,queue=1,decode=0.5,itl=0.2"`) {
+		t.Errorf("the log: %s", log.String())
 	}
 }
 

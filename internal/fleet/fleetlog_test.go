@@ -18,11 +18,11 @@ type fakeTuner struct {
 	why    string
 }
 
-func (f *fakeTuner) Base() string                  { return policy.DefaultName }
-func (f *fakeTuner) Incumbent() policy.Values      { return policy.Values{"decode": 0.2} }
-func (f *fakeTuner) Resets() (n int, why string)   { return f.resets, f.why }
-func (f *fakeTuner) FleetChanged(why string)       {}
-func (f *fakeTuner) StartFrom(policy.Values) error { return nil }
+func (f *fakeTuner) Base() string                    { return policy.DefaultName }
+func (f *fakeTuner) Incumbent() policy.Values        { return policy.Values{"decode": 0.2} }
+func (f *fakeTuner) Resets() (n int, why string)     { return f.resets, f.why }
+func (f *fakeTuner) FleetChanged(policy.FleetChange) {}
+func (f *fakeTuner) StartFrom(policy.Values) error   { return nil }
 
 // A change of the fleet is logged, with what a tuner did about it: a
 // fallback to its starting weights a warning (2026-12-06, a user's test:
@@ -53,9 +53,9 @@ type watcherPolicy struct {
 	heard []string
 }
 
-func (w *watcherPolicy) FleetChanged(why string) {
+func (w *watcherPolicy) FleetChanged(c policy.FleetChange) {
 	w.mu.Lock()
-	w.heard = append(w.heard, why)
+	w.heard = append(w.heard, c.Why)
 	w.mu.Unlock()
 }
 

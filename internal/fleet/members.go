@@ -305,10 +305,10 @@ func fleetChangedLog(log *slog.Logger, pol policy.Policy) func(why string) {
 			// The fallback's own reason: news of two changes at once may
 			// reach the log in the other order than the tuner.
 			if n, fell := r.Resets(); int64(n) > resets.Swap(int64(n)) {
-				log.Warn("fleet changed: the tuner fell back to its starting weights and starts its round afresh", "why", fell, "weights", t.Incumbent())
+				log.Warn("fleet changed: the tuner fell back to its starting weights and starts its round afresh", "why", fell, "weights", policy.Format(t.Base(), t.Incumbent()))
 				return
 			}
 		}
-		log.Info("fleet changed: the tuner starts its round afresh", "why", why, "weights", t.Incumbent())
+		log.Info("fleet changed: the tuner starts its round afresh", "why", why, "weights", policy.Format(t.Base(), t.Incumbent()))
 	}
 }

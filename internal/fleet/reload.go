@@ -55,7 +55,11 @@ func (f *Fleet) Prepare(next Config) (apply func() (Changes, error), restart []s
 			set = func() {
 				if err := p.StartFrom(resolved); err != nil {
 					f.log.Error("the tuner cannot start from the file's weights: it keeps its own", "policy", name, "error", err)
+					return
 				}
+				// What it learned is gone: say so (a user's test: the
+				// reload's line said nothing of it).
+				f.log.Info("the tuner starts from the file's weights", "weights", policy.Format(name, p.Incumbent()))
 			}
 		default:
 			restart = append(restart, fmt.Sprintf("params: policy %s takes none while it runs", name))

@@ -301,9 +301,16 @@ type Learner interface {
 
 // A FleetWatcher is a policy whose learned state belongs to the fleet it
 // learned it on: the router tells it when that fleet changed (a replica
-// added or gone, a round trip that jumped), why in a few words.
+// added or gone, a round trip that jumped).
 type FleetWatcher interface {
-	FleetChanged(why string)
+	FleetChanged(FleetChange)
+}
+
+// FleetChange is a change of the fleet: why, in a few words, and the
+// replica that joined the decisions, if that is the change.
+type FleetChange struct {
+	Why    string
+	Joined string
 }
 
 // ErrNoReplica means no replica is available.

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
+	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prefix"
 )
 
@@ -194,7 +196,7 @@ func (r *Router) detach(f *fleet, m *member) {
 	r.rebuildCatalog(f)
 	r.fleetMu.Unlock()
 	if probed { // one never probed took no decision: nothing changed
-		r.fleetChanged("replica " + m.id + " left")
+		r.fleetChanged(policy.FleetChange{Why: "replica " + m.id + " left"})
 	}
 	r.newsMu.Unlock()
 	// Clear the slot in pieces so decisions (which take the index's read
@@ -271,6 +273,17 @@ func (r *Router) ClearCache(id string) error {
 func (r *Router) Current(t *Ticket) bool {
 	m, err := r.member(t.ID)
 	return err == nil && m == t.m
+}
+
+// IDs returns the ids of the fleet's replicas, in any state, sorted.
+func (r *Router) IDs() []string {
+	f := r.fleet.Load()
+	ids := make([]string, 0, len(f.members))
+	for _, m := range f.members {
+		ids = append(ids, m.id)
+	}
+	slices.Sort(ids)
+	return ids
 }
 
 // Has reports whether a replica of that id is in the fleet (in any state).

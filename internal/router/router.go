@@ -836,9 +836,9 @@ func (r *Router) ObserveRTT(id string, rtt time.Duration) error {
 		defer r.newsMu.Unlock()
 		switch first, jumped, from, to := m.observeRTT(rtt); {
 		case first && m.added && r.deciding.Load():
-			r.fleetChanged("replica " + id + " added")
+			r.fleetChanged(policy.FleetChange{Why: "replica " + id + " added", Joined: id})
 		case jumped:
-			r.fleetChanged(fmt.Sprintf("round trip to %s went from %v to %v", id, from.Round(time.Millisecond), to.Round(time.Millisecond)))
+			r.fleetChanged(policy.FleetChange{Why: fmt.Sprintf("round trip to %s went from %v to %v", id, from.Round(time.Millisecond), to.Round(time.Millisecond))})
 		}
 	}
 	return err
@@ -846,12 +846,12 @@ func (r *Router) ObserveRTT(id string, rtt time.Duration) error {
 
 // fleetChanged tells a policy that learns from the fleet (a
 // policy.FleetWatcher: the online tuner) that the fleet changed.
-func (r *Router) fleetChanged(why string) {
+func (r *Router) fleetChanged(c policy.FleetChange) {
 	if w, ok := r.cfg.Policy.(policy.FleetWatcher); ok {
-		w.FleetChanged(why)
+		w.FleetChanged(c)
 	}
 	if r.cfg.FleetChanged != nil {
-		r.cfg.FleetChanged(why)
+		r.cfg.FleetChanged(c.Why)
 	}
 }
 

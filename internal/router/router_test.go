@@ -1035,7 +1035,7 @@ type watcher struct {
 	changes []string
 }
 
-func (w *watcher) FleetChanged(why string) { w.changes = append(w.changes, why) }
+func (w *watcher) FleetChanged(c policy.FleetChange) { w.changes = append(w.changes, c.Why) }
 
 // The router tells a FleetWatcher policy of replicas added and gone and of
 // a round trip that jumped and stayed, not of its initial fleet, a drain,

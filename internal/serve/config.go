@@ -40,8 +40,9 @@ type Config struct {
 	// (tune.State), so that a restart resumes it rather than start again
 	// from the config's weights: read at start, written when it changes
 	// (at most every 10 s, and at shutdown). Its directory must be
-	// writable. Without it, or for an untuned policy, nothing is kept.
-	// A change needs a restart.
+	// writable, and the file each router's own (two writing one would take
+	// each other's state). Without it, or for an untuned policy, nothing
+	// is kept. A change needs a restart.
 	TunerState string `yaml:"tuner_state"`
 }
 

@@ -119,7 +119,7 @@ func New(cfg Config, o Options) (*Server, error) {
 		f.Core().SetTracer(s.tracing.Tracer())
 	}
 	if cfg.TunerState != "" {
-		if s.tuner, err = resumeTuner(f.Policy(), cfg.TunerState, o.Log); err != nil {
+		if s.tuner, err = resumeTuner(f.Policy(), cfg.TunerState, f.Router().IDs, o.Log); err != nil {
 			return nil, errors.Join(err, s.tracing.Shutdown(context.Background()), f.Close())
 		}
 	}

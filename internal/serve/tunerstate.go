@@ -25,42 +25,59 @@ const maxTunerStateBytes = 1 << 20
 
 // tunerState keeps an online tuner's state in a file (tuner_state).
 type tunerState struct {
-	tuner *tune.Online
-	path  string
-	log   *slog.Logger
-	saved tune.State // as last written or read
-	err   string     // the last write's error, logged once
+	tuner    *tune.Online
+	replicas func() []string // the fleet's, sorted (tune.State.Fleet)
+	path     string
+	log      *slog.Logger
+	saved    tune.State // as last written or read, or the state not to write over the file
+	failing  bool       // the last write failed (logged once, until one succeeds)
 }
 
 // resumeTuner resumes the policy's tuner from the state in path, if there
 // is one it may resume (tune.Online.Restore), and returns what keeps its
-// state there from now. A state that cannot be read or resumed is logged
-// and replaced: the router starts whatever the file holds. A policy not
-// tuned online has no state to keep: an error, as the config asks for it.
-func resumeTuner(p policy.Policy, path string, log *slog.Logger) (*tunerState, error) {
+// state there from now, with the fleet's replicas (tune.State.Fleet). A
+// state that cannot be read is logged and replaced: the router starts
+// whatever the file holds. One that cannot be resumed is logged and left
+// alone until the tuner learns anything (a start with a wrong flag must
+// not wipe what was learned). A policy not tuned online has no state to
+// keep, and a path that is no file cannot hold one: errors, as the config
+// asks for it.
+func resumeTuner(p policy.Policy, path string, replicas func() []string, log *slog.Logger) (*tunerState, error) {
 	o, ok := p.(*tune.Online)
 	if !ok {
 		return nil, fmt.Errorf("config: tuner_state: policy %s is not tuned online (tune: false, or --tune=false): there is no state to keep", p.Name())
 	}
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("config: tuner_state: %s is not a file", path)
+	}
 	if err := writableDir(path); err != nil {
 		return nil, fmt.Errorf("config: tuner_state: %w", err)
 	}
-	t := &tunerState{tuner: o, path: path, log: log}
+	t := &tunerState{tuner: o, replicas: replicas, path: path, log: log}
 	st, err := readTunerState(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		log.Info("the tuner starts from the config's weights (no state kept yet)", "tuner_state", path)
+		log.Info("no tuner state kept yet: the tuner starts afresh", "tuner_state", path, "weights", policy.Format(o.Base(), o.Incumbent()))
 	case err != nil:
-		log.Warn("the tuner's state cannot be read: it starts from the config's weights, and the file will be replaced", "tuner_state", path, "error", err)
+		log.Warn("the tuner's state cannot be read: the tuner starts afresh, and the file will be replaced", "tuner_state", path, "error", err)
 	default:
 		if err := o.Restore(st); err != nil {
-			log.Info("the tuner's state is not resumed: it starts from the config's weights", "tuner_state", path, "why", err)
+			t.saved = t.state()
+			log.Warn("the tuner's state is not resumed: the tuner starts afresh, and the file is kept until it learns anything", "tuner_state", path, "why", err,
+				"weights", policy.Format(o.Base(), o.Incumbent()))
 			break
 		}
 		t.saved = st
-		log.Info("the tuner resumes from its state", "tuner_state", path, "weights", policy.Format(o.Base(), o.Incumbent()), "moved", st.Moved())
+		log.Info("the tuner resumes from its state", "tuner_state", path, "weights", policy.Format(o.Base(), o.Incumbent()), "moved", st.Moved(), "step", o.Sigma())
 	}
 	return t, nil
+}
+
+// state is the tuner's state with the fleet's replicas.
+func (t *tunerState) state() tune.State {
+	st := t.tuner.State()
+	st.Fleet = t.replicas()
+	return st
 }
 
 // writableDir reports whether a file can be made in path's directory.
@@ -114,21 +131,24 @@ func (t *tunerState) keep(ctx context.Context) {
 
 // save writes the tuner's state if it changed since last written: to a
 // file beside the state's, then renamed over it, so that a crash leaves
-// the old state or the new, never half of one. A failure is logged once
-// until it changes or a write succeeds.
+// the old state or the new, never half of one. A failure is logged once,
+// until a write succeeds again.
 func (t *tunerState) save() {
-	st := t.tuner.State()
+	st := t.state()
 	if st.Equal(t.saved) {
 		return
 	}
 	if err := writeTunerState(t.path, st); err != nil {
-		if msg := err.Error(); msg != t.err {
-			t.err = msg
-			t.log.Error("the tuner's state cannot be written: a restart would start it from the config's weights", "tuner_state", t.path, "error", err)
+		if !t.failing {
+			t.failing = true
+			t.log.Error("the tuner's state cannot be written: what it learns is not kept until a write succeeds", "tuner_state", t.path, "error", err)
 		}
 		return
 	}
-	t.saved, t.err = st, ""
+	if t.failing {
+		t.log.Info("the tuner's state is written again", "tuner_state", t.path)
+	}
+	t.saved, t.failing = st, false
 }
 
 func writeTunerState(path string, st tune.State) error {

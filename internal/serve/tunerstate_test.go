@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -51,7 +52,7 @@ func TestTunerStateSurvivesARestart(t *testing.T) {
 	}
 
 	first, o1, log := router(nil)
-	if !strings.Contains(log.String(), "no state kept yet") {
+	if !strings.Contains(log.String(), "no tuner state kept yet") {
 		t.Errorf("a first start's log: %s", log)
 	}
 	// What it learned: an incumbent away from the start.
@@ -76,8 +77,8 @@ func TestTunerStateSurvivesARestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := readTunerState(path)
-	if err != nil || !got.Equal(o1.State()) {
-		t.Fatalf("the state written: %+v (%v), want %+v", got, err, o1.State())
+	if want := first.tuner.state(); err != nil || !got.Equal(want) || !slices.Equal(got.Fleet, []string{"a"}) {
+		t.Fatalf("the state written: %+v (%v), want %+v, with the fleet's replica", got, err, want)
 	}
 
 	second, o2, log := router(nil)
@@ -93,7 +94,9 @@ func TestTunerStateSurvivesARestart(t *testing.T) {
 	}
 	stop(second)
 
-	// The config's weights changed, a tuned one's or another's: they win.
+	// The config's weights changed, a tuned one's or another's: they win,
+	// and the file is kept until the tuner learns anything (a user's test:
+	// one start with a wrong flag wiped what was learned).
 	for _, key := range []string{"decode", "rtt"} {
 		changed := policy.Values{key: learned.Start[key] * 2}
 		third, o3, log := router(changed)
@@ -104,8 +107,21 @@ func TestTunerStateSurvivesARestart(t *testing.T) {
 		if err := third.Shutdown(context.Background()); err != nil {
 			t.Fatal(err)
 		}
+		if got, err := readTunerState(path); err != nil || got.Start[key] == changed[key] || !got.Moved() {
+			t.Errorf("with %s changed and nothing learned, the file holds %+v (%v), want the learned state kept", key, got, err)
+		}
+		again, o4, _ := router(changed)
+		st := o4.State()
+		st.Incumbent["itl"] *= 1.2 // it learns
+		if err := o4.Restore(st); err != nil {
+			t.Fatal(err)
+		}
+		stop(again)
+		if err := again.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		if got, err := readTunerState(path); err != nil || got.Start[key] != changed[key] {
-			t.Errorf("the state kept after it: %+v (%v), want the new start's", got, err)
+			t.Errorf("with %s changed and something learned, the file holds %+v (%v), want the new start's", key, got, err)
 		}
 	}
 	// A file that cannot be read: the router starts, and replaces it.
@@ -142,5 +158,41 @@ func TestTunerStateRefused(t *testing.T) {
 	nowhere := Config{TunerState: filepath.Join(t.TempDir(), "missing", "tuner.json"), Config: fleet.Config{Replicas: reps}}
 	if _, err := New(nowhere, Options{Policy: o}); err == nil || !strings.Contains(err.Error(), "cannot write") {
 		t.Errorf("tuner_state in a directory that does not exist: %v", err)
+	}
+	// A directory (a user's test: the router started, and failed every
+	// write).
+	dir := Config{TunerState: t.TempDir(), Config: fleet.Config{Replicas: reps}}
+	if _, err := New(dir, Options{Policy: o}); err == nil || !strings.Contains(err.Error(), "is not a file") {
+		t.Errorf("tuner_state a directory: %v", err)
+	}
+}
+
+// A write that fails is logged once, until one succeeds again (a user's
+// test: each write's temporary name made each failure a new message).
+func TestTunerStateWriteFailureLoggedOnce(t *testing.T) {
+	o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	st := &tunerState{tuner: o, replicas: func() []string { return nil }, path: filepath.Join(t.TempDir(), "gone", "tuner.json"),
+		log: slog.New(slog.NewTextHandler(&log, nil))}
+	for i := range 3 {
+		s := o.State()
+		s.Incumbent["itl"] *= 1.1 + float64(i)/10 // something new to write each time
+		if err := o.Restore(s); err != nil {
+			t.Fatal(err)
+		}
+		st.save()
+	}
+	if n := strings.Count(log.String(), "cannot be written"); n != 1 {
+		t.Errorf("3 failed writes logged %d times: %s", n, log.String())
+	}
+	if err := os.Mkdir(filepath.Dir(st.path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st.save()
+	if !strings.Contains(log.String(), "written again") {
+		t.Errorf("a write that succeeded again is not logged: %s", log.String())
 	}
 }

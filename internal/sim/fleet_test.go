@@ -111,7 +111,7 @@ type watcher struct {
 	changes []string
 }
 
-func (w *watcher) FleetChanged(why string) { w.changes = append(w.changes, why) }
+func (w *watcher) FleetChanged(c policy.FleetChange) { w.changes = append(w.changes, c.Why) }
 
 // ScoreFrom leaves the requests that arrive before it out of the summary
 // (they are routed and recorded all the same), and a policy that learns

@@ -38,7 +38,7 @@ func TestFleetChangeRestoresTheFirstStep(t *testing.T) {
 	if judged, won := o.Counts(); judged < 30 || won != 0 || o.Sigma() != o.ES().Config().SigmaMin {
 		t.Fatalf("%d judged, %d accepted, sigma %v: want many rejected, the step at its floor", judged, won, o.Sigma())
 	}
-	o.FleetChanged("replica c added")
+	o.FleetChanged(policy.FleetChange{Why: "replica c added"})
 	if o.Sigma() != first {
 		t.Errorf("after the fleet changed the step is %v, want the first step %v", o.Sigma(), first)
 	}

@@ -90,6 +90,9 @@ type Online struct {
 	resets int
 	why    string
 	moved  bool
+	// known are the replicas the resumed state was learned with (Restore):
+	// one of them joining is no change of the fleet that was learned on.
+	known map[string]bool
 	// confirming: the candidate won its first round and is measured again.
 	confirming bool
 	// sloOnly: the objective is slo-p95, which only requests with SLOs
@@ -306,11 +309,21 @@ func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.R
 // FleetChanged implements policy.FleetWatcher. Weights learned on another
 // fleet say little of this one: a tuner that has moved falls back to its
 // starting weights (the base policy's defaults), its first step size and
-// no drift, and draws a new candidate. Either way the round starts afresh,
-// its outcomes so far measured on the old fleet.
-func (o *Online) FleetChanged(why string) {
+// no drift, and draws a new candidate; not for a replica that joins which
+// the state it resumed was learned with (Restore: a router restarted
+// before one of its replicas came up). Either way the round starts
+// afresh, its outcomes so far measured on the old fleet.
+func (o *Online) FleetChanged(c policy.FleetChange) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if c.Joined != "" && o.known[c.Joined] {
+		delete(o.known, c.Joined) // once: leaving and joining again is news
+		// What was learned holds; a win the candidate had on the fleet
+		// without it confirms nothing.
+		o.confirming = false
+		o.restart()
+		return
+	}
 	if !o.moved {
 		// The candidate stays, but a win it had on the old fleet confirms
 		// nothing on this one; the step its rejections shrank there is
@@ -321,7 +334,7 @@ func (o *Online) FleetChanged(why string) {
 		return
 	}
 	o.resets++
-	o.why = why
+	o.why = c.Why
 	o.moved = false
 	o.es.Reset()
 	p, err := o.policy(o.es.Incumbent())

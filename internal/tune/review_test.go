@@ -136,7 +136,7 @@ func TestOnlineStartFrom(t *testing.T) {
 		t.Errorf("decode's bounds %+v do not hold 5", p)
 	}
 	o.es.inc[0], o.moved = 1, true // learned since
-	o.FleetChanged("a replica joined")
+	o.FleetChanged(policy.FleetChange{Why: "a replica joined"})
 	want("after a change of the fleet", 5, 0.3, 2)
 	if err := o.StartFrom(policy.Values{"queue": -1}); err == nil {
 		t.Error("a negative queue weight was taken")

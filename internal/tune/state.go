@@ -16,21 +16,27 @@ import (
 // the tuned parameters' starts and the others'), its incumbent's, its
 // step size, and how far the incumbent has moved on each guarded metric
 // since the start (so that a restart does not give the guard its whole
-// allowance again). A round's outcomes are not kept: the first round
-// after a restart starts afresh.
+// allowance again); and the replicas it was learned with (Fleet, the
+// caller's to fill: a tuner knows no replicas), whose joining after a
+// restart is no change of the fleet. A round's outcomes are not kept:
+// the first round after a restart starts afresh. FirstSigma is the step
+// size the tuner was configured to start with: an operator who set
+// another means it, and the restored tuner takes it.
 type State struct {
-	Policy    string             `json:"policy"`
-	Objective string             `json:"objective"`
-	Start     map[string]float64 `json:"start"`
-	Incumbent map[string]float64 `json:"incumbent"`
-	Sigma     float64            `json:"sigma"`
-	Drift     map[string]float64 `json:"drift,omitempty"`
+	Policy     string             `json:"policy"`
+	Objective  string             `json:"objective"`
+	Start      map[string]float64 `json:"start"`
+	Incumbent  map[string]float64 `json:"incumbent"`
+	Sigma      float64            `json:"sigma"`
+	FirstSigma float64            `json:"first_sigma"`
+	Drift      map[string]float64 `json:"drift,omitempty"`
+	Fleet      []string           `json:"fleet,omitempty"`
 }
 
 // Equal reports whether s and t are the same state.
 func (s State) Equal(t State) bool {
-	return s.Policy == t.Policy && s.Objective == t.Objective && s.Sigma == t.Sigma &&
-		maps.Equal(s.Start, t.Start) && maps.Equal(s.Incumbent, t.Incumbent) && maps.Equal(s.Drift, t.Drift)
+	return s.Policy == t.Policy && s.Objective == t.Objective && s.Sigma == t.Sigma && s.FirstSigma == t.FirstSigma &&
+		maps.Equal(s.Start, t.Start) && maps.Equal(s.Incumbent, t.Incumbent) && maps.Equal(s.Drift, t.Drift) && slices.Equal(s.Fleet, t.Fleet)
 }
 
 // Moved reports whether the incumbent is not the start.
@@ -41,7 +47,8 @@ func (o *Online) State() State {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	e := o.es
-	s := State{Policy: o.cfg.Base, Objective: objective(e.cfg), Start: o.start(), Incumbent: Apply(e, e.inc, o.cfg.BaseParams), Sigma: e.sigma}
+	s := State{Policy: o.cfg.Base, Objective: objective(e.cfg), Start: o.start(), Incumbent: Apply(e, e.inc, o.cfg.BaseParams),
+		Sigma: e.sigma, FirstSigma: e.cfg.Sigma}
 	for i, g := range e.cfg.Guards {
 		if s.Drift == nil {
 			s.Drift = map[string]float64{}
@@ -53,15 +60,20 @@ func (o *Online) State() State {
 
 // Restore resumes what a tuner with the same start learned (State): its
 // incumbent routes, and is measured against a new candidate drawn from the
-// restored step size. A fleet change falls back to the start, as before
-// the restart. It refuses, changing nothing, a state of another policy,
-// another objective or another start (the operator changed the weights,
-// any of them, or the parameters tuned, or what they minimise: they
-// win), or one whose values are out of the tuner's bounds.
+// restored step size (the configured first one if that changed). A fleet
+// change falls back to the start, as before the restart, but for one of
+// the state's replicas joining (FleetChanged). It refuses, changing
+// nothing, a state of another policy, another objective or another start
+// (the operator changed the weights, any of them, or the parameters
+// tuned, or what they minimise: they win), or one whose values are out of
+// the tuner's bounds.
 func (o *Online) Restore(s State) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	e := o.es
+	if s.Policy == "" {
+		return fmt.Errorf("it names no policy")
+	}
 	if policy.Canonical(s.Policy) != o.cfg.Base {
 		return fmt.Errorf("it is the tuner's of %s; this one tunes %s", s.Policy, o.cfg.Base)
 	}
@@ -104,9 +116,17 @@ func (o *Online) Restore(s State) error {
 	if err != nil {
 		return err
 	}
-	e.inc, e.drift, e.sigma = inc, drift, s.Sigma
+	sigma := s.Sigma
+	if s.FirstSigma != e.cfg.Sigma {
+		sigma = e.cfg.Sigma // the operator's new first step
+	}
+	e.inc, e.drift, e.sigma = inc, drift, sigma
 	o.arms[0] = p
 	o.moved = s.Moved()
+	o.known = map[string]bool{}
+	for _, id := range s.Fleet {
+		o.known[id] = true
+	}
 	if err := o.next(); err != nil {
 		o.arms[1] = o.arms[0]
 	}

@@ -48,6 +48,7 @@ func TestStateRestores(t *testing.T) {
 	}
 
 	b := newGuarded(t, nil)
+	read.Fleet = []string{"a", "b"}
 	if err := b.Restore(read); err != nil {
 		t.Fatal(err)
 	}
@@ -57,10 +58,25 @@ func TestStateRestores(t *testing.T) {
 	if got := b.State(); !got.Equal(st) {
 		t.Errorf("restored state %+v, want %+v", got, st)
 	}
+	// An operator who configured another first step size means it.
+	c, err := NewOnline(OnlineConfig{Base: policy.DefaultName, ES: Config{Seed: 1, Sigma: 0.1, Guards: []Guard{{Metric: "e2e-p95", MaxRatio: 1.05}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restore(read); err != nil || c.Sigma() != 0.1 {
+		t.Errorf("restored with --sigma 0.1: step %v (%v), want 0.1", c.Sigma(), err)
+	}
 	if b.Round().Candidate == nil {
 		t.Error("no candidate drawn after the restore")
 	}
-	b.FleetChanged("replica c added")
+	// One of the state's replicas joining late (its engine slower to come
+	// up than the router) is no change of the fleet it was learned on (a
+	// user's test: it threw the resumed state away); another is.
+	b.FleetChanged(policy.FleetChange{Why: "replica a added", Joined: "a"})
+	if got := b.Incumbent(); !maps.Equal(got, a.Incumbent()) {
+		t.Errorf("after one of its replicas joined, the incumbent is %v, want the resumed %v", got, a.Incumbent())
+	}
+	b.FleetChanged(policy.FleetChange{Why: "replica c added", Joined: "c"})
 	if got := b.Incumbent(); !maps.Equal(got, start) {
 		t.Errorf("after a fleet change the incumbent is %v, want the start %v", got, start)
 	}

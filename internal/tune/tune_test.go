@@ -422,7 +422,7 @@ func TestOnlineFallsBackWhenTheFleetChanges(t *testing.T) {
 	}
 	start := o.Incumbent()
 	sigma := o.Sigma()
-	o.FleetChanged("replica x added")
+	o.FleetChanged(policy.FleetChange{Why: "replica x added"})
 	if n, _ := o.Resets(); n != 0 {
 		t.Fatalf("a fallback from the starting weights counted: %d", n)
 	}
@@ -450,7 +450,7 @@ func TestOnlineFallsBackWhenTheFleetChanges(t *testing.T) {
 		t.Fatal("the accepted candidate did not move the incumbent")
 	}
 	round := o.round
-	o.FleetChanged("replica b left")
+	o.FleetChanged(policy.FleetChange{Why: "replica b left"})
 	if n, why := o.Resets(); n != 1 || why != "replica b left" {
 		t.Errorf("resets %d (%q), want 1 (replica b left)", n, why)
 	}
@@ -483,7 +483,7 @@ func TestFleetChangeForgetsAWinToConfirm(t *testing.T) {
 		}
 		o.Learn(d.Tag, policy.Outcome{TTFT: ttft, E2E: time.Second})
 	}
-	o.FleetChanged("replica x added")
+	o.FleetChanged(policy.FleetChange{Why: "replica x added"})
 	if o.confirming {
 		t.Error("a win on the old fleet is still to be confirmed on the new one")
 	}

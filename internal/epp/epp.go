@@ -321,7 +321,7 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 			return x.send(continueBody())
 		}
 		if e := x.gather(r.RequestBody.GetBody()); e != nil {
-			x.s.fleet.Core().Refused(e)
+			x.s.fleet.Core().Refused(e, x.requestID)
 			x.decided = true
 			return x.immediate(e)
 		}
@@ -406,7 +406,7 @@ func (x *exchange) decide(atHeaders bool) error {
 	name, err := x.s.settings.Load().TenantHeader.Name("", x.tenant)
 	if err != nil {
 		e := wire.Errorf(http.StatusBadRequest, "%v", err)
-		x.s.fleet.Core().Refused(e)
+		x.s.fleet.Core().Refused(e, x.requestID)
 		return x.immediate(e)
 	}
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, RequestID: x.requestID, Received: x.received,

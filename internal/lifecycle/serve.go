@@ -126,7 +126,7 @@ type AttemptError struct {
 func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 	r, e := c.begin(in.Body, in.Kind, in.Session, in.Received, false)
 	if e != nil {
-		c.Refused(e)
+		c.Refused(e, in.LogID)
 		fe.Refuse(e)
 		return e.Status
 	}
@@ -215,13 +215,23 @@ func (r *Request) sendAt(at time.Time) {
 }
 
 // Refused counts a request refused before it was read (its body was too
-// large or broke off), as Serve counts those it refuses.
-func (c *Core) Refused(e *wire.Error) {
+// large or broke off, or could not be read as its kind), as Serve counts
+// those it refuses, and writes its access log line, which names it by
+// logID (Incoming.LogID; a user's test: a client's id of such a request
+// was in no line).
+func (c *Core) Refused(e *wire.Error, logID string) {
 	model := ""
 	if e.Code == wire.CodeModelNotFound {
 		model = otherModel
 	}
 	c.cfg.Metrics.ended("", model, e.Status, noTTFT, 0)
+	if c.cfg.Log != nil {
+		attrs := []any{"replica", "", "status", e.Status, "error", e.Message}
+		if logID != "" {
+			attrs = append(attrs, "request_id", logID)
+		}
+		c.cfg.Log.Info("request", attrs...)
+	}
 }
 
 // DryRun reads a chat request without serving it, to explain where it

@@ -39,7 +39,7 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 		defer s.putBody(body)
 		if err := s.readBody(w, r, body, cfg); err != nil {
 			e := httpapi.BodyError(err)
-			core.Refused(e)
+			core.Refused(e, w.Header().Get("X-Request-Id"))
 			httpapi.WriteError(w, e)
 			return
 		}
@@ -51,7 +51,7 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 		var err error
 		if in.Tenant, err = cfg.TenantHeader.Name(clientKey(r), r.Header.Get(tenant.TenantHeader)); err != nil {
 			e := wire.Errorf(http.StatusBadRequest, "%v", err)
-			core.Refused(e)
+			core.Refused(e, w.Header().Get("X-Request-Id"))
 			httpapi.WriteError(w, e)
 			return
 		}

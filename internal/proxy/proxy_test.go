@@ -617,4 +617,17 @@ func TestAnswersCarryARequestID(t *testing.T) {
 	if strings.Contains(log.String(), long) {
 		t.Error("the access log has the id of 257 bytes")
 	}
+	// A request refused before it was read has its line too (a user's
+	// test: a 400 for a malformed body was in no line).
+	req, _ := http.NewRequest("POST", url+"/v1/chat/completions", strings.NewReader("{bad json"))
+	req.Header.Set("Authorization", "Bearer "+key)
+	req.Header.Set("X-Request-Id", "client-bad")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	servetest.Eventually(t, "the refusal's access log line", func() bool {
+		return resp.StatusCode == 400 && strings.Contains(log.String(), "status=400") && strings.Contains(log.String(), "request_id=client-bad")
+	})
 }

@@ -8,8 +8,10 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/policy"
@@ -29,8 +31,11 @@ type tunerState struct {
 	replicas func() []string // the fleet's, sorted (tune.State.Fleet)
 	path     string
 	log      *slog.Logger
-	saved    tune.State // as last written or read, or the state not to write over the file
-	failing  bool       // the last write failed (logged once, until one succeeds)
+	saved    tune.State // as last written or read
+	// keeping: the file holds a state not resumed, kept until the tuner
+	// learns anything (its start or incumbent differ from saved's).
+	keeping bool
+	failing bool // the last write failed (logged once, until one succeeds)
 }
 
 // resumeTuner resumes the policy's tuner from the state in path, if there
@@ -62,7 +67,7 @@ func resumeTuner(p policy.Policy, path string, replicas func() []string, log *sl
 		log.Warn("the tuner's state cannot be read: the tuner starts afresh, and the file will be replaced", "tuner_state", path, "error", err)
 	default:
 		if err := o.Restore(st); err != nil {
-			t.saved = t.state()
+			t.saved, t.keeping = t.state(), true
 			log.Warn("the tuner's state is not resumed: the tuner starts afresh, and the file is kept until it learns anything", "tuner_state", path, "why", err,
 				"weights", policy.Format(o.Base(), o.Incumbent()))
 			break
@@ -73,10 +78,12 @@ func resumeTuner(p policy.Policy, path string, replicas func() []string, log *sl
 	return t, nil
 }
 
-// state is the tuner's state with the fleet's replicas.
+// state is the tuner's state with the fleet's replicas added to those it
+// knows (a resumed state's replicas not come up yet stay named: a review
+// saw a second restart's late replica throw the state away).
 func (t *tunerState) state() tune.State {
 	st := t.tuner.State()
-	st.Fleet = t.replicas()
+	st.Fleet = slices.Compact(slices.Sorted(slices.Values(append(st.Fleet, t.replicas()...))))
 	return st
 }
 
@@ -135,6 +142,10 @@ func (t *tunerState) keep(ctx context.Context) {
 // until a write succeeds again.
 func (t *tunerState) save() {
 	st := t.state()
+	if t.keeping && maps.Equal(st.Start, t.saved.Start) && maps.Equal(st.Incumbent, t.saved.Incumbent) {
+		return // nothing learned yet (the fleet, a step size may have changed)
+	}
+	t.keeping = false
 	if st.Equal(t.saved) {
 		return
 	}

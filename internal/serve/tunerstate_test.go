@@ -196,3 +196,47 @@ func TestTunerStateWriteFailureLoggedOnce(t *testing.T) {
 		t.Errorf("a write that succeeded again is not logged: %s", log.String())
 	}
 }
+
+// The fleet a state names is the replicas it was learned with: a resumed
+// state's replicas not come up yet stay named (a review: rewritten with
+// the replicas of the moment, a second restart before the late one came
+// up threw the state away); and a file kept, its state not resumed, is
+// kept while the fleet changes but nothing is learned (a review: the
+// fleet's first DNS answer overwrote it).
+func TestTunerStateFleet(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tuner.json")
+	newTuner := func(weights policy.Values) *tune.Online {
+		o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, BaseParams: weights, StartFromBase: weights != nil, ES: tune.Config{Seed: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	learned := newTuner(nil).State()
+	learned.Incumbent["itl"] *= 1.5
+	learned.Fleet = []string{"a", "b"}
+	if err := writeTunerState(path, learned); err != nil {
+		t.Fatal(err)
+	}
+	replicas := []string{"a"} // b not up yet
+	log := slog.New(slog.DiscardHandler)
+	ts, err := resumeTuner(newTuner(nil), path, func() []string { return replicas }, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.save()
+	if got, err := readTunerState(path); err != nil || !slices.Equal(got.Fleet, []string{"a", "b"}) {
+		t.Errorf("resumed with b not up: the file's fleet %v (%v), want [a b]", got.Fleet, err)
+	}
+
+	// Not resumed (other weights): kept while only the fleet changes.
+	ts, err = resumeTuner(newTuner(policy.Values{"decode": 0.4}), path, func() []string { return replicas }, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replicas = []string{"a", "b", "c"}
+	ts.save()
+	if got, err := readTunerState(path); err != nil || got.Incumbent["itl"] != learned.Incumbent["itl"] {
+		t.Errorf("a kept file after the fleet changed holds %+v (%v), want the learned state", got, err)
+	}
+}

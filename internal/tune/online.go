@@ -324,6 +324,10 @@ func (o *Online) FleetChanged(c policy.FleetChange) {
 		o.restart()
 		return
 	}
+	// Any other change: what is learned from now on is of another fleet
+	// than the resumed state's (a review: a replica it knew, joining after
+	// a fallback, kept weights learned without it).
+	o.known = nil
 	if !o.moved {
 		// The candidate stays, but a win it had on the old fleet confirms
 		// nothing on this one; the step its rejections shrank there is
@@ -378,7 +382,7 @@ func (o *Online) StartFrom(values policy.Values) error {
 	}
 	es.rng = o.es.rng // the random stream goes on
 	o.es, o.cfg.ES, o.cfg.BaseParams, o.arms[0] = es, cfg, v, inc
-	o.moved = false
+	o.moved, o.known = false, nil
 	if err := o.next(); err != nil {
 		o.arms[1] = o.arms[0]
 	}

@@ -16,9 +16,10 @@ import (
 // the tuned parameters' starts and the others'), its incumbent's, its
 // step size, and how far the incumbent has moved on each guarded metric
 // since the start (so that a restart does not give the guard its whole
-// allowance again); and the replicas it was learned with (Fleet, the
-// caller's to fill: a tuner knows no replicas), whose joining after a
-// restart is no change of the fleet. A round's outcomes are not kept:
+// allowance again); and the replicas it was learned with (Fleet: those a
+// resumed state named and the tuner has not heard of since, to which the
+// caller adds the fleet's own, a tuner knowing no replicas), whose
+// joining after a restart is no change of the fleet. A round's outcomes are not kept:
 // the first round after a restart starts afresh. FirstSigma is the step
 // size the tuner was configured to start with: an operator who set
 // another means it, and the restored tuner takes it.
@@ -49,6 +50,9 @@ func (o *Online) State() State {
 	e := o.es
 	s := State{Policy: o.cfg.Base, Objective: objective(e.cfg), Start: o.start(), Incumbent: Apply(e, e.inc, o.cfg.BaseParams),
 		Sigma: e.sigma, FirstSigma: e.cfg.Sigma}
+	if len(o.known) > 0 {
+		s.Fleet = slices.Sorted(maps.Keys(o.known))
+	}
 	for i, g := range e.cfg.Guards {
 		if s.Drift == nil {
 			s.Drift = map[string]float64{}
@@ -117,7 +121,7 @@ func (o *Online) Restore(s State) error {
 		return err
 	}
 	sigma := s.Sigma
-	if s.FirstSigma != e.cfg.Sigma {
+	if s.FirstSigma != 0 && s.FirstSigma != e.cfg.Sigma { // 0: not said
 		sigma = e.cfg.Sigma // the operator's new first step
 	}
 	e.inc, e.drift, e.sigma = inc, drift, sigma

@@ -55,8 +55,8 @@ func TestStateRestores(t *testing.T) {
 	if got, want := b.Incumbent(), a.Incumbent(); !maps.Equal(got, want) {
 		t.Errorf("restored incumbent %v, want %v", got, want)
 	}
-	if got := b.State(); !got.Equal(st) {
-		t.Errorf("restored state %+v, want %+v", got, st)
+	if got := b.State(); !got.Equal(read) {
+		t.Errorf("restored state %+v, want %+v (its fleet the replicas it knows)", got, read)
 	}
 	// An operator who configured another first step size means it.
 	c, err := NewOnline(OnlineConfig{Base: policy.DefaultName, ES: Config{Seed: 1, Sigma: 0.1, Guards: []Guard{{Metric: "e2e-p95", MaxRatio: 1.05}}}})
@@ -82,6 +82,38 @@ func TestStateRestores(t *testing.T) {
 	}
 	if n, _ := b.Resets(); n != 1 {
 		t.Errorf("%d fallbacks counted, want 1", n)
+	}
+	// After that change what it learns is of another fleet: a replica the
+	// resumed state knew joining now is news (a review: it kept weights
+	// learned without it), and the state names no replica it knows.
+	if got := b.State().Fleet; len(got) != 0 {
+		t.Errorf("after a fallback the state's fleet is %v, want none known", got)
+	}
+	b.mu.Lock()
+	b.es.inc[0] *= 1.3 // it learns
+	b.moved = true
+	b.mu.Unlock()
+	b.FleetChanged(policy.FleetChange{Why: "replica b added", Joined: "b"})
+	if n, _ := b.Resets(); n != 2 {
+		t.Errorf("a replica the state knew joining after a fallback: %d fallbacks, want 2", n)
+	}
+	// So after a StartFrom.
+	d := newGuarded(t, nil)
+	if err := d.Restore(read); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.StartFrom(policy.Values{"decode": 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.State().Fleet; len(got) != 0 {
+		t.Errorf("after StartFrom the state's fleet is %v, want none known", got)
+	}
+	// A state written before first_sigma was: its step is taken.
+	legacy := read
+	legacy.FirstSigma = 0
+	e := newGuarded(t, nil)
+	if err := e.Restore(legacy); err != nil || e.Sigma() != read.Sigma {
+		t.Errorf("a state without first_sigma: step %v (%v), want %v", e.Sigma(), err, read.Sigma)
 	}
 }
 

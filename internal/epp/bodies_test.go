@@ -92,3 +92,15 @@ func TestBodiesGatheredAreBounded(t *testing.T) {
 	}
 	third.CloseSend()
 }
+
+// The picker's access log names a request by the gateway's x-request-id
+// where it is one to log, as gorgo serve's does (a review: a refusal's
+// line carried one of 300 bytes with a control character, and served
+// requests' lines none).
+func TestLogIDIsPrintable(t *testing.T) {
+	for id, want := range map[string]string{"req-1": "req-1", "": "", "a\x01b": "", strings.Repeat("x", 257): ""} {
+		if got := (&exchange{requestID: id}).logID(); got != want {
+			t.Errorf("x-request-id %.20q: logged as %.20q, want %q", id, got, want)
+		}
+	}
+}

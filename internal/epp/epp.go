@@ -321,7 +321,7 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 			return x.send(continueBody())
 		}
 		if e := x.gather(r.RequestBody.GetBody()); e != nil {
-			x.s.fleet.Core().Refused(e, x.requestID)
+			x.s.fleet.Core().Refused(e, x.logID())
 			x.decided = true
 			return x.immediate(e)
 		}
@@ -374,6 +374,15 @@ func (x *exchange) gather(piece []byte) *wire.Error {
 	return nil
 }
 
+// logID is the request's x-request-id (the gateway's, as Envoy makes one)
+// where it is one to log (httpapi.PrintableID), for the access log.
+func (x *exchange) logID() string {
+	if httpapi.PrintableID(x.requestID) {
+		return x.requestID
+	}
+	return ""
+}
+
 // kind is what the path says the body is.
 func kind(path string) lifecycle.Kind {
 	if i := strings.IndexByte(path, '?'); i >= 0 {
@@ -406,12 +415,12 @@ func (x *exchange) decide(atHeaders bool) error {
 	name, err := x.s.settings.Load().TenantHeader.Name("", x.tenant)
 	if err != nil {
 		e := wire.Errorf(http.StatusBadRequest, "%v", err)
-		x.s.fleet.Core().Refused(e, x.requestID)
+		x.s.fleet.Core().Refused(e, x.logID())
 		return x.immediate(e)
 	}
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, RequestID: x.requestID, Received: x.received,
 		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: name, Ask: x.ask,
-		Header: &x.replyHeaders, Unseen: x.respNone, Stored: wire.StoredID(x.path), Endpoint: x.path, GatewaySends: true}
+		Header: &x.replyHeaders, Unseen: x.respNone, Stored: wire.StoredID(x.path), Endpoint: x.path, GatewaySends: true, LogID: x.logID()}
 	if i := strings.IndexByte(in.Endpoint, '?'); i >= 0 {
 		in.Endpoint = in.Endpoint[:i]
 	}

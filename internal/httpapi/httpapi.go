@@ -136,3 +136,21 @@ func BodyError(err error) *wire.Error {
 	}
 	return wire.Errorf(http.StatusBadRequest, "could not read the request body")
 }
+
+// MaxRequestIDBytes bounds a client's X-Request-Id that gorgo echoes and
+// logs (as long as a rid the lifecycle reads).
+const MaxRequestIDBytes = 256
+
+// PrintableID reports whether id is a client's request id to echo and
+// log: 1 to MaxRequestIDBytes bytes of visible ASCII.
+func PrintableID(id string) bool {
+	if id == "" || len(id) > MaxRequestIDBytes {
+		return false
+	}
+	for i := range len(id) {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

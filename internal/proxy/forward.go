@@ -680,32 +680,14 @@ var private = map[string]bool{"Server": true, "Set-Cookie": true, "X-Request-Id"
 // the same (Incoming.LogID); a replica's own is not passed on. A made one
 // is not sent to the replicas: vLLM would take it over the body's
 // request_id, by which the client may abort the request. A client's id
-// longer than maxRequestIDBytes, or not of visible ASCII, is not echoed
-// nor logged: one is made in its place.
+// that is not one to echo (httpapi.PrintableID) is not echoed nor logged:
+// one is made in its place.
 func answerRequestID(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("X-Request-Id")
-	if !printableID(id) {
+	if !httpapi.PrintableID(id) {
 		id = "req_" + rand.Text()
 	}
 	w.Header().Set("X-Request-Id", id)
-}
-
-// maxRequestIDBytes bounds a client's X-Request-Id the router echoes and
-// logs (as long as a rid the lifecycle reads).
-const maxRequestIDBytes = 256
-
-// printableID reports whether id is a request id to echo: 1 to
-// maxRequestIDBytes bytes of visible ASCII.
-func printableID(id string) bool {
-	if id == "" || len(id) > maxRequestIDBytes {
-		return false
-	}
-	for i := range len(id) {
-		if id[i] < 0x21 || id[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }
 
 // forwardHeaders copies a client's request headers for the replica, less

@@ -553,8 +553,8 @@ func TestServeTunesToTheSLOs(t *testing.T) {
 		if got := pol.(*tune.Online).Objective(); !strings.HasPrefix(got, c.want+",") {
 			t.Errorf("%q %v: objective %q, want %s", c.yaml, c.args, got, c.want)
 		}
-		if d := describePolicy(pol, policy.DefaultName); !strings.Contains(d, "online for "+c.want+";") {
-			t.Errorf("%q %v: described as %q, without its objective", c.yaml, c.args, d)
+		if d := describePolicy(pol, policy.DefaultName); !strings.Contains(d, "online for "+c.want+", judged on ") {
+			t.Errorf("%q %v: described as %q, without its objective and what it judges", c.yaml, c.args, d)
 		}
 	}
 }

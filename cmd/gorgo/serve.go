@@ -342,7 +342,7 @@ func describePolicy(p policy.Policy, configured string) string {
 	if configured == tune.OnlineName {
 		fixed = "; its base policy alone for fixed weights"
 	}
-	return fmt.Sprintf("%s (tuning %s online for %s%s)", o.Base(), strings.Join(names, ", "), obj, fixed)
+	return fmt.Sprintf("%s (tuning %s online for %s, judged on %s%s)", o.Base(), strings.Join(names, ", "), obj, o.Judges(), fixed)
 }
 
 // served is a handler and the listener it serves on, how long a graceful

@@ -522,6 +522,21 @@ func objective(c Config) string {
 	return string(c.Objective) + ", guards " + strings.Join(gs, " ")
 }
 
+// Judges says which requests' outcomes the objective judges (the others
+// are routed by the incumbent): for an operator who wonders why nothing is
+// scored (a fleet whose clients do not stream, under a TTFT objective).
+func (o *Online) Judges() string {
+	switch {
+	case o.sloOnly:
+		return "streamed answers of requests with SLOs"
+	case o.perToken:
+		return "answers of a known length, streamed or whole"
+	case o.wholeToo:
+		return "answers, streamed or whole"
+	}
+	return "streamed answers"
+}
+
 // Counts returns how many candidates were judged and accepted so far.
 func (o *Online) Counts() (judged, accepted int) {
 	o.mu.Lock()

@@ -21,12 +21,14 @@ const replayAbout = `
 Replays a workload against an OpenAI-compatible server (gorgo's proxy, its
 engine emulator, SGLang, vLLM, ...) as the paper's client does: open loop at
 the trace's times with a cap on requests in flight, each request a streamed
-chat completion whose prompt is the trace's messages or text synthesised from
-its block ids. Prints the same summary as sim. Times are in milliseconds: TTFT
-and E2E run from sending a request to its first token and to the end of its
-stream; slip is how long a request waited for the cap. Without --trace it
-replays the embedded synthetic workload. Ctrl-C stops the replay and still
-reports and writes what was measured.`
+chat completion (with --unstreamed, a share of them asked whole) whose prompt
+is the trace's messages or text synthesised from its block ids. Prints the
+same summary as sim. Times are in milliseconds: TTFT and E2E run from
+sending a request to its first token and to the end of its stream (a whole
+answer's TTFT is its E2E: its client sees no token before the end); slip is
+how long a request waited for the cap. Without --trace it replays the
+embedded synthetic workload. Ctrl-C stops the replay and still reports and
+writes what was measured.`
 
 // readKey reads an API key from the first line of a file (of its first
 // 64 KiB: a key is far shorter, and the flag may name /dev/zero).
@@ -62,6 +64,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	jsonOut := fs.String("json", "", "write the run summary as JSON to `FILE`")
 	records := fs.String("records", "", "write per-request records as JSONL to `FILE`")
 	quiet := fs.Bool("quiet", false, "no progress or header lines")
+	unstreamed := fs.Float64("unstreamed", 0, "share of requests that ask for their answers whole (stream false; 0 to 1), drawn by --seed as gorgo sim --unstreamed draws them: their TTFT is their E2E, as their client sees it, and they have no ITL")
 	keyFile := fs.String("api-key-file", "", "read the API key sent to the target (as a bearer token) from `FILE`'s first line; default $OPENAI_API_KEY, as OpenAI's clients read it (none: no key)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -84,6 +87,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if strings.TrimSpace(*label) == "" {
 		return fmt.Errorf("--label must not be empty")
+	}
+	if !(*unstreamed >= 0 && *unstreamed <= 1) {
+		return fmt.Errorf("--unstreamed must be between 0 and 1, got %v", *unstreamed)
 	}
 	if err := wl.noSLO("gorgo replay (its requests do not carry it to the router)"); err != nil {
 		return err
@@ -138,6 +144,8 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		Model:       m,
 		Requests:    reqs,
 		MaxInflight: *maxInflight,
+		Unstreamed:  *unstreamed,
+		Seed:        wl.seed,
 		Client:      hc,
 		Progress:    prog.add,
 	})

@@ -169,24 +169,29 @@ type wireMessage struct {
 	Content string `json:"content"`
 }
 
-// chatBody is the JSON body of a streamed chat completion request.
+// chatBody is the JSON body of a chat completion request.
 type chatBody struct {
-	Model         string        `json:"model"`
-	Messages      []wireMessage `json:"messages"`
-	MaxTokens     int           `json:"max_tokens"`
-	Stream        bool          `json:"stream"`
-	StreamOptions struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-	IgnoreEOS bool   `json:"ignore_eos"`
-	User      string `json:"user,omitempty"`
+	Model         string         `json:"model"`
+	Messages      []wireMessage  `json:"messages"`
+	MaxTokens     int            `json:"max_tokens"`
+	Stream        bool           `json:"stream"`
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+	IgnoreEOS     bool           `json:"ignore_eos"`
+	User          string         `json:"user,omitempty"`
 }
 
-// encodeChat returns the request body for msgs: streamed, with usage,
-// ignore_eos and max_tokens = max(outputTokens, 1).
-func encodeChat(model string, msgs []prompt.Message, outputTokens int, session string) ([]byte, error) {
-	b := chatBody{Model: model, MaxTokens: max(outputTokens, 1), Stream: true, IgnoreEOS: true, User: session}
-	b.StreamOptions.IncludeUsage = true
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// encodeChat returns the request body for msgs: streamed with usage
+// (unless whole: stream false, its usage in the answer), ignore_eos and
+// max_tokens = max(outputTokens, 1).
+func encodeChat(model string, msgs []prompt.Message, outputTokens int, session string, whole bool) ([]byte, error) {
+	b := chatBody{Model: model, MaxTokens: max(outputTokens, 1), Stream: !whole, IgnoreEOS: true, User: session}
+	if !whole {
+		b.StreamOptions = &streamOptions{IncludeUsage: true}
+	}
 	b.Messages = make([]wireMessage, len(msgs))
 	for i, m := range msgs {
 		b.Messages[i] = wireMessage(m)
@@ -221,9 +226,10 @@ type sender struct {
 	clock Clock
 }
 
-// send posts body and reads the stream to its end. sent is when the
-// request was handed to the client (on s.clock).
-func (s *sender) send(ctx context.Context, body []byte, r *trace.Request, sent time.Time) outcome {
+// send posts body and reads the stream, or the whole answer (whole), to
+// its end. sent is when the request was handed to the client (on
+// s.clock).
+func (s *sender) send(ctx context.Context, body []byte, r *trace.Request, sent time.Time, whole bool) outcome {
 	var o outcome
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { o.newConn = !info.Reused }})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
@@ -233,6 +239,9 @@ func (s *sender) send(ctx context.Context, body []byte, r *trace.Request, sent t
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "text/event-stream")
+	if whole {
+		req.Header.Set("Accept", "application/json")
+	}
 	if r.Session != "" {
 		req.Header.Set(SessionHeader, r.Session)
 	}
@@ -264,8 +273,42 @@ func (s *sender) send(ctx context.Context, body []byte, r *trace.Request, sent t
 		o.err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, msg)
 		return o
 	}
-	s.read(ctx, resp, sent, &o)
+	if whole {
+		s.readWhole(ctx, resp, sent, &o)
+	} else {
+		s.read(ctx, resp, sent, &o)
+	}
 	return o
+}
+
+// maxWholeAnswer bounds a whole answer read (bytes): far more than an
+// answer of a replayed request's tokens.
+const maxWholeAnswer = 64 << 20
+
+// readWhole reads a whole (non-streamed) 2xx answer into o: its first
+// token reaches the client with its end, so its TTFT is its E2E, and it
+// has no inter-token latency.
+func (s *sender) readWhole(ctx context.Context, resp *http.Response, sent time.Time, o *outcome) {
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxWholeAnswer+1))
+	o.e2e = s.clock.Now().Sub(sent)
+	switch {
+	case err != nil:
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		o.err = fmt.Errorf("reading the answer: %w", err)
+		return
+	case len(data) > maxWholeAnswer:
+		o.err = fmt.Errorf("an answer longer than %d bytes", maxWholeAnswer)
+		return
+	}
+	n, cached := wire.PeekBody(data)
+	if n == 0 {
+		o.err = errors.New("the answer is not a chat completion with a usage of at least a token")
+		return
+	}
+	o.finished, o.ttft, o.tokenChunks = true, o.e2e, n
+	o.usage = &wire.Usage{CompletionTokens: n, CachedTokens: cached}
 }
 
 // read consumes the event stream of a 2xx response into o.

@@ -6,11 +6,12 @@
 // of the replay; windows and time scale are the caller's) with a cap on the
 // requests in flight: a request due while the cap is reached waits, first
 // in first out, and the wait is its slip. Each is a streamed chat
-// completion (POST {target}/v1/chat/completions) whose prompt is the trace's
-// messages or text synthesised from its block ids (see AppendContent); its
-// stream is read to [DONE] and measured: time to first token, end to end
-// time, mean inter-token latency, output, prompt and cached tokens, the
-// HTTP status and any error.
+// completion (POST {target}/v1/chat/completions; a share of them asked
+// whole, Config.Unstreamed) whose prompt is the trace's messages or text
+// synthesised from its block ids (see AppendContent); its stream is read
+// to [DONE] and measured: time to first token, end to end time, mean
+// inter-token latency, output, prompt and cached tokens, the HTTP status
+// and any error.
 //
 // Unlike the rest of gorgo this is a real client and runs on the wall
 // clock, through a Clock that tests may replace.
@@ -105,6 +106,12 @@ type Config struct {
 	// when its own setup's round trips were over, the far ones later.
 	// Nil: time 0 is when the replay is ready.
 	Ready func(ctx context.Context) (time.Time, error)
+	// Unstreamed is the share of requests that ask for their answers
+	// whole (stream false), drawn by each request's index in time order
+	// and Seed as the simulator draws them (trace.Unstreamed): their TTFT
+	// is their E2E, as their client sees it.
+	Unstreamed float64
+	Seed       uint64
 }
 
 // Together returns a Config.Ready for n replays that begin together: each
@@ -195,6 +202,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Time, reqs[b].Time) })
+	whole := make([]bool, len(reqs))
+	for k, i := range order {
+		whole[i] = trace.Unstreamed(k, cfg.Seed, cfg.Unstreamed)
+	}
 
 	var sem chan struct{}
 	if cfg.MaxInflight > 0 {
@@ -217,7 +228,7 @@ dispatch:
 		if r.Model != "" { // the trace names the request's model
 			model = r.Model
 		}
-		body, err := encodeChat(model, synth.Messages(r), r.OutputTokens, r.Session)
+		body, err := encodeChat(model, synth.Messages(r), r.OutputTokens, r.Session, whole[i])
 		if err != nil {
 			return nil, fmt.Errorf("request %d: %w", i, err)
 		}
@@ -240,7 +251,7 @@ dispatch:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := s.send(ctx, body, r, at)
+			o := s.send(ctx, body, r, at, whole[i])
 			if sem != nil {
 				<-sem
 			}

@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -480,5 +481,52 @@ func TestTogether(t *testing.T) {
 	}
 	if rec := res.Records[0]; rec.Slip != 0 || rec.Failed {
 		t.Errorf("a replay begun by Together on its manual clock: slip %v ms, error %q", rec.Slip, rec.Error)
+	}
+}
+
+// A share of requests asks for its answers whole (Config.Unstreamed),
+// the same requests the simulator leaves unstreamed at that seed
+// (trace.Unstreamed): each is sent with stream false and no stream
+// options, and measured by its end, its TTFT its E2E.
+func TestWholeAnswers(t *testing.T) {
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) {
+		if rec.Body.Stream {
+			quick(w, 3)
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"a b c d"},"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":4,"total_tokens":14}}`)
+	})
+	var reqs []trace.Request
+	for i := range 40 {
+		reqs = append(reqs, request(time.Duration(i)*time.Millisecond, fmt.Sprint("s", i), 100, 4))
+	}
+	res, err := Run(context.Background(), Config{Target: srv.URL, Requests: reqs, Unstreamed: 0.5, Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole := 0
+	for _, rec := range res.Records {
+		want := trace.Unstreamed(rec.Index, 7, 0.5)
+		if rec.Failed {
+			t.Fatalf("request %d failed: %s", rec.Index, rec.Error)
+		}
+		if got := rec.TTFT == rec.E2E && rec.OutputTokens == 4; got != want {
+			t.Errorf("request %d: TTFT %v, E2E %v, %d tokens; whole %v", rec.Index, rec.TTFT, rec.E2E, rec.OutputTokens, want)
+		}
+		if want {
+			whole++
+		}
+	}
+	for _, s := range srv.received() {
+		var i int
+		fmt.Sscan(s.Session[1:], &i)
+		if s.Body.Stream == trace.Unstreamed(i, 7, 0.5) || !s.Body.Stream && s.Body.StreamOptions.IncludeUsage {
+			t.Errorf("request %d sent with stream %v, stream_options %+v", i, s.Body.Stream, s.Body.StreamOptions)
+		}
+	}
+	if whole < 10 || whole > 30 {
+		t.Errorf("%d of 40 whole at a share of 0.5", whole)
 	}
 }

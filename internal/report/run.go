@@ -177,7 +177,7 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 		r.Completed++
 		ttft = append(ttft, rec.TTFT)
 		e2e = append(e2e, rec.E2E)
-		if rec.OutputTokens > 1 {
+		if rec.OutputTokens > 1 && rec.ITL > 0 { // 0: not measured (a whole answer's client sees no gaps)
 			itl = append(itl, rec.ITL)
 		}
 		prompt += rec.PromptTokens

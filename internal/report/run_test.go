@@ -135,3 +135,12 @@ func TestScoreSLOOfItsOwn(t *testing.T) {
 		t.Errorf("by tenant %+v: want batch 2 met, chat 1", ts)
 	}
 }
+
+// A record whose ITL was not measured (a whole answer: its client sees no
+// gaps between tokens) is left out of the ITL, not counted as 0.
+func TestUnmeasuredITLIsLeftOut(t *testing.T) {
+	r := NewRun("p", []Record{{OutputTokens: 5, ITL: 20, TTFT: 1, E2E: 2}, {OutputTokens: 5, TTFT: 3, E2E: 3}}, nil)
+	if r.ITL.Mean != 20 || r.Completed != 2 {
+		t.Errorf("ITL mean %v over %d completed, want 20 (the whole answer left out)", r.ITL.Mean, r.Completed)
+	}
+}

@@ -711,14 +711,7 @@ func (s *simulator) slos(i int) policy.Outcome {
 // unstreamed reports whether request i's answer is not streamed
 // (Config.Unstreamed): a draw by its index and the seed.
 func (s *simulator) unstreamed(i int) bool {
-	if s.cfg.Unstreamed <= 0 {
-		return false
-	}
-	z := uint64(i) ^ s.cfg.Seed*0x9e3779b97f4a7c15 // splitmix64
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	z ^= z >> 31
-	return float64(z>>11)/(1<<53) < s.cfg.Unstreamed
+	return trace.Unstreamed(i, s.cfg.Seed, s.cfg.Unstreamed)
 }
 
 // dispatch sends request i from the router at now.

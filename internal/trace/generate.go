@@ -307,6 +307,22 @@ func (g *generator) emit(u *genUser, t float64, prompt, out int) {
 	})
 }
 
+// Unstreamed reports whether the i-th request of a workload (sorted by
+// time) asks for its answer whole, not streamed, where a share of them
+// do: a draw by its index and the seed, the same in the simulator
+// (sim.Config.Unstreamed) and the replayer (replay.Config.Unstreamed), so
+// that a live run and its simulation leave the same requests whole.
+func Unstreamed(i int, seed uint64, share float64) bool {
+	if share <= 0 {
+		return false
+	}
+	z := uint64(i) ^ seed*0x9e3779b97f4a7c15 // splitmix64
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return float64(z>>11)/(1<<53) < share
+}
+
 // splitmix64 scrambles a seed, so that nearby seeds give unrelated streams.
 func splitmix64(x uint64) uint64 {
 	x += 0x9e3779b97f4a7c15

@@ -64,7 +64,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	jsonOut := fs.String("json", "", "write the run summary as JSON to `FILE`")
 	records := fs.String("records", "", "write per-request records as JSONL to `FILE`")
 	quiet := fs.Bool("quiet", false, "no progress or header lines")
-	unstreamed := fs.Float64("unstreamed", 0, "share of requests that ask for their answers whole (stream false; 0 to 1), drawn by --seed as gorgo sim --unstreamed draws them: their TTFT is their E2E, as their client sees it, and they have no ITL")
+	unstreamed := fs.Float64("unstreamed", 0, "share of requests that ask for their answers whole (stream false; 0 to 1), drawn by --seed as gorgo sim --unstreamed draws them: their TTFT is their E2E, as their client sees it, and they have no ITL (gorgo sim reports the engine's first token and gaps for them, which no client sees)")
 	keyFile := fs.String("api-key-file", "", "read the API key sent to the target (as a bearer token) from `FILE`'s first line; default $OPENAI_API_KEY, as OpenAI's clients read it (none: no key)")
 	if err := parseFlags(fs, args); err != nil {
 		return err

@@ -50,7 +50,7 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	af.register(fs)
 	var mf meshFlags
 	mf.register(fs)
-	unstreamed := fs.Float64("unstreamed", 0, "share of requests whose answers are not streamed: the router sees no first token for them (0 to 1)")
+	unstreamed := fs.Float64("unstreamed", 0, "share of requests whose answers are not streamed: the router sees no first token for them (0 to 1); their TTFT and ITL are still reported as the engine makes them, which their clients do not see (gorgo replay --unstreamed reports TTFT = E2E)")
 	untold := fs.Bool("unstreamed-untold", false, "with --unstreamed: the router is not told which answers are not streamed, and keeps their prefill in the backlog until they end (a router before issue 20)")
 	split := fs.String("split", "", "also print a table per part of the run, split at these comma-separated `TIMES` of arrival (e.g. 10m,15m: before, during and after a drain)")
 	if err := parseFlags(fs, args); err != nil {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -114,7 +115,29 @@ type Server struct {
 	tokens atomic.Pointer[[]httpapi.Token]
 	mux    *http.ServeMux
 	quit   chan struct{} // closed when Run ends: long streams (the live view) end
+	// tunerFile reports the file keeping the online tuner's state
+	// (ShowTunerFile); nil: none.
+	tunerFile atomic.Pointer[func() TunerFile]
 }
+
+// TunerFile is what /admin/tuner shows of the file that keeps the online
+// tuner's state across restarts (gorgo serve's tuner_state).
+type TunerFile struct {
+	Path string `json:"path"`
+	// Start is what the router's start made of the file: "resumed",
+	// "none kept yet", "unreadable: replaced" or "not resumed: WHY (kept
+	// until the tuner learns anything)".
+	Start string `json:"start"`
+	// Written is when a state was last written (zero: not yet).
+	Written time.Time `json:"written,omitzero"`
+	// Error is the last write's failure, until a write succeeds: what the
+	// tuner learns meanwhile is not kept.
+	Error string `json:"error,omitempty"`
+}
+
+// ShowTunerFile has /admin/tuner show the file keeping the tuner's state,
+// as fn reports it (fn must be safe to call from any goroutine).
+func (s *Server) ShowTunerFile(fn func() TunerFile) { s.tunerFile.Store(&fn) }
 
 // New returns the admin server of a fleet: its live view (nil for none:
 // give the same View to the fleet as its lifecycle.Tap), its config, the

@@ -105,8 +105,12 @@ func (s *Server) tuner(w http.ResponseWriter, r *http.Request) {
 	}
 	judged, accepted := o.Counts()
 	resets, why := o.Resets()
-	httpapi.WriteJSON(w, http.StatusOK, map[string]any{"base": o.Base(), "objective": o.Objective(), "judges": o.Judges(), "incumbent": o.Incumbent(), "sigma": o.Sigma(), "paused": o.Paused(),
-		"round": roundOf(o), "judged": judged, "accepted": accepted, "history": tunerSteps(o, 0), "fallbacks": resets, "last_fallback": why})
+	out := map[string]any{"base": o.Base(), "objective": o.Objective(), "judges": o.Judges(), "incumbent": o.Incumbent(), "sigma": o.Sigma(), "paused": o.Paused(),
+		"round": roundOf(o), "judged": judged, "accepted": accepted, "history": tunerSteps(o, 0), "fallbacks": resets, "last_fallback": why}
+	if fn := s.tunerFile.Load(); fn != nil {
+		out["state_file"] = (*fn)()
+	}
+	httpapi.WriteJSON(w, http.StatusOK, out)
 }
 
 // tunerRound is the online tuner's round under way as the admin API shows

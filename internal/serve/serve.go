@@ -119,9 +119,10 @@ func New(cfg Config, o Options) (*Server, error) {
 		f.Core().SetTracer(s.tracing.Tracer())
 	}
 	if cfg.TunerState != "" {
-		if s.tuner, err = resumeTuner(f.Policy(), cfg.TunerState, f.Router().IDs, o.Log); err != nil {
+		if s.tuner, err = resumeTuner(f.Policy(), cfg.TunerState, f.Router().IDs, o.Registry, o.Log); err != nil {
 			return nil, errors.Join(err, s.tracing.Shutdown(context.Background()), f.Close())
 		}
+		s.Admin.ShowTunerFile(s.tuner.File)
 	}
 	s.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_config_reloads_total",
 		Help: "Config reloads, by result (applied, unchanged, failed)."}, []string{"result"})

@@ -12,8 +12,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/gorgo-llm/gorgo/internal/admin"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
@@ -36,6 +40,17 @@ type tunerState struct {
 	// learns anything (its start or incumbent differ from saved's).
 	keeping bool
 	failing bool // the last write failed (logged once, until one succeeds)
+	writes  *prometheus.CounterVec
+
+	mu   sync.Mutex
+	file admin.TunerFile // what /admin/tuner shows; guarded by mu
+}
+
+// File reports the state file as /admin/tuner shows it.
+func (t *tunerState) File() admin.TunerFile {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.file
 }
 
 // resumeTuner resumes the policy's tuner from the state in path, if there
@@ -47,7 +62,7 @@ type tunerState struct {
 // not wipe what was learned). A policy not tuned online has no state to
 // keep, and a path that is no file cannot hold one: errors, as the config
 // asks for it.
-func resumeTuner(p policy.Policy, path string, replicas func() []string, log *slog.Logger) (*tunerState, error) {
+func resumeTuner(p policy.Policy, path string, replicas func() []string, reg prometheus.Registerer, log *slog.Logger) (*tunerState, error) {
 	o, ok := p.(*tune.Online)
 	if !ok {
 		return nil, fmt.Errorf("config: tuner_state: policy %s is not tuned online (tune: false, or --tune=false): there is no state to keep", p.Name())
@@ -58,16 +73,26 @@ func resumeTuner(p policy.Policy, path string, replicas func() []string, log *sl
 	if err := writableDir(path); err != nil {
 		return nil, fmt.Errorf("config: tuner_state: %w", err)
 	}
-	t := &tunerState{tuner: o, replicas: replicas, path: path, log: log}
+	t := &tunerState{tuner: o, replicas: replicas, path: path, log: log, file: admin.TunerFile{Path: path, Start: "resumed"},
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_tuner_state_writes_total",
+			Help: "Writes of the online tuner's state to its file (tuner_state), by result (written, failed: what it learns is not kept until one succeeds)."}, []string{"result"})}
+	t.writes.WithLabelValues("written")
+	t.writes.WithLabelValues("failed")
+	if err := reg.Register(t.writes); err != nil {
+		return nil, err
+	}
 	st, err := readTunerState(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		t.file.Start = "none kept yet"
 		log.Info("no tuner state kept yet: the tuner starts afresh", "tuner_state", path, "weights", policy.Format(o.Base(), o.Incumbent()))
 	case err != nil:
+		t.file.Start = "unreadable: replaced"
 		log.Warn("the tuner's state cannot be read: the tuner starts afresh, and the file will be replaced", "tuner_state", path, "error", err)
 	default:
 		if err := o.Restore(st); err != nil {
 			t.saved, t.keeping = t.state(), true
+			t.file.Start = fmt.Sprintf("not resumed: %v (kept until the tuner learns anything)", err)
 			log.Warn("the tuner's state is not resumed: the tuner starts afresh, and the file is kept until it learns anything", "tuner_state", path, "why", err,
 				"weights", policy.Format(o.Base(), o.Incumbent()))
 			break
@@ -150,6 +175,10 @@ func (t *tunerState) save() {
 		return
 	}
 	if err := writeTunerState(t.path, st); err != nil {
+		t.writes.WithLabelValues("failed").Inc()
+		t.mu.Lock()
+		t.file.Error = err.Error()
+		t.mu.Unlock()
 		if !t.failing {
 			t.failing = true
 			t.log.Error("the tuner's state cannot be written: what it learns is not kept until a write succeeds", "tuner_state", t.path, "error", err)
@@ -160,6 +189,10 @@ func (t *tunerState) save() {
 		t.log.Info("the tuner's state is written again", "tuner_state", t.path)
 	}
 	t.saved, t.failing = st, false
+	t.writes.WithLabelValues("written").Inc()
+	t.mu.Lock()
+	t.file.Written, t.file.Error = time.Now(), ""
+	t.mu.Unlock()
 }
 
 func writeTunerState(path string, st tune.State) error {

@@ -5,12 +5,17 @@ import (
 	"context"
 	"log/slog"
 	"maps"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/policy"
@@ -85,6 +90,10 @@ func TestTunerStateSurvivesARestart(t *testing.T) {
 	if !maps.Equal(o2.Incumbent(), o1.Incumbent()) || !strings.Contains(log.String(), "resumes") {
 		t.Errorf("after a restart the tuner routes with %v, want %v; log: %s", o2.Incumbent(), o1.Incumbent(), log)
 	}
+	// The admin API shows where the state is kept and how the start went.
+	if got := adminTuner(t, second); !strings.Contains(got, `"state_file": {`) || !strings.Contains(got, `"start": "resumed"`) || !strings.Contains(got, path) {
+		t.Errorf("/admin/tuner after a resumed start: %s", got)
+	}
 	// A reload cannot move the file: the tuner keeps writing where it
 	// read (a restart moves it).
 	next := second.Config()
@@ -102,6 +111,9 @@ func TestTunerStateSurvivesARestart(t *testing.T) {
 		third, o3, log := router(changed)
 		if o3.Incumbent()[key] != changed[key] || !strings.Contains(log.String(), "not resumed") {
 			t.Errorf("with the config's %s changed to %v the tuner routes with %v; log: %s", key, changed[key], o3.Incumbent(), log)
+		}
+		if got := adminTuner(t, third); !strings.Contains(got, `"start": "not resumed: `) {
+			t.Errorf("/admin/tuner after a start that did not resume: %s", got)
 		}
 		stop(third)
 		if err := third.Shutdown(context.Background()); err != nil {
@@ -175,8 +187,21 @@ func TestTunerStateWriteFailureLoggedOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log bytes.Buffer
-	st := &tunerState{tuner: o, replicas: func() []string { return nil }, path: filepath.Join(t.TempDir(), "gone", "tuner.json"),
-		log: slog.New(slog.NewTextHandler(&log, nil))}
+	dir := filepath.Join(t.TempDir(), "gone")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	st, err := resumeTuner(o, filepath.Join(dir, "tuner.json"), func() []string { return nil }, reg, slog.New(slog.NewTextHandler(&log, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := st.File(); f.Start != "none kept yet" || !f.Written.IsZero() || f.Error != "" {
+		t.Errorf("a first start's file: %+v", f)
+	}
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
 	for i := range 3 {
 		s := o.State()
 		s.Incumbent["itl"] *= 1.1 + float64(i)/10 // something new to write each time
@@ -188,12 +213,25 @@ func TestTunerStateWriteFailureLoggedOnce(t *testing.T) {
 	if n := strings.Count(log.String(), "cannot be written"); n != 1 {
 		t.Errorf("3 failed writes logged %d times: %s", n, log.String())
 	}
+	// The admin API and the metrics show what the log said once.
+	if f := st.File(); !strings.Contains(f.Error, "no such file") || !f.Written.IsZero() {
+		t.Errorf("after failed writes the file shows %+v", f)
+	}
+	if got := testutil.ToFloat64(st.writes.WithLabelValues("failed")); got != 3 {
+		t.Errorf("gorgo_tuner_state_writes_total{result=failed} %v, want 3", got)
+	}
 	if err := os.Mkdir(filepath.Dir(st.path), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	st.save()
 	if !strings.Contains(log.String(), "written again") {
 		t.Errorf("a write that succeeded again is not logged: %s", log.String())
+	}
+	if f := st.File(); f.Error != "" || f.Written.IsZero() {
+		t.Errorf("after a write succeeded the file shows %+v", f)
+	}
+	if got := testutil.ToFloat64(st.writes.WithLabelValues("written")); got != 1 {
+		t.Errorf("gorgo_tuner_state_writes_total{result=written} %v, want 1", got)
 	}
 }
 
@@ -220,7 +258,7 @@ func TestTunerStateFleet(t *testing.T) {
 	}
 	replicas := []string{"a"} // b not up yet
 	log := slog.New(slog.DiscardHandler)
-	ts, err := resumeTuner(newTuner(nil), path, func() []string { return replicas }, log)
+	ts, err := resumeTuner(newTuner(nil), path, func() []string { return replicas }, prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +268,7 @@ func TestTunerStateFleet(t *testing.T) {
 	}
 
 	// Not resumed (other weights): kept while only the fleet changes.
-	ts, err = resumeTuner(newTuner(policy.Values{"decode": 0.4}), path, func() []string { return replicas }, log)
+	ts, err = resumeTuner(newTuner(policy.Values{"decode": 0.4}), path, func() []string { return replicas }, prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,4 +277,15 @@ func TestTunerStateFleet(t *testing.T) {
 	if got, err := readTunerState(path); err != nil || got.Incumbent["itl"] != learned.Incumbent["itl"] {
 		t.Errorf("a kept file after the fleet changed holds %+v (%v), want the learned state", got, err)
 	}
+}
+
+// adminTuner returns the router's GET /admin/tuner answer.
+func adminTuner(t *testing.T, s *Server) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	s.Admin.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://127.0.0.1:9091/admin/tuner", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("/admin/tuner: %d %s", rec.Code, rec.Body)
+	}
+	return rec.Body.String()
 }

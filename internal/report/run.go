@@ -228,14 +228,17 @@ func WriteTable(w io.Writer, runs []Run) error {
 		if r.EstCacheHitRatio != nil {
 			est = fmt.Sprintf("%.1f%%", 100**r.EstCacheHitRatio)
 		}
-		lat := ms
+		lat, itl := ms, ms
 		if r.Completed == 0 {
 			lat = func(float64) string { return "-" } // no latency, not a perfect one
+		}
+		if r.ITL.Mean == 0 { // none measured: every answer whole, or of one token
+			itl = func(float64) string { return "-" }
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t",
 			r.Policy, r.Completed, r.Failed,
 			lat(r.TTFT.P50), lat(r.TTFT.P90), lat(r.TTFT.P95), lat(r.TTFT.P99), lat(r.TTFT.Mean),
-			lat(r.E2E.P50), lat(r.E2E.P95), lat(r.E2E.P99), lat(r.ITL.Mean), ms(r.Slip.P99),
+			lat(r.E2E.P50), lat(r.E2E.P95), lat(r.E2E.P99), itl(r.ITL.Mean), ms(r.Slip.P99),
 			100*r.CacheHitRatio, est)
 		if adapters {
 			hit := "-"

@@ -143,4 +143,15 @@ func TestUnmeasuredITLIsLeftOut(t *testing.T) {
 	if r.ITL.Mean != 20 || r.Completed != 2 {
 		t.Errorf("ITL mean %v over %d completed, want 20 (the whole answer left out)", r.ITL.Mean, r.Completed)
 	}
+	// With none measured the table says so, not 0.0 ms.
+	whole := NewRun("whole", []Record{{OutputTokens: 5, TTFT: 3, E2E: 3}}, nil)
+	var out strings.Builder
+	if err := WriteTable(&out, []Run{whole}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	// policy, done, fail, TTFT p50 p90 p95 p99 mean, E2E p50 p95 p99, ITL mean
+	if row := strings.Fields(lines[1]); len(row) < 12 || row[11] != "-" || row[10] != "3.0" {
+		t.Errorf("every answer whole, the table's ITL column: %s", out.String())
+	}
 }

@@ -556,6 +556,11 @@ func TestServeTunesToTheSLOs(t *testing.T) {
 		if d := describePolicy(pol, policy.DefaultName); !strings.Contains(d, "online for "+c.want+", judged on ") {
 			t.Errorf("%q %v: described as %q, without its objective and what it judges", c.yaml, c.args, d)
 		}
+		// Resumed paused (tuner_state), it says so, and how to resume.
+		pol.(*tune.Online).Pause()
+		if d := describePolicy(pol, policy.DefaultName); !strings.Contains(d, "paused: POST /admin/tuner/resume") {
+			t.Errorf("%q %v: paused, described as %q", c.yaml, c.args, d)
+		}
 	}
 }
 

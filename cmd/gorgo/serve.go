@@ -342,6 +342,9 @@ func describePolicy(p policy.Policy, configured string) string {
 	if configured == tune.OnlineName {
 		fixed = "; its base policy alone for fixed weights"
 	}
+	if o.Paused() {
+		return fmt.Sprintf("%s (tuning %s online for %s, paused: POST /admin/tuner/resume to tune%s)", o.Base(), strings.Join(names, ", "), obj, fixed)
+	}
 	return fmt.Sprintf("%s (tuning %s online for %s, judged on %s%s)", o.Base(), strings.Join(names, ", "), obj, o.Judges(), fixed)
 }
 

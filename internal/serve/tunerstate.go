@@ -99,6 +99,9 @@ func resumeTuner(p policy.Policy, path string, replicas func() []string, reg pro
 		}
 		t.saved = st
 		log.Info("the tuner resumes from its state", "tuner_state", path, "weights", policy.Format(o.Base(), o.Incumbent()), "moved", st.Moved(), "step", o.Sigma())
+		if st.Paused {
+			log.Warn("the tuner was paused through the admin API, and stays paused: the incumbent routes every request until POST /admin/tuner/resume", "tuner_state", path)
+		}
 	}
 	return t, nil
 }

@@ -289,3 +289,33 @@ func adminTuner(t *testing.T, s *Server) string {
 	}
 	return rec.Body.String()
 }
+
+// A tuner an operator paused through the admin API stays paused after a
+// restart, and the log says how to resume it.
+func TestTunerStatePaused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tuner.json")
+	start := func() (*Server, *tune.Online, *bytes.Buffer) {
+		t.Helper()
+		o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, ES: tune.Config{Seed: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var log bytes.Buffer
+		cfg := Config{TunerState: path, Config: fleet.Config{ProbeInterval: time.Hour, ScrapeInterval: time.Hour,
+			Replicas: []fleet.ReplicaConfig{{ID: "a", URL: "http://127.0.0.1:1", Region: "ra"}}}}
+		s, err := New(cfg, Options{Policy: o, Log: slog.New(slog.NewTextHandler(&log, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s, o, &log
+	}
+	first, o, _ := start()
+	o.Pause()
+	if err := first.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, o, log := start()
+	if !o.Paused() || !strings.Contains(log.String(), "stays paused") || !strings.Contains(log.String(), "/admin/tuner/resume") {
+		t.Errorf("restarted after a pause: paused %v; log: %s", o.Paused(), log)
+	}
+}

@@ -19,7 +19,8 @@ import (
 // allowance again); and the replicas it was learned with (Fleet: those a
 // resumed state named and the tuner has not heard of since, to which the
 // caller adds the fleet's own, a tuner knowing no replicas), whose
-// joining after a restart is no change of the fleet. A round's outcomes are not kept:
+// joining after a restart is no change of the fleet; and whether an
+// operator paused it. A round's outcomes are not kept:
 // the first round after a restart starts afresh. FirstSigma is the step
 // size the tuner was configured to start with: an operator who set
 // another means it, and the restored tuner takes it.
@@ -32,11 +33,14 @@ type State struct {
 	FirstSigma float64            `json:"first_sigma"`
 	Drift      map[string]float64 `json:"drift,omitempty"`
 	Fleet      []string           `json:"fleet,omitempty"`
+	// Paused: an operator paused the tuner (Online.Pause), and a restart
+	// keeps it paused until they resume it.
+	Paused bool `json:"paused,omitempty"`
 }
 
 // Equal reports whether s and t are the same state.
 func (s State) Equal(t State) bool {
-	return s.Policy == t.Policy && s.Objective == t.Objective && s.Sigma == t.Sigma && s.FirstSigma == t.FirstSigma &&
+	return s.Policy == t.Policy && s.Objective == t.Objective && s.Sigma == t.Sigma && s.FirstSigma == t.FirstSigma && s.Paused == t.Paused &&
 		maps.Equal(s.Start, t.Start) && maps.Equal(s.Incumbent, t.Incumbent) && maps.Equal(s.Drift, t.Drift) && slices.Equal(s.Fleet, t.Fleet)
 }
 
@@ -49,7 +53,7 @@ func (o *Online) State() State {
 	defer o.mu.Unlock()
 	e := o.es
 	s := State{Policy: o.cfg.Base, Objective: objective(e.cfg), Start: o.start(), Incumbent: Apply(e, e.inc, o.cfg.BaseParams),
-		Sigma: e.sigma, FirstSigma: e.cfg.Sigma}
+		Sigma: e.sigma, FirstSigma: e.cfg.Sigma, Paused: o.paused}
 	if len(o.known) > 0 {
 		s.Fleet = slices.Sorted(maps.Keys(o.known))
 	}
@@ -64,7 +68,8 @@ func (o *Online) State() State {
 
 // Restore resumes what a tuner with the same start learned (State): its
 // incumbent routes, and is measured against a new candidate drawn from the
-// restored step size (the configured first one if that changed). A fleet
+// restored step size (the configured first one if that changed), or
+// paused if it was. A fleet
 // change falls back to the start, as before the restart, but for one of
 // the state's replicas joining (FleetChanged). It refuses, changing
 // nothing, a state of another policy, another objective or another start
@@ -126,7 +131,7 @@ func (o *Online) Restore(s State) error {
 	}
 	e.inc, e.drift, e.sigma = inc, drift, sigma
 	o.arms[0] = p
-	o.moved = s.Moved()
+	o.moved, o.paused = s.Moved(), s.Paused
 	o.known = map[string]bool{}
 	for _, id := range s.Fleet {
 		o.known[id] = true

@@ -3,6 +3,7 @@ package tune
 import (
 	"encoding/json"
 	"maps"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -166,5 +167,42 @@ func TestStateRefused(t *testing.T) {
 		if err := newGuarded(t, w).Restore(good); err == nil {
 			t.Errorf("a tuner started from %v resumed the old start's state", w)
 		}
+	}
+}
+
+// A tuner an operator paused stays paused across a restart: its state
+// says so, a tuner restored from it routes every request with the
+// incumbent, untagged, until resumed; a state not paused resumes tuning.
+func TestPauseSurvivesARestore(t *testing.T) {
+	a := newGuarded(t, nil)
+	a.Pause()
+	st := a.State()
+	data, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var read State
+	if err := json.Unmarshal(data, &read); err != nil || !read.Paused || !read.Equal(st) {
+		t.Fatalf("a paused tuner's state read back: %+v (%v)", read, err)
+	}
+	b := newGuarded(t, nil)
+	if err := b.Restore(read); err != nil {
+		t.Fatal(err)
+	}
+	if !b.Paused() {
+		t.Fatal("a tuner restored from a paused state tunes")
+	}
+	var d policy.Decision
+	if err := b.Decide(&d, &policy.Request{}, []policy.Replica{{ID: "r"}}, rand.New(rand.NewPCG(1, 1))); err != nil || d.Tag != -1 {
+		t.Errorf("restored paused, a decision is tagged %d (%v), want -1", d.Tag, err)
+	}
+	if err := b.Resume(); err != nil || b.Paused() || b.State().Paused {
+		t.Errorf("resumed: paused %v, its state paused %v (%v)", b.Paused(), b.State().Paused, err)
+	}
+	read.Paused = false
+	c := newGuarded(t, nil)
+	c.Pause()
+	if err := c.Restore(read); err != nil || c.Paused() {
+		t.Errorf("restored from a state not paused: paused %v (%v)", c.Paused(), err)
 	}
 }

@@ -217,6 +217,7 @@ type outcome struct {
 	finished    bool        // [DONE] or a finish_reason was seen
 	err         error
 	newConn     bool // sent over a connection opened for it
+	whole       bool // asked whole (stream false)
 }
 
 // sender posts chat completions to one target and measures the streams.
@@ -230,7 +231,7 @@ type sender struct {
 // its end. sent is when the request was handed to the client (on
 // s.clock).
 func (s *sender) send(ctx context.Context, body []byte, r *trace.Request, sent time.Time, whole bool) outcome {
-	var o outcome
+	o := outcome{whole: whole}
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { o.newConn = !info.Reused }})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
@@ -274,22 +275,40 @@ func (s *sender) send(ctx context.Context, body []byte, r *trace.Request, sent t
 		return o
 	}
 	if whole {
-		s.readWhole(ctx, resp, sent, &o)
+		s.readWhole(ctx, resp, sent, r.OutputTokens, &o)
 	} else {
 		s.read(ctx, resp, sent, &o)
 	}
 	return o
 }
 
-// maxWholeAnswer bounds a whole answer read (bytes): far more than an
-// answer of a replayed request's tokens.
-const maxWholeAnswer = 64 << 20
+// maxWholeAnswer bounds a whole answer read (bytes) of a request asking
+// for at most maxTokens: a megabyte, and 256 bytes a token, far more than
+// a token's text escaped in JSON, so that a hostile or broken server
+// cannot have the replayer hold more than that for each request in
+// flight.
+func maxWholeAnswer(maxTokens int) int64 { return 1<<20 + 256*int64(max(maxTokens, 1)) }
 
-// readWhole reads a whole (non-streamed) 2xx answer into o: its first
-// token reaches the client with its end, so its TTFT is its E2E, and it
-// has no inter-token latency.
-func (s *sender) readWhole(ctx context.Context, resp *http.Response, sent time.Time, o *outcome) {
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxWholeAnswer+1))
+// wholeAnswer is what the replayer reads of a whole chat completion
+// (wire.PeekBody reads its completion and cached tokens as the router
+// does).
+type wholeAnswer struct {
+	Choices []struct {
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens int `json:"prompt_tokens"`
+	} `json:"usage"`
+}
+
+// readWhole reads a whole (non-streamed) 2xx answer to a request for at
+// most maxTokens into o: its first token reaches the client with its end,
+// so its TTFT is its E2E, and it has no inter-token latency. An answer
+// whose choice ended with finish_reason "abort" or "error" failed, as a
+// stream that ends so does.
+func (s *sender) readWhole(ctx context.Context, resp *http.Response, sent time.Time, maxTokens int, o *outcome) {
+	limit := maxWholeAnswer(maxTokens)
+	data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	o.e2e = s.clock.Now().Sub(sent)
 	switch {
 	case err != nil:
@@ -298,17 +317,31 @@ func (s *sender) readWhole(ctx context.Context, resp *http.Response, sent time.T
 		}
 		o.err = fmt.Errorf("reading the answer: %w", err)
 		return
-	case len(data) > maxWholeAnswer:
-		o.err = fmt.Errorf("an answer longer than %d bytes", maxWholeAnswer)
+	case int64(len(data)) > limit:
+		o.err = fmt.Errorf("an answer longer than %d bytes (%d tokens asked)", limit, maxTokens)
 		return
+	}
+	var a wholeAnswer
+	if err := json.Unmarshal(data, &a); err != nil {
+		o.err = fmt.Errorf("the answer is not a chat completion: %w", err)
+		return
+	}
+	for _, c := range a.Choices {
+		if c.FinishReason == "abort" || c.FinishReason == "error" { // vLLM's: the engine gave up on the request
+			o.err = fmt.Errorf("the answer ended with finish_reason %q", c.FinishReason)
+			return
+		}
 	}
 	n, cached := wire.PeekBody(data)
 	if n == 0 {
-		o.err = errors.New("the answer is not a chat completion with a usage of at least a token")
+		o.err = errors.New("the answer has no usage of at least a completion token")
 		return
 	}
 	o.finished, o.ttft, o.tokenChunks = true, o.e2e, n
 	o.usage = &wire.Usage{CompletionTokens: n, CachedTokens: cached}
+	if a.Usage != nil {
+		o.usage.PromptTokens = a.Usage.PromptTokens
+	}
 }
 
 // read consumes the event stream of a 2xx response into o.

@@ -298,6 +298,7 @@ func newRecord(i int, r *trace.Request, slip time.Duration, o *outcome) report.R
 		Priority:     r.Priority,
 		TTFTSLO:      ms(r.TTFTSLO),
 		NewConn:      o.newConn,
+		Whole:        o.whole,
 	}
 	if u := o.usage; u != nil {
 		if u.PromptTokens > 0 {

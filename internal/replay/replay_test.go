@@ -512,8 +512,11 @@ func TestWholeAnswers(t *testing.T) {
 		if rec.Failed {
 			t.Fatalf("request %d failed: %s", rec.Index, rec.Error)
 		}
-		if got := rec.TTFT == rec.E2E && rec.OutputTokens == 4; got != want {
-			t.Errorf("request %d: TTFT %v, E2E %v, %d tokens; whole %v", rec.Index, rec.TTFT, rec.E2E, rec.OutputTokens, want)
+		if got := rec.TTFT == rec.E2E && rec.OutputTokens == 4; got != want || rec.Whole != want {
+			t.Errorf("request %d: TTFT %v, E2E %v, %d tokens, recorded whole %v; whole %v", rec.Index, rec.TTFT, rec.E2E, rec.OutputTokens, rec.Whole, want)
+		}
+		if want && rec.PromptTokens != 10 { // the server's count, not the trace's 100 (a user's test)
+			t.Errorf("request %d: %d prompt tokens, want the answer's usage's 10", rec.Index, rec.PromptTokens)
 		}
 		if want {
 			whole++
@@ -528,5 +531,31 @@ func TestWholeAnswers(t *testing.T) {
 	}
 	if whole < 10 || whole > 30 {
 		t.Errorf("%d of 40 whole at a share of 0.5", whole)
+	}
+}
+
+// A whole answer that says the engine gave up (finish_reason "abort" or
+// "error", as vLLM's do), one without a usage, one that is no JSON and one
+// far longer than its tokens could be are failures, each saying why (a
+// user's test: an "error" answer counted as served).
+func TestBadWholeAnswers(t *testing.T) {
+	for _, c := range []struct{ name, body, want string }{
+		{"error", `{"choices":[{"index":0,"message":{"content":"a b"},"finish_reason":"error"}],"usage":{"prompt_tokens":10,"completion_tokens":2}}`, `finish_reason "error"`},
+		{"abort", `{"choices":[{"index":0,"message":{"content":""},"finish_reason":"abort"}],"usage":{"prompt_tokens":10,"completion_tokens":0}}`, `finish_reason "abort"`},
+		{"no usage", `{"choices":[{"index":0,"message":{"content":"a b"},"finish_reason":"length"}],"usage":null}`, "no usage"},
+		{"not JSON", `<html>bad gateway</html>`, "not a chat completion"},
+		{"too long", `{"choices":[{"index":0,"message":{"content":"` + strings.Repeat("a", 3<<20) + `"},"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":4}}`, "longer than"},
+	} {
+		srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) {
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, c.body)
+		})
+		res, err := Run(context.Background(), Config{Target: srv.URL, Requests: []trace.Request{request(0, "s1", 100, 4)}, Unstreamed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec := res.Records[0]; !rec.Failed || !strings.Contains(rec.Error, c.want) {
+			t.Errorf("%s: failed %v, error %q, want one saying %q", c.name, rec.Failed, rec.Error, c.want)
+		}
 	}
 }

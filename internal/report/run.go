@@ -21,7 +21,8 @@ type Record struct {
 	RTT     float64 `json:"rtt_ms,omitempty"`
 	TTFT    float64 `json:"ttft_ms"`
 	E2E     float64 `json:"e2e_ms"`
-	// ITL is the mean inter-token latency; 0 with fewer than two tokens.
+	// ITL is the mean inter-token latency; 0 with fewer than two tokens,
+	// or not measured (Whole).
 	ITL          float64 `json:"itl_ms"`
 	PromptTokens int     `json:"prompt_tokens"`
 	CachedTokens int     `json:"cached_tokens"`
@@ -53,6 +54,11 @@ type Record struct {
 	// TTFT holds the connection's setup, one round trip of the client's
 	// leg or more).
 	NewConn bool `json:"new_conn,omitempty"`
+	// Whole: its answer was asked whole, not streamed (gorgo replay and
+	// gorgo sim --unstreamed). A live record's TTFT is then its E2E, as
+	// its client sees it, and its ITL is not measured; a simulated
+	// record's are the engine's.
+	Whole bool `json:"whole,omitempty"`
 	// WarmUp: it arrived before the run began scoring (gorgo sim
 	// --score-from): routed and recorded, not in the run's summary.
 	WarmUp bool `json:"warm_up,omitempty"`
@@ -67,7 +73,11 @@ type Run struct {
 	TTFT      Dist   `json:"ttft_ms"`
 	E2E       Dist   `json:"e2e_ms"`
 	ITL       Dist   `json:"itl_ms"`
-	Slip      Dist   `json:"slip_ms"`
+	// ITLRequests is how many requests the ITL is over: those of two
+	// tokens or more whose gaps were measured (0: ITL is no measure, all
+	// zeros; every answer whole, as its client sees it).
+	ITLRequests int  `json:"itl_requests"`
+	Slip        Dist `json:"slip_ms"`
 	// CacheHitRatio is cached / prompt tokens over completed requests, as
 	// the engines report; EstCacheHitRatio is the router's estimate, when
 	// the records carry one (nil for a replay from outside the router).
@@ -196,6 +206,7 @@ func NewRun(policy string, recs []Record, replicas []string) Run {
 		}
 	}
 	r.TTFT, r.E2E, r.ITL, r.Slip = Summarize(ttft), Summarize(e2e), Summarize(itl), Summarize(slip)
+	r.ITLRequests = len(itl)
 	if prompt > 0 {
 		r.CacheHitRatio = float64(cached) / float64(prompt)
 		if hasEst {
@@ -232,7 +243,7 @@ func WriteTable(w io.Writer, runs []Run) error {
 		if r.Completed == 0 {
 			lat = func(float64) string { return "-" } // no latency, not a perfect one
 		}
-		if r.ITL.Mean == 0 { // none measured: every answer whole, or of one token
+		if r.ITLRequests == 0 { // none measured: every answer whole, or of one token
 			itl = func(float64) string { return "-" }
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s\t",

@@ -140,7 +140,7 @@ func TestScoreSLOOfItsOwn(t *testing.T) {
 // gaps between tokens) is left out of the ITL, not counted as 0.
 func TestUnmeasuredITLIsLeftOut(t *testing.T) {
 	r := NewRun("p", []Record{{OutputTokens: 5, ITL: 20, TTFT: 1, E2E: 2}, {OutputTokens: 5, TTFT: 3, E2E: 3}}, nil)
-	if r.ITL.Mean != 20 || r.Completed != 2 {
+	if r.ITL.Mean != 20 || r.Completed != 2 || r.ITLRequests != 1 {
 		t.Errorf("ITL mean %v over %d completed, want 20 (the whole answer left out)", r.ITL.Mean, r.Completed)
 	}
 	// With none measured the table says so, not 0.0 ms.

@@ -164,18 +164,19 @@ func (t *tunerState) keep(ctx context.Context) {
 	}
 }
 
-// save writes the tuner's state if it changed since last written: to a
-// file beside the state's, then renamed over it, so that a crash leaves
-// the old state or the new, never half of one. A failure is logged once,
-// until a write succeeds again.
+// save writes the tuner's state if it changed since last written, or the
+// last write failed, or the file is gone: to a file beside the state's,
+// then renamed over it, so that a crash leaves the old state or the new,
+// never half of one. A failure is logged once, until a write succeeds
+// again.
 func (t *tunerState) save() {
 	st := t.state()
 	if t.keeping && maps.Equal(st.Start, t.saved.Start) && maps.Equal(st.Incumbent, t.saved.Incumbent) {
 		return // nothing learned yet (the fleet, a step size may have changed)
 	}
 	t.keeping = false
-	if st.Equal(t.saved) {
-		return
+	if st.Equal(t.saved) && !t.failing && exists(t.path) {
+		return // written, and still there (a user's test: a file removed was never written again)
 	}
 	if err := writeTunerState(t.path, st); err != nil {
 		t.writes.WithLabelValues("failed").Inc()
@@ -198,7 +199,22 @@ func (t *tunerState) save() {
 	t.mu.Unlock()
 }
 
+// exists reports whether path names a file.
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
 func writeTunerState(path string, st tune.State) error {
+	if err := writeFileAtomic(path, st); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}
+
+// writeFileAtomic writes st as JSON to a file beside path, renamed over
+// it.
+func writeFileAtomic(path string, st tune.State) error {
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err

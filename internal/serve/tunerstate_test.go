@@ -233,6 +233,31 @@ func TestTunerStateWriteFailureLoggedOnce(t *testing.T) {
 	if got := testutil.ToFloat64(st.writes.WithLabelValues("written")); got != 1 {
 		t.Errorf("gorgo_tuner_state_writes_total{result=written} %v, want 1", got)
 	}
+	// The file removed while the router runs, nothing learned since, is
+	// written again; and a failed write is tried again though the state is
+	// the one last written (a user's test: neither was, and the error
+	// stayed shown after the directory came back).
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	st.save()
+	if f := st.File(); f.Error == "" || !strings.Contains(f.Error, st.path) {
+		t.Errorf("the directory gone: the file shows %+v, want an error naming %s", f, st.path)
+	}
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st.save()
+	if _, err := readTunerState(st.path); err != nil || st.File().Error != "" {
+		t.Errorf("the directory back, the same state: %v, the file shows %+v", err, st.File())
+	}
+	if err := os.Remove(st.path); err != nil {
+		t.Fatal(err)
+	}
+	st.save()
+	if _, err := readTunerState(st.path); err != nil {
+		t.Errorf("the file removed, the same state: not written again (%v)", err)
+	}
 }
 
 // The fleet a state names is the replicas it was learned with: a resumed

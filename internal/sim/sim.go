@@ -896,6 +896,7 @@ func (s *simulator) result() *Result {
 			Tenant:       tr.Tenant,
 			Priority:     tr.Priority,
 			TTFTSLO:      toMS(tr.TTFTSLO),
+			Whole:        s.unstreamed(i),
 		}
 		if st.replica >= 0 {
 			rec.Replica = ids[st.replica]

@@ -69,6 +69,7 @@ var (
 	descTunerFallbacks = prometheus.NewDesc("gorgo_tuner_fallbacks_total", "Times a change of the fleet sent the online tuner back to its starting weights.", nil, nil)
 	descTunerStep      = prometheus.NewDesc("gorgo_tuner_step_size", "The online tuner's step size (log space).", nil, nil)
 	descTunerPaused    = prometheus.NewDesc("gorgo_tuner_paused", "1 while the online tuner is paused.", nil, nil)
+	descTunerUnjudged  = prometheus.NewDesc("gorgo_tuner_unjudged_requests_total", "Requests the online tuner's objective cannot judge (whole answers under a TTFT objective, requests without SLOs under slo-p95, requests that generate no text), routed by its incumbent and learned from by none.", nil, nil)
 )
 
 // tunerState is what the metrics read of an online tuner (tune.Online).
@@ -77,11 +78,12 @@ type tunerState interface {
 	Resets() (int, string)
 	Sigma() float64
 	Paused() bool
+	Unjudged() int
 }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInFlight, descTokens, descBacklog, descDecoding, descRTTEst, descITL, descWeight,
-		descOutputMean, descOutputDepth, descOutputKeys, descTunerJudged, descTunerAccepted, descTunerFallbacks, descTunerStep, descTunerPaused} {
+		descOutputMean, descOutputDepth, descOutputKeys, descTunerJudged, descTunerAccepted, descTunerFallbacks, descTunerStep, descTunerPaused, descTunerUnjudged} {
 		ch <- d
 	}
 }
@@ -119,6 +121,7 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descTunerFallbacks, prometheus.CounterValue, float64(fallbacks))
 		ch <- prometheus.MustNewConstMetric(descTunerStep, prometheus.GaugeValue, t.Sigma())
 		ch <- prometheus.MustNewConstMetric(descTunerPaused, prometheus.GaugeValue, paused)
+		ch <- prometheus.MustNewConstMetric(descTunerUnjudged, prometheus.CounterValue, float64(t.Unjudged()))
 	}
 }
 

@@ -299,6 +299,7 @@ type wholeAnswer struct {
 	Usage *struct {
 		PromptTokens int `json:"prompt_tokens"`
 	} `json:"usage"`
+	Error json.RawMessage `json:"error"`
 }
 
 // readWhole reads a whole (non-streamed) 2xx answer to a request for at
@@ -326,6 +327,10 @@ func (s *sender) readWhole(ctx context.Context, resp *http.Response, sent time.T
 		o.err = fmt.Errorf("the answer is not a chat completion: %w", err)
 		return
 	}
+	if len(a.Choices) == 0 && len(a.Error) > 0 && string(a.Error) != "null" { // an error in a 2xx
+		o.err = fmt.Errorf("the answer is an error: %s", wire.ErrorMessage(data))
+		return
+	}
 	for _, c := range a.Choices {
 		if c.FinishReason == "abort" || c.FinishReason == "error" { // vLLM's: the engine gave up on the request
 			o.err = fmt.Errorf("the answer ended with finish_reason %q", c.FinishReason)
@@ -334,7 +339,7 @@ func (s *sender) readWhole(ctx context.Context, resp *http.Response, sent time.T
 	}
 	n, cached := wire.PeekBody(data)
 	if n == 0 {
-		o.err = errors.New("the answer has no usage of at least a completion token")
+		o.err = errors.New("the answer has no usage of at least a completion token: its tokens cannot be counted")
 		return
 	}
 	o.finished, o.ttft, o.tokenChunks = true, o.e2e, n

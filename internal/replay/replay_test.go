@@ -83,7 +83,7 @@ func TestMeasuresAStream(t *testing.T) {
 	}
 	for i, s := range sent {
 		b := s.Body
-		if s.Path != "/v1/chat/completions" || b.Model != "fake-model" || !b.Stream || !b.StreamOptions.IncludeUsage || !b.IgnoreEOS {
+		if s.Path != "/v1/chat/completions" || b.Model != "fake-model" || !b.Stream || b.StreamOptions == nil || !b.StreamOptions.IncludeUsage || !b.IgnoreEOS {
 			t.Errorf("request %d: %+v", i, s)
 		}
 		msgs := make([]prompt.Message, len(b.Messages))
@@ -525,7 +525,7 @@ func TestWholeAnswers(t *testing.T) {
 	for _, s := range srv.received() {
 		var i int
 		fmt.Sscan(s.Session[1:], &i)
-		if s.Body.Stream == trace.Unstreamed(i, 7, 0.5) || !s.Body.Stream && s.Body.StreamOptions.IncludeUsage {
+		if s.Body.Stream == trace.Unstreamed(i, 7, 0.5) || s.Body.Stream == (s.Body.StreamOptions == nil) { // vLLM refuses stream_options without a stream
 			t.Errorf("request %d sent with stream %v, stream_options %+v", i, s.Body.Stream, s.Body.StreamOptions)
 		}
 	}
@@ -544,6 +544,7 @@ func TestBadWholeAnswers(t *testing.T) {
 		{"abort", `{"choices":[{"index":0,"message":{"content":""},"finish_reason":"abort"}],"usage":{"prompt_tokens":10,"completion_tokens":0}}`, `finish_reason "abort"`},
 		{"no usage", `{"choices":[{"index":0,"message":{"content":"a b"},"finish_reason":"length"}],"usage":null}`, "no usage"},
 		{"not JSON", `<html>bad gateway</html>`, "not a chat completion"},
+		{"an error", `{"error":{"message":"engine overloaded","type":"ServiceUnavailableError","code":503}}`, "the answer is an error: engine overloaded"},
 		{"too long", `{"choices":[{"index":0,"message":{"content":"` + strings.Repeat("a", 3<<20) + `"},"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":4}}`, "longer than"},
 	} {
 		srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) {

@@ -93,8 +93,12 @@ func resumeTuner(p policy.Policy, path string, replicas func() []string, reg pro
 		if err := o.Restore(st); err != nil {
 			t.saved, t.keeping = t.state(), true
 			t.file.Start = fmt.Sprintf("not resumed: %v (kept until the tuner learns anything)", err)
-			log.Warn("the tuner's state is not resumed: the tuner starts afresh, and the file is kept until it learns anything", "tuner_state", path, "why", err,
-				"weights", policy.Format(o.Base(), o.Incumbent()))
+			msg := "the tuner's state is not resumed: the tuner starts afresh, and the file is kept until it learns anything"
+			if st.Paused {
+				msg = "the tuner's state is not resumed, and it was paused: the tuner starts afresh and tunes, and the file is kept until it learns anything"
+				t.file.Start = fmt.Sprintf("not resumed, and it was paused: %v (kept until the tuner learns anything)", err)
+			}
+			log.Warn(msg, "tuner_state", path, "why", err, "weights", policy.Format(o.Base(), o.Incumbent()))
 			break
 		}
 		t.saved = st
@@ -171,8 +175,8 @@ func (t *tunerState) keep(ctx context.Context) {
 // again.
 func (t *tunerState) save() {
 	st := t.state()
-	if t.keeping && maps.Equal(st.Start, t.saved.Start) && maps.Equal(st.Incumbent, t.saved.Incumbent) {
-		return // nothing learned yet (the fleet, a step size may have changed)
+	if t.keeping && maps.Equal(st.Start, t.saved.Start) && maps.Equal(st.Incumbent, t.saved.Incumbent) && !st.Paused {
+		return // nothing learned yet (the fleet, a step size may have changed), and not paused (a review: that pause was lost)
 	}
 	t.keeping = false
 	if st.Equal(t.saved) && !t.failing && exists(t.path) {

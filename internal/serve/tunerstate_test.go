@@ -319,9 +319,10 @@ func adminTuner(t *testing.T, s *Server) string {
 // restart, and the log says how to resume it.
 func TestTunerStatePaused(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tuner.json")
+	var weights policy.Values // the config's
 	start := func() (*Server, *tune.Online, *bytes.Buffer) {
 		t.Helper()
-		o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, ES: tune.Config{Seed: 1}})
+		o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, BaseParams: weights, StartFromBase: weights != nil, ES: tune.Config{Seed: 1}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -342,5 +343,23 @@ func TestTunerStatePaused(t *testing.T) {
 	_, o, log := start()
 	if !o.Paused() || !strings.Contains(log.String(), "stays paused") || !strings.Contains(log.String(), "/admin/tuner/resume") {
 		t.Errorf("restarted after a pause: paused %v; log: %s", o.Paused(), log)
+	}
+	// Restarted with other weights: the operator's new weights win, and
+	// the log says the state it does not resume was paused (a review: the
+	// pause went unsaid).
+	weights = policy.Values{"decode": 0.4}
+	second, o, log := start()
+	if o.Paused() || !strings.Contains(log.String(), "not resumed, and it was paused") {
+		t.Errorf("restarted paused with other weights: paused %v; log: %s", o.Paused(), log)
+	}
+	// Paused while that file is kept: the pause is written (a review: it
+	// was not, the file being kept until the tuner learned anything), and
+	// the next start with the same weights stays paused.
+	o.Pause()
+	if err := second.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, o, _ = start(); !o.Paused() {
+		t.Error("paused while a state not resumed was kept: the restart tunes")
 	}
 }

@@ -80,6 +80,7 @@ type Online struct {
 	steps    []Outcome // the latest cfg.History verdicts
 	judged   int
 	accepted int
+	unjudged int // requests the objective cannot judge, routed by the incumbent
 	paused   bool
 	// from is the router time from which decisions are scored in block
 	// mode: a round starts scoring at the first block after it began.
@@ -278,6 +279,9 @@ func (o *Online) Decide(d *policy.Decision, req *policy.Request, reps []policy.R
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.paused || req.Unjudged || req.Unstreamed && !o.wholeToo || o.sloOnly && !req.HasSLO {
+		if !o.paused {
+			o.unjudged++
+		}
 		d.Tag = -1
 		return o.arms[0].Decide(d, req, reps, rng)
 	}
@@ -542,6 +546,15 @@ func (o *Online) Counts() (judged, accepted int) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.judged, o.accepted
+}
+
+// Unjudged returns how many requests the objective could not judge, and
+// the incumbent routed (Decide): a fleet whose requests are all such
+// learns nothing, and this says why.
+func (o *Online) Unjudged() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.unjudged
 }
 
 // Config returns the configuration, defaults filled in (ES and

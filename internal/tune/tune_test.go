@@ -789,6 +789,10 @@ func TestOnlineRoutesWhatItCannotJudgeWithTheIncumbent(t *testing.T) {
 		if !c.tagged && slices.ContainsFunc(tags, func(tag int) bool { return tag >= 0 }) {
 			t.Errorf("%s: a whole answer was tagged for an arm (%v)", c.objective, tags)
 		}
+		// They are counted, so that a fleet that learns nothing sees why.
+		if want := map[bool]int{false: 4, true: 0}[c.tagged]; o.Unjudged() != want {
+			t.Errorf("%s: %d requests counted unjudged, want %d", c.objective, o.Unjudged(), want)
+		}
 	}
 	// Under slo-p95, a request without SLOs is not judged either: the
 	// incumbent routes it; one with SLOs goes by the arms.

@@ -20,7 +20,7 @@ type received struct {
 		Messages      []wireMessage `json:"messages"`
 		MaxTokens     int           `json:"max_tokens"`
 		Stream        bool          `json:"stream"`
-		StreamOptions *struct { // nil: not sent
+		StreamOptions *struct {     // nil: not sent
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
 		IgnoreEOS bool   `json:"ignore_eos"`

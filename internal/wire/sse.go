@@ -70,14 +70,24 @@ type Usage struct {
 // Stream reads the events of a text/event-stream body. It follows the SSE
 // rules that matter for OpenAI streams: lines end with "\n" or "\r\n", an
 // event is its "data:" lines joined by "\n" and ends at a blank line,
-// comment lines (":...") and other fields are ignored. Lines may be of any
-// length. A Stream is not safe for concurrent use.
+// comment lines (":...") and other fields are ignored. An event, and a
+// line, may be up to MaxEventBytes long: a longer one is an error, so that
+// a broken or hostile server cannot grow the reader's memory without
+// bound. A Stream is not safe for concurrent use.
 type Stream struct {
 	r    *bufio.Reader
 	data []byte
 	line []byte
 	done bool
 }
+
+// MaxEventBytes bounds an event's data, and a line, that a Stream holds:
+// far more than an OpenAI stream's chunk of a token or a few.
+const MaxEventBytes = 4 << 20
+
+// ErrEventTooLong is returned for an event or a line longer than
+// MaxEventBytes.
+var ErrEventTooLong = fmt.Errorf("an event longer than %d bytes", MaxEventBytes)
 
 // NewStream returns a Stream reading r.
 func NewStream(r io.Reader) *Stream {
@@ -115,6 +125,9 @@ func (s *Stream) Next() (Event, error) {
 			continue
 		}
 		value = bytes.TrimPrefix(value, []byte{' '})
+		if len(s.data) > 0 && len(s.data)+1+len(value) > MaxEventBytes || len(value) > MaxEventBytes {
+			return Event{}, ErrEventTooLong
+		}
 		if len(s.data) > 0 {
 			s.data = append(s.data, '\n')
 		}
@@ -129,6 +142,9 @@ func (s *Stream) readLine() ([]byte, error) {
 	s.line = s.line[:0]
 	for {
 		chunk, err := s.r.ReadSlice('\n')
+		if len(s.line)+len(chunk) > MaxEventBytes+64 { // and its field name, end of line
+			return nil, ErrEventTooLong
+		}
 		s.line = append(s.line, chunk...)
 		if err == bufio.ErrBufferFull {
 			continue

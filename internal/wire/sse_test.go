@@ -212,3 +212,24 @@ func FuzzStream(f *testing.F) {
 		t.Fatalf("more events than bytes in %q", data)
 	})
 }
+
+// A line, or an event of many lines, longer than MaxEventBytes is an
+// error, not held whole (a review: a server sending an endless line grew
+// the replayer's memory without bound); one of MaxEventBytes is read.
+func TestStreamEventTooLong(t *testing.T) {
+	long := strings.Repeat("a", MaxEventBytes)
+	for _, c := range []struct {
+		name, body string
+		err        error
+	}{
+		{"a line", "data: \"" + long + "\"\n\n", ErrEventTooLong},
+		{"an endless line", "data: " + long + long, ErrEventTooLong},
+		{"an event of lines", strings.Repeat("data: "+long[:MaxEventBytes/4]+"\n", 5) + "\n", ErrEventTooLong},
+		{"at the bound", "data: {\"x\":\"" + long[:MaxEventBytes-8] + "\"}\n\n", nil},
+	} {
+		_, err := NewStream(strings.NewReader(c.body)).Next()
+		if !errors.Is(err, c.err) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.err)
+		}
+	}
+}

@@ -64,6 +64,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	jsonOut := fs.String("json", "", "write the run summary as JSON to `FILE`")
 	records := fs.String("records", "", "write per-request records as JSONL to `FILE`")
 	quiet := fs.Bool("quiet", false, "no progress or header lines")
+	timeout := fs.Duration("request-timeout", 0, "cut and fail a request not answered to its end this long after it was sent (a server that stalls mid-answer holds it, and the replay's end, otherwise; 0: none)")
 	unstreamed := fs.Float64("unstreamed", 0, "share of requests that ask for their answers whole (stream false; 0 to 1), drawn by --seed as gorgo sim --unstreamed draws them: their TTFT is their E2E, as their client sees it, and they have no ITL (gorgo sim reports the engine's first token and gaps for them, which no client sees)")
 	keyFile := fs.String("api-key-file", "", "read the API key sent to the target (as a bearer token) from `FILE`'s first line; default $OPENAI_API_KEY, as OpenAI's clients read it (none: no key)")
 	if err := parseFlags(fs, args); err != nil {
@@ -87,6 +88,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	}
 	if strings.TrimSpace(*label) == "" {
 		return fmt.Errorf("--label must not be empty")
+	}
+	if *timeout < 0 {
+		return fmt.Errorf("--request-timeout must not be negative, got %v", *timeout)
 	}
 	if !(*unstreamed >= 0 && *unstreamed <= 1) {
 		return fmt.Errorf("--unstreamed must be between 0 and 1, got %v", *unstreamed)
@@ -140,14 +144,15 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 
 	prog := newProgress(stderr, "replaying", len(reqs), *quiet)
 	res, runErr := replay.Run(ctx, replay.Config{
-		Target:      u.String(),
-		Model:       m,
-		Requests:    reqs,
-		MaxInflight: *maxInflight,
-		Unstreamed:  *unstreamed,
-		Seed:        wl.seed,
-		Client:      hc,
-		Progress:    prog.add,
+		Target:         u.String(),
+		Model:          m,
+		Requests:       reqs,
+		MaxInflight:    *maxInflight,
+		Unstreamed:     *unstreamed,
+		RequestTimeout: *timeout,
+		Seed:           wl.seed,
+		Client:         hc,
+		Progress:       prog.add,
 	})
 	prog.finish()
 	if res == nil {

@@ -314,7 +314,7 @@ func (s *sender) readWhole(ctx context.Context, resp *http.Response, sent time.T
 	switch {
 	case err != nil:
 		if ctx.Err() != nil {
-			err = ctx.Err()
+			err = context.Cause(ctx)
 		}
 		o.err = fmt.Errorf("reading the answer: %w", err)
 		return
@@ -370,7 +370,7 @@ func (s *sender) read(ctx context.Context, resp *http.Response, sent time.Time, 
 		}
 		if err != nil {
 			if ctx.Err() != nil {
-				err = ctx.Err()
+				err = context.Cause(ctx)
 			}
 			o.err = fmt.Errorf("reading stream: %w", err)
 			o.e2e = now.Sub(sent)
@@ -435,7 +435,7 @@ func (s *sender) read(ctx context.Context, resp *http.Response, sent time.Time, 
 // replay was stopped, else the transport's error without the URL prefix.
 func sendError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		return fmt.Errorf("sending: %w", ctx.Err())
+		return fmt.Errorf("sending: %w", context.Cause(ctx))
 	}
 	err = unwrapURL(err)
 	var op *net.OpError

@@ -20,6 +20,7 @@ package replay
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -112,7 +113,16 @@ type Config struct {
 	// is their E2E, as their client sees it.
 	Unstreamed float64
 	Seed       uint64
+	// RequestTimeout, if positive, cuts a request not answered to its end
+	// this long after it was sent, and fails it (a server that stalls
+	// mid-answer would hold it, and the replay's end, for ever). It runs
+	// on the wall clock, whatever Clock is. 0: none.
+	RequestTimeout time.Duration
 }
+
+// ErrRequestTimeout is a request's error when Config.RequestTimeout cut
+// it.
+var ErrRequestTimeout = errors.New("no answer to its end within the request timeout")
 
 // Together returns a Config.Ready for n replays that begin together: each
 // waits until all n are ready, and all take the instant the last one was
@@ -251,7 +261,13 @@ dispatch:
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o := s.send(ctx, body, r, at, whole[i])
+			rctx := ctx
+			if cfg.RequestTimeout > 0 {
+				var cancel context.CancelFunc
+				rctx, cancel = context.WithTimeoutCause(ctx, cfg.RequestTimeout, ErrRequestTimeout)
+				defer cancel()
+			}
+			o := s.send(rctx, body, r, at, whole[i])
 			if sem != nil {
 				<-sem
 			}

@@ -560,3 +560,30 @@ func TestBadWholeAnswers(t *testing.T) {
 		}
 	}
 }
+
+// A request not answered to its end within Config.RequestTimeout is cut
+// and failed, saying so, streamed or whole, and the replay ends (a user's
+// test: a server that stalled mid-answer held the replay until Ctrl-C).
+func TestRequestTimeout(t *testing.T) {
+	stall := make(chan struct{})
+	srv := newFakeServer(t, func(w http.ResponseWriter, r *http.Request, rec received) {
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		select { // half an answer, then nothing
+		case <-stall:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(stall)
+	for _, share := range []float64{0, 1} {
+		res, err := Run(context.Background(), Config{Target: srv.URL, Requests: []trace.Request{request(0, "s1", 100, 4)},
+			Unstreamed: share, RequestTimeout: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec := res.Records[0]; !rec.Failed || !strings.Contains(rec.Error, ErrRequestTimeout.Error()) {
+			t.Errorf("unstreamed %v: failed %v, error %q", share, rec.Failed, rec.Error)
+		}
+	}
+}

@@ -333,7 +333,10 @@ func (r *Router) Rank(now time.Duration, req *policy.Request, rng *rand.Rand, ds
 // replica id's ledger as if this router had sent it there, with the cached
 // prefix this router believes the replica holds, and (with Accepted) its
 // prompt joins the replica's share of the prefix index; FirstToken and
-// Finish then follow it as the other router reports them. Routers that
+// Finish then follow it as the other router reports them, but for its
+// prompt, which leaves the replica's prefill backlog when its first token
+// is due if the news of it has not come by then (it comes a leg between
+// routers late). Routers that
 // share their ledgers and prefix inserts (a mesh) do this with each
 // other's requests. keys are the request's OutputKeys, as the other
 // router computed them from what it alone was sent (the session, the
@@ -361,6 +364,14 @@ func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys O
 	}
 	t, ok := r.enter(&c, req, keys)
 	t.remote = true
+	if ok && t.unstreamed == nil {
+		// The news of its first token comes late (from the replica to its
+		// router, then on to this one): its prompt leaves the backlog when
+		// its first token is due, as an unstreamed request's does, or when
+		// that news comes, if sooner (FirstToken).
+		t.unstreamed = &unstreamed{due: t.Sent + time.Duration(t.Predicted*1e6), sent: t.Sent, tokens: int64(t.uncached()), seqs: t.seqs}
+		m.unstreamed.push(t.unstreamed)
+	}
 	return t, ok
 }
 
@@ -627,9 +638,19 @@ func (r *Router) candidate(i int, now time.Duration) Candidate {
 func (t *Ticket) uncached() int { return t.PromptTokens - t.EstCachedTokens }
 
 // FirstToken folds in a request's time to first token as the router saw
-// it: the request leaves its replica's prefill backlog.
+// it: the request leaves its replica's prefill backlog (another router's,
+// Enter, unless it left when its first token was due).
 func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
-	if t.first || t.done || t.unstreamed != nil {
+	if t.first || t.done {
+		return
+	}
+	if u := t.unstreamed; u != nil {
+		if t.remote && u.state.CompareAndSwap(pending, released) {
+			t.first = true
+			t.m.backlog.Add(-u.tokens)
+			t.m.waitSent.Add(-int64(u.sent) * u.seqs)
+			t.m.decoding.Add(u.seqs)
+		}
 		return
 	}
 	t.first = true

@@ -1396,3 +1396,42 @@ func TestFirstProbeRacingDetach(t *testing.T) {
 		mu.Unlock()
 	}
 }
+
+// Another router's request (Enter) leaves the prefill backlog when its
+// first token is due, if the news of it has not come by then (it comes a
+// leg between routers late), or when the news comes, if sooner; the
+// ledger comes back to zero either way.
+func TestMirroredLeavesTheBacklogWhenDue(t *testing.T) {
+	r := newRouter(t, "round-robin", 1, false) // a: 10 ms, 0.06 ms a token
+	rng := rand.New(rand.NewPCG(1, 1))
+	a := func() ReplicaState { return state(t, r, "a") }
+	// 1,000 uncached tokens each: forecast 10 + 60 ms, the second after the first's backlog.
+	late, ok := r.Enter(0, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(1, 4)}, OutputKeys{})
+	early, ok2 := r.Enter(0, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(2, 4)}, OutputKeys{})
+	if !ok || !ok2 {
+		t.Fatal("not entered")
+	}
+	if s := a(); s.BacklogTokens != 2000 {
+		t.Fatalf("backlog %d, want 2000", s.BacklogTokens)
+	}
+	r.FirstToken(&early, 0) // its news came before it was due
+	if s := a(); s.BacklogTokens != 1000 {
+		t.Fatalf("after one's first token was heard of: backlog %d, want 1000", s.BacklogTokens)
+	}
+	probe := policy.Request{PromptTokens: 10, Blocks: blocks(3, 1)}
+	if _, err := r.Decide(2*time.Second, &probe, rng); err != nil {
+		t.Fatal(err)
+	}
+	if s := a(); s.BacklogTokens != 0 || s.InFlight != 2 {
+		t.Fatalf("once the other's was due, unheard of: backlog %d, in flight %d; want 0 and 2", s.BacklogTokens, s.InFlight)
+	}
+	r.FirstToken(&late, 0) // its news, late: already released
+	r.Finish(&late)
+	r.Finish(&early)
+	if s := a(); s.BacklogTokens != 0 || s.InFlight != 0 {
+		t.Errorf("at the end: backlog %d, in flight %d", s.BacklogTokens, s.InFlight)
+	}
+	if n := r.fleet.Load().byID["a"].decoding.Load(); n != 0 {
+		t.Errorf("decoding %d at the end", n)
+	}
+}

@@ -15,7 +15,10 @@ import (
 // and the replica would look busier than it is for as long as the request
 // decodes. The router instead releases it from the backlog when its
 // forecast first token is due (Ticket.Sent + Ticket.Predicted), as if the
-// token had come, at the first decision or forecast after that time.
+// token had come, at the first decision or forecast after that time. So
+// too another router's request (Enter), whose first token this router
+// hears of a leg between routers after it came: it leaves when due, or
+// when the news comes, whichever is first.
 
 // unstreamed is one such request at a replica.
 type unstreamed struct {

@@ -215,7 +215,7 @@ func TestTunerShowsFallbacks(t *testing.T) {
 		t.Errorf("GET /admin/tuner: %d %s", code, body)
 	}
 	// The round under way, and no verdicts yet as an empty list.
-	for _, want := range []string{`"objective": "p95-ttft"`, `"judges": "streamed answers"`, `"unjudged": 0`, `"window": 256`, `"incumbent": 0`, `"confirming": false`, `"history": []`} {
+	for _, want := range []string{`"objective": "p95-ttft"`, `"judges": "streamed answers"`, `"unjudged_decisions": 0`, `"window": 256`, `"incumbent": 0`, `"confirming": false`, `"history": []`} {
 		if !strings.Contains(body, want) {
 			t.Errorf("GET /admin/tuner lacks %s: %s", want, body)
 		}

@@ -105,7 +105,7 @@ func (s *Server) tuner(w http.ResponseWriter, r *http.Request) {
 	}
 	judged, accepted := o.Counts()
 	resets, why := o.Resets()
-	out := map[string]any{"base": o.Base(), "objective": o.Objective(), "judges": o.Judges(), "unjudged": o.Unjudged(), "incumbent": o.Incumbent(), "sigma": o.Sigma(), "paused": o.Paused(),
+	out := map[string]any{"base": o.Base(), "objective": o.Objective(), "judges": o.Judges(), "unjudged_decisions": o.Unjudged(), "incumbent": o.Incumbent(), "sigma": o.Sigma(), "paused": o.Paused(),
 		"round": roundOf(o), "judged": judged, "accepted": accepted, "history": tunerSteps(o, 0), "fallbacks": resets, "last_fallback": why}
 	if fn := s.tunerFile.Load(); fn != nil {
 		out["state_file"] = (*fn)()

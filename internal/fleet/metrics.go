@@ -69,7 +69,7 @@ var (
 	descTunerFallbacks = prometheus.NewDesc("gorgo_tuner_fallbacks_total", "Times a change of the fleet sent the online tuner back to its starting weights.", nil, nil)
 	descTunerStep      = prometheus.NewDesc("gorgo_tuner_step_size", "The online tuner's step size (log space).", nil, nil)
 	descTunerPaused    = prometheus.NewDesc("gorgo_tuner_paused", "1 while the online tuner is paused.", nil, nil)
-	descTunerUnjudged  = prometheus.NewDesc("gorgo_tuner_unjudged_requests_total", "Requests the online tuner's objective cannot judge (whole answers under a TTFT objective, requests without SLOs under slo-p95, requests that generate no text), routed by its incumbent and learned from by none.", nil, nil)
+	descTunerUnjudged  = prometheus.NewDesc("gorgo_tuner_unjudged_decisions_total", "Decisions the online tuner's objective cannot judge (whole answers under a TTFT objective, requests without SLOs under slo-p95, requests that generate no text; a request's fallbacks ranked again are one more), routed by its incumbent and learned from by none.", nil, nil)
 )
 
 // tunerState is what the metrics read of an online tuner (tune.Online).

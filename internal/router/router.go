@@ -66,6 +66,12 @@ type Config struct {
 	// application and conversation (see ExpectedOutput): the yardstick the
 	// keyed estimate is measured against.
 	GlobalOutput bool
+	// MirrorsHeardAtOnce: the news of another router's requests (Enter)
+	// comes as it happens, so their prompts leave the backlog when their
+	// first token is heard of, as this router's own do, not when it is
+	// due: the simulator's omniscient routers, the yardstick of routing as
+	// by one router.
+	MirrorsHeardAtOnce bool
 }
 
 // Ticket is the router's record of one request dispatched to a replica,
@@ -364,7 +370,7 @@ func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys O
 	}
 	t, ok := r.enter(&c, req, keys)
 	t.remote = true
-	if ok && t.unstreamed == nil {
+	if ok && t.unstreamed == nil && !r.cfg.MirrorsHeardAtOnce {
 		// The news of its first token comes late (from the replica to its
 		// router, then on to this one): its prompt leaves the backlog when
 		// its first token is due, as an unstreamed request's does, or when

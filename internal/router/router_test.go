@@ -1435,3 +1435,59 @@ func TestMirroredLeavesTheBacklogWhenDue(t *testing.T) {
 		t.Errorf("decoding %d at the end", n)
 	}
 }
+
+// Mirrored requests whose first token was heard of before it was due do
+// not pile up in the due queue of a router that decides nothing there (a
+// review: a quiet router's queue grew by every request it mirrored).
+func TestMirroredQueueStaysBounded(t *testing.T) {
+	r := newRouter(t, "round-robin", 1, false)
+	for i := range 10_000 {
+		tk, ok := r.Enter(0, "a", &policy.Request{PromptTokens: 1 << 20, Blocks: blocks(uint64(i), 1)}, OutputKeys{})
+		if !ok {
+			t.Fatal("not entered")
+		}
+		r.FirstToken(&tk, 0)
+		r.Finish(&tk)
+	}
+	m := r.fleet.Load().byID["a"]
+	if n := len(m.unstreamed.h); n > 128 {
+		t.Errorf("%d requests, all ended, held in the due queue", n)
+	}
+	if st := state(t, r, "a"); st.BacklogTokens != 0 || st.InFlight != 0 {
+		t.Errorf("ledger %+v", st)
+	}
+}
+
+// A router that hears of the others' requests as they happen
+// (Config.MirrorsHeardAtOnce: the simulator's omniscient routers) keeps a
+// mirrored prompt in the backlog until its first token is heard of, as
+// one router does its own.
+func TestMirrorsHeardAtOnceWaitForTheirFirstToken(t *testing.T) {
+	p, err := policy.New("round-robin", policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{Replicas: []ReplicaConfig{replicaConfig(0)}, Policy: p, BlockTokens: 16, TieMargin: -1, MirrorsHeardAtOnce: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ObserveRTT("a", 10*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	tk, ok := r.Enter(0, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(1, 4)}, OutputKeys{})
+	if !ok {
+		t.Fatal("not entered")
+	}
+	probe := policy.Request{PromptTokens: 10, Blocks: blocks(3, 1)}
+	if _, err := r.Decide(2*time.Second, &probe, rand.New(rand.NewPCG(1, 1))); err != nil {
+		t.Fatal(err)
+	}
+	if s := state(t, r, "a"); s.BacklogTokens != 1000 {
+		t.Fatalf("long past its forecast, not heard of: backlog %d, want 1000", s.BacklogTokens)
+	}
+	r.FirstToken(&tk, 0)
+	r.Finish(&tk)
+	if s := state(t, r, "a"); s.BacklogTokens != 0 || s.InFlight != 0 {
+		t.Errorf("at the end: backlog %d, in flight %d", s.BacklogTokens, s.InFlight)
+	}
+}

@@ -45,9 +45,11 @@ type unstreamedQueue struct {
 	mu   sync.Mutex
 	h    dueHeap
 	next atomic.Int64
-	// compactAt is the length at which push drops the requests that
-	// ended before their first token was due: they would otherwise stay
-	// until then, and a forecast far in the future keeps them long.
+	// compactAt is the length at which push drops the requests settled
+	// before their first token was due (ended, or another router's whose
+	// first token was heard of): they would otherwise stay until then, and
+	// a forecast far in the future, or a router that decides nothing
+	// there, keeps them long.
 	compactAt int
 }
 
@@ -70,7 +72,10 @@ func (q *unstreamedQueue) init() { q.next.Store(math.MaxInt64) }
 func (q *unstreamedQueue) push(u *unstreamed) {
 	q.mu.Lock()
 	if len(q.h) >= q.compactAt {
-		q.h = slices.DeleteFunc(q.h, func(v *unstreamed) bool { return v.state.Load() == finished }) // zeroes the tail
+		// Settled (ended, or released when another router's news of its
+		// first token came: a review saw a quiet router's queue grow by
+		// every mirrored request) is a no-op when popped.
+		q.h = slices.DeleteFunc(q.h, func(v *unstreamed) bool { return v.state.Load() != pending }) // zeroes the tail
 		heap.Init(&q.h)
 		q.compactAt = max(64, 2*len(q.h))
 	}

@@ -209,7 +209,8 @@ func (s *simulator) buildSites() error {
 	cfg := &s.cfg
 	mk := func(region string, p policy.Policy, allowed []string) error {
 		rt, err := router.New(router.Config{Policy: p, BlockTokens: trace.BlockTokens,
-			RTTAlpha: s.sig.RTTAlpha, OnlineRates: s.sig.OnlineRates, TieMargin: cfg.TieMargin, GlobalOutput: s.sig.GlobalOutput})
+			RTTAlpha: s.sig.RTTAlpha, OnlineRates: s.sig.OnlineRates, TieMargin: cfg.TieMargin, GlobalOutput: s.sig.GlobalOutput,
+			MirrorsHeardAtOnce: cfg.Mesh != nil && cfg.Mesh.Sharing == ShareInstant})
 		if err != nil {
 			return fmt.Errorf("sim: %w", err)
 		}

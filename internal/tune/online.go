@@ -80,7 +80,7 @@ type Online struct {
 	steps    []Outcome // the latest cfg.History verdicts
 	judged   int
 	accepted int
-	unjudged int // requests the objective cannot judge, routed by the incumbent
+	unjudged int // decisions the objective cannot judge, routed by the incumbent
 	paused   bool
 	// from is the router time from which decisions are scored in block
 	// mode: a round starts scoring at the first block after it began.
@@ -548,8 +548,9 @@ func (o *Online) Counts() (judged, accepted int) {
 	return o.judged, o.accepted
 }
 
-// Unjudged returns how many requests the objective could not judge, and
-// the incumbent routed (Decide): a fleet whose requests are all such
+// Unjudged returns how many decisions the objective could not judge, and
+// the incumbent routed (Decide; a request's fallbacks ranked again after
+// a failed attempt are one more): a fleet whose requests are all such
 // learns nothing, and this says why.
 func (o *Online) Unjudged() int {
 	o.mu.Lock()

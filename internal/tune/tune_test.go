@@ -791,7 +791,7 @@ func TestOnlineRoutesWhatItCannotJudgeWithTheIncumbent(t *testing.T) {
 		}
 		// They are counted, so that a fleet that learns nothing sees why.
 		if want := map[bool]int{false: 4, true: 0}[c.tagged]; o.Unjudged() != want {
-			t.Errorf("%s: %d requests counted unjudged, want %d", c.objective, o.Unjudged(), want)
+			t.Errorf("%s: %d decisions counted unjudged, want %d", c.objective, o.Unjudged(), want)
 		}
 	}
 	// Under slo-p95, a request without SLOs is not judged either: the

@@ -1217,24 +1217,39 @@ func TestUnstreamedLeavesTheBacklogWhenDue(t *testing.T) {
 }
 
 // Unstreamed requests that end long before their first token is due do
-// not pile up in the replica's due queue.
+// not pile up in the replica's due queue; nor do mirrored requests whose
+// first token was heard of before it was due, at a router that decides
+// nothing there (a review: a quiet router's queue grew by every request
+// it mirrored).
 func TestUnstreamedQueueStaysBounded(t *testing.T) {
-	r := newRouter(t, "round-robin", 1, false)
-	rng := rand.New(rand.NewPCG(1, 1))
-	for i := range 10_000 {
-		// A long prompt, so its first token is due far later than it ends.
-		tk, err := r.Route(0, &policy.Request{PromptTokens: 1 << 20, Blocks: blocks(uint64(i), 1), Unstreamed: true}, rng)
-		if err != nil {
-			t.Fatal(err)
+	for _, mirrored := range []bool{false, true} {
+		r := newRouter(t, "round-robin", 1, false)
+		rng := rand.New(rand.NewPCG(1, 1))
+		for i := range 10_000 {
+			// A long prompt, so its first token is due far later than it ends.
+			req := &policy.Request{PromptTokens: 1 << 20, Blocks: blocks(uint64(i), 1), Unstreamed: !mirrored}
+			var tk Ticket
+			if mirrored {
+				var ok bool
+				if tk, ok = r.Enter(0, "a", req, OutputKeys{}); !ok {
+					t.Fatal("not entered")
+				}
+				r.FirstToken(&tk, 0)
+			} else {
+				var err error
+				if tk, err = r.Route(0, req, rng); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r.Finish(&tk)
 		}
-		r.Finish(&tk)
-	}
-	m := r.fleet.Load().byID["a"]
-	if n := len(m.unstreamed.h); n > 128 {
-		t.Errorf("%d requests, all ended, held in the due queue", n)
-	}
-	if st := state(t, r, "a"); st.BacklogTokens != 0 || st.InFlight != 0 {
-		t.Errorf("ledger %+v", st)
+		m := r.fleet.Load().byID["a"]
+		if n := len(m.unstreamed.h); n > 128 {
+			t.Errorf("mirrored %v: %d requests, all ended, held in the due queue", mirrored, n)
+		}
+		if st := state(t, r, "a"); st.BacklogTokens != 0 || st.InFlight != 0 {
+			t.Errorf("mirrored %v: ledger %+v", mirrored, st)
+		}
 	}
 }
 
@@ -1433,28 +1448,6 @@ func TestMirroredLeavesTheBacklogWhenDue(t *testing.T) {
 	}
 	if n := r.fleet.Load().byID["a"].decoding.Load(); n != 0 {
 		t.Errorf("decoding %d at the end", n)
-	}
-}
-
-// Mirrored requests whose first token was heard of before it was due do
-// not pile up in the due queue of a router that decides nothing there (a
-// review: a quiet router's queue grew by every request it mirrored).
-func TestMirroredQueueStaysBounded(t *testing.T) {
-	r := newRouter(t, "round-robin", 1, false)
-	for i := range 10_000 {
-		tk, ok := r.Enter(0, "a", &policy.Request{PromptTokens: 1 << 20, Blocks: blocks(uint64(i), 1)}, OutputKeys{})
-		if !ok {
-			t.Fatal("not entered")
-		}
-		r.FirstToken(&tk, 0)
-		r.Finish(&tk)
-	}
-	m := r.fleet.Load().byID["a"]
-	if n := len(m.unstreamed.h); n > 128 {
-		t.Errorf("%d requests, all ended, held in the due queue", n)
-	}
-	if st := state(t, r, "a"); st.BacklogTokens != 0 || st.InFlight != 0 {
-		t.Errorf("ledger %+v", st)
 	}
 }
 

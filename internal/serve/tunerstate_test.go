@@ -28,22 +28,9 @@ import (
 // cannot be read is replaced, the router started.
 func TestTunerStateSurvivesARestart(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tuner.json")
-	// router starts a router with the default policy tuned from weights,
-	// as gorgo serve builds it, and returns it, its tuner and its log.
 	router := func(weights policy.Values) (*Server, *tune.Online, *bytes.Buffer) {
 		t.Helper()
-		o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, BaseParams: weights, StartFromBase: weights != nil, ES: tune.Config{Seed: 1}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var log bytes.Buffer
-		cfg := Config{TunerState: path, Config: fleet.Config{ProbeInterval: time.Hour, ScrapeInterval: time.Hour,
-			Replicas: []fleet.ReplicaConfig{{ID: "a", URL: "http://127.0.0.1:1", Region: "ra"}}}}
-		s, err := New(cfg, Options{Policy: o, Log: slog.New(slog.NewTextHandler(&log, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s, o, &log
+		return tunedRouter(t, path, weights)
 	}
 	// stop runs the router until it is stopped, as gorgo serve's run ends.
 	stop := func(s *Server) {
@@ -322,18 +309,7 @@ func TestTunerStatePaused(t *testing.T) {
 	var weights policy.Values // the config's
 	start := func() (*Server, *tune.Online, *bytes.Buffer) {
 		t.Helper()
-		o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, BaseParams: weights, StartFromBase: weights != nil, ES: tune.Config{Seed: 1}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var log bytes.Buffer
-		cfg := Config{TunerState: path, Config: fleet.Config{ProbeInterval: time.Hour, ScrapeInterval: time.Hour,
-			Replicas: []fleet.ReplicaConfig{{ID: "a", URL: "http://127.0.0.1:1", Region: "ra"}}}}
-		s, err := New(cfg, Options{Policy: o, Log: slog.New(slog.NewTextHandler(&log, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s, o, &log
+		return tunedRouter(t, path, weights)
 	}
 	first, o, _ := start()
 	o.Pause()
@@ -362,4 +338,23 @@ func TestTunerStatePaused(t *testing.T) {
 	if _, o, _ = start(); !o.Paused() {
 		t.Error("paused while a state not resumed was kept: the restart tunes")
 	}
+}
+
+// tunedRouter starts a router keeping its tuner's state in path, with the
+// default policy tuned from weights (nil: its defaults), as gorgo serve
+// builds it, and returns it, its tuner and its log.
+func tunedRouter(t *testing.T, path string, weights policy.Values) (*Server, *tune.Online, *bytes.Buffer) {
+	t.Helper()
+	o, err := tune.NewOnline(tune.OnlineConfig{Base: policy.DefaultName, BaseParams: weights, StartFromBase: weights != nil, ES: tune.Config{Seed: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	cfg := Config{TunerState: path, Config: fleet.Config{ProbeInterval: time.Hour, ScrapeInterval: time.Hour,
+		Replicas: []fleet.ReplicaConfig{{ID: "a", URL: "http://127.0.0.1:1", Region: "ra"}}}}
+	s, err := New(cfg, Options{Policy: o, Log: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, o, &log
 }

@@ -1208,10 +1208,16 @@ func TestUnstreamedLeavesTheBacklogWhenDue(t *testing.T) {
 		t.Fatalf("once due: backlog %d, in flight %d; want 0 and 1", s.BacklogTokens, s.InFlight)
 	}
 	r.Finish(&slow)
-	if s := a(); s.BacklogTokens != 0 || s.InFlight != 0 {
+	ledgerEmpty(t, r, "a")
+}
+
+// ledgerEmpty checks that nothing is left in replica id's ledger.
+func ledgerEmpty(t *testing.T, r *Router, id string) {
+	t.Helper()
+	if s := state(t, r, id); s.BacklogTokens != 0 || s.InFlight != 0 {
 		t.Errorf("at the end: backlog %d, in flight %d", s.BacklogTokens, s.InFlight)
 	}
-	if n := r.fleet.Load().byID["a"].decoding.Load(); n != 0 {
+	if n := r.fleet.Load().byID[id].decoding.Load(); n != 0 {
 		t.Errorf("decoding %d at the end", n)
 	}
 }
@@ -1443,12 +1449,7 @@ func TestMirroredLeavesTheBacklogWhenDue(t *testing.T) {
 	r.FirstToken(&late, 0) // its news, late: already released
 	r.Finish(&late)
 	r.Finish(&early)
-	if s := a(); s.BacklogTokens != 0 || s.InFlight != 0 {
-		t.Errorf("at the end: backlog %d, in flight %d", s.BacklogTokens, s.InFlight)
-	}
-	if n := r.fleet.Load().byID["a"].decoding.Load(); n != 0 {
-		t.Errorf("decoding %d at the end", n)
-	}
+	ledgerEmpty(t, r, "a")
 }
 
 // A router that hears of the others' requests as they happen
@@ -1480,7 +1481,5 @@ func TestMirrorsHeardAtOnceWaitForTheirFirstToken(t *testing.T) {
 	}
 	r.FirstToken(&tk, 0)
 	r.Finish(&tk)
-	if s := state(t, r, "a"); s.BacklogTokens != 0 || s.InFlight != 0 {
-		t.Errorf("at the end: backlog %d, in flight %d", s.BacklogTokens, s.InFlight)
-	}
+	ledgerEmpty(t, r, "a")
 }

@@ -138,6 +138,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		if *maxInflight > 0 {
 			limit = fmt.Sprintf("at most %d in flight", *maxInflight)
 		}
+		if *unstreamed > 0 {
+			limit += fmt.Sprintf(", %.0f%% of requests asked whole (their TTFT is their E2E)", 100**unstreamed)
+		}
 		fmt.Fprintf(stdout, "target: %s, model %s, %s\n", u.Redacted(), m, limit)
 		fmt.Fprintf(stdout, "workload: %s\n", desc)
 	}

@@ -152,6 +152,9 @@ func TestReplayCommandBadInput(t *testing.T) {
 		{[]string{"--target", closed, "--trace", tr, "--max-inflight", "-1"}, "--max-inflight"},
 		{[]string{"--target", closed, "--trace", filepath.Join(t.TempDir(), "none.jsonl")}, "no such file"},
 		{[]string{"--target", closed, "extra"}, "unexpected arguments"},
+		{[]string{"--target", closed, "--trace", tr, "--unstreamed", "1.5"}, "--unstreamed must be between 0 and 1"},
+		{[]string{"--target", closed, "--trace", tr, "--unstreamed", "NaN"}, "--unstreamed must be between 0 and 1"},
+		{[]string{"--target", closed, "--trace", tr, "--request-timeout", "-1s"}, "--request-timeout must not be negative"},
 	} {
 		var out, errb bytes.Buffer
 		err := runReplay(tt.args, &out, &errb)

@@ -342,10 +342,11 @@ func describePolicy(p policy.Policy, configured string) string {
 	if configured == tune.OnlineName {
 		fixed = "; its base policy alone for fixed weights"
 	}
-	if o.Paused() {
-		return fmt.Sprintf("%s (tuning %s online for %s, paused: POST /admin/tuner/resume to tune%s)", o.Base(), strings.Join(names, ", "), obj, fixed)
+	judged := "judged on " + o.Judges()
+	if o.Paused() { // resumed paused (tuner_state)
+		judged = "paused: POST /admin/tuner/resume to tune"
 	}
-	return fmt.Sprintf("%s (tuning %s online for %s, judged on %s%s)", o.Base(), strings.Join(names, ", "), obj, o.Judges(), fixed)
+	return fmt.Sprintf("%s (tuning %s online for %s, %s%s)", o.Base(), strings.Join(names, ", "), obj, judged, fixed)
 }
 
 // served is a handler and the listener it serves on, how long a graceful

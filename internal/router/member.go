@@ -93,9 +93,10 @@ type member struct {
 	// the sequences awaiting their first token: with their count
 	// (inflight − decoding), how long they have waited on average.
 	waitSent atomic.Int64
-	// unstreamed are the requests whose first token the router will not
-	// see, until their forecast first token is due.
-	unstreamed unstreamedQueue
+	// due are the prompts that leave the backlog when their forecast
+	// first token is due (Ticket.releaseWhenDue): of requests whose first
+	// token the router will not see, or will hear of late.
+	due dueQueue
 
 	// models is what the replica serves; nil: unknown, any model.
 	models   atomic.Pointer[models.Set]
@@ -152,7 +153,7 @@ type gaugeObs struct {
 
 func newMember(rc ReplicaConfig, slot int, alpha float64, online bool) *member {
 	m := &member{id: rc.ID, slot: slot, rtt: estimate.EWMA{Alpha: alpha}}
-	m.unstreamed.init()
+	m.due.init()
 	m.region.Store(&rc.Region)
 	m.models.Store(rc.Models)
 	m.adapters.configured = max(rc.MaxLoRAs, 0)

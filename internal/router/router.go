@@ -118,8 +118,10 @@ type Ticket struct {
 	accepted, first, done bool
 	// adapterFollowed: the replica's adapter table counts this request.
 	adapterFollowed bool
-	// unstreamed: the request's answer is not streamed (see releaseDue).
-	unstreamed *unstreamed
+	// due: its prompt leaves the backlog when its first token is due
+	// (releaseWhenDue): its answer is not streamed, or it is another
+	// router's.
+	due *duePrompt
 	// remote: another router's request, mirrored here (see Enter); the
 	// router learns nothing from its timings.
 	remote bool
@@ -370,13 +372,12 @@ func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys O
 	}
 	t, ok := r.enter(&c, req, keys)
 	t.remote = true
-	if ok && t.unstreamed == nil && !r.cfg.MirrorsHeardAtOnce {
+	if ok && t.due == nil && !r.cfg.MirrorsHeardAtOnce {
 		// The news of its first token comes late (from the replica to its
 		// router, then on to this one): its prompt leaves the backlog when
-		// its first token is due, as an unstreamed request's does, or when
-		// that news comes, if sooner (FirstToken).
-		t.unstreamed = &unstreamed{due: t.Sent + time.Duration(t.Predicted*1e6), sent: t.Sent, tokens: int64(t.uncached()), seqs: t.seqs}
-		m.unstreamed.push(t.unstreamed)
+		// its first token is due, or when that news comes, if sooner
+		// (FirstToken).
+		t.releaseWhenDue()
 	}
 	return t, ok
 }
@@ -466,8 +467,7 @@ func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Tick
 	t.Sent = c.at
 	m.waitSent.Add(int64(t.Sent) * t.seqs)
 	if req.Unstreamed {
-		t.unstreamed = &unstreamed{due: t.Sent + time.Duration(t.Predicted*1e6), sent: t.Sent, tokens: int64(t.uncached()), seqs: t.seqs}
-		m.unstreamed.push(t.unstreamed)
+		t.releaseWhenDue() // no first token will be seen
 	}
 	return t, true
 }
@@ -650,7 +650,7 @@ func (r *Router) FirstToken(t *Ticket, ttft time.Duration) {
 	if t.first || t.done {
 		return
 	}
-	if u := t.unstreamed; u != nil {
+	if u := t.due; u != nil {
 		if t.remote && u.state.CompareAndSwap(pending, released) {
 			t.first = true
 			t.m.backlog.Add(-u.tokens)
@@ -704,7 +704,7 @@ func (r *Router) Finish(t *Ticket) {
 	}
 	m.unfin.Add(-int64(t.PromptTokens))
 	first := t.first
-	if u := t.unstreamed; u != nil && !u.state.CompareAndSwap(pending, finished) {
+	if u := t.due; u != nil && !u.state.CompareAndSwap(pending, finished) {
 		first = true // released from the backlog when its first token was due
 	}
 	if !first {

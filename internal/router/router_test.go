@@ -1250,7 +1250,7 @@ func TestUnstreamedQueueStaysBounded(t *testing.T) {
 			r.Finish(&tk)
 		}
 		m := r.fleet.Load().byID["a"]
-		if n := len(m.unstreamed.h); n > 128 {
+		if n := len(m.due.h); n > 128 {
 			t.Errorf("mirrored %v: %d requests, all ended, held in the due queue", mirrored, n)
 		}
 		if st := state(t, r, "a"); st.BacklogTokens != 0 || st.InFlight != 0 {

@@ -73,7 +73,7 @@ func resumeTuner(p policy.Policy, path string, replicas func() []string, reg pro
 	if err := writableDir(path); err != nil {
 		return nil, fmt.Errorf("config: tuner_state: %w", err)
 	}
-	t := &tunerState{tuner: o, replicas: replicas, path: path, log: log, file: admin.TunerFile{Path: path, Start: "resumed"},
+	t := &tunerState{tuner: o, replicas: replicas, path: path, log: log, file: admin.TunerFile{Path: path},
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "gorgo_tuner_state_writes_total",
 			Help: "Writes of the online tuner's state to its file (tuner_state), by result (written, failed: what it learns is not kept until one succeeds)."}, []string{"result"})}
 	t.writes.WithLabelValues("written")
@@ -92,16 +92,16 @@ func resumeTuner(p policy.Policy, path string, replicas func() []string, reg pro
 	default:
 		if err := o.Restore(st); err != nil {
 			t.saved, t.keeping = t.state(), true
-			t.file.Start = fmt.Sprintf("not resumed: %v (kept until the tuner learns anything)", err)
-			msg := "the tuner's state is not resumed: the tuner starts afresh, and the file is kept until it learns anything"
+			paused := ""
 			if st.Paused {
-				msg = "the tuner's state is not resumed, and it was paused: the tuner starts afresh and tunes, and the file is kept until it learns anything"
-				t.file.Start = fmt.Sprintf("not resumed, and it was paused: %v (kept until the tuner learns anything)", err)
+				paused = ", and it was paused" // the new tuner tunes
 			}
-			log.Warn(msg, "tuner_state", path, "why", err, "weights", policy.Format(o.Base(), o.Incumbent()))
+			t.file.Start = fmt.Sprintf("not resumed%s: %v (kept until the tuner learns anything)", paused, err)
+			log.Warn("the tuner's state is not resumed"+paused+": the tuner starts afresh, and the file is kept until it learns anything",
+				"tuner_state", path, "why", err, "weights", policy.Format(o.Base(), o.Incumbent()))
 			break
 		}
-		t.saved = st
+		t.saved, t.file.Start = st, "resumed"
 		log.Info("the tuner resumes from its state", "tuner_state", path, "weights", policy.Format(o.Base(), o.Incumbent()), "moved", st.Moved(), "step", o.Sigma())
 		if st.Paused {
 			log.Warn("the tuner was paused through the admin API, and stays paused: the incumbent routes every request until POST /admin/tuner/resume", "tuner_state", path)
@@ -183,6 +183,7 @@ func (t *tunerState) save() {
 		return // written, and still there (a user's test: a file removed was never written again)
 	}
 	if err := writeTunerState(t.path, st); err != nil {
+		err = fmt.Errorf("writing %s: %w", t.path, err) // not the temporary file's name alone
 		t.writes.WithLabelValues("failed").Inc()
 		t.mu.Lock()
 		t.file.Error = err.Error()
@@ -210,15 +211,6 @@ func exists(path string) bool {
 }
 
 func writeTunerState(path string, st tune.State) error {
-	if err := writeFileAtomic(path, st); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
-}
-
-// writeFileAtomic writes st as JSON to a file beside path, renamed over
-// it.
-func writeFileAtomic(path string, st tune.State) error {
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err

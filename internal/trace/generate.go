@@ -316,10 +316,9 @@ func Unstreamed(i int, seed uint64, share float64) bool {
 	if share <= 0 {
 		return false
 	}
-	z := uint64(i) ^ seed*0x9e3779b97f4a7c15 // splitmix64
-	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-	z = (z ^ z>>27) * 0x94d049bb133111eb
-	z ^= z >> 31
+	// splitmix64's finaliser of i ^ seed·φ (less the φ it adds: the draws
+	// the simulator has always made).
+	z := splitmix64(uint64(i) ^ seed*0x9e3779b97f4a7c15 - 0x9e3779b97f4a7c15)
 	return float64(z>>11)/(1<<53) < share
 }
 

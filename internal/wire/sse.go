@@ -73,7 +73,8 @@ type Usage struct {
 // comment lines (":...") and other fields are ignored. An event, and a
 // line, may be up to MaxEventBytes long: a longer one is an error, so that
 // a broken or hostile server cannot grow the reader's memory without
-// bound. A Stream is not safe for concurrent use.
+// bound, after which the stream is not to be read on. A Stream is not safe
+// for concurrent use.
 type Stream struct {
 	r    *bufio.Reader
 	data []byte

@@ -20,8 +20,8 @@ import (
 // hears of a leg between routers after it came: it leaves when due, or
 // when the news comes, whichever is first.
 
-// unstreamed is one such request at a replica.
-type unstreamed struct {
+// duePrompt is one such request's prompt at a replica.
+type duePrompt struct {
 	due    time.Duration
 	sent   time.Duration
 	tokens int64 // uncached prompt tokens in the backlog
@@ -38,10 +38,10 @@ const (
 	finished
 )
 
-// unstreamedQueue holds a replica's unstreamed requests, earliest due
+// dueQueue holds a replica's due prompts, earliest due
 // first. next is the earliest due time (math.MaxInt64 when empty), read
 // without the lock on every decision.
-type unstreamedQueue struct {
+type dueQueue struct {
 	mu   sync.Mutex
 	h    dueHeap
 	next atomic.Int64
@@ -53,12 +53,12 @@ type unstreamedQueue struct {
 	compactAt int
 }
 
-type dueHeap []*unstreamed
+type dueHeap []*duePrompt
 
 func (h dueHeap) Len() int           { return len(h) }
 func (h dueHeap) Less(i, j int) bool { return h[i].due < h[j].due }
 func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *dueHeap) Push(x any)        { *h = append(*h, x.(*unstreamed)) }
+func (h *dueHeap) Push(x any)        { *h = append(*h, x.(*duePrompt)) }
 func (h *dueHeap) Pop() any {
 	old := *h
 	u := old[len(old)-1]
@@ -67,15 +67,15 @@ func (h *dueHeap) Pop() any {
 	return u
 }
 
-func (q *unstreamedQueue) init() { q.next.Store(math.MaxInt64) }
+func (q *dueQueue) init() { q.next.Store(math.MaxInt64) }
 
-func (q *unstreamedQueue) push(u *unstreamed) {
+func (q *dueQueue) push(u *duePrompt) {
 	q.mu.Lock()
 	if len(q.h) >= q.compactAt {
 		// Settled (ended, or released when another router's news of its
 		// first token came: a review saw a quiet router's queue grow by
 		// every mirrored request) is a no-op when popped.
-		q.h = slices.DeleteFunc(q.h, func(v *unstreamed) bool { return v.state.Load() != pending }) // zeroes the tail
+		q.h = slices.DeleteFunc(q.h, func(v *duePrompt) bool { return v.state.Load() != pending }) // zeroes the tail
 		heap.Init(&q.h)
 		q.compactAt = max(64, 2*len(q.h))
 	}
@@ -84,17 +84,17 @@ func (q *unstreamedQueue) push(u *unstreamed) {
 	q.mu.Unlock()
 }
 
-// releaseDue moves the member's unstreamed requests whose first token is
+// releaseDue moves the member's due prompts whose first token is
 // due by now out of its prefill backlog and into its decoding count.
 func (m *member) releaseDue(now time.Duration) {
-	q := &m.unstreamed
+	q := &m.due
 	if int64(now) < q.next.Load() {
 		return
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for len(q.h) > 0 && q.h[0].due <= now {
-		u := heap.Pop(&q.h).(*unstreamed)
+		u := heap.Pop(&q.h).(*duePrompt)
 		if u.state.CompareAndSwap(pending, released) {
 			m.backlog.Add(-u.tokens)
 			m.waitSent.Add(-int64(u.sent) * u.seqs)
@@ -106,4 +106,14 @@ func (m *member) releaseDue(now time.Duration) {
 		next = int64(q.h[0].due)
 	}
 	q.next.Store(next)
+}
+
+// releaseWhenDue has the ticket's prompt leave its replica's prefill
+// backlog when its forecast first token is due (Sent + Predicted), at the
+// first decision or forecast after that (releaseDue), unless it ends
+// first, or, for another router's request, its first token is heard of
+// first (FirstToken).
+func (t *Ticket) releaseWhenDue() {
+	t.due = &duePrompt{due: t.Sent + time.Duration(t.Predicted*1e6), sent: t.Sent, tokens: int64(t.uncached()), seqs: t.seqs}
+	t.m.due.push(t.due)
 }

@@ -91,12 +91,13 @@ type Tap interface {
 }
 
 // Observer hears of every attempt: Dispatched when the router sent it to a
-// replica (with the request's view), FirstToken, and Finished when it
+// replica (with the round trip the router believes it has to the replica,
+// and the request's view), FirstToken, and Finished when it
 // ended, however; for a complete answer Finished carries its length and
 // the time from its first token to its last (as router.Decoded takes
 // them; zero otherwise). Its methods must not block.
 type Observer interface {
-	Dispatched(id uint64, replica string, req *policy.Request)
+	Dispatched(id uint64, replica string, rtt time.Duration, req *policy.Request)
 	// Accepted: the replica took the attempt (its 200; a non-streaming
 	// answer's comes with its end). From then its prompt is in the
 	// replica's cache, as this router's prefix index says.
@@ -623,7 +624,7 @@ func (r *Request) free() {
 func (r *Request) announce() {
 	if c := r.core; c.cfg.Observer != nil && r.attempt == 0 {
 		r.attempt = c.ids.Add(1)
-		c.cfg.Observer.Dispatched(r.attempt, r.ticket.ID, &r.Route)
+		c.cfg.Observer.Dispatched(r.attempt, r.ticket.ID, r.ticket.RTT, &r.Route)
 	}
 }
 

@@ -46,10 +46,10 @@ func (h *health) ModelMissing(id, model string) { h.missing = append(h.missing, 
 // observer records the acceptances and ends an Observer hears of.
 type observer struct{ ends []string }
 
-func (*observer) Dispatched(uint64, string, *policy.Request) {}
-func (o *observer) Accepted(id uint64)                       { o.ends = append(o.ends, fmt.Sprintf("accepted %d", id)) }
-func (*observer) FirstToken(uint64)                          {}
-func (o *observer) Stored(id, replica string)                { o.ends = append(o.ends, "stored "+id+" at "+replica) }
+func (*observer) Dispatched(uint64, string, time.Duration, *policy.Request) {}
+func (o *observer) Accepted(id uint64)                                      { o.ends = append(o.ends, fmt.Sprintf("accepted %d", id)) }
+func (*observer) FirstToken(uint64)                                         {}
+func (o *observer) Stored(id, replica string)                               { o.ends = append(o.ends, "stored "+id+" at "+replica) }
 func (o *observer) Finished(_ uint64, n int, decode time.Duration) {
 	o.ends = append(o.ends, fmt.Sprintf("end %d %v", n, decode))
 }

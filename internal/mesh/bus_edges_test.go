@@ -41,7 +41,7 @@ func TestOriginBlipLeavesNoPhantomLoad(t *testing.T) {
 	defer b.Close()
 	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
 	for id := uint64(1); id <= 3; id++ {
-		a.Dispatched(id, "a", &req)
+		a.Dispatched(id, "a", 0, &req)
 	}
 	eventually(t, "mirrors", func() bool { return b.Mirrors() == 3 })
 	cut.cut(true)
@@ -97,7 +97,7 @@ func TestQuietIsTheSendersHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	a.Dispatched(1, "a", &policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2}})
+	a.Dispatched(1, "a", 0, &policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2}})
 	deadline := time.Now().Add(10 * time.Second)
 	for b.Mirrors() != 1 {
 		if time.Now().After(deadline) {
@@ -132,7 +132,7 @@ func TestTwoRoutersOfOneName(t *testing.T) {
 	defer b.Close()
 	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2}}
 	for id := range uint64(3) {
-		b.Dispatched(id+1, "a", &req)
+		b.Dispatched(id+1, "a", 0, &req)
 	}
 	logged := func() string { mu.Lock(); defer mu.Unlock(); return logA.String() }
 	eventually(t, "a to say another router has its name", func() bool { return strings.Contains(logged(), "has this router's name") })
@@ -141,7 +141,7 @@ func TestTwoRoutersOfOneName(t *testing.T) {
 	if err := b.Conn().Flush(); err != nil {
 		t.Fatal(err)
 	}
-	join(t, url, "us-ashburn-2", newRouter(t)).Dispatched(1, "a", &req)
+	join(t, url, "us-ashburn-2", newRouter(t)).Dispatched(1, "a", 0, &req)
 	eventually(t, "a to mirror the third router's request", func() bool { n, _ := inFlight(t, rA, "a"); return n == 1 })
 	if n := strings.Count(logged(), "has this router's name"); n != 1 {
 		t.Errorf("logged %d times, want once:\n%s", n, logged())
@@ -215,7 +215,7 @@ func TestStartsBeforeTheBus(t *testing.T) {
 	if err := a.Conn().Flush(); err != nil { // its subscription is in place
 		t.Fatal(err)
 	}
-	b.Dispatched(1, "a", &req)
+	b.Dispatched(1, "a", 0, &req)
 	eventually(t, "us to mirror eu's request", func() bool { n, _ := inFlight(t, rA, "a"); return n == 1 })
 	if _, err := Connect(Config{URL: "nats://[::1", Name: "x"}, newRouter(t), now, nil); err == nil {
 		t.Error("a URL that cannot work accepted")
@@ -269,7 +269,7 @@ func TestBatchDispatchCarriesItsChains(t *testing.T) {
 	rB := newRouter(t)
 	b := join(t, url, "eu", rB)
 	held := policy.Request{PromptTokens: 32, Blocks: []uint64{10, 11}}
-	tk, _ := rB.Enter(0, "a", &held, router.OutputKeys{})
+	tk, _ := rB.Enter(0, "a", &held, router.OutputKeys{}, router.Origin{})
 	rB.Accepted(&tk, &held)
 	rB.Finish(&tk)
 	for i, c := range []struct {
@@ -339,7 +339,7 @@ func TestFlushesAreShared(t *testing.T) {
 	join(t, url, "eu", rB)
 	for _, id := range []string{"a", "b"} {
 		held := policy.Request{PromptTokens: 32, Blocks: []uint64{10, 11}}
-		tk, _ := rB.Enter(0, id, &held, router.OutputKeys{})
+		tk, _ := rB.Enter(0, id, &held, router.OutputKeys{}, router.Origin{})
 		rB.Accepted(&tk, &held)
 		rB.Finish(&tk)
 	}

@@ -64,7 +64,7 @@ func TestRouteBlipLeavesNoPhantomLoad(t *testing.T) {
 	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
 	eventually(t, "eu to hear us", func() bool { us.Charged("team", 1, 0); time.Sleep(20 * time.Millisecond); return charges.Load() > 0 })
 	for id := uint64(1); id <= 3; id++ {
-		us.Dispatched(id, "a", &req)
+		us.Dispatched(id, "a", 0, &req)
 	}
 	eventually(t, "eu to mirror us's requests", func() bool { return eu.Mirrors() == 3 })
 

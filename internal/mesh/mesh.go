@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -228,11 +229,23 @@ type event struct {
 	// request for a LoRA adapter holds the adapter at its replica, as the
 	// request does at its own router. Longer than maxModelName: not read.
 	Model string `json:"mo,omitempty"`
-	// Abort and At are an abort event's: the client's /abort_request body
-	// (at most maxAbortBody bytes) and when the sender received it (Unix
-	// ns, its clock).
+	// Abort is an abort event's: the client's /abort_request body (at
+	// most maxAbortBody bytes).
 	Abort string `json:"ab,omitempty"`
-	At    int64  `json:"at,omitempty"`
+	// At is when the sender received an abort, or sent a dispatch or a
+	// heartbeat (Unix ns, its clock): from the latter two the others
+	// measure how late its news comes (peer.leg).
+	At int64 `json:"at,omitempty"`
+	// RTT is a dispatch's: the round trip (µs) the sender believed it had
+	// to the replica; the others reckon from it and the leg between them
+	// how many of its dispatches reach the replica before they hear of
+	// them (router.Origin).
+	RTT int64 `json:"rt,omitempty"`
+	// Legs is a heartbeat's: the one-way delay (µs, by the two clocks)
+	// at which the sender hears each other router's news. With its own
+	// measure of the other way, a router has the leg between the two
+	// whatever the clocks' difference (it cancels out).
+	Legs map[string]int64 `json:"lg,omitempty"`
 	// Asleep is a slept event's: the replica sleeps (or was woken).
 	Asleep bool `json:"sl,omitempty"`
 	// Held is a held event's: the replica's engine is paused (or was let
@@ -259,6 +272,46 @@ type peer struct {
 	heartbeat time.Duration      // its heartbeat period
 	seq       uint64             // its last event's Seq
 	mirrors   map[uint64]*mirror // its requests in flight, by attempt id
+	// ahead is how late its news comes (ns: now − its At, smoothed; off
+	// by the clocks' difference), back how late this router's news comes
+	// to it, as it said (ns, the other way, off by the opposite); each
+	// valid when its flag is set.
+	ahead, back         float64
+	heardAt, heardsBack bool
+}
+
+// legAlpha smooths the one-way delays measured between routers.
+const legAlpha = 0.2
+
+// maxLegSample is the largest one-way delay a sample may say (either
+// way): beyond it the clocks are too far apart, or the sender made it up.
+const maxLegSample = time.Minute
+
+// timed folds in the one-way delay of an event sent at at (Unix ns, its
+// clock) and received at now.
+func (p *peer) timed(at int64, now time.Time) {
+	d := float64(now.UnixNano() - at)
+	if at <= 0 || math.Abs(d) > float64(maxLegSample) {
+		return
+	}
+	if !p.heardAt {
+		p.ahead, p.heardAt = d, true
+		return
+	}
+	p.ahead += legAlpha * (d - p.ahead)
+}
+
+// leg is the one-way delay of its news to this router, and whether it is
+// known: the mean of the two ways when it told its own, in which the
+// clocks' difference cancels out; else this way alone.
+func (p *peer) leg() (time.Duration, bool) {
+	switch {
+	case !p.heardAt:
+		return 0, false
+	case p.heardsBack:
+		return time.Duration(max((p.ahead+p.back)/2, 0)), true
+	}
+	return time.Duration(max(p.ahead, 0)), true
 }
 
 // quiet reports whether the router has missed five of its heartbeats.
@@ -414,15 +467,26 @@ func (b *Bus) unsync() int {
 	return b.forgetAllLocked()
 }
 
-// heartbeat says this router is alive, with its mark while it is stale.
+// heartbeat says this router is alive, with its mark while it is stale,
+// and how late each other router's news comes to it.
 func (b *Bus) heartbeat() {
 	b.mu.Lock()
 	var mark uint64
 	if b.stale {
 		mark = b.epoch
 	}
+	var legs map[string]int64
+	now := time.Now()
+	for name, p := range b.peers {
+		if p.heardAt && !p.quiet(now) {
+			if legs == nil {
+				legs = map[string]int64{}
+			}
+			legs[name] = int64(p.ahead) / 1e3
+		}
+	}
 	b.mu.Unlock()
-	b.publish(event{Kind: kindAlive, Mark: mark})
+	b.publish(event{Kind: kindAlive, Mark: mark, At: now.UnixNano(), Legs: legs})
 }
 
 // marked: this router heard its own mark back.
@@ -480,8 +544,9 @@ func (b *Bus) Mirrors() int {
 	return n
 }
 
-// Dispatched tells the others that request attempt id went to replica.
-func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
+// Dispatched tells the others that request attempt id went to replica,
+// to which this router believes its round trip is rtt.
+func (b *Bus) Dispatched(id uint64, replica string, rtt time.Duration, req *policy.Request) {
 	k := b.rt.OutputKeys(req)
 	// The others keep a prompt's first maxMirrorBlocks blocks (hold): a
 	// long prompt's whole list would pass NATS's max_payload (1 MiB), and
@@ -497,7 +562,7 @@ func (b *Bus) Dispatched(id uint64, replica string, req *policy.Request) {
 		}
 	}
 	b.publish(event{Kind: kindDispatch, ID: id, Replica: replica, Prompt: req.PromptTokens, Blocks: blocks, BlockEnds: ends, Unstreamed: req.Unstreamed,
-		Choices: req.Choices, Application: k[0], Conversation: k[1], Model: req.Model})
+		Choices: req.Choices, Application: k[0], Conversation: k[1], Model: req.Model, RTT: rtt.Microseconds(), At: time.Now().UnixNano()})
 }
 
 // FirstToken tells the others that attempt id produced its first token.
@@ -648,6 +713,14 @@ func (b *Bus) apply(e *event, now time.Time) {
 	if p == nil {
 		return
 	}
+	if e.Kind == kindDispatch || e.Kind == kindAlive {
+		p.timed(e.At, now)
+	}
+	if back, ok := e.Legs[b.cfg.Name]; ok && e.Kind == kindAlive {
+		if d := time.Duration(back) * time.Microsecond; d.Abs() <= maxLegSample {
+			p.back, p.heardsBack = float64(d), true
+		}
+	}
 	switch e.Kind {
 	case kindDispatch:
 		if !b.enter(p, e, now) {
@@ -786,7 +859,11 @@ func (b *Bus) enter(p *peer, e *event, now time.Time) bool {
 	if prefix.ValidEnds(e.BlockEnds, len(e.Blocks)) {
 		req.BlockEnds = e.BlockEnds
 	}
-	t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.Application, e.Conversation})
+	var from router.Origin
+	if leg, ok := p.leg(); ok && e.RTT > 0 {
+		from = router.Origin{Name: e.Router, Leg: leg, RTT: time.Duration(min(e.RTT, maxLegSample.Microseconds())) * time.Microsecond}
+	}
+	t, ok := b.rt.Enter(b.now(), e.Replica, &req, router.OutputKeys{e.Application, e.Conversation}, from)
 	if !ok {
 		return false // a replica this router does not know, or not active
 	}

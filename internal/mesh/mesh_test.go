@@ -164,7 +164,7 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 	}
 	defer b2.Close()
 	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}, PrefixKey: 5, SessionKey: "conversation"}
-	b1.Dispatched(7, "a", &req)
+	b1.Dispatched(7, "a", 0, &req)
 	eventually(t, "eu to mirror us's request", func() bool { n, _ := inFlight(t, r2, "a"); return n == 1 })
 	if n, _ := inFlight(t, r1, "a"); n != 0 {
 		t.Errorf("us mirrored its own request: %d in flight", n)
@@ -192,9 +192,9 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 		t.Errorf("%d mirrors left", b2.Mirrors())
 	}
 	// An unknown replica is ignored; a duplicate dispatch too.
-	b1.Dispatched(8, "zz", &req)
-	b1.Dispatched(9, "b", &req)
-	b1.Dispatched(9, "b", &req)
+	b1.Dispatched(8, "zz", 0, &req)
+	b1.Dispatched(9, "b", 0, &req)
+	b1.Dispatched(9, "b", 0, &req)
 	eventually(t, "the second request", func() bool { n, _ := inFlight(t, r2, "b"); return n == 1 })
 	// eu loses the bus: it forgets what it mirrored and routes alone.
 	cut.cut(true)
@@ -206,12 +206,12 @@ func TestMirrorsTheOthersRequests(t *testing.T) {
 	cut.restore()
 	eventually(t, "eu back on the bus", b2.Connected)
 	eventually(t, "eu to hear its own mark: what was queued before the cut is behind it", func() bool { return !stale(b2) })
-	b1.Dispatched(10, "a", &req)
+	b1.Dispatched(10, "a", 0, &req)
 	eventually(t, "a mirror after the reconnect", func() bool { n, _ := inFlight(t, r2, "a"); return n == 1 })
 	// A request for three answers is three sequences in eu's ledger too.
 	three := req
 	three.Choices = 3
-	b1.Dispatched(11, "b", &three)
+	b1.Dispatched(11, "b", 0, &three)
 	eventually(t, "the three answers' sequences", func() bool { n, _ := inFlight(t, r2, "b"); return n == 3 })
 	// us goes quiet (its end never comes): eu drops its mirror.
 	b1.Close()
@@ -237,7 +237,7 @@ func TestLearnsTheOthersAnswers(t *testing.T) {
 		if i%2 == 1 {
 			req.PrefixKey, req.SessionKey, out = reports, fmt.Sprint("r", i), 800
 		}
-		b1.Dispatched(i+1, "a", &req)
+		b1.Dispatched(i+1, "a", 0, &req)
 		b1.Finished(i+1, out, 0) // not streamed: no decode time
 	}
 	eventually(t, "eu to hear every answer", func() bool {

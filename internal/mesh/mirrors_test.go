@@ -62,7 +62,7 @@ func TestEventsQueuedBeforeADisconnectAreNotMirrored(t *testing.T) {
 	var charges atomic.Int64
 	eu.OnCharge(func(string, float64, float64) { charges.Add(1) })
 	req := policy.Request{PromptTokens: 64, Blocks: []uint64{1, 2, 3, 4}}
-	us.Dispatched(1, "a", &req)
+	us.Dispatched(1, "a", 0, &req)
 	eventually(t, "eu to mirror us's request", func() bool { return eu.Mirrors() == 1 })
 
 	nc := eu.Conn()
@@ -73,7 +73,7 @@ func TestEventsQueuedBeforeADisconnectAreNotMirrored(t *testing.T) {
 	// A dispatch delivered now stands for one queued before the cut (us's
 	// events reach eu in order: once eu has the charge sent after it, it
 	// has the dispatch).
-	us.Dispatched(2, "a", &req)
+	us.Dispatched(2, "a", 0, &req)
 	us.Charged("team", 1, 0)
 	eventually(t, "eu to hear us's charge", func() bool { return charges.Load() == 1 })
 	if n, _ := inFlight(t, rB, "a"); n != 0 {
@@ -82,7 +82,7 @@ func TestEventsQueuedBeforeADisconnectAreNotMirrored(t *testing.T) {
 
 	nc.Opts.ReconnectedCB(nc)
 	eventually(t, "eu to hear its own mark", func() bool { return !stale(eu) })
-	us.Dispatched(3, "a", &req)
+	us.Dispatched(3, "a", 0, &req)
 	eventually(t, "eu to mirror us's requests again", func() bool { n, _ := inFlight(t, rB, "a"); return n == 1 })
 }
 

@@ -26,7 +26,7 @@ func TestLongPromptIsMirrored(t *testing.T) {
 	for i := range blocks {
 		blocks[i] = rng.Uint64()
 	}
-	us.Dispatched(1, "a", &policy.Request{PromptTokens: 16 << 16, Blocks: blocks})
+	us.Dispatched(1, "a", 0, &policy.Request{PromptTokens: 16 << 16, Blocks: blocks})
 	us.Charged("team", 1, 0) // after the dispatch: once eu has it, it has the dispatch
 	eventually(t, "eu to hear us's charge", func() bool { return charges.Load() == 1 })
 	if n, _ := inFlight(t, rB, "a"); n != 1 {

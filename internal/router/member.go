@@ -97,6 +97,9 @@ type member struct {
 	// first token is due (Ticket.releaseWhenDue): of requests whose first
 	// token the router will not see, or will hear of late.
 	due dueQueue
+	// flows are the other routers' recent dispatches here, whose latest
+	// this router has not heard of yet (unheard.go).
+	flows flows
 
 	// models is what the replica serves; nil: unknown, any model.
 	models   atomic.Pointer[models.Set]
@@ -253,7 +256,7 @@ func (m *member) view(now time.Duration, cached int) policy.Replica {
 		RTT:              time.Duration(m.rttNS.Load()),
 		InFlight:         int(m.inflight.Load()),
 		UnfinishedTokens: int(m.unfin.Load()),
-		BacklogTokens:    int(m.backlog.Load()),
+		BacklogTokens:    m.backlogAhead(now),
 		Decoding:         int(m.decoding.Load()),
 		CachedTokens:     cached,
 		KVCapacityTokens: int(m.kvCap.Load()),
@@ -456,9 +459,16 @@ func (m *member) lateness(now time.Duration) float64 {
 func (m *member) forecast(now, rtt time.Duration, uncached int, adapterMS float64) (floor, mean, margin float64) {
 	prefill, queue := m.ratesNow()
 	floor = float64(rtt)/1e6 + float64(max(uncached, 0))*prefill + adapterMS
-	wait := max(float64(m.backlog.Load())*queue+m.lateness(now), m.waited(now), 0)
+	wait := max(float64(m.backlogAhead(now))*queue+m.lateness(now), m.waited(now), 0)
 	mean = floor + wait
 	return floor, mean, m.marginAt(estimate.MarginBin(mean))
+}
+
+// backlogAhead is the prefill backlog a request sent now would find at
+// the replica: the ledger's, and the other routers' dispatches this router
+// has not heard of yet.
+func (m *member) backlogAhead(now time.Duration) int {
+	return int(m.backlog.Load()) + m.flows.unheard(now, time.Duration(m.rttNS.Load())/2)
 }
 
 // marginAt is the margin of forecasts in bin k: its own once it has

@@ -350,8 +350,11 @@ func (r *Router) Rank(now time.Duration, req *policy.Request, rng *rand.Rand, ds
 // router computed them from what it alone was sent (the session, the
 // prompt's text): the answer, once Decoded, feeds this router's estimate
 // of answers' lengths too. It reports false for a replica this router
-// does not have or that is not active.
-func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys OutputKeys) (Ticket, bool) {
+// does not have or that is not active. from is the other router: its
+// recent dispatches to the replica, which this router hears of a leg
+// late, are counted in the backlog a request of its own would find there
+// (Origin).
+func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys OutputKeys, from Origin) (Ticket, bool) {
 	m, err := r.member(id)
 	if err != nil {
 		return Ticket{}, false
@@ -372,6 +375,9 @@ func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys O
 	}
 	t, ok := r.enter(&c, req, keys)
 	t.remote = true
+	if ok {
+		m.flows.mirrored(now, from, t.uncached())
+	}
 	if ok && t.due == nil && !r.cfg.MirrorsHeardAtOnce {
 		// The news of its first token comes late (from the replica to its
 		// router, then on to this one): its prompt leaves the backlog when

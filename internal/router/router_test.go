@@ -110,7 +110,7 @@ func TestBatchMatchesEachPrompt(t *testing.T) {
 	hold := func(id string, b []uint64) {
 		t.Helper()
 		req := policy.Request{PromptTokens: 16 * len(b), Blocks: b}
-		tk, ok := r.Enter(0, id, &req, OutputKeys{})
+		tk, ok := r.Enter(0, id, &req, OutputKeys{}, Origin{})
 		if !ok {
 			t.Fatal("not entered")
 		}
@@ -133,7 +133,7 @@ func TestBatchMatchesEachPrompt(t *testing.T) {
 		{"a", 16 * (0 + 4 + 3)}, // y held; z's opening shared with x, computed here first
 		{"b", 16 * (9 + 0 + 3)}, // x held, z's opening held
 	} {
-		tk, ok := r.Enter(0, c.id, &batch, OutputKeys{})
+		tk, ok := r.Enter(0, c.id, &batch, OutputKeys{}, Origin{})
 		if !ok {
 			t.Fatal("not entered")
 		}
@@ -148,7 +148,7 @@ func TestBatchMatchesEachPrompt(t *testing.T) {
 	// Accepted at a: each of its prompts is there now, whole.
 	for _, b := range [][]uint64{x, z} {
 		req := policy.Request{PromptTokens: 16 * len(b), Blocks: b}
-		tk, _ := r.Enter(0, "a", &req, OutputKeys{})
+		tk, _ := r.Enter(0, "a", &req, OutputKeys{}, Origin{})
 		if tk.EstCachedTokens != 16*len(b) {
 			t.Errorf("a prompt of the batch alone: %d tokens cached at a, want %d", tk.EstCachedTokens, 16*len(b))
 		}
@@ -162,14 +162,14 @@ func TestBatchMatchesEachPrompt(t *testing.T) {
 		copies.BlockEnds = append(copies.BlockEnds, i+1)
 	}
 	copies.PromptTokens = 30 * 3
-	tk, _ := r.Enter(0, "a", &copies, OutputKeys{})
+	tk, _ := r.Enter(0, "a", &copies, OutputKeys{}, Origin{})
 	if tk.EstCachedTokens != 0 {
 		t.Errorf("thirty copies of a short prompt: %d tokens cached", tk.EstCachedTokens)
 	}
 	r.Finish(&tk)
 	// Ends that are not a batch's (a peer's bad event, say) are one prompt's.
 	bad := policy.Request{PromptTokens: 16 * 15, Blocks: slices.Concat(x, y), BlockEnds: []int{10, 99}}
-	tk, _ = r.Enter(0, "b", &bad, OutputKeys{})
+	tk, _ = r.Enter(0, "b", &bad, OutputKeys{}, Origin{})
 	if tk.EstCachedTokens > 16*10 {
 		t.Errorf("ends past the blocks: %d tokens cached", tk.EstCachedTokens)
 	}
@@ -767,7 +767,7 @@ func TestExpectedOutputFromTheOthers(t *testing.T) {
 			// What the other router publishes: the prompt's size and
 			// blocks, and the keys it computed from what it was sent.
 			mirrored := policy.Request{PromptTokens: req.PromptTokens, Blocks: req.Blocks}
-			tk, ok := here.Enter(0, id(i%2), &mirrored, there.OutputKeys(&req))
+			tk, ok := here.Enter(0, id(i%2), &mirrored, there.OutputKeys(&req), Origin{})
 			if !ok {
 				t.Fatal("Enter refused a known replica")
 			}
@@ -1237,7 +1237,7 @@ func TestUnstreamedQueueStaysBounded(t *testing.T) {
 			var tk Ticket
 			if mirrored {
 				var ok bool
-				if tk, ok = r.Enter(0, "a", req, OutputKeys{}); !ok {
+				if tk, ok = r.Enter(0, "a", req, OutputKeys{}, Origin{}); !ok {
 					t.Fatal("not entered")
 				}
 				r.FirstToken(&tk, 0)
@@ -1427,8 +1427,8 @@ func TestMirroredLeavesTheBacklogWhenDue(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	a := func() ReplicaState { return state(t, r, "a") }
 	// 1,000 uncached tokens each: forecast 10 + 60 ms, the second after the first's backlog.
-	late, ok := r.Enter(0, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(1, 4)}, OutputKeys{})
-	early, ok2 := r.Enter(0, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(2, 4)}, OutputKeys{})
+	late, ok := r.Enter(0, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(1, 4)}, OutputKeys{}, Origin{})
+	early, ok2 := r.Enter(0, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(2, 4)}, OutputKeys{}, Origin{})
 	if !ok || !ok2 {
 		t.Fatal("not entered")
 	}
@@ -1468,7 +1468,7 @@ func TestMirrorsHeardAtOnceWaitForTheirFirstToken(t *testing.T) {
 	if err := r.ObserveRTT("a", 10*time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
-	tk, ok := r.Enter(0, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(1, 4)}, OutputKeys{})
+	tk, ok := r.Enter(0, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(1, 4)}, OutputKeys{}, Origin{})
 	if !ok {
 		t.Fatal("not entered")
 	}

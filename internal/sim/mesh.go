@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -105,6 +106,7 @@ func ParseSharing(s string) (Sharing, error) {
 type site struct {
 	rt      *router.Router
 	region  string
+	name    string // its router.Origin name: its index
 	learner policy.Learner
 	// rtt and jitter to each replica, by index in simulator.reps.
 	rtt, jitter []time.Duration
@@ -214,7 +216,7 @@ func (s *simulator) buildSites() error {
 		if err != nil {
 			return fmt.Errorf("sim: %w", err)
 		}
-		st := &site{rt: rt, region: region}
+		st := &site{rt: rt, region: region, name: strconv.Itoa(len(s.sites))}
 		st.learner, _ = p.(policy.Learner)
 		if allowed != nil {
 			st.allowed = map[string]bool{}
@@ -329,8 +331,15 @@ func (s *simulator) remote(now time.Duration, k, i, what int) {
 			return
 		}
 		s.request(i)
-		id := s.reps[rs.replica].cfg.ID
-		if tk, ok := st.rt.Enter(now, id, &s.rreq, s.sites[rs.site].rt.OutputKeys(&s.rreq)); ok {
+		id, from := s.reps[rs.replica].cfg.ID, s.sites[rs.site]
+		var origin router.Origin
+		if m := s.cfg.Mesh; m.Sharing == ShareDelayed {
+			// The origin's leg to this router is the delay of its news
+			// (share); its round trip to the replica is its estimate.
+			leg, _, _ := m.RTT(from.region, st.region) // checked at the start
+			origin = router.Origin{Name: from.name, Leg: leg / 2, RTT: rs.ticket.RTT}
+		}
+		if tk, ok := st.rt.Enter(now, id, &s.rreq, from.rt.OutputKeys(&s.rreq), origin); ok {
 			*t = tk
 			st.rt.Accepted(t, &s.rreq)
 		}

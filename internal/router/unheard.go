@@ -1,0 +1,129 @@
+package router
+
+import (
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Another router's dispatch reaches a replica before this router hears of
+// it. A request router S sends at time s reaches replica X at s + d(S,X);
+// this router R hears of it at s + d(S,R). A request R sends at t reaches
+// X at t + d(R,X), behind S's requests sent before t + d(R,X) − d(S,X), of
+// which R has heard those sent before t − d(S,R): those sent in the last
+// d(S,R) + d(R,X) − d(S,X), the window, are ahead of it unheard of. R
+// counts them in X's prefill backlog as S's recent rate of uncached tokens
+// there (as mirrored) times that window: in the view the policies see and
+// in the forecast. (Measured in the simulator: docs/results.md, "Another
+// router's unheard dispatches".)
+
+// Origin is the router whose request Enter mirrors, as this router knows
+// it: what the prediction of its unheard dispatches needs.
+type Origin struct {
+	// Name tells the routers apart; "": no prediction (a yardstick whose
+	// routers hear of each other's requests at once, a test).
+	Name string
+	// Leg is the one-way delay of the news from that router to this one.
+	Leg time.Duration
+	// RTT is that router's round trip to the replica when it dispatched
+	// (its estimate; half is its leg to the replica).
+	RTT time.Duration
+}
+
+// flowTau is the time constant over which an origin's rate of uncached
+// tokens at a replica is averaged.
+const flowTau = 10 * time.Second
+
+// maxFlows bounds the origins a replica keeps a rate of: a mesh is a few
+// regions of a few routers; past it the one with the least traffic makes
+// room.
+const maxFlows = 64
+
+// flow is one origin's dispatches to a replica.
+type flow struct {
+	name   string
+	tokens float64       // uncached tokens mirrored, decayed over flowTau, as of flows.at
+	leg    time.Duration // Origin.Leg, the latest
+	half   time.Duration // the origin's one-way to the replica (Origin.RTT/2), the latest
+}
+
+// flows are a replica's mirrored flows, one per origin, all decayed to
+// the same time (so that a decision computes one decay for them all). n
+// is how many, read without the lock: a router outside a mesh has none,
+// and its decisions do not take the lock.
+type flows struct {
+	n  atomic.Int32
+	mu sync.Mutex
+	at time.Duration
+	by []flow
+}
+
+// decay is the factor by which tokens counted at `at` have faded by now.
+func decay(at, now time.Duration) float64 {
+	return math.Exp(-float64(max(now-at, 0)) / float64(flowTau))
+}
+
+// mirrored adds tokens dispatched by from, heard at now.
+func (fs *flows) mirrored(now time.Duration, from Origin, tokens int) {
+	if from.Name == "" || from.Leg < 0 || from.RTT < 0 {
+		return
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if now > fs.at {
+		k := decay(fs.at, now)
+		for i := range fs.by {
+			fs.by[i].tokens *= k
+		}
+		fs.at = now
+	}
+	i := slices.IndexFunc(fs.by, func(f flow) bool { return f.name == from.Name })
+	if i < 0 {
+		if len(fs.by) < maxFlows {
+			fs.by = append(fs.by, flow{})
+			i = len(fs.by) - 1
+		} else { // the least busy makes room
+			i = 0
+			for j := range fs.by {
+				if fs.by[j].tokens < fs.by[i].tokens {
+					i = j
+				}
+			}
+		}
+		fs.by[i] = flow{name: from.Name}
+		fs.n.Store(int32(len(fs.by)))
+	}
+	f := &fs.by[i]
+	f.tokens += float64(max(tokens, 0)) // heard at now, counted as of fs.at (≥ now)
+	f.leg, f.half = min(from.Leg, maxLeg), min(from.RTT/2, maxLeg)
+}
+
+// maxLeg bounds an origin's legs as told: the others' news may come from
+// a hostile or broken peer.
+const maxLeg = 10 * time.Second
+
+// unheard is the uncached tokens the origins are taken to have sent the
+// replica in their windows, as of now, for a router whose one-way to it
+// is half.
+func (fs *flows) unheard(now, half time.Duration) int {
+	if fs.n.Load() == 0 {
+		return 0
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	total := 0.0
+	for i := range fs.by {
+		f := &fs.by[i]
+		if window := f.leg + half - f.half; window > 0 {
+			total += f.tokens * float64(window)
+		}
+	}
+	// rate (tokens over flowTau) × window, the rate faded to now
+	return int(min(total/float64(flowTau)*decay(fs.at, now), maxUnheard))
+}
+
+// maxUnheard bounds the prediction (tokens): a hostile origin's made-up
+// prompts or leg must not overflow a backlog.
+const maxUnheard = 1 << 30

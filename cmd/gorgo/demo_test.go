@@ -174,3 +174,45 @@ func TestSimulatedSpreadDrawsTheNetwork(t *testing.T) {
 	t.Logf("gorgo's p95 TTFT: the run %.0f ms; over seeds and arrivals %.0f–%.0f (median %.0f); over arrivals alone %.0f–%.0f",
 		run0.TTFT.P95, both.Lo(), both.Hi(), both.Median(), arrivals.Lo(), arrivals.Hi())
 }
+
+// The mesh demo's routers reach the one NATS server through links whose
+// legs add up to the simulator's delay of the news between two sites.
+func TestBusRTTsAddUpToTheLegsBetweenSites(t *testing.T) {
+	top, err := sim.LoadTopology("paper-mesh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reps, err := top.Resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := top.Arrangement(policy.DefaultName, reps, sim.ShareDelayed, 0, 0, func(name, region string) (policy.Policy, error) {
+		return policy.New(name, policy.Options{Region: region})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := busRTTs(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("%d sites", len(got))
+	}
+	for i := range m.Sites {
+		for j := range m.Sites {
+			if i == j {
+				continue
+			}
+			want, _, _ := m.RTT(m.Sites[i].Region, m.Sites[j].Region)
+			if sum := got[i] + got[j]; (sum - want).Abs() > time.Microsecond {
+				t.Errorf("%s to %s: %v + %v = %v through the bus, want %v", m.Sites[i].Region, m.Sites[j].Region, got[i], got[j], sum, want)
+			}
+		}
+	}
+	// Two sites split their round trip; more than three are fitted.
+	m.Sites = m.Sites[:2]
+	if two, _ := busRTTs(m); two[0] != two[1] || two[0]+two[1] != 279*time.Millisecond {
+		t.Errorf("two sites: %v", two)
+	}
+}

@@ -63,7 +63,16 @@ type Config struct {
 	// request elsewhere (default 250 ms, at most 10 s): the engine's answer
 	// may come before the bus's news.
 	AbortGrace time.Duration `yaml:"abort_grace"`
+	// Dial, if set, makes the bus's connections to the NATS server (not
+	// in a config file: `gorgo demo --mesh` delays its routers' legs to
+	// the bus with it, in user space).
+	Dial func(network, address string) (net.Conn, error) `yaml:"-"`
 }
+
+// dialer is a Config.Dial as nats.go takes it.
+type dialer func(network, address string) (net.Conn, error)
+
+func (d dialer) Dial(network, address string) (net.Conn, error) { return d(network, address) }
 
 // MaxAbortGrace bounds Config.AbortGrace.
 const MaxAbortGrace = 10 * time.Second
@@ -389,13 +398,17 @@ func Connect(cfg Config, rt *router.Router, now func() time.Duration, log *slog.
 		log = slog.New(slog.DiscardHandler)
 	}
 	b := newBus(cfg, rt, now, log)
-	nc, err := nats.Connect(cfg.URL, nats.Name("gorgo "+cfg.Name), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
-		nats.ReconnectBufSize(1<<20), nats.RetryOnFailedConnect(true),
+	opts := []nats.Option{nats.Name("gorgo " + cfg.Name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectBufSize(1 << 20), nats.RetryOnFailedConnect(true),
 		nats.ConnectHandler(func(*nats.Conn) { log.Info("mesh bus up"); b.resetIfLost() }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { b.disconnected(err) }),
 		nats.ClosedHandler(func(*nats.Conn) { b.forgetAll() }),
 		nats.ReconnectHandler(func(*nats.Conn) { b.reconnected() }),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { b.asyncError(err) }))
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { b.asyncError(err) })}
+	if cfg.Dial != nil {
+		opts = append(opts, nats.SetCustomDialer(dialer(cfg.Dial)))
+	}
+	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("mesh: connecting to %s: %w", cfg.URL, err)
 	}

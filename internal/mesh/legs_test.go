@@ -1,6 +1,8 @@
 package mesh
 
 import (
+	"log/slog"
+	"math"
 	"testing"
 	"time"
 
@@ -32,6 +34,46 @@ func TestLegCancelsTheClocksDifference(t *testing.T) {
 	p.timed(0, now)
 	if leg, _ := p.leg(); leg != 20*time.Millisecond {
 		t.Fatalf("after a sample of an hour and one of no time: %v, want 20ms", leg)
+	}
+}
+
+// A router's events buffered while it was cut off from the bus come with
+// their old times when it is back: the leg is the least of the last
+// minute's, so they do not move it, however many; a leg that truly grows
+// is taken within the minute (a review: a mean took the buffered events'
+// seconds for a leg, for tens of events after).
+func TestLegIgnoresBufferedEvents(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var p peer
+	p.timed(now.Add(-50*time.Millisecond).UnixNano(), now)
+	now = now.Add(30 * time.Second) // back on the bus
+	for k := 1000; k >= 1; k-- {    // sent k·20 ms before it was back, each a leg on the way
+		p.timed(now.Add(-50*time.Millisecond-time.Duration(k)*20*time.Millisecond).UnixNano(), now)
+	}
+	if leg, _ := p.leg(); leg != 50*time.Millisecond {
+		t.Fatalf("after 1,000 buffered events of up to 20 s ago: %v, want 50ms", leg)
+	}
+	for range 30 {
+		now = now.Add(2 * time.Second)
+		p.timed(now.Add(-80*time.Millisecond).UnixNano(), now)
+	}
+	if leg, _ := p.leg(); leg != 80*time.Millisecond {
+		t.Fatalf("after a minute of events 80 ms late: %v, want 80ms", leg)
+	}
+}
+
+// How late another router says it hears this one is bounded as this
+// router's own samples are, before it is scaled (a review: 2^61 µs
+// overflowed into a few ms and was taken).
+func TestHeartbeatLegsAreBounded(t *testing.T) {
+	b := newBus(Config{Name: "me"}.Defaults(), newRouter(t), func() time.Duration { return 0 }, slog.New(slog.DiscardHandler))
+	b.apply(&event{Router: "other", Boot: 1, Kind: kindAlive, Legs: map[string]int64{"me": 1<<61 + 20000}}, time.Now())
+	if p := b.peers["other"]; p == nil || p.heardsBack {
+		t.Fatalf("a leg of 2^61 µs taken: %+v", p)
+	}
+	b.apply(&event{Router: "other", Boot: 1, Kind: kindAlive, Legs: map[string]int64{"me": 20000}}, time.Now())
+	if p := b.peers["other"]; !p.heardsBack || p.back != float64(20*time.Millisecond) {
+		t.Fatalf("a leg of 20 ms: %+v", p)
 	}
 }
 
@@ -81,14 +123,16 @@ func TestUnheardDispatchesOfAnotherRouter(t *testing.T) {
 	if u := wait(); u < -1 || u > 1 {
 		t.Fatalf("unheard tokens %.0f without the sender's round trip, want 0", u)
 	}
-	// With it: 1,000,000 tokens over 10 s, a rate of 100,000 a second, in
-	// a window of the leg + 100 − 5 ms: 9,500 and the leg's share.
+	// With it: 1,000,000 tokens heard at once, by a flow so young that
+	// they are taken as heard over a tenth of flowTau as the decay weighs
+	// it (10·(1 − e^−0.1) = 0.95 s), in a window of the leg + 100 − 5 ms:
+	// 99,835 and the leg's share.
 	us.Dispatched(2, "a", 10*time.Millisecond, &policy.Request{PromptTokens: 1_000_000})
 	eventually(t, "the second mirror", func() bool { n, _ := inFlight(t, far, "a"); return n == 2 })
 	eu.mu.Lock()
 	leg, _ := eu.peers["us"].leg()
 	eu.mu.Unlock()
-	if u, want := wait(), 9500+float64(leg)/1e9*1e5; u < want-2 || u > want+2 {
+	if u, want := wait(), 1e6*(0.095+leg.Seconds())/(10*(1-math.Exp(-0.1))); u < want-2 || u > want+2 {
 		t.Fatalf("unheard tokens %.0f, want about %.0f (a leg of %v)", u, want, leg)
 	}
 }

@@ -281,33 +281,60 @@ type peer struct {
 	heartbeat time.Duration      // its heartbeat period
 	seq       uint64             // its last event's Seq
 	mirrors   map[uint64]*mirror // its requests in flight, by attempt id
-	// ahead is how late its news comes (ns: now − its At, smoothed; off
-	// by the clocks' difference), back how late this router's news comes
-	// to it, as it said (ns, the other way, off by the opposite); each
-	// valid when its flag is set.
+	// ahead is how late its news comes (ns: now − its At, the least in
+	// the last minute; off by the clocks' difference), back how late this
+	// router's news comes to it, as it said (ns, the other way, off by
+	// the opposite); each valid when its flag is set. legs holds the
+	// least of each of the latest quarters of a minute.
 	ahead, back         float64
 	heardAt, heardsBack bool
+	legs                [legQuarters]legLeast
 }
 
-// legAlpha smooths the one-way delays measured between routers.
-const legAlpha = 0.2
+// legLeast is the least one-way delay of the events received in one
+// quarter of a minute (by index: Unix time / legQuarter).
+type legLeast struct {
+	index int64
+	least float64
+}
+
+// A router's leg is the least one-way delay of its events received in the
+// last minute (legQuarters quarters of legQuarter), not a mean: a one-way
+// delay only grows with queueing, and the events a router buffered while it
+// was cut off from the bus come, when it is back, all at once with their
+// old times, seconds late, which a mean would carry for tens of events and
+// a window of the latest events would be filled with. A leg that truly
+// grows is taken within the minute.
+const (
+	legQuarter  = 15 * time.Second
+	legQuarters = 4
+)
 
 // maxLegSample is the largest one-way delay a sample may say (either
 // way): beyond it the clocks are too far apart, or the sender made it up.
 const maxLegSample = time.Minute
 
-// timed folds in the one-way delay of an event sent at at (Unix ns, its
+// timed takes the one-way delay of an event sent at at (Unix ns, its
 // clock) and received at now.
 func (p *peer) timed(at int64, now time.Time) {
 	d := float64(now.UnixNano() - at)
 	if at <= 0 || math.Abs(d) > float64(maxLegSample) {
 		return
 	}
-	if !p.heardAt {
-		p.ahead, p.heardAt = d, true
-		return
+	i := now.UnixNano() / int64(legQuarter)
+	q := &p.legs[i%legQuarters]
+	if q.index != i || !p.heardAt {
+		*q = legLeast{index: i, least: d}
+	} else {
+		q.least = min(q.least, d)
 	}
-	p.ahead += legAlpha * (d - p.ahead)
+	p.heardAt = true
+	p.ahead = math.Inf(1)
+	for _, q := range p.legs {
+		if q.index > i-legQuarters {
+			p.ahead = min(p.ahead, q.least)
+		}
+	}
 }
 
 // leg is the one-way delay of its news to this router, and whether it is
@@ -730,8 +757,8 @@ func (b *Bus) apply(e *event, now time.Time) {
 		p.timed(e.At, now)
 	}
 	if back, ok := e.Legs[b.cfg.Name]; ok && e.Kind == kindAlive {
-		if d := time.Duration(back) * time.Microsecond; d.Abs() <= maxLegSample {
-			p.back, p.heardsBack = float64(d), true
+		if lim := maxLegSample.Microseconds(); back >= -lim && back <= lim { // before it is scaled: it could overflow
+			p.back, p.heardsBack = float64(time.Duration(back)*time.Microsecond), true
 		}
 	}
 	switch e.Kind {

@@ -220,7 +220,7 @@ func BenchmarkDecideInAMesh(b *testing.B) {
 			for b.Loop() {
 				buf = prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0])
 				req.Blocks = buf
-				if _, err := r.Decide(0, req, rng); err != nil {
+				if _, err := r.Decide(time.Minute, req, rng); err != nil { // flows long heard of
 					b.Fatal(err)
 				}
 			}

@@ -44,6 +44,7 @@ const maxFlows = 64
 // flow is one origin's dispatches to a replica.
 type flow struct {
 	name   string
+	since  time.Duration // when this router first heard of the origin's dispatches here
 	tokens float64       // uncached tokens mirrored, decayed over flowTau, as of flows.at
 	leg    time.Duration // Origin.Leg, the latest
 	half   time.Duration // the origin's one-way to the replica (Origin.RTT/2), the latest
@@ -92,7 +93,7 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int) {
 				}
 			}
 		}
-		fs.by[i] = flow{name: from.Name}
+		fs.by[i] = flow{name: from.Name, since: now}
 		fs.n.Store(int32(len(fs.by)))
 	}
 	f := &fs.by[i]
@@ -117,11 +118,25 @@ func (fs *flows) unheard(now, half time.Duration) int {
 	for i := range fs.by {
 		f := &fs.by[i]
 		if window := f.leg + half - f.half; window > 0 {
-			total += f.tokens * float64(window)
+			total += f.tokens * float64(window) / f.span(now)
 		}
 	}
-	// rate (tokens over flowTau) × window, the rate faded to now
-	return int(min(total/float64(flowTau)*decay(fs.at, now), maxUnheard))
+	// rate (tokens over the time they were heard in) × window, the rate
+	// faded to now
+	return int(min(total*decay(fs.at, now), maxUnheard))
+}
+
+// span is the time the flow's tokens were heard in, as the decay weighs
+// it: flowTau once it has been heard for long, less while it is young
+// (a router that just started, or an origin it just met: the tokens of
+// its first seconds are not to be spread over ten; at least a tenth of
+// flowTau, so that one dispatch is not a rate by itself).
+func (f *flow) span(now time.Duration) float64 {
+	age := max(now-f.since, flowTau/10)
+	if age >= 5*flowTau { // within 0.7%
+		return float64(flowTau)
+	}
+	return float64(flowTau) * (1 - decay(0, age))
 }
 
 // maxUnheard bounds the prediction (tokens): a hostile origin's made-up

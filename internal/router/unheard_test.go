@@ -29,17 +29,32 @@ func TestUnheardDispatchesJoinTheBacklog(t *testing.T) {
 		}
 	}
 	// far: 10 × 1,000 uncached tokens heard at 0 (none was Accepted, so
-	// the index credits no prefix), a rate of 1,000 tokens/s over
-	// flowTau: 50 ms of it is 50 tokens.
-	if got := unheard(0); got != 50 {
-		t.Fatalf("unheard at 0: %d tokens, want 50", got)
+	// the index credits no prefix). A flow so young is taken as heard
+	// over a tenth of flowTau, weighed as the decay weighs it (0.95 s): a
+	// rate of 10,508 tokens a second, 525 in 50 ms.
+	if got := unheard(0); got != 525 {
+		t.Fatalf("unheard at 0: %d tokens, want 525", got)
 	}
-	if got := unheard(flowTau); got != 18 { // 50/e, as the rate fades
-		t.Fatalf("unheard a time constant later: %d tokens, want 18", got)
+	// A time constant later, the tokens faded by 1/e over the 6.3 s the
+	// decay weighs by then: 29.
+	if got := unheard(flowTau); got != 29 {
+		t.Fatalf("unheard a time constant later: %d tokens, want 29", got)
 	}
 	_, mean, _ := m.forecast(0, 0, 0, 0)
-	if want := float64(m.backlog.Load()+50) * 0.06; mean < want-1e-9 || mean > want+1e-9 {
+	if want := float64(m.backlog.Load()+525) * 0.06; mean < want-1e-9 || mean > want+1e-9 {
 		t.Fatalf("forecast's wait %.3f ms, want %.3f (the ledger's backlog and the unheard)", mean, want)
+	}
+	// A steady flow of 1,000 tokens a second for a minute is that rate:
+	// 52 tokens in 50 ms (Σ e^(−k/10), k = 0..60, is 10.48 seconds' worth).
+	steady := newRouter(t, "round-robin", 1, false)
+	sm, _ := steady.member("a")
+	for k := range 61 {
+		if _, ok := steady.Enter(time.Duration(k)*time.Second, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(uint64(100+k), 4)}, OutputKeys{}, far); !ok {
+			t.Fatal("not entered")
+		}
+	}
+	if got := sm.flows.unheard(60*time.Second, 5*time.Millisecond); got != 52 {
+		t.Fatalf("a steady flow: %d tokens unheard, want 52", got)
 	}
 	// The origins a replica keeps are bounded: the least busy make room.
 	for i := range 2 * maxFlows {

@@ -195,35 +195,45 @@ func BenchmarkDecideTuned(b *testing.B) {
 	}
 }
 
-// BenchmarkDecideInAMesh is BenchmarkDecide's default policy at 16
-// replicas for a router of a mesh of three regions: each replica keeps the
-// rates of two other routers' dispatches (unheard.go), which every
-// decision reads.
-func BenchmarkDecideInAMesh(b *testing.B) {
-	for _, tokens := range []int{2 << 10, 32 << 10} {
-		b.Run(fmt.Sprintf("replicas=16/prompt=%dk", tokens>>10), func(b *testing.B) {
-			r, prompt := benchRouter(b, policy.DefaultName, 16, tokens)
-			for i, m := range r.fleet.Load().members {
-				for k, name := range []string{"eu", "ap"} {
-					t, ok := r.Enter(0, m.id, &policy.Request{PromptTokens: 1000 * (i + 1)}, OutputKeys{},
-						Origin{Name: name, Leg: time.Duration(40*(k+1)) * time.Millisecond, RTT: time.Duration(5*(i+1)) * time.Millisecond})
-					if !ok {
-						b.Fatal("not entered")
+// BenchmarkRouteInAMesh is a request's routing (Route, then Finish) by
+// the default policy at 16 replicas, for a router alone and for one of a
+// mesh of three: there each replica keeps the flows of two other routers'
+// dispatches (unheard.go), which every decision reads, and the router
+// records its decisions' times.
+func BenchmarkRouteInAMesh(b *testing.B) {
+	for _, meshed := range []bool{false, true} {
+		for _, tokens := range []int{2 << 10, 32 << 10} {
+			b.Run(fmt.Sprintf("mesh=%v/replicas=16/prompt=%dk", meshed, tokens>>10), func(b *testing.B) {
+				r, prompt := benchRouter(b, policy.DefaultName, 16, tokens)
+				for i, m := range r.fleet.Load().members {
+					if !meshed {
+						break
 					}
-					r.Finish(&t) // the flows stay
+					for k, name := range []string{"eu", "ap"} {
+						t, ok := r.Enter(0, m.id, &policy.Request{PromptTokens: 1000 * (i + 1)}, OutputKeys{},
+							Origin{Name: name, Leg: time.Duration(40*(k+1)) * time.Millisecond, RTT: time.Duration(5*(i+1)) * time.Millisecond})
+						if !ok {
+							b.Fatal("not entered")
+						}
+						r.Finish(&t) // the flows stay
+					}
 				}
-			}
-			rng := rand.New(rand.NewPCG(3, 4))
-			buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
-			req := &policy.Request{PromptTokens: tokens}
-			b.ReportAllocs()
-			for b.Loop() {
-				buf = prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0])
-				req.Blocks = buf
-				if _, err := r.Decide(time.Minute, req, rng); err != nil { // flows long heard of
-					b.Fatal(err)
+				rng := rand.New(rand.NewPCG(3, 4))
+				buf := make([]uint64, 0, len(prompt)/(benchBlockTokens*bytesPerToken)+1)
+				req := &policy.Request{PromptTokens: tokens}
+				now := time.Minute // the flows long heard of
+				b.ReportAllocs()
+				for b.Loop() {
+					buf = prefix.Chain(prompt, benchBlockTokens*bytesPerToken, buf[:0])
+					req.Blocks = buf
+					now += time.Millisecond
+					t, err := r.Route(now, req, rng)
+					if err != nil {
+						b.Fatal(err)
+					}
+					r.Finish(&t)
 				}
-			}
-		})
+			})
+		}
 	}
 }

@@ -90,6 +90,7 @@ func (r *Router) add(rc ReplicaConfig, added bool) error {
 		return fmt.Errorf("router: replica %s: %w", rc.ID, err)
 	}
 	m := newMember(rc, slot, r.cfg.RTTAlpha, r.cfg.OnlineRates)
+	m.decisions = &r.decisions
 	m.added = added
 	f = f.with(m)
 	r.fleet.Store(f)

@@ -100,6 +100,8 @@ type member struct {
 	// flows are the other routers' recent dispatches here, whose latest
 	// this router has not heard of yet (unheard.go).
 	flows flows
+	// decisions are the router's (unheard.go).
+	decisions *decisions
 
 	// models is what the replica serves; nil: unknown, any model.
 	models   atomic.Pointer[models.Set]
@@ -468,7 +470,7 @@ func (m *member) forecast(now, rtt time.Duration, uncached int, adapterMS float6
 // the replica: the ledger's, and the other routers' dispatches this router
 // has not heard of yet.
 func (m *member) backlogAhead(now time.Duration) int {
-	return int(m.backlog.Load()) + m.flows.unheard(now, time.Duration(m.rttNS.Load())/2)
+	return int(m.backlog.Load()) + m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions)
 }
 
 // marginAt is the margin of forecasts in bin k: its own once it has

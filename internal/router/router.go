@@ -170,18 +170,23 @@ type Router struct {
 	// probe and its leaving.
 	newsMu sync.Mutex
 	// decMu serialises decisions and guards their scratch.
-	decMu   sync.Mutex
-	views   []policy.Replica
-	cand    []*member
-	adapter []adapterCost
-	depth   []int
-	chain   []int        // one prompt's depths, for a batch (match)
-	fc      []forecastAt // Predict's
-	dec     policy.Decision
-	ranked  []bool
-	all     int        // rank's candidates, those keep passed over included (past len(views))
-	keys    OutputKeys // of the request rank last ranked
-	best    []Candidate
+	decMu sync.Mutex
+	// decisions are the times of this router's decisions once it mirrors
+	// another's requests (meshed): what the others' dispatches it had not
+	// heard of are learned per (unheard.go).
+	decisions decisions
+	meshed    atomic.Bool
+	views     []policy.Replica
+	cand      []*member
+	adapter   []adapterCost
+	depth     []int
+	chain     []int        // one prompt's depths, for a batch (match)
+	fc        []forecastAt // Predict's
+	dec       policy.Decision
+	ranked    []bool
+	all       int        // rank's candidates, those keep passed over included (past len(views))
+	keys      OutputKeys // of the request rank last ranked
+	best      []Candidate
 
 	loads   *adapterLoads
 	catalog atomic.Pointer[catalog]
@@ -306,6 +311,9 @@ func (r *Router) Dispatch(now time.Duration, req *policy.Request, rng *rand.Rand
 	if !r.deciding.Load() { // once: a store each decision would dirty the line for the probes
 		r.deciding.Store(true)
 	}
+	if r.meshed.Load() {
+		r.decisions.add(now)
+	}
 	var err error
 	r.best, err = r.rank(now, req, r.cfg.Policy, rng, r.best[:0], cap(fallbacks)+1)
 	if err != nil {
@@ -375,8 +383,9 @@ func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys O
 	}
 	t, ok := r.enter(&c, req, keys)
 	t.remote = true
-	if ok {
-		m.flows.mirrored(now, from, t.uncached())
+	if ok && from.Name != "" {
+		r.meshed.Store(true)
+		m.flows.mirrored(now, from, t.uncached(), time.Duration(m.rttNS.Load())/2, m.decisions)
 	}
 	if ok && t.due == nil && !r.cfg.MirrorsHeardAtOnce {
 		// The news of its first token comes late (from the replica to its

@@ -3,6 +3,7 @@ package router
 import (
 	"math"
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,10 +15,15 @@ import (
 // X at t + d(R,X), behind S's requests sent before t + d(R,X) − d(S,X), of
 // which R has heard those sent before t − d(S,R): those sent in the last
 // d(S,R) + d(R,X) − d(S,X), the window, are ahead of it unheard of. R
-// counts them in X's prefill backlog as S's recent rate of uncached tokens
-// there (as mirrored) times that window: in the view the policies see and
-// in the forecast. (Measured in the simulator: docs/results.md, "Another
-// router's unheard dispatches".)
+// counts them in X's prefill backlog, in the view the policies see and in
+// the forecast, as it learned them to be: once the news of S's dispatches
+// comes, it knows how many uncached tokens each of its own decisions had
+// unheard of ahead of it at X, and it takes their recent mean per decision.
+// Where its decisions and S's dispatches come in the same bursts (clients
+// driven by one clock) that is more than S's mean rate times the window,
+// which is what it takes while it has made few decisions (a prior of
+// priorDecisions, shrunk towards what it learns). (Measured in the
+// simulator: docs/results.md, "Another router's unheard dispatches".)
 
 // Origin is the router whose request Enter mirrors, as this router knows
 // it: what the prediction of its unheard dispatches needs.
@@ -46,8 +52,16 @@ type flow struct {
 	name   string
 	since  time.Duration // when this router first heard of the origin's dispatches here
 	tokens float64       // uncached tokens mirrored, decayed over flowTau, as of flows.at
-	leg    time.Duration // Origin.Leg, the latest
-	half   time.Duration // the origin's one-way to the replica (Origin.RTT/2), the latest
+	// realized is, of the same tokens, each dispatch's times the decisions
+	// of this router it was unheard of at (those in its window before its
+	// news came), decayed alike.
+	realized float64
+	// settled is the first of the router's decisions (an index in
+	// decisions) still in the window, as of the last read: it only moves
+	// on while the window stays the same.
+	settled int
+	leg     time.Duration // Origin.Leg, the latest
+	half    time.Duration // the origin's one-way to the replica (Origin.RTT/2), the latest
 }
 
 // flows are a replica's mirrored flows, one per origin, all decayed to
@@ -66,8 +80,9 @@ func decay(at, now time.Duration) float64 {
 	return math.Exp(-float64(max(now-at, 0)) / float64(flowTau))
 }
 
-// mirrored adds tokens dispatched by from, heard at now.
-func (fs *flows) mirrored(now time.Duration, from Origin, tokens int) {
+// mirrored adds tokens dispatched by from, heard at now at a replica this
+// router's one-way to is half; ds are the router's decisions.
+func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.Duration, ds *decisions) {
 	if from.Name == "" || from.Leg < 0 || from.RTT < 0 {
 		return
 	}
@@ -77,6 +92,7 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int) {
 		k := decay(fs.at, now)
 		for i := range fs.by {
 			fs.by[i].tokens *= k
+			fs.by[i].realized *= k
 		}
 		fs.at = now
 	}
@@ -99,6 +115,11 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int) {
 	f := &fs.by[i]
 	f.tokens += float64(max(tokens, 0)) // heard at now, counted as of fs.at (≥ now)
 	f.leg, f.half = min(from.Leg, maxLeg), min(from.RTT/2, maxLeg)
+	if w := f.leg + half - f.half; w > 0 && tokens > 0 {
+		// It was sent a leg ago: the decisions whose windows held it are
+		// those of the last w.
+		f.realized += float64(tokens) * float64(ds.within(now-w, now))
+	}
 }
 
 // maxLeg bounds an origin's legs as told: the others' news may come from
@@ -108,22 +129,105 @@ const maxLeg = 10 * time.Second
 // unheard is the uncached tokens the origins are taken to have sent the
 // replica in their windows, as of now, for a router whose one-way to it
 // is half.
-func (fs *flows) unheard(now, half time.Duration) int {
+func (fs *flows) unheard(now, half time.Duration, ds *decisions) int {
 	if fs.n.Load() == 0 {
 		return 0
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	var count float64 // the decisions' count, faded to now
+	if ds != nil {
+		ds.mu.Lock() // after fs.mu, as in mirrored
+		defer ds.mu.Unlock()
+		count = ds.count * decay(ds.at, now)
+	}
 	total := 0.0
 	for i := range fs.by {
 		f := &fs.by[i]
-		if window := f.leg + half - f.half; window > 0 {
-			total += f.tokens * float64(window) / f.span(now)
+		window := f.leg + half - f.half
+		if window <= 0 {
+			continue
 		}
+		// The rate times the window, and the mean of what the decisions
+		// whose windows have passed found (both counted as of fs.at, the
+		// decisions as of now: so is the sum, below).
+		prior := f.tokens * float64(window) / f.span(now)
+		decided := 0.0
+		if ds != nil {
+			decided = max(count-float64(ds.inWindow(now-window, &f.settled)), 0)
+		}
+		total += (f.realized + priorDecisions*prior) / (decided + priorDecisions)
 	}
-	// rate (tokens over the time they were heard in) × window, the rate
-	// faded to now
 	return int(min(total*decay(fs.at, now), maxUnheard))
+}
+
+// priorDecisions is how many decisions' worth the rate times the window
+// weighs against what the router's decisions found.
+const priorDecisions = 3
+
+// decisions are the times of a router's own decisions in a mesh (the
+// latest maxDecisions, in order) and their count, decayed over flowTau.
+type decisions struct {
+	mu    sync.Mutex
+	times []time.Duration // a ring
+	n     int             // appended in all
+	count float64         // as of at
+	at    time.Duration
+}
+
+// maxDecisions bounds the decision times kept: a window (under a second)
+// of a router deciding 16,000 times a second. Past it the decisions of a
+// window are undercounted.
+const maxDecisions = 1 << 14
+
+// add records a decision at now (no earlier than the last).
+func (d *decisions) add(now time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.times == nil {
+		d.times = make([]time.Duration, maxDecisions)
+	}
+	now = max(now, d.at)
+	d.times[d.n%maxDecisions] = now
+	d.n++
+	d.count = d.count*decay(d.at, now) + 1
+	d.at = now
+}
+
+// within counts the decisions from from to to, both included (none
+// without decisions).
+func (d *decisions) within(from, to time.Duration) int {
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.first(to+1) - d.first(from)
+}
+
+// first is the index of the first decision kept at or after from. Call it
+// with d.mu.
+func (d *decisions) first(from time.Duration) int {
+	lo := max(d.n-maxDecisions, 0)
+	return lo + sort.Search(d.n-lo, func(i int) bool { return d.times[(lo+i)%maxDecisions] >= from })
+}
+
+// inWindow counts the decisions at or after from, whose windows have not
+// passed. next is the caller's cache of the first of them: moved on while
+// the window stays the same, searched for when it shrank. Call it with
+// d.mu.
+func (d *decisions) inWindow(from time.Duration, next *int) int {
+	lo := max(d.n-maxDecisions, 0)
+	switch i := *next; {
+	case i < lo || i > d.n || i > lo && d.times[(i-1)%maxDecisions] >= from:
+		*next = d.first(from)
+	default:
+		for i < d.n && d.times[i%maxDecisions] < from {
+			i++
+		}
+		*next = i
+	}
+	return d.n - *next
 }
 
 // span is the time the flow's tokens were heard in, as the decay weighs

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -53,7 +54,7 @@ func TestUnheardDispatchesJoinTheBacklog(t *testing.T) {
 			t.Fatal("not entered")
 		}
 	}
-	if got := sm.flows.unheard(60*time.Second, 5*time.Millisecond); got != 52 {
+	if got := sm.flows.unheard(60*time.Second, 5*time.Millisecond, nil); got != 52 {
 		t.Fatalf("a steady flow: %d tokens unheard, want 52", got)
 	}
 	// The origins a replica keeps are bounded: the least busy make room.
@@ -75,5 +76,58 @@ func TestUnheardDispatchesJoinTheBacklog(t *testing.T) {
 	r.Enter(0, "a", &policy.Request{PromptTokens: 1 << 20}, OutputKeys{}, Origin{Name: "liar", Leg: 1 << 62})
 	if f := kept("liar"); f == nil || f.leg != maxLeg {
 		t.Fatalf("a made-up leg kept as %+v, want %v", f, maxLeg)
+	}
+}
+
+// The unheard dispatches are learned per decision once their news comes:
+// where this router's decisions and the other's dispatches come in the
+// same bursts (clients driven by one clock), each decision had a whole
+// burst of the other's ahead of it, far more than the other's mean rate
+// times the window says; where they never coincide, none.
+func TestUnheardDispatchesAreLearnedPerDecision(t *testing.T) {
+	far := Origin{Name: "far", Leg: 45 * time.Millisecond} // window 45 + 5 − 0 = 50 ms
+	run := func(offset time.Duration) int {
+		r := newRouter(t, "round-robin", 1, false) // a: 5 ms one way
+		m, err := r.member("a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(1, 1))
+		for k := range 60 {
+			tick := time.Duration(k) * time.Second
+			// The other's dispatch at the tick, heard a leg later; this
+			// router's three requests of the tick, offset after it (in
+			// time order: the news is not of decisions yet to come).
+			heard := func() {
+				if _, ok := r.Enter(tick+far.Leg, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(uint64(k+1), 4)}, OutputKeys{}, far); !ok {
+					t.Fatal("not entered")
+				}
+			}
+			if offset > far.Leg {
+				heard()
+			}
+			for j := range 3 {
+				req := policy.Request{PromptTokens: 10, Blocks: blocks(uint64(1000+3*k+j), 1)}
+				tk, err := r.Route(tick+offset, &req, rng)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.Finish(&tk)
+			}
+			if offset <= far.Leg {
+				heard()
+			}
+		}
+		return m.flows.unheard(60*time.Second, 5*time.Millisecond, m.decisions)
+	}
+	// The rate (1,000 tokens a second) times the window is 52 tokens (see
+	// TestUnheardDispatchesJoinTheBacklog); together, each decision had
+	// the whole 1,000 ahead: the mean of about 31 decisions' worth, shrunk
+	// towards 52 by priorDecisions.
+	if got := run(0); got < 800 || got > 1000 {
+		t.Errorf("decisions in the other's bursts: %d tokens unheard, want 800–1,000 (each had 1,000 ahead)", got)
+	}
+	if got := run(500 * time.Millisecond); got > 10 {
+		t.Errorf("decisions half a second after the other's: %d tokens unheard, want under 10 (none had any ahead)", got)
 	}
 }

@@ -56,6 +56,9 @@ type flow struct {
 	// of this router it was unheard of at (those in its window before its
 	// news came), decayed alike.
 	realized float64
+	// before is the router's count of decisions (decayed) when the flow
+	// began, at since: those are not the flow's.
+	before float64
 	// settled is the first of the router's decisions (an index in
 	// decisions) still in the window, as of the last read: it only moves
 	// on while the window stays the same.
@@ -109,7 +112,7 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 				}
 			}
 		}
-		fs.by[i] = flow{name: from.Name, since: now}
+		fs.by[i] = flow{name: from.Name, since: now, before: ds.countAt(now)}
 		fs.n.Store(int32(len(fs.by)))
 	}
 	f := &fs.by[i]
@@ -154,7 +157,10 @@ func (fs *flows) unheard(now, half time.Duration, ds *decisions) int {
 		prior := f.tokens * float64(window) / f.span(now)
 		decided := 0.0
 		if ds != nil {
-			decided = max(count-float64(ds.inWindow(now-window, &f.settled)), 0)
+			// The decisions since the flow began (a replica added, an
+			// origin met: a review saw the learned mean of a new flow at a
+			// ninth of the truth) whose windows have passed.
+			decided = max(count-f.before*decay(f.since, now)-float64(ds.inWindow(now-window, &f.settled)), 0)
 		}
 		total += (f.realized + priorDecisions*prior) / (decided + priorDecisions)
 	}
@@ -192,6 +198,16 @@ func (d *decisions) add(now time.Duration) {
 	d.n++
 	d.count = d.count*decay(d.at, now) + 1
 	d.at = now
+}
+
+// countAt is the decisions' count faded to now (0 without decisions).
+func (d *decisions) countAt(now time.Duration) float64 {
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.count * decay(d.at, now)
 }
 
 // within counts the decisions from from to to, both included (none

@@ -131,3 +131,65 @@ func TestUnheardDispatchesAreLearnedPerDecision(t *testing.T) {
 		t.Errorf("decisions half a second after the other's: %d tokens unheard, want under 10 (none had any ahead)", got)
 	}
 }
+
+// A flow that begins at a router already in a mesh (a replica added, an
+// origin met) is learned from the decisions since it began, not spread
+// over the router's earlier ones (a review: a minute in, a new flow read
+// 108 tokens where each decision had 1,000 ahead).
+func TestAYoungFlowIsLearnedFromItsOwnDecisions(t *testing.T) {
+	r := newRouter(t, "round-robin", 2, false) // a: 5 ms one way, b: 10 ms
+	a, err := r.member("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	old, young := Origin{Name: "old", Leg: 45 * time.Millisecond}, Origin{Name: "young", Leg: 45 * time.Millisecond}
+	for k := range 62 {
+		tick := time.Duration(k) * time.Second
+		for j := range 3 {
+			req := policy.Request{PromptTokens: 10, Blocks: blocks(uint64(1000+3*k+j), 1)}
+			tk, err := r.Route(tick, &req, rng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Finish(&tk)
+		}
+		// old's bursts go to b from the start; young's to a from 60 s,
+		// each heard a leg after the tick.
+		if _, ok := r.Enter(tick+old.Leg, "b", &policy.Request{PromptTokens: 1000, Blocks: blocks(uint64(k+1), 4)}, OutputKeys{}, old); !ok {
+			t.Fatal("not entered")
+		}
+		if k >= 60 {
+			if _, ok := r.Enter(tick+young.Leg, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(uint64(500+k), 4)}, OutputKeys{}, young); !ok {
+				t.Fatal("not entered")
+			}
+		}
+	}
+	if got := a.flows.unheard(61*time.Second+100*time.Millisecond, 5*time.Millisecond, a.decisions); got < 800 {
+		t.Errorf("a flow two bursts old: %d tokens unheard, want at least 800 (each decision since it began had 1,000 ahead)", got)
+	}
+}
+
+// The decisions still in a window are counted by a cached position that
+// moves on as time does and is searched for again when the window
+// shrinks or the ring wraps: always as a search from scratch counts them.
+func TestDecisionsInAWindow(t *testing.T) {
+	var d decisions
+	rng := rand.New(rand.NewPCG(7, 7))
+	var now time.Duration
+	next := 0
+	for step := range 100_000 {
+		now += time.Duration(rng.IntN(3)) * time.Millisecond // bursts: several at one instant
+		d.add(now)
+		w := time.Duration(rng.IntN(200)) * time.Millisecond
+		if step%1000 == 0 {
+			next = rng.IntN(d.n + 2) // a stale cache
+		}
+		d.mu.Lock()
+		got, want := d.inWindow(now-w, &next), d.n-d.first(now-w)
+		d.mu.Unlock()
+		if got != want {
+			t.Fatalf("step %d: %d decisions in the last %v, a search finds %d", step, got, w, want)
+		}
+	}
+}

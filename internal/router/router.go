@@ -384,7 +384,9 @@ func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys O
 	t, ok := r.enter(&c, req, keys)
 	t.remote = true
 	if ok && from.Name != "" {
-		r.meshed.Store(true)
+		if !r.meshed.Load() { // once: a store each time would dirty the line for the decisions
+			r.meshed.Store(true)
+		}
 		m.flows.mirrored(now, from, t.uncached(), time.Duration(m.rttNS.Load())/2, m.decisions)
 	}
 	if ok && t.due == nil && !r.cfg.MirrorsHeardAtOnce {

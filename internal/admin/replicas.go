@@ -26,12 +26,15 @@ type replicaJSON struct {
 	Failures int    `json:"failures"` // in a row
 	// Ejections counts the times it was ejected (reset once it stays up),
 	// EjectedUntil when the current ejection ends.
-	Ejections        int                  `json:"ejections"`
-	EjectedUntil     *time.Time           `json:"ejected_until,omitempty"`
-	RTTMS            float64              `json:"rtt_ms"`
-	InFlight         int                  `json:"in_flight"`
-	UnfinishedTokens int                  `json:"unfinished_tokens"`
-	BacklogTokens    int                  `json:"backlog_tokens"`
+	Ejections        int        `json:"ejections"`
+	EjectedUntil     *time.Time `json:"ejected_until,omitempty"`
+	RTTMS            float64    `json:"rtt_ms"`
+	InFlight         int        `json:"in_flight"`
+	UnfinishedTokens int        `json:"unfinished_tokens"`
+	BacklogTokens    int        `json:"backlog_tokens"`
+	// UnheardTokens is the other routers' dispatches to it this router of
+	// a mesh has not heard of yet and counts in its backlog.
+	UnheardTokens    int                  `json:"unheard_tokens"`
 	IndexBlocks      int                  `json:"index_blocks"`
 	KVCapacityTokens int                  `json:"kv_capacity_tokens"`
 	Engine           *policy.EngineGauges `json:"engine,omitempty"`
@@ -75,6 +78,7 @@ func (s *Server) replicaJSON(st router.ReplicaState) replicaJSON {
 		KVCapacityTokens: st.KVCapacityTokens, PrefillMSPerTok: st.PrefillMSPerToken, QueueMSPerTok: st.QueueMSPerToken,
 		Decoding: st.Decoding, ITLMS: st.ITLBaseMS, ITLSlopeMS: st.ITLSlopeMS, ITLSamples: st.ITLSamples,
 		Models: st.Models.Bases(), Adapters: st.Models.Adapters(), AdapterSlots: st.Adapters.Slots, ResidentAdapters: st.Adapters.Resident}
+	out.UnheardTokens, _ = s.fleet.Router().Unheard(s.fleet.Now(), st.ID)
 	if u := s.fleet.Upstream(st.ID); u != nil {
 		out.URL, out.Profile, out.Source = u.URL(), u.Config().Profile, u.Source()
 		var until time.Time

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/mesh"
@@ -115,6 +117,11 @@ func TestMeshSharesWhileServing(t *testing.T) {
 		if peak.Load() == 0 {
 			t.Errorf("stream=%v: the request (%v) was never mirrored at eu", stream, took)
 		}
+	}
+	// What a router counts of the others' dispatches it has not heard of
+	// is a gauge per replica (here both routers' legs to a are alike: ~0).
+	if n := testutil.CollectAndCount(eu.reg, "gorgo_replica_unheard_tokens"); n != 1 {
+		t.Errorf("%d gorgo_replica_unheard_tokens series, want 1 (replica a)", n)
 	}
 }
 

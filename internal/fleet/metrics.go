@@ -56,6 +56,7 @@ var (
 	descInFlight = prometheus.NewDesc("gorgo_replica_in_flight", "Requests this router sent to the replica that have not finished.", []string{"replica"}, nil)
 	descTokens   = prometheus.NewDesc("gorgo_replica_in_flight_tokens", "Prompt tokens of those requests.", []string{"replica"}, nil)
 	descBacklog  = prometheus.NewDesc("gorgo_replica_backlog_tokens", "Uncached prompt tokens sent to the replica that have not produced a first token (its prefill backlog).", []string{"replica"}, nil)
+	descUnheard  = prometheus.NewDesc("gorgo_replica_unheard_tokens", "Uncached prompt tokens of the other routers' dispatches to the replica that this router of a mesh has not heard of yet and counts in its backlog (0 outside a mesh).", []string{"replica"}, nil)
 	descDecoding = prometheus.NewDesc("gorgo_replica_decoding", "Requests at the replica past their first token.", []string{"replica"}, nil)
 	descRTTEst   = prometheus.NewDesc("gorgo_replica_rtt_estimate_seconds", "The router's smoothed round-trip estimate to the replica (what decisions use).", []string{"replica"}, nil)
 	descITL      = prometheus.NewDesc("gorgo_replica_itl_seconds", "The replica's learned inter-token latency at its current load.", []string{"replica"}, nil)
@@ -82,7 +83,7 @@ type tunerState interface {
 }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInFlight, descTokens, descBacklog, descDecoding, descRTTEst, descITL, descWeight,
+	for _, d := range []*prometheus.Desc{descInFlight, descTokens, descBacklog, descUnheard, descDecoding, descRTTEst, descITL, descWeight,
 		descOutputMean, descOutputDepth, descOutputKeys, descTunerJudged, descTunerAccepted, descTunerFallbacks, descTunerStep, descTunerPaused, descTunerUnjudged} {
 		ch <- d
 	}
@@ -96,6 +97,9 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		g(descInFlight, float64(st.InFlight))
 		g(descTokens, float64(st.UnfinishedTokens))
 		g(descBacklog, float64(st.BacklogTokens))
+		if u, err := c.f.rt.Unheard(c.f.Now(), st.ID); err == nil {
+			g(descUnheard, float64(u))
+		}
 		g(descDecoding, float64(st.Decoding))
 		g(descRTTEst, st.RTT.Seconds())
 		g(descITL, (st.ITLBaseMS+st.ITLSlopeMS*float64(st.InFlight))/1000)

@@ -132,8 +132,12 @@ func TestUnheardDispatchesOfAnotherRouter(t *testing.T) {
 	eu.mu.Lock()
 	leg, _ := eu.peers["us"].leg()
 	eu.mu.Unlock()
-	if u, want := wait(), 1e6*(0.095+leg.Seconds())/(10*(1-math.Exp(-0.1))); u < want-2 || u > want+2 {
+	u, want := wait(), 1e6*(0.095+leg.Seconds())/(10*(1-math.Exp(-0.1)))
+	if u < want-2 || u > want+2 {
 		t.Fatalf("unheard tokens %.0f, want about %.0f (a leg of %v)", u, want, leg)
+	}
+	if shown, err := far.Unheard(0, "a"); err != nil || math.Abs(float64(shown)-u) > 2 {
+		t.Fatalf("Router.Unheard shows %d (%v), the forecast %.0f", shown, err, u)
 	}
 }
 

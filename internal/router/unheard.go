@@ -167,6 +167,17 @@ func (fs *flows) unheard(now, half time.Duration, ds *decisions) int {
 	return int(min(total*decay(fs.at, now), maxUnheard))
 }
 
+// Unheard is the uncached tokens of the other routers' dispatches to
+// replica id that this router counts in its backlog at now, not having
+// heard of them yet (0 outside a mesh).
+func (r *Router) Unheard(now time.Duration, id string) (int, error) {
+	m, err := r.member(id)
+	if err != nil {
+		return 0, err
+	}
+	return m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions), nil
+}
+
 // priorDecisions is how many decisions' worth the rate times the window
 // weighs against what the router's decisions found.
 const priorDecisions = 3

@@ -36,6 +36,12 @@ func TestUnheardDispatchesJoinTheBacklog(t *testing.T) {
 	if got := unheard(0); got != 525 {
 		t.Fatalf("unheard at 0: %d tokens, want 525", got)
 	}
+	if got, err := r.Unheard(0, "a"); err != nil || got != 525 {
+		t.Fatalf("Router.Unheard: %d, %v; want 525", got, err)
+	}
+	if _, err := r.Unheard(0, "nope"); err == nil {
+		t.Fatal("Router.Unheard of a replica it does not have: no error")
+	}
 	// A time constant later, the tokens faded by 1/e over the 6.3 s the
 	// decay weighs by then: 29.
 	if got := unheard(flowTau); got != 29 {

@@ -111,7 +111,14 @@ func TestDemoParamsScaleTheRoundTripWeight(t *testing.T) {
 // paperReplicas are the replicas of the paper's fleet.
 func paperReplicas(t *testing.T) []sim.Replica {
 	t.Helper()
-	top, err := sim.LoadTopology("paper")
+	_, reps := topology(t, "paper")
+	return reps
+}
+
+// topology is a built-in topology and its replicas.
+func topology(t *testing.T, name string) (sim.Topology, []sim.Replica) {
+	t.Helper()
+	top, err := sim.LoadTopology(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +126,7 @@ func paperReplicas(t *testing.T) []sim.Replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return reps
+	return top, reps
 }
 
 // The simulator's spread draws what the live run cannot reproduce: each
@@ -180,14 +187,7 @@ func TestSimulatedSpreadDrawsTheNetwork(t *testing.T) {
 // The mesh demo's routers reach the one NATS server through links whose
 // legs add up to the simulator's delay of the news between two sites.
 func TestBusRTTsAddUpToTheLegsBetweenSites(t *testing.T) {
-	top, err := sim.LoadTopology("paper-mesh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reps, err := top.Resolve()
-	if err != nil {
-		t.Fatal(err)
-	}
+	top, reps := topology(t, "paper-mesh")
 	m, err := top.Arrangement(policy.DefaultName, reps, sim.ShareDelayed, 0, 0, func(name, region string) (policy.Policy, error) {
 		return policy.New(name, policy.Options{Region: region})
 	})

@@ -470,7 +470,7 @@ func (m *member) forecast(now, rtt time.Duration, uncached int, adapterMS float6
 // the replica: the ledger's, and the other routers' dispatches this router
 // has not heard of yet.
 func (m *member) backlogAhead(now time.Duration) int {
-	return int(m.backlog.Load()) + m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions) // as Router.Unheard
+	return int(m.backlog.Load()) + m.unheard(now)
 }
 
 // marginAt is the margin of forecasts in bin k: its own once it has

@@ -387,7 +387,7 @@ func (r *Router) Enter(now time.Duration, id string, req *policy.Request, keys O
 		if !r.meshed.Load() { // once: a store each time would dirty the line for the decisions
 			r.meshed.Store(true)
 		}
-		m.flows.mirrored(now, from, t.uncached(), time.Duration(m.rttNS.Load())/2, m.decisions)
+		m.mirrored(now, from, t.uncached())
 	}
 	if ok && t.due == nil && !r.cfg.MirrorsHeardAtOnce {
 		// The news of its first token comes late (from the replica to its

@@ -175,7 +175,19 @@ func (r *Router) Unheard(now time.Duration, id string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions), nil
+	return m.unheard(now), nil
+}
+
+// unheard is the replica's flows' unheard tokens at now, for this router's
+// one-way to it (half its probed round trip) and its decisions.
+func (m *member) unheard(now time.Duration) int {
+	return m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions)
+}
+
+// mirrored adds another router's dispatch of tokens uncached tokens to the
+// replica's flows, heard at now.
+func (m *member) mirrored(now time.Duration, from Origin, tokens int) {
+	m.flows.mirrored(now, from, tokens, time.Duration(m.rttNS.Load())/2, m.decisions)
 }
 
 // priorDecisions is how many decisions' worth the rate times the window

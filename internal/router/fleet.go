@@ -263,6 +263,7 @@ func (r *Router) Reconfigure(rc ReplicaConfig) error {
 func (r *Router) ClearCache(id string) error {
 	m, err := r.member(id)
 	if err == nil {
+		m.emptied.Add(1) // before the index: a request sent before it is not credited after it
 		r.clearIndex(m)
 	}
 	return err

@@ -97,6 +97,11 @@ type member struct {
 	// first token is due (Ticket.releaseWhenDue): of requests whose first
 	// token the router will not see, or will hear of late.
 	due dueQueue
+	// emptied counts the times its engine emptied its cache (ClearCache):
+	// a request sent before one is not credited in the index when the
+	// replica takes it after it (Accepted): its prompt was computed
+	// before, and dropped, or the request was aborted with the cache.
+	emptied atomic.Uint64
 	// flows are the other routers' recent dispatches here, whose latest
 	// this router has not heard of yet (unheard.go).
 	flows flows

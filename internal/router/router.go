@@ -125,6 +125,9 @@ type Ticket struct {
 	// remote: another router's request, mirrored here (see Enter); the
 	// router learns nothing from its timings.
 	remote bool
+	// emptied is its replica's count of emptied caches when it was sent
+	// (member.emptied).
+	emptied uint64
 	// outKeys are the keys its answer's length is learned under (see
 	// OutputKeys).
 	outKeys OutputKeys
@@ -464,6 +467,7 @@ func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Tick
 		Adapter: c.Adapter, AdapterLoadMS: c.AdapterLoadMS, WeightsWaitMS: c.WeightsWaitMS, outKeys: keys}
 	_, t.Forecast, t.Margin = m.forecast(c.at, t.RTT, t.uncached(), t.AdapterLoadMS+t.WeightsWaitMS)
 	t.seqs = int64(req.Sequences()) // bounded: a client's or a peer's count cannot overflow the ledger
+	t.emptied = m.emptied.Load()
 	t.InFlight = int(m.inflight.Add(t.seqs))
 	if State(m.state.Load()) != Active {
 		// Remove saw no request in flight, or is about to: back out. If
@@ -506,7 +510,9 @@ func (r *Router) Accepted(t *Ticket, req *policy.Request) {
 	t.accepted = true
 	r.ixMu.Lock()
 	defer r.ixMu.Unlock()
-	if !t.m.gone.Load() {
+	// Not if its engine emptied its cache since it was sent (a trainer's
+	// pause aborts it and clears the cache; its answer comes after).
+	if !t.m.gone.Load() && t.m.emptied.Load() == t.emptied {
 		r.index.Insert(t.m.slot, req.Blocks)
 	}
 }

@@ -1483,3 +1483,36 @@ func TestMirrorsHeardAtOnceWaitForTheirFirstToken(t *testing.T) {
 	r.Finish(&tk)
 	ledgerEmpty(t, r, "a")
 }
+
+// A request sent before its replica's engine emptied its cache (ClearCache:
+// a trainer's pause, a flush, a restart) is not credited in the index when
+// the replica takes it after (a non-streaming answer's 200 comes with its
+// end: a rollout the pause aborted had its blocks entered after the clear,
+// and TestTrainerCycleVLLM failed once in CI on it); one sent after is.
+func TestAcceptedAfterTheCacheWasEmptied(t *testing.T) {
+	r := newRouter(t, "round-robin", 1, false)
+	rng := rand.New(rand.NewPCG(1, 1))
+	before := policy.Request{PromptTokens: 64, Blocks: blocks(1, 4)}
+	tb, _, err := r.Dispatch(0, &before, rng, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ClearCache("a"); err != nil {
+		t.Fatal(err)
+	}
+	r.Accepted(&tb, &before)
+	r.Finish(&tb)
+	if st := state(t, r, "a"); st.IndexBlocks != 0 {
+		t.Fatalf("a request sent before the cache was emptied left %d blocks in the index", st.IndexBlocks)
+	}
+	after := policy.Request{PromptTokens: 64, Blocks: blocks(2, 4)}
+	ta, _, err := r.Dispatch(0, &after, rng, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Accepted(&ta, &after)
+	r.Finish(&ta)
+	if st := state(t, r, "a"); st.IndexBlocks != 4 {
+		t.Fatalf("a request sent after: %d blocks in the index, want 4", st.IndexBlocks)
+	}
+}

@@ -324,6 +324,9 @@ func (r *Router) Dispatch(now time.Duration, req *policy.Request, rng *rand.Rand
 	}
 	for k := range r.best {
 		if t, ok := r.enter(&r.best[k], req, r.keys); ok {
+			if r.meshed.Load() {
+				r.best[k].m.pickedAt(now)
+			}
 			return t, append(fallbacks[:0], r.best[k+1:]...), nil
 		}
 	}

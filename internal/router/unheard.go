@@ -22,8 +22,13 @@ import (
 // Where its decisions and S's dispatches come in the same bursts (clients
 // driven by one clock) that is more than S's mean rate times the window,
 // which is what it takes while it has made few decisions (a prior of
-// priorDecisions, shrunk towards what it learns). (Measured in the
-// simulator: docs/results.md, "Another router's unheard dispatches".)
+// priorDecisions, shrunk towards what it learns). That mean is over all
+// its decisions; the replica a decision picks is the one that looked
+// least loaded, where the others' bursts go too: so R also keeps, over
+// calibrationTau, what it foretold at the replicas it picked and what it
+// then found there, and scales what it counts by their ratio. (Measured
+// in the simulator: docs/results.md, "Another router's unheard
+// dispatches" and "Calibrated on the replicas picked".)
 
 // Origin is the router whose request Enter mirrors, as this router knows
 // it: what the prediction of its unheard dispatches needs.
@@ -84,8 +89,9 @@ func decay(at, now time.Duration) float64 {
 }
 
 // mirrored adds tokens dispatched by from, heard at now at a replica this
-// router's one-way to is half; ds are the router's decisions.
-func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.Duration, ds *decisions) {
+// router's one-way to is half; ds are the router's decisions and picked
+// those of them that picked the replica.
+func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.Duration, ds, picked *decisions) {
 	if from.Name == "" || from.Leg < 0 || from.RTT < 0 {
 		return
 	}
@@ -122,6 +128,9 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 		// It was sent a leg ago: the decisions whose windows held it are
 		// those of the last w.
 		f.realized += float64(tokens) * float64(ds.within(now-w, now))
+		if k := picked.within(now-w, now); k > 0 {
+			ds.calibrate(now, float64(tokens)*float64(k), 0)
+		}
 	}
 }
 
@@ -131,18 +140,23 @@ const maxLeg = 10 * time.Second
 
 // unheard is the uncached tokens the origins are taken to have sent the
 // replica in their windows, as of now, for a router whose one-way to it
-// is half.
-func (fs *flows) unheard(now, half time.Duration, ds *decisions) int {
+// is half; calibrated: scaled by the ratio of what the router's decisions
+// found to what it foretold (decisions.calibration).
+func (fs *flows) unheard(now, half time.Duration, ds *decisions, calibrated bool) int {
 	if fs.n.Load() == 0 {
 		return 0
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	var count float64 // the decisions' count, faded to now
+	scale := 1.0
 	if ds != nil {
 		ds.mu.Lock() // after fs.mu, as in mirrored
 		defer ds.mu.Unlock()
 		count = ds.count * decay(ds.at, now)
+		if calibrated {
+			scale = ds.calibration()
+		}
 	}
 	total := 0.0
 	for i := range fs.by {
@@ -164,7 +178,7 @@ func (fs *flows) unheard(now, half time.Duration, ds *decisions) int {
 		}
 		total += (f.realized + priorDecisions*prior) / (decided + priorDecisions)
 	}
-	return int(min(total*decay(fs.at, now), maxUnheard))
+	return int(min(total*decay(fs.at, now)*scale, maxUnheard))
 }
 
 // Unheard is the uncached tokens of the other routers' dispatches to
@@ -179,15 +193,27 @@ func (r *Router) Unheard(now time.Duration, id string) (int, error) {
 }
 
 // unheard is the replica's flows' unheard tokens at now, for this router's
-// one-way to it (half its probed round trip) and its decisions.
+// one-way to it (half its probed round trip) and its decisions, as
+// calibrated.
 func (m *member) unheard(now time.Duration) int {
-	return m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions)
+	return m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions, true)
 }
 
 // mirrored adds another router's dispatch of tokens uncached tokens to the
 // replica's flows, heard at now.
 func (m *member) mirrored(now time.Duration, from Origin, tokens int) {
-	m.flows.mirrored(now, from, tokens, time.Duration(m.rttNS.Load())/2, m.decisions)
+	m.flows.mirrored(now, from, tokens, time.Duration(m.rttNS.Load())/2, m.decisions, &m.picked)
+}
+
+// pickedAt records that a decision of this router in a mesh picked the
+// replica at now, foretelling its unheard tokens as not yet calibrated:
+// what calibrates them.
+func (m *member) pickedAt(now time.Duration) {
+	if m.flows.n.Load() == 0 {
+		return // nothing foretold; nothing the news can credit it with
+	}
+	m.picked.add(now)
+	m.decisions.calibrate(now, 0, float64(m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions, false)))
 }
 
 // priorDecisions is how many decisions' worth the rate times the window
@@ -198,26 +224,76 @@ const priorDecisions = 3
 // latest maxDecisions, in order) and their count, decayed over flowTau.
 type decisions struct {
 	mu    sync.Mutex
-	times []time.Duration // a ring
-	n     int             // appended in all
-	count float64         // as of at
+	times []time.Duration // a ring of size (maxDecisions if 0)
+	size  int
+	n     int     // appended in all
+	count float64 // as of at
 	at    time.Duration
+	// found and foretold are, for the decisions that picked a replica,
+	// the tokens the news later showed were ahead of them there unheard
+	// of, and what they counted before calibration; both decayed over
+	// calibrationTau as of calibratedAt (the router's decisions only).
+	found, foretold float64
+	calibratedAt    time.Duration
 }
 
 // maxDecisions bounds the decision times kept: a window (under a second)
 // of a router deciding 16,000 times a second. Past it the decisions of a
-// window are undercounted.
-const maxDecisions = 1 << 14
+// window are undercounted. A replica keeps those that picked it, up to
+// maxPicked (a thousand a second to one replica).
+const (
+	maxDecisions = 1 << 14
+	maxPicked    = 1 << 10
+)
+
+// calibrationTau is the time constant over which found and foretold are
+// summed: ten flows' worth, so that the ratio rests on a hundred seconds
+// of decisions rather than one burst's.
+const calibrationTau = 10 * flowTau
+
+// The calibration is held to [1/maxCalibration, maxCalibration].
+const maxCalibration = 2
+
+// calibrate adds to what the decisions found and foretold, at now.
+func (d *decisions) calibrate(now time.Duration, found, foretold float64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if now > d.calibratedAt {
+		k := math.Exp(-float64(now-d.calibratedAt) / float64(calibrationTau))
+		d.found *= k
+		d.foretold *= k
+		d.calibratedAt = now
+	}
+	d.found += found
+	d.foretold += foretold
+}
+
+// calibration is the ratio of what the decisions found to what they
+// foretold (1 before they foretold anything), held to its bounds. Call it
+// with d.mu.
+func (d *decisions) calibration() float64 {
+	if d.foretold <= 0 {
+		return 1
+	}
+	return min(max(d.found/d.foretold, 1.0/maxCalibration), maxCalibration)
+}
+
+func (d *decisions) capacity() int {
+	if d.size > 0 {
+		return d.size
+	}
+	return maxDecisions
+}
 
 // add records a decision at now (no earlier than the last).
 func (d *decisions) add(now time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.times == nil {
-		d.times = make([]time.Duration, maxDecisions)
+		d.times = make([]time.Duration, d.capacity())
 	}
 	now = max(now, d.at)
-	d.times[d.n%maxDecisions] = now
+	d.times[d.n%len(d.times)] = now
 	d.n++
 	d.count = d.count*decay(d.at, now) + 1
 	d.at = now
@@ -247,8 +323,9 @@ func (d *decisions) within(from, to time.Duration) int {
 // first is the index of the first decision kept at or after from. Call it
 // with d.mu.
 func (d *decisions) first(from time.Duration) int {
-	lo := max(d.n-maxDecisions, 0)
-	return lo + sort.Search(d.n-lo, func(i int) bool { return d.times[(lo+i)%maxDecisions] >= from })
+	size := len(d.times)
+	lo := max(d.n-size, 0)
+	return lo + sort.Search(d.n-lo, func(i int) bool { return d.times[(lo+i)%size] >= from })
 }
 
 // inWindow counts the decisions at or after from, whose windows have not
@@ -256,12 +333,13 @@ func (d *decisions) first(from time.Duration) int {
 // the window stays the same, searched for when it shrank. Call it with
 // d.mu.
 func (d *decisions) inWindow(from time.Duration, next *int) int {
-	lo := max(d.n-maxDecisions, 0)
+	size := len(d.times)
+	lo := max(d.n-size, 0)
 	switch i := *next; {
-	case i < lo || i > d.n || i > lo && d.times[(i-1)%maxDecisions] >= from:
+	case i < lo || i > d.n || i > lo && d.times[(i-1)%size] >= from:
 		*next = d.first(from)
 	default:
-		for i < d.n && d.times[i%maxDecisions] < from {
+		for i < d.n && d.times[i%size] < from {
 			i++
 		}
 		*next = i

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -60,7 +61,7 @@ func TestUnheardDispatchesJoinTheBacklog(t *testing.T) {
 			t.Fatal("not entered")
 		}
 	}
-	if got := sm.flows.unheard(60*time.Second, 5*time.Millisecond, nil); got != 52 {
+	if got := sm.flows.unheard(60*time.Second, 5*time.Millisecond, nil, false); got != 52 {
 		t.Fatalf("a steady flow: %d tokens unheard, want 52", got)
 	}
 	// The origins a replica keeps are bounded: the least busy make room.
@@ -124,7 +125,7 @@ func TestUnheardDispatchesAreLearnedPerDecision(t *testing.T) {
 				heard()
 			}
 		}
-		return m.flows.unheard(60*time.Second, 5*time.Millisecond, m.decisions)
+		return m.flows.unheard(60*time.Second, 5*time.Millisecond, m.decisions, false)
 	}
 	// The rate (1,000 tokens a second) times the window is 52 tokens (see
 	// TestUnheardDispatchesJoinTheBacklog); together, each decision had
@@ -171,7 +172,7 @@ func TestAYoungFlowIsLearnedFromItsOwnDecisions(t *testing.T) {
 			}
 		}
 	}
-	if got := a.flows.unheard(61*time.Second+100*time.Millisecond, 5*time.Millisecond, a.decisions); got < 800 {
+	if got := a.flows.unheard(61*time.Second+100*time.Millisecond, 5*time.Millisecond, a.decisions, false); got < 800 {
 		t.Errorf("a flow two bursts old: %d tokens unheard, want at least 800 (each decision since it began had 1,000 ahead)", got)
 	}
 }
@@ -197,5 +198,87 @@ func TestDecisionsInAWindow(t *testing.T) {
 		if got != want {
 			t.Fatalf("step %d: %d decisions in the last %v, a search finds %d", step, got, w, want)
 		}
+	}
+}
+
+// A router calibrates what it counts unheard by what the news later shows
+// its decisions found at the replicas they picked, against what they
+// foretold there: where the others' bursts go where its own requests go
+// (both drawn to the replica that looks least loaded), a mean over all
+// its decisions falls short at the replica picked.
+func TestUnheardIsCalibratedOnTheReplicasPicked(t *testing.T) {
+	far := Origin{Name: "far", Leg: 45 * time.Millisecond} // windows of 50 and 55 ms at a and b
+	// run: a decision a second, alternately at a and b (round-robin); the
+	// other's burst of 1,000 tokens at the same tick goes where follow
+	// says, given the replica picked and the tick. want is the ratio as
+	// the test counts it: 1,000 found where the burst went to the replica
+	// picked, against what was foretold there before calibration, both
+	// decayed over calibrationTau.
+	run := func(follow func(picked string, k int) string) (r *Router, now time.Duration, want float64) {
+		r = newRouter(t, "round-robin", 2, false)
+		rng := rand.New(rand.NewPCG(1, 1))
+		var found, foretold float64
+		for k := range 120 {
+			now = time.Duration(k) * time.Second
+			raw := map[string]int{}
+			for _, id := range []string{"a", "b"} {
+				m, _ := r.member(id)
+				raw[id] = m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions, false)
+			}
+			req := policy.Request{PromptTokens: 10, Blocks: blocks(uint64(1000+k), 1)}
+			tk, err := r.Route(now, &req, rng)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.Finish(&tk)
+			to := follow(tk.ID, k)
+			if _, ok := r.Enter(now+far.Leg, to, &policy.Request{PromptTokens: 1000, Blocks: blocks(uint64(k+1), 4)}, OutputKeys{}, far); !ok {
+				t.Fatal("not entered")
+			}
+			if k == 0 {
+				continue // no flow yet: nothing foretold
+			}
+			fade := math.Exp(-float64(time.Second) / float64(calibrationTau))
+			found, foretold = found*fade, foretold*fade+float64(raw[tk.ID])
+			if to == tk.ID {
+				found += 1000
+			}
+		}
+		return r, now, found / foretold
+	}
+	calibration := func(r *Router) float64 {
+		r.decisions.mu.Lock()
+		defer r.decisions.mu.Unlock()
+		return r.decisions.calibration()
+	}
+	other := map[string]string{"a": "b", "b": "a"}
+	// Every burst at a: the half of the decisions that picked a found it.
+	r, now, want := run(func(string, int) string { return "a" })
+	if c := calibration(r); want <= 1.05 || want >= maxCalibration || c < want*0.99 || c > want*1.01 {
+		t.Errorf("bursts all at a: calibration %.3f, want %.3f (within 1%%, between 1 and the bound)", c, want)
+	}
+	for _, id := range []string{"a", "b"} {
+		m, _ := r.member(id)
+		raw := m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions, false)
+		if got, want := m.view(now, 0).BacklogTokens-int(m.backlog.Load()), int(float64(raw)*calibration(r)); got < want-1 || got > want+1 {
+			t.Errorf("%s: %d tokens unheard in the view, want %d (%d learned, calibrated)", id, got, want, raw)
+		}
+	}
+	// Always where it went: more than twice what the mean foretold, held
+	// to the bound.
+	if r, _, want := run(func(picked string, _ int) string { return picked }); want <= maxCalibration || calibration(r) != maxCalibration {
+		t.Errorf("bursts always where the router's requests went: calibration %.3f, want the bound %d (%.3f counted)", calibration(r), maxCalibration, want)
+	}
+	// Never where it went: nothing found where it foretold some: the bound.
+	if r, _, _ := run(func(picked string, _ int) string { return other[picked] }); calibration(r) != 1.0/maxCalibration {
+		t.Errorf("bursts never where the router's requests went: calibration %.3f, want the bound 1/%d", calibration(r), maxCalibration)
+	}
+	// A router that decides nothing has foretold nothing: 1.
+	idle := newRouter(t, "round-robin", 1, false)
+	if _, ok := idle.Enter(far.Leg, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(1, 4)}, OutputKeys{}, far); !ok {
+		t.Fatal("not entered")
+	}
+	if c := calibration(idle); c != 1 {
+		t.Errorf("a router that decided nothing: calibration %.3f, want 1", c)
 	}
 }

@@ -24,11 +24,12 @@ import (
 // which is what it takes while it has made few decisions (a prior of
 // priorDecisions, shrunk towards what it learns). That mean is over all
 // its decisions; the replica a decision picks is the one that looked
-// least loaded, where the others' bursts go too: so R also keeps, over
-// calibrationTau, what it foretold at the replicas it picked and what it
-// then found there, and scales what it counts by their ratio. (Measured
-// in the simulator: docs/results.md, "Another router's unheard
-// dispatches" and "Calibrated on the replicas picked".)
+// least loaded, where the others' bursts go too: so R also keeps, per
+// origin over calibrationTau, what its decisions foretold of S's at the
+// replicas they picked and what they then found there, and scales what
+// it counts of S's by their ratio (calibration). (Measured in the
+// simulator: docs/results.md, "Another router's unheard dispatches" and
+// "Calibrated on the replicas picked".)
 
 // Origin is the router whose request Enter mirrors, as this router knows
 // it: what the prediction of its unheard dispatches needs.
@@ -70,6 +71,8 @@ type flow struct {
 	settled int
 	leg     time.Duration // Origin.Leg, the latest
 	half    time.Duration // the origin's one-way to the replica (Origin.RTT/2), the latest
+	// cal is the origin's calibration, the router's (nil: none, 1).
+	cal *calibration
 }
 
 // flows are a replica's mirrored flows, one per origin, all decayed to
@@ -118,7 +121,7 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 				}
 			}
 		}
-		fs.by[i] = flow{name: from.Name, since: now, before: ds.countAt(now)}
+		fs.by[i] = flow{name: from.Name, since: now, before: ds.countAt(now), cal: ds.calibrationOf(from.Name)}
 		fs.n.Store(int32(len(fs.by)))
 	}
 	f := &fs.by[i]
@@ -128,8 +131,11 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 		// It was sent a leg ago: the decisions whose windows held it are
 		// those of the last w.
 		f.realized += float64(tokens) * float64(ds.within(now-w, now))
-		if k := picked.within(now-w, now); k > 0 {
-			ds.calibrate(now, float64(tokens)*float64(k), 0)
+		if k := picked.within(now-w, now); k > 0 && f.cal != nil {
+			ds.mu.Lock()
+			f.cal.fade(now)
+			f.cal.found += float64(tokens) * float64(k)
+			ds.mu.Unlock()
 		}
 	}
 }
@@ -140,8 +146,9 @@ const maxLeg = 10 * time.Second
 
 // unheard is the uncached tokens the origins are taken to have sent the
 // replica in their windows, as of now, for a router whose one-way to it
-// is half; calibrated: scaled by the ratio of what the router's decisions
-// found to what it foretold (decisions.calibration).
+// is half; calibrated: each origin's scaled by the ratio of what the
+// router's decisions found of its dispatches to what they foretold
+// (calibration).
 func (fs *flows) unheard(now, half time.Duration, ds *decisions, calibrated bool) int {
 	if fs.n.Load() == 0 {
 		return 0
@@ -149,36 +156,67 @@ func (fs *flows) unheard(now, half time.Duration, ds *decisions, calibrated bool
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	var count float64 // the decisions' count, faded to now
-	scale := 1.0
 	if ds != nil {
 		ds.mu.Lock() // after fs.mu, as in mirrored
 		defer ds.mu.Unlock()
 		count = ds.count * decay(ds.at, now)
-		if calibrated {
-			scale = ds.calibration()
-		}
 	}
 	total := 0.0
 	for i := range fs.by {
 		f := &fs.by[i]
-		window := f.leg + half - f.half
-		if window <= 0 {
+		t := fs.learned(f, now, half, count, ds)
+		if calibrated {
+			t *= f.cal.ratio(now)
+		}
+		total += t
+	}
+	return int(min(total*decay(fs.at, now), maxUnheard))
+}
+
+// learned is a flow's unheard tokens as learned, counted as of fs.at: the
+// mean of what the decisions whose windows have passed found, shrunk
+// towards the rate times the window. count is the router's decisions'
+// count faded to now. Call it with fs.mu and ds.mu.
+func (fs *flows) learned(f *flow, now, half time.Duration, count float64, ds *decisions) float64 {
+	window := f.leg + half - f.half
+	if window <= 0 {
+		return 0
+	}
+	// The rate times the window, and the mean of what the decisions whose
+	// windows have passed found (both counted as of fs.at, the decisions
+	// as of now: so is the result).
+	prior := f.tokens * float64(window) / f.span(now)
+	decided := 0.0
+	if ds != nil {
+		// The decisions since the flow began (a replica added, an origin
+		// met: a review saw the learned mean of a new flow at a ninth of
+		// the truth) whose windows have passed.
+		decided = max(count-f.before*decay(f.since, now)-float64(ds.inWindow(now-window, &f.settled)), 0)
+	}
+	return (f.realized + priorDecisions*prior) / (decided + priorDecisions)
+}
+
+// foretell adds, for a decision of this router that picked the replica at
+// now, each origin's unheard tokens there as learned to what its
+// calibration foretold.
+func (fs *flows) foretell(now, half time.Duration, ds *decisions) {
+	if fs.n.Load() == 0 {
+		return
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	count, k := ds.count*decay(ds.at, now), decay(fs.at, now)
+	for i := range fs.by {
+		f := &fs.by[i]
+		if f.cal == nil {
 			continue
 		}
-		// The rate times the window, and the mean of what the decisions
-		// whose windows have passed found (both counted as of fs.at, the
-		// decisions as of now: so is the sum, below).
-		prior := f.tokens * float64(window) / f.span(now)
-		decided := 0.0
-		if ds != nil {
-			// The decisions since the flow began (a replica added, an
-			// origin met: a review saw the learned mean of a new flow at a
-			// ninth of the truth) whose windows have passed.
-			decided = max(count-f.before*decay(f.since, now)-float64(ds.inWindow(now-window, &f.settled)), 0)
-		}
-		total += (f.realized + priorDecisions*prior) / (decided + priorDecisions)
+		f.cal.fade(now)
+		f.cal.foretold += fs.learned(f, now, half, count, ds) * k
+		f.cal.picks++
 	}
-	return int(min(total*decay(fs.at, now)*scale, maxUnheard))
 }
 
 // Unheard is the uncached tokens of the other routers' dispatches to
@@ -206,14 +244,14 @@ func (m *member) mirrored(now time.Duration, from Origin, tokens int) {
 }
 
 // pickedAt records that a decision of this router in a mesh picked the
-// replica at now, foretelling its unheard tokens as not yet calibrated:
-// what calibrates them.
+// replica at now, foretelling each origin's unheard tokens there as
+// learned: what calibrates them.
 func (m *member) pickedAt(now time.Duration) {
 	if m.flows.n.Load() == 0 {
 		return // nothing foretold; nothing the news can credit it with
 	}
 	m.picked.add(now)
-	m.decisions.calibrate(now, 0, float64(m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions, false)))
+	m.flows.foretell(now, time.Duration(m.rttNS.Load())/2, m.decisions)
 }
 
 // priorDecisions is how many decisions' worth the rate times the window
@@ -221,61 +259,109 @@ func (m *member) pickedAt(now time.Duration) {
 const priorDecisions = 3
 
 // decisions are the times of a router's own decisions in a mesh (the
-// latest maxDecisions, in order) and their count, decayed over flowTau.
+// latest, in order, in a ring that grows as it needs to cover ringSpan, up
+// to its capacity) and their count, decayed over flowTau. The router's
+// also keep its calibration of each origin.
 type decisions struct {
 	mu    sync.Mutex
-	times []time.Duration // a ring of size (maxDecisions if 0)
-	size  int
-	n     int     // appended in all
-	count float64 // as of at
+	times []time.Duration // a ring
+	size  int             // its capacity (maxDecisions if 0)
+	n     int             // appended in all
+	count float64         // as of at
 	at    time.Duration
-	// found and foretold are, for the decisions that picked a replica,
-	// the tokens the news later showed were ahead of them there unheard
-	// of, and what they counted before calibration; both decayed over
-	// calibrationTau as of calibratedAt (the router's decisions only).
-	found, foretold float64
-	calibratedAt    time.Duration
+	// origins are the calibrations, by origin (at most maxOrigins).
+	origins map[string]*calibration
 }
 
-// maxDecisions bounds the decision times kept: a window (under a second)
-// of a router deciding 16,000 times a second. Past it the decisions of a
-// window are undercounted. A replica keeps those that picked it, up to
-// maxPicked (a thousand a second to one replica).
+// maxDecisions bounds the decision times a router keeps: a window (under
+// a second) of a router deciding 16,000 times a second. Past it the
+// decisions of a window are undercounted. A replica keeps those that
+// picked it, up to maxPicked (a thousand a second to one replica). A ring
+// starts at minRing and doubles while its oldest time is within ringSpan
+// (a window is the legs, each held to maxLeg): a replica picked now and
+// then keeps a few.
 const (
 	maxDecisions = 1 << 14
 	maxPicked    = 1 << 10
+	minRing      = 16
+	ringSpan     = 2 * maxLeg
 )
 
-// calibrationTau is the time constant over which found and foretold are
-// summed: ten flows' worth, so that the ratio rests on a hundred seconds
-// of decisions rather than one burst's.
-const calibrationTau = 10 * flowTau
-
-// The calibration is held to [1/maxCalibration, maxCalibration].
-const maxCalibration = 2
-
-// calibrate adds to what the decisions found and foretold, at now.
-func (d *decisions) calibrate(now time.Duration, found, foretold float64) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if now > d.calibratedAt {
-		k := math.Exp(-float64(now-d.calibratedAt) / float64(calibrationTau))
-		d.found *= k
-		d.foretold *= k
-		d.calibratedAt = now
-	}
-	d.found += found
-	d.foretold += foretold
+// A calibration is what a router's decisions that picked a replica found
+// there of one origin's dispatches, once the news came (the tokens times
+// the decisions of the window), against what they foretold (the origin's
+// unheard tokens as learned), and how many foretold: all decayed over
+// calibrationTau as of at, guarded by the router's decisions' mu. One per
+// origin, over all replicas: an origin's dispatches, a hostile peer's
+// among them, calibrate its own flows alone.
+type calibration struct {
+	found, foretold, picks float64
+	at                     time.Duration
 }
 
-// calibration is the ratio of what the decisions found to what they
-// foretold (1 before they foretold anything), held to its bounds. Call it
-// with d.mu.
-func (d *decisions) calibration() float64 {
-	if d.foretold <= 0 {
+// calibrationTau is the time constant over which a calibration sums: ten
+// flows' worth, so that the ratio rests on a hundred seconds of decisions
+// rather than one burst's.
+const calibrationTau = 10 * flowTau
+
+// The calibration is held to [1/maxCalibration, maxCalibration], and is 1
+// until it rests on minPicks decisions (decayed): a router just started,
+// or idle while the others are busy, does not scale by its first few.
+const (
+	maxCalibration = 2
+	minPicks       = 10
+)
+
+// maxOrigins bounds the calibrations a router keeps (a mesh has at most
+// 256 routers); past it the one with the fewest picks makes room.
+const maxOrigins = 256
+
+func (c *calibration) fade(now time.Duration) {
+	if now > c.at {
+		k := math.Exp(-float64(now-c.at) / float64(calibrationTau))
+		c.found *= k
+		c.foretold *= k
+		c.picks *= k
+		c.at = now
+	}
+}
+
+// ratio is what was found over what was foretold, at now: 1 without a
+// calibration or before minPicks, else held to its bounds. Call it with
+// the decisions' mu.
+func (c *calibration) ratio(now time.Duration) float64 {
+	if c == nil || c.foretold <= 0 || c.picks*math.Exp(-float64(max(now-c.at, 0))/float64(calibrationTau)) < minPicks {
 		return 1
 	}
-	return min(max(d.found/d.foretold, 1.0/maxCalibration), maxCalibration)
+	return min(max(c.found/c.foretold, 1.0/maxCalibration), maxCalibration)
+}
+
+// calibrationOf is the calibration of the named origin, made if new (nil
+// without decisions).
+func (d *decisions) calibrationOf(name string) *calibration {
+	if d == nil {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if c, ok := d.origins[name]; ok {
+		return c
+	}
+	if d.origins == nil {
+		d.origins = make(map[string]*calibration)
+	}
+	if len(d.origins) >= maxOrigins {
+		least := ""
+		for n, c := range d.origins {
+			if least == "" || c.picks < d.origins[least].picks {
+				least = n
+			}
+		}
+		delete(d.origins, least) // its flows keep theirs
+	}
+	c := &calibration{}
+	d.origins[name] = c
+	return c
 }
 
 func (d *decisions) capacity() int {
@@ -289,14 +375,28 @@ func (d *decisions) capacity() int {
 func (d *decisions) add(now time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.times == nil {
-		d.times = make([]time.Duration, d.capacity())
-	}
 	now = max(now, d.at)
+	switch {
+	case d.times == nil:
+		d.times = make([]time.Duration, min(minRing, d.capacity()))
+	case d.n >= len(d.times) && len(d.times) < d.capacity() && now-d.times[d.n%len(d.times)] < ringSpan:
+		d.grow()
+	}
 	d.times[d.n%len(d.times)] = now
 	d.n++
 	d.count = d.count*decay(d.at, now) + 1
 	d.at = now
+}
+
+// grow doubles the ring (up to its capacity), its times kept where
+// first and inWindow find them. Call it with d.mu.
+func (d *decisions) grow() {
+	size := min(2*len(d.times), d.capacity())
+	t := make([]time.Duration, size)
+	for j := max(d.n-len(d.times), 0); j < d.n; j++ {
+		t[j%size] = d.times[j%len(d.times)]
+	}
+	d.times = t
 }
 
 // countAt is the decisions' count faded to now (0 without decisions).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sort"
 	"testing"
 	"time"
 
@@ -201,84 +202,198 @@ func TestDecisionsInAWindow(t *testing.T) {
 	}
 }
 
-// A router calibrates what it counts unheard by what the news later shows
-// its decisions found at the replicas they picked, against what they
-// foretold there: where the others' bursts go where its own requests go
-// (both drawn to the replica that looks least loaded), a mean over all
-// its decisions falls short at the replica picked.
+// A ring of decisions starts small and grows while its oldest time is
+// within ringSpan, up to its capacity: within that span it counts as if it
+// kept every time (a replica picked now and then keeps a few, not a
+// thousand).
+func TestDecisionsRingGrows(t *testing.T) {
+	for _, size := range []int{0, 64, maxPicked} {
+		d := decisions{size: size}
+		rng := rand.New(rand.NewPCG(3, uint64(size)))
+		var now time.Duration
+		var all []time.Duration
+		for step := range 20_000 {
+			// Quiet spells and bursts: the rate moves by a thousand times.
+			if step%2000 < 1000 {
+				now += time.Duration(rng.IntN(400)) * time.Millisecond
+			} else {
+				now += time.Duration(rng.IntN(2)) * time.Millisecond
+			}
+			d.add(now)
+			all = append(all, now)
+			w := time.Duration(rng.Int64N(int64(ringSpan)))
+			want := len(all) - sort.Search(len(all), func(i int) bool { return all[i] >= now-w })
+			if got := d.within(now-w, now); got != min(want, len(d.times)) {
+				t.Fatalf("capacity %d, step %d: %d decisions in the last %v, %d kept; want %d", d.capacity(), step, got, w, len(d.times), want)
+			}
+			if len(d.times) > d.capacity() {
+				t.Fatalf("capacity %d: %d kept", d.capacity(), len(d.times))
+			}
+		}
+		if size == maxPicked && len(d.times) != maxPicked {
+			t.Errorf("a ring whose bursts outran it: %d kept, want its capacity %d", len(d.times), maxPicked)
+		}
+	}
+	quiet := decisions{size: maxPicked}
+	for k := range 10_000 {
+		quiet.add(time.Duration(k) * time.Second)
+	}
+	if len(quiet.times) > 32 {
+		t.Errorf("a decision a second: %d kept, want at most 32 (20 s of them, doubled from 16)", len(quiet.times))
+	}
+}
+
+// A router calibrates what it counts unheard of an origin by what the
+// news later shows its decisions found of that origin's dispatches at the
+// replicas they picked, against what they foretold there: where the
+// others' bursts go where its own requests go (both drawn to the replica
+// that looks least loaded), a mean over all its decisions falls short at
+// the replica picked.
 func TestUnheardIsCalibratedOnTheReplicasPicked(t *testing.T) {
 	far := Origin{Name: "far", Leg: 45 * time.Millisecond} // windows of 50 and 55 ms at a and b
-	// run: a decision a second, alternately at a and b (round-robin); the
-	// other's burst of 1,000 tokens at the same tick goes where follow
-	// says, given the replica picked and the tick. want is the ratio as
-	// the test counts it: 1,000 found where the burst went to the replica
-	// picked, against what was foretold there before calibration, both
-	// decayed over calibrationTau.
-	run := func(follow func(picked string, k int) string) (r *Router, now time.Duration, want float64) {
+	// run: each tick (a second apart) this router decides perTick times
+	// at one instant, round-robin between a and b; the other's burst of
+	// 1,000 tokens at the same tick goes where follow says, given the
+	// replica the tick's first decision picked. want is the ratio as the
+	// test counts it: per decision, 1,000 found where the burst went to
+	// the replica it picked, against what it foretold there as learned,
+	// both decayed over calibrationTau.
+	run := func(ticks, perTick int, follow func(picked string, k int) string) (r *Router, now time.Duration, want float64) {
 		r = newRouter(t, "round-robin", 2, false)
 		rng := rand.New(rand.NewPCG(1, 1))
 		var found, foretold float64
-		for k := range 120 {
+		fade := math.Exp(-float64(time.Second) / float64(calibrationTau))
+		for k := range ticks {
 			now = time.Duration(k) * time.Second
 			raw := map[string]int{}
 			for _, id := range []string{"a", "b"} {
 				m, _ := r.member(id)
 				raw[id] = m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions, false)
 			}
-			req := policy.Request{PromptTokens: 10, Blocks: blocks(uint64(1000+k), 1)}
-			tk, err := r.Route(now, &req, rng)
-			if err != nil {
-				t.Fatal(err)
+			var picked []string
+			for j := range perTick {
+				req := policy.Request{PromptTokens: 10, Blocks: blocks(uint64(1000+perTick*k+j), 1)}
+				tk, err := r.Route(now, &req, rng)
+				if err != nil {
+					t.Fatal(err)
+				}
+				r.Finish(&tk)
+				picked = append(picked, tk.ID)
 			}
-			r.Finish(&tk)
-			to := follow(tk.ID, k)
+			to := follow(picked[0], k)
 			if _, ok := r.Enter(now+far.Leg, to, &policy.Request{PromptTokens: 1000, Blocks: blocks(uint64(k+1), 4)}, OutputKeys{}, far); !ok {
 				t.Fatal("not entered")
 			}
 			if k == 0 {
 				continue // no flow yet: nothing foretold
 			}
-			fade := math.Exp(-float64(time.Second) / float64(calibrationTau))
-			found, foretold = found*fade, foretold*fade+float64(raw[tk.ID])
-			if to == tk.ID {
-				found += 1000
+			found, foretold = found*fade, foretold*fade
+			for _, id := range picked {
+				foretold += float64(raw[id])
+				if id == to {
+					found += 1000
+				}
 			}
 		}
 		return r, now, found / foretold
 	}
-	calibration := func(r *Router) float64 {
+	calibration := func(r *Router, name string, now time.Duration) float64 {
 		r.decisions.mu.Lock()
 		defer r.decisions.mu.Unlock()
-		return r.decisions.calibration()
+		return r.decisions.origins[name].ratio(now)
 	}
 	other := map[string]string{"a": "b", "b": "a"}
 	// Every burst at a: the half of the decisions that picked a found it.
-	r, now, want := run(func(string, int) string { return "a" })
-	if c := calibration(r); want <= 1.05 || want >= maxCalibration || c < want*0.99 || c > want*1.01 {
+	r, now, want := run(120, 1, func(string, int) string { return "a" })
+	if c := calibration(r, "far", now); want <= 1.05 || want >= maxCalibration || c < want*0.99 || c > want*1.01 {
 		t.Errorf("bursts all at a: calibration %.3f, want %.3f (within 1%%, between 1 and the bound)", c, want)
 	}
 	for _, id := range []string{"a", "b"} {
 		m, _ := r.member(id)
 		raw := m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions, false)
-		if got, want := m.view(now, 0).BacklogTokens-int(m.backlog.Load()), int(float64(raw)*calibration(r)); got < want-1 || got > want+1 {
+		if got, want := m.view(now, 0).BacklogTokens-int(m.backlog.Load()), int(float64(raw)*calibration(r, "far", now)); got < want-1 || got > want+1 {
 			t.Errorf("%s: %d tokens unheard in the view, want %d (%d learned, calibrated)", id, got, want, raw)
 		}
 	}
+	// Five decisions an instant (three at one replica, two at the other)
+	// for 600 ticks: each burst credits every decision of its window that
+	// picked its replica, and a's ring of picks wraps and grows.
+	r, now, want = run(600, 5, func(string, int) string { return "a" })
+	if c := calibration(r, "far", now); c < want*0.99 || c > want*1.01 {
+		t.Errorf("five decisions an instant: calibration %.3f, want %.3f (within 1%%)", c, want)
+	}
+	// 2.5 picks a second at a: 50 in ringSpan, so the ring grew from 16
+	// to 64.
+	if a, _ := r.member("a"); a.picked.n < 1490 || len(a.picked.times) != 64 {
+		t.Errorf("a's ring of picks: %d picks, %d kept; want at least 1,490 (the first tick's came before any flow), and 64 kept (20 s of them, doubled from 16)", a.picked.n, len(a.picked.times))
+	}
 	// Always where it went: more than twice what the mean foretold, held
 	// to the bound.
-	if r, _, want := run(func(picked string, _ int) string { return picked }); want <= maxCalibration || calibration(r) != maxCalibration {
-		t.Errorf("bursts always where the router's requests went: calibration %.3f, want the bound %d (%.3f counted)", calibration(r), maxCalibration, want)
+	if r, now, want := run(120, 1, func(picked string, _ int) string { return picked }); want <= maxCalibration || calibration(r, "far", now) != maxCalibration {
+		t.Errorf("bursts always where the router's requests went: calibration %.3f, want the bound %d (%.3f counted)", calibration(r, "far", now), maxCalibration, want)
 	}
 	// Never where it went: nothing found where it foretold some: the bound.
-	if r, _, _ := run(func(picked string, _ int) string { return other[picked] }); calibration(r) != 1.0/maxCalibration {
-		t.Errorf("bursts never where the router's requests went: calibration %.3f, want the bound 1/%d", calibration(r), maxCalibration)
+	if r, now, _ := run(120, 1, func(picked string, _ int) string { return other[picked] }); calibration(r, "far", now) != 1.0/maxCalibration {
+		t.Errorf("bursts never where the router's requests went: calibration %.3f, want the bound 1/%d", calibration(r, "far", now), maxCalibration)
 	}
-	// A router that decides nothing has foretold nothing: 1.
+	// A router that decides nothing has foretold nothing: 1; nor does its
+	// first decision scale what it counts (a review: one decision halved
+	// it, before any news could come).
 	idle := newRouter(t, "round-robin", 1, false)
-	if _, ok := idle.Enter(far.Leg, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(1, 4)}, OutputKeys{}, far); !ok {
-		t.Fatal("not entered")
+	a, _ := idle.member("a")
+	for k := range 60 {
+		if _, ok := idle.Enter(time.Duration(k)*time.Second+far.Leg, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(uint64(k+1), 4)}, OutputKeys{}, far); !ok {
+			t.Fatal("not entered")
+		}
 	}
-	if c := calibration(idle); c != 1 {
+	at := 60 * time.Second
+	if c := calibration(idle, "far", at); c != 1 {
 		t.Errorf("a router that decided nothing: calibration %.3f, want 1", c)
+	}
+	before := a.unheard(at)
+	tk, err := idle.Route(at, &policy.Request{PromptTokens: 10, Blocks: blocks(9999, 1)}, rand.New(rand.NewPCG(1, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle.Finish(&tk)
+	if after := a.unheard(at); after != before {
+		t.Errorf("the first decision moved the unheard tokens from %d to %d", before, after)
+	}
+}
+
+// An origin's dispatches calibrate its own flows alone: one dispatch of a
+// huge prompt from a new origin (a hostile or broken peer; a review saw
+// it halve every other origin's unheard tokens for minutes) leaves the
+// others' calibration, and what the router counts of them, as it was.
+func TestAnOriginCalibratesItsOwnFlowsAlone(t *testing.T) {
+	r := newRouter(t, "round-robin", 2, false)
+	a, _ := r.member("a")
+	rng := rand.New(rand.NewPCG(1, 1))
+	honest, hostile := Origin{Name: "honest", Leg: 45 * time.Millisecond}, Origin{Name: "hostile", Leg: 45 * time.Millisecond}
+	var before int
+	for k := range 4000 { // 400 s, a decision and an honest burst at each replica every 100 ms
+		now := time.Duration(k) * 100 * time.Millisecond
+		tk, err := r.Route(now, &policy.Request{PromptTokens: 10, Blocks: blocks(uint64(100000+k), 1)}, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Finish(&tk)
+		for _, id := range []string{"a", "b"} {
+			if _, ok := r.Enter(now+honest.Leg, id, &policy.Request{PromptTokens: 1000, Blocks: blocks(uint64(2*k+1), 4)}, OutputKeys{}, honest); !ok {
+				t.Fatal("not entered")
+			}
+		}
+		switch k {
+		case 2999:
+			before = a.unheard(now + 50*time.Millisecond)
+		case 3000:
+			if _, ok := r.Enter(now+hostile.Leg, "b", &policy.Request{PromptTokens: 1 << 24, Blocks: blocks(1<<20, 4)}, OutputKeys{}, hostile); !ok {
+				t.Fatal("not entered")
+			}
+		}
+	}
+	after := a.unheard(400*time.Second - 50*time.Millisecond)
+	if lo, hi := before*9/10, before*11/10; after < lo || after > hi {
+		t.Errorf("a, which the hostile origin never sent to: %d tokens unheard 100 s after its one huge dispatch at b, %d before; want within 10%%", after, before)
 	}
 }

@@ -48,7 +48,7 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	// 5: on a 2-core machine, at 10 the emulated fleet under load falls
 	// behind the simulator by more than timing noise (docs/results.md,
 	// part 10).
-	speedup := fs.Float64("speedup", 5, "run model and network this many times faster than real time")
+	speedup := fs.Float64("speedup", 3, "run model and network this many times faster than real time")
 	policies := fs.String("policy", "default,gorgo,simple-session-affinity,round-robin", "comma-separated `POLICIES` to run: "+joinNames(policy.LiveNames()))
 	timeScale := fs.Float64("time-scale", 1, "multiply the workload's inter-arrival gaps by `F`")
 	seed := fs.Uint64("seed", 1, "random seed")

@@ -91,7 +91,6 @@ func (r *Router) add(rc ReplicaConfig, added bool) error {
 	}
 	m := newMember(rc, slot, r.cfg.RTTAlpha, r.cfg.OnlineRates)
 	m.decisions = &r.decisions
-	m.picked.size = maxPicked
 	m.added = added
 	f = f.with(m)
 	r.fleet.Store(f)

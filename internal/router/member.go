@@ -105,10 +105,8 @@ type member struct {
 	// flows are the other routers' recent dispatches here, whose latest
 	// this router has not heard of yet (unheard.go).
 	flows flows
-	// decisions are the router's, picked those of them that picked this
-	// replica (unheard.go).
+	// decisions are the router's (unheard.go).
 	decisions *decisions
-	picked    decisions
 
 	// models is what the replica serves; nil: unknown, any model.
 	models   atomic.Pointer[models.Set]

@@ -92,9 +92,8 @@ func decay(at, now time.Duration) float64 {
 }
 
 // mirrored adds tokens dispatched by from, heard at now at a replica this
-// router's one-way to is half; ds are the router's decisions and picked
-// those of them that picked the replica.
-func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.Duration, ds, picked *decisions) {
+// router's one-way to is half; ds are the router's decisions.
+func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.Duration, ds *decisions) {
 	if from.Name == "" || from.Leg < 0 || from.RTT < 0 {
 		return
 	}
@@ -121,7 +120,7 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 				}
 			}
 		}
-		fs.by[i] = flow{name: from.Name, since: now, before: ds.countAt(now), cal: ds.calibrationOf(from.Name)}
+		fs.by[i] = flow{name: from.Name, since: now, before: ds.countAt(now), cal: ds.calibrationOf(from.Name, now)}
 		fs.n.Store(int32(len(fs.by)))
 	}
 	f := &fs.by[i]
@@ -131,10 +130,9 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 		// It was sent a leg ago: the decisions whose windows held it are
 		// those of the last w.
 		f.realized += float64(tokens) * float64(ds.within(now-w, now))
-		if k := picked.within(now-w, now); k > 0 && f.cal != nil {
+		if f.cal != nil {
 			ds.mu.Lock()
-			f.cal.fade(now)
-			f.cal.found += float64(tokens) * float64(k)
+			f.cal.credit(fs, now-w, now, float64(tokens))
 			ds.mu.Unlock()
 		}
 	}
@@ -210,12 +208,9 @@ func (fs *flows) foretell(now, half time.Duration, ds *decisions) {
 	count, k := ds.count*decay(ds.at, now), decay(fs.at, now)
 	for i := range fs.by {
 		f := &fs.by[i]
-		if f.cal == nil {
-			continue
+		if window := f.leg + half - f.half; f.cal != nil && window > 0 {
+			f.cal.foretell(pick{replica: fs, at: now, due: now + window, foretold: fs.learned(f, now, half, count, ds) * k})
 		}
-		f.cal.fade(now)
-		f.cal.foretold += fs.learned(f, now, half, count, ds) * k
-		f.cal.picks++
 	}
 }
 
@@ -240,17 +235,13 @@ func (m *member) unheard(now time.Duration) int {
 // mirrored adds another router's dispatch of tokens uncached tokens to the
 // replica's flows, heard at now.
 func (m *member) mirrored(now time.Duration, from Origin, tokens int) {
-	m.flows.mirrored(now, from, tokens, time.Duration(m.rttNS.Load())/2, m.decisions, &m.picked)
+	m.flows.mirrored(now, from, tokens, time.Duration(m.rttNS.Load())/2, m.decisions)
 }
 
 // pickedAt records that a decision of this router in a mesh picked the
 // replica at now, foretelling each origin's unheard tokens there as
 // learned: what calibrates them.
 func (m *member) pickedAt(now time.Duration) {
-	if m.flows.n.Load() == 0 {
-		return // nothing foretold; nothing the news can credit it with
-	}
-	m.picked.add(now)
 	m.flows.foretell(now, time.Duration(m.rttNS.Load())/2, m.decisions)
 }
 
@@ -259,13 +250,11 @@ func (m *member) pickedAt(now time.Duration) {
 const priorDecisions = 3
 
 // decisions are the times of a router's own decisions in a mesh (the
-// latest, in order, in a ring that grows as it needs to cover ringSpan, up
-// to its capacity) and their count, decayed over flowTau. The router's
-// also keep its calibration of each origin.
+// latest maxDecisions, in order) and their count, decayed over flowTau;
+// and the router's calibration of each origin.
 type decisions struct {
 	mu    sync.Mutex
 	times []time.Duration // a ring
-	size  int             // its capacity (maxDecisions if 0)
 	n     int             // appended in all
 	count float64         // as of at
 	at    time.Duration
@@ -273,30 +262,32 @@ type decisions struct {
 	origins map[string]*calibration
 }
 
-// maxDecisions bounds the decision times a router keeps: a window (under
-// a second) of a router deciding 16,000 times a second. Past it the
-// decisions of a window are undercounted. A replica keeps those that
-// picked it, up to maxPicked (a thousand a second to one replica). A ring
-// starts at minRing and doubles while its oldest time is within ringSpan
-// (a window is the legs, each held to maxLeg): a replica picked now and
-// then keeps a few.
-const (
-	maxDecisions = 1 << 14
-	maxPicked    = 1 << 10
-	minRing      = 16
-	ringSpan     = 2 * maxLeg
-)
+// maxDecisions bounds the decision times kept: a window (under a second)
+// of a router deciding 16,000 times a second. Past it the decisions of a
+// window are undercounted.
+const maxDecisions = 1 << 14
 
-// A calibration is what a router's decisions that picked a replica found
-// there of one origin's dispatches, once the news came (the tokens times
-// the decisions of the window), against what they foretold (the origin's
-// unheard tokens as learned), and how many foretold: all decayed over
-// calibrationTau as of at, guarded by the router's decisions' mu. One per
-// origin, over all replicas: an origin's dispatches, a hostile peer's
-// among them, calibrate its own flows alone.
+// A calibration is, for one origin, what the router's decisions found of
+// its dispatches at the replicas they picked once the news came, against
+// what they foretold there (its unheard tokens as learned), and how many
+// decisions: all decayed over calibrationTau as of at, guarded by the
+// router's decisions' mu. A decision is pending until its window has
+// passed (the news of what was ahead of it may come until then): only
+// then do its found and foretold count, together. One per origin, over
+// all replicas: an origin's dispatches, a hostile peer's among them,
+// calibrate its own flows alone.
 type calibration struct {
 	found, foretold, picks float64
 	at                     time.Duration
+	pending                []pick // in the order picked
+}
+
+// A pick is a decision of the router that picked a replica (its flows),
+// pending until due, the end of its window.
+type pick struct {
+	replica         *flows
+	at, due         time.Duration
+	found, foretold float64
 }
 
 // calibrationTau is the time constant over which a calibration sums: ten
@@ -305,24 +296,68 @@ type calibration struct {
 const calibrationTau = 10 * flowTau
 
 // The calibration is held to [1/maxCalibration, maxCalibration], and is 1
-// until it rests on minPicks decisions (decayed): a router just started,
-// or idle while the others are busy, does not scale by its first few.
+// until it rests on minPicks decisions (decayed) whose windows passed: a
+// router just started, or idle while the others are busy, does not scale
+// by its first few.
 const (
 	maxCalibration = 2
 	minPicks       = 10
 )
 
 // maxOrigins bounds the calibrations a router keeps (a mesh has at most
-// 256 routers); past it the one with the fewest picks makes room.
-const maxOrigins = 256
+// 256 routers); past it the one with the fewest decisions makes room.
+// maxPending bounds an origin's pending decisions: past it the oldest
+// goes uncounted (what it found is not known yet).
+const (
+	maxOrigins = 256
+	maxPending = 1 << 10
+)
 
+func fadeOver(at, now time.Duration) float64 {
+	return math.Exp(-float64(max(now-at, 0)) / float64(calibrationTau))
+}
+
+// fade brings the sums to now, counting the decisions due by then.
 func (c *calibration) fade(now time.Duration) {
 	if now > c.at {
-		k := math.Exp(-float64(now-c.at) / float64(calibrationTau))
+		k := fadeOver(c.at, now)
 		c.found *= k
 		c.foretold *= k
 		c.picks *= k
 		c.at = now
+	}
+	n := 0
+	for n < len(c.pending) && c.pending[n].due <= now {
+		c.settle(c.pending[n])
+		n++
+	}
+	c.pending = c.pending[:copy(c.pending, c.pending[n:])]
+}
+
+// settle counts a decision (decayed from when it was made to c.at).
+func (c *calibration) settle(p pick) {
+	k := fadeOver(p.at, c.at)
+	c.found += p.found * k
+	c.foretold += p.foretold * k
+	c.picks += k
+}
+
+// foretell adds a decision, pending.
+func (c *calibration) foretell(p pick) {
+	c.fade(p.at)
+	if len(c.pending) >= maxPending { // the oldest goes uncounted
+		c.pending = c.pending[:copy(c.pending, c.pending[1:])]
+	}
+	c.pending = append(c.pending, p)
+}
+
+// credit adds tokens the origin dispatched to replica to what the
+// decisions that picked it from from to to found.
+func (c *calibration) credit(replica *flows, from, to time.Duration, tokens float64) {
+	for i := range c.pending {
+		if p := &c.pending[i]; p.replica == replica && p.at >= from && p.at <= to {
+			p.found += tokens
+		}
 	}
 }
 
@@ -330,7 +365,11 @@ func (c *calibration) fade(now time.Duration) {
 // calibration or before minPicks, else held to its bounds. Call it with
 // the decisions' mu.
 func (c *calibration) ratio(now time.Duration) float64 {
-	if c == nil || c.foretold <= 0 || c.picks*math.Exp(-float64(max(now-c.at, 0))/float64(calibrationTau)) < minPicks {
+	if c == nil {
+		return 1
+	}
+	c.fade(now)
+	if c.foretold <= 0 || c.picks < minPicks {
 		return 1
 	}
 	return min(max(c.found/c.foretold, 1.0/maxCalibration), maxCalibration)
@@ -338,7 +377,7 @@ func (c *calibration) ratio(now time.Duration) float64 {
 
 // calibrationOf is the calibration of the named origin, made if new (nil
 // without decisions).
-func (d *decisions) calibrationOf(name string) *calibration {
+func (d *decisions) calibrationOf(name string, now time.Duration) *calibration {
 	if d == nil {
 		return nil
 	}
@@ -351,52 +390,31 @@ func (d *decisions) calibrationOf(name string) *calibration {
 		d.origins = make(map[string]*calibration)
 	}
 	if len(d.origins) >= maxOrigins {
-		least := ""
+		least, fewest := "", 0.0
 		for n, c := range d.origins {
-			if least == "" || c.picks < d.origins[least].picks {
-				least = n
+			if picks := c.picks * fadeOver(c.at, now); least == "" || picks < fewest {
+				least, fewest = n, picks
 			}
 		}
 		delete(d.origins, least) // its flows keep theirs
 	}
-	c := &calibration{}
+	c := &calibration{at: now}
 	d.origins[name] = c
 	return c
-}
-
-func (d *decisions) capacity() int {
-	if d.size > 0 {
-		return d.size
-	}
-	return maxDecisions
 }
 
 // add records a decision at now (no earlier than the last).
 func (d *decisions) add(now time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	now = max(now, d.at)
-	switch {
-	case d.times == nil:
-		d.times = make([]time.Duration, min(minRing, d.capacity()))
-	case d.n >= len(d.times) && len(d.times) < d.capacity() && now-d.times[d.n%len(d.times)] < ringSpan:
-		d.grow()
+	if d.times == nil {
+		d.times = make([]time.Duration, maxDecisions)
 	}
-	d.times[d.n%len(d.times)] = now
+	now = max(now, d.at)
+	d.times[d.n%maxDecisions] = now
 	d.n++
 	d.count = d.count*decay(d.at, now) + 1
 	d.at = now
-}
-
-// grow doubles the ring (up to its capacity), its times kept where
-// first and inWindow find them. Call it with d.mu.
-func (d *decisions) grow() {
-	size := min(2*len(d.times), d.capacity())
-	t := make([]time.Duration, size)
-	for j := max(d.n-len(d.times), 0); j < d.n; j++ {
-		t[j%size] = d.times[j%len(d.times)]
-	}
-	d.times = t
 }
 
 // countAt is the decisions' count faded to now (0 without decisions).
@@ -423,9 +441,8 @@ func (d *decisions) within(from, to time.Duration) int {
 // first is the index of the first decision kept at or after from. Call it
 // with d.mu.
 func (d *decisions) first(from time.Duration) int {
-	size := len(d.times)
-	lo := max(d.n-size, 0)
-	return lo + sort.Search(d.n-lo, func(i int) bool { return d.times[(lo+i)%size] >= from })
+	lo := max(d.n-maxDecisions, 0)
+	return lo + sort.Search(d.n-lo, func(i int) bool { return d.times[(lo+i)%maxDecisions] >= from })
 }
 
 // inWindow counts the decisions at or after from, whose windows have not
@@ -433,13 +450,12 @@ func (d *decisions) first(from time.Duration) int {
 // the window stays the same, searched for when it shrank. Call it with
 // d.mu.
 func (d *decisions) inWindow(from time.Duration, next *int) int {
-	size := len(d.times)
-	lo := max(d.n-size, 0)
+	lo := max(d.n-maxDecisions, 0)
 	switch i := *next; {
-	case i < lo || i > d.n || i > lo && d.times[(i-1)%size] >= from:
+	case i < lo || i > d.n || i > lo && d.times[(i-1)%maxDecisions] >= from:
 		*next = d.first(from)
 	default:
-		for i < d.n && d.times[i%size] < from {
+		for i < d.n && d.times[i%maxDecisions] < from {
 			i++
 		}
 		*next = i

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sort"
 	"testing"
 	"time"
 
@@ -202,47 +201,6 @@ func TestDecisionsInAWindow(t *testing.T) {
 	}
 }
 
-// A ring of decisions starts small and grows while its oldest time is
-// within ringSpan, up to its capacity: within that span it counts as if it
-// kept every time (a replica picked now and then keeps a few, not a
-// thousand).
-func TestDecisionsRingGrows(t *testing.T) {
-	for _, size := range []int{0, 64, maxPicked} {
-		d := decisions{size: size}
-		rng := rand.New(rand.NewPCG(3, uint64(size)))
-		var now time.Duration
-		var all []time.Duration
-		for step := range 20_000 {
-			// Quiet spells and bursts: the rate moves by a thousand times.
-			if step%2000 < 1000 {
-				now += time.Duration(rng.IntN(400)) * time.Millisecond
-			} else {
-				now += time.Duration(rng.IntN(2)) * time.Millisecond
-			}
-			d.add(now)
-			all = append(all, now)
-			w := time.Duration(rng.Int64N(int64(ringSpan)))
-			want := len(all) - sort.Search(len(all), func(i int) bool { return all[i] >= now-w })
-			if got := d.within(now-w, now); got != min(want, len(d.times)) {
-				t.Fatalf("capacity %d, step %d: %d decisions in the last %v, %d kept; want %d", d.capacity(), step, got, w, len(d.times), want)
-			}
-			if len(d.times) > d.capacity() {
-				t.Fatalf("capacity %d: %d kept", d.capacity(), len(d.times))
-			}
-		}
-		if size == maxPicked && len(d.times) != maxPicked {
-			t.Errorf("a ring whose bursts outran it: %d kept, want its capacity %d", len(d.times), maxPicked)
-		}
-	}
-	quiet := decisions{size: maxPicked}
-	for k := range 10_000 {
-		quiet.add(time.Duration(k) * time.Second)
-	}
-	if len(quiet.times) > 32 {
-		t.Errorf("a decision a second: %d kept, want at most 32 (20 s of them, doubled from 16)", len(quiet.times))
-	}
-}
-
 // A router calibrates what it counts unheard of an origin by what the
 // news later shows its decisions found of that origin's dispatches at the
 // replicas they picked, against what they foretold there: where the
@@ -317,20 +275,23 @@ func TestUnheardIsCalibratedOnTheReplicasPicked(t *testing.T) {
 	}
 	// Five decisions an instant (three at one replica, two at the other)
 	// for 600 ticks: each burst credits every decision of its window that
-	// picked its replica, and a's ring of picks wraps and grows.
+	// picked its replica.
 	r, now, want = run(600, 5, func(string, int) string { return "a" })
 	if c := calibration(r, "far", now); c < want*0.99 || c > want*1.01 {
 		t.Errorf("five decisions an instant: calibration %.3f, want %.3f (within 1%%)", c, want)
-	}
-	// 2.5 picks a second at a: 50 in ringSpan, so the ring grew from 16
-	// to 64.
-	if a, _ := r.member("a"); a.picked.n < 1490 || len(a.picked.times) != 64 {
-		t.Errorf("a's ring of picks: %d picks, %d kept; want at least 1,490 (the first tick's came before any flow), and 64 kept (20 s of them, doubled from 16)", a.picked.n, len(a.picked.times))
 	}
 	// Always where it went: more than twice what the mean foretold, held
 	// to the bound.
 	if r, now, want := run(120, 1, func(picked string, _ int) string { return picked }); want <= maxCalibration || calibration(r, "far", now) != maxCalibration {
 		t.Errorf("bursts always where the router's requests went: calibration %.3f, want the bound %d (%.3f counted)", calibration(r, "far", now), maxCalibration, want)
+	}
+	// Before ten decisions' windows have passed it is 1: five always
+	// where it went, then fourteen.
+	if r, now, _ := run(6, 1, func(picked string, _ int) string { return picked }); calibration(r, "far", now) != 1 {
+		t.Errorf("five decisions: calibration %.3f, want 1 (fewer than %d)", calibration(r, "far", now), minPicks)
+	}
+	if r, now, _ := run(15, 1, func(picked string, _ int) string { return picked }); calibration(r, "far", now) != maxCalibration {
+		t.Errorf("fourteen decisions: calibration %.3f, want the bound %d", calibration(r, "far", now), maxCalibration)
 	}
 	// Never where it went: nothing found where it foretold some: the bound.
 	if r, now, _ := run(120, 1, func(picked string, _ int) string { return other[picked] }); calibration(r, "far", now) != 1.0/maxCalibration {
@@ -350,14 +311,55 @@ func TestUnheardIsCalibratedOnTheReplicasPicked(t *testing.T) {
 	if c := calibration(idle, "far", at); c != 1 {
 		t.Errorf("a router that decided nothing: calibration %.3f, want 1", c)
 	}
+	// Nor does a burst of its decisions at one instant, however many
+	// (a review: past the first ten, the rest of a burst counted half,
+	// before any news could come): each is pending until its window
+	// has passed.
 	before := a.unheard(at)
-	tk, err := idle.Route(at, &policy.Request{PromptTokens: 10, Blocks: blocks(9999, 1)}, rand.New(rand.NewPCG(1, 1)))
-	if err != nil {
-		t.Fatal(err)
+	for j := range 2 * maxPending {
+		tk, err := idle.Route(at, &policy.Request{PromptTokens: 10, Blocks: blocks(uint64(9000+j), 1)}, rand.New(rand.NewPCG(1, 1)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle.Finish(&tk)
+		if after := a.unheard(at); after != before {
+			t.Fatalf("decision %d of a burst at one instant moved the unheard tokens from %d to %d", j+1, before, after)
+		}
 	}
-	idle.Finish(&tk)
-	if after := a.unheard(at); after != before {
-		t.Errorf("the first decision moved the unheard tokens from %d to %d", before, after)
+}
+
+// Past maxOrigins the calibration with the fewest decisions (decayed)
+// makes room: an origin this router has decided with keeps its own
+// against made-up names (a review: compared undecayed, and a made-up name
+// starting at none, they evicted an honest origin's).
+func TestCalibrationsAreBounded(t *testing.T) {
+	r := newRouter(t, "round-robin", 1, false)
+	honest := Origin{Name: "honest", Leg: 45 * time.Millisecond}
+	rng := rand.New(rand.NewPCG(1, 1))
+	var now time.Duration
+	for k := range 30 {
+		now = time.Duration(k) * time.Second
+		tk, err := r.Route(now, &policy.Request{PromptTokens: 10, Blocks: blocks(uint64(5000+k), 1)}, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Finish(&tk)
+		if _, ok := r.Enter(now+honest.Leg, "a", &policy.Request{PromptTokens: 1000, Blocks: blocks(uint64(k+1), 4)}, OutputKeys{}, honest); !ok {
+			t.Fatal("not entered")
+		}
+	}
+	held := r.decisions.origins["honest"]
+	for j := range 3 * maxOrigins {
+		from := Origin{Name: fmt.Sprintf("made-up-%d", j), Leg: 45 * time.Millisecond}
+		if _, ok := r.Enter(now+time.Second, "a", &policy.Request{PromptTokens: 10, Blocks: blocks(uint64(1<<20+j), 1)}, OutputKeys{}, from); !ok {
+			t.Fatal("not entered")
+		}
+	}
+	if n := len(r.decisions.origins); n > maxOrigins {
+		t.Errorf("%d calibrations kept, want at most %d", n, maxOrigins)
+	}
+	if got := r.decisions.origins["honest"]; got != held {
+		t.Error("the honest origin's calibration was evicted by made-up names")
 	}
 }
 

@@ -132,6 +132,7 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 		f.realized += float64(tokens) * float64(ds.within(now-w, now))
 		if f.cal != nil {
 			ds.mu.Lock()
+			f.cal.fade(now) // what is due counts as it was
 			f.cal.credit(fs, now-w, now, float64(tokens))
 			ds.mu.Unlock()
 		}
@@ -279,7 +280,10 @@ const maxDecisions = 1 << 14
 type calibration struct {
 	found, foretold, picks float64
 	at                     time.Duration
-	pending                []pick // in the order picked
+	pending                []pick // from head on, in the order picked
+	head                   int
+	// evicted: past maxOrigins, its flows' decisions are no longer kept.
+	evicted bool
 }
 
 // A pick is a decision of the router that picked a replica (its flows),
@@ -326,12 +330,14 @@ func (c *calibration) fade(now time.Duration) {
 		c.picks *= k
 		c.at = now
 	}
-	n := 0
-	for n < len(c.pending) && c.pending[n].due <= now {
-		c.settle(c.pending[n])
-		n++
+	for c.head < len(c.pending) && c.pending[c.head].due < now {
+		c.settle(c.pending[c.head])
+		c.head++
 	}
-	c.pending = c.pending[:copy(c.pending, c.pending[n:])]
+	if c.head > 0 && 2*c.head >= len(c.pending) { // amortised: each pick moves at most once
+		c.pending = c.pending[:copy(c.pending, c.pending[c.head:])]
+		c.head = 0
+	}
 }
 
 // settle counts a decision (decayed from when it was made to c.at).
@@ -344,9 +350,12 @@ func (c *calibration) settle(p pick) {
 
 // foretell adds a decision, pending.
 func (c *calibration) foretell(p pick) {
+	if c.evicted {
+		return
+	}
 	c.fade(p.at)
-	if len(c.pending) >= maxPending { // the oldest goes uncounted
-		c.pending = c.pending[:copy(c.pending, c.pending[1:])]
+	if len(c.pending)-c.head >= maxPending { // the oldest goes uncounted
+		c.head++
 	}
 	c.pending = append(c.pending, p)
 }
@@ -354,7 +363,7 @@ func (c *calibration) foretell(p pick) {
 // credit adds tokens the origin dispatched to replica to what the
 // decisions that picked it from from to to found.
 func (c *calibration) credit(replica *flows, from, to time.Duration, tokens float64) {
-	for i := range c.pending {
+	for i := c.head; i < len(c.pending); i++ {
 		if p := &c.pending[i]; p.replica == replica && p.at >= from && p.at <= to {
 			p.found += tokens
 		}
@@ -396,7 +405,9 @@ func (d *decisions) calibrationOf(name string, now time.Duration) *calibration {
 				least, fewest = n, picks
 			}
 		}
-		delete(d.origins, least) // its flows keep theirs
+		// Its flows keep it, at its ratio, but add no more decisions.
+		d.origins[least].evicted, d.origins[least].pending = true, nil
+		delete(d.origins, least)
 	}
 	c := &calibration{at: now}
 	d.origins[name] = c

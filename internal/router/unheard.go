@@ -87,8 +87,12 @@ type flows struct {
 }
 
 // decay is the factor by which tokens counted at `at` have faded by now.
-func decay(at, now time.Duration) float64 {
-	return math.Exp(-float64(max(now-at, 0)) / float64(flowTau))
+func decay(at, now time.Duration) float64 { return decayOver(at, now, flowTau) }
+
+// decayOver is the factor by which what was counted at `at` has faded by
+// now, over a time constant tau.
+func decayOver(at, now, tau time.Duration) float64 {
+	return math.Exp(-float64(max(now-at, 0)) / float64(tau))
 }
 
 // mirrored adds tokens dispatched by from, heard at now at a replica this
@@ -317,14 +321,10 @@ const (
 	maxPending = 1 << 10
 )
 
-func fadeOver(at, now time.Duration) float64 {
-	return math.Exp(-float64(max(now-at, 0)) / float64(calibrationTau))
-}
-
 // fade brings the sums to now, counting the decisions due by then.
 func (c *calibration) fade(now time.Duration) {
 	if now > c.at {
-		k := fadeOver(c.at, now)
+		k := decayOver(c.at, now, calibrationTau)
 		c.found *= k
 		c.foretold *= k
 		c.picks *= k
@@ -342,7 +342,7 @@ func (c *calibration) fade(now time.Duration) {
 
 // settle counts a decision (decayed from when it was made to c.at).
 func (c *calibration) settle(p pick) {
-	k := fadeOver(p.at, c.at)
+	k := decayOver(p.at, c.at, calibrationTau)
 	c.found += p.found * k
 	c.foretold += p.foretold * k
 	c.picks += k
@@ -401,7 +401,7 @@ func (d *decisions) calibrationOf(name string, now time.Duration) *calibration {
 	if len(d.origins) >= maxOrigins {
 		least, fewest := "", 0.0
 		for n, c := range d.origins {
-			if picks := c.picks * fadeOver(c.at, now); least == "" || picks < fewest {
+			if picks := c.picks * decayOver(c.at, now, calibrationTau); least == "" || picks < fewest {
 				least, fewest = n, picks
 			}
 		}

@@ -124,7 +124,11 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 				}
 			}
 		}
-		fs.by[i] = flow{name: from.Name, since: now, before: ds.countAt(now), cal: ds.calibrationOf(from.Name, now)}
+		// The flow's decisions are those its news can reach: from a window
+		// before its first news on (the first news credits them too).
+		w := min(from.Leg, maxLeg) + half - min(from.RTT/2, maxLeg)
+		before := ds.countAt(now) - float64(ds.within(now-max(w, 0), now))
+		fs.by[i] = flow{name: from.Name, since: now, before: max(before, 0), cal: ds.calibrationOf(from.Name, now)}
 		fs.n.Store(int32(len(fs.by)))
 	}
 	f := &fs.by[i]
@@ -194,7 +198,10 @@ func (fs *flows) learned(f *flow, now, half time.Duration, count float64, ds *de
 		// The decisions since the flow began (a replica added, an origin
 		// met: a review saw the learned mean of a new flow at a ninth of
 		// the truth) whose windows have passed.
-		decided = max(count-f.before*decay(f.since, now)-float64(ds.inWindow(now-window, &f.settled)), 0)
+		// A decision in its window has had part of its news, as much as
+		// the part of its window passed: those in the older half count, on
+		// average as much (exactly for decisions at an even rate).
+		decided = max(count-f.before*decay(f.since, now)-float64(ds.inWindow(now-window/2, &f.settled)), 0)
 	}
 	return (f.realized + priorDecisions*prior) / (decided + priorDecisions)
 }

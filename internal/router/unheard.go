@@ -293,16 +293,24 @@ type calibration struct {
 	at                     time.Duration
 	pending                []pick // from head on, in the order picked
 	head                   int
+	// A router deciding faster than maxPending a window keeps a sample of
+	// its decisions: one in stride (by the hash of its sequence number,
+	// seq), each counting for stride.
+	stride uint64
+	seq    uint64
 	// evicted: past maxOrigins, its flows' decisions are no longer kept.
 	evicted bool
 }
 
 // A pick is a decision of the router that picked a replica (its flows),
-// pending until due, the end of its window.
+// pending until due, the end of its window; kept in a sample of one in
+// weight (its sequence number's hash a multiple of weight), it counts for
+// weight decisions.
 type pick struct {
 	replica         *flows
 	at, due         time.Duration
 	found, foretold float64
+	seq, weight     uint64
 }
 
 // calibrationTau is the time constant over which a calibration sums: ten
@@ -321,11 +329,12 @@ const (
 
 // maxOrigins bounds the calibrations a router keeps (a mesh has at most
 // 256 routers); past it the one with the fewest decisions makes room.
-// maxPending bounds an origin's pending decisions: past it the oldest
-// goes uncounted (what it found is not known yet).
+// maxPending bounds an origin's pending decisions: past it half of them
+// go, the others counting twice (a sample); past maxStride, the oldest.
 const (
 	maxOrigins = 256
 	maxPending = 1 << 10
+	maxStride  = 1 << 20
 )
 
 // fade brings the sums to now, counting the decisions due by then.
@@ -350,21 +359,61 @@ func (c *calibration) fade(now time.Duration) {
 // settle counts a decision (decayed from when it was made to c.at).
 func (c *calibration) settle(p pick) {
 	k := decayOver(p.at, c.at, calibrationTau)
-	c.found += p.found * k
-	c.foretold += p.foretold * k
-	c.picks += k
+	w := float64(p.weight)
+	c.found += p.found * k * w
+	c.foretold += p.foretold * k * w
+	c.picks += k * w
 }
 
-// foretell adds a decision, pending.
+// foretell adds a decision, pending: into the sample.
 func (c *calibration) foretell(p pick) {
 	if c.evicted {
 		return
 	}
 	c.fade(p.at)
-	if len(c.pending)-c.head >= maxPending { // the oldest goes uncounted
-		c.head++
+	c.seq++
+	if c.stride == 0 || c.stride > 1 && len(c.pending)-c.head < maxPending/4 {
+		c.stride = max(c.stride/2, 1) // the rate fell: a denser sample
 	}
-	c.pending = append(c.pending, p)
+	if len(c.pending)-c.head >= maxPending {
+		c.thin()
+	}
+	if sampled(c.seq, c.stride) {
+		p.seq, p.weight = c.seq, c.stride
+		c.pending = append(c.pending, p)
+	}
+}
+
+// thin halves the pending sample: a pick stays, counting twice, if its
+// hash is a multiple of twice its weight (so that it is a sample of a
+// sample); the decisions to come are sampled as sparsely. Past
+// maxStride, the oldest goes uncounted.
+func (c *calibration) thin() {
+	if c.stride >= maxStride {
+		c.head++
+		return
+	}
+	c.stride *= 2
+	kept := c.pending[:0]
+	for _, p := range c.pending[c.head:] {
+		if sampled(p.seq, 2*p.weight) {
+			p.weight *= 2
+			kept = append(kept, p)
+		}
+	}
+	clear(c.pending[len(kept):])
+	c.pending, c.head = kept, 0
+}
+
+// sampled is whether the decision numbered seq is in a sample of one in
+// stride (a power of two): its hash (SplitMix64's finaliser: the sample
+// is the same in every run, and not in step with a cycle of replicas).
+func sampled(seq, stride uint64) bool {
+	z := seq + 0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return z&(stride-1) == 0
 }
 
 // credit adds tokens the origin dispatched to replica to what the

@@ -396,6 +396,88 @@ func TestUnheardIsCalibratedOnTheReplicasPicked(t *testing.T) {
 	}
 }
 
+// A router deciding faster than maxPending times a window keeps a sample
+// of its decisions pending, each counting for those it stands for: it
+// calibrates as they all would. Before, past the bound the oldest were
+// dropped before they were due: only the last maxPending before a lull
+// counted (here 1.64 where 1.54 was found; 1.32 for 1.52 at 200 a
+// millisecond), and none at a rate that never lulls (the ratio stayed 1).
+func TestAFastRouterCalibratesOnASample(t *testing.T) {
+	r := newRouter(t, "round-robin", 2, false)
+	far := Origin{Name: "far", Leg: 45 * time.Millisecond}
+	m, half := map[string]*member{}, map[string]time.Duration{}
+	for _, id := range []string{"a", "b"} {
+		m[id], _ = r.member(id)
+		half[id] = time.Duration(m[id].rttNS.Load()) / 2 // windows of 50 and 55 ms
+	}
+	other := map[string]string{"a": "b", "b": "a"}
+	// Each tick (a second apart) for its first 100 ms, 41 decisions a
+	// millisecond (2,050 in a window at a), three in four at the replica
+	// where the other sends 100 tokens every 10 ms in that tick (a, then
+	// b): they find about five of those where the learned mean, over all
+	// decisions, is about half that at each. The test counts what each
+	// decision found (the dispatches sent from a leg before it to its own
+	// one-way after it) and foretold (the learned count as it decided),
+	// decayed over calibrationTau to the end.
+	const ticks, perMS = 60, 41
+	end := ticks * time.Second
+	var found, foretold float64
+	for k := range ticks {
+		tick := time.Duration(k) * time.Second
+		to := []string{"a", "b"}[k%2]
+		var sent []time.Duration
+		for ms := 0; ms < 100; ms += 10 {
+			sent = append(sent, tick+time.Duration(ms)*time.Millisecond)
+		}
+		for ms := range 100 {
+			now := tick + time.Duration(ms)*time.Millisecond
+			if heard := now - far.Leg; ms >= 45 && (heard-tick)%(10*time.Millisecond) == 0 {
+				if _, ok := r.Enter(now, to, &policy.Request{PromptTokens: 100, Blocks: blocks(uint64(1+now/time.Millisecond), 1)}, OutputKeys{}, far); !ok {
+					t.Fatal("not entered")
+				}
+			}
+			raw := map[string]int{}
+			for id, mm := range m {
+				raw[id] = mm.flows.unheard(now, half[id], mm.decisions, false)
+			}
+			for j := range perMS {
+				picked := to
+				if j%4 == 3 {
+					picked = other[to]
+				}
+				r.decisions.add(now) // as Dispatch does, once meshed
+				m[picked].pickedAt(now)
+				fade := math.Exp(-float64(end-now) / float64(calibrationTau))
+				foretold += float64(raw[picked]) * fade
+				if picked == to {
+					for _, s := range sent {
+						if s > now-far.Leg && s <= now+half[picked] {
+							found += 100 * fade
+						}
+					}
+				}
+			}
+		}
+		// The rest of the tick's news.
+		for _, s := range sent {
+			if s+far.Leg >= tick+100*time.Millisecond {
+				if _, ok := r.Enter(s+far.Leg, to, &policy.Request{PromptTokens: 100, Blocks: blocks(uint64(1+(s+far.Leg)/time.Millisecond), 1)}, OutputKeys{}, far); !ok {
+					t.Fatal("not entered")
+				}
+			}
+		}
+	}
+	r.decisions.mu.Lock()
+	defer r.decisions.mu.Unlock()
+	c := r.decisions.origins["far"]
+	if want, got := found/foretold, c.ratio(end); want < 1.3 || got < want*0.98 || got > want*1.02 {
+		t.Errorf("calibration %.3f, want %.3f (within 2%%)", got, want)
+	}
+	if n := len(c.pending) - c.head; n > maxPending {
+		t.Errorf("%d decisions pending, want at most %d", n, maxPending)
+	}
+}
+
 // Past maxOrigins the calibration with the fewest decisions (decayed)
 // makes room: an origin this router has decided with keeps its own
 // against made-up names (a review: compared undecayed, and a made-up name

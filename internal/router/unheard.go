@@ -181,7 +181,8 @@ func (fs *flows) unheard(now, half time.Duration, ds *decisions, calibrated bool
 }
 
 // learned is a flow's unheard tokens as learned, counted as of fs.at: the
-// mean of what the decisions whose windows have passed found, shrunk
+// mean of what its decisions found (those whose windows have passed, and
+// those in the older half of theirs for the part they had), shrunk
 // towards the rate times the window. count is the router's decisions'
 // count faded to now. Call it with fs.mu and ds.mu.
 func (fs *flows) learned(f *flow, now, half time.Duration, count float64, ds *decisions) float64 {

@@ -127,8 +127,7 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 		// The flow's decisions are those its news can reach: from a window
 		// before its first news on (the first news credits them too).
 		w := min(from.Leg, maxLeg) + half - min(from.RTT/2, maxLeg)
-		before := ds.countAt(now) - float64(ds.within(now-max(w, 0), now))
-		fs.by[i] = flow{name: from.Name, since: now, before: max(before, 0), cal: ds.calibrationOf(from.Name, now)}
+		fs.by[i] = flow{name: from.Name, since: now, before: ds.countBefore(now-max(w, 0), now), cal: ds.calibrationOf(from.Name, now)}
 		fs.n.Store(int32(len(fs.by)))
 	}
 	f := &fs.by[i]
@@ -136,8 +135,9 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 	f.leg, f.half = min(from.Leg, maxLeg), min(from.RTT/2, maxLeg)
 	if w := f.leg + half - f.half; w > 0 && tokens > 0 {
 		// It was sent a leg ago: the decisions whose windows held it are
-		// those of the last w.
-		f.realized += float64(tokens) * float64(ds.within(now-w, now))
+		// those of the last w, each counted as its decision is (decayed
+		// from when it was made).
+		f.realized += float64(tokens) * ds.countSince(now-w, now)
 		if f.cal != nil {
 			ds.mu.Lock()
 			f.cal.fade(now) // what is due counts as it was
@@ -162,16 +162,14 @@ func (fs *flows) unheard(now, half time.Duration, ds *decisions, calibrated bool
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	var count float64 // the decisions' count, faded to now
 	if ds != nil {
 		ds.mu.Lock() // after fs.mu, as in mirrored
 		defer ds.mu.Unlock()
-		count = ds.count * decay(ds.at, now)
 	}
 	total := 0.0
 	for i := range fs.by {
 		f := &fs.by[i]
-		t := fs.learned(f, now, half, count, ds)
+		t := fs.learned(f, now, half, ds)
 		if calibrated {
 			t *= f.cal.ratio(now)
 		}
@@ -182,10 +180,9 @@ func (fs *flows) unheard(now, half time.Duration, ds *decisions, calibrated bool
 
 // learned is a flow's unheard tokens as learned, counted as of fs.at: the
 // mean of what its decisions found (those whose windows have passed, and
-// those in the older half of theirs for the part they had), shrunk
-// towards the rate times the window. count is the router's decisions'
-// count faded to now. Call it with fs.mu and ds.mu.
-func (fs *flows) learned(f *flow, now, half time.Duration, count float64, ds *decisions) float64 {
+// those still in theirs for the part passed), shrunk towards the rate
+// times the window. Call it with fs.mu and ds.mu.
+func (fs *flows) learned(f *flow, now, half time.Duration, ds *decisions) float64 {
 	window := f.leg + half - f.half
 	if window <= 0 {
 		return 0
@@ -196,13 +193,12 @@ func (fs *flows) learned(f *flow, now, half time.Duration, count float64, ds *de
 	prior := f.tokens * float64(window) / f.span(now)
 	decided := 0.0
 	if ds != nil {
-		// The decisions since the flow began (a replica added, an origin
-		// met: a review saw the learned mean of a new flow at a ninth of
-		// the truth) whose windows have passed.
-		// A decision in its window has had part of its news, as much as
-		// the part of its window passed: those in the older half count, on
-		// average as much (exactly for decisions at an even rate).
-		decided = max(count-f.before*decay(f.since, now)-float64(ds.inWindow(now-window/2, &f.settled)), 0)
+		// The flow's decisions (not those before it: a replica added, an
+		// origin met; a review saw the learned mean of a new flow at a
+		// ninth of the truth) whose windows have passed, and each still in
+		// its window by the part passed: it has had as much of its news.
+		i := ds.firstInWindow(now-window, &f.settled)
+		decided = max(ds.before(i, now)-f.before*decay(f.since, now)+ds.passed(i, now, window), 0)
 	}
 	return (f.realized + priorDecisions*prior) / (decided + priorDecisions)
 }
@@ -218,11 +214,11 @@ func (fs *flows) foretell(now, half time.Duration, ds *decisions) {
 	defer fs.mu.Unlock()
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	count, k := ds.count*decay(ds.at, now), decay(fs.at, now)
+	k := decay(fs.at, now)
 	for i := range fs.by {
 		f := &fs.by[i]
 		if window := f.leg + half - f.half; f.cal != nil && window > 0 {
-			f.cal.foretell(pick{replica: fs, at: now, due: now + window, foretold: fs.learned(f, now, half, count, ds) * k})
+			f.cal.foretell(pick{replica: fs, at: now, due: now + window, foretold: fs.learned(f, now, half, ds) * k})
 		}
 	}
 }
@@ -262,17 +258,31 @@ func (m *member) pickedAt(now time.Duration) {
 // weighs against what the router's decisions found.
 const priorDecisions = 3
 
-// decisions are the times of a router's own decisions in a mesh (the
-// latest maxDecisions, in order) and their count, decayed over flowTau;
-// and the router's calibration of each origin.
+// decisions are a router's own decisions in a mesh (the latest
+// maxDecisions, in order) and their count, decayed over flowTau; and the
+// router's calibration of each origin.
 type decisions struct {
-	mu    sync.Mutex
-	times []time.Duration // a ring
-	n     int             // appended in all
-	count float64         // as of at
-	at    time.Duration
+	mu   sync.Mutex
+	ring []decision
+	n    int      // appended in all
+	last decision // the latest (zero before the first)
 	// origins are the calibrations, by origin (at most maxOrigins).
 	origins map[string]*calibration
+}
+
+// A decision is when one was made, with the decisions' count up to it and
+// the sum of their ages then, each decayed over flowTau as of at: so that
+// the count and the ages of those between two decisions are differences.
+type decision struct {
+	at    time.Duration
+	count float64
+	age   float64 // ns
+}
+
+// fadeTo is the decision's count and ages brought to now.
+func (e decision) fadeTo(now time.Duration) (count, age float64) {
+	k := decay(e.at, now)
+	return e.count * k, (e.age + e.count*float64(max(now-e.at, 0))) * k
 }
 
 // maxDecisions bounds the decision times kept: a window (under a second)
@@ -373,8 +383,11 @@ func (c *calibration) foretell(p pick) {
 	}
 	c.fade(p.at)
 	c.seq++
-	if c.stride == 0 || c.stride > 1 && len(c.pending)-c.head < maxPending/4 {
-		c.stride = max(c.stride/2, 1) // the rate fell: a denser sample
+	switch n := len(c.pending) - c.head; {
+	case c.stride == 0 || n == 0:
+		c.stride = 1 // none pending: no sample (a review: a stride left from before a lull let one decision stand for minPicks)
+	case c.stride > 1 && n < maxPending/4:
+		c.stride /= 2 // the rate fell: a denser sample
 	}
 	if len(c.pending)-c.head >= maxPending {
 		c.thin()
@@ -463,7 +476,7 @@ func (d *decisions) calibrationOf(name string, now time.Duration) *calibration {
 			}
 		}
 		// Its flows keep it, at its ratio, but add no more decisions.
-		d.origins[least].evicted, d.origins[least].pending = true, nil
+		d.origins[least].evicted, d.origins[least].pending, d.origins[least].head = true, nil, 0
 		delete(d.origins, least)
 	}
 	c := &calibration{at: now}
@@ -475,60 +488,95 @@ func (d *decisions) calibrationOf(name string, now time.Duration) *calibration {
 func (d *decisions) add(now time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.times == nil {
-		d.times = make([]time.Duration, maxDecisions)
+	if d.ring == nil {
+		d.ring = make([]decision, maxDecisions)
 	}
-	now = max(now, d.at)
-	d.times[d.n%maxDecisions] = now
+	now = max(now, d.last.at)
+	count, age := d.last.fadeTo(now)
+	d.last = decision{at: now, count: count + 1, age: age}
+	d.ring[d.n%maxDecisions] = d.last
 	d.n++
-	d.count = d.count*decay(d.at, now) + 1
-	d.at = now
 }
 
-// countAt is the decisions' count faded to now (0 without decisions).
-func (d *decisions) countAt(now time.Duration) float64 {
-	if d == nil {
-		return 0
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.count * decay(d.at, now)
-}
-
-// within counts the decisions from from to to, both included (none
+// countBefore is the count of the decisions before from, faded to now (0
 // without decisions).
-func (d *decisions) within(from, to time.Duration) int {
+func (d *decisions) countBefore(from, now time.Duration) float64 {
 	if d == nil {
 		return 0
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.first(to+1) - d.first(from)
+	return d.before(d.first(from), now)
+}
+
+// before is the count of the decisions before the i-th, faded to now.
+// Call it with d.mu.
+func (d *decisions) before(i int, now time.Duration) float64 {
+	if i <= 0 {
+		return 0
+	}
+	if i-1 < d.n-maxDecisions { // no longer kept: all but those since, undecayed
+		count, _ := d.last.fadeTo(now)
+		return max(count-float64(d.n-i), 0)
+	}
+	count, _ := d.ring[(i-1)%maxDecisions].fadeTo(now)
+	return count
+}
+
+// passed is, over the decisions from the i-th on, the part of a window
+// each has passed by now, Σ (now − at) / window, each decayed as its
+// decision's count is (half of each where the one before the i-th is no
+// longer kept). Call it with d.mu.
+func (d *decisions) passed(i int, now, window time.Duration) float64 {
+	if i >= d.n {
+		return 0
+	}
+	count, age := d.last.fadeTo(now)
+	if i > 0 {
+		if i-1 < d.n-maxDecisions {
+			return (count - d.before(i, now)) / 2
+		}
+		c, a := d.ring[(i-1)%maxDecisions].fadeTo(now)
+		count, age = count-c, age-a
+	}
+	return min(max(age/float64(window), 0), max(count, 0))
+}
+
+// countSince is the count of the decisions at or after from, faded to now
+// (none without decisions).
+func (d *decisions) countSince(from, now time.Duration) float64 {
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	count, _ := d.last.fadeTo(now)
+	return max(count-d.before(d.first(from), now), 0)
 }
 
 // first is the index of the first decision kept at or after from. Call it
 // with d.mu.
 func (d *decisions) first(from time.Duration) int {
 	lo := max(d.n-maxDecisions, 0)
-	return lo + sort.Search(d.n-lo, func(i int) bool { return d.times[(lo+i)%maxDecisions] >= from })
+	return lo + sort.Search(d.n-lo, func(i int) bool { return d.ring[(lo+i)%maxDecisions].at >= from })
 }
 
-// inWindow counts the decisions at or after from, whose windows have not
-// passed. next is the caller's cache of the first of them: moved on while
-// the window stays the same, searched for when it shrank. Call it with
-// d.mu.
-func (d *decisions) inWindow(from time.Duration, next *int) int {
+// firstInWindow is the index of the first decision kept at or after from,
+// the first whose window has not passed. next is the caller's cache of
+// it: moved on while the window stays the same, searched for when it
+// shrank. Call it with d.mu.
+func (d *decisions) firstInWindow(from time.Duration, next *int) int {
 	lo := max(d.n-maxDecisions, 0)
 	switch i := *next; {
-	case i < lo || i > d.n || i > lo && d.times[(i-1)%maxDecisions] >= from:
+	case i < lo || i > d.n || i > lo && d.ring[(i-1)%maxDecisions].at >= from:
 		*next = d.first(from)
 	default:
-		for i < d.n && d.times[i%maxDecisions] < from {
+		for i < d.n && d.ring[i%maxDecisions].at < from {
 			i++
 		}
 		*next = i
 	}
-	return d.n - *next
+	return *next
 }
 
 // span is the time the flow's tokens were heard in, as the decay weighs

@@ -198,7 +198,8 @@ func (fs *flows) learned(f *flow, now, half time.Duration, ds *decisions) float6
 		// ninth of the truth) whose windows have passed, and each still in
 		// its window by the part passed: it has had as much of its news.
 		i := ds.firstInWindow(now-window, &f.settled)
-		decided = max(ds.before(i, now)-f.before*decay(f.since, now)+ds.passed(i, now, window), 0)
+		before, passed := ds.split(i, now, window)
+		decided = max(before-f.before*decay(f.since, now)+passed, 0)
 	}
 	return (f.realized + priorDecisions*prior) / (decided + priorDecisions)
 }
@@ -266,6 +267,11 @@ type decisions struct {
 	ring []decision
 	n    int      // appended in all
 	last decision // the latest (zero before the first)
+	memo struct { // lastAt's
+		at         time.Duration
+		n          int
+		count, age float64
+	}
 	// origins are the calibrations, by origin (at most maxOrigins).
 	origins map[string]*calibration
 }
@@ -523,23 +529,32 @@ func (d *decisions) before(i int, now time.Duration) float64 {
 	return count
 }
 
-// passed is, over the decisions from the i-th on, the part of a window
-// each has passed by now, Σ (now − at) / window, each decayed as its
-// decision's count is (half of each where the one before the i-th is no
-// longer kept). Call it with d.mu.
-func (d *decisions) passed(i int, now, window time.Duration) float64 {
-	if i >= d.n {
-		return 0
+// split is the count of the decisions before the i-th, and over those
+// from it on the part of a window each has passed by now, Σ (now − at) /
+// window (half of each where the one before the i-th is no longer kept),
+// all decayed as the decisions' count is, to now. Call it with d.mu.
+func (d *decisions) split(i int, now, window time.Duration) (before, passed float64) {
+	count, age := d.lastAt(now)
+	switch {
+	case i <= 0:
+		return 0, min(max(age/float64(window), 0), count)
+	case i-1 < d.n-maxDecisions: // no longer kept: all but those since, undecayed
+		before = max(count-float64(d.n-i), 0)
+		return before, (count - before) / 2
 	}
-	count, age := d.last.fadeTo(now)
-	if i > 0 {
-		if i-1 < d.n-maxDecisions {
-			return (count - d.before(i, now)) / 2
-		}
-		c, a := d.ring[(i-1)%maxDecisions].fadeTo(now)
-		count, age = count-c, age-a
+	c, a := d.ring[(i-1)%maxDecisions].fadeTo(now)
+	return c, min(max((age-a)/float64(window), 0), max(count-c, 0))
+}
+
+// lastAt is the decisions' count and ages faded to now, kept for the
+// reads of one instant (a decision reads every replica's flows at it).
+// Call it with d.mu.
+func (d *decisions) lastAt(now time.Duration) (count, age float64) {
+	if m := &d.memo; m.at != now || m.n != d.n {
+		m.at, m.n = now, d.n
+		m.count, m.age = d.last.fadeTo(now)
 	}
-	return min(max(age/float64(window), 0), max(count, 0))
+	return d.memo.count, d.memo.age
 }
 
 // countSince is the count of the decisions at or after from, faded to now

@@ -123,6 +123,10 @@ func TestMeshSharesWhileServing(t *testing.T) {
 	if n := testutil.CollectAndCount(eu.reg, "gorgo_replica_unheard_tokens"); n != 1 {
 		t.Errorf("%d gorgo_replica_unheard_tokens series, want 1 (replica a)", n)
 	}
+	// And its calibration of the other's, per origin: us's alone.
+	if n := testutil.CollectAndCount(eu.reg, "gorgo_mesh_calibration", "gorgo_mesh_calibration_decisions"); n != 2 {
+		t.Errorf("%d gorgo_mesh_calibration series, want 2 (us's ratio and decisions)", n)
+	}
 }
 
 // A tenant's budget is the mesh's: what it spent at one router counts at

@@ -53,14 +53,16 @@ func (m *metrics) forget(id string) {
 type stateCollector struct{ f *Fleet }
 
 var (
-	descInFlight = prometheus.NewDesc("gorgo_replica_in_flight", "Requests this router sent to the replica that have not finished.", []string{"replica"}, nil)
-	descTokens   = prometheus.NewDesc("gorgo_replica_in_flight_tokens", "Prompt tokens of those requests.", []string{"replica"}, nil)
-	descBacklog  = prometheus.NewDesc("gorgo_replica_backlog_tokens", "Uncached prompt tokens sent to the replica that have not produced a first token (its prefill backlog).", []string{"replica"}, nil)
-	descUnheard  = prometheus.NewDesc("gorgo_replica_unheard_tokens", "Uncached prompt tokens of the other routers' dispatches to the replica that this router of a mesh has not heard of yet and counts in its backlog (0 outside a mesh).", []string{"replica"}, nil)
-	descDecoding = prometheus.NewDesc("gorgo_replica_decoding", "Requests at the replica past their first token.", []string{"replica"}, nil)
-	descRTTEst   = prometheus.NewDesc("gorgo_replica_rtt_estimate_seconds", "The router's smoothed round-trip estimate to the replica (what decisions use).", []string{"replica"}, nil)
-	descITL      = prometheus.NewDesc("gorgo_replica_itl_seconds", "The replica's learned inter-token latency at its current load.", []string{"replica"}, nil)
-	descWeight   = prometheus.NewDesc("gorgo_policy_weight", "The routing policy's parameters (for the online tuner, its incumbent's).", []string{"policy", "weight"}, nil)
+	descInFlight    = prometheus.NewDesc("gorgo_replica_in_flight", "Requests this router sent to the replica that have not finished.", []string{"replica"}, nil)
+	descTokens      = prometheus.NewDesc("gorgo_replica_in_flight_tokens", "Prompt tokens of those requests.", []string{"replica"}, nil)
+	descBacklog     = prometheus.NewDesc("gorgo_replica_backlog_tokens", "Uncached prompt tokens sent to the replica that have not produced a first token (its prefill backlog).", []string{"replica"}, nil)
+	descUnheard     = prometheus.NewDesc("gorgo_replica_unheard_tokens", "Uncached prompt tokens of the other routers' dispatches to the replica that this router of a mesh has not heard of yet and counts in its backlog (0 outside a mesh).", []string{"replica"}, nil)
+	descDecoding    = prometheus.NewDesc("gorgo_replica_decoding", "Requests at the replica past their first token.", []string{"replica"}, nil)
+	descRTTEst      = prometheus.NewDesc("gorgo_replica_rtt_estimate_seconds", "The router's smoothed round-trip estimate to the replica (what decisions use).", []string{"replica"}, nil)
+	descITL         = prometheus.NewDesc("gorgo_replica_itl_seconds", "The replica's learned inter-token latency at its current load.", []string{"replica"}, nil)
+	descCalibration = prometheus.NewDesc("gorgo_mesh_calibration", "What this router of a mesh scales another router's unheard dispatches by: what its decisions found of them at the replicas they picked over what they foretold, over 100 s (1 until ten decisions count; held to [0.5, 2]).", []string{"origin"}, nil)
+	descCalibrated  = prometheus.NewDesc("gorgo_mesh_calibration_decisions", "How many of this router's decisions the calibration of another router's unheard dispatches rests on (decayed over 100 s).", []string{"origin"}, nil)
+	descWeight      = prometheus.NewDesc("gorgo_policy_weight", "The routing policy's parameters (for the online tuner, its incumbent's).", []string{"policy", "weight"}, nil)
 
 	descOutputMean     = prometheus.NewDesc("gorgo_output_estimate_tokens", "The running mean of answers' lengths, in tokens (the router's estimate before keys).", nil, nil)
 	descOutputDepth    = prometheus.NewDesc("gorgo_output_estimate_depth", "How many keys the estimate of an answer's length uses now: 0 the running mean alone, 1 the request's application (its system prompt, or its prompt's first 256 tokens) too, 2 and its conversation.", nil, nil)
@@ -83,7 +85,7 @@ type tunerState interface {
 }
 
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descInFlight, descTokens, descBacklog, descUnheard, descDecoding, descRTTEst, descITL, descWeight,
+	for _, d := range []*prometheus.Desc{descInFlight, descTokens, descBacklog, descUnheard, descDecoding, descRTTEst, descITL, descCalibration, descCalibrated, descWeight,
 		descOutputMean, descOutputDepth, descOutputKeys, descTunerJudged, descTunerAccepted, descTunerFallbacks, descTunerStep, descTunerPaused, descTunerUnjudged} {
 		ch <- d
 	}
@@ -103,6 +105,10 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		g(descDecoding, float64(st.Decoding))
 		g(descRTTEst, st.RTT.Seconds())
 		g(descITL, (st.ITLBaseMS+st.ITLSlopeMS*float64(st.InFlight))/1000)
+	}
+	for _, cal := range c.f.rt.Calibrations(c.f.Now()) {
+		ch <- prometheus.MustNewConstMetric(descCalibration, prometheus.GaugeValue, cal.Ratio, cal.Origin)
+		ch <- prometheus.MustNewConstMetric(descCalibrated, prometheus.GaugeValue, cal.Decisions, cal.Origin)
 	}
 	out := c.f.rt.OutputEstimate()
 	ch <- prometheus.MustNewConstMetric(descOutputMean, prometheus.GaugeValue, out.Mean)

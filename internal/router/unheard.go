@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -234,6 +235,31 @@ func (r *Router) Unheard(now time.Duration, id string) (int, error) {
 		return 0, err
 	}
 	return m.unheard(now), nil
+}
+
+// A Calibration is what this router scales another router's unheard
+// dispatches by: what its decisions found of them at the replicas they
+// picked over what they foretold (1 until minPicks decisions count; held
+// to [1/maxCalibration, maxCalibration]), and how many decisions count,
+// decayed over calibrationTau.
+type Calibration struct {
+	Origin           string
+	Ratio, Decisions float64
+}
+
+// Calibrations are this router's calibrations at now, by origin (none
+// outside a mesh).
+func (r *Router) Calibrations(now time.Duration) []Calibration {
+	d := &r.decisions
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]Calibration, 0, len(d.origins))
+	for name, c := range d.origins {
+		ratio := c.ratio(now) // brings its sums to now
+		out = append(out, Calibration{Origin: name, Ratio: ratio, Decisions: c.picks})
+	}
+	slices.SortFunc(out, func(a, b Calibration) int { return strings.Compare(a.Origin, b.Origin) })
+	return out
 }
 
 // unheard is the replica's flows' unheard tokens at now, for this router's

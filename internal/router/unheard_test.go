@@ -442,6 +442,12 @@ func TestUnheardIsCalibratedOnTheReplicasPicked(t *testing.T) {
 	if c := calibration(r, "far", now); want <= 1.05 || want >= maxCalibration || c < want*0.99 || c > want*1.01 {
 		t.Errorf("bursts all at a: calibration %.3f, want %.3f (within 1%%, between 1 and the bound)", c, want)
 	}
+	// As the router tells it (gorgo_mesh_calibration): over the half of
+	// its decisions that picked a (b has no flow of far's: nothing
+	// foretold there), one a second, decayed over calibrationTau: about 35.
+	if cs := r.Calibrations(now); len(cs) != 1 || cs[0].Origin != "far" || cs[0].Ratio != calibration(r, "far", now) || cs[0].Decisions < 30 || cs[0].Decisions > 40 {
+		t.Errorf("Calibrations: %+v, want far's alone at %.3f over 30–40 decisions", cs, calibration(r, "far", now))
+	}
 	for _, id := range []string{"a", "b"} {
 		m, _ := r.member(id)
 		raw := m.flows.unheard(now, time.Duration(m.rttNS.Load())/2, m.decisions, false)

@@ -353,6 +353,51 @@ func TestAReadBehindTheLatestDecision(t *testing.T) {
 	}
 }
 
+// The decisions' count before a window and their parts of it passed are
+// exact: against sums over every decision, through bursts at one instant
+// and gaps of many time constants, read at and after the latest.
+func TestTheDecisionsOfAWindowAreExact(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	var d decisions
+	var times []time.Duration
+	var now time.Duration
+	for step := range 6000 {
+		switch rng.IntN(10) {
+		case 0: // another at the same instant
+		case 1:
+			now += time.Duration(rng.IntN(30)) * time.Second
+		default:
+			now += time.Duration(rng.IntN(5_000_000))
+		}
+		d.add(now)
+		times = append(times, now)
+		if step%61 != 0 {
+			continue
+		}
+		read := now + time.Duration(rng.IntN(100))*time.Millisecond
+		window := time.Duration(1+rng.IntN(3000)) * time.Millisecond
+		var before, passed, since float64
+		for _, at := range times {
+			k := decay(at, read)
+			if at < read-window {
+				before += k
+			} else {
+				passed += k * float64(read-at) / float64(window)
+				since += k
+			}
+		}
+		d.mu.Lock()
+		b, p := d.split(d.first(read-window), read, window)
+		d.mu.Unlock()
+		c := d.countSince(read-window, read)
+		for _, x := range [][3]float64{{b, before, 0}, {p, passed, 1}, {c, since, 2}} {
+			if math.Abs(x[0]-x[1]) > 1e-9*max(before+since, 1) {
+				t.Fatalf("step %d, %v window read %v after: %s %.12g, the sum over every decision %.12g", step, window, read-now, []string{"before", "passed", "since"}[int(x[2])], x[0], x[1])
+			}
+		}
+	}
+}
+
 // The decisions still in a window are counted by a cached position that
 // moves on as time does and is searched for again when the window
 // shrinks or the ring wraps: always as a search from scratch counts them.

@@ -112,6 +112,8 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 		}
 		fs.at = now
 	}
+	leg, theirs := min(from.Leg, maxLeg), min(from.RTT/2, maxLeg)
+	w := leg + half - theirs
 	i := slices.IndexFunc(fs.by, func(f flow) bool { return f.name == from.Name })
 	if i < 0 {
 		if len(fs.by) < maxFlows {
@@ -127,26 +129,29 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 		}
 		// The flow's decisions are those its news can reach: from a window
 		// before its first news on (the first news credits them too).
-		w := min(from.Leg, maxLeg) + half - min(from.RTT/2, maxLeg)
 		fs.by[i] = flow{name: from.Name, since: now, before: ds.countBefore(now-max(w, 0), now), cal: ds.calibrationOf(from.Name, now)}
 		fs.n.Store(int32(len(fs.by)))
 	}
 	f := &fs.by[i]
 	f.tokens += float64(max(tokens, 0)) // heard at now, counted as of fs.at (≥ now)
-	f.leg, f.half = min(from.Leg, maxLeg), min(from.RTT/2, maxLeg)
-	if w := f.leg + half - f.half; w > 0 && tokens > 0 {
+	f.leg, f.half = leg, theirs
+	if w > 0 && tokens > 0 {
+		ds.mu.Lock()
+		defer ds.mu.Unlock()
 		// It was sent a leg ago: the decisions whose windows held it are
 		// those of the last w, each counted as its decision is (decayed
 		// from when it was made).
-		f.realized += float64(tokens) * ds.countSince(now-w, now)
+		f.realized += float64(tokens) * ds.since(ds.first(now-w), now)
 		if f.cal != nil {
-			ds.mu.Lock()
 			f.cal.fade(now) // what is due counts as it was
 			f.cal.credit(fs, now-w, now, float64(tokens))
-			ds.mu.Unlock()
 		}
 	}
 }
+
+// window is the flow's window for a router whose one-way to the replica
+// is half: its leg, and this router's way there, less the origin's.
+func (f *flow) window(half time.Duration) time.Duration { return f.leg + half - f.half }
 
 // maxLeg bounds an origin's legs as told: the others' news may come from
 // a hostile or broken peer.
@@ -184,7 +189,7 @@ func (fs *flows) unheard(now, half time.Duration, ds *decisions, calibrated bool
 // those still in theirs for the part passed), shrunk towards the rate
 // times the window. Call it with fs.mu and ds.mu.
 func (fs *flows) learned(f *flow, now, half time.Duration, ds *decisions) float64 {
-	window := f.leg + half - f.half
+	window := f.window(half)
 	if window <= 0 {
 		return 0
 	}
@@ -220,7 +225,7 @@ func (fs *flows) foretell(now, half time.Duration, ds *decisions) {
 	k := decay(fs.at, now)
 	for i := range fs.by {
 		f := &fs.by[i]
-		if window := f.leg + half - f.half; f.cal != nil && window > 0 {
+		if window := f.window(half); f.cal != nil && window > 0 {
 			f.cal.foretell(pick{replica: fs, at: now, due: now + window, foretold: fs.learned(f, now, half, ds) * k})
 		}
 	}
@@ -418,13 +423,12 @@ func (c *calibration) foretell(p pick) {
 	c.fade(p.at)
 	c.seq++
 	switch n := len(c.pending) - c.head; {
-	case c.stride == 0 || n == 0:
-		c.stride = 1 // none pending: no sample (a review: a stride left from before a lull let one decision stand for minPicks)
+	case n == 0:
+		c.stride = 1 // none pending (or the first): no sample (a review: a stride left from before a lull let one decision stand for minPicks)
+	case n >= maxPending:
+		c.thin()
 	case c.stride > 1 && n < maxPending/4:
 		c.stride /= 2 // the rate fell: a denser sample
-	}
-	if len(c.pending)-c.head >= maxPending {
-		c.thin()
 	}
 	if sampled(c.seq, c.stride) {
 		p.seq, p.weight = c.seq, c.stride
@@ -550,7 +554,7 @@ func (d *decisions) before(i int, now time.Duration) float64 {
 		return 0
 	}
 	if i-1 < d.n-maxDecisions { // no longer kept: all but those since, undecayed
-		count, _ := d.last.fadeTo(now)
+		count, _ := d.lastAt(now)
 		return max(count-float64(d.n-i), 0)
 	}
 	count, _ := d.ring[(i-1)%maxDecisions].fadeTo(now)
@@ -566,8 +570,8 @@ func (d *decisions) split(i int, now, window time.Duration) (before, passed floa
 	switch {
 	case i <= 0:
 		return 0, min(max(age/float64(window), 0), count)
-	case i-1 < d.n-maxDecisions: // no longer kept: all but those since, undecayed
-		before = max(count-float64(d.n-i), 0)
+	case i-1 < d.n-maxDecisions:
+		before = d.before(i, now)
 		return before, (count - before) / 2
 	}
 	c, a := d.ring[(i-1)%maxDecisions].fadeTo(now)
@@ -585,16 +589,11 @@ func (d *decisions) lastAt(now time.Duration) (count, age float64) {
 	return d.memo.count, d.memo.age
 }
 
-// countSince is the count of the decisions at or after from, faded to now
-// (none without decisions).
-func (d *decisions) countSince(from, now time.Duration) float64 {
-	if d == nil {
-		return 0
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	count, _ := d.last.fadeTo(now)
-	return max(count-d.before(d.first(from), now), 0)
+// since is the count of the decisions from the i-th on, faded to now.
+// Call it with d.mu.
+func (d *decisions) since(i int, now time.Duration) float64 {
+	count, _ := d.lastAt(now)
+	return max(count-d.before(i, now), 0)
 }
 
 // first is the index of the first decision kept at or after from. Call it

@@ -207,24 +207,12 @@ func TestAFlowIsNotOvershotInItsFirstWindow(t *testing.T) {
 			}
 		}
 		far := Origin{Name: "far", Leg: 45 * time.Millisecond} // window 50 ms at a
-		rng := rand.New(rand.NewPCG(1, 1))
 		// A decision every millisecond from 0; far's 100 tokens at a every
-		// 5 ms from 60 s, heard a leg later: ten of them, 1,000 tokens,
-		// ahead of each decision once the flow runs.
+		// 5 ms from 60 s: ten of them, 1,000 tokens, ahead of each
+		// decision once the flow runs.
 		start := 60 * time.Second
 		probes := []time.Duration{5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 70, 100, 200, 500, 1000, 2000, 5000, 10000, 30000}
-		for now := time.Duration(0); len(probes) > 0; now += time.Millisecond {
-			if s := now - far.Leg; s >= start && (s-start)%(5*time.Millisecond) == 0 {
-				if _, ok := r.Enter(now, "a", &policy.Request{PromptTokens: 100, Blocks: blocks(uint64(1+now/time.Millisecond), 1)}, OutputKeys{}, far); !ok {
-					t.Fatal("not entered")
-				}
-			}
-			req := policy.Request{PromptTokens: 10, Blocks: blocks(uint64(1<<20+int(now/time.Millisecond)), 1)}
-			tk, err := r.Route(now, &req, rng)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.Finish(&tk)
+		alongAFlow(t, r, far, start, 5*time.Millisecond, time.Millisecond, func(now time.Duration) bool {
 			if now == start+far.Leg+probes[0]*time.Millisecond {
 				m.flows.mu.Lock()
 				r.decisions.mu.Lock()
@@ -251,6 +239,32 @@ func TestAFlowIsNotOvershotInItsFirstWindow(t *testing.T) {
 				}
 				probes = probes[1:]
 			}
+			return len(probes) > 0
+		})
+	}
+}
+
+// alongAFlow has r decide every step from 0 (a request of 10 uncached
+// tokens), while from sends 100 uncached tokens to replica a every period
+// from start on, each heard a leg later (entered before that instant's
+// decision); after each instant's decision it calls after, until after
+// says to stop.
+func alongAFlow(t *testing.T, r *Router, from Origin, start, period, step time.Duration, after func(now time.Duration) bool) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(1, 1))
+	for now := time.Duration(0); ; now += step {
+		if s := now - from.Leg; s >= start && (s-start)%period == 0 {
+			if _, ok := r.Enter(now, "a", &policy.Request{PromptTokens: 100, Blocks: blocks(uint64(1+now/time.Millisecond), 1)}, OutputKeys{}, from); !ok {
+				t.Fatal("not entered")
+			}
+		}
+		tk, err := r.Route(now, &policy.Request{PromptTokens: 10, Blocks: blocks(uint64(1<<20+int(now/time.Millisecond)), 1)}, rng)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Finish(&tk)
+		if !after(now) {
+			return
 		}
 	}
 }
@@ -267,23 +281,10 @@ func TestALongLegIsLearned(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		far := Origin{Name: "far", Leg: leg}
-		rng := rand.New(rand.NewPCG(1, 1))
-		// A decision every 10 ms; far's 100 tokens every 50 ms, heard a
-		// leg later, for two minutes.
+		// A decision every 10 ms; far's 100 tokens every 50 ms, for two
+		// minutes.
 		end := 2 * time.Minute
-		for now := time.Duration(0); now <= end; now += 10 * time.Millisecond {
-			if s := now - leg; s >= 0 && s%(50*time.Millisecond) == 0 {
-				if _, ok := r.Enter(now, "a", &policy.Request{PromptTokens: 100, Blocks: blocks(uint64(1+now/time.Millisecond), 1)}, OutputKeys{}, far); !ok {
-					t.Fatal("not entered")
-				}
-			}
-			tk, err := r.Route(now, &policy.Request{PromptTokens: 10, Blocks: blocks(uint64(1<<20+int(now/time.Millisecond)), 1)}, rng)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.Finish(&tk)
-		}
+		alongAFlow(t, r, Origin{Name: "far", Leg: leg}, 0, 50*time.Millisecond, 10*time.Millisecond, func(now time.Duration) bool { return now < end })
 		// Each decision at t finds the dispatches sent in (t − leg, t + 5 ms].
 		want := 0.0
 		for t0 := time.Duration(0); t0 < 50*time.Millisecond; t0 += 10 * time.Millisecond {
@@ -329,23 +330,8 @@ func TestAReadBehindTheLatestDecision(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		far := Origin{Name: "far", Leg: 45 * time.Millisecond}
-		rng := rand.New(rand.NewPCG(1, 1))
-		var now time.Duration
-		for ; now <= time.Second; now += time.Millisecond {
-			if s := now - far.Leg; s >= 0 && s%(5*time.Millisecond) == 0 {
-				if _, ok := r.Enter(now, "a", &policy.Request{PromptTokens: 100, Blocks: blocks(uint64(1+now/time.Millisecond), 1)}, OutputKeys{}, far); !ok {
-					t.Fatal("not entered")
-				}
-			}
-			tk, err := r.Route(now, &policy.Request{PromptTokens: 10, Blocks: blocks(uint64(1<<20+int(now/time.Millisecond)), 1)}, rng)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r.Finish(&tk)
-		}
-		now -= time.Millisecond
-		return m.flows.unheard(now-behind, 5*time.Millisecond, m.decisions, false)
+		alongAFlow(t, r, Origin{Name: "far", Leg: 45 * time.Millisecond}, 0, 5*time.Millisecond, time.Millisecond, func(now time.Duration) bool { return now < time.Second })
+		return m.flows.unheard(time.Second-behind, 5*time.Millisecond, m.decisions, false)
 	}
 	at, behind := read(0), read(time.Millisecond)
 	if d := math.Abs(float64(behind-at)) / float64(at); d > 0.002 {
@@ -388,8 +374,8 @@ func TestTheDecisionsOfAWindowAreExact(t *testing.T) {
 		}
 		d.mu.Lock()
 		b, p := d.split(d.first(read-window), read, window)
+		c := d.since(d.first(read-window), read)
 		d.mu.Unlock()
-		c := d.countSince(read-window, read)
 		for _, x := range [][3]float64{{b, before, 0}, {p, passed, 1}, {c, since, 2}} {
 			if math.Abs(x[0]-x[1]) > 1e-9*max(before+since, 1) {
 				t.Fatalf("step %d, %v window read %v after: %s %.12g, the sum over every decision %.12g", step, window, read-now, []string{"before", "passed", "since"}[int(x[2])], x[0], x[1])

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync/atomic"
 
@@ -55,11 +54,15 @@ func (f *Fleet) want(source string, want []ReplicaConfig) (Changes, error) {
 	var ch Changes
 	var errs []error
 	desired := make(map[string]ReplicaConfig, len(want))
+	var order []string // desired's ids in the order of want
 	for _, rc := range want {
 		rc = rc.Defaults()
 		if err := rc.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("replica %s: %w", rc.ID, err))
 			continue
+		}
+		if _, dup := desired[rc.ID]; !dup {
+			order = append(order, rc.ID)
 		}
 		desired[rc.ID] = rc
 	}
@@ -73,7 +76,11 @@ func (f *Fleet) want(source string, want []ReplicaConfig) (Changes, error) {
 		f.leave(id)
 		ch.Removed = append(ch.Removed, id)
 	}
-	for _, id := range slices.Sorted(maps.Keys(desired)) {
+	// New replicas join in the order the source gives them (a config file's
+	// order), which is the order the router holds them in: round-robin
+	// takes them in it, and the simulator, which holds a topology's
+	// replicas in its order, splits a workload alike.
+	for _, id := range order {
 		rc := desired[id]
 		u := f.Upstream(id)
 		st, err := f.rt.Replica(id)
@@ -114,7 +121,9 @@ func (f *Fleet) want(source string, want []ReplicaConfig) (Changes, error) {
 		}
 	}
 	f.wishes[source] = desired
+	slices.Sort(ch.Added)
 	slices.Sort(ch.Removed)
+	slices.Sort(ch.Changed)
 	err := errors.Join(errs...)
 	if err != nil {
 		f.log.Error("replicas not applied", "source", source, "error", err)

@@ -132,7 +132,7 @@ func NewCore(cfg Config) *Core {
 	if cfg.Fallbacks <= 0 {
 		cfg.Fallbacks = cfg.MaxAttempts - 1
 	}
-	c := &Core{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x4f1bbcdcbfa53e0a))}
+	c := &Core{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, policy.DrawStream))}
 	if cfg.Admission.SLO > 0 || cfg.Tenants != nil && cfg.Tenants.HasSLO() {
 		c.adm = &admission{gate: admit.New[*Request](cfg.Admission), kick: make(chan struct{}, 1)}
 	}

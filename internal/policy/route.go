@@ -344,6 +344,12 @@ type Options struct {
 // decisions: replicas whose totals are within 1% of the least are tied.
 const DefaultTieMargin = 0.01
 
+// DrawStream is the PCG stream of the policies' draws (ties, a random
+// choice) under a run's seed. The simulator and a live router draw from it
+// alike, so that, given the same seed and the same requests in the same
+// order, a policy that draws chooses the same replicas in both.
+const DrawStream = 0x9e3779b97f4a7c15
+
 // Pick resolves a decision over n replica views: its choice, or for a
 // ByScore decision the least total, drawn uniformly among the replicas
 // whose totals are within margin (relative, ≤ 0 for exact) of it, or equal

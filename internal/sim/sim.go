@@ -33,7 +33,7 @@ import (
 // leaves the others' as they were. Each must differ from the others
 // (TestStreamsDiffer: the clients' legs once had the decisions' stream).
 const (
-	streamRoute   = 0x9e3779b97f4a7c15 // the policies' draws (ties, random choices)
+	streamRoute   = policy.DrawStream  // the policies' draws (ties, random choices), as a live router's
 	streamProbes  = 0x5851f42d4c957f2d // each probe's round trip
 	streamNetwork = 0x2545f4914f6cdd1d // each request's round trip to its replica
 	streamLegs    = 0xd1b54a32d192ed03 // each request's leg from its client to its router

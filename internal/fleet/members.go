@@ -76,10 +76,12 @@ func (f *Fleet) want(source string, want []ReplicaConfig) (Changes, error) {
 		f.leave(id)
 		ch.Removed = append(ch.Removed, id)
 	}
-	// New replicas join in the order the source gives them (a config file's
-	// order), which is the order the router holds them in: round-robin
-	// takes them in it, and the simulator, which holds a topology's
-	// replicas in its order, splits a workload alike.
+	// New replicas join in the order the source gives them (a config
+	// file's order), after those already in the fleet: the router holds its
+	// replicas in the order they joined, and round-robin takes them in it.
+	// A router started from a file holds them as the file lists them, as
+	// the simulator holds a topology's, so the two split a workload alike;
+	// a reload that reorders the file moves no replica already there.
 	for _, id := range order {
 		rc := desired[id]
 		u := f.Upstream(id)

@@ -27,6 +27,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/trace"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 const demoAbout = `
@@ -226,6 +227,26 @@ func demoParams(name string, speedup float64) map[string]policy.Values {
 	return map[string]policy.Values{info.Name: v}
 }
 
+// demoTuner is the live policy when it is the paper's online tuner
+// (gorgo-online, over gorgo): its candidates' w_rtt scaled as demoParams
+// scales gorgo's, the search's start and bounds speedup times the
+// simulator's, so that in log space the live tuner draws the simulator's
+// candidates. nil for any other policy: the fleet builds it.
+func demoTuner(name string, speedup float64) (policy.Policy, error) {
+	if policy.Canonical(name) != tune.OnlineName {
+		return nil, nil
+	}
+	params := tune.DefaultParams("gorgo")
+	for i := range params {
+		if params[i].Name == "rtt" {
+			params[i].Min *= speedup
+			params[i].Max *= speedup
+			params[i].Init *= speedup
+		}
+	}
+	return tune.NewOnline(tune.OnlineConfig{Base: "gorgo", BaseParams: demoParams("gorgo", speedup)["gorgo"], ES: tune.Config{Params: params}})
+}
+
 // tenantConfigs are the live router's tenants: each one's priority, its
 // weight and, under admission, its own TTFT SLO in router time (the model
 // runs speedup times faster).
@@ -315,7 +336,11 @@ func demoPolicy(ctx context.Context, view io.Writer, name string, reps []sim.Rep
 		cfg.Proxy.TenantHeader = tenant.HeaderTrust
 		cfg.Tenants = flow.tenantConfigs(speedup)
 	}
-	px, err := serve.New(cfg, serve.Options{Proxy: true})
+	tuner, err := demoTuner(name, speedup)
+	if err != nil {
+		return report.Run{}, nil, err
+	}
+	px, err := serve.New(cfg, serve.Options{Proxy: true, Policy: tuner})
 	if err != nil {
 		return report.Run{}, nil, err
 	}

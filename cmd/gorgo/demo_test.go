@@ -12,6 +12,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/sim"
 	"github.com/gorgo-llm/gorgo/internal/trace"
+	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
 // Live, with emulated replicas behind the proxy: a batch tenant floods at
@@ -104,6 +105,46 @@ func TestDemoParamsScaleTheRoundTripWeight(t *testing.T) {
 	for _, name := range []string{"default", "gorgo-ms", "round-robin", "simple-session-affinity"} {
 		if p := demoParams(name, 5); p != nil {
 			t.Errorf("%s at 5x: %v, want its own parameters", name, p)
+		}
+	}
+}
+
+// The paper's online tuner tunes gorgo's w_rtt: live in a demo its
+// candidates are the simulator's with w_rtt speedup times larger (the
+// search is in log space, its start and bounds scaled), the rest alike;
+// before, the live tuner searched the simulator's w_rtt against round
+// trips speedup times shorter.
+func TestDemoTunerScalesTheRoundTripWeight(t *testing.T) {
+	const speedup = 3
+	p, err := demoTuner("gorgo-online", speedup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := p.(*tune.Online)
+	q, err := policy.New("gorgo-online", policy.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	simulated := q.(*tune.Online)
+	same := func(what string, l, s map[string]float64) {
+		t.Helper()
+		if len(l) != len(s) {
+			t.Fatalf("%s: live %v, simulated %v", what, l, s)
+		}
+		for k, v := range s {
+			if k == "rtt" {
+				v *= speedup
+			}
+			if math.Abs(l[k]-v) > 1e-9*v {
+				t.Errorf("%s %s: live %v, want %v (simulated %v)", what, k, l[k], v, s[k])
+			}
+		}
+	}
+	same("incumbent", live.Incumbent(), simulated.Incumbent())
+	same("candidate", live.Round().Candidate, simulated.Round().Candidate)
+	for _, name := range []string{"default", "gorgo", "round-robin"} {
+		if p, err := demoTuner(name, speedup); p != nil || err != nil {
+			t.Errorf("%s: %v, %v; want the fleet's own", name, p, err)
 		}
 	}
 }

@@ -376,10 +376,10 @@ func applyReload(t *testing.T, f *Fleet, next Config) []string {
 
 // Replicas join the router in the order their source gives them, not
 // sorted by id: round-robin takes them in the config file's order, as the
-// simulator takes a topology's (sorted, the demo's live round-robin sent
-// its first request to the last region the simulator did, and the two
-// split a workload differently: 240 of 738 requests alike). A replica
-// added later comes last; a wish naming an id twice keeps its first place.
+// simulator takes a topology's. (Sorted, the demo's live round-robin began
+// at the region the simulator takes last, and the two split a workload
+// differently: 240 of 738 requests alike.) A replica added later comes
+// last; a wish naming an id twice keeps its first place.
 func TestReplicasJoinInTheirSourcesOrder(t *testing.T) {
 	f := newTestFleet(t)
 	want(t, f, SourceConfig, rc("us-ashburn", "http://u:1", "us"), rc("eu-frankfurt", "http://e:1", "eu"),

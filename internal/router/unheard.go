@@ -142,10 +142,8 @@ func (fs *flows) mirrored(now time.Duration, from Origin, tokens int, half time.
 		// those of the last w, each counted as its decision is (decayed
 		// from when it was made).
 		f.realized += float64(tokens) * ds.since(ds.first(now-w), now)
-		if f.cal != nil {
-			f.cal.fade(now) // what is due counts as it was
-			f.cal.credit(fs, now-w, now, float64(tokens))
-		}
+		f.cal.fade(now) // what is due counts as it was
+		f.cal.credit(fs, now-w, now, float64(tokens))
 	}
 }
 
@@ -168,10 +166,8 @@ func (fs *flows) unheard(now, half time.Duration, ds *decisions, calibrated bool
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if ds != nil {
-		ds.mu.Lock() // after fs.mu, as in mirrored
-		defer ds.mu.Unlock()
-	}
+	ds.mu.Lock() // after fs.mu, as in mirrored
+	defer ds.mu.Unlock()
 	total := 0.0
 	for i := range fs.by {
 		f := &fs.by[i]
@@ -197,17 +193,14 @@ func (fs *flows) learned(f *flow, now, half time.Duration, ds *decisions) float6
 	// windows have passed found (both counted as of fs.at, the decisions
 	// as of now: so is the result).
 	prior := f.tokens * float64(window) / f.span(now)
-	decided := 0.0
-	if ds != nil {
-		// The flow's decisions (not those before it: a replica added, an
-		// origin met; a review saw the learned mean of a new flow at a
-		// ninth of the truth) whose windows have passed, and each still in
-		// its window by the part passed: it has had as much of its news.
-		at := max(now, ds.last.at) // a read behind the latest decision: as of it (a review: two instants mixed)
-		i := ds.firstInWindow(at-window, &f.settled)
-		before, passed := ds.split(i, at, window)
-		decided = max(before-f.before*decay(f.since, at)+passed, 0)
-	}
+	// The flow's decisions (not those before it: a replica added, an
+	// origin met; a review saw the learned mean of a new flow at a ninth
+	// of the truth) whose windows have passed, and each still in its
+	// window by the part passed: it has had as much of its news.
+	at := max(now, ds.last.at) // a read behind the latest decision: as of it (a review: two instants mixed)
+	i := ds.firstInWindow(at-window, &f.settled)
+	before, passed := ds.split(i, at, window)
+	decided := max(before-f.before*decay(f.since, at)+passed, 0)
 	return (f.realized + priorDecisions*prior) / (decided + priorDecisions)
 }
 
@@ -225,7 +218,7 @@ func (fs *flows) foretell(now, half time.Duration, ds *decisions) {
 	k := decay(fs.at, now)
 	for i := range fs.by {
 		f := &fs.by[i]
-		if window := f.window(half); f.cal != nil && window > 0 {
+		if window := f.window(half); window > 0 {
 			f.cal.foretell(pick{replica: fs, at: now, due: now + window, foretold: fs.learned(f, now, half, ds) * k})
 		}
 	}
@@ -482,9 +475,6 @@ func (c *calibration) credit(replica *flows, from, to time.Duration, tokens floa
 // calibration or before minPicks, else held to its bounds. Call it with
 // the decisions' mu.
 func (c *calibration) ratio(now time.Duration) float64 {
-	if c == nil {
-		return 1
-	}
 	c.fade(now)
 	if c.foretold <= 0 || c.picks < minPicks {
 		return 1
@@ -492,12 +482,8 @@ func (c *calibration) ratio(now time.Duration) float64 {
 	return min(max(c.found/c.foretold, 1.0/maxCalibration), maxCalibration)
 }
 
-// calibrationOf is the calibration of the named origin, made if new (nil
-// without decisions).
+// calibrationOf is the calibration of the named origin, made if new.
 func (d *decisions) calibrationOf(name string, now time.Duration) *calibration {
-	if d == nil {
-		return nil
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if c, ok := d.origins[name]; ok {
@@ -539,9 +525,6 @@ func (d *decisions) add(now time.Duration) {
 // countBefore is the count of the decisions before from, faded to now (0
 // without decisions).
 func (d *decisions) countBefore(from, now time.Duration) float64 {
-	if d == nil {
-		return 0
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.before(d.first(from), now)

@@ -62,7 +62,7 @@ func TestUnheardDispatchesJoinTheBacklog(t *testing.T) {
 			t.Fatal("not entered")
 		}
 	}
-	if got := sm.flows.unheard(60*time.Second, 5*time.Millisecond, nil, false); got != 52 {
+	if got := sm.flows.unheard(60*time.Second, 5*time.Millisecond, sm.decisions, false); got != 52 {
 		t.Fatalf("a steady flow: %d tokens unheard, want 52", got)
 	}
 	// The origins a replica keeps are bounded: the least busy make room.

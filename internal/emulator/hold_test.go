@@ -47,7 +47,10 @@ func generated(s *Server) int64 { return s.Gauges().GeneratedTokens }
 // is (no token comes while paused) and holds new requests at its door;
 // /continue_generation lets both go on, to their full length.
 func TestPauseInPlace(t *testing.T) {
-	s, url := start(t, Config{Speedup: 20, Model: "m"})
+	// At 5 times real time its 300 tokens take half a second: the pause,
+	// asked once the first came, lands before they are done however busy
+	// the machine (at 20 times, 135 ms).
+	s, url := start(t, Config{Speedup: 5, Model: "m"})
 	running := streamGenerate(t, url, 300)
 	if status, body := postText(t, url+"/pause_generation", `{"mode":"in_place"}`); status != http.StatusOK || !strings.Contains(body, `"status":"ok"`) {
 		t.Fatalf("pause: %d %s", status, body)
@@ -58,7 +61,7 @@ func TestPauseInPlace(t *testing.T) {
 		_, body := postText(t, url+"/generate", `{"text":"later","sampling_params":{"max_new_tokens":2}}`)
 		later <- body
 	}()
-	time.Sleep(50 * time.Millisecond) // at 20 times real time, a dozen tokens' time
+	time.Sleep(50 * time.Millisecond) // at 5 times real time, a couple of dozen tokens' time
 	if g := generated(s); g != before {
 		t.Errorf("%d tokens generated while paused", g-before)
 	}

@@ -88,7 +88,7 @@ func TestEjectionTimeGrows(t *testing.T) {
 func TestFrozenReplicaNonStreamingFailsOver(t *testing.T) {
 	frozen := startReplica(t, 2*time.Millisecond, emulator.Faults{HangAfter: 1})
 	good := startReplica(t, 60*time.Millisecond, emulator.Faults{})
-	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: proxy.Config{FirstByteTimeout: 300 * time.Millisecond}}, frozen, good)
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: proxy.Config{FirstByteTimeout: time.Second}}, frozen, good) // long enough for b on a busy machine
 	if res := chat(t, url, "while it still answers", 1); res.Status != 200 || res.Replica != "a" {
 		t.Fatalf("first request: %+v", res)
 	}
@@ -147,13 +147,15 @@ func TestEjectionCutsWaitingRequests(t *testing.T) {
 // When a replica's round trip jumps while gorgo serves, its probes see it
 // and traffic moves away.
 func TestRTTJumpMovesTraffic(t *testing.T) {
-	near, other := startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 60*time.Millisecond, emulator.Faults{})
+	// Round trips far apart, before and after: a busy machine's probe of
+	// a few dozen ms late does not reorder them.
+	near, other := startReplica(t, 5*time.Millisecond, emulator.Faults{}), startReplica(t, 150*time.Millisecond, emulator.Faults{})
 	s, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: 20 * time.Millisecond, RTTAlpha: 0.5}}, near, other)
 	if res := chat(t, url, "before", 1); res.Replica != "a" {
 		t.Fatalf("before the jump: %+v", res)
 	}
-	near.Link.Set(400*time.Millisecond, 0)
-	eventually(t, "the router to see the jump", func() bool { return stateOr(s, "a").RTT > 200*time.Millisecond })
+	near.Link.Set(600*time.Millisecond, 0)
+	eventually(t, "the router to see the jump", func() bool { return stateOr(s, "a").RTT > 400*time.Millisecond })
 	for i := range 3 {
 		if res := chat(t, url, fmt.Sprint("after ", i), 1); res.Status != 200 || res.Replica != "b" {
 			t.Errorf("after the jump: %+v", res)

@@ -58,11 +58,6 @@ func median(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-func within(d, want time.Duration, frac float64) bool {
-	tol := time.Duration(float64(want) * frac)
-	return d >= want-tol && d <= want+tol
-}
-
 // TestHTTPRoundTrip: a request on an established keep-alive connection takes
 // the configured RTT, and follows Link.Set.
 func TestHTTPRoundTrip(t *testing.T) {
@@ -114,8 +109,9 @@ func TestHTTPRoundTrip(t *testing.T) {
 			}
 			continue
 		}
-		if !within(med, rtt, 0.2) {
-			t.Errorf("RTT %v: median round trip %v, want ±20%%", rtt, med)
+		// Late wakes on a busy machine only add: the bound above is looser.
+		if med < rtt*8/10 || med > rtt+50*time.Millisecond {
+			t.Errorf("RTT %v: median round trip %v, want -20%% to +50 ms", rtt, med)
 		}
 	}
 }
@@ -180,11 +176,11 @@ func TestHTTPServerSentEvents(t *testing.T) {
 		}
 	}
 	t.Logf("first event after %v; per-event delay %v; gaps %v", first.Round(100*time.Microsecond), oneWay, gaps)
-	if first < rtt*8/10 || first > rtt*3/2 {
+	if first < rtt*8/10 || first > rtt+100*time.Millisecond {
 		t.Errorf("first event after %v, want about %v", first, rtt)
 	}
 	for i, d := range oneWay {
-		if d < rtt/2*8/10 || d > rtt/2+80*time.Millisecond {
+		if d < rtt/2*8/10 || d > rtt/2+150*time.Millisecond {
 			t.Errorf("event %d arrived %v after it was written, want about %v", i, d, rtt/2)
 		}
 	}

@@ -30,10 +30,10 @@ func TestMeasuresAStream(t *testing.T) {
 		w.Header().Set(ReplicaHeader, "us-east-0")
 		s := startSSE(w)
 		s.data(`{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`)
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
 		for i := range 5 {
 			if i > 0 {
-				time.Sleep(10 * time.Millisecond)
+				time.Sleep(40 * time.Millisecond)
 			}
 			s.content("tok ")
 		}
@@ -59,14 +59,15 @@ func TestMeasuresAStream(t *testing.T) {
 	if rec.Failed || rec.Status != 200 {
 		t.Fatalf("record %+v", rec)
 	}
-	if rec.TTFT < 50 || rec.TTFT > 75 {
-		t.Errorf("TTFT %.1f ms, want 50 ms (+25)", rec.TTFT)
+	// Bounds a busy machine's late wakes (tens of ms) stay within.
+	if rec.TTFT < 200 || rec.TTFT > 300 {
+		t.Errorf("TTFT %.1f ms, want 200 ms (+100)", rec.TTFT)
 	}
-	if rec.ITL < 5 || rec.ITL > 25 {
-		t.Errorf("ITL %.1f ms, want about 10", rec.ITL)
+	if rec.ITL < 20 || rec.ITL > 80 {
+		t.Errorf("ITL %.1f ms, want about 40", rec.ITL)
 	}
-	if rec.E2E < rec.TTFT+40 {
-		t.Errorf("E2E %.1f ms, want at least TTFT + 4 gaps of 10 ms", rec.E2E)
+	if rec.E2E < rec.TTFT+160 {
+		t.Errorf("E2E %.1f ms, want at least TTFT + 4 gaps of 40 ms", rec.E2E)
 	}
 	want := report.Record{Index: 0, Session: "s1", Replica: "us-east-0", PromptTokens: 700, CachedTokens: 512, OutputTokens: 5, Status: 200}
 	got := report.Record{Index: rec.Index, Session: rec.Session, Replica: rec.Replica, PromptTokens: rec.PromptTokens, CachedTokens: rec.CachedTokens, OutputTokens: rec.OutputTokens, Status: rec.Status}

@@ -81,13 +81,14 @@ func TestFlowControlLive(t *testing.T) {
 	// 79.7% of its requests and the batch 98.8%). The records are in the
 	// model's time, twenty times the wall's: a machine's delays of tens of
 	// ms move them by a second. What holds on any machine, each from the
-	// same runs: no request is lost, the interactive tenant is refused no
-	// more often than the batch tenant, and its tail stays far below the
-	// flood's (a third of it).
+	// same runs: no request is lost, the interactive tenant is refused at
+	// most half as often as the batch tenant or ten points less (flow
+	// control without priorities refuses both alike), and its tail stays
+	// far below the flood's (a third of it).
 	if with.Completed+with.Rejected != solo.Completed {
 		t.Errorf("chat with flow control: %d served and %d refused of %d", with.Completed, with.Rejected, solo.Completed)
 	}
-	if chatShare, batchShare := float64(with.Rejected)/float64(with.Requests), float64(batch.Rejected)/float64(max(batch.Requests, 1)); chatShare > batchShare {
+	if chatShare, batchShare := float64(with.Rejected)/float64(with.Requests), float64(batch.Rejected)/float64(max(batch.Requests, 1)); chatShare > batchShare/2 && chatShare > batchShare-0.1 {
 		t.Errorf("chat refused %.1f%% of its requests, the batch tenant %.1f%%: flow control should shed the batch first", 100*chatShare, 100*batchShare)
 	}
 	if without.TTFT.P95 < 3*with.TTFT.P95 {

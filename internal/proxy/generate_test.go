@@ -49,7 +49,7 @@ func TestGenerateThroughTheRouter(t *testing.T) {
 		case !strings.Contains(line, "msg=request"):
 		case strings.Contains(line, "stream=true"):
 			stream = line
-		case promptTokens(line) < 100: // the batch's six ids, not the long text
+		case promptTokens(line) < 100: // the batch's few ids, not the long text
 			batch = line
 		default:
 			whole = line

@@ -522,8 +522,7 @@ func (d *decisions) add(now time.Duration) {
 	d.n++
 }
 
-// countBefore is the count of the decisions before from, faded to now (0
-// without decisions).
+// countBefore is the count of the decisions before from, faded to now.
 func (d *decisions) countBefore(from, now time.Duration) float64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -34,6 +35,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	configPath := fs.String("config", "", "YAML config `FILE`, as for gorgo serve (required)")
 	listen := fs.String("listen", "127.0.0.1:9002", "address of the ext_proc gRPC service")
 	fallbacks := fs.Int("fallbacks", 0, "ranked fallback endpoints after the chosen one in the answer, for gateways that follow the list (Envoy's ORIGINAL_DST reads one address: keep 0 there)")
+	bodyMode := fs.String("body-mode", "", "the body mode of a gateway that does not say it on each stream (Envoy before 1.34): `MODE` FULL_DUPLEX_STREAMED (requests and responses, as the protocol's reference picker assumes) or BUFFERED (requests; responses streamed); unset: BUFFERED, and a stream that ends before its response counted as served")
 	adminListen := fs.String("admin-listen", "", "address of the admin API (default the config's, else 127.0.0.1:9091; off for none)")
 	var tf tuneFlags
 	tf.registerLive(fs)
@@ -49,6 +51,10 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	}
 	if *fallbacks < 0 {
 		return fmt.Errorf("--fallbacks must not be negative")
+	}
+	assume, err := assumedProtocol(*bodyMode)
+	if err != nil {
+		return err
 	}
 	cfg, err := serve.LoadConfig(*configPath)
 	if err != nil {
@@ -91,7 +97,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	printTracing(stdout, cfg)
 	gs := grpc.NewServer()
 	picker := epp.New(srv.Fleet, srv.Registry())
-	picker.Fallbacks = *fallbacks
+	picker.Fallbacks, picker.Assume = *fallbacks, assume
 	pickerSettings := func(c serve.Config) epp.Settings {
 		return epp.Settings{TenantHeader: c.Proxy.TenantHeader, RefuseOperations: c.Proxy.EngineOperations == "refuse",
 			OperationWait: c.Proxy.HeaderTimeout, WeightsWait: c.Proxy.FirstByteTimeout,
@@ -109,6 +115,9 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	go func() {
 		defer close(stopped)
 		<-ctx.Done()
+		// Not serving from now: a gateway checking the picker's health
+		// stops sending it new streams while those in flight end.
+		hs.Shutdown()
 		done := make(chan struct{})
 		go func() { gs.GracefulStop(); close(done) }()
 		select {
@@ -127,4 +136,20 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 		<-stopped // the streams in flight ended their spans (bounded by the shutdown timeout)
 	}
 	return shutdown(err, srv, cfg)
+}
+
+// assumedProtocol is the protocol configuration --body-mode says a gateway
+// that does not send one uses (nil: unset).
+func assumedProtocol(mode string) (*extprocv3.ProtocolConfiguration, error) {
+	switch strings.ToUpper(mode) {
+	case "":
+		return nil, nil
+	case "FULL_DUPLEX_STREAMED":
+		return &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+			ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}, nil
+	case "BUFFERED":
+		return &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_BUFFERED,
+			ResponseBodyMode: filterv3.ProcessingMode_STREAMED}, nil
+	}
+	return nil, fmt.Errorf("--body-mode must be FULL_DUPLEX_STREAMED or BUFFERED, got %q", mode)
 }

@@ -107,9 +107,15 @@ type Server struct {
 	// the answer (default 0: the chosen endpoint alone, which Envoy's
 	// ORIGINAL_DST cluster needs: it reads the header as one address).
 	Fallbacks int
-	settings  atomic.Pointer[Settings]
-	bodies    httpapi.Budget // the request bodies being gathered and served
-	refused   *prometheus.CounterVec
+	// Assume is the protocol configuration taken for a stream that
+	// carries none (Envoy before 1.34, a data plane that does not send
+	// it); nil: request bodies buffered, responses streamed, and a stream
+	// that ends before its response's headers counted as served (the
+	// gateway may send no response events).
+	Assume   *extprocv3.ProtocolConfiguration
+	settings atomic.Pointer[Settings]
+	bodies   httpapi.Budget // the request bodies being gathered and served
+	refused  *prometheus.CounterVec
 }
 
 // Settings are what of the router's config the picker follows; a reload
@@ -165,6 +171,13 @@ type exchange struct {
 	err    error // the stream broke (not an end or a cancel)
 	closed bool  // the stream ended
 	duplex bool  // request body in FULL_DUPLEX_STREAMED mode
+	// unread: the request body does not reach the picker before the
+	// route is fixed (NONE, STREAMED): it routes at the headers.
+	unread bool
+	// expect: the gateway said it sends the response's body, so a stream
+	// that ends before any response event was left by its client (or
+	// given up by the gateway); responding: a response event came.
+	expect, responding bool
 	// respDuplex: response body in FULL_DUPLEX_STREAMED mode (Envoy says
 	// so on the stream's first message only); respNone: Envoy said it
 	// sends no response body, so no first token will be seen.
@@ -209,6 +222,7 @@ type exchange struct {
 	servedEP   string // the endpoint the gateway says served it, known or not
 	answered   bool   // the response's end was seen
 	unobserved bool
+	gone       bool // the stream ended before the response began, which the gateway said it would send
 	// pending is the answer to the last response message, sent once the
 	// lifecycle has taken that message in (so the gateway never sees an
 	// answer before the router's state shows it).
@@ -273,11 +287,18 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 			return x.send(continueHeaders())
 		}
 		x.received = time.Now()
-		if pc := msg.GetProtocolConfig(); pc != nil {
-			x.duplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
-			x.respDuplex = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
-			x.respNone = pc.GetResponseBodyMode() == filterv3.ProcessingMode_NONE
-			x.respLate = pc.GetResponseBodyMode() == filterv3.ProcessingMode_BUFFERED || pc.GetResponseBodyMode() == filterv3.ProcessingMode_BUFFERED_PARTIAL
+		pc := msg.GetProtocolConfig()
+		if pc == nil {
+			pc = x.s.Assume
+		}
+		if pc != nil {
+			req, resp := pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+			x.duplex = req == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+			x.unread = req == filterv3.ProcessingMode_NONE || req == filterv3.ProcessingMode_STREAMED
+			x.respDuplex = resp == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+			x.respNone = resp == filterv3.ProcessingMode_NONE
+			x.respLate = resp == filterv3.ProcessingMode_BUFFERED || resp == filterv3.ProcessingMode_BUFFERED_PARTIAL
+			x.expect = !x.respNone
 		}
 		traced := x.s.fleet.Core().Tracing()
 		for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
@@ -309,8 +330,11 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 			x.opHeader = operationHeader(r.RequestHeaders.GetHeaders().GetHeaders())
 			x.bodiless = r.RequestHeaders.GetEndOfStream()
 		}
-		if r.RequestHeaders.GetEndOfStream() {
-			return x.decide(true) // no body: route by load
+		if r.RequestHeaders.GetEndOfStream() || x.unread {
+			// No body, or none the picker sees before Envoy fixes the
+			// route (it continues the headers at their answer): route
+			// by load, the destination in the headers' answer.
+			return x.decide(true)
 		}
 		if x.duplex {
 			return nil // the headers' answer waits for the body
@@ -343,7 +367,9 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 		}
 		return x.send(continueTrailers())
 	default:
-		// A response message with no request in flight (refused, or over).
+		// A response message with no request in flight (refused, or
+		// over), or before the response's headers (Envoy skips them).
+		x.responding = true
 		x.pending = continueResponse(msg, x.respDuplex)
 	}
 	return nil
@@ -539,7 +565,7 @@ func (x *exchange) Send(ctx context.Context, r *lifecycle.Request, id string) (i
 			return 0, &lifecycle.AttemptError{Error: *wire.Errorf(http.StatusServiceUnavailable, "the gateway's stream broke")}
 		}
 		switch {
-		case x.unobserved || x.status >= 300 || x.servedEP != "" && x.servedEP != ep:
+		case x.unobserved || x.gone || x.status >= 300 || x.servedEP != "" && x.servedEP != ep:
 			x.unwatch(false) // no answer of it (gone before its headers), or another's
 		case !r.Stream():
 			x.unwatch(r.AnswersJSON()) // a whole answer's headers come with its end
@@ -639,13 +665,15 @@ func (x *exchange) route(ep string, r *lifecycle.Request) error {
 		// Full duplex: the body goes on after the headers, in pieces.
 		for {
 			n := min(len(body), bodyChunk)
-			eos := n == len(body)
+			// Trailers end a body that came with them: its last piece
+			// does not end the stream before them.
+			eos := n == len(body) && !x.trailers
 			if err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
 				RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{
 					Mutation: &extprocv3.BodyMutation_StreamedResponse{StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body[:n], EndOfStream: eos}}}}}}}); err != nil {
 				return err
 			}
-			if eos {
+			if n == len(body) {
 				break
 			}
 			body = body[n:]
@@ -692,12 +720,16 @@ func traceAttempt(hm *extprocv3.HeaderMutation, r *lifecycle.Request, ep string)
 // awaitResponse reads the stream up to the response's headers (answering
 // the request's remaining pieces): its status and the endpoint that served
 // it. A stream that ends first had no response events: the gateway sends
-// none, and the request is counted as served.
+// none, and the request is counted as served; or, where the gateway said
+// it sends the response's body and none of it came, the client left (or
+// the gateway gave up) before the response began.
 func (x *exchange) awaitResponse() {
 	for {
 		msg := x.recv()
 		if msg == nil {
-			x.status, x.unobserved = http.StatusOK, true
+			x.status = http.StatusOK
+			x.unobserved = !x.expect || x.responding
+			x.gone = !x.unobserved
 			return
 		}
 		rh, ok := msg.Request.(*extprocv3.ProcessingRequest_ResponseHeaders)
@@ -983,7 +1015,10 @@ func value(h *corev3.HeaderValue) string {
 	return string(h.GetRawValue())
 }
 
-// subset reads the gateway's subset hint from the request metadata.
+// subset reads the gateway's subset hint from the request metadata: nil
+// without one; else the endpoints it names (a list, or one string, each
+// comma-separated as some gateways send them), none if it names none, so
+// that nothing is eligible.
 func subset(md *corev3.Metadata) []string {
 	st := md.GetFilterMetadata()[SubsetNamespace]
 	if st == nil {
@@ -993,22 +1028,20 @@ func subset(md *corev3.Metadata) []string {
 	if v == nil {
 		return nil
 	}
-	var out []string
-	if s := v.GetStringValue(); s != "" { // a comma-separated string, as some gateways send
+	out := []string{}
+	add := func(s string) {
 		for _, e := range strings.Split(s, ",") {
 			if e = strings.TrimSpace(e); e != "" {
 				out = append(out, e)
 			}
 		}
-		return out
 	}
-	for _, e := range v.GetListValue().GetValues() {
-		if s := e.GetStringValue(); s != "" {
-			out = append(out, s)
+	if l := v.GetListValue(); l != nil {
+		for _, e := range l.GetValues() {
+			add(e.GetStringValue())
 		}
-	}
-	if out == nil && v.GetListValue() != nil {
-		return []string{} // an empty list: nothing is eligible
+	} else {
+		add(v.GetStringValue())
 	}
 	return out
 }

@@ -70,19 +70,25 @@ func TestHeadersWithoutBodyAreTheAnswer(t *testing.T) {
 }
 
 // The other response modes keep their meaning: in a body mode, a stream
-// that ends after the headers ended mid-answer (499); a stream with no
-// response events at all (response_header_mode SKIP) was served.
+// that ends after the headers ended mid-answer (499), and one that ends
+// before any response event was left by its client before its answer
+// began (499: it was once counted as served, review 2026-12-07); with
+// the headers skipped (response_header_mode SKIP), a body's events and
+// the end were served; with no response body (NONE) and no response
+// events at all, the end is all the picker sees: served.
 func TestStreamEndAfterHeadersByMode(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		mode    filterv3.ProcessingMode_BodySendMode
-		headers bool
-		want    int
+		name          string
+		mode          filterv3.ProcessingMode_BodySendMode
+		headers, body bool
+		want          int
 	}{
-		{"streamed, headers then end", filterv3.ProcessingMode_STREAMED, true, 499},
-		{"full duplex, headers then end", filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, true, 499},
-		{"none, no response events", filterv3.ProcessingMode_NONE, false, 200},
-		{"streamed, no response events", filterv3.ProcessingMode_STREAMED, false, 200},
+		{"streamed, headers then end", filterv3.ProcessingMode_STREAMED, true, false, 499},
+		{"full duplex, headers then end", filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, true, false, 499},
+		{"none, no response events", filterv3.ProcessingMode_NONE, false, false, 200},
+		{"streamed, no response events", filterv3.ProcessingMode_STREAMED, false, false, 499},
+		{"full duplex, no response events", filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, false, false, 499},
+		{"streamed, headers skipped, a body", filterv3.ProcessingMode_STREAMED, false, true, 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tap := &tapRec{}
@@ -94,6 +100,10 @@ func TestStreamEndAfterHeadersByMode(t *testing.T) {
 			routeChatIn(t, f, s, tc.mode)
 			if tc.headers {
 				s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+				recv(t, s)
+			}
+			if tc.body {
+				s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(`{"id":"x"}`), EndOfStream: true}}})
 				recv(t, s)
 			}
 			s.CloseSend()

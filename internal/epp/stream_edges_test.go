@@ -3,13 +3,16 @@ package epp
 import (
 	"context"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/estimate"
@@ -41,22 +44,38 @@ func TestEndpointGoneIsFreed(t *testing.T) {
 	waitFor(t, "a's ledger to be free", func() bool { st, _ := f.core.Router().Replica("a"); return st.InFlight == 0 })
 }
 
-// A body that comes in pieces (buffered-partial, streamed) is routed by
-// load at its first piece (it was once parsed, and refused).
+// A body that comes in pieces is routed by load (it was once parsed, and
+// refused): buffered-partial at its first piece, whose answer Envoy holds
+// the headers for; streamed, and a gateway that sends no body (NONE), at
+// the headers, since Envoy lets them go on at their answer and a later
+// destination would be too late (review, 2026-12-07: no destination at
+// all reached Envoy).
 func TestBodyInPiecesIsRoutedByLoad(t *testing.T) {
-	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_BUFFERED_PARTIAL} {
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_BUFFERED_PARTIAL, filterv3.ProcessingMode_NONE} {
 		f := newFleet(t, admit.Config{})
 		s, _ := picker(t, f).Process(context.Background())
 		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)},
 			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
-		recv(t, s)
-		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody[:40])}}})
 		r := recv(t, s)
+		if mode == filterv3.ProcessingMode_BUFFERED_PARTIAL {
+			if r.GetRequestHeaders().GetResponse().GetHeaderMutation() != nil {
+				t.Errorf("%v: routed at the headers, before the first piece", mode)
+			}
+			s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody[:40])}}})
+			r = recv(t, s)
+		}
 		if imm := r.GetImmediateResponse(); imm != nil {
-			t.Fatalf("%v: a body's first piece answered %d: %s", mode, imm.GetStatus().GetCode(), imm.GetBody())
+			t.Fatalf("%v: answered %d: %s", mode, imm.GetStatus().GetCode(), imm.GetBody())
 		}
 		if h, _ := destination(t, r); h == "" {
 			t.Errorf("%v: no destination", mode)
+		}
+		if mode == filterv3.ProcessingMode_STREAMED {
+			// The pieces go on as they came.
+			s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody[:40])}}})
+			if b := recv(t, s).GetRequestBody(); b == nil || b.GetResponse().GetBodyMutation() != nil {
+				t.Errorf("%v: a piece after the decision answered %v", mode, b)
+			}
 		}
 		s.CloseSend()
 	}
@@ -75,7 +94,85 @@ func TestDuplexTrailersEndTheBody(t *testing.T) {
 	if _, ok := r.Response.(*extprocv3.ProcessingResponse_RequestHeaders); !ok {
 		t.Errorf("first answer in duplex with trailers: %T (want the headers' answer with the destination)", r.Response)
 	}
+	// The body goes back without ending the stream (review, 2026-12-07:
+	// its last piece said end_of_stream, which Envoy passes upstream
+	// before the trailers), then the trailers' answer.
+	for {
+		r = recv(t, s)
+		piece := r.GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		if piece == nil {
+			break
+		}
+		if piece.GetEndOfStream() {
+			t.Errorf("a body piece ends the stream before its trailers")
+		}
+	}
+	if r.GetRequestTrailers() == nil {
+		t.Errorf("after the body: %T, want the trailers' answer", r.Response)
+	}
 	s.CloseSend()
+}
+
+// A gateway that does not say its body modes on the stream (Envoy before
+// 1.34) is taken to use the picker's Assume: full duplex waits for the
+// body before the headers' answer and sends it back in pieces; without
+// Assume, buffered, as before (review, 2026-12-07: full duplex without the
+// protocol configuration sent the headers on with no destination).
+func TestAssumedBodyMode(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	pk := New(f, nil)
+	pk.Assume = &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+		ResponseBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
+	s, _ := servePicker(t, pk).Process(context.Background())
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody[:10])}}})
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody[10:]), EndOfStream: true}}})
+	if h, _ := destination(t, recv(t, s)); h == "" {
+		t.Fatal("no destination in the headers' answer")
+	}
+	if piece := recv(t, s).GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse(); string(piece.GetBody()) != chatBody || !piece.GetEndOfStream() {
+		t.Errorf("the body went back as %q", piece.GetBody())
+	}
+	// The response's body pieces are echoed, as full duplex asks.
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(`{"id":"x"}`), EndOfStream: true}}})
+	if piece := recv(t, s).GetResponseBody().GetResponse().GetBodyMutation().GetStreamedResponse(); string(piece.GetBody()) != `{"id":"x"}` {
+		t.Errorf("the response's body went back as %q", piece.GetBody())
+	}
+	s.CloseSend()
+}
+
+// The subset hint: a list or a string, its entries comma-separated or not;
+// a hint that names nothing leaves nothing eligible (it once meant no
+// hint, review 2026-12-07).
+func TestSubsetHint(t *testing.T) {
+	hint := func(v any) *corev3.Metadata {
+		st, err := structpb.NewStruct(map[string]any{SubsetKey: v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{SubsetNamespace: st}}
+	}
+	for _, c := range []struct {
+		md   *corev3.Metadata
+		want []string
+	}{
+		{nil, nil},
+		{&corev3.Metadata{}, nil},
+		{hint("10.0.0.1:8000"), []string{"10.0.0.1:8000"}},
+		{hint("10.0.0.1:8000, 10.0.0.2:8000"), []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{hint([]any{"10.0.0.1:8000", "10.0.0.2:8000"}), []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{hint([]any{"10.0.0.1:8000,10.0.0.2:8000"}), []string{"10.0.0.1:8000", "10.0.0.2:8000"}},
+		{hint(""), []string{}},
+		{hint(" , "), []string{}},
+		{hint([]any{}), []string{}},
+	} {
+		got := subset(c.md)
+		if (got == nil) != (c.want == nil) || !slices.Equal(got, c.want) {
+			t.Errorf("%v: %#v, want %#v", c.md, got, c.want)
+		}
+	}
 }
 
 type tapRec struct {

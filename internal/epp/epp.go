@@ -16,6 +16,8 @@
 package epp
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -40,6 +42,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/httpapi"
 	"github.com/gorgo-llm/gorgo/internal/lifecycle"
+	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/tracing"
 	"github.com/gorgo-llm/gorgo/internal/wire"
@@ -60,6 +63,16 @@ const (
 	ServedKey = "x-gateway-destination-endpoint-served"
 	// SessionHeader is gorgo's session header (as in gorgo serve).
 	SessionHeader = "x-session-id"
+	// RenameHeader (and its older name, OldRenameHeader) is the model a
+	// gateway (its authorisation, an adapter's selection) has the picker
+	// send the request to the model server as, in the body's "model".
+	RenameHeader    = "x-llm-d-model-name-rewrite"
+	OldRenameHeader = "x-gateway-model-name-rewrite"
+	// The protocol's per-request SLO headers (and their older names),
+	// read as gorgo's own X-Gorgo-Ttft-Slo-Ms and X-Gorgo-Tpot-Slo-Ms
+	// where those are not given.
+	TTFTSLOHeader, OldTTFTSLOHeader = "x-llm-d-slo-ttft-ms", "x-slo-ttft-ms"
+	TPOTSLOHeader, OldTPOTSLOHeader = "x-llm-d-slo-tpot-ms", "x-slo-tpot-ms"
 	// bodyChunk is the largest body piece sent back in full-duplex mode
 	// (as the reference picker does).
 	bodyChunk = 62000
@@ -192,10 +205,14 @@ type exchange struct {
 	requestID            string // the client's X-Request-Id (vLLM's engine's id of it)
 	subset               []string
 	body                 []byte
-	received             time.Time
-	decided              bool
-	atHeaders            bool // decided at the headers: the body, if any, is not read
-	trailers             bool // the request's trailers came with the decision: answer them after it
+	// rename is the model the gateway has the body sent as (RenameHeader);
+	// renamed: the body was so rewritten, and must go on as it is now.
+	rename    string
+	renamed   bool
+	received  time.Time
+	decided   bool
+	atHeaders bool // decided at the headers: the body, if any, is not read
+	trailers  bool // the request's trailers came with the decision: answer them after it
 	// respLate: Envoy buffers the response body, so a stream's first
 	// token is seen late (at its end, or once the buffer fills).
 	respLate bool
@@ -301,6 +318,7 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 			x.expect = !x.respNone
 		}
 		traced := x.s.fleet.Core().Tracing()
+		var ttft, tpot, ttftOld, tpotOld string // the protocol's SLO headers
 		for _, h := range r.RequestHeaders.GetHeaders().GetHeaders() {
 			switch key := strings.ToLower(h.GetKey()); {
 			case key == ":path":
@@ -323,8 +341,20 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 				x.ask.TTFTSLO = value(h)
 			case key == tpotSLOHeader:
 				x.ask.TPOTSLO = value(h)
+			case key == RenameHeader, key == OldRenameHeader && x.rename == "":
+				x.rename = value(h)
+			case key == TTFTSLOHeader:
+				ttft = value(h)
+			case key == OldTTFTSLOHeader:
+				ttftOld = value(h)
+			case key == TPOTSLOHeader:
+				tpot = value(h)
+			case key == OldTPOTSLOHeader:
+				tpotOld = value(h)
 			}
 		}
+		x.ask.TTFTSLO = cmp.Or(x.ask.TTFTSLO, ttft, ttftOld)
+		x.ask.TPOTSLO = cmp.Or(x.ask.TPOTSLO, tpot, tpotOld)
 		x.subset = subset(msg.GetMetadataContext())
 		if x.operation() {
 			x.opHeader = operationHeader(r.RequestHeaders.GetHeaders().GetHeaders())
@@ -400,6 +430,23 @@ func (x *exchange) gather(piece []byte) *wire.Error {
 	return nil
 }
 
+// renameModel sets the body's model to the gateway's rename, in the
+// body's own buffer (grown within the picker's budget, as gather grows
+// it). A body that is not a JSON object is left as it is (the lifecycle
+// refuses it).
+func (x *exchange) renameModel() *wire.Error {
+	if t := bytes.TrimSpace(x.body); len(t) == 0 || t[0] != '{' || !wire.ValidJSON(t) {
+		return nil
+	}
+	renamed := prompt.WithModel(x.body, x.rename, nil)
+	x.body = x.body[:0]
+	if e := x.gather(renamed); e != nil {
+		return e
+	}
+	x.renamed = true
+	return nil
+}
+
 // logID is the request's x-request-id (the gateway's, as Envoy makes one)
 // where it is one to log (httpapi.PrintableID), for the access log.
 func (x *exchange) logID() string {
@@ -443,6 +490,12 @@ func (x *exchange) decide(atHeaders bool) error {
 		e := wire.Errorf(http.StatusBadRequest, "%v", err)
 		x.s.fleet.Core().Refused(e, x.logID())
 		return x.immediate(e)
+	}
+	if x.rename != "" && !atHeaders && prompt.Model(x.body) != x.rename {
+		if e := x.renameModel(); e != nil {
+			x.s.fleet.Core().Refused(e, x.logID())
+			return x.immediate(e)
+		}
 	}
 	in := lifecycle.Incoming{Body: x.body, Kind: kind(x.path), Session: x.session, RequestID: x.requestID, Received: x.received,
 		Parent: tracing.Parent(x.traceparent, x.tracestate), Tenant: name, Ask: x.ask,
@@ -642,11 +695,11 @@ func (x *exchange) route(ep string, r *lifecycle.Request) error {
 	}
 	traceAttempt(common.HeaderMutation, r, ep)
 	md, _ := structpb.NewStruct(map[string]any{LBNamespace: map[string]any{DestinationHeader: list}})
-	// The body goes on as the client sent it, or with the served name an
-	// alias stood for.
-	body, rewritten := x.body, r.Rewritten() != nil
-	if rewritten {
-		body = r.Rewritten()
+	// The body goes on as the client sent it, or with the model the
+	// gateway renamed it to, or with the served name an alias stood for.
+	body, rewritten := x.body, x.renamed
+	if r.Rewritten() != nil {
+		body, rewritten = r.Rewritten(), true
 	}
 	switch {
 	case x.atHeaders && x.body != nil && !x.duplex:

@@ -16,9 +16,11 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
 	"github.com/gorgo-llm/gorgo/internal/estimate"
+	"github.com/gorgo-llm/gorgo/internal/models"
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/router"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 // a fleet that lost replica a's address (removed between Dispatch and Endpoint)
@@ -363,5 +365,76 @@ func generateThroughGateway(t *testing.T, f *testFleet, body, contentType, answe
 		end := min(i+16<<10, len(answer))
 		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(answer[i:end]), EndOfStream: end == len(answer)}}})
 		recv(t, s)
+	}
+}
+
+// The gateway's model rename (x-llm-d-model-name-rewrite, or its older
+// name): the request is routed to a replica that serves the new name and
+// its body goes on with it, buffered or in full duplex; the protocol's SLO
+// headers are read as gorgo's own.
+func TestGatewayRenamesTheModel(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	for id, name := range map[string]string{"a": "base", "b": "tuned"} {
+		set, err := models.NewSet([]models.Model{{ID: name}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.core.Router().SetModels(id, set); err != nil {
+			t.Fatal(err)
+		}
+	}
+	body := `{"model":"base","messages":[{"role":"user","content":"hello there"}],"max_tokens":4}`
+	for _, c := range []struct {
+		header string
+		mode   filterv3.ProcessingMode_BodySendMode
+	}{{RenameHeader, filterv3.ProcessingMode_BUFFERED}, {OldRenameHeader, filterv3.ProcessingMode_BUFFERED}, {RenameHeader, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}} {
+		s, _ := picker(t, f).Process(context.Background())
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false, c.header, "tuned")},
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: c.mode, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
+		if c.mode == filterv3.ProcessingMode_BUFFERED {
+			recv(t, s)
+		}
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}})
+		r := recv(t, s)
+		if h, _ := destination(t, r); h != "10.0.0.2:8000" {
+			t.Errorf("%s, %v: routed to %q, want the replica serving the new name", c.header, c.mode, h)
+		}
+		sent := r.GetRequestBody().GetResponse().GetBodyMutation().GetBody()
+		if c.mode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+			sent = recv(t, s).GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse().GetBody()
+		}
+		if want := strings.Replace(body, `"base"`, `"tuned"`, 1); string(sent) != want {
+			t.Errorf("%s, %v: the body went on as %s", c.header, c.mode, sent)
+		}
+		s.CloseSend()
+	}
+}
+
+// The protocol's SLO headers are read as gorgo's own, which win where both
+// are given: an ask out of the tenant's bounds is refused either way.
+func TestProtocolSLOHeaders(t *testing.T) {
+	ts, err := tenant.New(map[string]tenant.Config{"default": {TTFTSLO: time.Second}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newTenantFleet(t, admit.Config{}, nil, ts)
+	for _, c := range []struct {
+		kv      []string
+		refused bool
+	}{
+		{[]string{TTFTSLOHeader, "5"}, true},
+		{[]string{OldTTFTSLOHeader, "5"}, true},
+		{[]string{"x-gorgo-ttft-slo-ms", "2000", TTFTSLOHeader, "5"}, false},
+		{[]string{TTFTSLOHeader, "2000"}, false},
+	} {
+		s, _ := picker(t, f).Process(context.Background())
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false, c.kv...)}})
+		recv(t, s)
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
+		imm := recv(t, s).GetImmediateResponse()
+		if got := imm.GetStatus().GetCode() == 400; got != c.refused {
+			t.Errorf("%v: answered %v, want refused %v", c.kv, imm, c.refused)
+		}
+		s.CloseSend()
 	}
 }

@@ -249,6 +249,10 @@ type exchange struct {
 	// long says the stream is inside an event too long to hold, which the
 	// lifecycle reads as it passes (lifecycle.Request.LongEventPart).
 	long bool
+	// ended: the stream's events said the answer ended (a finish, the
+	// usage, an error, [DONE]), so that a body that ends without one was
+	// broken off.
+	ended bool
 	// watched ends the routed attempt's watch by its replica's stall
 	// check (Watcher), saying whether its answer began; of is that
 	// replica, whose progress each piece of a successful answer is; noCut
@@ -858,6 +862,12 @@ func (x *exchange) Relay(r *lifecycle.Request) lifecycle.Outcome {
 		r.Done()
 	case !x.answered:
 		out.ClientGone = true // the stream ended mid-answer
+	case r.Stream() && x.status == http.StatusOK && !x.ended:
+		// The body ended without the answer's end: the replica closed
+		// its stream early (as gorgo serve judges it).
+		out.Err = errNoEnd
+	case r.Stream() && x.status == http.StatusOK:
+		r.Done() // its end without [DONE] (a Responses API stream's)
 	}
 	return out
 }
@@ -947,10 +957,14 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 	}
 }
 
+// errNoEnd is a stream whose body ended before its [DONE] and without a
+// final event.
+var errNoEnd = errors.New("the stream ended before its final event")
+
 // longEnd ends an event too long to hold, whose last piece is ev.
 func (x *exchange) longEnd(r *lifecycle.Request, ev []byte) {
 	r.LongEventPart(ev)
-	r.LongEventEnd()
+	x.ended = r.LongEventEnd() || x.ended
 	x.long = false
 }
 
@@ -960,10 +974,12 @@ func (x *exchange) event(r *lifecycle.Request, ev []byte, at time.Time) {
 		return
 	}
 	if wire.IsDone(data) {
+		x.ended = true
 		r.Done()
 		return
 	}
 	p := r.Format().Chunk(data)
+	x.ended = x.ended || p.Finish || p.Usage || p.Error
 	r.Chunk(&p, at)
 }
 

@@ -116,3 +116,37 @@ func TestStreamEndAfterHeadersByMode(t *testing.T) {
 		})
 	}
 }
+
+// A streamed body that ends without the answer's end (no finish, no usage,
+// no [DONE]: the replica closed its stream early) was broken off: a 502,
+// as gorgo serve counts it; one that ends after its finish without [DONE]
+// is whole (it was once left neither, and not learned from).
+func TestStreamBodyEndedBeforeItsEnd(t *testing.T) {
+	for _, c := range []struct {
+		events string
+		want   int
+	}{
+		{"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n", 502},
+		{"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":\"stop\"}]}\n\n", 200},
+		{"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n", 200},
+	} {
+		tap := &tapRec{}
+		f := newTappedFleet(t, admit.Config{}, tap)
+		s, err := picker(t, f).Process(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		routeChatIn(t, f, s, filterv3.ProcessingMode_STREAMED)
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200")}})
+		recv(t, s)
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(c.events), EndOfStream: true}}})
+		recv(t, s)
+		s.CloseSend()
+		waitFor(t, "the request's end", func() bool { tap.mu.Lock(); defer tap.mu.Unlock(); return len(tap.statuses) == 1 })
+		tap.mu.Lock()
+		if tap.statuses[0] != c.want {
+			t.Errorf("%q: recorded %d, want %d", c.events, tap.statuses[0], c.want)
+		}
+		tap.mu.Unlock()
+	}
+}

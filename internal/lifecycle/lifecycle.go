@@ -733,8 +733,9 @@ func (r *Request) LongEventPart(b []byte) {
 	r.longTail = wire.KeepTail(r.longTail, b)
 }
 
-// LongEventEnd: see LongEventPart.
-func (r *Request) LongEventEnd() {
+// LongEventEnd: see LongEventPart. It reports whether the event carried
+// the answer's counts (its usage: the answer's end).
+func (r *Request) LongEventEnd() bool {
 	c, cached := 0, -1
 	if r.Format() != wire.Native {
 		c, cached = r.Format().Tail(r.longTail)
@@ -749,6 +750,7 @@ func (r *Request) LongEventEnd() {
 			r.cached = cached
 		}
 	}
+	return c > 0
 }
 
 // AnswerPart hands the lifecycle each piece of a whole (unstreamed) answer

@@ -788,6 +788,11 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	over := !a.stream // an answer too long to hold is passed through whole
 	var prev []byte
 	var tail []byte // the last wire.TailBytes of an answer passed through whole
+	// ended: a stream's events said it ended (a finish, the usage, an
+	// error, a Responses API stream's last event), so that a stream cut
+	// cleanly before its [DONE] without one is an answer broken off, not
+	// a complete one.
+	ended := false
 	for {
 		rest := *a.buf
 		*out = (*out)[:0]
@@ -795,7 +800,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if over && a.stream {
 			if n := eventEnd(prev, rest); n >= 0 {
 				req.LongEventPart(rest[:n])
-				req.LongEventEnd()
+				ended = req.LongEventEnd() || ended
 				*out, rest, over = append(*out, rest[:n]...), rest[n:], false
 			}
 		}
@@ -806,7 +811,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				break
 			}
 			rest = next
-			if s.hide(ev, req, &scratch, a.at, &done) {
+			if s.hide(ev, req, &scratch, a.at, &done, &ended) {
 				continue
 			}
 			*out = append(*out, ev...)
@@ -839,7 +844,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			// stream ended; if it broke off, the part of an event it
 			// broke off in is dropped, as the client's parser would drop
 			// it, and an event of its own says why (below).
-			if a.end == io.EOF && !s.hide(*a.buf, req, &scratch, a.at, &done) {
+			if a.end == io.EOF && !s.hide(*a.buf, req, &scratch, a.at, &done, &ended) {
 				*out = append(*out, *a.buf...)
 			}
 			*a.buf = (*a.buf)[:0]
@@ -868,6 +873,11 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				}
 				tail = wire.KeepTail(tail, pass)
 			}
+		}
+		if a.end == io.EOF && a.stream && !done && !ended && !over {
+			// The replica closed the stream before its end: cut short
+			// (a graceful shutdown, a sidecar's), whatever its framing.
+			a.end = errNoEnd
 		}
 		if done || a.end == io.EOF {
 			if !a.stream && ok {
@@ -912,6 +922,10 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	return lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil, Err: upErr}
 }
 
+// errNoEnd is a stream the replica closed before its [DONE] and without a
+// final event.
+var errNoEnd = errors.New("the stream ended before its final event")
+
 // sseEvent is a JSON value (its trailing newline dropped) as an SSE event.
 func sseEvent(v []byte) []byte {
 	return append(append([]byte("data: "), bytes.TrimRight(v, "\n")...), "\n\n"...)
@@ -946,8 +960,9 @@ func blankLine(b []byte) int {
 
 // hide hands one event to the lifecycle and reports whether the client
 // must not see it (the usage chunk it did not ask for); done is set by the
-// [DONE] event.
-func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at time.Time, done *bool) bool {
+// [DONE] event, ended by one that ends an answer without it (a finish, the
+// usage, an error).
+func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at time.Time, done, ended *bool) bool {
 	data := wire.EventData(ev, scratch)
 	if len(data) == 0 {
 		return false
@@ -958,6 +973,7 @@ func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at tim
 	}
 	f := req.Format()
 	p := f.Chunk(data)
+	*ended = *ended || p.Finish || p.Usage || p.Error
 	req.Chunk(&p, at)
 	if p.Error {
 		req.StreamError(f.RequestFault(data))

@@ -104,3 +104,49 @@ func TestResponsesStreamErrorEvents(t *testing.T) {
 		}
 	}
 }
+
+// A stream the replica closes cleanly before its end (no finish, no usage,
+// no [DONE]: a graceful shutdown's, a sidecar's) is an answer broken off,
+// as one cut by a reset is: the client is told in an event, the replica
+// charged, the request not logged as served (it once was, with its
+// partial text taken as whole: a user's test, 2026-12-07). A stream that
+// ends after its finish without [DONE] is whole.
+func TestStreamClosedBeforeItsEnd(t *testing.T) {
+	for _, c := range []struct {
+		name, events string
+		whole        bool
+	}{
+		{"cut after a token", "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n", false},
+		{"finished, no [DONE]", "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n" +
+			"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var log servetest.Log
+			up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.ReadAll(r.Body)
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, c.events)
+			})
+			tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 3},
+				AccessLog: slog.New(slog.NewTextHandler(&log, nil))}, up)
+			code, body, _ := post(t, url, chatBody("story", 50, true))
+			if code != 200 || !strings.HasPrefix(body, c.events) {
+				t.Fatalf("status %d: %.300q", code, body)
+			}
+			eventually(t, "the access log", func() bool { return strings.Contains(log.String(), "msg=request") })
+			failures, _, _ := tr.Upstream("a").Health()
+			if c.whole {
+				if body != c.events || !strings.Contains(log.String(), "status=200") || failures != 0 {
+					t.Errorf("a whole answer: %q, failures %d, %s", body, failures, log.String())
+				}
+				return
+			}
+			if !strings.Contains(body[len(c.events):], "broke off") {
+				t.Errorf("the client was not told: %q", body)
+			}
+			if failures != 1 || strings.Contains(log.String(), "status=200") {
+				t.Errorf("failures %d, %s", failures, log.String())
+			}
+		})
+	}
+}

@@ -265,6 +265,7 @@ type Request struct {
 	rids      []string // its rids (Parsed.RID's), by which a client aborts it
 	engineIDs []string // the ids vLLM's engine knows it by (readEngineIDs), matched exactly
 	logID     string   // the access log's name for it (Incoming.LogID)
+	sendID    string   // the X-Request-Id its replica is sent (SendID)
 
 	tr reqTrace // see tracing.go
 }
@@ -775,6 +776,11 @@ func (r *Request) AnswerEnd(tail []byte) {
 	}
 	r.Complete(n, cached)
 }
+
+// SendID is the X-Request-Id a front end sends the replica (empty: the
+// client's own goes, or its body names the request): the id the client is
+// answered with, where the client named the request nowhere.
+func (r *Request) SendID() string { return r.sendID }
 
 // Done records that the stream's final event ([DONE]) was relayed: the
 // request is complete whatever the client does next.

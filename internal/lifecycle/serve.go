@@ -19,9 +19,10 @@ type Incoming struct {
 	Session string
 	// RequestID is the client's X-Request-Id header, which vLLM's engine
 	// knows the request by (empty if none). LogID is the id the client is
-	// answered with (its own, or one the front end made): the access log
-	// names the request by it.
+	// answered with (its own, or one the front end made, MadeID): the
+	// access log names the request by it.
 	RequestID, LogID string
+	MadeID           bool
 	// Received is when the request arrived.
 	Received time.Time
 	// Allowed, if set, restricts the decision to the replicas it accepts (a
@@ -130,7 +131,14 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		fe.Refuse(e)
 		return e.Status
 	}
-	r.readEngineIDs(in.RequestID)
+	id := in.RequestID
+	if id == "" && r.Parsed.RequestID == "" && in.MadeID {
+		// The client named it nowhere: the replica is sent the id the
+		// client is answered with, so that the engine knows it (its
+		// logs, an abort by id) as the client and the access log do.
+		id, r.sendID = in.LogID, in.LogID
+	}
+	r.readEngineIDs(id)
 	r.logID = in.LogID
 	r.Route.Allowed, r.Route.Tenant, r.Route.Endpoint = in.Allowed, in.Tenant, in.Endpoint
 	stored := r.Parsed.PreviousResponseID

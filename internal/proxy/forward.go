@@ -44,7 +44,7 @@ func (s *Server) handleCompletion(kind lifecycle.Kind) http.HandlerFunc {
 			return
 		}
 		x := exchange{s: s, cfg: cfg, w: w, r: r}
-		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), RequestID: r.Header.Get("X-Request-Id"), LogID: w.Header().Get("X-Request-Id"),
+		in := lifecycle.Incoming{Body: *body, Kind: kind, Session: r.Header.Get(SessionHeader), RequestID: r.Header.Get("X-Request-Id"), LogID: w.Header().Get("X-Request-Id"), MadeID: r.Header.Get("X-Request-Id") == "",
 			Received: received, Stored: wire.StoredID(r.URL.Path), Endpoint: r.URL.Path,
 			Ask:    tenant.Ask{Priority: r.Header.Get(tenant.PriorityHeader), TTFTSLO: r.Header.Get(tenant.TTFTSLOHeader), TPOTSLO: r.Header.Get(tenant.TPOTSLOHeader)},
 			Header: w.Header()}
@@ -350,6 +350,9 @@ func (s *Server) attempt(r *http.Request, u *fleet.Upstream, req *lifecycle.Requ
 		return fail(http.StatusBadGateway, true, "could not send the request", err.Error())
 	}
 	up.Header = forwardHeaders(r)
+	if id := req.SendID(); id != "" {
+		up.Header.Set("X-Request-Id", id)
+	}
 	s.upstreamAuth(up.Header, u)
 	traceAttempt(up, req)
 	up.ContentLength = int64(len(req.Body))
@@ -678,10 +681,11 @@ var private = map[string]bool{"Server": true, "Set-Cookie": true, "X-Request-Id"
 // or one made here, as OpenAI answers every request with one (its SDKs
 // show it as the request's id), and the access log names the request by
 // the same (Incoming.LogID); a replica's own is not passed on. A made one
-// is not sent to the replicas: vLLM would take it over the body's
-// request_id, by which the client may abort the request. A client's id
-// that is not one to echo (httpapi.PrintableID) is not echoed nor logged:
-// one is made in its place.
+// is sent to the replica where the body names no request_id (vLLM would
+// take the header over it, and the client may abort the request by it):
+// the engine's logs and aborts then name the request as the router does
+// (lifecycle.Request.SendID). A client's id that is not one to echo
+// (httpapi.PrintableID) is not echoed nor logged: one is made in its place.
 func answerRequestID(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("X-Request-Id")
 	if !httpapi.PrintableID(id) {

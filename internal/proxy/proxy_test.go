@@ -557,10 +557,12 @@ func TestCompleteStreamIsNot499(t *testing.T) {
 
 // Every answer carries an X-Request-Id, as OpenAI's do (its SDKs show it
 // as the request's id): the client's own, or one made here, never the
-// replica's; the access log names the request by it; a made one is not
-// sent to the replica (vLLM would take it over the body's request_id).
-// 2026-12-07, a user's test with OpenAI's SDK: no answer had one, and
-// nothing matched a client's report to a log line.
+// replica's; the access log names the request by it; a made one is sent
+// to the replica (its engine's logs and aborts name the request so; a
+// user's test, 2026-12-07: it was not), unless the body names the request
+// (vLLM would take the header over the body's request_id). 2026-12-07, a
+// user's test with OpenAI's SDK: no answer had one, and nothing matched a
+// client's report to a log line.
 func TestAnswersCarryARequestID(t *testing.T) {
 	const key = "sk-aaaaaaaaaaaaaaaaaaaa"
 	var got atomic.Value
@@ -579,9 +581,10 @@ func TestAnswersCarryARequestID(t *testing.T) {
 	var log servetest.Log
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour}, Proxy: Config{Auth: AuthConfig{KeysFile: keysFile(t, "team-a "+key+"\n")}},
 		AccessLog: slog.New(slog.NewTextHandler(&log, nil))}, up)
+	body := chatBody("hi", 1, false)
 	send := func(path, id, bearer string) *http.Response {
 		t.Helper()
-		req, _ := http.NewRequest("POST", url+path, strings.NewReader(chatBody("hi", 1, false)))
+		req, _ := http.NewRequest("POST", url+path, strings.NewReader(body))
 		if id != "" {
 			req.Header.Set("X-Request-Id", id)
 		}
@@ -599,9 +602,14 @@ func TestAnswersCarryARequestID(t *testing.T) {
 	}
 	a, b := send("/v1/chat/completions", "", key), send("/v1/chat/completions", "", key)
 	ida, idb := a.Header.Get("X-Request-Id"), b.Header.Get("X-Request-Id")
-	if !strings.HasPrefix(ida, "req_") || !strings.HasPrefix(idb, "req_") || ida == idb || got.Load() != "" {
+	if !strings.HasPrefix(ida, "req_") || !strings.HasPrefix(idb, "req_") || ida == idb || got.Load() != idb {
 		t.Errorf("made ids %q and %q (the replica got %q)", ida, idb, got.Load())
 	}
+	body = strings.Replace(body, "{", `{"request_id":"mine",`, 1)
+	if resp := send("/v1/chat/completions", "", key); resp.StatusCode != 200 || got.Load() != "" {
+		t.Errorf("a body that names the request: %d, the replica got %q", resp.StatusCode, got.Load())
+	}
+	body = chatBody("hi", 1, false)
 	if resp := send("/v1/chat/completions", "", "wrong"); resp.StatusCode != 401 || !strings.HasPrefix(resp.Header.Get("X-Request-Id"), "req_") {
 		t.Errorf("a refusal: %d, id %q", resp.StatusCode, resp.Header.Get("X-Request-Id"))
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/admin"
 	"github.com/gorgo-llm/gorgo/internal/epp"
+	"github.com/gorgo-llm/gorgo/internal/proxy"
 	"github.com/gorgo-llm/gorgo/internal/serve"
 )
 
@@ -99,7 +100,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	picker := epp.New(srv.Fleet, srv.Registry())
 	picker.Fallbacks, picker.Assume = *fallbacks, assume
 	pickerSettings := func(c serve.Config) epp.Settings {
-		return epp.Settings{TenantHeader: c.Proxy.TenantHeader, RefuseOperations: c.Proxy.EngineOperations == "refuse",
+		return epp.Settings{TenantHeader: c.Proxy.TenantHeader, RefuseOperations: c.Proxy.EngineOperations == proxy.OperationsRefuse,
 			OperationWait: c.Proxy.HeaderTimeout, WeightsWait: c.Proxy.FirstByteTimeout,
 			MaxBodyBytes: c.Proxy.MaxBodyBytes, MaxBodyBytesInFlight: c.Proxy.MaxBodyBytesInFlight}
 	}

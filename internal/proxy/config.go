@@ -29,8 +29,9 @@ type Config struct {
 	// vLLM's /reset_prefix_cache, both's loading and unloading of LoRA
 	// adapters): "allow" them, sent to every replica (the default, as the
 	// engines serve them to their clients), or "refuse" them with a 403 (a
-	// fleet shared by tenants: one client's flush, abort of all or unload
-	// would be everyone's).
+	// fleet shared by tenants: one client's flush, abort of all, sleep or
+	// unload would be everyone's; the default where tenants are
+	// configured: serve.Config.Defaults).
 	EngineOperations string `yaml:"engine_operations"`
 	// HeaderTimeout bounds waiting for a stream's response headers
 	// (default 30 s): SGLang and vLLM start a stream at once, even for a
@@ -108,7 +109,7 @@ func (c Config) Defaults() Config {
 	}
 	c.Auth = c.Auth.defaults()
 	if c.EngineOperations == "" {
-		c.EngineOperations = operationsAllow
+		c.EngineOperations = OperationsAllow
 	}
 	if c.IdleTimeout == 0 {
 		c.IdleTimeout = 75 * time.Second
@@ -164,8 +165,8 @@ func (c Config) Validate() error {
 	if err := c.TenantHeader.Check(); err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	if c.EngineOperations != operationsAllow && c.EngineOperations != operationsRefuse {
-		return fmt.Errorf("config: engine_operations must be %s or %s, not %q", operationsAllow, operationsRefuse, c.EngineOperations)
+	if c.EngineOperations != OperationsAllow && c.EngineOperations != OperationsRefuse {
+		return fmt.Errorf("config: engine_operations must be %s or %s, not %q", OperationsAllow, OperationsRefuse, c.EngineOperations)
 	}
 	if c.ShutdownTimeout < 0 {
 		return fmt.Errorf("config: shutdown_timeout must not be negative")

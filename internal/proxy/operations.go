@@ -15,8 +15,8 @@ import (
 
 // Config.EngineOperations' values.
 const (
-	operationsAllow  = "allow"
-	operationsRefuse = "refuse"
+	OperationsAllow  = "allow"
+	OperationsRefuse = "refuse"
 )
 
 // handleOperation sends an engine operation to every replica and answers
@@ -26,7 +26,7 @@ const (
 // are relayed).
 func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
-	if cfg.EngineOperations == operationsRefuse {
+	if cfg.EngineOperations == OperationsRefuse {
 		httpapi.Error(w, http.StatusForbidden, "%s %s acts on every replica's engine, which this router does not let clients do (engine_operations: refuse)", r.Method, r.URL.Path)
 		return
 	}

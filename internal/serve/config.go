@@ -49,6 +49,11 @@ type Config struct {
 // Defaults returns c with every zero field set to its default.
 func (c Config) Defaults() Config {
 	c.Config = c.Config.Defaults()
+	if c.Proxy.EngineOperations == "" && len(c.Tenants) > 0 {
+		// A fleet shared by teams: one client's flush, abort of all,
+		// sleep or unload would be every team's (allow says otherwise).
+		c.Proxy.EngineOperations = proxy.OperationsRefuse
+	}
 	c.Proxy = c.Proxy.Defaults()
 	c.Admin = c.Admin.Defaults()
 	if c.ConfigPoll == 0 {

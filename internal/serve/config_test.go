@@ -11,6 +11,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/policy/policytest"
 	"github.com/gorgo-llm/gorgo/internal/proxy"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 func TestExampleConfigsLoad(t *testing.T) {
@@ -181,6 +182,30 @@ func TestConfigTypeErrorsAreOneLine(t *testing.T) {
 		_, err := ParseConfig([]byte(c.yaml), "t.yaml")
 		if err == nil || err.Error() != c.want {
 			t.Errorf("%q: %v, want %q", c.yaml, err, c.want)
+		}
+	}
+}
+
+// The engines' operations are allowed by default, as the engines serve
+// them, but refused where tenants share the fleet (one client's sleep,
+// abort of all or unload would be every team's: a user's test, 2026-12-07,
+// put the fleet to sleep with the batch tenant's key); a config says
+// otherwise.
+func TestEngineOperationsDefault(t *testing.T) {
+	base := fleet.Config{Replicas: []fleet.ReplicaConfig{{URL: "http://x"}}}
+	shared := base
+	shared.Tenants = map[string]tenant.Config{"chat": {}, "batch": {}}
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Config: base}, proxy.OperationsAllow},
+		{Config{Config: shared}, proxy.OperationsRefuse},
+		{Config{Config: shared, Proxy: proxy.Config{EngineOperations: proxy.OperationsAllow}}, proxy.OperationsAllow},
+		{Config{Config: base, Proxy: proxy.Config{EngineOperations: proxy.OperationsRefuse}}, proxy.OperationsRefuse},
+	} {
+		if got := c.cfg.Defaults().Proxy.EngineOperations; got != c.want {
+			t.Errorf("tenants %v, engine_operations %q: %q, want %q", c.cfg.Tenants, c.cfg.Proxy.EngineOperations, got, c.want)
 		}
 	}
 }

@@ -171,9 +171,12 @@ const (
 type Reason string
 
 const (
-	// ReasonSLO: it is predicted to miss its SLO (ModeReject), or would
-	// miss it even on an idle replica.
+	// ReasonSLO: it is predicted to miss its SLO (ModeReject).
 	ReasonSLO Reason = "slo"
+	// ReasonUnattainable: it would miss its SLO even on an idle replica
+	// (its own round trip and prefill are longer): waiting or retrying
+	// cannot help.
+	ReasonUnattainable Reason = "unattainable"
 	// ReasonExpired: it waited in the queue and can no longer meet its
 	// SLO.
 	ReasonExpired Reason = "expired"
@@ -304,7 +307,7 @@ func (g *Gate[T]) Arrive(v T, c Class, now time.Duration, p Prediction, refuse f
 		g.note(c, slo, p.Floor, now, nil)
 		return Go, ""
 	case p.Floor > slo:
-		return Reject, ReasonSLO
+		return Reject, ReasonUnattainable
 	case !fits && c.Priority < 0:
 		return Reject, ReasonShed
 	case !meets && g.cfg.Mode == ModeReject:

@@ -281,29 +281,56 @@ func TestDuplexSubsetAnd503(t *testing.T) {
 	}
 }
 
-// Admission sheds with a 429 and Retry-After.
+// Admission sheds with a 429 and Retry-After where the fleet's load would
+// make a request miss its SLO; one that would miss it on an idle replica
+// is refused with a 400 (retrying cannot help it).
 func TestShedsWith429(t *testing.T) {
-	a := admit.Config{SLO: time.Millisecond, Mode: admit.ModeReject}
+	a := admit.Config{SLO: 100 * time.Millisecond, Mode: admit.ModeReject}
 	if err := a.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	f := newFleet(t, a)
-	s, err := picker(t, f).Process(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)}})
-	recv(t, s)
-	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(chatBody), EndOfStream: true}}})
-	imm := recv(t, s).GetImmediateResponse()
-	retry := ""
-	for _, h := range imm.GetHeaders().GetSetHeaders() {
-		if h.GetHeader().GetKey() == "retry-after" {
-			retry = string(h.GetHeader().GetRawValue())
+	rt := f.core.Router()
+	for _, id := range []string{"a", "b"} {
+		// Each prompt in flight holds the next back by 10 ms a token.
+		if err := rt.Reconfigure(router.ReplicaConfig{ID: id, KVCapacityTokens: 1 << 20, PrefillMSPerToken: 0.06, QueueMSPerToken: 10}); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if imm.GetStatus().GetCode() != 429 || retry == "" {
-		t.Fatalf("shedding: %v (retry-after %q)", imm, retry)
+	c := picker(t, f)
+	send := func(body string) *extprocv3.ProcessingResponse {
+		t.Helper()
+		s, err := c.Process(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false)}})
+		recv(t, s)
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}})
+		return recv(t, s) // the stream stays open: its request in flight
+	}
+	status := func(r *extprocv3.ProcessingResponse) (code int, retry string) {
+		imm := r.GetImmediateResponse()
+		for _, h := range imm.GetHeaders().GetSetHeaders() {
+			if h.GetHeader().GetKey() == "retry-after" {
+				retry = string(h.GetHeader().GetRawValue())
+			}
+		}
+		return int(imm.GetStatus().GetCode()), retry
+	}
+	// One request in flight at each replica, then one that would wait
+	// behind either.
+	for range 2 {
+		if code, _ := status(send(chatBody)); code != 0 {
+			t.Fatalf("a request to an idle replica refused: %d", code)
+		}
+	}
+	if code, retry := status(send(chatBody)); code != 429 || retry == "" {
+		t.Fatalf("shedding: %d (retry-after %q)", code, retry)
+	}
+	long := strings.Replace(chatBody, "where should", strings.Repeat("far too long a prompt ", 1000)+"where should", 1)
+	if code, retry := status(send(long)); code != 400 || retry != "" {
+		t.Fatalf("a prompt too long for the SLO on an idle replica: %d (retry-after %q)", code, retry)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -116,6 +117,12 @@ func (c *Core) refusal(r *Request, p admit.Prediction, why admit.Reason) *wire.E
 		e = wire.Errorf(statusTooMany, "the admission queue is full of requests of priority %s or above: the fleet is overloaded", admit.PriorityName(r.class.Priority))
 	case admit.ReasonEvicted:
 		e = wire.Errorf(statusTooMany, "the request waited in the admission queue and was pushed out by requests of a higher priority: the fleet is overloaded")
+	case admit.ReasonUnattainable:
+		// Not the fleet's load: the request itself. A 400, which
+		// clients do not retry (a 429 and its Retry-After they would,
+		// for ever).
+		return wire.Errorf(statusBadRequest, "the request cannot meet the TTFT SLO of %v even on an idle replica: its own round trip and prefill of %d prompt tokens take about %v; send a shorter prompt, or ask for a looser SLO (%s, within the tenant's bounds)",
+			c.cfg.Admission.SLOOf(r.class), r.Route.PromptTokens, p.Floor.Round(time.Millisecond), tenant.TTFTSLOHeader)
 	default:
 		return c.sloError(r, p, "the request is predicted to miss")
 	}

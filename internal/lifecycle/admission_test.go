@@ -142,10 +142,13 @@ func TestAdmissionRefusesAndLetsAClientLeave(t *testing.T) {
 		t.Fatalf("reject mode: %+v %v", e, err)
 	}
 	r.reject(e)
-	// Too long even for an idle replica: refused whatever the mode.
+	// Too long even for an idle replica: refused whatever the mode, with
+	// a 400 that says why and no Retry-After (it was a 429 that said the
+	// fleet was overloaded: a client retried it for ever; a user's test,
+	// 2026-12-07).
 	q, _ := admissionCore(t, admit.ModeQueue)
 	r, _ = q.begin(chatOf(8000, "huge"), Chat, "", time.Now(), false)
-	if e, _ := r.admit(context.Background()); e == nil || e.Status != 429 {
+	if e, _ = r.admit(context.Background()); e == nil || e.Status != 400 || e.RetryAfter != "" || !strings.Contains(e.Message, "even on an idle replica") {
 		t.Fatalf("a 10k-token prompt with a 60 s SLO at 10 ms a token: %+v", e)
 	}
 	r.reject(e)

@@ -494,8 +494,11 @@ func TestManyAnswersTeachOneAnswersLength(t *testing.T) {
 	}
 }
 
-// A request that cannot make the TTFT SLO gets an OpenAI-style 429 with
-// Retry-After; one that can is served.
+// A request that cannot make the TTFT SLO even on an idle replica gets an
+// OpenAI-style 400 that says so, without Retry-After (retrying cannot
+// help: it was a 429 that said the fleet was overloaded, which clients
+// retry); one that can is served. (The fleet's load's 429:
+// TestAdmissionRefusesAndLetsAClientLeave, epp's TestShedsWith429.)
 func TestTTFTSLORefusesWhatCannotMakeIt(t *testing.T) {
 	_, url := startProxy(t, testConfig{Fleet: fleet.Config{TTFTSLO: 3 * time.Millisecond, Admission: "reject"}}, startReplica(t, 20*time.Millisecond, emulator.Faults{}))
 	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("hello", 4, true)))
@@ -504,7 +507,7 @@ func TestTTFTSLORefusesWhatCannotMakeIt(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), `"type":"RateLimitError"`) || !strings.Contains(string(body), "TTFT SLO") {
+	if resp.StatusCode != 400 || resp.Header.Get("Retry-After") != "" || !strings.Contains(string(body), `"type":"BadRequestError"`) || !strings.Contains(string(body), "TTFT SLO of 3ms even on an idle replica") {
 		t.Fatalf("a 20 ms replica under a 3 ms SLO: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
 	_, url = startProxy(t, testConfig{Fleet: fleet.Config{TTFTSLO: 10 * time.Second}}, startReplica(t, 20*time.Millisecond, emulator.Faults{}))

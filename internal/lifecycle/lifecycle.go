@@ -458,7 +458,7 @@ func (r *Request) pin(stored string, allowed func(id string) bool) {
 		return
 	}
 	r.pinned, r.unpinned = id, allowed
-	r.Route.Allowed = func(x string) bool { return x == id }
+	r.Route.Allowed, r.Route.Holder = func(x string) bool { return x == id }, id
 }
 
 // storedAs records that the answer is the response id, which its replica

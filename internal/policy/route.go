@@ -72,6 +72,10 @@ type Request struct {
 	// Allowed, if set, restricts the decision to the replicas it accepts
 	// (a gateway's subset hint); nil allows every available replica.
 	Allowed func(id string) bool
+	// Holder is the replica that stores the conversation the request
+	// continues (a Responses API follow-up): a candidate for it while it
+	// drains, since no other replica holds the conversation.
+	Holder string
 	// Endpoint is the API path the request is sent to ("/generate"), if
 	// it matters: the decision passes over the replicas that answered they
 	// have no such endpoint (router.Router.Lacks), unless every one has.

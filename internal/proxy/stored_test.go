@@ -321,6 +321,44 @@ func TestDrainingHolder(t *testing.T) {
 	}
 }
 
+// Draining stops a replica's new conversations, not those it holds: a
+// follow-up to a response it stored goes there (a user's test, 2026-12-07:
+// every follow-up of a conversation whose replica drained was a 404, a
+// rolling deploy's drain would break every open conversation); a new
+// conversation does not.
+func TestDrainingHolderTakesFollowUps(t *testing.T) {
+	a, b := newVLLMEngine(t, "a"), newVLLMEngine(t, "b")
+	tr, url := startProxy(t, testConfig{}, a.replica, b.replica)
+	status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"hi"}`)
+	if status != http.StatusOK {
+		t.Fatalf("%d %s", status, answer)
+	}
+	id := responseID(t, answer)
+	holder, other := "a", "b"
+	if b.holds(id) {
+		holder, other = "b", "a"
+	}
+	if err := tr.Router().Drain(holder); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		status, answer := do(t, "POST", url+"/v1/responses", fmt.Sprintf(`{"model":"m","input":"turn %d","previous_response_id":%q}`, i, id))
+		if status != http.StatusOK {
+			t.Fatalf("follow-up %d while its holder drains: %d %s", i, status, answer)
+		}
+		id = responseID(t, answer)
+	}
+	for range 3 {
+		status, answer := do(t, "POST", url+"/v1/responses", `{"model":"m","input":"a new one"}`)
+		if status != http.StatusOK {
+			t.Fatalf("%d %s", status, answer)
+		}
+		if (map[string]*vllmEngine{"a": a, "b": b})[other].holds(responseID(t, answer)) == false {
+			t.Errorf("a new conversation went to the draining replica")
+		}
+	}
+}
+
 // An id the engine's 404 quotes ("Response with id 'resp_model_1' not
 // found.") contains "model": the proxy takes the 404 for "the replica
 // does not serve the model", tells the client the model does not exist,

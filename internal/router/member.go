@@ -219,6 +219,19 @@ func (m *member) available() bool {
 	return State(m.state.Load()) == Active && m.healthy.Load() && m.probed.Load() && !m.asleep.Load()
 }
 
+// availableFor reports whether the replica may take req: it is available,
+// or it drains and holds the conversation req continues (req.Holder).
+func (m *member) availableFor(req *policy.Request) bool {
+	return m.available() || req.Holder == m.id && m.holds()
+}
+
+// holds reports whether the replica may take a follow-up of a conversation
+// it stores: it is available, or drains (and is up, probed and awake).
+func (m *member) holds() bool {
+	st := State(m.state.Load())
+	return (st == Active || st == Draining) && m.healthy.Load() && m.probed.Load() && !m.asleep.Load()
+}
+
 // serves reports whether the replica serves model ("": any model; a
 // replica whose models are unknown serves any), and the adapter's name if
 // the model is a LoRA adapter there. It allocates nothing.

@@ -472,10 +472,12 @@ func (r *Router) enter(c *Candidate, req *policy.Request, keys OutputKeys) (Tick
 	t.seqs = int64(req.Sequences()) // bounded: a client's or a peer's count cannot overflow the ledger
 	t.emptied = m.emptied.Load()
 	t.InFlight = int(m.inflight.Add(t.seqs))
-	if State(m.state.Load()) != Active {
-		// Remove saw no request in flight, or is about to: back out. If
-		// that leaves a removing replica idle, it leaves apart from this
-		// decision, which must not wait for its index to be cleared.
+	if st := State(m.state.Load()); st == Removing || st == Draining && req.Holder != m.id {
+		// Remove saw no request in flight, or is about to: back out (a
+		// draining replica takes only a follow-up of a conversation it
+		// holds). If that leaves a removing replica idle, it leaves
+		// apart from this decision, which must not wait for its index
+		// to be cleared.
 		if m.inflight.Add(-t.seqs) == 0 && State(m.state.Load()) == Removing {
 			go r.leave(m)
 		}
@@ -575,7 +577,7 @@ func (r *Router) rank(now time.Duration, req *policy.Request, pol policy.Policy,
 	req.Now = now
 	r.views, r.cand, r.adapter = r.views[:0], r.cand[:0], r.adapter[:0]
 	for _, m := range f.members {
-		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
+		if !m.availableFor(req) || req.Allowed != nil && !req.Allowed(m.id) {
 			continue
 		}
 		m.releaseDue(now) // whatever the model: its ledger shows in metrics too
@@ -1066,7 +1068,7 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 	r.fc = r.fc[:0]
 	e := r.ExpectedOutput(req)
 	for _, m := range f.members {
-		if !m.available() || req.Allowed != nil && !req.Allowed(m.id) {
+		if !m.availableFor(req) || req.Allowed != nil && !req.Allowed(m.id) {
 			continue
 		}
 		m.releaseDue(now)

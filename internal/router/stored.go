@@ -69,12 +69,14 @@ func (r *Router) StoredAt(id string) (string, bool) {
 }
 
 // Holder returns the replica that stored the response id, if the router
-// knows it and the replica is available now; else false (the request goes
-// where the policy sends it: a replica whose store is shared holds it too,
-// and one that does not answers "not found").
+// knows it and the replica may take the follow-up now (available, or
+// draining: draining stops new conversations, not those it holds; a
+// follow-up names it as policy.Request.Holder); else false (the request
+// goes where the policy sends it: a replica whose store is shared holds
+// it too, and one that does not answers "not found").
 func (r *Router) Holder(id string) (string, bool) {
 	m, ok := r.storedAt(id)
-	if !ok || !m.available() {
+	if !ok || !m.holds() {
 		return "", false
 	}
 	return m.id, true

@@ -89,9 +89,10 @@ type Endpoint struct {
 }
 
 // Register adds the routes to mux; a known path asked with another method
-// gets 405 with Allow, any other path 404, both in OpenAI's error shape.
-// (Under a catch-all pattern, PREFIX{rest...}, the catch-all's methods
-// take every path, and only other methods get the 405.)
+// gets 405 with Allow (the methods its own routes take), any other path
+// 404, both in OpenAI's error shape. A path under a catch-all pattern,
+// PREFIX{rest...}, is a known path too: the catch-all takes its methods
+// only for the paths no route names.
 func Register(mux *http.ServeMux, endpoints []Endpoint) {
 	allowed := map[string][]string{}
 	var catchAll []string
@@ -103,14 +104,23 @@ func Register(mux *http.ServeMux, endpoints []Endpoint) {
 		}
 	}
 	for pattern, methods := range allowed {
-		if !strings.HasSuffix(pattern, "{rest...}") && slices.ContainsFunc(catchAll, func(p string) bool { return strings.HasPrefix(pattern, p) }) {
-			continue
-		}
 		allow := strings.Join(methods, ", ")
-		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		refuse := func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
 			Error(w, http.StatusMethodNotAllowed, "%s %s: use %s", r.Method, r.URL.Path, allow)
-		})
+		}
+		if strings.HasSuffix(pattern, "{rest...}") || !slices.ContainsFunc(catchAll, func(p string) bool { return strings.HasPrefix(pattern, p) }) {
+			mux.HandleFunc(pattern, refuse)
+			continue
+		}
+		// Under a catch-all: a pattern without a method would conflict
+		// with the catch-all's (neither is the more specific), so each
+		// other method is refused by a pattern of its own.
+		for _, m := range refusedMethods {
+			if !slices.Contains(methods, m) && !(m == http.MethodHead && slices.Contains(methods, http.MethodGet)) {
+				mux.HandleFunc(m+" "+pattern, refuse)
+			}
+		}
 	}
 	if allowed["/"] == nil {
 		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -118,6 +128,10 @@ func Register(mux *http.ServeMux, endpoints []Endpoint) {
 		})
 	}
 }
+
+// refusedMethods are the methods a path under a catch-all is refused by
+// name (others reach the catch-all's own 405).
+var refusedMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
 
 // BodyError is the error a client is told when its body could not be
 // read: too large (413), or broken off (400).

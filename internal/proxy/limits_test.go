@@ -20,13 +20,37 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/httpapi"
 )
 
-// A known path asked with the wrong method is a 405 with Allow; an unknown
-// path a 404; both in OpenAI's error shape.
+// A known path asked with the wrong method is a 405 with Allow, the
+// methods it takes (a user's test, 2026-12-07: a chat's GET had no Allow,
+// its DELETE "POST, GET", and a POST of /v1/models was taken for a
+// completion); an unknown path a 404; both in OpenAI's error shape.
 func TestMethodNotAllowed(t *testing.T) {
 	_, url := startProxy(t, testConfig{}, startReplica(t, 2*time.Millisecond, emulator.Faults{}))
-	code, body := do(t, "DELETE", url+"/v1/chat/completions", "")
-	if code != 405 || !strings.Contains(body, `"code":405`) || !strings.Contains(body, "POST, GET") {
-		t.Errorf("DELETE on the OpenAI API: %d %s", code, body)
+	for _, c := range []struct{ method, path, allow string }{
+		{"DELETE", "/v1/chat/completions", "POST"},
+		{"GET", "/v1/chat/completions", "POST"},
+		{"PUT", "/v1/chat/completions", "POST"},
+		{"OPTIONS", "/v1/chat/completions", "POST"},
+		{"POST", "/v1/models", "GET"},
+		{"DELETE", "/v1/models", "GET"},
+		{"POST", "/v1/models/m", "GET"},
+		{"GET", "/v1/responses/resp_1/cancel", "POST"},
+		{"GET", "/v1/load_lora_adapter", "POST"},
+	} {
+		req, _ := http.NewRequest(c.method, url+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 405 || resp.Header.Get("Allow") != c.allow || !strings.Contains(string(body), `"code":405`) {
+			t.Errorf("%s %s: %d, Allow %q: %s", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), body)
+		}
+	}
+	// The catch-alls still take the paths no route names.
+	if code, body := do(t, "GET", url+"/v1/responses/resp_1/input_items", ""); code == 405 {
+		t.Errorf("a GET no route names: %d %s", code, body)
 	}
 	if code, _ := do(t, "GET", url+"/v2/nothing", ""); code != 404 {
 		t.Errorf("unknown path: %d", code)

@@ -162,8 +162,9 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		{Method: "PUT", Pattern: "/generate", Handler: api(lifecycle.Generate)}, // SGLang takes both
 		{Method: "GET", Pattern: "/v1/models", Handler: s.guard(s.listModels)},
 		{Method: "GET", Pattern: "/v1/models/{id...}", Handler: s.guard(s.getModel)},
-		// A stored response's cancel and delete: no work for a model, but
-		// for the replica that holds it, draining or not (handleGet).
+		// A stored response, its cancel and delete: no work for a model,
+		// but for the replica that holds it, draining or not (handleGet).
+		{Method: "GET", Pattern: "/v1/responses/{id}", Handler: s.guard(s.handleGet)},
 		{Method: "POST", Pattern: "/v1/responses/{id}/cancel", Handler: s.guard(s.handleGet)},
 		{Method: "DELETE", Pattern: "/v1/responses/{id}", Handler: s.guard(s.handleGet)},
 		// Other OpenAI paths: POSTs routed by load, GETs answered by an
@@ -184,6 +185,7 @@ func (s *Server) routes(g prometheus.Gatherer) {
 		// SGLang takes these as PUT too.
 		{Method: "PUT", Pattern: "/encode", Handler: api(lifecycle.Opaque)},
 		{Method: "PUT", Pattern: "/classify", Handler: api(lifecycle.Opaque)},
+		{Method: "POST", Pattern: "/v1/rerank", Handler: api(lifecycle.Opaque)},
 		{Method: "PUT", Pattern: "/v1/rerank", Handler: api(lifecycle.Opaque)},
 		// The engines' operations on their own state: sent to every
 		// replica (operations.go).

@@ -434,6 +434,22 @@ func (x *exchange) gather(piece []byte) *wire.Error {
 	return nil
 }
 
+// operator reports whether the request's tenant may send the engines'
+// operations where the picker refuses them to clients (its config's
+// engine_operations: true).
+func (x *exchange) operator(set *Settings) bool {
+	ts := x.s.fleet.Core().Tenants()
+	if ts == nil {
+		return false
+	}
+	name, err := set.TenantHeader.Name("", x.tenant)
+	if err != nil {
+		return false
+	}
+	t := ts.Lookup(name)
+	return t != nil && t.EngineOperations
+}
+
 // renameModel sets the body's model to the gateway's rename, in the
 // body's own buffer (grown within the picker's budget, as gather grows
 // it). A body that is not a JSON object is left as it is (the lifecycle
@@ -569,8 +585,8 @@ func operationHeader(hs []*corev3.HeaderValue) http.Header {
 func (x *exchange) operate(op Operator, whole bool) error {
 	path, _, _ := strings.Cut(x.path, "?")
 	set := x.s.settings.Load()
-	if set.RefuseOperations {
-		return x.immediate(wire.Errorf(http.StatusForbidden, "%s %s acts on every replica's engine, which this router does not let clients do (engine_operations: refuse)", x.method, path))
+	if set.RefuseOperations && !x.operator(set) {
+		return x.immediate(wire.Errorf(http.StatusForbidden, "%s %s acts on every replica's engine, which this router lets only the tenants it names do (engine_operations: refuse; a tenant's engine_operations: true)", x.method, path))
 	}
 	if !whole {
 		return x.immediate(wire.Errorf(http.StatusBadRequest, "%s %s is sent to every replica by the endpoint picker, which needs its whole body: the gateway sent it in pieces (use request_body_mode BUFFERED or FULL_DUPLEX_STREAMED)", x.method, path))

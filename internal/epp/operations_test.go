@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 // operationFleet is a real fleet over two replicas that record the
@@ -178,5 +179,47 @@ func TestOperationsGoToEveryReplica(t *testing.T) {
 	defer mu.Unlock()
 	if len(*got) != 0 {
 		t.Errorf("a refused operation reached %q", *got)
+	}
+}
+
+// Where the picker refuses the engines' operations to clients, a tenant
+// the config names (engine_operations: true) may still send them, as
+// through gorgo serve; another is refused.
+func TestOperationsForTheTenantsNamed(t *testing.T) {
+	var mu sync.Mutex
+	sent := 0
+	engine := func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/flush_cache" {
+			mu.Lock()
+			sent++
+			mu.Unlock()
+		}
+	}
+	cfg := servetest.FleetConfig(fleet.Config{ProbeInterval: time.Hour,
+		Tenants: map[string]tenant.Config{"trainer": {EngineOperations: true}, "chat": {}}}, servetest.Fake(t, engine), servetest.Fake(t, engine))
+	f, err := fleet.New(cfg, fleet.Options{Registry: prometheus.NewRegistry(), Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	servetest.RunFleet(t, f)
+	pk := New(f, nil)
+	pk.SetSettings(Settings{RefuseOperations: true, TenantHeader: tenant.HeaderTrust})
+	for _, c := range []struct {
+		tenant string
+		want   int
+	}{{"chat", 403}, {"trainer", 200}} {
+		s, err := servePicker(t, pk).Process(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/flush_cache", true, "x-gorgo-tenant", c.tenant)}})
+		if imm := recv(t, s).GetImmediateResponse(); int(imm.GetStatus().GetCode()) != c.want {
+			t.Errorf("%s: %v, want %d", c.tenant, imm, c.want)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if sent != 2 {
+		t.Errorf("the flush reached %d replicas, want the trainer's at both", sent)
 	}
 }

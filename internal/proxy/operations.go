@@ -7,6 +7,7 @@ import (
 
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/httpapi"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 )
 
 // The engines' operations on their own state (SGLang's /flush_cache and
@@ -19,6 +20,22 @@ const (
 	OperationsRefuse = "refuse"
 )
 
+// operator reports whether the request's tenant may send the engines'
+// operations where the router refuses them to clients (its config's
+// engine_operations: true).
+func (s *Server) operator(r *http.Request, cfg *Config) bool {
+	ts := s.fleet.Core().Tenants()
+	if ts == nil {
+		return false
+	}
+	name, err := cfg.TenantHeader.Name(clientKey(r), r.Header.Get(tenant.TenantHeader))
+	if err != nil {
+		return false
+	}
+	t := ts.Lookup(name)
+	return t != nil && t.EngineOperations
+}
+
 // handleOperation sends an engine operation to every replica and answers
 // the client with the replicas' verdict (fleet.Operate, which takes an
 // abort, or an operation that aborts, first: the requests it covers that
@@ -26,8 +43,8 @@ const (
 // are relayed).
 func (s *Server) handleOperation(w http.ResponseWriter, r *http.Request) {
 	cfg := s.cfg.Load()
-	if cfg.EngineOperations == OperationsRefuse {
-		httpapi.Error(w, http.StatusForbidden, "%s %s acts on every replica's engine, which this router does not let clients do (engine_operations: refuse)", r.Method, r.URL.Path)
+	if cfg.EngineOperations == OperationsRefuse && !s.operator(r, cfg) {
+		httpapi.Error(w, http.StatusForbidden, "%s %s acts on every replica's engine, which this router lets only the tenants it names do (engine_operations: refuse; a tenant's engine_operations: true)", r.Method, r.URL.Path)
 		return
 	}
 	body := httpapi.GetBuffer()

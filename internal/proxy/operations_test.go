@@ -14,6 +14,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/emulator"
 	"github.com/gorgo-llm/gorgo/internal/fleet"
 	"github.com/gorgo-llm/gorgo/internal/servetest"
+	"github.com/gorgo-llm/gorgo/internal/tenant"
 	"github.com/gorgo-llm/gorgo/internal/wire"
 )
 
@@ -878,4 +879,54 @@ func TestAbortRequestsByVLLMIDs(t *testing.T) {
 	if _, posts := waiting(); posts != before+2 { // the abort, at each
 		t.Errorf("%d POSTs reached the engines after the abort's two, want none: an aborted request was tried again", posts-before-2)
 	}
+}
+
+// Where the router refuses the engines' operations to clients (the default
+// with tenants), a tenant its config names (engine_operations: true: a
+// trainer's) may still send them; the others, and a client with no
+// tenant, are refused and nothing is sent.
+func TestOperationsForTheTenantsNamed(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	rec := func(name string) *servetest.Replica {
+		return fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/flush_cache" {
+				mu.Lock()
+				got = append(got, name)
+				mu.Unlock()
+			}
+			w.WriteHeader(http.StatusOK)
+		})
+	}
+	a, b := rec("a"), rec("b")
+	keys := keysFile(t, "trainer sk-trainer-0123456789\nchat sk-chat-0123456789\n")
+	_, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour,
+		Tenants: map[string]tenant.Config{"trainer": {EngineOperations: true}, "chat": {}}},
+		Proxy: Config{EngineOperations: OperationsRefuse, Auth: AuthConfig{KeysFile: keys}}}, a, b)
+	flush := func(key string) int {
+		req, _ := http.NewRequest("POST", url+"/flush_cache", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := flush("sk-chat-0123456789"); code != http.StatusForbidden {
+		t.Errorf("a tenant not named: %d", code)
+	}
+	mu.Lock()
+	if len(got) != 0 {
+		t.Errorf("refused, yet sent to %v", got)
+	}
+	mu.Unlock()
+	if code := flush("sk-trainer-0123456789"); code != http.StatusOK {
+		t.Errorf("the trainer's tenant: %d", code)
+	}
+	mu.Lock()
+	if len(got) != 2 {
+		t.Errorf("the trainer's flush reached %v, want both", got)
+	}
+	mu.Unlock()
 }

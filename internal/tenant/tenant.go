@@ -58,6 +58,12 @@ type Config struct {
 	// from its usage when it ends.
 	RequestsPerMinute int `yaml:"requests_per_minute" json:"requests_per_minute"`
 	TokensPerMinute   int `yaml:"tokens_per_minute" json:"tokens_per_minute"`
+	// EngineOperations lets its clients send the engines' own operations
+	// (a flush, an abort of all, a pause, new weights, a sleep, an
+	// adapter's load: every replica's) where the router refuses them to
+	// clients (engine_operations: refuse, the default with tenants): a
+	// trainer's tenant on a fleet it shares.
+	EngineOperations bool `yaml:"engine_operations" json:"engine_operations"`
 }
 
 // defaultMinTPOTSLO is the tightest TPOT SLO a request may ask for unless

@@ -249,8 +249,8 @@ type exchange struct {
 	// long says the stream is inside an event too long to hold, which the
 	// lifecycle reads as it passes (lifecycle.Request.LongEventPart).
 	long bool
-	// ended: the stream's events said the answer ended (a finish, the
-	// usage, an error, [DONE]), so that a body that ends without one was
+	// ended: the stream's events said the answer ended ([DONE], or
+	// lifecycle.Request.Ends), so that a body that ends without it was
 	// broken off.
 	ended bool
 	// watched ends the routed attempt's watch by its replica's stall
@@ -995,7 +995,7 @@ func (x *exchange) event(r *lifecycle.Request, ev []byte, at time.Time) {
 		return
 	}
 	p := r.Format().Chunk(data)
-	x.ended = x.ended || p.Finish || p.Usage || p.Error
+	x.ended = x.ended || r.Ends(&p)
 	r.Chunk(&p, at)
 }
 

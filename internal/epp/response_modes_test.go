@@ -9,6 +9,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 
 	"github.com/gorgo-llm/gorgo/internal/admit"
+	"github.com/gorgo-llm/gorgo/internal/servetest"
 )
 
 // routeChatIn is routeChat with the response body mode Envoy announces; it
@@ -148,5 +149,30 @@ func TestStreamBodyEndedBeforeItsEnd(t *testing.T) {
 			t.Errorf("%q: recorded %d, want %d", c.events, tap.statuses[0], c.want)
 		}
 		tap.mu.Unlock()
+	}
+}
+
+// An SGLang /generate stream's counts come in every chunk: a body that
+// ends at its tenth of 200 chunks was broken off (a review, 2026-12-07:
+// recorded served).
+func TestNativeStreamBodyEndedBeforeItsEnd(t *testing.T) {
+	full := servetest.NativeStream(200, 10, false)
+	k := 0
+	for range 10 {
+		k += strings.Index(full[k:], "\n\n") + 2
+	}
+	tap := &tapRec{}
+	f := newTappedFleet(t, admit.Config{}, tap)
+	s, _ := routeGenerate(t, picker(t, f), "/generate", `{"text":"hi","stream":true,"sampling_params":{"max_new_tokens":200}}`)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: headers("", false, ":status", "200", "content-type", "text/event-stream")}})
+	recv(t, s)
+	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(full[:k]), EndOfStream: true}}})
+	recv(t, s)
+	s.CloseSend()
+	waitFor(t, "the request's end", func() bool { tap.mu.Lock(); defer tap.mu.Unlock(); return len(tap.statuses) == 1 })
+	tap.mu.Lock()
+	defer tap.mu.Unlock()
+	if tap.statuses[0] != 502 {
+		t.Errorf("a /generate stream cut at 10 of 200 chunks recorded %d, want 502", tap.statuses[0])
 	}
 }

@@ -248,9 +248,11 @@ type Request struct {
 	modelLabel, cacheModel string
 	adapter                bool
 	// longTail and longCounts are what is read of a streamed event too
-	// long for the front end to hold (LongEventPart).
+	// long for the front end to hold (LongEventPart); longEnds: its head
+	// says it is the answer's last (LongEvent).
 	longTail   []byte
 	longCounts wire.Counts
+	longEnds   bool
 	// pinned is the replica that stored the response the request names
 	// (its previous_response_id, a path's id), which its first attempt
 	// goes to; unpinned is what the decision allowed without it.
@@ -708,11 +710,16 @@ func (r *Request) AnswerHead(head []byte) {
 // end to hold: a Responses API event carries the whole response (vLLM's
 // echoes the request's instructions and tools), whose id comes first.
 func (r *Request) LongEvent(ev []byte) {
-	if r.kind != Input || r.storedID {
+	if r.Format() == wire.Native {
 		return
 	}
 	var scratch []byte
-	if id := wire.PeekChunk(wire.EventData(ev, &scratch)).ResponseID; id != "" {
+	p := wire.PeekChunk(wire.EventData(ev, &scratch))
+	r.longEnds = p.End // a Responses API stream's last event (it repeats the answer), by its type
+	if r.kind != Input || r.storedID {
+		return
+	}
+	if id := p.ResponseID; id != "" {
 		r.storedAs(strings.Clone(id))
 	}
 }
@@ -734,8 +741,8 @@ func (r *Request) LongEventPart(b []byte) {
 	r.longTail = wire.KeepTail(r.longTail, b)
 }
 
-// LongEventEnd: see LongEventPart. It reports whether the event carried
-// the answer's counts (its usage: the answer's end).
+// LongEventEnd: see LongEventPart. It reports whether the event was the
+// answer's last but for [DONE] (Ends), as its head said.
 func (r *Request) LongEventEnd() bool {
 	c, cached := 0, -1
 	if r.Format() != wire.Native {
@@ -751,7 +758,18 @@ func (r *Request) LongEventEnd() bool {
 			r.cached = cached
 		}
 	}
-	return c > 0
+	ends := r.longEnds
+	r.longEnds = false
+	return ends
+}
+
+// Ends reports whether a streamed chunk ends the answer without [DONE]:
+// its end (an OpenAI stream's usage chunk, a Responses API stream's last
+// event), an error, or, for a request of one sequence, its finish (a
+// finish is one choice's: of several, the others may go on). A stream
+// that stops before such a chunk or [DONE] was broken off.
+func (r *Request) Ends(p *wire.Peek) bool {
+	return p.End || p.Error || p.Finish && r.Route.Sequences() == 1
 }
 
 // AnswerPart hands the lifecycle each piece of a whole (unstreamed) answer

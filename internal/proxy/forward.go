@@ -792,10 +792,12 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	over := !a.stream // an answer too long to hold is passed through whole
 	var prev []byte
 	var tail []byte // the last wire.TailBytes of an answer passed through whole
-	// ended: a stream's events said it ended (a finish, the usage, an
-	// error, a Responses API stream's last event), so that a stream cut
-	// cleanly before its [DONE] without one is an answer broken off, not
-	// a complete one.
+	// ended: a stream's events said it ended without [DONE]
+	// (lifecycle.Request.Ends: its usage chunk, a Responses API stream's
+	// last event, an error, a single answer's finish), so that a stream
+	// cut cleanly before its [DONE] without one is an answer broken off,
+	// not a complete one. (One cut inside an event too long to peek at
+	// is passed on as it came, and taken as ended.)
 	ended := false
 	for {
 		rest := *a.buf
@@ -880,7 +882,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		}
 		if a.end == io.EOF && a.stream && !done && !ended && !over {
 			// The replica closed the stream before its end: cut short
-			// (a graceful shutdown, a sidecar's), whatever its framing.
+			// (a graceful shutdown, a sidecar's).
 			a.end = errNoEnd
 		}
 		if done || a.end == io.EOF {
@@ -964,8 +966,8 @@ func blankLine(b []byte) int {
 
 // hide hands one event to the lifecycle and reports whether the client
 // must not see it (the usage chunk it did not ask for); done is set by the
-// [DONE] event, ended by one that ends an answer without it (a finish, the
-// usage, an error).
+// [DONE] event, ended by one that ends an answer without it
+// (lifecycle.Request.Ends).
 func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at time.Time, done, ended *bool) bool {
 	data := wire.EventData(ev, scratch)
 	if len(data) == 0 {
@@ -977,7 +979,7 @@ func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at tim
 	}
 	f := req.Format()
 	p := f.Chunk(data)
-	*ended = *ended || p.Finish || p.Usage || p.Error
+	*ended = *ended || req.Ends(&p)
 	req.Chunk(&p, at)
 	if p.Error {
 		req.StreamError(f.RequestFault(data))

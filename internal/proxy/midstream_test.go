@@ -150,3 +150,47 @@ func TestStreamClosedBeforeItsEnd(t *testing.T) {
 		})
 	}
 }
+
+// The end of a stream is its end's own marks, not any chunk's counts: an
+// SGLang /generate stream carries its counts in every chunk (short chunks,
+// and chunks too long to peek), and of several choices one's finish is
+// not the answer's end (a review, 2026-12-07: each taken for the end, a
+// rollout cut at half was relayed as whole).
+func TestStreamClosedBeforeItsEndByItsMarks(t *testing.T) {
+	halfOf := func(full string, n int) string {
+		k := 0
+		for range n {
+			k += strings.Index(full[k:], "\n\n") + 2
+		}
+		return full[:k]
+	}
+	for _, c := range []struct {
+		name, path, body, events string
+	}{
+		{"generate, short chunks", "/generate", `{"text":"hi","stream":true,"sampling_params":{"max_new_tokens":200}}`, halfOf(servetest.NativeStream(200, 10, false), 100)},
+		{"generate, long chunks", "/generate", `{"text":"hi","stream":true,"sampling_params":{"max_new_tokens":200}}`, halfOf(servetest.NativeStream(200, 1000, false), 100)},
+		{"two choices, one finished", "/v1/chat/completions", strings.Replace(chatBody("story", 50, true), "{", `{"n":2,`, 1),
+			"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n" +
+				"data: {\"choices\":[{\"index\":1,\"delta\":{\"content\":\"b\"},\"finish_reason\":null}]}\n\n" +
+				"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n" +
+				"data: {\"choices\":[{\"index\":1,\"delta\":{\"content\":\"c\"},\"finish_reason\":null}]}\n\n"},
+		{"usage on every chunk", "/v1/chat/completions", chatBody("story", 50, true),
+			"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}],\"usage\":{\"completion_tokens\":1}}\n\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var log servetest.Log
+			up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.ReadAll(r.Body)
+				w.Header().Set("Content-Type", "text/event-stream")
+				_, _ = io.WriteString(w, c.events)
+			})
+			tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 3},
+				AccessLog: slog.New(slog.NewTextHandler(&log, nil))}, up)
+			_, got := do(t, "POST", url+c.path, c.body)
+			eventually(t, "the access log", func() bool { return strings.Contains(log.String(), "msg=request") })
+			if failures, _, _ := tr.Upstream("a").Health(); !strings.Contains(got, "broke off") || failures != 1 || strings.Contains(log.String(), "status=200") {
+				t.Errorf("cut, relayed as whole: failures %d, told %v, %s", failures, strings.Contains(got, "broke off"), log.String())
+			}
+		})
+	}
+}

@@ -19,8 +19,14 @@ type Peek struct {
 	// for a Responses API event whose type ends in ".delta", its delta is
 	// (Event.HasToken's rule).
 	Token bool
-	// Finish: choices[0].finish_reason is a non-empty string.
+	// Finish: choices[0].finish_reason is a non-empty string (one
+	// choice's end: the answer's only where it has one).
 	Finish bool
+	// End: the chunk is an answer's last but for [DONE]: an OpenAI
+	// stream's usage chunk (a usage and no choice: not vLLM's usage on
+	// every chunk), a Responses API stream's response.completed or
+	// response.incomplete event.
+	End bool
 	// Abort: choices[0].finish_reason is "abort": the engine gave the
 	// request up (vLLM shutting down or paused, SGLang's abort_request).
 	Abort bool
@@ -62,6 +68,7 @@ func PeekChunk(data []byte) Peek {
 	p := Peek{
 		Token:        c.content || c.reasoningContent || c.reasoning || c.toolCalls || c.text || c.deltaType && c.delta,
 		Finish:       c.finish,
+		End:          c.usage.set && !c.choice || c.typeEnd,
 		Abort:        c.abort,
 		Usage:        c.usage.set || c.responseUsage.set,
 		CachedTokens: -1,
@@ -88,6 +95,8 @@ type chunkPeek struct {
 	// array).
 	content, reasoningContent, reasoning, toolCalls, text, finish bool
 	abort                                                         bool // finish_reason is "abort"
+	choice                                                        bool // choices has an element
+	typeEnd                                                       bool // a Responses API stream's last event
 	// A Responses API event: its type ends in ".delta"; its delta is a
 	// non-empty string.
 	deltaType, delta bool
@@ -108,6 +117,7 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 			first := true
 			v.ForEach(func(_, choice gjson.Result) bool {
 				first = false
+				c.choice = true
 				if isObject(choice) {
 					choice.ForEach(c.choiceMember)
 				}
@@ -123,6 +133,7 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 		if v.Type == gjson.String {
 			c.deltaType = strings.HasSuffix(v.Str, ".delta")
 			c.typeError = v.Str == "error" || v.Str == "response.failed"
+			c.typeEnd = v.Str == "response.completed" || v.Str == "response.incomplete"
 		}
 	case is(k, "delta"): // held raw: null, or any value but a string, is no delta
 		c.delta = v.Type == gjson.String && len(v.Raw) > 2
@@ -156,7 +167,7 @@ func (c *chunkPeek) member(key, v gjson.Result) bool {
 
 func (c *chunkPeek) resetChoice() {
 	c.content, c.reasoningContent, c.reasoning, c.toolCalls, c.text, c.finish = false, false, false, false, false, false
-	c.abort = false
+	c.abort, c.choice = false, false
 }
 
 func (c *chunkPeek) choiceMember(key, v gjson.Result) bool {

@@ -18,7 +18,7 @@ import (
 // fromEvent is the Peek that ParseChunk's reading of data implies.
 func fromEvent(t *testing.T, data []byte, ev Event) Peek {
 	t.Helper()
-	p := Peek{Token: ev.HasToken(), Finish: ev.FinishReason != "", Abort: ev.FinishReason == "abort", Usage: ev.Usage != nil, CachedTokens: -1, ResponseID: ev.ResponseID}
+	p := Peek{Token: ev.HasToken(), Finish: ev.FinishReason != "", End: ev.End, Abort: ev.FinishReason == "abort", Usage: ev.Usage != nil, CachedTokens: -1, ResponseID: ev.ResponseID}
 	if u := ev.Usage; u != nil {
 		p.CompletionTokens, p.CachedTokens = u.CompletionTokens, u.CachedTokens
 	}
@@ -81,17 +81,19 @@ var peekCases = []struct {
 	{`{"type":"response.output_item.added","item":{"id":"msg_1","type":"message"}}`, Peek{CachedTokens: -1}},
 	{`{"type":"response.output_text.done","delta":"x"}`, Peek{CachedTokens: -1}},
 	{`{"type":"response.completed","response":{"id":"resp_1","status":"completed","usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":8},"output_tokens":40,"total_tokens":49}}}`,
-		Peek{Usage: true, CompletionTokens: 40, CachedTokens: 8, ResponseID: "resp_1"}},
-	{`{"type":"response.completed","response":{"usage":{"output_tokens":4}},"response":null}`, Peek{CachedTokens: -1}},
+		Peek{End: true, Usage: true, CompletionTokens: 40, CachedTokens: 8, ResponseID: "resp_1"}},
+	{`{"type":"response.completed","response":{"usage":{"output_tokens":4}},"response":null}`, Peek{End: true, CachedTokens: -1}},
+	{`{"type":"response.incomplete","response":{"status":"incomplete"}}`, Peek{End: true, CachedTokens: -1}},
+	{`{"type":"response.in_progress","response":{"status":"in_progress"}}`, Peek{CachedTokens: -1}},
 	{`{"usage":{"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":-1}},"response":{"usage":{"output_tokens":4,"input_tokens_details":{"cached_tokens":3}}}}`,
-		Peek{Usage: true, CompletionTokens: 2, CachedTokens: -1}},
+		Peek{End: true, Usage: true, CompletionTokens: 2, CachedTokens: -1}},
 	{`{"choices":[{"text":" fib","index":0,"logprobs":null,"finish_reason":null}],"usage":null}`, Peek{Token: true, CachedTokens: -1}},
 	{`{"choices":[{"text":"","finish_reason":"length"}]}`, Peek{Finish: true, CachedTokens: -1}},
 	{`{"choices":[{"delta":{"content":" serene"},"finish_reason":"length","stop_reason":null}]}`, Peek{Token: true, Finish: true, CachedTokens: -1}},
 	{`{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":8}}}`,
-		Peek{Usage: true, CompletionTokens: 2, CachedTokens: 8}},
-	{`{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":null}}`, Peek{Usage: true, CompletionTokens: 2, CachedTokens: -1}},
-	{`{"choices":[],"usage":{"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":null}}}`, Peek{Usage: true, CompletionTokens: 2, CachedTokens: -1}},
+		Peek{End: true, Usage: true, CompletionTokens: 2, CachedTokens: 8}},
+	{`{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":null}}`, Peek{End: true, Usage: true, CompletionTokens: 2, CachedTokens: -1}},
+	{`{"choices":[],"usage":{"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":null}}}`, Peek{End: true, Usage: true, CompletionTokens: 2, CachedTokens: -1}},
 	{`{"choices":[{"delta":{"content":"a"}}],"usage":{"completion_tokens":1}}`, Peek{Token: true, Usage: true, CompletionTokens: 1, CachedTokens: -1}},
 	{`{"error":{"message":"engine died","code":500}}`, Peek{Error: true, CachedTokens: -1}},
 	{`{"object":"error","message":"out of memory","code":500}`, Peek{Error: true, CachedTokens: -1}},
@@ -105,9 +107,9 @@ var peekCases = []struct {
 	{`{"choices":[{"delta":{"content":"x"}}],"choices":[{"finish_reason":"stop"}]}`, Peek{Token: true, Finish: true, CachedTokens: -1}},
 	{`{"choices":[{"delta":{"content":"x"}}],"choices":[]}`, Peek{CachedTokens: -1}},
 	{`{"choices":[{"delta":{"content":"x"}}],"choices":null,"choices":[null]}`, Peek{CachedTokens: -1}},
-	{`{"usage":{"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}},"usage":{"prompt_tokens_details":{}}}`, Peek{Usage: true, CompletionTokens: 3, CachedTokens: 2}},
+	{`{"usage":{"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}},"usage":{"prompt_tokens_details":{}}}`, Peek{End: true, Usage: true, CompletionTokens: 3, CachedTokens: 2}},
 	{`{"usage":{"completion_tokens":3},"usage":null}`, Peek{CachedTokens: -1}},
-	{`{"usage":{"completion_tokens":3},"usage":null,"usage":{}}`, Peek{Usage: true, CachedTokens: -1}},
+	{`{"usage":{"completion_tokens":3},"usage":null,"usage":{}}`, Peek{End: true, Usage: true, CachedTokens: -1}},
 	{`{"object":"error","object":null}`, Peek{Error: true, CachedTokens: -1}},
 	{`{"object":"err\u006fr"}`, Peek{Error: true, CachedTokens: -1}},
 	{`{"type":"error","code":"server_error","message":"EngineCore died","param":null,"sequence_number":7}`, Peek{Error: true, CachedTokens: -1}},

@@ -36,6 +36,10 @@ type Event struct {
 	Delta string
 	// FinishReason is choices[0].finish_reason; empty while generating.
 	FinishReason string
+	// End says the event is an answer's last but for [DONE]: a usage with
+	// no choice (an OpenAI stream's usage chunk), a Responses API
+	// stream's response.completed or response.incomplete (Peek.End).
+	End bool
 	// Usage is the chunk's usage, nil when the chunk has none (or null).
 	Usage *Usage
 	// Err is the message of an error the server sent inside the stream
@@ -279,6 +283,7 @@ func ParseChunk(data []byte) (Event, error) {
 	if c.Response != nil {
 		ev.ResponseID = c.Response.ID
 	}
+	ev.End = c.Usage != nil && len(c.Choices) == 0 || c.Type == "response.completed" || c.Type == "response.incomplete"
 	switch {
 	case len(c.Error) > 0 && string(c.Error) != "null":
 		ev.Err = ErrorMessage(data)

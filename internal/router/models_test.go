@@ -304,3 +304,33 @@ func rooted(t *testing.T, root string, names ...string) *models.Set {
 	}
 	return s
 }
+
+// Predict's floor (what a replica would give idle) leaves out the wait for
+// an adapter's slot that requests in flight hold: it is load, and a request
+// refused for its floor is told no wait can help (a review, 2026-12-07: the
+// floor rose from 0.5 s to 3.1 s with the slot held).
+func TestFloorLeavesOutTheSlotWait(t *testing.T) {
+	r := adapterRouter(t)
+	if err := r.Remove("b"); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	y := policy.Request{PromptTokens: 16, Blocks: blocks(9, 1), Model: "y"}
+	idle, err := r.Predict(0, &y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 8 {
+		x := policy.Request{PromptTokens: 16, Blocks: blocks(uint64(i+1), 1), Model: "x", ExpectedOutputTokens: 500}
+		if _, err := r.Route(0, &x, rng); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy, err := r.Predict(0, &y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if busy.Floor != idle.Floor || busy.Best <= idle.Best {
+		t.Errorf("with the slot held: floor %v (idle %v), best %v (idle %v); want the floor alike, the best later", busy.Floor, idle.Floor, busy.Best, idle.Best)
+	}
+}

@@ -1077,15 +1077,17 @@ func (r *Router) Predict(now time.Duration, req *policy.Request) (Forecast, erro
 			continue
 		}
 		cached := min(r.depth[m.slot]*r.cfg.BlockTokens, req.PromptTokens)
-		var adapterMS float64
+		var adapterMS, slotWaitMS float64
 		if adapter != "" {
 			v := policy.Replica{InFlight: int(m.inflight.Load())}
 			v.ITLBaseMS, v.ITLSlopeMS = m.itlNow()
 			c := r.adapterCost(m, adapter, &v, e)
-			adapterMS = c.load + c.wait
+			adapterMS, slotWaitMS = c.load+c.wait, c.wait
 		}
 		floor, mean, margin := m.forecast(now, time.Duration(m.rttNS.Load()), req.PromptTokens-cached, adapterMS)
-		floorMS = min(floorMS, floor)
+		// The wait for an adapter's slot is the others' load, not the
+		// floor (what the replica would give idle): an adapter's load is.
+		floorMS = min(floorMS, floor-slotWaitMS)
 		waiting = min(waiting, int(m.inflight.Load()-m.decoding.Load()))
 		r.fc = append(r.fc, forecastAt{ms: mean + margin, margin: margin,
 			waitOK: req.WaitingCap <= 0 || m.underWaitingCap(req.WaitingCap),

@@ -360,9 +360,9 @@ func (x *exchange) request(msg *extprocv3.ProcessingRequest) error {
 		x.ask.TTFTSLO = cmp.Or(x.ask.TTFTSLO, ttft, ttftOld)
 		x.ask.TPOTSLO = cmp.Or(x.ask.TPOTSLO, tpot, tpotOld)
 		x.subset = subset(msg.GetMetadataContext())
+		x.bodiless = r.RequestHeaders.GetEndOfStream()
 		if x.operation() {
 			x.opHeader = operationHeader(r.RequestHeaders.GetHeaders().GetHeaders())
-			x.bodiless = r.RequestHeaders.GetEndOfStream()
 		}
 		if r.RequestHeaders.GetEndOfStream() || x.unread {
 			// No body, or none the picker sees before Envoy fixes the
@@ -511,7 +511,15 @@ func (x *exchange) decide(atHeaders bool) error {
 		x.s.fleet.Core().Refused(e, x.logID())
 		return x.immediate(e)
 	}
-	if x.rename != "" && !atHeaders && prompt.Model(x.body) != x.rename {
+	switch {
+	case x.rename != "" && atHeaders && !x.bodiless:
+		// Its body is not the picker's to rewrite (it comes in pieces,
+		// or not at all): sent on with the client's model, the replica
+		// chosen for the new one would refuse it.
+		e := wire.Errorf(http.StatusBadRequest, "the gateway renames the model to %q (%s), which the picker can do only to a whole body: use request_body_mode BUFFERED or FULL_DUPLEX_STREAMED", x.rename, RenameHeader)
+		x.s.fleet.Core().Refused(e, x.logID())
+		return x.immediate(e)
+	case x.rename != "" && !atHeaders && prompt.Model(x.body) != x.rename:
 		if e := x.renameModel(); e != nil {
 			x.s.fleet.Core().Refused(e, x.logID())
 			return x.immediate(e)

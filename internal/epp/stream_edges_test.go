@@ -438,3 +438,20 @@ func TestProtocolSLOHeaders(t *testing.T) {
 		s.CloseSend()
 	}
 }
+
+// The gateway's rename where the picker cannot rewrite the body (Envoy
+// streams it, or sends none, and the route is fixed at the headers): a
+// 400 that says why, not the client's model sent to a replica chosen for
+// the new one (a review, 2026-12-07).
+func TestGatewayRenameNeedsTheWholeBody(t *testing.T) {
+	f := newFleet(t, admit.Config{})
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_STREAMED, filterv3.ProcessingMode_NONE} {
+		s, _ := picker(t, f).Process(context.Background())
+		s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: headers("/v1/chat/completions", false, RenameHeader, "tuned")},
+			ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: mode, ResponseBodyMode: filterv3.ProcessingMode_STREAMED}})
+		if imm := recv(t, s).GetImmediateResponse(); imm.GetStatus().GetCode() != 400 || !strings.Contains(string(imm.GetBody()), "whole body") {
+			t.Errorf("%v: %v, want a 400", mode, imm)
+		}
+		s.CloseSend()
+	}
+}

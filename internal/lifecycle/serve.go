@@ -132,10 +132,13 @@ func (c *Core) Serve(ctx context.Context, in Incoming, fe FrontEnd) int {
 		return e.Status
 	}
 	id := in.RequestID
-	if id == "" && r.Parsed.RequestID == "" && in.MadeID {
+	if id == "" && r.Parsed.RequestID == "" && in.MadeID && (r.kind == Chat || r.kind == Completion) {
 		// The client named it nowhere: the replica is sent the id the
 		// client is answered with, so that the engine knows it (its
 		// logs, an abort by id) as the client and the access log do.
+		// Only a chat's or a completion's, whose body's request_id is
+		// read (another body's, which the engine might take the header
+		// over, is not).
 		id, r.sendID = in.LogID, in.LogID
 	}
 	r.readEngineIDs(id)

@@ -41,8 +41,9 @@ type State int32
 const (
 	// Active replicas take new requests (when up and probed).
 	Active State = iota
-	// Draining replicas take no new requests; their requests in flight
-	// finish. Undrain makes them active again.
+	// Draining replicas take no new requests, but the follow-ups of the
+	// conversations they store (policy.Request.Holder); their requests in
+	// flight finish. Undrain makes them active again.
 	Draining
 	// Removing replicas are draining, and leave the fleet once their last
 	// request in flight finishes.

@@ -681,8 +681,9 @@ var private = map[string]bool{"Server": true, "Set-Cookie": true, "X-Request-Id"
 // or one made here, as OpenAI answers every request with one (its SDKs
 // show it as the request's id), and the access log names the request by
 // the same (Incoming.LogID); a replica's own is not passed on. A made one
-// is sent to the replica where the body names no request_id (vLLM would
-// take the header over it, and the client may abort the request by it):
+// is sent to the replica with a chat or a completion whose body names no
+// request_id (vLLM would take the header over it, and the client may abort
+// the request by it):
 // the engine's logs and aborts then name the request as the router does
 // (lifecycle.Request.SendID). A client's id that is not one to echo
 // (httpapi.PrintableID) is not echoed nor logged: one is made in its place.

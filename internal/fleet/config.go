@@ -22,6 +22,7 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/prompt"
 	"github.com/gorgo-llm/gorgo/internal/tenant"
+	"github.com/gorgo-llm/gorgo/internal/yamlfile"
 )
 
 // Config is the fleet's part of gorgo serve's (and gorgo epp's) config
@@ -563,7 +564,7 @@ func (t UpstreamTLSConfig) client() (*tls.Config, error) {
 	}
 	c := &tls.Config{MinVersion: tls.VersionTLS12}
 	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
+		pem, err := yamlfile.ReadFile(t.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("config: upstream_tls.ca_file: %w", err)
 		}

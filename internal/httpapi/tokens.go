@@ -6,8 +6,9 @@ import (
 	"crypto/subtle"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
+
+	"github.com/gorgo-llm/gorgo/internal/yamlfile"
 )
 
 // MinTokenLen is the shortest secret accepted.
@@ -22,7 +23,7 @@ type Token struct{ Name, Secret string }
 // characters, and the file holds at least one. what names the setting,
 // for errors.
 func ReadTokens(path, what string) ([]Token, error) {
-	data, err := os.ReadFile(path)
+	data, err := yamlfile.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %s: %w", what, err)
 	}

@@ -5,11 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
+
+	"github.com/gorgo-llm/gorgo/internal/yamlfile"
 )
 
 // A Param is one of a policy's parameters: a non-negative weight of its
@@ -145,7 +146,7 @@ const FileKey = "policy"
 func (i Info) Parse(s string, base Values) (Values, error) {
 	v := base.Clone()
 	if !strings.Contains(s, "=") {
-		data, err := os.ReadFile(s)
+		data, err := yamlfile.ReadFile(s)
 		if err != nil {
 			return nil, fmt.Errorf("%s's parameters: want %s or a JSON file: %w", i.Name, i.Example(), err)
 		}

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/csv"
 	"fmt"
@@ -278,7 +279,7 @@ func LoadTopology(nameOrFile string) (Topology, error) {
 	if t, ok := presets[nameOrFile]; ok {
 		return t, nil
 	}
-	data, err := os.ReadFile(nameOrFile)
+	data, err := yamlfile.ReadFile(nameOrFile)
 	if err != nil {
 		if os.IsNotExist(err) && !strings.ContainsAny(nameOrFile, "./") {
 			return Topology{}, fmt.Errorf("unknown topology %q (valid: %s, or a YAML file)", nameOrFile, strings.Join(TopologyNames(), ", "))
@@ -545,12 +546,11 @@ func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(ti
 // after a first cell, then one row per source region; empty cells are
 // unknown pairs.
 func readRTTCSV(path string) (map[string]map[string]float64, error) {
-	f, err := os.Open(path)
+	data, err := yamlfile.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading RTT matrix: %w", err)
 	}
-	defer f.Close()
-	rows, err := csv.NewReader(f).ReadAll()
+	rows, err := csv.NewReader(bytes.NewReader(data)).ReadAll()
 	if err != nil {
 		return nil, fmt.Errorf("reading RTT matrix %s: %w", path, err)
 	}

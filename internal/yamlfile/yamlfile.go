@@ -1,6 +1,8 @@
 // Package yamlfile decodes the YAML files a user writes (gorgo serve's
 // config, a topology) strictly, every field known, and says what is wrong
-// with one in the file's terms, on one line.
+// with one in the file's terms, on one line; and reads such a file (or
+// another a user writes: weights, a round-trip matrix, a key) in bounded
+// memory.
 package yamlfile
 
 import (
@@ -8,12 +10,36 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"reflect"
 	"regexp"
 	"strings"
 
 	"gopkg.in/yaml.v3"
 )
+
+// MaxFileBytes bounds a file a user writes (ReadFile): far more than any
+// config, topology or matrix needs, far less than a mistaken path
+// (/dev/zero, a trace, a disk image) would make the reader hold.
+const MaxFileBytes = 16 << 20
+
+// ReadFile reads the file a user wrote at path, refusing one larger than
+// MaxFileBytes with an error of one line rather than reading it all.
+func ReadFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("%s: larger than %d MiB: not a file of this kind", path, MaxFileBytes>>20)
+	}
+	return data, nil
+}
 
 // Decode decodes the first document of data into v, a field v does not
 // have an error (yaml.v3's inline maps still take what their struct does

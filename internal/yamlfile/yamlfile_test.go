@@ -2,6 +2,8 @@ package yamlfile
 
 import (
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -72,5 +74,34 @@ func TestOneDocument(t *testing.T) {
 	// A later document's syntax error is said as such.
 	if err := Decode([]byte("count: 1\n---\ncount: [\n"), &d); err == nil || !strings.Contains(err.Error(), "did not find expected node content") {
 		t.Errorf("a syntax error in the second document: %v", err)
+	}
+}
+
+// A file past MaxFileBytes is refused in bounded memory, on one line (a
+// user's test, 2026-12-07: a config, a topology or weights named
+// /dev/zero grew until the runtime died with a stack dump).
+func TestReadFileIsBounded(t *testing.T) {
+	big := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(big, make([]byte, MaxFileBytes+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{big, "/dev/zero"} {
+		if path == "/dev/zero" {
+			if _, err := os.Stat(path); err != nil {
+				t.Logf("skipping %s: %v", path, err)
+				continue
+			}
+		}
+		_, err := ReadFile(path)
+		if err == nil || !strings.Contains(err.Error(), "larger than 16 MiB") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v", path, err)
+		}
+	}
+	ok := filepath.Join(t.TempDir(), "ok.yaml")
+	if err := os.WriteFile(ok, []byte("a: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := ReadFile(ok); err != nil || string(data) != "a: 1\n" {
+		t.Errorf("a small file: %q, %v", data, err)
 	}
 }

@@ -19,7 +19,7 @@ var (
 	burstGPTHeader = []string{"Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type"}
 )
 
-// MaxTokens bounds a request's output length in a trace (the simulator
+// MaxTokens bounds a request's input and output lengths in a trace (the simulator
 // and the emulators would run one of 2^63 tokens for ever), and a CSV
 // row's prompt length (the reader makes its block ids: a huge count would
 // allocate without bound). No model's context is near it.
@@ -197,6 +197,9 @@ func readCSV(r io.Reader, name string, f Format, headerLine int) ([]Request, err
 		}
 		if in == 0 {
 			continue // nothing to prefill: not a request to route
+		}
+		if len(reqs) >= readLimit {
+			return nil, &LineError{name, line, tooMany}
 		}
 		hs := ids.alloc(BlockCount(in))
 		for j := range hs {

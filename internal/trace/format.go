@@ -186,6 +186,9 @@ func validate(r *Request) error {
 	if r.InputTokens <= 0 {
 		return fmt.Errorf("input_length must be positive, got %d", r.InputTokens)
 	}
+	if r.InputTokens > MaxTokens {
+		return fmt.Errorf("input_length %d is more than the limit of %d", r.InputTokens, MaxTokens)
+	}
 	if r.OutputTokens < 0 {
 		return fmt.Errorf("output_length must be non-negative, got %d", r.OutputTokens)
 	}

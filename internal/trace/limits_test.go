@@ -111,3 +111,28 @@ func TestReadCSVQuoteErrorLine(t *testing.T) {
 		t.Errorf("error %v; want it at q.csv:2, where the unterminated quote is", err)
 	}
 }
+
+// A trace's requests are bounded in number and in prompt length, in JSON
+// Lines as in CSV (a user's test, 2026-12-07: an endless stream of lines
+// ran out of memory with a stack dump; one line of 102,400,000 prompt
+// tokens made a replayer build a 400 MB prompt).
+func TestTraceRequestsAreBounded(t *testing.T) {
+	defer func(n int) { readLimit = n }(readLimit)
+	readLimit = 3
+	line := `{"timestamp":0,"input_length":100,"output_length":10,"hash_ids":[0]}` + "\n"
+	if _, err := Read(strings.NewReader(strings.Repeat(line, 3)), "t", FormatAuto); err != nil {
+		t.Errorf("3 requests, the limit: %v", err)
+	}
+	_, err := Read(strings.NewReader(strings.Repeat(line, 4)), "t", FormatAuto)
+	if err == nil || !strings.Contains(err.Error(), "t:4: more than") {
+		t.Errorf("4 requests past a limit of 3: %v", err)
+	}
+	csv := "TIMESTAMP,ContextTokens,GeneratedTokens\n" + strings.Repeat("2023-11-16 18:15:46.6805900,100,10\n", 4)
+	if _, err := Read(strings.NewReader(csv), "c", FormatAuto); err == nil || !strings.Contains(err.Error(), "more than") {
+		t.Errorf("a CSV of 4 requests past a limit of 3: %v", err)
+	}
+	huge := `{"timestamp":0,"input_length":16777217,"output_length":1,"hash_ids":[0]}` + "\n"
+	if _, err := Read(strings.NewReader(huge), "h", FormatAuto); err == nil || !strings.Contains(err.Error(), "input_length 16777217 is more than the limit") {
+		t.Errorf("a prompt past MaxTokens: %v", err)
+	}
+}

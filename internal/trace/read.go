@@ -121,6 +121,9 @@ func Read(r io.Reader, name string, f Format) ([]Request, error) {
 					"timestamp %s ms is before the previous line's %s ms (traces must be time-ordered)",
 					formatMillis(req.Time), formatMillis(prev.Time))}
 			}
+			if len(reqs) >= readLimit {
+				return nil, &LineError{name, lineNo, tooMany}
+			}
 			req.HashIDs = ids.copy(req.HashIDs)
 			reqs = append(reqs, req)
 			prev = req
@@ -135,6 +138,14 @@ func Read(r io.Reader, name string, f Format) ([]Request, error) {
 	}
 	return reqs, nil
 }
+
+// tooMany is a trace past MaxGenerated requests: more than gorgo
+// simulates, and more than it holds (a stream that never ends, a file
+// that is not one trace).
+var tooMany = fmt.Errorf("more than %d requests: more than gorgo simulates or replays at once (cut the trace into windows)", int(MaxGenerated))
+
+// readLimit is MaxGenerated, as Read applies it (a test's to lower).
+var readLimit = int(MaxGenerated)
 
 // jsonError says what is wrong with a line encoding/json could not read,
 // in the trace's terms: a field's value of the wrong kind by the field's

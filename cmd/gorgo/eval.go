@@ -129,6 +129,9 @@ func runEval(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := wl.served(reps, raw); err != nil {
+		return err
+	}
 	params, err := pf.describeParams()
 	if err != nil {
 		return err

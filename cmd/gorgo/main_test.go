@@ -382,6 +382,9 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"demo", "--topology", "nowhere"}, `--topology: unknown topology "nowhere"`},
 		{[]string{"demo", "--mesh", "--models", "a:1"}, "--mesh runs its own fleet"},
 		{[]string{"demo", "--topology", "../../examples/topologies/two-models.yaml", "--models", "model-a:1,model-c:1"}, `no replica of the topology serves "model-c"`},
+		{[]string{"sim", "--duration", "1m", "--topology", "../../examples/topologies/two-models.yaml", "--models", "model-c:1"}, `no replica of the topology serves "model-c"`},
+		{[]string{"eval", "--duration", "1m", "--topology", "../../examples/topologies/two-models.yaml", "--models", "model-c:1"}, `no replica of the topology serves "model-c"`},
+		{[]string{"tune", "--duration", "1m", "--topology", "../../examples/topologies/two-models.yaml", "--models", "model-c:1", "--out", filepath.Join(t.TempDir(), "w.json")}, `no replica of the topology serves "model-c"`},
 		// slo-p95 where no request has an SLO.
 		{[]string{"sim", "--objective", "slo-p95", "--duration", "1m"}, "slo-p95 judges requests held to SLOs"},
 		{[]string{"eval", "--live-tuner", "--objective", "slo-p95", "--duration", "1m"}, "slo-p95 judges requests held to SLOs"},
@@ -835,5 +838,30 @@ func TestOfflineTuneIgnoresOnlineFlags(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "w.json")
 	if code, _, errs := gorgo(t, "tune", "--duration", "2m", "--generations", "1", "--burn", "30s", "--out", out); code != 0 {
 		t.Errorf("exit %d: %s", code, errs)
+	}
+}
+
+// A tuning run in which every request fails judges no weights: an error,
+// and nothing written (a user's test, 2026-12-07: it said it had tuned
+// them, and wrote them).
+func TestTuneWithNothingServed(t *testing.T) {
+	dir := t.TempDir()
+	tr := filepath.Join(dir, "nosuch.jsonl")
+	var b strings.Builder
+	for i := range 4 {
+		fmt.Fprintf(&b, `{"timestamp":%d,"session_id":"s%d","model":"nosuch","input_length":100,"output_length":10,"hash_ids":[%d]}`+"\n", i*100, i, i)
+	}
+	if err := os.WriteFile(tr, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"offline", "online"} {
+		out := filepath.Join(dir, mode+".json")
+		code, _, errs := gorgo(t, "tune", "--mode", mode, "--generations", "1", "--topology", "../../examples/topologies/two-models.yaml", "--trace", tr, "--out", out)
+		if code != 1 || !strings.Contains(errs, "all 4 requests failed") {
+			t.Errorf("%s: exit %d, %q", mode, code, errs)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Errorf("%s: weights written", mode)
+		}
 	}
 }

@@ -89,6 +89,9 @@ func runMeshSim(args []string, stdout, stderr io.Writer, wl *workloadFlags, ff *
 	if err != nil {
 		return err
 	}
+	if err := wl.served(reps, reqs); err != nil {
+		return err
+	}
 	type run struct {
 		label string
 		mesh  *sim.Mesh

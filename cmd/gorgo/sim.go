@@ -114,6 +114,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := wl.served(reps, reqs); err != nil {
+		return err
+	}
 	if !*quiet {
 		fmt.Fprintf(stdout, "workload: %s\n", desc)
 		if af.slo > 0 {

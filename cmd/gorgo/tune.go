@@ -106,6 +106,9 @@ func runTune(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if err := wl.served(reps, reqs); err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "workload: %s\ntopology: %s\n", desc, describeFleet(t, reps))
 	fmt.Fprint(stdout, describeEvents(ff.events))
 	base := pf.router(sim.Config{Replicas: reps, Requests: reqs, MaxInflight: ff.maxInflight, Seed: wl.seed, Events: ff.events, ScoreFrom: ff.scoreFrom})
@@ -215,10 +218,20 @@ func tuneOffline(w io.Writer, base sim.Config, cfg tune.Config, tf *tuneFlags, b
 	if err != nil {
 		return tuneResult{}, err
 	}
+	if m := res.Initial; m.N == m.Failed {
+		return tuneResult{}, noneServed(m.N)
+	}
 	fmt.Fprintf(w, "initial %s: p95 TTFT %.1f ms, p95 E2E %.1f ms; best %s: p95 TTFT %.1f ms, p95 E2E %.1f ms\n",
 		es.Format(es.Incumbent()), res.Initial.TTFTP95, res.Initial.E2EP95, es.Format(res.Best), res.BestMetrics.TTFTP95, res.BestMetrics.E2EP95)
 	start, _ := cfg.Objective.Of(res.Initial)
 	return tuneResult{es: es, start: es.Incumbent(), startScore: start, steps: res.Steps, weights: tune.Apply(es, res.Best, baseW)}, nil
+}
+
+// noneServed is a tuning run in which every one of n requests failed: no
+// weights were judged (a user's test, 2026-12-07: weights were written,
+// and the run said it had tuned them).
+func noneServed(n int) error {
+	return fmt.Errorf("all %d requests failed: no weights can be judged on this workload and fleet (nothing written)", n)
 }
 
 func tuneOnline(w io.Writer, base sim.Config, tf *tuneFlags, cfg tune.Config, baseW policy.Values) (tuneResult, error) {
@@ -232,6 +245,9 @@ func tuneOnline(w io.Writer, base sim.Config, tf *tuneFlags, cfg tune.Config, ba
 	run, err := sim.Run(c)
 	if err != nil {
 		return tuneResult{}, err
+	}
+	if r := run.Run; r.Requests == r.Failed {
+		return tuneResult{}, noneServed(r.Requests)
 	}
 	steps := o.Steps()
 	for i, s := range steps {

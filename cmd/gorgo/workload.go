@@ -150,6 +150,16 @@ func (w *workloadFlags) raw() ([]trace.Request, string, error) {
 	return reqs, src, nil
 }
 
+// served fails where --models names a model no replica serves: every
+// request for it would fail (a user's test, 2026-12-07: sim and eval
+// counted 738 failures of 738 without a word; demo already refused).
+func (w *workloadFlags) served(reps []sim.Replica, reqs []trace.Request) error {
+	if w.models == "" {
+		return nil
+	}
+	return checkServed(reps, reqs)
+}
+
 // load reads or generates the workload and applies the window and time scale.
 // It returns the requests and a one-line description.
 func (w *workloadFlags) load() ([]trace.Request, string, error) {

@@ -73,6 +73,9 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 	if !(*speedup >= 1 && *speedup <= 50) {
 		return fmt.Errorf("--speedup must be between 1 and 50, got %v", *speedup)
 	}
+	if *maxInflight < 0 {
+		return fmt.Errorf("--max-inflight must not be negative")
+	}
 	if *meshDemo {
 		given := false
 		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "speedup" })
@@ -87,10 +90,16 @@ func runDemo(args []string, stdout, stderr io.Writer) error {
 		return runDemoMesh(ctx, stdout, *duration, *speedup, *timeScale, *seed)
 	}
 	names := splitList(*policies)
+	seen := map[string]bool{}
 	for _, n := range names {
 		if _, err := policy.New(n, policy.Options{}); err != nil {
 			return fmt.Errorf("--policy: %w", err)
 		}
+		c := policy.Canonical(n)
+		if seen[c] {
+			return fmt.Errorf("--policy: %s named twice", c) // as sim and eval say
+		}
+		seen[c] = true
 		if info, _ := policy.Lookup(n); info.SimOnly {
 			// Refused now, not after the policies before it have run.
 			return fmt.Errorf("--policy: %s runs only in the simulator (valid here: %s)", n, joinNames(policy.LiveNames()))

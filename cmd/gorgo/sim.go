@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,7 +23,6 @@ import (
 	"github.com/gorgo-llm/gorgo/internal/policy"
 	"github.com/gorgo-llm/gorgo/internal/report"
 	"github.com/gorgo-llm/gorgo/internal/sim"
-	"github.com/gorgo-llm/gorgo/internal/trace"
 	"github.com/gorgo-llm/gorgo/internal/tune"
 )
 
@@ -441,14 +441,11 @@ func (a *admissionFlags) modes() ([]admit.Config, error) {
 		}
 		c := admit.Config{SLO: a.slo, Mode: m, MaxQueue: a.maxQueue, SaturationWaiting: a.satWaiting}
 		if a.weights != "" {
-			ws, err := trace.ParseModelWeights(a.weights) // the same NAME:W list
+			ws, err := parseTenantWeights(a.weights)
 			if err != nil {
 				return nil, fmt.Errorf("--tenant-weights: %w", err)
 			}
-			c.Weights = map[string]float64{}
-			for _, w := range ws {
-				c.Weights[w.Name] = w.Weight
-			}
+			c.Weights = ws
 		}
 		if err := c.Validate(); err != nil {
 			return nil, fmt.Errorf("--admission-queue, --tenant-weights: %w", err)
@@ -479,4 +476,27 @@ func writeTenants(w io.Writer, results []*sim.Result, slo time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// parseTenantWeights reads --tenant-weights' NAME:W,...: each tenant once,
+// its weight a positive number (a user's test, 2026-12-07: read as a
+// model mix, "a:x" was a tenant "a:x" of weight 1, and errors spoke of
+// models).
+func parseTenantWeights(s string) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, item := range strings.Split(s, ",") {
+		name, w, ok := strings.Cut(strings.TrimSpace(item), ":")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("%q: want TENANT:WEIGHT", item)
+		}
+		v, err := strconv.ParseFloat(w, 64)
+		if err != nil || !(v > 0) || math.IsInf(v, 0) {
+			return nil, fmt.Errorf("tenant %s: the weight must be a positive number, got %q", name, w)
+		}
+		if _, dup := out[name]; dup {
+			return nil, fmt.Errorf("tenant %s named twice", name)
+		}
+		out[name] = v
+	}
+	return out, nil
 }

@@ -44,7 +44,7 @@ func (w *workloadFlags) tenantMix() ([]trace.TenantShare, error) {
 // register defines the flags; eval defines its own repeatable --window, so
 // it passes withWindow false.
 func (w *workloadFlags) register(fs *flag.FlagSet, withWindow bool) {
-	fs.StringVar(&w.file, "trace", "", "workload trace `FILE` (JSONL); without it, the embedded synthetic workload")
+	fs.StringVar(&w.file, "trace", "", "workload trace `FILE` (JSON Lines, or Azure's or BurstGPT's CSV); without it, the embedded synthetic workload")
 	fs.StringVar(&w.format, "format", "auto", "trace format: auto (detected), mooncake, gorgo, azure (Azure LLM inference CSV) or burstgpt (BurstGPT CSV)")
 	fs.StringVar(&w.preset, "preset", "artchat", "synthetic workload when no --trace: "+joinNames(trace.Presets()))
 	fs.DurationVar(&w.duration, "duration", 30*time.Minute, "length of the synthetic workload")
@@ -52,11 +52,11 @@ func (w *workloadFlags) register(fs *flag.FlagSet, withWindow bool) {
 		fs.StringVar(&w.window, "window", "", "part of the trace to use, as `START,DURATION` Go durations (e.g. 0s,30m); default all")
 	}
 	fs.Float64Var(&w.timeScale, "time-scale", 1, "multiply inter-arrival gaps by `F` (2 = half the request rate)")
-	fs.Uint64Var(&w.seed, "seed", 1, "random seed (synthetic workload, network jitter, policies, tuner)")
+	fs.Uint64Var(&w.seed, "seed", 1, "random seed (the synthetic workload and its draws of models and tenants; in the simulator also the network's jitter, the policies and the tuner)")
 	fs.StringVar(&w.tenants, "tenants", "", "mix tenants into the workload: each session belongs to one tenant, drawn by share from `NAME:PRIORITY:SHARE[:SLO],...` (priority interactive, standard, batch, sheddable or an integer; SLO the TTFT SLO the tenant's requests are held to instead of the run's; e.g. chat:interactive:0.7:1s,batch:batch:0.3)")
 	fs.StringVar(&w.only, "tenant-only", "", "keep only this `TENANT`'s requests (its solo run, to compare with the mixed one)")
 	fs.BoolVar(&w.spread, "spread-ticks", false, "spread the requests that share an arrival time at random over the gap to the next one, keeping their order: a trace recorded in coarse ticks (Mooncake's are 3 s) otherwise arrives in synchronised bursts ('gorgo trace stats' shows how many share)")
-	fs.StringVar(&w.models, "models", "", "mix models into the workload: each session names one model, drawn by weight from `NAME:W,NAME:W,...` (replacing the trace's models; a replica's models are its topology's models: and adapters:)")
+	fs.StringVar(&w.models, "models", "", "mix models into the workload: each session names one model, drawn by weight from `NAME:W,NAME:W,...` (replacing the trace's models; in the simulator a replica's models are its topology's models: and adapters:)")
 }
 
 // ownSLOs reports whether a tenant of --tenants has a TTFT SLO of its own

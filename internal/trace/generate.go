@@ -70,7 +70,7 @@ func Generate(cfg GenConfig) ([]Request, error) {
 		rate = p.rate
 	}
 	if n := rate * (p.warmup + d.Seconds()); n > MaxGenerated {
-		return nil, fmt.Errorf("generating %s: %.0f requests a second over the window and the preset's %v warm-up before it are %.3g requests to simulate; at most %.3g (lower the rate)",
+		return nil, fmt.Errorf("generating %s: %.0f requests a second over the window and the preset's %v warm-up before it are %.3g requests to simulate; at most %.3g (a shorter --duration, or a lower rate)",
 			name, rate, time.Duration(p.warmup*float64(time.Second)), n, float64(MaxGenerated))
 	}
 	g := newGenerator(p, cfg.Seed, d.Seconds(), cfg.Rate)

@@ -46,9 +46,10 @@ const maxLineBytes = 32 << 20
 // Read reads a trace in format f: JSON Lines (FormatMooncake, FormatGorgo)
 // or CSV (FormatAzure, FormatBurstGPT); FormatAuto or "" detects it from the
 // first non-empty line. name labels errors, which have the form
-// "name:line: problem" (see LineError). Blank lines are skipped and lines may
-// be as long as maxLineBytes, the requests at most MaxGenerated. Timestamps must be non-decreasing: traces are
-// time-ordered and a line that goes back in time is an error. Requests of a
+// "name:line: problem" (see LineError). Blank lines are skipped, lines may
+// be as long as maxLineBytes, and the requests at most MaxGenerated.
+// Timestamps must be non-decreasing: traces are time-ordered and a line
+// that goes back in time is an error. Requests of a
 // Mooncake trace get sessions and turns from DeriveSessions; those of a CSV
 // trace get one session each and blocks of their own (see FormatAzure). The
 // requests' HashIDs are cut from shared arrays with capacity equal to

@@ -471,7 +471,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if _, err := models.ParseAliases(c.Models); err != nil {
-		return fmt.Errorf("config: models: %w", err)
+		return fmt.Errorf("config: %w", err) // its errors say "models:"
 	}
 	if c.AdapterLoadTime < 0 {
 		return fmt.Errorf("config: adapter_load_time must not be negative")

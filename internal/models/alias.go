@@ -136,7 +136,10 @@ func CheckAliases(as []Alias) error {
 			errs = append(errs, fmt.Errorf("models: alias %q needs a target of positive weight", a.Name))
 		}
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return errs[0] // one line: the first problem (it once joined them, a line each)
+	}
+	return nil
 }
 
 // Resolver turns a client's model name into the served name the request

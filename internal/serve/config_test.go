@@ -209,3 +209,15 @@ func TestEngineOperationsDefault(t *testing.T) {
 		}
 	}
 }
+
+// An alias with several faults is refused on one line, its first (a
+// user's test, 2026-12-07: a line each, and "models: models:").
+func TestAliasErrorsAreOneLine(t *testing.T) {
+	cfg, err := ParseConfig([]byte("replicas: [{url: \"http://x:1\"}]\nmodels: {chat: {a: -5}}\n"), "test")
+	if err == nil {
+		err = cfg.Defaults().Validate()
+	}
+	if err == nil || strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "models: models:") || !strings.Contains(err.Error(), `alias "chat"`) {
+		t.Errorf("%v", err)
+	}
+}

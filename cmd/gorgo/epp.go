@@ -36,7 +36,7 @@ func runEPP(args []string, stdout, stderr io.Writer) error {
 	configPath := fs.String("config", "", "YAML config `FILE`, as for gorgo serve (required)")
 	listen := fs.String("listen", "127.0.0.1:9002", "address of the ext_proc gRPC service")
 	fallbacks := fs.Int("fallbacks", 0, "ranked fallback endpoints after the chosen one in the answer, for gateways that follow the list (Envoy's ORIGINAL_DST reads one address: keep 0 there)")
-	bodyMode := fs.String("body-mode", "", "the body mode of a gateway that does not say it on each stream (Envoy before 1.34): `MODE` FULL_DUPLEX_STREAMED (requests and responses, as the protocol's reference picker assumes) or BUFFERED (requests; responses streamed); unset: BUFFERED, and a stream that ends before its response counted as served")
+	bodyMode := fs.String("body-mode", "", "the body `MODE` of a gateway that does not say it on each stream (Envoy before 1.34): FULL_DUPLEX_STREAMED (requests and responses, as the protocol's reference picker assumes) or BUFFERED (requests; responses streamed); unset: BUFFERED, and a stream that ends before its response counted as served")
 	adminListen := fs.String("admin-listen", "", "address of the admin API (default the config's, else 127.0.0.1:9091; off for none)")
 	var tf tuneFlags
 	tf.registerLive(fs)

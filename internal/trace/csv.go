@@ -199,7 +199,7 @@ func readCSV(r io.Reader, name string, f Format, headerLine int) ([]Request, err
 			continue // nothing to prefill: not a request to route
 		}
 		if len(reqs) >= readLimit {
-			return nil, &LineError{name, line, tooMany}
+			return nil, &LineError{name, line, errTooMany}
 		}
 		hs := ids.alloc(BlockCount(in))
 		for j := range hs {

@@ -123,7 +123,7 @@ func Read(r io.Reader, name string, f Format) ([]Request, error) {
 					formatMillis(req.Time), formatMillis(prev.Time))}
 			}
 			if len(reqs) >= readLimit {
-				return nil, &LineError{name, lineNo, tooMany}
+				return nil, &LineError{name, lineNo, errTooMany}
 			}
 			req.HashIDs = ids.copy(req.HashIDs)
 			reqs = append(reqs, req)
@@ -140,10 +140,10 @@ func Read(r io.Reader, name string, f Format) ([]Request, error) {
 	return reqs, nil
 }
 
-// tooMany is a trace past MaxGenerated requests: more than gorgo
+// errTooMany is a trace past MaxGenerated requests: more than gorgo
 // simulates, and more than it holds (a stream that never ends, a file
 // that is not one trace).
-var tooMany = fmt.Errorf("more than %d requests: more than gorgo simulates or replays at once (cut the trace into windows)", int(MaxGenerated))
+var errTooMany = fmt.Errorf("more than %d requests: more than gorgo simulates or replays at once (cut the trace into windows)", int(MaxGenerated))
 
 // readLimit is MaxGenerated, as Read applies it (a test's to lower).
 var readLimit = int(MaxGenerated)

@@ -388,6 +388,7 @@ func TestServeBadInput(t *testing.T) {
 		{[]string{"sim", "--duration", "1m", "--ttft-slo", "5s", "--tenants", "chat:interactive:0.5,batch:batch:0.5", "--tenant-weights", "chat:-1"}, "--tenant-weights: tenant chat: the weight must be a positive number"},
 		{[]string{"sim", "--duration", "1m", "--ttft-slo", "5s", "--tenants", "chat:interactive:0.5,batch:batch:0.5", "--tenant-weights", "chat:x"}, "--tenant-weights: tenant chat: the weight must be a positive number"},
 		{[]string{"sim", "--duration", "1m", "--ttft-slo", "5s", "--tenant-weights", "garbage"}, `--tenant-weights: "garbage": want TENANT:WEIGHT`},
+		{[]string{"sim", "--duration", "1m", "--unstreamed-untold"}, "--unstreamed-untold is for the answers --unstreamed makes unstreamed"},
 		{[]string{"eval", "--duration", "1m", "--topology", "../../examples/topologies/two-models.yaml", "--models", "model-c:1"}, `no replica of the topology serves "model-c"`},
 		{[]string{"tune", "--duration", "1m", "--topology", "../../examples/topologies/two-models.yaml", "--models", "model-c:1", "--out", filepath.Join(t.TempDir(), "w.json")}, `no replica of the topology serves "model-c"`},
 		// slo-p95 where no request has an SLO.

@@ -96,6 +96,9 @@ func runSim(args []string, stdout, stderr io.Writer) error {
 			runModes = append(runModes, m)
 		}
 	}
+	if *untold && *unstreamed == 0 {
+		return fmt.Errorf("--unstreamed-untold is for the answers --unstreamed makes unstreamed: give --unstreamed SHARE")
+	}
 	if !(*unstreamed >= 0 && *unstreamed <= 1) {
 		return fmt.Errorf("--unstreamed must be between 0 and 1, got %v", *unstreamed)
 	}

@@ -249,10 +249,6 @@ type exchange struct {
 	// long says the stream is inside an event too long to hold, which the
 	// lifecycle reads as it passes (lifecycle.Request.LongEventPart).
 	long bool
-	// ended: the stream's events said the answer ended ([DONE], or
-	// lifecycle.Request.Ends), so that a body that ends without it was
-	// broken off.
-	ended bool
 	// watched ends the routed attempt's watch by its replica's stall
 	// check (Watcher), saying whether its answer began; of is that
 	// replica, whose progress each piece of a successful answer is; noCut
@@ -438,16 +434,8 @@ func (x *exchange) gather(piece []byte) *wire.Error {
 // operations where the picker refuses them to clients (its config's
 // engine_operations: true).
 func (x *exchange) operator(set *Settings) bool {
-	ts := x.s.fleet.Core().Tenants()
-	if ts == nil {
-		return false
-	}
 	name, err := set.TenantHeader.Name("", x.tenant)
-	if err != nil {
-		return false
-	}
-	t := ts.Lookup(name)
-	return t != nil && t.EngineOperations
+	return err == nil && x.s.fleet.Core().Tenants().Operates(name)
 }
 
 // renameModel sets the body's model to the gateway's rename, in the
@@ -886,10 +874,10 @@ func (x *exchange) Relay(r *lifecycle.Request) lifecycle.Outcome {
 		r.Done()
 	case !x.answered:
 		out.ClientGone = true // the stream ended mid-answer
-	case r.Stream() && x.status == http.StatusOK && !x.ended:
+	case r.Stream() && x.status == http.StatusOK && !r.Ended():
 		// The body ended without the answer's end: the replica closed
 		// its stream early (as gorgo serve judges it).
-		out.Err = errNoEnd
+		out.Err = lifecycle.ErrNoEnd
 	case r.Stream() && x.status == http.StatusOK:
 		r.Done() // its end without [DONE] (a Responses API stream's)
 	}
@@ -981,14 +969,10 @@ func (x *exchange) observe(r *lifecycle.Request, body []byte, eos bool) {
 	}
 }
 
-// errNoEnd is a stream whose body ended before its [DONE] and without a
-// final event.
-var errNoEnd = errors.New("the stream ended before its final event")
-
 // longEnd ends an event too long to hold, whose last piece is ev.
 func (x *exchange) longEnd(r *lifecycle.Request, ev []byte) {
 	r.LongEventPart(ev)
-	x.ended = r.LongEventEnd() || x.ended
+	r.LongEventEnd()
 	x.long = false
 }
 
@@ -998,12 +982,10 @@ func (x *exchange) event(r *lifecycle.Request, ev []byte, at time.Time) {
 		return
 	}
 	if wire.IsDone(data) {
-		x.ended = true
 		r.Done()
 		return
 	}
 	p := r.Format().Chunk(data)
-	x.ended = x.ended || r.Ends(&p)
 	r.Chunk(&p, at)
 }
 

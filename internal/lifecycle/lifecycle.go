@@ -253,6 +253,10 @@ type Request struct {
 	longTail   []byte
 	longCounts wire.Counts
 	longEnds   bool
+	// ended: the stream's events said the answer ended without [DONE]
+	// (ends), so that a stream that stops before it or [DONE] was broken
+	// off (Ended).
+	ended bool
 	// pinned is the replica that stored the response the request names
 	// (its previous_response_id, a path's id), which its first attempt
 	// goes to; unpinned is what the decision allowed without it.
@@ -668,6 +672,7 @@ func (r *Request) Chunk(p *wire.Peek, at time.Time) {
 	if p.ResponseID != "" && !r.storedID {
 		r.storedAs(strings.Clone(p.ResponseID))
 	}
+	r.ended = r.ended || r.ends(p)
 }
 
 // StreamError records that the stream carried an error event (requestFault:
@@ -741,9 +746,9 @@ func (r *Request) LongEventPart(b []byte) {
 	r.longTail = wire.KeepTail(r.longTail, b)
 }
 
-// LongEventEnd: see LongEventPart. It reports whether the event was the
-// answer's last but for [DONE] (Ends), as its head said.
-func (r *Request) LongEventEnd() bool {
+// LongEventEnd: see LongEventPart. An event whose head said it was the
+// answer's last but for [DONE] ends the answer (Ended).
+func (r *Request) LongEventEnd() {
 	c, cached := 0, -1
 	if r.Format() != wire.Native {
 		c, cached = r.Format().Tail(r.longTail)
@@ -758,17 +763,26 @@ func (r *Request) LongEventEnd() bool {
 			r.cached = cached
 		}
 	}
-	ends := r.longEnds
+	r.ended = r.ended || r.longEnds
 	r.longEnds = false
-	return ends
 }
 
-// Ends reports whether a streamed chunk ends the answer without [DONE]:
+// Ended reports whether the stream's events said the answer ended: its
+// [DONE] (Done), or a chunk that ends it without one (ends). A stream that
+// stops before either was broken off: its front end says ErrNoEnd.
+func (r *Request) Ended() bool { return r.ended || r.done }
+
+// ErrNoEnd is a stream the replica closed before its [DONE] and without a
+// final event (Ended): an answer broken off (a graceful shutdown's, a
+// sidecar's), charged to the replica as a cut one is.
+var ErrNoEnd = errors.New("the stream ended before its final event")
+
+// ends reports whether a streamed chunk ends the answer without [DONE]:
 // its end (an OpenAI stream's usage chunk, a Responses API stream's last
 // event), an error, or, for a request of one sequence, its finish (a
 // finish is one choice's: of several, the others may go on). A stream
 // that stops before such a chunk or [DONE] was broken off.
-func (r *Request) Ends(p *wire.Peek) bool {
+func (r *Request) ends(p *wire.Peek) bool {
 	return p.End || p.Error || p.Finish && r.Route.Sequences() == 1
 }
 

@@ -793,13 +793,6 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	over := !a.stream // an answer too long to hold is passed through whole
 	var prev []byte
 	var tail []byte // the last wire.TailBytes of an answer passed through whole
-	// ended: a stream's events said it ended without [DONE]
-	// (lifecycle.Request.Ends: its usage chunk, a Responses API stream's
-	// last event, an error, a single answer's finish), so that a stream
-	// cut cleanly before its [DONE] without one is an answer broken off,
-	// not a complete one. (One cut inside an event too long to peek at
-	// is passed on as it came, and taken as ended.)
-	ended := false
 	for {
 		rest := *a.buf
 		*out = (*out)[:0]
@@ -807,7 +800,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 		if over && a.stream {
 			if n := eventEnd(prev, rest); n >= 0 {
 				req.LongEventPart(rest[:n])
-				ended = req.LongEventEnd() || ended
+				req.LongEventEnd()
 				*out, rest, over = append(*out, rest[:n]...), rest[n:], false
 			}
 		}
@@ -818,7 +811,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				break
 			}
 			rest = next
-			if s.hide(ev, req, &scratch, a.at, &done, &ended) {
+			if s.hide(ev, req, &scratch, a.at, &done) {
 				continue
 			}
 			*out = append(*out, ev...)
@@ -851,7 +844,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 			// stream ended; if it broke off, the part of an event it
 			// broke off in is dropped, as the client's parser would drop
 			// it, and an event of its own says why (below).
-			if a.end == io.EOF && !s.hide(*a.buf, req, &scratch, a.at, &done, &ended) {
+			if a.end == io.EOF && !s.hide(*a.buf, req, &scratch, a.at, &done) {
 				*out = append(*out, *a.buf...)
 			}
 			*a.buf = (*a.buf)[:0]
@@ -881,10 +874,12 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 				tail = wire.KeepTail(tail, pass)
 			}
 		}
-		if a.end == io.EOF && a.stream && !done && !ended && !over {
+		if a.end == io.EOF && a.stream && !done && !req.Ended() && !over {
 			// The replica closed the stream before its end: cut short
-			// (a graceful shutdown, a sidecar's).
-			a.end = errNoEnd
+			// (a graceful shutdown, a sidecar's). (One cut inside an
+			// event too long to peek at is passed on as it came, and
+			// taken as whole.)
+			a.end = lifecycle.ErrNoEnd
 		}
 		if done || a.end == io.EOF {
 			if !a.stream && ok {
@@ -929,10 +924,6 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, a *answer, req *l
 	return lifecycle.Outcome{Status: a.resp.StatusCode, ClientGone: clientErr != nil || r.Context().Err() != nil, Err: upErr}
 }
 
-// errNoEnd is a stream the replica closed before its [DONE] and without a
-// final event.
-var errNoEnd = errors.New("the stream ended before its final event")
-
 // sseEvent is a JSON value (its trailing newline dropped) as an SSE event.
 func sseEvent(v []byte) []byte {
 	return append(append([]byte("data: "), bytes.TrimRight(v, "\n")...), "\n\n"...)
@@ -967,9 +958,8 @@ func blankLine(b []byte) int {
 
 // hide hands one event to the lifecycle and reports whether the client
 // must not see it (the usage chunk it did not ask for); done is set by the
-// [DONE] event, ended by one that ends an answer without it
-// (lifecycle.Request.Ends).
-func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at time.Time, done, ended *bool) bool {
+// [DONE] event.
+func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at time.Time, done *bool) bool {
 	data := wire.EventData(ev, scratch)
 	if len(data) == 0 {
 		return false
@@ -980,7 +970,6 @@ func (s *Server) hide(ev []byte, req *lifecycle.Request, scratch *[]byte, at tim
 	}
 	f := req.Format()
 	p := f.Chunk(data)
-	*ended = *ended || req.Ends(&p)
 	req.Chunk(&p, at)
 	if p.Error {
 		req.StreamError(f.RequestFault(data))

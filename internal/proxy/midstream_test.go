@@ -105,6 +105,21 @@ func TestResponsesStreamErrorEvents(t *testing.T) {
 	}
 }
 
+// streamProxy is a proxy over one replica that answers every request with
+// events and ends its stream there, and the proxy's access log.
+func streamProxy(t *testing.T, events string) (*testRouter, string, *servetest.Log) {
+	t.Helper()
+	log := &servetest.Log{}
+	up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, events)
+	})
+	tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 3},
+		AccessLog: slog.New(slog.NewTextHandler(log, nil))}, up)
+	return tr, url, log
+}
+
 // A stream the replica closes cleanly before its end (no finish, no usage,
 // no [DONE]: a graceful shutdown's, a sidecar's) is an answer broken off,
 // as one cut by a reset is: the client is told in an event, the replica
@@ -121,14 +136,7 @@ func TestStreamClosedBeforeItsEnd(t *testing.T) {
 			"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n", true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var log servetest.Log
-			up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-				_, _ = io.ReadAll(r.Body)
-				w.Header().Set("Content-Type", "text/event-stream")
-				_, _ = io.WriteString(w, c.events)
-			})
-			tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 3},
-				AccessLog: slog.New(slog.NewTextHandler(&log, nil))}, up)
+			tr, url, log := streamProxy(t, c.events)
 			code, body, _ := post(t, url, chatBody("story", 50, true))
 			if code != 200 || !strings.HasPrefix(body, c.events) {
 				t.Fatalf("status %d: %.300q", code, body)
@@ -178,14 +186,7 @@ func TestStreamClosedBeforeItsEndByItsMarks(t *testing.T) {
 			"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}],\"usage\":{\"completion_tokens\":1}}\n\n"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			var log servetest.Log
-			up := fakeUpstream(t, func(w http.ResponseWriter, r *http.Request) {
-				_, _ = io.ReadAll(r.Body)
-				w.Header().Set("Content-Type", "text/event-stream")
-				_, _ = io.WriteString(w, c.events)
-			})
-			tr, url := startProxy(t, testConfig{Fleet: fleet.Config{ProbeInterval: time.Hour, FailureThreshold: 3},
-				AccessLog: slog.New(slog.NewTextHandler(&log, nil))}, up)
+			tr, url, log := streamProxy(t, c.events)
 			_, got := do(t, "POST", url+c.path, c.body)
 			eventually(t, "the access log", func() bool { return strings.Contains(log.String(), "msg=request") })
 			if failures, _, _ := tr.Upstream("a").Health(); !strings.Contains(got, "broke off") || failures != 1 || strings.Contains(log.String(), "status=200") {

@@ -24,16 +24,8 @@ const (
 // operations where the router refuses them to clients (its config's
 // engine_operations: true).
 func (s *Server) operator(r *http.Request, cfg *Config) bool {
-	ts := s.fleet.Core().Tenants()
-	if ts == nil {
-		return false
-	}
 	name, err := cfg.TenantHeader.Name(clientKey(r), r.Header.Get(tenant.TenantHeader))
-	if err != nil {
-		return false
-	}
-	t := ts.Lookup(name)
-	return t != nil && t.EngineOperations
+	return err == nil && s.fleet.Core().Tenants().Operates(name)
 }
 
 // handleOperation sends an engine operation to every replica and answers

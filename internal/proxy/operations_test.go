@@ -913,20 +913,15 @@ func TestOperationsForTheTenantsNamed(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	if code := flush("sk-chat-0123456789"); code != http.StatusForbidden {
-		t.Errorf("a tenant not named: %d", code)
+	for _, c := range []struct {
+		key       string
+		want, got int // the answer, and how many replicas the flush reached by then
+	}{{"sk-chat-0123456789", http.StatusForbidden, 0}, {"sk-trainer-0123456789", http.StatusOK, 2}} {
+		code := flush(c.key)
+		mu.Lock()
+		if code != c.want || len(got) != c.got {
+			t.Errorf("%s: %d, the flush at %v; want %d, at %d replicas", c.key, code, got, c.want, c.got)
+		}
+		mu.Unlock()
 	}
-	mu.Lock()
-	if len(got) != 0 {
-		t.Errorf("refused, yet sent to %v", got)
-	}
-	mu.Unlock()
-	if code := flush("sk-trainer-0123456789"); code != http.StatusOK {
-		t.Errorf("the trainer's tenant: %d", code)
-	}
-	mu.Lock()
-	if len(got) != 2 {
-		t.Errorf("the trainer's flush reached %v, want both", got)
-	}
-	mu.Unlock()
 }

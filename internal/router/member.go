@@ -217,7 +217,12 @@ func (m *member) ratesNow() (prefill, queue float64) {
 // reached by a probe (until then its round trip is unknown), and not
 // asleep.
 func (m *member) available() bool {
-	return State(m.state.Load()) == Active && m.healthy.Load() && m.probed.Load() && !m.asleep.Load()
+	return State(m.state.Load()) == Active && m.up()
+}
+
+// up reports whether the replica answers: healthy, probed and awake.
+func (m *member) up() bool {
+	return m.healthy.Load() && m.probed.Load() && !m.asleep.Load()
 }
 
 // availableFor reports whether the replica may take req: it is available,
@@ -230,7 +235,7 @@ func (m *member) availableFor(req *policy.Request) bool {
 // it stores: it is available, or drains (and is up, probed and awake).
 func (m *member) holds() bool {
 	st := State(m.state.Load())
-	return (st == Active || st == Draining) && m.healthy.Load() && m.probed.Load() && !m.asleep.Load()
+	return (st == Active || st == Draining) && m.up()
 }
 
 // serves reports whether the replica serves model ("": any model; a

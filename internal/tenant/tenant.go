@@ -236,6 +236,17 @@ func (s *Set) Lookup(name string) *Tenant {
 	return s.by[Default]
 }
 
+// Operates reports whether tenant name may send the engines' operations
+// where the router refuses them to clients (its config's
+// engine_operations: true); a nil set has no such tenant.
+func (s *Set) Operates(name string) bool {
+	if s == nil {
+		return false
+	}
+	t := s.Lookup(name)
+	return t != nil && t.EngineOperations
+}
+
 // Names returns the tenants' names, sorted.
 func (s *Set) Names() []string {
 	names := make([]string, 0, len(s.by))
